@@ -1,0 +1,24 @@
+"""Alembic environment: batch mode so ALTERs work on SQLite."""
+
+from alembic import context
+
+from db.engine import make_engine
+from db.models import Base
+
+config = context.config
+
+
+def run_migrations_online() -> None:
+    engine = make_engine(config.get_main_option("sqlalchemy.url"))
+    with engine.connect() as connection:
+        context.configure(
+            connection=connection,
+            target_metadata=Base.metadata,
+            render_as_batch=True,
+        )
+        with context.begin_transaction():
+            context.run_migrations()
+    engine.dispose()
+
+
+run_migrations_online()

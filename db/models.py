@@ -1,0 +1,122 @@
+"""SQLAlchemy 2.x typed models. Times are UNIX epoch seconds (float) so that durations, ETA and
+cost are plain arithmetic; the UI converts them to the person's clock."""
+
+from __future__ import annotations
+
+from sqlalchemy import Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Run(Base):
+    """One training run; its current status plus what the scheduler needs to launch it."""
+
+    __tablename__ = "runs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(100))
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    status_reason: Mapped[str | None] = mapped_column(Text)
+    config_json: Mapped[str] = mapped_column(Text)
+    config_hash: Mapped[str] = mapped_column(String(64))
+    tags_json: Mapped[str] = mapped_column(Text, default="[]")
+    max_steps: Mapped[int] = mapped_column(Integer)
+    nproc: Mapped[int] = mapped_column(Integer)
+    run_dir: Mapped[str] = mapped_column(Text, default="")
+    price_usd_per_hour: Mapped[float] = mapped_column(Float, default=0.0)
+    price_unit: Mapped[str] = mapped_column(String(64), default="")
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[float | None] = mapped_column(Float)
+    ended_at: Mapped[float | None] = mapped_column(Float)
+
+    attempts: Mapped[list[Attempt]] = relationship(
+        back_populates="run", order_by="Attempt.number", cascade="all, delete-orphan"
+    )
+
+
+class RunStatusHistory(Base):
+    """Every status change of a run, with the reason: the audit trail beside the current state."""
+
+    __tablename__ = "run_status_history"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    from_status: Mapped[str | None] = mapped_column(String(16))
+    to_status: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text, default="")
+    at: Mapped[float] = mapped_column(Float)
+
+
+class Attempt(Base):
+    """One torchrun launch of a run."""
+
+    __tablename__ = "attempts"
+    __table_args__ = (UniqueConstraint("run_id", "number"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    number: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16))
+    dir: Mapped[str] = mapped_column(Text)
+    pid: Mapped[int | None] = mapped_column(Integer)
+    pid_create_time: Mapped[float | None] = mapped_column(Float)
+    port: Mapped[int | None] = mapped_column(Integer)
+    devices_json: Mapped[str] = mapped_column(Text, default="[]")
+    device_kind: Mapped[str] = mapped_column(String(64), default="cpu")
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    reason: Mapped[str | None] = mapped_column(Text)
+    started_at: Mapped[float] = mapped_column(Float)
+    first_step_at: Mapped[float | None] = mapped_column(Float)
+    progress_at: Mapped[float | None] = mapped_column(Float)
+    last_step: Mapped[int | None] = mapped_column(Integer)
+    signal_sent: Mapped[str | None] = mapped_column(String(16))
+    signal_sent_at: Mapped[float | None] = mapped_column(Float)
+    ended_at: Mapped[float | None] = mapped_column(Float)
+
+    run: Mapped[Run] = relationship(back_populates="attempts")
+
+
+class Metric(Base):
+    """One reported value: per run, attempt, rank, step and key."""
+
+    __tablename__ = "metrics"
+    __table_args__ = (Index("ix_metrics_run_key_step", "run_id", "key", "step", "rank", "value"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    rank: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(Integer)
+    key: Mapped[str] = mapped_column(String(100))
+    value: Mapped[float | None] = mapped_column(Float)
+    wall_time: Mapped[float] = mapped_column(Float)
+
+
+class Event(Base):
+    """Something a person should know about a run: launch, exit, cancel, warnings."""
+
+    __tablename__ = "events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    attempt: Mapped[int | None] = mapped_column(Integer)
+    at: Mapped[float] = mapped_column(Float)
+    level: Mapped[str] = mapped_column(String(8), default="info")
+    kind: Mapped[str] = mapped_column(String(32))
+    message: Mapped[str] = mapped_column(Text)
+
+
+class SchedulerHeartbeat(Base):
+    """One row per scheduler process; the UI says "scheduler offline" when the newest is stale."""
+
+    __tablename__ = "scheduler_heartbeat"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[float] = mapped_column(Float)
+    beat_at: Mapped[float] = mapped_column(Float)

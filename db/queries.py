@@ -1,0 +1,194 @@
+"""Read queries for the UI and the CLI. They return plain data (dicts, lists, DataFrames),
+never ORM objects, so that Streamlit can cache them."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from db.models import Attempt, Event, Metric, Run, RunStatusHistory, SchedulerHeartbeat
+from db.requests import RunNotFound
+from db.states import TERMINAL, RunStatus
+from orchestrator.cost import cost_usd, eta_seconds
+
+HEARTBEAT_STALE_S = 10.0
+
+
+def resolve_run(session: Session, ref: str | int) -> int:
+    """A run id from an id (``12``, ``#12``) or a name (the newest run with that name)."""
+    text = str(ref).lstrip("#")
+    if text.isdigit():
+        if session.get(Run, int(text)) is None:
+            raise RunNotFound(f"no run with id {text}; `runyard ls` lists the runs")
+        return int(text)
+    run_id = session.scalar(select(Run.id).where(Run.name == text).order_by(Run.id.desc()))
+    if run_id is None:
+        raise RunNotFound(f"no run named {text!r}; `runyard ls` lists the runs")
+    return run_id
+
+
+def _progress_points(session: Session, run_id: int, attempt: int) -> list[tuple[int, float]]:
+    rows = session.execute(
+        select(Metric.step, Metric.wall_time)
+        .where(Metric.run_id == run_id, Metric.key == "loss", Metric.rank == 0, Metric.attempt == attempt)
+        .order_by(Metric.step.desc())
+        .limit(20)
+    ).all()
+    return [(int(s), float(t)) for s, t in rows]
+
+
+def _run_summary(session: Session, run: Run, now: float) -> dict[str, Any]:
+    attempts = session.execute(
+        select(Attempt).where(Attempt.run_id == run.id).order_by(Attempt.number)
+    ).scalars().all()
+    step = max((a.last_step or 0 for a in attempts), default=0)
+    status = RunStatus(run.status)
+    eta: float | None
+    if status is RunStatus.SUCCEEDED:
+        eta = 0.0
+    elif status in TERMINAL or not attempts:
+        eta = None
+    else:
+        eta = eta_seconds(_progress_points(session, run.id, attempts[-1].number), run.max_steps)
+    spans = [(a.started_at, a.ended_at) for a in attempts]
+    return {
+        "id": run.id,
+        "name": run.name,
+        "status": run.status,
+        "status_reason": run.status_reason,
+        "tags": json.loads(run.tags_json or "[]"),
+        "step": step,
+        "max_steps": run.max_steps,
+        "progress": min(1.0, step / run.max_steps) if run.max_steps else 0.0,
+        "nproc": run.nproc,
+        "created_at": run.created_at,
+        "started_at": run.started_at,
+        "ended_at": run.ended_at,
+        "elapsed_s": ((run.ended_at or now) - run.started_at) if run.started_at else None,
+        "attempt_count": len(attempts),
+        "cost_usd": round(cost_usd(spans, run.price_usd_per_hour, now), 6),
+        "price_usd_per_hour": run.price_usd_per_hour,
+        "price_unit": run.price_unit,
+        "eta_s": eta,
+    }
+
+
+def list_runs(session: Session, statuses: list[str] | None = None, limit: int = 200) -> list[dict[str, Any]]:
+    """The newest runs first, optionally filtered by status."""
+    q = select(Run).order_by(Run.id.desc()).limit(limit)
+    if statuses:
+        q = q.where(Run.status.in_(statuses))
+    now = time.time()
+    return [_run_summary(session, r, now) for r in session.execute(q).scalars().all()]
+
+
+def latest_metrics(session: Session, run_id: int) -> dict[str, dict[str, float | None]]:
+    """The newest value of each metric on each rank: ``{"loss": {"0": 0.41, "1": 0.43}}``."""
+    newest = (
+        select(Metric.key, Metric.rank, func.max(Metric.id).label("mid"))
+        .where(Metric.run_id == run_id)
+        .group_by(Metric.key, Metric.rank)
+        .subquery()
+    )
+    rows = session.execute(
+        select(Metric.key, Metric.rank, Metric.value).join(newest, Metric.id == newest.c.mid)
+    ).all()
+    out: dict[str, dict[str, float | None]] = {}
+    for key, rank, value in rows:
+        out.setdefault(key, {})[str(rank)] = value
+    return {k: dict(sorted(v.items(), key=lambda kv: int(kv[0]))) for k, v in sorted(out.items())}
+
+
+def attempts_of(session: Session, run_id: int) -> list[dict[str, Any]]:
+    rows = session.execute(
+        select(Attempt).where(Attempt.run_id == run_id).order_by(Attempt.number)
+    ).scalars().all()
+    return [
+        {
+            "number": a.number,
+            "status": a.status,
+            "exit_code": a.exit_code,
+            "reason": a.reason,
+            "started_at": a.started_at,
+            "first_step_at": a.first_step_at,
+            "ended_at": a.ended_at,
+            "last_step": a.last_step,
+            "pid": a.pid,
+            "port": a.port,
+            "devices": json.loads(a.devices_json or "[]"),
+            "dir": a.dir,
+        }
+        for a in rows
+    ]
+
+
+def events_of(session: Session, run_id: int, limit: int = 100) -> list[dict[str, Any]]:
+    rows = session.execute(
+        select(Event).where(Event.run_id == run_id).order_by(Event.id.desc()).limit(limit)
+    ).scalars().all()
+    return [
+        {"at": e.at, "attempt": e.attempt, "level": e.level, "kind": e.kind, "message": e.message}
+        for e in rows
+    ]
+
+
+def status_history(session: Session, run_id: int) -> list[dict[str, Any]]:
+    rows = session.execute(
+        select(RunStatusHistory).where(RunStatusHistory.run_id == run_id).order_by(RunStatusHistory.id)
+    ).scalars().all()
+    return [{"from": h.from_status, "to": h.to_status, "reason": h.reason, "at": h.at} for h in rows]
+
+
+def run_detail(session: Session, run_id: int) -> dict[str, Any]:
+    """Everything `runyard show --json` prints about a run."""
+    run = session.get(Run, run_id)
+    if run is None:
+        raise RunNotFound(f"no run with id {run_id}; `runyard ls` lists the runs")
+    detail = _run_summary(session, run, time.time())
+    detail["config"] = json.loads(run.config_json)
+    detail["run_dir"] = run.run_dir
+    detail["attempts"] = attempts_of(session, run_id)
+    detail["metrics"] = latest_metrics(session, run_id)
+    detail["checkpoints"] = []
+    detail["history"] = status_history(session, run_id)
+    detail["events"] = events_of(session, run_id)
+    return detail
+
+
+def metric_keys(session: Session, run_id: int) -> list[str]:
+    return list(
+        session.scalars(select(Metric.key).where(Metric.run_id == run_id).distinct().order_by(Metric.key))
+    )
+
+
+def metric_points(
+    session: Session, run_id: int, key: str, after_id: int = 0, max_points: int = 20000
+) -> list[dict[str, Any]]:
+    """Points of one metric on every rank, oldest first, newer than row ``after_id`` (so a live
+    panel fetches only what is new)."""
+    rows = session.execute(
+        select(Metric.id, Metric.attempt, Metric.rank, Metric.step, Metric.value, Metric.wall_time)
+        .where(Metric.run_id == run_id, Metric.key == key, Metric.id > after_id)
+        .order_by(Metric.id)
+        .limit(max_points)
+    ).all()
+    return [
+        {"id": i, "attempt": a, "rank": r, "step": s, "value": v, "time": t}
+        for i, a, r, s, v, t in rows
+    ]
+
+
+def scheduler_status(session: Session, now: float | None = None) -> dict[str, Any]:
+    """The newest scheduler heartbeat and whether it is stale."""
+    now = time.time() if now is None else now
+    hb = session.execute(
+        select(SchedulerHeartbeat).order_by(SchedulerHeartbeat.beat_at.desc()).limit(1)
+    ).scalar_one_or_none()
+    if hb is None:
+        return {"online": False, "age_s": None, "host": None, "pid": None}
+    age = now - hb.beat_at
+    return {"online": age <= HEARTBEAT_STALE_S, "age_s": age, "host": hb.host, "pid": hb.pid}

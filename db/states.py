@@ -1,0 +1,129 @@
+"""The run state machine: one enum, one table of allowed transitions, one ``transition()``.
+
+Nothing else assigns a run's status. ``transition`` is a conditional UPDATE (``WHERE status IN
+allowed-from``), so two processes racing to move the same run cannot both win, and every change
+appends a history row with its reason.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from db import DatabaseError
+from db.models import Run, RunStatusHistory
+
+
+class RunStatus(str, enum.Enum):
+    QUEUED = "QUEUED"
+    STARTING = "STARTING"  # torchrun launched, no step completed yet
+    RUNNING = "RUNNING"  # at least one step completed in the current attempt
+    RETRYING = "RETRYING"  # waiting out a backoff before the next attempt
+    CANCELLING = "CANCELLING"  # cancel requested; processes being stopped
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class AttemptStatus(str, enum.Enum):
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"  # the launcher exited non-zero
+    CRASHED = "CRASHED"  # the processes vanished without an exit code (killed, host reboot)
+    CANCELLED = "CANCELLED"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+TERMINAL: frozenset[RunStatus] = frozenset(
+    {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED}
+)
+ACTIVE: frozenset[RunStatus] = frozenset(
+    {RunStatus.STARTING, RunStatus.RUNNING, RunStatus.CANCELLING}
+)
+
+ALLOWED: dict[RunStatus, frozenset[RunStatus]] = {
+    RunStatus.QUEUED: frozenset({RunStatus.STARTING, RunStatus.CANCELLED}),
+    RunStatus.STARTING: frozenset(
+        {RunStatus.RUNNING, RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.RETRYING,
+         RunStatus.CANCELLING}
+    ),
+    RunStatus.RUNNING: frozenset(
+        {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.RETRYING, RunStatus.CANCELLING}
+    ),
+    RunStatus.RETRYING: frozenset({RunStatus.STARTING, RunStatus.CANCELLED}),
+    RunStatus.CANCELLING: frozenset(
+        {RunStatus.CANCELLED, RunStatus.SUCCEEDED, RunStatus.FAILED}
+    ),
+    RunStatus.SUCCEEDED: frozenset(),
+    RunStatus.FAILED: frozenset(),
+    RunStatus.CANCELLED: frozenset(),
+}
+
+
+class TransitionError(DatabaseError):
+    """A transition that the state machine does not allow from the run's current status."""
+
+
+def allowed_from(target: RunStatus) -> frozenset[RunStatus]:
+    """The statuses from which ``target`` may be entered."""
+    return frozenset(s for s, targets in ALLOWED.items() if target in targets)
+
+
+def transition(
+    session: Session,
+    run_id: int,
+    to: RunStatus,
+    reason: str,
+    *,
+    expect: RunStatus | None = None,
+    now: float | None = None,
+) -> bool:
+    """Move a run to ``to`` if the machine allows it from its current status.
+
+    Args:
+        session: an open session; the caller commits.
+        run_id: the run.
+        to: the target status.
+        reason: why, recorded in the history and on the run.
+        expect: only move when the run is currently in this status.
+        now: the time to record (defaults to the wall clock).
+
+    Returns:
+        True when the run moved; False when its status did not allow it (someone else moved
+        it first, or the run is already terminal).
+    """
+    now = time.time() if now is None else now
+    sources = allowed_from(to)
+    if expect is not None:
+        if expect not in sources:
+            raise TransitionError(f"{expect} -> {to} is not an allowed transition")
+        sources = frozenset({expect})
+    current = session.scalar(select(Run.status).where(Run.id == run_id))
+    if current is None:
+        raise TransitionError(f"run {run_id} does not exist")
+    if RunStatus(current) not in sources:
+        return False
+    values: dict[str, object] = {"status": to.value, "status_reason": reason, "updated_at": now}
+    if to is RunStatus.STARTING:
+        values["started_at"] = func.coalesce(Run.started_at, now)
+    if to in TERMINAL:
+        values["ended_at"] = now
+    # Conditional on the status we read: if another process moved the run in between, nothing
+    # is updated and the caller sees False.
+    result = session.execute(
+        update(Run).where(Run.id == run_id, Run.status == current).values(**values)
+    )
+    if result.rowcount != 1:
+        return False
+    session.add(
+        RunStatusHistory(run_id=run_id, from_status=current, to_status=to.value, reason=reason, at=now)
+    )
+    return True

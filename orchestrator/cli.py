@@ -1,0 +1,371 @@
+"""The ``runyard`` command line: the same verbs as the UI.
+
+    runyard up [--host 127.0.0.1] [--port 8501]    scheduler + UI
+    runyard submit CONFIG.toml [--set key=value]  queue a run, print its id
+    runyard ls | show RUN | logs RUN | cancel RUN
+    runyard scheduler | ui | db upgrade | config-reference
+
+Data lives under $RUNYARD_HOME (default ./.runyard); $RUNYARD_DB_URL overrides the database.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+from sqlalchemy.orm import Session, sessionmaker
+
+from db.settings import Settings, load_settings
+
+EXIT_USAGE = 2
+
+
+def _settings() -> Settings:
+    return load_settings()
+
+
+def _sessions(settings: Settings) -> sessionmaker[Session]:
+    """A sessionmaker on an up-to-date schema (migrations are applied when behind)."""
+    from db.engine import current_revision, head_revision, make_engine, make_sessionmaker, upgrade
+
+    engine = make_engine(settings.db_url)
+    if current_revision(engine) != head_revision(settings.db_url):
+        upgrade(settings.db_url)
+    return make_sessionmaker(engine)
+
+
+def _fail(message: str, code: int = 1) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def _fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(round(seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
+
+
+def _fmt_time(ts: float | None) -> str:
+    return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S") if ts else "-"
+
+
+def _resolve(sessions: sessionmaker[Session], ref: str) -> int:
+    from db.queries import resolve_run
+    from db.requests import RunNotFound
+
+    with sessions() as session:
+        try:
+            return resolve_run(session, ref)
+        except RunNotFound as exc:
+            _fail(str(exc))
+            raise  # unreachable
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
+def cli(verbose: bool) -> None:
+    """runyard: launch, watch and resume distributed PyTorch training on this machine."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("alembic").setLevel(logging.DEBUG if verbose else logging.WARNING)
+
+
+# -- processes -------------------------------------------------------------------------------
+
+
+@cli.command()
+def scheduler() -> None:
+    """Run the scheduler in the foreground (launches and supervises runs)."""
+    from orchestrator.resources import detect_inventory
+    from orchestrator.scheduler import Scheduler, SchedulerLocked, SchedulerOptions, acquire_lock, serve
+
+    settings = _settings()
+    sessions = _sessions(settings)
+    try:
+        lock = acquire_lock(settings.home)
+    except SchedulerLocked as exc:
+        _fail(str(exc))
+    inventory = detect_inventory()
+    grace = float(os.environ.get("RUNYARD_GRACE_S", "30"))
+    logging.getLogger(__name__).info(
+        "scheduler on %s: %d %s slot(s), database %s", settings.home, inventory.slots, inventory.kind, settings.db_url
+    )
+    try:
+        serve(Scheduler(sessions, settings, inventory, SchedulerOptions(grace_s=grace)))
+    finally:
+        os.close(lock)
+
+
+def _ui_argv(host: str, port: int) -> list[str]:
+    import app
+
+    main_py = Path(app.__file__).parent / "main.py"
+    return [
+        sys.executable, "-m", "streamlit", "run", str(main_py),
+        "--server.address", host,
+        "--server.port", str(port),
+        "--server.headless", "true",
+        "--browser.gatherUsageStats", "false",
+        "--server.fileWatcherType", "none",
+    ]
+
+
+def _child_env(settings: Settings) -> dict[str, str]:
+    env = dict(os.environ)
+    env["RUNYARD_HOME"] = str(settings.home)
+    env["RUNYARD_DB_URL"] = settings.db_url
+    return env
+
+
+@cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind; 0.0.0.0 exposes the UI to the network.")
+@click.option("--port", default=8501, show_default=True, type=int)
+def ui(host: str, port: int) -> None:
+    """Run the web UI in the foreground."""
+    settings = _settings()
+    _sessions(settings)
+    os.execve(sys.executable, _ui_argv(host, port), _child_env(settings))
+
+
+@cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind; 0.0.0.0 exposes the UI to the network.")
+@click.option("--port", default=8501, show_default=True, type=int)
+def up(host: str, port: int) -> None:
+    """Start the scheduler and the UI; Ctrl-C stops both (training keeps running and is
+    re-adopted by the next scheduler)."""
+    settings = _settings()
+    _sessions(settings)
+    env = _child_env(settings)
+    procs = {
+        "scheduler": subprocess.Popen([sys.executable, "-m", "orchestrator", "scheduler"], env=env),
+        "ui": subprocess.Popen(_ui_argv(host, port), env=env),
+    }
+    click.echo(f"runyard is up: http://{host}:{port}  (data in {settings.home}; Ctrl-C to stop)")
+    stopping = False
+
+    def stop(_signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    code = 0
+    while not stopping:
+        for name, proc in procs.items():
+            if proc.poll() is not None:
+                click.echo(f"error: the {name} exited with code {proc.returncode}; stopping", err=True)
+                code = proc.returncode or 1
+                stopping = True
+        time.sleep(0.5)
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs.values():
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    sys.exit(code)
+
+
+@cli.group()
+def db() -> None:
+    """Database maintenance."""
+
+
+@db.command("upgrade")
+def db_upgrade() -> None:
+    """Apply the schema migrations (idempotent)."""
+    from db.engine import upgrade
+
+    settings = _settings()
+    upgrade(settings.db_url)
+    click.echo(f"database at head: {settings.db_url}")
+
+
+@cli.command("config-reference")
+def config_reference() -> None:
+    """Print the run config reference (docs/CONFIG.md) in Markdown."""
+    from trainer.config import reference_markdown
+
+    click.echo(reference_markdown())
+
+
+# -- requests --------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("config_file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a config key, e.g. train.lr=0.0005.")
+@click.option("--json", "as_json", is_flag=True, help="Print {\"id\": N} as JSON.")
+def submit(config_file: Path, overrides: tuple[str, ...], as_json: bool) -> None:
+    """Queue a run from a TOML config; prints the new run's id."""
+    from orchestrator.resources import detect_inventory
+    from orchestrator.submission import submit as submit_run
+    from orchestrator.submission import validate
+    from trainer.config import ConfigError, apply_overrides, parse_toml
+
+    settings = _settings()
+    try:
+        try:
+            text = config_file.read_text()
+        except OSError as exc:
+            raise ConfigError([f"cannot read the file: {exc.strerror}"]) from None
+        inventory = detect_inventory()
+        config = validate(apply_overrides(parse_toml(text), list(overrides)), inventory)
+        run_id = submit_run(_sessions(settings), settings, config, inventory)
+    except ConfigError as exc:
+        click.echo(f"error: {config_file}: {exc}\nnothing was queued.", err=True)
+        sys.exit(EXIT_USAGE)
+    click.echo(json.dumps({"id": run_id}) if as_json else str(run_id))
+
+
+@cli.command()
+@click.argument("run")
+@click.option("--json", "as_json", is_flag=True)
+def cancel(run: str, as_json: bool) -> None:
+    """Cancel a run: SIGTERM to its ranks, SIGKILL after the grace period."""
+    from db.requests import request_cancel
+
+    sessions = _sessions(_settings())
+    run_id = _resolve(sessions, run)
+    with sessions() as session:
+        message = request_cancel(session, run_id, who="cli")
+        session.commit()
+    click.echo(json.dumps({"id": run_id, "message": message}) if as_json else message)
+
+
+# -- reading ---------------------------------------------------------------------------------
+
+
+@cli.command("ls")
+@click.option("--status", "statuses", multiple=True, help="Only runs in this status (repeatable).")
+@click.option("--json", "as_json", is_flag=True)
+def ls(statuses: tuple[str, ...], as_json: bool) -> None:
+    """List runs, newest first."""
+    from db.queries import list_runs
+
+    with _sessions(_settings())() as session:
+        runs = list_runs(session, [s.upper() for s in statuses] or None)
+    if as_json:
+        click.echo(json.dumps(runs, indent=2))
+        return
+    if not runs:
+        click.echo("no runs yet; queue one with `runyard submit examples/digits.toml`")
+        return
+    click.echo(f"{'ID':>5}  {'NAME':<20} {'STATUS':<10} {'STEP':>11} {'ELAPSED':>8} {'ETA':>7} {'COST':>9}")
+    for r in runs:
+        step = f"{r['step']}/{r['max_steps']}"
+        click.echo(
+            f"{r['id']:>5}  {r['name'][:20]:<20} {r['status']:<10} {step:>11} "
+            f"{_fmt_duration(r['elapsed_s']):>8} {_fmt_duration(r['eta_s']):>7} ${r['cost_usd']:>8.4f}"
+        )
+
+
+def _print_detail(d: dict[str, Any]) -> None:
+    click.echo(f"run {d['id']}  {d['name']}  {d['status']}  ({d['status_reason']})")
+    click.echo(f"  step {d['step']}/{d['max_steps']}  elapsed {_fmt_duration(d['elapsed_s'])}  "
+               f"eta {_fmt_duration(d['eta_s'])}  cost ${d['cost_usd']:.4f} ({d['price_unit']})")
+    click.echo(f"  dir {d['run_dir']}")
+    click.echo("  attempts:")
+    for a in d["attempts"]:
+        click.echo(f"    #{a['number']} {a['status']:<9} exit {a['exit_code']!s:<4} "
+                   f"{_fmt_time(a['started_at'])} -> {_fmt_time(a['ended_at'])}  {a['reason'] or ''}")
+    if d["metrics"]:
+        click.echo("  latest metrics:")
+        for key, ranks in d["metrics"].items():
+            vals = "  ".join(f"r{r}={v:.4g}" if v is not None else f"r{r}=nan" for r, v in ranks.items())
+            click.echo(f"    {key:<16} {vals}")
+
+
+@cli.command()
+@click.argument("run")
+@click.option("--json", "as_json", is_flag=True)
+def show(run: str, as_json: bool) -> None:
+    """Show a run: status, attempts, latest metrics per rank, cost, ETA."""
+    from db.queries import run_detail
+
+    sessions = _sessions(_settings())
+    run_id = _resolve(sessions, run)
+    with sessions() as session:
+        detail = run_detail(session, run_id)
+    if as_json:
+        click.echo(json.dumps(detail, indent=2))
+    else:
+        _print_detail(detail)
+
+
+@cli.command()
+@click.argument("run")
+@click.option("--rank", type=int, default=None, help="Only this rank (default: every rank).")
+@click.option("--attempt", type=int, default=None, help="Attempt number (default: the newest).")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until the run ends.")
+def logs(run: str, rank: int | None, attempt: int | None, follow: bool) -> None:
+    """Print the ranks' stdout/stderr of a run's attempt."""
+    from db.queries import attempts_of, run_detail
+    from db.states import TERMINAL, RunStatus
+    from orchestrator.logs import launcher_log, rank_log_files
+
+    sessions = _sessions(_settings())
+    run_id = _resolve(sessions, run)
+    offsets: dict[Path, int] = {}
+
+    def emit_new() -> None:
+        with sessions() as session:
+            attempts = attempts_of(session, run_id)
+        if not attempts:
+            return
+        chosen = next((a for a in attempts if a["number"] == attempt), None) if attempt else attempts[-1]
+        if chosen is None:
+            _fail(f"run {run_id} has no attempt {attempt}; it has {len(attempts)}")
+        adir = Path(chosen["dir"])
+        files = rank_log_files(adir)
+        if rank is not None and rank not in files and not follow:
+            _fail(f"no logs for rank {rank} in attempt {chosen['number']}; ranks with logs: {sorted(files) or 'none'}")
+        targets = [(f"rank {r}", p) for r, paths in files.items() if rank is None or r == rank for p in paths]
+        if rank is None:
+            targets.insert(0, ("launcher", launcher_log(adir)))
+        for label, path in targets:
+            try:
+                with open(path, "rb") as f:
+                    f.seek(offsets.get(path, 0))
+                    data = f.read()
+                    offsets[path] = f.tell()
+            except OSError:
+                continue
+            for line in data.decode(errors="replace").splitlines():
+                click.echo(f"[{label}] {line}" if rank is None else line)
+
+    if not follow:
+        emit_new()
+        return
+    while True:
+        emit_new()
+        with sessions() as session:
+            status = RunStatus(run_detail(session, run_id)["status"])
+        if status in TERMINAL:
+            emit_new()
+            return
+        time.sleep(0.5)
+
+
+def main() -> None:
+    cli(prog_name="runyard")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""Cost and ETA.
+
+Prices are USD per device-hour, from public on-demand list prices (rounded); a CPU run is
+charged its share of a CPU node. The price is snapshotted on the run at submit time so later
+edits do not rewrite history.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from db.requests import Price
+from orchestrator.resources import Inventory
+
+DEFAULT_GPU_PRICES_USD_PER_HOUR: dict[str, float] = {
+    "H200": 3.79,
+    "H100": 2.99,
+    "A100": 1.79,
+    "L40S": 1.25,
+    "A10": 0.75,
+    "L4": 0.80,
+    "RTX 4090": 0.69,
+    "V100": 0.90,
+    "T4": 0.35,
+}
+DEFAULT_GPU_PRICE = 2.00
+DEFAULT_CPU_NODE_PRICE_USD_PER_HOUR = 0.10
+
+
+def gpu_price(name: str) -> float:
+    """Per-GPU-hour price for a GPU model name as NVML reports it."""
+    upper = name.upper()
+    for model, price in DEFAULT_GPU_PRICES_USD_PER_HOUR.items():
+        if model.upper() in upper:
+            return price
+    return DEFAULT_GPU_PRICE
+
+
+def price_for(nproc: int, inventory: Inventory) -> Price:
+    """The hourly price of a run using ``nproc`` devices of this machine."""
+    if inventory.kind == "gpu":
+        each = gpu_price(inventory.device_label)
+        return Price(usd_per_hour=each * nproc, unit=f"{nproc} x {inventory.device_label} @ ${each}/h")
+    share = DEFAULT_CPU_NODE_PRICE_USD_PER_HOUR * nproc / inventory.slots
+    return Price(
+        usd_per_hour=share,
+        unit=f"{nproc}/{inventory.slots} of a CPU node @ ${DEFAULT_CPU_NODE_PRICE_USD_PER_HOUR}/h",
+    )
+
+
+def cost_usd(
+    attempts: Sequence[tuple[float, float | None]], usd_per_hour: float, now: float | None = None
+) -> float:
+    """Sum over attempts (start, end or None while running) of device time x price."""
+    now = time.time() if now is None else now
+    seconds = sum(max(0.0, (end if end is not None else now) - start) for start, end in attempts)
+    return seconds * usd_per_hour / 3600.0
+
+
+def eta_seconds(points: Sequence[tuple[int, float]], max_steps: int) -> float | None:
+    """Seconds until ``max_steps`` from recent (step, wall_time) points of the current attempt.
+
+    Uses the rate over the newest points only, so the warm-up before them does not count.
+    Returns None until there are two points with progress between them.
+    """
+    if len(points) < 2:
+        return None
+    pts = sorted(points)[-20:]
+    (s0, t0), (s1, t1) = pts[0], pts[-1]
+    if s1 <= s0 or t1 <= t0:
+        return None
+    rate = (s1 - s0) / (t1 - t0)
+    return max(0.0, (max_steps - s1) / rate)

@@ -1,0 +1,316 @@
+"""The scheduler: the only process that launches or signals training processes.
+
+Run it with ``runyard scheduler`` (``runyard up`` starts it beside the UI). One APScheduler job,
+``tick``, runs every half second (``max_instances=1``, ``coalesce=True``): look at what the
+database wants, look at what the machine has, make them agree. Every step is idempotent, so
+killing and restarting the scheduler at any moment converges: live attempts are re-adopted by
+pid and create time, vanished ones are recorded as crashed.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from db.models import Attempt, Event, Run, SchedulerHeartbeat
+from db.settings import Settings
+from db.states import ACTIVE, AttemptStatus, RunStatus, transition
+from orchestrator import OrchestratorError
+from orchestrator.launcher import free_port, launch, torchrun_argv
+from orchestrator.logs import rank_log_files, tail
+from orchestrator.resources import Inventory
+from orchestrator.supervision import is_alive, read_exit, signal_attempt
+from trainer.config import config_from_json
+
+logger = logging.getLogger(__name__)
+
+TICK_S = 0.5
+# A launch whose launcher is not seen alive within this long after the attempt row was written
+# is taken as lost (the scheduler died between writing the row and starting the process).
+LAUNCH_LOST_S = 30.0
+
+
+@dataclass(frozen=True)
+class SchedulerOptions:
+    """Knobs of the scheduler process."""
+
+    grace_s: float = 30.0
+    """Seconds between SIGTERM and SIGKILL when a run is cancelled."""
+
+
+class SchedulerLocked(OrchestratorError):
+    """Another scheduler already runs on this data folder."""
+
+
+class Scheduler:
+    """The reconcile loop. ``tick()`` is safe to call directly (the tests do)."""
+
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        settings: Settings,
+        inventory: Inventory,
+        options: SchedulerOptions | None = None,
+    ):
+        self.sessions = sessions
+        self.settings = settings
+        self.inventory = inventory
+        self.options = options or SchedulerOptions()
+        self._children: dict[int, subprocess.Popen] = {}
+        self._heartbeat_id: int | None = None
+        self._started_at = time.time()
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """One reconcile pass: heartbeat, supervise active runs, admit queued ones."""
+        self._reap_children()
+        with self.sessions() as session:
+            self._beat(session)
+            session.commit()
+            for run in session.execute(
+                select(Run).where(Run.status.in_([s.value for s in ACTIVE])).order_by(Run.id)
+            ).scalars().all():
+                self._supervise(session, run)
+                session.commit()
+            self._admit(session)
+
+    def _beat(self, session: Session) -> None:
+        now = time.time()
+        if self._heartbeat_id is None:
+            hb = SchedulerHeartbeat(host=socket.gethostname(), pid=os.getpid(), started_at=self._started_at, beat_at=now)
+            session.add(hb)
+            session.flush()
+            self._heartbeat_id = hb.id
+        else:
+            hb = session.get(SchedulerHeartbeat, self._heartbeat_id)
+            if hb is not None:
+                hb.beat_at = now
+
+    def _reap_children(self) -> None:
+        """Collect exit statuses of launchers this process started (no zombies)."""
+        for pid, popen in list(self._children.items()):
+            if popen.poll() is not None:
+                del self._children[pid]
+
+    # -- admission ------------------------------------------------------------------------
+
+    def _used_devices(self, session: Session) -> tuple[int, set[int]]:
+        rows = session.execute(
+            select(Run.nproc, Attempt.devices_json)
+            .join(Attempt, Attempt.run_id == Run.id)
+            .where(Run.status.in_([s.value for s in ACTIVE]), Attempt.status == AttemptStatus.RUNNING.value)
+        ).all()
+        used_slots = sum(n for n, _ in rows)
+        used_gpus = {int(d) for _, devs in rows for d in json.loads(devs or "[]")}
+        return used_slots, used_gpus
+
+    def _admit(self, session: Session) -> None:
+        """Launch queued runs, oldest first, while they fit (no overtaking: big runs don't starve)."""
+        queued = session.execute(
+            select(Run).where(Run.status == RunStatus.QUEUED.value).order_by(Run.id)
+        ).scalars().all()
+        for run in queued:
+            used_slots, used_gpus = self._used_devices(session)
+            if used_slots + run.nproc > self.inventory.slots:
+                return
+            devices: list[int] = []
+            if self.inventory.kind == "gpu":
+                devices = [i for i in range(self.inventory.slots) if i not in used_gpus][: run.nproc]
+            self._start_attempt(session, run, devices)
+
+    def _start_attempt(self, session: Session, run: Run, devices: list[int]) -> None:
+        expect = RunStatus(run.status)
+        number = (session.scalar(select(Attempt.number).where(Attempt.run_id == run.id).order_by(Attempt.number.desc())) or 0) + 1
+        if not transition(session, run.id, RunStatus.STARTING, f"launching attempt {number}", expect=expect):
+            session.rollback()
+            return
+        attempt_dir = Path(run.run_dir) / "attempts" / str(number)
+        port = free_port()
+        attempt = Attempt(
+            run_id=run.id,
+            number=number,
+            status=AttemptStatus.RUNNING.value,
+            dir=str(attempt_dir),
+            port=port,
+            devices_json=json.dumps(devices),
+            device_kind=self.inventory.device_label,
+            started_at=time.time(),
+        )
+        session.add(attempt)
+        # Commit before launching: a scheduler that dies right after the launch finds the row
+        # and re-adopts the processes instead of launching the run a second time.
+        session.commit()
+
+        config = config_from_json(run.config_json)
+        env = {
+            "RUNYARD_RUN_ID": str(run.id),
+            "RUNYARD_ATTEMPT": str(number),
+            "RUNYARD_DB_URL": self.settings.db_url,
+            "RUNYARD_RUN_DIR": run.run_dir,
+            "RUNYARD_ATTEMPT_DIR": str(attempt_dir),
+        }
+        if self.inventory.kind == "gpu":
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in devices)
+        try:
+            launched = launch(torchrun_argv(config, run.id, number, port, attempt_dir), attempt_dir, Path(run.run_dir), env)
+        except OSError as exc:
+            logger.exception("run %d: launch failed", run.id)
+            self._end_attempt(session, run, attempt, AttemptStatus.FAILED, None, f"launch failed: {exc}")
+            return
+        self._children[launched.pid] = launched.popen
+        attempt.pid = launched.pid
+        attempt.pid_create_time = launched.create_time
+        session.add(Event(run_id=run.id, attempt=number, at=time.time(), kind="launch",
+                          message=f"attempt {number} launched: {config.launch.nproc_per_node} rank(s), port {port}"
+                          + (f", GPUs {devices}" if devices else "")))
+        session.commit()
+        logger.info("run %d: attempt %d launched (pid %d)", run.id, number, launched.pid)
+
+    # -- supervision ----------------------------------------------------------------------
+
+    def _current_attempt(self, session: Session, run: Run) -> Attempt | None:
+        return session.execute(
+            select(Attempt).where(Attempt.run_id == run.id).order_by(Attempt.number.desc()).limit(1)
+        ).scalar_one_or_none()
+
+    def _supervise(self, session: Session, run: Run) -> None:
+        attempt = self._current_attempt(session, run)
+        status = RunStatus(run.status)
+        if attempt is None or attempt.status != AttemptStatus.RUNNING.value:
+            # Active run without a live attempt: the scheduler died between the transition and
+            # writing the attempt. Nothing was launched.
+            self._finish_run(session, run, None, AttemptStatus.CRASHED, None, "no attempt was launched")
+            return
+        attempt_dir = Path(attempt.dir)
+        exited = read_exit(attempt_dir)
+        if exited is None and not is_alive(attempt.pid, attempt.pid_create_time):
+            exited = read_exit(attempt_dir)  # it may have exited between the two looks
+            if exited is None:
+                if attempt.pid is None and time.time() - attempt.started_at < LAUNCH_LOST_S:
+                    return  # being launched right now by this very tick, or a moment ago
+                self._end_attempt(session, run, attempt, AttemptStatus.CRASHED, None,
+                                  "the launcher vanished without an exit code (killed, or the host restarted)")
+                return
+        if exited is not None:
+            code = int(exited["exit_code"])
+            if code == 0:
+                self._end_attempt(session, run, attempt, AttemptStatus.SUCCEEDED, 0, "all ranks finished")
+            elif attempt.signal_sent:
+                self._end_attempt(session, run, attempt, AttemptStatus.CANCELLED, code,
+                                  f"stopped by runyard with {attempt.signal_sent}")
+            else:
+                self._end_attempt(session, run, attempt, AttemptStatus.FAILED, code, self._failure_reason(attempt_dir, code))
+            return
+
+        # Alive.
+        if status is RunStatus.STARTING and attempt.first_step_at is not None:
+            transition(session, run.id, RunStatus.RUNNING, f"attempt {attempt.number}: first step completed",
+                       expect=RunStatus.STARTING)
+        if status is RunStatus.CANCELLING:
+            self._stop(session, run, attempt)
+
+    def _stop(self, session: Session, run: Run, attempt: Attempt) -> None:
+        now = time.time()
+        if attempt.signal_sent is None:
+            signal_attempt(run.id, attempt.number, attempt.pid, attempt.pid_create_time, signal.SIGTERM)
+            attempt.signal_sent, attempt.signal_sent_at = "SIGTERM", now
+            session.add(Event(run_id=run.id, attempt=attempt.number, at=now, kind="signal",
+                              message=f"SIGTERM sent; SIGKILL in {self.options.grace_s:.0f} s if still running"))
+        elif attempt.signal_sent == "SIGTERM" and now - (attempt.signal_sent_at or now) > self.options.grace_s:
+            signal_attempt(run.id, attempt.number, attempt.pid, attempt.pid_create_time, signal.SIGKILL)
+            attempt.signal_sent, attempt.signal_sent_at = "SIGKILL", now
+            session.add(Event(run_id=run.id, attempt=attempt.number, at=now, level="warning", kind="signal",
+                              message=f"still running {self.options.grace_s:.0f} s after SIGTERM: SIGKILL sent"))
+
+    @staticmethod
+    def _failure_reason(attempt_dir: Path, code: int) -> str:
+        """The exit code and the last line of the first rank stderr that has an error in it."""
+        for _rank, files in rank_log_files(attempt_dir).items():
+            for path in files:
+                if path.name != "stderr.log":
+                    continue
+                lines = [ln for ln in tail(path, 4096).splitlines() if ln.strip()]
+                errors = [ln for ln in lines if "Error" in ln or "Exception" in ln]
+                if errors:
+                    return f"exit code {code}: {errors[-1].strip()}"
+        return f"exit code {code}"
+
+    def _end_attempt(
+        self, session: Session, run: Run, attempt: Attempt, status: AttemptStatus, code: int | None, reason: str
+    ) -> None:
+        attempt.status = status.value
+        attempt.exit_code = code
+        attempt.reason = reason
+        attempt.ended_at = time.time()
+        self._finish_run(session, run, attempt, status, code, reason)
+
+    def _finish_run(
+        self, session: Session, run: Run, attempt: Attempt | None, status: AttemptStatus, code: int | None, reason: str
+    ) -> None:
+        number = attempt.number if attempt else None
+        target = {
+            AttemptStatus.SUCCEEDED: RunStatus.SUCCEEDED,
+            AttemptStatus.CANCELLED: RunStatus.CANCELLED,
+        }.get(status, RunStatus.FAILED)
+        if RunStatus(run.status) is RunStatus.CANCELLING and target is RunStatus.FAILED:
+            target = RunStatus.CANCELLED  # it died while we were stopping it
+        transition(session, run.id, target, reason)
+        level = "info" if target is not RunStatus.FAILED else "error"
+        session.add(Event(run_id=run.id, attempt=number, at=time.time(), level=level, kind="exit",
+                          message=f"attempt {number} ended {status.value}: {reason}"))
+        logger.info("run %d: attempt %s %s (%s) -> %s", run.id, number, status.value, reason, target.value)
+
+
+def acquire_lock(home: Path) -> int:
+    """Hold an exclusive lock on ``home/scheduler.lock`` for the life of the process."""
+    home.mkdir(parents=True, exist_ok=True)
+    fd = os.open(home / "scheduler.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise SchedulerLocked(
+            f"another scheduler is already running on {home} (lock {home / 'scheduler.lock'}); "
+            "stop it first, or set RUNYARD_HOME to another folder"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    return fd
+
+
+def serve(scheduler: Scheduler, tick_s: float = TICK_S) -> None:
+    """Run ``scheduler.tick`` on APScheduler until SIGTERM or SIGINT."""
+    from apscheduler.schedulers.blocking import BlockingScheduler
+
+    aps = BlockingScheduler()
+
+    def guarded_tick() -> None:
+        try:
+            scheduler.tick()
+        except Exception:
+            logger.exception("tick failed; retrying at the next one")
+
+    aps.add_job(guarded_tick, "interval", seconds=tick_s, id="tick", max_instances=1, coalesce=True,
+                misfire_grace_time=None, next_run_time=datetime.now())
+
+    def stop(signum: int, _frame: object) -> None:
+        logger.info("received %s; scheduler stopping (training keeps running)", signal.Signals(signum).name)
+        aps.shutdown(wait=False)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    aps.start()

@@ -1,0 +1,81 @@
+"""Watching launched processes: liveness by pid and create time (never a recycled pid), exit
+codes from the shim's exit file, and signalling a whole attempt's process tree.
+
+torchrun starts every rank in a session of its own, so a signal to torchrun's process group
+does not reach the ranks: the tree is walked, and processes that lost their parent are found by
+the RUNYARD_RUN_ID / RUNYARD_ATTEMPT they carry in their environment.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+from pathlib import Path
+
+import psutil
+
+from orchestrator.launcher import EXIT_FILE
+
+logger = logging.getLogger(__name__)
+
+CREATE_TIME_TOLERANCE_S = 0.05
+
+
+def is_alive(pid: int | None, create_time: float | None) -> bool:
+    """True when ``pid`` is running and is the process we launched (same create time)."""
+    if pid is None or create_time is None:
+        return False
+    try:
+        proc = psutil.Process(pid)
+        if abs(proc.create_time() - create_time) > CREATE_TIME_TOLERANCE_S:
+            return False
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+def read_exit(attempt_dir: Path) -> dict | None:
+    """The shim's record of how the launcher ended, or None if it has not ended (or vanished)."""
+    try:
+        return json.loads((attempt_dir / EXIT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def attempt_processes(run_id: int, attempt: int, root_pid: int | None, root_create: float | None) -> list[psutil.Process]:
+    """Every live process of one attempt: the launcher's tree plus orphans tagged in their env."""
+    found: dict[int, psutil.Process] = {}
+    if is_alive(root_pid, root_create):
+        root = psutil.Process(root_pid)  # type: ignore[arg-type]
+        found[root.pid] = root
+        for child in root.children(recursive=True):
+            found[child.pid] = child
+    want = {"RUNYARD_RUN_ID": str(run_id), "RUNYARD_ATTEMPT": str(attempt)}
+    for proc in psutil.process_iter(["pid"]):
+        if proc.pid in found or proc.pid == os.getpid():
+            continue
+        try:
+            env = proc.environ()
+        except (psutil.Error, OSError):
+            continue
+        if all(env.get(k) == v for k, v in want.items()):
+            found[proc.pid] = proc
+    return list(found.values())
+
+
+def signal_attempt(
+    run_id: int, attempt: int, root_pid: int | None, root_create: float | None, sig: signal.Signals
+) -> int:
+    """Send ``sig`` to every process of an attempt; returns how many were signalled."""
+    procs = attempt_processes(run_id, attempt, root_pid, root_create)
+    sent = 0
+    for proc in procs:
+        try:
+            proc.send_signal(sig)
+            sent += 1
+        except psutil.Error:
+            continue
+    logger.info("run %d attempt %d: sent %s to %d process(es)", run_id, attempt, sig.name, sent)
+    return sent

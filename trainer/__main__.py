@@ -1,0 +1,67 @@
+"""Entry point run under torchrun: ``torchrun ... -m trainer [--config run_dir/config.json]``.
+
+The scheduler launches it; it can also be run by hand with torchrun, in which case nothing is
+reported to the database.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from trainer.config import config_from_json
+from trainer.context import context_from_env
+
+logger = logging.getLogger("trainer")
+
+EXIT_STOPPED = 0
+
+
+def _parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m trainer")
+    parser.add_argument("--config", type=Path, help="run config JSON (default: $RUNYARD_RUN_DIR/config.json)")
+    return parser.parse_args(argv)
+
+
+@record
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(sys.argv[1:] if argv is None else argv)
+    ctx = context_from_env()
+    rank = int(os.environ.get("RANK", "0"))
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s",
+        stream=sys.stdout,
+    )
+    config_path = args.config or ctx.run_dir / "config.json"
+    config = config_from_json(config_path.read_text())
+
+    # Imported here so that `--help` and config errors do not pay for torch.
+    from trainer import distributed
+    from trainer.reporter import MetricReporter
+    from trainer.workloads import mlp_digits
+
+    info = distributed.setup(config.launch.backend)
+    logger.info(
+        "run %s attempt %s: rank %d/%d on %s (%s)",
+        ctx.run_id, ctx.attempt, info.rank, info.world_size, info.device, info.backend,
+    )
+    reporter = MetricReporter(ctx, info.rank, info.world_size)
+    try:
+        result = mlp_digits.train(config, info, reporter, should_stop=lambda: False)
+        logger.info("finished: %s", result)
+    finally:
+        reporter.close()
+    distributed.teardown()
+    return 0
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    sys.exit(main())

@@ -1,0 +1,225 @@
+"""The run config: one pydantic model shared by the UI form, the CLI, the scheduler and the trainer.
+
+It is read from TOML, stored as JSON on the run row and written to ``config.json`` in the run
+directory; the trainer reads only that file. This module must not import torch: the UI and the
+scheduler import it.
+
+Every field is documented where it is declared; ``docs/CONFIG.md`` is generated from these
+docstrings (``runyard config-reference``) and a test keeps the two equal.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+class ConfigError(ValueError):
+    """A run config that cannot be accepted. ``problems`` lists every problem, each naming the
+    field and the value."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("invalid run config:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", use_attribute_docstrings=True, validate_default=True
+    )
+
+
+class WorkloadConfig(_Section):
+    """What to train."""
+
+    kind: Literal["mlp-digits"] = "mlp-digits"
+    """Built-in workload. `mlp-digits`: an MLP classifier on scikit-learn's bundled 8x8 digits
+    data set (1797 images, no download)."""
+
+    hidden: int = Field(default=256, ge=8, le=65536)
+    """Width of the MLP's two hidden layers (mlp-digits)."""
+
+
+class LaunchConfig(_Section):
+    """How torchrun starts the ranks."""
+
+    nproc_per_node: int = Field(default=2, ge=1, le=1024)
+    """Ranks on this machine: one per GPU on a GPU machine, CPU slots otherwise. Must not exceed
+    the devices the machine has."""
+
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    """Process-group backend: `auto` picks nccl when CUDA is available, else gloo."""
+
+
+class TrainConfig(_Section):
+    """The training loop."""
+
+    max_steps: int = Field(default=300, ge=1)
+    """Optimizer steps to run; the run succeeds when the last one completes."""
+
+    batch_size: int = Field(default=64, ge=1)
+    """Samples per step per rank (the global batch is batch_size x ranks)."""
+
+    lr: float = Field(default=0.001, gt=0, allow_inf_nan=False)
+    """Learning rate of the Adam optimizer."""
+
+    seed: int = Field(default=0, ge=0)
+    """Seed of every random generator; all ranks use the same model seed."""
+
+    log_every: int = Field(default=10, ge=1)
+    """Report per-rank training metrics every this many steps."""
+
+    eval_every: int = Field(default=100, ge=0)
+    """Evaluate on the held-out split every this many steps (0: only at the end)."""
+
+
+class RunConfig(_Section):
+    """A training run."""
+
+    name: str = Field(
+        default="run", min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+    )
+    """Name shown in the dashboard: letters, digits, `.`, `_`, `-`; not unique."""
+
+    tags: tuple[str, ...] = ()
+    """Free-form labels for filtering the runs list."""
+
+    workload: WorkloadConfig = WorkloadConfig()
+    launch: LaunchConfig = LaunchConfig()
+    train: TrainConfig = TrainConfig()
+
+    def to_json(self) -> str:
+        """The canonical JSON form stored on the run row and in ``config.json``."""
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True)
+
+    def config_hash(self) -> str:
+        """sha256 of the canonical JSON form."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()
+
+
+def _location(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(part) for part in loc) or "(top level)"
+
+
+def _describe(err: dict[str, Any]) -> str:
+    field = _location(err["loc"])
+    if err["type"] == "extra_forbidden":
+        return f"{field}: unknown key (value {err['input']!r}); check the spelling against docs/CONFIG.md"
+    return f"{field} = {err['input']!r}: {err['msg']}"
+
+
+def parse_config(data: dict[str, Any]) -> RunConfig:
+    """Validate a config mapping.
+
+    Raises:
+        ConfigError: listing every problem, each with the field and the value.
+    """
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError([_describe(e) for e in exc.errors()]) from None
+
+
+def parse_toml(text: str) -> dict[str, Any]:
+    """Parse TOML text into a mapping, turning syntax errors into a ConfigError."""
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError([f"not valid TOML: {exc}"]) from None
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """Parse one ``--set key.path=value`` override; the value is read as a TOML value, or as a
+    plain string when it is not one."""
+    if "=" not in item:
+        raise ConfigError([f"--set {item!r}: expected key=value, for example train.lr=0.0005"])
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError([f"--set {item!r}: empty key"])
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key.split("."), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Return a copy of ``data`` with ``--set`` overrides applied."""
+    out = json.loads(json.dumps(data))
+    for item in overrides:
+        path, value = parse_override(item)
+        node = out
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError([f"--set {item!r}: {part} is not a table"])
+            node = child
+        node[path[-1]] = value
+    return out
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    """Read, override and validate a TOML run config file."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError([f"cannot read {p}: {exc.strerror}"]) from None
+    return parse_config(apply_overrides(parse_toml(text), overrides or []))
+
+
+def config_from_json(text: str) -> RunConfig:
+    """Load a config stored by :meth:`RunConfig.to_json`."""
+    return RunConfig.model_validate_json(text)
+
+
+def reference_markdown() -> str:
+    """The config reference (docs/CONFIG.md), generated from the field docstrings."""
+    lines = [
+        "# Run config reference",
+        "",
+        "Generated from `trainer/config.py` by `runyard config-reference`; a test keeps it equal.",
+        "Unknown keys are rejected. Every value can be overridden on the command line with",
+        "`runyard submit CONFIG.toml --set section.key=value`.",
+        "",
+    ]
+
+    def table(model: type[BaseModel], prefix: str) -> None:
+        lines.append("| key | type | default | meaning |")
+        lines.append("| --- | --- | --- | --- |")
+        for name, field in model.model_fields.items():
+            ann = field.annotation
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                continue
+            type_name = str(ann).replace("typing.", "").replace("<class '", "").replace("'>", "")
+            constraints = " ".join(str(m) for m in field.metadata)
+            if constraints:
+                type_name += f" ({constraints})"
+            default = json.dumps(field.default if not isinstance(field.default, tuple) else list(field.default))
+            desc = (field.description or "").replace("\n", " ").replace("|", "\\|")
+            lines.append(f"| `{prefix}{name}` | {type_name} | `{default}` | {desc} |")
+        lines.append("")
+
+    lines.append("## top level")
+    lines.append("")
+    table(RunConfig, "")
+    for name, field in RunConfig.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            lines.append(f"## [{name}]")
+            lines.append("")
+            lines.append((ann.__doc__ or "").strip())
+            lines.append("")
+            table(ann, "")
+    return "\n".join(lines)

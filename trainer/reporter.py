@@ -1,0 +1,180 @@
+"""The metric reporter: ranks report, they never block on the database.
+
+Every rank calls :meth:`MetricReporter.log` at the same steps; one ``all_gather`` brings every
+rank's values to rank 0, which hands them to a background writer thread. The writer inserts them
+in batches and updates the attempt's progress (newest step, time) that the scheduler watches.
+Only rank 0's host needs the database.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from trainer.context import RunContext
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Batch:
+    rows: list[dict] = field(default_factory=list)
+    step: int | None = None
+    step_time: float | None = None
+
+
+class DatabaseWriter(threading.Thread):
+    """Background thread that owns rank 0's database connection."""
+
+    def __init__(self, db_url: str, run_id: int, attempt: int, flush_interval_s: float = 0.5):
+        super().__init__(name="runyard-metric-writer", daemon=True)
+        self._db_url = db_url
+        self._run_id = run_id
+        self._attempt = attempt
+        self._interval = flush_interval_s
+        self._queue: queue.SimpleQueue[tuple[str, object] | None] = queue.SimpleQueue()
+        self._pending = _Batch()
+        self.rows_written = 0
+
+    def put_rows(self, rows: list[dict]) -> None:
+        self._queue.put(("rows", rows))
+
+    def put_progress(self, step: int) -> None:
+        self._queue.put(("progress", (step, time.time())))
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Flush everything queued and stop the thread."""
+        self._queue.put(None)
+        self.join(timeout_s)
+        if self.is_alive():
+            logger.warning("metric writer did not finish within %.0f s; some points are lost", timeout_s)
+
+    def run(self) -> None:
+        from sqlalchemy import func, insert, update
+
+        from db.engine import make_engine
+        from db.models import Attempt, Metric
+
+        engine = make_engine(self._db_url)
+        stop = False
+        try:
+            while not stop:
+                deadline = time.monotonic() + self._interval
+                while True:
+                    try:
+                        item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+                    except queue.Empty:
+                        break
+                    if item is None:
+                        stop = True
+                        break
+                    kind, payload = item
+                    if kind == "rows":
+                        self._pending.rows.extend(payload)  # type: ignore[arg-type]
+                    else:
+                        self._pending.step, self._pending.step_time = payload  # type: ignore[misc]
+                if not self._pending.rows and self._pending.step is None:
+                    continue
+                try:
+                    with engine.begin() as conn:
+                        if self._pending.rows:
+                            conn.execute(insert(Metric), self._pending.rows)
+                        if self._pending.step is not None:
+                            conn.execute(
+                                update(Attempt)
+                                .where(Attempt.run_id == self._run_id, Attempt.number == self._attempt)
+                                .values(
+                                    last_step=self._pending.step,
+                                    progress_at=self._pending.step_time,
+                                    first_step_at=func.coalesce(Attempt.first_step_at, self._pending.step_time),
+                                )
+                            )
+                except Exception:  # keep the points and try again next interval
+                    logger.exception("metric write failed; will retry")
+                    time.sleep(self._interval)
+                    continue
+                self.rows_written += len(self._pending.rows)
+                self._pending = _Batch()
+        finally:
+            engine.dispose()
+
+
+class MetricReporter:
+    """Per-rank metrics gathered to rank 0 and written off the training thread.
+
+    Args:
+        ctx: where this process belongs; when it is not managed by runyard nothing is written.
+        rank: this process's global rank.
+        world_size: number of ranks.
+    """
+
+    def __init__(self, ctx: RunContext, rank: int, world_size: int):
+        self.ctx = ctx
+        self.rank = rank
+        self.world_size = world_size
+        self._writer: DatabaseWriter | None = None
+        if rank == 0 and ctx.managed:
+            assert ctx.db_url is not None and ctx.run_id is not None
+            self._writer = DatabaseWriter(ctx.db_url, ctx.run_id, ctx.attempt)
+            self._writer.start()
+
+    def _rows(self, step: int, per_rank: list[dict[str, float]]) -> list[dict]:
+        now = time.time()
+        rows = []
+        for rank, values in enumerate(per_rank):
+            for key, value in values.items():
+                v = float(value)
+                rows.append(
+                    {
+                        "run_id": self.ctx.run_id,
+                        "attempt": self.ctx.attempt,
+                        "rank": rank,
+                        "step": step,
+                        "key": key,
+                        "value": v if not math.isnan(v) else None,
+                        "wall_time": now,
+                    }
+                )
+        return rows
+
+    def log(self, step: int, **metrics: float) -> dict[int, dict[str, float]]:
+        """Collective: every rank calls this at the same step with the same keys.
+
+        Returns:
+            On rank 0, every rank's values; on the other ranks, an empty dict.
+        """
+        keys = sorted(metrics)
+        local = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64)
+        if self.world_size > 1 and dist.is_initialized():
+            gathered = [torch.empty_like(local) for _ in range(self.world_size)]
+            dist.all_gather(gathered, local)
+        else:
+            gathered = [local]
+        if self.rank != 0:
+            return {}
+        per_rank = [dict(zip(keys, t.tolist())) for t in gathered]
+        if self._writer is not None:
+            self._writer.put_rows(self._rows(step, per_rank))
+        return dict(enumerate(per_rank))
+
+    def log_main(self, step: int, **metrics: float) -> None:
+        """Rank 0 only: values that are already global (for example eval accuracy)."""
+        if self.rank == 0 and self._writer is not None:
+            rows = self._rows(step, [metrics])
+            self._writer.put_rows(rows)
+
+    def progress(self, step: int) -> None:
+        """Cheap: rank 0 notes the newest completed step (heartbeat and ETA)."""
+        if self._writer is not None:
+            self._writer.put_progress(step)
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()

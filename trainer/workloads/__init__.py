@@ -1,0 +1,1 @@
+"""Built-in workloads. Each exposes ``train(config, dist_info, reporter, stop) -> dict``."""
