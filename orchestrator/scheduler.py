@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -32,7 +33,7 @@ from orchestrator.launcher import free_port, launch, torchrun_argv
 from orchestrator.logs import rank_log_files, tail
 from orchestrator.resources import Inventory
 from orchestrator.supervision import is_alive, read_exit, signal_attempt
-from trainer.config import config_from_json
+from trainer.config import RunConfig, config_from_json
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +51,11 @@ class SchedulerOptions:
     """Seconds between SIGTERM and SIGKILL when a run is cancelled."""
 
 
+# (config, run id, attempt number, rendezvous port, attempt dir) -> argv. torchrun by default;
+# tests pass a plain process here to exercise supervision without paying for torch.
+CommandFactory = Callable[[RunConfig, int, int, int, Path], list[str]]
+
+
 class SchedulerLocked(OrchestratorError):
     """Another scheduler already runs on this data folder."""
 
@@ -63,8 +69,10 @@ class Scheduler:
         settings: Settings,
         inventory: Inventory,
         options: SchedulerOptions | None = None,
+        command: CommandFactory = torchrun_argv,
     ):
         self.sessions = sessions
+        self.command = command
         self.settings = settings
         self.inventory = inventory
         self.options = options or SchedulerOptions()
@@ -165,7 +173,8 @@ class Scheduler:
         if self.inventory.kind == "gpu":
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in devices)
         try:
-            launched = launch(torchrun_argv(config, run.id, number, port, attempt_dir), attempt_dir, Path(run.run_dir), env)
+            argv = self.command(config, run.id, number, port, attempt_dir)
+            launched = launch(argv, attempt_dir, Path(run.run_dir), env)
         except OSError as exc:
             logger.exception("run %d: launch failed", run.id)
             self._end_attempt(session, run, attempt, AttemptStatus.FAILED, None, f"launch failed: {exc}")
@@ -201,6 +210,10 @@ class Scheduler:
             if exited is None:
                 if attempt.pid is None and time.time() - attempt.started_at < LAUNCH_LOST_S:
                     return  # being launched right now by this very tick, or a moment ago
+                if attempt.signal_sent:
+                    self._end_attempt(session, run, attempt, AttemptStatus.CANCELLED, None,
+                                      f"stopped by runyard with {attempt.signal_sent}")
+                    return
                 self._end_attempt(session, run, attempt, AttemptStatus.CRASHED, None,
                                   "the launcher vanished without an exit code (killed, or the host restarted)")
                 return
@@ -225,7 +238,8 @@ class Scheduler:
     def _stop(self, session: Session, run: Run, attempt: Attempt) -> None:
         now = time.time()
         if attempt.signal_sent is None:
-            signal_attempt(run.id, attempt.number, attempt.pid, attempt.pid_create_time, signal.SIGTERM)
+            if not signal_attempt(run.id, attempt.number, attempt.pid, attempt.pid_create_time, signal.SIGTERM):
+                return  # launched a moment ago and torchrun is not up yet: try again next tick
             attempt.signal_sent, attempt.signal_sent_at = "SIGTERM", now
             session.add(Event(run_id=run.id, attempt=attempt.number, at=now, kind="signal",
                               message=f"SIGTERM sent; SIGKILL in {self.options.grace_s:.0f} s if still running"))

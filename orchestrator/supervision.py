@@ -68,8 +68,12 @@ def attempt_processes(run_id: int, attempt: int, root_pid: int | None, root_crea
 def signal_attempt(
     run_id: int, attempt: int, root_pid: int | None, root_create: float | None, sig: signal.Signals
 ) -> int:
-    """Send ``sig`` to every process of an attempt; returns how many were signalled."""
-    procs = attempt_processes(run_id, attempt, root_pid, root_create)
+    """Send ``sig`` to every process of an attempt; returns how many were signalled.
+
+    The shim at the root is spared (it ignores SIGTERM anyway): it stays to record the exit
+    code, so a killed attempt still says how it ended.
+    """
+    procs = [p for p in attempt_processes(run_id, attempt, root_pid, root_create) if p.pid != root_pid]
     sent = 0
     for proc in procs:
         try:

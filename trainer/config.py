@@ -184,6 +184,16 @@ def config_from_json(text: str) -> RunConfig:
     return RunConfig.model_validate_json(text)
 
 
+def _constraint_text(meta: Any) -> str:
+    symbols = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<", "min_length": "min length", "max_length": "max length"}
+    for attr, symbol in symbols.items():
+        if getattr(meta, attr, None) is not None:
+            return f"{symbol} {getattr(meta, attr)}"
+    if getattr(meta, "pattern", None):
+        return f"matches `{meta.pattern}`"
+    return str(meta)
+
+
 def reference_markdown() -> str:
     """The config reference (docs/CONFIG.md), generated from the field docstrings."""
     lines = [
@@ -203,9 +213,9 @@ def reference_markdown() -> str:
             if isinstance(ann, type) and issubclass(ann, BaseModel):
                 continue
             type_name = str(ann).replace("typing.", "").replace("<class '", "").replace("'>", "")
-            constraints = " ".join(str(m) for m in field.metadata)
+            constraints = ", ".join(_constraint_text(m) for m in field.metadata)
             if constraints:
-                type_name += f" ({constraints})"
+                type_name += f", {constraints}"
             default = json.dumps(field.default if not isinstance(field.default, tuple) else list(field.default))
             desc = (field.description or "").replace("\n", " ").replace("|", "\\|")
             lines.append(f"| `{prefix}{name}` | {type_name} | `{default}` | {desc} |")
@@ -223,3 +233,11 @@ def reference_markdown() -> str:
             lines.append("")
             table(ann, "")
     return "\n".join(lines)
+
+
+def field_of(problem: str) -> str:
+    """The dotted field a problem message names (``"train.lr = -1: ..."`` -> ``"train.lr"``);
+    empty when it names none."""
+    head = problem.split(" = ", 1)[0] if " = " in problem.split(":", 1)[0] else problem.split(":", 1)[0]
+    head = head.strip()
+    return head if head and " " not in head else ""

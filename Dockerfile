@@ -1,0 +1,23 @@
+# runyard on a CUDA base image whose torch build satisfies torch>=2.4,<3 (kept as is).
+#   docker build -t runyard .
+#   docker run --gpus all -p 127.0.0.1:8501:8501 -v runyard-data:/data runyard
+FROM pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime
+
+ENV PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    RUNYARD_HOME=/data
+
+WORKDIR /opt/runyard
+COPY pyproject.toml README.md ./
+COPY app ./app
+COPY orchestrator ./orchestrator
+COPY trainer ./trainer
+COPY db ./db
+COPY examples ./examples
+RUN pip install ".[gpu]" && python -c "import torch; print('torch', torch.__version__)"
+
+VOLUME ["/data"]
+EXPOSE 8501
+# Inside the container 0.0.0.0 is needed for the published port to reach the UI; publish it on
+# the host's loopback (-p 127.0.0.1:8501:8501) unless you mean to expose it.
+CMD ["runyard", "up", "--host", "0.0.0.0", "--port", "8501"]

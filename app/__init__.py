@@ -1,0 +1,1 @@
+"""The Streamlit dashboard. Start it with ``runyard ui`` (or ``runyard up``)."""

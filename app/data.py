@@ -1,0 +1,88 @@
+"""The UI's access to the database: one cached engine, cached query results (plain data).
+
+Pages call these functions; they hold no SQL and no ORM objects.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+from sqlalchemy.orm import Session, sessionmaker
+
+from db import queries
+from db.engine import make_engine, make_sessionmaker
+from db.requests import request_cancel
+from db.settings import Settings, load_settings
+from orchestrator.resources import Inventory, detect_inventory
+from orchestrator.submission import submit, validate
+from trainer.config import RunConfig
+
+
+@st.cache_resource
+def settings() -> Settings:
+    return load_settings()
+
+
+@st.cache_resource
+def sessions() -> sessionmaker[Session]:
+    return make_sessionmaker(make_engine(settings().db_url))
+
+
+@st.cache_resource
+def inventory() -> Inventory:
+    return detect_inventory()
+
+
+@st.cache_data(ttl=1.0, show_spinner=False)
+def scheduler_status() -> dict[str, Any]:
+    with sessions()() as s:
+        return queries.scheduler_status(s)
+
+
+@st.cache_data(ttl=1.0, show_spinner=False)
+def list_runs(statuses: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    with sessions()() as s:
+        return queries.list_runs(s, list(statuses) or None)
+
+
+@st.cache_data(ttl=1.0, show_spinner=False)
+def run_detail(run_id: int) -> dict[str, Any] | None:
+    with sessions()() as s:
+        try:
+            return queries.run_detail(s, run_id)
+        except queries.RunNotFound:
+            return None
+
+
+@st.cache_data(ttl=1.0, show_spinner=False)
+def metric_keys(run_id: int) -> list[str]:
+    with sessions()() as s:
+        return queries.metric_keys(s, run_id)
+
+
+@st.cache_data(ttl=1.0, show_spinner=False)
+def metric_frame(run_id: int, key: str) -> pd.DataFrame:
+    with sessions()() as s:
+        rows = queries.metric_points(s, run_id, key)
+    return pd.DataFrame(rows, columns=["id", "attempt", "rank", "step", "value", "time"])
+
+
+def validate_config(data: dict[str, Any]) -> RunConfig:
+    return validate(data, inventory())
+
+
+def submit_run(config: RunConfig) -> int:
+    run_id = submit(sessions(), settings(), config, inventory())
+    list_runs.clear()
+    return run_id
+
+
+def cancel_run(run_id: int) -> str:
+    with sessions()() as s:
+        message = request_cancel(s, run_id, who="ui")
+        s.commit()
+    run_detail.clear()
+    list_runs.clear()
+    return message

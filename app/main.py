@@ -1,0 +1,36 @@
+"""The runyard dashboard: ``runyard ui`` (or ``streamlit run app/main.py``).
+
+Routes with st.navigation; the pages under app/pages are thin: widgets, app.data, charts.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import data
+from app.format import duration
+
+st.set_page_config(page_title="runyard", page_icon=":material/conveyor_belt:", layout="wide")
+
+pages = [
+    st.Page("pages/runs.py", title="Runs", icon=":material/list:", url_path="runs", default=True),
+    st.Page("pages/new_run.py", title="New run", icon=":material/add_circle:", url_path="new"),
+    st.Page("pages/run.py", title="Run", icon=":material/monitoring:", url_path="run"),
+]
+page = st.navigation(pages)
+
+
+@st.fragment(run_every=5)
+def scheduler_banner() -> None:
+    status = data.scheduler_status()
+    if not status["online"]:
+        seen = f"last heartbeat {duration(status['age_s'])} ago" if status["age_s"] is not None else "never seen"
+        st.warning(
+            f"**Scheduler offline** ({seen}): queued runs will not start. "
+            "Start it with `runyard scheduler` (or `runyard up`).",
+            icon=":material/warning:",
+        )
+
+
+scheduler_banner()
+page.run()

@@ -1,0 +1,93 @@
+"""New run: the run config as a form (or a TOML upload), validated before anything is queued."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import streamlit as st
+
+from app import data
+from trainer.config import ConfigError, RunConfig, field_of, parse_toml
+
+st.title("New run")
+
+uploaded = st.file_uploader("Start from a TOML config (optional)", type=["toml"])
+base: dict[str, Any] = RunConfig().model_dump(mode="json")
+if uploaded is not None:
+    try:
+        raw = parse_toml(uploaded.getvalue().decode())
+        base = {**base, **{k: ({**base.get(k, {}), **v} if isinstance(v, dict) else v) for k, v in raw.items()}}
+        st.caption(f"Form filled from {uploaded.name}; change anything before starting.")
+    except (ConfigError, UnicodeDecodeError) as exc:
+        st.error(f"{uploaded.name}: {exc}")
+
+errors: dict[str, list[str]] = st.session_state.get("new_run_errors", {})
+
+
+def field_errors(field: str) -> None:
+    for message in errors.get(field, []):
+        st.error(message, icon=":material/error:")
+
+
+with st.form("new_run"):
+    name = st.text_input("Name", value=str(base.get("name", "run")), key="name")
+    field_errors("name")
+    tags = st.text_input("Tags (comma separated)", value=", ".join(base.get("tags", [])), key="tags")
+    c1, c2 = st.columns(2)
+    with c1:
+        st.subheader("Workload")
+        kind = st.selectbox("Workload", ["mlp-digits"], key="workload.kind")
+        field_errors("workload.kind")
+        hidden = st.number_input("Hidden width", value=int(base["workload"].get("hidden", 256)), step=32, key="workload.hidden")
+        field_errors("workload.hidden")
+        st.subheader("Launch")
+        nproc = st.number_input("Ranks on this machine (nproc_per_node)", value=int(base["launch"]["nproc_per_node"]), step=1, key="launch.nproc_per_node")
+        field_errors("launch.nproc_per_node")
+        backend_options = ["auto", "gloo", "nccl"]
+        backend = st.selectbox("Backend", backend_options, index=backend_options.index(base["launch"].get("backend", "auto")), key="launch.backend")
+        field_errors("launch.backend")
+    with c2:
+        st.subheader("Training")
+        t = base["train"]
+        max_steps = st.number_input("Max steps", value=int(t["max_steps"]), step=100, key="train.max_steps")
+        field_errors("train.max_steps")
+        batch_size = st.number_input("Batch size per rank", value=int(t["batch_size"]), step=16, key="train.batch_size")
+        field_errors("train.batch_size")
+        lr = st.number_input("Learning rate", value=float(t["lr"]), format="%.6f", step=0.0001, key="train.lr")
+        field_errors("train.lr")
+        seed = st.number_input("Seed", value=int(t["seed"]), step=1, key="train.seed")
+        field_errors("train.seed")
+        log_every = st.number_input("Log every (steps)", value=int(t["log_every"]), step=1, key="train.log_every")
+        field_errors("train.log_every")
+        eval_every = st.number_input("Evaluate every (steps, 0 = only at the end)", value=int(t["eval_every"]), step=10, key="train.eval_every")
+        field_errors("train.eval_every")
+    started = st.form_submit_button("Start", type="primary", icon=":material/play_arrow:")
+
+for message in errors.get("", []):
+    st.error(message)
+
+if started:
+    config_data = {
+        "name": name.strip(),
+        "tags": [t.strip() for t in tags.split(",") if t.strip()],
+        "workload": {"kind": kind, "hidden": int(hidden)},
+        "launch": {"nproc_per_node": int(nproc), "backend": backend},
+        "train": {
+            "max_steps": int(max_steps), "batch_size": int(batch_size), "lr": float(lr), "seed": int(seed),
+            "log_every": int(log_every), "eval_every": int(eval_every),
+        },
+    }
+    try:
+        config = data.validate_config(config_data)
+    except ConfigError as exc:
+        form_fields = {"name", "tags", "workload.kind", "workload.hidden", "launch.nproc_per_node", "launch.backend",
+                       "train.max_steps", "train.batch_size", "train.lr", "train.seed", "train.log_every", "train.eval_every"}
+        grouped: dict[str, list[str]] = {}
+        for problem in exc.problems:
+            field = field_of(problem)
+            grouped.setdefault(field if field in form_fields else "", []).append(problem)
+        st.session_state["new_run_errors"] = grouped
+        st.rerun()
+    st.session_state["new_run_errors"] = {}
+    run_id = data.submit_run(config)
+    st.switch_page("pages/run.py", query_params={"run": str(run_id)})

@@ -1,0 +1,47 @@
+"""Runs: every run with its status, progress, elapsed time, ETA and cost, live."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from app import data
+from app.format import duration, usd
+from db.states import RunStatus
+
+st.title("Runs")
+statuses = st.multiselect("Status", [s.value for s in RunStatus], placeholder="all statuses")
+
+
+@st.fragment(run_every=2)
+def runs_table() -> None:
+    runs = data.list_runs(tuple(statuses))
+    if not runs:
+        st.info("No runs yet. Start one on the **New run** page, or `runyard submit examples/digits.toml`.")
+        st.page_link("pages/new_run.py", label="New run", icon=":material/add_circle:")
+        return
+    frame = pd.DataFrame(
+        {
+            "run": [f"run?run={r['id']}" for r in runs],
+            "id": [r["id"] for r in runs],
+            "name": [r["name"] for r in runs],
+            "status": [r["status"] for r in runs],
+            "progress": [r["progress"] for r in runs],
+            "step": [f"{r['step']}/{r['max_steps']}" for r in runs],
+            "elapsed": [duration(r["elapsed_s"]) for r in runs],
+            "ETA": [duration(r["eta_s"]) for r in runs],
+            "cost": [usd(r["cost_usd"]) for r in runs],
+            "attempts": [r["attempt_count"] for r in runs],
+        }
+    )
+    st.dataframe(
+        frame,
+        hide_index=True,
+        column_config={
+            "run": st.column_config.LinkColumn("run", display_text=r"run\?run=(\d+)"),
+            "progress": st.column_config.ProgressColumn("progress", min_value=0.0, max_value=1.0, format="percent"),
+        },
+    )
+
+
+runs_table()

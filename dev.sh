@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# runyard's two commands:
+#   ./dev.sh up [runyard up options]   set up .venv and start the scheduler + UI (http://127.0.0.1:8501)
+#   ./dev.sh test [pytest options]     set up .venv with the test tools (and Chromium) and run every test
+#
+# A torch that already satisfies the range (for example a GPU workstation's CUDA build in the
+# system Python) is kept: the venv then sees the system packages. Otherwise torch is installed:
+# the CUDA build from PyPI where nvidia-smi finds a GPU, else torch==$RUNYARD_TORCH_VERSION
+# (default 2.13.0), from $RUNYARD_TORCH_INDEX when set (e.g. PyTorch's CPU wheel index).
+set -euo pipefail
+cd "$(dirname "$0")"
+
+cmd="${1:-}"
+[ $# -gt 0 ] && shift
+case "$cmd" in
+  up|test|setup) ;;
+  *) echo "usage: ./dev.sh up|test|setup [args...]" >&2; exit 2 ;;
+esac
+
+PY="${PYTHON:-python3}"
+VENV="${RUNYARD_VENV:-.venv}"
+TORCH_OK='import sys, torch; v = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]); sys.exit(0 if (2, 4) <= v < (3, 0) else 1)'
+
+log() { echo "[dev.sh] $*" >&2; }
+
+if [ ! -x "$VENV/bin/python" ]; then
+  if "$PY" -c "$TORCH_OK" 2>/dev/null; then
+    log "keeping the torch of $PY ($("$PY" -c 'import torch; print(torch.__version__)')); venv sees system packages"
+    "$PY" -m venv --system-site-packages "$VENV"
+  else
+    "$PY" -m venv "$VENV"
+  fi
+fi
+VPY="$VENV/bin/python"
+
+if ! "$VPY" -c "$TORCH_OK" 2>/dev/null; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    log "installing torch (CUDA build) from PyPI"
+    "$VPY" -m pip install -q "torch>=2.4,<3"
+  else
+    ver="${RUNYARD_TORCH_VERSION:-2.13.0}"
+    log "installing torch==$ver (CPU)"
+    if [ -n "${RUNYARD_TORCH_INDEX:-}" ]; then
+      "$VPY" -m pip install -q "torch==$ver" --index-url "$RUNYARD_TORCH_INDEX" --extra-index-url https://pypi.org/simple
+    else
+      "$VPY" -m pip install -q "torch==$ver"
+    fi
+  fi
+fi
+
+extras="gpu"
+[ "$cmd" = "test" ] && extras="gpu,test"
+stamp="$VENV/.runyard-installed"
+want="$(cat pyproject.toml | sha256sum | cut -c1-16)-$extras"
+if [ ! -f "$stamp" ] || ! grep -qx "$want" "$stamp" 2>/dev/null; then
+  log "installing runyard[$extras] into $VENV"
+  "$VPY" -m pip install -q -e ".[$extras]"
+  echo "$want" > "$stamp"
+fi
+
+case "$cmd" in
+  setup) log "ready: $VENV/bin/runyard" ;;
+  up)
+    exec "$VENV/bin/runyard" up "$@"
+    ;;
+  test)
+    if ! command -v chromium >/dev/null 2>&1 && [ ! -x /usr/bin/chromium ]; then
+      log "installing Chromium for the browser tests"
+      SUDO=""; [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null && SUDO="sudo"
+      if ! { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null; }; then
+        log "could not install chromium; browser tests will be skipped"
+      fi
+    fi
+    exec "$VPY" -m pytest "$@"
+    ;;
+esac

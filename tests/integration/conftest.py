@@ -1,0 +1,82 @@
+"""Real processes: the `runyard` CLI and scheduler as subprocesses, torchrun with 2 gloo ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "digits.toml"
+
+
+@dataclass
+class Product:
+    """A runyard installation with its data under ``home``."""
+
+    home: Path
+    env: dict[str, str]
+    procs: list[subprocess.Popen] = field(default_factory=list)
+
+    def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        result = subprocess.run(
+            [sys.executable, "-m", "orchestrator", *args], env=self.env, capture_output=True, text=True, timeout=120
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"runyard {' '.join(args)} exited {result.returncode}: {result.stderr}")
+        return result
+
+    def show(self, run_id: int) -> dict:
+        return json.loads(self.cli("show", str(run_id), "--json").stdout)
+
+    def submit(self, *overrides: str) -> int:
+        args = ["submit", str(EXAMPLE)]
+        for item in overrides:
+            args += ["--set", item]
+        return int(self.cli(*args).stdout.strip())
+
+    def start_scheduler(self) -> subprocess.Popen:
+        log = open(self.home / f"scheduler-{len(self.procs)}.log", "ab")
+        proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "scheduler"], env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        return proc
+
+    def wait_for(self, run_id: int, done: Callable[[dict], bool], timeout: float = 180.0) -> dict:
+        deadline = time.monotonic() + timeout
+        detail: dict = {}
+        while time.monotonic() < deadline:
+            detail = self.show(run_id)
+            if done(detail):
+                return detail
+            time.sleep(0.5)
+        raise AssertionError(f"run {run_id} did not get there in {timeout:.0f} s; last seen: {json.dumps(detail)[:2000]}")
+
+    def wait_status(self, run_id: int, *statuses: str, timeout: float = 180.0) -> dict:
+        return self.wait_for(run_id, lambda d: d["status"] in statuses, timeout)
+
+
+@pytest.fixture
+def product(tmp_path: Path) -> Iterator[Product]:
+    home = tmp_path / "home"
+    home.mkdir()
+    env = dict(os.environ)
+    env.pop("RUNYARD_DB_URL", None)
+    env["RUNYARD_HOME"] = str(home)
+    env["RUNYARD_CPU_SLOTS"] = env.get("RUNYARD_CPU_SLOTS", "2")
+    p = Product(home=home, env=env)
+    yield p
+    for proc in p.procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()

@@ -1,0 +1,119 @@
+"""The run config: what a person writes in TOML, and the errors they get for mistakes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainer.config import (
+    ConfigError,
+    RunConfig,
+    apply_overrides,
+    config_from_json,
+    field_of,
+    load_config,
+    parse_config,
+    parse_toml,
+    reference_markdown,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_example_config_is_the_documented_default() -> None:
+    config = load_config(ROOT / "examples" / "digits.toml")
+    assert config.name == "digits-ddp"
+    assert config.workload.kind == "mlp-digits"
+    assert config.launch.nproc_per_node == 2 and config.launch.backend == "auto"
+    assert (config.train.max_steps, config.train.batch_size, config.train.lr) == (300, 64, 0.001)
+    assert (config.train.seed, config.train.log_every, config.train.eval_every) == (0, 10, 100)
+
+
+def test_json_round_trip_and_hash_are_stable() -> None:
+    config = parse_config({"name": "a", "train": {"lr": 0.01}})
+    again = config_from_json(config.to_json())
+    assert again == config
+    assert again.config_hash() == config.config_hash()
+    assert parse_config({"name": "a", "train": {"lr": 0.02}}).config_hash() != config.config_hash()
+
+
+def test_config_is_frozen() -> None:
+    config = RunConfig()
+    with pytest.raises(Exception):
+        config.train.lr = 1.0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("data", "field", "value_text"),
+    [
+        ({"train": {"max_steps": 0}}, "train.max_steps", "0"),
+        ({"train": {"lr": -0.1}}, "train.lr", "-0.1"),
+        ({"train": {"batch_size": "big"}}, "train.batch_size", "'big'"),
+        ({"launch": {"backend": "mpi"}}, "launch.backend", "'mpi'"),
+        ({"workload": {"kind": "resnet"}}, "workload.kind", "'resnet'"),
+        ({"name": "has space"}, "name", "'has space'"),
+    ],
+)
+def test_bad_values_name_the_field_and_the_value(data: dict, field: str, value_text: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(data)
+    (problem,) = info.value.problems
+    assert field_of(problem) == field
+    assert value_text in problem
+
+
+def test_unknown_keys_are_rejected_with_their_path() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config({"train": {"learning_rate": 0.1}, "colour": "red"})
+    fields = sorted(field_of(p) for p in info.value.problems)
+    assert fields == ["colour", "train.learning_rate"]
+    assert all("unknown key" in p for p in info.value.problems)
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config({"train": {"max_steps": 0, "lr": -1}, "launch": {"nproc_per_node": 0}})
+    assert {field_of(p) for p in info.value.problems} == {"train.max_steps", "train.lr", "launch.nproc_per_node"}
+
+
+def test_bad_toml_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        parse_toml("name = \n[train")
+
+
+def test_overrides_are_typed_toml_values() -> None:
+    data = apply_overrides({"train": {"lr": 0.001}}, ["train.lr=0.0005", "name=fast", "launch.nproc_per_node=1", "tags=['a', 'b']"])
+    config = parse_config(data)
+    assert config.train.lr == 0.0005 and config.name == "fast"
+    assert config.launch.nproc_per_node == 1 and config.tags == ("a", "b")
+
+
+def test_override_without_equals_is_rejected() -> None:
+    with pytest.raises(ConfigError, match="expected key=value"):
+        apply_overrides({}, ["train.lr"])
+
+
+def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "nope.toml")
+
+
+def test_config_reference_is_up_to_date() -> None:
+    """docs/CONFIG.md is generated from the field docstrings; regenerate with
+    `runyard config-reference > docs/CONFIG.md`."""
+    assert (ROOT / "docs" / "CONFIG.md").read_text().strip() == reference_markdown().strip()
+
+
+def test_every_field_is_documented() -> None:
+    def walk(model: type) -> list[str]:
+        missing = []
+        for name, field in model.model_fields.items():
+            ann = field.annotation
+            if isinstance(ann, type) and hasattr(ann, "model_fields"):
+                missing += walk(ann)
+            elif not field.description:
+                missing.append(name)
+        return missing
+
+    assert walk(RunConfig) == []

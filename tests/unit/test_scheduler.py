@@ -1,0 +1,214 @@
+"""The scheduler's reconcile loop, driven by calling ``tick()`` directly.
+
+The launched command is a real process under the real shim, in its own session; it is a small
+Python program instead of torchrun so that these tests exercise admission and supervision in a
+second or two. The real torchrun path is covered in tests/integration.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from db.models import Attempt, Run, SchedulerHeartbeat
+from db.requests import request_cancel
+from db.settings import Settings
+from orchestrator.resources import Inventory
+from orchestrator.scheduler import Scheduler, SchedulerLocked, SchedulerOptions, acquire_lock
+from orchestrator.submission import submit
+from trainer.config import RunConfig, parse_config
+
+CPU2 = Inventory(kind="cpu", slots=2)
+
+# Behaviour of the fake workload, chosen by run name: sleep seconds, exit code, ignore SIGTERM.
+PROGRAM = """
+import signal, sys, time
+seconds, code, stubborn = float(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
+if stubborn:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+time.sleep(seconds)
+sys.exit(code)
+"""
+BEHAVIOUR = {
+    "quick": ("0.3", "0", "0"),
+    "fails": ("0.3", "3", "0"),
+    "long": ("60", "0", "0"),
+    "stubborn": ("60", "0", "1"),
+    "medium": ("4", "0", "0"),
+}
+
+
+def fake_command(config: RunConfig, run_id: int, attempt: int, port: int, attempt_dir: Path) -> list[str]:
+    return [sys.executable, "-c", PROGRAM, *BEHAVIOUR[config.name]]
+
+
+def make_scheduler(sessions: sessionmaker[Session], settings: Settings, grace_s: float = 30.0) -> Scheduler:
+    return Scheduler(sessions, settings, CPU2, SchedulerOptions(grace_s=grace_s), command=fake_command)
+
+
+def queue(sessions: sessionmaker[Session], settings: Settings, name: str, nproc: int = 1) -> int:
+    config = parse_config({"name": name, "launch": {"nproc_per_node": nproc}})
+    return submit(sessions, settings, config, CPU2)
+
+
+def status(sessions: sessionmaker[Session], run_id: int) -> str:
+    with sessions() as s:
+        return s.get(Run, run_id).status
+
+
+def attempts(sessions: sessionmaker[Session], run_id: int) -> list[Attempt]:
+    with sessions() as s:
+        return list(s.scalars(select(Attempt).where(Attempt.run_id == run_id).order_by(Attempt.number)))
+
+
+def tick_until(scheduler: Scheduler, done: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        scheduler.tick()
+        if done():
+            return
+        time.sleep(0.1)
+    raise AssertionError("condition not reached in time")
+
+
+def test_admits_fifo_while_slots_are_free(sessions: sessionmaker[Session], settings: Settings) -> None:
+    big = queue(sessions, settings, "quick", nproc=2)
+    small = queue(sessions, settings, "quick", nproc=1)
+    scheduler = make_scheduler(sessions, settings)
+    scheduler.tick()
+    assert status(sessions, big) == "STARTING"
+    assert status(sessions, small) == "QUEUED"  # 2 slots are taken
+    tick_until(scheduler, lambda: status(sessions, small) in ("STARTING", "SUCCEEDED"))
+    assert status(sessions, big) == "SUCCEEDED"
+
+
+def test_runs_that_fit_run_side_by_side(sessions: sessionmaker[Session], settings: Settings) -> None:
+    a = queue(sessions, settings, "long", nproc=1)
+    b = queue(sessions, settings, "long", nproc=1)
+    c = queue(sessions, settings, "long", nproc=1)
+    scheduler = make_scheduler(sessions, settings)
+    scheduler.tick()
+    assert [status(sessions, r) for r in (a, b, c)] == ["STARTING", "STARTING", "QUEUED"]
+    ports = {attempts(sessions, r)[0].port for r in (a, b)}
+    assert len(ports) == 2  # each run has its own rendezvous port
+
+
+def test_exit_codes_decide_the_outcome(sessions: sessionmaker[Session], settings: Settings) -> None:
+    ok = queue(sessions, settings, "quick")
+    bad = queue(sessions, settings, "fails")
+    scheduler = make_scheduler(sessions, settings)
+    tick_until(scheduler, lambda: status(sessions, ok) == "SUCCEEDED" and status(sessions, bad) == "FAILED")
+    (attempt,) = attempts(sessions, bad)
+    assert attempt.status == "FAILED" and attempt.exit_code == 3
+    assert attempt.reason.startswith("exit code 3")
+    assert attempts(sessions, ok)[0].exit_code == 0
+
+
+def test_first_reported_step_moves_to_running(sessions: sessionmaker[Session], settings: Settings) -> None:
+    run_id = queue(sessions, settings, "long")
+    scheduler = make_scheduler(sessions, settings)
+    scheduler.tick()
+    assert status(sessions, run_id) == "STARTING"
+    with sessions() as s:  # what rank 0's reporter writes after step 1
+        s.execute(Attempt.__table__.update().where(Attempt.run_id == run_id).values(first_step_at=time.time(), last_step=1))
+        s.commit()
+    scheduler.tick()
+    assert status(sessions, run_id) == "RUNNING"
+
+
+def test_cancel_escalates_to_sigkill_after_grace(sessions: sessionmaker[Session], settings: Settings) -> None:
+    run_id = queue(sessions, settings, "stubborn")
+    scheduler = make_scheduler(sessions, settings, grace_s=1.0)
+    scheduler.tick()
+    (attempt,) = attempts(sessions, run_id)
+    with sessions() as s:
+        request_cancel(s, run_id)
+        s.commit()
+    tick_until(scheduler, lambda: status(sessions, run_id) == "CANCELLED", timeout=15)
+    (attempt,) = attempts(sessions, run_id)
+    assert attempt.status == "CANCELLED" and attempt.signal_sent == "SIGKILL"
+    assert not psutil.pid_exists(attempt.pid) or psutil.Process(attempt.pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_cancel_with_sigterm_is_enough_for_a_polite_process(sessions: sessionmaker[Session], settings: Settings) -> None:
+    run_id = queue(sessions, settings, "long")
+    scheduler = make_scheduler(sessions, settings, grace_s=30.0)
+    scheduler.tick()
+    with sessions() as s:
+        request_cancel(s, run_id)
+        s.commit()
+    started = time.monotonic()
+    tick_until(scheduler, lambda: status(sessions, run_id) == "CANCELLED")
+    assert time.monotonic() - started < 10
+    assert attempts(sessions, run_id)[0].signal_sent == "SIGTERM"
+
+
+def test_vanished_processes_are_recorded_as_crashed(sessions: sessionmaker[Session], settings: Settings) -> None:
+    run_id = queue(sessions, settings, "long")
+    scheduler = make_scheduler(sessions, settings)
+    scheduler.tick()
+    (attempt,) = attempts(sessions, run_id)
+    shim = psutil.Process(attempt.pid)
+    for proc in [*shim.children(recursive=True), shim]:
+        proc.kill()  # like the OOM killer taking the whole group
+    tick_until(scheduler, lambda: status(sessions, run_id) == "FAILED")
+    (attempt,) = attempts(sessions, run_id)
+    assert attempt.status == "CRASHED" and attempt.exit_code is None
+    assert "vanished" in attempt.reason
+
+
+def test_restarted_scheduler_adopts_instead_of_relaunching(sessions: sessionmaker[Session], settings: Settings) -> None:
+    run_id = queue(sessions, settings, "medium")
+    first = make_scheduler(sessions, settings)
+    first.tick()
+    (attempt,) = attempts(sessions, run_id)
+    del first  # the scheduler process dies; its child keeps running in its own session
+    second = make_scheduler(sessions, settings)
+    second.tick()
+    assert psutil.Process(attempt.pid).is_running()
+    tick_until(second, lambda: status(sessions, run_id) == "SUCCEEDED", timeout=20)
+    assert len(attempts(sessions, run_id)) == 1  # launched once
+
+
+def test_recycled_pid_is_not_mistaken_for_the_run(sessions: sessionmaker[Session], settings: Settings) -> None:
+    run_id = queue(sessions, settings, "long")
+    scheduler = make_scheduler(sessions, settings)
+    scheduler.tick()
+    (attempt,) = attempts(sessions, run_id)
+    for proc in [*psutil.Process(attempt.pid).children(recursive=True), psutil.Process(attempt.pid)]:
+        proc.kill()
+    with sessions() as s:  # pretend the pid now belongs to an unrelated process (this test process)
+        s.execute(Attempt.__table__.update().where(Attempt.id == attempt.id).values(pid=psutil.Process().pid))
+        s.commit()
+    tick_until(scheduler, lambda: status(sessions, run_id) == "FAILED")
+
+
+def test_heartbeat_is_written_every_tick(sessions: sessionmaker[Session], settings: Settings) -> None:
+    scheduler = make_scheduler(sessions, settings)
+    scheduler.tick()
+    with sessions() as s:
+        first = s.scalar(select(SchedulerHeartbeat.beat_at))
+    time.sleep(0.05)
+    scheduler.tick()
+    with sessions() as s:
+        beats = s.scalars(select(SchedulerHeartbeat.beat_at)).all()
+    assert len(beats) == 1 and beats[0] > first
+
+
+def test_one_scheduler_per_data_folder(settings: Settings) -> None:
+    fd = acquire_lock(settings.home)
+    try:
+        with pytest.raises(SchedulerLocked, match="already running"):
+            acquire_lock(settings.home)
+    finally:
+        import os
+
+        os.close(fd)

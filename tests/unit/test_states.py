@@ -1,0 +1,102 @@
+"""The run state machine: only allowed transitions happen, each leaves a history row, and two
+processes racing for the same run cannot both win."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from db.models import Run, RunStatusHistory
+from db.requests import Price, create_run, request_cancel
+from db.settings import Settings
+from db.states import ALLOWED, TERMINAL, RunStatus, TransitionError, transition
+from trainer.config import RunConfig
+
+
+def _queued(sessions: sessionmaker[Session], settings: Settings) -> int:
+    with sessions() as s:
+        run = create_run(s, RunConfig(name="t"), settings.runs_dir, Price(0.1, "test"))
+        s.commit()
+        return run.id
+
+
+def test_status_names_are_the_documented_ones() -> None:
+    assert [s.value for s in RunStatus] == [
+        "QUEUED", "STARTING", "RUNNING", "RETRYING", "CANCELLING", "SUCCEEDED", "FAILED", "CANCELLED",
+    ]
+    assert all(not ALLOWED[s] for s in TERMINAL)
+
+
+def test_happy_path_records_history_with_reasons(sessions: sessionmaker[Session], settings: Settings) -> None:
+    run_id = _queued(sessions, settings)
+    with sessions() as s:
+        assert transition(s, run_id, RunStatus.STARTING, "launching")
+        assert transition(s, run_id, RunStatus.RUNNING, "first step")
+        assert transition(s, run_id, RunStatus.SUCCEEDED, "done")
+        s.commit()
+        run = s.get(Run, run_id)
+        assert run.status == "SUCCEEDED" and run.started_at and run.ended_at
+        history = s.execute(select(RunStatusHistory.from_status, RunStatusHistory.to_status, RunStatusHistory.reason)
+                            .where(RunStatusHistory.run_id == run_id).order_by(RunStatusHistory.id)).all()
+    assert history == [
+        (None, "QUEUED", "submitted"),
+        ("QUEUED", "STARTING", "launching"),
+        ("STARTING", "RUNNING", "first step"),
+        ("RUNNING", "SUCCEEDED", "done"),
+    ]
+
+
+def test_disallowed_transition_changes_nothing(sessions: sessionmaker[Session], settings: Settings) -> None:
+    run_id = _queued(sessions, settings)
+    with sessions() as s:
+        assert not transition(s, run_id, RunStatus.SUCCEEDED, "skip ahead")
+        s.commit()
+        assert s.get(Run, run_id).status == "QUEUED"
+        assert s.scalar(select(RunStatusHistory.id).where(RunStatusHistory.to_status == "SUCCEEDED")) is None
+
+
+def test_terminal_runs_stay_terminal(sessions: sessionmaker[Session], settings: Settings) -> None:
+    run_id = _queued(sessions, settings)
+    with sessions() as s:
+        assert transition(s, run_id, RunStatus.CANCELLED, "user")
+        for target in RunStatus:
+            assert not transition(s, run_id, target, "again")
+        s.commit()
+        assert s.get(Run, run_id).status == "CANCELLED"
+
+
+def test_racing_sessions_only_one_wins(sessions: sessionmaker[Session], settings: Settings) -> None:
+    """Two schedulers (or a scheduler and a cancel) read QUEUED; only the first UPDATE moves it."""
+    run_id = _queued(sessions, settings)
+    with sessions() as a, sessions() as b:
+        assert a.get(Run, run_id).status == "QUEUED"
+        assert b.get(Run, run_id).status == "QUEUED"
+        assert transition(a, run_id, RunStatus.STARTING, "scheduler A")
+        a.commit()
+        assert not transition(b, run_id, RunStatus.STARTING, "scheduler B", expect=RunStatus.QUEUED)
+        b.commit()
+    with sessions() as s:
+        reasons = s.scalars(select(RunStatusHistory.reason).where(RunStatusHistory.to_status == "STARTING")).all()
+    assert reasons == ["scheduler A"]
+
+
+def test_expect_must_be_an_allowed_source(sessions: sessionmaker[Session], settings: Settings) -> None:
+    run_id = _queued(sessions, settings)
+    with sessions() as s, pytest.raises(TransitionError):
+        transition(s, run_id, RunStatus.RUNNING, "x", expect=RunStatus.QUEUED)
+
+
+def test_cancel_request_depends_on_status(sessions: sessionmaker[Session], settings: Settings) -> None:
+    queued = _queued(sessions, settings)
+    running = _queued(sessions, settings)
+    with sessions() as s:
+        transition(s, running, RunStatus.STARTING, "l")
+        transition(s, running, RunStatus.RUNNING, "r")
+        s.commit()
+        assert "cancel requested" in request_cancel(s, queued)
+        assert "cancel requested" in request_cancel(s, running)
+        s.commit()
+        assert s.get(Run, queued).status == "CANCELLED"  # nothing to stop
+        assert s.get(Run, running).status == "CANCELLING"  # the scheduler stops the processes
+        assert "already" in request_cancel(s, queued)
