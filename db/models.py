@@ -3,7 +3,7 @@ cost are plain arithmetic; the UI converts them to the person's clock."""
 
 from __future__ import annotations
 
-from sqlalchemy import Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 
@@ -32,6 +32,18 @@ class Run(Base):
     updated_at: Mapped[float] = mapped_column(Float)
     started_at: Mapped[float | None] = mapped_column(Float)
     ended_at: Mapped[float | None] = mapped_column(Float)
+    # A fork starts from a checkpoint of its parent run.
+    parent_run_id: Mapped[int | None] = mapped_column(
+        ForeignKey("runs.id", ondelete="SET NULL", name="fk_runs_parent_run_id_runs")
+    )
+    parent_step: Mapped[int | None] = mapped_column(Integer)
+    parent_checkpoint_id: Mapped[int | None] = mapped_column(
+        ForeignKey("checkpoints.id", ondelete="SET NULL", use_alter=True, name="fk_runs_parent_checkpoint")
+    )
+    # A pending resume request: the next attempt starts from this checkpoint.
+    resume_checkpoint_id: Mapped[int | None] = mapped_column(
+        ForeignKey("checkpoints.id", ondelete="SET NULL", use_alter=True, name="fk_runs_resume_checkpoint")
+    )
 
     attempts: Mapped[list[Attempt]] = relationship(
         back_populates="run", order_by="Attempt.number", cascade="all, delete-orphan"
@@ -73,6 +85,9 @@ class Attempt(Base):
     first_step_at: Mapped[float | None] = mapped_column(Float)
     progress_at: Mapped[float | None] = mapped_column(Float)
     last_step: Mapped[int | None] = mapped_column(Integer)
+    # Where this attempt started from: a checkpoint folder (this run's or a fork parent's) and step.
+    resume_dir: Mapped[str | None] = mapped_column(Text)
+    resume_step: Mapped[int | None] = mapped_column(Integer)
     signal_sent: Mapped[str | None] = mapped_column(String(16))
     signal_sent_at: Mapped[float | None] = mapped_column(Float)
     ended_at: Mapped[float | None] = mapped_column(Float)
@@ -94,6 +109,32 @@ class Metric(Base):
     key: Mapped[str] = mapped_column(String(100))
     value: Mapped[float | None] = mapped_column(Float)
     wall_time: Mapped[float] = mapped_column(Float)
+
+
+class Checkpoint(Base):
+    """One checkpoint written by rank 0; deleted ones stay as history."""
+
+    __tablename__ = "checkpoints"
+    __table_args__ = (Index("ix_checkpoints_run_step", "run_id", "step"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(Integer)
+    path: Mapped[str] = mapped_column(Text)
+    bytes: Mapped[int] = mapped_column(Integer)
+    sha256: Mapped[str] = mapped_column(String(64))  # of the manifest
+    params_digest: Mapped[str] = mapped_column(String(64))
+    metrics_json: Mapped[str] = mapped_column(Text, default="{}")
+    blocked_s: Mapped[float] = mapped_column(Float)
+    total_s: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[float] = mapped_column(Float)
+    verified: Mapped[bool] = mapped_column(Boolean, default=True)
+    refused_reason: Mapped[str | None] = mapped_column(Text)
+    pinned: Mapped[bool] = mapped_column(Boolean, default=False)
+    deleted: Mapped[bool] = mapped_column(Boolean, default=False)
+    deleted_at: Mapped[float | None] = mapped_column(Float)
+    deleted_reason: Mapped[str | None] = mapped_column(Text)
 
 
 class Event(Base):

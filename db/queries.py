@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from db.models import Attempt, Event, Metric, Run, RunStatusHistory, SchedulerHeartbeat
+from db.models import Attempt, Checkpoint, Event, Metric, Run, RunStatusHistory, SchedulerHeartbeat
 from db.requests import RunNotFound
 from db.states import TERMINAL, RunStatus
 from orchestrator.cost import cost_usd, eta_seconds
@@ -45,7 +45,9 @@ def _run_summary(session: Session, run: Run, now: float) -> dict[str, Any]:
     attempts = session.execute(
         select(Attempt).where(Attempt.run_id == run.id).order_by(Attempt.number)
     ).scalars().all()
-    step = max((a.last_step or 0 for a in attempts), default=0)
+    # The newest attempt is the run's current lineage (an older one may have got further
+    # before the run was resumed from an earlier checkpoint).
+    step = (attempts[-1].last_step or attempts[-1].resume_step or 0) if attempts else 0
     status = RunStatus(run.status)
     eta: float | None
     if status is RunStatus.SUCCEEDED:
@@ -74,6 +76,9 @@ def _run_summary(session: Session, run: Run, now: float) -> dict[str, Any]:
         "price_usd_per_hour": run.price_usd_per_hour,
         "price_unit": run.price_unit,
         "eta_s": eta,
+        "parent_run_id": run.parent_run_id,
+        "parent_step": run.parent_step,
+        "resume_checkpoint_id": run.resume_checkpoint_id,
     }
 
 
@@ -120,6 +125,8 @@ def attempts_of(session: Session, run_id: int) -> list[dict[str, Any]]:
             "pid": a.pid,
             "port": a.port,
             "devices": json.loads(a.devices_json or "[]"),
+            "resume_step": a.resume_step,
+            "resume_dir": a.resume_dir,
             "dir": a.dir,
         }
         for a in rows
@@ -153,10 +160,52 @@ def run_detail(session: Session, run_id: int) -> dict[str, Any]:
     detail["run_dir"] = run.run_dir
     detail["attempts"] = attempts_of(session, run_id)
     detail["metrics"] = latest_metrics(session, run_id)
-    detail["checkpoints"] = []
+    detail["checkpoints"] = checkpoints_of(session, run_id)
     detail["history"] = status_history(session, run_id)
     detail["events"] = events_of(session, run_id)
     return detail
+
+
+def checkpoints_of(session: Session, run_id: int) -> list[dict[str, Any]]:
+    """The run's checkpoint history, oldest first, deleted ones included."""
+    rows = session.execute(
+        select(Checkpoint).where(Checkpoint.run_id == run_id).order_by(Checkpoint.step, Checkpoint.id)
+    ).scalars().all()
+    return [
+        {
+            "id": c.id,
+            "step": c.step,
+            "attempt": c.attempt,
+            "path": c.path,
+            "bytes": c.bytes,
+            "sha256": c.sha256,
+            "params_digest": c.params_digest,
+            "metrics": json.loads(c.metrics_json or "{}"),
+            "blocked_s": c.blocked_s,
+            "total_s": c.total_s,
+            "created_at": c.created_at,
+            "verified": bool(c.verified),
+            "refused_reason": c.refused_reason,
+            "pinned": bool(c.pinned),
+            "deleted": bool(c.deleted),
+            "deleted_reason": c.deleted_reason,
+        }
+        for c in rows
+    ]
+
+
+def lineage_cutoffs(attempts: list[dict[str, Any]]) -> dict[int, float]:
+    """For each attempt, the last step that is still part of the run's lineage.
+
+    When attempt b starts from step r (a checkpoint, or 0 from scratch), what earlier attempts
+    did after step r was abandoned: it is shown as superseded, not mixed into the curves.
+    """
+    cutoffs: dict[int, float] = {}
+    later_min = float("inf")
+    for a in sorted(attempts, key=lambda a: a["number"], reverse=True):
+        cutoffs[a["number"]] = later_min
+        later_min = min(later_min, a["resume_step"] or 0)
+    return cutoffs
 
 
 def metric_keys(session: Session, run_id: int) -> list[str]:
@@ -176,8 +225,10 @@ def metric_points(
         .order_by(Metric.id)
         .limit(max_points)
     ).all()
+    cutoffs = lineage_cutoffs(attempts_of(session, run_id))
     return [
-        {"id": i, "attempt": a, "rank": r, "step": s, "value": v, "time": t}
+        {"id": i, "attempt": a, "rank": r, "step": s, "value": v, "time": t,
+         "superseded": s > cutoffs.get(a, float("inf"))}
         for i, a, r, s, v, t in rows
     ]
 

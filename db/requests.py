@@ -8,16 +8,29 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from db import DatabaseError
-from db.models import Event, Run, RunStatusHistory
+from db.models import Checkpoint, Event, Run, RunStatusHistory
 from db.states import ACTIVE, TERMINAL, RunStatus, transition
 from trainer.config import RunConfig
 
 
 class RunNotFound(DatabaseError):
     """No run matches the reference a person gave."""
+
+
+class RequestRefused(DatabaseError):
+    """A request that cannot be carried out in the run's current state; the message says what
+    to do instead."""
+
+
+CHECKPOINTS_DIR = "checkpoints"
+
+
+def checkpoints_dir(run: Run) -> Path:
+    return Path(run.run_dir) / CHECKPOINTS_DIR
 
 
 @dataclass(frozen=True)
@@ -28,8 +41,13 @@ class Price:
     unit: str
 
 
-def create_run(session: Session, config: RunConfig, runs_dir: Path, price: Price) -> Run:
-    """Insert a QUEUED run and write its config.json; the caller commits."""
+def create_run(
+    session: Session, config: RunConfig, runs_dir: Path, price: Price, *, parent: Checkpoint | None = None
+) -> Run:
+    """Insert a QUEUED run and write its config.json; the caller commits.
+
+    With ``parent`` (a fork), the run's first attempt starts from that checkpoint.
+    """
     now = time.time()
     run = Run(
         name=config.name,
@@ -45,6 +63,10 @@ def create_run(session: Session, config: RunConfig, runs_dir: Path, price: Price
         created_at=now,
         updated_at=now,
     )
+    if parent is not None:
+        run.parent_run_id = parent.run_id
+        run.parent_step = parent.step
+        run.parent_checkpoint_id = parent.id
     session.add(run)
     session.flush()
     run_dir = runs_dir / f"run-{run.id:06d}"
@@ -53,7 +75,7 @@ def create_run(session: Session, config: RunConfig, runs_dir: Path, price: Price
         RunStatusHistory(run_id=run.id, from_status=None, to_status=run.status, reason="submitted", at=now)
     )
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(config.model_dump(mode="json"), indent=2))
+    (run_dir / "config.json").write_text(json.dumps(config.as_dict(), indent=2))
     return run
 
 
@@ -82,3 +104,63 @@ def request_cancel(session: Session, run_id: int, who: str = "user") -> str:
         return f"run {run_id} changed status meanwhile; look again with `runyard show {run_id}`"
     session.add(Event(run_id=run_id, at=time.time(), kind="cancel", message=f"cancel requested by {who}"))
     return f"run {run_id}: cancel requested"
+
+
+def usable_checkpoint(
+    session: Session, run_id: int, step: int | None = None, checkpoint_id: int | None = None
+) -> Checkpoint:
+    """A verified, not deleted checkpoint of a run: by id, by step (the newest written at that
+    step), or the newest of all."""
+    usable = (Checkpoint.run_id == run_id, Checkpoint.verified.is_(True), Checkpoint.deleted.is_(False))
+    q = select(Checkpoint).where(*usable)
+    if checkpoint_id is not None:
+        q = q.where(Checkpoint.id == checkpoint_id)
+    elif step is not None:
+        q = q.where(Checkpoint.step == step)
+    found = session.execute(q.order_by(Checkpoint.step.desc(), Checkpoint.id.desc()).limit(1)).scalar_one_or_none()
+    if found is not None:
+        return found
+    steps = sorted(set(session.scalars(select(Checkpoint.step).where(*usable)).all()))
+    listed = ", ".join(map(str, steps)) or "none"
+    if checkpoint_id is not None:
+        raise RequestRefused(f"checkpoint {checkpoint_id} of run {run_id} is deleted or not verified; verified steps: {listed}")
+    if step is not None:
+        raise RequestRefused(f"run {run_id} has no verified checkpoint at step {step}; verified steps: {listed}")
+    raise RequestRefused(f"run {run_id} has no verified checkpoint to start from")
+
+
+def request_resume(
+    session: Session, run_id: int, step: int | None = None, who: str = "user", checkpoint_id: int | None = None
+) -> int:
+    """Queue a finished run again; its next attempt starts from a checkpoint: ``checkpoint_id``,
+    else the one at ``step``, else the newest verified one. The caller commits.
+
+    Returns:
+        The step the run will resume from.
+    """
+    run = session.get(Run, run_id)
+    if run is None:
+        raise RunNotFound(f"run {run_id} does not exist")
+    status = RunStatus(run.status)
+    if status not in TERMINAL:
+        raise RequestRefused(
+            f"run {run_id} is {status.value}; cancel it first (`runyard cancel {run_id}`), then resume"
+        )
+    checkpoint = usable_checkpoint(session, run_id, step, checkpoint_id)
+    run.resume_checkpoint_id = checkpoint.id
+    if not transition(session, run_id, RunStatus.QUEUED, f"resume from step {checkpoint.step} requested by {who}"):
+        raise RequestRefused(f"run {run_id} changed status meanwhile; try again")
+    session.add(Event(run_id=run_id, at=time.time(), kind="resume",
+                      message=f"resume from step {checkpoint.step} requested by {who}"))
+    return checkpoint.step
+
+
+def set_pinned(session: Session, run_id: int, step: int, pinned: bool, checkpoint_id: int | None = None) -> None:
+    """Pin (keep forever) or unpin a checkpoint of a run (by id, or the newest at ``step``);
+    the caller commits."""
+    q = select(Checkpoint).where(Checkpoint.run_id == run_id, Checkpoint.deleted.is_(False))
+    q = q.where(Checkpoint.id == checkpoint_id) if checkpoint_id is not None else q.where(Checkpoint.step == step)
+    checkpoint = session.execute(q.order_by(Checkpoint.id.desc()).limit(1)).scalar_one_or_none()
+    if checkpoint is None:
+        raise RequestRefused(f"run {run_id} has no checkpoint at step {step} (or it was deleted)")
+    checkpoint.pinned = pinned

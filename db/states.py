@@ -62,9 +62,11 @@ ALLOWED: dict[RunStatus, frozenset[RunStatus]] = {
     RunStatus.CANCELLING: frozenset(
         {RunStatus.CANCELLED, RunStatus.SUCCEEDED, RunStatus.FAILED}
     ),
-    RunStatus.SUCCEEDED: frozenset(),
-    RunStatus.FAILED: frozenset(),
-    RunStatus.CANCELLED: frozenset(),
+    # A finished run can be resumed from one of its checkpoints: it is queued again and its
+    # next attempt starts from that checkpoint.
+    RunStatus.SUCCEEDED: frozenset({RunStatus.QUEUED}),
+    RunStatus.FAILED: frozenset({RunStatus.QUEUED}),
+    RunStatus.CANCELLED: frozenset({RunStatus.QUEUED}),
 }
 
 
@@ -116,6 +118,8 @@ def transition(
         values["started_at"] = func.coalesce(Run.started_at, now)
     if to in TERMINAL:
         values["ended_at"] = now
+    elif to is RunStatus.QUEUED:
+        values["ended_at"] = None
     # Conditional on the status we read: if another process moved the run in between, nothing
     # is updated and the caller sees False.
     result = session.execute(

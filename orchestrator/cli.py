@@ -3,6 +3,7 @@
     runyard up [--host 127.0.0.1] [--port 8501]    scheduler + UI
     runyard submit CONFIG.toml [--set key=value]  queue a run, print its id
     runyard ls | show RUN | logs RUN | cancel RUN
+    runyard resume RUN [--step N] | fork RUN [--step N] [--set k=v] | pin RUN --step N
     runyard scheduler | ui | db upgrade | config-reference
 
 Data lives under $RUNYARD_HOME (default ./.runyard); $RUNYARD_DB_URL overrides the database.
@@ -249,6 +250,72 @@ def cancel(run: str, as_json: bool) -> None:
     click.echo(json.dumps({"id": run_id, "message": message}) if as_json else message)
 
 
+@cli.command()
+@click.argument("run")
+@click.option("--step", type=int, default=None, help="Checkpoint step (default: the newest verified one).")
+@click.option("--json", "as_json", is_flag=True)
+def resume(run: str, step: int | None, as_json: bool) -> None:
+    """Resume a finished run from one of its checkpoints (a new attempt of the same run)."""
+    from db.requests import RequestRefused, request_resume
+
+    sessions = _sessions(_settings())
+    run_id = _resolve(sessions, run)
+    with sessions() as session:
+        try:
+            chosen = request_resume(session, run_id, step, who="cli")
+        except RequestRefused as exc:
+            _fail(str(exc))
+        session.commit()
+    if as_json:
+        click.echo(json.dumps({"id": run_id, "step": chosen}))
+    else:
+        click.echo(f"run {run_id} queued to resume from step {chosen}")
+
+
+@cli.command()
+@click.argument("run")
+@click.option("--step", type=int, default=None, help="Checkpoint step of RUN (default: the newest verified one).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Changed setting, e.g. train.lr=0.0001.")
+@click.option("--json", "as_json", is_flag=True)
+def fork(run: str, step: int | None, overrides: tuple[str, ...], as_json: bool) -> None:
+    """Start a new run from a checkpoint of RUN with changed settings; prints the new id."""
+    from db.requests import RequestRefused
+    from orchestrator.resources import detect_inventory
+    from orchestrator.submission import fork as fork_run
+    from trainer.config import ConfigError
+
+    settings = _settings()
+    sessions = _sessions(settings)
+    parent = _resolve(sessions, run)
+    try:
+        new_id = fork_run(sessions, settings, parent, step, list(overrides), detect_inventory())
+    except ConfigError as exc:
+        click.echo(f"error: {exc}\nnothing was queued.", err=True)
+        sys.exit(EXIT_USAGE)
+    except RequestRefused as exc:
+        _fail(str(exc))
+    click.echo(json.dumps({"id": new_id, "parent": parent}) if as_json else str(new_id))
+
+
+@cli.command()
+@click.argument("run")
+@click.option("--step", type=int, required=True, help="Checkpoint step.")
+@click.option("--unpin", is_flag=True, help="Remove the pin instead.")
+def pin(run: str, step: int, unpin: bool) -> None:
+    """Pin a checkpoint so that retention never deletes it (or --unpin)."""
+    from db.requests import RequestRefused, set_pinned
+
+    sessions = _sessions(_settings())
+    run_id = _resolve(sessions, run)
+    with sessions() as session:
+        try:
+            set_pinned(session, run_id, step, not unpin)
+        except RequestRefused as exc:
+            _fail(str(exc))
+        session.commit()
+    click.echo(f"run {run_id} step {step}: {'unpinned' if unpin else 'pinned'}")
+
+
 # -- reading ---------------------------------------------------------------------------------
 
 
@@ -285,6 +352,12 @@ def _print_detail(d: dict[str, Any]) -> None:
     for a in d["attempts"]:
         click.echo(f"    #{a['number']} {a['status']:<9} exit {a['exit_code']!s:<4} "
                    f"{_fmt_time(a['started_at'])} -> {_fmt_time(a['ended_at'])}  {a['reason'] or ''}")
+    if d["checkpoints"]:
+        click.echo("  checkpoints:")
+        for c in d["checkpoints"]:
+            flags = [f for f, on in (("verified", c["verified"]), ("pinned", c["pinned"]), ("deleted", c["deleted"])) if on]
+            click.echo(f"    step {c['step']:<7} attempt {c['attempt']:<3} {c['bytes'] / 1e6:8.1f} MB  "
+                       f"{','.join(flags):<16} {c['params_digest'][:12]}  {c['refused_reason'] or c['deleted_reason'] or ''}")
     if d["metrics"]:
         click.echo("  latest metrics:")
         for key, ranks in d["metrics"].items():

@@ -25,7 +25,8 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.models import Attempt, Event, Run, SchedulerHeartbeat
+from db.models import Attempt, Checkpoint, Event, Run, SchedulerHeartbeat
+from db.requests import checkpoints_dir
 from db.settings import Settings
 from db.states import ACTIVE, AttemptStatus, RunStatus, transition
 from orchestrator import OrchestratorError
@@ -147,6 +148,7 @@ class Scheduler:
             return
         attempt_dir = Path(run.run_dir) / "attempts" / str(number)
         port = free_port()
+        resume_dir, resume_step = self._resume_point(session, run, number)
         attempt = Attempt(
             run_id=run.id,
             number=number,
@@ -156,7 +158,10 @@ class Scheduler:
             devices_json=json.dumps(devices),
             device_kind=self.inventory.device_label,
             started_at=time.time(),
+            resume_dir=resume_dir,
+            resume_step=resume_step,
         )
+        run.resume_checkpoint_id = None  # the request is consumed by this attempt
         session.add(attempt)
         # Commit before launching: a scheduler that dies right after the launch finds the row
         # and re-adopts the processes instead of launching the run a second time.
@@ -170,6 +175,9 @@ class Scheduler:
             "RUNYARD_RUN_DIR": run.run_dir,
             "RUNYARD_ATTEMPT_DIR": str(attempt_dir),
         }
+        if resume_dir is not None and resume_step is not None:
+            env["RUNYARD_RESUME_DIR"] = resume_dir
+            env["RUNYARD_RESUME_STEP"] = str(resume_step)
         if self.inventory.kind == "gpu":
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in devices)
         try:
@@ -187,6 +195,29 @@ class Scheduler:
                           + (f", GPUs {devices}" if devices else "")))
         session.commit()
         logger.info("run %d: attempt %d launched (pid %d)", run.id, number, launched.pid)
+
+    @staticmethod
+    def _resume_point(session: Session, run: Run, number: int) -> tuple[str | None, int | None]:
+        """Where the next attempt starts: the checkpoint a resume request names; else, after an
+        earlier attempt, this run's newest verified checkpoint of its current lineage; else a
+        fork's origin; else from scratch. The trainer verifies it and falls back to an older
+        checkpoint in the same folder if it is refused."""
+        chosen: Checkpoint | None = None
+        if run.resume_checkpoint_id is not None:
+            chosen = session.get(Checkpoint, run.resume_checkpoint_id)
+        elif number > 1:
+            chosen = session.execute(
+                select(Checkpoint)
+                .where(Checkpoint.run_id == run.id, Checkpoint.verified.is_(True), Checkpoint.deleted.is_(False),
+                       Checkpoint.path.like(f"{checkpoints_dir(run)}/step-%"))
+                .order_by(Checkpoint.step.desc(), Checkpoint.id.desc())
+                .limit(1)
+            ).scalar_one_or_none()
+        elif run.parent_checkpoint_id is not None:
+            chosen = session.get(Checkpoint, run.parent_checkpoint_id)
+        if chosen is None:
+            return None, None
+        return str(Path(chosen.path).parent), chosen.step
 
     # -- supervision ----------------------------------------------------------------------
 

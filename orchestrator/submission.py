@@ -10,11 +10,14 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.requests import create_run
+import json
+
+from db.models import Event, Run
+from db.requests import RunNotFound, create_run, usable_checkpoint
 from db.settings import Settings
 from orchestrator.cost import price_for
 from orchestrator.resources import Inventory, check_fits
-from trainer.config import ConfigError, LaunchConfig, RunConfig, parse_config
+from trainer.config import ConfigError, LaunchConfig, RunConfig, apply_overrides, parse_config
 
 
 def validate(data: dict[str, Any], inventory: Inventory) -> RunConfig:
@@ -52,5 +55,40 @@ def submit(sessions: sessionmaker[Session], settings: Settings, config: RunConfi
         raise ConfigError(problems)
     with sessions() as session:
         run = create_run(session, config, settings.runs_dir, price_for(config.launch.nproc_per_node, inventory))
+        session.commit()
+        return run.id
+
+
+def fork(
+    sessions: sessionmaker[Session],
+    settings: Settings,
+    parent_id: int,
+    step: int | None,
+    overrides: list[str],
+    inventory: Inventory,
+) -> int:
+    """Queue a new run that starts from a checkpoint of ``parent_id`` with changed settings.
+
+    The parent's checkpoint is pinned so that retention never deletes the fork's origin.
+
+    Raises:
+        ConfigError: the changed config is invalid.
+        RequestRefused: the checkpoint does not exist or is not verified.
+    """
+    with sessions() as session:
+        parent = session.get(Run, parent_id)
+        if parent is None:
+            raise RunNotFound(f"run {parent_id} does not exist")
+        checkpoint = usable_checkpoint(session, parent_id, step)
+        data = json.loads(parent.config_json)
+        data["name"] = f"{parent.name}-fork"[:100]
+        config = validate(apply_overrides(data, overrides), inventory)
+        run = create_run(
+            session, config, settings.runs_dir, price_for(config.launch.nproc_per_node, inventory), parent=checkpoint
+        )
+        checkpoint.pinned = True
+        session.add(Event(run_id=run.id, at=run.created_at, kind="fork",
+                          message=f"forked from run {parent_id} at step {checkpoint.step}"
+                          + (f" with {', '.join(overrides)}" if overrides else "")))
         session.commit()
         return run.id

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 from pathlib import Path
 
@@ -19,8 +18,6 @@ from trainer.config import config_from_json
 from trainer.context import context_from_env
 
 logger = logging.getLogger("trainer")
-
-EXIT_STOPPED = 0
 
 
 def _parse_args(argv: list[str]) -> argparse.Namespace:
@@ -54,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     reporter = MetricReporter(ctx, info.rank, info.world_size)
     try:
-        result = mlp_digits.train(config, info, reporter, should_stop=lambda: False)
+        result = mlp_digits.train(config, info, ctx, reporter, should_stop=lambda: False)
         logger.info("finished: %s", result)
     finally:
         reporter.close()
@@ -63,5 +60,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.exit(main())

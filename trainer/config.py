@@ -82,6 +82,41 @@ class TrainConfig(_Section):
     eval_every: int = Field(default=100, ge=0)
     """Evaluate on the held-out split every this many steps (0: only at the end)."""
 
+    deterministic: bool = False
+    """Use torch's deterministic algorithms (and seeded data order), so that a resumed run
+    repeats the uninterrupted one bit for bit; may be slower on GPU."""
+
+
+class CheckpointConfig(_Section):
+    """When checkpoints are written and which are kept."""
+
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", use_attribute_docstrings=True, validate_default=True, populate_by_name=True
+    )
+
+    every_steps: int = Field(default=100, ge=0)
+    """Save every this many steps (0: not by steps). A final checkpoint is always written at the
+    end of the run."""
+
+    every_seconds: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    """Also save when this many seconds passed since the last save (0: not by time)."""
+
+    keep_last: int = Field(default=3, ge=0)
+    """Keep the newest this many checkpoints (0: keep all)."""
+
+    keep_best: int = Field(default=1, ge=0)
+    """Also keep the best this many by `best_metric`."""
+
+    best_metric: str = Field(default="eval_loss", min_length=1)
+    """Metric that ranks checkpoints for `keep_best` (any reported metric name)."""
+
+    best_mode: Literal["min", "max"] = "min"
+    """Whether a lower (`min`) or higher (`max`) `best_metric` is better."""
+
+    async_save: bool = Field(default=True, alias="async")
+    """Write in a background thread (the training loop only waits for the copy to CPU memory);
+    `false` writes synchronously, for debugging. Key: `async`."""
+
 
 class RunConfig(_Section):
     """A training run."""
@@ -97,10 +132,15 @@ class RunConfig(_Section):
     workload: WorkloadConfig = WorkloadConfig()
     launch: LaunchConfig = LaunchConfig()
     train: TrainConfig = TrainConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+
+    def as_dict(self) -> dict[str, Any]:
+        """The config as plain data, with the TOML key names."""
+        return self.model_dump(mode="json", by_alias=True)
 
     def to_json(self) -> str:
         """The canonical JSON form stored on the run row and in ``config.json``."""
-        return json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        return json.dumps(self.as_dict(), sort_keys=True)
 
     def config_hash(self) -> str:
         """sha256 of the canonical JSON form."""
@@ -218,7 +258,7 @@ def reference_markdown() -> str:
                 type_name += f", {constraints}"
             default = json.dumps(field.default if not isinstance(field.default, tuple) else list(field.default))
             desc = (field.description or "").replace("\n", " ").replace("|", "\\|")
-            lines.append(f"| `{prefix}{name}` | {type_name} | `{default}` | {desc} |")
+            lines.append(f"| `{prefix}{field.alias or name}` | {type_name} | `{default}` | {desc} |")
         lines.append("")
 
     lines.append("## top level")

@@ -19,6 +19,12 @@ class RunContext:
     db_url: str | None
     run_dir: Path
     attempt_dir: Path
+    resume_dir: Path | None = None
+    resume_step: int | None = None
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.run_dir / "checkpoints"
 
     @property
     def managed(self) -> bool:
@@ -35,4 +41,6 @@ def context_from_env(environ: dict[str, str] | None = None) -> RunContext:
         db_url=env.get("RUNYARD_DB_URL"),
         run_dir=run_dir,
         attempt_dir=Path(env.get("RUNYARD_ATTEMPT_DIR") or run_dir),
+        resume_dir=Path(env["RUNYARD_RESUME_DIR"]) if env.get("RUNYARD_RESUME_DIR") else None,
+        resume_step=int(env["RUNYARD_RESUME_STEP"]) if env.get("RUNYARD_RESUME_STEP") else None,
     )

@@ -13,35 +13,48 @@ import math
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from sqlalchemy import Connection
 
 from trainer.context import RunContext
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class _Batch:
-    rows: list[dict] = field(default_factory=list)
-    step: int | None = None
-    step_time: float | None = None
+Handler = Callable[[Connection, list[Any]], None]
 
 
 class DatabaseWriter(threading.Thread):
-    """Background thread that owns rank 0's database connection."""
+    """Background thread that owns rank 0's database connection.
+
+    Metric rows and the progress mark are built in; other kinds of record (checkpoints, events)
+    are written by handlers registered with :meth:`register`. Everything queued within one flush
+    interval is written in one transaction; a failed write is retried at the next interval.
+    """
 
     def __init__(self, db_url: str, run_id: int, attempt: int, flush_interval_s: float = 0.5):
-        super().__init__(name="runyard-metric-writer", daemon=True)
+        super().__init__(name="runyard-db-writer", daemon=True)
         self._db_url = db_url
         self._run_id = run_id
         self._attempt = attempt
         self._interval = flush_interval_s
-        self._queue: queue.SimpleQueue[tuple[str, object] | None] = queue.SimpleQueue()
-        self._pending = _Batch()
+        self._queue: queue.SimpleQueue[tuple[str, Any] | None] = queue.SimpleQueue()
+        self._handlers: dict[str, Handler] = {}
+        self._pending: dict[str, list[Any]] = {}
+        self._progress: tuple[int, float] | None = None
         self.rows_written = 0
+
+    def register(self, kind: str, handler: Handler) -> None:
+        """Write records of ``kind`` with ``handler(connection, records)`` (in this thread)."""
+        self._handlers[kind] = handler
+
+    def put(self, kind: str, record: Any) -> None:
+        self._queue.put((kind, record))
 
     def put_rows(self, rows: list[dict]) -> None:
         self._queue.put(("rows", rows))
@@ -49,59 +62,70 @@ class DatabaseWriter(threading.Thread):
     def put_progress(self, step: int) -> None:
         self._queue.put(("progress", (step, time.time())))
 
-    def close(self, timeout_s: float = 30.0) -> None:
+    def close(self, timeout_s: float = 60.0) -> None:
         """Flush everything queued and stop the thread."""
         self._queue.put(None)
         self.join(timeout_s)
         if self.is_alive():
-            logger.warning("metric writer did not finish within %.0f s; some points are lost", timeout_s)
+            logger.warning("database writer did not finish within %.0f s; some records are lost", timeout_s)
 
-    def run(self) -> None:
+    def _drain(self) -> bool:
+        """Collect what arrives within one interval; False once close() was called."""
+        deadline = time.monotonic() + self._interval
+        while True:
+            try:
+                item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                return True
+            if item is None:
+                return False
+            kind, payload = item
+            if kind == "progress":
+                self._progress = payload
+            elif kind == "rows":
+                self._pending.setdefault("rows", []).extend(payload)
+            else:
+                self._pending.setdefault(kind, []).append(payload)
+
+    def _write(self, conn: Connection) -> None:
         from sqlalchemy import func, insert, update
 
-        from db.engine import make_engine
         from db.models import Attempt, Metric
 
+        rows = self._pending.get("rows")
+        if rows:
+            conn.execute(insert(Metric), rows)
+        if self._progress is not None:
+            step, at = self._progress
+            conn.execute(
+                update(Attempt)
+                .where(Attempt.run_id == self._run_id, Attempt.number == self._attempt)
+                .values(last_step=step, progress_at=at, first_step_at=func.coalesce(Attempt.first_step_at, at))
+            )
+        for kind, records in self._pending.items():
+            if kind != "rows":
+                self._handlers[kind](conn, records)
+
+    def run(self) -> None:
+        from db.engine import make_engine
+
         engine = make_engine(self._db_url)
-        stop = False
+        running = True
         try:
-            while not stop:
-                deadline = time.monotonic() + self._interval
-                while True:
+            while running:
+                running = self._drain()
+                if not self._pending and self._progress is None:
+                    continue
+                for attempt in range(1, 6):
                     try:
-                        item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-                    except queue.Empty:
+                        with engine.begin() as conn:
+                            self._write(conn)
                         break
-                    if item is None:
-                        stop = True
-                        break
-                    kind, payload = item
-                    if kind == "rows":
-                        self._pending.rows.extend(payload)  # type: ignore[arg-type]
-                    else:
-                        self._pending.step, self._pending.step_time = payload  # type: ignore[misc]
-                if not self._pending.rows and self._pending.step is None:
-                    continue
-                try:
-                    with engine.begin() as conn:
-                        if self._pending.rows:
-                            conn.execute(insert(Metric), self._pending.rows)
-                        if self._pending.step is not None:
-                            conn.execute(
-                                update(Attempt)
-                                .where(Attempt.run_id == self._run_id, Attempt.number == self._attempt)
-                                .values(
-                                    last_step=self._pending.step,
-                                    progress_at=self._pending.step_time,
-                                    first_step_at=func.coalesce(Attempt.first_step_at, self._pending.step_time),
-                                )
-                            )
-                except Exception:  # keep the points and try again next interval
-                    logger.exception("metric write failed; will retry")
-                    time.sleep(self._interval)
-                    continue
-                self.rows_written += len(self._pending.rows)
-                self._pending = _Batch()
+                    except Exception:  # keep the records and try again
+                        logger.exception("database write failed (try %d)", attempt)
+                        time.sleep(self._interval * attempt)
+                self.rows_written += len(self._pending.get("rows", []))
+                self._pending, self._progress = {}, None
         finally:
             engine.dispose()
 
@@ -119,11 +143,11 @@ class MetricReporter:
         self.ctx = ctx
         self.rank = rank
         self.world_size = world_size
-        self._writer: DatabaseWriter | None = None
+        self.writer: DatabaseWriter | None = None
         if rank == 0 and ctx.managed:
             assert ctx.db_url is not None and ctx.run_id is not None
-            self._writer = DatabaseWriter(ctx.db_url, ctx.run_id, ctx.attempt)
-            self._writer.start()
+            self.writer = DatabaseWriter(ctx.db_url, ctx.run_id, ctx.attempt)
+            self.writer.start()
 
     def _rows(self, step: int, per_rank: list[dict[str, float]]) -> list[dict]:
         now = time.time()
@@ -160,21 +184,21 @@ class MetricReporter:
         if self.rank != 0:
             return {}
         per_rank = [dict(zip(keys, t.tolist())) for t in gathered]
-        if self._writer is not None:
-            self._writer.put_rows(self._rows(step, per_rank))
+        if self.writer is not None:
+            self.writer.put_rows(self._rows(step, per_rank))
         return dict(enumerate(per_rank))
 
     def log_main(self, step: int, **metrics: float) -> None:
         """Rank 0 only: values that are already global (for example eval accuracy)."""
-        if self.rank == 0 and self._writer is not None:
+        if self.rank == 0 and self.writer is not None:
             rows = self._rows(step, [metrics])
-            self._writer.put_rows(rows)
+            self.writer.put_rows(rows)
 
     def progress(self, step: int) -> None:
         """Cheap: rank 0 notes the newest completed step (heartbeat and ETA)."""
-        if self._writer is not None:
-            self._writer.put_progress(step)
+        if self.writer is not None:
+            self.writer.put_progress(step)
 
     def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
+        if self.writer is not None:
+            self.writer.close()

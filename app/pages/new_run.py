@@ -12,7 +12,7 @@ from trainer.config import ConfigError, RunConfig, field_of, parse_toml
 st.title("New run")
 
 uploaded = st.file_uploader("Start from a TOML config (optional)", type=["toml"])
-base: dict[str, Any] = RunConfig().model_dump(mode="json")
+base: dict[str, Any] = RunConfig().as_dict()
 if uploaded is not None:
     try:
         raw = parse_toml(uploaded.getvalue().decode())

@@ -25,7 +25,9 @@ requested = st.query_params.get("run")
 default_id = int(requested) if requested and requested.isdigit() and int(requested) in ids else ids[0]
 run_id = st.selectbox(
     "Run", ids, index=ids.index(default_id),
-    format_func=lambda i: next(f"#{r['id']} {r['name']} ({r['status']})" for r in runs if r["id"] == i),
+    # No status here: the picker is drawn once per full script run, so it would go stale while
+    # the live panel below moves on (it showed STARTING beside a SUCCEEDED badge).
+    format_func=lambda i: next(f"#{r['id']} {r['name']}" for r in runs if r["id"] == i),
 )
 st.query_params["run"] = str(run_id)
 

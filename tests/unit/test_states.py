@@ -25,7 +25,7 @@ def test_status_names_are_the_documented_ones() -> None:
     assert [s.value for s in RunStatus] == [
         "QUEUED", "STARTING", "RUNNING", "RETRYING", "CANCELLING", "SUCCEEDED", "FAILED", "CANCELLED",
     ]
-    assert all(not ALLOWED[s] for s in TERMINAL)
+    assert all(ALLOWED[s] == {RunStatus.QUEUED} for s in TERMINAL)  # only a resume leaves them
 
 
 def test_happy_path_records_history_with_reasons(sessions: sessionmaker[Session], settings: Settings) -> None:
@@ -56,14 +56,18 @@ def test_disallowed_transition_changes_nothing(sessions: sessionmaker[Session], 
         assert s.scalar(select(RunStatusHistory.id).where(RunStatusHistory.to_status == "SUCCEEDED")) is None
 
 
-def test_terminal_runs_stay_terminal(sessions: sessionmaker[Session], settings: Settings) -> None:
+def test_terminal_runs_leave_only_through_a_resume(sessions: sessionmaker[Session], settings: Settings) -> None:
     run_id = _queued(sessions, settings)
     with sessions() as s:
         assert transition(s, run_id, RunStatus.CANCELLED, "user")
         for target in RunStatus:
-            assert not transition(s, run_id, target, "again")
+            if target is not RunStatus.QUEUED:
+                assert not transition(s, run_id, target, "again")
         s.commit()
-        assert s.get(Run, run_id).status == "CANCELLED"
+        assert s.get(Run, run_id).status == "CANCELLED" and s.get(Run, run_id).ended_at
+        assert transition(s, run_id, RunStatus.QUEUED, "resume requested")
+        s.commit()
+        assert s.get(Run, run_id).ended_at is None
 
 
 def test_racing_sessions_only_one_wins(sessions: sessionmaker[Session], settings: Settings) -> None:

@@ -17,10 +17,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
+from trainer import faults
+from trainer.checkpointing import RunCheckpoints
 from trainer.config import RunConfig
+from trainer.context import RunContext
 from trainer.distributed import DistInfo
 from trainer.reporter import MetricReporter
 
@@ -73,15 +76,22 @@ def evaluate(model: nn.Module, test: TensorDataset, info: DistInfo) -> tuple[flo
     return correct / n, loss_sum / n
 
 
-def train(config: RunConfig, info: DistInfo, reporter: MetricReporter, should_stop: Callable[[], bool]) -> dict:
+def train(
+    config: RunConfig, info: DistInfo, ctx: RunContext, reporter: MetricReporter, should_stop: Callable[[], bool]
+) -> dict:
     tc = config.train
     seed_everything(tc.seed)
+    if tc.deterministic:
+        torch.use_deterministic_algorithms(True)
     train_set, test_set = load_digits_split()
+    x_all, y_all = train_set.tensors
+    # The sampler shards and shuffles; its order depends only on (seed, epoch), so a resumed
+    # run can rebuild it and continue at the exact batch where the checkpoint was taken.
     sampler = DistributedSampler(
         train_set, num_replicas=info.world_size, rank=info.rank, shuffle=True, seed=tc.seed, drop_last=True
     )
-    loader = DataLoader(train_set, batch_size=tc.batch_size, sampler=sampler, drop_last=True)
-    if len(loader) == 0:
+    batches_per_epoch = len(sampler) // tc.batch_size
+    if batches_per_epoch == 0:
         raise ValueError(
             f"train.batch_size = {tc.batch_size} is larger than one rank's share of the data "
             f"({len(sampler)} samples); lower it"
@@ -89,16 +99,27 @@ def train(config: RunConfig, info: DistInfo, reporter: MetricReporter, should_st
 
     model = build_model(config.workload.hidden).to(info.device)
     ddp = DDP(model) if info.world_size > 1 else model
-    optimizer = torch.optim.Adam(ddp.parameters(), lr=tc.lr)
+    optimizer = torch.optim.Adam(model.parameters(), lr=tc.lr)
+    checkpoints = RunCheckpoints(config, ctx, info, reporter.writer)
+    step, epoch, next_batch = checkpoints.resume(model, optimizer)
+    order: list[int] = []
+    order_epoch = -1
 
-    step, epoch = 0, 0
     interval_loss, interval_time, interval_steps = 0.0, 0.0, 0
-    accuracy = float("nan")
-    while step < tc.max_steps and not should_stop():
-        sampler.set_epoch(epoch)
-        for x, y in loader:
+    latest: dict[str, float] = {}
+    delay = faults.step_delay_s()
+    try:
+        while step < tc.max_steps and not should_stop():
+            if next_batch >= batches_per_epoch:
+                epoch, next_batch = epoch + 1, 0
+            if order_epoch != epoch:
+                sampler.set_epoch(epoch)
+                order, order_epoch = list(sampler), epoch
+            idx = order[next_batch * tc.batch_size : (next_batch + 1) * tc.batch_size]
+            next_batch += 1
+
             t0 = time.perf_counter()
-            x, y = x.to(info.device), y.to(info.device)
+            x, y = x_all[idx].to(info.device), y_all[idx].to(info.device)
             loss = F.cross_entropy(ddp(x), y)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -112,20 +133,19 @@ def train(config: RunConfig, info: DistInfo, reporter: MetricReporter, should_st
             last = step == tc.max_steps
             if step % tc.log_every == 0 or last:
                 step_time = interval_time / interval_steps
-                reporter.log(
-                    step,
-                    loss=interval_loss / interval_steps,
-                    step_time=step_time,
-                    samples_per_s=tc.batch_size / step_time,
-                    epoch=float(epoch),
-                )
+                latest["loss"] = interval_loss / interval_steps
+                reporter.log(step, loss=latest["loss"], step_time=step_time,
+                             samples_per_s=tc.batch_size / step_time, epoch=float(epoch))
                 interval_loss, interval_time, interval_steps = 0.0, 0.0, 0
             if (tc.eval_every and step % tc.eval_every == 0) or last:
-                accuracy, eval_loss = evaluate(ddp, test_set, info)
-                reporter.log_main(step, eval_accuracy=accuracy, eval_loss=eval_loss)
+                latest["eval_accuracy"], latest["eval_loss"] = evaluate(ddp, test_set, info)
+                reporter.log_main(step, eval_accuracy=latest["eval_accuracy"], eval_loss=latest["eval_loss"])
                 if info.is_main:
-                    logger.info("step %d: eval accuracy %.4f, eval loss %.4f", step, accuracy, eval_loss)
-            if last or should_stop():
-                break
-        epoch += 1
-    return {"step": step, "eval_accuracy": accuracy}
+                    logger.info("step %d: eval accuracy %.4f, eval loss %.4f", step, latest["eval_accuracy"], latest["eval_loss"])
+            if checkpoints.due(step, last):
+                checkpoints.save(step, epoch, next_batch, model, optimizer, dict(latest))
+            if delay:
+                time.sleep(delay)
+    finally:
+        checkpoints.close()
+    return {"step": step, "eval_accuracy": latest.get("eval_accuracy", float("nan"))}

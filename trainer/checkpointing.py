@@ -1,0 +1,259 @@
+"""Checkpoints of a managed run: the manager (trainer/checkpoint.py) plus their history in the
+database and the retention policy.
+
+Rank 0's database writer thread records every durable checkpoint, then applies retention:
+keep the last N, the best K by a metric, and every pinned one; never the only verified one.
+Deleted checkpoints stay in the history, marked deleted with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from sqlalchemy import Connection, select, update
+
+from db.models import Attempt, Checkpoint, Event
+from trainer import TrainerError, rng
+from trainer.checkpoint import CheckpointError, CheckpointInfo, CheckpointManager, SaveResult, select_kept
+from trainer.config import CheckpointConfig, RunConfig
+from trainer.context import RunContext
+from trainer.distributed import DistInfo
+from trainer.reporter import DatabaseWriter
+
+logger = logging.getLogger(__name__)
+
+
+class CheckpointHistory:
+    """Writes checkpoint records and events for one attempt, from the database writer thread."""
+
+    def __init__(self, run_id: int, attempt: int, config: CheckpointConfig, manager: CheckpointManager):
+        self.run_id = run_id
+        self.attempt = attempt
+        self.config = config
+        self.manager = manager
+
+    def attach(self, writer: DatabaseWriter) -> None:
+        writer.register("checkpoint", self.record)
+        writer.register("event", self.events)
+        writer.register("resumed", self.resumed)
+        writer.register("refused", self.refused)
+        writer.register("moved", self.moved)
+
+    # -- handlers (writer thread) -----------------------------------------------------------
+
+    def record(self, conn: Connection, results: list[SaveResult]) -> None:
+        now = time.time()
+        for result in results:
+            # A checkpoint of an abandoned lineage at the same step was just replaced on disk.
+            conn.execute(
+                update(Checkpoint)
+                .where(Checkpoint.run_id == self.run_id, Checkpoint.step == result.step,
+                       Checkpoint.path == str(result.path), Checkpoint.deleted.is_(False))
+                .values(deleted=True, deleted_at=now, deleted_reason=f"replaced by attempt {self.attempt}")
+            )
+            conn.execute(
+                Checkpoint.__table__.insert().values(
+                    run_id=self.run_id, attempt=self.attempt, step=result.step, path=str(result.path),
+                    bytes=result.bytes, sha256=result.manifest_sha256, params_digest=result.params_digest,
+                    metrics_json=json.dumps({k: _finite_or_none(v) for k, v in result.metrics.items()}),
+                    blocked_s=result.blocked_s, total_s=result.total_s, created_at=now,
+                    verified=True, pinned=False, deleted=False,
+                )
+            )
+        self._apply_retention(conn, now)
+
+    def events(self, conn: Connection, events: list[dict[str, Any]]) -> None:
+        for e in events:
+            conn.execute(Event.__table__.insert().values(run_id=self.run_id, attempt=self.attempt, at=e["at"],
+                                                         level=e["level"], kind=e["kind"], message=e["message"]))
+
+    def resumed(self, conn: Connection, steps: list[int]) -> None:
+        conn.execute(update(Attempt).where(Attempt.run_id == self.run_id, Attempt.number == self.attempt)
+                     .values(resume_step=steps[-1]))
+
+    def moved(self, conn: Connection, moves: list[tuple[str, str]]) -> None:
+        for source, target in moves:
+            conn.execute(update(Checkpoint).where(Checkpoint.run_id == self.run_id, Checkpoint.path == source,
+                                                  Checkpoint.deleted.is_(False)).values(path=target))
+
+    def refused(self, conn: Connection, refusals: list[tuple[str, str]]) -> None:
+        """Mark refused checkpoints (by path: a fork's may belong to its parent run)."""
+        for path, reason in refusals:
+            conn.execute(update(Checkpoint).where(Checkpoint.path == path, Checkpoint.deleted.is_(False))
+                         .values(verified=False, refused_reason=reason))
+
+    def _apply_retention(self, conn: Connection, now: float) -> None:
+        rows = conn.execute(
+            select(Checkpoint.id, Checkpoint.step, Checkpoint.verified, Checkpoint.pinned, Checkpoint.metrics_json,
+                   Checkpoint.path)
+            .where(Checkpoint.run_id == self.run_id, Checkpoint.deleted.is_(False))
+        ).all()
+        own_root = str(self.manager.root)
+        # Superseded checkpoints (moved aside when the run resumed from an older one) are not
+        # part of the current lineage: retention leaves them alone.
+        rows = [r for r in rows if str(Path(r.path).parent) == own_root]
+        infos = [
+            CheckpointInfo(step=r.step, verified=bool(r.verified), pinned=bool(r.pinned),
+                           metric=json.loads(r.metrics_json or "{}").get(self.config.best_metric))
+            for r in rows
+        ]
+        keep_last = self.config.keep_last
+        if keep_last == 0:
+            return  # keep everything
+        kept = select_kept(infos, keep_last, self.config.keep_best, self.config.best_mode)
+        for r in rows:
+            if r.step in kept:
+                continue
+            self.manager.delete(r.step)
+            conn.execute(update(Checkpoint).where(Checkpoint.id == r.id).values(
+                deleted=True, deleted_at=now,
+                deleted_reason=f"retention: not among the last {keep_last}, the best {self.config.keep_best} "
+                               f"by {self.config.best_metric}, or pinned"))
+            logger.info("checkpoint step %d deleted by retention", r.step)
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def event(kind: str, message: str, level: str = "info") -> dict[str, Any]:
+    return {"at": time.time(), "kind": kind, "message": message, "level": level}
+
+
+class RunCheckpoints:
+    """What a training loop needs: resume at start, ``due()``/``save()`` in the loop, ``close()``.
+
+    ``due`` and ``save`` are collective: every rank calls them at the same steps.
+    """
+
+    def __init__(self, config: RunConfig, ctx: RunContext, info: DistInfo, writer: DatabaseWriter | None):
+        self.config = config
+        self.ctx = ctx
+        self.info = info
+        self.writer = writer
+        self.manager = CheckpointManager(
+            ctx.checkpoint_dir,
+            is_writer=info.is_main,
+            async_save=config.checkpoint.async_save,
+            on_complete=self._completed,
+            on_refused=self._refused,
+        )
+        if writer is not None and ctx.run_id is not None:
+            CheckpointHistory(ctx.run_id, ctx.attempt, config.checkpoint, self.manager).attach(writer)
+        self._last_save = time.monotonic()
+
+    # -- callbacks --------------------------------------------------------------------------
+
+    def _completed(self, result: SaveResult) -> None:
+        logger.debug("checkpoint step %d recorded: %.1f MB, loop blocked %.3f s, total %.2f s",
+                    result.step, result.bytes / 1e6, result.blocked_s, result.total_s)
+        if self.writer is not None:
+            self.writer.put("checkpoint", result)
+
+    def _refused(self, step: int, reason: str) -> None:
+        logger.error("checkpoint step %d refused: %s", step, reason)
+        path = Path(self.ctx.resume_dir or self.ctx.checkpoint_dir) / f"step-{step}"
+        if self.writer is not None:
+            self.writer.put("refused", (str(path), reason))
+            self.writer.put("event", event("checkpoint_refused",
+                                           f"checkpoint step {step} refused: {reason}; falling back to an older one",
+                                           "error"))
+
+    # -- resume -----------------------------------------------------------------------------
+
+    def resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[int, int, int]:
+        """Load the checkpoint the scheduler chose (falling back past refused ones).
+
+        Returns:
+            (step, epoch, next batch in that epoch); zeros when starting from scratch.
+        """
+        if self.ctx.resume_dir is None or self.ctx.resume_step is None:
+            return 0, 0, 0
+        source = CheckpointManager(self.ctx.resume_dir, is_writer=False,
+                                   on_refused=self._refused if self.info.is_main else None)
+        try:
+            step, state = source.load(self.ctx.resume_step)
+        except CheckpointError as exc:
+            raise TrainerError(
+                f"cannot resume from {self.ctx.resume_dir} step {self.ctx.resume_step}: {exc}"
+            ) from exc
+        if state.get("config_hash") != self.config.config_hash():
+            logger.info("resuming from a checkpoint written with another config (a fork)")
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        rng_states = state["rng"]
+        if self.info.rank < len(rng_states):
+            rng.restore(rng_states[self.info.rank])
+        else:
+            logger.warning("checkpoint has RNG states for %d ranks; rank %d keeps its seed", len(rng_states), self.info.rank)
+        message = f"resumed from step {step} ({Path(self.ctx.resume_dir) / f'step-{step}'})"
+        logger.info(message)
+        if self.writer is not None:
+            self.writer.put("resumed", step)
+            self.writer.put("event", event("resume", message))
+        if self.info.is_main:
+            self._supersede_after(step)
+        self._last_save = time.monotonic()
+        return step, int(state["epoch"]), int(state["next_batch"])
+
+    def _supersede_after(self, step: int) -> None:
+        """Move this run's checkpoints newer than ``step`` (an abandoned lineage) out of the way,
+        into ``checkpoints/superseded/attempt-<n>/``, so new saves do not overwrite them; they stay
+        in the history and can still be resumed."""
+        target_root = self.ctx.checkpoint_dir / "superseded" / f"attempt-{self.ctx.attempt}"
+        for newer in sorted(s for s in self.manager.verified_steps() if s > step):
+            source = self.ctx.checkpoint_dir / f"step-{newer}"
+            target = target_root / f"step-{newer}"
+            target_root.mkdir(parents=True, exist_ok=True)
+            source.rename(target)
+            logger.info("checkpoint step %d superseded: moved to %s", newer, target)
+            if self.writer is not None:
+                self.writer.put("moved", (str(source), str(target)))
+
+    # -- saving -----------------------------------------------------------------------------
+
+    def due(self, step: int, last: bool) -> bool:
+        """Whether to save at this step: every N steps, every T seconds, and at the end."""
+        cc = self.config.checkpoint
+        if last or (cc.every_steps and step % cc.every_steps == 0):
+            return True
+        if cc.every_seconds and step % self.config.train.log_every == 0:
+            # Ranks' clocks differ: agree with one tiny all-reduce, only at log steps.
+            late = torch.tensor([float(time.monotonic() - self._last_save >= cc.every_seconds)])
+            if self.info.world_size > 1:
+                dist.all_reduce(late, op=dist.ReduceOp.MAX)
+            return bool(late.item())
+        return False
+
+    def save(self, step: int, epoch: int, next_batch: int, model: torch.nn.Module,
+             optimizer: torch.optim.Optimizer, metrics: dict[str, float]) -> None:
+        """Collective: gather every rank's RNG state, then rank 0 snapshots and writes."""
+        rng_states: list[Any] = [None] * self.info.world_size
+        if self.info.world_size > 1:
+            dist.all_gather_object(rng_states, rng.capture())
+        else:
+            rng_states = [rng.capture()]
+        state = {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "step": step,
+            "epoch": epoch,
+            "next_batch": next_batch,
+            "rng": rng_states,
+            "world_size": self.info.world_size,
+            "config_hash": self.config.config_hash(),
+            "config": self.config.to_json(),
+        }
+        self.manager.save(step, state, metrics=metrics)
+        self._last_save = time.monotonic()
+
+    def close(self) -> None:
+        """Wait for the in-flight save (the final checkpoint must be durable before exit)."""
+        self.manager.close()
