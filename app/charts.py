@@ -6,18 +6,27 @@ import altair as alt
 import pandas as pd
 
 
-def per_rank_line(frame: pd.DataFrame, key: str, log_y: bool = False) -> alt.Chart:
-    """One line per rank of one metric against the step."""
-    data = frame.assign(rank=frame["rank"].astype(str))
+def per_rank_line(frame: pd.DataFrame, key: str, log_y: bool = False, show_superseded: bool = False) -> alt.LayerChart:
+    """One line per rank of one metric against the step, along the run's lineage.
+
+    Points that an abandoned attempt logged after the step the run was resumed from are
+    superseded: hidden, or drawn faint and dashed when ``show_superseded``.
+    """
+    data = frame.assign(rank=frame["rank"].astype(str), series=frame["rank"].astype(str) + "/" + frame["attempt"].astype(str))
     scale = alt.Scale(type="log") if log_y else alt.Scale(zero=False)
-    return (
-        alt.Chart(data, title=key)
-        .mark_line(point=len(data) < 60)
-        .encode(
-            x=alt.X("step:Q", title="step"),
-            y=alt.Y("value:Q", title=key, scale=scale),
-            color=alt.Color("rank:N", title="rank"),
+    lineage = data[~data["superseded"]] if "superseded" in data else data
+    base = alt.Chart(lineage, title=key).encode(
+        x=alt.X("step:Q", title="step"),
+        y=alt.Y("value:Q", title=key, scale=scale),
+        color=alt.Color("rank:N", title="rank"),
+        detail="series:N",
+        tooltip=["rank", "step", "value", "attempt"],
+    )
+    layers = [base.mark_line(point=len(lineage) < 60)]
+    if show_superseded and "superseded" in data and data["superseded"].any():
+        old = alt.Chart(data[data["superseded"]]).mark_line(opacity=0.35, strokeDash=[4, 3]).encode(
+            x="step:Q", y=alt.Y("value:Q", scale=scale), color=alt.Color("rank:N"), detail="series:N",
             tooltip=["rank", "step", "value", "attempt"],
         )
-        .properties(height=260)
-    )
+        layers.append(old)
+    return alt.layer(*layers).properties(height=260)

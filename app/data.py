@@ -13,10 +13,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from db import queries
 from db.engine import make_engine, make_sessionmaker
-from db.requests import request_cancel
+from db.requests import RequestRefused, request_cancel, request_resume, set_pinned
 from db.settings import Settings, load_settings
 from orchestrator.resources import Inventory, detect_inventory
-from orchestrator.submission import submit, validate
+from orchestrator.submission import fork, submit, validate
 from trainer.config import RunConfig
 
 
@@ -66,7 +66,7 @@ def metric_keys(run_id: int) -> list[str]:
 def metric_frame(run_id: int, key: str) -> pd.DataFrame:
     with sessions()() as s:
         rows = queries.metric_points(s, run_id, key)
-    return pd.DataFrame(rows, columns=["id", "attempt", "rank", "step", "value", "time"])
+    return pd.DataFrame(rows, columns=["id", "attempt", "rank", "step", "value", "time", "superseded"])
 
 
 def validate_config(data: dict[str, Any]) -> RunConfig:
@@ -75,7 +75,7 @@ def validate_config(data: dict[str, Any]) -> RunConfig:
 
 def submit_run(config: RunConfig) -> int:
     run_id = submit(sessions(), settings(), config, inventory())
-    list_runs.clear()
+    _changed()
     return run_id
 
 
@@ -83,6 +83,36 @@ def cancel_run(run_id: int) -> str:
     with sessions()() as s:
         message = request_cancel(s, run_id, who="ui")
         s.commit()
+    _changed()
+    return message
+
+
+def _changed() -> None:
     run_detail.clear()
     list_runs.clear()
-    return message
+
+
+def resume_run(run_id: int, checkpoint_id: int) -> str:
+    """Queue a finished run to resume from a checkpoint; returns a sentence for the person."""
+    with sessions()() as s:
+        try:
+            step = request_resume(s, run_id, who="ui", checkpoint_id=checkpoint_id)
+        except RequestRefused as exc:
+            return str(exc)
+        s.commit()
+    _changed()
+    return f"Run {run_id} queued to resume from step {step}."
+
+
+def pin_checkpoint(run_id: int, checkpoint_id: int, pinned: bool) -> None:
+    with sessions()() as s:
+        set_pinned(s, run_id, step=-1, pinned=pinned, checkpoint_id=checkpoint_id)
+        s.commit()
+    _changed()
+
+
+def fork_run(run_id: int, step: int, overrides: list[str]) -> int:
+    """Queue a new run from a checkpoint with changed settings (raises ConfigError, RequestRefused)."""
+    new_id = fork(sessions(), settings(), run_id, step, overrides, inventory())
+    _changed()
+    return new_id

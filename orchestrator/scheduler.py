@@ -269,13 +269,13 @@ class Scheduler:
     def _stop(self, session: Session, run: Run, attempt: Attempt) -> None:
         now = time.time()
         if attempt.signal_sent is None:
-            if not signal_attempt(run.id, attempt.number, attempt.pid, attempt.pid_create_time, signal.SIGTERM):
+            if not signal_attempt(run.run_dir, attempt.number, attempt.pid, attempt.pid_create_time, signal.SIGTERM):
                 return  # launched a moment ago and torchrun is not up yet: try again next tick
             attempt.signal_sent, attempt.signal_sent_at = "SIGTERM", now
             session.add(Event(run_id=run.id, attempt=attempt.number, at=now, kind="signal",
                               message=f"SIGTERM sent; SIGKILL in {self.options.grace_s:.0f} s if still running"))
         elif attempt.signal_sent == "SIGTERM" and now - (attempt.signal_sent_at or now) > self.options.grace_s:
-            signal_attempt(run.id, attempt.number, attempt.pid, attempt.pid_create_time, signal.SIGKILL)
+            signal_attempt(run.run_dir, attempt.number, attempt.pid, attempt.pid_create_time, signal.SIGKILL)
             attempt.signal_sent, attempt.signal_sent_at = "SIGKILL", now
             session.add(Event(run_id=run.id, attempt=attempt.number, at=now, level="warning", kind="signal",
                               message=f"still running {self.options.grace_s:.0f} s after SIGTERM: SIGKILL sent"))

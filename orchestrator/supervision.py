@@ -3,7 +3,7 @@ codes from the shim's exit file, and signalling a whole attempt's process tree.
 
 torchrun starts every rank in a session of its own, so a signal to torchrun's process group
 does not reach the ranks: the tree is walked, and processes that lost their parent are found by
-the RUNYARD_RUN_ID / RUNYARD_ATTEMPT they carry in their environment.
+the RUNYARD_RUN_DIR / RUNYARD_ATTEMPT they carry in their environment.
 """
 
 from __future__ import annotations
@@ -44,15 +44,18 @@ def read_exit(attempt_dir: Path) -> dict | None:
         return None
 
 
-def attempt_processes(run_id: int, attempt: int, root_pid: int | None, root_create: float | None) -> list[psutil.Process]:
-    """Every live process of one attempt: the launcher's tree plus orphans tagged in their env."""
+def attempt_processes(
+    run_dir: str, attempt: int, root_pid: int | None, root_create: float | None
+) -> list[psutil.Process]:
+    """Every live process of one attempt: the launcher's tree plus orphans tagged in their env
+    (by run directory, which is unique per data folder, and attempt number)."""
     found: dict[int, psutil.Process] = {}
     if is_alive(root_pid, root_create):
         root = psutil.Process(root_pid)  # type: ignore[arg-type]
         found[root.pid] = root
         for child in root.children(recursive=True):
             found[child.pid] = child
-    want = {"RUNYARD_RUN_ID": str(run_id), "RUNYARD_ATTEMPT": str(attempt)}
+    want = {"RUNYARD_RUN_DIR": run_dir, "RUNYARD_ATTEMPT": str(attempt)}
     for proc in psutil.process_iter(["pid"]):
         if proc.pid in found or proc.pid == os.getpid():
             continue
@@ -66,14 +69,14 @@ def attempt_processes(run_id: int, attempt: int, root_pid: int | None, root_crea
 
 
 def signal_attempt(
-    run_id: int, attempt: int, root_pid: int | None, root_create: float | None, sig: signal.Signals
+    run_dir: str, attempt: int, root_pid: int | None, root_create: float | None, sig: signal.Signals
 ) -> int:
     """Send ``sig`` to every process of an attempt; returns how many were signalled.
 
     The shim at the root is spared (it ignores SIGTERM anyway): it stays to record the exit
     code, so a killed attempt still says how it ended.
     """
-    procs = [p for p in attempt_processes(run_id, attempt, root_pid, root_create) if p.pid != root_pid]
+    procs = [p for p in attempt_processes(run_dir, attempt, root_pid, root_create) if p.pid != root_pid]
     sent = 0
     for proc in procs:
         try:
@@ -81,5 +84,5 @@ def signal_attempt(
             sent += 1
         except psutil.Error:
             continue
-    logger.info("run %d attempt %d: sent %s to %d process(es)", run_id, attempt, sig.name, sent)
+    logger.info("%s attempt %d: sent %s to %d process(es)", run_dir, attempt, sig.name, sent)
     return sent

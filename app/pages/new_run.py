@@ -61,6 +61,19 @@ with st.form("new_run"):
         field_errors("train.log_every")
         eval_every = st.number_input("Evaluate every (steps, 0 = only at the end)", value=int(t["eval_every"]), step=10, key="train.eval_every")
         field_errors("train.eval_every")
+        deterministic = st.checkbox("Deterministic (bit-identical resume)", value=bool(t.get("deterministic", False)), key="train.deterministic")
+    with st.expander("Checkpoints"):
+        ck = base["checkpoint"]
+        k1, k2, k3 = st.columns(3)
+        every_steps = k1.number_input("Save every (steps, 0 = off)", value=int(ck["every_steps"]), step=50, key="checkpoint.every_steps")
+        every_seconds = k1.number_input("Save every (seconds, 0 = off)", value=float(ck["every_seconds"]), step=60.0, key="checkpoint.every_seconds")
+        keep_last = k2.number_input("Keep last (0 = all)", value=int(ck["keep_last"]), step=1, key="checkpoint.keep_last")
+        keep_best = k2.number_input("Keep best", value=int(ck["keep_best"]), step=1, key="checkpoint.keep_best")
+        best_metric = k3.text_input("Best by metric", value=str(ck["best_metric"]), key="checkpoint.best_metric")
+        best_mode = k3.selectbox("Better is", ["min", "max"], index=["min", "max"].index(ck["best_mode"]), key="checkpoint.best_mode")
+        async_save = k3.checkbox("Write in the background", value=bool(ck["async"]), key="checkpoint.async")
+        for f in ("every_steps", "every_seconds", "keep_last", "keep_best", "best_metric", "best_mode", "async"):
+            field_errors(f"checkpoint.{f}")
     started = st.form_submit_button("Start", type="primary", icon=":material/play_arrow:")
 
 for message in errors.get("", []):
@@ -74,14 +87,20 @@ if started:
         "launch": {"nproc_per_node": int(nproc), "backend": backend},
         "train": {
             "max_steps": int(max_steps), "batch_size": int(batch_size), "lr": float(lr), "seed": int(seed),
-            "log_every": int(log_every), "eval_every": int(eval_every),
+            "log_every": int(log_every), "eval_every": int(eval_every), "deterministic": bool(deterministic),
+        },
+        "checkpoint": {
+            "every_steps": int(every_steps), "every_seconds": float(every_seconds), "keep_last": int(keep_last),
+            "keep_best": int(keep_best), "best_metric": best_metric.strip(), "best_mode": best_mode, "async": bool(async_save),
         },
     }
     try:
         config = data.validate_config(config_data)
     except ConfigError as exc:
         form_fields = {"name", "tags", "workload.kind", "workload.hidden", "launch.nproc_per_node", "launch.backend",
-                       "train.max_steps", "train.batch_size", "train.lr", "train.seed", "train.log_every", "train.eval_every"}
+                       "train.max_steps", "train.batch_size", "train.lr", "train.seed", "train.log_every", "train.eval_every",
+                       "checkpoint.every_steps", "checkpoint.every_seconds", "checkpoint.keep_last", "checkpoint.keep_best",
+                       "checkpoint.best_metric", "checkpoint.best_mode", "checkpoint.async"}
         grouped: dict[str, list[str]] = {}
         for problem in exc.problems:
             field = field_of(problem)

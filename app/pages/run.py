@@ -10,7 +10,9 @@ import streamlit as st
 from app import charts, data
 from app.format import badge, clock, duration, usd
 from db.states import TERMINAL, RunStatus
+from db.requests import RequestRefused
 from orchestrator.logs import launcher_log, rank_log_files, tail
+from trainer.config import ConfigError
 
 CHART_ORDER = ["loss", "eval_accuracy", "eval_loss", "samples_per_s", "step_time"]
 
@@ -30,6 +32,8 @@ run_id = st.selectbox(
     format_func=lambda i: next(f"#{r['id']} {r['name']}" for r in runs if r["id"] == i),
 )
 st.query_params["run"] = str(run_id)
+show_superseded = st.toggle("Show superseded steps", value=False,
+                            help="What abandoned attempts logged after the step the run was resumed from")
 
 
 def header(d: dict) -> None:
@@ -46,7 +50,7 @@ def header(d: dict) -> None:
     c[4].metric("Eval accuracy", f"{acc:.3f}" if acc is not None else "–")
 
 
-def metric_charts(d: dict) -> None:
+def metric_charts(d: dict, show_superseded: bool) -> None:
     keys = data.metric_keys(d["id"])
     if not keys:
         st.info("Waiting for the first metrics from the ranks…" if d["status"] not in {s.value for s in TERMINAL}
@@ -57,7 +61,7 @@ def metric_charts(d: dict) -> None:
     for i, key in enumerate(ordered):
         frame = data.metric_frame(d["id"], key)
         with cols[i % 2]:
-            st.altair_chart(charts.per_rank_line(frame, key), width="stretch")
+            st.altair_chart(charts.per_rank_line(frame, key, show_superseded=show_superseded), width="stretch")
 
 
 def attempts_table(d: dict) -> None:
@@ -94,6 +98,56 @@ def log_tails(d: dict) -> None:
         st.code(tail(launcher_log(attempt_dir), 6000) or "(empty)", language=None)
 
 
+def checkpoint_table(d: dict) -> None:
+    """The checkpoint history with a Resume button on every usable checkpoint."""
+    checkpoints = [c for c in d["checkpoints"] if not c["deleted"]]
+    deleted = len(d["checkpoints"]) - len(checkpoints)
+    if not checkpoints:
+        st.caption("No checkpoints yet." + (f" ({deleted} deleted by retention)" if deleted else ""))
+        return
+    active = d["status"] not in {s.value for s in TERMINAL}
+    head = st.columns([1, 1, 2, 1, 3, 1, 2, 1])
+    for col, title in zip(head, ["step", "attempt", "written", "size", "metrics", "verified", "", ""]):
+        col.markdown(f"**{title}**")
+    for c in reversed(checkpoints):
+        row = st.columns([1, 1, 2, 1, 3, 1, 2, 1])
+        superseded = "/superseded/" in c["path"]
+        row[0].write(f"{c['step']}" + (" (superseded)" if superseded else ""))
+        row[1].write(str(c["attempt"]))
+        row[2].write(clock(c["created_at"]))
+        row[3].write(f"{c['bytes'] / 1e6:.1f} MB")
+        row[4].write(", ".join(f"{k} {v:.4g}" for k, v in c["metrics"].items() if v is not None) or "–")
+        row[5].write("yes" if c["verified"] else f"no: {c['refused_reason']}")
+        if row[6].button("Resume from here", key=f"resume-{c['id']}", icon=":material/replay:",
+                         disabled=active or not c["verified"],
+                         help="Cancel the run first" if active else f"New attempt from step {c['step']}"):
+            st.toast(data.resume_run(d["id"], c["id"]))
+        pinned = row[7].toggle("pin", value=c["pinned"], key=f"pin-{c['id']}", help="Pinned checkpoints are never deleted")
+        if pinned != c["pinned"]:
+            data.pin_checkpoint(d["id"], c["id"], pinned)
+    if deleted:
+        st.caption(f"{deleted} older checkpoint(s) deleted by retention; `runyard show {d['id']}` lists them.")
+
+
+def fork_form(d: dict) -> None:
+    usable = sorted({c["step"] for c in d["checkpoints"] if c["verified"] and not c["deleted"]}, reverse=True)
+    if not usable:
+        return
+    with st.form(f"fork-{d['id']}"):
+        st.markdown("**Fork**: a new run that starts from a checkpoint of this one, with changed settings.")
+        step = st.selectbox("From checkpoint step", usable, key=f"fork-step-{d['id']}")
+        changes = st.text_area("Changed settings, one `key=value` per line", value="train.lr=0.0001",
+                               key=f"fork-set-{d['id']}")
+        if st.form_submit_button("Fork", icon=":material/call_split:"):
+            overrides = [line.strip() for line in changes.splitlines() if line.strip()]
+            try:
+                new_id = data.fork_run(d["id"], int(step), overrides)
+            except (ConfigError, RequestRefused) as exc:
+                st.error(str(exc))
+            else:
+                st.switch_page("pages/run.py", query_params={"run": str(new_id)})
+
+
 def actions(d: dict) -> None:
     if d["status"] in (RunStatus.QUEUED, RunStatus.STARTING, RunStatus.RUNNING, RunStatus.RETRYING):
         if st.button("Cancel run", icon=":material/stop:", key=f"cancel-{d['id']}"):
@@ -107,8 +161,12 @@ def live() -> None:
         st.error(f"Run {run_id} does not exist.")
         return
     header(d)
+    if d["parent_run_id"]:
+        st.caption(f"Forked from run #{d['parent_run_id']} at step {d['parent_step']}.")
     actions(d)
-    metric_charts(d)
+    metric_charts(d, show_superseded)
+    st.subheader("Checkpoints")
+    checkpoint_table(d)
     st.subheader("Attempts")
     attempts_table(d)
     with st.expander("Logs (tail of each rank)", expanded=d["status"] == RunStatus.FAILED):
@@ -118,3 +176,6 @@ def live() -> None:
 
 
 live()
+detail = data.run_detail(run_id)
+if detail is not None:
+    fork_form(detail)

@@ -59,6 +59,26 @@ class Product:
             time.sleep(0.5)
         raise AssertionError(f"run {run_id} did not get there in {timeout:.0f} s; last seen: {json.dumps(detail)[:2000]}")
 
+    def wait_step(self, run_id: int, step: int, timeout: float = 120.0) -> int:
+        """Poll the database directly (fast) until the newest attempt reports ``step``."""
+        import sqlite3
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            con = sqlite3.connect(self.home / "runyard.db")
+            try:
+                row = con.execute(
+                    "SELECT last_step FROM attempts WHERE run_id = ? ORDER BY number DESC LIMIT 1", (run_id,)
+                ).fetchone()
+            except sqlite3.OperationalError:
+                row = None
+            finally:
+                con.close()
+            if row and row[0] is not None and row[0] >= step:
+                return int(row[0])
+            time.sleep(0.05)
+        raise AssertionError(f"run {run_id} did not reach step {step} in {timeout:.0f} s")
+
     def wait_status(self, run_id: int, *statuses: str, timeout: float = 180.0) -> dict:
         return self.wait_for(run_id, lambda d: d["status"] in statuses, timeout)
 

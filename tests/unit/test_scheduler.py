@@ -212,3 +212,26 @@ def test_one_scheduler_per_data_folder(settings: Settings) -> None:
         import os
 
         os.close(fd)
+
+
+def test_cancel_never_touches_another_data_folders_run(sessions: sessionmaker[Session], settings: Settings, tmp_path: Path) -> None:
+    """Run 1 attempt 1 exists in every data folder; a cancel must only reach its own."""
+    from db.engine import make_engine, make_sessionmaker, upgrade
+
+    other = Settings(home=tmp_path / "other", db_url=f"sqlite:///{tmp_path / 'other' / 'runyard.db'}")
+    upgrade(other.db_url)
+    other_sessions = make_sessionmaker(make_engine(other.db_url))
+    mine = queue(sessions, settings, "long")
+    theirs = queue(other_sessions, other, "long")
+    assert mine == theirs == 1
+    scheduler, bystander = make_scheduler(sessions, settings), make_scheduler(other_sessions, other)
+    scheduler.tick()
+    bystander.tick()
+    with sessions() as s:
+        request_cancel(s, mine)
+        s.commit()
+    tick_until(scheduler, lambda: status(sessions, mine) == "CANCELLED")
+    bystander.tick()
+    (their_attempt,) = attempts(other_sessions, theirs)
+    assert status(other_sessions, theirs) == "STARTING"
+    assert psutil.Process(their_attempt.pid).children(), "the other folder's run was signalled"

@@ -1,0 +1,155 @@
+"""Resume equivalence: a deterministic 2-rank run killed with SIGKILL (every process of the
+attempt: torchrun, both ranks and the launcher) and resumed from its newest verified checkpoint
+continues exactly as the uninterrupted run: the per-step losses after the resume point and the
+final params_digest are bit-identical.
+
+Kill points: mid-epoch between two checkpoints, and while a checkpoint is being written (the
+writer is held before publishing it by a fault-injection hook, so the in-flight save must not
+count and the resume must fall back to the previous one). Plus corruption: a truncated file, a
+flipped byte and a missing manifest are each refused with an event, and the resume falls back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import training_processes
+from tests.integration.conftest import Product
+
+pytestmark = pytest.mark.slow
+
+SETTINGS = (
+    "train.deterministic=true",
+    "train.log_every=1",
+    "train.max_steps=300",
+    "checkpoint.every_steps=50",
+    "checkpoint.keep_last=0",
+)
+
+
+def losses(product: Product, run_id: int, attempt: int) -> dict[tuple[int, int], float]:
+    con = sqlite3.connect(product.home / "runyard.db")
+    try:
+        rows = con.execute(
+            "SELECT rank, step, value FROM metrics WHERE run_id = ? AND attempt = ? AND key = 'loss'", (run_id, attempt)
+        ).fetchall()
+    finally:
+        con.close()
+    return {(rank, step): value for rank, step, value in rows}
+
+
+def final_digest(detail: dict) -> str:
+    finals = [c for c in detail["checkpoints"] if c["step"] == detail["max_steps"] and not c["deleted"]]
+    return finals[-1]["params_digest"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict[tuple[int, int], float]]:
+    """The uninterrupted run, once for the module."""
+    home = tmp_path_factory.mktemp("reference") / "home"
+    home.mkdir()
+    env = dict(os.environ, RUNYARD_HOME=str(home), RUNYARD_CPU_SLOTS="2")
+    env.pop("RUNYARD_DB_URL", None)
+    product = Product(home=home, env=env)
+    try:
+        run_id = product.submit(*SETTINGS, "name=reference")
+        product.start_scheduler()
+        detail = product.wait_status(run_id, "SUCCEEDED", "FAILED")
+        assert detail["status"] == "SUCCEEDED", detail["status_reason"]
+        return detail, losses(product, run_id, 1)
+    finally:
+        for proc in product.procs:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(30)
+
+
+def kill_attempt(product: Product) -> None:
+    """SIGKILL every process of the run at once, as a host losing the job would."""
+    procs = training_processes(product.home)
+    assert procs, "nothing to kill"
+    for proc in procs:
+        proc.send_signal(signal.SIGKILL)
+
+
+def resume_and_compare(product: Product, run_id: int, reference: tuple[dict, dict], expect_resume_step: int) -> dict:
+    ref_detail, ref_losses = reference
+    product.wait_status(run_id, "FAILED", timeout=60)
+    out = json.loads(product.cli("resume", str(run_id), "--json").stdout)
+    assert out["step"] == expect_resume_step
+    detail = product.wait_status(run_id, "SUCCEEDED", "FAILED", timeout=180)
+    assert detail["status"] == "SUCCEEDED", detail["status_reason"]
+    second = detail["attempts"][-1]
+    assert second["number"] == 2 and second["resume_step"] == expect_resume_step
+
+    resumed = losses(product, run_id, 2)
+    expected = {k: v for k, v in ref_losses.items() if k[1] > expect_resume_step}
+    assert len(expected) == 2 * (300 - expect_resume_step)
+    assert resumed == expected  # bit-identical, every rank, every step after the resume point
+    assert final_digest(detail) == final_digest(ref_detail)
+    return detail
+
+
+def test_sigkill_mid_epoch_then_resume_is_bit_identical(product: Product, reference: tuple[dict, dict]) -> None:
+    product.env["RUNYARD_FAULT_STEP_DELAY_S"] = "0.05"
+    run_id = product.submit(*SETTINGS, "name=killed")
+    product.start_scheduler()
+    # Between the checkpoints at 100 and 150, mid-epoch (11 batches per epoch per rank).
+    product.wait_step(run_id, 118)
+    kill_attempt(product)
+    killed_at = product.show(run_id)["attempts"][0]["last_step"]
+    assert 118 <= killed_at < 150 and killed_at % 11 != 0, killed_at
+    resume_and_compare(product, run_id, reference, expect_resume_step=100)
+
+
+def test_sigkill_during_an_in_flight_save(product: Product, reference: tuple[dict, dict]) -> None:
+    product.env["RUNYARD_FAULT_STEP_DELAY_S"] = "0.05"
+    product.env["RUNYARD_FAULT_SAVE_DELAY"] = "150:60"  # the writer holds step 150 before publishing
+    run_id = product.submit(*SETTINGS, "name=killed-saving")
+    product.start_scheduler()
+    product.wait_step(run_id, 160)
+    ckpt_dir = Path(product.show(run_id)["run_dir"]) / "checkpoints"
+    assert any(p.name.startswith(".tmp-step-150") for p in ckpt_dir.iterdir()), "the save of step 150 is not in flight"
+    kill_attempt(product)
+    assert not (ckpt_dir / "step-150").exists()
+    product.env.pop("RUNYARD_FAULT_SAVE_DELAY")
+    product.procs[-1].send_signal(signal.SIGTERM)  # restart the scheduler without the save delay
+    product.procs[-1].wait(30)
+    product.start_scheduler()
+    detail = resume_and_compare(product, run_id, reference, expect_resume_step=100)
+    assert [c["step"] for c in detail["checkpoints"] if c["attempt"] == 1] == [50, 100]
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip-byte", "delete-manifest"])
+def test_damaged_checkpoint_is_refused_and_resume_falls_back(product: Product, damage: str) -> None:
+    run_id = product.submit("train.max_steps=200", "checkpoint.every_steps=50", "checkpoint.keep_last=0", f"name={damage}")
+    product.start_scheduler()
+    detail = product.wait_status(run_id, "SUCCEEDED", "FAILED")
+    assert detail["status"] == "SUCCEEDED"
+    step_dir = Path(product.show(run_id)["run_dir"]) / "checkpoints" / "step-150"
+    state = step_dir / "state.pt"
+    if damage == "truncate":
+        state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])
+    elif damage == "flip-byte":
+        data = bytearray(state.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        state.write_bytes(bytes(data))
+    else:
+        (step_dir / "manifest.json").unlink()
+
+    assert json.loads(product.cli("resume", str(run_id), "--step", "150", "--json").stdout)["step"] == 150
+    detail = product.wait_status(run_id, "SUCCEEDED", "FAILED", timeout=120)
+    assert detail["status"] == "SUCCEEDED", detail["status_reason"]
+    assert detail["attempts"][-1]["resume_step"] == 100  # fell back past the damaged one
+    refused = [e for e in detail["events"] if e["kind"] == "checkpoint_refused"]
+    assert refused and "step 150" in refused[0]["message"]
+    expected_reason = {"truncate": "size", "flip-byte": "sha256", "delete-manifest": "manifest"}[damage]
+    assert expected_reason in refused[0]["message"]
+    row = next(c for c in detail["checkpoints"] if c["step"] == 150 and c["attempt"] == 1)
+    assert row["verified"] is False and row["refused_reason"]
