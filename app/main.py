@@ -1,6 +1,6 @@
 """The runyard dashboard: ``runyard ui`` (or ``streamlit run app/main.py``).
 
-Routes with st.navigation; the pages under app/pages are thin: widgets, app.data, charts.
+Routes with st.navigation; the pages under app/views are thin: widgets, app.data, charts.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from app.format import duration
 st.set_page_config(page_title="runyard", page_icon=":material/conveyor_belt:", layout="wide")
 
 pages = [
-    st.Page("pages/runs.py", title="Runs", icon=":material/list:", url_path="runs", default=True),
-    st.Page("pages/new_run.py", title="New run", icon=":material/add_circle:", url_path="new"),
-    st.Page("pages/run.py", title="Run", icon=":material/monitoring:", url_path="run"),
+    st.Page("views/runs.py", title="Runs", icon=":material/list:", url_path="runs", default=True),
+    st.Page("views/new_run.py", title="New run", icon=":material/add_circle:", url_path="new"),
+    st.Page("views/run.py", title="Run", icon=":material/monitoring:", url_path="run"),
 ]
 page = st.navigation(pages)
 

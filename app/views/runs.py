@@ -18,7 +18,7 @@ def runs_table() -> None:
     runs = data.list_runs(tuple(statuses))
     if not runs:
         st.info("No runs yet. Start one on the **New run** page, or `runyard submit examples/digits.toml`.")
-        st.page_link("pages/new_run.py", label="New run", icon=":material/add_circle:")
+        st.page_link("views/new_run.py", label="New run", icon=":material/add_circle:")
         return
     frame = pd.DataFrame(
         {

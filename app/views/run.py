@@ -122,6 +122,7 @@ def checkpoint_table(d: dict) -> None:
                          disabled=active or not c["verified"],
                          help="Cancel the run first" if active else f"New attempt from step {c['step']}"):
             st.toast(data.resume_run(d["id"], c["id"]))
+            st.rerun()
         pinned = row[7].toggle("pin", value=c["pinned"], key=f"pin-{c['id']}", help="Pinned checkpoints are never deleted")
         if pinned != c["pinned"]:
             data.pin_checkpoint(d["id"], c["id"], pinned)
@@ -145,13 +146,14 @@ def fork_form(d: dict) -> None:
             except (ConfigError, RequestRefused) as exc:
                 st.error(str(exc))
             else:
-                st.switch_page("pages/run.py", query_params={"run": str(new_id)})
+                st.switch_page("views/run.py", query_params={"run": str(new_id)})
 
 
 def actions(d: dict) -> None:
     if d["status"] in (RunStatus.QUEUED, RunStatus.STARTING, RunStatus.RUNNING, RunStatus.RETRYING):
         if st.button("Cancel run", icon=":material/stop:", key=f"cancel-{d['id']}"):
             st.toast(data.cancel_run(d["id"]))
+            st.rerun()  # show CANCELLING now, not at the next refresh
 
 
 @st.fragment(run_every=2)

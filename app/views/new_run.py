@@ -109,4 +109,4 @@ if started:
         st.rerun()
     st.session_state["new_run_errors"] = {}
     run_id = data.submit_run(config)
-    st.switch_page("pages/run.py", query_params={"run": str(run_id)})
+    st.switch_page("views/run.py", query_params={"run": str(run_id)})

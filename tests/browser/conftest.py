@@ -1,0 +1,161 @@
+"""Fixtures for the browser tests: the real product (`runyard up`) and a real Chromium.
+
+`runyard_up` starts the scheduler and the UI exactly as a person would, on a free port with
+its own RUNYARD_HOME, and on teardown stops them and every training process they left behind.
+`page` is a Playwright page in Debian's headless Chromium (Playwright cannot download its own
+browser here); the tests skip with a clear message when either is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+STARTUP_TIMEOUT_S = 60.0
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+
+
+def _chromium() -> str | None:
+    if Path("/usr/bin/chromium").is_file():
+        return "/usr/bin/chromium"
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _runyard_argv() -> list[str]:
+    exe = shutil.which("runyard", path=str(Path(sys.executable).parent))
+    return [exe] if exe else [sys.executable, "-m", "orchestrator"]
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"runyard up exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"runyard up did not answer on {url} in {STARTUP_TIMEOUT_S:.0f} s:\n{log.read_text()[-4000:]}")
+
+
+def _processes_of(home: Path) -> list[psutil.Process]:
+    """Every process whose environment has RUNYARD_HOME == home (scheduler, UI, torchrun, ranks)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("RUNYARD_HOME") == str(home):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def _stop(proc: subprocess.Popen, home: Path) -> None:
+    """SIGTERM `runyard up` (it stops the scheduler and the UI), then kill what is left:
+    its process tree and any training process started for this home."""
+    try:
+        leftovers = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        leftovers = []
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    leftovers += [p for p in _processes_of(home) if p.pid != os.getpid()]
+    for p in leftovers:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(leftovers, timeout=10)
+
+
+@dataclass(frozen=True)
+class Runyard:
+    """A running `runyard up`: its URL and its data folder."""
+
+    url: str
+    home: Path
+
+    def cli(self, *args: str) -> Any:
+        """Run `runyard ARGS --json` against the same home and return the parsed output."""
+        env = {**os.environ, "RUNYARD_HOME": str(self.home)}
+        env.pop("RUNYARD_DB_URL", None)
+        out = subprocess.run([*_runyard_argv(), *args, "--json"], env=env, capture_output=True, text=True,
+                             timeout=60, check=True)
+        return json.loads(out.stdout)
+
+
+@pytest.fixture
+def runyard_up(tmp_path: Path) -> Iterator[Runyard]:
+    """`runyard up` on a free port with RUNYARD_HOME in tmp_path, stopped (with every process it
+    started) on teardown."""
+    home = tmp_path / "home"
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "RUNYARD_HOME": str(home), "RUNYARD_CPU_SLOTS": "2"}
+    env.pop("RUNYARD_DB_URL", None)
+    log = tmp_path / "runyard-up.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([*_runyard_argv(), "up", "--host", "127.0.0.1", "--port", str(port)],
+                                env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        _wait_healthy(url, proc, log)
+        yield Runyard(url=url, home=home)
+    finally:
+        _stop(proc, home)
+        print(f"\nrunyard up log: {log}")
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    chromium = _chromium()
+    if chromium is None:
+        pytest.skip("browser tests need Chromium (Debian: apt-get install -y chromium)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("browser tests need Playwright (pip install playwright; no browser download needed)")
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    p = context.new_page()
+    p.set_default_timeout(30_000)
+    yield p
+    context.close()

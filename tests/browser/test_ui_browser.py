@@ -1,0 +1,114 @@
+"""The dashboard in a real Chromium against the real product (`runyard up`: scheduler + UI).
+
+A person opens the New run page, fills the form, presses Start, lands on the Run page and
+watches a 2-rank run on CPU train to SUCCEEDED with live charts. A bad value is refused on the
+form, naming the field, and nothing is queued.
+
+    pytest -m browser tests/browser        (needs Debian's chromium and pip's playwright)
+
+Streamlit is a websocket app: the tests wait for elements, never for network idle. A
+screenshot of the finished Run page is saved in the test's tmp_path and its path printed.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+RUN_TIMEOUT_MS = 120_000
+PAGE_TIMEOUT_MS = 60_000
+
+
+def expect(target: Any) -> Any:
+    from playwright.sync_api import expect as pw_expect
+
+    return pw_expect(target)
+
+
+def open_page(page: Any, url: str, heading: str) -> None:
+    """Go to ``url`` and wait until the page's title ``heading`` is shown.
+
+    On the first visit to a server, Streamlit (streamlit/streamlit#8860, #9992) shows a "Page
+    not found" dialog over the right page when the URL is not the default page; close it as a
+    person would.
+    """
+    page.goto(url)
+    expect(page.get_by_role("heading", name=heading, level=1)).to_be_visible(timeout=PAGE_TIMEOUT_MS)
+    not_found = page.get_by_role("dialog").filter(has_text="Page not found")
+    if not_found.count():
+        page.keyboard.press("Escape")
+        expect(not_found).to_have_count(0)
+
+
+def fill_number(page: Any, label: str, value: str) -> None:
+    """Type into a form's number input; Tab (not Enter, which would submit the form) commits it."""
+    box = page.get_by_label(label, exact=True)
+    box.fill(value)
+    box.press("Tab")
+
+
+def start_button(page: Any) -> Any:
+    return page.get_by_role("button", name=re.compile(r"\bStart$"))
+
+
+def chart_titles(page: Any) -> list[str]:
+    """The titles drawn in the Vega charts on the page (in DOM order: column by column)."""
+    titles = page.locator("[data-testid='stVegaLiteChart'] .role-title-text text")
+    return [text.strip() for text in titles.all_text_contents()]
+
+
+def test_new_run_from_the_form_trains_to_succeeded_with_charts(page: Any, runyard_up: Any, tmp_path: Path) -> None:
+    open_page(page, f"{runyard_up.url}/new", "New run")
+    page.get_by_label("Name", exact=True).fill("browser-digits")
+    expect(page.get_by_label("Ranks on this machine (nproc_per_node)")).to_have_value("2")
+    fill_number(page, "Max steps", "300")
+    start_button(page).click()
+
+    page.wait_for_url(re.compile(r"/run\?run=\d+$"), timeout=PAGE_TIMEOUT_MS)
+    run_id = int(page.url.rsplit("=", 1)[1])
+    header = page.get_by_role("heading", level=2).filter(has_text=f"#{run_id} browser-digits")
+    expect(header).to_be_visible(timeout=PAGE_TIMEOUT_MS)
+
+    # The live panel refreshes every 2 s: QUEUED -> STARTING -> RUNNING -> SUCCEEDED.
+    expect(header).to_contain_text("SUCCEEDED", timeout=RUN_TIMEOUT_MS)
+    expect(page.get_by_text("step 300 / 300")).to_be_visible(timeout=PAGE_TIMEOUT_MS)
+    accuracy = page.get_by_test_id("stMetric").filter(has_text="Eval accuracy")
+    expect(accuracy.get_by_test_id("stMetricValue")).to_have_text(re.compile(r"^0\.\d{3}$"))
+
+    # Charts: one per metric, loss first, drawn by vega-embed (SVG or canvas).
+    charts = page.locator("[data-testid='stVegaLiteChart']")
+    expect(charts.first).to_be_visible(timeout=PAGE_TIMEOUT_MS)
+    expect(charts.first.locator("canvas, svg").first).to_be_visible(timeout=PAGE_TIMEOUT_MS)
+    assert charts.count() >= 2
+    assert page.locator(".vega-embed canvas, .vega-embed svg.marks").count() >= 2
+    titles = chart_titles(page)
+    assert titles[0] == "loss", titles  # first chart, top left
+    assert {"eval_accuracy", "samples_per_s"} <= set(titles), titles
+
+    shot = tmp_path / "run-page.png"
+    page.set_viewport_size({"width": 1400, "height": 2000})  # Streamlit scrolls inside its own pane
+    page.screenshot(path=str(shot))
+    print(f"\nscreenshot of the finished Run page: {shot}")
+
+    runs = runyard_up.cli("ls")
+    assert [(r["id"], r["name"], r["status"], r["step"]) for r in runs] == [(run_id, "browser-digits", "SUCCEEDED", 300)]
+
+
+def test_bad_learning_rate_is_refused_and_nothing_is_queued(page: Any, runyard_up: Any) -> None:
+    open_page(page, f"{runyard_up.url}/new", "New run")
+    fill_number(page, "Learning rate", "-1")
+    start_button(page).click()
+
+    error = page.get_by_test_id("stAlertContentError").filter(has_text="train.lr")
+    expect(error).to_be_visible(timeout=PAGE_TIMEOUT_MS)
+    expect(error).to_contain_text("greater than 0")
+    assert page.url.endswith("/new")
+
+    open_page(page, f"{runyard_up.url}/", "Runs")
+    expect(page.get_by_text("No runs yet")).to_be_visible(timeout=PAGE_TIMEOUT_MS)
+    assert runyard_up.cli("ls") == []

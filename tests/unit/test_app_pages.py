@@ -1,0 +1,402 @@
+"""The dashboard pages, rendered by Streamlit's AppTest on a real, seeded SQLite database.
+
+Each test points ``RUNYARD_HOME`` at ``tmp_path``, applies the migrations, writes rows the way
+the scheduler and the ranks would (``create_run``, ``transition``, Attempt / Metric /
+SchedulerHeartbeat rows), runs ``app/main.py`` and checks what a person would look at: the
+runs table, the run header, progress, metrics, charts, the scheduler banner, the New run form's
+errors, and what the Start and Cancel buttons wrote to the database.
+
+AppTest renders ``@st.fragment`` bodies on a full run (it cannot call them alone), so every
+check below goes through ``at.run()``.
+
+    pytest tests/unit/test_app_pages.py
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pytest
+import streamlit as st
+from sqlalchemy.orm import Session, sessionmaker
+from streamlit.testing.v1 import AppTest
+
+from db import queries
+from db.engine import make_engine, make_sessionmaker, upgrade
+from db.models import Attempt, Metric, Run, SchedulerHeartbeat
+from db.requests import Price, create_run
+from db.settings import Settings, load_settings
+from db.states import AttemptStatus, RunStatus, transition
+from trainer.config import RunConfig
+
+MAIN = Path(__file__).resolve().parents[2] / "app" / "main.py"
+TIMEOUT_S = 30
+
+
+# -- fixtures and seeding helpers ------------------------------------------------------------
+
+
+@pytest.fixture
+def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Settings]:
+    """A fresh runyard home in tmp_path with the schema at head; Streamlit caches emptied so
+    the app's cached settings and engine point at it."""
+    monkeypatch.setenv("RUNYARD_HOME", str(tmp_path))
+    monkeypatch.delenv("RUNYARD_DB_URL", raising=False)
+    monkeypatch.setenv("RUNYARD_CPU_SLOTS", "2")  # the same machine limits on every host
+    st.cache_resource.clear()
+    st.cache_data.clear()
+    s = load_settings()
+    upgrade(s.db_url)
+    yield s
+    st.cache_resource.clear()
+    st.cache_data.clear()
+
+
+@pytest.fixture
+def sessions(settings: Settings) -> Iterator[sessionmaker[Session]]:
+    engine = make_engine(settings.db_url)
+    yield make_sessionmaker(engine)
+    engine.dispose()
+
+
+def add_run(session: Session, settings: Settings, name: str, *path: RunStatus, **train: int) -> int:
+    """Queue a run named ``name`` and walk it through the statuses in ``path``."""
+    config = RunConfig.model_validate({"name": name, "train": {"max_steps": 300, **train}})
+    run = create_run(session, config, settings.runs_dir, Price(usd_per_hour=1.0, unit="cpu-hour"))
+    session.flush()
+    for status in path:
+        assert transition(session, run.id, status, f"test: {status}")
+    return run.id
+
+
+def add_attempt(session: Session, run_id: int, last_step: int, status: AttemptStatus = AttemptStatus.RUNNING) -> None:
+    now = time.time()
+    session.add(
+        Attempt(
+            run_id=run_id, number=1, status=status.value, dir=str(Path(session.get(Run, run_id).run_dir) / "attempts" / "1"),
+            started_at=now - 60, first_step_at=now - 55, progress_at=now, last_step=last_step,
+        )
+    )
+
+
+def add_metrics(session: Session, run_id: int, last_step: int, ranks: tuple[int, ...] = (0, 1)) -> None:
+    """Loss every 10 steps on each rank, and one eval accuracy from rank 0."""
+    now = time.time()
+    for step in range(10, last_step + 1, 10):
+        for rank in ranks:
+            session.add(Metric(run_id=run_id, attempt=1, rank=rank, step=step, key="loss",
+                               value=2.0 / step + 0.01 * rank, wall_time=now - (last_step - step) / 5))
+    session.add(Metric(run_id=run_id, attempt=1, rank=0, step=100, key="eval_accuracy", value=0.875, wall_time=now))
+
+
+def add_heartbeat(session: Session, age_s: float) -> None:
+    now = time.time()
+    session.add(SchedulerHeartbeat(host="testhost", pid=4242, started_at=now - 600, beat_at=now - age_s))
+
+
+@pytest.fixture
+def seeded(settings: Settings, sessions: sessionmaker[Session]) -> dict[str, int]:
+    """Run 1 queued; run 2 running at step 120/300 with metrics from ranks 0 and 1; a live
+    scheduler."""
+    with sessions() as s:
+        queued = add_run(s, settings, "queued-one")
+        running = add_run(s, settings, "digits-a", RunStatus.STARTING, RunStatus.RUNNING)
+        add_attempt(s, running, last_step=120)
+        add_metrics(s, running, last_step=120)
+        add_heartbeat(s, age_s=0.0)
+        s.commit()
+    return {"queued": queued, "running": running}
+
+
+def app() -> AppTest:
+    return AppTest.from_file(str(MAIN), default_timeout=TIMEOUT_S)
+
+
+def open_page(page: str, **query: str) -> AppTest:
+    """Run the app once (to register the pages), then switch to ``page`` with ``query``."""
+    at = app().run()
+    at.switch_page(page)
+    for key, value in query.items():
+        at.query_params[key] = value
+    return at.run()
+
+
+def no_exception(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+
+
+def chart_title(chart) -> str:  # type: ignore[no-untyped-def]
+    """The title of an st.altair_chart element (a plain chart, or the first layer of one)."""
+    spec = json.loads(chart.proto.spec)
+    return spec.get("title") or next(layer["title"] for layer in spec.get("layer", []) if "title" in layer)
+
+
+def chart_data(chart) -> pd.DataFrame:  # type: ignore[no-untyped-def]
+    """The rows an st.altair_chart element sends to the browser."""
+    return pa.ipc.open_stream(io.BytesIO(chart.proto.datasets[0].data.data)).read_all().to_pandas()
+
+
+# -- Runs page ------------------------------------------------------------------------------
+
+
+def test_runs_page_lists_runs_with_status_and_step(seeded: dict[str, int]) -> None:
+    at = app().run()
+    no_exception(at)
+    assert at.title[0].value == "Runs"
+    table = at.dataframe[0].value.set_index("id")
+    assert list(table.index) == [seeded["running"], seeded["queued"]]  # newest first
+    assert table.loc[seeded["running"], "name"] == "digits-a"
+    assert table.loc[seeded["running"], "status"] == "RUNNING"
+    assert table.loc[seeded["running"], "step"] == "120/300"
+    assert table.loc[seeded["running"], "progress"] == pytest.approx(0.4)
+    assert table.loc[seeded["running"], "attempts"] == 1
+    assert table.loc[seeded["queued"], "status"] == "QUEUED"
+    assert table.loc[seeded["queued"], "step"] == "0/300"
+
+
+def test_runs_page_status_filter(seeded: dict[str, int]) -> None:
+    at = app().run()
+    at.multiselect[0].select("QUEUED").run()
+    no_exception(at)
+    assert at.dataframe[0].value["name"].tolist() == ["queued-one"]
+
+
+def test_runs_page_without_runs_points_to_new_run(settings: Settings) -> None:
+    at = app().run()
+    no_exception(at)
+    assert not at.dataframe
+    assert "No runs yet" in at.info[0].value
+
+
+# -- scheduler banner -----------------------------------------------------------------------
+
+
+def test_stale_heartbeat_shows_scheduler_offline(settings: Settings, sessions: sessionmaker[Session]) -> None:
+    with sessions() as s:
+        add_heartbeat(s, age_s=60.0)
+        s.commit()
+    at = app().run()
+    no_exception(at)
+    warnings = [w.value for w in at.warning]
+    assert len(warnings) == 1
+    assert "Scheduler offline" in warnings[0]
+    assert "last heartbeat 1m 00s ago" in warnings[0]
+
+
+def test_no_heartbeat_ever_shows_scheduler_offline(settings: Settings) -> None:
+    at = app().run()
+    assert any("Scheduler offline" in w.value and "never seen" in w.value for w in at.warning)
+
+
+def test_fresh_heartbeat_shows_no_banner(seeded: dict[str, int]) -> None:
+    at = app().run()
+    no_exception(at)
+    assert not any("Scheduler offline" in w.value for w in at.warning)
+
+
+# -- Run page -------------------------------------------------------------------------------
+
+
+def test_run_page_shows_header_progress_attempts_and_metrics(seeded: dict[str, int]) -> None:
+    run_id = seeded["running"]
+    at = open_page("views/run.py", run=str(run_id))
+    no_exception(at)
+    assert at.selectbox[0].value == run_id
+    assert at.selectbox[0].options == [f"#{run_id} digits-a", f"#{seeded['queued']} queued-one"]
+    header = at.markdown[0].value
+    assert f"#{run_id} digits-a" in header
+    assert "RUNNING" in header and "blue-badge" in header
+    assert at.progress[0].value == 40
+    assert at.progress[0].proto.text == "step 120 / 300"
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Eval accuracy"] == "0.875"
+    assert metrics["Attempts"] == "1"
+    assert metrics["ETA"] != "–"  # a running run with progress has an estimate
+    attempts = at.dataframe[0].value
+    assert attempts["attempt"].tolist() == [1]
+    assert attempts["status"].tolist() == ["RUNNING"]
+    assert attempts["last step"].tolist() == [120]
+    assert [b.label for b in at.button] == ["Cancel run"]
+
+
+def test_run_page_draws_one_chart_per_metric_with_every_rank(seeded: dict[str, int]) -> None:
+    at = open_page("views/run.py", run=str(seeded["running"]))
+    no_exception(at)
+    charts = at.get("vega_lite_chart")
+    titles = [chart_title(c) for c in charts]
+    assert titles == ["loss", "eval_accuracy"]  # the page's chart order, loss first
+    loss = chart_data(charts[0])
+    assert sorted(loss["rank"].unique()) == ["0", "1"]
+    assert len(loss) == 2 * 12  # steps 10..120 on two ranks
+    assert loss["step"].max() == 120
+
+
+def test_run_page_query_param_selects_the_run(seeded: dict[str, int]) -> None:
+    at = open_page("views/run.py", run=str(seeded["queued"]))
+    no_exception(at)
+    assert f"#{seeded['queued']} queued-one" in at.markdown[0].value
+    assert "QUEUED" in at.markdown[0].value
+    assert at.progress[0].proto.text == "step 0 / 300"
+    assert any(c.value == "Not launched yet." for c in at.caption)
+    assert any("Waiting for the first metrics" in i.value for i in at.info)
+    assert not at.get("vega_lite_chart")
+
+
+def test_run_page_unknown_run_falls_back_to_newest(seeded: dict[str, int]) -> None:
+    at = open_page("views/run.py", run="999")
+    no_exception(at)
+    assert at.selectbox[0].value == seeded["running"]
+    assert at.query_params["run"] == str(seeded["running"])
+
+
+def test_run_page_without_runs(settings: Settings) -> None:
+    at = open_page("views/run.py")
+    no_exception(at)
+    assert "No runs yet" in at.info[0].value
+
+
+def test_finished_run_has_no_cancel_button(settings: Settings, sessions: sessionmaker[Session]) -> None:
+    with sessions() as s:
+        run_id = add_run(s, settings, "done", RunStatus.STARTING, RunStatus.RUNNING, RunStatus.SUCCEEDED)
+        add_attempt(s, run_id, last_step=300, status=AttemptStatus.SUCCEEDED)
+        add_metrics(s, run_id, last_step=300)
+        s.commit()
+    at = open_page("views/run.py", run=str(run_id))
+    no_exception(at)
+    assert "SUCCEEDED" in at.markdown[0].value
+    assert at.progress[0].value == 100
+    assert {m.label: m.value for m in at.metric}["ETA"] == "0s"
+    assert not at.button
+
+
+# -- Cancel ---------------------------------------------------------------------------------
+
+
+def test_cancel_running_run_moves_it_to_cancelling(seeded: dict[str, int], sessions: sessionmaker[Session]) -> None:
+    run_id = seeded["running"]
+    at = open_page("views/run.py", run=str(run_id))
+    at.button(key=f"cancel-{run_id}").click().run()
+    no_exception(at)
+    assert "cancel requested" in at.toast[0].value
+    with sessions() as s:
+        run = s.get(Run, run_id)
+        assert run.status == RunStatus.CANCELLING.value
+        assert run.status_reason == "cancel requested by ui"
+    # The header was drawn before the button in that script run; the next refresh (the live
+    # fragment reruns every 2 s) shows the new status, and no Cancel button any more.
+    at.run()
+    assert "CANCELLING" in at.markdown[0].value
+    assert not at.button
+
+
+def test_cancel_queued_run_cancels_it_at_once(seeded: dict[str, int], sessions: sessionmaker[Session]) -> None:
+    run_id = seeded["queued"]
+    at = open_page("views/run.py", run=str(run_id))
+    at.button(key=f"cancel-{run_id}").click().run()
+    no_exception(at)
+    with sessions() as s:
+        assert s.get(Run, run_id).status == RunStatus.CANCELLED.value
+
+
+# -- New run page ---------------------------------------------------------------------------
+
+
+def queued_runs(sessions: sessionmaker[Session]) -> list[dict]:
+    with sessions() as s:
+        return queries.list_runs(s)
+
+
+def test_new_run_form_shows_the_defaults(settings: Settings) -> None:
+    at = open_page("views/new_run.py")
+    no_exception(at)
+    assert at.title[0].value == "New run"
+    assert at.number_input(key="launch.nproc_per_node").value == 2
+    assert at.number_input(key="train.max_steps").value == 300
+    assert at.number_input(key="train.lr").value == pytest.approx(0.001)
+    assert not at.error
+
+
+def test_negative_learning_rate_is_rejected_and_nothing_queued(settings: Settings, sessions: sessionmaker[Session]) -> None:
+    at = open_page("views/new_run.py")
+    at.number_input(key="train.lr").set_value(-1.0)
+    at.button[0].click().run()
+    no_exception(at)
+    errors = [e.value for e in at.error]
+    assert len(errors) == 1
+    assert errors[0].startswith("train.lr = -1.0")
+    assert "greater than 0" in errors[0]
+    assert queued_runs(sessions) == []
+
+
+def test_too_many_ranks_is_rejected_and_nothing_queued(settings: Settings, sessions: sessionmaker[Session]) -> None:
+    at = open_page("views/new_run.py")
+    at.number_input(key="launch.nproc_per_node").set_value(64)
+    at.button[0].click().run()
+    no_exception(at)
+    errors = [e.value for e in at.error]
+    assert len(errors) == 1
+    assert errors[0].startswith("launch.nproc_per_node = 64")
+    assert "this machine has only" in errors[0]
+    assert queued_runs(sessions) == []
+
+
+def test_every_problem_is_reported_at_once(settings: Settings, sessions: sessionmaker[Session]) -> None:
+    at = open_page("views/new_run.py")
+    at.text_input(key="name").set_value("bad name!")
+    at.number_input(key="train.lr").set_value(-1.0)
+    at.number_input(key="launch.nproc_per_node").set_value(64)
+    at.button[0].click().run()
+    no_exception(at)
+    errors = " | ".join(e.value for e in at.error)
+    for field in ("name = 'bad name!'", "train.lr = -1.0", "launch.nproc_per_node = 64"):
+        assert field in errors
+    assert queued_runs(sessions) == []
+
+
+def test_valid_form_queues_one_run_and_opens_it(settings: Settings, sessions: sessionmaker[Session]) -> None:
+    at = open_page("views/new_run.py")
+    at.text_input(key="name").set_value("form-run")
+    at.text_input(key="tags").set_value("ui, smoke")
+    at.number_input(key="launch.nproc_per_node").set_value(1)
+    at.number_input(key="train.max_steps").set_value(50)
+    at.number_input(key="train.lr").set_value(0.002)
+    at.button[0].click().run()
+    no_exception(at)
+    assert not at.error
+
+    runs = queued_runs(sessions)
+    assert len(runs) == 1
+    assert runs[0]["name"] == "form-run"
+    assert runs[0]["status"] == "QUEUED"
+    with sessions() as s:
+        config = queries.run_detail(s, runs[0]["id"])["config"]
+    assert config["tags"] == ["ui", "smoke"]
+    assert config["launch"]["nproc_per_node"] == 1
+    assert config["train"]["max_steps"] == 50
+    assert config["train"]["lr"] == pytest.approx(0.002)
+    assert (Path(settings.run_dir(runs[0]["id"])) / "config.json").is_file()
+
+    # The page switched to the new run.
+    assert at.query_params["run"] == str(runs[0]["id"])
+    assert f"#{runs[0]['id']} form-run" in at.markdown[0].value
+    assert "QUEUED" in at.markdown[0].value
+
+
+def test_errors_clear_after_a_corrected_submit(settings: Settings, sessions: sessionmaker[Session]) -> None:
+    at = open_page("views/new_run.py")
+    at.number_input(key="train.lr").set_value(-1.0)
+    at.button[0].click().run()
+    assert at.error
+    at.number_input(key="train.lr").set_value(0.001)
+    at.number_input(key="launch.nproc_per_node").set_value(1)
+    at.button[0].click().run()
+    no_exception(at)
+    assert len(queued_runs(sessions)) == 1
+    at.switch_page("views/new_run.py").run()
+    assert not at.error
