@@ -3,7 +3,7 @@ cost are plain arithmetic; the UI converts them to the person's clock."""
 
 from __future__ import annotations
 
-from sqlalchemy import Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import Boolean, true, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 
@@ -40,6 +40,10 @@ class Run(Base):
     parent_checkpoint_id: Mapped[int | None] = mapped_column(
         ForeignKey("checkpoints.id", ondelete="SET NULL", use_alter=True, name="fk_runs_parent_checkpoint")
     )
+    retries_used: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    retry_at: Mapped[float | None] = mapped_column(Float)  # while RETRYING: when the next attempt starts
+    stop_mode: Mapped[str | None] = mapped_column(String(16))  # "cancel" or "pause" while CANCELLING
+    dump_requested_at: Mapped[float | None] = mapped_column(Float)  # "Dump stacks" request
     # A pending resume request: the next attempt starts from this checkpoint.
     resume_checkpoint_id: Mapped[int | None] = mapped_column(
         ForeignKey("checkpoints.id", ondelete="SET NULL", use_alter=True, name="fk_runs_resume_checkpoint")
@@ -90,7 +94,21 @@ class Attempt(Base):
     resume_step: Mapped[int | None] = mapped_column(Integer)
     signal_sent: Mapped[str | None] = mapped_column(String(16))
     signal_sent_at: Mapped[float | None] = mapped_column(Float)
+    stop_reason: Mapped[str | None] = mapped_column(String(16))  # why runyard stopped it: cancel, pause, hang
     ended_at: Mapped[float | None] = mapped_column(Float)
+    # Set per attempt (e.g. half the micro-batch after a CUDA OOM), merged into the run config.
+    overrides_json: Mapped[str] = mapped_column(Text, default="{}", server_default="{}")
+    # How it failed, for the timeline.
+    cause: Mapped[str | None] = mapped_column(String(24))
+    failed_rank: Mapped[int | None] = mapped_column(Integer)
+    exception: Mapped[str | None] = mapped_column(Text)
+    log_tail: Mapped[str | None] = mapped_column(Text)
+    last_checkpoint_step: Mapped[int | None] = mapped_column(Integer)
+    steps_lost: Mapped[int | None] = mapped_column(Integer)
+    failed_at: Mapped[float | None] = mapped_column(Float)
+    detected_at: Mapped[float | None] = mapped_column(Float)
+    hang_detected_at: Mapped[float | None] = mapped_column(Float)
+    retry_counted: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
 
     run: Mapped[Run] = relationship(back_populates="attempts")
 

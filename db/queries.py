@@ -79,6 +79,8 @@ def _run_summary(session: Session, run: Run, now: float) -> dict[str, Any]:
         "parent_run_id": run.parent_run_id,
         "parent_step": run.parent_step,
         "resume_checkpoint_id": run.resume_checkpoint_id,
+        "retries_used": run.retries_used,
+        "retry_at": run.retry_at,
     }
 
 
@@ -127,6 +129,17 @@ def attempts_of(session: Session, run_id: int) -> list[dict[str, Any]]:
             "devices": json.loads(a.devices_json or "[]"),
             "resume_step": a.resume_step,
             "resume_dir": a.resume_dir,
+            "overrides": json.loads(a.overrides_json or "{}"),
+            "cause": a.cause,
+            "failed_rank": a.failed_rank,
+            "exception": a.exception,
+            "log_tail": a.log_tail,
+            "last_checkpoint_step": a.last_checkpoint_step,
+            "steps_lost": a.steps_lost,
+            "failed_at": a.failed_at,
+            "detected_at": a.detected_at,
+            "detect_s": (a.detected_at - a.failed_at) if a.detected_at and a.failed_at else None,
+            "retry_counted": a.retry_counted,
             "dir": a.dir,
         }
         for a in rows
@@ -158,12 +171,40 @@ def run_detail(session: Session, run_id: int) -> dict[str, Any]:
     detail = _run_summary(session, run, time.time())
     detail["config"] = json.loads(run.config_json)
     detail["run_dir"] = run.run_dir
-    detail["attempts"] = attempts_of(session, run_id)
+    detail["attempts"] = attempts = attempts_of(session, run_id)
+    for a, b in zip(attempts, attempts[1:]):
+        # The recovery: failure -> detected -> relaunched -> first new step.
+        a["relaunched_at"] = b["started_at"]
+        a["next_first_step_at"] = b["first_step_at"]
+        a["recovery_s"] = (b["first_step_at"] - a["failed_at"]) if b["first_step_at"] and a["failed_at"] else None
+    detail["goodput"] = goodput(session, run, attempts)
     detail["metrics"] = latest_metrics(session, run_id)
     detail["checkpoints"] = checkpoints_of(session, run_id)
     detail["history"] = status_history(session, run_id)
     detail["events"] = events_of(session, run_id)
     return detail
+
+
+def goodput(session: Session, run: Run, attempts: list[dict[str, Any]], now: float | None = None) -> float | None:
+    """Productive step time over wall time: the steps on the run's lineage times the mean step
+    time, divided by the time the run held its devices or waited to retry (failures, restarts,
+    backoff and lost steps all lower it; a pause chosen by the person does not)."""
+    if not attempts:
+        return None
+    now = time.time() if now is None else now
+    cutoffs = lineage_cutoffs(attempts)
+    rows = session.execute(
+        select(Metric.attempt, Metric.step, Metric.value)
+        .where(Metric.run_id == run.id, Metric.key == "step_time", Metric.rank == 0)
+    ).all()
+    times = [v for a, s, v in rows if v is not None and s <= cutoffs.get(a, float("inf"))]
+    last = attempts[-1]
+    steps = last["last_step"] or last["resume_step"] or 0
+    wall = sum((a["ended_at"] or now) - a["started_at"] for a in attempts)
+    wall += sum(b["started_at"] - (a["ended_at"] or b["started_at"]) for a, b in zip(attempts, attempts[1:]) if a["cause"])
+    if not times or wall <= 0:
+        return None
+    return min(1.0, steps * (sum(times) / len(times)) / wall)
 
 
 def checkpoints_of(session: Session, run_id: int) -> list[dict[str, Any]]:

@@ -79,11 +79,13 @@ def create_run(
     return run
 
 
-def request_cancel(session: Session, run_id: int, who: str = "user") -> str:
-    """Ask for a run to be cancelled; the caller commits.
+def request_cancel(session: Session, run_id: int, who: str = "user", mode: str = "cancel") -> str:
+    """Ask for a run to be cancelled (or paused); the caller commits.
 
     A queued or retrying run is cancelled at once (no process to stop); an active one moves to
-    CANCELLING and the scheduler stops its processes.
+    CANCELLING and the scheduler stops its processes: SIGTERM, the ranks finish the step and
+    write a checkpoint, SIGKILL after the grace period. A paused run ends CANCELLED with that
+    checkpoint, and Resume continues from it.
 
     Returns:
         A sentence for the person saying what happened.
@@ -95,15 +97,28 @@ def request_cancel(session: Session, run_id: int, who: str = "user") -> str:
     if status in TERMINAL:
         return f"run {run_id} is already {status.value}; nothing to cancel"
     if status in (RunStatus.QUEUED, RunStatus.RETRYING):
-        moved = transition(session, run_id, RunStatus.CANCELLED, f"cancelled by {who} before launch")
+        word = "paused" if mode == "pause" else "cancelled"
+        moved = transition(session, run_id, RunStatus.CANCELLED, f"{word} by {who} before launch")
     elif status in ACTIVE and status is not RunStatus.CANCELLING:
-        moved = transition(session, run_id, RunStatus.CANCELLING, f"cancel requested by {who}")
+        run.stop_mode = mode
+        moved = transition(session, run_id, RunStatus.CANCELLING, f"{mode} requested by {who}")
     else:
-        return f"run {run_id} is already being cancelled"
+        return f"run {run_id} is already being stopped"
     if not moved:
         return f"run {run_id} changed status meanwhile; look again with `runyard show {run_id}`"
-    session.add(Event(run_id=run_id, at=time.time(), kind="cancel", message=f"cancel requested by {who}"))
-    return f"run {run_id}: cancel requested"
+    session.add(Event(run_id=run_id, at=time.time(), kind=mode, message=f"{mode} requested by {who}"))
+    return f"run {run_id}: {mode} requested"
+
+
+def request_stack_dump(session: Session, run_id: int) -> str:
+    """Ask the scheduler to save every rank's Python stack (nothing is stopped)."""
+    run = session.get(Run, run_id)
+    if run is None:
+        raise RunNotFound(f"run {run_id} does not exist")
+    if RunStatus(run.status) not in (RunStatus.STARTING, RunStatus.RUNNING):
+        raise RequestRefused(f"run {run_id} is {run.status}: only a running run has stacks to dump")
+    run.dump_requested_at = time.time()
+    return f"run {run_id}: stack dump requested; the files appear under the attempt's stacks/ folder"
 
 
 def usable_checkpoint(

@@ -4,6 +4,7 @@
     runyard submit CONFIG.toml [--set key=value]  queue a run, print its id
     runyard ls | show RUN | logs RUN | cancel RUN
     runyard resume RUN [--step N] | fork RUN [--step N] [--set k=v] | pin RUN --step N
+    runyard pause RUN | stacks RUN
     runyard scheduler | ui | db upgrade | config-reference
 
 Data lives under $RUNYARD_HOME (default ./.runyard); $RUNYARD_DB_URL overrides the database.
@@ -92,7 +93,7 @@ def cli(verbose: bool) -> None:
 def scheduler() -> None:
     """Run the scheduler in the foreground (launches and supervises runs)."""
     from orchestrator.resources import detect_inventory
-    from orchestrator.scheduler import Scheduler, SchedulerLocked, SchedulerOptions, acquire_lock, serve
+    from orchestrator.scheduler import Scheduler, SchedulerLocked, acquire_lock, serve
 
     settings = _settings()
     sessions = _sessions(settings)
@@ -101,12 +102,11 @@ def scheduler() -> None:
     except SchedulerLocked as exc:
         _fail(str(exc))
     inventory = detect_inventory()
-    grace = float(os.environ.get("RUNYARD_GRACE_S", "30"))
     logging.getLogger(__name__).info(
         "scheduler on %s: %d %s slot(s), database %s", settings.home, inventory.slots, inventory.kind, settings.db_url
     )
     try:
-        serve(Scheduler(sessions, settings, inventory, SchedulerOptions(grace_s=grace)))
+        serve(Scheduler(sessions, settings, inventory))
     finally:
         os.close(lock)
 
@@ -235,19 +235,48 @@ def submit(config_file: Path, overrides: tuple[str, ...], as_json: bool) -> None
     click.echo(json.dumps({"id": run_id}) if as_json else str(run_id))
 
 
-@cli.command()
-@click.argument("run")
-@click.option("--json", "as_json", is_flag=True)
-def cancel(run: str, as_json: bool) -> None:
-    """Cancel a run: SIGTERM to its ranks, SIGKILL after the grace period."""
+def _stop_run(run: str, as_json: bool, mode: str) -> None:
     from db.requests import request_cancel
 
     sessions = _sessions(_settings())
     run_id = _resolve(sessions, run)
     with sessions() as session:
-        message = request_cancel(session, run_id, who="cli")
+        message = request_cancel(session, run_id, who="cli", mode=mode)
         session.commit()
     click.echo(json.dumps({"id": run_id, "message": message}) if as_json else message)
+
+
+@cli.command()
+@click.argument("run")
+@click.option("--json", "as_json", is_flag=True)
+def cancel(run: str, as_json: bool) -> None:
+    """Cancel a run: SIGTERM (the ranks checkpoint and exit), SIGKILL after supervision.grace_s."""
+    _stop_run(run, as_json, "cancel")
+
+
+@cli.command()
+@click.argument("run")
+@click.option("--json", "as_json", is_flag=True)
+def pause(run: str, as_json: bool) -> None:
+    """Pause a run: it checkpoints, frees its devices, and `runyard resume RUN` continues it."""
+    _stop_run(run, as_json, "pause")
+
+
+@cli.command()
+@click.argument("run")
+def stacks(run: str) -> None:
+    """Save every rank's Python stack of a running run (nothing is stopped)."""
+    from db.requests import RequestRefused, request_stack_dump
+
+    sessions = _sessions(_settings())
+    run_id = _resolve(sessions, run)
+    with sessions() as session:
+        try:
+            message = request_stack_dump(session, run_id)
+        except RequestRefused as exc:
+            _fail(str(exc))
+        session.commit()
+    click.echo(message)
 
 
 @cli.command()
@@ -352,6 +381,11 @@ def _print_detail(d: dict[str, Any]) -> None:
     for a in d["attempts"]:
         click.echo(f"    #{a['number']} {a['status']:<9} exit {a['exit_code']!s:<4} "
                    f"{_fmt_time(a['started_at'])} -> {_fmt_time(a['ended_at'])}  {a['reason'] or ''}")
+        if a["cause"]:
+            click.echo(f"       cause {a['cause']}, rank {a['failed_rank']}, steps lost {a['steps_lost']}, "
+                       f"detected after {_fmt_duration(a['detect_s'])}")
+    if d["status"] == "RETRYING" and d["retry_at"]:
+        click.echo(f"  next attempt at {_fmt_time(d['retry_at'])} (retries used {d['retries_used']})")
     if d["checkpoints"]:
         click.echo("  checkpoints:")
         for c in d["checkpoints"]:

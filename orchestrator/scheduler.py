@@ -30,8 +30,10 @@ from db.requests import checkpoints_dir
 from db.settings import Settings
 from db.states import ACTIVE, AttemptStatus, RunStatus, transition
 from orchestrator import OrchestratorError
+from orchestrator import watchdog
+from orchestrator.failures import Cause
 from orchestrator.launcher import free_port, launch, torchrun_argv
-from orchestrator.logs import rank_log_files, tail
+from orchestrator.outcomes import next_overrides, settle
 from orchestrator.resources import Inventory
 from orchestrator.supervision import is_alive, read_exit, signal_attempt
 from trainer.config import RunConfig, config_from_json
@@ -42,14 +44,6 @@ TICK_S = 0.5
 # A launch whose launcher is not seen alive within this long after the attempt row was written
 # is taken as lost (the scheduler died between writing the row and starting the process).
 LAUNCH_LOST_S = 30.0
-
-
-@dataclass(frozen=True)
-class SchedulerOptions:
-    """Knobs of the scheduler process."""
-
-    grace_s: float = 30.0
-    """Seconds between SIGTERM and SIGKILL when a run is cancelled."""
 
 
 # (config, run id, attempt number, rendezvous port, attempt dir) -> argv. torchrun by default;
@@ -69,14 +63,12 @@ class Scheduler:
         sessions: sessionmaker[Session],
         settings: Settings,
         inventory: Inventory,
-        options: SchedulerOptions | None = None,
         command: CommandFactory = torchrun_argv,
     ):
         self.sessions = sessions
         self.command = command
         self.settings = settings
         self.inventory = inventory
-        self.options = options or SchedulerOptions()
         self._children: dict[int, subprocess.Popen] = {}
         self._heartbeat_id: int | None = None
         self._started_at = time.time()
@@ -127,11 +119,16 @@ class Scheduler:
         return used_slots, used_gpus
 
     def _admit(self, session: Session) -> None:
-        """Launch queued runs, oldest first, while they fit (no overtaking: big runs don't starve)."""
+        """Launch runs while they fit: retries whose backoff is over first (they held devices
+        already), then queued runs oldest first (no overtaking: big runs don't starve)."""
+        now = time.time()
+        retrying = session.execute(
+            select(Run).where(Run.status == RunStatus.RETRYING.value, Run.retry_at <= now).order_by(Run.retry_at)
+        ).scalars().all()
         queued = session.execute(
             select(Run).where(Run.status == RunStatus.QUEUED.value).order_by(Run.id)
         ).scalars().all()
-        for run in queued:
+        for run in [*retrying, *queued]:
             used_slots, used_gpus = self._used_devices(session)
             if used_slots + run.nproc > self.inventory.slots:
                 return
@@ -142,7 +139,9 @@ class Scheduler:
 
     def _start_attempt(self, session: Session, run: Run, devices: list[int]) -> None:
         expect = RunStatus(run.status)
-        number = (session.scalar(select(Attempt.number).where(Attempt.run_id == run.id).order_by(Attempt.number.desc())) or 0) + 1
+        previous = self._current_attempt(session, run)
+        number = (previous.number if previous else 0) + 1
+        overrides = next_overrides(run, previous)
         if not transition(session, run.id, RunStatus.STARTING, f"launching attempt {number}", expect=expect):
             session.rollback()
             return
@@ -160,7 +159,9 @@ class Scheduler:
             started_at=time.time(),
             resume_dir=resume_dir,
             resume_step=resume_step,
+            overrides_json=json.dumps(overrides),
         )
+        run.retry_at = None
         run.resume_checkpoint_id = None  # the request is consumed by this attempt
         session.add(attempt)
         # Commit before launching: a scheduler that dies right after the launch finds the row
@@ -175,6 +176,8 @@ class Scheduler:
             "RUNYARD_RUN_DIR": run.run_dir,
             "RUNYARD_ATTEMPT_DIR": str(attempt_dir),
         }
+        if overrides:
+            env["RUNYARD_CONFIG_OVERRIDES"] = json.dumps(overrides)
         if resume_dir is not None and resume_step is not None:
             env["RUNYARD_RESUME_DIR"] = resume_dir
             env["RUNYARD_RESUME_STEP"] = str(resume_step)
@@ -185,7 +188,11 @@ class Scheduler:
             launched = launch(argv, attempt_dir, Path(run.run_dir), env)
         except OSError as exc:
             logger.exception("run %d: launch failed", run.id)
-            self._end_attempt(session, run, attempt, AttemptStatus.FAILED, None, f"launch failed: {exc}")
+            attempt.status, attempt.cause = AttemptStatus.FAILED.value, Cause.LAUNCH_FAILED.value
+            attempt.reason = attempt.exception = f"launch failed: {exc}"
+            attempt.ended_at = time.time()
+            transition(session, run.id, RunStatus.FAILED, attempt.reason)
+            session.commit()
             return
         self._children[launched.pid] = launched.popen
         attempt.pid = launched.pid
@@ -228,95 +235,52 @@ class Scheduler:
 
     def _supervise(self, session: Session, run: Run) -> None:
         attempt = self._current_attempt(session, run)
-        status = RunStatus(run.status)
         if attempt is None or attempt.status != AttemptStatus.RUNNING.value:
-            # Active run without a live attempt: the scheduler died between the transition and
-            # writing the attempt. Nothing was launched.
-            self._finish_run(session, run, None, AttemptStatus.CRASHED, None, "no attempt was launched")
+            # An active run always has a running attempt (both are written in one commit); if
+            # not, the database was edited by hand: end the run rather than guess.
+            transition(session, run.id, RunStatus.FAILED, "no running attempt found for an active run")
             return
         attempt_dir = Path(attempt.dir)
         exited = read_exit(attempt_dir)
         if exited is None and not is_alive(attempt.pid, attempt.pid_create_time):
             exited = read_exit(attempt_dir)  # it may have exited between the two looks
-            if exited is None:
-                if attempt.pid is None and time.time() - attempt.started_at < LAUNCH_LOST_S:
-                    return  # being launched right now by this very tick, or a moment ago
-                if attempt.signal_sent:
-                    self._end_attempt(session, run, attempt, AttemptStatus.CANCELLED, None,
-                                      f"stopped by runyard with {attempt.signal_sent}")
-                    return
-                self._end_attempt(session, run, attempt, AttemptStatus.CRASHED, None,
-                                  "the launcher vanished without an exit code (killed, or the host restarted)")
-                return
+            if exited is None and attempt.pid is None and time.time() - attempt.started_at < LAUNCH_LOST_S:
+                return  # being launched right now by this very tick, or a moment ago
+            settle(session, run, attempt, exited)
+            return
         if exited is not None:
-            code = int(exited["exit_code"])
-            if code == 0:
-                self._end_attempt(session, run, attempt, AttemptStatus.SUCCEEDED, 0, "all ranks finished")
-            elif attempt.signal_sent:
-                self._end_attempt(session, run, attempt, AttemptStatus.CANCELLED, code,
-                                  f"stopped by runyard with {attempt.signal_sent}")
-            else:
-                self._end_attempt(session, run, attempt, AttemptStatus.FAILED, code, self._failure_reason(attempt_dir, code))
+            settle(session, run, attempt, exited)
             return
 
         # Alive.
+        config = config_from_json(run.config_json)
+        status = RunStatus(run.status)
         if status is RunStatus.STARTING and attempt.first_step_at is not None:
             transition(session, run.id, RunStatus.RUNNING, f"attempt {attempt.number}: first step completed",
                        expect=RunStatus.STARTING)
         if status is RunStatus.CANCELLING:
-            self._stop(session, run, attempt)
+            self._stop(session, run, attempt, config.supervision.grace_s)
+        else:
+            watchdog.check(session, run, attempt, config.supervision)
+        if run.dump_requested_at is not None:
+            watchdog.serve_dump_request(session, run, attempt)
 
-    def _stop(self, session: Session, run: Run, attempt: Attempt) -> None:
+    def _stop(self, session: Session, run: Run, attempt: Attempt, grace_s: float) -> None:
+        """Cancel or pause: SIGTERM (the ranks finish the step and checkpoint), SIGKILL after grace."""
         now = time.time()
         if attempt.signal_sent is None:
             if not signal_attempt(run.run_dir, attempt.number, attempt.pid, attempt.pid_create_time, signal.SIGTERM):
                 return  # launched a moment ago and torchrun is not up yet: try again next tick
             attempt.signal_sent, attempt.signal_sent_at = "SIGTERM", now
+            attempt.stop_reason = run.stop_mode or "cancel"
             session.add(Event(run_id=run.id, attempt=attempt.number, at=now, kind="signal",
-                              message=f"SIGTERM sent; SIGKILL in {self.options.grace_s:.0f} s if still running"))
-        elif attempt.signal_sent == "SIGTERM" and now - (attempt.signal_sent_at or now) > self.options.grace_s:
+                              message=f"{attempt.stop_reason}: SIGTERM sent; the ranks checkpoint and exit; "
+                                      f"SIGKILL in {grace_s:.0f} s if still running"))
+        elif attempt.signal_sent == "SIGTERM" and now - (attempt.signal_sent_at or now) > grace_s:
             signal_attempt(run.run_dir, attempt.number, attempt.pid, attempt.pid_create_time, signal.SIGKILL)
             attempt.signal_sent, attempt.signal_sent_at = "SIGKILL", now
             session.add(Event(run_id=run.id, attempt=attempt.number, at=now, level="warning", kind="signal",
-                              message=f"still running {self.options.grace_s:.0f} s after SIGTERM: SIGKILL sent"))
-
-    @staticmethod
-    def _failure_reason(attempt_dir: Path, code: int) -> str:
-        """The exit code and the last line of the first rank stderr that has an error in it."""
-        for _rank, files in rank_log_files(attempt_dir).items():
-            for path in files:
-                if path.name != "stderr.log":
-                    continue
-                lines = [ln for ln in tail(path, 4096).splitlines() if ln.strip()]
-                errors = [ln for ln in lines if "Error" in ln or "Exception" in ln]
-                if errors:
-                    return f"exit code {code}: {errors[-1].strip()}"
-        return f"exit code {code}"
-
-    def _end_attempt(
-        self, session: Session, run: Run, attempt: Attempt, status: AttemptStatus, code: int | None, reason: str
-    ) -> None:
-        attempt.status = status.value
-        attempt.exit_code = code
-        attempt.reason = reason
-        attempt.ended_at = time.time()
-        self._finish_run(session, run, attempt, status, code, reason)
-
-    def _finish_run(
-        self, session: Session, run: Run, attempt: Attempt | None, status: AttemptStatus, code: int | None, reason: str
-    ) -> None:
-        number = attempt.number if attempt else None
-        target = {
-            AttemptStatus.SUCCEEDED: RunStatus.SUCCEEDED,
-            AttemptStatus.CANCELLED: RunStatus.CANCELLED,
-        }.get(status, RunStatus.FAILED)
-        if RunStatus(run.status) is RunStatus.CANCELLING and target is RunStatus.FAILED:
-            target = RunStatus.CANCELLED  # it died while we were stopping it
-        transition(session, run.id, target, reason)
-        level = "info" if target is not RunStatus.FAILED else "error"
-        session.add(Event(run_id=run.id, attempt=number, at=time.time(), level=level, kind="exit",
-                          message=f"attempt {number} ended {status.value}: {reason}"))
-        logger.info("run %d: attempt %s %s (%s) -> %s", run.id, number, status.value, reason, target.value)
+                              message=f"still running {grace_s:.0f} s after SIGTERM: SIGKILL sent"))
 
 
 def acquire_lock(home: Path) -> int:

@@ -86,3 +86,47 @@ def signal_attempt(
             continue
     logger.info("%s attempt %d: sent %s to %d process(es)", run_dir, attempt, sig.name, sent)
     return sent
+
+
+def rank_processes(run_dir: str, attempt: int, root_pid: int | None, root_create: float | None) -> list[psutil.Process]:
+    """The training processes of an attempt (those torchrun started: they carry LOCAL_RANK)."""
+    ranks = []
+    for proc in attempt_processes(run_dir, attempt, root_pid, root_create):
+        try:
+            if "LOCAL_RANK" in proc.environ():
+                ranks.append(proc)
+        except (psutil.Error, OSError):
+            continue
+    return ranks
+
+
+def dump_stacks(
+    run_dir: str, attempt: int, root_pid: int | None, root_create: float | None, attempt_dir: Path
+) -> list[Path]:
+    """Ask every rank for its Python stacks before anything is killed: SIGUSR1 (the trainer's
+    faulthandler appends to ``stacks/rank-<r>.txt``), and ``py-spy dump`` when installed.
+
+    A rank stopped with SIGSTOP cannot run its handler: it gets SIGCONT right after SIGUSR1, so
+    it writes its stack before going on.
+    """
+    import shutil
+    import subprocess
+
+    folder = attempt_dir / "stacks"
+    folder.mkdir(parents=True, exist_ok=True)
+    py_spy = shutil.which("py-spy")
+    for proc in rank_processes(run_dir, attempt, root_pid, root_create):
+        try:
+            stopped = proc.status() == psutil.STATUS_STOPPED
+            proc.send_signal(signal.SIGUSR1)
+            if stopped:
+                proc.send_signal(signal.SIGCONT)
+        except psutil.Error:
+            continue
+        if py_spy:
+            try:
+                out = subprocess.run([py_spy, "dump", "--pid", str(proc.pid)], capture_output=True, text=True, timeout=10)
+                (folder / f"py-spy-{proc.pid}.txt").write_text(out.stdout + out.stderr)
+            except (OSError, subprocess.SubprocessError) as exc:
+                logger.warning("py-spy dump of %d failed: %s", proc.pid, exc)
+    return sorted(folder.iterdir())

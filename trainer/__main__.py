@@ -14,7 +14,7 @@ from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from trainer.config import config_from_json
+from trainer.config import config_from_json, deep_merge, parse_config
 from trainer.context import context_from_env
 
 logger = logging.getLogger("trainer")
@@ -38,24 +38,32 @@ def main(argv: list[str] | None = None) -> int:
     )
     config_path = args.config or ctx.run_dir / "config.json"
     config = config_from_json(config_path.read_text())
+    if ctx.overrides:  # set by the scheduler for this attempt, e.g. half the micro-batch after an OOM
+        config = parse_config(deep_merge(config.as_dict(), ctx.overrides))
+        logger.info("attempt overrides: %s", ctx.overrides)
 
     # Imported here so that `--help` and config errors do not pay for torch.
     from trainer import distributed
+    from trainer.lifecycle import StopSignal, register_stack_dumps
     from trainer.reporter import MetricReporter
     from trainer.workloads import mlp_digits
 
+    stacks = register_stack_dumps(ctx.attempt_dir, rank)
     info = distributed.setup(config.launch.backend)
+    stop = StopSignal(info.world_size)
+    stop.install()
     logger.info(
         "run %s attempt %s: rank %d/%d on %s (%s)",
         ctx.run_id, ctx.attempt, info.rank, info.world_size, info.device, info.backend,
     )
     reporter = MetricReporter(ctx, info.rank, info.world_size)
     try:
-        result = mlp_digits.train(config, info, ctx, reporter, should_stop=lambda: False)
+        result = mlp_digits.train(config, info, ctx, reporter, stop)
         logger.info("finished: %s", result)
     finally:
         reporter.close()
     distributed.teardown()
+    stacks.close()
     return 0
 
 

@@ -172,7 +172,7 @@ class RunCheckpoints:
         """Load the checkpoint the scheduler chose (falling back past refused ones).
 
         Returns:
-            (step, epoch, next batch in that epoch); zeros when starting from scratch.
+            (step, epoch, samples of that epoch's order already consumed); zeros from scratch.
         """
         if self.ctx.resume_dir is None or self.ctx.resume_step is None:
             return 0, 0, 0
@@ -201,7 +201,7 @@ class RunCheckpoints:
         if self.info.is_main:
             self._supersede_after(step)
         self._last_save = time.monotonic()
-        return step, int(state["epoch"]), int(state["next_batch"])
+        return step, int(state["epoch"]), int(state["position"])
 
     def _supersede_after(self, step: int) -> None:
         """Move this run's checkpoints newer than ``step`` (an abandoned lineage) out of the way,
@@ -232,7 +232,7 @@ class RunCheckpoints:
             return bool(late.item())
         return False
 
-    def save(self, step: int, epoch: int, next_batch: int, model: torch.nn.Module,
+    def save(self, step: int, epoch: int, position: int, model: torch.nn.Module,
              optimizer: torch.optim.Optimizer, metrics: dict[str, float]) -> None:
         """Collective: gather every rank's RNG state, then rank 0 snapshots and writes."""
         rng_states: list[Any] = [None] * self.info.world_size
@@ -245,7 +245,7 @@ class RunCheckpoints:
             "optimizer": optimizer.state_dict(),
             "step": step,
             "epoch": epoch,
-            "next_batch": next_batch,
+            "position": position,
             "rng": rng_states,
             "world_size": self.info.world_size,
             "config_hash": self.config.config_hash(),

@@ -73,6 +73,10 @@ class TrainConfig(_Section):
     lr: float = Field(default=0.001, gt=0, allow_inf_nan=False)
     """Learning rate of the Adam optimizer."""
 
+    grad_accum: int = Field(default=1, ge=1)
+    """Micro-batches of `batch_size` accumulated per optimizer step (DDP skips the gradient
+    all-reduce on all but the last). The effective per-rank batch is batch_size x grad_accum."""
+
     seed: int = Field(default=0, ge=0)
     """Seed of every random generator; all ranks use the same model seed."""
 
@@ -118,6 +122,35 @@ class CheckpointConfig(_Section):
     `false` writes synchronously, for debugging. Key: `async`."""
 
 
+class RetryConfig(_Section):
+    """What happens when an attempt fails."""
+
+    max_retries: int = Field(default=3, ge=0)
+    """New attempts after failures, counted over the whole run. Preemptions (a SIGTERM that
+    runyard did not send) do not count. Errors that would recur stop the run at once."""
+
+    backoff_s: float = Field(default=5.0, ge=0, allow_inf_nan=False)
+    """Wait before the first retry; doubled for each further retry, with jitter."""
+
+    backoff_max_s: float = Field(default=300.0, ge=0, allow_inf_nan=False)
+    """Upper bound of the wait between attempts."""
+
+
+class SupervisionConfig(_Section):
+    """How the scheduler watches a running attempt."""
+
+    hang_timeout_s: float = Field(default=300.0, gt=0, allow_inf_nan=False)
+    """An attempt with no completed step for max(hang_timeout_s, hang_step_factor x p95 step
+    time) is hung: the stacks of every rank are saved, then it is killed and retried."""
+
+    hang_step_factor: float = Field(default=20.0, gt=0, allow_inf_nan=False)
+    """See hang_timeout_s: slow steps raise the threshold so a slow run is not called hung."""
+
+    grace_s: float = Field(default=30.0, ge=0, allow_inf_nan=False)
+    """On cancel, pause or preemption the ranks get SIGTERM, finish the step, write a
+    checkpoint and exit; after this many seconds they get SIGKILL."""
+
+
 class RunConfig(_Section):
     """A training run."""
 
@@ -133,6 +166,8 @@ class RunConfig(_Section):
     launch: LaunchConfig = LaunchConfig()
     train: TrainConfig = TrainConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    retry: RetryConfig = RetryConfig()
+    supervision: SupervisionConfig = SupervisionConfig()
 
     def as_dict(self) -> dict[str, Any]:
         """The config as plain data, with the TOML key names."""
@@ -192,6 +227,17 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     except tomllib.TOMLDecodeError:
         value = raw
     return key.split("."), value
+
+
+def deep_merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``changes`` merged in, table by table (neither is modified)."""
+    out = json.loads(json.dumps(base))
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -21,6 +22,7 @@ class RunContext:
     attempt_dir: Path
     resume_dir: Path | None = None
     resume_step: int | None = None
+    overrides: dict = field(default_factory=dict)
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -43,4 +45,5 @@ def context_from_env(environ: dict[str, str] | None = None) -> RunContext:
         attempt_dir=Path(env.get("RUNYARD_ATTEMPT_DIR") or run_dir),
         resume_dir=Path(env["RUNYARD_RESUME_DIR"]) if env.get("RUNYARD_RESUME_DIR") else None,
         resume_step=int(env["RUNYARD_RESUME_STEP"]) if env.get("RUNYARD_RESUME_STEP") else None,
+        overrides=json.loads(env.get("RUNYARD_CONFIG_OVERRIDES") or "{}"),
     )

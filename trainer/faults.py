@@ -23,3 +23,39 @@ def save_delay_s(step: int) -> float:
         return 0.0
     at, seconds = spec.split(":", 1)
     return float(seconds) if int(at) == step else 0.0
+
+
+def _step_rank(name: str) -> tuple[int, int | None] | None:
+    spec = os.environ.get(name) or ""
+    if not spec:
+        return None
+    step, _, rank = spec.partition(":")
+    return int(step), (int(rank) if rank else None)
+
+
+def maybe_raise(step: int, rank: int, attempt: int) -> None:
+    """``RUNYARD_FAULT_RAISE=STEP[:RANK][@ATTEMPTS]``: raise a RuntimeError (a "user error") at
+    STEP on RANK (every rank when omitted), in attempts up to ATTEMPTS (every attempt when
+    omitted)."""
+    spec = os.environ.get("RUNYARD_FAULT_RAISE") or ""
+    if not spec:
+        return
+    where, _, upto = spec.partition("@")
+    at, _, on_rank = where.partition(":")
+    if int(at) == step and (not on_rank or int(on_rank) == rank) and (not upto or attempt <= int(upto)):
+        raise RuntimeError(f"injected failure at step {step}")
+
+
+def maybe_cuda_oom(step: int, batch_size: int) -> None:
+    """``RUNYARD_FAULT_CUDA_OOM=STEP:MAX_BATCH``: raise torch's CUDA out-of-memory error at STEP
+    while the micro-batch is larger than MAX_BATCH (CI has no GPU to run out of)."""
+    spec = os.environ.get("RUNYARD_FAULT_CUDA_OOM") or ""
+    if not spec:
+        return
+    at, _, max_batch = spec.partition(":")
+    if int(at) == step and batch_size > int(max_batch or 0):
+        import torch
+
+        raise torch.cuda.OutOfMemoryError(
+            f"CUDA out of memory. Tried to allocate 2.00 GiB (injected at step {step}, micro-batch {batch_size})"
+        )

@@ -11,6 +11,11 @@ config = context.config
 def run_migrations_online() -> None:
     engine = make_engine(config.get_main_option("sqlalchemy.url"))
     with engine.connect() as connection:
+        if connection.dialect.name == "sqlite":
+            # Batch mode rebuilds a table by copy, drop and rename; with foreign keys on, the
+            # drop would cascade and delete every attempt of every run.
+            connection.exec_driver_sql("PRAGMA foreign_keys=OFF")
+            connection.commit()
         context.configure(
             connection=connection,
             target_metadata=Base.metadata,

@@ -40,3 +40,28 @@ def test_sqlite_pragmas_are_set(tmp_path: Path) -> None:
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
         assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
         assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() >= 5000
+
+
+def test_upgrade_keeps_existing_runs(tmp_path: Path) -> None:
+    """A database with runs from the first release upgrades to head and keeps them."""
+    from alembic import command
+
+    from db.engine import _alembic_config
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    command.upgrade(_alembic_config(url), "0001")
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "INSERT INTO runs (name, status, config_json, config_hash, tags_json, max_steps, nproc, run_dir, "
+            "price_usd_per_hour, price_unit, created_at, updated_at) VALUES "
+            "('old', 'SUCCEEDED', '{}', 'h', '[]', 10, 2, '/x', 0.1, 'cpu', 1.0, 2.0)"
+        )
+        conn.exec_driver_sql(
+            "INSERT INTO attempts (run_id, number, status, dir, devices_json, device_kind, started_at) "
+            "VALUES (1, 1, 'SUCCEEDED', '/x/1', '[]', 'cpu', 1.0)"
+        )
+    upgrade(url)
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT name, retries_used FROM runs").all() == [("old", 0)]
+        assert conn.exec_driver_sql("SELECT overrides_json, retry_counted FROM attempts").all() == [("{}", 1)]

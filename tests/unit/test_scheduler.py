@@ -22,7 +22,7 @@ from db.models import Attempt, Run, SchedulerHeartbeat
 from db.requests import request_cancel
 from db.settings import Settings
 from orchestrator.resources import Inventory
-from orchestrator.scheduler import Scheduler, SchedulerLocked, SchedulerOptions, acquire_lock
+from orchestrator.scheduler import Scheduler, SchedulerLocked, acquire_lock
 from orchestrator.submission import submit
 from trainer.config import RunConfig, parse_config
 
@@ -34,6 +34,7 @@ import signal, sys, time
 seconds, code, stubborn = float(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
 if stubborn:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print("ready", flush=True)
 time.sleep(seconds)
 sys.exit(code)
 """
@@ -50,12 +51,12 @@ def fake_command(config: RunConfig, run_id: int, attempt: int, port: int, attemp
     return [sys.executable, "-c", PROGRAM, *BEHAVIOUR[config.name]]
 
 
-def make_scheduler(sessions: sessionmaker[Session], settings: Settings, grace_s: float = 30.0) -> Scheduler:
-    return Scheduler(sessions, settings, CPU2, SchedulerOptions(grace_s=grace_s), command=fake_command)
+def make_scheduler(sessions: sessionmaker[Session], settings: Settings) -> Scheduler:
+    return Scheduler(sessions, settings, CPU2, command=fake_command)
 
 
-def queue(sessions: sessionmaker[Session], settings: Settings, name: str, nproc: int = 1) -> int:
-    config = parse_config({"name": name, "launch": {"nproc_per_node": nproc}})
+def queue(sessions: sessionmaker[Session], settings: Settings, name: str, nproc: int = 1, **sections: dict) -> int:
+    config = parse_config({"name": name, "launch": {"nproc_per_node": nproc}, **sections})
     return submit(sessions, settings, config, CPU2)
 
 
@@ -103,12 +104,12 @@ def test_runs_that_fit_run_side_by_side(sessions: sessionmaker[Session], setting
 
 def test_exit_codes_decide_the_outcome(sessions: sessionmaker[Session], settings: Settings) -> None:
     ok = queue(sessions, settings, "quick")
-    bad = queue(sessions, settings, "fails")
+    bad = queue(sessions, settings, "fails", retry={"max_retries": 0})
     scheduler = make_scheduler(sessions, settings)
     tick_until(scheduler, lambda: status(sessions, ok) == "SUCCEEDED" and status(sessions, bad) == "FAILED")
     (attempt,) = attempts(sessions, bad)
     assert attempt.status == "FAILED" and attempt.exit_code == 3
-    assert attempt.reason.startswith("exit code 3")
+    assert attempt.exception == "exit code 3"
     assert attempts(sessions, ok)[0].exit_code == 0
 
 
@@ -125,10 +126,12 @@ def test_first_reported_step_moves_to_running(sessions: sessionmaker[Session], s
 
 
 def test_cancel_escalates_to_sigkill_after_grace(sessions: sessionmaker[Session], settings: Settings) -> None:
-    run_id = queue(sessions, settings, "stubborn")
-    scheduler = make_scheduler(sessions, settings, grace_s=1.0)
+    run_id = queue(sessions, settings, "stubborn", supervision={"grace_s": 1.0})
+    scheduler = make_scheduler(sessions, settings)
     scheduler.tick()
     (attempt,) = attempts(sessions, run_id)
+    log = Path(attempt.dir) / "launcher.log"
+    tick_until(scheduler, lambda: log.exists() and "ready" in log.read_text())  # SIGTERM is ignored from now on
     with sessions() as s:
         request_cancel(s, run_id)
         s.commit()
@@ -140,7 +143,7 @@ def test_cancel_escalates_to_sigkill_after_grace(sessions: sessionmaker[Session]
 
 def test_cancel_with_sigterm_is_enough_for_a_polite_process(sessions: sessionmaker[Session], settings: Settings) -> None:
     run_id = queue(sessions, settings, "long")
-    scheduler = make_scheduler(sessions, settings, grace_s=30.0)
+    scheduler = make_scheduler(sessions, settings)
     scheduler.tick()
     with sessions() as s:
         request_cancel(s, run_id)
@@ -152,7 +155,7 @@ def test_cancel_with_sigterm_is_enough_for_a_polite_process(sessions: sessionmak
 
 
 def test_vanished_processes_are_recorded_as_crashed(sessions: sessionmaker[Session], settings: Settings) -> None:
-    run_id = queue(sessions, settings, "long")
+    run_id = queue(sessions, settings, "long", retry={"max_retries": 0})
     scheduler = make_scheduler(sessions, settings)
     scheduler.tick()
     (attempt,) = attempts(sessions, run_id)
@@ -162,7 +165,7 @@ def test_vanished_processes_are_recorded_as_crashed(sessions: sessionmaker[Sessi
     tick_until(scheduler, lambda: status(sessions, run_id) == "FAILED")
     (attempt,) = attempts(sessions, run_id)
     assert attempt.status == "CRASHED" and attempt.exit_code is None
-    assert "vanished" in attempt.reason
+    assert attempt.cause == "VANISHED" and "vanished" in attempt.exception
 
 
 def test_restarted_scheduler_adopts_instead_of_relaunching(sessions: sessionmaker[Session], settings: Settings) -> None:
@@ -179,7 +182,7 @@ def test_restarted_scheduler_adopts_instead_of_relaunching(sessions: sessionmake
 
 
 def test_recycled_pid_is_not_mistaken_for_the_run(sessions: sessionmaker[Session], settings: Settings) -> None:
-    run_id = queue(sessions, settings, "long")
+    run_id = queue(sessions, settings, "long", retry={"max_retries": 0})
     scheduler = make_scheduler(sessions, settings)
     scheduler.tick()
     (attempt,) = attempts(sessions, run_id)
@@ -235,3 +238,26 @@ def test_cancel_never_touches_another_data_folders_run(sessions: sessionmaker[Se
     (their_attempt,) = attempts(other_sessions, theirs)
     assert status(other_sessions, theirs) == "STARTING"
     assert psutil.Process(their_attempt.pid).children(), "the other folder's run was signalled"
+
+
+def test_failures_are_retried_with_backoff_until_the_budget_is_spent(sessions: sessionmaker[Session], settings: Settings) -> None:
+    run_id = queue(sessions, settings, "fails", retry={"max_retries": 2, "backoff_s": 0.5, "backoff_max_s": 5})
+    scheduler = make_scheduler(sessions, settings)
+    seen_retrying = False
+
+    def done() -> bool:
+        nonlocal seen_retrying
+        current = status(sessions, run_id)
+        seen_retrying |= current == "RETRYING"
+        return current == "FAILED"
+
+    tick_until(scheduler, done, timeout=30)
+    assert seen_retrying
+    tries = attempts(sessions, run_id)
+    assert [a.number for a in tries] == [1, 2, 3]
+    gaps = [b.started_at - a.ended_at for a, b in zip(tries, tries[1:])]
+    # backoff 0.5 s then 1 s, each with jitter in [0.5, 1.0]
+    assert 0.25 <= gaps[0] and 0.5 <= gaps[1], gaps
+    with sessions() as s:
+        run = s.get(Run, run_id)
+        assert run.retries_used == 2 and "gave up after 2 retries" in run.status_reason

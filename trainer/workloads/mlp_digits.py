@@ -6,10 +6,10 @@ epoch so each rank sees a different, reproducible shard order; all ranks share t
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -22,6 +22,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from trainer import faults
 from trainer.checkpointing import RunCheckpoints
+from trainer.lifecycle import StopSignal, write_stopped
 from trainer.config import RunConfig
 from trainer.context import RunContext
 from trainer.distributed import DistInfo
@@ -77,7 +78,7 @@ def evaluate(model: nn.Module, test: TensorDataset, info: DistInfo) -> tuple[flo
 
 
 def train(
-    config: RunConfig, info: DistInfo, ctx: RunContext, reporter: MetricReporter, should_stop: Callable[[], bool]
+    config: RunConfig, info: DistInfo, ctx: RunContext, reporter: MetricReporter, stop: StopSignal
 ) -> dict:
     tc = config.train
     seed_everything(tc.seed)
@@ -86,46 +87,56 @@ def train(
     train_set, test_set = load_digits_split()
     x_all, y_all = train_set.tensors
     # The sampler shards and shuffles; its order depends only on (seed, epoch), so a resumed
-    # run can rebuild it and continue at the exact batch where the checkpoint was taken.
+    # run rebuilds it and continues at the exact sample where the checkpoint was taken (also
+    # after a retry that changed the micro-batch size).
     sampler = DistributedSampler(
         train_set, num_replicas=info.world_size, rank=info.rank, shuffle=True, seed=tc.seed, drop_last=True
     )
-    batches_per_epoch = len(sampler) // tc.batch_size
-    if batches_per_epoch == 0:
+    samples_per_step = tc.batch_size * tc.grad_accum
+    if len(sampler) < samples_per_step:
         raise ValueError(
-            f"train.batch_size = {tc.batch_size} is larger than one rank's share of the data "
-            f"({len(sampler)} samples); lower it"
+            f"train.batch_size x train.grad_accum = {samples_per_step} is larger than one rank's share "
+            f"of the data ({len(sampler)} samples); lower it"
         )
 
     model = build_model(config.workload.hidden).to(info.device)
     ddp = DDP(model) if info.world_size > 1 else model
     optimizer = torch.optim.Adam(model.parameters(), lr=tc.lr)
     checkpoints = RunCheckpoints(config, ctx, info, reporter.writer)
-    step, epoch, next_batch = checkpoints.resume(model, optimizer)
+    step, epoch, position = checkpoints.resume(model, optimizer)
     order: list[int] = []
     order_epoch = -1
 
     interval_loss, interval_time, interval_steps = 0.0, 0.0, 0
     latest: dict[str, float] = {}
+    last_checkpoint: int | None = step if step else None
     delay = faults.step_delay_s()
     try:
-        while step < tc.max_steps and not should_stop():
-            if next_batch >= batches_per_epoch:
-                epoch, next_batch = epoch + 1, 0
+        while step < tc.max_steps:
+            if position + samples_per_step > len(sampler):
+                epoch, position = epoch + 1, 0
             if order_epoch != epoch:
                 sampler.set_epoch(epoch)
                 order, order_epoch = list(sampler), epoch
-            idx = order[next_batch * tc.batch_size : (next_batch + 1) * tc.batch_size]
-            next_batch += 1
 
             t0 = time.perf_counter()
-            x, y = x_all[idx].to(info.device), y_all[idx].to(info.device)
-            loss = F.cross_entropy(ddp(x), y)
+            faults.maybe_raise(step + 1, info.rank, ctx.attempt)
+            faults.maybe_cuda_oom(step + 1, tc.batch_size)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            step_loss = 0.0
+            for micro in range(tc.grad_accum):
+                idx = order[position : position + tc.batch_size]
+                position += tc.batch_size
+                x, y = x_all[idx].to(info.device), y_all[idx].to(info.device)
+                # Gradients are all-reduced once per optimizer step, on the last micro-batch.
+                sync = micro == tc.grad_accum - 1 or info.world_size == 1
+                with contextlib.nullcontext() if sync else ddp.no_sync():
+                    loss = F.cross_entropy(ddp(x), y) / tc.grad_accum
+                    loss.backward()
+                step_loss += loss.item()
             optimizer.step()
             step += 1
-            interval_loss += loss.item()
+            interval_loss += step_loss
             interval_time += time.perf_counter() - t0
             interval_steps += 1
             reporter.progress(step)
@@ -135,15 +146,23 @@ def train(
                 step_time = interval_time / interval_steps
                 latest["loss"] = interval_loss / interval_steps
                 reporter.log(step, loss=latest["loss"], step_time=step_time,
-                             samples_per_s=tc.batch_size / step_time, epoch=float(epoch))
+                             samples_per_s=samples_per_step / step_time, epoch=float(epoch))
                 interval_loss, interval_time, interval_steps = 0.0, 0.0, 0
             if (tc.eval_every and step % tc.eval_every == 0) or last:
                 latest["eval_accuracy"], latest["eval_loss"] = evaluate(ddp, test_set, info)
                 reporter.log_main(step, eval_accuracy=latest["eval_accuracy"], eval_loss=latest["eval_loss"])
                 if info.is_main:
                     logger.info("step %d: eval accuracy %.4f, eval loss %.4f", step, latest["eval_accuracy"], latest["eval_loss"])
-            if checkpoints.due(step, last):
-                checkpoints.save(step, epoch, next_batch, model, optimizer, dict(latest))
+            stopping = stop.agreed()
+            if checkpoints.due(step, last) or stopping:
+                checkpoints.save(step, epoch, position, model, optimizer, dict(latest))
+                last_checkpoint = step
+            if stopping:
+                logger.info("SIGTERM: stopped after step %d with a checkpoint", step)
+                checkpoints.close()
+                if info.is_main:
+                    write_stopped(ctx.attempt_dir, step, last_checkpoint, stop.received_at)
+                break
             if delay:
                 time.sleep(delay)
     finally:

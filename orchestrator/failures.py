@@ -1,0 +1,187 @@
+"""Failure classification: what ended an attempt, on which rank, and with which exception.
+
+The evidence, most specific first: torchrun's per-rank error files (the ``@record`` mechanism:
+the exception and traceback of every rank that raised), torchrun's failure summary in the
+launcher log (every failed rank with its exit code or signal), the kernel's OOM-killer
+messages, and the ranks' stderr. When one rank dies, the others die of the fallout (a closed
+connection, SIGTERM from torchrun); the root cause is chosen over them.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import re
+import shutil
+import signal
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.logs import launcher_log, rank_log_files, tail
+
+logger = logging.getLogger(__name__)
+
+
+class Cause(str, enum.Enum):
+    USER_ERROR = "USER_ERROR"  # an exception in the training code
+    CUDA_OOM = "CUDA_OOM"
+    COMM = "COMM"  # NCCL/gloo communication failure or timeout
+    SEGFAULT = "SEGFAULT"
+    OOM_KILLED = "OOM_KILLED"  # SIGKILL from the kernel's OOM killer
+    SIGNAL = "SIGNAL"  # killed by a signal from outside
+    HANG = "HANG"  # no progress: stacks saved, then killed by runyard
+    PREEMPTED = "PREEMPTED"  # SIGTERM that runyard did not send; stopped with a checkpoint
+    VANISHED = "VANISHED"  # the launcher disappeared without an exit code
+    LAUNCH_FAILED = "LAUNCH_FAILED"
+    UNKNOWN = "UNKNOWN"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+COMM_PATTERNS = re.compile(
+    r"NCCL|gloo|Gloo|Connection closed by peer|Connection reset by peer|connectFullMesh|"
+    r"DistBackendError|DistNetworkError|Broken pipe|ProcessGroup.*timed? ?out|Watchdog caught collective",
+)
+CUDA_OOM_PATTERNS = re.compile(r"OutOfMemoryError|CUDA out of memory")
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """One failed rank as torchrun reported it."""
+
+    rank: int
+    exitcode: int | None
+    pid: int | None
+    message: str | None  # the exception line, from the error file
+    traceback: str | None
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The classified end of an attempt."""
+
+    cause: Cause
+    rank: int | None
+    exception: str | None
+    log_tail: str
+    signal_name: str | None = None
+
+    def summary(self) -> str:
+        where = f" on rank {self.rank}" if self.rank is not None else ""
+        what = f": {self.exception}" if self.exception else (f" ({self.signal_name})" if self.signal_name else "")
+        return f"{self.cause.value}{where}{what}"
+
+
+_BLOCK = re.compile(
+    r"rank\s*:\s*(?P<rank>\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(?P<code>-?\d+)\s*\(pid:\s*(?P<pid>\d+)\)"
+    r".*?\n\s*error_file\s*:\s*(?P<file>\S+)",
+    re.S,
+)
+
+
+def _error_file(path: str) -> tuple[str | None, str | None]:
+    if path in ("<N/A>", ""):
+        return None, None
+    try:
+        data = json.loads(Path(path).read_text())
+        message = data["message"]
+        text = message["message"] if isinstance(message, dict) else str(message)
+        trace = message.get("extraInfo", {}).get("py_callstack") if isinstance(message, dict) else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, None
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return (lines[-1][:500] if lines else None), trace
+
+
+def rank_failures(attempt_dir: Path) -> list[RankFailure]:
+    """Every failed rank from torchrun's failure summary in the launcher log."""
+    text = tail(launcher_log(attempt_dir), 200_000)
+    found: dict[int, RankFailure] = {}
+    for m in _BLOCK.finditer(text):
+        rank = int(m["rank"])
+        message, trace = _error_file(m["file"])
+        found[rank] = RankFailure(rank=rank, exitcode=int(m["code"]), pid=int(m["pid"]), message=message, traceback=trace)
+    return [found[r] for r in sorted(found)]
+
+
+def _oom_killed_pids() -> set[int]:
+    """PIDs the kernel's OOM killer killed, when the kernel log can be read."""
+    if not shutil.which("dmesg"):
+        return set()
+    try:
+        out = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=2).stdout
+    except (OSError, subprocess.SubprocessError):
+        return set()
+    return {int(p) for p in re.findall(r"Killed process (\d+)", out)}
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def _stderr_tail(attempt_dir: Path, rank: int | None, lines: int = 30) -> str:
+    files = rank_log_files(attempt_dir)
+    paths = files.get(rank, []) if rank is not None else []
+    stderr = [p for p in paths if p.name == "stderr.log"]
+    source = stderr[0] if stderr else launcher_log(attempt_dir)
+    return "\n".join(tail(source, 16_000).splitlines()[-lines:])
+
+
+def _exception_from_stderr(attempt_dir: Path) -> tuple[int | None, str | None]:
+    """The last exception line of any rank's stderr (for ranks that died before @record)."""
+    for rank, paths in rank_log_files(attempt_dir).items():
+        for path in paths:
+            if path.name != "stderr.log":
+                continue
+            hits = [ln.strip() for ln in tail(path, 16_000).splitlines() if re.match(r"^\w+(\.\w+)*(Error|Exception)\b", ln.strip())]
+            if hits:
+                return rank, hits[-1][:500]
+    return None, None
+
+
+def _cause_of_exception(message: str) -> Cause:
+    if CUDA_OOM_PATTERNS.search(message):
+        return Cause.CUDA_OOM
+    if COMM_PATTERNS.search(message):
+        return Cause.COMM
+    return Cause.USER_ERROR
+
+
+def classify(attempt_dir: Path, exit_code: int | None) -> Failure:
+    """Classify a failed attempt (non-zero exit) from the evidence in its folder."""
+    failures = rank_failures(attempt_dir)
+    # Root cause first: a rank killed from outside, then a real exception, then comm errors
+    # (usually the fallout), then ranks torchrun itself terminated.
+    killed = [f for f in failures if f.exitcode is not None and f.exitcode < 0 and f.exitcode != -signal.SIGTERM
+              and not f.message]
+    raised = [f for f in failures if f.message and _cause_of_exception(f.message) is not Cause.COMM]
+    comm = [f for f in failures if f.message and _cause_of_exception(f.message) is Cause.COMM]
+    if killed:
+        f = killed[0]
+        assert f.exitcode is not None
+        name = _signal_name(f.exitcode)
+        if f.exitcode == -signal.SIGSEGV:
+            cause = Cause.SEGFAULT
+        elif f.exitcode == -signal.SIGKILL and f.pid in _oom_killed_pids():
+            cause = Cause.OOM_KILLED
+        else:
+            cause = Cause.SIGNAL
+        return Failure(cause, f.rank, f"killed by {name}", _stderr_tail(attempt_dir, f.rank), name)
+    for group in (raised, comm):
+        if group:
+            f = group[0]
+            assert f.message is not None
+            return Failure(_cause_of_exception(f.message), f.rank, f.message, _stderr_tail(attempt_dir, f.rank))
+    rank, line = _exception_from_stderr(attempt_dir)
+    if line:
+        return Failure(_cause_of_exception(line), rank, line, _stderr_tail(attempt_dir, rank))
+    if exit_code is not None and exit_code < 0:
+        name = _signal_name(exit_code)
+        return Failure(Cause.SIGNAL, None, f"launcher killed by {name}", _stderr_tail(attempt_dir, None), name)
+    return Failure(Cause.UNKNOWN, None, f"exit code {exit_code}", _stderr_tail(attempt_dir, None))

@@ -1,0 +1,149 @@
+"""What an ended attempt means for its run: success, a stop runyard asked for (cancel, pause),
+or a failure that is classified and handed to the retry policy.
+
+Every attempt keeps its evidence for the timeline: cause, first failing rank, exception line,
+log tail, steps lost since the last checkpoint, and when it failed and was detected.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from db.models import Attempt, Checkpoint, Event, Run
+from db.states import AttemptStatus, RunStatus, transition
+from orchestrator.failures import Cause, Failure, classify
+from orchestrator.retry import AttemptOutcome, decide, halved_micro_batch
+from trainer.config import RunConfig, config_from_json, deep_merge
+
+logger = logging.getLogger(__name__)
+
+STOPPED_FILE = "stopped.json"  # written by the trainer after a graceful stop (trainer/lifecycle.py)
+
+
+def read_stopped(attempt_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((attempt_dir / STOPPED_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def attempt_config(run: Run, attempt: Attempt) -> RunConfig:
+    """The config an attempt ran with: the run's, plus the attempt's overrides."""
+    overrides = json.loads(attempt.overrides_json or "{}")
+    base = config_from_json(run.config_json)
+    return RunConfig.model_validate(deep_merge(base.as_dict(), overrides)) if overrides else base
+
+
+def next_overrides(run: Run, previous: Attempt | None) -> dict[str, Any]:
+    """Overrides for the next attempt: the previous attempt's, adjusted after a CUDA OOM."""
+    if previous is None:
+        return {}
+    overrides = json.loads(previous.overrides_json or "{}")
+    if previous.cause == Cause.CUDA_OOM.value:
+        train = attempt_config(run, previous).train
+        overrides = deep_merge(overrides, halved_micro_batch(train.batch_size, train.grad_accum))
+    return overrides
+
+
+def _last_checkpoint(session: Session, attempt: Attempt) -> int | None:
+    own = session.scalar(
+        select(func.max(Checkpoint.step)).where(Checkpoint.run_id == attempt.run_id, Checkpoint.attempt == attempt.number)
+    )
+    return own if own is not None else attempt.resume_step
+
+
+def _record(session: Session, attempt: Attempt, exited: dict | None, now: float) -> None:
+    attempt.exit_code = int(exited["exit_code"]) if exited else None
+    attempt.ended_at = float(exited["ended_at"]) if exited else now
+    attempt.failed_at = attempt.ended_at
+    attempt.detected_at = now
+    attempt.last_checkpoint_step = _last_checkpoint(session, attempt)
+    reached = attempt.last_step if attempt.last_step is not None else (attempt.resume_step or 0)
+    attempt.steps_lost = max(0, reached - (attempt.last_checkpoint_step or 0))
+
+
+def _event(session: Session, run: Run, attempt: Attempt, level: str, message: str) -> None:
+    session.add(Event(run_id=run.id, attempt=attempt.number, at=time.time(), level=level, kind="exit", message=message))
+    logger.info("run %d attempt %d: %s", run.id, attempt.number, message)
+
+
+def settle(session: Session, run: Run, attempt: Attempt, exited: dict | None, now: float | None = None) -> None:
+    """The attempt's processes are gone: record how it ended and move the run on."""
+    now = time.time() if now is None else now
+    attempt_dir = Path(attempt.dir)
+    stopped = read_stopped(attempt_dir)
+    _record(session, attempt, exited, now)
+    code = attempt.exit_code
+
+    if attempt.stop_reason in ("cancel", "pause") or (RunStatus(run.status) is RunStatus.CANCELLING and exited is None):
+        attempt.status = AttemptStatus.CANCELLED.value
+        mode = attempt.stop_reason or "cancel"
+        ckpt = f"last checkpoint at step {attempt.last_checkpoint_step}" if attempt.last_checkpoint_step else "no checkpoint"
+        how = "with a checkpoint" if stopped else f"killed with {attempt.signal_sent or 'a signal'}"
+        if mode == "pause":
+            attempt.reason = f"paused at step {attempt.last_step or 0} ({how}); {ckpt}; Resume continues from it"
+        else:
+            attempt.reason = f"cancelled at step {attempt.last_step or 0} ({how}); {ckpt}"
+        transition(session, run.id, RunStatus.CANCELLED, attempt.reason)
+        _event(session, run, attempt, "info", attempt.reason)
+        return
+    if code == 0 and stopped is None:
+        attempt.status = AttemptStatus.SUCCEEDED.value
+        attempt.reason = "all ranks finished"
+        transition(session, run.id, RunStatus.SUCCEEDED, attempt.reason)
+        _event(session, run, attempt, "info", f"attempt {attempt.number} succeeded")
+        return
+
+    failure = _diagnose(attempt, exited, stopped, code)
+    attempt.status = (AttemptStatus.CRASHED if failure.cause is Cause.VANISHED else AttemptStatus.FAILED).value
+    attempt.cause = failure.cause.value
+    attempt.failed_rank = failure.rank
+    attempt.exception = failure.exception
+    attempt.log_tail = failure.log_tail[-8000:]
+    attempt.reason = failure.summary()
+    if RunStatus(run.status) is RunStatus.CANCELLING:
+        transition(session, run.id, RunStatus.CANCELLED, f"cancelled; the attempt ended {attempt.reason}")
+        return
+    _apply_retry_policy(session, run, attempt, failure, now)
+
+
+def _diagnose(attempt: Attempt, exited: dict | None, stopped: dict | None, code: int | None) -> Failure:
+    if attempt.stop_reason == "hang":
+        base = classify(Path(attempt.dir), code) if exited else None
+        return Failure(Cause.HANG, base.rank if base else None,
+                       f"no progress after step {attempt.last_step or 0}; stacks in {Path(attempt.dir) / 'stacks'}",
+                       base.log_tail if base else "")
+    if stopped is not None:
+        return Failure(Cause.PREEMPTED, None,
+                       f"SIGTERM from outside runyard at step {stopped.get('step')}; checkpoint at step "
+                       f"{stopped.get('checkpoint_step')}", "", "SIGTERM")
+    if exited is None:
+        return Failure(Cause.VANISHED, None, "the launcher vanished without an exit code (killed, or the host restarted)", "")
+    return classify(Path(attempt.dir), code)
+
+
+def _apply_retry_policy(session: Session, run: Run, attempt: Attempt, failure: Failure, now: float) -> None:
+    config = config_from_json(run.config_json)
+    earlier = session.execute(
+        select(Attempt).where(Attempt.run_id == run.id, Attempt.number < attempt.number,
+                              Attempt.cause.is_not(None)).order_by(Attempt.number)
+    ).scalars().all()
+    outcome = lambda a: AttemptOutcome(a.number, Cause(a.cause), a.exception, a.last_step)  # noqa: E731
+    decision = decide(outcome(attempt), [outcome(a) for a in earlier], run.retries_used, config.retry,
+                      attempt_config(run, attempt).train.model_dump())
+    attempt.retry_counted = decision.counted
+    if decision.retry:
+        run.retries_used += 1 if decision.counted else 0
+        run.retry_at = now + decision.delay_s
+        transition(session, run.id, RunStatus.RETRYING, decision.reason)
+        _event(session, run, attempt, "warning", f"attempt {attempt.number} failed: {failure.summary()}; {decision.reason}")
+    else:
+        transition(session, run.id, RunStatus.FAILED, decision.reason)
+        _event(session, run, attempt, "error", f"attempt {attempt.number} failed: {failure.summary()}; {decision.reason}")

@@ -1,0 +1,91 @@
+"""The retry policy: retry what may pass next time, with exponential backoff and jitter; stop
+at once on errors that will recur.
+
+One counter per run across all attempts (``runs.retries_used``). Preemptions do not count.
+A CUDA out-of-memory retries with half the micro-batch and twice the gradient accumulation, so
+the effective batch is unchanged.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.failures import Cause
+from trainer.config import RetryConfig
+
+
+@dataclass(frozen=True)
+class AttemptOutcome:
+    """What the policy needs to know about one failed attempt."""
+
+    number: int
+    cause: Cause
+    exception: str | None
+    last_step: int | None  # the newest completed step (None: not one)
+
+
+@dataclass(frozen=True)
+class Decision:
+    retry: bool
+    reason: str
+    delay_s: float = 0.0
+    counted: bool = True
+    overrides: dict[str, Any] = field(default_factory=dict)  # merged into the next attempt's config
+
+
+def halved_micro_batch(batch_size: int, grad_accum: int) -> dict[str, Any]:
+    """Overrides after a CUDA OOM: half the micro-batch, twice the accumulation."""
+    return {"train": {"batch_size": max(1, batch_size // 2), "grad_accum": grad_accum * 2}}
+
+
+def backoff_s(retries_used: int, config: RetryConfig, rand: random.Random | None = None) -> float:
+    """``backoff_s x 2^retries_used``, capped, times a jitter in [0.5, 1.0] so that runs that
+    failed together do not come back together."""
+    base = min(config.backoff_max_s, config.backoff_s * (2 ** retries_used))
+    return base * (0.5 + 0.5 * (rand or random).random())
+
+
+def decide(
+    failed: AttemptOutcome,
+    previous: list[AttemptOutcome],
+    retries_used: int,
+    config: RetryConfig,
+    train: dict[str, Any],
+    rand: random.Random | None = None,
+) -> Decision:
+    """Whether and when to try again.
+
+    Args:
+        failed: the attempt that just failed.
+        previous: earlier failed attempts of the run, oldest first.
+        retries_used: counted retries so far.
+        config: the run's ``[retry]`` section.
+        train: the ``[train]`` settings the failed attempt ran with (after its overrides).
+        rand: random source for the jitter (tests pass a seeded one).
+    """
+    if failed.cause is Cause.PREEMPTED:
+        return Decision(True, "preempted (SIGTERM from outside): resuming; this does not use a retry",
+                        delay_s=0.0, counted=False)
+    if failed.cause is Cause.USER_ERROR and failed.last_step is None:
+        return Decision(False, f"{failed.exception or 'an exception'} before the first step completed: "
+                               "it would fail again; fix the code or the config, then resume")
+    last = previous[-1] if previous else None
+    if (failed.cause is Cause.USER_ERROR and last is not None and last.cause is Cause.USER_ERROR
+            and last.exception == failed.exception and last.last_step == failed.last_step):
+        return Decision(False, f"the same exception at the same step twice ({failed.exception} after step "
+                               f"{failed.last_step}): retrying cannot help")
+    overrides: dict[str, Any] = {}
+    if failed.cause is Cause.CUDA_OOM:
+        batch, accum = int(train["batch_size"]), int(train.get("grad_accum", 1))
+        if batch <= 1:
+            return Decision(False, "CUDA out of memory with a micro-batch of 1: lower the model size")
+        overrides = halved_micro_batch(batch, accum)
+    if retries_used >= config.max_retries:
+        return Decision(False, f"{failed.cause.value}: gave up after {retries_used} retr"
+                               f"{'y' if retries_used == 1 else 'ies'} (retry.max_retries = {config.max_retries})")
+    delay = backoff_s(retries_used, config, rand)
+    what = " with half the micro-batch and twice the accumulation" if overrides else ""
+    return Decision(True, f"{failed.cause.value}: retry {retries_used + 1} of {config.max_retries} in "
+                          f"{delay:.0f} s{what}", delay_s=delay, overrides=overrides)
