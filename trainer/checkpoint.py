@@ -1,0 +1,790 @@
+"""Checkpoint manager: asynchronous, atomic, verified checkpoints on local disk.
+
+One writer (rank 0) snapshots the state to CPU memory on the training thread, then a
+background thread writes it::
+
+    root/.tmp-step-<N>-<random>/state.pt        torch.save of the snapshot, fsync'd
+    root/.tmp-step-<N>-<random>/manifest.json   written last: sizes and sha256 of the files
+    root/step-<N>/                              the tmp dir renamed, then the root fsync'd
+
+A step counts only when its directory holds a manifest that matches every file in it
+(torchtitan's "completion marker", strengthened with hashes). The sha256 of each file is
+computed from the bytes as they are written, so the writer runs near disk bandwidth;
+verification re-reads and hashes. Loading uses ``torch.load(weights_only=True)`` only.
+
+The module does no collectives and no database access; callers report through the
+``on_complete`` and ``on_refused`` callbacks.
+"""
+
+from __future__ import annotations
+
+import bisect
+import ctypes
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import secrets
+import shutil
+import stat
+import struct
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy
+import torch
+
+from trainer import TrainerError
+
+logger = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+STATE_FILE = "state.pt"
+MANIFEST_FILE = "manifest.json"
+_STEP_DIR = re.compile(r"step-(0|[1-9][0-9]*)")
+_LEFTOVER_PREFIXES = (".tmp-", ".deleting")
+_SMALL_WRITE = 1 << 20  # writes below this are gathered in a buffer
+_BUFFER_LIMIT = 8 << 20  # the gathered buffer is written out at this size
+_WRITEBACK_EVERY = 64 << 20  # start the kernel's write-back of the file every this many bytes
+_READ_CHUNK = 8 << 20
+_COPY_CHUNK = 8 << 20  # snapshot memcpy work unit, shared out among the copy threads
+# torch's zip CRC32 option is process-wide; this serialises our brief changes to it.
+_CRC_OPTION_LOCK = threading.Lock()
+_ATOMS = (int, float, bool, str, bytes, complex, type(None), torch.dtype, torch.device, torch.Size)
+
+
+class CheckpointError(TrainerError):
+    """A checkpoint could not be snapshotted, written, verified or loaded."""
+
+
+@dataclass(frozen=True)
+class SaveResult:
+    """A checkpoint that is durable on disk.
+
+    Attributes:
+        step: The training step.
+        path: The final directory, ``root/step-<N>``.
+        bytes: Total size of the files in ``path`` (``state.pt`` and ``manifest.json``).
+        manifest_sha256: sha256 of the bytes of ``manifest.json``.
+        params_digest: :func:`params_digest` of ``state[params_key]``.
+        blocked_s: Time the calling (training) thread spent inside ``save()``.
+        total_s: From the ``save()`` call to the rename being durable.
+        metrics: The metrics given to ``save()``, also stored in the manifest.
+    """
+
+    step: int
+    path: Path
+    bytes: int
+    manifest_sha256: str
+    params_digest: str
+    blocked_s: float
+    total_s: float
+    metrics: dict[str, float]
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What the retention policy needs to know about one checkpoint."""
+
+    step: int
+    verified: bool
+    pinned: bool = False
+    metric: float | None = None
+
+
+@dataclass
+class _Job:
+    step: int
+    snapshot: dict[str, Any]
+    metrics: dict[str, float]
+    params_key: str
+    started: float
+    blocked_s: float = 0.0
+
+
+def _tensor_bytes(t: torch.Tensor) -> memoryview:
+    """A zero-copy byte view of a contiguous CPU tensor (any dtype, no numpy)."""
+    nbytes = t.numel() * t.element_size()
+    if nbytes == 0:
+        return memoryview(b"")
+    return memoryview((ctypes.c_char * nbytes).from_address(t.data_ptr())).cast("B")
+
+
+def params_digest(model_state: Mapping[str, torch.Tensor]) -> str:
+    """Hash a model state dict so that equal weights give equal digests on any machine.
+
+    sha256 over, in state-dict order, each tensor's key name, dtype and shape (a
+    length-prefixed JSON header) followed by its raw bytes (contiguous, on CPU).
+    Entries that are not tensors (for example ``_extra_state``) are skipped.
+
+    Args:
+        model_state: A model ``state_dict()``.
+
+    Returns:
+        The hex digest.
+    """
+    h = hashlib.sha256()
+    for key, value in model_state.items():
+        if not isinstance(value, torch.Tensor):
+            continue
+        t = value.detach().to("cpu").contiguous()
+        header = json.dumps([str(key), str(t.dtype), list(t.shape)]).encode()
+        h.update(struct.pack("<Q", len(header)) + header)
+        h.update(_tensor_bytes(t))  # hashlib releases the GIL on large buffers
+    return h.hexdigest()
+
+
+def select_kept(
+    checkpoints: Sequence[CheckpointInfo],
+    keep_last: int,
+    keep_best: int,
+    best_mode: Literal["min", "max"] = "min",
+) -> set[int]:
+    """Choose the checkpoints to keep.
+
+    Kept: the newest ``keep_last`` verified steps, the ``keep_best`` verified steps with the
+    best metric (None and NaN never count; ties go to the newer step), and every pinned step.
+    When some checkpoint is verified but none of those is, the newest verified one is kept.
+
+    Args:
+        checkpoints: The checkpoints that exist.
+        keep_last: How many of the newest verified steps to keep; 0 disables this rule.
+        keep_best: How many of the best verified steps to keep; 0 disables this rule.
+        best_mode: "min" when a lower metric is better, "max" when a higher one is.
+
+    Returns:
+        The steps to keep; every other step may be deleted.
+
+    Raises:
+        CheckpointError: A count is negative or ``best_mode`` is unknown.
+    """
+    if keep_last < 0 or keep_best < 0:
+        raise CheckpointError(f"keep_last={keep_last} and keep_best={keep_best} must be >= 0")
+    if best_mode not in ("min", "max"):
+        raise CheckpointError(f"best_mode={best_mode!r} must be 'min' or 'max'")
+    verified = sorted((c for c in checkpoints if c.verified), key=lambda c: c.step, reverse=True)
+    kept = {c.step for c in verified[:keep_last]}
+    scored = [c for c in verified if c.metric is not None and not math.isnan(c.metric)]
+    sign = 1.0 if best_mode == "min" else -1.0
+    scored.sort(key=lambda c: (sign * float(c.metric), -c.step))  # type: ignore[arg-type]
+    kept.update(c.step for c in scored[:keep_best])
+    kept.update(c.step for c in checkpoints if c.pinned)
+    if verified and not kept & {c.step for c in verified}:
+        kept.add(verified[0].step)
+    return kept
+
+
+class _StableMemory:
+    """The address ranges of a snapshot's tensor storages, which outlive ``torch.save``."""
+
+    def __init__(self, snapshot: Any) -> None:
+        ranges = sorted({(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) for t in _tensors(snapshot)})
+        self._starts = [start for start, _ in ranges]
+        self._ends = [start + size for start, size in ranges]
+
+    def holds(self, view: memoryview) -> bool:
+        address = numpy.frombuffer(view, dtype=numpy.uint8).__array_interface__["data"][0]
+        i = bisect.bisect_right(self._starts, address) - 1
+        return i >= 0 and address + view.nbytes <= self._ends[i]
+
+
+def _tensors(obj: Any) -> Iterator[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for value in obj.values():
+            yield from _tensors(value)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            yield from _tensors(value)
+
+
+class _HashingFile:
+    """A write-only file for ``torch.save`` that computes the sha256 of what it writes.
+
+    Small writes (zip headers) are gathered into one buffer. Large ones (tensor storages)
+    go straight to the file while a helper thread hashes the same memory, in order; when
+    that memory is the snapshot's (it outlives the call), ``write()`` returns without waiting
+    for the hash, so hashing and writing overlap (both release the GIL). Every
+    ``_WRITEBACK_EVERY`` bytes the kernel is told to start writing the file back
+    (``POSIX_FADV_DONTNEED``), so the final fsync has little left to do.
+    """
+
+    def __init__(self, path: Path, hasher: ThreadPoolExecutor, stable: _StableMemory) -> None:
+        self._file = open(path, "xb", buffering=0)  # noqa: SIM115 (closed in close())
+        self._hasher = hasher  # one worker: hashes run in the order they are queued
+        self._stable = stable
+        self._sha = hashlib.sha256()
+        self._hashes: list[Future[None]] = []
+        self._pending = bytearray()
+        self._advised = 0
+        self.bytes = 0
+        self.error: BaseException | None = None  # torch.save hides a failing write()'s exception
+        self.on_first_write: Callable[[], None] | None = None
+
+    def write(self, data: Any) -> int:
+        if self.on_first_write is not None:
+            self.on_first_write, on_first_write = None, self.on_first_write
+            on_first_write()
+        try:
+            return self._write(data)
+        except BaseException as exc:
+            self.error = exc
+            raise
+
+    def _write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        if view.nbytes < _SMALL_WRITE:
+            self._pending += view
+            if len(self._pending) >= _BUFFER_LIMIT:
+                self.flush()
+        else:
+            self.flush()
+            self._hash_and_write(view, wait=not self._stable.holds(view))
+        return view.nbytes
+
+    def flush(self) -> None:
+        if self._pending:
+            pending, self._pending = self._pending, bytearray()
+            self._hash_and_write(memoryview(pending), wait=False)  # ours: kept alive by the queue
+
+    def _hash_and_write(self, view: memoryview, wait: bool) -> None:
+        hashed = self._hasher.submit(self._sha.update, view)
+        self._hashes.append(hashed)
+        try:
+            self._write_all(view)
+        finally:
+            if wait:
+                hashed.result()  # torch's memory: valid only until write() returns
+        self.bytes += view.nbytes
+        if self.bytes - self._advised >= _WRITEBACK_EVERY and hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(self._file.fileno(), self._advised, self.bytes - self._advised, os.POSIX_FADV_DONTNEED)
+            self._advised = self.bytes
+
+    def _write_all(self, view: memoryview) -> None:
+        while view.nbytes:
+            written = self._file.write(view)
+            view = view[written:]
+
+    def sync_and_close(self) -> str:
+        """Flush, wait for the hashes, fsync and close the file; return its sha256."""
+        self.flush()
+        self._wait_hashes()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        return self._sha.hexdigest()
+
+    def close(self) -> None:
+        self._wait_hashes()
+        self._file.close()
+
+    def _wait_hashes(self) -> None:
+        hashes, self._hashes = self._hashes, []
+        for hashed in hashes:
+            hashed.result()
+
+
+def _save_without_zip_crc(obj: Any, file: _HashingFile) -> None:
+    """``torch.save`` without the zip CRC32 of every record.
+
+    The manifest's sha256 covers the file, so the CRC is redundant, and torch computes it
+    holding the GIL: it costs about a third of the writer's time here and slows the training
+    thread. The option is process-wide but read once, when torch.save opens its zip writer,
+    so it is switched off only until the first byte arrives. ``torch.load`` reads such files;
+    ``unzip -t`` would report CRC errors.
+    """
+    serialization = torch.serialization
+    if not hasattr(serialization, "set_crc32_options"):  # torch < 2.6
+        torch.save(obj, file)
+        return
+    with _CRC_OPTION_LOCK:
+        previous = serialization.get_crc32_options()
+        serialization.set_crc32_options(False)
+        file.on_first_write = lambda: serialization.set_crc32_options(previous)
+        try:
+            torch.save(obj, file)
+        finally:
+            file.on_first_write = None
+            serialization.set_crc32_options(previous)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(_READ_CHUNK)
+        view = memoryview(buf)
+        while n := f.readinto(buf):
+            h.update(view[:n])
+    return h.hexdigest()
+
+
+def _format_path(path: tuple[Any, ...]) -> str:
+    return "state" + "".join(f"[{k!r}]" for k in path)
+
+
+@dataclass
+class _Pass:
+    """What one snapshot collects while it walks the state."""
+
+    buffers: dict[tuple[Any, ...], tuple[tuple[Any, ...], torch.Tensor]] = field(default_factory=dict)
+    memo: dict[int, torch.Tensor] = field(default_factory=dict)
+    cuda_devices: set[torch.device] = field(default_factory=set)
+    memcpys: list[tuple[int, int, int]] = field(default_factory=list)  # (dst, src, bytes)
+
+
+class _Stager:
+    """Copies a nested state to CPU memory, reusing the buffers of the previous snapshot.
+
+    Reusing buffers turns the copy into a plain memcpy (no page faults on fresh memory),
+    which is most of the training thread's stall. CPU tensors are copied in chunks by a few
+    threads (``ctypes.memmove`` releases the GIL); torch's own ``copy_`` splits a copy over
+    the intra-op threads in lock step, which stalls badly when another process holds a core.
+    CUDA tensors go to pinned buffers with non-blocking copies. The previous snapshot must
+    no longer be in use (one save in flight at most).
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[Any, ...], tuple[tuple[Any, ...], torch.Tensor]] = {}
+        self._copiers: ThreadPoolExecutor | None = None
+
+    def clear(self) -> None:
+        self._buffers = {}
+        if self._copiers is not None:
+            self._copiers.shutdown()
+            self._copiers = None
+
+    def snapshot(self, state: dict[str, Any]) -> dict[str, Any]:
+        walk = _Pass()
+        out = self._copy(state, (), walk)
+        self._memmove(walk.memcpys)
+        for device in walk.cuda_devices:  # the copies must land before training edits the source
+            torch.cuda.current_stream(device).synchronize()
+        self._buffers = walk.buffers
+        return out
+
+    def _copy(self, obj: Any, path: tuple[Any, ...], walk: _Pass) -> Any:
+        if isinstance(obj, torch.Tensor):
+            if id(obj) not in walk.memo:  # tied weights stay tied
+                walk.memo[id(obj)] = self._copy_tensor(obj, path, walk)
+            return walk.memo[id(obj)]
+        if type(obj) in (dict, OrderedDict):
+            return type(obj)((k, self._copy(v, (*path, k), walk)) for k, v in obj.items())
+        if type(obj) in (list, tuple):
+            return type(obj)(self._copy(v, (*path, i), walk) for i, v in enumerate(obj))
+        if type(obj) in _ATOMS:
+            return obj
+        raise CheckpointError(f"{_format_path(path)}: unsupported type {type(obj).__name__} in a checkpoint")
+
+    def _copy_tensor(self, t: torch.Tensor, path: tuple[Any, ...], walk: _Pass) -> torch.Tensor:
+        t = t.detach()
+        if t.layout != torch.strided or t.is_quantized or t.device.type not in ("cpu", "cuda"):
+            return t.to("cpu", copy=True)
+        pin = t.is_cuda
+        signature = (tuple(t.shape), t.stride(), t.dtype, pin)
+        cached = self._buffers.get(path)
+        buffer = cached[1] if cached is not None and cached[0] == signature else None
+        if buffer is None:
+            buffer = torch.empty_like(t, device="cpu", pin_memory=pin)
+        if not pin and t.is_contiguous() and buffer.is_contiguous():
+            walk.memcpys.append((buffer.data_ptr(), t.data_ptr(), t.numel() * t.element_size()))
+        else:
+            buffer.copy_(t, non_blocking=pin)
+            if pin:
+                walk.cuda_devices.add(t.device)
+        walk.buffers[path] = (signature, buffer)
+        return buffer
+
+    def _memmove(self, memcpys: list[tuple[int, int, int]]) -> None:
+        chunks = [
+            (dst + offset, src + offset, min(_COPY_CHUNK, size - offset))
+            for dst, src, size in memcpys
+            for offset in range(0, size, _COPY_CHUNK)
+        ]
+        if len(chunks) < 2:
+            for dst, src, size in chunks:
+                ctypes.memmove(dst, src, size)
+            return
+        if self._copiers is None:
+            workers = min(4, os.cpu_count() or 1)
+            self._copiers = ThreadPoolExecutor(workers, thread_name_prefix="runyard-ckpt-copy")
+        for _ in self._copiers.map(lambda chunk: ctypes.memmove(*chunk), chunks):
+            pass
+
+
+class CheckpointManager:
+    """Saves, verifies, loads and deletes the checkpoints under one root directory.
+
+    Args:
+        root: The checkpoint directory, for example ``run_dir / "checkpoints"``.
+        is_writer: Whether this process writes (rank 0). Other ranks' ``save()`` and
+            ``delete()`` do nothing; every rank can verify and load.
+        async_save: Write in a background thread; ``save()`` returns after the snapshot.
+        on_complete: Called with each durable checkpoint, from the writer thread (or from
+            ``save()`` when not async). It must not call ``save()`` or ``wait()``.
+        on_refused: Called with (step, reason) for each checkpoint that ``load()`` refuses.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        is_writer: bool = True,
+        async_save: bool = True,
+        on_complete: Callable[[SaveResult], None] | None = None,
+        on_refused: Callable[[int, str], None] | None = None,
+    ) -> None:
+        self.root = Path(root)
+        self.is_writer = is_writer
+        self.async_save = async_save
+        self._on_complete = on_complete
+        self._on_refused = on_refused
+        self._stager = _Stager()
+        self._executor: ThreadPoolExecutor | None = None
+        self._hash_pool: ThreadPoolExecutor | None = None
+        self._in_flight: Future[SaveResult] | None = None
+        self._callback_thread: int | None = None  # the thread running on_complete, if any
+        if is_writer:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self._clean_leftovers()
+
+    # -- saving ---------------------------------------------------------------------------
+
+    def save(
+        self,
+        step: int,
+        state: dict[str, Any],
+        *,
+        metrics: dict[str, float] | None = None,
+        params_key: str = "model",
+    ) -> None:
+        """Snapshot ``state`` to CPU memory, then write it (in the background when async).
+
+        Tensors are copied (into pinned memory when on CUDA); plain values (dicts, lists,
+        tuples, int, float, bool, str, bytes, None) are copied structurally. A previous save
+        still in flight is waited for first. Does nothing on non-writer ranks.
+
+        Args:
+            step: The training step; the checkpoint goes to ``root/step-<step>``.
+            state: The state to save; ``state[params_key]`` must be a model state dict.
+            metrics: Numbers stored in the manifest and the SaveResult (e.g. validation loss).
+            params_key: The key of the model state dict that :func:`params_digest` covers.
+
+        Raises:
+            CheckpointError: The state cannot be checkpointed, the previous background save
+                failed, or (when not async) this write failed.
+        """
+        if not self.is_writer:
+            return
+        self._refuse_reentry("save")
+        started = time.perf_counter()
+        job_metrics = self._check_save_args(step, state, metrics, params_key)
+        self.wait()  # also re-raises the previous background write's failure
+        job = _Job(step, self._stager.snapshot(state), job_metrics, params_key, started)
+        job.blocked_s = time.perf_counter() - started
+        if self.async_save:
+            self._in_flight = self._writer().submit(self._run_job, job)
+        else:
+            done: Future[SaveResult] = Future()
+            done.set_result(self._run_job(job))
+            self._in_flight = done
+
+    def wait(self) -> SaveResult | None:
+        """Block until the in-flight save is durable.
+
+        Returns:
+            The result of the newest save not yet returned by ``wait()``, or None.
+
+        Raises:
+            CheckpointError: The write failed (the original exception is its cause).
+        """
+        self._refuse_reentry("wait")
+        future, self._in_flight = self._in_flight, None
+        return None if future is None else future.result()
+
+    def close(self) -> None:
+        """Wait for the in-flight save, stop the writer threads and free the staging memory."""
+        try:
+            self.wait()
+        finally:
+            for pool in (self._executor, self._hash_pool):
+                if pool is not None:
+                    pool.shutdown(wait=True)
+            self._executor = self._hash_pool = None
+            self._stager.clear()
+
+    def _check_save_args(
+        self, step: int, state: dict[str, Any], metrics: dict[str, float] | None, params_key: str
+    ) -> dict[str, float]:
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise CheckpointError(f"step={step!r} must be an int >= 0")
+        if not isinstance(state, dict) or not isinstance(state.get(params_key), Mapping):
+            raise CheckpointError(f"state[{params_key!r}] (params_key) must be a model state dict")
+        checked: dict[str, float] = {}
+        for key, value in (metrics or {}).items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise CheckpointError(f"metrics[{key!r}]={value!r} must be a number")
+            checked[str(key)] = float(value)
+        return checked
+
+    def _refuse_reentry(self, method: str) -> None:
+        if threading.get_ident() == self._callback_thread:
+            raise CheckpointError(f"{method}() called from on_complete would deadlock; call it from the training loop")
+
+    def _writer(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="runyard-ckpt-writer")
+        return self._executor
+
+    def _hasher(self) -> ThreadPoolExecutor:
+        if self._hash_pool is None:
+            self._hash_pool = ThreadPoolExecutor(1, thread_name_prefix="runyard-ckpt-hash")
+        return self._hash_pool
+
+    def _run_job(self, job: _Job) -> SaveResult:
+        tmp = self.root / f".tmp-step-{job.step}-{secrets.token_hex(4)}"
+        try:
+            result = self._write(job, tmp)
+        except Exception as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointError(f"writing checkpoint step {job.step} to {tmp} failed: {exc}") from exc
+        finally:
+            job.snapshot = {}  # the staging buffers stay with the stager, nothing else
+        logger.info(
+            "checkpoint step-%d saved: %.1f MB in %.2f s (training blocked %.3f s)",
+            result.step, result.bytes / 1e6, result.total_s, result.blocked_s,
+        )
+        if self._on_complete is not None:
+            self._callback_thread = threading.get_ident()
+            try:
+                self._on_complete(result)
+            except Exception:
+                logger.exception("on_complete failed for checkpoint step-%d", job.step)
+            finally:
+                self._callback_thread = None
+        return result
+
+    def _write(self, job: _Job, tmp: Path) -> SaveResult:
+        tmp.mkdir()
+        writer = _HashingFile(tmp / STATE_FILE, self._hasher(), _StableMemory(job.snapshot))
+        try:
+            _save_without_zip_crc(job.snapshot, writer)
+            digest = params_digest(job.snapshot[job.params_key])  # while the file hash catches up
+            state_sha = writer.sync_and_close()
+        except Exception:
+            if writer.error is not None:
+                raise writer.error  # noqa: B904 (the real cause, e.g. a full disk)
+            raise
+        finally:
+            writer.close()
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            "step": job.step,
+            "created_at": datetime.now(timezone.utc).isoformat(),
+            "files": {STATE_FILE: {"bytes": writer.bytes, "sha256": state_sha}},
+            "params_key": job.params_key,
+            "params_digest": digest,
+            "metrics": job.metrics,
+        }
+        data = json.dumps(manifest, indent=2, sort_keys=True).encode()
+        with open(tmp / MANIFEST_FILE, "xb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(tmp)
+        final = self._publish(tmp, job.step)
+        total_s = time.perf_counter() - job.started
+        return SaveResult(
+            step=job.step,
+            path=final,
+            bytes=writer.bytes + len(data),
+            manifest_sha256=hashlib.sha256(data).hexdigest(),
+            params_digest=manifest["params_digest"],
+            blocked_s=job.blocked_s if self.async_save else total_s,
+            total_s=total_s,
+            metrics=dict(job.metrics),
+        )
+
+    def _publish(self, tmp: Path, step: int) -> Path:
+        final = self.root / f"step-{step}"
+        old = None
+        if final.exists() or final.is_symlink():  # an earlier attempt's step-<N>
+            old = self.root / f".deleting-step-{step}-{secrets.token_hex(4)}"
+            os.rename(final, old)
+        os.rename(tmp, final)
+        _fsync_dir(self.root)
+        if old is not None:
+            _remove(old)
+        return final
+
+    # -- verifying and loading ----------------------------------------------------------
+
+    def verified_steps(self) -> list[int]:
+        """Return, ascending, the steps whose directory matches its manifest.
+
+        This re-reads and hashes every checkpoint; ``load()`` hashes only what it needs.
+        """
+        return [step for step in self._candidate_steps() if self.verify(step)[0]]
+
+    def verify(self, step: int) -> tuple[bool, str]:
+        """Check ``root/step-<step>`` against its manifest, re-reading and hashing every file.
+
+        Returns:
+            (True, "ok") or (False, reason), where reason is one of: "missing", "not a
+            directory", "manifest missing", "manifest unreadable: ...", "manifest format_version
+            X != 1", "manifest step X != N", "<file>: missing", "<file>: not a regular file",
+            "<file>: size A != B" (on disk != manifest), "<file>: sha256 mismatch",
+            "<file>: unreadable: ...", "<file>: unlisted file".
+        """
+        path = self.root / f"step-{step}"
+        if not path.exists() and not path.is_symlink():
+            return False, "missing"
+        if path.is_symlink() or not path.is_dir():
+            return False, "not a directory"
+        manifest, reason = self._read_manifest(path, step)
+        if manifest is None:
+            return False, reason
+        files: dict[str, dict[str, Any]] = manifest["files"]
+        for name in sorted(os.listdir(path)):
+            if name != MANIFEST_FILE and name not in files:
+                return False, f"{name}: unlisted file"
+        for name, entry in files.items():  # every size before any hash: cheap failures first
+            reason = _check_size(path / name, name, entry)
+            if reason:
+                return False, reason
+        for name, entry in files.items():
+            try:
+                if _sha256_file(path / name) != entry["sha256"]:
+                    return False, f"{name}: sha256 mismatch"
+            except OSError as exc:
+                return False, f"{name}: unreadable: {exc}"
+        return True, "ok"
+
+    def load(self, step: int = -1) -> tuple[int, dict[str, Any]]:
+        """Load a verified checkpoint.
+
+        A requested step that fails verification is refused (``on_refused(step, reason)``)
+        and the newest verified step below it is loaded instead; with ``step=-1`` the newest
+        verified step is loaded, refusing each newer one that fails.
+
+        Args:
+            step: The step to load, or -1 for the newest verified one.
+
+        Returns:
+            (step, state) of the checkpoint loaded, tensors on CPU.
+
+        Raises:
+            CheckpointError: No verified checkpoint at or below ``step``, or the verified file
+                cannot be loaded with ``weights_only=True``.
+        """
+        if step < -1:
+            raise CheckpointError(f"step={step} must be >= 0, or -1 for the newest")
+        candidates = sorted(self._candidate_steps(), reverse=True)
+        if step != -1:
+            candidates = [s for s in candidates if s < step]
+            candidates.insert(0, step)
+        for candidate in candidates:
+            ok, reason = self.verify(candidate)
+            if ok:
+                return candidate, self._load_verified(candidate)
+            logger.warning("checkpoint step-%d refused: %s", candidate, reason)
+            if self._on_refused is not None:
+                self._on_refused(candidate, reason)
+        where = "" if step == -1 else f" at or below step {step}"
+        raise CheckpointError(f"no verified checkpoint{where} in {self.root}")
+
+    def _load_verified(self, step: int) -> dict[str, Any]:
+        path = self.root / f"step-{step}" / STATE_FILE
+        try:
+            return torch.load(path, weights_only=True, map_location="cpu")
+        except Exception as exc:
+            raise CheckpointError(f"{path}: verified but cannot be loaded with weights_only=True: {exc}") from exc
+
+    def _read_manifest(self, path: Path, step: int) -> tuple[dict[str, Any] | None, str]:
+        try:
+            manifest = json.loads((path / MANIFEST_FILE).read_bytes())
+        except FileNotFoundError:
+            return None, "manifest missing"
+        except (OSError, ValueError) as exc:
+            return None, f"manifest unreadable: {exc}"
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+            return None, "manifest unreadable: no 'files' table"
+        if manifest.get("format_version") != FORMAT_VERSION:
+            return None, f"manifest format_version {manifest.get('format_version')!r} != {FORMAT_VERSION}"
+        if manifest.get("step") != step:
+            return None, f"manifest step {manifest.get('step')!r} != {step}"
+        if STATE_FILE not in manifest["files"]:
+            return None, f"manifest unreadable: {STATE_FILE} not listed"
+        for name, entry in manifest["files"].items():
+            if name in ("", ".", "..", MANIFEST_FILE) or "/" in name or os.sep in name:
+                return None, f"manifest unreadable: bad file name {name!r}"
+            if not isinstance(entry, dict) or not isinstance(entry.get("bytes"), int) or not isinstance(
+                entry.get("sha256"), str
+            ):
+                return None, f"manifest unreadable: bad entry for {name!r}"
+        return manifest, ""
+
+    # -- deleting ------------------------------------------------------------------------
+
+    def delete(self, step: int) -> None:
+        """Remove ``root/step-<step>``: renamed to a ``.deleting`` name first, then removed.
+
+        Does nothing when the step does not exist or this process is not the writer.
+        """
+        if not self.is_writer:
+            return
+        path = self.root / f"step-{step}"
+        if not path.exists() and not path.is_symlink():
+            return
+        doomed = self.root / f".deleting-step-{step}-{secrets.token_hex(4)}"
+        os.rename(path, doomed)
+        _fsync_dir(self.root)
+        _remove(doomed)
+
+    def _candidate_steps(self) -> list[int]:
+        try:
+            names = os.listdir(self.root)
+        except FileNotFoundError:
+            return []
+        return sorted(int(m.group(1)) for n in names if (m := _STEP_DIR.fullmatch(n)))
+
+    def _clean_leftovers(self) -> None:
+        for name in os.listdir(self.root):
+            if name.startswith(_LEFTOVER_PREFIXES):
+                logger.info("removing leftover %s", self.root / name)
+                _remove(self.root / name)
+
+
+def _check_size(path: Path, name: str, entry: Mapping[str, Any]) -> str:
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return f"{name}: missing"
+    if not stat.S_ISREG(st.st_mode):
+        return f"{name}: not a regular file"
+    if st.st_size != entry["bytes"]:
+        return f"{name}: size {st.st_size} != {entry['bytes']}"
+    return ""
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
