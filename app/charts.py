@@ -30,3 +30,21 @@ def per_rank_line(frame: pd.DataFrame, key: str, log_y: bool = False, show_super
         )
         layers.append(old)
     return alt.layer(*layers).properties(height=260)
+
+
+def attempt_timeline(attempts: pd.DataFrame) -> alt.Chart:
+    """One bar per attempt from launch to end, coloured by how it ended."""
+    return (
+        alt.Chart(attempts, title="attempts")
+        .mark_bar(cornerRadius=3, height=18)
+        .encode(
+            x=alt.X("start:T", title="time"),
+            x2="end:T",
+            y=alt.Y("attempt:O", title="attempt"),
+            color=alt.Color("outcome:N", title="ended", scale=alt.Scale(
+                domain=["SUCCEEDED", "RUNNING", "CANCELLED", "PREEMPTED", "FAILED"],
+                range=["#2ca02c", "#1f77b4", "#7f7f7f", "#ff7f0e", "#d62728"])),
+            tooltip=["attempt", "outcome", "cause", "steps", "reason"],
+        )
+        .properties(height=40 + 26 * len(attempts))
+    )

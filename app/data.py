@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from db import queries
 from db.engine import make_engine, make_sessionmaker
-from db.requests import RequestRefused, request_cancel, request_resume, set_pinned
+from db.requests import RequestRefused, request_cancel, request_resume, request_stack_dump, set_pinned
 from db.settings import Settings, load_settings
 from orchestrator.resources import Inventory, detect_inventory
 from orchestrator.submission import fork, submit, validate
@@ -79,9 +79,9 @@ def submit_run(config: RunConfig) -> int:
     return run_id
 
 
-def cancel_run(run_id: int) -> str:
+def cancel_run(run_id: int, mode: str = "cancel") -> str:
     with sessions()() as s:
-        message = request_cancel(s, run_id, who="ui")
+        message = request_cancel(s, run_id, who="ui", mode=mode)
         s.commit()
     _changed()
     return message
@@ -92,8 +92,19 @@ def _changed() -> None:
     list_runs.clear()
 
 
-def resume_run(run_id: int, checkpoint_id: int) -> str:
-    """Queue a finished run to resume from a checkpoint; returns a sentence for the person."""
+def dump_stacks(run_id: int) -> str:
+    with sessions()() as s:
+        try:
+            message = request_stack_dump(s, run_id)
+        except RequestRefused as exc:
+            return str(exc)
+        s.commit()
+    return message
+
+
+def resume_run(run_id: int, checkpoint_id: int | None = None) -> str:
+    """Queue a finished run to resume from a checkpoint (the newest verified one when None);
+    returns a sentence for the person."""
     with sessions()() as s:
         try:
             step = request_resume(s, run_id, who="ui", checkpoint_id=checkpoint_id)

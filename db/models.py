@@ -89,6 +89,7 @@ class Attempt(Base):
     first_step_at: Mapped[float | None] = mapped_column(Float)
     progress_at: Mapped[float | None] = mapped_column(Float)
     last_step: Mapped[int | None] = mapped_column(Integer)
+    phase: Mapped[str | None] = mapped_column(String(16))  # "finishing" after the last step (final save, teardown)
     # Where this attempt started from: a checkpoint folder (this run's or a fork parent's) and step.
     resume_dir: Mapped[str | None] = mapped_column(Text)
     resume_step: Mapped[int | None] = mapped_column(Integer)

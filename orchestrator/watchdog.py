@@ -47,8 +47,13 @@ def check(session: Session, run: Run, attempt: Attempt, config: SupervisionConfi
     """Call for a live attempt on every tick: detects a hang, saves stacks, then kills."""
     now = time.time() if now is None else now
     if attempt.hang_detected_at is None:
-        since = attempt.progress_at or attempt.started_at
-        threshold = hang_threshold_s(session, run.id, attempt.number, config)
+        if attempt.first_step_at is None:
+            since, threshold = attempt.started_at, config.startup_timeout_s
+        elif attempt.phase == "finishing":
+            since, threshold = attempt.progress_at or attempt.started_at, config.startup_timeout_s
+        else:
+            since = attempt.progress_at or attempt.first_step_at
+            threshold = hang_threshold_s(session, run.id, attempt.number, config)
         if now - since <= threshold:
             return
         stacks = dump_stacks(run.run_dir, attempt.number, attempt.pid, attempt.pid_create_time, Path(attempt.dir))

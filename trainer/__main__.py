@@ -68,4 +68,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Skip the interpreter's finalisation after a clean tear-down: C++ destructors of the
+    # process group's threads racing with it occasionally aborted an otherwise finished rank
+    # ("terminate called without an active exception").
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)

@@ -146,6 +146,11 @@ class SupervisionConfig(_Section):
     hang_step_factor: float = Field(default=20.0, gt=0, allow_inf_nan=False)
     """See hang_timeout_s: slow steps raise the threshold so a slow run is not called hung."""
 
+    startup_timeout_s: float = Field(default=600.0, gt=0, allow_inf_nan=False)
+    """An attempt whose first step has not completed this long after launch is hung (start-up:
+    imports, rendezvous, data loading, compilation); the same allowance covers the final save
+    and tear-down after the last step."""
+
     grace_s: float = Field(default=30.0, ge=0, allow_inf_nan=False)
     """On cancel, pause or preemption the ranks get SIGTERM, finish the step, write a
     checkpoint and exit; after this many seconds they get SIGKILL."""

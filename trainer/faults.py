@@ -59,3 +59,16 @@ def maybe_cuda_oom(step: int, batch_size: int) -> None:
         raise torch.cuda.OutOfMemoryError(
             f"CUDA out of memory. Tried to allocate 2.00 GiB (injected at step {step}, micro-batch {batch_size})"
         )
+
+
+def maybe_sigkill(step: int, rank: int) -> None:
+    """``RUNYARD_FAULT_SIGKILL=STEP:RANK``: RANK kills itself with SIGKILL before STEP (in every
+    attempt that reaches it), like a host or the OOM killer taking one process."""
+    spec = os.environ.get("RUNYARD_FAULT_SIGKILL") or ""
+    if not spec:
+        return
+    at, _, on_rank = spec.partition(":")
+    if int(at) == step and int(on_rank or 0) == rank:
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -59,8 +59,9 @@ class DatabaseWriter(threading.Thread):
     def put_rows(self, rows: list[dict]) -> None:
         self._queue.put(("rows", rows))
 
-    def put_progress(self, step: int) -> None:
-        self._queue.put(("progress", (step, time.time())))
+    def put_progress(self, step: int | None, phase: str | None = None) -> None:
+        """The newest completed step (or None: only the phase changed)."""
+        self._queue.put(("progress", (step, time.time(), phase)))
 
     def close(self, timeout_s: float = 60.0) -> None:
         """Flush everything queued and stop the thread."""
@@ -81,7 +82,10 @@ class DatabaseWriter(threading.Thread):
                 return False
             kind, payload = item
             if kind == "progress":
-                self._progress = payload
+                step, at, phase = payload
+                if step is None and self._progress is not None:  # keep the step already queued
+                    step = self._progress[0]
+                self._progress = (step, at, phase or (self._progress[2] if self._progress else None))
             elif kind == "rows":
                 self._pending.setdefault("rows", []).extend(payload)
             else:
@@ -96,11 +100,14 @@ class DatabaseWriter(threading.Thread):
         if rows:
             conn.execute(insert(Metric), rows)
         if self._progress is not None:
-            step, at = self._progress
+            step, at, phase = self._progress
+            values: dict[str, Any] = {"progress_at": at}
+            if step is not None:
+                values.update(last_step=step, first_step_at=func.coalesce(Attempt.first_step_at, at))
+            if phase is not None:
+                values["phase"] = phase
             conn.execute(
-                update(Attempt)
-                .where(Attempt.run_id == self._run_id, Attempt.number == self._attempt)
-                .values(last_step=step, progress_at=at, first_step_at=func.coalesce(Attempt.first_step_at, at))
+                update(Attempt).where(Attempt.run_id == self._run_id, Attempt.number == self._attempt).values(**values)
             )
         for kind, records in self._pending.items():
             if kind != "rows":
@@ -198,6 +205,12 @@ class MetricReporter:
         """Cheap: rank 0 notes the newest completed step (heartbeat and ETA)."""
         if self.writer is not None:
             self.writer.put_progress(step)
+
+    def finishing(self) -> None:
+        """The loop is over: the final save and the teardown may take a while, and that is not a
+        hang (the watchdog then allows supervision.startup_timeout_s)."""
+        if self.writer is not None:
+            self.writer.put_progress(None, phase="finishing")
 
     def close(self) -> None:
         if self.writer is not None:

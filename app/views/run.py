@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -15,6 +16,7 @@ from orchestrator.logs import launcher_log, rank_log_files, tail
 from trainer.config import ConfigError
 
 CHART_ORDER = ["loss", "eval_accuracy", "eval_loss", "samples_per_s", "step_time"]
+TERMINAL_VALUES = {s.value for s in TERMINAL}
 
 runs = data.list_runs()
 if not runs:
@@ -41,13 +43,18 @@ def header(d: dict) -> None:
     if d["status_reason"]:
         st.caption(d["status_reason"])
     st.progress(d["progress"], text=f"step {d['step']} / {d['max_steps']}")
-    c = st.columns(5)
+    if d["status"] == RunStatus.RETRYING and d["retry_at"]:
+        st.warning(f"Retrying: next attempt at {clock(d['retry_at'])} (retries used: {d['retries_used']}).",
+                   icon=":material/refresh:")
+    c = st.columns(6)
     c[0].metric("Elapsed", duration(d["elapsed_s"]))
     c[1].metric("ETA", duration(d["eta_s"]))
     c[2].metric("Cost so far", usd(d["cost_usd"]), help=d["price_unit"])
     c[3].metric("Attempts", d["attempt_count"])
     acc = d["metrics"].get("eval_accuracy", {}).get("0")
     c[4].metric("Eval accuracy", f"{acc:.3f}" if acc is not None else "–")
+    c[5].metric("Goodput", f"{d['goodput']:.0%}" if d["goodput"] is not None else "–",
+                help="Productive step time over the time the run held devices or waited to retry")
 
 
 def metric_charts(d: dict, show_superseded: bool) -> None:
@@ -65,22 +72,42 @@ def metric_charts(d: dict, show_superseded: bool) -> None:
 
 
 def attempts_table(d: dict) -> None:
+    """The attempts as a timeline: how each ended, on which rank, what it cost in steps and time."""
     if not d["attempts"]:
         st.caption("Not launched yet.")
         return
+    now = time.time()
+    rows = []
+    for a in d["attempts"]:
+        outcome = "PREEMPTED" if a["cause"] == "PREEMPTED" else ("FAILED" if a["status"] == "CRASHED" else a["status"])
+        rows.append({
+            "attempt": a["number"], "outcome": outcome, "cause": a["cause"] or "",
+            "start": pd.to_datetime(a["started_at"], unit="s"), "end": pd.to_datetime(a["ended_at"] or now, unit="s"),
+            "steps": f"{a['resume_step'] or 0}–{a['last_step'] or a['resume_step'] or 0}", "reason": a["reason"] or "",
+        })
+    st.altair_chart(charts.attempt_timeline(pd.DataFrame(rows)), width="stretch")
     st.dataframe(
         pd.DataFrame(
             [
                 {
-                    "attempt": a["number"], "status": a["status"], "exit code": a["exit_code"],
-                    "started": clock(a["started_at"]), "first step": clock(a["first_step_at"]),
-                    "ended": clock(a["ended_at"]), "last step": a["last_step"], "reason": a["reason"],
+                    "attempt": a["number"], "status": a["status"], "cause": a["cause"], "rank": a["failed_rank"],
+                    "exception": a["exception"], "from step": a["resume_step"], "last step": a["last_step"],
+                    "steps lost": a["steps_lost"], "exit code": a["exit_code"],
+                    "started": clock(a["started_at"]), "first step": clock(a["first_step_at"]), "ended": clock(a["ended_at"]),
+                    "to detect": duration(a.get("detect_s")),
+                    "to first new step": duration(a.get("recovery_s")),
+                    "retry counted": a["retry_counted"] if a["cause"] else None,
+                    "changes": ", ".join(f"{k}={v}" for sec in a["overrides"].values() for k, v in sec.items()) or None,
                 }
                 for a in d["attempts"]
             ]
         ),
         hide_index=True,
     )
+    for a in d["attempts"]:
+        if a["log_tail"]:
+            with st.expander(f"Attempt {a['number']}: {a['reason']}"):
+                st.code(a["log_tail"], language=None)
 
 
 def log_tails(d: dict) -> None:
@@ -150,10 +177,27 @@ def fork_form(d: dict) -> None:
 
 
 def actions(d: dict) -> None:
-    if d["status"] in (RunStatus.QUEUED, RunStatus.STARTING, RunStatus.RUNNING, RunStatus.RETRYING):
-        if st.button("Cancel run", icon=":material/stop:", key=f"cancel-{d['id']}"):
+    status = d["status"]
+    cols = st.columns(4)
+    if status in (RunStatus.QUEUED, RunStatus.STARTING, RunStatus.RUNNING, RunStatus.RETRYING):
+        if cols[0].button("Cancel run", icon=":material/stop:", key=f"cancel-{d['id']}",
+                          help="SIGTERM: the ranks finish the step, checkpoint and exit"):
             st.toast(data.cancel_run(d["id"]))
-            st.rerun()  # show CANCELLING now, not at the next refresh
+            st.rerun()  # show the new status now, not at the next refresh
+    if status in (RunStatus.STARTING, RunStatus.RUNNING):
+        if cols[1].button("Pause", icon=":material/pause:", key=f"pause-{d['id']}",
+                          help="Checkpoint, free the devices; Resume continues from that checkpoint"):
+            st.toast(data.cancel_run(d["id"], mode="pause"))
+            st.rerun()
+        if cols[2].button("Dump stacks", icon=":material/stacks:", key=f"stacks-{d['id']}",
+                          help="Save every rank's Python stack into the attempt's folder; nothing is stopped"):
+            st.toast(data.dump_stacks(d["id"]))
+    usable = any(c["verified"] and not c["deleted"] for c in d["checkpoints"])
+    if status in TERMINAL_VALUES and status != RunStatus.SUCCEEDED and usable:
+        if cols[0].button("Resume", icon=":material/play_arrow:", type="primary", key=f"resume-latest-{d['id']}",
+                          help="A new attempt from the newest verified checkpoint"):
+            st.toast(data.resume_run(d["id"]))
+            st.rerun()
 
 
 @st.fragment(run_every=2)
@@ -171,6 +215,11 @@ def live() -> None:
     checkpoint_table(d)
     st.subheader("Attempts")
     attempts_table(d)
+    events = [e for e in d["events"] if e["level"] in ("warning", "error")][:10]
+    if events:
+        with st.expander(f"Warnings and errors ({len(events)})"):
+            for e in events:
+                st.markdown(f"`{clock(e['at'])}` **{e['kind']}** {e['message']}")
     with st.expander("Logs (tail of each rank)", expanded=d["status"] == RunStatus.FAILED):
         log_tails(d)
     with st.expander("Config"):

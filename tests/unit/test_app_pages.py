@@ -222,7 +222,7 @@ def test_run_page_shows_header_progress_attempts_and_metrics(seeded: dict[str, i
     assert attempts["attempt"].tolist() == [1]
     assert attempts["status"].tolist() == ["RUNNING"]
     assert attempts["last step"].tolist() == [120]
-    assert [b.label for b in at.button] == ["Cancel run"]
+    assert [b.label for b in at.button] == ["Cancel run", "Pause", "Dump stacks"]
 
 
 def test_run_page_draws_one_chart_per_metric_with_every_rank(seeded: dict[str, int]) -> None:
@@ -230,7 +230,7 @@ def test_run_page_draws_one_chart_per_metric_with_every_rank(seeded: dict[str, i
     no_exception(at)
     charts = at.get("vega_lite_chart")
     titles = [chart_title(c) for c in charts]
-    assert titles == ["loss", "eval_accuracy"]  # the page's chart order, loss first
+    assert titles == ["loss", "eval_accuracy", "attempts"]  # metric charts, loss first, then the attempt timeline
     loss = chart_data(charts[0])
     assert sorted(loss["rank"].unique()) == ["0", "1"]
     assert len(loss) == 2 * 12  # steps 10..120 on two ranks

@@ -122,6 +122,7 @@ def train(
             t0 = time.perf_counter()
             faults.maybe_raise(step + 1, info.rank, ctx.attempt)
             faults.maybe_cuda_oom(step + 1, tc.batch_size)
+            faults.maybe_sigkill(step + 1, info.rank)
             optimizer.zero_grad(set_to_none=True)
             step_loss = 0.0
             for micro in range(tc.grad_accum):
@@ -166,5 +167,6 @@ def train(
             if delay:
                 time.sleep(delay)
     finally:
+        reporter.finishing()
         checkpoints.close()
     return {"step": step, "eval_accuracy": latest.get("eval_accuracy", float("nan"))}

@@ -17,6 +17,7 @@ depends_on = None
 def upgrade() -> None:
     with op.batch_alter_table('attempts', schema=None) as batch_op:
         batch_op.add_column(sa.Column('stop_reason', sa.String(length=16), nullable=True))
+        batch_op.add_column(sa.Column('phase', sa.String(length=16), nullable=True))
         batch_op.add_column(sa.Column('overrides_json', sa.Text(), nullable=False, server_default='{}'))
         batch_op.add_column(sa.Column('cause', sa.String(length=24), nullable=True))
         batch_op.add_column(sa.Column('failed_rank', sa.Integer(), nullable=True))
@@ -56,5 +57,6 @@ def downgrade() -> None:
         batch_op.drop_column('failed_rank')
         batch_op.drop_column('cause')
         batch_op.drop_column('overrides_json')
+        batch_op.drop_column('phase')
         batch_op.drop_column('stop_reason')
 

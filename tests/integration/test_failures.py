@@ -1,0 +1,194 @@
+"""Fault injection with real torchrun ranks on CPU: runyard recovers when recovery makes sense,
+stops when it does not, and keeps the evidence (cause, rank, exception, stacks)."""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import training_processes
+from tests.integration.conftest import Product
+
+pytestmark = pytest.mark.slow
+
+DETERMINISTIC = (
+    "train.deterministic=true",
+    "train.max_steps=300",
+    "checkpoint.every_steps=50",
+    "checkpoint.keep_last=0",
+    "retry.backoff_s=0.5",
+)
+
+
+def rank_process(product: Product, rank: int) -> psutil.Process:
+    for proc in training_processes(product.home):
+        try:
+            if proc.environ().get("LOCAL_RANK") == str(rank):
+                return proc
+        except psutil.Error:
+            continue
+    raise AssertionError(f"rank {rank} is not running")
+
+
+def final_digest(detail: dict) -> str:
+    return [c for c in detail["checkpoints"] if c["step"] == detail["max_steps"] and not c["deleted"]][-1]["params_digest"]
+
+
+@pytest.fixture(scope="module")
+def reference_digest(tmp_path_factory: pytest.TempPathFactory) -> str:
+    import os
+
+    home = tmp_path_factory.mktemp("ref") / "home"
+    home.mkdir()
+    env = dict(os.environ, RUNYARD_HOME=str(home))
+    env.pop("RUNYARD_DB_URL", None)
+    product = Product(home=home, env=env)
+    try:
+        run_id = product.submit(*DETERMINISTIC, "name=reference")
+        product.start_scheduler()
+        detail = product.wait_status(run_id, "SUCCEEDED", "FAILED")
+        assert detail["status"] == "SUCCEEDED"
+        return final_digest(detail)
+    finally:
+        for proc in product.procs:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(30)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_sigkill_one_rank_retries_and_ends_identical(product: Product, reference_digest: str, seed: int) -> None:
+    product.env["RUNYARD_FAULT_STEP_DELAY_S"] = "0.04"
+    run_id = product.submit(*DETERMINISTIC, f"name=kill-{seed}")
+    product.start_scheduler()
+    kill_at = random.Random(seed).randint(60, 240)
+    product.wait_step(run_id, kill_at)
+    victim = random.Random(seed).choice([0, 1])
+    rank_process(product, victim).send_signal(signal.SIGKILL)
+    detail = product.wait_status(run_id, "SUCCEEDED", "FAILED", timeout=180)
+    assert detail["status"] == "SUCCEEDED", detail["status_reason"]
+    first = detail["attempts"][0]
+    assert first["cause"] == "SIGNAL" and first["failed_rank"] == victim
+    assert "SIGKILL" in first["exception"]
+    assert first["steps_lost"] == first["last_step"] - first["last_checkpoint_step"]
+    assert detail["attempts"][1]["resume_step"] == first["last_checkpoint_step"]
+    assert first["recovery_s"] is not None and first["detect_s"] is not None
+    assert detail["retries_used"] == 1
+    assert final_digest(detail) == reference_digest
+    assert 0 < detail["goodput"] < 1
+
+
+def test_sigstop_is_a_hang_with_every_ranks_stack_saved(product: Product) -> None:
+    product.env["RUNYARD_FAULT_STEP_DELAY_S"] = "0.02"
+    run_id = product.submit("train.max_steps=300", "checkpoint.every_steps=50", "supervision.hang_timeout_s=6",
+                            "supervision.hang_step_factor=1", "retry.backoff_s=0.5", "name=hang")
+    product.start_scheduler()
+    product.wait_step(run_id, 120)
+    stopped_at = time.time()
+    rank_process(product, 1).send_signal(signal.SIGSTOP)
+    detail = product.wait_status(run_id, "SUCCEEDED", "FAILED", timeout=180)
+    assert detail["status"] == "SUCCEEDED", detail["status_reason"]
+    first = detail["attempts"][0]
+    assert first["cause"] == "HANG"
+    hang = next(e for e in detail["events"] if e["kind"] == "hang" and e["attempt"] == 1)
+    assert hang["at"] - stopped_at < 6 + 5  # the timeout, plus the progress flush and one tick
+    stacks = Path(first["dir"]) / "stacks"
+    for rank in (0, 1):
+        text = (stacks / f"rank-{rank}.txt").read_text()
+        assert "File " in text and "mlp_digits.py" in text, f"rank {rank}: {text[:500]}"
+
+
+def test_exception_before_the_first_step_fails_at_once(product: Product) -> None:
+    product.env["RUNYARD_FAULT_RAISE"] = "1"
+    run_id = product.submit("retry.max_retries=5", "retry.backoff_s=0.5", "name=broken")
+    product.start_scheduler()
+    detail = product.wait_status(run_id, "SUCCEEDED", "FAILED", timeout=120)
+    assert detail["status"] == "FAILED"
+    (attempt,) = detail["attempts"]
+    assert attempt["cause"] == "USER_ERROR"
+    assert attempt["exception"] == "RuntimeError: injected failure at step 1"
+    assert "before the first step" in detail["status_reason"]
+    assert "injected failure" in attempt["log_tail"]
+
+
+def test_same_exception_at_the_same_step_twice_stops(product: Product) -> None:
+    product.env["RUNYARD_FAULT_RAISE"] = "120:1"
+    run_id = product.submit("retry.max_retries=5", "retry.backoff_s=0.5", "checkpoint.every_steps=50", "name=twice")
+    product.start_scheduler()
+    detail = product.wait_status(run_id, "SUCCEEDED", "FAILED", timeout=180)
+    assert detail["status"] == "FAILED"
+    assert len(detail["attempts"]) == 2  # not all 5 retries
+    assert all(a["failed_rank"] == 1 and a["last_step"] == 119 for a in detail["attempts"])
+    assert "same exception at the same step twice" in detail["status_reason"]
+
+
+def test_crash_loop_stops_after_max_retries_with_backoff(product: Product) -> None:
+    product.env["RUNYARD_FAULT_SIGKILL"] = "60:1"
+    run_id = product.submit("retry.max_retries=2", "retry.backoff_s=2", "retry.backoff_max_s=60",
+                            "checkpoint.every_steps=50", "name=loop")
+    product.start_scheduler()
+    detail = product.wait_status(run_id, "SUCCEEDED", "FAILED", timeout=240)
+    assert detail["status"] == "FAILED"
+    attempts = detail["attempts"]
+    assert len(attempts) == 3 and all(a["cause"] == "SIGNAL" for a in attempts)
+    gaps = [b["started_at"] - a["failed_at"] for a, b in zip(attempts, attempts[1:])]
+    assert 1.0 <= gaps[0] and 2.0 <= gaps[1], gaps  # 2 s then 4 s, jitter in [0.5, 1]
+    assert "gave up after 2 retries" in detail["status_reason"]
+
+
+def test_cuda_oom_retries_with_half_the_micro_batch(product: Product) -> None:
+    # CI has no GPU: the trainer raises torch.cuda.OutOfMemoryError while the micro-batch is > 32.
+    product.env["RUNYARD_FAULT_CUDA_OOM"] = "60:32"
+    run_id = product.submit("train.batch_size=64", "checkpoint.every_steps=50", "retry.backoff_s=0.5", "name=oom")
+    product.start_scheduler()
+    detail = product.wait_status(run_id, "SUCCEEDED", "FAILED", timeout=180)
+    assert detail["status"] == "SUCCEEDED", detail["status_reason"]
+    first, second = detail["attempts"]
+    assert first["cause"] == "CUDA_OOM"
+    assert second["overrides"] == {"train": {"batch_size": 32, "grad_accum": 2}}
+    assert second["resume_step"] == 50
+    assert detail["metrics"]["eval_accuracy"]["0"] >= 0.9
+
+
+def test_sigterm_from_outside_checkpoints_and_does_not_spend_a_retry(product: Product) -> None:
+    product.env["RUNYARD_FAULT_STEP_DELAY_S"] = "0.03"
+    run_id = product.submit("checkpoint.every_steps=100", "retry.max_retries=0", "name=preempted")
+    product.start_scheduler()
+    product.wait_step(run_id, 130)
+    for proc in training_processes(product.home):  # the spot instance is going away: everyone gets SIGTERM
+        try:
+            if "orchestrator.shim" not in " ".join(proc.cmdline()):
+                proc.send_signal(signal.SIGTERM)
+        except psutil.Error:
+            pass
+    detail = product.wait_status(run_id, "SUCCEEDED", "FAILED", timeout=180)
+    assert detail["status"] == "SUCCEEDED", detail["status_reason"]  # with max_retries = 0
+    first = detail["attempts"][0]
+    assert first["cause"] == "PREEMPTED" and first["retry_counted"] is False
+    assert detail["retries_used"] == 0
+    stop_step = first["last_checkpoint_step"]
+    assert stop_step not in (None, 100) and stop_step >= 130  # a checkpoint written at the stop
+    assert detail["attempts"][1]["resume_step"] == stop_step
+    assert first["steps_lost"] == 0
+
+
+def test_scheduler_sigkill_during_two_runs(product: Product) -> None:
+    product.env["RUNYARD_CPU_SLOTS"] = "4"
+    product.env["RUNYARD_FAULT_STEP_DELAY_S"] = "0.02"
+    a = product.submit("name=one")
+    b = product.submit("name=two")
+    first = product.start_scheduler()
+    product.wait_step(a, 50)
+    product.wait_step(b, 50)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    time.sleep(2)  # training goes on without a scheduler
+    product.start_scheduler()
+    for run_id in (a, b):
+        detail = product.wait_status(run_id, "SUCCEEDED", "FAILED", timeout=180)
+        assert detail["status"] == "SUCCEEDED", detail["status_reason"]
+        assert len(detail["attempts"]) == 1  # re-adopted, launched once
