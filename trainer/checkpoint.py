@@ -43,7 +43,7 @@ from typing import Any, Literal
 import numpy
 import torch
 
-from trainer import TrainerError
+from trainer import TrainerError, faults
 
 logger = logging.getLogger(__name__)
 
@@ -622,6 +622,9 @@ class CheckpointManager:
         )
 
     def _publish(self, tmp: Path, step: int) -> Path:
+        delay = faults.save_delay_s(step)  # tests hold a save "in flight" here; 0 otherwise
+        if delay:
+            time.sleep(delay)
         final = self.root / f"step-{step}"
         old = None
         if final.exists() or final.is_symlink():  # an earlier attempt's step-<N>

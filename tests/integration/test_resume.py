@@ -31,6 +31,7 @@ SETTINGS = (
     "train.max_steps=300",
     "checkpoint.every_steps=50",
     "checkpoint.keep_last=0",
+    "retry.max_retries=0",  # the person resumes by hand here; automatic retries are tested elsewhere
 )
 
 
