@@ -163,6 +163,7 @@ def request_resume(
         )
     checkpoint = usable_checkpoint(session, run_id, step, checkpoint_id)
     run.resume_checkpoint_id = checkpoint.id
+    run.retries_used = 0  # a person chose to go on: a fresh retry budget
     if not transition(session, run_id, RunStatus.QUEUED, f"resume from step {checkpoint.step} requested by {who}"):
         raise RequestRefused(f"run {run_id} changed status meanwhile; try again")
     session.add(Event(run_id=run_id, at=time.time(), kind="resume",

@@ -51,12 +51,9 @@ def _fail(message: str, code: int = 1) -> None:
 
 
 def _fmt_duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = int(round(seconds))
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
+    from app.format import duration
+
+    return duration(seconds).replace(" ", "")
 
 
 def _fmt_time(ts: float | None) -> str:

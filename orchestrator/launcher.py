@@ -49,7 +49,11 @@ def torchrun_argv(config: RunConfig, run_id: int, attempt: int, port: int, attem
         "--max-restarts=0",
         f"--log-dir={attempt_dir / RANK_LOG_DIR}",
         "--redirects=3",
-        "-m", "trainer",
+        *(
+            [config.workload.script, *config.workload.args]
+            if config.workload.kind == "script"
+            else ["-m", "trainer"]
+        ),
     ]
 
 

@@ -35,7 +35,7 @@ from orchestrator.failures import Cause
 from orchestrator.launcher import free_port, launch, torchrun_argv
 from orchestrator.outcomes import next_overrides, settle
 from orchestrator.resources import Inventory
-from orchestrator.supervision import is_alive, read_exit, signal_attempt
+from orchestrator.supervision import is_alive, rank_processes, read_exit, signal_attempt
 from trainer.config import RunConfig, config_from_json
 
 logger = logging.getLogger(__name__)
@@ -257,6 +257,11 @@ class Scheduler:
         status = RunStatus(run.status)
         if status is RunStatus.STARTING and attempt.first_step_at is not None:
             transition(session, run.id, RunStatus.RUNNING, f"attempt {attempt.number}: first step completed",
+                       expect=RunStatus.STARTING)
+        elif (status is RunStatus.STARTING and config.workload.kind == "script"
+              and rank_processes(run.run_dir, attempt.number, attempt.pid, attempt.pid_create_time)):
+            # A script need not report steps: its ranks running is all that can be seen.
+            transition(session, run.id, RunStatus.RUNNING, f"attempt {attempt.number}: the script's ranks are running",
                        expect=RunStatus.STARTING)
         if status is RunStatus.CANCELLING:
             self._stop(session, run, attempt, config.supervision.grace_s)

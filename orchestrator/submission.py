@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 import json
+from pathlib import Path
 
 from db.models import Event, Run
 from db.requests import RunNotFound, create_run, usable_checkpoint
@@ -39,9 +40,24 @@ def validate(data: dict[str, Any], inventory: Inventory) -> RunConfig:
                 pass
         raise ConfigError(problems) from None
     problems = check_fits(config, inventory)
+    if config.workload.kind == "script":
+        config, script_problems = resolve_script(config)
+        problems += script_problems
     if problems:
         raise ConfigError(problems)
     return config
+
+
+def resolve_script(config: RunConfig, base: Path | None = None) -> tuple[RunConfig, list[str]]:
+    """Make ``workload.script`` an absolute path to an existing Python file."""
+    raw = config.workload.script or ""
+    path = (Path(base or Path.cwd()) / Path(raw).expanduser()).resolve()
+    if not path.is_file():
+        return config, [f"workload.script = {raw!r}: no such file ({path}); give a path to your training script"]
+    if path.suffix != ".py":
+        return config, [f"workload.script = {raw!r}: expected a Python file (.py)"]
+    workload = config.workload.model_copy(update={"script": str(path)})
+    return config.model_copy(update={"workload": workload}), []
 
 
 def submit(sessions: sessionmaker[Session], settings: Settings, config: RunConfig, inventory: Inventory) -> int:

@@ -2,9 +2,20 @@
 distributed set-up and the metric reporter.
 
 Importing this package must stay cheap and must not import torch: the UI and the scheduler
-import ``trainer.config``.
+import ``trainer.config``. ``trainer.init()`` (the SDK for your own scripts, trainer/sdk.py)
+is loaded on first use.
 """
+
+from typing import Any
 
 
 class TrainerError(Exception):
     """Base exception of the trainer package."""
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("init", "Run"):
+        from trainer import sdk
+
+        return getattr(sdk, name)
+    raise AttributeError(f"module 'trainer' has no attribute {name!r}")

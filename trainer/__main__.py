@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     from trainer import distributed
     from trainer.lifecycle import StopSignal, register_stack_dumps
     from trainer.reporter import MetricReporter
-    from trainer.workloads import mlp_digits
+    from trainer.workloads import load_workload
 
     stacks = register_stack_dumps(ctx.attempt_dir, rank)
     info = distributed.setup(config.launch.backend)
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     reporter = MetricReporter(ctx, info.rank, info.world_size)
     try:
-        result = mlp_digits.train(config, info, ctx, reporter, stop)
+        result = load_workload(config.workload.kind)(config, info, ctx, reporter, stop)
         logger.info("finished: %s", result)
     finally:
         reporter.close()

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -42,12 +42,46 @@ class _Section(BaseModel):
 class WorkloadConfig(_Section):
     """What to train."""
 
-    kind: Literal["mlp-digits"] = "mlp-digits"
-    """Built-in workload. `mlp-digits`: an MLP classifier on scikit-learn's bundled 8x8 digits
-    data set (1797 images, no download)."""
+    kind: Literal["mlp-digits", "gpt-char", "script"] = "mlp-digits"
+    """`mlp-digits`: an MLP classifier on scikit-learn's bundled 8x8 digits data set (1797
+    images, no download). `gpt-char`: a character-level GPT on a text file (default: the Python
+    standard library's own sources). `script`: your own torchrun-ready script (`script`, `args`)."""
 
     hidden: int = Field(default=256, ge=8, le=65536)
     """Width of the MLP's two hidden layers (mlp-digits)."""
+
+    script: str | None = None
+    """Path of the training script to launch under torchrun (kind = "script"); a relative path
+    is resolved against the directory `runyard submit` runs in. It may import `trainer` to report
+    metrics and checkpoints (see examples/)."""
+
+    args: tuple[str, ...] = ()
+    """Command-line arguments passed to the script (kind = "script")."""
+
+    text: str | None = None
+    """Text file to train gpt-char on (default: the Python standard library's sources)."""
+
+    n_layer: int = Field(default=4, ge=1, le=96)
+    """gpt-char: transformer blocks."""
+
+    n_head: int = Field(default=4, ge=1, le=128)
+    """gpt-char: attention heads per block; must divide n_embd."""
+
+    n_embd: int = Field(default=128, ge=8, le=16384)
+    """gpt-char: embedding width."""
+
+    block_size: int = Field(default=128, ge=8, le=8192)
+    """gpt-char: context length in characters."""
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> WorkloadConfig:
+        if self.kind == "script" and not self.script:
+            raise ValueError("workload.script is required when workload.kind = 'script'")
+        if self.kind != "script" and (self.script or self.args):
+            raise ValueError(f"workload.script and workload.args are only for kind = 'script' (kind is {self.kind!r})")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"workload.n_embd = {self.n_embd} must be a multiple of workload.n_head = {self.n_head}")
+        return self
 
 
 class LaunchConfig(_Section):
@@ -72,6 +106,30 @@ class TrainConfig(_Section):
 
     lr: float = Field(default=0.001, gt=0, allow_inf_nan=False)
     """Learning rate of the Adam optimizer."""
+
+    weight_decay: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    """AdamW weight decay (0: plain Adam). AdamW is fused on CUDA."""
+
+    warmup_steps: int = Field(default=0, ge=0)
+    """Linear learning-rate warm-up from 0 over this many steps."""
+
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    """After warm-up: keep `lr`, or decay it along a cosine to `min_lr` at max_steps."""
+
+    min_lr: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    """Floor of the cosine schedule."""
+
+    clip_grad_norm: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    """Clip the global gradient norm to this value (0: no clipping; the norm is reported anyway)."""
+
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    """Autocast precision of the forward pass; fp16 adds a GradScaler whose scale is reported."""
+
+    compile: bool = False
+    """torch.compile the model."""
+
+    activation_checkpointing: bool = False
+    """Recompute each block's activations in the backward pass to save memory (gpt-char)."""
 
     grad_accum: int = Field(default=1, ge=1)
     """Micro-batches of `batch_size` accumulated per optimizer step (DDP skips the gradient
@@ -122,6 +180,14 @@ class CheckpointConfig(_Section):
     `false` writes synchronously, for debugging. Key: `async`."""
 
 
+class ParallelConfig(_Section):
+    """How the model is spread over the ranks."""
+
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+    """`ddp`: every rank holds the whole model. `fsdp`: FSDP2 (`fully_shard` per block, then the
+    root) with sharded checkpoints (gpt-char)."""
+
+
 class RetryConfig(_Section):
     """What happens when an attempt fails."""
 
@@ -159,6 +225,16 @@ class SupervisionConfig(_Section):
 class RunConfig(_Section):
     """A training run."""
 
+    @model_validator(mode="after")
+    def _compatible(self) -> RunConfig:
+        """Options a workload cannot honour are refused up front, not ignored."""
+        kind = self.workload.kind
+        if kind == "mlp-digits" and self.train.activation_checkpointing:
+            raise ValueError("train.activation_checkpointing = true is for gpt-char; mlp-digits has no blocks")
+        if kind != "gpt-char" and self.parallel.strategy == "fsdp":
+            raise ValueError(f"parallel.strategy = 'fsdp' is supported by gpt-char, not {kind!r}")
+        return self
+
     name: str = Field(
         default="run", min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
     )
@@ -170,6 +246,7 @@ class RunConfig(_Section):
     workload: WorkloadConfig = WorkloadConfig()
     launch: LaunchConfig = LaunchConfig()
     train: TrainConfig = TrainConfig()
+    parallel: ParallelConfig = ParallelConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     retry: RetryConfig = RetryConfig()
     supervision: SupervisionConfig = SupervisionConfig()
@@ -193,6 +270,9 @@ def _location(loc: tuple[Any, ...]) -> str:
 
 def _describe(err: dict[str, Any]) -> str:
     field = _location(err["loc"])
+    if err["type"] == "value_error" and isinstance(err["input"], dict):  # a check across fields
+        message = err["msg"].removeprefix("Value error, ")
+        return f"{field}: {message}" if err["loc"] else message
     if err["type"] == "extra_forbidden":
         return f"{field}: unknown key (value {err['input']!r}); check the spelling against docs/CONFIG.md"
     return f"{field} = {err['input']!r}: {err['msg']}"

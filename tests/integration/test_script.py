@@ -1,0 +1,73 @@
+"""Your own torchrun script under runyard: with the SDK it gains per-rank metrics, checkpoints
+and resume; without it, it is still launched, logged, and retried on failure."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import ROOT, Product
+
+pytestmark = pytest.mark.slow
+
+
+def submit_script(product: Product, script: str, *overrides: str) -> int:
+    config = product.home / "script.toml"
+    config.write_text(f'name = "script"\n[workload]\nkind = "script"\nscript = "{ROOT / "examples" / script}"\n'
+                      'args = ["--steps", "200"]\n')
+    args = ["submit", str(config)]
+    for item in overrides:
+        args += ["--set", item]
+    return int(product.cli(*args).stdout.strip())
+
+
+def test_sdk_script_reports_metrics_checkpoints_and_resumes(product: Product) -> None:
+    run_id = submit_script(product, "ddp_runyard.py", "checkpoint.keep_last=0")
+    product.start_scheduler()
+    detail = product.wait_status(run_id, "SUCCEEDED", "FAILED")
+    assert detail["status"] == "SUCCEEDED", detail["status_reason"]
+    assert set(detail["metrics"]["loss"]) == {"0", "1"}
+    assert [c["step"] for c in detail["checkpoints"]] == [50, 100, 150, 200]
+    assert all(c["verified"] and len(c["params_digest"]) == 64 for c in detail["checkpoints"])
+
+    product.cli("resume", str(run_id), "--step", "100")
+    detail = product.wait_status(run_id, "SUCCEEDED", "FAILED")
+    assert detail["status"] == "SUCCEEDED", detail["status_reason"]
+    second = detail["attempts"][-1]
+    assert second["number"] == 2 and second["resume_step"] == 100
+    con = sqlite3.connect(product.home / "runyard.db")
+    first_step = con.execute("SELECT MIN(step) FROM metrics WHERE run_id = ? AND attempt = 2", (run_id,)).fetchone()[0]
+    con.close()
+    assert first_step == 110  # it continued after the checkpoint instead of starting over
+
+
+def test_plain_script_is_supervised_without_the_sdk(product: Product) -> None:
+    run_id = submit_script(product, "ddp_plain.py")
+    product.start_scheduler()
+    detail = product.wait_status(run_id, "SUCCEEDED", "FAILED")
+    assert detail["status"] == "SUCCEEDED", detail["status_reason"]
+    assert detail["metrics"] == {} and detail["checkpoints"] == []
+    assert "step 200 loss" in product.cli("logs", str(run_id), "--rank", "0").stdout
+    assert detail["cost_usd"] > 0
+
+
+def test_failing_plain_script_is_retried_then_fails(product: Product) -> None:
+    run_id = submit_script(product, "ddp_plain.py", "workload.args=['--steps', 'many']",
+                           "retry.max_retries=1", "retry.backoff_s=0.5")
+    product.start_scheduler()
+    detail = product.wait_status(run_id, "SUCCEEDED", "FAILED")
+    assert detail["status"] == "FAILED"
+    assert len(detail["attempts"]) == 2
+    assert all(a["exit_code"] not in (0, None) for a in detail["attempts"])
+    assert "invalid int value" in product.cli("logs", str(run_id), "--rank", "0").stdout
+
+
+def test_missing_script_is_refused_at_submit(product: Product) -> None:
+    config = product.home / "bad.toml"
+    config.write_text('[workload]\nkind = "script"\nscript = "does/not/exist.py"\n')
+    result = product.cli("submit", str(config), check=False)
+    assert result.returncode == 2
+    assert "workload.script = 'does/not/exist.py': no such file" in result.stderr
+    assert product.cli("ls", "--json").stdout.strip() == "[]"

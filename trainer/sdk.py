@@ -1,0 +1,211 @@
+"""The SDK for your own torchrun script: a few lines give it per-rank metrics in the dashboard,
+verified checkpoints, graceful stops and one-click resume.
+
+    import trainer
+
+    run = trainer.init()                       # after (or instead of) init_process_group
+    state = {"model": model, "optimizer": opt}
+    start = run.load_checkpoint(state)         # the step to continue after (0 when fresh)
+    for step in range(start + 1, max_steps + 1):
+        loss = train_step(...)
+        run.log(step, loss=loss.item())        # every rank, the same steps and keys
+        if step % 100 == 0 or run.should_stop():
+            run.save_checkpoint(step, state)
+        if run.should_stop():                  # SIGTERM: cancel, pause or preemption
+            break
+    run.finish()
+
+Outside runyard (a plain ``torchrun train.py``) the same calls work: metrics go to the log,
+checkpoints to ``./checkpoints``, and nothing is written to a database.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trainer import rng
+from trainer.checkpoint import CheckpointError, CheckpointManager, SaveResult
+from trainer.checkpointing import CheckpointHistory, event
+from trainer.config import CheckpointConfig, config_from_json
+from trainer.context import RunContext, context_from_env
+from trainer.lifecycle import StopSignal, register_stack_dumps, write_stopped
+from trainer.reporter import MetricReporter
+
+logger = logging.getLogger(__name__)
+
+
+def _as_state(value: Any) -> Any:
+    """Modules, optimizers and schedulers become their state dicts; the rest is kept."""
+    if hasattr(value, "state_dict") and callable(value.state_dict):
+        if isinstance(value, torch.nn.parallel.DistributedDataParallel):
+            value = value.module
+        return value.state_dict()
+    return value
+
+
+class Run:
+    """A handle on this process's place in a runyard run. Create it with :func:`init`."""
+
+    def __init__(self, ctx: RunContext, checkpoint_config: CheckpointConfig):
+        self.ctx = ctx
+        self.rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
+        self.world_size = dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
+        self.reporter = MetricReporter(ctx, self.rank, self.world_size)
+        self._stop = StopSignal(self.world_size)
+        self._stop.install()
+        self._stacks = register_stack_dumps(ctx.attempt_dir, self.rank)
+        self._checkpoint_config = checkpoint_config
+        writer = self.reporter.writer
+        self._manager = CheckpointManager(
+            ctx.checkpoint_dir, is_writer=self.rank == 0, async_save=checkpoint_config.async_save,
+            on_complete=(lambda result: writer.put("checkpoint", result)) if writer else None,
+        )
+        if writer is not None and ctx.run_id is not None:
+            CheckpointHistory(ctx.run_id, ctx.attempt, checkpoint_config, self._manager).attach(writer)
+        self._last_step = 0
+        self._last_checkpoint: int | None = None
+        self._stop_checked: tuple[int, bool] | None = None
+        self._finished = False
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def managed(self) -> bool:
+        """True when the scheduler launched this process (metrics go to the dashboard)."""
+        return self.ctx.managed
+
+    # -- metrics ------------------------------------------------------------------------------
+
+    def log(self, step: int, **metrics: float) -> None:
+        """Report this rank's metrics at ``step``.
+
+        Collective: every rank calls it at the same steps with the same keys; rank 0 gathers
+        them with one small all-gather and writes them off the training thread.
+        """
+        values = {k: float(v.item() if isinstance(v, torch.Tensor) else v) for k, v in metrics.items()}
+        gathered = self.reporter.log(step, **values)
+        self.reporter.progress(step)
+        self._last_step = max(self._last_step, step)
+        if self.is_main and not self.managed:
+            logger.info("step %d: %s", step, "  ".join(
+                f"{k} " + "/".join(f"{per[k]:.4g}" for per in gathered.values()) for k in sorted(values)))
+
+    # -- checkpoints --------------------------------------------------------------------------
+
+    def save_checkpoint(self, step: int, state: dict[str, Any], metrics: dict[str, float] | None = None) -> None:
+        """Save ``state`` (modules and optimizers are saved as their state dicts) at ``step``.
+
+        Collective (every rank's RNG state is gathered). The training thread only waits for a
+        copy to CPU memory; rank 0 writes in the background, atomically, with a manifest.
+        ``state["model"]`` must be the model: its parameters' digest identifies the checkpoint.
+        """
+        rng_states: list[Any] = [None] * self.world_size
+        if self.world_size > 1 and dist.is_initialized():
+            dist.all_gather_object(rng_states, rng.capture())
+        else:
+            rng_states = [rng.capture()]
+        payload = {key: _as_state(value) for key, value in state.items()}
+        payload["step"] = step
+        payload["rng"] = rng_states
+        payload["world_size"] = self.world_size
+        self._manager.save(step, payload, metrics=metrics or {})
+        self._last_checkpoint = step
+
+    def load_checkpoint(self, state: dict[str, Any] | None = None) -> int:
+        """Restore the checkpoint the scheduler chose for this attempt, if any.
+
+        Objects in ``state`` that have ``load_state_dict`` (model, optimizer, scheduler) are
+        loaded in place; other keys are updated with the saved values.
+
+        Returns:
+            The step of the checkpoint (continue with the step after it), or 0 when there is
+            nothing to resume.
+        """
+        if self.ctx.resume_dir is None or self.ctx.resume_step is None:
+            return 0
+        writer = self.reporter.writer
+
+        def refused(step: int, reason: str) -> None:
+            logger.error("checkpoint step %d refused: %s", step, reason)
+            if writer is not None:
+                writer.put("refused", (str(Path(self.ctx.resume_dir or ".") / f"step-{step}"), reason))
+                writer.put("event", event("checkpoint_refused", f"checkpoint step {step} refused: {reason}", "error"))
+
+        source = CheckpointManager(self.ctx.resume_dir, is_writer=False, on_refused=refused if self.is_main else None)
+        try:
+            step, saved = source.load(self.ctx.resume_step)
+        except CheckpointError as exc:
+            raise CheckpointError(f"cannot resume from {self.ctx.resume_dir} step {self.ctx.resume_step}: {exc}") from exc
+        for key, target in (state or {}).items():
+            if key not in saved:
+                continue
+            if isinstance(target, torch.nn.parallel.DistributedDataParallel):
+                target = target.module
+            if hasattr(target, "load_state_dict"):
+                target.load_state_dict(saved[key])
+            elif isinstance(target, dict):
+                target.update(saved[key])
+        ranks = saved.get("rng") or []
+        if self.rank < len(ranks):
+            rng.restore(ranks[self.rank])
+        if writer is not None:
+            writer.put("resumed", step)
+            writer.put("event", event("resume", f"resumed from step {step}"))
+        self._last_step = self._last_checkpoint = step
+        logger.info("resumed from checkpoint step %d", step)
+        return step
+
+    # -- stopping -----------------------------------------------------------------------------
+
+    def should_stop(self) -> bool:
+        """True on every rank once any rank got SIGTERM (cancel, pause, preemption): save a
+        checkpoint and leave the loop. Collective; repeated calls at one step are free."""
+        if self._stop_checked is not None and self._stop_checked[0] == self._last_step:
+            return self._stop_checked[1]
+        answer = self._stop.agreed() if dist.is_initialized() else self._stop.received_at is not None
+        self._stop_checked = (self._last_step, answer)
+        return answer
+
+    def finish(self) -> None:
+        """Wait for the last checkpoint to be durable and flush the metrics. Call it once at the end."""
+        if self._finished:
+            return
+        self._finished = True
+        self.reporter.finishing()
+        self._manager.close()
+        if self._stop.received_at is not None and self.is_main:
+            write_stopped(self.ctx.attempt_dir, self._last_step, self._last_checkpoint, self._stop.received_at)
+        self.reporter.close()
+        self._stacks.close()
+
+
+def init(backend: str = "auto") -> Run:
+    """Join runyard's run (or run locally) and return the handle.
+
+    Initialises the default process group from torchrun's environment when the script has not
+    done so (``backend``: auto picks nccl with CUDA, else gloo).
+    """
+    ctx = context_from_env()
+    if not os.environ.get("RUNYARD_RUN_DIR"):
+        ctx = RunContext(run_id=None, attempt=1, db_url=None, run_dir=Path.cwd(), attempt_dir=Path.cwd() / "runyard-logs")
+    if "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1 and not dist.is_initialized():
+        from trainer.distributed import setup
+
+        setup(backend)
+    checkpoint_config = CheckpointConfig()
+    config_file = ctx.run_dir / "config.json"
+    if ctx.managed and config_file.exists():
+        checkpoint_config = config_from_json(config_file.read_text()).checkpoint
+    run = Run(ctx, checkpoint_config)
+    logger.info("runyard %s: rank %d/%d, run %s attempt %d, started %s", "managed" if ctx.managed else "local",
+                run.rank, run.world_size, ctx.run_id, ctx.attempt, time.strftime("%H:%M:%S"))
+    return run
