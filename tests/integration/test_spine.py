@@ -66,7 +66,11 @@ def test_cancel_stops_every_rank(product: Product) -> None:
     assert detail["status"] == "CANCELLED"
     (attempt,) = detail["attempts"]
     assert attempt["status"] == "CANCELLED"
-    assert "SIGTERM" in attempt["reason"]
+    # SIGTERM: the ranks finished their step and wrote a last checkpoint before exiting.
+    assert attempt["reason"].startswith("cancelled at step") and "with a checkpoint" in attempt["reason"]
+    last = attempt["last_checkpoint_step"]
+    assert last is not None and last >= attempt["last_step"] - 1
+    assert any(c["step"] == last and c["verified"] for c in detail["checkpoints"])
     assert training_processes(product.home) == []  # no rank was left running
 
 
