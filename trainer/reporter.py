@@ -46,7 +46,8 @@ class DatabaseWriter(threading.Thread):
         self._queue: queue.SimpleQueue[tuple[str, Any] | None] = queue.SimpleQueue()
         self._handlers: dict[str, Handler] = {}
         self._pending: dict[str, list[Any]] = {}
-        self._progress: tuple[int, float] | None = None
+        self._progress: tuple[int | None, float, str | None] | None = None
+        self._first_step_written = False
         self.rows_written = 0
 
     def register(self, kind: str, handler: Handler) -> None:
@@ -86,6 +87,8 @@ class DatabaseWriter(threading.Thread):
                 if step is None and self._progress is not None:  # keep the step already queued
                     step = self._progress[0]
                 self._progress = (step, at, phase or (self._progress[2] if self._progress else None))
+                if not self._first_step_written and step is not None:
+                    return True  # the first step is news (STARTING -> RUNNING): write it now
             elif kind == "rows":
                 self._pending.setdefault("rows", []).extend(payload)
             else:
@@ -132,6 +135,7 @@ class DatabaseWriter(threading.Thread):
                         logger.exception("database write failed (try %d)", attempt)
                         time.sleep(self._interval * attempt)
                 self.rows_written += len(self._pending.get("rows", []))
+                self._first_step_written |= self._progress is not None and self._progress[0] is not None
                 self._pending, self._progress = {}, None
         finally:
             engine.dispose()
