@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from sqlalchemy import func, select
@@ -13,7 +14,7 @@ from sqlalchemy.orm import Session
 from db.models import Attempt, Checkpoint, Event, Metric, Run, RunStatusHistory, SchedulerHeartbeat
 from db.requests import RunNotFound
 from db.states import TERMINAL, RunStatus
-from orchestrator.cost import cost_usd, eta_seconds
+from orchestrator.cost import AttemptSpan, cost_usd, eta_seconds, wasted_seconds
 
 HEARTBEAT_STALE_S = 10.0
 
@@ -57,6 +58,9 @@ def _run_summary(session: Session, run: Run, now: float) -> dict[str, Any]:
     else:
         eta = eta_seconds(_progress_points(session, run.id, attempts[-1].number), run.max_steps)
     spans = [(a.started_at, a.ended_at) for a in attempts]
+    cost = cost_usd(spans, run.price_usd_per_hour, now)
+    wasted = wasted_seconds(_attempt_spans(session, attempts), now) * run.price_usd_per_hour / 3600.0
+    projected = cost + (eta or 0.0) * run.price_usd_per_hour / 3600.0 if status not in TERMINAL else cost
     return {
         "id": run.id,
         "name": run.name,
@@ -72,7 +76,9 @@ def _run_summary(session: Session, run: Run, now: float) -> dict[str, Any]:
         "ended_at": run.ended_at,
         "elapsed_s": ((run.ended_at or now) - run.started_at) if run.started_at else None,
         "attempt_count": len(attempts),
-        "cost_usd": round(cost_usd(spans, run.price_usd_per_hour, now), 6),
+        "cost_usd": round(cost, 6),
+        "cost_wasted_usd": round(wasted, 6),
+        "cost_projected_usd": round(projected, 6),
         "price_usd_per_hour": run.price_usd_per_hour,
         "price_unit": run.price_unit,
         "eta_s": eta,
@@ -82,6 +88,27 @@ def _run_summary(session: Session, run: Run, now: float) -> dict[str, Any]:
         "retries_used": run.retries_used,
         "retry_at": run.retry_at,
     }
+
+
+def _attempt_spans(session: Session, attempts: list[Attempt]) -> list[AttemptSpan]:
+    if not attempts:
+        return []
+    written = dict(
+        session.execute(
+            select(Checkpoint.attempt, func.max(Checkpoint.created_at))
+            .where(Checkpoint.run_id == attempts[0].run_id)
+            .group_by(Checkpoint.attempt)
+        ).all()
+    )
+    spans = []
+    for i, a in enumerate(attempts):
+        spans.append(AttemptSpan(
+            started_at=a.started_at, ended_at=a.ended_at, first_step_at=a.first_step_at,
+            failed=a.cause is not None and a.cause != "PREEMPTED",
+            last_checkpoint_at=written.get(a.number),
+            after_failure=i > 0 and attempts[i - 1].cause is not None,
+        ))
+    return spans
 
 
 def list_runs(session: Session, statuses: list[str] | None = None, limit: int = 200) -> list[dict[str, Any]]:
@@ -272,6 +299,20 @@ def metric_points(
          "superseded": s > cutoffs.get(a, float("inf"))}
         for i, a, r, s, v, t in rows
     ]
+
+
+def iter_metric_rows(session: Session, run_id: int, batch: int = 10_000) -> Iterator[tuple]:
+    """Every raw point of a run, in (attempt, step, rank, key) order, streamed in batches:
+    (attempt, rank, step, key, value, time, superseded)."""
+    cutoffs = lineage_cutoffs(attempts_of(session, run_id))
+    result = session.execute(
+        select(Metric.attempt, Metric.rank, Metric.step, Metric.key, Metric.value, Metric.wall_time)
+        .where(Metric.run_id == run_id)
+        .order_by(Metric.attempt, Metric.step, Metric.rank, Metric.key)
+        .execution_options(yield_per=batch)
+    )
+    for attempt, rank, step, key, value, wall in result:
+        yield attempt, rank, step, key, value, wall, step > cutoffs.get(attempt, float("inf"))
 
 
 def scheduler_status(session: Session, now: float | None = None) -> dict[str, Any]:

@@ -4,7 +4,7 @@
     runyard submit CONFIG.toml [--set key=value]  queue a run, print its id
     runyard ls | show RUN | logs RUN | cancel RUN
     runyard resume RUN [--step N] | fork RUN [--step N] [--set k=v] | pin RUN --step N
-    runyard pause RUN | stacks RUN
+    runyard pause RUN | stacks RUN | metrics RUN --csv
     runyard scheduler | ui | db upgrade | config-reference
 
 Data lives under $RUNYARD_HOME (default ./.runyard); $RUNYARD_DB_URL overrides the database.
@@ -465,6 +465,25 @@ def logs(run: str, rank: int | None, attempt: int | None, follow: bool) -> None:
             emit_new()
             return
         time.sleep(0.5)
+
+
+@cli.command()
+@click.argument("run")
+@click.option("--csv", "as_csv", is_flag=True, help="Every raw point as CSV (the default).")
+def metrics(run: str, as_csv: bool) -> None:
+    """Export a run's raw metric points: attempt, rank, step, key, value, time, superseded."""
+    import csv
+
+    from db.queries import iter_metric_rows
+
+    sessions = _sessions(_settings())
+    run_id = _resolve(sessions, run)
+    out = csv.writer(sys.stdout, lineterminator="\n")
+    out.writerow(["attempt", "rank", "step", "key", "value", "time", "superseded"])
+    with sessions() as session:
+        for row in iter_metric_rows(session, run_id):
+            attempt, rank, step, key, value, wall, superseded = row
+            out.writerow([attempt, rank, step, key, "nan" if value is None else repr(value), f"{wall:.6f}", int(superseded)])
 
 
 def main() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from db.requests import Price
 from orchestrator.resources import Inventory
@@ -56,6 +57,34 @@ def cost_usd(
     now = time.time() if now is None else now
     seconds = sum(max(0.0, (end if end is not None else now) - start) for start, end in attempts)
     return seconds * usd_per_hour / 3600.0
+
+
+@dataclass(frozen=True)
+class AttemptSpan:
+    """What the cost arithmetic needs to know about one attempt (times in epoch seconds)."""
+
+    started_at: float
+    ended_at: float | None  # None while running
+    first_step_at: float | None
+    failed: bool  # ended by a failure that was (or could have been) retried
+    last_checkpoint_at: float | None  # when its newest checkpoint was written, if any
+    after_failure: bool  # this attempt restarts the run after a failed attempt
+
+
+def wasted_seconds(attempts: Sequence[AttemptSpan], now: float | None = None) -> float:
+    """Device time that bought nothing: each failed attempt's time after its last checkpoint
+    (all of it when it wrote none), plus each restart's time from launch to its first step."""
+    now = time.time() if now is None else now
+    wasted = 0.0
+    for a in attempts:
+        end = a.ended_at if a.ended_at is not None else now
+        if a.failed:
+            wasted += max(0.0, end - (a.last_checkpoint_at or a.started_at))
+        if a.after_failure:
+            restart_end = a.first_step_at if a.first_step_at is not None else end
+            if not (a.failed and a.last_checkpoint_at is None):  # not counted twice
+                wasted += max(0.0, restart_end - a.started_at)
+    return wasted
 
 
 def eta_seconds(points: Sequence[tuple[int, float]], max_steps: int) -> float | None:

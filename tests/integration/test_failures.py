@@ -80,6 +80,7 @@ def test_sigkill_one_rank_retries_and_ends_identical(product: Product, reference
     assert detail["retries_used"] == 1
     assert final_digest(detail) == reference_digest
     assert 0 < detail["goodput"] < 1
+    assert 0 < detail["cost_wasted_usd"] < detail["cost_usd"] == detail["cost_projected_usd"]
 
 
 def test_sigstop_is_a_hang_with_every_ranks_stack_saved(product: Product) -> None:

@@ -84,3 +84,31 @@ def test_unknown_run_is_a_clear_error(settings: Settings) -> None:
 def test_db_upgrade_is_idempotent(settings: Settings) -> None:
     assert run("db", "upgrade")[0] == 0
     assert run("db", "upgrade")[0] == 0
+
+
+def test_metrics_csv_has_one_row_per_point(settings: Settings, sessions) -> None:
+    import csv
+    import io
+    import time
+
+    from db.models import Attempt, Metric
+
+    run("submit", str(EXAMPLE))
+    with sessions() as s:
+        s.add(Attempt(run_id=1, number=1, status="SUCCEEDED", dir="/x", started_at=time.time()))
+        s.add_all([Metric(run_id=1, attempt=1, rank=r, step=st, key="loss", value=1.0 / st, wall_time=100.0 + st)
+                   for st in (10, 20) for r in (0, 1)])
+        s.commit()
+    code, out, _ = run("metrics", "1", "--csv")
+    assert code == 0
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert [(r["attempt"], r["rank"], r["step"], r["key"]) for r in rows] == [
+        ("1", "0", "10", "loss"), ("1", "1", "10", "loss"), ("1", "0", "20", "loss"), ("1", "1", "20", "loss")]
+    assert float(rows[0]["value"]) == 0.1 and float(rows[0]["time"]) == 110.0
+
+
+def test_show_json_reports_cost_fields(settings: Settings) -> None:
+    run("submit", str(EXAMPLE))
+    detail = json.loads(run("show", "1", "--json")[1])
+    for key in ("cost_usd", "cost_wasted_usd", "cost_projected_usd", "eta_s", "goodput"):
+        assert key in detail

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.cost import cost_usd, eta_seconds, gpu_price, price_for
+from orchestrator.cost import AttemptSpan, cost_usd, eta_seconds, gpu_price, price_for, wasted_seconds
 from orchestrator.resources import Inventory
 
 
@@ -43,3 +43,27 @@ def test_eta_unknown_without_progress() -> None:
     assert eta_seconds([], 100) is None
     assert eta_seconds([(5, 1.0)], 100) is None
     assert eta_seconds([(5, 1.0), (5, 2.0)], 100) is None
+
+
+def test_wasted_is_time_after_the_last_checkpoint_plus_restarts() -> None:
+    # Attempt 1: 0..100 s, checkpoint written at 70 s, then killed at 100 s: 30 s lost.
+    # Attempt 2: launched at 110 s, first step at 118 s (8 s restart), succeeded at 200 s.
+    attempts = [
+        AttemptSpan(0.0, 100.0, 5.0, failed=True, last_checkpoint_at=70.0, after_failure=False),
+        AttemptSpan(110.0, 200.0, 118.0, failed=False, last_checkpoint_at=190.0, after_failure=True),
+    ]
+    assert wasted_seconds(attempts) == pytest.approx(30.0 + 8.0)
+
+
+def test_a_failed_attempt_without_checkpoint_wasted_all_of_its_time() -> None:
+    attempts = [
+        AttemptSpan(0.0, 50.0, 4.0, failed=True, last_checkpoint_at=None, after_failure=False),
+        AttemptSpan(60.0, 90.0, 65.0, failed=True, last_checkpoint_at=None, after_failure=True),
+        AttemptSpan(95.0, None, 99.0, failed=False, last_checkpoint_at=None, after_failure=True),
+    ]
+    # 50 s + 30 s (its restart included) + 4 s restart of the running one
+    assert wasted_seconds(attempts, now=120.0) == pytest.approx(50.0 + 30.0 + 4.0)
+
+
+def test_a_clean_run_wastes_nothing() -> None:
+    assert wasted_seconds([AttemptSpan(0.0, 100.0, 5.0, False, 90.0, False)]) == 0.0
