@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 import streamlit as st
 
 from app import data
-from trainer.config import ConfigError, RunConfig, field_of, parse_toml
+from trainer.config import ConfigError, RunConfig, deep_merge, field_of, parse_toml
 
 st.title("New run")
 
@@ -36,10 +37,18 @@ with st.form("new_run"):
     c1, c2 = st.columns(2)
     with c1:
         st.subheader("Workload")
-        kind = st.selectbox("Workload", ["mlp-digits"], key="workload.kind")
+        kinds = ["mlp-digits", "gpt-char", "script"]
+        kind = st.selectbox("Workload", kinds, index=kinds.index(base["workload"].get("kind", "mlp-digits")),
+                            key="workload.kind", help="Built-in workloads, or your own torchrun script")
         field_errors("workload.kind")
-        hidden = st.number_input("Hidden width", value=int(base["workload"].get("hidden", 256)), step=32, key="workload.hidden")
+        field_errors("workload")
+        hidden = st.number_input("Hidden width (mlp-digits)", value=int(base["workload"].get("hidden", 256)), step=32, key="workload.hidden")
         field_errors("workload.hidden")
+        script = st.text_input("Script (kind = script)", value=base["workload"].get("script") or "",
+                               placeholder="path/to/train.py", key="workload.script")
+        field_errors("workload.script")
+        script_args = st.text_input("Script arguments", value=shlex.join(base["workload"].get("args") or []),
+                                    key="workload.args")
         st.subheader("Launch")
         nproc = st.number_input("Ranks on this machine (nproc_per_node)", value=int(base["launch"]["nproc_per_node"]), step=1, key="launch.nproc_per_node")
         field_errors("launch.nproc_per_node")
@@ -62,6 +71,15 @@ with st.form("new_run"):
         eval_every = st.number_input("Evaluate every (steps, 0 = only at the end)", value=int(t["eval_every"]), step=10, key="train.eval_every")
         field_errors("train.eval_every")
         deterministic = st.checkbox("Deterministic (bit-identical resume)", value=bool(t.get("deterministic", False)), key="train.deterministic")
+    with st.expander("Retries and supervision"):
+        r, sv = base["retry"], base["supervision"]
+        s1, s2 = st.columns(2)
+        max_retries = s1.number_input("Max retries", value=int(r["max_retries"]), step=1, key="retry.max_retries")
+        backoff_s = s1.number_input("First backoff (s)", value=float(r["backoff_s"]), step=1.0, key="retry.backoff_s")
+        hang_timeout_s = s2.number_input("Hang timeout (s)", value=float(sv["hang_timeout_s"]), step=30.0, key="supervision.hang_timeout_s")
+        grace_s = s2.number_input("Grace on stop (s)", value=float(sv["grace_s"]), step=5.0, key="supervision.grace_s")
+        for f in ("retry.max_retries", "retry.backoff_s", "supervision.hang_timeout_s", "supervision.grace_s"):
+            field_errors(f)
     with st.expander("Checkpoints"):
         ck = base["checkpoint"]
         k1, k2, k3 = st.columns(3)
@@ -80,10 +98,13 @@ for message in errors.get("", []):
     st.error(message)
 
 if started:
-    config_data = {
+    form = {
         "name": name.strip(),
         "tags": [t.strip() for t in tags.split(",") if t.strip()],
-        "workload": {"kind": kind, "hidden": int(hidden)},
+        "workload": {"kind": kind, "hidden": int(hidden), "script": script.strip() or None,
+                     "args": shlex.split(script_args) if kind == "script" else []},
+        "retry": {"max_retries": int(max_retries), "backoff_s": float(backoff_s)},
+        "supervision": {"hang_timeout_s": float(hang_timeout_s), "grace_s": float(grace_s)},
         "launch": {"nproc_per_node": int(nproc), "backend": backend},
         "train": {
             "max_steps": int(max_steps), "batch_size": int(batch_size), "lr": float(lr), "seed": int(seed),
@@ -94,10 +115,16 @@ if started:
             "keep_best": int(keep_best), "best_metric": best_metric.strip(), "best_mode": best_mode, "async": bool(async_save),
         },
     }
+    if kind != "script":
+        form["workload"]["script"] = None
+    # Keys the form does not show (from an uploaded TOML) are kept.
+    config_data = deep_merge(base, form)
     try:
         config = data.validate_config(config_data)
     except ConfigError as exc:
-        form_fields = {"name", "tags", "workload.kind", "workload.hidden", "launch.nproc_per_node", "launch.backend",
+        form_fields = {"name", "tags", "workload", "workload.kind", "workload.hidden", "workload.script",
+                       "launch.nproc_per_node", "launch.backend", "retry.max_retries", "retry.backoff_s",
+                       "supervision.hang_timeout_s", "supervision.grace_s",
                        "train.max_steps", "train.batch_size", "train.lr", "train.seed", "train.log_every", "train.eval_every",
                        "checkpoint.every_steps", "checkpoint.every_seconds", "checkpoint.keep_last", "checkpoint.keep_best",
                        "checkpoint.best_metric", "checkpoint.best_mode", "checkpoint.async"}

@@ -400,3 +400,21 @@ def test_errors_clear_after_a_corrected_submit(settings: Settings, sessions: ses
     assert len(queued_runs(sessions)) == 1
     at.switch_page("views/new_run.py").run()
     assert not at.error
+
+
+def test_new_run_form_queues_a_script_run_with_its_arguments(sessions: sessionmaker[Session], tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("print('hello')\n")
+    at = open_page("views/new_run.py")
+    at.selectbox(key="workload.kind").set_value("script")
+    at.text_input(key="workload.script").input(str(script))
+    at.text_input(key="workload.args").input("--steps 5 --name 'a b'")
+    at.number_input(key="retry.max_retries").set_value(1)
+    next(b for b in at.button if "Start" in b.label).click().run()
+    no_exception(at)
+    with sessions() as s:
+        (run,) = queries.list_runs(s)
+        detail = queries.run_detail(s, run["id"])
+    assert detail["config"]["workload"] == {**detail["config"]["workload"], "kind": "script", "script": str(script),
+                                            "args": ["--steps", "5", "--name", "a b"]}
+    assert detail["config"]["retry"]["max_retries"] == 1
