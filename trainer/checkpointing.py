@@ -12,8 +12,9 @@ import json
 import logging
 import math
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -127,6 +128,14 @@ def event(kind: str, message: str, level: str = "info") -> dict[str, Any]:
     return {"at": time.time(), "kind": kind, "message": message, "level": level}
 
 
+class Stateful(Protocol):
+    """What a checkpoint saves and restores: a module, an optimizer, a GradScaler, an adapter."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: dict[str, Any], /) -> Any: ...
+
+
 class RunCheckpoints:
     """What a training loop needs: resume at start, ``due()``/``save()`` in the loop, ``close()``.
 
@@ -168,8 +177,15 @@ class RunCheckpoints:
 
     # -- resume -----------------------------------------------------------------------------
 
-    def resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[int, int, int]:
+    def resume(self, model: Stateful, optimizer: Stateful,
+               extra: Mapping[str, Stateful] | None = None) -> tuple[int, int, int]:
         """Load the checkpoint the scheduler chose (falling back past refused ones).
+
+        Args:
+            model: The model (or an adapter whose ``load_state_dict`` takes the saved one).
+            optimizer: The optimizer (or an adapter).
+            extra: More state saved by :meth:`save` under the same names (a GradScaler ...);
+                one the checkpoint lacks keeps its fresh state, with a log line.
 
         Returns:
             (step, epoch, samples of that epoch's order already consumed); zeros from scratch.
@@ -188,6 +204,12 @@ class RunCheckpoints:
             logger.info("resuming from a checkpoint written with another config (a fork)")
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
+        saved_extra = state.get("extra") or {}
+        for name, obj in (extra or {}).items():
+            if name in saved_extra:
+                obj.load_state_dict(saved_extra[name])
+            else:
+                logger.info("checkpoint has no %r state; it starts fresh", name)
         rng_states = state["rng"]
         if self.info.rank < len(rng_states):
             rng.restore(rng_states[self.info.rank])
@@ -232,9 +254,15 @@ class RunCheckpoints:
             return bool(late.item())
         return False
 
-    def save(self, step: int, epoch: int, position: int, model: torch.nn.Module,
-             optimizer: torch.optim.Optimizer, metrics: dict[str, float]) -> None:
-        """Collective: gather every rank's RNG state, then rank 0 snapshots and writes."""
+    def save(self, step: int, epoch: int, position: int, model: Stateful,
+             optimizer: Stateful, metrics: dict[str, float],
+             extra: Mapping[str, Stateful] | None = None) -> None:
+        """Collective: gather every rank's RNG state, then rank 0 snapshots and writes.
+
+        ``model`` and ``optimizer`` may be adapters whose ``state_dict()`` is itself collective
+        (FSDP gathers the full state to rank 0); ``extra`` names more state to save (a GradScaler
+        ...), restored by :meth:`resume` given the same names.
+        """
         rng_states: list[Any] = [None] * self.info.world_size
         if self.info.world_size > 1:
             dist.all_gather_object(rng_states, rng.capture())
@@ -251,6 +279,8 @@ class RunCheckpoints:
             "config_hash": self.config.config_hash(),
             "config": self.config.to_json(),
         }
+        if extra:
+            state["extra"] = {name: obj.state_dict() for name, obj in extra.items()}
         self.manager.save(step, state, metrics=metrics)
         self._last_save = time.monotonic()
 

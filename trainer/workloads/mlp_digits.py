@@ -2,11 +2,12 @@
 
 Reads top to bottom: data, model, loop. DDP with a DistributedSampler whose epoch is set every
 epoch so each rank sees a different, reproducible shard order; all ranks share the model seed.
+The ``[train]`` techniques (AdamW, warm-up and cosine, clipping, autocast, compile) come from
+trainer/techniques.py; with their defaults the run is plain Adam at a constant rate, in fp32.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import random
 import time
@@ -20,8 +21,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from trainer import faults
-from trainer.checkpointing import RunCheckpoints
+from trainer import faults, techniques
+from trainer.datasets import digits_arrays
+from trainer.checkpointing import RunCheckpoints, Stateful
 from trainer.lifecycle import StopSignal, write_stopped
 from trainer.config import RunConfig
 from trainer.context import RunContext
@@ -35,9 +37,7 @@ TEST_FRACTION = 0.2
 
 def load_digits_split(seed: int = 0) -> tuple[TensorDataset, TensorDataset]:
     """The digits data set, scaled to [0, 1], split into a fixed train and test part."""
-    from sklearn.datasets import load_digits
-
-    x, y = load_digits(return_X_y=True)
+    x, y = digits_arrays()
     order = np.random.RandomState(seed).permutation(len(x))
     x = torch.tensor(x[order] / 16.0, dtype=torch.float32)
     y = torch.tensor(y[order], dtype=torch.long)
@@ -100,14 +100,18 @@ def train(
         )
 
     model = build_model(config.workload.hidden).to(info.device)
-    ddp = DDP(model) if info.world_size > 1 else model
-    optimizer = torch.optim.Adam(model.parameters(), lr=tc.lr)
+    # Compiled, it shares the parameters; checkpoints keep the plain model's keys.
+    forward_model = torch.compile(model) if tc.compile else model
+    ddp = DDP(forward_model) if info.world_size > 1 else forward_model
+    optimizer = techniques.build_optimizer(model, tc, info.device)  # weight_decay 0: Adam, bit for bit
+    scaler = techniques.grad_scaler(tc.precision, info.device)
+    extra: dict[str, Stateful] = {"scaler": scaler} if scaler is not None else {}
     checkpoints = RunCheckpoints(config, ctx, info, reporter.writer)
-    step, epoch, position = checkpoints.resume(model, optimizer)
+    step, epoch, position = checkpoints.resume(model, optimizer, extra)
     order: list[int] = []
     order_epoch = -1
 
-    interval_loss, interval_time, interval_steps = 0.0, 0.0, 0
+    interval_loss, interval_norm, interval_time, interval_steps = 0.0, 0.0, 0.0, 0
     latest: dict[str, float] = {}
     last_checkpoint: int | None = step if step else None
     delay = faults.step_delay_s()
@@ -123,6 +127,8 @@ def train(
             faults.maybe_raise(step + 1, info.rank, ctx.attempt)
             faults.maybe_cuda_oom(step + 1, tc.batch_size)
             faults.maybe_sigkill(step + 1, info.rank)
+            lr = techniques.lr_at(step, tc)
+            techniques.set_lr(optimizer, lr)
             optimizer.zero_grad(set_to_none=True)
             step_loss = 0.0
             for micro in range(tc.grad_accum):
@@ -130,14 +136,22 @@ def train(
                 position += tc.batch_size
                 x, y = x_all[idx].to(info.device), y_all[idx].to(info.device)
                 # Gradients are all-reduced once per optimizer step, on the last micro-batch.
-                sync = micro == tc.grad_accum - 1 or info.world_size == 1
-                with contextlib.nullcontext() if sync else ddp.no_sync():
-                    loss = F.cross_entropy(ddp(x), y) / tc.grad_accum
-                    loss.backward()
+                with techniques.micro_step(ddp, final=micro == tc.grad_accum - 1):
+                    with techniques.autocast(tc.precision, info.device):
+                        loss = F.cross_entropy(ddp(x).float(), y) / tc.grad_accum
+                    (scaler.scale(loss) if scaler is not None else loss).backward()
                 step_loss += loss.item()
-            optimizer.step()
+            if scaler is not None:
+                scaler.unscale_(optimizer)
+            grad_norm = techniques.clip_grad_norm(model.parameters(), tc.clip_grad_norm)
+            if scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
             step += 1
             interval_loss += step_loss
+            interval_norm += grad_norm.item()
             interval_time += time.perf_counter() - t0
             interval_steps += 1
             reporter.progress(step)
@@ -146,9 +160,11 @@ def train(
             if step % tc.log_every == 0 or last:
                 step_time = interval_time / interval_steps
                 latest["loss"] = interval_loss / interval_steps
-                reporter.log(step, loss=latest["loss"], step_time=step_time,
-                             samples_per_s=samples_per_step / step_time, epoch=float(epoch))
-                interval_loss, interval_time, interval_steps = 0.0, 0.0, 0
+                more = {"loss_scale": scaler.get_scale()} if scaler is not None else {}
+                reporter.log(step, loss=latest["loss"], step_time=step_time, lr=lr,
+                             grad_norm=interval_norm / interval_steps,
+                             samples_per_s=samples_per_step / step_time, epoch=float(epoch), **more)
+                interval_loss, interval_norm, interval_time, interval_steps = 0.0, 0.0, 0.0, 0
             if (tc.eval_every and step % tc.eval_every == 0) or last:
                 latest["eval_accuracy"], latest["eval_loss"] = evaluate(ddp, test_set, info)
                 reporter.log_main(step, eval_accuracy=latest["eval_accuracy"], eval_loss=latest["eval_loss"])
@@ -156,7 +172,7 @@ def train(
                     logger.info("step %d: eval accuracy %.4f, eval loss %.4f", step, latest["eval_accuracy"], latest["eval_loss"])
             stopping = stop.agreed()
             if checkpoints.due(step, last) or stopping:
-                checkpoints.save(step, epoch, position, model, optimizer, dict(latest))
+                checkpoints.save(step, epoch, position, model, optimizer, dict(latest), extra)
                 last_checkpoint = step
             if stopping:
                 logger.info("SIGTERM: stopped after step %d with a checkpoint", step)

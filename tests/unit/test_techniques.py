@@ -1,0 +1,187 @@
+"""trainer/techniques.py: the learning-rate schedule, clipping, autocast, the optimizer choice,
+and gpt-char's building blocks (reproducible batches, model shape, FLOPs)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from trainer import techniques
+from trainer.config import TrainConfig
+from trainer.workloads import gpt_char
+
+CPU = torch.device("cpu")
+
+
+def tc(**kw: object) -> TrainConfig:
+    return TrainConfig(**kw)  # type: ignore[arg-type]
+
+
+def test_constant_lr_without_warmup_is_lr_everywhere() -> None:
+    cfg = tc(lr=0.001)
+    assert {techniques.lr_at(s, cfg) for s in (0, 1, 150, 299, 1000)} == {0.001}
+
+
+def test_warmup_is_linear_then_cosine_reaches_min_lr_at_max_steps() -> None:
+    cfg = tc(lr=1.0, min_lr=0.1, warmup_steps=10, lr_schedule="cosine", max_steps=110)
+    assert techniques.lr_at(0, cfg) == pytest.approx(0.1)
+    assert techniques.lr_at(4, cfg) == pytest.approx(0.5)
+    assert techniques.lr_at(9, cfg) == pytest.approx(1.0)
+    assert techniques.lr_at(10, cfg) == pytest.approx(1.0)  # the cosine starts at the peak
+    assert techniques.lr_at(60, cfg) == pytest.approx(0.55)  # half-way: the mean of lr and min_lr
+    assert techniques.lr_at(110, cfg) == pytest.approx(0.1)
+    assert techniques.lr_at(500, cfg) == pytest.approx(0.1)  # past max_steps: the floor
+    values = [techniques.lr_at(s, cfg) for s in range(10, 111)]
+    assert all(a >= b for a, b in zip(values, values[1:]))
+
+
+def test_warmup_then_constant() -> None:
+    cfg = tc(lr=0.5, warmup_steps=4)
+    assert [techniques.lr_at(s, cfg) for s in range(6)] == pytest.approx([0.125, 0.25, 0.375, 0.5, 0.5, 0.5])
+
+
+def test_set_lr_writes_every_group() -> None:
+    model = nn.Linear(4, 4)
+    opt = techniques.build_optimizer(model, tc(weight_decay=0.1), CPU)
+    techniques.set_lr(opt, 0.123)
+    assert [g["lr"] for g in opt.param_groups] == [0.123, 0.123]
+
+
+def _model_with_grads(scale: float) -> nn.Module:
+    model = nn.Linear(3, 2)
+    for p in model.parameters():
+        p.grad = torch.full_like(p, scale)
+    return model
+
+
+def test_clip_returns_the_norm_and_clips_only_when_asked() -> None:
+    model = _model_with_grads(2.0)
+    expected = math.sqrt(8 * 2.0**2)  # 6 weights + 2 biases, each 2.0
+    norm = techniques.clip_grad_norm(model.parameters(), 0.0)
+    assert norm.item() == pytest.approx(expected)
+    assert model.weight.grad is not None and torch.all(model.weight.grad == 2.0)  # measured, untouched
+
+    norm = techniques.clip_grad_norm(model.parameters(), 1.0)
+    assert norm.item() == pytest.approx(expected)  # the norm before clipping
+    clipped = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]).norm()
+    assert clipped.item() == pytest.approx(1.0, rel=1e-4)
+
+
+@pytest.mark.parametrize(("precision", "dtype"), [("fp32", torch.float32), ("bf16", torch.bfloat16),
+                                                    ("fp16", torch.float16)])
+def test_autocast_dtype_on_cpu(precision: str, dtype: torch.dtype) -> None:
+    a, b = torch.randn(4, 4), torch.randn(4, 4)
+    with techniques.autocast(precision, CPU):
+        assert (a @ b).dtype == dtype
+
+
+def test_grad_scaler_only_for_fp16() -> None:
+    assert techniques.grad_scaler("fp32", CPU) is None
+    assert techniques.grad_scaler("bf16", CPU) is None
+    assert isinstance(techniques.grad_scaler("fp16", CPU), torch.amp.GradScaler)
+
+
+def test_optimizer_is_foreach_adamw_on_cpu_with_decay_only_on_matrices() -> None:
+    model = nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8), nn.Linear(8, 2))
+    opt = techniques.build_optimizer(model, tc(weight_decay=0.1), CPU)
+    assert isinstance(opt, torch.optim.AdamW)
+    assert opt.defaults["foreach"] is True and not opt.defaults["fused"]
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == 0.1 and all(p.dim() >= 2 for p in decay["params"])
+    assert no_decay["weight_decay"] == 0.0 and all(p.dim() < 2 for p in no_decay["params"])
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+
+
+def test_no_weight_decay_is_adam_bit_for_bit() -> None:
+    def run(make: object) -> torch.Tensor:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+        opt = make(model)  # type: ignore[operator]
+        for _ in range(5):
+            loss = model(torch.randn(4, 8)).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+    adam = run(lambda m: torch.optim.Adam(m.parameters(), lr=1e-2))
+    ours = run(lambda m: techniques.build_optimizer(m, tc(lr=1e-2), CPU))
+    assert torch.equal(adam, ours)
+
+
+@pytest.mark.gpu
+def test_optimizer_is_fused_on_cuda() -> None:
+    model = nn.Linear(4, 4).cuda()
+    opt = techniques.build_optimizer(model, tc(), torch.device("cuda"))
+    assert opt.defaults["fused"] is True
+
+
+@pytest.mark.gpu
+def test_bf16_autocast_on_cuda_and_known_peak() -> None:
+    a = torch.randn(64, 64, device="cuda")
+    with techniques.autocast("bf16", torch.device("cuda")):
+        assert (a @ a).dtype == torch.bfloat16
+    name = torch.cuda.get_device_name()
+    if "H100" in name or "A100" in name:
+        assert techniques.gpu_peak_flops(torch.device("cuda")) in (989e12, 312e12)
+
+
+def test_micro_step_on_a_plain_module_is_a_no_op() -> None:
+    model = nn.Linear(2, 2)
+    with techniques.micro_step(model, final=False):
+        model(torch.ones(1, 2)).sum().backward()
+    assert model.weight.grad is not None
+
+
+def test_cpu_peak_is_positive_and_no_gpu_peak_on_cpu() -> None:
+    assert techniques.measure_cpu_peak_flops(size=128, reps=2) > 0
+    assert techniques.gpu_peak_flops(CPU) is None
+
+
+# -- gpt-char building blocks -------------------------------------------------------------------
+
+
+def test_batches_depend_only_on_seed_step_rank() -> None:
+    data = torch.arange(1000)
+    x1, y1 = gpt_char.get_batch(data, 16, 8, gpt_char.window_generator(0, "train", 5, 1))
+    x2, y2 = gpt_char.get_batch(data, 16, 8, gpt_char.window_generator(0, "train", 5, 1))
+    assert torch.equal(x1, x2) and torch.equal(y1, y2)
+    assert torch.equal(y1[:, :-1], x1[:, 1:])  # targets are the inputs shifted by one
+    x3, _ = gpt_char.get_batch(data, 16, 8, gpt_char.window_generator(0, "train", 5, 0))
+    assert not torch.equal(x1, x3)
+
+
+def test_gpt_forward_shape_tied_head_and_flops() -> None:
+    model = gpt_char.GPT(vocab_size=30, n_layer=2, n_head=2, n_embd=16, block_size=8)
+    logits = model(torch.zeros(3, 8, dtype=torch.long))
+    assert logits.shape == (3, 8, 30)
+    assert model.lm_head.weight is model.wte.weight
+    n = model.non_embedding_params()
+    assert n == sum(p.numel() for p in model.blocks.parameters()) + sum(p.numel() for p in model.ln_f.parameters())
+    assert gpt_char.flops_per_token(model, 2, 16, 8) == 6 * n + 12 * 2 * 16 * 8
+
+
+def test_activation_checkpointing_gives_the_same_gradients() -> None:
+    torch.manual_seed(0)
+    plain = gpt_char.GPT(vocab_size=20, n_layer=2, n_head=2, n_embd=16, block_size=8)
+    ckpt = gpt_char.GPT(vocab_size=20, n_layer=2, n_head=2, n_embd=16, block_size=8, activation_checkpointing=True)
+    ckpt.load_state_dict(plain.state_dict())
+    idx = torch.randint(0, 20, (2, 8))
+    for m in (plain, ckpt):
+        m(idx).sum().backward()
+    for (_, a), (_, b) in zip(plain.named_parameters(), ckpt.named_parameters()):
+        assert a.grad is not None and b.grad is not None
+        assert torch.allclose(a.grad, b.grad, atol=1e-6)
+
+
+def test_corpus_split_and_vocab(tmp_path: Path) -> None:
+    path = tmp_path / "t.txt"
+    path.write_text("abcab" * 20)
+    corpus = gpt_char.load_corpus(str(path))
+    assert corpus.vocab == "abc"
+    assert len(corpus.val) == 10 and len(corpus.train) == 90
+    assert corpus.train[:5].tolist() == [0, 1, 2, 0, 1]

@@ -1,0 +1,174 @@
+"""Training techniques shared by the built-in workloads, each a small function of the run config.
+
+The optimizer (AdamW: fused on CUDA, foreach otherwise; weight decay only on matrices), the
+learning rate at a step (linear warm-up, then constant or cosine), autocast and the fp16
+GradScaler, gradient-norm clipping that always reports the norm, and gradient accumulation that
+skips the gradient all-reduce on all but the last micro-batch.
+
+The learning rate is a pure function of the step and is written into the optimizer before every
+step, so a resumed run needs no scheduler state: the step in the checkpoint is enough.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainer.config import TrainConfig
+
+# bf16 dense peak FLOP/s of one GPU (spec sheets, without sparsity), by a name fragment.
+GPU_PEAK_FLOPS = {"H100": 989e12, "A100": 312e12}
+
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def build_optimizer(model: nn.Module, tc: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW over the model's trainable parameters.
+
+    With ``weight_decay > 0`` the parameters are split into two groups: matrices (embeddings,
+    linear weights) decay, vectors (biases, norms) do not. With ``weight_decay == 0`` there is one
+    group, so the optimizer (and its state dict) is the same as a plain ``Adam(model.parameters())``
+    and equal to it bit for bit.
+
+    Args:
+        model: The model (unwrapped, or FSDP-sharded: its parameters are what is optimized).
+        tc: The ``[train]`` section (``lr``, ``weight_decay``).
+        device: Where the parameters live: fused kernels on CUDA, foreach otherwise.
+
+    Returns:
+        The optimizer.
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    if tc.weight_decay > 0:
+        groups: list[dict[str, Any]] = [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": tc.weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+    else:
+        groups = [{"params": params, "weight_decay": 0.0}]
+    if device.type == "cuda":
+        return torch.optim.AdamW(groups, lr=tc.lr, fused=True)
+    return torch.optim.AdamW(groups, lr=tc.lr, foreach=True)
+
+
+def lr_at(step: int, tc: TrainConfig) -> float:
+    """The learning rate of optimizer step ``step`` (0-based: the first step is step 0).
+
+    Linear warm-up from ``lr / warmup_steps`` to ``lr`` over the first ``warmup_steps`` steps,
+    then ``lr`` (``constant``) or a cosine from ``lr`` down to ``min_lr`` at ``max_steps``.
+
+    Args:
+        step: Optimizer steps already taken.
+        tc: The ``[train]`` section.
+
+    Returns:
+        The learning rate.
+    """
+    if step < tc.warmup_steps:
+        return tc.lr * (step + 1) / tc.warmup_steps
+    if tc.lr_schedule == "constant":
+        return tc.lr
+    decay_steps = max(1, tc.max_steps - tc.warmup_steps)
+    progress = min(1.0, (step - tc.warmup_steps) / decay_steps)
+    return tc.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (tc.lr - tc.min_lr)
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Write ``lr`` into every parameter group (before ``optimizer.step()``)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """The autocast context of the forward pass for ``train.precision`` on ``device``.
+
+    ``fp32`` is a null context (nothing changes); ``bf16`` and ``fp16`` autocast on the device's
+    type (cpu or cuda).
+    """
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=AUTOCAST_DTYPES[precision])
+
+
+def grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler | None:
+    """A GradScaler for ``fp16`` (its state belongs in the checkpoint); None otherwise."""
+    if precision != "fp16":
+        return None
+    return torch.amp.GradScaler(device.type)
+
+
+def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float) -> torch.Tensor:
+    """The global gradient norm, computed always; the gradients are clipped to ``max_norm`` when
+    it is above 0.
+
+    FSDP's sharded gradients give a sharded norm; it is gathered into a plain tensor.
+
+    Args:
+        parameters: The model's parameters (their ``.grad``, unscaled).
+        max_norm: The clipping threshold (0: only measure).
+
+    Returns:
+        The norm before clipping, a 0-d tensor on the gradients' device.
+    """
+    params = [p for p in parameters if p.grad is not None]
+    if max_norm > 0:
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    else:
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+    full_tensor = getattr(norm, "full_tensor", None)  # a DTensor under FSDP
+    return full_tensor() if full_tensor is not None else norm
+
+
+@contextlib.contextmanager
+def micro_step(model: nn.Module, final: bool) -> Iterator[None]:
+    """Context for one micro-batch's forward and backward in gradient accumulation.
+
+    On all but the ``final`` micro-batch the gradient all-reduce is skipped: DDP's ``no_sync()``,
+    or FSDP2's ``set_requires_gradient_sync(False)``. A plain module needs nothing.
+
+    Args:
+        model: The DDP, FSDP or plain model that runs forward and backward.
+        final: Whether this is the last micro-batch of the optimizer step.
+    """
+    if final:
+        yield
+    elif isinstance(model, nn.parallel.DistributedDataParallel):
+        with model.no_sync():
+            yield
+    elif hasattr(model, "set_requires_gradient_sync"):  # FSDP2
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+    else:
+        yield
+
+
+def gpu_peak_flops(device: torch.device) -> float | None:
+    """The bf16 peak FLOP/s of a known GPU (H100, A100); None for another or no GPU."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in GPU_PEAK_FLOPS.items() if key in name), None)
+
+
+def measure_cpu_peak_flops(size: int = 1024, reps: int = 5) -> float:
+    """FLOP/s of this process's float32 matmuls on the CPU: the best of ``reps`` timed
+    ``size x size`` products after one warm-up (a measured stand-in for a spec-sheet peak)."""
+    import time
+
+    a = torch.randn(size, size)
+    b = torch.randn(size, size)
+    torch.mm(a, b)
+    best = math.inf
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * size**3 / best

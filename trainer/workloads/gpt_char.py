@@ -1,0 +1,433 @@
+"""gpt-char: a character-level, decoder-only transformer (nanoGPT-like) on a text file.
+
+Reads top to bottom: data, model, parallelism, loop. The default text is the Python standard
+library's own sources on this machine (no download). Batches are windows of ``block_size + 1``
+characters at positions drawn from a generator seeded with (seed, step, rank): they depend only
+on the step, so a resumed run repeats the uninterrupted one's batches with no sampler state, and
+``grad_accum`` micro-batches split the same windows that one big batch would take.
+
+Parallelism: ``parallel.strategy = "ddp"`` (DistributedDataParallel) or ``"fsdp"`` (FSDP2:
+``fully_shard`` on each block, then the root; checkpoints gather the full state to rank 0).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.checkpoint import checkpoint
+
+from trainer import faults, techniques
+from trainer.checkpointing import RunCheckpoints, Stateful
+from trainer.config import RunConfig, TrainConfig
+from trainer.context import RunContext
+from trainer.distributed import DistInfo
+from trainer.lifecycle import StopSignal, write_stopped
+from trainer.reporter import MetricReporter
+
+logger = logging.getLogger(__name__)
+
+VAL_FRACTION = 0.1
+DEFAULT_CORPUS_CHARS = 3_000_000
+EVAL_BATCHES = 8
+
+
+# -- data ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CharCorpus:
+    """A text as character ids, split into a train part and a validation part (the last 10%)."""
+
+    vocab: str
+    train: torch.Tensor
+    val: torch.Tensor
+
+
+def default_corpus_text(max_chars: int = DEFAULT_CORPUS_CHARS) -> str:
+    """The standard library's top-level ``.py`` files in name order, concatenated until
+    ``max_chars`` characters (deterministic on a given Python installation)."""
+    stdlib = Path(os.__file__).parent
+    parts: list[str] = []
+    total = 0
+    for path in sorted(stdlib.glob("*.py")):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        parts.append(text)
+        total += len(text)
+        if total >= max_chars:
+            break
+    return "".join(parts)[:max_chars]
+
+
+def load_corpus(path: str | None) -> CharCorpus:
+    """Read ``workload.text`` (or the default corpus) and encode it with a sorted char vocabulary.
+
+    Raises:
+        ValueError: The file cannot be read or is too short to split.
+    """
+    if path is None:
+        text = default_corpus_text()
+    else:
+        try:
+            text = Path(path).read_text(encoding="utf-8", errors="replace")
+        except OSError as exc:
+            raise ValueError(f"workload.text = {path!r}: cannot read it: {exc.strerror}") from None
+    codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+    uniques, ids = np.unique(codes, return_inverse=True)
+    data = torch.from_numpy(ids.astype(np.int64))
+    n_val = int(len(data) * VAL_FRACTION)
+    if n_val < 2:
+        raise ValueError(f"workload.text = {path!r}: {len(data)} characters is too short for a train/val split")
+    vocab = "".join(chr(c) for c in uniques)
+    return CharCorpus(vocab=vocab, train=data[:-n_val], val=data[-n_val:])
+
+
+def window_generator(seed: int, split: str, step: int, rank: int) -> torch.Generator:
+    """A generator seeded by (seed, split, step, rank) alone: the batch of a step is reproducible."""
+    key = hashlib.blake2b(f"{seed}:{split}:{step}:{rank}".encode(), digest_size=8).digest()
+    return torch.Generator().manual_seed(int.from_bytes(key, "little") & (2**63 - 1))
+
+
+def get_batch(data: torch.Tensor, block_size: int, count: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """``count`` random windows: inputs and the next characters as targets, each (count, block_size)."""
+    if len(data) <= block_size + 1:
+        raise ValueError(f"workload.block_size = {block_size} is not shorter than the text split ({len(data)} chars)")
+    starts = torch.randint(0, len(data) - block_size, (count,), generator=gen)
+    windows = data[starts[:, None] + torch.arange(block_size + 1)]
+    return windows[:, :-1], windows[:, 1:]
+
+
+# -- model ---------------------------------------------------------------------------------------
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention through ``F.scaled_dot_product_attention``."""
+
+    def __init__(self, n_embd: int, n_head: int):
+        super().__init__()
+        self.n_head = n_head
+        self.qkv = nn.Linear(n_embd, 3 * n_embd, bias=False)
+        self.proj = nn.Linear(n_embd, n_embd, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, n_embd: int, n_head: int):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(n_embd)
+        self.attn = CausalSelfAttention(n_embd, n_head)
+        self.ln_2 = nn.LayerNorm(n_embd)
+        self.mlp = nn.Sequential(
+            nn.Linear(n_embd, 4 * n_embd, bias=False), nn.GELU(), nn.Linear(4 * n_embd, n_embd, bias=False)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """Token + position embeddings, ``n_layer`` blocks, a final LayerNorm and a tied LM head.
+
+    Args:
+        vocab_size: Characters in the vocabulary.
+        n_layer: Transformer blocks.
+        n_head: Attention heads per block.
+        n_embd: Embedding width.
+        block_size: Longest context.
+        activation_checkpointing: Recompute each block's activations in the backward pass.
+    """
+
+    def __init__(self, vocab_size: int, n_layer: int, n_head: int, n_embd: int, block_size: int,
+                 activation_checkpointing: bool = False):
+        super().__init__()
+        self.block_size = block_size
+        self.activation_checkpointing = activation_checkpointing
+        self.wte = nn.Embedding(vocab_size, n_embd)
+        self.wpe = nn.Embedding(block_size, n_embd)
+        self.blocks = nn.ModuleList(Block(n_embd, n_head) for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(n_embd)
+        self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied: https://paperswithcode.com/method/weight-tying
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():
+            if name.endswith("proj.weight") or name.endswith("mlp.2.weight"):  # residual outputs (GPT-2)
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def non_embedding_params(self) -> int:
+        """Parameters other than the embeddings (the tied head counts as the token embedding)."""
+        return sum(p.numel() for p in self.parameters()) - self.wte.weight.numel() - self.wpe.weight.numel()
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """Logits (B, T, vocab) for the character ids ``idx`` (B, T)."""
+        T = idx.shape[1]
+        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
+        for block in self.blocks:
+            if self.activation_checkpointing and torch.is_grad_enabled():
+                x = checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+
+def flops_per_token(model: GPT, n_layer: int, n_embd: int, block_size: int) -> float:
+    """Training FLOPs per token (PaLM appendix B, as nanoGPT): 6N + 12 * n_layer * n_embd * T."""
+    return 6.0 * model.non_embedding_params() + 12.0 * n_layer * n_embd * block_size
+
+
+# -- parallelism ---------------------------------------------------------------------------------
+
+
+class FullModelState:
+    """An FSDP model's state as one full state dict, gathered to rank 0 on CPU (collective)."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+
+    def state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        set_model_state_dict(self.model, state_dict, options=StateDictOptions(full_state_dict=True))
+
+
+class FullOptimizerState:
+    """An FSDP optimizer's state keyed by parameter name, gathered to rank 0 on CPU (collective)."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer):
+        self.model = model
+        self.optimizer = optimizer
+
+    def state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        return get_optimizer_state_dict(self.model, self.optimizer,
+                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        set_optimizer_state_dict(self.model, self.optimizer, state_dict,
+                                 options=StateDictOptions(full_state_dict=True))
+
+
+def parallelize(model: GPT, config: RunConfig, info: DistInfo) -> nn.Module:
+    """Compile (each block) and wrap the model for the strategy; returns what runs forward.
+
+    With FSDP the model itself is sharded in place (its parameters become DTensors), so the
+    optimizer must be built after this.
+    """
+    tc = config.train
+    if tc.compile:
+        for block in model.blocks:
+            block.compile()
+    if config.parallel.strategy == "fsdp":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mesh = init_device_mesh(info.device.type, (info.world_size,))
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+            if tc.precision == "bf16" else MixedPrecisionPolicy()
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh, mp_policy=mp)
+        fully_shard(model, mesh=mesh, mp_policy=mp)
+        return model
+    return DDP(model) if info.world_size > 1 else model
+
+
+def check_supported(config: RunConfig) -> None:
+    """Refuse option combinations this workload cannot honour, naming them."""
+    if config.parallel.strategy == "fsdp" and config.train.precision == "fp16":
+        raise ValueError("parallel.strategy = 'fsdp' with train.precision = 'fp16' is not supported "
+                         "(the GradScaler would see only each rank's shard); use precision = 'bf16'")
+
+
+# -- evaluation and metrics ----------------------------------------------------------------------
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+
+
+@torch.no_grad()
+def evaluate(runner: nn.Module, val: torch.Tensor, config: RunConfig, info: DistInfo) -> float:
+    """Mean loss over fixed validation windows (the same at every evaluation), averaged over ranks."""
+    tc, wc = config.train, config.workload
+    runner.eval()
+    gen = window_generator(tc.seed, "val", 0, info.rank)
+    total = torch.zeros((), dtype=torch.float64)
+    for _ in range(EVAL_BATCHES):
+        x, y = get_batch(val, wc.block_size, tc.batch_size, gen)
+        with techniques.autocast(tc.precision, info.device):
+            logits = runner(x.to(info.device))
+        total += cross_entropy(logits, y.to(info.device)).double().cpu()
+    if info.world_size > 1:
+        dist.all_reduce(total)
+    runner.train()
+    return total.item() / (EVAL_BATCHES * info.world_size)
+
+
+@dataclass
+class Interval:
+    """Sums over the steps since the last report."""
+
+    steps: int = 0
+    started: float = 0.0
+    data_time: float = 0.0
+    excluded: float = 0.0
+    loss: torch.Tensor | float = 0.0
+    grad_norm: torch.Tensor | float = 0.0
+
+
+def step_metrics(iv: Interval, tc: TrainConfig, tokens_per_step: int, flops_token: float,
+                 peak: float | None, lr: float, scaler: torch.amp.GradScaler | None) -> dict[str, float]:
+    """One rank's report for an interval (its ``.item()`` is the only host sync of the interval)."""
+    loss, grad_norm = torch.stack([torch.as_tensor(iv.loss), torch.as_tensor(iv.grad_norm)]).tolist()
+    step_time = (time.perf_counter() - iv.started - iv.excluded) / iv.steps
+    data_time = iv.data_time / iv.steps
+    metrics = {
+        "loss": loss / iv.steps, "lr": lr, "grad_norm": grad_norm / iv.steps,
+        "step_time": step_time, "data_time": data_time, "compute_time": step_time - data_time,
+        "tokens_per_s": tokens_per_step / step_time,
+        "samples_per_s": tc.batch_size * tc.grad_accum / step_time,
+    }
+    if peak:
+        metrics["mfu"] = flops_token * metrics["tokens_per_s"] / peak
+    if scaler is not None:
+        metrics["loss_scale"] = scaler.get_scale()
+    return metrics
+
+
+# -- training ------------------------------------------------------------------------------------
+
+
+def train(
+    config: RunConfig, info: DistInfo, ctx: RunContext, reporter: MetricReporter, stop: StopSignal
+) -> dict:
+    """Train to ``train.max_steps`` (or a stop request); returns the final step and eval loss."""
+    tc, wc = config.train, config.workload
+    check_supported(config)
+    torch.manual_seed(tc.seed)  # every rank builds the same initial model
+    if tc.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+    corpus = load_corpus(wc.text)
+    model = GPT(len(corpus.vocab), wc.n_layer, wc.n_head, wc.n_embd, wc.block_size,
+                activation_checkpointing=tc.activation_checkpointing).to(info.device)
+    tokens_per_step = tc.batch_size * tc.grad_accum * wc.block_size
+    flops_token = flops_per_token(model, wc.n_layer, wc.n_embd, wc.block_size)
+    peak = techniques.gpu_peak_flops(info.device)
+    if peak is None and info.device.type == "cpu":
+        peak = techniques.measure_cpu_peak_flops()
+    if info.is_main:
+        logger.info("gpt-char: vocab %d, train %d chars, %.2fM non-embedding params, peak %s FLOP/s",
+                    len(corpus.vocab), len(corpus.train), model.non_embedding_params() / 1e6,
+                    f"{peak:.3g}" if peak else "unknown")
+
+    runner = parallelize(model, config, info)
+    optimizer = techniques.build_optimizer(model, tc, info.device)
+    scaler = techniques.grad_scaler(tc.precision, info.device)
+    fsdp = config.parallel.strategy == "fsdp"
+    model_state: Stateful = FullModelState(model) if fsdp else model
+    optim_state: Stateful = FullOptimizerState(model, optimizer) if fsdp else optimizer
+    extra: dict[str, Stateful] = {"scaler": scaler} if scaler is not None else {}
+    checkpoints = RunCheckpoints(config, ctx, info, reporter.writer)
+    step, _, _ = checkpoints.resume(model_state, optim_state, extra)
+
+    iv = Interval(started=time.perf_counter())
+    latest: dict[str, float] = {}
+    last_checkpoint: int | None = step if step else None
+    delay = faults.step_delay_s()
+    lr = techniques.lr_at(step, tc)
+    try:
+        while step < tc.max_steps:
+            faults.maybe_raise(step + 1, info.rank, ctx.attempt)
+            faults.maybe_cuda_oom(step + 1, tc.batch_size)
+            faults.maybe_sigkill(step + 1, info.rank)
+
+            t0 = time.perf_counter()
+            gen = window_generator(tc.seed, "train", step, info.rank)
+            xs, ys = get_batch(corpus.train, wc.block_size, tc.batch_size * tc.grad_accum, gen)
+            xs, ys = xs.to(info.device, non_blocking=True), ys.to(info.device, non_blocking=True)
+            iv.data_time += time.perf_counter() - t0
+
+            lr = techniques.lr_at(step, tc)
+            techniques.set_lr(optimizer, lr)
+            optimizer.zero_grad(set_to_none=True)
+            for micro, (x, y) in enumerate(zip(xs.split(tc.batch_size), ys.split(tc.batch_size))):
+                # Gradients are all-reduced (or reduce-scattered) once, on the last micro-batch.
+                with techniques.micro_step(runner, final=micro == tc.grad_accum - 1):
+                    with techniques.autocast(tc.precision, info.device):
+                        loss = cross_entropy(runner(x), y) / tc.grad_accum
+                    (scaler.scale(loss) if scaler is not None else loss).backward()
+                iv.loss = iv.loss + loss.detach()
+            if scaler is not None:
+                scaler.unscale_(optimizer)
+            iv.grad_norm = iv.grad_norm + techniques.clip_grad_norm(model.parameters(), tc.clip_grad_norm)
+            if scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+            step += 1
+            iv.steps += 1
+            reporter.progress(step)
+
+            last = step == tc.max_steps
+            if step % tc.log_every == 0 or last:
+                metrics = step_metrics(iv, tc, tokens_per_step, flops_token, peak, lr, scaler)
+                latest["loss"] = metrics["loss"]
+                reporter.log(step, **metrics)
+                iv = Interval(started=time.perf_counter())  # what follows (eval aside) counts as the next step's
+            if (tc.eval_every and step % tc.eval_every == 0) or last:
+                t_eval = time.perf_counter()
+                latest["eval_loss"] = evaluate(runner, corpus.val, config, info)
+                iv.excluded += time.perf_counter() - t_eval  # evaluation is not part of a step
+                reporter.log_main(step, eval_loss=latest["eval_loss"])
+                if info.is_main:
+                    logger.info("step %d: eval loss %.4f", step, latest["eval_loss"])
+            stopping = stop.agreed()
+            if checkpoints.due(step, last) or stopping:
+                checkpoints.save(step, 0, 0, model_state, optim_state, dict(latest), extra)
+                last_checkpoint = step
+            if stopping:
+                logger.info("SIGTERM: stopped after step %d with a checkpoint", step)
+                checkpoints.close()
+                if info.is_main:
+                    write_stopped(ctx.attempt_dir, step, last_checkpoint, stop.received_at)
+                break
+            if delay:
+                time.sleep(delay)
+    finally:
+        reporter.finishing()
+        checkpoints.close()
+    return {"step": step, "eval_loss": latest.get("eval_loss", float("nan"))}
