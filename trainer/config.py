@@ -233,6 +233,8 @@ class RunConfig(_Section):
             raise ValueError("train.activation_checkpointing = true is for gpt-char; mlp-digits has no blocks")
         if kind != "gpt-char" and self.parallel.strategy == "fsdp":
             raise ValueError(f"parallel.strategy = 'fsdp' is supported by gpt-char, not {kind!r}")
+        if self.parallel.strategy == "fsdp" and self.train.precision == "fp16":
+            raise ValueError("train.precision = 'fp16' with parallel.strategy = 'fsdp' is not supported; use 'bf16'")
         return self
 
     name: str = Field(
