@@ -18,7 +18,6 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from trainer import rng
-from trainer.checkpoint import CheckpointError, CheckpointManager, SaveResult
+from trainer.checkpoint import CheckpointError, CheckpointManager
 from trainer.checkpointing import CheckpointHistory, event
 from trainer.config import CheckpointConfig, config_from_json
 from trainer.context import RunContext, context_from_env

@@ -15,7 +15,6 @@ import json
 import os
 import signal
 import sqlite3
-import time
 from pathlib import Path
 
 import pytest

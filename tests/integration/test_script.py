@@ -4,7 +4,6 @@ and resume; without it, it is still launched, logged, and retried on failure."""
 from __future__ import annotations
 
 import sqlite3
-from pathlib import Path
 
 import pytest
 

@@ -7,7 +7,6 @@ second or two. The real torchrun path is covered in tests/integration.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Callable
