@@ -38,7 +38,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import IO, Any, Literal, cast
 
 import numpy
 import torch
@@ -232,9 +232,10 @@ class _HashingFile:
         self.on_first_write: Callable[[], None] | None = None
 
     def write(self, data: Any) -> int:
-        if self.on_first_write is not None:
-            self.on_first_write, on_first_write = None, self.on_first_write
-            on_first_write()
+        callback = self.on_first_write
+        if callback is not None:
+            self.on_first_write = None
+            callback()
         try:
             return self._write(data)
         except BaseException as exc:
@@ -303,15 +304,16 @@ def _save_without_zip_crc(obj: Any, file: _HashingFile) -> None:
     ``unzip -t`` would report CRC errors.
     """
     serialization = torch.serialization
+    stream = cast(IO[bytes], file)  # write() and flush() are all that torch.save uses
     if not hasattr(serialization, "set_crc32_options"):  # torch < 2.6
-        torch.save(obj, file)
+        torch.save(obj, stream)
         return
     with _CRC_OPTION_LOCK:
         previous = serialization.get_crc32_options()
         serialization.set_crc32_options(False)
         file.on_first_write = lambda: serialization.set_crc32_options(previous)
         try:
-            torch.save(obj, file)
+            torch.save(obj, stream)
         finally:
             file.on_first_write = None
             serialization.set_crc32_options(previous)
@@ -439,6 +441,9 @@ class CheckpointManager:
         on_complete: Called with each durable checkpoint, from the writer thread (or from
             ``save()`` when not async). It must not call ``save()`` or ``wait()``.
         on_refused: Called with (step, reason) for each checkpoint that ``load()`` refuses.
+
+    The writer keeps its CPU staging copy of the state between saves (reusing it makes the
+    next snapshot a plain memcpy); ``close()`` frees it.
     """
 
     def __init__(
@@ -615,7 +620,7 @@ class CheckpointManager:
             path=final,
             bytes=writer.bytes + len(data),
             manifest_sha256=hashlib.sha256(data).hexdigest(),
-            params_digest=manifest["params_digest"],
+            params_digest=digest,
             blocked_s=job.blocked_s if self.async_save else total_s,
             total_s=total_s,
             metrics=dict(job.metrics),

@@ -125,30 +125,28 @@ def test_save_snapshots_so_later_training_does_not_leak_into_the_checkpoint(tmp_
 
 def test_snapshot_handles_odd_tensors_and_reused_buffers_take_new_values(tmp_path: Path) -> None:
     base = torch.randn(6, 5)
-    state = {
-        "model": {
-            "big": torch.randn(3 << 20),  # 12 MB: copied in several chunks
-            "transposed": base.t(),
-            "slice": base[2:4],
-            "bf16": torch.randn(7, dtype=torch.bfloat16),
-            "empty": torch.empty(0, 3),
-            "scalar": torch.tensor(3),
-            "mask": torch.tensor([True, False]),
-        },
-        "rng": torch.get_rng_state(),
+    model: dict[str, torch.Tensor] = {
+        "big": torch.randn(3 << 20),  # 12 MB: copied in several chunks
+        "transposed": base.t(),
+        "slice": base[2:4],
+        "bf16": torch.randn(7, dtype=torch.bfloat16),
+        "empty": torch.empty(0, 3),
+        "scalar": torch.tensor(3),
+        "mask": torch.tensor([True, False]),
     }
+    state = {"model": model, "rng": torch.get_rng_state()}
     manager = CheckpointManager(tmp_path)
     expected = []
     for step in (1, 2):
-        expected.append({k: v.clone() for k, v in state["model"].items()})
+        expected.append({k: v.clone() for k, v in model.items()})
         manager.save(step, state)
         manager.wait()
-        for tensor in state["model"].values():
+        for tensor in model.values():
             if tensor.dtype != torch.bool and tensor.numel():
                 tensor.mul_(2).add_(1)
-    for step, model in zip((1, 2), expected):
+    for step, saved in zip((1, 2), expected):
         _, loaded = manager.load(step)
-        _assert_same(model, loaded["model"])
+        _assert_same(saved, loaded["model"])
         assert loaded["model"]["transposed"].stride() == base.t().stride()
     manager.close()
 
