@@ -48,3 +48,19 @@ def attempt_timeline(attempts: pd.DataFrame) -> alt.Chart:
         )
         .properties(height=40 + 26 * len(attempts))
     )
+
+
+def runs_overlay(frame: pd.DataFrame, key: str, log_y: bool = False) -> alt.Chart:
+    """One line per run (the mean over its ranks) of one metric against the step."""
+    scale = alt.Scale(type="log") if log_y else alt.Scale(zero=False)
+    return (
+        alt.Chart(frame, title=f"{key}, mean over ranks")
+        .mark_line()
+        .encode(
+            x=alt.X("step:Q", title="step"),
+            y=alt.Y("value:Q", title=key, scale=scale),
+            color=alt.Color("run:N", title="run"),
+            tooltip=["run", "step", "value"],
+        )
+        .properties(height=360)
+    )

@@ -16,6 +16,7 @@ pages = [
     st.Page("views/runs.py", title="Runs", icon=":material/list:", url_path="runs", default=True),
     st.Page("views/new_run.py", title="New run", icon=":material/add_circle:", url_path="new"),
     st.Page("views/run.py", title="Run", icon=":material/monitoring:", url_path="run"),
+    st.Page("views/compare.py", title="Compare", icon=":material/stacked_line_chart:", url_path="compare"),
 ]
 page = st.navigation(pages)
 

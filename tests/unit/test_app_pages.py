@@ -418,3 +418,28 @@ def test_new_run_form_queues_a_script_run_with_its_arguments(sessions: sessionma
     assert detail["config"]["workload"] == {**detail["config"]["workload"], "kind": "script", "script": str(script),
                                             "args": ["--steps", "5", "--name", "a b"]}
     assert detail["config"]["retry"]["max_retries"] == 1
+
+
+# -- Compare page ---------------------------------------------------------------------------
+
+
+def test_compare_page_overlays_the_rank_mean_of_two_runs(settings: Settings, sessions: sessionmaker[Session]) -> None:
+    with sessions() as s:
+        first = add_run(s, settings, "lr-high", RunStatus.STARTING, RunStatus.RUNNING, RunStatus.SUCCEEDED)
+        add_attempt(s, first, last_step=100)
+        add_metrics(s, first, last_step=100)
+        second = add_run(s, settings, "lr-low", RunStatus.STARTING, RunStatus.RUNNING, RunStatus.SUCCEEDED)
+        add_attempt(s, second, last_step=50)
+        add_metrics(s, second, last_step=50)
+        s.commit()
+    at = open_page("views/compare.py")
+    no_exception(at)
+    assert at.title[0].value == "Compare runs"
+    assert sorted(at.multiselect[0].value) == [first, second]  # the two newest by default
+    assert at.selectbox[0].value == "loss"
+    (chart,) = at.get("vega_lite_chart")
+    rows = chart_data(chart)
+    assert sorted(rows["run"].unique()) == [f"#{first} lr-high (SUCCEEDED)", f"#{second} lr-low (SUCCEEDED)"]
+    high = rows[rows["run"].str.contains("lr-high")].sort_values("step")
+    assert len(high) == 10 and len(rows) == 15  # one point per step, ranks averaged
+    assert high["value"].iloc[0] == pytest.approx(2.0 / 10 + 0.005)  # mean of ranks 0 and 1

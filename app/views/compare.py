@@ -1,0 +1,35 @@
+"""Compare: overlay one metric of several runs (the mean over ranks, along each run's lineage)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from app import charts, data
+
+st.title("Compare runs")
+runs = data.list_runs()
+if len(runs) < 1:
+    st.info("No runs yet.")
+    st.stop()
+labels = {r["id"]: f"#{r['id']} {r['name']} ({r['status']})" for r in runs}
+chosen = st.multiselect("Runs", list(labels), default=[r["id"] for r in runs[:2]], format_func=labels.get)
+keys = sorted({k for run_id in chosen for k in data.metric_keys(run_id)})
+if not chosen or not keys:
+    st.info("Pick runs that have reported metrics.")
+    st.stop()
+key = st.selectbox("Metric", keys, index=keys.index("loss") if "loss" in keys else 0)
+log_y = st.toggle("Log scale", value=False)
+
+frames = []
+for run_id in chosen:
+    frame = data.metric_frame(run_id, key)
+    if frame.empty:
+        continue
+    lineage = frame[~frame["superseded"]]
+    mean = lineage.groupby("step", as_index=False)["value"].mean()
+    frames.append(mean.assign(run=labels[run_id]))
+if not frames:
+    st.info(f"None of these runs reported {key!r}.")
+    st.stop()
+st.altair_chart(charts.runs_overlay(pd.concat(frames), key, log_y=log_y), width="stretch")
