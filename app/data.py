@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from db import queries
 from db.engine import make_engine, make_sessionmaker
-from db.requests import RequestRefused, request_cancel, request_resume, request_stack_dump, set_pinned
+from db.requests import RequestRefused, request_cancel, request_resume, request_stack_dump, set_pinned, set_prices
 from db.settings import Settings, load_settings
 from orchestrator.resources import Inventory, detect_inventory
 from orchestrator.submission import fork, submit, validate
@@ -127,3 +127,19 @@ def fork_run(run_id: int, step: int, overrides: list[str]) -> int:
     new_id = fork(sessions(), settings(), run_id, step, overrides, inventory())
     _changed()
     return new_id
+
+
+def prices() -> dict[str, float]:
+    with sessions()() as s:
+        return queries.price_table(s)
+
+
+def save_prices(table: dict[str, float]) -> str | None:
+    """Save the price table; returns an error message, or None."""
+    with sessions()() as s:
+        try:
+            set_prices(s, table)
+        except RequestRefused as exc:
+            return str(exc)
+        s.commit()
+    return None

@@ -17,6 +17,7 @@ pages = [
     st.Page("views/new_run.py", title="New run", icon=":material/add_circle:", url_path="new"),
     st.Page("views/run.py", title="Run", icon=":material/monitoring:", url_path="run"),
     st.Page("views/compare.py", title="Compare", icon=":material/stacked_line_chart:", url_path="compare"),
+    st.Page("views/settings.py", title="Settings", icon=":material/settings:", url_path="settings"),
 ]
 page = st.navigation(pages)
 

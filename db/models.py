@@ -180,3 +180,15 @@ class SchedulerHeartbeat(Base):
     pid: Mapped[int] = mapped_column(Integer)
     started_at: Mapped[float] = mapped_column(Float)
     beat_at: Mapped[float] = mapped_column(Float)
+
+
+class PriceEntry(Base):
+    """The price table (USD per hour) edited on the Settings page; a run keeps the price it was
+    submitted with. ``device`` is a GPU model name (matched as a substring of what NVML
+    reports) or ``cpu-node`` (a whole CPU machine)."""
+
+    __tablename__ = "prices"
+
+    device: Mapped[str] = mapped_column(String(64), primary_key=True)
+    usd_per_hour: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)

@@ -11,10 +11,10 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from db.models import Attempt, Checkpoint, Event, Metric, Run, RunStatusHistory, SchedulerHeartbeat
+from db.models import Attempt, Checkpoint, Event, Metric, PriceEntry, Run, RunStatusHistory, SchedulerHeartbeat
 from db.requests import RunNotFound
 from db.states import TERMINAL, RunStatus
-from orchestrator.cost import AttemptSpan, cost_usd, eta_seconds, wasted_seconds
+from orchestrator.cost import AttemptSpan, cost_usd, default_prices, eta_seconds, wasted_seconds
 
 HEARTBEAT_STALE_S = 10.0
 
@@ -325,3 +325,9 @@ def scheduler_status(session: Session, now: float | None = None) -> dict[str, An
         return {"online": False, "age_s": None, "host": None, "pid": None}
     age = now - hb.beat_at
     return {"online": age <= HEARTBEAT_STALE_S, "age_s": age, "host": hb.host, "pid": hb.pid}
+
+
+def price_table(session: Session) -> dict[str, float]:
+    """The price table: the saved one, or the built-in defaults before anyone edited it."""
+    rows = session.execute(select(PriceEntry.device, PriceEntry.usd_per_hour)).all()
+    return {d: p for d, p in rows} if rows else default_prices()

@@ -12,7 +12,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from db import DatabaseError
-from db.models import Checkpoint, Event, Run, RunStatusHistory
+from db.models import Checkpoint, Event, PriceEntry, Run, RunStatusHistory
 from db.states import ACTIVE, TERMINAL, RunStatus, transition
 from trainer.config import RunConfig
 
@@ -180,3 +180,14 @@ def set_pinned(session: Session, run_id: int, step: int, pinned: bool, checkpoin
     if checkpoint is None:
         raise RequestRefused(f"run {run_id} has no checkpoint at step {step} (or it was deleted)")
     checkpoint.pinned = pinned
+
+
+def set_prices(session: Session, prices: dict[str, float]) -> None:
+    """Replace the price table (USD per hour); runs already submitted keep their price."""
+    bad = [f"{device!r} = {value!r}" for device, value in prices.items()
+           if not device.strip() or not isinstance(value, (int, float)) or value != value or value < 0]
+    if bad:
+        raise RequestRefused(f"prices must be non-negative numbers with a device name: {', '.join(bad)}")
+    now = time.time()
+    session.query(PriceEntry).delete()
+    session.add_all(PriceEntry(device=d.strip(), usd_per_hour=float(v), updated_at=now) for d, v in prices.items())

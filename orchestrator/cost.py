@@ -8,7 +8,7 @@ edits do not rewrite history.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from db.requests import Price
@@ -26,28 +26,36 @@ DEFAULT_GPU_PRICES_USD_PER_HOUR: dict[str, float] = {
     "T4": 0.35,
 }
 DEFAULT_GPU_PRICE = 2.00
+CPU_NODE = "cpu-node"
+OTHER_GPU = "other GPU"
 DEFAULT_CPU_NODE_PRICE_USD_PER_HOUR = 0.10
 
 
-def gpu_price(name: str) -> float:
-    """Per-GPU-hour price for a GPU model name as NVML reports it."""
+def default_prices() -> dict[str, float]:
+    """The built-in price table: USD per GPU-hour by model, per CPU-node-hour, and a fallback."""
+    return {**DEFAULT_GPU_PRICES_USD_PER_HOUR, OTHER_GPU: DEFAULT_GPU_PRICE, CPU_NODE: DEFAULT_CPU_NODE_PRICE_USD_PER_HOUR}
+
+
+def gpu_price(name: str, table: Mapping[str, float] | None = None) -> float:
+    """Per-GPU-hour price for a GPU model name as NVML reports it (the longest matching model
+    name in the table wins: "A100" before "A10")."""
+    prices = table or default_prices()
     upper = name.upper()
-    for model, price in DEFAULT_GPU_PRICES_USD_PER_HOUR.items():
+    models = sorted((m for m in prices if m not in (CPU_NODE, OTHER_GPU)), key=len, reverse=True)
+    for model in models:
         if model.upper() in upper:
-            return price
-    return DEFAULT_GPU_PRICE
+            return prices[model]
+    return prices.get(OTHER_GPU, DEFAULT_GPU_PRICE)
 
 
-def price_for(nproc: int, inventory: Inventory) -> Price:
+def price_for(nproc: int, inventory: Inventory, table: Mapping[str, float] | None = None) -> Price:
     """The hourly price of a run using ``nproc`` devices of this machine."""
+    prices = table or default_prices()
     if inventory.kind == "gpu":
-        each = gpu_price(inventory.device_label)
+        each = gpu_price(inventory.device_label, prices)
         return Price(usd_per_hour=each * nproc, unit=f"{nproc} x {inventory.device_label} @ ${each}/h")
-    share = DEFAULT_CPU_NODE_PRICE_USD_PER_HOUR * nproc / inventory.slots
-    return Price(
-        usd_per_hour=share,
-        unit=f"{nproc}/{inventory.slots} of a CPU node @ ${DEFAULT_CPU_NODE_PRICE_USD_PER_HOUR}/h",
-    )
+    node = prices.get(CPU_NODE, DEFAULT_CPU_NODE_PRICE_USD_PER_HOUR)
+    return Price(usd_per_hour=node * nproc / inventory.slots, unit=f"{nproc}/{inventory.slots} of a CPU node @ ${node}/h")
 
 
 def cost_usd(

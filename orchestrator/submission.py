@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 from db.models import Event, Run
+from db.queries import price_table
 from db.requests import RunNotFound, create_run, usable_checkpoint
 from db.settings import Settings
 from orchestrator.cost import price_for
@@ -70,7 +71,8 @@ def submit(sessions: sessionmaker[Session], settings: Settings, config: RunConfi
     if problems:
         raise ConfigError(problems)
     with sessions() as session:
-        run = create_run(session, config, settings.runs_dir, price_for(config.launch.nproc_per_node, inventory))
+        price = price_for(config.launch.nproc_per_node, inventory, price_table(session))  # snapshotted on the run
+        run = create_run(session, config, settings.runs_dir, price)
         session.commit()
         return run.id
 
@@ -99,9 +101,8 @@ def fork(
         data = json.loads(parent.config_json)
         data["name"] = f"{parent.name}-fork"[:100]
         config = validate(apply_overrides(data, overrides), inventory)
-        run = create_run(
-            session, config, settings.runs_dir, price_for(config.launch.nproc_per_node, inventory), parent=checkpoint
-        )
+        price = price_for(config.launch.nproc_per_node, inventory, price_table(session))
+        run = create_run(session, config, settings.runs_dir, price, parent=checkpoint)
         checkpoint.pinned = True
         session.add(Event(run_id=run.id, at=run.created_at, kind="fork",
                           message=f"forked from run {parent_id} at step {checkpoint.step}"

@@ -443,3 +443,50 @@ def test_compare_page_overlays_the_rank_mean_of_two_runs(settings: Settings, ses
     high = rows[rows["run"].str.contains("lr-high")].sort_values("step")
     assert len(high) == 10 and len(rows) == 15  # one point per step, ranks averaged
     assert high["value"].iloc[0] == pytest.approx(2.0 / 10 + 0.005)  # mean of ranks 0 and 1
+
+
+# -- Settings page --------------------------------------------------------------------------
+
+
+def test_settings_page_shows_the_price_table(settings: Settings, sessions: sessionmaker[Session]) -> None:
+    from db.requests import set_prices
+
+    with sessions() as s:
+        set_prices(s, {"cpu-node": 0.5, "H100": 3.5})
+        s.commit()
+    at = open_page("views/settings.py")
+    no_exception(at)
+    table = at.dataframe[0].value
+    assert dict(zip(table["device"], table["usd_per_hour"])) == {"H100": 3.5, "cpu-node": 0.5}
+    assert [b.label for b in at.button] == ["Save prices"]
+
+
+def test_edited_prices_apply_to_new_runs_only(settings: Settings, sessions: sessionmaker[Session]) -> None:
+    """The price is snapshotted at submit: editing the table (what the Settings page's Save
+    does) changes new runs, not submitted ones. AppTest cannot edit a data_editor's cells, so
+    the save is called directly."""
+    from orchestrator.resources import Inventory
+    from orchestrator.submission import submit
+
+    cpu = Inventory(kind="cpu", slots=2)
+    submit(sessions, settings, RunConfig(name="before"), cpu)
+    assert data_module().save_prices({"cpu-node": 0.50, "H100": 3.50}) is None
+    submit(sessions, settings, RunConfig(name="after"), cpu)
+    with sessions() as s:
+        by_name = {r["name"]: r for r in queries.list_runs(s)}
+        assert queries.price_table(s) == {"cpu-node": 0.50, "H100": 3.50}
+    assert by_name["before"]["price_usd_per_hour"] == pytest.approx(0.10)  # 2 of 2 slots at the default $0.10
+    assert by_name["after"]["price_usd_per_hour"] == pytest.approx(0.50)
+
+
+def data_module():  # type: ignore[no-untyped-def]
+    from app import data
+
+    return data
+
+
+def test_negative_price_is_refused(sessions: sessionmaker[Session]) -> None:
+    from db.requests import RequestRefused, set_prices
+
+    with sessions() as s, pytest.raises(RequestRefused, match="non-negative"):
+        set_prices(s, {"cpu-node": -1.0})

@@ -1,0 +1,29 @@
+"""Settings: the price table that cost estimates use. A run keeps the price it was submitted
+with, so editing here does not rewrite the cost of past runs."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from app import data
+
+st.title("Settings")
+st.subheader("Prices (USD per hour)")
+st.caption(
+    "Per GPU-hour by GPU model (matched against the name NVML reports; the longest match wins), "
+    "`other GPU` for models not listed, and `cpu-node` for a whole CPU machine (a run pays its "
+    "share of the slots). Defaults are public on-demand list prices, rounded."
+)
+table = pd.DataFrame(sorted(data.prices().items()), columns=["device", "usd_per_hour"])
+edited = st.data_editor(
+    table, num_rows="dynamic", hide_index=True, key="prices",
+    column_config={"usd_per_hour": st.column_config.NumberColumn("USD per hour", min_value=0.0, format="%.2f")},
+)
+if st.button("Save prices", type="primary", icon=":material/save:"):
+    rows = edited.dropna(subset=["device"])
+    message = data.save_prices({str(d): float(p) for d, p in zip(rows["device"], rows["usd_per_hour"])})
+    if message:
+        st.error(message)
+    else:
+        st.success("Saved. New runs use these prices; submitted runs keep theirs.")
