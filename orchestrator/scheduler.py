@@ -80,11 +80,18 @@ class Scheduler:
         with self.sessions() as session:
             self._beat(session)
             session.commit()
-            for run in session.execute(
-                select(Run).where(Run.status.in_([s.value for s in ACTIVE])).order_by(Run.id)
-            ).scalars().all():
-                self._supervise(session, run)
-                session.commit()
+            for run_id in session.scalars(
+                select(Run.id).where(Run.status.in_([s.value for s in ACTIVE])).order_by(Run.id)
+            ).all():
+                # One run's trouble (a corrupt row, a full disk) must not stop the others.
+                try:
+                    run = session.get(Run, run_id)
+                    if run is not None:
+                        self._supervise(session, run)
+                    session.commit()
+                except Exception:
+                    logger.exception("run %d: supervision failed; trying again next tick", run_id)
+                    session.rollback()
             self._admit(session)
 
     def _beat(self, session: Session) -> None:

@@ -260,3 +260,15 @@ def test_failures_are_retried_with_backoff_until_the_budget_is_spent(sessions: s
     with sessions() as s:
         run = s.get(Run, run_id)
         assert run.retries_used == 2 and "gave up after 2 retries" in run.status_reason
+
+
+def test_one_broken_run_does_not_stop_the_others(sessions: sessionmaker[Session], settings: Settings) -> None:
+    broken = queue(sessions, settings, "long")
+    healthy = queue(sessions, settings, "quick")
+    scheduler = make_scheduler(sessions, settings)
+    scheduler.tick()
+    with sessions() as s:  # a row damaged by hand: its config no longer parses
+        s.get(Run, broken).config_json = "{not json"
+        s.commit()
+    tick_until(scheduler, lambda: status(sessions, healthy) == "SUCCEEDED")
+    assert status(sessions, broken) == "STARTING"
