@@ -10,12 +10,15 @@ from app.format import duration, usd
 from db.states import RunStatus
 
 st.title("Runs")
-statuses = st.multiselect("Status", [s.value for s in RunStatus], placeholder="all statuses")
+c1, c2 = st.columns(2)
+statuses = c1.multiselect("Status", [s.value for s in RunStatus], placeholder="all statuses")
+all_tags = sorted({t for r in data.list_runs() for t in r["tags"]})
+tags = c2.multiselect("Tags", all_tags, placeholder="any tag")
 
 
 @st.fragment(run_every=2)
 def runs_table() -> None:
-    runs = data.list_runs(tuple(statuses))
+    runs = [r for r in data.list_runs(tuple(statuses)) if not tags or set(tags) & set(r["tags"])]
     if not runs:
         st.info("No runs yet. Start one on the **New run** page, or `runyard submit examples/digits.toml`.")
         st.page_link("views/new_run.py", label="New run", icon=":material/add_circle:")
@@ -32,6 +35,7 @@ def runs_table() -> None:
             "ETA": [duration(r["eta_s"]) for r in runs],
             "cost": [usd(r["cost_usd"]) for r in runs],
             "attempts": [r["attempt_count"] for r in runs],
+            "tags": [", ".join(r["tags"]) for r in runs],
         }
     )
     st.dataframe(

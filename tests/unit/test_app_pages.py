@@ -490,3 +490,17 @@ def test_negative_price_is_refused(sessions: sessionmaker[Session]) -> None:
 
     with sessions() as s, pytest.raises(RequestRefused, match="non-negative"):
         set_prices(s, {"cpu-node": -1.0})
+
+
+def test_runs_page_filters_by_tag(settings: Settings, sessions: sessionmaker[Session]) -> None:
+    with sessions() as s:
+        for name, tags in (("a", ["baseline"]), ("b", ["sweep", "lr"]), ("c", [])):
+            run = create_run(s, RunConfig.model_validate({"name": name, "tags": tags}), settings.runs_dir, Price(1.0, "x"))
+            s.flush()
+            assert run.id
+        s.commit()
+    at = app().run()
+    no_exception(at)
+    assert at.multiselect[1].options == ["baseline", "lr", "sweep"]
+    at.multiselect[1].set_value(["sweep"]).run()
+    assert at.dataframe[0].value["name"].tolist() == ["b"]
