@@ -265,14 +265,14 @@ class Scheduler:
             transition(session, run.id, RunStatus.RUNNING, f"attempt {attempt.number}: first step completed",
                        expect=RunStatus.STARTING)
         elif (status is RunStatus.STARTING and config.workload.kind == "script"
-              and rank_processes(run.run_dir, attempt.number, attempt.pid, attempt.pid_create_time)):
+              and rank_processes(run.run_dir, attempt.number, attempt.pid, attempt.pid_create_time, orphans=False)):
             # A script need not report steps: its ranks running is all that can be seen.
             transition(session, run.id, RunStatus.RUNNING, f"attempt {attempt.number}: the script's ranks are running",
                        expect=RunStatus.STARTING)
         if status is RunStatus.CANCELLING:
             self._stop(session, run, attempt, config.supervision.grace_s)
         else:
-            watchdog.check(session, run, attempt, config.supervision)
+            watchdog.check(session, run, attempt, config.supervision, script=config.workload.kind == "script")
         if run.dump_requested_at is not None:
             watchdog.serve_dump_request(session, run, attempt)
 

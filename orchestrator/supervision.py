@@ -45,16 +45,19 @@ def read_exit(attempt_dir: Path) -> dict | None:
 
 
 def attempt_processes(
-    run_dir: str, attempt: int, root_pid: int | None, root_create: float | None
+    run_dir: str, attempt: int, root_pid: int | None, root_create: float | None, orphans: bool = True
 ) -> list[psutil.Process]:
-    """Every live process of one attempt: the launcher's tree plus orphans tagged in their env
-    (by run directory, which is unique per data folder, and attempt number)."""
+    """Every live process of one attempt: the launcher's tree plus, with ``orphans``, processes
+    that lost their parent, found by the run directory (unique per data folder) and attempt
+    number in their environment (that reads every process's environment: not for every tick)."""
     found: dict[int, psutil.Process] = {}
     if is_alive(root_pid, root_create):
         root = psutil.Process(root_pid)  # type: ignore[arg-type]
         found[root.pid] = root
         for child in root.children(recursive=True):
             found[child.pid] = child
+    if not orphans:
+        return list(found.values())
     want = {"RUNYARD_RUN_DIR": run_dir, "RUNYARD_ATTEMPT": str(attempt)}
     for proc in psutil.process_iter(["pid"]):
         if proc.pid in found or proc.pid == os.getpid():
@@ -88,10 +91,12 @@ def signal_attempt(
     return sent
 
 
-def rank_processes(run_dir: str, attempt: int, root_pid: int | None, root_create: float | None) -> list[psutil.Process]:
+def rank_processes(
+    run_dir: str, attempt: int, root_pid: int | None, root_create: float | None, orphans: bool = True
+) -> list[psutil.Process]:
     """The training processes of an attempt (those torchrun started: they carry LOCAL_RANK)."""
     ranks = []
-    for proc in attempt_processes(run_dir, attempt, root_pid, root_create):
+    for proc in attempt_processes(run_dir, attempt, root_pid, root_create, orphans):
         try:
             if "LOCAL_RANK" in proc.environ():
                 ranks.append(proc)

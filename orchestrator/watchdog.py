@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import statistics
@@ -44,10 +43,13 @@ def hang_threshold_s(session: Session, run_id: int, attempt: int, config: Superv
     return max(config.hang_timeout_s, config.hang_step_factor * p95) if p95 else config.hang_timeout_s
 
 
-def check(session: Session, run: Run, attempt: Attempt, config: SupervisionConfig, now: float | None = None) -> None:
-    """Call for a live attempt on every tick: detects a hang, saves stacks, then kills."""
+def check(session: Session, run: Run, attempt: Attempt, config: SupervisionConfig, script: bool,
+          now: float | None = None) -> None:
+    """Call for a live attempt on every tick: detects a hang, saves stacks, then kills.
+
+    ``script``: the run is the user's own script, which may never report a step.
+    """
     now = time.time() if now is None else now
-    script = config_kind(run) == "script"
     if attempt.hang_detected_at is None:
         if attempt.first_step_at is None and script:
             return  # a script may not use the SDK: without progress reports there is no hang to see
@@ -72,10 +74,6 @@ def check(session: Session, run: Run, attempt: Attempt, config: SupervisionConfi
     elif attempt.signal_sent != "SIGKILL" and now - attempt.hang_detected_at >= STACKS_WAIT_S:
         signal_attempt(run.run_dir, attempt.number, attempt.pid, attempt.pid_create_time, signal.SIGKILL)
         attempt.signal_sent, attempt.signal_sent_at = "SIGKILL", now
-
-
-def config_kind(run: Run) -> str:
-    return json.loads(run.config_json).get("workload", {}).get("kind", "")
 
 
 def serve_dump_request(session: Session, run: Run, attempt: Attempt, now: float | None = None) -> None:

@@ -648,7 +648,7 @@ class CheckpointManager:
 
         This re-reads and hashes every checkpoint; ``load()`` hashes only what it needs.
         """
-        return [step for step in self._candidate_steps() if self.verify(step)[0]]
+        return [step for step in self.stored_steps() if self.verify(step)[0]]
 
     def verify(self, step: int) -> tuple[bool, str]:
         """Check ``root/step-<step>`` against its manifest, re-reading and hashing every file.
@@ -703,7 +703,7 @@ class CheckpointManager:
         """
         if step < -1:
             raise CheckpointError(f"step={step} must be >= 0, or -1 for the newest")
-        candidates = sorted(self._candidate_steps(), reverse=True)
+        candidates = sorted(self.stored_steps(), reverse=True)
         if step != -1:
             candidates = [s for s in candidates if s < step]
             candidates.insert(0, step)
@@ -765,7 +765,8 @@ class CheckpointManager:
         _fsync_dir(self.root)
         _remove(doomed)
 
-    def _candidate_steps(self) -> list[int]:
+    def stored_steps(self) -> list[int]:
+        """Steps that have a ``step-<N>`` folder, verified or not (nothing is read or hashed)."""
         try:
             names = os.listdir(self.root)
         except FileNotFoundError:

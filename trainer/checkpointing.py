@@ -26,6 +26,7 @@ from trainer.checkpoint import CheckpointError, CheckpointInfo, CheckpointManage
 from trainer.config import CheckpointConfig, RunConfig
 from trainer.context import RunContext
 from trainer.distributed import DistInfo
+from trainer.lifecycle import StopSignal, write_stopped
 from trainer.reporter import DatabaseWriter
 
 logger = logging.getLogger(__name__)
@@ -157,6 +158,7 @@ class RunCheckpoints:
         if writer is not None and ctx.run_id is not None:
             CheckpointHistory(ctx.run_id, ctx.attempt, config.checkpoint, self.manager).attach(writer)
         self._last_save = time.monotonic()
+        self.last_saved: int | None = None  # the newest checkpoint of this lineage
 
     # -- callbacks --------------------------------------------------------------------------
 
@@ -223,6 +225,7 @@ class RunCheckpoints:
         if self.info.is_main:
             self._supersede_after(step)
         self._last_save = time.monotonic()
+        self.last_saved = step
         return step, int(state["epoch"]), int(state["position"])
 
     def _supersede_after(self, step: int) -> None:
@@ -230,7 +233,8 @@ class RunCheckpoints:
         into ``checkpoints/superseded/attempt-<n>/``, so new saves do not overwrite them; they stay
         in the history and can still be resumed."""
         target_root = self.ctx.checkpoint_dir / "superseded" / f"attempt-{self.ctx.attempt}"
-        for newer in sorted(s for s in self.manager.verified_steps() if s > step):
+        # Only folder names are needed: verifying would re-read and hash every checkpoint.
+        for newer in (s for s in self.manager.stored_steps() if s > step):
             source = self.ctx.checkpoint_dir / f"step-{newer}"
             target = target_root / f"step-{newer}"
             target_root.mkdir(parents=True, exist_ok=True)
@@ -283,6 +287,26 @@ class RunCheckpoints:
             state["extra"] = {name: obj.state_dict() for name, obj in extra.items()}
         self.manager.save(step, state, metrics=metrics)
         self._last_save = time.monotonic()
+        self.last_saved = step
+
+    def after_step(self, step: int, last: bool, stop: StopSignal, epoch: int, position: int, model: Stateful,
+                   optimizer: Stateful, metrics: dict[str, float],
+                   extra: Mapping[str, Stateful] | None = None) -> bool:
+        """Collective, once per step: save when due or when SIGTERM arrived on any rank.
+
+        Returns:
+            True when the loop must end: the ranks got SIGTERM, a checkpoint of this step is
+            written, and rank 0 left ``stopped.json`` for the scheduler.
+        """
+        stopping = stop.agreed()
+        if self.due(step, last) or stopping:
+            self.save(step, epoch, position, model, optimizer, metrics, extra)
+        if stopping:
+            logger.info("SIGTERM: stopped after step %d with a checkpoint", step)
+            self.close()
+            if self.info.is_main:
+                write_stopped(self.ctx.attempt_dir, step, self.last_saved, stop.received_at)
+        return stopping
 
     def close(self) -> None:
         """Wait for the in-flight save (the final checkpoint must be durable before exit)."""

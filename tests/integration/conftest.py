@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -83,20 +84,28 @@ class Product:
         return self.wait_for(run_id, lambda d: d["status"] in statuses, timeout)
 
 
-@pytest.fixture
-def product(tmp_path: Path) -> Iterator[Product]:
-    home = tmp_path / "home"
-    home.mkdir()
+@contextlib.contextmanager
+def running_product(home: Path) -> Iterator[Product]:
+    """A runyard installation in ``home``; every scheduler it started is stopped on exit."""
+    home.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     env.pop("RUNYARD_DB_URL", None)
     env["RUNYARD_HOME"] = str(home)
     env["RUNYARD_CPU_SLOTS"] = env.get("RUNYARD_CPU_SLOTS", "2")
     p = Product(home=home, env=env)
-    yield p
-    for proc in p.procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+    try:
+        yield p
+    finally:
+        for proc in p.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+
+
+@pytest.fixture
+def product(tmp_path: Path) -> Iterator[Product]:
+    with running_product(tmp_path / "home") as p:
+        yield p

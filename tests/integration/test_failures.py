@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from tests.conftest import training_processes
-from tests.integration.conftest import Product
+from tests.integration.conftest import Product, running_product
 
 pytestmark = pytest.mark.slow
 
@@ -41,23 +41,12 @@ def final_digest(detail: dict) -> str:
 
 @pytest.fixture(scope="module")
 def reference_digest(tmp_path_factory: pytest.TempPathFactory) -> str:
-    import os
-
-    home = tmp_path_factory.mktemp("ref") / "home"
-    home.mkdir()
-    env = dict(os.environ, RUNYARD_HOME=str(home))
-    env.pop("RUNYARD_DB_URL", None)
-    product = Product(home=home, env=env)
-    try:
+    with running_product(tmp_path_factory.mktemp("ref") / "home") as product:
         run_id = product.submit(*DETERMINISTIC, "name=reference")
         product.start_scheduler()
         detail = product.wait_status(run_id, "SUCCEEDED", "FAILED")
         assert detail["status"] == "SUCCEEDED"
         return final_digest(detail)
-    finally:
-        for proc in product.procs:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(30)
 
 
 @pytest.mark.parametrize("seed", [1, 2])

@@ -12,7 +12,6 @@ flipped byte and a missing manifest are each refused with an event, and the resu
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sqlite3
 from pathlib import Path
@@ -20,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import training_processes
-from tests.integration.conftest import Product
+from tests.integration.conftest import Product, running_product
 
 pytestmark = pytest.mark.slow
 
@@ -53,21 +52,12 @@ def final_digest(detail: dict) -> str:
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict[tuple[int, int], float]]:
     """The uninterrupted run, once for the module."""
-    home = tmp_path_factory.mktemp("reference") / "home"
-    home.mkdir()
-    env = dict(os.environ, RUNYARD_HOME=str(home), RUNYARD_CPU_SLOTS="2")
-    env.pop("RUNYARD_DB_URL", None)
-    product = Product(home=home, env=env)
-    try:
+    with running_product(tmp_path_factory.mktemp("reference") / "home") as product:
         run_id = product.submit(*SETTINGS, "name=reference")
         product.start_scheduler()
         detail = product.wait_status(run_id, "SUCCEEDED", "FAILED")
         assert detail["status"] == "SUCCEEDED", detail["status_reason"]
         return detail, losses(product, run_id, 1)
-    finally:
-        for proc in product.procs:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(30)
 
 
 def kill_attempt(product: Product) -> None:

@@ -34,7 +34,7 @@ from trainer.checkpointing import RunCheckpoints, Stateful
 from trainer.config import RunConfig, TrainConfig
 from trainer.context import RunContext
 from trainer.distributed import DistInfo
-from trainer.lifecycle import StopSignal, write_stopped
+from trainer.lifecycle import StopSignal
 from trainer.reporter import MetricReporter
 
 logger = logging.getLogger(__name__)
@@ -365,7 +365,6 @@ def train(
 
     iv = Interval(started=time.perf_counter())
     latest: dict[str, float] = {}
-    last_checkpoint: int | None = step if step else None
     delay = faults.step_delay_s()
     lr = techniques.lr_at(step, tc)
     try:
@@ -415,15 +414,7 @@ def train(
                 reporter.log_main(step, eval_loss=latest["eval_loss"])
                 if info.is_main:
                     logger.info("step %d: eval loss %.4f", step, latest["eval_loss"])
-            stopping = stop.agreed()
-            if checkpoints.due(step, last) or stopping:
-                checkpoints.save(step, 0, 0, model_state, optim_state, dict(latest), extra)
-                last_checkpoint = step
-            if stopping:
-                logger.info("SIGTERM: stopped after step %d with a checkpoint", step)
-                checkpoints.close()
-                if info.is_main:
-                    write_stopped(ctx.attempt_dir, step, last_checkpoint, stop.received_at)
+            if checkpoints.after_step(step, last, stop, 0, 0, model_state, optim_state, dict(latest), extra):
                 break
             if delay:
                 time.sleep(delay)

@@ -24,7 +24,7 @@ from torch.utils.data.distributed import DistributedSampler
 from trainer import faults, techniques
 from trainer.datasets import digits_arrays
 from trainer.checkpointing import RunCheckpoints, Stateful
-from trainer.lifecycle import StopSignal, write_stopped
+from trainer.lifecycle import StopSignal
 from trainer.config import RunConfig
 from trainer.context import RunContext
 from trainer.distributed import DistInfo
@@ -113,7 +113,6 @@ def train(
 
     interval_loss, interval_norm, interval_time, interval_steps = 0.0, 0.0, 0.0, 0
     latest: dict[str, float] = {}
-    last_checkpoint: int | None = step if step else None
     delay = faults.step_delay_s()
     try:
         while step < tc.max_steps:
@@ -170,15 +169,7 @@ def train(
                 reporter.log_main(step, eval_accuracy=latest["eval_accuracy"], eval_loss=latest["eval_loss"])
                 if info.is_main:
                     logger.info("step %d: eval accuracy %.4f, eval loss %.4f", step, latest["eval_accuracy"], latest["eval_loss"])
-            stopping = stop.agreed()
-            if checkpoints.due(step, last) or stopping:
-                checkpoints.save(step, epoch, position, model, optimizer, dict(latest), extra)
-                last_checkpoint = step
-            if stopping:
-                logger.info("SIGTERM: stopped after step %d with a checkpoint", step)
-                checkpoints.close()
-                if info.is_main:
-                    write_stopped(ctx.attempt_dir, step, last_checkpoint, stop.received_at)
+            if checkpoints.after_step(step, last, stop, epoch, position, model, optimizer, dict(latest), extra):
                 break
             if delay:
                 time.sleep(delay)
