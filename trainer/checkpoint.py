@@ -76,7 +76,8 @@ class SaveResult:
         bytes: Total size of the files in ``path`` (``state.pt`` and ``manifest.json``).
         manifest_sha256: sha256 of the bytes of ``manifest.json``.
         params_digest: :func:`params_digest` of ``state[params_key]``.
-        blocked_s: Time the calling (training) thread spent inside ``save()``.
+        blocked_s: Time the calling (training) thread was blocked: inside ``save()``, plus
+            inside ``wait_snapshot()`` when the snapshot was taken in the background.
         total_s: From the ``save()`` call to the rename being durable.
         metrics: The metrics given to ``save()``, also stored in the manifest.
     """
@@ -109,6 +110,9 @@ class _Job:
     params_key: str
     started: float
     blocked_s: float = 0.0
+    # Set once ``snapshot`` is a private CPU copy (at once, unless the writer takes it).
+    snapshot_taken: threading.Event = field(default_factory=threading.Event)
+    snapshot_error: BaseException | None = None
 
 
 def _tensor_bytes(t: torch.Tensor) -> memoryview:
@@ -372,10 +376,12 @@ class _Stager:
             self._copiers.shutdown()
             self._copiers = None
 
-    def snapshot(self, state: dict[str, Any]) -> dict[str, Any]:
+    def snapshot(self, state: dict[str, Any], parallel: bool = True) -> dict[str, Any]:
+        """``parallel``: split the CPU copies over a few threads (when the caller is waiting);
+        off the training thread one thread copies, leaving the other cores to training."""
         walk = _Pass()
         out = self._copy(state, (), walk)
-        self._memmove(walk.memcpys)
+        self._memmove(walk.memcpys, parallel)
         for device in walk.cuda_devices:  # the copies must land before training edits the source
             torch.cuda.current_stream(device).synchronize()
         self._buffers = walk.buffers
@@ -413,13 +419,13 @@ class _Stager:
         walk.buffers[path] = (signature, buffer)
         return buffer
 
-    def _memmove(self, memcpys: list[tuple[int, int, int]]) -> None:
+    def _memmove(self, memcpys: list[tuple[int, int, int]], parallel: bool = True) -> None:
         chunks = [
             (dst + offset, src + offset, min(_COPY_CHUNK, size - offset))
             for dst, src, size in memcpys
             for offset in range(0, size, _COPY_CHUNK)
         ]
-        if len(chunks) < 2:
+        if len(chunks) < 2 or not parallel:
             for dst, src, size in chunks:
                 ctypes.memmove(dst, src, size)
             return
@@ -464,6 +470,7 @@ class CheckpointManager:
         self._executor: ThreadPoolExecutor | None = None
         self._hash_pool: ThreadPoolExecutor | None = None
         self._in_flight: Future[SaveResult] | None = None
+        self._pending_snapshot: _Job | None = None  # a deferred snapshot not yet waited for
         self._callback_thread: int | None = None  # the thread running on_complete, if any
         if is_writer:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -478,6 +485,7 @@ class CheckpointManager:
         *,
         metrics: dict[str, float] | None = None,
         params_key: str = "model",
+        defer_snapshot: bool = False,
     ) -> None:
         """Snapshot ``state`` to CPU memory, then write it (in the background when async).
 
@@ -490,6 +498,13 @@ class CheckpointManager:
             state: The state to save; ``state[params_key]`` must be a model state dict.
             metrics: Numbers stored in the manifest and the SaveResult (e.g. validation loss).
             params_key: The key of the model state dict that :func:`params_digest` covers.
+            defer_snapshot: (async only) Return at once and let the writer thread take the
+                snapshot too, while training goes on. The caller promises that nothing
+                modifies the tensors in ``state`` until :meth:`wait_snapshot` returns: true
+                of parameters and optimizer state between two ``optimizer.step()`` calls,
+                as long as the forward pass changes no buffers (no BatchNorm in train mode).
+                The training loop's stall then is only what is left of the copy when the
+                next optimizer step comes, usually nothing.
 
         Raises:
             CheckpointError: The state cannot be checkpointed, the previous background save
@@ -501,14 +516,41 @@ class CheckpointManager:
         started = time.perf_counter()
         job_metrics = self._check_save_args(step, state, metrics, params_key)
         self.wait()  # also re-raises the previous background write's failure
-        job = _Job(step, self._stager.snapshot(state), job_metrics, params_key, started)
+        deferred = defer_snapshot and self.async_save
+        job = _Job(step, state if deferred else self._stager.snapshot(state), job_metrics, params_key, started)
+        if not deferred:
+            job.snapshot_taken.set()
         job.blocked_s = time.perf_counter() - started
         if self.async_save:
+            self._pending_snapshot = job if deferred else None
             self._in_flight = self._writer().submit(self._run_job, job)
         else:
             done: Future[SaveResult] = Future()
             done.set_result(self._run_job(job))
             self._in_flight = done
+
+    def wait_snapshot(self) -> float:
+        """Block until the state given to a ``save(defer_snapshot=True)`` is copied.
+
+        Call it before anything modifies that state (before ``optimizer.step()``). Cheap when
+        there is nothing to wait for. The time blocked here counts in the save's ``blocked_s``.
+
+        Returns:
+            Seconds blocked.
+
+        Raises:
+            CheckpointError: The snapshot failed (the state cannot be checkpointed).
+        """
+        job, self._pending_snapshot = self._pending_snapshot, None
+        if job is None:
+            return 0.0
+        started = time.perf_counter()
+        job.snapshot_taken.wait()
+        waited = time.perf_counter() - started
+        job.blocked_s += waited
+        if job.snapshot_error is not None:
+            raise CheckpointError(f"snapshot of checkpoint step {job.step} failed: {job.snapshot_error}") from job.snapshot_error
+        return waited
 
     def wait(self) -> SaveResult | None:
         """Block until the in-flight save is durable.
@@ -520,7 +562,7 @@ class CheckpointManager:
             CheckpointError: The write failed (the original exception is its cause).
         """
         self._refuse_reentry("wait")
-        future, self._in_flight = self._in_flight, None
+        future, self._in_flight, self._pending_snapshot = self._in_flight, None, None
         return None if future is None else future.result()
 
     def close(self) -> None:
@@ -563,6 +605,14 @@ class CheckpointManager:
         return self._hash_pool
 
     def _run_job(self, job: _Job) -> SaveResult:
+        if not job.snapshot_taken.is_set():  # deferred: copy now, while the training thread goes on
+            try:
+                job.snapshot = self._stager.snapshot(job.snapshot, parallel=False)
+            except Exception as exc:
+                job.snapshot, job.snapshot_error = {}, exc
+                raise CheckpointError(f"snapshot of checkpoint step {job.step} failed: {exc}") from exc
+            finally:
+                job.snapshot_taken.set()
         tmp = self.root / f".tmp-step-{job.step}-{secrets.token_hex(4)}"
         try:
             result = self._write(job, tmp)

@@ -140,7 +140,9 @@ class Stateful(Protocol):
 class RunCheckpoints:
     """What a training loop needs: resume at start, ``due()``/``save()`` in the loop, ``close()``.
 
-    ``due`` and ``save`` are collective: every rank calls them at the same steps.
+    ``due`` and ``save`` are collective: every rank calls them at the same steps. With an async
+    save the writer thread also takes the snapshot while the next step's forward and backward
+    run; the loop must call :meth:`before_update` before ``optimizer.step()``.
     """
 
     def __init__(self, config: RunConfig, ctx: RunContext, info: DistInfo, writer: DatabaseWriter | None):
@@ -285,9 +287,14 @@ class RunCheckpoints:
         }
         if extra:
             state["extra"] = {name: obj.state_dict() for name, obj in extra.items()}
-        self.manager.save(step, state, metrics=metrics)
+        self.manager.save(step, state, metrics=metrics, defer_snapshot=True)
         self._last_save = time.monotonic()
         self.last_saved = step
+
+    def before_update(self) -> None:
+        """Before ``optimizer.step()`` (or anything else that edits parameters, optimizer or
+        scaler state): wait until a save started after the previous step has copied them."""
+        self.manager.wait_snapshot()
 
     def after_step(self, step: int, last: bool, stop: StopSignal, epoch: int, position: int, model: Stateful,
                    optimizer: Stateful, metrics: dict[str, float],

@@ -123,6 +123,55 @@ def test_save_snapshots_so_later_training_does_not_leak_into_the_checkpoint(tmp_
     manager.close()
 
 
+def test_deferred_snapshot_is_taken_by_the_writer_and_holds_the_state_of_the_save_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """save(defer_snapshot=True) returns before copying; wait_snapshot() returns once the copy is
+    private, so the optimizer step after it does not leak into the checkpoint."""
+    release = threading.Event()
+    real_snapshot = ckpt._Stager.snapshot
+    copied_on: list[str] = []
+
+    def slow_snapshot(self: Any, state: dict[str, Any]) -> dict[str, Any]:
+        copied_on.append(threading.current_thread().name)
+        assert release.wait(30), "test never released the snapshot"
+        return real_snapshot(self, state)
+
+    monkeypatch.setattr(ckpt._Stager, "snapshot", slow_snapshot)
+    manager = CheckpointManager(tmp_path)
+    state = _training_state()
+    expected = {k: v.clone() for k, v in state["model"].items()}
+    manager.save(1, state, defer_snapshot=True)  # returns although the snapshot is held
+    waiter = threading.Thread(target=manager.wait_snapshot)
+    waiter.start()
+    time.sleep(0.2)
+    assert waiter.is_alive(), "wait_snapshot() returned before the snapshot was taken"
+    release.set()
+    waiter.join(30)
+    assert not waiter.is_alive()
+    for tensor in state["model"].values():  # the next optimizer step
+        tensor.add_(1.0)
+    result = manager.wait()
+    assert copied_on and copied_on[0].startswith("runyard-ckpt-writer")
+    assert result is not None and result.blocked_s >= 0.15  # the wait counts as training blocked
+    assert result.params_digest == params_digest(expected)
+    _, loaded = manager.load(1)
+    _assert_same(expected, dict(loaded["model"]))
+    assert manager.wait_snapshot() == 0.0  # nothing pending
+    manager.close()
+
+
+def test_deferred_snapshot_failure_is_raised_by_wait_snapshot(tmp_path: Path) -> None:
+    manager = CheckpointManager(tmp_path)
+    manager.save(1, {"model": {}, "extra": {"when": object()}}, defer_snapshot=True)
+    with pytest.raises(CheckpointError, match=r"snapshot of checkpoint step 1 failed: .*unsupported type object"):
+        manager.wait_snapshot()
+    with pytest.raises(CheckpointError):  # and the save is not reported as done
+        manager.wait()
+    assert manager.verified_steps() == []
+    manager.close()
+
+
 def test_snapshot_handles_odd_tensors_and_reused_buffers_take_new_values(tmp_path: Path) -> None:
     base = torch.randn(6, 5)
     model: dict[str, torch.Tensor] = {
