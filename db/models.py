@@ -114,20 +114,66 @@ class Attempt(Base):
     run: Mapped[Run] = relationship(back_populates="attempts")
 
 
-class Metric(Base):
-    """One reported value: per run, attempt, rank, step and key."""
+class MetricName(Base):
+    """A metric's name ("loss"), stored once; points and rollups refer to it by id."""
 
-    __tablename__ = "metrics"
-    __table_args__ = (Index("ix_metrics_run_key_step", "run_id", "key", "step", "rank", "value"),)
+    __tablename__ = "metric_names"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
-    attempt: Mapped[int] = mapped_column(Integer)
-    rank: Mapped[int] = mapped_column(Integer)
-    step: Mapped[int] = mapped_column(Integer)
-    key: Mapped[str] = mapped_column(String(100))
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+
+
+class MetricPoint(Base):
+    """One reported value: per run, metric, attempt, step and rank (see db/metricstore.py).
+
+    NULL ``value`` means NaN (SQLite cannot store a NaN); an infinity is stored as such. On
+    SQLite the table is clustered on its primary key: a chart reads one contiguous range, and a
+    batch appends to one place per metric (the ranks of a step sit together).
+    """
+
+    __tablename__ = "metric_points"
+    __table_args__ = {"sqlite_with_rowid": False}
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    name_id: Mapped[int] = mapped_column(ForeignKey("metric_names.id"), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    rank: Mapped[int] = mapped_column(Integer, primary_key=True)
     value: Mapped[float | None] = mapped_column(Float)
     wall_time: Mapped[float] = mapped_column(Float)
+
+
+class MetricRollup(Base):
+    """The points of one (run, metric, attempt, rank) in buckets of ``4**level`` steps
+    (``bucket = step // 4**level``), kept up to date as points arrive (see db/metricstore.py).
+
+    ``min_value``, ``max_value`` and ``sum_value`` are over the non-NaN values (``min`` and
+    ``max`` NULL when every value is NaN; ``sum`` NULL when it is NaN, i.e. +Inf and -Inf met);
+    ``count`` counts every point and ``nan_count`` the NaN ones. ``last_value`` (NULL: NaN) and
+    ``last_time`` belong to the point at ``last_step``, ``first_time`` to the one at
+    ``first_step``. Clustered on the primary key on SQLite: one level of one metric is one
+    contiguous range.
+    """
+
+    __tablename__ = "metric_rollups"
+    __table_args__ = {"sqlite_with_rowid": False}
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    name_id: Mapped[int] = mapped_column(ForeignKey("metric_names.id"), primary_key=True)
+    level: Mapped[int] = mapped_column(Integer, primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    bucket: Mapped[int] = mapped_column(Integer, primary_key=True)
+    rank: Mapped[int] = mapped_column(Integer, primary_key=True)
+    min_value: Mapped[float | None] = mapped_column(Float)
+    max_value: Mapped[float | None] = mapped_column(Float)
+    sum_value: Mapped[float | None] = mapped_column(Float)
+    count: Mapped[int] = mapped_column(Integer)
+    nan_count: Mapped[int] = mapped_column(Integer)
+    first_step: Mapped[int] = mapped_column(Integer)
+    last_step: Mapped[int] = mapped_column(Integer)
+    first_time: Mapped[float] = mapped_column(Float)
+    last_time: Mapped[float] = mapped_column(Float)
+    last_value: Mapped[float | None] = mapped_column(Float)
 
 
 class Checkpoint(Base):
@@ -192,3 +238,30 @@ class PriceEntry(Base):
     device: Mapped[str] = mapped_column(String(64), primary_key=True)
     usd_per_hour: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
+
+
+class SystemMetric(Base):
+    """One 10-s aggregate of a system sample series, written by the scheduler's monitor.
+
+    ``device`` is ``host`` (CPU, memory, disk, network of the machine), ``gpu<N>`` (NVML index)
+    or ``procs`` (a run's processes: the whole tree when ``rank`` is null, else one rank's).
+    ``run_id`` and ``rank`` say which run (and rank) a GPU or process series belongs to; null
+    for the host and for GPUs no run holds. ``at`` is the start of the 10-s window."""
+
+    __tablename__ = "system_metrics"
+    __table_args__ = (
+        Index("ix_system_metrics_run_at", "run_id", "at"),
+        Index("ix_system_metrics_host_device_at", "host", "device", "at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[float] = mapped_column(Float)
+    host: Mapped[str] = mapped_column(String(255))
+    device: Mapped[str] = mapped_column(String(32))
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    rank: Mapped[int | None] = mapped_column(Integer)
+    key: Mapped[str] = mapped_column(String(64))
+    min: Mapped[float] = mapped_column(Float)
+    mean: Mapped[float] = mapped_column(Float)
+    max: Mapped[float] = mapped_column(Float)
+    count: Mapped[int] = mapped_column(Integer)

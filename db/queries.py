@@ -11,7 +11,8 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from db.models import Attempt, Checkpoint, Event, Metric, PriceEntry, Run, RunStatusHistory, SchedulerHeartbeat
+from db import metricstore
+from db.models import Attempt, Checkpoint, Event, PriceEntry, Run, RunStatusHistory, SchedulerHeartbeat
 from db.requests import RunNotFound
 from db.states import TERMINAL, RunStatus
 from orchestrator.cost import AttemptSpan, cost_usd, default_prices, eta_seconds, wasted_seconds
@@ -33,13 +34,8 @@ def resolve_run(session: Session, ref: str | int) -> int:
 
 
 def _progress_points(session: Session, run_id: int, attempt: int) -> list[tuple[int, float]]:
-    rows = session.execute(
-        select(Metric.step, Metric.wall_time)
-        .where(Metric.run_id == run_id, Metric.key == "loss", Metric.rank == 0, Metric.attempt == attempt)
-        .order_by(Metric.step.desc())
-        .limit(20)
-    ).all()
-    return [(int(s), float(t)) for s, t in rows]
+    rows = metricstore.recent(session, run_id, "loss", attempt=attempt, rank=0, limit=20)
+    return [(int(s), float(t)) for s, _, t in rows]
 
 
 def _run_summary(session: Session, run: Run, now: float) -> dict[str, Any]:
@@ -120,21 +116,10 @@ def list_runs(session: Session, statuses: list[str] | None = None, limit: int = 
     return [_run_summary(session, r, now) for r in session.execute(q).scalars().all()]
 
 
-def latest_metrics(session: Session, run_id: int) -> dict[str, dict[str, float | None]]:
-    """The newest value of each metric on each rank: ``{"loss": {"0": 0.41, "1": 0.43}}``."""
-    newest = (
-        select(Metric.key, Metric.rank, func.max(Metric.id).label("mid"))
-        .where(Metric.run_id == run_id)
-        .group_by(Metric.key, Metric.rank)
-        .subquery()
-    )
-    rows = session.execute(
-        select(Metric.key, Metric.rank, Metric.value).join(newest, Metric.id == newest.c.mid)
-    ).all()
-    out: dict[str, dict[str, float | None]] = {}
-    for key, rank, value in rows:
-        out.setdefault(key, {})[str(rank)] = value
-    return {k: dict(sorted(v.items(), key=lambda kv: int(kv[0]))) for k, v in sorted(out.items())}
+def latest_metrics(session: Session, run_id: int) -> dict[str, dict[str, float]]:
+    """The newest value of each metric on each rank (the newest attempt's largest step):
+    ``{"loss": {"0": 0.41, "1": 0.43}}``; NaN is ``float("nan")``."""
+    return metricstore.latest(session, run_id)
 
 
 def attempts_of(session: Session, run_id: int) -> list[dict[str, Any]]:
@@ -220,18 +205,18 @@ def goodput(session: Session, run: Run, attempts: list[dict[str, Any]], now: flo
         return None
     now = time.time() if now is None else now
     cutoffs = lineage_cutoffs(attempts)
-    rows = session.execute(
-        select(Metric.attempt, Metric.step, Metric.value)
-        .where(Metric.run_id == run.id, Metric.key == "step_time", Metric.rank == 0)
-    ).all()
-    times = [v for a, s, v in rows if v is not None and s <= cutoffs.get(a, float("inf"))]
+    total, count = 0.0, 0
+    for a in attempts:  # rank 0's step times along the lineage, from the rollups
+        s, n = metricstore.totals(session, run.id, "step_time", attempt=a["number"], rank=0,
+                                  max_step=cutoffs.get(a["number"]))
+        total, count = total + s, count + n
     last = attempts[-1]
     steps = last["last_step"] or last["resume_step"] or 0
     wall = sum((a["ended_at"] or now) - a["started_at"] for a in attempts)
     wall += sum(b["started_at"] - (a["ended_at"] or b["started_at"]) for a, b in zip(attempts, attempts[1:]) if a["cause"])
-    if not times or wall <= 0:
+    if not count or wall <= 0:
         return None
-    return min(1.0, steps * (sum(times) / len(times)) / wall)
+    return min(1.0, steps * (total / count) / wall)
 
 
 def checkpoints_of(session: Session, run_id: int) -> list[dict[str, Any]]:
@@ -277,41 +262,28 @@ def lineage_cutoffs(attempts: list[dict[str, Any]]) -> dict[int, float]:
 
 
 def metric_keys(session: Session, run_id: int) -> list[str]:
-    return list(
-        session.scalars(select(Metric.key).where(Metric.run_id == run_id).distinct().order_by(Metric.key))
-    )
+    return metricstore.metric_keys(session, run_id)
 
 
-def metric_points(
-    session: Session, run_id: int, key: str, after_id: int = 0, max_points: int = 20000
-) -> list[dict[str, Any]]:
-    """Points of one metric on every rank, oldest first, newer than row ``after_id`` (so a live
-    panel fetches only what is new)."""
-    rows = session.execute(
-        select(Metric.id, Metric.attempt, Metric.rank, Metric.step, Metric.value, Metric.wall_time)
-        .where(Metric.run_id == run_id, Metric.key == key, Metric.id > after_id)
-        .order_by(Metric.id)
-        .limit(max_points)
-    ).all()
+def metric_points(session: Session, run_id: int, key: str, max_points: int = 2000) -> list[dict[str, Any]]:
+    """One metric on every rank, at most ``max_points`` per (attempt, rank): the raw points of a
+    short run, bucket means (at the bucket's first step) of a long one (see
+    ``metricstore.series``). Sorted by attempt, rank, step; NaN is ``float("nan")``. A bucket is
+    superseded when its first step is past its attempt's lineage cutoff."""
+    found = metricstore.series(session, run_id, key, max_points=max_points)
     cutoffs = lineage_cutoffs(attempts_of(session, run_id))
     return [
-        {"id": i, "attempt": a, "rank": r, "step": s, "value": v, "time": t,
-         "superseded": s > cutoffs.get(a, float("inf"))}
-        for i, a, r, s, v, t in rows
+        {"attempt": r["attempt"], "rank": r["rank"], "step": r["step"], "value": r["value"], "time": r["wall_time"],
+         "superseded": r["step"] > cutoffs.get(r["attempt"], float("inf"))}
+        for r in found.rows
     ]
 
 
 def iter_metric_rows(session: Session, run_id: int, batch: int = 10_000) -> Iterator[tuple]:
     """Every raw point of a run, in (attempt, step, rank, key) order, streamed in batches:
-    (attempt, rank, step, key, value, time, superseded)."""
+    (attempt, rank, step, key, value, time, superseded); NaN is ``float("nan")``."""
     cutoffs = lineage_cutoffs(attempts_of(session, run_id))
-    result = session.execute(
-        select(Metric.attempt, Metric.rank, Metric.step, Metric.key, Metric.value, Metric.wall_time)
-        .where(Metric.run_id == run_id)
-        .order_by(Metric.attempt, Metric.step, Metric.rank, Metric.key)
-        .execution_options(yield_per=batch)
-    )
-    for attempt, rank, step, key, value, wall in result:
+    for attempt, rank, step, key, value, wall in metricstore.iter_rows(session, run_id, batch):
         yield attempt, rank, step, key, value, wall, step > cutoffs.get(attempt, float("inf"))
 
 
@@ -331,3 +303,90 @@ def price_table(session: Session) -> dict[str, float]:
     """The price table: the saved one, or the built-in defaults before anyone edited it."""
     rows = session.execute(select(PriceEntry.device, PriceEntry.usd_per_hour)).all()
     return {d: p for d, p in rows} if rows else default_prices()
+
+
+def event_counts(session: Session, run_id: int) -> dict[str, int]:
+    """How many events of each kind the run has (every one, not only the newest page)."""
+    rows = session.execute(
+        select(Event.kind, func.count()).where(Event.run_id == run_id).group_by(Event.kind)
+    ).all()
+    return {kind: int(n) for kind, n in rows}
+
+
+def _median(values: list[float]) -> float | None:
+    ordered = sorted(values)
+    if not ordered:
+        return None
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def checkpoint_advice(session: Session, run_id: int, now: float | None = None, recent: int = 10) -> dict[str, Any]:
+    """The checkpoint interval Young–Daly recommends for this run, beside the configured one.
+
+    - save cost C: the median time the training loop was blocked by the run's ``recent`` newest
+      saves (``Checkpoint.blocked_s``; the rest of a save runs in the background);
+    - MTBF M: device time of every attempt of every run on this machine over the number of
+      attempts that ended by a failure (any cause but a preemption; cancels and pauses have no
+      cause); None before the first failure;
+    - step time: wall seconds per step of the run's newest attempt that made progress (its
+      first to its last reported step), so evaluation and saves are counted as the interval is.
+
+    Returns:
+        ``interval_s`` and ``interval_steps`` (None when something is missing, and ``missing``
+        then says what, one sentence each), ``checkpoint_cost_s``, ``save_total_s``,
+        ``mtbf_s``, ``failures``, ``device_time_s``, ``step_time_s``, and the configured
+        ``every_steps`` / ``every_seconds``.
+    """
+    from orchestrator.cost import young_daly_interval_s
+
+    run = session.get(Run, run_id)
+    if run is None:
+        raise RunNotFound(f"no run with id {run_id}; `runyard ls` lists the runs")
+    now = time.time() if now is None else now
+    configured = json.loads(run.config_json).get("checkpoint", {})
+    saves = session.execute(
+        select(Checkpoint.blocked_s, Checkpoint.total_s).where(Checkpoint.run_id == run_id)
+        .order_by(Checkpoint.created_at.desc()).limit(recent)
+    ).all()
+    cost = _median([b for b, _ in saves if b is not None])
+    total = _median([t for _, t in saves if t is not None])
+
+    spans = session.execute(select(Attempt.started_at, Attempt.ended_at, Attempt.cause)).all()
+    device_time = sum(max(0.0, (end if end is not None else now) - start) for start, end, _ in spans)
+    failures = sum(1 for _, _, cause in spans if cause is not None and cause != "PREEMPTED")
+    mtbf = device_time / failures if failures else None
+
+    step_time = None
+    attempts = session.execute(
+        select(Attempt).where(Attempt.run_id == run_id).order_by(Attempt.number.desc())
+    ).scalars().all()
+    for a in attempts:
+        steps = (a.last_step or 0) - (a.resume_step or 0) - 1  # first_step_at is the first step's end
+        if a.first_step_at is not None and a.progress_at is not None and steps > 0 and a.progress_at > a.first_step_at:
+            step_time = (a.progress_at - a.first_step_at) / steps
+            break
+
+    missing = []
+    if cost is None:
+        missing.append("no checkpoint written yet, so the save cost is unknown")
+    if mtbf is None:
+        missing.append(f"no failure seen on this machine yet ({device_time / 3600:.1f} h of attempts), "
+                       "so the mean time between failures is unknown")
+    if step_time is None:
+        missing.append("not enough steps yet to measure the step time")
+    interval_s = young_daly_interval_s(cost, mtbf) if cost is not None and mtbf is not None else None
+    interval_steps = max(1, round(interval_s / step_time)) if interval_s is not None and step_time else None
+    return {
+        "interval_s": interval_s,
+        "interval_steps": interval_steps,
+        "checkpoint_cost_s": cost,
+        "save_total_s": total,
+        "mtbf_s": mtbf,
+        "failures": failures,
+        "device_time_s": device_time,
+        "step_time_s": step_time,
+        "every_steps": configured.get("every_steps"),
+        "every_seconds": configured.get("every_seconds"),
+        "missing": missing,
+    }

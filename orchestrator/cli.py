@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import logging
 import os
 import signal
@@ -30,6 +31,17 @@ from db.settings import Settings, load_settings
 
 EXIT_USAGE = 2
 
+
+
+def _json_safe(obj: Any) -> Any:
+    """NaN and infinities as null: JSON has no token for them (a NaN loss stays visible as null)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
 
 def _settings() -> Settings:
     return load_settings()
@@ -355,7 +367,7 @@ def ls(statuses: tuple[str, ...], as_json: bool) -> None:
     with _sessions(_settings())() as session:
         runs = list_runs(session, [s.upper() for s in statuses] or None)
     if as_json:
-        click.echo(json.dumps(runs, indent=2))
+        click.echo(json.dumps(_json_safe(runs), indent=2))
         return
     if not runs:
         click.echo("no runs yet; queue one with `runyard submit examples/digits.toml`")
@@ -408,7 +420,7 @@ def show(run: str, as_json: bool) -> None:
     with sessions() as session:
         detail = run_detail(session, run_id)
     if as_json:
-        click.echo(json.dumps(detail, indent=2))
+        click.echo(json.dumps(_json_safe(detail), indent=2))
     else:
         _print_detail(detail)
 

@@ -4,15 +4,16 @@
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import statistics
 import time
 from pathlib import Path
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from db.models import Attempt, Event, Metric, Run
+from db import metricstore
+from db.models import Attempt, Event, Run
 from orchestrator.supervision import dump_stacks, signal_attempt
 from trainer.config import SupervisionConfig
 
@@ -23,15 +24,8 @@ STACKS_WAIT_S = 2.0
 
 
 def p95_step_time(session: Session, run_id: int, attempt: int) -> float | None:
-    values = [
-        v for v in session.scalars(
-            select(Metric.value)
-            .where(Metric.run_id == run_id, Metric.attempt == attempt, Metric.key == "step_time")
-            .order_by(Metric.id.desc())
-            .limit(400)
-        )
-        if v is not None
-    ]
+    newest = metricstore.recent(session, run_id, "step_time", attempt=attempt, rank=0, limit=400)
+    values = [v for _, v, _ in newest if not math.isnan(v)]
     if len(values) < 5:
         return None
     return statistics.quantiles(values, n=20)[-1]

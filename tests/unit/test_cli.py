@@ -91,13 +91,15 @@ def test_metrics_csv_has_one_row_per_point(settings: Settings, sessions) -> None
     import io
     import time
 
-    from db.models import Attempt, Metric
+    from db.metricstore import write_points
+    from db.models import Attempt
 
     run("submit", str(EXAMPLE))
     with sessions() as s:
         s.add(Attempt(run_id=1, number=1, status="SUCCEEDED", dir="/x", started_at=time.time()))
-        s.add_all([Metric(run_id=1, attempt=1, rank=r, step=st, key="loss", value=1.0 / st, wall_time=100.0 + st)
-                   for st in (10, 20) for r in (0, 1)])
+        s.flush()
+        write_points(s.connection(), [dict(run_id=1, attempt=1, rank=r, step=st, key="loss", value=1.0 / st,
+                                           wall_time=100.0 + st) for st in (10, 20) for r in (0, 1)])
         s.commit()
     code, out, _ = run("metrics", "1", "--csv")
     assert code == 0

@@ -1,0 +1,138 @@
+"""Seed a database with a finished run and its metric points, through rank 0's write path.
+
+    .venv/bin/python bench/seed.py sqlite:////tmp/seeded/runyard.db --ranks 8 --steps 100000 [--keys loss,lr]
+
+:func:`seed_run` is what the chart-query, first-render and browser benchmarks and tests use: a
+SUCCEEDED run of one attempt, ``keys`` logged on every rank at steps 1..``steps`` (a decaying
+loss-like curve with noise, one NaN on rank 3 half-way), written with ``db.metricstore.write_points``
+in batches, rollups included. Prints the run id.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+STEP_S = 0.05  # seconds per step of the seeded run
+
+
+def values(rank: int, step: int, steps: int, key_index: int, rng: random.Random) -> float:
+    """A loss-like curve: decays over the run, a little apart per rank and key, with noise."""
+    return 3.0 * math.exp(-5 * step / steps) + 0.1 + 0.02 * rank + 0.1 * key_index + 0.05 * rng.random()
+
+
+def point_batches(run_id: int, ranks: int, steps: int, keys: Sequence[str], batch_points: int,
+                  start: float, seed: int = 0) -> Iterator[list[dict]]:
+    """The run's points as rank 0's writer hands them over: step by step, every rank, every key."""
+    rng = random.Random(seed)
+    per_step = ranks * len(keys)
+    batch_steps = max(1, batch_points // per_step)
+    for first in range(1, steps + 1, batch_steps):
+        yield [
+            {"run_id": run_id, "attempt": 1, "rank": rank, "step": step, "key": key,
+             "value": math.nan if (rank, step) == (3, steps // 2) else values(rank, step, steps, k, rng),
+             "wall_time": start + step * STEP_S}
+            for step in range(first, min(steps, first + batch_steps - 1) + 1)
+            for k, key in enumerate(keys)
+            for rank in range(ranks)
+        ]
+
+
+def create_finished_run(db_url: str, name: str, ranks: int, steps: int, runs_dir: Path | None = None,
+                        start: float | None = None) -> int:
+    """A SUCCEEDED run with one attempt of ``steps`` steps on ``ranks`` ranks that started at
+    ``start`` (default: so that it just ended), and no points."""
+    from db.engine import make_engine, make_sessionmaker
+    from db.models import Attempt
+    from db.requests import Price, create_run
+    from db.states import RunStatus, transition
+    from trainer.config import RunConfig
+
+    if runs_dir is None:
+        database = make_engine(db_url).url.database
+        if not database:
+            raise ValueError(f"pass runs_dir: {db_url!r} is not a SQLite file")
+        runs_dir = Path(database).parent / "runs"
+    engine = make_engine(db_url)
+    start = time.time() - steps * STEP_S - 60 if start is None else start
+    try:
+        with make_sessionmaker(engine)() as s:
+            config = RunConfig.model_validate({"name": name, "train": {"max_steps": steps}})
+            run = create_run(s, config, runs_dir, Price(usd_per_hour=1.0, unit="seeded"))
+            s.flush()
+            for status in (RunStatus.STARTING, RunStatus.RUNNING, RunStatus.SUCCEEDED):
+                transition(s, run.id, status, "seeded by bench/seed.py")
+            end = start + steps * STEP_S
+            run.nproc, run.started_at, run.ended_at = ranks, start, end
+            s.add(Attempt(run_id=run.id, number=1, status="SUCCEEDED", dir=str(Path(run.run_dir) / "attempts" / "1"),
+                          started_at=start, ended_at=end, first_step_at=start + STEP_S, progress_at=end,
+                          last_step=steps, resume_step=0))
+            s.commit()
+            return run.id
+    finally:
+        engine.dispose()
+
+
+def seed_run(db_url: str, ranks: int = 8, steps: int = 100_000, keys: Sequence[str] = ("loss",), *,
+             name: str = "seeded", runs_dir: Path | None = None, batch_points: int = 50_000,
+             progress: bool = False) -> int:
+    """Create a finished run and write ``ranks x steps x len(keys)`` points through
+    ``write_points`` (one transaction per batch of about ``batch_points``).
+
+    Args:
+        db_url: A database already upgraded to the newest schema.
+        ranks: Ranks of the run.
+        steps: Steps 1..steps are logged on every rank.
+        keys: Metric names.
+        name: The run's name.
+        runs_dir: Where the run folder goes (default: ``runs/`` beside a SQLite file).
+        batch_points: Points per write.
+        progress: Print progress to stderr every 10%.
+
+    Returns:
+        The run id.
+    """
+    from db.engine import make_engine
+    from db.metricstore import write_points
+
+    start = time.time() - steps * STEP_S - 60
+    run_id = create_finished_run(db_url, name, ranks, steps, runs_dir, start)
+    engine = make_engine(db_url)
+    total, written, shown, t0 = ranks * steps * len(keys), 0, 0, time.monotonic()
+    try:
+        for rows in point_batches(run_id, ranks, steps, keys, batch_points, start, seed=run_id):
+            with engine.begin() as conn:
+                write_points(conn, rows)
+            written += len(rows)
+            if progress and written * 10 // total > shown:
+                shown = written * 10 // total
+                rate = written / max(1e-9, time.monotonic() - t0)
+                print(f"  seeded {written:,}/{total:,} points ({rate:,.0f}/s)", file=sys.stderr, flush=True)
+    finally:
+        engine.dispose()
+    return run_id
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("db_url")
+    parser.add_argument("--ranks", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=100_000)
+    parser.add_argument("--keys", default="loss")
+    parser.add_argument("--name", default="seeded")
+    args = parser.parse_args()
+    from db.engine import upgrade
+
+    upgrade(args.db_url)
+    print(seed_run(args.db_url, args.ranks, args.steps, args.keys.split(","), name=args.name, progress=True))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,305 @@
+"""The metric store on a real SQLite file: rollups equal what their raw points give at every
+level, whatever the order and batching of the points; series() stays within max_points and
+since_step re-fetches exactly the newest buckets; NaN and infinities come back as written."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session
+
+from db import metricstore
+from db.engine import make_engine, upgrade
+from db.metricstore import BASE, LEVELS, series, write_points
+from db.models import MetricRollup
+
+NAN, INF = float("nan"), float("inf")
+HYPOTHESIS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[Engine]:
+    url = f"sqlite:///{tmp_path / 'metrics.db'}"
+    upgrade(url)
+    engine = make_engine(url)
+    yield engine
+    engine.dispose()
+
+
+def new_run(engine: Engine) -> int:
+    with engine.begin() as conn:
+        return conn.exec_driver_sql(
+            "INSERT INTO runs (name, status, config_json, config_hash, tags_json, max_steps, nproc, run_dir, "
+            "price_usd_per_hour, price_unit, created_at, updated_at) VALUES "
+            "('r', 'RUNNING', '{}', 'h', '[]', 10, 2, '/x', 0.1, 'cpu', 1.0, 2.0) RETURNING id"
+        ).scalar_one()
+
+
+def write_in_batches(engine: Engine, rows: list[dict], cuts: list[int]) -> None:
+    edges = [0, *sorted(c % (len(rows) + 1) for c in cuts), len(rows)]
+    for lo, hi in zip(edges, edges[1:]):
+        with engine.begin() as conn:
+            write_points(conn, rows[lo:hi])
+
+
+def same(a: float, b: float) -> bool:
+    """Equal, with NaN equal to NaN."""
+    return (math.isnan(a) and math.isnan(b)) or a == b
+
+
+def close(a: float, b: float) -> bool:
+    return same(a, b) or math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-6)
+
+
+def total_of(values: list[float]) -> float:
+    """The sum of the non-NaN values (NaN when +Inf meets -Inf)."""
+    finite = [v for v in values if not math.isnan(v)]
+    if INF in finite or -INF in finite:
+        return sum(finite)  # inf, -inf or nan
+    return math.fsum(finite)
+
+
+def mean_of(values: list[float]) -> float:
+    """What a rollup's mean must be: over the non-NaN values, NaN when none or when +Inf meets -Inf."""
+    n = sum(not math.isnan(v) for v in values)
+    return total_of(values) / n if n else NAN
+
+
+values = st.one_of(
+    st.floats(min_value=-1e6, max_value=1e6, allow_nan=False),
+    st.sampled_from([NAN, INF, -INF, 0.0]),
+)
+point = st.tuples(
+    st.sampled_from(["loss", "lr"]),  # key
+    st.integers(1, 2),  # attempt
+    st.integers(0, 2),  # rank
+    st.one_of(st.integers(0, 80), st.integers(0, 5000)),  # step: dense buckets and a long tail
+    values,
+)
+
+
+def to_rows(run_id: int, points: list[tuple]) -> list[dict[str, Any]]:
+    return [
+        {"run_id": run_id, "key": k, "attempt": a, "rank": r, "step": s, "value": v, "wall_time": 1000.0 + i}
+        for i, (k, a, r, s, v) in enumerate(points)
+    ]
+
+
+def kept(rows: list[dict]) -> dict[tuple, dict]:
+    """The stored points: the first write of each (key, attempt, rank, step) wins."""
+    out: dict[tuple, dict] = {}
+    for r in rows:
+        out.setdefault((r["key"], r["attempt"], r["rank"], r["step"]), r)
+    return out
+
+
+def expected_buckets(points: dict[tuple, dict], key: str, level: int) -> list[dict[str, Any]]:
+    size = BASE**level
+    groups: dict[tuple, list[dict]] = {}
+    for (k, attempt, rank, step), r in points.items():
+        if k == key:
+            groups.setdefault((attempt, rank, step // size), []).append(r)
+    out = []
+    for (attempt, rank, bucket), rs in sorted(groups.items()):
+        last = max(rs, key=lambda r: r["step"])
+        vals = [r["value"] for r in rs]
+        finite = [v for v in vals if not math.isnan(v)]
+        out.append({
+            "attempt": attempt, "rank": rank, "step": bucket * size if level else last["step"],
+            "last_step": last["step"], "value": mean_of(vals), "min": min(finite) if finite else NAN,
+            "max": max(finite) if finite else NAN, "last": last["value"], "count": len(rs),
+            "nan_count": len(vals) - len(finite), "wall_time": last["wall_time"],
+        })
+    return out
+
+
+def assert_rows_equal(got: list[dict], want: list[dict]) -> None:
+    assert [(r["attempt"], r["rank"], r["step"]) for r in got] == [(r["attempt"], r["rank"], r["step"]) for r in want]
+    for g, w in zip(got, want):
+        assert g.keys() == w.keys()
+        for field in ("last_step", "count", "nan_count", "wall_time"):
+            assert g[field] == w[field], (field, g, w)
+        for field in ("min", "max", "last"):
+            assert same(g[field], w[field]), (field, g, w)
+        assert close(g["value"], w["value"]), (g, w)
+
+
+@HYPOTHESIS
+@given(points=st.lists(point, min_size=1, max_size=200), cuts=st.lists(st.integers(0, 10_000), max_size=6))
+def test_every_level_equals_its_raw_points(engine: Engine, points: list[tuple], cuts: list[int]) -> None:
+    run_id = new_run(engine)
+    rows = to_rows(run_id, points)
+    write_in_batches(engine, rows, cuts)
+    stored = kept(rows)
+    with Session(engine) as s:
+        for key in ("loss", "lr"):
+            for level in range(LEVELS + 1):
+                got = series(s, run_id, key, level=level)
+                assert got.bucket_steps == BASE**level
+                assert_rows_equal(got.rows, expected_buckets(stored, key, level))
+                steps = [step for (k, _, _, step) in stored if k == key]
+                assert got.max_step == (max(steps) if steps else None)
+
+
+def rollup_table(engine: Engine, run_id: int) -> list[tuple]:
+    R = MetricRollup
+    cols = [c for c in R.__table__.columns if c.name != "run_id"]
+    with engine.connect() as conn:
+        return [tuple(r) for r in conn.execute(select(*cols).where(R.run_id == run_id).order_by(*cols[:5]))]
+
+
+@HYPOTHESIS
+@given(points=st.lists(point, min_size=1, max_size=150), cuts=st.lists(st.integers(0, 10_000), min_size=1, max_size=8),
+       seed=st.integers(0, 2**16))
+def test_batches_and_order_give_the_rollups_of_one_batch(engine: Engine, points: list[tuple], cuts: list[int],
+                                                         seed: int) -> None:
+    # Distinct points, so that "first write wins" does not depend on the order.
+    unique = list({(k, a, r, s): (k, a, r, s, v) for k, a, r, s, v in points}.values())
+    one, many = new_run(engine), new_run(engine)
+    write_in_batches(engine, to_rows(one, unique), [])
+    shuffled = to_rows(many, unique)
+    random.Random(seed).shuffle(shuffled)
+    write_in_batches(engine, shuffled, cuts)
+    a, b = rollup_table(engine, one), rollup_table(engine, many)
+    assert len(a) == len(b)
+    sum_at = list(MetricRollup.__table__.columns.keys()).index("sum_value") - 1
+    for x, y in zip(a, b):
+        assert x[:sum_at] == y[:sum_at] and x[sum_at + 1:] == y[sum_at + 1:]
+        assert (x[sum_at] is None and y[sum_at] is None) or close(x[sum_at], y[sum_at])
+
+
+@HYPOTHESIS
+@given(points=st.lists(point, min_size=1, max_size=200), max_points=st.integers(1, 60))
+def test_series_stays_within_max_points(engine: Engine, points: list[tuple], max_points: int) -> None:
+    run_id = new_run(engine)
+    rows = to_rows(run_id, points)
+    write_in_batches(engine, rows, [])
+    stored = kept(rows)
+    with Session(engine) as s:
+        got = series(s, run_id, "loss", max_points=max_points)
+    per_series: dict[tuple[int, int], int] = {}
+    for r in got.rows:
+        per_series[(r["attempt"], r["rank"])] = per_series.get((r["attempt"], r["rank"]), 0) + 1
+    assert all(n <= max_points for n in per_series.values())
+    points_per_series: dict[tuple[int, int], int] = {}
+    for (k, a, r, _) in stored:
+        if k == "loss":
+            points_per_series[(a, r)] = points_per_series.get((a, r), 0) + 1
+    if all(n <= max_points for n in points_per_series.values()):
+        assert got.level == 0  # a short run is drawn from its raw points
+    assert sum(r["count"] for r in got.rows) == sum(points_per_series.values())
+
+
+@HYPOTHESIS
+@given(points=st.lists(point, min_size=1, max_size=200), since=st.integers(0, 5100), level=st.integers(0, LEVELS))
+def test_since_step_returns_the_same_rows_as_a_full_fetch(engine: Engine, points: list[tuple], since: int,
+                                                          level: int) -> None:
+    run_id = new_run(engine)
+    write_in_batches(engine, to_rows(run_id, points), [])
+    with Session(engine) as s:
+        full = series(s, run_id, "lr", level=level)
+        newest = series(s, run_id, "lr", level=level, since_step=since)
+        auto = series(s, run_id, "lr", max_points=7)
+        auto_newest = series(s, run_id, "lr", max_points=7, since_step=since)
+    assert_rows_equal(newest.rows, [r for r in full.rows if r["last_step"] >= since])
+    assert auto_newest.level == auto.level
+    assert_rows_equal(auto_newest.rows, [r for r in auto.rows if r["last_step"] >= since])
+
+
+def test_a_live_chart_refetches_only_the_newest_bucket(engine: Engine) -> None:
+    run_id = new_run(engine)
+    rows = [{"run_id": run_id, "key": "loss", "attempt": 1, "rank": r, "step": s, "value": 1.0 / s, "wall_time": s}
+            for s in range(1, 1001) for r in range(8)]
+    write_in_batches(engine, rows, [])
+    with Session(engine) as s:
+        full = series(s, run_id, "loss", max_points=100)
+        # 1000 points > 100, 251 buckets of 4 > 100, 63 buckets of 16 <= 100.
+        assert full.level == 2 and full.bucket_steps == 16 and full.max_step == 1000
+        assert len(full.rows) == 8 * 63
+        newest = series(s, run_id, "loss", level=full.level, since_step=full.rows[-1]["step"])
+    assert [(r["rank"], r["step"], r["count"]) for r in newest.rows] == [(r, 992, 9) for r in range(8)]
+
+
+def test_nan_and_infinities_come_back_as_written(engine: Engine) -> None:
+    run_id = new_run(engine)
+    written = [NAN, INF, -INF, 1.5]
+    rows = [{"run_id": run_id, "key": "loss", "attempt": 1, "rank": 0, "step": i, "value": v, "wall_time": float(i)}
+            for i, v in enumerate(written)]
+    rows.append({"run_id": run_id, "key": "acc", "attempt": 1, "rank": 0, "step": 0, "value": NAN, "wall_time": 0.0})
+    with engine.begin() as conn:
+        write_points(conn, rows)
+    with Session(engine) as s:
+        raw = series(s, run_id, "loss", level=0).rows
+        assert all(same(r["value"], v) for r, v in zip(raw, written))
+        assert raw[0]["nan_count"] == 1 and math.isnan(raw[0]["min"])
+        (bucket,) = series(s, run_id, "loss", level=1).rows
+        assert math.isnan(bucket["value"])  # +Inf and -Inf meet
+        assert (bucket["min"], bucket["max"], bucket["last"], bucket["count"], bucket["nan_count"]) == (-INF, INF, 1.5, 4, 1)
+        (only_nan,) = series(s, run_id, "acc", level=3).rows
+        assert all(math.isnan(only_nan[f]) for f in ("value", "min", "max", "last"))
+        latest = metricstore.latest(s, run_id)
+        assert latest["loss"] == {"0": 1.5} and math.isnan(latest["acc"]["0"])
+        exported = list(metricstore.iter_rows(s, run_id))
+        assert [(k, st) for _, _, st, k, _, _ in exported] == [("acc", 0), ("loss", 0), ("loss", 1), ("loss", 2), ("loss", 3)]
+        assert math.isnan(exported[0][4]) and math.isnan(exported[1][4]) and exported[2][4] == INF
+        assert [v for _, v, _ in metricstore.recent(s, run_id, "loss", attempt=1, rank=0, limit=3)] == [1.5, -INF, INF]
+
+
+def test_a_point_written_twice_keeps_its_first_value(engine: Engine) -> None:
+    run_id = new_run(engine)
+    row = {"run_id": run_id, "key": "loss", "attempt": 1, "rank": 0, "step": 7, "value": 1.0, "wall_time": 1.0}
+    with engine.begin() as conn:
+        write_points(conn, [row, {**row, "value": 2.0}])
+    with engine.begin() as conn:
+        write_points(conn, [{**row, "value": 3.0}, {**row, "step": 8, "value": 4.0}])
+    with Session(engine) as s:
+        assert [r["value"] for r in series(s, run_id, "loss", level=0).rows] == [1.0, 4.0]
+        (bucket,) = series(s, run_id, "loss", level=2).rows
+        assert (bucket["count"], bucket["value"], bucket["last"]) == (2, 2.5, 4.0)
+
+
+def test_names_created_in_a_rolled_back_transaction_are_not_reused(engine: Engine) -> None:
+    run_id = new_run(engine)
+    row = {"run_id": run_id, "key": "grad_norm", "attempt": 1, "rank": 0, "step": 1, "value": 1.0, "wall_time": 1.0}
+    with engine.connect() as conn:  # the same pooled connection (and name cache) is used below
+        write_points(conn, [{**row, "key": "never_committed"}])
+        conn.rollback()
+    with engine.begin() as conn:
+        write_points(conn, [row])
+        write_points(conn, [{**row, "step": 2}])  # the cached id
+    with Session(engine) as s:
+        assert metricstore.metric_keys(s, run_id) == ["grad_norm"]
+        assert [r["step"] for r in series(s, run_id, "grad_norm").rows] == [1, 2]
+
+
+def test_an_unknown_key_or_run_is_an_empty_series(engine: Engine) -> None:
+    run_id = new_run(engine)
+    with Session(engine) as s:
+        got = series(s, run_id, "loss")
+        assert (got.level, got.bucket_steps, got.rows, got.max_step) == (0, 1, [], None)
+        assert metricstore.latest(s, run_id) == {} and metricstore.metric_keys(s, run_id) == []
+        assert metricstore.totals(s, run_id, "loss", attempt=1, rank=0) == (0.0, 0)
+
+
+@HYPOTHESIS
+@given(points=st.lists(point, min_size=1, max_size=200), max_step=st.one_of(st.none(), st.integers(0, 5100)))
+def test_totals_sum_the_non_nan_values_up_to_a_step(engine: Engine, points: list[tuple], max_step: int | None) -> None:
+    run_id = new_run(engine)
+    rows = to_rows(run_id, points)
+    write_in_batches(engine, rows, [])
+    stored = kept(rows)
+    with Session(engine) as s:
+        for attempt in (1, 2):
+            total, count = metricstore.totals(s, run_id, "loss", attempt=attempt, rank=1, max_step=max_step)
+            vals = [r["value"] for (k, a, rank, step), r in stored.items()
+                    if (k, a, rank) == ("loss", attempt, 1) and (max_step is None or step <= max_step)]
+            assert count == sum(not math.isnan(v) for v in vals)
+            assert close(total, total_of(vals))
