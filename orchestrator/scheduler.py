@@ -4,7 +4,8 @@ Run it with ``runyard scheduler`` (``runyard up`` starts it beside the UI). One 
 ``tick``, runs every half second (``max_instances=1``, ``coalesce=True``): look at what the
 database wants, look at what the machine has, make them agree. Every step is idempotent, so
 killing and restarting the scheduler at any moment converges: live attempts are re-adopted by
-pid and create time, vanished ones are recorded as crashed.
+pid and create time, vanished ones are recorded as crashed. A second job, ``sysmon``, samples
+the host, the runs' processes and the GPUs every 2 s (orchestrator/sysmon.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -36,6 +38,11 @@ from orchestrator.outcomes import next_overrides, settle
 from orchestrator.resources import Inventory
 from orchestrator.supervision import is_alive, rank_processes, read_exit, signal_attempt
 from trainer.config import RunConfig, config_from_json
+
+if TYPE_CHECKING:
+    from apscheduler.schedulers.base import BaseScheduler
+
+    from orchestrator.sysmon import SystemMonitor
 
 logger = logging.getLogger(__name__)
 
@@ -311,11 +318,13 @@ def acquire_lock(home: Path) -> int:
     return fd
 
 
-def serve(scheduler: Scheduler, tick_s: float = TICK_S) -> None:
-    """Run ``scheduler.tick`` on APScheduler until SIGTERM or SIGINT."""
-    from apscheduler.schedulers.blocking import BlockingScheduler
+def add_jobs(aps: BaseScheduler, scheduler: Scheduler, monitor: SystemMonitor | None, tick_s: float = TICK_S) -> None:
+    """Register the jobs on ``aps``: ``tick``, and ``sysmon`` (system metrics) when ``monitor``.
 
-    aps = BlockingScheduler()
+    Each is its own job (``max_instances=1``, ``coalesce=True``) on APScheduler's thread pool,
+    so a slow system sample never delays a tick; both catch and log their errors.
+    """
+    from orchestrator.sysmon import SAMPLE_S
 
     def guarded_tick() -> None:
         try:
@@ -325,6 +334,23 @@ def serve(scheduler: Scheduler, tick_s: float = TICK_S) -> None:
 
     aps.add_job(guarded_tick, "interval", seconds=tick_s, id="tick", max_instances=1, coalesce=True,
                 misfire_grace_time=None, next_run_time=datetime.now())
+    if monitor is not None:
+        aps.add_job(monitor.job, "interval", seconds=SAMPLE_S, id="sysmon", max_instances=1, coalesce=True,
+                    misfire_grace_time=None)
+
+
+def serve(scheduler: Scheduler, tick_s: float = TICK_S, monitor: SystemMonitor | None = None) -> None:
+    """Run ``scheduler.tick`` and the system monitor on APScheduler until SIGTERM or SIGINT.
+
+    ``monitor`` defaults to a ``SystemMonitor`` on the scheduler's database.
+    """
+    from apscheduler.schedulers.blocking import BlockingScheduler
+
+    from orchestrator.sysmon import SystemMonitor
+
+    aps = BlockingScheduler()
+    monitor = monitor or SystemMonitor(scheduler.sessions)
+    add_jobs(aps, scheduler, monitor, tick_s)
 
     def stop(signum: int, _frame: object) -> None:
         logger.info("received %s; scheduler stopping (training keeps running)", signal.Signals(signum).name)
@@ -333,4 +359,7 @@ def serve(scheduler: Scheduler, tick_s: float = TICK_S) -> None:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
-    aps.start()
+    try:
+        aps.start()
+    finally:
+        monitor.close()  # the open window's aggregates
