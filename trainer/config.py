@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -176,8 +176,9 @@ class CheckpointConfig(_Section):
     """Whether a lower (`min`) or higher (`max`) `best_metric` is better."""
 
     async_save: bool = Field(default=True, alias="async")
-    """Write in a background thread (the training loop only waits for the copy to CPU memory);
-    `false` writes synchronously, for debugging. Key: `async`."""
+    """Write in a background thread, which also copies the state to CPU memory while the next
+    step's forward and backward run (the loop waits only if the copy is not done by the next
+    optimizer step); `false` writes synchronously, for debugging. Key: `async`."""
 
 
 class ParallelConfig(_Section):
@@ -220,6 +221,29 @@ class SupervisionConfig(_Section):
     grace_s: float = Field(default=30.0, ge=0, allow_inf_nan=False)
     """On cancel, pause or preemption the ranks get SIGTERM, finish the step, write a
     checkpoint and exit; after this many seconds they get SIGKILL."""
+
+    straggler_ratio: float = Field(default=1.2, ge=0, allow_inf_nan=False)
+    """A rank whose time to the gradient sync (its own work between two DDP gradient all-reduces:
+    data wait, optimizer, forward, backward up to the first gradient bucket) stays above this
+    multiple of the other ranks' median (and by 5 ms or more) over `straggler_window_steps`
+    steps, and for that many steps again, is reported once as a straggler (a warning event).
+    0: off; otherwise above 1. Not measured under FSDP."""
+
+    straggler_window_steps: int = Field(default=20, ge=1)
+    """Steps the straggler check takes medians over, and how long a rank must stay slow."""
+
+    desync_check_every: int = Field(default=100, ge=0)
+    """Every this many steps the ranks compare a checksum of their parameters (exact: the raw
+    bits summed as integers), carried in the metrics all-gather. DDP replicas must agree bit for
+    bit; a rank that differs from rank 0 is reported as an error event. 0: off. Skipped under
+    FSDP, where every rank holds a different shard."""
+
+    @field_validator("straggler_ratio")
+    @classmethod
+    def _off_or_above_one(cls, ratio: float) -> float:
+        if 0 < ratio <= 1:
+            raise ValueError("must be 0 (off) or above 1")
+        return ratio
 
 
 class RunConfig(_Section):

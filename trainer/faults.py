@@ -6,11 +6,17 @@ a kill at a known step); they never change what is computed.
 - ``RUNYARD_FAULT_STEP_DELAY_S=0.02``: sleep this long after every step.
 - ``RUNYARD_FAULT_SAVE_DELAY=STEP:SECONDS``: the checkpoint writer sleeps before publishing the
   checkpoint of STEP (so a test can kill the ranks while that save is in flight).
+- ``RUNYARD_FAULT_SLOW_RANK=RANK:SECONDS``: RANK sleeps this long at the start of every step (a
+  straggler).
+- ``RUNYARD_FAULT_PERTURB=STEP:RANK``: RANK nudges one parameter after the optimizer step of STEP
+  (a replica out of sync); this one does change what is computed, on purpose.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
+from typing import Any
 
 
 def step_delay_s() -> float:
@@ -72,3 +78,25 @@ def maybe_sigkill(step: int, rank: int) -> None:
         import signal
 
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def slow_rank_s(rank: int) -> float:
+    """``RUNYARD_FAULT_SLOW_RANK=RANK:SECONDS``: how long this rank sleeps at the start of each step."""
+    spec = os.environ.get("RUNYARD_FAULT_SLOW_RANK") or ""
+    on_rank, _, seconds = spec.partition(":")
+    return float(seconds) if spec and int(on_rank) == rank else 0.0
+
+
+def maybe_perturb(step: int, rank: int, params: Iterable[Any]) -> None:
+    """``RUNYARD_FAULT_PERTURB=STEP:RANK``: after the optimizer step of STEP, RANK adds 1e-3 to the
+    first element of its first parameter, in place and outside autograd. DDP broadcasts the
+    parameters only when it wraps the model, so this replica stays different from the others."""
+    spec = os.environ.get("RUNYARD_FAULT_PERTURB") or ""
+    if not spec:
+        return
+    at, _, on_rank = spec.partition(":")
+    if int(at) == step and int(on_rank or 0) == rank:
+        import torch
+
+        with torch.no_grad():
+            next(iter(params)).view(-1)[0] += 1e-3

@@ -7,13 +7,16 @@ preemption, a cluster manager) is told apart by the scheduler, which knows what 
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import json
 import os
 import signal
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import torch
 import torch.distributed as dist
@@ -23,12 +26,23 @@ STACKS_DIR = "stacks"
 
 
 class StopSignal:
-    """Set by SIGTERM; :meth:`agreed` makes every rank stop at the same step."""
+    """Set by SIGTERM; :meth:`agreed` makes every rank stop at the same step.
+
+    At log steps the flag travels in the metrics exchange (trainer/monitoring.py), which hands
+    the agreed answer over with :meth:`fold`; the next :meth:`agreed` returns it without a
+    collective of its own. So a step has one small collective of runyard's, on CPU tensors:
+    the exchange at log steps, this flag's all-reduce at the others.
+    """
 
     def __init__(self, world_size: int):
         self.world_size = world_size
         self.received_at: float | None = None
         self._flag = torch.zeros(1)
+        self._group: dist.ProcessGroup | None = None  # of the all-reduce (None: the default group)
+        self._group_known = False  # chosen (and, under NCCL, made) at the first all-reduce
+        self._folded: bool | None = None
+        # Wraps the flag's all-reduce: the straggler clock does not count a wait in it as work.
+        self.around_collective: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext
 
     def install(self) -> None:
         signal.signal(signal.SIGTERM, self._handle)
@@ -37,12 +51,27 @@ class StopSignal:
         if self.received_at is None:
             self.received_at = time.time()
 
+    def fold(self, any_received: bool) -> None:
+        """Every rank's flag was just exchanged: ``any_received`` is the agreed answer for the
+        next :meth:`agreed` (every rank folds at the same steps)."""
+        self._folded = any_received
+
     def agreed(self) -> bool:
         """Collective, once per step: true on every rank as soon as any rank got SIGTERM
-        (torchrun forwards it to all ranks, but not at the same instant)."""
+        (torchrun forwards it to all ranks, but not at the same instant). Free right after a
+        :meth:`fold`."""
+        if self._folded is not None:
+            answer, self._folded = self._folded, None
+            return answer
+        if self.world_size == 1 or not dist.is_initialized():
+            return self.received_at is not None
+        if not self._group_known:
+            from trainer.monitoring import control_group
+
+            self._group, self._group_known = control_group(), True
         self._flag.fill_(1.0 if self.received_at is not None else 0.0)
-        if self.world_size > 1:
-            dist.all_reduce(self._flag, op=dist.ReduceOp.MAX)
+        with self.around_collective():
+            dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=self._group)
         return bool(self._flag.item())
 
 

@@ -9,11 +9,10 @@ Only rank 0's host needs the database.
 from __future__ import annotations
 
 import logging
-import math
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -95,13 +94,14 @@ class DatabaseWriter(threading.Thread):
                 self._pending.setdefault(kind, []).append(payload)
 
     def _write(self, conn: Connection) -> None:
-        from sqlalchemy import func, insert, update
+        from sqlalchemy import func, update
 
-        from db.models import Attempt, Metric
+        from db.metricstore import write_points
+        from db.models import Attempt
 
         rows = self._pending.get("rows")
         if rows:
-            conn.execute(insert(Metric), rows)
+            write_points(conn, rows)
         if self._progress is not None:
             step, at, phase = self._progress
             values: dict[str, Any] = {"progress_at": at}
@@ -155,6 +155,8 @@ class MetricReporter:
         self.rank = rank
         self.world_size = world_size
         self.writer: DatabaseWriter | None = None
+        self._group: dist.ProcessGroup | None = None  # of the exchange (None: the default group)
+        self._group_known = False  # chosen (and, under NCCL, made) at the first exchange
         if rank == 0 and ctx.managed:
             assert ctx.db_url is not None and ctx.run_id is not None
             self.writer = DatabaseWriter(ctx.db_url, ctx.run_id, ctx.attempt)
@@ -165,7 +167,6 @@ class MetricReporter:
         rows = []
         for rank, values in enumerate(per_rank):
             for key, value in values.items():
-                v = float(value)
                 rows.append(
                     {
                         "run_id": self.ctx.run_id,
@@ -173,7 +174,7 @@ class MetricReporter:
                         "rank": rank,
                         "step": step,
                         "key": key,
-                        "value": v if not math.isnan(v) else None,
+                        "value": float(value),  # NaN and Inf stay as they are (db/metricstore.py)
                         "wall_time": now,
                     }
                 )
@@ -185,19 +186,38 @@ class MetricReporter:
         Returns:
             On rank 0, every rank's values; on the other ranks, an empty dict.
         """
+        return self.exchange(step, metrics)[0]
+
+    def exchange(self, step: int, metrics: dict[str, float], control: Sequence[float] = ()
+                 ) -> tuple[dict[int, dict[str, float]], list[list[float]]]:
+        """Collective: one all-gather of every rank's metrics and control values.
+
+        Every rank calls it at the same step with the same keys and as many control values.
+        Rank 0 writes the metrics; control values (a stop flag, a checksum) ride along unwritten.
+
+        Returns:
+            Every rank's metrics on rank 0 (an empty dict elsewhere), and every rank's control
+            values on every rank.
+        """
         keys = sorted(metrics)
-        local = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64)
+        local = torch.tensor([float(metrics[k]) for k in keys] + [float(c) for c in control], dtype=torch.float64)
         if self.world_size > 1 and dist.is_initialized():
+            if not self._group_known:
+                from trainer.monitoring import control_group
+
+                self._group, self._group_known = control_group(), True
             gathered = [torch.empty_like(local) for _ in range(self.world_size)]
-            dist.all_gather(gathered, local)
+            dist.all_gather(gathered, local, group=self._group)
+            table = torch.stack(gathered).tolist()
         else:
-            gathered = [local]
+            table = [local.tolist()]
+        controls = [row[len(keys):] for row in table]
         if self.rank != 0:
-            return {}
-        per_rank = [dict(zip(keys, t.tolist())) for t in gathered]
+            return {}, controls
+        per_rank = [dict(zip(keys, row)) for row in table]
         if self.writer is not None:
             self.writer.put_rows(self._rows(step, per_rank))
-        return dict(enumerate(per_rank))
+        return dict(enumerate(per_rank)), controls
 
     def log_main(self, step: int, **metrics: float) -> None:
         """Rank 0 only: values that are already global (for example eval accuracy)."""

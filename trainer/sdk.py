@@ -4,6 +4,7 @@ verified checkpoints, graceful stops and one-click resume.
     import trainer
 
     run = trainer.init()                       # after (or instead of) init_process_group
+    run.watch(ddp_model)                       # optional: straggler and desync checks
     state = {"model": model, "optimizer": opt}
     start = run.load_checkpoint(state)         # the step to continue after (0 when fresh)
     for step in range(start + 1, max_steps + 1):
@@ -33,9 +34,10 @@ import torch.distributed as dist
 from trainer import rng
 from trainer.checkpoint import CheckpointError, CheckpointManager
 from trainer.checkpointing import CheckpointHistory, event
-from trainer.config import CheckpointConfig, config_from_json
+from trainer.config import CheckpointConfig, SupervisionConfig, config_from_json
 from trainer.context import RunContext, context_from_env
 from trainer.lifecycle import StopSignal, register_stack_dumps, write_stopped
+from trainer.monitoring import Monitor
 from trainer.reporter import MetricReporter
 
 logger = logging.getLogger(__name__)
@@ -53,13 +55,16 @@ def _as_state(value: Any) -> Any:
 class Run:
     """A handle on this process's place in a runyard run. Create it with :func:`init`."""
 
-    def __init__(self, ctx: RunContext, checkpoint_config: CheckpointConfig):
+    def __init__(self, ctx: RunContext, checkpoint_config: CheckpointConfig,
+                 supervision: SupervisionConfig | None = None):
         self.ctx = ctx
         self.rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
         self.world_size = dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
         self.reporter = MetricReporter(ctx, self.rank, self.world_size)
         self._stop = StopSignal(self.world_size)
         self._stop.install()
+        self._monitor = Monitor(supervision or SupervisionConfig(), self.rank, self.world_size, _device(),
+                                self.reporter, self._stop)
         self._stacks = register_stack_dumps(ctx.attempt_dir, self.rank)
         self._checkpoint_config = checkpoint_config
         writer = self.reporter.writer
@@ -85,16 +90,29 @@ class Run:
 
     # -- metrics ------------------------------------------------------------------------------
 
+    def watch(self, model: torch.nn.Module) -> None:
+        """Optional, once, before training: check the ranks' health on ``model`` (your DDP model).
+
+        Adds a DDP communication hook that times each rank's way to the gradient all-reduce
+        (``pre_sync_s``; a rank that stays slower than the others is reported as a straggler)
+        and compares a checksum of the replicas' parameters every
+        ``supervision.desync_check_every`` steps. Both ride in :meth:`log`'s all-gather.
+        """
+        self._monitor.watch(model)
+
     def log(self, step: int, **metrics: float) -> None:
-        """Report this rank's metrics at ``step``.
+        """Report this rank's metrics at ``step`` (its memory is added).
 
         Collective: every rank calls it at the same steps with the same keys; rank 0 gathers
-        them with one small all-gather and writes them off the training thread.
+        them with one small all-gather and writes them off the training thread. The stop flag
+        rides along, so :meth:`should_stop` at this step costs nothing.
         """
         values = {k: float(v.item() if isinstance(v, torch.Tensor) else v) for k, v in metrics.items()}
-        gathered = self.reporter.log(step, **values)
+        gathered = self._monitor.log(step, values)
         self.reporter.progress(step)
         self._last_step = max(self._last_step, step)
+        if step == self._last_step:
+            self._stop_checked = (step, self._stop.agreed())  # the folded flag: no collective
         if self.is_main and not self.managed:
             logger.info("step %d: %s", step, "  ".join(
                 f"{k} " + "/".join(f"{per[k]:.4g}" for per in gathered.values()) for k in sorted(values)))
@@ -161,6 +179,7 @@ class Run:
             writer.put("resumed", step)
             writer.put("event", event("resume", f"resumed from step {step}"))
         self._last_step = self._last_checkpoint = step
+        self._monitor.begin(step)
         logger.info("resumed from checkpoint step %d", step)
         return step
 
@@ -188,6 +207,14 @@ class Run:
         self._stacks.close()
 
 
+def _device() -> torch.device:
+    """The device this script trains on, as far as the SDK can tell (for memory metrics)."""
+    nccl = dist.is_initialized() and dist.get_backend() == "nccl"
+    if nccl or (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def init(backend: str = "auto") -> Run:
     """Join runyard's run (or run locally) and return the handle.
 
@@ -201,11 +228,12 @@ def init(backend: str = "auto") -> Run:
         from trainer.distributed import setup
 
         setup(backend)
-    checkpoint_config = CheckpointConfig()
+    checkpoint_config, supervision = CheckpointConfig(), SupervisionConfig()
     config_file = ctx.run_dir / "config.json"
     if ctx.managed and config_file.exists():
-        checkpoint_config = config_from_json(config_file.read_text()).checkpoint
-    run = Run(ctx, checkpoint_config)
+        config = config_from_json(config_file.read_text())
+        checkpoint_config, supervision = config.checkpoint, config.supervision
+    run = Run(ctx, checkpoint_config, supervision)
     logger.info("runyard %s: rank %d/%d, run %s attempt %d, started %s", "managed" if ctx.managed else "local",
                 run.rank, run.world_size, ctx.run_id, ctx.attempt, time.strftime("%H:%M:%S"))
     return run

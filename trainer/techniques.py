@@ -158,6 +158,14 @@ def gpu_peak_flops(device: torch.device) -> float | None:
     return next((peak for key, peak in GPU_PEAK_FLOPS.items() if key in name), None)
 
 
+def peak_flops(device: torch.device) -> float | None:
+    """What MFU is measured against: a known GPU's bf16 spec-sheet peak, this CPU's measured
+    float32 matmul rate (about 0.3 s to measure), or None for another GPU (no MFU then)."""
+    if device.type == "cpu":
+        return measure_cpu_peak_flops()
+    return gpu_peak_flops(device)
+
+
 def measure_cpu_peak_flops(size: int = 1024, reps: int = 5) -> float:
     """FLOP/s of this process's float32 matmuls on the CPU: the best of ``reps`` timed
     ``size x size`` products after one warm-up (a measured stand-in for a spec-sheet peak)."""

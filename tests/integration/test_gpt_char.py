@@ -26,8 +26,8 @@ SMALL = (
     "workload.block_size=64",
 )
 
-PER_RANK_METRICS = {"loss", "lr", "grad_norm", "step_time", "data_time", "compute_time", "tokens_per_s",
-                    "samples_per_s", "mfu"}
+PER_RANK_METRICS = {"loss", "lr", "grad_norm", "step_time", "data_wait_s", "compute_s", "tokens_per_s",
+                    "samples_per_s", "mfu", "pre_sync_s", "mem_rss_mib"}
 
 
 def unigram_entropy_nats() -> float:

@@ -31,10 +31,11 @@ from torch.utils.checkpoint import checkpoint
 
 from trainer import faults, techniques
 from trainer.checkpointing import RunCheckpoints, Stateful
-from trainer.config import RunConfig, TrainConfig
+from trainer.config import RunConfig
 from trainer.context import RunContext
 from trainer.distributed import DistInfo
 from trainer.lifecycle import StopSignal
+from trainer.monitoring import Interval, Monitor
 from trainer.reporter import MetricReporter
 
 logger = logging.getLogger(__name__)
@@ -284,47 +285,16 @@ def evaluate(runner: nn.Module, val: torch.Tensor, config: RunConfig, info: Dist
     tc, wc = config.train, config.workload
     runner.eval()
     gen = window_generator(tc.seed, "val", 0, info.rank)
-    total = torch.zeros((), dtype=torch.float64)
+    total = torch.zeros((), dtype=torch.float64, device=info.device)
     for _ in range(EVAL_BATCHES):
         x, y = get_batch(val, wc.block_size, tc.batch_size, gen)
         with techniques.autocast(tc.precision, info.device):
             logits = runner(x.to(info.device))
-        total += cross_entropy(logits, y.to(info.device)).double().cpu()
+        total += cross_entropy(logits, y.to(info.device)).double()
     if info.world_size > 1:
         dist.all_reduce(total)
     runner.train()
     return total.item() / (EVAL_BATCHES * info.world_size)
-
-
-@dataclass
-class Interval:
-    """Sums over the steps since the last report."""
-
-    steps: int = 0
-    started: float = 0.0
-    data_time: float = 0.0
-    excluded: float = 0.0
-    loss: torch.Tensor | float = 0.0
-    grad_norm: torch.Tensor | float = 0.0
-
-
-def step_metrics(iv: Interval, tc: TrainConfig, tokens_per_step: int, flops_token: float,
-                 peak: float | None, lr: float, scaler: torch.amp.GradScaler | None) -> dict[str, float]:
-    """One rank's report for an interval (its ``.item()`` is the only host sync of the interval)."""
-    loss, grad_norm = torch.stack([torch.as_tensor(iv.loss), torch.as_tensor(iv.grad_norm)]).tolist()
-    step_time = (time.perf_counter() - iv.started - iv.excluded) / iv.steps
-    data_time = iv.data_time / iv.steps
-    metrics = {
-        "loss": loss / iv.steps, "lr": lr, "grad_norm": grad_norm / iv.steps,
-        "step_time": step_time, "data_time": data_time, "compute_time": step_time - data_time,
-        "tokens_per_s": tokens_per_step / step_time,
-        "samples_per_s": tc.batch_size * tc.grad_accum / step_time,
-    }
-    if peak:
-        metrics["mfu"] = flops_token * metrics["tokens_per_s"] / peak
-    if scaler is not None:
-        metrics["loss_scale"] = scaler.get_scale()
-    return metrics
 
 
 # -- training ------------------------------------------------------------------------------------
@@ -343,11 +313,9 @@ def train(
     corpus = load_corpus(wc.text)
     model = GPT(len(corpus.vocab), wc.n_layer, wc.n_head, wc.n_embd, wc.block_size,
                 activation_checkpointing=tc.activation_checkpointing).to(info.device)
-    tokens_per_step = tc.batch_size * tc.grad_accum * wc.block_size
-    flops_token = flops_per_token(model, wc.n_layer, wc.n_embd, wc.block_size)
-    peak = techniques.gpu_peak_flops(info.device)
-    if peak is None and info.device.type == "cpu":
-        peak = techniques.measure_cpu_peak_flops()
+    samples_per_step = tc.batch_size * tc.grad_accum
+    flops_per_sample = flops_per_token(model, wc.n_layer, wc.n_embd, wc.block_size) * wc.block_size
+    peak = techniques.peak_flops(info.device)
     if info.is_main:
         logger.info("gpt-char: vocab %d, train %d chars, %.2fM non-embedding params, peak %s FLOP/s",
                     len(corpus.vocab), len(corpus.train), model.non_embedding_params() / 1e6,
@@ -361,23 +329,29 @@ def train(
     optim_state: Stateful = FullOptimizerState(model, optimizer) if fsdp else optimizer
     extra: dict[str, Stateful] = {"scaler": scaler} if scaler is not None else {}
     checkpoints = RunCheckpoints(config, ctx, info, reporter.writer)
+    monitor = Monitor(config.supervision, info.rank, info.world_size, info.device, reporter, stop)
+    monitor.watch(runner)  # DDP: straggler and desync checks; FSDP: neither (sharded)
     step, _, _ = checkpoints.resume(model_state, optim_state, extra)
+    monitor.begin(step)
 
-    iv = Interval(started=time.perf_counter())
+    iv = Interval()
     latest: dict[str, float] = {}
     delay = faults.step_delay_s()
+    slow = faults.slow_rank_s(info.rank)
     lr = techniques.lr_at(step, tc)
     try:
         while step < tc.max_steps:
             faults.maybe_raise(step + 1, info.rank, ctx.attempt)
             faults.maybe_cuda_oom(step + 1, tc.batch_size)
             faults.maybe_sigkill(step + 1, info.rank)
+            if slow:
+                time.sleep(slow)
 
             t0 = time.perf_counter()
             gen = window_generator(tc.seed, "train", step, info.rank)
             xs, ys = get_batch(corpus.train, wc.block_size, tc.batch_size * tc.grad_accum, gen)
             xs, ys = xs.to(info.device, non_blocking=True), ys.to(info.device, non_blocking=True)
-            iv.data_time += time.perf_counter() - t0
+            iv.data_wait += time.perf_counter() - t0
 
             lr = techniques.lr_at(step, tc)
             techniques.set_lr(optimizer, lr)
@@ -389,6 +363,7 @@ def train(
                         loss = cross_entropy(runner(x), y) / tc.grad_accum
                     (scaler.scale(loss) if scaler is not None else loss).backward()
                 iv.loss = iv.loss + loss.detach()
+            checkpoints.before_update()  # the previous step's checkpoint snapshot is taken by now
             if scaler is not None:
                 scaler.unscale_(optimizer)
             iv.grad_norm = iv.grad_norm + techniques.clip_grad_norm(model.parameters(), tc.clip_grad_norm)
@@ -397,16 +372,17 @@ def train(
                 scaler.update()
             else:
                 optimizer.step()
+            faults.maybe_perturb(step + 1, info.rank, model.parameters())
             step += 1
             iv.steps += 1
             reporter.progress(step)
 
             last = step == tc.max_steps
             if step % tc.log_every == 0 or last:
-                metrics = step_metrics(iv, tc, tokens_per_step, flops_token, peak, lr, scaler)
+                metrics = iv.report(lr, samples_per_step, flops_per_sample, peak, scaler, tokens_per_sample=wc.block_size)
                 latest["loss"] = metrics["loss"]
-                reporter.log(step, **metrics)
-                iv = Interval(started=time.perf_counter())  # what follows (eval aside) counts as the next step's
+                monitor.log(step, metrics)
+                iv = Interval()  # what follows (evaluation aside) counts as the next steps'
             if (tc.eval_every and step % tc.eval_every == 0) or last:
                 t_eval = time.perf_counter()
                 latest["eval_loss"] = evaluate(runner, corpus.val, config, info)

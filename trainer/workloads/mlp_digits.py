@@ -28,6 +28,7 @@ from trainer.lifecycle import StopSignal
 from trainer.config import RunConfig
 from trainer.context import RunContext
 from trainer.distributed import DistInfo
+from trainer.monitoring import Interval, Monitor
 from trainer.reporter import MetricReporter
 
 logger = logging.getLogger(__name__)
@@ -66,10 +67,8 @@ def evaluate(model: nn.Module, test: TensorDataset, info: DistInfo) -> tuple[flo
     x, y = test.tensors
     x, y = x[info.rank :: info.world_size].to(info.device), y[info.rank :: info.world_size].to(info.device)
     logits = model(x)
-    totals = torch.tensor(
-        [(logits.argmax(1) == y).sum().item(), F.cross_entropy(logits, y, reduction="sum").item(), len(y)],
-        dtype=torch.float64,
-    )
+    totals = torch.stack([(logits.argmax(1) == y).sum().double(), F.cross_entropy(logits, y, reduction="sum").double(),
+                          torch.tensor(float(len(y)), dtype=torch.float64, device=info.device)])  # on the device: NCCL
     if info.world_size > 1:
         dist.all_reduce(totals)
     model.train()
@@ -107,65 +106,75 @@ def train(
     scaler = techniques.grad_scaler(tc.precision, info.device)
     extra: dict[str, Stateful] = {"scaler": scaler} if scaler is not None else {}
     checkpoints = RunCheckpoints(config, ctx, info, reporter.writer)
+    monitor = Monitor(config.supervision, info.rank, info.world_size, info.device, reporter, stop)
+    monitor.watch(ddp)
     step, epoch, position = checkpoints.resume(model, optimizer, extra)
+    monitor.begin(step)
     order: list[int] = []
     order_epoch = -1
+    # Forward and backward of a dense MLP: 2 + 4 FLOPs per parameter and sample.
+    flops_per_sample = 6.0 * sum(p.numel() for p in model.parameters())
+    peak = techniques.peak_flops(info.device)
 
-    interval_loss, interval_norm, interval_time, interval_steps = 0.0, 0.0, 0.0, 0
+    iv = Interval()
     latest: dict[str, float] = {}
     delay = faults.step_delay_s()
+    slow = faults.slow_rank_s(info.rank)
     try:
         while step < tc.max_steps:
+            faults.maybe_raise(step + 1, info.rank, ctx.attempt)
+            faults.maybe_cuda_oom(step + 1, tc.batch_size)
+            faults.maybe_sigkill(step + 1, info.rank)
+            if slow:
+                time.sleep(slow)
+
+            t_data = time.perf_counter()
             if position + samples_per_step > len(sampler):
                 epoch, position = epoch + 1, 0
             if order_epoch != epoch:
                 sampler.set_epoch(epoch)
                 order, order_epoch = list(sampler), epoch
-
-            t0 = time.perf_counter()
-            faults.maybe_raise(step + 1, info.rank, ctx.attempt)
-            faults.maybe_cuda_oom(step + 1, tc.batch_size)
-            faults.maybe_sigkill(step + 1, info.rank)
+            iv.data_wait += time.perf_counter() - t_data
             lr = techniques.lr_at(step, tc)
             techniques.set_lr(optimizer, lr)
             optimizer.zero_grad(set_to_none=True)
-            step_loss = 0.0
             for micro in range(tc.grad_accum):
+                t_data = time.perf_counter()
                 idx = order[position : position + tc.batch_size]
                 position += tc.batch_size
                 x, y = x_all[idx].to(info.device), y_all[idx].to(info.device)
+                iv.data_wait += time.perf_counter() - t_data
                 # Gradients are all-reduced once per optimizer step, on the last micro-batch.
                 with techniques.micro_step(ddp, final=micro == tc.grad_accum - 1):
                     with techniques.autocast(tc.precision, info.device):
                         loss = F.cross_entropy(ddp(x).float(), y) / tc.grad_accum
                     (scaler.scale(loss) if scaler is not None else loss).backward()
-                step_loss += loss.item()
+                iv.loss = iv.loss + loss.detach()
+            checkpoints.before_update()  # the previous step's checkpoint snapshot is taken by now
             if scaler is not None:
                 scaler.unscale_(optimizer)
-            grad_norm = techniques.clip_grad_norm(model.parameters(), tc.clip_grad_norm)
+            iv.grad_norm = iv.grad_norm + techniques.clip_grad_norm(model.parameters(), tc.clip_grad_norm)
             if scaler is not None:
                 scaler.step(optimizer)
                 scaler.update()
             else:
                 optimizer.step()
+            faults.maybe_perturb(step + 1, info.rank, model.parameters())
             step += 1
-            interval_loss += step_loss
-            interval_norm += grad_norm.item()
-            interval_time += time.perf_counter() - t0
-            interval_steps += 1
+            iv.steps += 1
             reporter.progress(step)
 
             last = step == tc.max_steps
             if step % tc.log_every == 0 or last:
-                step_time = interval_time / interval_steps
-                latest["loss"] = interval_loss / interval_steps
-                more = {"loss_scale": scaler.get_scale()} if scaler is not None else {}
-                reporter.log(step, loss=latest["loss"], step_time=step_time, lr=lr,
-                             grad_norm=interval_norm / interval_steps,
-                             samples_per_s=samples_per_step / step_time, epoch=float(epoch), **more)
-                interval_loss, interval_norm, interval_time, interval_steps = 0.0, 0.0, 0.0, 0
+                metrics = iv.report(lr, samples_per_step, flops_per_sample, peak, scaler)
+                metrics["epoch"] = float(epoch)
+                latest["loss"] = metrics["loss"]
+                monitor.log(step, metrics)
+                iv = Interval()  # what follows (evaluation aside) counts as the next steps'
             if (tc.eval_every and step % tc.eval_every == 0) or last:
+                t_eval = time.perf_counter()
                 latest["eval_accuracy"], latest["eval_loss"] = evaluate(ddp, test_set, info)
+                iv.excluded += time.perf_counter() - t_eval  # evaluation is not part of a step
                 reporter.log_main(step, eval_accuracy=latest["eval_accuracy"], eval_loss=latest["eval_loss"])
                 if info.is_main:
                     logger.info("step %d: eval accuracy %.4f, eval loss %.4f", step, latest["eval_accuracy"], latest["eval_loss"])

@@ -1,0 +1,248 @@
+"""trainer/health.py and trainer/monitoring.py: the straggler and desync decisions, the parameter
+checksum, the clock of the time to the gradient sync (with a real single-rank DDP), the stop flag
+folded into the metrics exchange, and the per-interval training metrics."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from trainer.config import ConfigError, SupervisionConfig, parse_config
+from trainer.context import RunContext
+from trainer.health import DesyncCheck, PreSyncClock, StragglerCheck, params_checksum, timed_allreduce
+from trainer.lifecycle import StopSignal
+from trainer.monitoring import Interval, Monitor, memory_metrics
+from trainer.reporter import MetricReporter
+
+CPU = torch.device("cpu")
+
+
+# -- straggler decision --------------------------------------------------------------------------
+
+
+def feed(check: StragglerCheck, times_at: dict[int, list[float]] | None = None, *, until: int, every: int = 10,
+         base: list[float] | None = None, start: int = 0) -> list[tuple[int, str, str]]:
+    """Reports every ``every`` steps; ``times_at[step]`` overrides ``base`` at that step."""
+    found = []
+    for step in range(start + every, until + 1, every):
+        times = (times_at or {}).get(step, base)
+        for f in check.update(step, every, list(times)):
+            found.append((step, f.kind, f.message))
+    return found
+
+
+def test_a_slow_rank_is_reported_once_after_a_window_and_as_long_again() -> None:
+    check = StragglerCheck(world_size=4, ratio=1.2, window_steps=20)
+    found = feed(check, base=[0.050, 0.050, 0.075, 0.051], until=300)
+    assert [(step, kind) for step, kind, _ in found] == [(40, "straggler")]  # full at 20, sustained to 40
+    message = found[0][2]
+    assert message.startswith("rank 2 is a straggler: 1.50x the median")
+    assert "75.0 ms vs 50.0 ms" in message
+    assert check.stragglers == {2}
+
+
+def test_balanced_ranks_with_noise_and_one_long_step_raise_nothing() -> None:
+    check = StragglerCheck(world_size=2, ratio=1.2, window_steps=20)
+    noisy = itertools.cycle([[0.050, 0.055], [0.056, 0.049], [0.051, 0.052]])
+    found = []
+    for step in range(1, 301):
+        times = next(noisy)
+        if step == 150:
+            times = [0.5, 0.05]  # a checkpoint, an evaluation, a hiccup: one step only
+        found += check.update(step, 1, times)
+    assert found == []
+
+
+def test_an_episode_ends_after_a_window_of_normal_steps_and_a_new_one_is_reported_again() -> None:
+    check = StragglerCheck(world_size=2, ratio=1.2, window_steps=20)
+    slow, fine = [0.05, 0.10], [0.05, 0.05]
+    found = feed(check, base=slow, until=100)
+    found += feed(check, base=fine, start=100, until=200)
+    found += feed(check, base=slow, start=200, until=300)
+    assert [(step, kind) for step, kind, _ in found] == [(40, "straggler"), (130, "straggler_end"), (240, "straggler")]
+    assert all("rank 1" in message for _, _, message in found)
+
+
+def test_short_steps_need_an_absolute_difference_and_nan_is_ignored() -> None:
+    check = StragglerCheck(world_size=3, ratio=1.2, window_steps=20)
+    assert feed(check, base=[0.001, 0.002, math.nan], until=200) == []  # 2x, but 1 ms: scheduler noise
+    assert feed(check, base=[0.010, 0.030, math.nan], start=200, until=300)[0][2].startswith("rank 1 is a straggler")
+
+
+def test_straggler_ratio_must_be_off_or_above_one() -> None:
+    with pytest.raises(ConfigError, match=r"supervision\.straggler_ratio = 0\.9: .*must be 0 \(off\) or above 1"):
+        parse_config({"supervision": {"straggler_ratio": 0.9}})
+    assert parse_config({"supervision": {"straggler_ratio": 0}}).supervision.straggler_ratio == 0
+    assert SupervisionConfig().desync_check_every == 100
+
+
+# -- desync decision and checksum ----------------------------------------------------------------
+
+
+def test_desync_checks_fall_on_the_first_report_at_or_after_each_multiple() -> None:
+    check = DesyncCheck(every=25)
+    assert [s for s in range(10, 201, 10) if check.due(s)] == [30, 50, 80, 100, 130, 150, 180, 200]
+    resumed = DesyncCheck(every=25)
+    resumed.start(50)
+    assert [s for s in range(60, 121, 10) if resumed.due(s)] == [80, 100]
+    assert not any(DesyncCheck(every=0).due(s) for s in range(1, 500))
+
+
+def test_a_desync_is_reported_once_per_set_of_differing_ranks() -> None:
+    check = DesyncCheck(every=1)
+    assert check.compare(10, [7.0, 7.0, 7.0]) is None
+    first = check.compare(20, [7.0, 8.0, 7.0])
+    assert first is not None and first.level == "error" and first.kind == "desync"
+    assert "at step 20: rank 1 differs from rank 0" in first.message
+    assert check.compare(30, [7.5, 8.5, 7.5]) is None  # the same rank still differs: said already
+    second = check.compare(40, [7.0, 8.0, 9.0])
+    assert second is not None and "ranks 1, 2 differ from rank 0" in second.message
+
+
+def test_params_checksum_is_exact_and_independent_of_order() -> None:
+    torch.manual_seed(0)
+    params = [torch.randn(300, 70), torch.randn(70), torch.randn(5, 5, dtype=torch.float64),
+              torch.randn(9).to(torch.bfloat16)]
+    copies = [p.clone() for p in params]
+    value = params_checksum(params)
+    assert value == params_checksum(copies) == params_checksum(reversed(copies))
+    assert value == int(value) and 0 <= value < 2**52
+    copies[0][17, 3] = torch.nextafter(copies[0][17, 3], torch.tensor(math.inf))  # one ulp
+    assert params_checksum(copies) != value
+    assert params_checksum(params[:1] + [params[1].t()] + params[2:]) == value  # views: no copy needed
+    assert params_checksum([]) == 0.0
+
+
+# -- the time to the gradient sync ---------------------------------------------------------------
+
+
+class TickClock(PreSyncClock):
+    """Stamps are ticks of a counter the test advances: exact spans."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        super().__init__(CPU)
+
+    def _stamp(self) -> float:
+        return self.now
+
+
+def test_the_clock_counts_own_work_between_syncs_and_not_runyards_collectives() -> None:
+    clock = TickClock()
+    clock.now = 5.0
+    clock.restart()                       # after resume: what came before is not a step
+    clock.now = 8.0                       # 3 s of data, forward, backward
+    clock.bucket_launched(last=False)     # first bucket: the span ends here
+    clock.now = 9.0
+    clock.bucket_launched(last=True)
+    clock.bucket_reduced()
+    clock.now = 12.0                      # waiting for the other ranks does not count
+    clock.bucket_reduced()                # the last reduction: the next span begins
+    clock.now = 13.0                      # 1 s of optimizer
+    clock.pause()                         # the metrics all-gather
+    clock.now = 20.0
+    clock.resume()
+    clock.now = 22.0                      # 2 s more before the next step's sync
+    clock.bucket_launched(last=True)
+    clock.bucket_reduced()
+    assert clock.take() == [3.0, 3.0]
+    assert clock.take() == []
+
+
+def test_the_ddp_hook_marks_the_clock_and_leaves_the_gradients_as_they_were(tmp_path: Path) -> None:
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+        plain = nn.parallel.DistributedDataParallel(model)
+        hooked = nn.parallel.DistributedDataParallel(nn.Sequential(*[nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)]))
+        hooked.load_state_dict(plain.state_dict())
+        clock = PreSyncClock(CPU)
+        hooked.register_comm_hook((clock, hooked.process_group), timed_allreduce)
+        x = torch.randn(4, 8)
+        for _ in range(3):
+            for ddp in (plain, hooked):
+                ddp.zero_grad()
+                time.sleep(0.01)
+                ddp(x).square().sum().backward()
+        assert all(torch.equal(a.grad, b.grad) for a, b in zip(plain.parameters(), hooked.parameters()))
+        times = clock.take()
+        assert len(times) == 3 and all(t >= 0.01 for t in times)
+    finally:
+        dist.destroy_process_group()
+
+
+# -- the exchange, the stop flag, the metrics -----------------------------------------------------
+
+
+def unmanaged(tmp_path: Path) -> RunContext:
+    return RunContext(run_id=None, attempt=1, db_url=None, run_dir=tmp_path, attempt_dir=tmp_path)
+
+
+def test_the_stop_flag_rides_in_the_metrics_exchange(tmp_path: Path) -> None:
+    stop = StopSignal(world_size=1)
+    monitor = Monitor(SupervisionConfig(), 0, 1, CPU, MetricReporter(unmanaged(tmp_path), 0, 1), stop)
+    per_rank = monitor.log(10, {"loss": 2.5})
+    assert per_rank[0]["loss"] == 2.5 and per_rank[0]["mem_rss_mib"] > 0
+    assert stop.agreed() is False
+    stop.received_at = time.time()
+    monitor.log(20, {"loss": 2.0})
+    stop.received_at = None  # the folded answer is what every rank got at the exchange
+    assert stop.agreed() is True
+    assert stop.agreed() is False  # used once; then the signal itself
+
+
+def test_folded_answer_is_used_once_without_a_collective() -> None:
+    stop = StopSignal(world_size=2)  # no process group: a collective here would raise
+    stop.fold(True)
+    assert stop.agreed() is True
+
+
+def test_interval_report_splits_the_step_and_derives_throughput_and_mfu() -> None:
+    iv = Interval(started=time.perf_counter() - 1.0, steps=4, data_wait=0.2, excluded=0.2,
+                  loss=torch.tensor(10.0), grad_norm=torch.tensor(2.0))
+    m = iv.report(lr=0.1, samples_per_step=32, flops_per_sample=1e6, peak_flops=1e9, tokens_per_sample=64)
+    assert m["loss"] == 2.5 and m["grad_norm"] == 0.5 and m["lr"] == 0.1
+    assert m["step_time"] == pytest.approx(0.2, abs=0.01)  # (1 s - 0.2 s evaluation) / 4 steps
+    assert m["data_wait_s"] == pytest.approx(0.05)
+    assert m["compute_s"] == pytest.approx(m["step_time"] - 0.05)
+    assert m["samples_per_s"] == pytest.approx(32 / m["step_time"])
+    assert m["tokens_per_s"] == pytest.approx(64 * m["samples_per_s"])
+    assert m["mfu"] == pytest.approx(1e6 * m["samples_per_s"] / 1e9)
+    plain = Interval(steps=1, loss=1.0, grad_norm=1.0).report(0.1, 8, 1e6, None)
+    assert "mfu" not in plain and "tokens_per_s" not in plain and "loss_scale" not in plain
+
+
+def test_memory_is_the_resident_set_on_cpu() -> None:
+    m = memory_metrics(CPU, psutil.Process())
+    assert set(m) == {"mem_rss_mib"} and m["mem_rss_mib"] > 10
+
+
+@pytest.mark.gpu
+def test_memory_and_sync_clock_on_cuda() -> None:
+    device = torch.device("cuda", 0)
+    x = torch.randn(1024, 1024, device=device)
+    m = memory_metrics(device, psutil.Process())
+    assert set(m) == {"mem_allocated_mib", "mem_reserved_mib", "mem_peak_mib"} and m["mem_allocated_mib"] >= 4
+    clock = PreSyncClock(device)
+    x @ x
+    clock.bucket_launched(last=True)
+    clock.bucket_reduced()
+    (t,) = clock.take()
+    assert t >= 0
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_group() -> Iterator[None]:
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()

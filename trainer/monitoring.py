@@ -1,0 +1,242 @@
+"""Per-rank training metrics and the ranks' health checks, in one collective per log interval.
+
+A training loop (built-in workload or SDK) reports through :class:`Monitor`. At every log step
+each rank contributes its metrics, its memory, its times to the gradient sync, its stop flag
+and, every ``supervision.desync_check_every`` steps, a checksum of its parameters to one
+all-gather (:meth:`MetricReporter.exchange <trainer.reporter.MetricReporter.exchange>`). The
+stop flag comes back to every rank, so the stop check of that step needs no collective of its
+own; rank 0 runs the straggler and desync checks (trainer/health.py) on what it received and
+writes what it finds as Event rows through its database writer. Between log steps nothing here
+costs a collective or a device synchronisation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import statistics
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import psutil
+import torch
+import torch.distributed as dist
+from sqlalchemy import Connection
+from torch import nn
+
+from trainer.health import DesyncCheck, Finding, PreSyncClock, StragglerCheck, params_checksum, timed_allreduce
+
+if TYPE_CHECKING:
+    from trainer.config import SupervisionConfig
+    from trainer.lifecycle import StopSignal
+    from trainer.reporter import MetricReporter
+
+logger = logging.getLogger(__name__)
+
+MIB = float(2**20)
+EVENT_RECORD = "health_event"  # the database writer's record kind for findings
+
+
+def control_group() -> dist.ProcessGroup | None:
+    """The process group for runyard's few control numbers (metrics, stop flag): CPU tensors.
+
+    Under NCCL (which takes CUDA tensors only, and whose results the host must wait for) it is a
+    new gloo group over the same ranks, so that exchanging them never waits for the GPU; under
+    gloo it is the default group (None). Collective when it creates one: every rank calls it at
+    the same point, as the first exchange or stop check does.
+    """
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return dist.new_group(backend="gloo")
+    return None
+
+
+def memory_metrics(device: torch.device, process: psutil.Process) -> dict[str, float]:
+    """This rank's memory in MiB: CUDA's allocator counters on a GPU (host-side, no sync), else the
+    process's resident set size."""
+    if device.type == "cuda":
+        return {
+            "mem_allocated_mib": torch.cuda.memory_allocated(device) / MIB,
+            "mem_reserved_mib": torch.cuda.memory_reserved(device) / MIB,
+            "mem_peak_mib": torch.cuda.max_memory_allocated(device) / MIB,
+        }
+    return {"mem_rss_mib": process.memory_info().rss / MIB}
+
+
+@dataclass
+class Interval:
+    """Sums over the steps since the last report. Loss and gradient norm stay tensors on the
+    device until the report, whose single ``.tolist()`` is the interval's only host sync."""
+
+    steps: int = 0
+    started: float = field(default_factory=time.perf_counter)
+    data_wait: float = 0.0
+    excluded: float = 0.0
+    loss: torch.Tensor | float = 0.0
+    grad_norm: torch.Tensor | float = 0.0
+
+    def report(self, lr: float, samples_per_step: int, flops_per_sample: float, peak_flops: float | None,
+               scaler: torch.amp.GradScaler | None = None, tokens_per_sample: int | None = None) -> dict[str, float]:
+        """One rank's training metrics for the interval (see README's metric table).
+
+        ``step_time`` is the wall time per step since the last report, less ``excluded`` time
+        (evaluation); ``data_wait_s`` the part spent waiting for the next batch and
+        ``compute_s`` the rest (forward, backward, gradient sync, optimizer, reporting).
+        """
+        loss, grad_norm = torch.stack([torch.as_tensor(self.loss), torch.as_tensor(self.grad_norm)]).tolist()
+        step_time = (time.perf_counter() - self.started - self.excluded) / self.steps
+        data_wait = self.data_wait / self.steps
+        samples_per_s = samples_per_step / step_time
+        metrics = {
+            "loss": loss / self.steps, "lr": lr, "grad_norm": grad_norm / self.steps,
+            "step_time": step_time, "data_wait_s": data_wait, "compute_s": step_time - data_wait,
+            "samples_per_s": samples_per_s,
+        }
+        if tokens_per_sample:
+            metrics["tokens_per_s"] = samples_per_s * tokens_per_sample
+        if peak_flops:
+            metrics["mfu"] = flops_per_sample * samples_per_s / peak_flops
+        if scaler is not None:
+            metrics["loss_scale"] = scaler.get_scale()
+        return metrics
+
+
+class Monitor:
+    """Reports a training loop's metrics and checks the ranks' health.
+
+    Args:
+        supervision: The ``[supervision]`` section (straggler and desync settings).
+        rank: This process's global rank.
+        world_size: Number of ranks.
+        device: Where this rank computes (memory metrics).
+        reporter: The metric reporter; its writer (rank 0) records the findings.
+        stop: The stop signal whose flag rides along in the exchange.
+    """
+
+    def __init__(self, supervision: SupervisionConfig, rank: int, world_size: int, device: torch.device,
+                 reporter: MetricReporter, stop: StopSignal | None = None):
+        self.rank = rank
+        self.world_size = world_size
+        self.device = device
+        self.reporter = reporter
+        self.stop = stop
+        self.straggler_ratio = supervision.straggler_ratio if world_size > 1 else 0.0
+        self._straggler = StragglerCheck(world_size, supervision.straggler_ratio, supervision.straggler_window_steps) \
+            if rank == 0 and self.straggler_ratio else None
+        self._desync = DesyncCheck(supervision.desync_check_every if world_size > 1 else 0)
+        self._process = psutil.Process()
+        self._params: list[torch.Tensor] = []
+        self.clock: PreSyncClock | None = None
+        self._last_step = 0
+        if stop is not None:
+            stop.around_collective = self.outside_step
+        writer = reporter.writer
+        if writer is not None and reporter.ctx.run_id is not None:
+            writer.register(EVENT_RECORD, self._write_findings)
+
+    def watch(self, runner: nn.Module) -> None:
+        """Measure ``runner`` (what runs forward: DDP, FSDP or plain), before its first step.
+
+        A DDP model gets a communication hook that times each step's way to the gradient sync
+        (straggler check), and its parameters are checksummed (desync check). Under FSDP every
+        rank holds a different shard and forward and backward interleave with all-gathers and
+        reduce-scatters, so there is nothing to compare and no span free of collective waits:
+        both checks are off, and the log says so.
+        """
+        if self.world_size == 1:
+            return
+        module = runner.module if isinstance(runner, nn.parallel.DistributedDataParallel) else runner
+        params = list(module.parameters())
+        if any(_is_sharded(p) for p in params):
+            if self.rank == 0:
+                logger.info("straggler and desync checks are off: the parameters are sharded (FSDP)")
+            return
+        self._params = params
+        if isinstance(runner, nn.parallel.DistributedDataParallel) and self.straggler_ratio:
+            clock = PreSyncClock(self.device)
+            try:
+                runner.register_comm_hook((clock, runner.process_group), timed_allreduce)
+            except RuntimeError as exc:  # the script registered its own hook
+                logger.warning("straggler check off: %s", exc)
+                return
+            self.clock = clock
+
+    def begin(self, step: int) -> None:
+        """The loop starts after ``step`` (0, or the resumed checkpoint's)."""
+        self._last_step = step
+        self._desync.start(step)
+        if self.clock is not None:
+            self.clock.restart()
+
+    @contextlib.contextmanager
+    def outside_step(self) -> Iterator[None]:
+        """Around a collective of runyard's own: its wait is not this rank's work."""
+        if self.clock is None:
+            yield
+            return
+        self.clock.pause()
+        try:
+            yield
+        finally:
+            self.clock.resume()
+
+    def log(self, step: int, metrics: dict[str, float]) -> dict[int, dict[str, float]]:
+        """Collective: every rank calls it at the same steps with the same keys.
+
+        Adds memory (and ``pre_sync_s``, the median time to the gradient sync of the interval's
+        steps, when measured) to ``metrics``, exchanges everything in one all-gather, hands the
+        agreed stop flag to the stop signal and, on rank 0, runs the checks.
+
+        Returns:
+            On rank 0 every rank's values; elsewhere an empty dict.
+        """
+        values = dict(metrics)
+        values.update(memory_metrics(self.device, self._process))
+        if self.clock is not None:
+            times = self.clock.take()
+            values["pre_sync_s"] = statistics.median(times) if times else math.nan
+        checking = bool(self._params) and self._desync.due(step)
+        stopping = self.stop is not None and self.stop.received_at is not None
+        control = [1.0 if stopping else 0.0, params_checksum(self._params) if checking else math.nan]
+        with self.outside_step():
+            per_rank, controls = self.reporter.exchange(step, values, control)
+        if self.stop is not None:
+            self.stop.fold(any(c[0] > 0 for c in controls))
+        steps, self._last_step = step - self._last_step, step
+        if self.rank == 0:
+            findings: list[Finding] = []
+            if self._straggler is not None and "pre_sync_s" in values:
+                findings += self._straggler.update(step, steps, [per_rank[r]["pre_sync_s"] for r in sorted(per_rank)])
+            if checking:
+                found = self._desync.compare(step, [c[1] for c in controls])
+                findings += [found] if found is not None else []
+            for finding in findings:
+                self._record(finding)
+        return per_rank
+
+    # -- findings (rank 0) --------------------------------------------------------------------
+
+    def _record(self, finding: Finding) -> None:
+        level = {"error": logging.ERROR, "warning": logging.WARNING}.get(finding.level, logging.INFO)
+        logger.log(level, "%s: %s", finding.kind, finding.message)
+        writer = self.reporter.writer
+        if writer is not None and self.reporter.ctx.run_id is not None:
+            writer.put(EVENT_RECORD, {"at": time.time(), "level": finding.level, "kind": finding.kind,
+                                      "message": finding.message})
+
+    def _write_findings(self, conn: Connection, records: list[dict[str, Any]]) -> None:
+        """Database writer thread: the findings as Event rows of this attempt."""
+        from db.models import Event
+
+        ctx = self.reporter.ctx
+        conn.execute(Event.__table__.insert(), [{"run_id": ctx.run_id, "attempt": ctx.attempt, **r} for r in records])
+
+
+def _is_sharded(p: torch.Tensor) -> bool:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - torch without DTensor has no FSDP2 either
+        return False
+    return isinstance(p, DTensor)
