@@ -7,6 +7,7 @@ edits do not rewrite history.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -109,3 +110,27 @@ def eta_seconds(points: Sequence[tuple[int, float]], max_steps: int) -> float | 
         return None
     rate = (s1 - s0) / (t1 - t0)
     return max(0.0, (max_steps - s1) / rate)
+
+
+def young_daly_interval_s(checkpoint_cost_s: float, mtbf_s: float) -> float:
+    """The checkpoint interval that loses the least time to saves and failures together.
+
+    Young (1974) and Daly (2006): with a save that stalls training for ``C`` seconds and a
+    mean time between failures ``M``, checkpointing every ``sqrt(2 C M)`` seconds minimises the
+    expected time lost (the saves plus the work redone after a failure). A good approximation
+    while ``C`` is much smaller than ``M``.
+
+    Args:
+        checkpoint_cost_s: seconds the training loop is blocked by one save.
+        mtbf_s: mean seconds between failures.
+
+    Returns:
+        The recommended number of seconds between checkpoints.
+
+    Raises:
+        ValueError: when either argument is negative or not finite, naming it.
+    """
+    for name, value in (("checkpoint_cost_s", checkpoint_cost_s), ("mtbf_s", mtbf_s)):
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"{name} = {value!r}: must be a finite number >= 0")
+    return math.sqrt(2.0 * checkpoint_cost_s * mtbf_s)

@@ -1,4 +1,8 @@
-"""Compare: overlay one metric of several runs (the mean over ranks, along each run's lineage)."""
+"""Compare: overlay one metric of several runs (the mean over ranks, along each run's lineage).
+
+Each run's metric comes from the metric store already downsampled (at most MAX_POINTS buckets
+per rank), so a run of millions of points costs a few thousand rows here.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,8 @@ import pandas as pd
 import streamlit as st
 
 from app import charts, data
+
+MAX_POINTS = 1000
 
 st.title("Compare runs")
 runs = data.list_runs()
@@ -23,11 +29,10 @@ log_y = st.toggle("Log scale", value=False)
 
 frames = []
 for run_id in chosen:
-    frame = data.metric_frame(run_id, key)
-    if frame.empty:
+    series = data.metric_series_full(run_id, key, MAX_POINTS)
+    if not series.rows:
         continue
-    lineage = frame[~frame["superseded"]]
-    mean = lineage.groupby("step", as_index=False)["value"].mean()
+    mean = charts.rank_mean(series.rows, data.lineage_cutoffs(data.run_attempts(run_id)))
     frames.append(mean.assign(run=labels[run_id]))
 if not frames:
     st.info(f"None of these runs reported {key!r}.")

@@ -1,4 +1,8 @@
-"""Run: live per-rank charts, progress, ETA and cost, attempts, each rank's log tail, Cancel."""
+"""Run: live metric charts, event badges, progress, ETA and cost, checkpoints with Young–Daly
+advice, attempts, system panels, each rank's log tail, Cancel.
+
+The live fragment keeps each metric's downsampled series in st.session_state and asks the
+metric store only for what is new every 2 s (app.data.merge_series)."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import streamlit as st
 
 from app import charts, data
 from app.format import badge, clock, duration, usd
+from app.system import system_panels
 from db.states import TERMINAL, RunStatus
 from db.requests import RequestRefused
 from orchestrator.logs import launcher_log, rank_log_files, tail
@@ -17,6 +22,16 @@ from trainer.config import ConfigError
 
 CHART_ORDER = ["loss", "eval_accuracy", "eval_loss", "samples_per_s", "step_time"]
 TERMINAL_VALUES = {s.value for s in TERMINAL}
+# Buckets per (attempt, rank) a chart asks for: about 8000 rows a chart whatever the rank count,
+# between 500 and 2000 a line (the store halves resolution in steps of 4, so 1/4 to all of it).
+CHART_ROWS, MIN_POINTS, MAX_POINTS = 8000, 500, 2000
+# Event kinds shown as badges at the top of the run: (colour, icon, label).
+EVENT_BADGES = {
+    "straggler": ("orange", ":material/slow_motion_video:", "straggler"),
+    "desync": ("red", ":material/sync_problem:", "desync"),
+    "nan": ("red", ":material/error:", "NaN"),
+    "hang": ("red", ":material/hourglass_disabled:", "hang"),
+}
 
 runs = data.list_runs()
 if not runs:
@@ -34,8 +49,6 @@ run_id = st.selectbox(
     format_func=lambda i: next(f"#{r['id']} {r['name']}" for r in runs if r["id"] == i),
 )
 st.query_params["run"] = str(run_id)
-show_superseded = st.toggle("Show superseded steps", value=False,
-                            help="What abandoned attempts logged after the step the run was resumed from")
 
 
 def header(d: dict) -> None:
@@ -57,18 +70,72 @@ def header(d: dict) -> None:
                 help="Productive step time over the time the run held devices or waited to retry")
 
 
-def metric_charts(d: dict, show_superseded: bool) -> None:
+def max_points(nproc: int) -> int:
+    return max(MIN_POINTS, min(MAX_POINTS, CHART_ROWS // max(1, nproc)))
+
+
+def live_series(d: dict) -> dict[str, data.LiveSeries]:
+    """Every metric of the run, each merged with what this session already holds (only new
+    buckets are fetched), in chart order."""
     keys = data.metric_keys(d["id"])
-    if not keys:
-        st.info("Waiting for the first metrics from the ranks…" if d["status"] not in {s.value for s in TERMINAL}
+    ordered = [k for k in CHART_ORDER if k in keys] + [k for k in keys if k not in CHART_ORDER and k != "epoch"]
+    newest = d["attempts"][-1] if d["attempts"] else {"number": 0, "resume_step": 0}
+    points = max_points(d["nproc"])
+    out = {}
+    for key in ordered:
+        state_key = f"live-series/{d['id']}/{key}"
+        out[key] = st.session_state[state_key] = data.merge_series(
+            st.session_state.get(state_key),
+            lambda level, since, key=key: data.metric_series(d["id"], key, points, level, since),
+            max_points=points, attempts=len(d["attempts"]), newest_attempt=newest["number"],
+            resume_step=newest["resume_step"] or 0, finished=d["status"] in TERMINAL_VALUES,
+        )
+    return out
+
+
+def event_badges(d: dict, series: dict[str, data.LiveSeries]) -> None:
+    """A row of badges with counts: stragglers, desyncs, NaNs, hangs. Without a "nan" event
+    from the trainer, NaNs are counted from the charts' buckets."""
+    counts = dict(data.event_counts(d["id"]))
+    if not counts.get("nan"):
+        cutoffs = data.lineage_cutoffs(d["attempts"])
+        counts["nan"] = sum(int(r.get("nan_count") or 0) for s in series.values() for r in s.rows
+                            if r["step"] <= cutoffs.get(r["attempt"], float("inf")))
+    shown = [f":{color}-badge[{icon} {label} × {counts[kind]}]"
+             for kind, (color, icon, label) in EVENT_BADGES.items() if counts.get(kind)]
+    st.markdown(" ".join(shown) if shown else ":green-badge[:material/check: no stragglers, desyncs, NaNs or hangs]")
+
+
+def chart_options(run_id: int) -> charts.ChartOptions:
+    """The widgets above the charts; the choice is kept per run for this browser session."""
+    saved: dict[int, charts.ChartOptions] = st.session_state.setdefault("chart-options", {})
+    o = saved.get(run_id, charts.ChartOptions())
+    c = st.columns([2.5, 3, 2, 1, 2.5])
+    ranks = c[0].segmented_control("Ranks", charts.RANK_MODES, default=o.ranks, key=f"ranks-{run_id}")
+    x = c[1].segmented_control("X axis", charts.X_AXES, default=o.x, key=f"x-{run_id}")
+    smoothing = c[2].slider("Smoothing (EMA)", 0.0, 0.99, o.smoothing, 0.01, key=f"ema-{run_id}",
+                            help="Weight of the running average: the smoothed line is drawn over the faint values")
+    log_y = c[3].toggle("Log y", value=o.log_y, key=f"log-{run_id}")
+    superseded = c[4].toggle("Show superseded steps", value=o.show_superseded, key=f"superseded-{run_id}",
+                             help="What abandoned attempts logged after the step the run was resumed from")
+    # A segmented control can be clicked off; keep the last choice then.
+    saved[run_id] = charts.ChartOptions(ranks=ranks or o.ranks, x=x or o.x, log_y=log_y,
+                                        smoothing=smoothing, show_superseded=superseded)
+    return saved[run_id]
+
+
+def metric_charts(d: dict, series: dict[str, data.LiveSeries]) -> None:
+    if not series:
+        st.info("Waiting for the first metrics from the ranks…" if d["status"] not in TERMINAL_VALUES
                 else "This run reported no metrics.")
         return
-    ordered = [k for k in CHART_ORDER if k in keys] + [k for k in keys if k not in CHART_ORDER and k != "epoch"]
+    options = chart_options(d["id"])
+    cutoffs = data.lineage_cutoffs(d["attempts"])
     cols = st.columns(2)
-    for i, key in enumerate(ordered):
-        frame = data.metric_frame(d["id"], key)
+    for i, (key, s) in enumerate(series.items()):
+        frame, x_title = charts.series_frame(s.rows, cutoffs, options, d["started_at"])
         with cols[i % 2]:
-            st.altair_chart(charts.per_rank_line(frame, key, show_superseded=show_superseded), width="stretch")
+            st.altair_chart(charts.metric_chart(frame, key, options, x_title, bucketed=s.level > 0), width="stretch")
 
 
 def attempts_table(d: dict) -> None:
@@ -157,6 +224,40 @@ def checkpoint_table(d: dict) -> None:
         st.caption(f"{deleted} older checkpoint(s) deleted by retention; `runyard show {d['id']}` lists them.")
 
 
+def checkpoint_advice(run_id: int) -> None:
+    """Young–Daly's interval from the measured save cost and this machine's MTBF."""
+    a = data.checkpoint_advice(run_id)
+    if a is None:
+        return
+    configured = ", ".join(
+        part for part in (f"every {a['every_steps']} steps" if a["every_steps"] else "",
+                          f"every {a['every_seconds']:g} s" if a["every_seconds"] else "") if part
+    ) or "only at the end"
+    if a["interval_s"] is None:
+        st.caption(f"Young–Daly checkpoint interval: not enough data yet: {'; '.join(a['missing'])}. "
+                   f"Configured: {configured}.")
+        return
+    every = (f"every ~{a['interval_steps']:,} steps ({duration(a['interval_s'])})" if a["interval_steps"]
+             else f"every ~{duration(a['interval_s'])} (the step time is not known yet)")
+    st.caption(
+        f"Young–Daly suggests {every} given save cost {a['checkpoint_cost_s']:.2g} s and MTBF "
+        f"{a['mtbf_s'] / 3600:.2g} h ({a['failures']} failure(s) in {a['device_time_s'] / 3600:.2g} h of attempts "
+        f"on this machine); configured: {configured}.",
+        help="sqrt(2 x save cost x MTBF) minimises the time lost to saves plus the work redone after a failure. "
+             "Save cost: median time the training loop was blocked by the newest saves.",
+    )
+
+
+def events_list(d: dict) -> None:
+    events = [e for e in d["events"] if e["level"] in ("warning", "error")]
+    if not events:
+        return
+    with st.expander(f"Warnings and errors ({len(events)})"):
+        st.dataframe(pd.DataFrame([{"time": clock(e["at"]), "attempt #": e["attempt"], "level": e["level"],
+                                    "kind": e["kind"], "message": e["message"]} for e in events]),
+                     hide_index=True, width="stretch")
+
+
 def fork_form(d: dict) -> None:
     usable = sorted({c["step"] for c in d["checkpoints"] if c["verified"] and not c["deleted"]}, reverse=True)
     if not usable:
@@ -200,26 +301,31 @@ def actions(d: dict) -> None:
             st.rerun()
 
 
-@st.fragment(run_every=2)
+# A finished run changes only when someone resumes it: look less often (rebuilding the charts
+# costs the server some CPU on every refresh).
+_listed = next(r for r in runs if r["id"] == run_id)
+
+
+@st.fragment(run_every=10 if _listed["status"] in TERMINAL_VALUES else 2)
 def live() -> None:
     d = data.run_detail(run_id)
     if d is None:
         st.error(f"Run {run_id} does not exist.")
         return
     header(d)
+    series = live_series(d)
+    event_badges(d, series)
     if d["parent_run_id"]:
         st.caption(f"Forked from run #{d['parent_run_id']} at step {d['parent_step']}.")
     actions(d)
-    metric_charts(d, show_superseded)
+    metric_charts(d, series)
     st.subheader("Checkpoints")
     checkpoint_table(d)
+    checkpoint_advice(d["id"])
     st.subheader("Attempts")
     attempts_table(d)
-    events = [e for e in d["events"] if e["level"] in ("warning", "error")][:10]
-    if events:
-        with st.expander(f"Warnings and errors ({len(events)})"):
-            for e in events:
-                st.markdown(f"`{clock(e['at'])}` **{e['kind']}** {e['message']}")
+    events_list(d)
+    system_panels(d["id"])
     with st.expander("Logs (tail of each rank)", expanded=d["status"] == RunStatus.FAILED):
         log_tails(d)
     with st.expander("Config"):

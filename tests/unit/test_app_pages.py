@@ -1,7 +1,7 @@
 """The dashboard pages, rendered by Streamlit's AppTest on a real, seeded SQLite database.
 
 Each test points ``RUNYARD_HOME`` at ``tmp_path``, applies the migrations, writes rows the way
-the scheduler and the ranks would (``create_run``, ``transition``, Attempt / Metric /
+the scheduler and the ranks would (``create_run``, ``transition``, Attempt / ``write_points`` /
 SchedulerHeartbeat rows), runs ``app/main.py`` and checks what a person would look at: the
 runs table, the run header, progress, metrics, charts, the scheduler banner, the New run form's
 errors, and what the Start and Cancel buttons wrote to the database.
@@ -29,7 +29,8 @@ from streamlit.testing.v1 import AppTest
 
 from db import queries
 from db.engine import make_engine, make_sessionmaker, upgrade
-from db.models import Attempt, Metric, Run, SchedulerHeartbeat
+from db.metricstore import write_points
+from db.models import Attempt, Checkpoint, Event, Run, SchedulerHeartbeat
 from db.requests import Price, create_run
 from db.settings import Settings, load_settings
 from db.states import AttemptStatus, RunStatus, transition
@@ -88,11 +89,12 @@ def add_attempt(session: Session, run_id: int, last_step: int, status: AttemptSt
 def add_metrics(session: Session, run_id: int, last_step: int, ranks: tuple[int, ...] = (0, 1)) -> None:
     """Loss every 10 steps on each rank, and one eval accuracy from rank 0."""
     now = time.time()
-    for step in range(10, last_step + 1, 10):
-        for rank in ranks:
-            session.add(Metric(run_id=run_id, attempt=1, rank=rank, step=step, key="loss",
-                               value=2.0 / step + 0.01 * rank, wall_time=now - (last_step - step) / 5))
-    session.add(Metric(run_id=run_id, attempt=1, rank=0, step=100, key="eval_accuracy", value=0.875, wall_time=now))
+    rows = [dict(run_id=run_id, attempt=1, rank=rank, step=step, key="loss", value=2.0 / step + 0.01 * rank,
+                 wall_time=now - (last_step - step) / 5)
+            for step in range(10, last_step + 1, 10) for rank in ranks]
+    rows.append(dict(run_id=run_id, attempt=1, rank=0, step=100, key="eval_accuracy", value=0.875, wall_time=now))
+    session.flush()
+    write_points(session.connection(), rows)
 
 
 def add_heartbeat(session: Session, age_s: float) -> None:
@@ -273,6 +275,139 @@ def test_finished_run_has_no_cancel_button(settings: Settings, sessions: session
     assert at.progress[0].value == 100
     assert {m.label: m.value for m in at.metric}["ETA"] == "0s"
     assert not at.button
+
+
+def chart_spec(chart) -> dict:  # type: ignore[no-untyped-def]
+    return json.loads(chart.proto.spec)
+
+
+def chart_lines(chart) -> pd.DataFrame:  # type: ignore[no-untyped-def]
+    """The rows of a metric chart's lines (not its band or NaN marks)."""
+    frames = [pa.ipc.open_stream(io.BytesIO(d.data.data)).read_all().to_pandas() for d in chart.proto.datasets]
+    return next(f for f in frames if "rank" in f and "value" in f)
+
+
+def test_run_page_chart_options_mean_band_wall_time_log_and_ema(seeded: dict[str, int]) -> None:
+    run_id = seeded["running"]
+    at = open_page("views/run.py", run=str(run_id))
+    no_exception(at)
+    assert at.segmented_control(key=f"ranks-{run_id}").value == "per rank"
+    at.segmented_control(key=f"ranks-{run_id}").set_value("mean + band")
+    at.segmented_control(key=f"x-{run_id}").set_value("wall time")
+    at.toggle(key=f"log-{run_id}").set_value(True)
+    at.slider(key=f"ema-{run_id}").set_value(0.6)
+    at.run()
+    no_exception(at)
+    loss = at.get("vega_lite_chart")[0]
+    rows = chart_lines(loss)
+    assert rows["rank"].unique().tolist() == ["mean"]
+    assert len(rows) == 12  # one point per step: the mean of ranks 0 and 1
+    assert rows["value"].iloc[0] == pytest.approx(2.0 / 10 + 0.005)
+    assert rows["lo"].iloc[0] == pytest.approx(0.2) and rows["hi"].iloc[0] == pytest.approx(0.21)
+    assert rows["smooth"].notna().all()
+    spec = json.dumps(chart_spec(loss))
+    assert '"type": "log"' in spec and '"type": "temporal"' in spec
+    assert [layer["mark"]["type"] for layer in chart_spec(loss)["layer"]] == ["area", "line", "line"]
+    # The choice is kept for this run across refreshes.
+    at.run()
+    assert at.segmented_control(key=f"ranks-{run_id}").value == "mean + band"
+    assert chart_lines(at.get("vega_lite_chart")[0])["rank"].unique().tolist() == ["mean"]
+
+
+def test_run_page_hides_superseded_steps_unless_asked(settings: Settings, sessions: sessionmaker[Session]) -> None:
+    # Attempt 1 logged up to step 120; attempt 2 resumed from the checkpoint at step 50.
+    now = time.time()
+    with sessions() as s:
+        run_id = add_run(s, settings, "resumed", RunStatus.STARTING, RunStatus.RUNNING)
+        add_attempt(s, run_id, last_step=120, status=AttemptStatus.FAILED)
+        s.add(Attempt(run_id=run_id, number=2, status="RUNNING", dir="/x", started_at=now - 10, resume_step=50,
+                      last_step=80))
+        add_metrics(s, run_id, last_step=120)
+        write_points(s.connection(), [dict(run_id=run_id, attempt=2, rank=rank, step=step, key="loss", value=0.5,
+                                           wall_time=now) for step in (60, 70, 80) for rank in (0, 1)])
+        s.commit()
+    at = open_page("views/run.py", run=str(run_id))
+    no_exception(at)
+    lines = chart_lines(at.get("vega_lite_chart")[0])
+    assert set(lines[lines["attempt"] == 1]["step"]) == {10, 20, 30, 40, 50}  # attempt 1 up to the resume step
+    assert set(lines[lines["attempt"] == 2]["step"]) == {60, 70, 80}
+    assert len(at.get("vega_lite_chart")[0].proto.datasets) == 1
+    at.toggle(key=f"superseded-{run_id}").set_value(True).run()
+    no_exception(at)
+    loss = at.get("vega_lite_chart")[0]
+    frames = [pa.ipc.open_stream(io.BytesIO(d.data.data)).read_all().to_pandas() for d in loss.proto.datasets]
+    old = next(f for f in frames if "superseded" in f and f["superseded"].all())
+    assert set(old["step"]) == set(range(60, 121, 10)) and set(old["attempt"]) == {1}
+    assert any(layer["mark"].get("strokeDash") for layer in chart_spec(loss)["layer"])
+
+
+def test_run_page_live_panel_fetches_only_new_buckets(seeded: dict[str, int], sessions: sessionmaker[Session]) -> None:
+    run_id = seeded["running"]
+    at = open_page("views/run.py", run=str(run_id))
+    held = at.session_state[f"live-series/{run_id}/loss"]
+    assert held.level == 0 and len(held.rows) == 24 and held.fetched == 24
+    now = time.time()
+    with sessions() as s:
+        write_points(s.connection(), [dict(run_id=run_id, attempt=1, rank=rank, step=step, key="loss", value=0.01,
+                                           wall_time=now) for step in range(130, 201, 10) for rank in (0, 1)])
+        s.commit()
+    at.run()
+    no_exception(at)
+    held = at.session_state[f"live-series/{run_id}/loss"]
+    assert held.fetched == 2 * 9  # step 120 again (the last cached bucket) and the 8 new steps, on 2 ranks
+    loss = chart_lines(at.get("vega_lite_chart")[0])
+    assert len(loss) == 2 * 20 and loss["step"].max() == 200
+
+
+def test_run_page_badges_count_events_and_nan(seeded: dict[str, int], sessions: sessionmaker[Session]) -> None:
+    run_id = seeded["running"]
+    now = time.time()
+    with sessions() as s:
+        for kind, level in (("straggler", "warning"), ("straggler", "warning"), ("desync", "error")):
+            s.add(Event(run_id=run_id, attempt=1, at=now, level=level, kind=kind, message=f"{kind} on rank 1"))
+        write_points(s.connection(), [dict(run_id=run_id, attempt=1, rank=1, step=130, key="loss",
+                                           value=float("nan"), wall_time=now)])
+        s.commit()
+    at = open_page("views/run.py", run=str(run_id))
+    no_exception(at)
+    badges = at.markdown[1].value
+    assert "straggler × 2" in badges and "orange-badge" in badges
+    assert "desync × 1" in badges and "NaN × 1" in badges  # no "nan" event: counted from the buckets
+    assert "hang" not in badges
+    loss = at.get("vega_lite_chart")[0]
+    assert [layer["mark"]["type"] for layer in chart_spec(loss)["layer"]][-1] == "rule"  # the NaN is marked
+    events = at.dataframe[1].value
+    assert sorted(events["kind"]) == ["desync", "straggler", "straggler"]
+
+
+def test_run_page_without_events_says_so(seeded: dict[str, int]) -> None:
+    at = open_page("views/run.py", run=str(seeded["running"]))
+    assert "no stragglers, desyncs, NaNs or hangs" in at.markdown[1].value
+
+
+def test_run_page_checkpoint_advice(seeded: dict[str, int], sessions: sessionmaker[Session]) -> None:
+    run_id = seeded["running"]
+    at = open_page("views/run.py", run=str(run_id))
+    advice = next(c.value for c in at.caption if "Young–Daly" in c.value)
+    assert "not enough data yet" in advice and "no checkpoint written yet" in advice
+    assert "configured: every 100 steps" in advice.lower()
+    now = time.time()
+    with sessions() as s:
+        # 2 s blocked per save; one failure in 2 h of attempts on this machine (plus the 60 s of
+        # the seeded attempt); the seeded attempt made 119 steps in 55 s.
+        s.add(Checkpoint(run_id=run_id, attempt=1, step=100, path="/c/step-100", bytes=10, sha256="0",
+                         params_digest="0", blocked_s=2.0, total_s=9.0, created_at=now))
+        other = add_run(s, load_settings(), "crashed")
+        s.add(Attempt(run_id=other, number=1, status="FAILED", dir="/x", started_at=now - 7200, ended_at=now,
+                      cause="SIGNAL"))
+        s.commit()
+    st.cache_data.clear()
+    at.run()
+    no_exception(at)
+    advice = next(c.value for c in at.caption if "Young–Daly" in c.value)
+    assert advice.startswith("Young–Daly suggests every ~")
+    assert "given save cost 2 s and MTBF 2 h" in advice
+    assert "configured: every 100 steps" in advice
 
 
 # -- Cancel ---------------------------------------------------------------------------------

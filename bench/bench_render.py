@@ -1,0 +1,163 @@
+"""The Run page's first full render in Chromium for a run of 10M metric points.
+
+    .venv/bin/python bench/bench_render.py [--ranks 8] [--steps 1250000] [--repeats 5]
+
+Seeds one finished run of ``ranks x steps`` loss points (bench/seed.py's seed_run: rank 0's
+writer path, rollups included) into a data folder cached under /tmp (seeding 10M points takes
+minutes; the folder is reused while its parameters match), starts the UI on it (`runyard ui`)
+and times, in Debian's Chromium driven by Playwright, each navigation to the Run page from
+``page.goto`` until every chart on it is drawn (a Vega ``svg.marks`` or canvas in each
+``stVegaLiteChart``). Every repetition uses a fresh browser context (no cached scripts, a new
+Streamlit session, so the live panel fetches the whole series) after one warm-up navigation
+(the server's first imports and page compile); a second series reopens the page in one
+browser context whose scripts are cached (a person's second visit). For scale, the Runs page,
+which draws no chart, is timed the same way: what Streamlit's own start-up costs here.
+
+Prints every time, the medians, where the time went (to the header; then to all charts) and
+the load average; BENCHMARKS.md has the results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+CACHE = Path("/tmp/runyard-bench-render")
+ALL_CHARTS_DRAWN = """() => {
+    const charts = [...document.querySelectorAll("[data-testid='stVegaLiteChart']")];
+    return charts.length > 0 && charts.every(c => c.querySelector('svg.marks, canvas'));
+}"""
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
+
+
+def seeded_home(ranks: int, steps: int, keys: tuple[str, ...]) -> tuple[Path, int]:
+    """A data folder with one seeded run, cached under /tmp by its parameters."""
+    home = CACHE / f"{ranks}x{steps}-{'-'.join(keys)}"
+    marker = home / "run_id"
+    if marker.is_file():
+        return home, int(marker.read_text())
+    shutil.rmtree(home, ignore_errors=True)
+    home.mkdir(parents=True)
+    from bench.seed import seed_run
+    from db.engine import upgrade
+
+    db_url = f"sqlite:///{home / 'runyard.db'}"
+    upgrade(db_url)
+    t0 = time.monotonic()
+    print(f"seeding {ranks} x {steps:,} points of {', '.join(keys)} into {home} (cached for later runs)...", flush=True)
+    run_id = seed_run(db_url, ranks=ranks, steps=steps, keys=keys, name=f"bench-{ranks}x{steps}", progress=True)
+    print(f"seeded in {time.monotonic() - t0:.0f} s", flush=True)
+    marker.write_text(str(run_id))
+    return home, run_id
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_ui(home: Path, port: int) -> subprocess.Popen:
+    env = dict(os.environ, RUNYARD_HOME=str(home))
+    env.pop("RUNYARD_DB_URL", None)
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "ui", "--port", str(port)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return proc
+        except OSError:
+            time.sleep(0.3)
+    proc.kill()
+    raise RuntimeError("the UI did not start in 60 s")
+
+
+def navigate(browser: Any, url: str, ready: str, header: str | None, context: Any = None) -> tuple[float, float | None]:
+    """Seconds from goto until ``ready`` holds, and until ``header`` is visible (if given). In a
+    new browser context (nothing cached) unless ``context`` is given."""
+    own = context is None
+    context = context or browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    try:
+        t0 = time.monotonic()
+        page.goto(url)
+        at_header = None
+        if header:
+            page.wait_for_selector(header, timeout=120_000)
+            at_header = time.monotonic() - t0
+        page.wait_for_function(ready, timeout=120_000)
+        total = time.monotonic() - t0
+        if page.locator("[data-testid='stException']").count():
+            raise RuntimeError(page.locator("[data-testid='stException']").first.inner_text())
+        return total, at_header
+    finally:
+        page.close()
+        if own:
+            context.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=1_250_000)
+    parser.add_argument("--keys", default="loss", help="comma-separated metric names, each on every rank and step")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    from playwright.sync_api import sync_playwright
+
+    keys = tuple(k for k in args.keys.split(",") if k)
+    home, run_id = seeded_home(args.ranks, args.steps, keys)
+    port = free_port()
+    ui = start_ui(home, port)
+    base = f"http://127.0.0.1:{port}"
+    run_url = f"{base}/run?run={run_id}"
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=shutil.which("chromium") or "/usr/bin/chromium",
+                                         headless=True, args=CHROMIUM_ARGS)
+            navigate(browser, run_url, ALL_CHARTS_DRAWN, None)  # warm-up: the server's first page compile
+            runs_ready = "() => !!document.querySelector(\"[data-testid='stDataFrame']\")"
+            run_times, header_times, baseline, cached = [], [], [], []
+            warm = browser.new_context(viewport={"width": 1400, "height": 1000})
+            navigate(browser, run_url, ALL_CHARTS_DRAWN, None, warm)  # fills this context's script cache
+            for i in range(args.repeats):
+                total, at_header = navigate(browser, run_url, ALL_CHARTS_DRAWN, "h2")
+                run_times.append(total)
+                header_times.append(at_header or 0.0)
+                baseline.append(navigate(browser, f"{base}/runs", runs_ready, None)[0])
+                cached.append(navigate(browser, run_url, ALL_CHARTS_DRAWN, None, warm)[0])
+                print(f"  {i + 1}: Run page {total:.2f} s (header at {at_header:.2f} s), scripts cached "
+                      f"{cached[-1]:.2f} s; Runs page {baseline[-1]:.2f} s", flush=True)
+            warm.close()
+            browser.close()
+    finally:
+        os.killpg(ui.pid, signal.SIGTERM)
+        ui.wait(30)
+    points = args.ranks * args.steps * len(keys)
+    print(f"run of {points:,} points ({args.ranks} ranks x {args.steps:,} steps x {len(keys)} key(s)), "
+          f"median of {args.repeats}:")
+    print(f"  Run page, goto -> every chart drawn: {statistics.median(run_times):.2f} s "
+          f"(min {min(run_times):.2f}, max {max(run_times):.2f})")
+    print(f"    of which goto -> run header shown: {statistics.median(header_times):.2f} s")
+    print(f"  Run page again in the same browser (scripts cached): {statistics.median(cached):.2f} s")
+    print(f"  Runs page (no chart), goto -> table shown: {statistics.median(baseline):.2f} s")
+    print(f"  load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+if __name__ == "__main__":
+    main()
