@@ -46,6 +46,7 @@ COMM_PATTERNS = re.compile(
     r"DistBackendError|DistNetworkError|Broken pipe|ProcessGroup.*timed? ?out|Watchdog caught collective",
 )
 CUDA_OOM_PATTERNS = re.compile(r"OutOfMemoryError|CUDA out of memory")
+_EXCEPTION_LINE = re.compile(r"^\w+(\.\w+)*(Error|Exception|Interrupt|Exit)\b")
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,11 @@ def _error_file(path: str) -> tuple[str | None, str | None]:
     except (OSError, ValueError, KeyError, TypeError):
         return None, None
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    return (lines[-1][:500] if lines else None), trace
+    # The exception line, not a trailer after it (pybind adds "At:" and a Python frame to an
+    # error raised in a callback, such as a DDP communication hook's future).
+    exceptions = [ln for ln in lines if _EXCEPTION_LINE.match(ln)]
+    chosen = exceptions[-1] if exceptions else (lines[0] if lines else None)
+    return (chosen[:500] if chosen else None), trace
 
 
 def rank_failures(attempt_dir: Path) -> list[RankFailure]:
@@ -139,7 +144,7 @@ def _exception_from_stderr(attempt_dir: Path) -> tuple[int | None, str | None]:
         for path in paths:
             if path.name != "stderr.log":
                 continue
-            hits = [ln.strip() for ln in tail(path, 16_000).splitlines() if re.match(r"^\w+(\.\w+)*(Error|Exception)\b", ln.strip())]
+            hits = [ln.strip() for ln in tail(path, 16_000).splitlines() if _EXCEPTION_LINE.match(ln.strip())]
             if hits:
                 return rank, hits[-1][:500]
     return None, None

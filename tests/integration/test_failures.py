@@ -112,7 +112,8 @@ def test_same_exception_at_the_same_step_twice_stops(product: Product) -> None:
     detail = product.wait_status(run_id, "SUCCEEDED", "FAILED", timeout=180)
     assert detail["status"] == "FAILED"
     assert len(detail["attempts"]) == 2  # not all 5 retries
-    assert all(a["failed_rank"] == 1 and a["last_step"] == 119 for a in detail["attempts"])
+    assert all(a["failed_rank"] == 1 and a["last_step"] == 119 for a in detail["attempts"]), [
+        (a["failed_rank"], a["last_step"], a["cause"]) for a in detail["attempts"]]
     assert "same exception at the same step twice" in detail["status_reason"]
 
 

@@ -132,10 +132,10 @@ def test_deferred_snapshot_is_taken_by_the_writer_and_holds_the_state_of_the_sav
     real_snapshot = ckpt._Stager.snapshot
     copied_on: list[str] = []
 
-    def slow_snapshot(self: Any, state: dict[str, Any]) -> dict[str, Any]:
+    def slow_snapshot(self: Any, state: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
         copied_on.append(threading.current_thread().name)
         assert release.wait(30), "test never released the snapshot"
-        return real_snapshot(self, state)
+        return real_snapshot(self, state, **kwargs)
 
     monkeypatch.setattr(ckpt._Stager, "snapshot", slow_snapshot)
     manager = CheckpointManager(tmp_path)
