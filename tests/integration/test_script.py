@@ -35,7 +35,7 @@ def test_sdk_script_reports_metrics_checkpoints_and_resumes(product: Product) ->
     detail = product.wait_status(run_id, "SUCCEEDED", "FAILED")
     assert detail["status"] == "SUCCEEDED", detail["status_reason"]
     second = detail["attempts"][-1]
-    assert second["number"] == 2 and second["resume_step"] == 100
+    assert second["number"] == 2 and second["resume_step"] == 100, [(a["number"], a["cause"], a["exception"]) for a in detail["attempts"]]
     con = sqlite3.connect(product.home / "runyard.db")
     first_step = con.execute("SELECT MIN(step) FROM metrics WHERE run_id = ? AND attempt = 2", (run_id,)).fetchone()[0]
     con.close()
