@@ -102,6 +102,24 @@ def grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler | 
     return torch.amp.GradScaler(device.type)
 
 
+def optimizer_update(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any, max_norm: float) -> torch.Tensor:
+    """The end of a training step: unscale (fp16), measure and clip the gradient norm, step the
+    optimizer (through the GradScaler when there is one).
+
+    Returns:
+        The gradient norm before clipping, a 0-d tensor on the gradients' device.
+    """
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    norm = clip_grad_norm(model.parameters(), max_norm)
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    return norm
+
+
 def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float) -> torch.Tensor:
     """The global gradient norm, computed always; the gradients are clipped to ``max_norm`` when
     it is above 0.

@@ -364,14 +364,7 @@ def train(
                     (scaler.scale(loss) if scaler is not None else loss).backward()
                 iv.loss = iv.loss + loss.detach()
             checkpoints.before_update()  # the previous step's checkpoint snapshot is taken by now
-            if scaler is not None:
-                scaler.unscale_(optimizer)
-            iv.grad_norm = iv.grad_norm + techniques.clip_grad_norm(model.parameters(), tc.clip_grad_norm)
-            if scaler is not None:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
+            iv.grad_norm = iv.grad_norm + techniques.optimizer_update(model, optimizer, scaler, tc.clip_grad_norm)
             faults.maybe_perturb(step + 1, info.rank, model.parameters())
             step += 1
             iv.steps += 1
