@@ -123,7 +123,7 @@ def _oom_killed_pids() -> set[int]:
     return {int(p) for p in re.findall(r"Killed process (\d+)", out)}
 
 
-def _signal_name(code: int) -> str:
+def signal_name(code: int) -> str:
     try:
         return signal.Signals(-code).name
     except ValueError:
@@ -170,7 +170,7 @@ def classify(attempt_dir: Path, exit_code: int | None) -> Failure:
     if killed:
         f = killed[0]
         assert f.exitcode is not None
-        name = _signal_name(f.exitcode)
+        name = signal_name(f.exitcode)
         if f.exitcode == -signal.SIGSEGV:
             cause = Cause.SEGFAULT
         elif f.exitcode == -signal.SIGKILL and f.pid in _oom_killed_pids():
@@ -187,6 +187,6 @@ def classify(attempt_dir: Path, exit_code: int | None) -> Failure:
     if line:
         return Failure(_cause_of_exception(line), rank, line, _stderr_tail(attempt_dir, rank))
     if exit_code is not None and exit_code < 0:
-        name = _signal_name(exit_code)
+        name = signal_name(exit_code)
         return Failure(Cause.SIGNAL, None, f"launcher killed by {name}", _stderr_tail(attempt_dir, None), name)
     return Failure(Cause.UNKNOWN, None, f"exit code {exit_code}", _stderr_tail(attempt_dir, None))

@@ -18,9 +18,10 @@ from sqlalchemy.orm import Session
 
 from db.models import Attempt, Checkpoint, Event, Run
 from db.states import AttemptStatus, RunStatus, transition
-from orchestrator.failures import Cause, Failure, classify
+from orchestrator.failures import Cause, Failure, classify, rank_failures, signal_name
 from orchestrator.retry import AttemptOutcome, decide, halved_micro_batch
 from trainer.config import RunConfig, config_from_json, deep_merge
+from trainer.lifecycle import FINISHED_DIR
 
 logger = logging.getLogger(__name__)
 
@@ -94,10 +95,13 @@ def settle(session: Session, run: Run, attempt: Attempt, exited: dict | None, no
         transition(session, run.id, RunStatus.CANCELLED, attempt.reason)
         _event(session, run, attempt, "info", attempt.reason)
         return
-    if code == 0 and stopped is None:
+    shutdown_crash = died_after_finishing(run, attempt) if code and stopped is None and exited else None
+    if (code == 0 or shutdown_crash) and stopped is None:
         attempt.status = AttemptStatus.SUCCEEDED.value
         attempt.reason = "all ranks finished"
         transition(session, run.id, RunStatus.SUCCEEDED, attempt.reason)
+        if shutdown_crash:
+            _event(session, run, attempt, "warning", shutdown_crash)
         _event(session, run, attempt, "info", f"attempt {attempt.number} succeeded")
         return
 
@@ -112,6 +116,32 @@ def settle(session: Session, run: Run, attempt: Attempt, exited: dict | None, no
         transition(session, run.id, RunStatus.CANCELLED, f"cancelled; the attempt ended {attempt.reason}")
         return
     _apply_retry_policy(session, run, attempt, failure, now)
+
+
+def finished_ranks(attempt_dir: Path) -> set[int]:
+    """Ranks that left the note that their work is done (trainer/lifecycle.py's write_finished)."""
+    folder = attempt_dir / FINISHED_DIR
+    return {int(p.stem.removeprefix("rank-")) for p in folder.glob("rank-*.json")} if folder.is_dir() else set()
+
+
+def died_after_finishing(run: Run, attempt: Attempt) -> str | None:
+    """When every rank had finished its work (metrics flushed, last checkpoint durable) and the
+    only failures are deaths by a signal, the attempt succeeded: a rank that aborts in the
+    interpreter's shutdown (C++ destructors of the process group's threads race it now and
+    then) has lost nothing, and retrying would redo finished work. Returns the warning to
+    record, or None when the attempt really failed."""
+    if attempt.stop_reason is not None:
+        return None
+    attempt_dir = Path(attempt.dir)
+    world_size = attempt_config(run, attempt).launch.nproc_per_node
+    if finished_ranks(attempt_dir) != set(range(world_size)):
+        return None
+    failures = rank_failures(attempt_dir)
+    if not failures or any(f.message or f.exitcode is None or f.exitcode >= 0 for f in failures):
+        return None
+    deaths = ", ".join(f"rank {f.rank} by {signal_name(f.exitcode)}" for f in failures if f.exitcode is not None)
+    return (f"every rank had finished its work, then the processes died in shutdown ({deaths}); "
+            "nothing was lost, so the attempt counts as a success")
 
 
 def _diagnose(attempt: Attempt, exited: dict | None, stopped: dict | None, code: int | None) -> Failure:

@@ -43,8 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         logger.info("attempt overrides: %s", ctx.overrides)
 
     # Imported here so that `--help` and config errors do not pay for torch.
-    from trainer import distributed
-    from trainer.lifecycle import StopSignal, register_stack_dumps
+    from trainer import distributed, faults
+    from trainer.lifecycle import StopSignal, register_stack_dumps, write_finished
     from trainer.reporter import MetricReporter
     from trainer.workloads import load_workload
 
@@ -62,8 +62,10 @@ def main(argv: list[str] | None = None) -> int:
         logger.info("finished: %s", result)
     finally:
         reporter.close()
+    write_finished(ctx.attempt_dir, info.rank, result.get("step"))
     distributed.teardown()
     stacks.close()
+    faults.maybe_abort_at_exit(info.rank)
     return 0
 
 

@@ -16,18 +16,25 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-import torch
 import torch.distributed as dist
 from sqlalchemy import Connection, select, update
 
 from db.models import Attempt, Checkpoint, Event
 from trainer import TrainerError, rng
-from trainer.checkpoint import CheckpointError, CheckpointInfo, CheckpointManager, SaveResult, select_kept
+from trainer.checkpoint import (
+    CheckpointError,
+    CheckpointInfo,
+    CheckpointManager,
+    SaveResult,
+    select_kept,
+)
 from trainer.config import CheckpointConfig, RunConfig
 from trainer.context import RunContext
 from trainer.distributed import DistInfo
-from trainer.lifecycle import StopSignal, write_stopped
+from trainer.lifecycle import STOP_FLAG, StopSignal, write_stopped
 from trainer.reporter import DatabaseWriter
+
+LATE_FLAG = "checkpoint_due"  # the control channel's flag for a time-based save
 
 logger = logging.getLogger(__name__)
 
@@ -247,18 +254,15 @@ class RunCheckpoints:
 
     # -- saving -----------------------------------------------------------------------------
 
-    def due(self, step: int, last: bool) -> bool:
-        """Whether to save at this step: every N steps, every T seconds, and at the end."""
-        cc = self.config.checkpoint
-        if last or (cc.every_steps and step % cc.every_steps == 0):
-            return True
-        if cc.every_seconds and step % self.config.train.log_every == 0:
-            # Ranks' clocks differ: agree with one tiny all-reduce, only at log steps.
-            late = torch.tensor([float(time.monotonic() - self._last_save >= cc.every_seconds)])
-            if self.info.world_size > 1:
-                dist.all_reduce(late, op=dist.ReduceOp.MAX)
-            return bool(late.item())
-        return False
+    def due(self, step: int, last: bool, late: bool = False) -> bool:
+        """Whether to save at this step: every N steps, at the end, or when ``late`` (the ranks
+        agreed that ``checkpoint.every_seconds`` have passed since the last save)."""
+        every_steps = self.config.checkpoint.every_steps
+        return last or late or bool(every_steps and step % every_steps == 0)
+
+    def _late(self) -> bool:
+        """This rank's clock says a time-based save is due (ranks' clocks differ: they agree)."""
+        return time.monotonic() - self._last_save >= self.config.checkpoint.every_seconds
 
     def save(self, step: int, epoch: int, position: int, model: Stateful,
              optimizer: Stateful, metrics: dict[str, float],
@@ -305,8 +309,11 @@ class RunCheckpoints:
             True when the loop must end: the ranks got SIGTERM, a checkpoint of this step is
             written, and rank 0 left ``stopped.json`` for the scheduler.
         """
-        stopping = stop.agreed()
-        if self.due(step, last) or stopping:
+        if self.config.checkpoint.every_seconds:
+            stop.channel.add_flag(LATE_FLAG, self._late)  # every rank, at its first step
+        agreed = stop.channel.agree()
+        stopping = agreed[STOP_FLAG]
+        if self.due(step, last, agreed.get(LATE_FLAG, False)) or stopping:
             self.save(step, epoch, position, model, optimizer, metrics, extra)
         if stopping:
             logger.info("SIGTERM: stopped after step %d with a checkpoint", step)

@@ -219,8 +219,9 @@ class SupervisionConfig(_Section):
     and tear-down after the last step."""
 
     grace_s: float = Field(default=30.0, ge=0, allow_inf_nan=False)
-    """On cancel, pause or preemption the ranks get SIGTERM, finish the step, write a
-    checkpoint and exit; after this many seconds they get SIGKILL."""
+    """On cancel, pause or preemption the ranks get SIGTERM, finish the step and the next
+    (the ranks agree to stop one step late, at the same step), write a checkpoint and exit;
+    after this many seconds they get SIGKILL."""
 
     straggler_ratio: float = Field(default=1.2, ge=0, allow_inf_nan=False)
     """A rank whose time to the gradient sync (its own work between two DDP gradient all-reduces:

@@ -10,6 +10,8 @@ a kill at a known step); they never change what is computed.
   straggler).
 - ``RUNYARD_FAULT_PERTURB=STEP:RANK``: RANK nudges one parameter after the optimizer step of STEP
   (a replica out of sync); this one does change what is computed, on purpose.
+- ``RUNYARD_FAULT_ABORT_AT_EXIT=RANK``: RANK aborts (SIGABRT) after it finished its work, as a
+  C++ destructor racing the interpreter's shutdown sometimes makes a finished rank do.
 """
 
 from __future__ import annotations
@@ -100,3 +102,10 @@ def maybe_perturb(step: int, rank: int, params: Iterable[Any]) -> None:
 
         with torch.no_grad():
             next(iter(params)).view(-1)[0] += 1e-3
+
+
+def maybe_abort_at_exit(rank: int) -> None:
+    """``RUNYARD_FAULT_ABORT_AT_EXIT=RANK``: RANK aborts here (called after it finished)."""
+    spec = os.environ.get("RUNYARD_FAULT_ABORT_AT_EXIT") or ""
+    if spec and int(spec) == rank:
+        os.abort()

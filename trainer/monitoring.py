@@ -1,13 +1,13 @@
-"""Per-rank training metrics and the ranks' health checks, in one collective per log interval.
+"""Per-rank training metrics and the ranks' health checks, in the one control collective per step.
 
 A training loop (built-in workload or SDK) reports through :class:`Monitor`. At every log step
-each rank contributes its metrics, its memory, its times to the gradient sync, its stop flag
-and, every ``supervision.desync_check_every`` steps, a checksum of its parameters to one
-all-gather (:meth:`MetricReporter.exchange <trainer.reporter.MetricReporter.exchange>`). The
-stop flag comes back to every rank, so the stop check of that step needs no collective of its
-own; rank 0 runs the straggler and desync checks (trainer/health.py) on what it received and
-writes what it finds as Event rows through its database writer. Between log steps nothing here
-costs a collective or a device synchronisation.
+each rank contributes its metrics, its memory, its times to the gradient sync and, every
+``supervision.desync_check_every`` steps, a checksum of its parameters to an all-gather on the
+stop signal's :class:`~trainer.control.ControlChannel`, which also carries the stop flag. It is
+launched asynchronously and read during the next step, so nobody waits for it; then rank 0 hands
+the rows to its database writer and runs the straggler and desync checks (trainer/health.py),
+writing what it finds as Event rows. Between log steps nothing here costs a collective or a
+device synchronisation.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import logging
 import math
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +27,15 @@ import torch.distributed as dist
 from sqlalchemy import Connection
 from torch import nn
 
-from trainer.health import DesyncCheck, Finding, PreSyncClock, StragglerCheck, params_checksum, timed_allreduce
+from trainer.control import ControlChannel
+from trainer.health import (
+    DesyncCheck,
+    Finding,
+    PreSyncClock,
+    StragglerCheck,
+    params_checksum,
+    timed_allreduce,
+)
 
 if TYPE_CHECKING:
     from trainer.config import SupervisionConfig
@@ -112,7 +120,8 @@ class Monitor:
         world_size: Number of ranks.
         device: Where this rank computes (memory metrics).
         reporter: The metric reporter; its writer (rank 0) records the findings.
-        stop: The stop signal whose flag rides along in the exchange.
+        stop: The stop signal, whose control channel carries the exchange (without one, the
+            monitor makes its own channel).
     """
 
     def __init__(self, supervision: SupervisionConfig, rank: int, world_size: int, device: torch.device,
@@ -121,7 +130,6 @@ class Monitor:
         self.world_size = world_size
         self.device = device
         self.reporter = reporter
-        self.stop = stop
         self.straggler_ratio = supervision.straggler_ratio if world_size > 1 else 0.0
         self._straggler = StragglerCheck(world_size, supervision.straggler_ratio, supervision.straggler_window_steps) \
             if rank == 0 and self.straggler_ratio else None
@@ -130,8 +138,8 @@ class Monitor:
         self._params: list[torch.Tensor] = []
         self.clock: PreSyncClock | None = None
         self._last_step = 0
-        if stop is not None:
-            stop.around_collective = self.outside_step
+        self.channel = stop.channel if stop is not None else ControlChannel(world_size)
+        self.channel.around_wait = self.outside_step
         writer = reporter.writer
         if writer is not None and reporter.ctx.run_id is not None:
             writer.register(EVENT_RECORD, self._write_findings)
@@ -182,15 +190,15 @@ class Monitor:
         finally:
             self.clock.resume()
 
-    def log(self, step: int, metrics: dict[str, float]) -> dict[int, dict[str, float]]:
+    def log(self, step: int, metrics: dict[str, float],
+            then: Callable[[int, dict[int, dict[str, float]]], None] | None = None) -> None:
         """Collective: every rank calls it at the same steps with the same keys.
 
         Adds memory (and ``pre_sync_s``, the median time to the gradient sync of the interval's
-        steps, when measured) to ``metrics``, exchanges everything in one all-gather, hands the
-        agreed stop flag to the stop signal and, on rank 0, runs the checks.
-
-        Returns:
-            On rank 0 every rank's values; elsewhere an empty dict.
+        steps, when measured) to ``metrics`` and launches the exchange. When it has been read
+        (during the next step, or at :meth:`close`), rank 0 queues every rank's values for the
+        database, stamped with this moment's wall time, runs the checks and calls
+        ``then(step, per_rank)``.
         """
         values = dict(metrics)
         values.update(memory_metrics(self.device, self._process))
@@ -198,23 +206,36 @@ class Monitor:
             times = self.clock.take()
             values["pre_sync_s"] = statistics.median(times) if times else math.nan
         checking = bool(self._params) and self._desync.due(step)
-        stopping = self.stop is not None and self.stop.received_at is not None
-        control = [1.0 if stopping else 0.0, params_checksum(self._params) if checking else math.nan]
-        with self.outside_step():
-            per_rank, controls = self.reporter.exchange(step, values, control)
-        if self.stop is not None:
-            self.stop.fold(any(c[0] > 0 for c in controls))
+        keys = sorted(values)
+        row = [values[k] for k in keys] + [params_checksum(self._params) if checking else math.nan]
         steps, self._last_step = step - self._last_step, step
-        if self.rank == 0:
-            findings: list[Finding] = []
-            if self._straggler is not None and "pre_sync_s" in values:
-                findings += self._straggler.update(step, steps, [per_rank[r]["pre_sync_s"] for r in sorted(per_rank)])
-            if checking:
-                found = self._desync.compare(step, [c[1] for c in controls])
-                findings += [found] if found is not None else []
-            for finding in findings:
-                self._record(finding)
-        return per_rank
+        at = time.time()
+
+        def received(table: list[list[float]]) -> None:
+            if self.rank == 0:
+                per_rank = {r: dict(zip(keys, got)) for r, got in enumerate(table)}  # the checksum stays out
+                self._check(step, steps, per_rank, [got[-1] for got in table] if checking else None)
+                self.reporter.write(step, per_rank, at)
+                if then is not None:
+                    then(step, per_rank)
+
+        self.channel.gather(row, received)
+
+    def _check(self, step: int, steps: int, per_rank: dict[int, dict[str, float]], checksums: list[float] | None) -> None:
+        """Rank 0: the straggler and desync checks on what the ranks reported."""
+        findings: list[Finding] = []
+        if self._straggler is not None and "pre_sync_s" in per_rank[0]:
+            findings += self._straggler.update(step, steps, [per_rank[r]["pre_sync_s"] for r in sorted(per_rank)])
+        if checksums is not None:
+            found = self._desync.compare(step, checksums)
+            findings += [found] if found is not None else []
+        for finding in findings:
+            self._record(finding)
+
+    def close(self) -> None:
+        """After the loop's last step: read the last exchange (its metrics get written). After a
+        failure, skip it: a rank that failed may never have joined that exchange."""
+        self.channel.close()
 
     # -- findings (rank 0) --------------------------------------------------------------------
 

@@ -1,9 +1,9 @@
 """The metric reporter: ranks report, they never block on the database.
 
-Every rank calls :meth:`MetricReporter.log` at the same steps; one ``all_gather`` brings every
-rank's values to rank 0, which hands them to a background writer thread. The writer inserts them
-in batches and updates the attempt's progress (newest step, time) that the scheduler watches.
-Only rank 0's host needs the database.
+The ranks' values reach rank 0 in the control collective (trainer/monitoring.py's ``Monitor``);
+rank 0 hands them to a background writer thread, which inserts them in batches and updates the
+attempt's progress (newest step, time) that the scheduler watches. Only rank 0's host needs the
+database.
 """
 
 from __future__ import annotations
@@ -12,11 +12,8 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
-
-import torch
-import torch.distributed as dist
 
 from sqlalchemy import Connection
 
@@ -155,75 +152,35 @@ class MetricReporter:
         self.rank = rank
         self.world_size = world_size
         self.writer: DatabaseWriter | None = None
-        self._group: dist.ProcessGroup | None = None  # of the exchange (None: the default group)
-        self._group_known = False  # chosen (and, under NCCL, made) at the first exchange
         if rank == 0 and ctx.managed:
             assert ctx.db_url is not None and ctx.run_id is not None
             self.writer = DatabaseWriter(ctx.db_url, ctx.run_id, ctx.attempt)
             self.writer.start()
 
-    def _rows(self, step: int, per_rank: list[dict[str, float]]) -> list[dict]:
-        now = time.time()
-        rows = []
-        for rank, values in enumerate(per_rank):
-            for key, value in values.items():
-                rows.append(
-                    {
-                        "run_id": self.ctx.run_id,
-                        "attempt": self.ctx.attempt,
-                        "rank": rank,
-                        "step": step,
-                        "key": key,
-                        "value": float(value),  # NaN and Inf stay as they are (db/metricstore.py)
-                        "wall_time": now,
-                    }
-                )
-        return rows
+    def _rows(self, step: int, per_rank: Iterable[tuple[int, dict[str, float]]], at: float) -> list[dict]:
+        return [
+            {
+                "run_id": self.ctx.run_id,
+                "attempt": self.ctx.attempt,
+                "rank": rank,
+                "step": step,
+                "key": key,
+                "value": float(value),  # NaN and Inf stay as they are (db/metricstore.py)
+                "wall_time": at,
+            }
+            for rank, values in per_rank
+            for key, value in values.items()
+        ]
 
-    def log(self, step: int, **metrics: float) -> dict[int, dict[str, float]]:
-        """Collective: every rank calls this at the same step with the same keys.
-
-        Returns:
-            On rank 0, every rank's values; on the other ranks, an empty dict.
-        """
-        return self.exchange(step, metrics)[0]
-
-    def exchange(self, step: int, metrics: dict[str, float], control: Sequence[float] = ()
-                 ) -> tuple[dict[int, dict[str, float]], list[list[float]]]:
-        """Collective: one all-gather of every rank's metrics and control values.
-
-        Every rank calls it at the same step with the same keys and as many control values.
-        Rank 0 writes the metrics; control values (a stop flag, a checksum) ride along unwritten.
-
-        Returns:
-            Every rank's metrics on rank 0 (an empty dict elsewhere), and every rank's control
-            values on every rank.
-        """
-        keys = sorted(metrics)
-        local = torch.tensor([float(metrics[k]) for k in keys] + [float(c) for c in control], dtype=torch.float64)
-        if self.world_size > 1 and dist.is_initialized():
-            if not self._group_known:
-                from trainer.monitoring import control_group
-
-                self._group, self._group_known = control_group(), True
-            gathered = [torch.empty_like(local) for _ in range(self.world_size)]
-            dist.all_gather(gathered, local, group=self._group)
-            table = torch.stack(gathered).tolist()
-        else:
-            table = [local.tolist()]
-        controls = [row[len(keys):] for row in table]
-        if self.rank != 0:
-            return {}, controls
-        per_rank = [dict(zip(keys, row)) for row in table]
+    def write(self, step: int, per_rank: dict[int, dict[str, float]], at: float) -> None:
+        """Rank 0: queue every rank's values of ``step``, measured at wall time ``at``."""
         if self.writer is not None:
-            self.writer.put_rows(self._rows(step, per_rank))
-        return dict(enumerate(per_rank)), controls
+            self.writer.put_rows(self._rows(step, per_rank.items(), at))
 
     def log_main(self, step: int, **metrics: float) -> None:
         """Rank 0 only: values that are already global (for example eval accuracy)."""
         if self.rank == 0 and self.writer is not None:
-            rows = self._rows(step, [metrics])
-            self.writer.put_rows(rows)
+            self.writer.put_rows(self._rows(step, [(0, metrics)], time.time()))
 
     def progress(self, step: int) -> None:
         """Cheap: rank 0 notes the newest completed step (heartbeat and ETA)."""

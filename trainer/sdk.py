@@ -36,7 +36,7 @@ from trainer.checkpoint import CheckpointError, CheckpointManager
 from trainer.checkpointing import CheckpointHistory, event
 from trainer.config import CheckpointConfig, SupervisionConfig, config_from_json
 from trainer.context import RunContext, context_from_env
-from trainer.lifecycle import StopSignal, register_stack_dumps, write_stopped
+from trainer.lifecycle import StopSignal, register_stack_dumps, write_finished, write_stopped
 from trainer.monitoring import Monitor
 from trainer.reporter import MetricReporter
 
@@ -76,7 +76,7 @@ class Run:
             CheckpointHistory(ctx.run_id, ctx.attempt, checkpoint_config, self._manager).attach(writer)
         self._last_step = 0
         self._last_checkpoint: int | None = None
-        self._stop_checked: tuple[int, bool] | None = None
+        self._stopping = False
         self._finished = False
 
     @property
@@ -103,19 +103,20 @@ class Run:
     def log(self, step: int, **metrics: float) -> None:
         """Report this rank's metrics at ``step`` (its memory is added).
 
-        Collective: every rank calls it at the same steps with the same keys; rank 0 gathers
-        them with one small all-gather and writes them off the training thread. The stop flag
-        rides along, so :meth:`should_stop` at this step costs nothing.
+        Collective: every rank calls it at the same steps with the same keys. One small
+        all-gather, which nobody waits for, brings them to rank 0; it is read during the next
+        step and written off the training thread. The stop flag rides along, so the next
+        :meth:`should_stop` costs nothing.
         """
         values = {k: float(v.item() if isinstance(v, torch.Tensor) else v) for k, v in metrics.items()}
-        gathered = self._monitor.log(step, values)
+        self._monitor.log(step, values, then=None if self.managed else self._print)
         self.reporter.progress(step)
         self._last_step = max(self._last_step, step)
-        if step == self._last_step:
-            self._stop_checked = (step, self._stop.agreed())  # the folded flag: no collective
-        if self.is_main and not self.managed:
-            logger.info("step %d: %s", step, "  ".join(
-                f"{k} " + "/".join(f"{per[k]:.4g}" for per in gathered.values()) for k in sorted(values)))
+
+    def _print(self, step: int, gathered: dict[int, dict[str, float]]) -> None:
+        """Outside runyard, rank 0 prints what it gathered (rank 0's value / rank 1's ...)."""
+        logger.info("step %d: %s", step, "  ".join(
+            f"{k} " + "/".join(f"{per[k]:.4g}" for per in gathered.values()) for k in sorted(gathered[0])))
 
     # -- checkpoints --------------------------------------------------------------------------
 
@@ -187,23 +188,29 @@ class Run:
 
     def should_stop(self) -> bool:
         """True on every rank once any rank got SIGTERM (cancel, pause, preemption): save a
-        checkpoint and leave the loop. Collective; repeated calls at one step are free."""
-        if self._stop_checked is not None and self._stop_checked[0] == self._last_step:
-            return self._stop_checked[1]
-        answer = self._stop.agreed() if dist.is_initialized() else self._stop.received_at is not None
-        self._stop_checked = (self._last_step, answer)
-        return answer
+        checkpoint and leave the loop.
+
+        Collective: every rank calls it at the same points (once per step is enough; it sends
+        one small all-reduce that nobody waits for, or reads the flag that rode in :meth:`log`).
+        The answer is what the ranks had one step ago, the same on every rank; once true it
+        stays true.
+        """
+        self._stopping = self._stopping or self._stop.agreed()
+        return self._stopping
 
     def finish(self) -> None:
         """Wait for the last checkpoint to be durable and flush the metrics. Call it once at the end."""
         if self._finished:
             return
         self._finished = True
+        self._monitor.close()  # the last log's exchange: its metrics get written
         self.reporter.finishing()
         self._manager.close()
         if self._stop.received_at is not None and self.is_main:
             write_stopped(self.ctx.attempt_dir, self._last_step, self._last_checkpoint, self._stop.received_at)
         self.reporter.close()
+        if self.managed:
+            write_finished(self.ctx.attempt_dir, self.rank, self._last_step)
         self._stacks.close()
 
 

@@ -131,6 +131,22 @@ def test_crash_loop_stops_after_max_retries_with_backoff(product: Product) -> No
     assert "gave up after 2 retries" in detail["status_reason"]
 
 
+def test_a_rank_that_aborts_in_shutdown_after_finishing_is_not_a_failure(product: Product) -> None:
+    # What "terminate called without an active exception" in a C++ destructor does to a rank
+    # that already finished: SIGABRT after its metrics and last checkpoint are durable.
+    product.env["RUNYARD_FAULT_ABORT_AT_EXIT"] = "1"
+    run_id = product.submit("train.max_steps=40", "checkpoint.every_steps=20", "retry.backoff_s=0.5",
+                            "name=abort-at-exit")
+    product.start_scheduler()
+    detail = product.wait_status(run_id, "SUCCEEDED", "FAILED", timeout=120)
+    assert detail["status"] == "SUCCEEDED", detail["status_reason"]
+    (attempt,) = detail["attempts"]  # nothing was redone
+    assert attempt["exit_code"] != 0 and attempt["cause"] is None
+    warnings = [e["message"] for e in detail["events"] if e["level"] == "warning"]
+    assert any("rank 1 by SIGABRT" in m and "nothing was lost" in m for m in warnings), warnings
+    assert max(c["step"] for c in detail["checkpoints"]) == 40
+
+
 def test_cuda_oom_retries_with_half_the_micro_batch(product: Product) -> None:
     # CI has no GPU: the trainer raises torch.cuda.OutOfMemoryError while the micro-batch is > 32.
     product.env["RUNYARD_FAULT_CUDA_OOM"] = "60:32"

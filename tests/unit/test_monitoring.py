@@ -1,6 +1,7 @@
 """trainer/health.py and trainer/monitoring.py: the straggler and desync decisions, the parameter
-checksum, the clock of the time to the gradient sync (with a real single-rank DDP), the stop flag
-folded into the metrics exchange, and the per-interval training metrics."""
+checksum, the clock of the time to the gradient sync (with a real single-rank DDP), a report's
+way to rank 0, and the per-interval training metrics (tests/unit/test_control.py has the
+collective that carries the reports)."""
 
 from __future__ import annotations
 
@@ -188,23 +189,14 @@ def unmanaged(tmp_path: Path) -> RunContext:
     return RunContext(run_id=None, attempt=1, db_url=None, run_dir=tmp_path, attempt_dir=tmp_path)
 
 
-def test_the_stop_flag_rides_in_the_metrics_exchange(tmp_path: Path) -> None:
-    stop = StopSignal(world_size=1)
-    monitor = Monitor(SupervisionConfig(), 0, 1, CPU, MetricReporter(unmanaged(tmp_path), 0, 1), stop)
-    per_rank = monitor.log(10, {"loss": 2.5})
+def test_a_report_carries_memory_and_reaches_rank_0_with_its_step(tmp_path: Path) -> None:
+    monitor = Monitor(SupervisionConfig(), 0, 1, CPU, MetricReporter(unmanaged(tmp_path), 0, 1), StopSignal(1))
+    got = []
+    monitor.log(10, {"loss": 2.5}, then=lambda step, per_rank: got.append((step, per_rank)))
+    monitor.close()
+    [(step, per_rank)] = got
+    assert step == 10 and list(per_rank) == [0]
     assert per_rank[0]["loss"] == 2.5 and per_rank[0]["mem_rss_mib"] > 0
-    assert stop.agreed() is False
-    stop.received_at = time.time()
-    monitor.log(20, {"loss": 2.0})
-    stop.received_at = None  # the folded answer is what every rank got at the exchange
-    assert stop.agreed() is True
-    assert stop.agreed() is False  # used once; then the signal itself
-
-
-def test_folded_answer_is_used_once_without_a_collective() -> None:
-    stop = StopSignal(world_size=2)  # no process group: a collective here would raise
-    stop.fold(True)
-    assert stop.agreed() is True
 
 
 def test_interval_report_splits_the_step_and_derives_throughput_and_mfu() -> None:

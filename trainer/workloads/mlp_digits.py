@@ -175,6 +175,7 @@ def train(
                 break
             if delay:
                 time.sleep(delay)
+        monitor.close()  # the last step's exchange: its metrics get written
     finally:
         reporter.finishing()
         checkpoints.close()
