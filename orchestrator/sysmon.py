@@ -4,7 +4,8 @@ The scheduler runs ``SystemMonitor.job`` as its own APScheduler job beside the t
 every ``SAMPLE_S``, ``max_instances=1``, ``coalesce=True``): a slow or failing sample never
 delays or breaks supervision. Samples stay in memory; when a 10-s window closes, one row per
 series (min, mean, max, count) goes to ``system_metrics``, so a run with 8 GPUs costs about
-100 rows per 10 s. Nothing is recorded while no attempt runs.
+100 rows per 10 s. Nothing is recorded while no attempt runs. A run's rows live as long as the
+run; rows of no run (the host) are deleted after ``retention_s`` (30 days).
 
 What is sampled (psutil, and NVML through nvidia-ml-py when it is installed and finds a driver):
 
@@ -31,7 +32,7 @@ from types import ModuleType
 from typing import Any
 
 import psutil
-from sqlalchemy import insert, select
+from sqlalchemy import delete, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -47,6 +48,10 @@ WINDOW_S = 10.0
 # ten minutes of a busy 8-GPU machine; older ones are dropped.
 PENDING_MAX_ROWS = 10_000
 ERROR_LOG_EVERY_S = 60.0
+# Rows of no run (the host, a GPU no run was given) are kept this long; a run's rows live as
+# long as the run. Old ones are deleted at most once per PRUNE_EVERY_S.
+HOST_RETENTION_S = 30 * 86_400.0
+PRUNE_EVERY_S = 3_600.0
 
 # (device, run_id, rank, key): one series.
 Series = tuple[str, int | None, int | None, str]
@@ -89,6 +94,7 @@ class SystemMonitor:
             without waiting); rates use the monotonic clock.
         nvml: the ``pynvml`` module; default: imported when installed.
         window_s: the aggregation window.
+        retention_s: how long rows of no run are kept (a run's rows stay with the run).
     """
 
     def __init__(
@@ -99,11 +105,14 @@ class SystemMonitor:
         clock: Callable[[], float] = time.time,
         nvml: ModuleType | None = None,
         window_s: float = WINDOW_S,
+        retention_s: float = HOST_RETENTION_S,
     ):
         self.sessions = sessions
         self.host = host or socket.gethostname()
         self.clock = clock
         self.window_s = window_s
+        self.retention_s = retention_s
+        self._pruned_at = -math.inf
         self._nvml = nvml
         self._nvml_tried = False
         self._gpu_handles: list[Any] = []
@@ -166,6 +175,7 @@ class SystemMonitor:
         try:
             with self.sessions() as session:
                 session.execute(insert(SystemMetric), self._pending)
+                self._prune(session, self._pending[-1]["at"])
                 session.commit()
         except IntegrityError as exc:  # a run deleted since the sample: these rows can never go in
             logger.warning("dropped %d system metric rows: %s", len(self._pending), exc)
@@ -175,6 +185,17 @@ class SystemMonitor:
                            len(self._pending), exc)
             return
         self._pending = []
+
+    def _prune(self, session: Session, now: float) -> None:
+        """Delete rows of no run older than the retention, at most once per PRUNE_EVERY_S."""
+        if now - self._pruned_at < PRUNE_EVERY_S:
+            return
+        self._pruned_at = now
+        gone = session.execute(
+            delete(SystemMetric).where(SystemMetric.run_id.is_(None), SystemMetric.at < now - self.retention_s)
+        ).rowcount
+        if gone:
+            logger.info("deleted %d system metric rows older than %.0f days", gone, self.retention_s / 86_400)
 
     def close(self) -> None:
         """Write the open window and let go of NVML (the scheduler calls this when it stops)."""

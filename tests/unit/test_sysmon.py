@@ -27,7 +27,7 @@ import psutil
 import pyarrow as pa
 import pytest
 import streamlit as st
-from sqlalchemy import func, select
+from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session, sessionmaker
 from streamlit.testing.v1 import AppTest
 
@@ -205,6 +205,29 @@ def test_host_and_rank_aggregates_from_a_real_process_tree(
         assert {r["device"] for r in host_rows} == {"host"} and len(host_rows) == len(host)
         assert system_series(s, run_id=run, since=START + 10) == []
         assert gpu_devices(s, run) == []
+
+
+def test_rows_of_no_run_are_deleted_after_the_retention_and_a_runs_rows_are_kept(
+    sessions: sessionmaker[Session], settings: Settings, trees: list[Tree], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    no_nvml(monkeypatch)
+    tree = start_tree(sessions, settings, devices=[])
+    trees.append(tree)
+    day = 86_400.0
+    old = {"host": "testhost", "device": "host", "rank": None, "key": "cpu_percent", "min": 1.0, "mean": 1.0,
+           "max": 1.0, "count": 1}
+    with sessions() as s:
+        s.execute(insert(SystemMetric), [
+            {**old, "at": START - 31 * day, "run_id": None},  # past the 30 days: goes
+            {**old, "at": START - 29 * day, "run_id": None},  # within them: stays
+            {**old, "at": START - 31 * day, "run_id": tree.run_id, "device": "procs"},  # a run's: stays
+        ])
+        s.commit()
+    monitor = SystemMonitor(sessions, host="testhost", clock=FakeClock(), retention_s=30 * day)
+    sample_window(monitor, real_gap_s=0.05)
+    with sessions() as s:
+        kept = s.execute(select(SystemMetric.at, SystemMetric.run_id).where(SystemMetric.at < START)).all()
+    assert sorted(kept) == sorted([(START - 29 * day, None), (START - 31 * day, tree.run_id)])
 
 
 def test_nothing_is_recorded_while_no_attempt_runs(sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch) -> None:
