@@ -1,8 +1,14 @@
 """Run: live metric charts, event badges, progress, ETA and cost, checkpoints with Young–Daly
-advice, attempts, system panels, each rank's log tail, Cancel.
+advice, attempts, system panels, each rank's log tail and the config on demand, Cancel.
 
 The live fragment keeps each metric's downsampled series in st.session_state and asks the
-metric store only for what is new every 2 s (app.data.merge_series)."""
+metric store only for what is new every 2 s (app.data.merge_series).
+
+The first paint is kept cheap for the browser: Streamlit loads an element's code the first
+time one is drawn, and the code viewer, the JSON viewer and the slider each cost the browser a
+few tenths of a second (BENCHMARKS.md). So the log tails and the config are drawn only while a
+toggle asks for them (a collapsed st.expander or st.tabs would still draw them), and the
+smoothing slider sits in a popover, which draws its contents when opened."""
 
 from __future__ import annotations
 
@@ -113,8 +119,9 @@ def chart_options(run_id: int) -> charts.ChartOptions:
     c = st.columns([2.5, 3, 2, 1, 2.5])
     ranks = c[0].segmented_control("Ranks", charts.RANK_MODES, default=o.ranks, key=f"ranks-{run_id}")
     x = c[1].segmented_control("X axis", charts.X_AXES, default=o.x, key=f"x-{run_id}")
-    smoothing = c[2].slider("Smoothing (EMA)", 0.0, 0.99, o.smoothing, 0.01, key=f"ema-{run_id}",
-                            help="Weight of the running average: the smoothed line is drawn over the faint values")
+    smoothing = c[2].popover("Smoothing (EMA)", icon=":material/tune:").slider(
+        "EMA weight", 0.0, 0.99, o.smoothing, 0.01, key=f"ema-{run_id}",
+        help="Weight of the running average: the smoothed line is drawn over the faint values")
     log_y = c[3].toggle("Log y", value=o.log_y, key=f"log-{run_id}")
     superseded = c[4].toggle("Show superseded steps", value=o.show_superseded, key=f"superseded-{run_id}",
                              help="What abandoned attempts logged after the step the run was resumed from")
@@ -171,15 +178,17 @@ def attempts_table(d: dict) -> None:
         ),
         hide_index=True,
     )
+
+
+def log_tails(d: dict) -> None:
+    """The log tail kept for each attempt that failed, then each rank's log of the newest attempt."""
+    if not d["attempts"]:
+        st.caption("Not launched yet: no logs.")
+        return
     for a in d["attempts"]:
         if a["log_tail"]:
             with st.expander(f"Attempt {a['number']}: {a['reason']}"):
                 st.code(a["log_tail"], language=None)
-
-
-def log_tails(d: dict) -> None:
-    if not d["attempts"]:
-        return
     attempt_dir = Path(d["attempts"][-1]["dir"])
     files = rank_log_files(attempt_dir)
     tabs = st.tabs([f"rank {r}" for r in files] + ["launcher"])
@@ -190,6 +199,21 @@ def log_tails(d: dict) -> None:
                 st.code(tail(path, 6000) or "(empty)", language=None)
     with tabs[-1]:
         st.code(tail(launcher_log(attempt_dir), 6000) or "(empty)", language=None)
+
+
+def logs_and_config(d: dict) -> None:
+    """Toggles for the log tails (on by default for a failed run) and the config; each is drawn
+    only while its toggle is on, and the logs refresh with the live panel."""
+    c = st.columns(2)
+    show_logs = c[0].toggle("Show logs (tail of each rank)", value=d["status"] == RunStatus.FAILED,
+                            key=f"show-logs-{d['id']}")
+    show_config = c[1].toggle("Show config", key=f"show-config-{d['id']}")
+    if show_logs:
+        st.subheader("Logs")
+        log_tails(d)
+    if show_config:
+        st.subheader("Config")
+        st.json(d["config"])
 
 
 def checkpoint_table(d: dict) -> None:
@@ -326,10 +350,7 @@ def live() -> None:
     attempts_table(d)
     events_list(d)
     system_panels(d["id"])
-    with st.expander("Logs (tail of each rank)", expanded=d["status"] == RunStatus.FAILED):
-        log_tails(d)
-    with st.expander("Config"):
-        st.json(d["config"])
+    logs_and_config(d)
 
 
 live()

@@ -4,14 +4,15 @@ A finished 8-rank run of 100k steps and a small 2-rank one are written into the 
 a real `runyard up` the way rank 0's writer would (bench/seed.py: db.metricstore.write_points,
 with one NaN on rank 3 half-way); then a person
 opens the big run: every chart is drawn, with no exception box, in a sane time. They switch to
-the rank mean with its band, the wall-time x axis, a log y axis and EMA smoothing, each redrawn
-without an error, and overlay the two runs on the Compare page.
+the rank mean with its band, the wall-time x axis, a log y axis and EMA smoothing (its slider in a
+popover), each redrawn without an error, and overlay the two runs on the Compare page.
 
     pytest -m browser tests/browser/test_charts_browser.py
 """
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -88,6 +89,7 @@ def test_big_run_charts_render_and_switch_options_then_compare(page: Any, runyar
     page.get_by_test_id("stCheckbox").filter(has_text="Log y").locator("label").click()  # the switch's input is hidden
     settle()
     expect(page.get_by_role("switch", name="Log y")).to_be_checked()
+    page.get_by_role("button", name=re.compile(r"Smoothing \(EMA\)")).click()  # the slider sits in a popover
     slider = page.get_by_role("slider").first
     slider.focus()
     slider.press("End")  # the strongest smoothing

@@ -1,8 +1,9 @@
 """The dashboard in a real Chromium against the real product (`runyard up`: scheduler + UI).
 
 A person opens the New run page, fills the form, presses Start, lands on the Run page and
-watches a 2-rank run on CPU train to SUCCEEDED with live charts. A bad value is refused on the
-form, naming the field, and nothing is queued.
+watches a 2-rank run on CPU train to SUCCEEDED with live charts, then opens each rank's log tail
+and the run's config (drawn only on demand). A bad value is refused on the form, naming the
+field, and nothing is queued.
 
     pytest -m browser tests/browser        (needs Debian's chromium and pip's playwright)
 
@@ -56,6 +57,12 @@ def start_button(page: Any) -> Any:
     return page.get_by_role("button", name=re.compile(r"\bStart$"))
 
 
+def toggle(page: Any, label: str) -> None:
+    """Switch on the st.toggle labelled ``label`` (its input is hidden: click the label)."""
+    page.get_by_test_id("stCheckbox").filter(has_text=label).locator("label").click()
+    expect(page.get_by_role("switch", name=label)).to_be_checked()
+
+
 def chart_titles(page: Any) -> list[str]:
     """The titles drawn in the Vega charts on the page (in DOM order: column by column)."""
     titles = page.locator("[data-testid='stVegaLiteChart'] .role-title-text text")
@@ -89,6 +96,18 @@ def test_new_run_from_the_form_trains_to_succeeded_with_charts(page: Any, runyar
     titles = chart_titles(page)
     assert titles[0] == "loss", titles  # first chart, top left
     assert {"eval_accuracy", "samples_per_s"} <= set(titles), titles
+
+    # The log tails and the config are drawn on demand: one toggle each.
+    toggle(page, "Show logs (tail of each rank)")
+    expect(page.get_by_role("tab", name="rank 0")).to_be_visible(timeout=PAGE_TIMEOUT_MS)
+    expect(page.get_by_role("tab", name="rank 1")).to_be_visible()
+    expect(page.get_by_role("tab", name="launcher")).to_be_visible()
+    expect(page.get_by_test_id("stCode").filter(has_text="rank0 INFO").first).to_be_visible()
+    toggle(page, "Show config")
+    config = page.get_by_test_id("stJson")
+    expect(config).to_be_visible(timeout=PAGE_TIMEOUT_MS)
+    expect(config).to_contain_text("browser-digits")
+    expect(config).to_contain_text("max_steps")
 
     shot = tmp_path / "run-page.png"
     page.set_viewport_size({"width": 1400, "height": 2000})  # Streamlit scrolls inside its own pane
