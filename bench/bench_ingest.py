@@ -4,7 +4,7 @@ SQLAlchemy tracking store, side by side, both on SQLite files in the same temp f
     .venv/bin/python bench/bench_ingest.py [--reps 3] [--steps 2500] [--mlflow-python /tmp/mlflow-bench/bin/python]
 
 The points: 8 ranks x 10 metrics at every step (80 points a step). runyard gets them as rank 0's
-DatabaseWriter hands them over, one ``write_points`` transaction per 0.5 s flush: ``--batch-steps``
+DatabaseWriter hands them over, one ``write_points`` transaction per flush (every second): ``--batch-steps``
 steps a batch (625 steps = 50k points: what one flush holds at 100k points/s), and again in
 12-step batches (960 points). MLflow gets the same points through
 ``SqlAlchemyStore.log_batch`` in batches of 12 steps (960 metrics; MLflow refuses more than

@@ -33,7 +33,7 @@ class DatabaseWriter(threading.Thread):
     interval is written in one transaction; a failed write is retried at the next interval.
     """
 
-    def __init__(self, db_url: str, run_id: int, attempt: int, flush_interval_s: float = 0.5):
+    def __init__(self, db_url: str, run_id: int, attempt: int, flush_interval_s: float = 1.0):
         super().__init__(name="runyard-db-writer", daemon=True)
         self._db_url = db_url
         self._run_id = run_id
