@@ -21,22 +21,16 @@ from sqlalchemy import Connection, select, update
 
 from db.models import Attempt, Checkpoint, Event
 from trainer import TrainerError, rng
-from trainer.checkpoint import (
-    CheckpointError,
-    CheckpointInfo,
-    CheckpointManager,
-    SaveResult,
-    select_kept,
-)
+from trainer.checkpoint import CheckpointError, CheckpointInfo, CheckpointManager, SaveResult, select_kept
 from trainer.config import CheckpointConfig, RunConfig
 from trainer.context import RunContext
 from trainer.distributed import DistInfo
 from trainer.lifecycle import STOP_FLAG, StopSignal, write_stopped
 from trainer.reporter import DatabaseWriter
 
-LATE_FLAG = "checkpoint_due"  # the control channel's flag for a time-based save
-
 logger = logging.getLogger(__name__)
+
+LATE_FLAG = "checkpoint_due"  # the control channel's flag for a time-based save
 
 
 class CheckpointHistory:

@@ -28,14 +28,7 @@ from sqlalchemy import Connection
 from torch import nn
 
 from trainer.control import ControlChannel
-from trainer.health import (
-    DesyncCheck,
-    Finding,
-    PreSyncClock,
-    StragglerCheck,
-    params_checksum,
-    timed_allreduce,
-)
+from trainer.health import DesyncCheck, Finding, PreSyncClock, StragglerCheck, params_checksum, timed_allreduce
 
 if TYPE_CHECKING:
     from trainer.config import SupervisionConfig
