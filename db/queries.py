@@ -321,14 +321,20 @@ def _median(values: list[float]) -> float | None:
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
+# Failure causes that Young-Daly's mean time between failures counts (orchestrator.failures.Cause).
+INTERRUPTIONS = frozenset({"SIGNAL", "SEGFAULT", "OOM_KILLED", "COMM", "HANG", "VANISHED", "UNKNOWN"})
+
+
 def checkpoint_advice(session: Session, run_id: int, now: float | None = None, recent: int = 10) -> dict[str, Any]:
     """The checkpoint interval Young–Daly recommends for this run, beside the configured one.
 
     - save cost C: the median time the training loop was blocked by the run's ``recent`` newest
       saves (``Checkpoint.blocked_s``; the rest of a save runs in the background);
     - MTBF M: device time of every attempt of every run on this machine over the number of
-      attempts that ended by a failure (any cause but a preemption; cancels and pauses have no
-      cause); None before the first failure;
+      attempts that ended by an interruption (``INTERRUPTIONS``: what strikes at random and
+      loses the work since the last save; not a bug in the training code or a CUDA OOM, which
+      recur and stop the run whatever the interval, nor a preemption, which saves first, nor a
+      cancel or pause); None before the first one;
     - step time: wall seconds per step of the run's newest attempt that made progress (its
       first to its last reported step), so evaluation and saves are counted as the interval is.
 
@@ -354,7 +360,7 @@ def checkpoint_advice(session: Session, run_id: int, now: float | None = None, r
 
     spans = session.execute(select(Attempt.started_at, Attempt.ended_at, Attempt.cause)).all()
     device_time = sum(max(0.0, (end if end is not None else now) - start) for start, end, _ in spans)
-    failures = sum(1 for _, _, cause in spans if cause is not None and cause != "PREEMPTED")
+    failures = sum(1 for _, _, cause in spans if cause in INTERRUPTIONS)
     mtbf = device_time / failures if failures else None
 
     step_time = None
@@ -371,7 +377,7 @@ def checkpoint_advice(session: Session, run_id: int, now: float | None = None, r
     if cost is None:
         missing.append("no checkpoint written yet, so the save cost is unknown")
     if mtbf is None:
-        missing.append(f"no failure seen on this machine yet ({device_time / 3600:.1f} h of attempts), "
+        missing.append(f"no interruption seen on this machine yet ({device_time / 3600:.1f} h of attempts), "
                        "so the mean time between failures is unknown")
     if step_time is None:
         missing.append("not enough steps yet to measure the step time")

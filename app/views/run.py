@@ -265,10 +265,12 @@ def checkpoint_advice(run_id: int) -> None:
              else f"every ~{duration(a['interval_s'])} (the step time is not known yet)")
     st.caption(
         f"Young–Daly suggests {every} given save cost {a['checkpoint_cost_s']:.2g} s and MTBF "
-        f"{a['mtbf_s'] / 3600:.2g} h ({a['failures']} failure(s) in {a['device_time_s'] / 3600:.2g} h of attempts "
+        f"{a['mtbf_s'] / 3600:.2g} h ({a['failures']} interruption(s) in {a['device_time_s'] / 3600:.2g} h of attempts "
         f"on this machine); configured: {configured}.",
         help="sqrt(2 x save cost x MTBF) minimises the time lost to saves plus the work redone after a failure. "
-             "Save cost: median time the training loop was blocked by the newest saves.",
+             "Save cost: median time the training loop was blocked by the newest saves. Interruptions: attempts "
+             "killed, crashed, hung or cut off; not bugs or CUDA OOMs (they recur whatever the interval) "
+             "nor preemptions (they save first).",
     )
 
 

@@ -144,14 +144,17 @@ def test_checkpoint_advice_from_save_cost_mtbf_and_step_time(sessions: sessionma
         add_attempt(s, other, 1, NOW - 40_000, NOW - 30_000, cause="HANG")
         add_attempt(s, other, 2, NOW - 30_000, NOW - 28_000, cause="PREEMPTED")
         add_attempt(s, other, 3, NOW - 28_000, NOW - 24_000)
+        # Bugs and OOMs recur whatever the interval: not interruptions.
+        add_attempt(s, other, 4, NOW - 24_000, NOW - 23_000, cause="USER_ERROR")
+        add_attempt(s, other, 5, NOW - 23_000, NOW - 22_000, cause="CUDA_OOM")
         # Blocked 1, 2, 3 s (median 2); the whole saves took longer in the background.
         for i, blocked in enumerate([1.0, 3.0, 2.0]):
             add_checkpoint(s, run, 100 * (i + 1), blocked, blocked + 10, NOW - 5000 + i)
         s.commit()
         advice = queries.checkpoint_advice(s, run, now=NOW)
 
-    device_time = 6000 + 12_000 + 10_000 + 2000 + 4000
-    assert advice["failures"] == 2  # SIGNAL and HANG; not the preemption
+    device_time = 6000 + 12_000 + 10_000 + 2000 + 4000 + 1000 + 1000
+    assert advice["failures"] == 2  # SIGNAL and HANG; not the preemption, the bug or the OOM
     assert advice["device_time_s"] == pytest.approx(device_time)
     assert advice["mtbf_s"] == pytest.approx(device_time / 2)
     assert advice["checkpoint_cost_s"] == pytest.approx(2.0)
@@ -175,7 +178,7 @@ def test_checkpoint_advice_says_what_is_missing(sessions: sessionmaker[Session],
     assert advice["device_time_s"] == pytest.approx(7200)
     missing = " | ".join(advice["missing"])
     assert "no checkpoint written yet" in missing
-    assert "no failure seen on this machine yet (2.0 h of attempts)" in missing
+    assert "no interruption seen on this machine yet (2.0 h of attempts)" in missing
     assert "not enough steps yet" in missing
 
 
