@@ -33,6 +33,22 @@ logger = logging.getLogger(__name__)
 LATE_FLAG = "checkpoint_due"  # the control channel's flag for a time-based save
 
 
+def supersede_after(step: int, ctx: RunContext, manager: CheckpointManager, writer: DatabaseWriter | None) -> None:
+    """Rank 0, on resuming from ``step``: move this run's checkpoints newer than it (an abandoned
+    lineage) out of the way, into ``checkpoints/superseded/attempt-<n>/``, so that new saves do
+    not overwrite them; they stay in the history and can still be resumed."""
+    target_root = ctx.checkpoint_dir / "superseded" / f"attempt-{ctx.attempt}"
+    # Only folder names are needed: verifying would re-read and hash every checkpoint.
+    for newer in (s for s in manager.stored_steps() if s > step):
+        source = ctx.checkpoint_dir / f"step-{newer}"
+        target = target_root / f"step-{newer}"
+        target_root.mkdir(parents=True, exist_ok=True)
+        source.rename(target)
+        logger.info("checkpoint step %d superseded: moved to %s", newer, target)
+        if writer is not None:
+            writer.put("moved", (str(source), str(target)))
+
+
 class CheckpointHistory:
     """Writes checkpoint records and events for one attempt, from the database writer thread."""
 
@@ -226,25 +242,10 @@ class RunCheckpoints:
             self.writer.put("resumed", step)
             self.writer.put("event", event("resume", message))
         if self.info.is_main:
-            self._supersede_after(step)
+            supersede_after(step, self.ctx, self.manager, self.writer)
         self._last_save = time.monotonic()
         self.last_saved = step
         return step, int(state["epoch"]), int(state["position"])
-
-    def _supersede_after(self, step: int) -> None:
-        """Move this run's checkpoints newer than ``step`` (an abandoned lineage) out of the way,
-        into ``checkpoints/superseded/attempt-<n>/``, so new saves do not overwrite them; they stay
-        in the history and can still be resumed."""
-        target_root = self.ctx.checkpoint_dir / "superseded" / f"attempt-{self.ctx.attempt}"
-        # Only folder names are needed: verifying would re-read and hash every checkpoint.
-        for newer in (s for s in self.manager.stored_steps() if s > step):
-            source = self.ctx.checkpoint_dir / f"step-{newer}"
-            target = target_root / f"step-{newer}"
-            target_root.mkdir(parents=True, exist_ok=True)
-            source.rename(target)
-            logger.info("checkpoint step %d superseded: moved to %s", newer, target)
-            if self.writer is not None:
-                self.writer.put("moved", (str(source), str(target)))
 
     # -- saving -----------------------------------------------------------------------------
 

@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from trainer import rng
 from trainer.checkpoint import CheckpointError, CheckpointManager
-from trainer.checkpointing import CheckpointHistory, event
+from trainer.checkpointing import CheckpointHistory, event, supersede_after
 from trainer.config import CheckpointConfig, SupervisionConfig, config_from_json
 from trainer.context import RunContext, context_from_env
 from trainer.lifecycle import StopSignal, register_stack_dumps, write_finished, write_stopped
@@ -179,6 +179,8 @@ class Run:
         if writer is not None:
             writer.put("resumed", step)
             writer.put("event", event("resume", f"resumed from step {step}"))
+        if self.is_main and self.managed:
+            supersede_after(step, self.ctx, self._manager, writer)
         self._last_step = self._last_checkpoint = step
         self._monitor.begin(step)
         logger.info("resumed from checkpoint step %d", step)

@@ -4,6 +4,7 @@ and resume; without it, it is still launched, logged, and retried on failure."""
 from __future__ import annotations
 
 import sqlite3
+from pathlib import Path
 
 import pytest
 
@@ -40,6 +41,13 @@ def test_sdk_script_reports_metrics_checkpoints_and_resumes(product: Product) ->
     first_step = con.execute("SELECT MIN(step) FROM metrics WHERE run_id = ? AND attempt = 2", (run_id,)).fetchone()[0]
     con.close()
     assert first_step == 110  # it continued after the checkpoint instead of starting over
+    # The abandoned lineage's 150 and 200 were moved aside, not overwritten: both lineages stay
+    # in the history, each checkpoint in its own folder.
+    live = [c for c in detail["checkpoints"] if not c["deleted"]]
+    by_step = {step: sorted(c["path"] for c in live if c["step"] == step) for step in (150, 200)}
+    for step, paths in by_step.items():
+        assert len(paths) == 2 and sum("superseded" in p for p in paths) == 1, paths
+        assert all(Path(p).is_dir() for p in paths), paths
 
 
 def test_plain_script_is_supervised_without_the_sdk(product: Product) -> None:
