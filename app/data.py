@@ -9,7 +9,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import pandas as pd
 import streamlit as st
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -63,13 +62,6 @@ def run_detail(run_id: int) -> dict[str, Any] | None:
 def metric_keys(run_id: int) -> list[str]:
     with sessions()() as s:
         return queries.metric_keys(s, run_id)
-
-
-@st.cache_data(ttl=1.0, show_spinner=False)
-def metric_frame(run_id: int, key: str) -> pd.DataFrame:
-    with sessions()() as s:
-        rows = queries.metric_points(s, run_id, key)
-    return pd.DataFrame(rows, columns=["id", "attempt", "rank", "step", "value", "time", "superseded"])
 
 
 @st.cache_data(ttl=1.0, show_spinner=False)

@@ -265,20 +265,6 @@ def metric_keys(session: Session, run_id: int) -> list[str]:
     return metricstore.metric_keys(session, run_id)
 
 
-def metric_points(session: Session, run_id: int, key: str, max_points: int = 2000) -> list[dict[str, Any]]:
-    """One metric on every rank, at most ``max_points`` per (attempt, rank): the raw points of a
-    short run, bucket means (at the bucket's first step) of a long one (see
-    ``metricstore.series``). Sorted by attempt, rank, step; NaN is ``float("nan")``. A bucket is
-    superseded when its first step is past its attempt's lineage cutoff."""
-    found = metricstore.series(session, run_id, key, max_points=max_points)
-    cutoffs = lineage_cutoffs(attempts_of(session, run_id))
-    return [
-        {"attempt": r["attempt"], "rank": r["rank"], "step": r["step"], "value": r["value"], "time": r["wall_time"],
-         "superseded": r["step"] > cutoffs.get(r["attempt"], float("inf"))}
-        for r in found.rows
-    ]
-
-
 def iter_metric_rows(session: Session, run_id: int, batch: int = 10_000) -> Iterator[tuple]:
     """Every raw point of a run, in (attempt, step, rank, key) order, streamed in batches:
     (attempt, rank, step, key, value, time, superseded); NaN is ``float("nan")``."""
