@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
 
     stacks = register_stack_dumps(ctx.attempt_dir, rank)
     info = distributed.setup(config.launch.backend)
-    stop = StopSignal(info.world_size)
+    stop = StopSignal()
     stop.install()
     logger.info(
         "run %s attempt %s: rank %d/%d on %s (%s)",

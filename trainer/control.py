@@ -45,14 +45,10 @@ class _InFlight:
 
 
 class ControlChannel:
-    """The per-step control collective of one process (see the module docstring).
+    """The per-step control collective of one process (see the module docstring); its group's
+    ranks are the default process group's."""
 
-    Args:
-        world_size: Number of ranks.
-    """
-
-    def __init__(self, world_size: int):
-        self.world_size = world_size
+    def __init__(self) -> None:
         self._names: list[str] = []
         self._flags: list[Flag] = []
         self._group: dist.ProcessGroup | None = None  # None: the default group

@@ -32,10 +32,9 @@ class StopSignal:
     gets SIGTERM during a step stops after the next one, together with the others.
     """
 
-    def __init__(self, world_size: int):
-        self.world_size = world_size
+    def __init__(self) -> None:
         self.received_at: float | None = None
-        self.channel = ControlChannel(world_size)
+        self.channel = ControlChannel()
         self.channel.add_flag(STOP_FLAG, lambda: self.received_at is not None)
 
     def install(self) -> None:

@@ -131,7 +131,7 @@ class Monitor:
         self._params: list[torch.Tensor] = []
         self.clock: PreSyncClock | None = None
         self._last_step = 0
-        self.channel = stop.channel if stop is not None else ControlChannel(world_size)
+        self.channel = stop.channel if stop is not None else ControlChannel()
         self.channel.around_wait = self.outside_step
         writer = reporter.writer
         if writer is not None and reporter.ctx.run_id is not None:

@@ -61,7 +61,7 @@ class Run:
         self.rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
         self.world_size = dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
         self.reporter = MetricReporter(ctx, self.rank, self.world_size)
-        self._stop = StopSignal(self.world_size)
+        self._stop = StopSignal()
         self._stop.install()
         self._monitor = Monitor(supervision or SupervisionConfig(), self.rank, self.world_size, _device(),
                                 self.reporter, self._stop)

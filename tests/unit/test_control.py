@@ -25,7 +25,7 @@ def play(rank: int, store_path: str, out: str) -> None:
     step 3 and a time-based save falls due on rank 0 only during step 6 (a flag added at step 5)."""
     dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2)
     state = {"stop": False, "late": False}
-    channel = ControlChannel(2)
+    channel = ControlChannel()
     channel.add_flag("stop", lambda: state["stop"])
     told, received = {}, []
     try:
@@ -72,7 +72,7 @@ def _entry(rank: int, store_path: str, outs: list[str]) -> None:
 
 def test_outside_a_process_group_everything_is_local() -> None:
     flag = {"on": False}
-    channel = ControlChannel(1)
+    channel = ControlChannel()
     channel.add_flag("stop", lambda: flag["on"])
     got = []
     channel.gather([1.0, 2.0], got.append)

@@ -190,7 +190,7 @@ def unmanaged(tmp_path: Path) -> RunContext:
 
 
 def test_a_report_carries_memory_and_reaches_rank_0_with_its_step(tmp_path: Path) -> None:
-    monitor = Monitor(SupervisionConfig(), 0, 1, CPU, MetricReporter(unmanaged(tmp_path), 0, 1), StopSignal(1))
+    monitor = Monitor(SupervisionConfig(), 0, 1, CPU, MetricReporter(unmanaged(tmp_path), 0, 1), StopSignal())
     got = []
     monitor.log(10, {"loss": 2.5}, then=lambda step, per_rank: got.append((step, per_rank)))
     monitor.close()
