@@ -17,6 +17,7 @@ a kill at a known step); they never change what is computed.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -109,3 +110,26 @@ def maybe_abort_at_exit(rank: int) -> None:
     spec = os.environ.get("RUNYARD_FAULT_ABORT_AT_EXIT") or ""
     if spec and int(spec) == rank:
         os.abort()
+
+
+class StepFaults:
+    """One rank's per-step injections, for a training loop: :meth:`before` a step (raise, CUDA
+    OOM, SIGKILL, the straggler's sleep), :meth:`after` it (the step delay)."""
+
+    def __init__(self, rank: int, attempt: int):
+        self.rank = rank
+        self.attempt = attempt
+        self.slow_s = slow_rank_s(rank)
+        self.delay_s = step_delay_s()
+
+    def before(self, step: int, batch_size: int) -> None:
+        """Before STEP (1-based) with micro-batch ``batch_size``."""
+        maybe_raise(step, self.rank, self.attempt)
+        maybe_cuda_oom(step, batch_size)
+        maybe_sigkill(step, self.rank)
+        if self.slow_s:
+            time.sleep(self.slow_s)
+
+    def after(self) -> None:
+        if self.delay_s:
+            time.sleep(self.delay_s)

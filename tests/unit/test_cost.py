@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from db import queries
-from db.engine import make_engine, make_sessionmaker, upgrade
 from db.models import Attempt, Checkpoint
 from db.requests import Price, create_run
 from orchestrator.cost import (
@@ -99,15 +97,6 @@ def test_young_daly_refuses_impossible_inputs_naming_them(cost: float, mtbf: flo
 
 
 NOW = 1_000_000.0
-
-
-@pytest.fixture
-def sessions(tmp_path: Path) -> Iterator[sessionmaker[Session]]:
-    url = f"sqlite:///{tmp_path / 'runyard.db'}"
-    upgrade(url)
-    engine = make_engine(url)
-    yield make_sessionmaker(engine)
-    engine.dispose()
 
 
 def add_run(session: Session, tmp_path: Path, every_steps: int = 100, every_seconds: float = 0.0) -> int:

@@ -13,18 +13,16 @@ from __future__ import annotations
 import math
 import random
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.data import LiveSeries, merge_series
 from db import metricstore
-from db.engine import make_engine, make_sessionmaker, upgrade
 from db.metricstore import choose_level
 from db.requests import Price, create_run
 from trainer.config import RunConfig
@@ -150,15 +148,6 @@ def test_an_incremental_refresh_fetches_only_the_last_buckets() -> None:
 
 
 # -- the real store -------------------------------------------------------------------------
-
-
-@pytest.fixture
-def sessions(tmp_path: Path) -> Iterator[sessionmaker[Session]]:
-    url = f"sqlite:///{tmp_path / 'runyard.db'}"
-    upgrade(url)
-    engine = make_engine(url)
-    yield make_sessionmaker(engine)
-    engine.dispose()
 
 
 def test_incremental_merges_equal_a_full_fetch_on_the_real_store(sessions: sessionmaker[Session], tmp_path: Path) -> None:

@@ -336,16 +336,11 @@ def train(
 
     iv = Interval()
     latest: dict[str, float] = {}
-    delay = faults.step_delay_s()
-    slow = faults.slow_rank_s(info.rank)
+    injected = faults.StepFaults(info.rank, ctx.attempt)
     lr = techniques.lr_at(step, tc)
     try:
         while step < tc.max_steps:
-            faults.maybe_raise(step + 1, info.rank, ctx.attempt)
-            faults.maybe_cuda_oom(step + 1, tc.batch_size)
-            faults.maybe_sigkill(step + 1, info.rank)
-            if slow:
-                time.sleep(slow)
+            injected.before(step + 1, tc.batch_size)
 
             t0 = time.perf_counter()
             gen = window_generator(tc.seed, "train", step, info.rank)
@@ -385,8 +380,7 @@ def train(
                     logger.info("step %d: eval loss %.4f", step, latest["eval_loss"])
             if checkpoints.after_step(step, last, stop, 0, 0, model_state, optim_state, dict(latest), extra):
                 break
-            if delay:
-                time.sleep(delay)
+            injected.after()
         monitor.close()  # the last step's exchange: its metrics get written
     finally:
         reporter.finishing()

@@ -118,15 +118,10 @@ def train(
 
     iv = Interval()
     latest: dict[str, float] = {}
-    delay = faults.step_delay_s()
-    slow = faults.slow_rank_s(info.rank)
+    injected = faults.StepFaults(info.rank, ctx.attempt)
     try:
         while step < tc.max_steps:
-            faults.maybe_raise(step + 1, info.rank, ctx.attempt)
-            faults.maybe_cuda_oom(step + 1, tc.batch_size)
-            faults.maybe_sigkill(step + 1, info.rank)
-            if slow:
-                time.sleep(slow)
+            injected.before(step + 1, tc.batch_size)
 
             t_data = time.perf_counter()
             if position + samples_per_step > len(sampler):
@@ -173,8 +168,7 @@ def train(
                     logger.info("step %d: eval accuracy %.4f, eval loss %.4f", step, latest["eval_accuracy"], latest["eval_loss"])
             if checkpoints.after_step(step, last, stop, epoch, position, model, optimizer, dict(latest), extra):
                 break
-            if delay:
-                time.sleep(delay)
+            injected.after()
         monitor.close()  # the last step's exchange: its metrics get written
     finally:
         reporter.finishing()
