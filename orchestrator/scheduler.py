@@ -13,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
+import math
 import os
 import signal
 import socket
@@ -47,6 +48,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 TICK_S = 0.5
+# The heartbeat row is rewritten at most this often (the UI calls a scheduler silent for 10 s
+# offline): one write every few ticks instead of a commit on every one.
+BEAT_EVERY_S = 2.0
 # A launch whose launcher is not seen alive within this long after the attempt row was written
 # is taken as lost (the scheduler died between writing the row and starting the process).
 LAUNCH_LOST_S = 30.0
@@ -77,6 +81,7 @@ class Scheduler:
         self.inventory = inventory
         self._children: dict[int, subprocess.Popen] = {}
         self._heartbeat_id: int | None = None
+        self._beat_at = -math.inf
         self._started_at = time.time()
 
     # -- the loop -------------------------------------------------------------------------
@@ -108,10 +113,13 @@ class Scheduler:
             session.add(hb)
             session.flush()
             self._heartbeat_id = hb.id
-        else:
+        elif now - self._beat_at >= BEAT_EVERY_S:
             hb = session.get(SchedulerHeartbeat, self._heartbeat_id)
             if hb is not None:
                 hb.beat_at = now
+        else:
+            return
+        self._beat_at = now
 
     def _reap_children(self) -> None:
         """Collect exit statuses of launchers this process started (no zombies)."""

@@ -52,6 +52,9 @@ ERROR_LOG_EVERY_S = 60.0
 # long as the run. Old ones are deleted at most once per PRUNE_EVERY_S.
 HOST_RETENTION_S = 30 * 86_400.0
 PRUNE_EVERY_S = 3_600.0
+# An attempt's process tree is walked again at most this often (psutil finds children by
+# reading every process's /proc/<pid>/stat), and at once when one of its processes is gone.
+TREE_REFRESH_S = 10.0
 
 # (device, run_id, rank, key): one series.
 Series = tuple[str, int | None, int | None, str]
@@ -77,6 +80,13 @@ class _Tracked:
     rank: int | None
     local_rank: int | None
     primed: bool = False
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _env_int(env: dict[str, str], name: str) -> int | None:
@@ -117,6 +127,7 @@ class SystemMonitor:
         self._nvml_tried = False
         self._gpu_handles: list[Any] = []
         self._tracked: dict[tuple[int, float], _Tracked] = {}
+        self._trees: dict[tuple[int, int], tuple[float, list[psutil.Process]]] = {}
         self._io_last: tuple[float, dict[str, float]] | None = None
         self._window_at: float | None = None
         self._samples: dict[Series, list[float]] = {}
@@ -145,7 +156,7 @@ class SystemMonitor:
         values = self._host()  # always read: CPU % and the rates measure since the last read
         attempts = self._running_attempts()
         if not attempts:
-            self._tracked = {}
+            self._tracked, self._trees = {}, {}
             return
         owners: dict[int, tuple[int, int | None]] = {}
         seen: set[tuple[int, float]] = set()
@@ -154,6 +165,8 @@ class SystemMonitor:
             for local_rank, gpu in enumerate(attempt.devices):
                 owners[gpu] = (attempt.run_id, local_ranks.get(local_rank))
         self._tracked = {k: v for k, v in self._tracked.items() if k in seen}  # forget the processes gone
+        running = {(a.run_id, a.number) for a in attempts}
+        self._trees = {k: v for k, v in self._trees.items() if k in running}
         values.update(self._gpus(owners))
         self._window_at = window_at
         for series, value in values.items():
@@ -269,8 +282,7 @@ class SystemMonitor:
         Only the launcher's tree is walked (finding orphans means reading every process's
         environment: the tick does that when it matters, not this 2-s sampler).
         """
-        procs = attempt_processes(attempt.run_dir, attempt.number, attempt.pid, attempt.pid_create_time,
-                                  orphans=False)
+        procs = self._tree(attempt)
         tree_cpu: float | None = None
         tree_rss = 0.0
         rank_cpu: dict[int, float] = {}
@@ -306,6 +318,18 @@ class SystemMonitor:
         for rank, cpu in rank_cpu.items():
             values[("procs", attempt.run_id, rank, "cpu_percent")] = cpu
         return local_ranks
+
+    def _tree(self, attempt: RunningAttempt) -> list[psutil.Process]:
+        """The attempt's processes as last walked, walked again every ``TREE_REFRESH_S`` or
+        as soon as one of them has ended."""
+        key, now = (attempt.run_id, attempt.number), time.monotonic()
+        cached = self._trees.get(key)
+        if cached is not None and now - cached[0] < TREE_REFRESH_S and all(_alive(p) for p in cached[1]):
+            return cached[1]
+        procs = [p for p in attempt_processes(attempt.run_dir, attempt.number, attempt.pid, attempt.pid_create_time,
+                                              orphans=False) if _alive(p)]  # not a zombie not yet reaped
+        self._trees[key] = (now, procs)
+        return procs
 
     def _track(self, proc: psutil.Process, seen: set[tuple[int, float]]) -> _Tracked | None:
         try:

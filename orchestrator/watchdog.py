@@ -53,6 +53,8 @@ def check(session: Session, run: Run, attempt: Attempt, config: SupervisionConfi
             since, threshold = attempt.progress_at or attempt.started_at, config.startup_timeout_s
         else:
             since = attempt.progress_at or attempt.first_step_at
+            if now - since <= config.hang_timeout_s:
+                return  # the threshold is never below hang_timeout_s: no need to read step times
             threshold = hang_threshold_s(session, run.id, attempt.number, config)
         if now - since <= threshold:
             return

@@ -193,12 +193,22 @@ def test_recycled_pid_is_not_mistaken_for_the_run(sessions: sessionmaker[Session
     tick_until(scheduler, lambda: status(sessions, run_id) == "FAILED")
 
 
-def test_heartbeat_is_written_every_tick(sessions: sessionmaker[Session], settings: Settings) -> None:
+def test_heartbeat_is_rewritten_every_few_ticks(
+    sessions: sessionmaker[Session], settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from db.queries import HEARTBEAT_STALE_S
+    from orchestrator import scheduler as scheduler_module
+
+    assert scheduler_module.BEAT_EVERY_S * 3 <= HEARTBEAT_STALE_S  # a live scheduler never looks stale
     scheduler = make_scheduler(sessions, settings)
     scheduler.tick()
     with sessions() as s:
         first = s.scalar(select(SchedulerHeartbeat.beat_at))
-    time.sleep(0.05)
+    scheduler.tick()  # within BEAT_EVERY_S: no write
+    with sessions() as s:
+        assert s.scalars(select(SchedulerHeartbeat.beat_at)).all() == [first]
+    monkeypatch.setattr(scheduler_module, "BEAT_EVERY_S", 0.05)
+    time.sleep(0.06)
     scheduler.tick()
     with sessions() as s:
         beats = s.scalars(select(SchedulerHeartbeat.beat_at)).all()

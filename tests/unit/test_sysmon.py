@@ -207,6 +207,37 @@ def test_host_and_rank_aggregates_from_a_real_process_tree(
         assert gpu_devices(s, run) == []
 
 
+def test_the_process_tree_is_walked_again_when_a_rank_ends_not_on_every_sample(
+    sessions: sessionmaker[Session], settings: Settings, trees: list[Tree], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchestrator import sysmon
+
+    no_nvml(monkeypatch)
+    walks: list[int] = []
+    real = sysmon.attempt_processes
+
+    def counted(*args: object, **kwargs: object) -> list[psutil.Process]:
+        walks.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sysmon, "attempt_processes", counted)
+    tree = start_tree(sessions, settings, devices=[])
+    trees.append(tree)
+    monitor = SystemMonitor(sessions, host="testhost", clock=FakeClock())
+    for _ in range(3):
+        monitor.sample()
+    assert len(walks) == 1  # the same three processes: walked once (it reads every process's /proc)
+    assert ("procs", tree.run_id, 1, "rss_bytes") in monitor._samples
+    tree.ranks[1].kill()
+    deadline = time.monotonic() + 10
+    while sysmon._alive(tree.ranks[1]) and time.monotonic() < deadline:  # dead (a zombie: the parent sleeps)
+        time.sleep(0.05)
+    before = len(monitor._samples[("procs", tree.run_id, 1, "rss_bytes")])
+    monitor.sample()
+    assert len(walks) == 2  # a process ended: walked again at once
+    assert len(monitor._samples[("procs", tree.run_id, 1, "rss_bytes")]) == before  # the dead rank is not counted
+
+
 def test_rows_of_no_run_are_deleted_after_the_retention_and_a_runs_rows_are_kept(
     sessions: sessionmaker[Session], settings: Settings, trees: list[Tree], monkeypatch: pytest.MonkeyPatch
 ) -> None:

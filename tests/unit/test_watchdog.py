@@ -1,0 +1,67 @@
+"""The hang watchdog's threshold on a real SQLite database: max(hang_timeout_s, hang_step_factor
+x p95 step time). No process is involved: the attempt has no pid, so the stacks dump finds
+nothing to signal; what is checked is when a hang is declared, and the event that says so."""
+
+from __future__ import annotations
+
+import time
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from db.metricstore import write_points
+from db.models import Attempt, Event, Run
+from db.requests import Price, create_run
+from db.settings import Settings
+from db.states import AttemptStatus
+from orchestrator import watchdog
+from trainer.config import RunConfig, SupervisionConfig
+
+
+def running_attempt(sessions: sessionmaker[Session], settings: Settings, step_time_s: float) -> tuple[int, int]:
+    """A run whose attempt 1 reported 20 steps of ``step_time_s`` each (rank 0)."""
+    with sessions() as s:
+        run = create_run(s, RunConfig.model_validate({"name": "hang"}), settings.runs_dir,
+                         Price(usd_per_hour=1.0, unit="cpu-hour"))
+        s.flush()
+        attempt = Attempt(run_id=run.id, number=1, status=AttemptStatus.RUNNING.value,
+                          dir=f"{run.run_dir}/attempts/1", started_at=0.0, first_step_at=1.0, last_step=20)
+        s.add(attempt)
+        s.flush()
+        write_points(s.connection(), [
+            {"run_id": run.id, "attempt": 1, "rank": 0, "step": step, "key": "step_time", "value": step_time_s,
+             "wall_time": float(step)} for step in range(1, 21)
+        ])
+        s.commit()
+        return run.id, attempt.id
+
+
+def check_at(sessions: sessionmaker[Session], ids: tuple[int, int], config: SupervisionConfig,
+             silent_s: float) -> Attempt:
+    run_id, attempt_id = ids
+    with sessions() as s:
+        attempt, run = s.get(Attempt, attempt_id), s.get(Run, run_id)
+        now = time.time()
+        attempt.progress_at = now - silent_s
+        watchdog.check(s, run, attempt, config, script=False, now=now)
+        s.commit()
+        return attempt
+
+
+def test_slow_steps_raise_the_hang_threshold(sessions: sessionmaker[Session], settings: Settings) -> None:
+    config = SupervisionConfig(hang_timeout_s=10, hang_step_factor=5)
+    ids = running_attempt(sessions, settings, step_time_s=6.0)  # p95 6 s: threshold 5 x 6 = 30 s
+    assert check_at(sessions, ids, config, silent_s=8).hang_detected_at is None  # under hang_timeout_s
+    assert check_at(sessions, ids, config, silent_s=25).hang_detected_at is None  # over it, under 30 s
+    attempt = check_at(sessions, ids, config, silent_s=35)
+    assert attempt.hang_detected_at is not None and attempt.stop_reason == "hang"
+    with sessions() as s:
+        (message,) = s.scalars(select(Event.message).where(Event.kind == "hang")).all()
+    assert "no step completed for 35 s (threshold 30 s) after step 20" in message
+
+
+def test_fast_steps_leave_hang_timeout_s_as_the_threshold(sessions: sessionmaker[Session], settings: Settings) -> None:
+    config = SupervisionConfig(hang_timeout_s=10, hang_step_factor=5)
+    ids = running_attempt(sessions, settings, step_time_s=0.05)
+    assert check_at(sessions, ids, config, silent_s=9).hang_detected_at is None
+    assert check_at(sessions, ids, config, silent_s=11).hang_detected_at is not None
