@@ -61,7 +61,7 @@ def runyard_ingest(folder: Path, steps: int, batch_steps: int) -> dict[str, floa
     db_url = f"sqlite:///{folder / f'runyard-{batch_steps}.db'}"
     upgrade(db_url)
     run_id = create_finished_run(db_url, "ingest", RANKS, steps)
-    engine = make_engine(db_url)
+    engine = make_engine(db_url, foreign_keys=False)  # as rank 0's DatabaseWriter makes it
     spent, count = 0.0, 0
     try:
         for batch in points(steps, batch_steps):

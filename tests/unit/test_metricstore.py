@@ -303,3 +303,31 @@ def test_totals_sum_the_non_nan_values_up_to_a_step(engine: Engine, points: list
                     if (k, a, rank) == ("loss", attempt, 1) and (max_step is None or step <= max_step)]
             assert count == sum(not math.isnan(v) for v in vals)
             assert close(total, total_of(vals))
+
+
+def test_the_writers_connection_skips_key_checks_and_the_others_keep_them(tmp_path: Path) -> None:
+    """Rank 0's writer opens its engine with ``foreign_keys=False`` (the checks were a tenth of
+    the ingest time); every other connection keeps SQLite's foreign keys, so deleting a run
+    still takes the points the writer wrote with it."""
+    import sqlalchemy.exc
+
+    url = f"sqlite:///{tmp_path / 'metrics.db'}"
+    upgrade(url)
+    app, writer = make_engine(url), make_engine(url, foreign_keys=False)
+    try:
+        run_id = new_run(app)
+        row = {"run_id": run_id, "key": "loss", "attempt": 1, "rank": 0, "step": 1, "value": 1.0, "wall_time": 1.0}
+        with writer.begin() as conn:
+            assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 0
+            write_points(conn, [row, {**row, "rank": 1}])
+        with app.begin() as conn:
+            assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+            assert conn.exec_driver_sql("SELECT count(*) FROM metric_points").scalar() == 2
+            conn.exec_driver_sql("DELETE FROM runs WHERE id = ?", (run_id,))
+            assert conn.exec_driver_sql("SELECT count(*) FROM metric_points").scalar() == 0
+            assert conn.exec_driver_sql("SELECT count(*) FROM metric_rollups").scalar() == 0
+        with pytest.raises(sqlalchemy.exc.IntegrityError), app.begin() as conn:
+            write_points(conn, [{**row, "run_id": run_id + 100}])  # no such run: refused here
+    finally:
+        app.dispose()
+        writer.dispose()
