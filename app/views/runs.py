@@ -9,6 +9,10 @@ from app import data
 from app.format import duration, usd
 from db.states import RunStatus
 
+OPEN_RUN = "runs_open_run"
+if (chosen := st.session_state.pop(OPEN_RUN, None)) is not None:
+    st.switch_page("views/run.py", query_params={"run": str(chosen)})
+
 st.title("Runs")
 c1, c2 = st.columns(2)
 statuses = c1.multiselect("Status", [s.value for s in RunStatus], placeholder="all statuses")
@@ -38,14 +42,23 @@ def runs_table() -> None:
             "tags": [", ".join(r["tags"]) for r in runs],
         }
     )
-    st.dataframe(
+    event = st.dataframe(
         frame,
         hide_index=True,
         column_config={
             "run": st.column_config.LinkColumn("run", display_text=r"run\?run=(\d+)"),
             "progress": st.column_config.ProgressColumn("progress", min_value=0.0, max_value=1.0, format="percent"),
         },
+        on_select="rerun",
+        selection_mode="single-row",
+        key="runs_table",
     )
+    st.caption("Select a row to open its run here; the link in the *run* column opens it in a new tab.")
+    if event.selection.rows:
+        # Opened in this browser session, the Run page draws without a new tab's start-up.
+        # st.switch_page does not leave a fragment: the whole page reruns and switches.
+        st.session_state[OPEN_RUN] = runs[event.selection.rows[0]]["id"]
+        st.rerun(scope="app")
 
 
 runs_table()

@@ -2,7 +2,7 @@
 
 A person opens the New run page, fills the form, presses Start, lands on the Run page and
 watches a 2-rank run on CPU train to SUCCEEDED with live charts, then opens each rank's log tail
-and the run's config (drawn only on demand). A bad value is refused on the form, naming the
+and the run's config (drawn only on demand), and opens the run again from the Runs page. A bad value is refused on the form, naming the
 field, and nothing is queued.
 
     pytest -m browser tests/browser        (needs Debian's chromium and pip's playwright)
@@ -116,6 +116,24 @@ def test_new_run_from_the_form_trains_to_succeeded_with_charts(page: Any, runyar
 
     runs = runyard_up.cli("ls")
     assert [(r["id"], r["name"], r["status"], r["step"]) for r in runs] == [(run_id, "browser-digits", "SUCCEEDED", 300)]
+
+    # The Runs page opens a run in the same tab when its row is selected (the row-marker
+    # checkbox: the grid is a canvas, so the click is by position: first column, first row).
+    page.set_viewport_size({"width": 1400, "height": 1000})
+    page.get_by_test_id("stSidebarNav").get_by_role("link", name="Runs").click()
+    table = page.get_by_test_id("stDataFrame")
+    expect(table).to_be_visible(timeout=PAGE_TIMEOUT_MS)
+    expect(page.get_by_role("heading", name="Runs", level=1)).to_be_visible()
+    table.click(position={"x": 17, "y": 53})
+    page.wait_for_url(re.compile(rf"/run\?run={run_id}$"), timeout=PAGE_TIMEOUT_MS)
+    expect(header).to_contain_text("SUCCEEDED", timeout=PAGE_TIMEOUT_MS)
+    expect(page.locator("[data-testid='stVegaLiteChart']").first).to_be_visible(timeout=PAGE_TIMEOUT_MS)
+    # Back on the Runs page, the old selection does not send the person to the run again.
+    page.get_by_test_id("stSidebarNav").get_by_role("link", name="Runs").click()
+    expect(table).to_be_visible(timeout=PAGE_TIMEOUT_MS)
+    page.wait_for_timeout(3_000)  # more than one refresh of the table (every 2 s)
+    assert "/run?" not in page.url, page.url
+    expect(page.get_by_role("heading", name="Runs", level=1)).to_be_visible()
 
 
 def test_bad_learning_rate_is_refused_and_nothing_is_queued(page: Any, runyard_up: Any) -> None:
