@@ -1,4 +1,4 @@
-"""Runs: every run with its status, progress, elapsed time, ETA and cost, live."""
+"""Runs: every run with its status, progress, elapsed time, ETA, cost so far and projected, live."""
 
 from __future__ import annotations
 
@@ -6,10 +6,20 @@ import pandas as pd
 import streamlit as st
 
 from app import data
-from app.format import duration, usd
+from app.format import STATUS_BADGE, duration, usd
 from db.states import RunStatus
 
 OPEN_RUN = "runs_open_run"
+# The status cell as a badge, in the Run page's badge colours: (background, text).
+BADGE_CSS = {"gray": ("#e8eaed", "#3c4043"), "blue": ("#d2e3fc", "#174ea6"), "orange": ("#feefc3", "#b06000"),
+             "green": ("#ceead6", "#0d652d"), "red": ("#fad2cf", "#a50e0e")}
+
+
+def status_css(status: str) -> str:
+    background, text = BADGE_CSS[STATUS_BADGE.get(status, ("gray", ""))[0]]
+    return f"background-color: {background}; color: {text}"
+
+
 if (chosen := st.session_state.pop(OPEN_RUN, None)) is not None:
     st.switch_page("views/run.py", query_params={"run": str(chosen)})
 
@@ -38,16 +48,19 @@ def runs_table() -> None:
             "elapsed": [duration(r["elapsed_s"]) for r in runs],
             "ETA": [duration(r["eta_s"]) for r in runs],
             "cost": [usd(r["cost_usd"]) for r in runs],
+            "projected": [usd(r["cost_projected_usd"]) for r in runs],
             "attempts": [r["attempt_count"] for r in runs],
             "tags": [", ".join(r["tags"]) for r in runs],
         }
     )
     event = st.dataframe(
-        frame,
+        frame.style.map(status_css, subset=["status"]),
         hide_index=True,
         column_config={
             "run": st.column_config.LinkColumn("run", display_text=r"run\?run=(\d+)"),
             "progress": st.column_config.ProgressColumn("progress", min_value=0.0, max_value=1.0, format="percent"),
+            "cost": st.column_config.TextColumn("cost", help="So far, every attempt included"),
+            "projected": st.column_config.TextColumn("projected", help="Cost so far + ETA x the run's price"),
         },
         on_select="rerun",
         selection_mode="single-row",

@@ -160,6 +160,9 @@ def test_runs_page_lists_runs_with_status_and_step(seeded: dict[str, int]) -> No
     assert table.loc[seeded["running"], "attempts"] == 1
     assert table.loc[seeded["queued"], "status"] == "QUEUED"
     assert table.loc[seeded["queued"], "step"] == "0/300"
+    dollars = {col: float(table.loc[seeded["running"], col].lstrip("$").replace(",", "")) for col in ("cost", "projected")}
+    assert 0 < dollars["cost"] < dollars["projected"]  # running, 40% done: more to pay
+    assert table.loc[seeded["queued"], "projected"] == table.loc[seeded["queued"], "cost"] == "$0.0000"
 
 
 def test_runs_page_status_filter(seeded: dict[str, int]) -> None:
