@@ -179,12 +179,38 @@ def _grid(charts: list[alt.TopLevelMixin | None]) -> None:
             st.altair_chart(chart, width="stretch")
 
 
-def system_panels(run_id: int) -> None:
+@st.cache_data(ttl=5.0, show_spinner=False)
+def latest_window(run_id: int) -> dict[str, Any] | None:
+    with data.sessions()() as s:
+        return sysmetrics.latest_window(s, run_id)
+
+
+def summary_line(latest: dict[str, Any] | None) -> str:
+    """One line for the run's newest 10-s window: GPUs, processes, host."""
+    if latest is None:
+        return "No system samples for this run yet: the scheduler writes them every 10 s while its processes are alive."
+    parts = []
+    if latest["gpus"] and latest["gpu_util_percent"] is not None:
+        mem = ""
+        if latest["gpu_mem_used_bytes"] is not None and latest["gpu_mem_total_bytes"]:
+            mem = f", memory {latest['gpu_mem_used_bytes'] / GIB:.1f} / {latest['gpu_mem_total_bytes'] / GIB:.0f} GiB"
+        parts.append(f"GPU utilization {latest['gpu_util_percent']:.0f}%{mem} (mean of {latest['gpus']} GPU(s))")
+    if latest["procs_cpu_percent"] is not None:
+        rss = f", {latest['procs_rss_bytes'] / GIB:.1f} GiB RSS" if latest["procs_rss_bytes"] is not None else ""
+        parts.append(f"processes {latest['procs_cpu_percent']:.0f}% of one core{rss}")
+    if latest["host_cpu_percent"] is not None:
+        parts.append(f"host CPU {latest['host_cpu_percent']:.0f}%")
+    when = pd.Timestamp(latest["at"], unit="s", tz="UTC").tz_convert(None).strftime("%H:%M:%S")
+    return f"Newest 10-s window ({when} UTC): " + "; ".join(parts or ["nothing sampled"]) + "."
+
+
+def system_panels(run_id: int, heading: bool = True) -> None:
     """The Run page's system section for ``run_id`` (a plain function: call it inside the page's
     live fragment). A run without GPU rows gets an ``st.info`` saying so, not an error."""
     frames = system_frames(run_id)
     run_rows, host_rows, gpus = frames["run"], frames["host"], frames["gpus"]
-    st.subheader("System")
+    if heading:
+        st.subheader("System")
     if run_rows.empty and host_rows.empty:
         st.caption("No system samples for this run yet: the scheduler writes them every 10 s "
                    "while the run's processes are alive.")

@@ -3,8 +3,9 @@
     .venv/bin/python bench/bench_render.py [--ranks 8] [--steps 1250000] [--repeats 5]
 
 Seeds one finished run of ``ranks x steps`` loss points (bench/seed.py's seed_run: rank 0's
-writer path, rollups included) into a data folder cached under /tmp (seeding 10M points takes
-minutes; the folder is reused while its parameters match), starts the UI on it (`runyard ui`)
+writer path, rollups included) and the system rows the scheduler would have written for it (one
+GPU per rank, 10-s windows over the whole run) into a data folder cached under /tmp (seeding 10M points
+takes minutes; the folder is reused while its parameters match), starts the UI on it (`runyard ui`)
 and times, in Debian's Chromium driven by Playwright, each navigation to the Run page from
 ``page.goto`` until every chart on it is drawn (a Vega ``svg.marks`` or canvas in each
 ``stVegaLiteChart``). Every repetition uses a fresh browser context (no cached scripts, a new
@@ -39,7 +40,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 CACHE = Path("/tmp/runyard-bench-render")
+# Every chart on the page drawn, once the page's script has run to its end (before that, charts
+# further down may not have arrived yet).
 ALL_CHARTS_DRAWN = """() => {
+    const app = document.querySelector("[data-testid='stApp']");
+    if (!app || app.getAttribute("data-test-script-state") !== "notRunning") return false;
     const charts = [...document.querySelectorAll("[data-testid='stVegaLiteChart']")];
     return charts.length > 0 && charts.every(c => c.querySelector('svg.marks, canvas'));
 }"""
@@ -51,7 +56,9 @@ def seeded_home(ranks: int, steps: int, keys: tuple[str, ...]) -> tuple[Path, in
     home = CACHE / f"{ranks}x{steps}-{'-'.join(keys)}"
     marker = home / "run_id"
     if marker.is_file():
-        return home, int(marker.read_text())
+        run_id = int(marker.read_text())
+        _with_system_metrics(home, run_id, ranks)
+        return home, run_id
     shutil.rmtree(home, ignore_errors=True)
     home.mkdir(parents=True)
     from bench.seed import seed_run
@@ -64,7 +71,20 @@ def seeded_home(ranks: int, steps: int, keys: tuple[str, ...]) -> tuple[Path, in
     run_id = seed_run(db_url, ranks=ranks, steps=steps, keys=keys, name=f"bench-{ranks}x{steps}", progress=True)
     print(f"seeded in {time.monotonic() - t0:.0f} s", flush=True)
     marker.write_text(str(run_id))
+    _with_system_metrics(home, run_id, ranks)
     return home, run_id
+
+
+def _with_system_metrics(home: Path, run_id: int, gpus: int) -> None:
+    """Add the system rows a real run would have (one GPU per rank) to a seeded home, once."""
+    marker = home / "system_metrics"
+    if marker.is_file():
+        return
+    from bench.seed import seed_system_metrics
+
+    rows = seed_system_metrics(f"sqlite:///{home / 'runyard.db'}", run_id, gpus)
+    marker.write_text(str(rows))
+    print(f"added {rows:,} system metric rows ({gpus} GPUs, their processes, the host)", flush=True)
 
 
 def free_port() -> int:

@@ -28,6 +28,47 @@ def values(rank: int, step: int, steps: int, key_index: int, rng: random.Random)
     return 3.0 * math.exp(-5 * step / steps) + 0.1 + 0.02 * rank + 0.1 * key_index + 0.05 * rng.random()
 
 
+def seed_system_metrics(db_url: str, run_id: int, gpus: int) -> int:
+    """The scheduler's 10-s system rows for the whole of a finished run, as sysmon writes them
+    for a run on ``gpus`` GPUs (one rank each): per GPU the seven NVML series, per rank and for
+    the whole tree the process CPU and RSS, and the host's seven series. Returns rows written."""
+    import socket
+
+    from sqlalchemy import insert, select
+
+    from db.engine import make_engine
+    from db.models import Run, SystemMetric
+
+    rng = random.Random(run_id)
+    engine = make_engine(db_url)
+    host = socket.gethostname()
+    gpu_keys = [("util_percent", 95.0), ("mem_used_bytes", 60e9), ("mem_total_bytes", 80e9), ("power_w", 600.0),
+                ("power_limit_w", 700.0), ("temp_c", 70.0), ("sm_clock_mhz", 1980.0)]
+    host_keys = [("cpu_percent", 60.0), ("mem_used_bytes", 200e9), ("mem_total_bytes", 1e12), ("disk_read_bps", 1e6),
+                 ("disk_write_bps", 5e7), ("net_sent_bps", 1e5), ("net_recv_bps", 1e5)]
+    written = 0
+    try:
+        with engine.begin() as conn:
+            start, end = conn.execute(select(Run.started_at, Run.ended_at).where(Run.id == run_id)).one()
+            at = math.floor(start / 10) * 10.0
+            while at < end:
+                rows = []
+                series = [(f"gpu{g}", run_id, g, key, base) for g in range(gpus) for key, base in gpu_keys]
+                series += [("procs", run_id, r, key, base) for r in [*range(gpus), None]
+                           for key, base in (("cpu_percent", 100.0), ("rss_bytes", 4e9))]
+                series += [("host", None, None, key, base) for key, base in host_keys]
+                for device, run, rank, key, base in series:
+                    value = base if key.endswith(("total_bytes", "limit_w")) else base * rng.uniform(0.97, 1.03)
+                    rows.append({"at": at, "host": host, "device": device, "run_id": run, "rank": rank, "key": key,
+                                 "min": value * 0.98, "mean": value, "max": value * 1.02, "count": 5})
+                conn.execute(insert(SystemMetric), rows)
+                written += len(rows)
+                at += 10.0
+    finally:
+        engine.dispose()
+    return written
+
+
 def point_batches(run_id: int, ranks: int, steps: int, keys: Sequence[str], batch_points: int,
                   start: float, seed: int = 0) -> Iterator[list[dict]]:
     """The run's points as rank 0's writer hands them over: step by step, every rank, every key."""

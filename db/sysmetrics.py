@@ -104,6 +104,37 @@ def run_span(session: Session, run_id: int) -> tuple[float, float] | None:
     return float(first), float(last) + WINDOW_S
 
 
+def latest_window(session: Session, run_id: int) -> dict[str, Any] | None:
+    """The run's newest 10-s window at a glance, without reading its history: the mean GPU
+    utilization and memory over its GPUs, its processes' CPU % and RSS, and the host's CPU %
+    (None where not sampled). None if the run has no samples."""
+    m = SystemMetric
+    at = session.scalar(select(func.max(m.at)).where(m.run_id == run_id))
+    if at is None:
+        return None
+    rows = session.execute(select(m.device, m.rank, m.key, m.mean).where(m.run_id == run_id, m.at == at)).all()
+    hosts = {h for (h,) in session.execute(select(m.host).where(m.run_id == run_id, m.at == at).distinct())}
+    host_cpu = session.execute(
+        select(func.avg(m.mean)).where(m.host.in_(hosts), m.device == "host", m.key == "cpu_percent", m.at == at)
+    ).scalar()
+
+    def mean_of(device_prefix: str, key: str, rank_is_none: bool = False) -> float | None:
+        values = [v for d, r, k, v in rows
+                  if d.startswith(device_prefix) and k == key and (r is None or not rank_is_none)]
+        return sum(values) / len(values) if values else None
+
+    gpus = {d for d, _, _, _ in rows if d.startswith("gpu")}
+    return {
+        "at": float(at), "gpus": len(gpus),
+        "gpu_util_percent": mean_of("gpu", "util_percent"),
+        "gpu_mem_used_bytes": mean_of("gpu", "mem_used_bytes"),
+        "gpu_mem_total_bytes": mean_of("gpu", "mem_total_bytes"),
+        "procs_cpu_percent": mean_of("procs", "cpu_percent", rank_is_none=True),
+        "procs_rss_bytes": mean_of("procs", "rss_bytes", rank_is_none=True),
+        "host_cpu_percent": None if host_cpu is None else float(host_cpu),
+    }
+
+
 def gpu_devices(session: Session, run_id: int) -> list[dict[str, Any]]:
     """The GPUs a run used, by host and NVML index: ``[{"host", "device", "rank"}]``.
 

@@ -20,7 +20,7 @@ import streamlit as st
 
 from app import charts, data
 from app.format import badge, clock, duration, usd
-from app.system import system_panels
+from app.system import latest_window, summary_line, system_panels
 from db.states import TERMINAL, RunStatus
 from db.requests import RequestRefused
 from orchestrator.logs import launcher_log, rank_log_files, tail
@@ -97,6 +97,15 @@ def live_series(d: dict) -> dict[str, data.LiveSeries]:
             resume_step=newest["resume_step"] or 0, finished=d["status"] in TERMINAL_VALUES,
         )
     return out
+
+
+def system_section(d: dict) -> None:
+    """The newest system window in one line; its charts (up to 11 with GPUs, each costing the
+    browser 0.1-0.3 s to draw) only while the toggle is on."""
+    st.subheader("System")
+    st.caption(summary_line(latest_window(d["id"])))
+    if st.toggle("Show system charts (GPUs, processes, host)", key=f"system-{d['id']}"):
+        system_panels(d["id"], heading=False)
 
 
 def event_badges(d: dict, series: dict[str, data.LiveSeries]) -> None:
@@ -351,7 +360,7 @@ def live() -> None:
     st.subheader("Attempts")
     attempts_table(d)
     events_list(d)
-    system_panels(d["id"])
+    system_section(d)
     logs_and_config(d)
 
 

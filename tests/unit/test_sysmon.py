@@ -36,7 +36,7 @@ from db.models import Attempt, SystemMetric
 from db.requests import Price, create_run
 from db.settings import Settings
 from db.states import AttemptStatus, RunStatus, transition
-from db.sysmetrics import gpu_devices, run_span, system_series
+from db.sysmetrics import gpu_devices, latest_window, run_span, system_series
 from orchestrator.resources import Inventory
 from orchestrator.scheduler import Scheduler, add_jobs
 from orchestrator.sysmon import SAMPLE_S, SystemMonitor
@@ -581,3 +581,31 @@ def test_panels_without_any_rows_say_so(sessions: sessionmaker[Session], setting
     assert any("no GPU" in i.value for i in at.info)
     assert any("No system samples" in c.value for c in at.caption)
     assert not at.get("vega_lite_chart")
+
+
+def test_the_run_page_summarizes_the_newest_window_and_draws_charts_on_demand(
+    sessions: sessionmaker[Session], settings: Settings, app_caches: None
+) -> None:
+    """The Run page shows the newest window in one line; the charts only once asked for."""
+    from app.system import summary_line
+
+    run_id = _run(sessions, settings)
+    add_rows(sessions, run_id, gpus={2: 0, 3: 1})
+    with sessions() as s:
+        latest = latest_window(s, run_id)
+        assert latest_window(s, run_id + 1) is None
+    assert latest is not None and latest["at"] == START + 20 and latest["gpus"] == 2
+    line = summary_line(latest)
+    assert "GPU utilization 90%, memory 37.3 / 75 GiB (mean of 2 GPU(s))" in line
+    assert "processes 99% of one core, 0.5 GiB RSS" in line and "host CPU 50%" in line
+    assert "No system samples" in summary_line(None)
+
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "app" / "main.py"), default_timeout=30)
+    at.query_params["run"] = str(run_id)
+    at.switch_page("views/run.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("GPU utilization 90%" in c.value for c in at.caption)
+    assert not [t for t in _chart_titles(at) if t.startswith("GPU")]  # no system chart yet
+    at.toggle(key=f"system-{run_id}").set_value(True).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert {"GPU utilization", "GPU memory", "Host CPU"} <= set(_chart_titles(at))
