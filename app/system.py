@@ -16,6 +16,7 @@ import pandas as pd
 import streamlit as st
 
 from app import data
+from app.format import clock
 from db import sysmetrics
 
 # Points per series a chart gets at most: longer runs are merged into coarser buckets on the
@@ -200,8 +201,7 @@ def summary_line(latest: dict[str, Any] | None) -> str:
         parts.append(f"processes {latest['procs_cpu_percent']:.0f}% of one core{rss}")
     if latest["host_cpu_percent"] is not None:
         parts.append(f"host CPU {latest['host_cpu_percent']:.0f}%")
-    when = pd.Timestamp(latest["at"], unit="s", tz="UTC").tz_convert(None).strftime("%H:%M:%S")
-    return f"Newest 10-s window ({when} UTC): " + "; ".join(parts or ["nothing sampled"]) + "."
+    return f"Newest 10-s window (from {clock(latest['at'])}): " + "; ".join(parts or ["nothing sampled"]) + "."
 
 
 def system_panels(run_id: int, heading: bool = True) -> None:
