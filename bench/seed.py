@@ -50,13 +50,13 @@ def seed_system_metrics(db_url: str, run_id: int, gpus: int) -> int:
     try:
         with engine.begin() as conn:
             start, end = conn.execute(select(Run.started_at, Run.ended_at).where(Run.id == run_id)).one()
+            series = [(f"gpu{g}", run_id, g, key, base) for g in range(gpus) for key, base in gpu_keys]
+            series += [("procs", run_id, r, key, base) for r in [*range(gpus), None]
+                       for key, base in (("cpu_percent", 100.0), ("rss_bytes", 4e9))]
+            series += [("host", None, None, key, base) for key, base in host_keys]
             at = math.floor(start / 10) * 10.0
             while at < end:
                 rows = []
-                series = [(f"gpu{g}", run_id, g, key, base) for g in range(gpus) for key, base in gpu_keys]
-                series += [("procs", run_id, r, key, base) for r in [*range(gpus), None]
-                           for key, base in (("cpu_percent", 100.0), ("rss_bytes", 4e9))]
-                series += [("host", None, None, key, base) for key, base in host_keys]
                 for device, run, rank, key, base in series:
                     value = base if key.endswith(("total_bytes", "limit_w")) else base * rng.uniform(0.97, 1.03)
                     rows.append({"at": at, "host": host, "device": device, "run_id": run, "rank": rank, "key": key,

@@ -16,6 +16,7 @@ from db.models import Attempt, Checkpoint, Event, PriceEntry, Run, RunStatusHist
 from db.requests import RunNotFound
 from db.states import TERMINAL, RunStatus
 from orchestrator.cost import AttemptSpan, cost_usd, default_prices, eta_seconds, wasted_seconds
+from orchestrator.failures import INTERRUPTIONS
 
 HEARTBEAT_STALE_S = 10.0
 
@@ -307,20 +308,14 @@ def _median(values: list[float]) -> float | None:
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
-# Failure causes that Young-Daly's mean time between failures counts (orchestrator.failures.Cause).
-INTERRUPTIONS = frozenset({"SIGNAL", "SEGFAULT", "OOM_KILLED", "COMM", "HANG", "VANISHED", "UNKNOWN"})
-
-
 def checkpoint_advice(session: Session, run_id: int, now: float | None = None, recent: int = 10) -> dict[str, Any]:
     """The checkpoint interval Young–Daly recommends for this run, beside the configured one.
 
     - save cost C: the median time the training loop was blocked by the run's ``recent`` newest
       saves (``Checkpoint.blocked_s``; the rest of a save runs in the background);
     - MTBF M: device time of every attempt of every run on this machine over the number of
-      attempts that ended by an interruption (``INTERRUPTIONS``: what strikes at random and
-      loses the work since the last save; not a bug in the training code or a CUDA OOM, which
-      recur and stop the run whatever the interval, nor a preemption, which saves first, nor a
-      cancel or pause); None before the first one;
+      attempts that ended by an interruption (``orchestrator.failures.INTERRUPTIONS``; cancels
+      and pauses have no cause); None before the first one;
     - step time: wall seconds per step of the run's newest attempt that made progress (its
       first to its last reported step), so evaluation and saves are counted as the interval is.
 

@@ -112,18 +112,18 @@ def latest_window(session: Session, run_id: int) -> dict[str, Any] | None:
     at = session.scalar(select(func.max(m.at)).where(m.run_id == run_id))
     if at is None:
         return None
-    rows = session.execute(select(m.device, m.rank, m.key, m.mean).where(m.run_id == run_id, m.at == at)).all()
-    hosts = {h for (h,) in session.execute(select(m.host).where(m.run_id == run_id, m.at == at).distinct())}
+    rows = session.execute(select(m.host, m.device, m.rank, m.key, m.mean).where(m.run_id == run_id, m.at == at)).all()
+    hosts = {h for h, _, _, _, _ in rows}
     host_cpu = session.execute(
         select(func.avg(m.mean)).where(m.host.in_(hosts), m.device == "host", m.key == "cpu_percent", m.at == at)
     ).scalar()
 
     def mean_of(device_prefix: str, key: str, rank_is_none: bool = False) -> float | None:
-        values = [v for d, r, k, v in rows
+        values = [v for _, d, r, k, v in rows
                   if d.startswith(device_prefix) and k == key and (r is None or not rank_is_none)]
         return sum(values) / len(values) if values else None
 
-    gpus = {d for d, _, _, _ in rows if d.startswith("gpu")}
+    gpus = {d for _, d, _, _, _ in rows if d.startswith("gpu")}
     return {
         "at": float(at), "gpus": len(gpus),
         "gpu_util_percent": mean_of("gpu", "util_percent"),

@@ -41,6 +41,13 @@ class Cause(str, enum.Enum):
         return self.value
 
 
+# What strikes at random and loses the work since the last save: the failures Young-Daly's mean
+# time between failures counts. Not a bug in the training code or a CUDA OOM (they recur and stop
+# the run whatever the interval), a preemption (it saves first) or a failed launch.
+INTERRUPTIONS = frozenset({Cause.SIGNAL, Cause.SEGFAULT, Cause.OOM_KILLED, Cause.COMM, Cause.HANG, Cause.VANISHED,
+                           Cause.UNKNOWN})
+
+
 COMM_PATTERNS = re.compile(
     r"NCCL|gloo|Gloo|Connection closed by peer|Connection reset by peer|connectFullMesh|"
     r"DistBackendError|DistNetworkError|Broken pipe|ProcessGroup.*timed? ?out|Watchdog caught collective",
