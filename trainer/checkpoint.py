@@ -98,9 +98,14 @@ class _Job:
     params_key: str
     started: float
     blocked_s: float = 0.0
-    # Set once ``snapshot`` is a private CPU copy (at once, unless the writer takes it).
+    # Set once ``snapshot`` is a private CPU copy (at once, unless the writer takes it); its
+    # CUDA part may still be landing until the ``copied`` events complete.
     snapshot_taken: threading.Event = field(default_factory=threading.Event)
     snapshot_error: BaseException | None = None
+    # Deferred on CUDA: where training stood at save() (the copies start after it), and where
+    # the copies end (training's next parameter update waits for it, on the device).
+    ready: dict[torch.device, torch.cuda.Event] = field(default_factory=dict)
+    copied: dict[torch.device, torch.cuda.Event] = field(default_factory=dict)
 
 
 
@@ -229,6 +234,9 @@ class CheckpointManager:
         job = _Job(step, state if deferred else self._stager.snapshot(state), job_metrics, params_key, started)
         if not deferred:
             job.snapshot_taken.set()
+        elif torch.cuda.is_available() and torch.cuda.is_initialized():
+            device = torch.device("cuda", torch.cuda.current_device())
+            job.ready[device] = torch.cuda.current_stream(device).record_event()
         job.blocked_s = time.perf_counter() - started
         if self.async_save:
             self._pending_snapshot = job if deferred else None
@@ -237,6 +245,17 @@ class CheckpointManager:
             done: Future[SaveResult] = Future()
             done.set_result(self._run_job(job))
             self._in_flight = done
+
+    def prepare(self, state: dict[str, Any]) -> None:
+        """Ahead of the first save, in the background: allocate the pinned CPU buffers that
+        snapshots of ``state`` (the same structure as the states that will be saved, e.g.
+        ``{"model": ..., "optimizer": ...}``) copy CUDA tensors into. Optional; does nothing
+        unless async on the writer rank. Call it when the state's tensors exist (an optimizer's
+        after its first step) and before a save is due."""
+        if not (self.is_writer and self.async_save):
+            return
+        self._refuse_reentry("prepare")
+        self._writer().submit(self._stager.reserve, state)
 
     def wait_snapshot(self) -> float:
         """Block until the state given to a ``save(defer_snapshot=True)`` is copied.
@@ -255,6 +274,8 @@ class CheckpointManager:
             return 0.0
         started = time.perf_counter()
         job.snapshot_taken.wait()
+        for device, copied in job.copied.items():  # the device, not this thread, waits for the copy
+            torch.cuda.current_stream(device).wait_event(copied)
         waited = time.perf_counter() - started
         job.blocked_s += waited
         if job.snapshot_error is not None:
@@ -316,12 +337,14 @@ class CheckpointManager:
     def _run_job(self, job: _Job) -> SaveResult:
         if not job.snapshot_taken.is_set():  # deferred: copy now, while the training thread goes on
             try:
-                job.snapshot = self._stager.snapshot(job.snapshot, parallel=False)
+                job.snapshot, job.copied = self._stager.snapshot_beside(job.snapshot, job.ready)
             except Exception as exc:
                 job.snapshot, job.snapshot_error = {}, exc
                 raise CheckpointError(f"snapshot of checkpoint step {job.step} failed: {exc}") from exc
             finally:
                 job.snapshot_taken.set()
+            for copied in job.copied.values():
+                copied.synchronize()
         tmp = self.root / f".tmp-step-{job.step}-{secrets.token_hex(4)}"
         try:
             result = self._write(job, tmp)

@@ -8,6 +8,7 @@ parameters (:func:`params_digest`), and fsync helpers. trainer/checkpoint.py's
 from __future__ import annotations
 
 import bisect
+import contextlib
 import ctypes
 import hashlib
 import json
@@ -254,6 +255,7 @@ class _Stager:
     def __init__(self) -> None:
         self._buffers: dict[tuple[Any, ...], tuple[tuple[Any, ...], torch.Tensor]] = {}
         self._copiers: ThreadPoolExecutor | None = None
+        self._streams: dict[torch.device, torch.cuda.Stream] = {}
 
     def clear(self) -> None:
         self._buffers = {}
@@ -262,8 +264,10 @@ class _Stager:
             self._copiers = None
 
     def snapshot(self, state: dict[str, Any], parallel: bool = True) -> dict[str, Any]:
-        """``parallel``: split the CPU copies over a few threads (when the caller is waiting);
-        off the training thread one thread copies, leaving the other cores to training."""
+        """A copy of ``state`` in CPU memory, complete on return (CUDA copies waited for).
+
+        ``parallel``: split the CPU copies over a few threads (when the caller is waiting).
+        """
         walk = _Pass()
         out = self._copy(state, (), walk)
         self._memmove(walk.memcpys, parallel)
@@ -271,6 +275,65 @@ class _Stager:
             torch.cuda.current_stream(device).synchronize()
         self._buffers = walk.buffers
         return out
+
+    def reserve(self, state: dict[str, Any]) -> None:
+        """Allocate now the pinned buffers that a snapshot of ``state`` would copy its CUDA
+        tensors into (pinning gigabytes takes about a second; done ahead, the first checkpoint
+        does not wait for it). The buffers are keyed as a snapshot of a state with this
+        structure would key them."""
+
+        seen: set[int] = set()  # tied weights are copied once, under their first path
+
+        def walk(obj: Any, path: tuple[Any, ...]) -> None:
+            if isinstance(obj, torch.Tensor):
+                t = obj.detach()
+                if id(obj) in seen:
+                    return
+                seen.add(id(obj))
+                if t.is_cuda and t.layout == torch.strided and not t.is_quantized:
+                    signature = (tuple(t.shape), t.stride(), t.dtype, True)
+                    cached = self._buffers.get(path)
+                    if cached is None or cached[0] != signature:
+                        self._buffers[path] = (signature, torch.empty_like(t, device="cpu", pin_memory=True))
+            elif type(obj) in (dict, OrderedDict):
+                for k, v in obj.items():
+                    walk(v, (*path, k))
+            elif type(obj) in (list, tuple):
+                for i, v in enumerate(obj):
+                    walk(v, (*path, i))
+
+        walk(state, ())
+
+    def snapshot_beside(self, state: dict[str, Any], ready: dict[torch.device, torch.cuda.Event]
+                        ) -> tuple[dict[str, Any], dict[torch.device, torch.cuda.Event]]:
+        """Off the training thread: copy ``state`` while training goes on.
+
+        CPU tensors are copied by this thread alone (leaving the other cores to training). CUDA
+        tensors are copied on a side stream of their device, after ``ready[device]`` (an event
+        the training thread recorded when it asked for the checkpoint), so the copy engine
+        moves them while the device computes the next forward and backward passes. Returns the
+        copy (its CUDA part still landing) and, per device, the event that marks the copies
+        done: the training stream must wait for it before it edits the tensors (the next
+        optimizer step), and the copy may be read once it has completed.
+        """
+        walk = _Pass()
+        with contextlib.ExitStack() as streams:
+            for device, event in ready.items():
+                side = self._streams.get(device)
+                if side is None:
+                    side = self._streams[device] = torch.cuda.Stream(device)
+                side.wait_event(event)
+                streams.enter_context(torch.cuda.stream(side))
+            out = self._copy(state, (), walk)
+        self._memmove(walk.memcpys, parallel=False)
+        done: dict[torch.device, torch.cuda.Event] = {}
+        for device in walk.cuda_devices:
+            if device not in ready:  # not announced: copied on the device's current stream
+                torch.cuda.current_stream(device).synchronize()
+                continue
+            done[device] = self._streams[device].record_event()
+        self._buffers = walk.buffers
+        return out, done
 
     def _copy(self, obj: Any, path: tuple[Any, ...], walk: _Pass) -> Any:
         if isinstance(obj, torch.Tensor):

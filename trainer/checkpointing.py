@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch.distributed as dist
+from torch import nn
+from torch.optim import Optimizer
 from sqlalchemy import Connection, select, update
 
 from db.models import Attempt, Checkpoint, Event
@@ -178,6 +180,7 @@ class RunCheckpoints:
             CheckpointHistory(ctx.run_id, ctx.attempt, config.checkpoint, self.manager).attach(writer)
         self._last_save = time.monotonic()
         self.last_saved: int | None = None  # the newest checkpoint of this lineage
+        self._prepared = False
 
     # -- callbacks --------------------------------------------------------------------------
 
@@ -304,6 +307,9 @@ class RunCheckpoints:
             True when the loop must end: the ranks got SIGTERM, a checkpoint of this step is
             written, and rank 0 left ``stopped.json`` for the scheduler.
         """
+        if not self._prepared:  # after the first step the optimizer's state exists
+            self._prepared = True
+            self._prepare(model, optimizer)
         if self.config.checkpoint.every_seconds:
             stop.channel.add_flag(LATE_FLAG, self._late)  # every rank, at its first step
         agreed = stop.channel.agree()
@@ -316,6 +322,13 @@ class RunCheckpoints:
             if self.info.is_main:
                 write_stopped(self.ctx.attempt_dir, step, self.last_saved, stop.received_at)
         return stopping
+
+    def _prepare(self, model: Stateful, optimizer: Stateful) -> None:
+        """On a GPU, pin the snapshot's CPU buffers in the background now rather than make the
+        first checkpoint wait for it (about a second for a 1.5 GB state). Only for a plain or
+        DDP model, whose state dict is local; an FSDP adapter's is a collective gather."""
+        if self.info.device.type == "cuda" and isinstance(model, nn.Module) and isinstance(optimizer, Optimizer):
+            self.manager.prepare({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
 
     def close(self) -> None:
         """Wait for the in-flight save (the final checkpoint must be durable before exit)."""

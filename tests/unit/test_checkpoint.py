@@ -123,21 +123,41 @@ def test_save_snapshots_so_later_training_does_not_leak_into_the_checkpoint(tmp_
     manager.close()
 
 
+@pytest.mark.gpu
+def test_deferred_cuda_snapshot_is_copied_beside_training_and_ordered_before_the_update(tmp_path: Path) -> None:
+    """On CUDA the writer copies on a side stream: wait_snapshot() does not wait for the copy on
+    the host, yet the update queued after it on the training stream cannot reach the copy (the
+    device orders it), and the copy holds the state of the save() call, several times over."""
+    manager = CheckpointManager(tmp_path)
+    weights = torch.randn(64 * 2**20, device="cuda")  # 256 MB: the copy takes a while
+    for step in range(1, 4):
+        expected = weights.cpu()
+        weights.mul_(1.0001)  # queued on the training stream before save(): the copy must see it
+        expected.mul_(1.0001)
+        manager.save(step, {"model": {"w": weights}}, defer_snapshot=True)
+        manager.wait_snapshot()
+        weights.add_(1.0)  # the next optimizer step, queued at once
+        assert manager.wait() is not None
+        _, loaded = manager.load(step)
+        assert torch.equal(loaded["model"]["w"], expected)
+    manager.close()
+
+
 def test_deferred_snapshot_is_taken_by_the_writer_and_holds_the_state_of_the_save_call(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """save(defer_snapshot=True) returns before copying; wait_snapshot() returns once the copy is
     private, so the optimizer step after it does not leak into the checkpoint."""
     release = threading.Event()
-    real_snapshot = ckpt._Stager.snapshot
+    real_snapshot = ckpt._Stager.snapshot_beside
     copied_on: list[str] = []
 
-    def slow_snapshot(self: Any, state: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    def slow_snapshot(self: Any, state: dict[str, Any], ready: dict) -> tuple[dict[str, Any], dict]:
         copied_on.append(threading.current_thread().name)
         assert release.wait(30), "test never released the snapshot"
-        return real_snapshot(self, state, **kwargs)
+        return real_snapshot(self, state, ready)
 
-    monkeypatch.setattr(ckpt._Stager, "snapshot", slow_snapshot)
+    monkeypatch.setattr(ckpt._Stager, "snapshot_beside", slow_snapshot)
     manager = CheckpointManager(tmp_path)
     state = _training_state()
     expected = {k: v.clone() for k, v in state["model"].items()}
