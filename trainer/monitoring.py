@@ -77,6 +77,13 @@ class Interval:
     excluded: float = 0.0
     loss: torch.Tensor | float = 0.0
     grad_norm: torch.Tensor | float = 0.0
+    reported_at: float | None = None
+
+    def next(self) -> Interval:
+        """The interval after this reported one. It starts when this one was measured, so what
+        the loop does between (reporting it, a checkpoint) counts in the next one's step time:
+        the step times add up to the wall time."""
+        return Interval(started=self.reported_at if self.reported_at is not None else time.perf_counter())
 
     def report(self, lr: float, samples_per_step: int, flops_per_sample: float, peak_flops: float | None,
                scaler: torch.amp.GradScaler | None = None, tokens_per_sample: int | None = None) -> dict[str, float]:
@@ -87,7 +94,8 @@ class Interval:
         ``compute_s`` the rest (forward, backward, gradient sync, optimizer, reporting).
         """
         loss, grad_norm = torch.stack([torch.as_tensor(self.loss), torch.as_tensor(self.grad_norm)]).tolist()
-        step_time = (time.perf_counter() - self.started - self.excluded) / self.steps
+        self.reported_at = time.perf_counter()
+        step_time = (self.reported_at - self.started - self.excluded) / self.steps
         data_wait = self.data_wait / self.steps
         samples_per_s = samples_per_step / step_time
         metrics = {

@@ -158,7 +158,7 @@ def train(
                 metrics["epoch"] = float(epoch)
                 latest["loss"] = metrics["loss"]
                 monitor.log(step, metrics)
-                iv = Interval()  # what follows (evaluation aside) counts as the next steps'
+                iv = iv.next()  # what follows (evaluation aside) counts as the next steps'
             if (tc.eval_every and step % tc.eval_every == 0) or last:
                 t_eval = time.perf_counter()
                 latest["eval_accuracy"], latest["eval_loss"] = evaluate(ddp, test_set, info)
