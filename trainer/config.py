@@ -126,7 +126,8 @@ class TrainConfig(_Section):
     """Autocast precision of the forward pass; fp16 adds a GradScaler whose scale is reported."""
 
     compile: bool = False
-    """torch.compile the model."""
+    """torch.compile the model: the whole model under DDP or one rank, each block under FSDP.
+    The first steps are slower while it compiles."""
 
     activation_checkpointing: bool = False
     """Recompute each block's activations in the backward pass to save memory (gpt-char)."""

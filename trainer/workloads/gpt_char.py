@@ -241,28 +241,36 @@ class FullOptimizerState:
                                  options=StateDictOptions(full_state_dict=True))
 
 
-def parallelize(model: GPT, config: RunConfig, info: DistInfo) -> nn.Module:
-    """Compile (each block) and wrap the model for the strategy; returns what runs forward.
+def parallelize(model: GPT, config: RunConfig, info: DistInfo) -> tuple[nn.Module, nn.Module]:
+    """Wrap the model for the strategy and compile it.
 
-    With FSDP the model itself is sharded in place (its parameters become DTensors), so the
-    optimizer must be built after this.
+    Returns:
+        The wrapped model (DDP, FSDP-sharded or the model itself: what gradient accumulation,
+        evaluation and the health checks act on) and what the training step calls: the same,
+        or with ``train.compile`` its compiled form. DDP and a single rank compile the whole
+        model, as nanoGPT does (one graph, the embeddings, final norm and head included); FSDP
+        compiles each block before sharding it, as torchtitan does. With FSDP the model itself
+        is sharded in place (its parameters become DTensors), so the optimizer must be built
+        after this.
     """
     tc = config.train
+    if config.parallel.strategy != "fsdp":
+        wrapped = DDP(model) if info.world_size > 1 else model
+        return wrapped, torch.compile(wrapped) if tc.compile else wrapped
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
     if tc.compile:
         for block in model.blocks:
             block.compile()
-    if config.parallel.strategy == "fsdp":
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-        mesh = init_device_mesh(info.device.type, (info.world_size,))
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
-            if tc.precision == "bf16" else MixedPrecisionPolicy()
-        for block in model.blocks:
-            fully_shard(block, mesh=mesh, mp_policy=mp)
-        fully_shard(model, mesh=mesh, mp_policy=mp)
-        return model
-    return DDP(model) if info.world_size > 1 else model
+    mesh = init_device_mesh(info.device.type, (info.world_size,))
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+        if tc.precision == "bf16" else MixedPrecisionPolicy()
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    return model, model
 
 
 def check_supported(config: RunConfig) -> None:
@@ -321,7 +329,7 @@ def train(
                     len(corpus.vocab), len(corpus.train), model.non_embedding_params() / 1e6,
                     f"{peak:.3g}" if peak else "unknown")
 
-    runner = parallelize(model, config, info)
+    runner, forward = parallelize(model, config, info)
     optimizer = techniques.build_optimizer(model, tc, info.device)
     scaler = techniques.grad_scaler(tc.precision, info.device)
     fsdp = config.parallel.strategy == "fsdp"
@@ -345,6 +353,8 @@ def train(
             t0 = time.perf_counter()
             gen = window_generator(tc.seed, "train", step, info.rank)
             xs, ys = get_batch(corpus.train, wc.block_size, tc.batch_size * tc.grad_accum, gen)
+            if info.device.type == "cuda":  # from pinned memory the copy really does not block
+                xs, ys = xs.pin_memory(), ys.pin_memory()
             xs, ys = xs.to(info.device, non_blocking=True), ys.to(info.device, non_blocking=True)
             iv.data_wait += time.perf_counter() - t0
 
@@ -355,7 +365,7 @@ def train(
                 # Gradients are all-reduced (or reduce-scattered) once, on the last micro-batch.
                 with techniques.micro_step(runner, final=micro == tc.grad_accum - 1):
                     with techniques.autocast(tc.precision, info.device):
-                        loss = cross_entropy(runner(x), y) / tc.grad_accum
+                        loss = cross_entropy(forward(x), y) / tc.grad_accum
                     (scaler.scale(loss) if scaler is not None else loss).backward()
                 iv.loss = iv.loss + loss.detach()
             checkpoints.before_update()  # the previous step's checkpoint snapshot is taken by now
@@ -370,7 +380,7 @@ def train(
                 metrics = iv.report(lr, samples_per_step, flops_per_sample, peak, scaler, tokens_per_sample=wc.block_size)
                 latest["loss"] = metrics["loss"]
                 monitor.log(step, metrics)
-                iv = Interval()  # what follows (evaluation aside) counts as the next steps'
+                iv = iv.next()  # what follows (evaluation aside) counts as the next steps'
             if (tc.eval_every and step % tc.eval_every == 0) or last:
                 t_eval = time.perf_counter()
                 latest["eval_loss"] = evaluate(runner, corpus.val, config, info)
