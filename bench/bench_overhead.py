@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -60,7 +61,27 @@ def bench_env(home: Path | None = None) -> dict[str, str]:
 
 
 def runyard_steps_per_s(steps: int, warmup: int) -> float:
-    """One managed run; steps/s between step ``warmup`` and ``steps`` from the metric rows."""
+    """One managed 2-rank run on CPU; steps/s between step ``warmup`` and ``steps``."""
+    sets = [f"workload.{k}={v}" for k, v in MODEL.items()] + [
+        "workload.kind=gpt-char", "name=bench-overhead", f"train.batch_size={BATCH}", f"train.lr={LR}",
+        f"train.max_steps={steps}", "train.log_every=1", "train.eval_every=0", f"train.clip_grad_norm={CLIP}",
+        "train.lr_schedule=cosine", f"checkpoint.every_steps={SAVE_EVERY}", "supervision.startup_timeout_s=600",
+    ]
+    return managed_run(sets, steps, warmup)["steps_per_s"]
+
+
+def managed_run(sets: list[str], steps: int, warmup: int, keys: tuple[str, ...] = (),
+                series: str | None = None) -> dict[str, Any]:
+    """One run through the product: a fresh data folder, a real `runyard scheduler`, `runyard
+    submit` of examples/digits.toml with ``sets`` (``--set`` items) to ``steps`` steps.
+
+    Returns:
+        ``steps_per_s`` between step ``warmup`` and ``steps`` from the wall times of rank 0's
+        metric rows (start-up, compilation and the final evaluation are left out), and for each
+        of ``keys`` the median of rank 0's values of that metric after step ``warmup``; with
+        ``series``, that metric's (step, value) pairs of rank 0 under ``"series"``. The
+        scheduler's CPU share while the run trains is appended to SCHEDULER_CPU.
+    """
     with tempfile.TemporaryDirectory(prefix="runyard-bench-") as tmp:
         home = Path(tmp)
         env = bench_env(home)
@@ -69,11 +90,6 @@ def runyard_steps_per_s(steps: int, warmup: int) -> float:
         sched = subprocess.Popen([*runyard, "scheduler"], env=env, stdout=subprocess.DEVNULL,
                                  stderr=subprocess.DEVNULL)
         try:
-            sets = [f"workload.{k}={v}" for k, v in MODEL.items()] + [
-                "workload.kind=gpt-char", "name=bench-overhead", f"train.batch_size={BATCH}", f"train.lr={LR}",
-                f"train.max_steps={steps}", "train.log_every=1", "train.eval_every=0", f"train.clip_grad_norm={CLIP}",
-                "train.lr_schedule=cosine", f"checkpoint.every_steps={SAVE_EVERY}", "supervision.startup_timeout_s=600",
-            ]
             args = [*runyard, "submit", str(ROOT / "examples" / "digits.toml")]
             for item in sets:
                 args += ["--set", item]
@@ -88,8 +104,20 @@ def runyard_steps_per_s(steps: int, warmup: int) -> float:
                 "SELECT step, wall_time FROM metrics WHERE run_id = ? AND key = 'loss' AND rank = 0 AND step IN (?, ?)",
                 (run_id, warmup, steps),
             ).fetchall())
+            out = {"steps_per_s": (steps - warmup) / (rows[steps] - rows[warmup])}
+            for key in keys:
+                values = [v for (v,) in con.execute(
+                    "SELECT value FROM metrics WHERE run_id = ? AND key = ? AND rank = 0 AND step > ?",
+                    (run_id, key, warmup),
+                )]
+                out[key] = statistics.median(values) if values else float("nan")
+            if series is not None:
+                out["series"] = con.execute(
+                    "SELECT step, value FROM metrics WHERE run_id = ? AND key = ? AND rank = 0 ORDER BY step",
+                    (run_id, series),
+                ).fetchall()
             con.close()
-            return (steps - warmup) / (rows[steps] - rows[warmup])
+            return out
         finally:
             sched.send_signal(signal.SIGTERM)
             sched.wait(30)
