@@ -48,7 +48,7 @@ while step < args.steps:
         optimizer.step()
         step += 1
         if step % 10 == 0:
-            run.log(step, loss=loss.item())
+            run.log(step, loss=loss.detach())  # copied to the host without waiting for the GPU
         if step % 50 == 0 or step == args.steps or run.should_stop():
             run.save_checkpoint(step, {"model": model, "optimizer": optimizer})
         if step == args.steps or run.should_stop():

@@ -16,10 +16,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+import torch
 import torch.distributed as dist
+from sqlalchemy import Connection, select, update
 from torch import nn
 from torch.optim import Optimizer
-from sqlalchemy import Connection, select, update
 
 from db.models import Attempt, Checkpoint, Event
 from trainer import TrainerError, rng
@@ -263,7 +264,7 @@ class RunCheckpoints:
         return time.monotonic() - self._last_save >= self.config.checkpoint.every_seconds
 
     def save(self, step: int, epoch: int, position: int, model: Stateful,
-             optimizer: Stateful, metrics: dict[str, float],
+             optimizer: Stateful, metrics: Mapping[str, float | torch.Tensor],
              extra: Mapping[str, Stateful] | None = None) -> None:
         """Collective: gather every rank's RNG state, then rank 0 snapshots and writes.
 
@@ -289,6 +290,7 @@ class RunCheckpoints:
         }
         if extra:
             state["extra"] = {name: obj.state_dict() for name, obj in extra.items()}
+        metrics = {k: float(v) for k, v in metrics.items()}  # a loss still on the device is read here
         self.manager.save(step, state, metrics=metrics, defer_snapshot=True)
         self._last_save = time.monotonic()
         self.last_saved = step
@@ -299,7 +301,7 @@ class RunCheckpoints:
         self.manager.wait_snapshot()
 
     def after_step(self, step: int, last: bool, stop: StopSignal, epoch: int, position: int, model: Stateful,
-                   optimizer: Stateful, metrics: dict[str, float],
+                   optimizer: Stateful, metrics: Mapping[str, float | torch.Tensor],
                    extra: Mapping[str, Stateful] | None = None) -> bool:
         """Collective, once per step: save when due or when SIGTERM arrived on any rank.
 

@@ -58,6 +58,9 @@ class ControlChannel:
         self._launched = False  # a gather was launched since the last agree()
         # Wraps the wait for a collective: the straggler clock does not count it as work.
         self.around_wait: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext
+        # Called at the start of every agree(), on every rank (it may gather()): a metrics log
+        # whose values were still on the device launches its exchange there.
+        self.before_agree: Callable[[], None] | None = None
 
     @property
     def collective(self) -> bool:
@@ -106,6 +109,8 @@ class ControlChannel:
         has passed) and, unless this step already launched a gather, launches the flags'
         all-reduce for the next call. Outside a process group the flags are read now.
         """
+        if self.before_agree is not None:
+            self.before_agree()
         if not self.collective:
             return {name: flag() for name, flag in zip(self._names, self._flags)}
         if not self._launched:

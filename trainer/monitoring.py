@@ -6,8 +6,9 @@ each rank contributes its metrics, its memory, its times to the gradient sync an
 stop signal's :class:`~trainer.control.ControlChannel`, which also carries the stop flag. It is
 launched asynchronously and read during the next step, so nobody waits for it; then rank 0 hands
 the rows to its database writer and runs the straggler and desync checks (trainer/health.py),
-writing what it finds as Event rows. Between log steps nothing here costs a collective or a
-device synchronisation.
+writing what it finds as Event rows. Values still on the device (the loss) are copied to the
+host without waiting and exchanged a step later, so a metric every step costs no device
+synchronisation; between log steps nothing here costs a collective.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import logging
 import math
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -69,7 +70,7 @@ def memory_metrics(device: torch.device, process: psutil.Process) -> dict[str, f
 @dataclass
 class Interval:
     """Sums over the steps since the last report. Loss and gradient norm stay tensors on the
-    device until the report, whose single ``.tolist()`` is the interval's only host sync."""
+    device, in the report too: :meth:`Monitor.log` fetches them without waiting."""
 
     steps: int = 0
     started: float = field(default_factory=time.perf_counter)
@@ -86,20 +87,22 @@ class Interval:
         return Interval(started=self.reported_at if self.reported_at is not None else time.perf_counter())
 
     def report(self, lr: float, samples_per_step: int, flops_per_sample: float, peak_flops: float | None,
-               scaler: torch.amp.GradScaler | None = None, tokens_per_sample: int | None = None) -> dict[str, float]:
-        """One rank's training metrics for the interval (see README's metric table).
+               scaler: torch.amp.GradScaler | None = None, tokens_per_sample: int | None = None
+               ) -> dict[str, float | torch.Tensor]:
+        """One rank's training metrics for the interval (see README's metric table); ``loss``
+        and ``grad_norm`` are 0-d tensors where the training computed them.
 
         ``step_time`` is the wall time per step since the last report, less ``excluded`` time
         (evaluation); ``data_wait_s`` the part spent waiting for the next batch and
         ``compute_s`` the rest (forward, backward, gradient sync, optimizer, reporting).
         """
-        loss, grad_norm = torch.stack([torch.as_tensor(self.loss), torch.as_tensor(self.grad_norm)]).tolist()
         self.reported_at = time.perf_counter()
         step_time = (self.reported_at - self.started - self.excluded) / self.steps
         data_wait = self.data_wait / self.steps
         samples_per_s = samples_per_step / step_time
-        metrics = {
-            "loss": loss / self.steps, "lr": lr, "grad_norm": grad_norm / self.steps,
+        metrics: dict[str, float | torch.Tensor] = {
+            "loss": torch.as_tensor(self.loss) / self.steps, "lr": lr,
+            "grad_norm": torch.as_tensor(self.grad_norm) / self.steps,
             "step_time": step_time, "data_wait_s": data_wait, "compute_s": step_time - data_wait,
             "samples_per_s": samples_per_s,
         }
@@ -110,6 +113,49 @@ class Interval:
         if scaler is not None:
             metrics["loss_scale"] = scaler.get_scale()
         return metrics
+
+
+@dataclass
+class _PendingLog:
+    """One :meth:`Monitor.log` call: its host values now, its device values on their way."""
+
+    step: int
+    steps: int  # steps since the previous log
+    at: float  # wall time of the log call, the rows' time
+    values: dict[str, float]
+    then: Callable[[int, dict[int, dict[str, float]]], None] | None
+    checksum: float | None  # the parameters' checksum, when the desync check is due
+    fresh: bool = True  # the control channel has not agreed since
+    _keys: list[str] = field(default_factory=list)
+    _fetched: torch.Tensor | None = None
+    _copied: torch.cuda.Event | None = None
+
+    def fetch(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Start copying ``tensors`` (0-d, on one device or several) to the host."""
+        self._keys = list(tensors)
+        by_device: dict[torch.device, list[torch.Tensor]] = {}
+        for t in tensors.values():
+            by_device.setdefault(t.device, []).append(t)
+        if len(by_device) > 1:  # mixed devices (a script's own tensors): read them now
+            self.values.update((k, float(t.item())) for k, t in tensors.items())
+            self._keys = []
+            return
+        stacked = torch.stack([t.to(torch.float64) for t in tensors.values()])
+        if stacked.is_cuda:  # lands in pinned memory; the event says when
+            self._fetched = stacked.to("cpu", non_blocking=True)
+            self._copied = torch.cuda.Event()
+            self._copied.record()
+        else:
+            self._fetched = stacked
+
+    def resolve(self) -> None:
+        """Wait for the copy (normally over long ago) and add the values."""
+        if self._fetched is None:
+            return
+        if self._copied is not None:
+            self._copied.synchronize()
+        self.values.update(zip(self._keys, self._fetched.tolist()))
+        self._fetched = self._copied = None
 
 
 class Monitor:
@@ -141,6 +187,8 @@ class Monitor:
         self._last_step = 0
         self.channel = stop.channel if stop is not None else ControlChannel()
         self.channel.around_wait = self.outside_step
+        self.channel.before_agree = self._agreeing
+        self._pending: _PendingLog | None = None  # a log whose device values are on their way
         writer = reporter.writer
         if writer is not None and reporter.ctx.run_id is not None:
             writer.register(EVENT_RECORD, self._write_findings)
@@ -191,7 +239,7 @@ class Monitor:
         finally:
             self.clock.resume()
 
-    def log(self, step: int, metrics: dict[str, float],
+    def log(self, step: int, metrics: Mapping[str, float | torch.Tensor],
             then: Callable[[int, dict[int, dict[str, float]]], None] | None = None) -> None:
         """Collective: every rank calls it at the same steps with the same keys.
 
@@ -200,17 +248,60 @@ class Monitor:
         (during the next step, or at :meth:`close`), rank 0 queues every rank's values for the
         database, stamped with this moment's wall time, runs the checks and calls
         ``then(step, per_rank)``.
+
+        Values may be one-element tensors (a loss still on the GPU): they are not waited for
+        here. Their copy to the host starts now and is read at the control channel's next
+        agreement after this step's (the end of the next step, when the device has long
+        finished this one), or at the next :meth:`log` or :meth:`close`, whichever comes first;
+        the exchange is launched then. So a metric every step costs no device synchronisation.
         """
-        values = dict(metrics)
+        self._launch_pending()  # at most one log waits for its values
+        values: dict[str, float] = {}
+        tensors: dict[str, torch.Tensor] = {}
+        for key, value in metrics.items():
+            if isinstance(value, torch.Tensor):
+                if value.numel() != 1:
+                    raise ValueError(f"metric {key!r}: a tensor of {value.numel()} elements; log a number")
+                tensors[key] = value.detach().reshape(())
+            else:
+                values[key] = value
         values.update(memory_metrics(self.device, self._process))
         if self.clock is not None:
             times = self.clock.take()
             values["pre_sync_s"] = statistics.median(times) if times else math.nan
         checking = bool(self._params) and self._desync.due(step)
-        keys = sorted(values)
-        row = [values[k] for k in keys] + [params_checksum(self._params) if checking else math.nan]
-        steps, self._last_step = step - self._last_step, step
-        at = time.time()
+        pending = _PendingLog(
+            step=step, steps=step - self._last_step, at=time.time(), values=values, then=then,
+            checksum=params_checksum(self._params) if checking else None,
+        )
+        self._last_step = step
+        if tensors:
+            pending.fetch(tensors)
+            self._pending = pending
+        else:
+            self._launch(pending)
+
+    def _agreeing(self) -> None:
+        """The control channel is about to agree (once per step, on every rank): a log waiting
+        for its values since an earlier step is launched now."""
+        pending = self._pending
+        if pending is not None:
+            if pending.fresh:  # the agreement of the log's own step: the device is still on it
+                pending.fresh = False
+            else:
+                self._launch_pending()
+
+    def _launch_pending(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            with self.outside_step():
+                pending.resolve()
+            self._launch(pending)
+
+    def _launch(self, log: _PendingLog) -> None:
+        keys = sorted(log.values)
+        row = [log.values[k] for k in keys] + [math.nan if log.checksum is None else log.checksum]
+        step, steps, at, then, checking = log.step, log.steps, log.at, log.then, log.checksum is not None
 
         def received(table: list[list[float]]) -> None:
             if self.rank == 0:
@@ -234,8 +325,10 @@ class Monitor:
             self._record(finding)
 
     def close(self) -> None:
-        """After the loop's last step: read the last exchange (its metrics get written). After a
-        failure, skip it: a rank that failed may never have joined that exchange."""
+        """After the loop's last step: launch a log still waiting for its values, and read the
+        last exchange (its metrics get written). After a failure, skip it: a rank that failed
+        may never have joined that exchange."""
+        self._launch_pending()
         self.channel.close()
 
     # -- findings (rank 0) --------------------------------------------------------------------

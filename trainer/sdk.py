@@ -100,16 +100,17 @@ class Run:
         """
         self._monitor.watch(model)
 
-    def log(self, step: int, **metrics: float) -> None:
+    def log(self, step: int, **metrics: float | torch.Tensor) -> None:
         """Report this rank's metrics at ``step`` (its memory is added).
 
         Collective: every rank calls it at the same steps with the same keys. One small
         all-gather, which nobody waits for, brings them to rank 0; it is read during the next
         step and written off the training thread. The stop flag rides along, so the next
-        :meth:`should_stop` costs nothing.
+        :meth:`should_stop` costs nothing. One-element tensors (``loss=loss.detach()``) are
+        fine and cheaper than ``loss.item()``: they are copied to the host without waiting
+        for the GPU, and read a step later.
         """
-        values = {k: float(v.item() if isinstance(v, torch.Tensor) else v) for k, v in metrics.items()}
-        self._monitor.log(step, values, then=None if self.managed else self._print)
+        self._monitor.log(step, metrics, then=None if self.managed else self._print)
         self.reporter.progress(step)
         self._last_step = max(self._last_step, step)
 

@@ -199,6 +199,30 @@ def test_a_report_carries_memory_and_reaches_rank_0_with_its_step(tmp_path: Path
     assert per_rank[0]["loss"] == 2.5 and per_rank[0]["mem_rss_mib"] > 0
 
 
+def test_tensor_values_are_not_waited_for_and_reach_rank_0_a_step_later(tmp_path: Path) -> None:
+    """A loss still on the device is fetched without a sync: its exchange is launched at the
+    channel's agreement of the next step (not of its own), at the next log, or at close()."""
+    stop = StopSignal()
+    monitor = Monitor(SupervisionConfig(), 0, 1, CPU, MetricReporter(unmanaged(tmp_path), 0, 1), stop)
+    got: list[tuple[int, dict[str, float]]] = []
+    then = lambda step, per_rank: got.append((step, per_rank[0]))  # noqa: E731
+
+    monitor.log(1, {"loss": torch.tensor(2.5), "lr": 0.1}, then=then)
+    stop.channel.agree()  # the end of step 1: the device may still be computing it
+    assert got == []
+    stop.channel.agree()  # the end of step 2
+    assert [(s, v["loss"], v["lr"]) for s, v in got] == [(1, 2.5, 0.1)]
+
+    monitor.log(2, {"loss": torch.tensor([1.5])}, then=then)
+    monitor.log(3, {"loss": torch.tensor(0.5, dtype=torch.bfloat16)}, then=then)  # launches step 2's
+    assert [s for s, _ in got] == [1, 2]
+    monitor.close()  # launches and reads step 3's
+    assert [(s, v["loss"]) for s, v in got] == [(1, 2.5), (2, 1.5), (3, 0.5)]
+    assert all(v["mem_rss_mib"] > 0 for _, v in got)
+    with pytest.raises(ValueError, match="'loss': a tensor of 2 elements"):
+        monitor.log(4, {"loss": torch.ones(2)})
+
+
 def test_interval_report_splits_the_step_and_derives_throughput_and_mfu() -> None:
     iv = Interval(started=time.perf_counter() - 1.0, steps=4, data_wait=0.2, excluded=0.2,
                   loss=torch.tensor(10.0), grad_norm=torch.tensor(2.0))
@@ -231,6 +255,22 @@ def test_memory_and_sync_clock_on_cuda() -> None:
     clock.bucket_reduced()
     (t,) = clock.take()
     assert t >= 0
+
+
+@pytest.mark.gpu
+def test_a_loss_on_the_gpu_reaches_rank_0_through_pinned_memory(tmp_path: Path) -> None:
+    device = torch.device("cuda", 0)
+    stop = StopSignal()
+    monitor = Monitor(SupervisionConfig(), 0, 1, device, MetricReporter(unmanaged(tmp_path), 0, 1), stop)
+    got: list[dict[str, float]] = []
+    x = torch.randn(2048, 2048, device=device)
+    for step in range(1, 4):
+        loss = (x @ x).mean()  # still being computed when it is logged
+        monitor.log(step, {"loss": loss}, then=lambda _, per_rank: got.append(per_rank[0]))
+        stop.channel.agree()
+    monitor.close()
+    assert len(got) == 3 and got[-1]["loss"] == pytest.approx(loss.item(), rel=1e-6)
+    assert got[-1]["mem_allocated_mib"] >= 16
 
 
 @pytest.fixture(autouse=True)

@@ -343,7 +343,7 @@ def train(
     monitor.begin(step)
 
     iv = Interval()
-    latest: dict[str, float] = {}
+    latest: dict[str, float | torch.Tensor] = {}  # the loss stays on the device until a save
     injected = faults.StepFaults(info.rank, ctx.attempt)
     lr = techniques.lr_at(step, tc)
     try:

@@ -117,7 +117,7 @@ def train(
     peak = techniques.peak_flops(info.device)
 
     iv = Interval()
-    latest: dict[str, float] = {}
+    latest: dict[str, float | torch.Tensor] = {}  # the loss stays on the device until a save
     injected = faults.StepFaults(info.rank, ctx.attempt)
     try:
         while step < tc.max_steps:
