@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import json
 import math
+import shutil
 import signal
 import sqlite3
 
@@ -97,6 +98,24 @@ def test_grad_accumulation_matches_one_big_batch(product: Product) -> None:
     a, b = curve(product, accum), curve(product, big)
     assert len(a) == 2 * 30
     assert max_diff(a, b) < 1e-3
+
+
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                    reason="torch.compile on CPU needs a C++ compiler")
+def test_compile_matches_eager_under_ddp_with_accumulation_and_activation_checkpointing(product: Product) -> None:
+    """``train.compile`` compiles the whole DDP model (gradient accumulation's no_sync and
+    activation checkpointing inside the graph): the same loss curve as eager, to float
+    rounding."""
+    common = (*SMALL, "train.batch_size=8", "train.grad_accum=2", "train.max_steps=30", "train.log_every=1",
+              "train.eval_every=0", "train.deterministic=true", "train.lr=0.003", "supervision.startup_timeout_s=600")
+    eager = product.submit(*common, "name=eager")
+    compiled = product.submit(*common, "name=compiled", "train.compile=true", "train.activation_checkpointing=true")
+    product.start_scheduler()
+    succeed(product, eager)
+    succeed(product, compiled, timeout=600)
+    assert "torch.compile: the whole model" in product.cli("logs", str(compiled)).stdout
+    assert "torch.compile" not in product.cli("logs", str(eager)).stdout
+    assert max_diff(curve(product, eager), curve(product, compiled)) < 1e-3
 
 
 def test_fsdp_matches_ddp_and_resumes_after_sigkill(product: Product) -> None:

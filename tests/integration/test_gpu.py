@@ -39,7 +39,7 @@ def test_bf16_compile_on_nccl_reports_cuda_memory_and_resumes(product: Product) 
     detail = succeed(product, run_id, timeout=900)
 
     logs = product.cli("logs", str(run_id)).stdout
-    assert "on cuda:0 (nccl)" in logs, logs[-2000:]
+    assert "on cuda:0 (nccl)" in logs and "torch.compile: the whole model" in logs, logs[-2000:]
     metrics = detail["metrics"]
     assert {"mem_allocated_mib", "mem_reserved_mib", "mem_peak_mib"} <= set(metrics)
     assert "mem_rss_mib" not in metrics  # on a GPU the memory that matters is the device's

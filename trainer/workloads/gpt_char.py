@@ -256,12 +256,18 @@ def parallelize(model: GPT, config: RunConfig, info: DistInfo) -> tuple[nn.Modul
     tc = config.train
     if config.parallel.strategy != "fsdp":
         wrapped = DDP(model) if info.world_size > 1 else model
-        return wrapped, torch.compile(wrapped) if tc.compile else wrapped
+        if not tc.compile:
+            return wrapped, wrapped
+        if info.is_main:
+            logger.info("torch.compile: the whole model (compiled at its first steps)")
+        return wrapped, torch.compile(wrapped)
 
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     if tc.compile:
+        if info.is_main:
+            logger.info("torch.compile: each of the %d blocks (compiled at its first steps)", len(model.blocks))
         for block in model.blocks:
             block.compile()
     mesh = init_device_mesh(info.device.type, (info.world_size,))
