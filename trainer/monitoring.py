@@ -141,8 +141,9 @@ class _PendingLog:
             self._keys = []
             return
         stacked = torch.stack([t.to(torch.float64) for t in tensors.values()])
-        if stacked.is_cuda:  # lands in pinned memory; the event says when
-            self._fetched = stacked.to("cpu", non_blocking=True)
+        if stacked.is_cuda:  # into pinned memory, so the copy does not block; the event says when
+            self._fetched = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
+            self._fetched.copy_(stacked, non_blocking=True)
             self._copied = torch.cuda.Event()
             self._copied.record()
         else:
