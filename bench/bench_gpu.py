@@ -15,7 +15,8 @@ left out); its MFU is the median of the ``mfu`` metric the dashboard shows after
 Hand-written side: this file with ``--hand-loop``, the loop of nanoGPT's train.py on one GPU:
 the same GPT class and batches (pinned, copied without blocking), ``torch.compile(model)``,
 bf16 autocast, fused AdamW, the same schedule and clipping, ``loss.item()`` every 10 steps, no
-checkpoint.
+checkpoint. Its window starts and ends with a device synchronisation (the CPU runs steps ahead
+of the GPU between its ``loss.item()`` calls).
 
 MFU = tokens/s x FLOPs per token / the GPU's bf16 dense peak (trainer.techniques.GPU_PEAK_FLOPS);
 FLOPs per token = 6 N + 12 n_layer n_embd block_size (PaLM appendix B, as nanoGPT counts).
@@ -115,9 +116,9 @@ def hand_loop(shape: dict[str, int], steps: int, warmup: int, batch: int, out: P
         optimizer.zero_grad(set_to_none=True)
         if step % HAND_LOG_EVERY == 0:
             print(f"iter {step}: loss {loss.item():.4f}", flush=True)
+        if step in (warmup - 1, steps - 1):  # the window's ends: when the GPU, not the CPU, got there
+            torch.cuda.synchronize()
         times.append(time.perf_counter())
-    torch.cuda.synchronize()
-    times[-1] = time.perf_counter()
     tokens_per_s = (steps - warmup) * batch * t / (times[-1] - times[warmup - 1])
     peak = gpu_peak_flops(device)
     mfu = tokens_per_s * flops_per_token(model, shape["n_layer"], shape["n_embd"], t) / peak if peak else math.nan
