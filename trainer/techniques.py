@@ -21,8 +21,10 @@ from torch import nn
 
 from trainer.config import TrainConfig
 
-# bf16 dense peak FLOP/s of one GPU (spec sheets, without sparsity), by a name fragment.
-GPU_PEAK_FLOPS = {"H100": 989e12, "A100": 312e12}
+# bf16 dense peak FLOP/s of one GPU (NVIDIA's spec sheets, without sparsity), by a fragment of
+# torch.cuda.get_device_name(); the first fragment found wins, so the PCIe H100 (fewer SMs, lower
+# clocks) comes before the SXM one ("NVIDIA H100 80GB HBM3").
+GPU_PEAK_FLOPS = {"H100 PCIe": 756e12, "H100": 989e12, "H200": 989e12, "A100": 312e12}
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -169,7 +171,7 @@ def micro_step(model: nn.Module, final: bool) -> Iterator[None]:
 
 
 def gpu_peak_flops(device: torch.device) -> float | None:
-    """The bf16 peak FLOP/s of a known GPU (H100, A100); None for another or no GPU."""
+    """The bf16 peak FLOP/s of a known GPU (H100, H200, A100); None for another or no GPU."""
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)

@@ -126,8 +126,19 @@ def test_bf16_autocast_on_cuda_and_known_peak() -> None:
     with techniques.autocast("bf16", torch.device("cuda")):
         assert (a @ a).dtype == torch.bfloat16
     name = torch.cuda.get_device_name()
-    if "H100" in name or "A100" in name:
-        assert techniques.gpu_peak_flops(torch.device("cuda")) in (989e12, 312e12)
+    if any(key in name for key in techniques.GPU_PEAK_FLOPS):
+        assert techniques.gpu_peak_flops(torch.device("cuda")) in techniques.GPU_PEAK_FLOPS.values()
+
+
+@pytest.mark.parametrize(("name", "peak"), [
+    ("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12), ("NVIDIA H200", 989e12),
+    ("NVIDIA A100-SXM4-80GB", 312e12), ("NVIDIA GeForce RTX 4090", None),
+])
+def test_gpu_peak_by_device_name(name: str, peak: float | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MFU's denominator: the PCIe H100 is not credited with the SXM part's peak; an unknown GPU
+    gets none (no MFU rather than a wrong one). No GPU is needed: the name is what is read."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    assert techniques.gpu_peak_flops(torch.device("cuda", 0)) == peak
 
 
 def test_micro_step_on_a_plain_module_is_a_no_op() -> None:
