@@ -204,13 +204,12 @@ def summary_line(latest: dict[str, Any] | None) -> str:
     return f"Newest 10-s window (from {clock(latest['at'])}): " + "; ".join(parts or ["nothing sampled"]) + "."
 
 
-def system_panels(run_id: int, heading: bool = True) -> None:
-    """The Run page's system section for ``run_id`` (a plain function: call it inside the page's
-    live fragment). A run without GPU rows gets an ``st.info`` saying so, not an error."""
+def system_panels(run_id: int) -> None:
+    """The Run page's system charts for ``run_id``, under its System heading and summary line
+    (views/run.py's ``system_section``; a plain function: call it inside the page's live
+    fragment). A run without GPU rows gets an ``st.info`` saying so, not an error."""
     frames = system_frames(run_id)
     run_rows, host_rows, gpus = frames["run"], frames["host"], frames["gpus"]
-    if heading:
-        st.subheader("System")
     if run_rows.empty and host_rows.empty:
         st.caption("No system samples for this run yet: the scheduler writes them every 10 s "
                    "while the run's processes are alive.")

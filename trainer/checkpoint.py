@@ -246,16 +246,20 @@ class CheckpointManager:
             done.set_result(self._run_job(job))
             self._in_flight = done
 
-    def prepare(self, state: dict[str, Any]) -> None:
+    def prepare(self, state: dict[str, Any]) -> Future[None] | None:
         """Ahead of the first save, in the background: allocate the pinned CPU buffers that
         snapshots of ``state`` (the same structure as the states that will be saved, e.g.
         ``{"model": ..., "optimizer": ...}``) copy CUDA tensors into. Optional; does nothing
-        unless async on the writer rank. Call it when the state's tensors exist (an optimizer's
-        after its first step) and before a save is due."""
+        (None) unless async on the writer rank. Call it when the state's tensors exist (an
+        optimizer's after its first step) and before a save is due.
+
+        Returns:
+            Done when the buffers exist (saves are queued behind it anyway).
+        """
         if not (self.is_writer and self.async_save):
-            return
+            return None
         self._refuse_reentry("prepare")
-        self._writer().submit(self._stager.reserve, state)
+        return self._writer().submit(self._stager.reserve, state)
 
     def wait_snapshot(self) -> float:
         """Block until the state given to a ``save(defer_snapshot=True)`` is copied.

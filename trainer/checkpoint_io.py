@@ -239,6 +239,7 @@ class _Pass:
     memo: dict[int, torch.Tensor] = field(default_factory=dict)
     cuda_devices: set[torch.device] = field(default_factory=set)
     memcpys: list[tuple[int, int, int]] = field(default_factory=list)  # (dst, src, bytes)
+    allocate_only: bool = False  # find or make the CUDA tensors' pinned buffers, copy nothing
 
 
 class _Stager:
@@ -281,28 +282,9 @@ class _Stager:
         tensors into (pinning gigabytes takes about a second; done ahead, the first checkpoint
         does not wait for it). The buffers are keyed as a snapshot of a state with this
         structure would key them."""
-
-        seen: set[int] = set()  # tied weights are copied once, under their first path
-
-        def walk(obj: Any, path: tuple[Any, ...]) -> None:
-            if isinstance(obj, torch.Tensor):
-                t = obj.detach()
-                if id(obj) in seen:
-                    return
-                seen.add(id(obj))
-                if t.is_cuda and t.layout == torch.strided and not t.is_quantized:
-                    signature = (tuple(t.shape), t.stride(), t.dtype, True)
-                    cached = self._buffers.get(path)
-                    if cached is None or cached[0] != signature:
-                        self._buffers[path] = (signature, torch.empty_like(t, device="cpu", pin_memory=True))
-            elif type(obj) in (dict, OrderedDict):
-                for k, v in obj.items():
-                    walk(v, (*path, k))
-            elif type(obj) in (list, tuple):
-                for i, v in enumerate(obj):
-                    walk(v, (*path, i))
-
-        walk(state, ())
+        walk = _Pass(allocate_only=True)
+        self._copy(state, (), walk)
+        self._buffers.update(walk.buffers)
 
     def snapshot_beside(self, state: dict[str, Any], ready: dict[torch.device, torch.cuda.Event]
                         ) -> tuple[dict[str, Any], dict[torch.device, torch.cuda.Event]]:
@@ -351,20 +333,24 @@ class _Stager:
     def _copy_tensor(self, t: torch.Tensor, path: tuple[Any, ...], walk: _Pass) -> torch.Tensor:
         t = t.detach()
         if t.layout != torch.strided or t.is_quantized or t.device.type not in ("cpu", "cuda"):
-            return t.to("cpu", copy=True)
+            return t if walk.allocate_only else t.to("cpu", copy=True)
         pin = t.is_cuda
+        if walk.allocate_only and not pin:
+            return t
         signature = (tuple(t.shape), t.stride(), t.dtype, pin)
         cached = self._buffers.get(path)
         buffer = cached[1] if cached is not None and cached[0] == signature else None
         if buffer is None:
             buffer = torch.empty_like(t, device="cpu", pin_memory=pin)
+        walk.buffers[path] = (signature, buffer)
+        if walk.allocate_only:
+            return buffer
         if not pin and t.is_contiguous() and buffer.is_contiguous():
             walk.memcpys.append((buffer.data_ptr(), t.data_ptr(), t.numel() * t.element_size()))
         else:
             buffer.copy_(t, non_blocking=pin)
             if pin:
                 walk.cuda_devices.add(t.device)
-        walk.buffers[path] = (signature, buffer)
         return buffer
 
     def _memmove(self, memcpys: list[tuple[int, int, int]], parallel: bool = True) -> None:

@@ -302,15 +302,15 @@ class Monitor:
     def _launch(self, log: _PendingLog) -> None:
         keys = sorted(log.values)
         row = [log.values[k] for k in keys] + [math.nan if log.checksum is None else log.checksum]
-        step, steps, at, then, checking = log.step, log.steps, log.at, log.then, log.checksum is not None
 
         def received(table: list[list[float]]) -> None:
             if self.rank == 0:
                 per_rank = {r: dict(zip(keys, got)) for r, got in enumerate(table)}  # the checksum stays out
-                self._check(step, steps, per_rank, [got[-1] for got in table] if checking else None)
-                self.reporter.write(step, per_rank, at)
-                if then is not None:
-                    then(step, per_rank)
+                checksums = [got[-1] for got in table] if log.checksum is not None else None
+                self._check(log.step, log.steps, per_rank, checksums)
+                self.reporter.write(log.step, per_rank, log.at)
+                if log.then is not None:
+                    log.then(log.step, per_rank)
 
         self.channel.gather(row, received)
 

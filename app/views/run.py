@@ -105,7 +105,7 @@ def system_section(d: dict) -> None:
     st.subheader("System")
     st.caption(summary_line(latest_window(d["id"])))
     if st.toggle("Show system charts (GPUs, processes, host)", key=f"system-{d['id']}"):
-        system_panels(d["id"], heading=False)
+        system_panels(d["id"])
 
 
 def event_badges(d: dict, series: dict[str, data.LiveSeries]) -> None:

@@ -130,6 +130,11 @@ def test_deferred_cuda_snapshot_is_copied_beside_training_and_ordered_before_the
     device orders it), and the copy holds the state of the save() call, several times over."""
     manager = CheckpointManager(tmp_path)
     weights = torch.randn(64 * 2**20, device="cuda")  # 256 MB: the copy takes a while
+    ready = manager.prepare({"model": {"w": weights}})  # the pinned buffer, ahead of the first save
+    assert ready is not None
+    ready.result()
+    prepared = manager._stager._buffers[("model", "w")][1]
+    assert prepared.is_pinned() and prepared.shape == weights.shape
     for step in range(1, 4):
         expected = weights.cpu()
         weights.mul_(1.0001)  # queued on the training stream before save(): the copy must see it
@@ -140,6 +145,7 @@ def test_deferred_cuda_snapshot_is_copied_beside_training_and_ordered_before_the
         assert manager.wait() is not None
         _, loaded = manager.load(step)
         assert torch.equal(loaded["model"]["w"], expected)
+        assert manager._stager._buffers[("model", "w")][1] is prepared  # copied into, not reallocated
     manager.close()
 
 
