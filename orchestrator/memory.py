@@ -83,11 +83,9 @@ def estimate(config: RunConfig) -> MemoryEstimate | None:
 def _largest_field(config: RunConfig, est: MemoryEstimate) -> str:
     """The field a person is most likely to shrink, named first in the message."""
     w, t = config.workload, config.train
-    if w.kind == "mlp-digits":
-        return f"workload.hidden = {w.hidden}"
-    if est.state_bytes >= est.activation_bytes:
-        return f"workload.n_embd = {w.n_embd}"
-    return f"train.batch_size = {t.batch_size}"
+    if est.activation_bytes > est.state_bytes:
+        return f"train.batch_size = {t.batch_size}"
+    return f"workload.hidden = {w.hidden}" if w.kind == "mlp-digits" else f"workload.n_embd = {w.n_embd}"
 
 
 def check_memory(config: RunConfig, inventory: Inventory) -> list[str]:
@@ -108,7 +106,7 @@ def check_memory(config: RunConfig, inventory: Inventory) -> list[str]:
         return []
     if need <= limit:
         return []
-    fields = "workload.hidden" if config.workload.kind == "mlp-digits" else \
+    fields = "workload.hidden or train.batch_size" if config.workload.kind == "mlp-digits" else \
         "workload.n_layer, workload.n_embd, workload.block_size or train.batch_size (or use activation_checkpointing)"
     return [
         f"{_largest_field(config, est)}: the config needs at least {need / GIB:.1f} GiB {per} "
