@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from db import DatabaseError
 from db.home import check_home, has_database, legacy_warning
 from db.settings import Settings, load_settings
+from orchestrator import OrchestratorError
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ class RunyardCommand(click.Command):
             if warning and self.name != "info":  # info shows it in its own listing
                 click.echo(warning, err=True)
             return super().invoke(ctx)
-        except DatabaseError as exc:  # the db package's base: an unusable folder, a lock timeout, ...
+        except (DatabaseError, OrchestratorError) as exc:  # an unusable folder, a lock timeout, a bad env var
             fail(str(exc))
         except SQLAlchemyError as exc:
             logger.debug("database error", exc_info=True)

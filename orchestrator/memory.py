@@ -7,11 +7,16 @@ would have run:
 
 - parameters, gradients and AdamW's two moments in fp32: 16 bytes per parameter (sharded over
   the ranks under FSDP); gpt-char's vocabulary depends on the text and is not counted;
-- activations kept for the backward pass, per rank: for a transformer block about 17 values of
-  ``n_embd`` per token (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
-  Transformer Models", without the attention matrix that fused attention does not keep), at 2
-  bytes under bf16/fp16 autocast and 4 in fp32; with activation checkpointing only each block's
-  input is kept, plus one block's while it is recomputed.
+- activations kept for the backward pass, per rank: a transformer block keeps about 16 values
+  of ``n_embd`` per token in eager mode (Korthikanti et al. 2022, "Reducing Activation
+  Recomputation in Large Transformer Models": 34 bytes in 16 bits, less the two dropout masks
+  this model has not, and no attention matrix with fused attention). torch.compile may recompute
+  the cheap ones (LayerNorm and GELU outputs), so 10 are counted: the block's input, q, k, v,
+  the attention output, the residual after attention, and the MLP's hidden layer (4). 2 bytes
+  each under bf16/fp16 autocast, 4 in fp32; with activation checkpointing only each block's
+  input is kept, plus one block's while it is recomputed. Measured: the ~127M GPT of
+  bench/bench_gpu.py at batch 64 in bf16 peaked at 25 GiB on an H100 (BENCHMARKS.md); this
+  counts 14.4 GiB.
 
 On a CPU machine every rank lives in the same RAM, so the ranks' estimates add up; on a GPU
 machine each rank has its own GPU, so one rank's estimate is compared with the smallest GPU.
@@ -27,8 +32,9 @@ from trainer.config import RunConfig
 GIB = 1024**3
 # fp32 parameter + gradient + AdamW exp_avg + exp_avg_sq.
 STATE_BYTES_PER_PARAM = 16
-# Values of n_embd kept per token by one transformer block for its backward pass.
-BLOCK_ACTIVATIONS_PER_TOKEN = 17
+# Values of n_embd per token that one transformer block keeps for its backward pass however it
+# is compiled (see the module docstring).
+BLOCK_ACTIVATIONS_PER_TOKEN = 10
 
 
 @dataclass(frozen=True)
@@ -72,7 +78,7 @@ def estimate(config: RunConfig) -> MemoryEstimate | None:
         activations = tokens * w.n_embd * kept * value_bytes
     elif kind == "mlp-digits":
         params = mlp_digits_parameters(config)
-        activations = train.batch_size * (64 + 4 * config.workload.hidden + 10) * 4
+        activations = train.batch_size * (64 + 2 * config.workload.hidden) * 4  # the input, two ReLU outputs
     else:
         return None
     shards = config.launch.nproc_per_node if config.parallel.strategy == "fsdp" else 1

@@ -6,6 +6,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 
+from orchestrator import OrchestratorError
 from trainer.config import RunConfig
 
 logger = logging.getLogger(__name__)
@@ -55,6 +56,9 @@ def detect_inventory(environ: dict[str, str] | None = None) -> Inventory:
     """Count the machine's devices.
 
     ``RUNYARD_CPU_SLOTS`` overrides the CPU slot count (default: the number of cores).
+
+    Raises:
+        OrchestratorError: ``RUNYARD_CPU_SLOTS`` is not a whole number.
     """
     import psutil
 
@@ -63,7 +67,11 @@ def detect_inventory(environ: dict[str, str] | None = None) -> Inventory:
     gpus, gpu_memory = _nvml_gpus()
     if gpus:
         return Inventory(kind="gpu", slots=len(gpus), gpu_names=gpus, gpu_memory_bytes=gpu_memory, memory_bytes=ram)
-    slots = int(env.get("RUNYARD_CPU_SLOTS") or os.cpu_count() or 1)
+    raw = env.get("RUNYARD_CPU_SLOTS") or ""
+    try:
+        slots = int(raw) if raw else os.cpu_count() or 1
+    except ValueError:
+        raise OrchestratorError(f"RUNYARD_CPU_SLOTS = {raw!r}: expected a whole number of CPU slots") from None
     return Inventory(kind="cpu", slots=max(1, slots), memory_bytes=ram)
 
 

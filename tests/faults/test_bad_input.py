@@ -346,3 +346,11 @@ def test_a_legacy_dot_runyard_is_offered_never_moved_silently_and_moved_whole(tm
     assert detail["run_dir"].startswith(str(home)) and (Path(detail["run_dir"]) / "config.json").is_file()
     again = cli("info", "--adopt-legacy")
     assert again.returncode == 1 and "no older ./.runyard" in one_error_line(again)
+
+
+def test_a_cpu_slot_count_that_is_not_a_number_is_named(tmp_path: Path) -> None:
+    cli = make_cli(tmp_path, tmp_path / "home")
+    cli.env["RUNYARD_CPU_SLOTS"] = "two"
+    result = cli("submit", str(EXAMPLE))
+    assert result.returncode == 1 and "RUNYARD_CPU_SLOTS = 'two'" in one_error_line(result)
+    assert runs_in(tmp_path / "home") == 0

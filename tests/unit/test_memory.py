@@ -73,3 +73,39 @@ def test_a_script_has_no_estimate() -> None:
 @pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.toml")), ids=lambda p: p.name)
 def test_the_shipped_configs_fit_a_laptop(path: Path) -> None:
     assert check_memory(load_config(path), LAPTOP) == []
+
+
+def _saved_activation_bytes(model, inputs) -> int:
+    """Bytes of the distinct tensors autograd keeps for the backward pass, parameters excluded."""
+    import torch
+
+    params = {p.data_ptr() for p in model.parameters()}
+    kept: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.data_ptr() not in params:
+            kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model(inputs)
+    out.float().sum().backward()
+    return sum(kept.values())
+
+
+def test_the_activation_estimate_is_a_lower_bound_of_what_autograd_keeps() -> None:
+    import torch
+
+    from trainer.workloads.gpt_char import GPT
+    from trainer.workloads.mlp_digits import build_model
+
+    w = {"kind": "gpt-char", "n_layer": 3, "n_head": 4, "n_embd": 64, "block_size": 32}
+    config = parse_config({"workload": w, "train": {"batch_size": 4}})
+    model = GPT(65, 3, 4, 64, 32)
+    measured = _saved_activation_bytes(model, torch.randint(0, 65, (4, 32)))
+    estimated = estimate(config).activation_bytes
+    assert estimated <= measured < 4 * estimated, (estimated, measured)
+
+    config = parse_config({"workload": {"hidden": 128}, "train": {"batch_size": 32}})
+    measured = _saved_activation_bytes(build_model(128), torch.randn(32, 64))
+    assert estimate(config).activation_bytes <= measured < 4 * estimate(config).activation_bytes
