@@ -354,3 +354,15 @@ def test_a_cpu_slot_count_that_is_not_a_number_is_named(tmp_path: Path) -> None:
     result = cli("submit", str(EXAMPLE))
     assert result.returncode == 1 and "RUNYARD_CPU_SLOTS = 'two'" in one_error_line(result)
     assert runs_in(tmp_path / "home") == 0
+
+
+def test_a_damaged_database_file_is_one_sentence_naming_it(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "runyard.db").write_bytes(b"this is not SQLite\n" * 400)
+    cli = make_cli(tmp_path, home)
+    for args in (["ls"], ["submit", str(EXAMPLE)], ["show", "1"]):
+        result = cli(*args)
+        line = one_error_line(result)
+        assert result.returncode == 1 and f"database sqlite:///{home / 'runyard.db'}" in line, args
+        assert "file is not a database" in line
