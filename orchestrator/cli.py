@@ -70,8 +70,6 @@ def _existing_sessions(settings: Settings, run: str) -> sessionmaker[Session]:
     return sessions
 
 
-_fail = fail
-
 
 def _fmt_duration(seconds: float | None) -> str:
     from app.format import duration
@@ -91,7 +89,7 @@ def _resolve(sessions: sessionmaker[Session], ref: str) -> int:
         try:
             return resolve_run(session, ref)
         except RunNotFound as exc:
-            _fail(str(exc))
+            fail(str(exc))
             raise  # unreachable
 
 
@@ -120,7 +118,7 @@ def scheduler() -> None:
     try:
         lock = acquire_lock(settings.home)
     except SchedulerLocked as exc:
-        _fail(str(exc))
+        fail(str(exc))
     inventory = detect_inventory()
     logging.getLogger(__name__).info(
         "scheduler on %s: %d %s slot(s), database %s", settings.home, inventory.slots, inventory.kind, settings.db_url
@@ -218,58 +216,6 @@ def db_upgrade() -> None:
     click.echo(f"database at head: {settings.db_url}")
 
 
-def _info(settings: Settings) -> dict[str, Any]:
-    """Where this command's data lives and what state it is in (``runyard info``)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    from db.engine import current_revision, head_revision
-    from db.queries import scheduler_status
-
-    try:
-        runyard_version = version("runyard")
-    except PackageNotFoundError:
-        runyard_version = "unknown (not installed)"
-    info: dict[str, Any] = {
-        "home": str(settings.home),
-        "home_source": "RUNYARD_HOME" if settings.home_from_env else "default",
-        "database_url": settings.db_url,
-        "schema_revision": None,
-        "schema_head": head_revision(settings.db_url),
-        "scheduler": None,
-        "token_file": str(settings.token_file) if settings.token_file.is_file() else None,
-        "legacy_home": str(settings.legacy_home) if settings.legacy_home else None,
-        "version": runyard_version,
-    }
-    sessions = open_existing(settings)
-    if sessions is not None:
-        with sessions() as session:
-            info["schema_revision"] = current_revision(session.get_bind())  # type: ignore[arg-type]
-            info["scheduler"] = scheduler_status(session)
-    return info
-
-
-def _print_info(info: dict[str, Any]) -> None:
-    home_note = "set by RUNYARD_HOME" if info["home_source"] == "RUNYARD_HOME" else "default; RUNYARD_HOME overrides"
-    click.echo(f"home       {info['home']}  ({home_note})")
-    click.echo(f"database   {info['database_url']}")
-    if info["schema_revision"] is None:
-        click.echo("schema     none yet (the first `runyard submit` or `runyard up` creates the database)")
-    else:
-        click.echo(f"schema     {info['schema_revision']} (newest {info['schema_head']})")
-    sched = info["scheduler"]
-    if sched is None or sched["age_s"] is None:
-        click.echo("scheduler  never started on this database")
-    else:
-        state = "online" if sched["online"] else "offline"
-        click.echo(f"scheduler  {state}, pid {sched['pid']} on {sched['host']}, "
-                   f"last heartbeat {_fmt_duration(sched['age_s'])} ago")
-    click.echo(f"token      {info['token_file'] or 'none'}")
-    click.echo(f"version    {info['version']}")
-    if info["legacy_home"]:
-        click.echo(f"legacy     {info['legacy_home']} holds an older database; "
-                   "`runyard info --adopt-legacy` moves it to the home above")
-
-
 @cli.command()
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--adopt-legacy", is_flag=True,
@@ -277,16 +223,17 @@ def _print_info(info: dict[str, Any]) -> None:
 def info(as_json: bool, adopt_legacy: bool) -> None:
     """Say where runyard keeps its data: home, database, schema, scheduler, token, version."""
     from db.home import adopt_legacy as adopt
+    from orchestrator.cli_info import home_info, print_info
 
     settings = _settings()
     if adopt_legacy:
         click.echo(adopt(settings))
         settings = _settings()
-    details = _info(settings)
+    details = home_info(settings)
     if as_json:
         click.echo(json.dumps(_json_safe(details), indent=2))
     else:
-        _print_info(details)
+        print_info(details)
 
 
 @cli.command("config-reference")
@@ -362,7 +309,7 @@ def stacks(run: str) -> None:
         try:
             message = request_stack_dump(session, run_id)
         except RequestRefused as exc:
-            _fail(str(exc))
+            fail(str(exc))
         session.commit()
     click.echo(message)
 
@@ -381,7 +328,7 @@ def resume(run: str, step: int | None, as_json: bool) -> None:
         try:
             chosen = request_resume(session, run_id, step, who="cli")
         except RequestRefused as exc:
-            _fail(str(exc))
+            fail(str(exc))
         session.commit()
     if as_json:
         click.echo(json.dumps({"id": run_id, "step": chosen}))
@@ -410,7 +357,7 @@ def fork(run: str, step: int | None, overrides: tuple[str, ...], as_json: bool) 
         click.echo(f"error: {exc}\nnothing was queued.", err=True)
         sys.exit(EXIT_USAGE)
     except RequestRefused as exc:
-        _fail(str(exc))
+        fail(str(exc))
     click.echo(json.dumps({"id": new_id, "parent": parent}) if as_json else str(new_id))
 
 
@@ -428,7 +375,7 @@ def pin(run: str, step: int, unpin: bool) -> None:
         try:
             set_pinned(session, run_id, step, not unpin)
         except RequestRefused as exc:
-            _fail(str(exc))
+            fail(str(exc))
         session.commit()
     click.echo(f"run {run_id} step {step}: {'unpinned' if unpin else 'pinned'}")
 

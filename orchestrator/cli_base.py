@@ -40,7 +40,8 @@ def fail(message: str, code: int = EXIT_FAILURE) -> NoReturn:
     sys.exit(code)
 
 
-def _safe_url(url: str) -> str:
+def safe_url(url: str) -> str:
+    """The database URL with any password hidden."""
     try:
         return make_url(url).render_as_string(hide_password=True)
     except Exception:  # noqa: BLE001 - an unparsable URL is shown as given, minus nothing secret to hide
@@ -50,7 +51,7 @@ def _safe_url(url: str) -> str:
 def database_error_line(exc: SQLAlchemyError, settings: Settings) -> str:
     """One line for a database error: the database and the driver's own message."""
     detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()
-    return f"database {_safe_url(settings.db_url)}: {detail[0] if detail else type(exc).__name__}"
+    return f"database {safe_url(settings.db_url)}: {detail[0] if detail else type(exc).__name__}"
 
 
 class RunyardCommand(click.Command):
