@@ -1,17 +1,49 @@
-"""Engine and session set-up, SQLite pragmas, and schema upgrades through Alembic."""
+"""Engine and session set-up, SQLite pragmas, and schema upgrades through Alembic.
+
+Migrations run once, under a lock: the scheduler, the UI and a `runyard submit` started together
+on a fresh data folder would otherwise all create the same tables at once (one of them died with
+a ``CircularDependencyError``). The first process migrates; the others wait and go on.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
+import os
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
+from db import DatabaseError
+
 logger = logging.getLogger(__name__)
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
+MIGRATE_LOCK_FILE = "migrate.lock"
+# A migration of a large metric table can take minutes; a lock held longer than this is stuck.
+MIGRATE_LOCK_TIMEOUT_S = 600.0
+
+
+class MigrationLockTimeout(DatabaseError):
+    """Another process held the migration lock for longer than the timeout."""
+
+
+class SchemaUnknown(DatabaseError):
+    """The database is at a schema revision this version of runyard does not have (a newer
+    runyard wrote it)."""
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file of a SQLite URL; ``None`` for another database or an in-memory one."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
+        return None
+    return Path(parsed.database)
 
 
 def _sqlite_pragmas(dbapi_conn, _record, foreign_keys: bool = True) -> None:  # type: ignore[no-untyped-def]
@@ -57,12 +89,113 @@ def _alembic_config(url: str):  # type: ignore[no-untyped-def]
     return cfg
 
 
-def upgrade(url: str, revision: str = "head") -> None:
-    """Apply the Alembic migrations up to ``revision`` (idempotent)."""
+def _flock(fd: int, path: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    announced = False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        if not announced:
+            logger.info("another process is migrating the database; waiting for it (%s)", path)
+            announced = True
+        if time.monotonic() >= deadline:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            raise MigrationLockTimeout(
+                f"waited {timeout_s:.0f} s for the migration lock {path} (held by pid {holder}); "
+                "if that process is stuck, stop it and try again"
+            )
+        time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def migration_lock(url: str, timeout_s: float = MIGRATE_LOCK_TIMEOUT_S) -> Iterator[None]:
+    """Hold the database's migration lock: one process migrates, the others wait for it.
+
+    SQLite: an exclusive ``flock`` on ``migrate.lock`` beside the database file (released by
+    the kernel if the holder dies). Other databases take no lock yet; PostgreSQL's would be
+    ``pg_advisory_lock`` on a dedicated connection, taken and released here.
+
+    Raises:
+        MigrationLockTimeout: the lock was not free within ``timeout_s``.
+    """
+    db_file = sqlite_path(url)
+    if db_file is None:
+        yield
+        return
+    path = db_file.parent / MIGRATE_LOCK_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        _flock(fd, path, timeout_s)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)  # who holds it, for the timeout message
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _check_known(url: str, current: str | None) -> None:
+    from alembic.script import ScriptDirectory
+    from alembic.util.exc import CommandError
+
+    if current is None:
+        return
+    try:
+        ScriptDirectory.from_config(_alembic_config(url)).get_revision(current)
+    except CommandError:
+        raise SchemaUnknown(
+            f"database {url} is at schema revision {current!r}, which this runyard does not know "
+            f"(its newest is {head_revision(url)!r}); a newer runyard wrote it: upgrade runyard"
+        ) from None
+
+
+def upgrade(url: str, revision: str = "head", timeout_s: float = MIGRATE_LOCK_TIMEOUT_S) -> None:
+    """Apply the Alembic migrations up to ``revision`` (idempotent), under the migration lock.
+
+    Raises:
+        MigrationLockTimeout: another process held the lock longer than ``timeout_s``.
+        SchemaUnknown: the database was written by a newer runyard.
+    """
     from alembic import command
 
-    make_engine(url).dispose()  # creates the SQLite folder
-    command.upgrade(_alembic_config(url), revision)
+    engine = make_engine(url)  # creates the SQLite folder
+    try:
+        with migration_lock(url, timeout_s):
+            _check_known(url, current_revision(engine))
+            command.upgrade(_alembic_config(url), revision)
+    finally:
+        engine.dispose()
+
+
+def ensure_schema(engine: Engine, url: str, create: bool = True, timeout_s: float = MIGRATE_LOCK_TIMEOUT_S) -> bool:
+    """Bring the database to the newest schema, once across processes.
+
+    A database already at head costs one query and no lock. Otherwise the migration lock is
+    taken and the revision read again: a process that waited finds the work done.
+
+    Args:
+        create: Whether an empty database (no schema at all) gets one; ``False`` for read-only
+            commands, which must not create a database.
+
+    Returns:
+        ``False`` when there is no schema and ``create`` is ``False``; else ``True``.
+    """
+    from alembic import command
+
+    head = head_revision(url)
+    if current_revision(engine) == head:
+        return True
+    with migration_lock(url, timeout_s):
+        current = current_revision(engine)
+        if current is None and not create:
+            return False
+        if current != head:
+            _check_known(url, current)
+            command.upgrade(_alembic_config(url), "head")
+    return True
 
 
 def current_revision(engine: Engine) -> str | None:

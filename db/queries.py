@@ -19,13 +19,15 @@ from orchestrator.cost import AttemptSpan, cost_usd, default_prices, eta_seconds
 from orchestrator.failures import INTERRUPTIONS
 
 HEARTBEAT_STALE_S = 10.0
+INT64_MAX = 2**63 - 1
 
 
 def resolve_run(session: Session, ref: str | int) -> int:
     """A run id from an id (``12``, ``#12``) or a name (the newest run with that name)."""
     text = str(ref).lstrip("#")
-    if text.isdigit():
-        if session.get(Run, int(text)) is None:
+    if text.isascii() and text.isdigit():  # "²".isdigit() is true, int("²") is an error
+        # Ids are 64-bit; a larger number is no run (and would overflow the query's parameter).
+        if int(text) > INT64_MAX or session.get(Run, int(text)) is None:
             raise RunNotFound(f"no run with id {text}; `runyard ls` lists the runs")
         return int(text)
     run_id = session.scalar(select(Run.id).where(Run.name == text).order_by(Run.id.desc()))

@@ -157,6 +157,10 @@ def request_resume(
     if run is None:
         raise RunNotFound(f"run {run_id} does not exist")
     status = RunStatus(run.status)
+    if status == RunStatus.CANCELLING:
+        raise RequestRefused(
+            f"run {run_id} is being stopped (CANCELLING); wait until it is CANCELLED, then resume"
+        )
     if status not in TERMINAL:
         raise RequestRefused(
             f"run {run_id} is {status.value}; cancel it first (`runyard cancel {run_id}`), then resume"

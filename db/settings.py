@@ -1,19 +1,41 @@
-"""Where runyard keeps its data: ``RUNYARD_HOME`` (default ``./.runyard``) and the database URL
-(``RUNYARD_DB_URL``, default a SQLite file under the home)."""
+"""Where runyard keeps its data: the data folder (``RUNYARD_HOME``, by default one per user in
+the platform's user data directory) and the database URL (``RUNYARD_DB_URL``, default a SQLite
+file in the data folder).
+
+The default used to be ``./.runyard`` relative to the current directory, so each folder a person
+happened to run ``runyard`` in got a database of its own. Such a legacy folder is still found
+(:attr:`Settings.legacy_home`) so that the CLI can offer to move it; it is never used silently.
+"""
 
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+APP_NAME = "runyard"
+LEGACY_HOME = ".runyard"
+DB_FILE = "runyard.db"
+TOKEN_FILE = "token"
 
 
 @dataclass(frozen=True)
 class Settings:
-    """Locations shared by every runyard process."""
+    """Locations shared by every runyard process.
+
+    Attributes:
+        home: The data folder (runs, logs, checkpoints, the SQLite database).
+        db_url: The SQLAlchemy URL of the database.
+        home_from_env: Whether ``RUNYARD_HOME`` chose the home (else it is the per-user default).
+        legacy_home: An older ``./.runyard`` data folder found in the current directory while
+            the default home is used; ``None`` when there is none (or RUNYARD_HOME is set).
+    """
 
     home: Path
     db_url: str
+    home_from_env: bool = True
+    legacy_home: Path | None = None
 
     @property
     def runs_dir(self) -> Path:
@@ -22,10 +44,67 @@ class Settings:
     def run_dir(self, run_id: int) -> Path:
         return self.runs_dir / f"run-{run_id:06d}"
 
+    @property
+    def token_file(self) -> Path:
+        """Where the UI's access token is kept."""
+        return self.home / TOKEN_FILE
 
-def load_settings(environ: dict[str, str] | None = None) -> Settings:
-    """Read the settings from the environment; relative paths are resolved against the cwd."""
+    @property
+    def home_source(self) -> str:
+        """How the home was chosen, for messages: ``RUNYARD_HOME`` or ``the default``."""
+        return "RUNYARD_HOME" if self.home_from_env else "the default data folder"
+
+
+def user_data_dir(environ: os._Environ[str] | dict[str, str] | None = None, platform: str | None = None) -> Path:
+    """The platform's per-user data directory for runyard (no third-party dependency).
+
+    Linux and other Unixes follow the XDG base directory spec (``$XDG_DATA_HOME/runyard``, else
+    ``~/.local/share/runyard``); macOS uses ``~/Library/Application Support/runyard``; Windows
+    ``%LOCALAPPDATA%\\runyard``.
+    """
     env = os.environ if environ is None else environ
-    home = Path(env.get("RUNYARD_HOME") or ".runyard").expanduser().resolve()
-    url = env.get("RUNYARD_DB_URL") or f"sqlite:///{home / 'runyard.db'}"
-    return Settings(home=home, db_url=url)
+    platform = sys.platform if platform is None else platform
+    home = Path(env.get("HOME") or Path.home())
+    if platform == "darwin":
+        return home / "Library" / "Application Support" / APP_NAME
+    if platform.startswith("win"):
+        base = env.get("LOCALAPPDATA") or str(home / "AppData" / "Local")
+        return Path(base) / APP_NAME
+    xdg = env.get("XDG_DATA_HOME", "")
+    # The spec says a relative XDG_DATA_HOME is invalid and must be ignored.
+    base = Path(xdg) if xdg and Path(xdg).is_absolute() else home / ".local" / "share"
+    return base / APP_NAME
+
+
+def _absolute(path: Path) -> Path:
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError):  # a symlink loop or an unreadable parent: db.home says what is wrong
+        return Path(os.path.abspath(path))
+
+
+def _legacy_home(cwd: Path) -> Path | None:
+    candidate = cwd / LEGACY_HOME
+    try:
+        return candidate.resolve() if (candidate / DB_FILE).is_file() else None
+    except OSError:  # an unreadable cwd: nothing to offer
+        return None
+
+
+def load_settings(environ: os._Environ[str] | dict[str, str] | None = None, cwd: Path | None = None) -> Settings:
+    """Read the settings from the environment.
+
+    ``RUNYARD_HOME`` (a relative one is resolved against the cwd) overrides the per-user
+    default :func:`user_data_dir`. ``RUNYARD_DB_URL`` overrides the database. Nothing is created
+    here: whether the home is usable is checked by :mod:`db.home`.
+    """
+    env = os.environ if environ is None else environ
+    raw = env.get("RUNYARD_HOME", "")
+    from_env = bool(raw)
+    home = Path(raw).expanduser() if from_env else user_data_dir(env)
+    home = _absolute(home if home.is_absolute() else (cwd or Path.cwd()) / home)
+    legacy = None if from_env else _legacy_home(cwd or Path.cwd())
+    if legacy == home:
+        legacy = None
+    url = env.get("RUNYARD_DB_URL") or f"sqlite:///{home / DB_FILE}"
+    return Settings(home=home, db_url=url, home_from_env=from_env, legacy_home=legacy)

@@ -5,9 +5,10 @@
     runyard ls | show RUN | logs RUN | cancel RUN
     runyard resume RUN [--step N] | fork RUN [--step N] [--set k=v] | pin RUN --step N
     runyard pause RUN | stacks RUN | metrics RUN --csv
-    runyard scheduler | ui | db upgrade | config-reference
+    runyard scheduler | ui | db upgrade | info [--adopt-legacy] | config-reference
 
-Data lives under $RUNYARD_HOME (default ./.runyard); $RUNYARD_DB_URL overrides the database.
+Data lives under $RUNYARD_HOME (default: the per-user data folder, ~/.local/share/runyard on
+Linux); $RUNYARD_DB_URL overrides the database. `runyard info` says which ones a command uses.
 """
 
 from __future__ import annotations
@@ -28,9 +29,18 @@ import click
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.settings import Settings, load_settings
+from orchestrator.cli_base import (
+    EXIT_USAGE,
+    RunyardGroup,
+    fail,
+    no_database_line,
+    open_existing,
+    open_sessions,
+)
 
-EXIT_USAGE = 2
-
+# Ids, steps, ranks and attempts are stored as 64-bit integers.
+INT64_MAX = 2**63 - 1
+COUNT = click.IntRange(0, INT64_MAX)
 
 
 def _json_safe(obj: Any) -> Any:
@@ -48,18 +58,17 @@ def _settings() -> Settings:
 
 
 def _sessions(settings: Settings) -> sessionmaker[Session]:
-    """A sessionmaker on an up-to-date schema (migrations are applied when behind)."""
-    from db.engine import current_revision, head_revision, make_engine, make_sessionmaker, upgrade
-
-    engine = make_engine(settings.db_url)
-    if current_revision(engine) != head_revision(settings.db_url):
-        upgrade(settings.db_url)
-    return make_sessionmaker(engine)
+    """A sessionmaker on an up-to-date schema, creating the database when there is none."""
+    return open_sessions(settings)
 
 
-def _fail(message: str, code: int = 1) -> None:
-    click.echo(f"error: {message}", err=True)
-    sys.exit(code)
+def _existing_sessions(settings: Settings, run: str) -> sessionmaker[Session]:
+    """The database of a read-only command about ``run``; exit 1 when there is none yet."""
+    sessions = open_existing(settings)
+    if sessions is None:
+        fail(f"no run {run}: {no_database_line(settings)}")
+    return sessions
+
 
 
 def _fmt_duration(seconds: float | None) -> str:
@@ -80,11 +89,11 @@ def _resolve(sessions: sessionmaker[Session], ref: str) -> int:
         try:
             return resolve_run(session, ref)
         except RunNotFound as exc:
-            _fail(str(exc))
+            fail(str(exc))
             raise  # unreachable
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=RunyardGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 def cli(verbose: bool) -> None:
     """runyard: launch, watch and resume distributed PyTorch training on this machine."""
@@ -109,7 +118,7 @@ def scheduler() -> None:
     try:
         lock = acquire_lock(settings.home)
     except SchedulerLocked as exc:
-        _fail(str(exc))
+        fail(str(exc))
     inventory = detect_inventory()
     logging.getLogger(__name__).info(
         "scheduler on %s: %d %s slot(s), database %s", settings.home, inventory.slots, inventory.kind, settings.db_url
@@ -207,6 +216,26 @@ def db_upgrade() -> None:
     click.echo(f"database at head: {settings.db_url}")
 
 
+@cli.command()
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--adopt-legacy", is_flag=True,
+              help="Move an older ./.runyard data folder of this directory to the per-user home.")
+def info(as_json: bool, adopt_legacy: bool) -> None:
+    """Say where runyard keeps its data: home, database, schema, scheduler, token, version."""
+    from db.home import adopt_legacy as adopt
+    from orchestrator.cli_info import home_info, print_info
+
+    settings = _settings()
+    if adopt_legacy:
+        click.echo(adopt(settings))
+        settings = _settings()
+    details = home_info(settings)
+    if as_json:
+        click.echo(json.dumps(_json_safe(details), indent=2))
+    else:
+        print_info(details)
+
+
 @cli.command("config-reference")
 def config_reference() -> None:
     """Print the run config reference (docs/CONFIG.md) in Markdown."""
@@ -219,7 +248,7 @@ def config_reference() -> None:
 
 
 @cli.command()
-@click.argument("config_file", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("config_file", type=click.Path(path_type=Path))  # read_config_text says what is wrong with it
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a config key, e.g. train.lr=0.0005.")
 @click.option("--json", "as_json", is_flag=True, help="Print {\"id\": N} as JSON.")
 def submit(config_file: Path, overrides: tuple[str, ...], as_json: bool) -> None:
@@ -227,14 +256,11 @@ def submit(config_file: Path, overrides: tuple[str, ...], as_json: bool) -> None
     from orchestrator.resources import detect_inventory
     from orchestrator.submission import submit as submit_run
     from orchestrator.submission import validate
-    from trainer.config import ConfigError, apply_overrides, parse_toml
+    from trainer.config import ConfigError, apply_overrides, parse_toml, read_config_text
 
     settings = _settings()
     try:
-        try:
-            text = config_file.read_text()
-        except OSError as exc:
-            raise ConfigError([f"cannot read the file: {exc.strerror}"]) from None
+        text = read_config_text(config_file)
         inventory = detect_inventory()
         config = validate(apply_overrides(parse_toml(text), list(overrides)), inventory)
         run_id = submit_run(_sessions(settings), settings, config, inventory)
@@ -283,14 +309,14 @@ def stacks(run: str) -> None:
         try:
             message = request_stack_dump(session, run_id)
         except RequestRefused as exc:
-            _fail(str(exc))
+            fail(str(exc))
         session.commit()
     click.echo(message)
 
 
 @cli.command()
 @click.argument("run")
-@click.option("--step", type=int, default=None, help="Checkpoint step (default: the newest verified one).")
+@click.option("--step", type=COUNT, default=None, help="Checkpoint step (default: the newest verified one).")
 @click.option("--json", "as_json", is_flag=True)
 def resume(run: str, step: int | None, as_json: bool) -> None:
     """Resume a finished run from one of its checkpoints (a new attempt of the same run)."""
@@ -302,7 +328,7 @@ def resume(run: str, step: int | None, as_json: bool) -> None:
         try:
             chosen = request_resume(session, run_id, step, who="cli")
         except RequestRefused as exc:
-            _fail(str(exc))
+            fail(str(exc))
         session.commit()
     if as_json:
         click.echo(json.dumps({"id": run_id, "step": chosen}))
@@ -312,7 +338,7 @@ def resume(run: str, step: int | None, as_json: bool) -> None:
 
 @cli.command()
 @click.argument("run")
-@click.option("--step", type=int, default=None, help="Checkpoint step of RUN (default: the newest verified one).")
+@click.option("--step", type=COUNT, default=None, help="Checkpoint step of RUN (default: the newest verified one).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Changed setting, e.g. train.lr=0.0001.")
 @click.option("--json", "as_json", is_flag=True)
 def fork(run: str, step: int | None, overrides: tuple[str, ...], as_json: bool) -> None:
@@ -331,13 +357,13 @@ def fork(run: str, step: int | None, overrides: tuple[str, ...], as_json: bool) 
         click.echo(f"error: {exc}\nnothing was queued.", err=True)
         sys.exit(EXIT_USAGE)
     except RequestRefused as exc:
-        _fail(str(exc))
+        fail(str(exc))
     click.echo(json.dumps({"id": new_id, "parent": parent}) if as_json else str(new_id))
 
 
 @cli.command()
 @click.argument("run")
-@click.option("--step", type=int, required=True, help="Checkpoint step.")
+@click.option("--step", type=COUNT, required=True, help="Checkpoint step.")
 @click.option("--unpin", is_flag=True, help="Remove the pin instead.")
 def pin(run: str, step: int, unpin: bool) -> None:
     """Pin a checkpoint so that retention never deletes it (or --unpin)."""
@@ -349,12 +375,24 @@ def pin(run: str, step: int, unpin: bool) -> None:
         try:
             set_pinned(session, run_id, step, not unpin)
         except RequestRefused as exc:
-            _fail(str(exc))
+            fail(str(exc))
         session.commit()
     click.echo(f"run {run_id} step {step}: {'unpinned' if unpin else 'pinned'}")
 
 
 # -- reading ---------------------------------------------------------------------------------
+
+
+def _status_filter(statuses: tuple[str, ...]) -> list[str]:
+    """The ``--status`` values in upper case; exit 2 naming an unknown one and the valid ones."""
+    from db.states import RunStatus
+
+    valid = [s.value for s in RunStatus]
+    wanted = [s.strip().upper() for s in statuses]
+    unknown = [s for s, w in zip(statuses, wanted) if w not in valid]
+    if unknown:
+        fail(f"--status {unknown[0]!r} is not a run status; use one of {', '.join(valid)}", EXIT_USAGE)
+    return wanted
 
 
 @cli.command("ls")
@@ -364,13 +402,21 @@ def ls(statuses: tuple[str, ...], as_json: bool) -> None:
     """List runs, newest first."""
     from db.queries import list_runs
 
-    with _sessions(_settings())() as session:
-        runs = list_runs(session, [s.upper() for s in statuses] or None)
+    wanted = _status_filter(statuses)
+    settings = _settings()
+    sessions = open_existing(settings)
+    runs: list[dict[str, Any]] = []
+    if sessions is not None:
+        with sessions() as session:
+            runs = list_runs(session, wanted or None)
     if as_json:
         click.echo(json.dumps(_json_safe(runs), indent=2))
         return
     if not runs:
-        click.echo("no runs yet; queue one with `runyard submit examples/digits.toml`")
+        if wanted:
+            click.echo(f"no runs with status {' or '.join(wanted)} in {settings.home}")
+        else:
+            click.echo(f"no runs yet in {settings.home}; queue one with `runyard submit examples/digits.toml`")
         return
     click.echo(f"{'ID':>5}  {'NAME':<20} {'STATUS':<10} {'STEP':>11} {'ELAPSED':>8} {'ETA':>7} {'COST':>9}")
     for r in runs:
@@ -415,7 +461,7 @@ def show(run: str, as_json: bool) -> None:
     """Show a run: status, attempts, latest metrics per rank, cost, ETA."""
     from db.queries import run_detail
 
-    sessions = _sessions(_settings())
+    sessions = _existing_sessions(_settings(), run)
     run_id = _resolve(sessions, run)
     with sessions() as session:
         detail = run_detail(session, run_id)
@@ -425,33 +471,54 @@ def show(run: str, as_json: bool) -> None:
         _print_detail(detail)
 
 
+def _log_attempt(run_id: int, detail: dict[str, Any], attempt: int | None, rank: int | None,
+                 follow: bool) -> dict[str, Any] | None:
+    """The attempt whose logs to print; ``None`` while following a run that has none yet.
+    Exits 1 with a sentence for a run without attempts, a wrong attempt or a wrong rank."""
+    ranks = int(detail.get("config", {}).get("launch", {}).get("nproc_per_node", 0) or 0)
+    if rank is not None and ranks and rank >= ranks:
+        fail(f"--rank {rank}: run {run_id} has ranks 0 to {ranks - 1} (launch.nproc_per_node = {ranks})")
+    attempts = detail["attempts"]
+    if not attempts:
+        if follow and detail["status"] not in ("SUCCEEDED", "FAILED", "CANCELLED"):
+            return None
+        fail(f"run {run_id} has no attempts yet (it is {detail['status']}), so no logs; "
+             f"`runyard logs {run_id} --follow` waits for them")
+    if attempt is None:
+        return attempts[-1]
+    chosen = next((a for a in attempts if a["number"] == attempt), None)
+    if chosen is None:
+        fail(f"--attempt {attempt}: run {run_id} has attempts 1 to {len(attempts)}")
+    return chosen
+
+
 @cli.command()
 @click.argument("run")
-@click.option("--rank", type=int, default=None, help="Only this rank (default: every rank).")
-@click.option("--attempt", type=int, default=None, help="Attempt number (default: the newest).")
+@click.option("--rank", type=COUNT, default=None, help="Only this rank (default: every rank).")
+@click.option("--attempt", type=click.IntRange(1, INT64_MAX), default=None, help="Attempt number (default: the newest).")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until the run ends.")
 def logs(run: str, rank: int | None, attempt: int | None, follow: bool) -> None:
     """Print the ranks' stdout/stderr of a run's attempt."""
-    from db.queries import attempts_of, run_detail
+    from db.queries import run_detail
     from db.states import TERMINAL, RunStatus
     from orchestrator.logs import launcher_log, rank_log_files
 
-    sessions = _sessions(_settings())
+    sessions = _existing_sessions(_settings(), run)
     run_id = _resolve(sessions, run)
     offsets: dict[Path, int] = {}
 
-    def emit_new() -> None:
+    def emit_new() -> str:
+        """Print what is new; returns the run's status."""
         with sessions() as session:
-            attempts = attempts_of(session, run_id)
-        if not attempts:
-            return
-        chosen = next((a for a in attempts if a["number"] == attempt), None) if attempt else attempts[-1]
+            detail = run_detail(session, run_id)
+        chosen = _log_attempt(run_id, detail, attempt, rank, follow)
         if chosen is None:
-            _fail(f"run {run_id} has no attempt {attempt}; it has {len(attempts)}")
+            return detail["status"]
         adir = Path(chosen["dir"])
         files = rank_log_files(adir)
         if rank is not None and rank not in files and not follow:
-            _fail(f"no logs for rank {rank} in attempt {chosen['number']}; ranks with logs: {sorted(files) or 'none'}")
+            fail(f"no logs for rank {rank} in attempt {chosen['number']} of run {run_id} yet; "
+                 f"ranks with logs: {sorted(files) or 'none'}")
         targets = [(f"rank {r}", p) for r, paths in files.items() if rank is None or r == rank for p in paths]
         if rank is None:
             targets.insert(0, ("launcher", launcher_log(adir)))
@@ -465,18 +532,14 @@ def logs(run: str, rank: int | None, attempt: int | None, follow: bool) -> None:
                 continue
             for line in data.decode(errors="replace").splitlines():
                 click.echo(f"[{label}] {line}" if rank is None else line)
+        return detail["status"]
 
     if not follow:
         emit_new()
         return
-    while True:
-        emit_new()
-        with sessions() as session:
-            status = RunStatus(run_detail(session, run_id)["status"])
-        if status in TERMINAL:
-            emit_new()
-            return
+    while RunStatus(emit_new()) not in TERMINAL:
         time.sleep(0.5)
+    emit_new()
 
 
 @cli.command()
@@ -488,7 +551,7 @@ def metrics(run: str, as_csv: bool) -> None:
 
     from db.queries import iter_metric_rows
 
-    sessions = _sessions(_settings())
+    sessions = _existing_sessions(_settings(), run)
     run_id = _resolve(sessions, run)
     out = csv.writer(sys.stdout, lineterminator="\n")
     out.writerow(["attempt", "rank", "step", "key", "value", "time", "superseded"])

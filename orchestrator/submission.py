@@ -6,18 +6,20 @@ problem is reported at once, each naming the field and the value.
 
 from __future__ import annotations
 
+import json
+import os
+import stat
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
-
-import json
-from pathlib import Path
 
 from db.models import Event, Run
 from db.queries import price_table
 from db.requests import RunNotFound, create_run, usable_checkpoint
 from db.settings import Settings
 from orchestrator.cost import price_for
+from orchestrator.memory import check_memory
 from orchestrator.resources import Inventory, check_fits
 from trainer.config import ConfigError, LaunchConfig, RunConfig, apply_overrides, parse_config
 
@@ -40,13 +42,66 @@ def validate(data: dict[str, Any], inventory: Inventory) -> RunConfig:
             except Exception:  # noqa: BLE001 - the schema errors above already cover it
                 pass
         raise ConfigError(problems) from None
-    problems = check_fits(config, inventory)
+    problems = check_fits(config, inventory) + check_memory(config, inventory)
     if config.workload.kind == "script":
         config, script_problems = resolve_script(config)
         problems += script_problems
+    config, text_problems = resolve_text(config)
+    problems += text_problems
     if problems:
         raise ConfigError(problems)
     return config
+
+
+# Every rank reads the whole text into memory (about 30 bytes per character once encoded).
+MAX_TEXT_BYTES = 256 * 1024**2
+# gpt-char keeps the last 10% of the text for validation and draws windows of block_size + 1.
+VAL_FRACTION = 0.1
+
+
+def _text_problem(raw: str, path: Path, block_size: int) -> str | None:
+    """What makes ``path`` unusable as gpt-char's text, or ``None``."""
+    field = f"workload.text = {raw!r}"
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError, ValueError):
+        return f"{field}: no such file ({path})"
+    except OSError as exc:
+        return f"{field}: cannot read it ({path}): {exc.strerror}"
+    if stat.S_ISDIR(st.st_mode):
+        return f"{field}: {path} is a directory; give a text file"
+    if not stat.S_ISREG(st.st_mode):  # /dev/zero would be read until memory runs out; a FIFO blocks
+        return f"{field}: {path} is not a regular file (a device, pipe or socket); give a text file"
+    if st.st_size > MAX_TEXT_BYTES:
+        return (f"{field}: {path} is {st.st_size / 1024**2:.0f} MiB; at most {MAX_TEXT_BYTES // 1024**2} MiB "
+                "(every rank holds the whole text in memory)")
+    if int(st.st_size * VAL_FRACTION) <= block_size + 1:  # a character is at least one byte
+        return (f"{field}: {path} has {st.st_size} bytes, too short for workload.block_size = {block_size} "
+                f"(the validation split, the last 10%, must be longer than block_size + 1 characters)")
+    try:
+        with open(path, "rb") as f:  # os.access answers yes for root where a read still fails
+            f.read(1)
+    except OSError as exc:
+        return f"{field}: cannot read it ({path}): {exc.strerror}"
+    return None
+
+
+def resolve_text(config: RunConfig, base: Path | None = None) -> tuple[RunConfig, list[str]]:
+    """Make ``workload.text`` an absolute path to a readable regular file of sensible size."""
+    raw = config.workload.text
+    if raw is None:
+        return config, []
+    if not raw.strip():
+        return config, [f"workload.text = {raw!r}: empty path; leave the key out to train on the default text"]
+    try:
+        path = (Path(base or Path.cwd()) / Path(raw).expanduser()).resolve()
+    except (OSError, RuntimeError, ValueError) as exc:  # a symlink loop, a NUL character
+        return config, [f"workload.text = {raw!r}: cannot resolve the path: {exc}"]
+    problem = _text_problem(raw, path, config.workload.block_size)
+    if problem:
+        return config, [problem]
+    workload = config.workload.model_copy(update={"text": str(path)})
+    return config.model_copy(update={"workload": workload}), []
 
 
 def resolve_script(config: RunConfig, base: Path | None = None) -> tuple[RunConfig, list[str]]:

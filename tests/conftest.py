@@ -81,3 +81,10 @@ def kill_processes_of(home: Path) -> int:
 def _no_leftover_processes(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[None]:
     yield
     kill_processes_of(tmp_path)
+
+
+@pytest.fixture(autouse=True)
+def _private_user_data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test that forgets RUNYARD_HOME writes into tmp_path, never into the user's own data
+    folder (~/.local/share/runyard, runyard's default home)."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg-data"))

@@ -33,9 +33,19 @@ class ConfigError(ValueError):
         super().__init__("invalid run config:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
+# Integers are stored as 64-bit columns; a larger one could not even be inserted.
+INT64_MAX = 2**63 - 1
+# numpy's legacy seeding (used by the data order) takes 32-bit seeds.
+SEED_MAX = 2**32 - 1
+# A config is a few kilobytes; reading more is a mistake (or /dev/zero).
+MAX_CONFIG_BYTES = 1 << 20
+
+
 class _Section(BaseModel):
+    # strict: TOML and JSON give real types, so "yes" is not a bool and 1e3 is not an int (an int
+    # where a float is wanted is fine). Tuples opt out below: TOML and JSON give lists.
     model_config = ConfigDict(
-        frozen=True, extra="forbid", use_attribute_docstrings=True, validate_default=True
+        frozen=True, extra="forbid", use_attribute_docstrings=True, validate_default=True, strict=True
     )
 
 
@@ -55,11 +65,13 @@ class WorkloadConfig(_Section):
     is resolved against the directory `runyard submit` runs in. It may import `trainer` to report
     metrics and checkpoints (see examples/)."""
 
-    args: tuple[str, ...] = ()
+    args: tuple[str, ...] = Field(default=(), strict=False)
     """Command-line arguments passed to the script (kind = "script")."""
 
     text: str | None = None
-    """Text file to train gpt-char on (default: the Python standard library's sources)."""
+    """Text file to train gpt-char on (default: the Python standard library's sources): a
+    readable regular file of at most 256 MiB, read as UTF-8 (every rank holds it in memory); a
+    relative path is resolved against the directory `runyard submit` runs in."""
 
     n_layer: int = Field(default=4, ge=1, le=96)
     """gpt-char: transformer blocks."""
@@ -98,10 +110,10 @@ class LaunchConfig(_Section):
 class TrainConfig(_Section):
     """The training loop."""
 
-    max_steps: int = Field(default=300, ge=1)
+    max_steps: int = Field(default=300, ge=1, le=INT64_MAX)
     """Optimizer steps to run; the run succeeds when the last one completes."""
 
-    batch_size: int = Field(default=64, ge=1)
+    batch_size: int = Field(default=64, ge=1, le=INT64_MAX)
     """Samples per step per rank (the global batch is batch_size x ranks)."""
 
     lr: float = Field(default=0.001, gt=0, allow_inf_nan=False)
@@ -110,7 +122,7 @@ class TrainConfig(_Section):
     weight_decay: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     """AdamW weight decay (0: plain Adam). AdamW is fused on CUDA."""
 
-    warmup_steps: int = Field(default=0, ge=0)
+    warmup_steps: int = Field(default=0, ge=0, le=INT64_MAX)
     """Linear learning-rate warm-up from 0 over this many steps."""
 
     lr_schedule: Literal["constant", "cosine"] = "constant"
@@ -132,17 +144,17 @@ class TrainConfig(_Section):
     activation_checkpointing: bool = False
     """Recompute each block's activations in the backward pass to save memory (gpt-char)."""
 
-    grad_accum: int = Field(default=1, ge=1)
+    grad_accum: int = Field(default=1, ge=1, le=INT64_MAX)
     """Micro-batches of `batch_size` accumulated per optimizer step (DDP skips the gradient
     all-reduce on all but the last). The effective per-rank batch is batch_size x grad_accum."""
 
-    seed: int = Field(default=0, ge=0)
+    seed: int = Field(default=0, ge=0, le=SEED_MAX)
     """Seed of every random generator; all ranks use the same model seed."""
 
-    log_every: int = Field(default=10, ge=1)
+    log_every: int = Field(default=10, ge=1, le=INT64_MAX)
     """Report per-rank training metrics every this many steps."""
 
-    eval_every: int = Field(default=100, ge=0)
+    eval_every: int = Field(default=100, ge=0, le=INT64_MAX)
     """Evaluate on the held-out split every this many steps (0: only at the end)."""
 
     deterministic: bool = False
@@ -154,20 +166,21 @@ class CheckpointConfig(_Section):
     """When checkpoints are written and which are kept."""
 
     model_config = ConfigDict(
-        frozen=True, extra="forbid", use_attribute_docstrings=True, validate_default=True, populate_by_name=True
+        frozen=True, extra="forbid", use_attribute_docstrings=True, validate_default=True, populate_by_name=True,
+        strict=True,
     )
 
-    every_steps: int = Field(default=100, ge=0)
+    every_steps: int = Field(default=100, ge=0, le=INT64_MAX)
     """Save every this many steps (0: not by steps). A final checkpoint is always written at the
     end of the run."""
 
     every_seconds: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     """Also save when this many seconds passed since the last save (0: not by time)."""
 
-    keep_last: int = Field(default=3, ge=0)
+    keep_last: int = Field(default=3, ge=0, le=INT64_MAX)
     """Keep the newest this many checkpoints (0: keep all)."""
 
-    keep_best: int = Field(default=1, ge=0)
+    keep_best: int = Field(default=1, ge=0, le=INT64_MAX)
     """Also keep the best this many by `best_metric`."""
 
     best_metric: str = Field(default="eval_loss", min_length=1)
@@ -193,7 +206,7 @@ class ParallelConfig(_Section):
 class RetryConfig(_Section):
     """What happens when an attempt fails."""
 
-    max_retries: int = Field(default=3, ge=0)
+    max_retries: int = Field(default=3, ge=0, le=INT64_MAX)
     """New attempts after failures, counted over the whole run. Preemptions (a SIGTERM that
     runyard did not send) do not count. Errors that would recur stop the run at once."""
 
@@ -231,10 +244,10 @@ class SupervisionConfig(_Section):
     steps, and for that many steps again, is reported once as a straggler (a warning event).
     0: off; otherwise above 1. Not measured under FSDP."""
 
-    straggler_window_steps: int = Field(default=20, ge=1)
+    straggler_window_steps: int = Field(default=20, ge=1, le=INT64_MAX)
     """Steps the straggler check takes medians over, and how long a rank must stay slow."""
 
-    desync_check_every: int = Field(default=100, ge=0)
+    desync_check_every: int = Field(default=100, ge=0, le=INT64_MAX)
     """Every this many steps the ranks compare a checksum of their parameters (exact: the raw
     bits summed as integers), carried in the metrics all-gather. DDP replicas must agree bit for
     bit; a rank that differs from rank 0 is reported as an error event. 0: off. Skipped under
@@ -268,7 +281,7 @@ class RunConfig(_Section):
     )
     """Name shown in the dashboard: letters, digits, `.`, `_`, `-`; not unique."""
 
-    tags: tuple[str, ...] = ()
+    tags: tuple[str, ...] = Field(default=(), strict=False)
     """Free-form labels for filtering the runs list."""
 
     workload: WorkloadConfig = WorkloadConfig()
@@ -296,6 +309,14 @@ def _location(loc: tuple[Any, ...]) -> str:
     return ".".join(str(part) for part in loc) or "(top level)"
 
 
+# Strict types refuse what lax parsing would have guessed; say how to write it instead.
+_STRICT_HINTS = {
+    "int_type": " (a whole number, written without a decimal point or exponent: 1000, not 1e3 or 1000.0)",
+    "bool_type": " (true or false, without quotes)",
+    "float_type": " (a number, without quotes)",
+}
+
+
 def _describe(err: dict[str, Any]) -> str:
     field = _location(err["loc"])
     if err["type"] == "value_error" and isinstance(err["input"], dict):  # a check across fields
@@ -303,7 +324,7 @@ def _describe(err: dict[str, Any]) -> str:
         return f"{field}: {message}" if err["loc"] else message
     if err["type"] == "extra_forbidden":
         return f"{field}: unknown key (value {err['input']!r}); check the spelling against docs/CONFIG.md"
-    return f"{field} = {err['input']!r}: {err['msg']}"
+    return f"{field} = {err['input']!r}: {err['msg']}{_STRICT_HINTS.get(err['type'], '')}"
 
 
 def parse_config(data: dict[str, Any]) -> RunConfig:
@@ -368,14 +389,33 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return out
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
-    """Read, override and validate a TOML run config file."""
+def read_config_text(path: str | Path) -> str:
+    """The text of a config file: a regular file of at most 1 MiB of UTF-8.
+
+    Raises:
+        ConfigError: naming the file and what is wrong with it.
+    """
     p = Path(path)
     try:
-        text = p.read_text()
+        if not p.is_file():  # a directory, /dev/zero or a FIFO would be read forever or not at all
+            what = "a directory" if p.is_dir() else "not a regular file" if p.exists() else "no such file"
+            raise ConfigError([f"cannot read {p}: {what}"])
+        with open(p, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise ConfigError([f"cannot read {p}: {exc.strerror}"]) from None
-    return parse_config(apply_overrides(parse_toml(text), overrides or []))
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError([f"{p}: larger than {MAX_CONFIG_BYTES // 1024} KiB; a run config is a few lines of TOML"])
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError([f"{p}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
+                           "save the file as UTF-8"]) from None
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    """Read, override and validate a TOML run config file."""
+    return parse_config(apply_overrides(parse_toml(read_config_text(path)), overrides or []))
 
 
 def config_from_json(text: str) -> RunConfig:
@@ -400,7 +440,8 @@ def reference_markdown() -> str:
         "",
         "Generated from `trainer/config.py` by `runyard config-reference`; a test keeps it equal.",
         "Unknown keys are rejected. Every value can be overridden on the command line with",
-        "`runyard submit CONFIG.toml --set section.key=value`.",
+        "`runyard submit CONFIG.toml --set section.key=value`. Types are strict: `true`/`false` for",
+        "booleans, whole numbers for integers (`1000`, not `1e3`); an integer is fine for a float.",
         "",
     ]
 
@@ -412,7 +453,7 @@ def reference_markdown() -> str:
             if isinstance(ann, type) and issubclass(ann, BaseModel):
                 continue
             type_name = str(ann).replace("typing.", "").replace("<class '", "").replace("'>", "")
-            constraints = ", ".join(_constraint_text(m) for m in field.metadata)
+            constraints = ", ".join(_constraint_text(m) for m in field.metadata if type(m).__name__ != "Strict")
             if constraints:
                 type_name += f", {constraints}"
             default = json.dumps(field.default if not isinstance(field.default, tuple) else list(field.default))

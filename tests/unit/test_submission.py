@@ -66,3 +66,41 @@ def test_cpu_slots_can_be_set() -> None:
     if inventory.kind == "gpu":
         pytest.skip("on a GPU machine the slots are the GPUs")
     assert inventory.slots == 6
+
+
+# -- workload.text: a readable regular file of sensible size, made absolute --------------------
+
+
+def _gpt(text: str, **workload: object) -> dict:
+    return {"workload": {"kind": "gpt-char", "text": text, "block_size": 16, **workload}}
+
+
+def test_text_is_made_absolute_against_the_submit_directory(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "corpus.txt").write_text("hello world, " * 100)
+    monkeypatch.chdir(tmp_path)
+    assert validate(_gpt("corpus.txt"), CPU2).workload.text == str(tmp_path / "corpus.txt")
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("missing", "no such file"),
+    ("directory", "is a directory"),
+    ("/dev/zero", "is not a regular file"),
+    ("fifo", "is not a regular file"),
+    ("huge", "at most 256 MiB"),
+    ("short", "too short for workload.block_size = 16"),
+    ("", "empty path"),
+])
+def test_an_unusable_text_is_refused_naming_the_field_and_the_value(tmp_path: Path, case: str, expected: str) -> None:
+    import os
+
+    paths = {"missing": tmp_path / "nope.txt", "directory": tmp_path, "fifo": tmp_path / "fifo",
+             "huge": tmp_path / "huge.txt", "short": tmp_path / "short.txt"}
+    os.mkfifo(paths["fifo"])
+    with open(paths["huge"], "wb") as f:
+        f.truncate(300 * 1024**2)  # sparse: no disk used
+    paths["short"].write_text("x" * 100)
+    raw = str(paths.get(case, case))
+    with pytest.raises(ConfigError) as info:
+        validate(_gpt(raw), CPU2)
+    (problem,) = info.value.problems
+    assert field_of(problem) == "workload.text" and repr(raw) in problem and expected in problem

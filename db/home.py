@@ -1,0 +1,264 @@
+"""The data folder: whether it can be used, and moving a legacy ``./.runyard`` into it.
+
+Every command checks its data folder before it opens the database, so that a folder that is a
+file, lies under a file, cannot be created or cannot be written ends in one sentence naming the
+folder and what is wrong with it, not in a SQLAlchemy traceback. Writability is checked by
+creating a file: ``os.access`` answers yes for root on read-only and immutable folders.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from db import DatabaseError
+from db.engine import sqlite_path
+from db.settings import DB_FILE, Settings
+
+logger = logging.getLogger(__name__)
+
+
+class HomeUnusable(DatabaseError):
+    """The data folder (or the SQLite database's folder) cannot be used; the message names it
+    and says what is wrong with it."""
+
+
+class AdoptRefused(DatabaseError):
+    """A legacy data folder cannot be moved now; the message says why and what to do."""
+
+
+def _probe(folder: Path) -> OSError | None:
+    """Create, write and remove a file in ``folder``; the error when that fails."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".runyard-probe-", dir=folder)
+    except OSError as exc:
+        return exc
+    try:
+        os.write(fd, b"x")
+    except OSError as exc:
+        return exc
+    finally:
+        os.close(fd)
+        try:
+            os.unlink(name)
+        except OSError:
+            pass
+    return None
+
+
+def _file_ancestor(path: Path) -> Path | None:
+    """The nearest ancestor of ``path`` that exists but is not a folder."""
+    for parent in path.parents:
+        if parent.exists() or parent.is_symlink():
+            return None if parent.is_dir() else parent
+    return None
+
+
+def _existing_ancestor(path: Path) -> Path:
+    for parent in path.parents:
+        if parent.is_dir():
+            return parent
+    return Path(path.anchor or "/")
+
+
+def check_folder(folder: Path, what: str, create: bool) -> None:
+    """Make sure ``folder`` is a folder this process can write, creating it when ``create``.
+
+    Without ``create`` a missing folder is fine as long as it could be created (its nearest
+    existing ancestor is writable): read-only commands never create anything.
+
+    Args:
+        folder: The folder.
+        what: How messages name it, e.g. ``data folder /x (RUNYARD_HOME)``.
+        create: Whether to create a missing folder.
+
+    Raises:
+        HomeUnusable: naming the folder and what is wrong with it.
+    """
+    hint = "set RUNYARD_HOME to a folder you can write"
+    try:
+        st = os.stat(folder)
+    except FileNotFoundError:
+        st = None
+    except NotADirectoryError:
+        blocker = _file_ancestor(folder)
+        raise HomeUnusable(f"{what} cannot be created: {blocker or 'a parent'} is a file, not a folder; {hint}") from None
+    except OSError as exc:
+        raise HomeUnusable(f"{what} cannot be used: {exc.strerror or exc}; {hint}") from None
+    if st is not None:
+        if not os.path.isdir(folder):
+            raise HomeUnusable(f"{what} is a file, not a folder; {hint}")
+        failure = _probe(folder)
+        if failure is not None:
+            raise HomeUnusable(f"{what} is not writable: creating a file in it failed: "
+                               f"{failure.strerror or failure}; {hint}")
+        return
+    blocker = _file_ancestor(folder)
+    if blocker is not None:
+        raise HomeUnusable(f"{what} cannot be created: {blocker} is a file, not a folder; {hint}")
+    if create:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            made = exc.filename or folder
+            raise HomeUnusable(f"{what} cannot be created: making {made} failed: {exc.strerror or exc}; {hint}") from None
+        check_folder(folder, what, create=False)
+        return
+    ancestor = _existing_ancestor(folder)
+    failure = _probe(ancestor)
+    if failure is not None:
+        raise HomeUnusable(f"{what} cannot be created: creating anything in {ancestor} failed: "
+                           f"{failure.strerror or failure}; {hint}")
+
+
+def check_home(settings: Settings, create: bool) -> None:
+    """Check the data folder and, for a SQLite database elsewhere, the database's folder.
+
+    Raises:
+        HomeUnusable: one sentence naming the folder and what is wrong with it.
+    """
+    source = "RUNYARD_HOME" if settings.home_from_env else "the default; RUNYARD_HOME overrides it"
+    check_folder(settings.home, f"data folder {settings.home} ({source})", create)
+    db_file = sqlite_path(settings.db_url)
+    if db_file is not None and db_file.parent != settings.home:
+        check_folder(db_file.parent, f"database folder {db_file.parent} (RUNYARD_DB_URL)", create)
+    if db_file is not None and db_file.exists() and not db_file.is_file():
+        raise HomeUnusable(f"database {db_file} is not a file; remove it or set RUNYARD_DB_URL to another database")
+
+
+def has_database(settings: Settings) -> bool:
+    """Whether a SQLite database file exists (other databases: assumed to, the schema check
+    then tells)."""
+    db_file = sqlite_path(settings.db_url)
+    if db_file is None:
+        return True
+    try:
+        return db_file.stat().st_size > 0
+    except OSError:
+        return False
+
+
+# -- the legacy ./.runyard -----------------------------------------------------------------------
+
+
+def legacy_warning(settings: Settings) -> str | None:
+    """The line that offers to move a legacy ``./.runyard``, or ``None`` without one."""
+    if settings.legacy_home is None:
+        return None
+    return (f"warning: {settings.legacy_home} holds an older runyard database; runyard now keeps its data in "
+            f"{settings.home}. Move it there with `runyard info --adopt-legacy`, or keep using it with "
+            f"RUNYARD_HOME={settings.legacy_home}")
+
+
+def _hold_scheduler_lock(folder: Path) -> int | None:
+    """Take ``folder/scheduler.lock`` (so no scheduler starts meanwhile); ``None`` without one.
+
+    Raises:
+        AdoptRefused: a scheduler holds it.
+    """
+    path = folder / "scheduler.lock"
+    if not path.exists():
+        return None
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise AdoptRefused(f"a scheduler is running on {folder}; stop it first, then move the folder") from None
+    return fd
+
+
+def _active_runs(sessions: sessionmaker[Session]) -> list[int]:
+    from db.models import Run
+    from db.states import ACTIVE
+
+    with sessions() as session:
+        return list(session.scalars(select(Run.id).where(Run.status.in_([s.value for s in ACTIVE]))))
+
+
+def _rebase(value: str | None, old: Path, new: Path) -> str | None:
+    if not value:
+        return value
+    path = Path(value)
+    if path == old or old in path.parents:
+        return str(new / path.relative_to(old))
+    return value
+
+
+def rebase_paths(session: Session, old: Path, new: Path) -> int:
+    """Point every stored path under ``old`` (run, attempt and checkpoint folders) at ``new``;
+    the caller commits. Returns how many values changed."""
+    from db.models import Attempt, Checkpoint, Run
+
+    changed = 0
+    for model, columns in ((Run, ("run_dir",)), (Attempt, ("dir", "resume_dir")), (Checkpoint, ("path",))):
+        for row in session.scalars(select(model)):
+            for column in columns:
+                before = getattr(row, column)
+                after = _rebase(before, old, new)
+                if after != before:
+                    setattr(row, column, after)
+                    changed += 1
+    return changed
+
+
+def adopt_legacy(settings: Settings) -> str:
+    """Move the legacy ``./.runyard`` to the per-user home and rewrite the folders stored in
+    its database; nothing is lost when a step fails (the move is undone).
+
+    Returns:
+        A sentence saying what was moved where.
+
+    Raises:
+        AdoptRefused: there is nothing to move, or it cannot be moved now (the message says why).
+    """
+    from db.engine import make_engine, make_sessionmaker, upgrade
+
+    legacy, target = settings.legacy_home, settings.home
+    if legacy is None:
+        raise AdoptRefused(f"there is no older ./.runyard with a {DB_FILE} in {Path.cwd()} to move")
+    if settings.home_from_env or settings.db_url != f"sqlite:///{target / DB_FILE}":
+        raise AdoptRefused("RUNYARD_HOME or RUNYARD_DB_URL is set; unset them to move ./.runyard to the default home")
+    if target.exists() and any(target.iterdir()):
+        raise AdoptRefused(f"{target} is not empty; move the runs by hand, or keep using the old folder with "
+                           f"RUNYARD_HOME={legacy}")
+    lock = _hold_scheduler_lock(legacy)
+    try:
+        legacy_url = f"sqlite:///{legacy / DB_FILE}"
+        upgrade(legacy_url)
+        engine = make_engine(legacy_url)
+        try:
+            active = _active_runs(make_sessionmaker(engine))
+        finally:
+            engine.dispose()
+        if active:
+            raise AdoptRefused(f"runs {', '.join(map(str, active))} of {legacy} are still running; "
+                               "move the folder once they have ended")
+        check_folder(target.parent, "parent of the data folder", create=True)
+        if target.exists():
+            target.rmdir()  # empty (checked above): the move below makes it again
+        shutil.move(str(legacy), str(target))
+        try:
+            engine = make_engine(settings.db_url)
+            try:
+                with make_sessionmaker(engine)() as session:
+                    changed = rebase_paths(session, legacy, target)
+                    session.commit()
+            finally:
+                engine.dispose()
+        except Exception:
+            shutil.move(str(target), str(legacy))  # undo: the database still names the old folders
+            raise
+    finally:
+        if lock is not None:
+            os.close(lock)
+    logger.debug("moved %s to %s (%d stored paths rewritten)", legacy, target, changed)
+    return f"moved {legacy} to {target}; {changed} stored folder path(s) now point there"
+

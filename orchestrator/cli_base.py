@@ -1,0 +1,111 @@
+"""What every ``runyard`` command shares: the data-folder check, opening the database, and
+errors as one line.
+
+Every command of the CLI group is a :class:`RunyardCommand` (click's ``command_class``), so a
+command added later gets the same treatment without code of its own: before its body runs the
+data folder is checked (created by commands that write; only inspected by the read-only ones,
+which never create a database), and a database problem ends the command with one sentence and
+exit code 1 instead of a SQLAlchemy traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any, NoReturn
+
+import click
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from db import DatabaseError
+from db.home import check_home, has_database, legacy_warning
+from db.settings import Settings, load_settings
+from orchestrator import OrchestratorError
+
+logger = logging.getLogger(__name__)
+
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+# Commands that only read: they never create the data folder or a database.
+READ_ONLY_COMMANDS = frozenset({"ls", "show", "logs", "metrics", "info"})
+# Commands that need no data folder at all.
+NO_DATA_COMMANDS = frozenset({"config-reference"})
+
+
+def fail(message: str, code: int = EXIT_FAILURE) -> NoReturn:
+    """Print ``error: message`` on stderr and exit with ``code``."""
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def safe_url(url: str) -> str:
+    """The database URL with any password hidden."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - an unparsable URL is shown as given, minus nothing secret to hide
+        return url
+
+
+def database_error_line(exc: SQLAlchemyError, settings: Settings) -> str:
+    """One line for a database error: the database and the driver's own message."""
+    detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    return f"database {safe_url(settings.db_url)}: {detail[0] if detail else type(exc).__name__}"
+
+
+class RunyardCommand(click.Command):
+    """A command whose data folder is checked first and whose database errors end in one line."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        if self.name in NO_DATA_COMMANDS:
+            return super().invoke(ctx)
+        settings = load_settings()
+        try:
+            check_home(settings, create=self.name not in READ_ONLY_COMMANDS)
+            warning = legacy_warning(settings)
+            if warning and self.name != "info":  # info shows it in its own listing
+                click.echo(warning, err=True)
+            return super().invoke(ctx)
+        except (DatabaseError, OrchestratorError) as exc:  # an unusable folder, a lock timeout, a bad env var
+            fail(str(exc))
+        except SQLAlchemyError as exc:
+            logger.debug("database error", exc_info=True)
+            fail(database_error_line(exc, settings))
+
+
+class RunyardGroup(click.Group):
+    """The ``runyard`` group: its commands and sub-groups are built as :class:`RunyardCommand`."""
+
+    command_class = RunyardCommand
+    group_class = type  # sub-groups (``runyard db``) are RunyardGroups too
+
+
+def open_sessions(settings: Settings) -> sessionmaker[Session]:
+    """A sessionmaker on an up-to-date schema; creates the database when there is none
+    (migrations run once under a lock, whoever else starts at the same time)."""
+    from db.engine import ensure_schema, make_engine, make_sessionmaker
+
+    engine = make_engine(settings.db_url)
+    ensure_schema(engine, settings.db_url, create=True)
+    return make_sessionmaker(engine)
+
+
+def open_existing(settings: Settings) -> sessionmaker[Session] | None:
+    """A sessionmaker on the database if there is one (brought to the newest schema); ``None``
+    when there is none yet. Never creates a database: read-only commands use this."""
+    from db.engine import ensure_schema, make_engine, make_sessionmaker
+
+    if not has_database(settings):
+        return None
+    engine = make_engine(settings.db_url)
+    if not ensure_schema(engine, settings.db_url, create=False):
+        engine.dispose()
+        return None
+    return make_sessionmaker(engine)
+
+
+def no_database_line(settings: Settings) -> str:
+    """The sentence for a data folder without a database yet."""
+    return (f"no database yet in {settings.home} ({settings.home_source}); "
+            "`runyard submit CONFIG.toml` or `runyard up` creates it")

@@ -1,0 +1,64 @@
+"""`runyard info`: where a command's data lives and what state it is in."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from app.format import duration
+from db.settings import Settings
+from orchestrator.cli_base import open_existing, safe_url
+
+
+def home_info(settings: Settings) -> dict[str, Any]:
+    """Where this command's data lives and what state it is in (``runyard info``)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from db.engine import current_revision, head_revision
+    from db.queries import scheduler_status
+
+    try:
+        runyard_version = version("runyard")
+    except PackageNotFoundError:
+        runyard_version = "unknown (not installed)"
+    info: dict[str, Any] = {
+        "home": str(settings.home),
+        "home_source": "RUNYARD_HOME" if settings.home_from_env else "default",
+        "database_url": safe_url(settings.db_url),
+        "schema_revision": None,
+        "schema_head": head_revision(settings.db_url),
+        "scheduler": None,
+        "token_file": str(settings.token_file) if settings.token_file.is_file() else None,
+        "legacy_home": str(settings.legacy_home) if settings.legacy_home else None,
+        "version": runyard_version,
+    }
+    sessions = open_existing(settings)
+    if sessions is not None:
+        with sessions() as session:
+            info["schema_revision"] = current_revision(session.get_bind())  # type: ignore[arg-type]
+            info["scheduler"] = scheduler_status(session)
+    return info
+
+
+def print_info(info: dict[str, Any]) -> None:
+    """Print :func:`home_info` as aligned lines."""
+    home_note = "set by RUNYARD_HOME" if info["home_source"] == "RUNYARD_HOME" else "default; RUNYARD_HOME overrides"
+    click.echo(f"home       {info['home']}  ({home_note})")
+    click.echo(f"database   {info['database_url']}")
+    if info["schema_revision"] is None:
+        click.echo("schema     none yet (the first `runyard submit` or `runyard up` creates the database)")
+    else:
+        click.echo(f"schema     {info['schema_revision']} (newest {info['schema_head']})")
+    sched = info["scheduler"]
+    if sched is None or sched["age_s"] is None:
+        click.echo("scheduler  never started on this database")
+    else:
+        state = "online" if sched["online"] else "offline"
+        click.echo(f"scheduler  {state}, pid {sched['pid']} on {sched['host']}, "
+                   f"last heartbeat {duration(sched['age_s'])} ago")
+    click.echo(f"token      {info['token_file'] or 'none'}")
+    click.echo(f"version    {info['version']}")
+    if info["legacy_home"]:
+        click.echo(f"legacy     {info['legacy_home']} holds an older database; "
+                   "`runyard info --adopt-legacy` moves it to the home above")

@@ -1,0 +1,93 @@
+"""Several runyard processes started together on a fresh data folder: the scheduler, two
+`runyard db upgrade` and two `runyard submit` (and a reader). Before the migration lock one of
+them died with a CircularDependencyError or "duplicate column" traceback about half the time;
+now the first migrates, the others wait and go on, and the schema is at head once.
+
+Real processes and a real SQLite file. Three fresh folders in a row, because a race that is
+lost half the time must be given more than one chance to show itself.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from db.engine import head_revision
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "digits.toml"
+ROUNDS = 3
+TIMEOUT_S = 180  # the machine is shared and loaded; each process needs a couple of seconds
+
+
+def _env(home: Path, slots: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("RUNYARD_DB_URL", None)
+    env["RUNYARD_HOME"] = str(home)
+    # The scheduler gets one CPU slot, so the 2-rank runs stay QUEUED: no training is started.
+    env["RUNYARD_CPU_SLOTS"] = str(slots)
+    return env
+
+
+def _query(home: Path, sql: str) -> list[tuple]:
+    con = sqlite3.connect(home / "runyard.db")
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
+
+
+def _wait_for_heartbeat(home: Path, scheduler: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + TIMEOUT_S
+    while time.monotonic() < deadline:
+        assert scheduler.poll() is None, f"the scheduler exited {scheduler.returncode}: {log.read_text()}"
+        try:
+            if _query(home, "SELECT count(*) FROM scheduler_heartbeat")[0][0] > 0:
+                return
+        except sqlite3.OperationalError:  # not migrated yet
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"no scheduler heartbeat in {TIMEOUT_S} s: {log.read_text()}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("round_", range(ROUNDS))
+def test_processes_started_together_on_a_fresh_home_all_succeed(tmp_path: Path, round_: int) -> None:
+    home = tmp_path / "home"  # does not exist yet: every process finds nothing
+    runyard = [sys.executable, "-m", "orchestrator"]
+    commands = {
+        "upgrade-1": ["db", "upgrade"], "upgrade-2": ["db", "upgrade"],
+        "submit-1": ["submit", str(EXAMPLE)], "submit-2": ["submit", str(EXAMPLE)],
+        "ls": ["ls", "--json"],
+    }
+    sched_log = tmp_path / "scheduler.log"
+    with open(sched_log, "wb") as log:
+        scheduler = subprocess.Popen([*runyard, "scheduler"], env=_env(home, 1), stdout=log, stderr=subprocess.STDOUT)
+        procs = {name: subprocess.Popen([*runyard, *args], env=_env(home, 2), stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True) for name, args in commands.items()}
+        try:
+            results = {name: (p.wait(TIMEOUT_S), *p.communicate()) for name, p in procs.items()}
+            for name, (code, out, err) in results.items():
+                assert code == 0 and "Traceback" not in err, f"{name} exited {code}: {out}{err}"
+            _wait_for_heartbeat(home, scheduler, sched_log)
+        finally:
+            for p in procs.values():
+                if p.poll() is None:
+                    p.kill()
+            scheduler.send_signal(signal.SIGTERM)
+            try:
+                scheduler.wait(30)
+            except subprocess.TimeoutExpired:
+                scheduler.kill()
+    assert "Traceback" not in sched_log.read_text()
+    assert sorted(int(results[n][1]) for n in ("submit-1", "submit-2")) == [1, 2]
+    url = f"sqlite:///{home / 'runyard.db'}"
+    assert _query(home, "SELECT version_num FROM alembic_version") == [(head_revision(url),)]
+    assert _query(home, "SELECT id, status FROM runs ORDER BY id") == [(1, "QUEUED"), (2, "QUEUED")]

@@ -1,0 +1,240 @@
+"""The data folder: the per-user default, the usability check, the legacy ./.runyard and the
+migration lock. Real folders and real SQLite files in tmp_path; tests run as root here, so an
+unwritable folder is made with what stops root (a path under a file, /proc, an immutable folder)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import inspect, text
+
+from db.engine import (
+    MigrationLockTimeout,
+    SchemaUnknown,
+    ensure_schema,
+    head_revision,
+    make_engine,
+    make_sessionmaker,
+    migration_lock,
+    upgrade,
+)
+from db.home import AdoptRefused, HomeUnusable, adopt_legacy, check_folder, check_home, rebase_paths
+from db.models import Attempt, Checkpoint, Run
+from db.settings import load_settings, user_data_dir
+
+
+# -- where the home is -----------------------------------------------------------------------
+
+
+def test_default_home_is_per_user_and_not_the_cwd(tmp_path: Path) -> None:
+    env = {"HOME": "/home/ada"}
+    assert user_data_dir(env, "linux") == Path("/home/ada/.local/share/runyard")
+    assert user_data_dir({**env, "XDG_DATA_HOME": "/data/xdg"}, "linux") == Path("/data/xdg/runyard")
+    # The XDG spec: a relative XDG_DATA_HOME is invalid and ignored.
+    assert user_data_dir({**env, "XDG_DATA_HOME": "rel"}, "linux") == Path("/home/ada/.local/share/runyard")
+    assert user_data_dir(env, "darwin") == Path("/home/ada/Library/Application Support/runyard")
+    assert user_data_dir({**env, "LOCALAPPDATA": "C:/Users/ada/AppData/Local"}, "win32").name == "runyard"
+    settings = load_settings({"HOME": str(tmp_path), "XDG_DATA_HOME": str(tmp_path / "xdg")}, cwd=tmp_path / "a")
+    assert settings.home == tmp_path / "xdg" / "runyard" and not settings.home_from_env
+    assert settings.db_url == f"sqlite:///{tmp_path / 'xdg' / 'runyard' / 'runyard.db'}"
+
+
+def test_runyard_home_overrides_and_a_relative_one_is_resolved_against_the_cwd(tmp_path: Path) -> None:
+    settings = load_settings({"RUNYARD_HOME": "data", "XDG_DATA_HOME": "/nowhere"}, cwd=tmp_path)
+    assert settings.home == tmp_path / "data" and settings.home_from_env
+    assert settings.legacy_home is None
+
+
+def test_a_legacy_dot_runyard_is_found_only_with_a_database_and_the_default_home(tmp_path: Path) -> None:
+    env = {"XDG_DATA_HOME": str(tmp_path / "xdg")}
+    (tmp_path / ".runyard").mkdir()
+    assert load_settings(env, cwd=tmp_path).legacy_home is None  # an empty folder is nothing to offer
+    (tmp_path / ".runyard" / "runyard.db").write_bytes(b"")
+    assert load_settings(env, cwd=tmp_path).legacy_home == tmp_path / ".runyard"
+    assert load_settings({**env, "RUNYARD_HOME": str(tmp_path / "h")}, cwd=tmp_path).legacy_home is None
+
+
+# -- is it usable ----------------------------------------------------------------------------
+
+
+def test_a_file_or_a_path_under_a_file_is_named(tmp_path: Path) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(HomeUnusable, match=f"{afile} .*is a file, not a folder"):
+        check_folder(afile, f"data folder {afile}", create=True)
+    with pytest.raises(HomeUnusable, match=f"cannot be created: {afile} is a file, not a folder"):
+        check_folder(afile / "home", f"data folder {afile / 'home'}", create=True)
+
+
+def test_a_folder_that_cannot_be_created_is_named(tmp_path: Path) -> None:
+    home = Path(f"/proc/runyard-test-{os.getpid()}/home")
+    for create in (True, False):
+        with pytest.raises(HomeUnusable, match="cannot be created") as info:
+            check_folder(home, f"data folder {home}", create=create)
+        assert str(home) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_read_only_commands_create_nothing_and_writing_ones_create_the_home(tmp_path: Path) -> None:
+    settings = load_settings({"RUNYARD_HOME": str(tmp_path / "a" / "home")})
+    check_home(settings, create=False)
+    assert not (tmp_path / "a").exists()
+    check_home(settings, create=True)
+    assert settings.home.is_dir() and list(settings.home.iterdir()) == []  # the probe file is gone
+
+
+def test_an_immutable_folder_is_not_writable_even_for_root(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    if subprocess.run(["chattr", "+i", str(home)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not supported here")
+    try:
+        with pytest.raises(HomeUnusable, match=f"{home} .*is not writable: creating a file in it failed"):
+            check_folder(home, f"data folder {home}", create=False)
+    finally:
+        subprocess.run(["chattr", "-i", str(home)], check=True)
+
+
+# -- the migration lock ----------------------------------------------------------------------
+
+
+def test_a_held_migration_lock_makes_others_wait_then_time_out_with_a_sentence(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'runyard.db'}"
+    with migration_lock(url):
+        started = time.monotonic()
+        with pytest.raises(MigrationLockTimeout) as info:
+            upgrade(url, timeout_s=0.5)
+        assert time.monotonic() - started >= 0.5
+    message = str(info.value)
+    assert str(tmp_path / "migrate.lock") in message and f"pid {os.getpid()}" in message
+    upgrade(url)  # released: it goes on
+    assert "runs" in inspect(make_engine(url)).get_table_names()
+
+
+def test_a_waiting_process_goes_on_once_the_migration_is_done(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'runyard.db'}"
+    engine = make_engine(url)
+    result: list[bool] = []
+    with migration_lock(url):
+        waiter = threading.Thread(target=lambda: result.append(ensure_schema(engine, url)))
+        waiter.start()
+        time.sleep(0.3)
+        assert waiter.is_alive()  # waiting on the lock, not migrating beside the holder
+        assert inspect(make_engine(url)).get_table_names() == []
+    waiter.join(60)
+    assert result == [True]
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all() == [head_revision(url)]
+
+
+def test_ensure_schema_without_create_leaves_an_empty_database_empty(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'runyard.db'}"
+    engine = make_engine(url)
+    assert ensure_schema(engine, url, create=False) is False
+    assert inspect(engine).get_table_names() == []
+
+
+def test_a_database_from_a_newer_runyard_is_named(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'runyard.db'}"
+    upgrade(url)
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = '9999_future'"))
+    with pytest.raises(SchemaUnknown, match="'9999_future'.*newer runyard"):
+        ensure_schema(engine, url)
+
+
+# -- moving a legacy ./.runyard --------------------------------------------------------------
+
+
+def _legacy_with_a_run(cwd: Path) -> tuple[Path, int]:
+    from orchestrator.resources import Inventory
+    from orchestrator.submission import submit, validate
+
+    legacy = cwd / ".runyard"
+    settings = load_settings({"RUNYARD_HOME": str(legacy)})
+    upgrade(settings.db_url)
+    sessions = make_sessionmaker(make_engine(settings.db_url))
+    cpu = Inventory(kind="cpu", slots=2)
+    run_id = submit(sessions, settings, validate({"name": "old"}, cpu), cpu)
+    with sessions() as session:
+        run_dir = Path(session.get(Run, run_id).run_dir)
+        session.add(Attempt(run_id=run_id, number=1, status="SUCCEEDED", dir=str(run_dir / "attempts" / "1"),
+                            started_at=1.0))
+        session.add(Checkpoint(run_id=run_id, attempt=1, step=10, path=str(run_dir / "checkpoints" / "step-10"),
+                               bytes=1, sha256="0" * 64, params_digest="0" * 64, blocked_s=0.0, total_s=0.0,
+                               created_at=1.0))
+        session.commit()
+    return legacy, run_id
+
+
+def test_adopt_moves_the_legacy_folder_and_rewrites_the_stored_folders(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    legacy, run_id = _legacy_with_a_run(tmp_path)
+    settings = load_settings({"XDG_DATA_HOME": str(tmp_path / "xdg")})
+    assert settings.legacy_home == legacy
+    message = adopt_legacy(settings)
+    assert str(legacy) in message and str(settings.home) in message
+    assert not legacy.exists() and (settings.home / "runyard.db").is_file()
+    sessions = make_sessionmaker(make_engine(settings.db_url))
+    with sessions() as session:
+        run = session.get(Run, run_id)
+        paths = [run.run_dir, *session.scalars(Attempt.__table__.select().with_only_columns(Attempt.dir)),
+                 *session.scalars(Checkpoint.__table__.select().with_only_columns(Checkpoint.path))]
+    assert len(paths) == 3 and all(p.startswith(str(settings.home) + "/runs/") for p in paths)
+    assert (Path(run.run_dir) / "config.json").is_file()
+
+
+def test_adopt_refuses_a_non_empty_home_and_a_running_run(tmp_path: Path, monkeypatch) -> None:
+    from db.states import RunStatus, transition
+
+    monkeypatch.chdir(tmp_path)
+    legacy, run_id = _legacy_with_a_run(tmp_path)
+    settings = load_settings({"XDG_DATA_HOME": str(tmp_path / "xdg")})
+    settings.home.mkdir(parents=True)
+    (settings.home / "something").write_text("mine")
+    with pytest.raises(AdoptRefused, match="is not empty"):
+        adopt_legacy(settings)
+    (settings.home / "something").unlink()
+    sessions = make_sessionmaker(make_engine(f"sqlite:///{legacy / 'runyard.db'}"))
+    with sessions() as session:
+        assert transition(session, run_id, RunStatus.STARTING, "test: launched")
+        session.commit()
+    with pytest.raises(AdoptRefused, match=f"runs {run_id} of .* are still running"):
+        adopt_legacy(settings)
+    assert (legacy / "runyard.db").is_file()  # nothing moved
+
+
+def test_adopt_refuses_while_a_scheduler_holds_the_legacy_folder(tmp_path: Path, monkeypatch) -> None:
+    from orchestrator.scheduler import acquire_lock
+
+    monkeypatch.chdir(tmp_path)
+    legacy, _ = _legacy_with_a_run(tmp_path)
+    lock = acquire_lock(legacy)
+    try:
+        with pytest.raises(AdoptRefused, match="a scheduler is running"):
+            adopt_legacy(load_settings({"XDG_DATA_HOME": str(tmp_path / "xdg")}))
+    finally:
+        os.close(lock)
+    assert (legacy / "runyard.db").is_file()
+
+
+def test_rebase_paths_leaves_paths_outside_the_old_folder_alone(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    upgrade(url)
+    sessions = make_sessionmaker(make_engine(url))
+    with sessions() as session:
+        session.add_all([
+            Run(name="a", status="QUEUED", config_json="{}", config_hash="", max_steps=1, nproc=1,
+                run_dir="/old/runs/run-1", created_at=1.0, updated_at=1.0),
+            Run(name="b", status="QUEUED", config_json="{}", config_hash="", max_steps=1, nproc=1,
+                run_dir="/older/runs/run-2", created_at=1.0, updated_at=1.0),
+        ])
+        session.flush()
+        assert rebase_paths(session, Path("/old"), Path("/new")) == 1
+        assert sorted(session.scalars(Run.__table__.select().with_only_columns(Run.run_dir))) == [
+            "/new/runs/run-1", "/older/runs/run-2"]
