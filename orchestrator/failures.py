@@ -165,6 +165,21 @@ def _cause_of_exception(message: str) -> Cause:
     return Cause.USER_ERROR
 
 
+def agent_killed(attempt_dir: Path, exit_code: int, agent_pid: int | None) -> Failure:
+    """torchrun's agent died of a signal (the shim recorded ``exit_code`` < 0): the OOM killer, a
+    stray ``kill``. Its ranks die with it (trainer/pdeathsig.py); the rank exit codes that
+    follow are fallout, so the agent's own death is the cause."""
+    name = signal_name(exit_code)
+    if exit_code == -signal.SIGSEGV:
+        cause = Cause.SEGFAULT
+    elif exit_code == -signal.SIGKILL and agent_pid is not None and agent_pid in _oom_killed_pids():
+        cause = Cause.OOM_KILLED
+    else:
+        cause = Cause.SIGNAL
+    who = f"the torchrun agent (pid {agent_pid})" if agent_pid else "the torchrun agent"
+    return Failure(cause, None, f"{who} was killed by {name}", _stderr_tail(attempt_dir, None), name)
+
+
 def classify(attempt_dir: Path, exit_code: int | None) -> Failure:
     """Classify a failed attempt (non-zero exit) from the evidence in its folder."""
     failures = rank_failures(attempt_dir)

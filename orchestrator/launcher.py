@@ -49,8 +49,10 @@ def torchrun_argv(config: RunConfig, run_id: int, attempt: int, port: int, attem
         "--max-restarts=0",
         f"--log-dir={attempt_dir / RANK_LOG_DIR}",
         "--redirects=3",
+        # A script runs under a tiny entry module that makes its ranks die with torchrun's agent
+        # (trainer/script_runner.py); the built-in workloads do the same in trainer/__main__.py.
         *(
-            [config.workload.script, *config.workload.args]
+            ["-m", "trainer.script_runner", config.workload.script, *config.workload.args]
             if config.workload.kind == "script"
             else ["-m", "trainer"]
         ),

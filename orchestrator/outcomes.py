@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from db.models import Attempt, Checkpoint, Event, Run
 from db.states import AttemptStatus, RunStatus, transition
-from orchestrator.failures import Cause, Failure, classify, rank_failures, signal_name
+from orchestrator.failures import Cause, Failure, agent_killed, classify, rank_failures, signal_name
 from orchestrator.retry import AttemptOutcome, decide, halved_micro_batch
 from trainer.config import RunConfig, config_from_json, deep_merge
 from trainer.lifecycle import FINISHED_DIR
@@ -146,10 +146,18 @@ def died_after_finishing(run: Run, attempt: Attempt) -> str | None:
 
 def _diagnose(attempt: Attempt, exited: dict | None, stopped: dict | None, code: int | None) -> Failure:
     if attempt.stop_reason == "hang":
+        # runyard killed every rank, so the exit codes say nothing about which one hung: the rank
+        # is the one the stacks named when the hang was detected (orchestrator/watchdog.py).
         base = classify(Path(attempt.dir), code) if exited else None
-        return Failure(Cause.HANG, base.rank if base else None,
+        return Failure(Cause.HANG, attempt.failed_rank,
                        f"no progress after step {attempt.last_step or 0}; stacks in {Path(attempt.dir) / 'stacks'}",
                        base.log_tail if base else "")
+    if exited is not None and code is not None and code < 0:
+        # torchrun's agent itself died of a signal that runyard did not send (runyard's own stops
+        # are settled before this): whatever its ranks did after (a SIGTERM forwarded from
+        # elsewhere may have let them checkpoint), this is a failure that spends a retry, not a
+        # preemption; a fault that repeats must not retry for ever.
+        return agent_killed(Path(attempt.dir), code, exited.get("pid"))
     if stopped is not None:
         return Failure(Cause.PREEMPTED, None,
                        f"SIGTERM from outside runyard at step {stopped.get('step')}; checkpoint at step "

@@ -4,8 +4,13 @@ Run it with ``runyard scheduler`` (``runyard up`` starts it beside the UI). One 
 ``tick``, runs every half second (``max_instances=1``, ``coalesce=True``): look at what the
 database wants, look at what the machine has, make them agree. Every step is idempotent, so
 killing and restarting the scheduler at any moment converges: live attempts are re-adopted by
-pid and create time, vanished ones are recorded as crashed. A second job, ``sysmon``, samples
-the host, the runs' processes and the GPUs every 2 s (orchestrator/sysmon.py).
+pid and create time (from the launcher's own record when the scheduler died before committing
+the pid), vanished ones are recorded as crashed. A second job, ``sysmon``, samples the host, the
+runs' processes and the GPUs every 2 s (orchestrator/sysmon.py).
+
+No run trains twice: an attempt is settled only once every process of the run is gone (found by
+the environment runyard gave it, not only by the process tree), and the next attempt starts only
+after the same sweep. Stack dumps run on the scheduler's own small thread pool, never in the tick.
 """
 
 from __future__ import annotations
@@ -37,7 +42,10 @@ from orchestrator.failures import Cause
 from orchestrator.launcher import free_port, launch, torchrun_argv
 from orchestrator.outcomes import next_overrides, settle
 from orchestrator.resources import Inventory
-from orchestrator.supervision import is_alive, rank_processes, read_exit, signal_attempt
+from orchestrator.stacks import StackDumps
+from orchestrator.supervision import end_processes, is_alive, rank_processes, read_exit, signal_attempt
+from orchestrator.sweeper import Sweeper
+from trainer import faults
 from trainer.config import RunConfig, config_from_json
 
 if TYPE_CHECKING:
@@ -51,8 +59,9 @@ TICK_S = 0.5
 # The heartbeat row is rewritten at most this often (the UI calls a scheduler silent for 10 s
 # offline): one write every few ticks instead of a commit on every one.
 BEAT_EVERY_S = 2.0
-# A launch whose launcher is not seen alive within this long after the attempt row was written
-# is taken as lost (the scheduler died between writing the row and starting the process).
+# A launch whose launcher is not seen alive within this long after the attempt row was written,
+# and that left no launch record, is taken as lost (the scheduler died between writing the row
+# and starting the process).
 LAUNCH_LOST_S = 30.0
 
 
@@ -80,9 +89,15 @@ class Scheduler:
         self.settings = settings
         self.inventory = inventory
         self._children: dict[int, subprocess.Popen] = {}
+        self.dumps = StackDumps()
+        self.sweeper = Sweeper()
         self._heartbeat_id: int | None = None
         self._beat_at = -math.inf
         self._started_at = time.time()
+
+    def close(self) -> None:
+        """Stop the stack-dump pool (dumps in flight finish in the background)."""
+        self.dumps.close()
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -162,6 +177,8 @@ class Scheduler:
         expect = RunStatus(run.status)
         previous = self._current_attempt(session, run)
         number = (previous.number if previous else 0) + 1
+        if previous is not None and not self.sweeper.swept(session, run, previous.number, None, None):
+            return  # an earlier attempt's process outlived SIGKILL: the run waits (the event says so)
         overrides = next_overrides(run, previous)
         if not transition(session, run.id, RunStatus.STARTING, f"launching attempt {number}", expect=expect):
             session.rollback()
@@ -207,6 +224,10 @@ class Scheduler:
         try:
             argv = self.command(config, run.id, number, port, attempt_dir)
             launched = launch(argv, attempt_dir, Path(run.run_dir), env)
+            if faults.exit_after_launch():
+                # Tests only: die where a crash leaves the attempt row with pid IS NULL.
+                logger.warning("RUNYARD_FAULT_EXIT_AFTER_LAUNCH: exiting before committing pid %d", launched.pid)
+                os._exit(70)
         except OSError as exc:
             logger.exception("run %d: launch failed", run.id)
             attempt.status, attempt.cause = AttemptStatus.FAILED.value, Cause.LAUNCH_FAILED.value
@@ -262,15 +283,17 @@ class Scheduler:
             transition(session, run.id, RunStatus.FAILED, "no running attempt found for an active run")
             return
         attempt_dir = Path(attempt.dir)
+        if attempt.pid is None:
+            self.sweeper.adopt_from_record(session, run, attempt)
         exited = read_exit(attempt_dir)
         if exited is None and not is_alive(attempt.pid, attempt.pid_create_time):
             exited = read_exit(attempt_dir)  # it may have exited between the two looks
             if exited is None and attempt.pid is None and time.time() - attempt.started_at < LAUNCH_LOST_S:
                 return  # being launched right now by this very tick, or a moment ago
-            settle(session, run, attempt, exited)
+            self._settle(session, run, attempt, exited)
             return
         if exited is not None:
-            settle(session, run, attempt, exited)
+            self._settle(session, run, attempt, exited)
             return
 
         # Alive.
@@ -287,14 +310,26 @@ class Scheduler:
         if status is RunStatus.CANCELLING:
             self._stop(session, run, attempt, config.supervision.grace_s)
         else:
-            watchdog.check(session, run, attempt, config.supervision, script=config.workload.kind == "script")
+            watchdog.check(session, run, attempt, config.supervision, script=config.workload.kind == "script",
+                           dumps=self.dumps)
         if run.dump_requested_at is not None:
-            watchdog.serve_dump_request(session, run, attempt)
+            watchdog.serve_dump_request(session, run, attempt, self.dumps)
+
+    def _settle(self, session: Session, run: Run, attempt: Attempt, exited: dict | None) -> None:
+        """Settle an attempt whose launcher ended, once nothing of the run lives any more."""
+        if not self.sweeper.swept(session, run, attempt.number, attempt.pid, attempt.pid_create_time):
+            return  # a process outlived SIGKILL: the attempt stays (and holds its devices) until it is gone
+        for key in (watchdog.hang_key(run.id, attempt.number), watchdog.request_key(run.id, attempt.number)):
+            self.dumps.discard(key)
+        settle(session, run, attempt, exited)
 
     def _stop(self, session: Session, run: Run, attempt: Attempt, grace_s: float) -> None:
         """Cancel or pause: SIGTERM (the ranks finish the step and checkpoint), SIGKILL after grace."""
         now = time.time()
         if attempt.signal_sent is None:
+            # Every attempt of the run, not only the newest: an older one's orphan must not outlive
+            # the cancel (none should exist; this makes sure).
+            end_processes(run.run_dir, spare_attempt=attempt.number, wait_s=0.0)
             if not signal_attempt(run.run_dir, attempt.number, attempt.pid, attempt.pid_create_time, signal.SIGTERM):
                 return  # launched a moment ago and torchrun is not up yet: try again next tick
             attempt.signal_sent, attempt.signal_sent_at = "SIGTERM", now
@@ -304,6 +339,7 @@ class Scheduler:
                                       f"SIGKILL in {grace_s:.0f} s if still running"))
         elif attempt.signal_sent == "SIGTERM" and now - (attempt.signal_sent_at or now) > grace_s:
             signal_attempt(run.run_dir, attempt.number, attempt.pid, attempt.pid_create_time, signal.SIGKILL)
+            end_processes(run.run_dir, spare_attempt=attempt.number, wait_s=0.0)
             attempt.signal_sent, attempt.signal_sent_at = "SIGKILL", now
             session.add(Event(run_id=run.id, attempt=attempt.number, at=now, level="warning", kind="signal",
                               message=f"still running {grace_s:.0f} s after SIGTERM: SIGKILL sent"))
@@ -371,3 +407,4 @@ def serve(scheduler: Scheduler, tick_s: float = TICK_S, monitor: SystemMonitor |
         aps.start()
     finally:
         monitor.close()  # the open window's aggregates
+        scheduler.close()

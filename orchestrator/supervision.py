@@ -1,5 +1,6 @@
 """Watching launched processes: liveness by pid and create time (never a recycled pid), exit
-codes from the shim's exit file, and signalling a whole attempt's process tree.
+codes from the shim's exit file, the shim's launch record, and signalling or ending a whole
+attempt's processes.
 
 torchrun starts every rank in a session of its own, so a signal to torchrun's process group
 does not reach the ranks: the tree is walked, and processes that lost their parent are found by
@@ -12,11 +13,14 @@ import json
 import logging
 import os
 import signal
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
 from orchestrator.launcher import EXIT_FILE
+from orchestrator.shim import LAUNCH_RECORD
 
 logger = logging.getLogger(__name__)
 
@@ -44,30 +48,47 @@ def read_exit(attempt_dir: Path) -> dict | None:
         return None
 
 
+def _tree(root_pid: int | None, root_create: float | None) -> dict[int, psutil.Process]:
+    """The launcher and every descendant, when the launcher is the process we started."""
+    found: dict[int, psutil.Process] = {}
+    if is_alive(root_pid, root_create):
+        try:
+            root = psutil.Process(root_pid)  # type: ignore[arg-type]
+            found[root.pid] = root
+            for child in root.children(recursive=True):
+                found[child.pid] = child
+        except psutil.Error:
+            pass
+    return found
+
+
+def _carrying(run_dir: str, skip: set[int]) -> list[tuple[psutil.Process, str | None]]:
+    """Every process whose environment names this run directory (unique per data folder), with
+    the attempt number it carries. Reads every process's environment: not for every tick."""
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        if proc.pid in skip or proc.pid == os.getpid():
+            continue
+        try:
+            env = proc.environ()
+        except (psutil.Error, OSError):
+            continue
+        if env.get("RUNYARD_RUN_DIR") == run_dir:
+            found.append((proc, env.get("RUNYARD_ATTEMPT")))
+    return found
+
+
 def attempt_processes(
     run_dir: str, attempt: int, root_pid: int | None, root_create: float | None, orphans: bool = True
 ) -> list[psutil.Process]:
     """Every live process of one attempt: the launcher's tree plus, with ``orphans``, processes
     that lost their parent, found by the run directory (unique per data folder) and attempt
     number in their environment (that reads every process's environment: not for every tick)."""
-    found: dict[int, psutil.Process] = {}
-    if is_alive(root_pid, root_create):
-        root = psutil.Process(root_pid)  # type: ignore[arg-type]
-        found[root.pid] = root
-        for child in root.children(recursive=True):
-            found[child.pid] = child
-    if not orphans:
-        return list(found.values())
-    want = {"RUNYARD_RUN_DIR": run_dir, "RUNYARD_ATTEMPT": str(attempt)}
-    for proc in psutil.process_iter(["pid"]):
-        if proc.pid in found or proc.pid == os.getpid():
-            continue
-        try:
-            env = proc.environ()
-        except (psutil.Error, OSError):
-            continue
-        if all(env.get(k) == v for k, v in want.items()):
-            found[proc.pid] = proc
+    found = _tree(root_pid, root_create)
+    if orphans:
+        for proc, number in _carrying(run_dir, set(found)):
+            if number == str(attempt):
+                found[proc.pid] = proc
     return list(found.values())
 
 
@@ -105,33 +126,91 @@ def rank_processes(
     return ranks
 
 
-def dump_stacks(
-    run_dir: str, attempt: int, root_pid: int | None, root_create: float | None, attempt_dir: Path
-) -> list[Path]:
-    """Ask every rank for its Python stacks before anything is killed: SIGUSR1 (the trainer's
-    faulthandler appends to ``stacks/rank-<r>.txt``), and ``py-spy dump`` when installed.
+def read_launch_record(attempt_dir: Path) -> dict | None:
+    """The shim's record of its own pid and create time (and torchrun's), written before
+    torchrun starts; None when the shim never got that far."""
+    try:
+        record = json.loads((attempt_dir / LAUNCH_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("shim_pid"), int):
+        return None
+    return record
 
-    A rank stopped with SIGSTOP cannot run its handler: it gets SIGCONT right after SIGUSR1, so
-    it writes its stack before going on.
-    """
-    import shutil
-    import subprocess
 
-    folder = attempt_dir / "stacks"
-    folder.mkdir(parents=True, exist_ok=True)
-    py_spy = shutil.which("py-spy")
-    for proc in rank_processes(run_dir, attempt, root_pid, root_create):
+@dataclass(frozen=True)
+class Sweep:
+    """What :func:`end_processes` did: how many it killed, and those still alive after the wait
+    (each described as ``pid N (command line, state)``)."""
+
+    killed: int
+    survivors: list[str]
+
+    @property
+    def clean(self) -> bool:
+        return not self.survivors
+
+
+def _describe(proc: psutil.Process) -> str:
+    try:
+        return f"pid {proc.pid} ({' '.join(proc.cmdline())[:120]}, {proc.status()})"
+    except psutil.Error:
+        return f"pid {proc.pid}"
+
+
+def _living(procs: list[psutil.Process]) -> list[psutil.Process]:
+    """Those not yet gone. A zombie is gone: it holds no memory, GPU or file, only a table entry
+    for its parent to read."""
+    alive = []
+    for proc in procs:
         try:
-            stopped = proc.status() == psutil.STATUS_STOPPED
-            proc.send_signal(signal.SIGUSR1)
-            if stopped:
-                proc.send_signal(signal.SIGCONT)
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(proc)
         except psutil.Error:
             continue
-        if py_spy:
-            try:
-                out = subprocess.run([py_spy, "dump", "--pid", str(proc.pid)], capture_output=True, text=True, timeout=10)
-                (folder / f"py-spy-{proc.pid}.txt").write_text(out.stdout + out.stderr)
-            except (OSError, subprocess.SubprocessError) as exc:
-                logger.warning("py-spy dump of %d failed: %s", proc.pid, exc)
-    return sorted(folder.iterdir())
+    return alive
+
+
+def end_processes(
+    run_dir: str,
+    root_pid: int | None = None,
+    root_create: float | None = None,
+    spare_attempt: int | None = None,
+    wait_s: float = 2.0,
+) -> Sweep:
+    """SIGKILL every process of a run and wait (at most ``wait_s``) until they are gone.
+
+    Found by the launcher's tree (``root_pid``, when it is still the process we started) and by
+    the run directory in their environment, whatever attempt they belong to and whoever their
+    parent now is: ranks orphaned by a killed agent, a script's own subprocesses. Only one
+    attempt of a run may live at a time, so before an attempt is settled, and before its
+    successor starts, nothing of the run may live.
+
+    Args:
+        run_dir: the run's directory, as given to its processes in RUNYARD_RUN_DIR.
+        root_pid: the attempt's launcher (the shim), when known.
+        root_create: the launcher's create time.
+        spare_attempt: leave this attempt's processes alone (a cancel stops the newest attempt
+            gracefully and sweeps only the older ones).
+        wait_s: how long to wait for the killed processes to disappear.
+    """
+    tree = _tree(root_pid, root_create) if spare_attempt is None else {}
+    procs = list(tree.values())
+    procs += [proc for proc, number in _carrying(run_dir, set(tree))
+              if spare_attempt is None or number != str(spare_attempt)]
+    procs = _living(procs)
+    killed = 0
+    for proc in procs:
+        try:
+            proc.send_signal(signal.SIGKILL)
+            killed += 1
+        except psutil.Error:
+            continue
+    deadline = time.monotonic() + wait_s
+    alive = _living(procs)
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = _living(alive)
+    if killed:
+        logger.info("%s: SIGKILL sent to %d process(es); %d still alive", run_dir, killed, len(alive))
+    return Sweep(killed=killed, survivors=[_describe(p) for p in alive])

@@ -1,5 +1,7 @@
 """The hang watchdog: an attempt with no completed step for too long is hung. Evidence first
-(every rank's stacks), then the kill, then the retry policy."""
+(every rank's stacks, taken off the tick by orchestrator/stacks.py), then the kill, then the
+retry policy. When one rank alone stopped, the stacks name it and the attempt records it as the
+failing rank."""
 
 from __future__ import annotations
 
@@ -14,13 +16,27 @@ from sqlalchemy.orm import Session
 
 from db import metricstore
 from db.models import Attempt, Event, Run
-from orchestrator.supervision import dump_stacks, signal_attempt
+from orchestrator.stacks import StackDump, StackDumps
+from orchestrator.supervision import signal_attempt
 from trainer.config import SupervisionConfig
 
 logger = logging.getLogger(__name__)
 
-# Time the ranks get to write their stacks between SIGUSR1 and SIGKILL.
+# Time the ranks get to write their stacks between SIGUSR1 and SIGKILL when no dump result is
+# known (a scheduler restarted after it detected the hang).
 STACKS_WAIT_S = 2.0
+# The kill waits for the dump at most this long (a dump bounds itself to about 12 s).
+DUMP_MAX_WAIT_S = 30.0
+
+
+def hang_key(run_id: int, attempt: int) -> tuple[str, int, int]:
+    """The key of an attempt's hang dump in :class:`~orchestrator.stacks.StackDumps`."""
+    return ("hang", run_id, attempt)
+
+
+def request_key(run_id: int, attempt: int) -> tuple[str, int, int]:
+    """The key of a dump the user asked for (the UI's *Dump stacks*, ``runyard stacks``)."""
+    return ("request", run_id, attempt)
 
 
 def p95_step_time(session: Session, run_id: int, attempt: int) -> float | None:
@@ -38,8 +54,9 @@ def hang_threshold_s(session: Session, run_id: int, attempt: int, config: Superv
 
 
 def check(session: Session, run: Run, attempt: Attempt, config: SupervisionConfig, script: bool,
-          now: float | None = None) -> None:
-    """Call for a live attempt on every tick: detects a hang, saves stacks, then kills.
+          dumps: StackDumps, now: float | None = None) -> None:
+    """Call for a live attempt on every tick: detects a hang, starts the stack dump, and kills
+    once the dump is done (or has run out of time).
 
     ``script``: the run is the user's own script, which may never report a step.
     """
@@ -58,24 +75,62 @@ def check(session: Session, run: Run, attempt: Attempt, config: SupervisionConfi
             threshold = hang_threshold_s(session, run.id, attempt.number, config)
         if now - since <= threshold:
             return
-        stacks = dump_stacks(run.run_dir, attempt.number, attempt.pid, attempt.pid_create_time, Path(attempt.dir))
+        dumps.start(hang_key(run.id, attempt.number), run.run_dir, attempt.number, attempt.pid,
+                    attempt.pid_create_time, Path(attempt.dir))
         attempt.hang_detected_at = now
         attempt.stop_reason = "hang"
         what = "no step completed" if attempt.first_step_at else "no first step"
         session.add(Event(run_id=run.id, attempt=attempt.number, at=now, level="error", kind="hang",
                           message=f"hang: {what} for {now - since:.0f} s (threshold {threshold:.0f} s) after step "
-                                  f"{attempt.last_step or 0}; stacks of every rank saved in {Path(attempt.dir) / 'stacks'} "
-                                  f"({len(stacks)} file(s)); killing the attempt"))
-        logger.warning("run %d attempt %d: hang detected; stacks saved", run.id, attempt.number)
-    elif attempt.signal_sent != "SIGKILL" and now - attempt.hang_detected_at >= STACKS_WAIT_S:
+                                  f"{attempt.last_step or 0}; saving every rank's stacks in "
+                                  f"{Path(attempt.dir) / 'stacks'}, then killing the attempt"))
+        logger.warning("run %d attempt %d: hang detected; saving stacks", run.id, attempt.number)
+    elif attempt.signal_sent != "SIGKILL":
+        key = hang_key(run.id, attempt.number)
+        waited = now - attempt.hang_detected_at
+        result = dumps.take(key)
+        if result is None:
+            if dumps.running(key) and waited < DUMP_MAX_WAIT_S:
+                return  # evidence before the kill
+            if not dumps.running(key) and waited < STACKS_WAIT_S:
+                return  # no dump of ours (restarted): give faulthandler its time
+            dumps.discard(key)
+        _record_dump(session, run, attempt, result, now)
         signal_attempt(run.run_dir, attempt.number, attempt.pid, attempt.pid_create_time, signal.SIGKILL)
         attempt.signal_sent, attempt.signal_sent_at = "SIGKILL", now
 
 
-def serve_dump_request(session: Session, run: Run, attempt: Attempt, now: float | None = None) -> None:
-    """The UI's *Dump stacks* button: save every rank's stacks, kill nothing."""
+def _record_dump(session: Session, run: Run, attempt: Attempt, result: StackDump | BaseException | None,
+                 now: float) -> None:
+    """The hang's evidence as an event; the rank that alone stopped becomes the failing rank."""
+    folder = Path(attempt.dir) / "stacks"
+    if isinstance(result, StackDump):
+        rank, why = result.culprit()
+        attempt.failed_rank = rank
+        found = f"; {why}" if rank is not None else "; the stacks do not single out one rank"
+        message = f"stacks of every rank saved in {folder} ({len(result.files)} file(s)){found}; killing the attempt"
+    elif isinstance(result, BaseException):
+        message = f"the stack dump failed ({result}); killing the attempt"
+    else:
+        message = f"the stack dump did not finish in {now - (attempt.hang_detected_at or now):.0f} s; killing the attempt"
+    session.add(Event(run_id=run.id, attempt=attempt.number, at=now, level="error", kind="stacks", message=message))
+
+
+def serve_dump_request(session: Session, run: Run, attempt: Attempt, dumps: StackDumps,
+                       now: float | None = None) -> None:
+    """The UI's *Dump stacks* button: save every rank's stacks, kill nothing. Starts the dump on
+    one tick and records it on a later one; the request stays until then (a scheduler restarted
+    meanwhile starts it again)."""
     now = time.time() if now is None else now
-    stacks = dump_stacks(run.run_dir, attempt.number, attempt.pid, attempt.pid_create_time, Path(attempt.dir))
+    key = request_key(run.id, attempt.number)
+    if not dumps.running(key):
+        dumps.start(key, run.run_dir, attempt.number, attempt.pid, attempt.pid_create_time, Path(attempt.dir))
+        return
+    result = dumps.take(key)
+    if result is None:
+        return
     run.dump_requested_at = None
-    session.add(Event(run_id=run.id, attempt=attempt.number, at=now, kind="stacks",
-                      message=f"stacks of every rank saved in {Path(attempt.dir) / 'stacks'} ({len(stacks)} file(s))"))
+    folder = Path(attempt.dir) / "stacks"
+    message = (f"stacks of every rank saved in {folder} ({len(result.files)} file(s))" if isinstance(result, StackDump)
+               else f"the stack dump failed: {result}")
+    session.add(Event(run_id=run.id, attempt=attempt.number, at=now, kind="stacks", message=message))

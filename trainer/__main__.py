@@ -14,6 +14,7 @@ from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from trainer import pdeathsig
 from trainer.config import config_from_json, deep_merge, parse_config
 from trainer.context import context_from_env
 
@@ -29,6 +30,9 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
 @record
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(sys.argv[1:] if argv is None else argv)
+    # Die with torchrun's agent: a rank orphaned by a killed agent must not train on beside the
+    # attempt the scheduler launches next (trainer/pdeathsig.py).
+    pdeathsig.arm_under_agent()
     ctx = context_from_env()
     rank = int(os.environ.get("RANK", "0"))
     logging.basicConfig(

@@ -1,7 +1,12 @@
-"""Fault injection for runyard's own tests, read from the environment of the ranks.
+"""Fault injection for runyard's own tests, read from the environment of the ranks (and, for
+one hook, of the scheduler).
 
 These make timing-dependent failures reproducible (a kill while a checkpoint is being written,
 a kill at a known step); they never change what is computed.
+
+Every hook is inert unless ``RUNYARD_FAULTS=1`` is set as well: the ranks inherit the
+scheduler's environment, so a stray ``RUNYARD_FAULT_*`` left in a user's shell must not reach
+real training. Only runyard's tests set the switch.
 
 - ``RUNYARD_FAULT_STEP_DELAY_S=0.02``: sleep this long after every step.
 - ``RUNYARD_FAULT_SAVE_DELAY=STEP:SECONDS``: the checkpoint writer sleeps before publishing the
@@ -12,6 +17,10 @@ a kill at a known step); they never change what is computed.
   (a replica out of sync); this one does change what is computed, on purpose.
 - ``RUNYARD_FAULT_ABORT_AT_EXIT=RANK``: RANK aborts (SIGABRT) after it finished its work, as a
   C++ destructor racing the interpreter's shutdown sometimes makes a finished rank do.
+- ``RUNYARD_FAULT_STALL=STEP:RANK``: RANK stops making progress before STEP (it sleeps in Python,
+  outside any collective, while the other ranks wait for it in one): a hang with one culprit.
+- ``RUNYARD_FAULT_EXIT_AFTER_LAUNCH=1``: the scheduler exits right after starting an attempt,
+  before it commits the launcher's pid (the attempt row keeps ``pid IS NULL``).
 """
 
 from __future__ import annotations
@@ -21,13 +30,25 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+SWITCH = "RUNYARD_FAULTS"
+
+
+def enabled() -> bool:
+    """True when the tests' switch is on (``RUNYARD_FAULTS=1``); every hook is inert otherwise."""
+    return os.environ.get(SWITCH) == "1"
+
+
+def _spec(name: str) -> str:
+    """The value of the hook ``name``, or "" when it is unset or the switch is off."""
+    return (os.environ.get(name) or "") if enabled() else ""
+
 
 def step_delay_s() -> float:
-    return float(os.environ.get("RUNYARD_FAULT_STEP_DELAY_S") or 0.0)
+    return float(_spec("RUNYARD_FAULT_STEP_DELAY_S") or 0.0)
 
 
 def save_delay_s(step: int) -> float:
-    spec = os.environ.get("RUNYARD_FAULT_SAVE_DELAY") or ""
+    spec = _spec("RUNYARD_FAULT_SAVE_DELAY")
     if ":" not in spec:
         return 0.0
     at, seconds = spec.split(":", 1)
@@ -35,7 +56,7 @@ def save_delay_s(step: int) -> float:
 
 
 def _step_rank(name: str) -> tuple[int, int | None] | None:
-    spec = os.environ.get(name) or ""
+    spec = _spec(name)
     if not spec:
         return None
     step, _, rank = spec.partition(":")
@@ -46,7 +67,7 @@ def maybe_raise(step: int, rank: int, attempt: int) -> None:
     """``RUNYARD_FAULT_RAISE=STEP[:RANK][@ATTEMPTS]``: raise a RuntimeError (a "user error") at
     STEP on RANK (every rank when omitted), in attempts up to ATTEMPTS (every attempt when
     omitted)."""
-    spec = os.environ.get("RUNYARD_FAULT_RAISE") or ""
+    spec = _spec("RUNYARD_FAULT_RAISE")
     if not spec:
         return
     where, _, upto = spec.partition("@")
@@ -58,7 +79,7 @@ def maybe_raise(step: int, rank: int, attempt: int) -> None:
 def maybe_cuda_oom(step: int, batch_size: int) -> None:
     """``RUNYARD_FAULT_CUDA_OOM=STEP:MAX_BATCH``: raise torch's CUDA out-of-memory error at STEP
     while the micro-batch is larger than MAX_BATCH (CI has no GPU to run out of)."""
-    spec = os.environ.get("RUNYARD_FAULT_CUDA_OOM") or ""
+    spec = _spec("RUNYARD_FAULT_CUDA_OOM")
     if not spec:
         return
     at, _, max_batch = spec.partition(":")
@@ -73,7 +94,7 @@ def maybe_cuda_oom(step: int, batch_size: int) -> None:
 def maybe_sigkill(step: int, rank: int) -> None:
     """``RUNYARD_FAULT_SIGKILL=STEP:RANK``: RANK kills itself with SIGKILL before STEP (in every
     attempt that reaches it), like a host or the OOM killer taking one process."""
-    spec = os.environ.get("RUNYARD_FAULT_SIGKILL") or ""
+    spec = _spec("RUNYARD_FAULT_SIGKILL")
     if not spec:
         return
     at, _, on_rank = spec.partition(":")
@@ -83,9 +104,27 @@ def maybe_sigkill(step: int, rank: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def maybe_stall(step: int, rank: int) -> None:
+    """``RUNYARD_FAULT_STALL=STEP:RANK``: RANK sleeps for good before STEP, in Python and outside
+    any collective (its stack shows this function; the other ranks wait in the next collective)."""
+    spec = _spec("RUNYARD_FAULT_STALL")
+    if not spec:
+        return
+    at, _, on_rank = spec.partition(":")
+    if int(at) == step and int(on_rank or 0) == rank:
+        while True:
+            time.sleep(3600)
+
+
+def exit_after_launch() -> bool:
+    """``RUNYARD_FAULT_EXIT_AFTER_LAUNCH=1``: the scheduler is to exit between starting an
+    attempt and committing its pid."""
+    return _spec("RUNYARD_FAULT_EXIT_AFTER_LAUNCH") == "1"
+
+
 def slow_rank_s(rank: int) -> float:
     """``RUNYARD_FAULT_SLOW_RANK=RANK:SECONDS``: how long this rank sleeps at the start of each step."""
-    spec = os.environ.get("RUNYARD_FAULT_SLOW_RANK") or ""
+    spec = _spec("RUNYARD_FAULT_SLOW_RANK")
     on_rank, _, seconds = spec.partition(":")
     return float(seconds) if spec and int(on_rank) == rank else 0.0
 
@@ -94,7 +133,7 @@ def maybe_perturb(step: int, rank: int, params: Iterable[Any]) -> None:
     """``RUNYARD_FAULT_PERTURB=STEP:RANK``: after the optimizer step of STEP, RANK adds 1e-3 to the
     first element of its first parameter, in place and outside autograd. DDP broadcasts the
     parameters only when it wraps the model, so this replica stays different from the others."""
-    spec = os.environ.get("RUNYARD_FAULT_PERTURB") or ""
+    spec = _spec("RUNYARD_FAULT_PERTURB")
     if not spec:
         return
     at, _, on_rank = spec.partition(":")
@@ -107,7 +146,7 @@ def maybe_perturb(step: int, rank: int, params: Iterable[Any]) -> None:
 
 def maybe_abort_at_exit(rank: int) -> None:
     """``RUNYARD_FAULT_ABORT_AT_EXIT=RANK``: RANK aborts here (called after it finished)."""
-    spec = os.environ.get("RUNYARD_FAULT_ABORT_AT_EXIT") or ""
+    spec = _spec("RUNYARD_FAULT_ABORT_AT_EXIT")
     if spec and int(spec) == rank:
         os.abort()
 
@@ -127,6 +166,7 @@ class StepFaults:
         maybe_raise(step, self.rank, self.attempt)
         maybe_cuda_oom(step, batch_size)
         maybe_sigkill(step, self.rank)
+        maybe_stall(step, self.rank)
         if self.slow_s:
             time.sleep(self.slow_s)
 

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainer import rng
+from trainer import pdeathsig, rng
 from trainer.checkpoint import CheckpointError, CheckpointManager
 from trainer.checkpointing import CheckpointHistory, event, supersede_after
 from trainer.config import CheckpointConfig, SupervisionConfig, config_from_json
@@ -231,6 +231,9 @@ def init(backend: str = "auto") -> Run:
     Initialises the default process group from torchrun's environment when the script has not
     done so (``backend``: auto picks nccl with CUDA, else gloo).
     """
+    # Under runyard the rank dies with torchrun's agent. trainer/script_runner.py already armed
+    # it for a script the scheduler launched; arming twice is harmless.
+    pdeathsig.arm_under_agent()
     ctx = context_from_env()
     if not os.environ.get("RUNYARD_RUN_DIR"):
         ctx = RunContext(run_id=None, attempt=1, db_url=None, run_dir=Path.cwd(), attempt_dir=Path.cwd() / "runyard-logs")

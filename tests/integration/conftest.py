@@ -92,6 +92,9 @@ def running_product(home: Path) -> Iterator[Product]:
     env.pop("RUNYARD_DB_URL", None)
     env["RUNYARD_HOME"] = str(home)
     env["RUNYARD_CPU_SLOTS"] = env.get("RUNYARD_CPU_SLOTS", "2")
+    # A test installation: the fault hooks (trainer/faults.py) work here, and stay inert until a
+    # test sets one of the RUNYARD_FAULT_* variables. Real installations never set the switch.
+    env["RUNYARD_FAULTS"] = "1"
     p = Product(home=home, env=env)
     try:
         yield p

@@ -15,6 +15,7 @@ from db.requests import Price, create_run
 from db.settings import Settings
 from db.states import AttemptStatus
 from orchestrator import watchdog
+from orchestrator.stacks import StackDumps
 from trainer.config import RunConfig, SupervisionConfig
 
 
@@ -43,7 +44,9 @@ def check_at(sessions: sessionmaker[Session], ids: tuple[int, int], config: Supe
         attempt, run = s.get(Attempt, attempt_id), s.get(Run, run_id)
         now = time.time()
         attempt.progress_at = now - silent_s
-        watchdog.check(s, run, attempt, config, script=False, now=now)
+        dumps = StackDumps()
+        watchdog.check(s, run, attempt, config, script=False, dumps=dumps, now=now)
+        dumps.close()
         s.commit()
         return attempt
 

@@ -1,0 +1,188 @@
+"""Stack dumps off the tick (orchestrator/stacks.py), the rank a hang is blamed on, and the fault
+hooks' switch (trainer/faults.py).
+
+The dump test launches a small stand-in for torchrun through ``Scheduler(command=...)``: it
+starts two "ranks" in sessions of their own, with LOCAL_RANK and RANK set and faulthandler on
+SIGUSR1, as the trainer does. py-spy is replaced by a script that sleeps (a py-spy that takes
+long on a large process), so that the test can see the tick go on while a dump is in flight.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from db.models import Attempt, Event
+from db.settings import Settings
+from orchestrator import stacks
+from orchestrator.scheduler import Scheduler
+from orchestrator.stacks import RankStack, culprit
+from orchestrator.supervision import rank_processes
+from tests.unit.test_scheduler import CPU2, attempts, queue, status, tick_until
+from trainer import faults
+from trainer.config import RunConfig
+
+# What faulthandler wrote for two gloo ranks of mlp-digits when rank 1 stalled before a step
+# (RUNYARD_FAULT_STALL): rank 0 waits in DDP's backward, rank 1 sleeps in Python.
+WAITING = """\
+Thread 0x00007f6be7fff6c0 (most recent call first):
+  File "/w/trainer/reporter.py", line 75 in _drain
+  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap
+
+Current thread 0x00007f6c0e285b80 (most recent call first):
+  File "/w/.venv/lib/python3.11/site-packages/torch/autograd/graph.py", line 979 in _engine_run_backward
+  File "/w/.venv/lib/python3.11/site-packages/torch/autograd/__init__.py", line 395 in backward
+  File "/w/trainer/workloads/mlp_digits.py", line 146 in train
+  File "/w/.venv/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/errors/__init__.py", line 367 in wrapper
+  File "/w/trainer/__main__.py", line 77 in <module>
+"""
+STALLED = """\
+Current thread 0x00007f0ae1006b80 (most recent call first):
+  File "/w/trainer/faults.py", line 116 in maybe_stall
+  File "/w/trainer/workloads/mlp_digits.py", line 124 in train
+  File "/w/.venv/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/errors/__init__.py", line 367 in wrapper
+  File "/w/trainer/__main__.py", line 77 in <module>
+"""
+IN_ALL_REDUCE = """\
+Thread 11851 (idle): "MainThread"
+    all_reduce (torch/distributed/distributed_c10d.py:2950)
+    train (ddp_plain.py:40)
+"""
+
+
+def test_the_one_rank_outside_the_collective_is_named() -> None:
+    rank, why = culprit([RankStack(0, 10, False, WAITING), RankStack(1, 11, False, STALLED)])
+    assert rank == 1
+    assert why == ("rank 1 is outside any collective (maybe_stall at faults.py:116) while the other ranks wait "
+                   "in one")
+    assert culprit([RankStack(0, 10, False, STALLED), RankStack(1, 11, False, IN_ALL_REDUCE),
+                    RankStack(2, 12, False, WAITING)])[0] == 0
+
+
+def test_a_stopped_rank_is_named_before_the_stacks_are_read() -> None:
+    rank, why = culprit([RankStack(0, 10, False, WAITING), RankStack(1, 11, True, WAITING)])
+    assert rank == 1 and "stopped" in why
+
+
+@pytest.mark.parametrize("ranks", [
+    [RankStack(0, 10, False, WAITING), RankStack(1, 11, False, IN_ALL_REDUCE)],  # every rank waits
+    [RankStack(0, 10, False, STALLED), RankStack(1, 11, False, STALLED)],  # nobody waits
+    [RankStack(0, 10, False, WAITING), RankStack(1, 11, False, "")],  # one rank's stack is missing
+    [RankStack(0, 10, True, STALLED), RankStack(1, 11, True, STALLED)],  # both stopped, neither waits
+    [RankStack(0, 10, False, STALLED)],  # one rank alone: nothing to compare
+])
+def test_no_rank_is_named_when_the_evidence_does_not_single_one_out(ranks: list[RankStack]) -> None:
+    assert culprit(ranks) == (None, "")
+
+
+# -- dumps off the tick ------------------------------------------------------------------------
+
+# A stand-in for torchrun: two ranks in sessions of their own, each with faulthandler on SIGUSR1.
+AGENT = textwrap.dedent("""
+    import os, subprocess, sys, time
+    rank_code = '''
+    import faulthandler, os, signal, time
+    folder = os.path.join(os.environ["RUNYARD_ATTEMPT_DIR"], "stacks")
+    os.makedirs(folder, exist_ok=True)
+    out = open(os.path.join(folder, "rank-" + os.environ["RANK"] + ".txt"), "a")
+    faulthandler.register(signal.SIGUSR1, file=out, all_threads=True)
+    open(os.path.join(folder, "up-" + os.environ["RANK"]), "w").close()
+    time.sleep(120)
+    '''
+    for r in (0, 1):
+        env = dict(os.environ, LOCAL_RANK=str(r), RANK=str(r))
+        subprocess.Popen([sys.executable, "-c", rank_code], env=env, start_new_session=True)
+    time.sleep(120)
+""")
+
+
+def fake_torchrun(config: RunConfig, run_id: int, attempt: int, port: int, attempt_dir: Path) -> list[str]:
+    return [sys.executable, "-c", AGENT]
+
+
+def slow_py_spy(folder: Path) -> Path:
+    folder.mkdir()
+    tool = folder / "py-spy"
+    tool.write_text(f'#!/bin/sh\necho "$$" >> "{folder / "started"}"\nexec sleep 60\n')
+    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    return folder
+
+
+def test_a_hang_dump_runs_off_the_tick_and_the_kill_waits_for_it(
+    sessions: sessionmaker[Session], settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tools = slow_py_spy(tmp_path / "bin")
+    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(stacks, "PY_SPY_TIMEOUT_S", 3.0)
+    run_id = queue(sessions, settings, "hung", nproc=2, supervision={"hang_timeout_s": 1, "hang_step_factor": 1})
+    scheduler = Scheduler(sessions, settings, CPU2, command=fake_torchrun)
+    scheduler.tick()
+    (attempt,) = attempts(sessions, run_id)
+    folder = Path(attempt.dir) / "stacks"
+    tick_until(scheduler, lambda: (folder / "up-0").exists() and (folder / "up-1").exists())
+    (rank1,) = [p for p in rank_processes(str(Path(attempt.dir).parents[1]), 1, attempt.pid, attempt.pid_create_time)
+                if p.environ()["RANK"] == "1"]
+    rank1.send_signal(signal.SIGSTOP)  # rank 1 alone stops
+    with sessions() as s:  # rank 0 reported step 5, then nothing for a minute
+        s.execute(Attempt.__table__.update().where(Attempt.id == attempt.id)
+                  .values(first_step_at=time.time() - 70, progress_at=time.time() - 60, last_step=5))
+        s.commit()
+
+    slowest = 0.0
+    began = time.monotonic()
+    while time.monotonic() - began < 30:
+        t = time.monotonic()
+        scheduler.tick()
+        slowest = max(slowest, time.monotonic() - t)
+        (attempt,) = attempts(sessions, run_id)
+        if attempt.signal_sent == "SIGKILL":
+            break
+        time.sleep(0.1)
+    killed_after = time.monotonic() - began
+    assert attempt.signal_sent == "SIGKILL"
+    assert slowest < 1.0, f"a tick took {slowest:.1f} s while the dump ran"
+    assert killed_after >= 3.0, "the attempt was killed before its stack dump finished"
+    assert len((tools / "started").read_text().split()) == 2  # both ranks' py-spy ran, side by side
+    assert attempt.failed_rank == 1
+    assert "File " in (folder / "rank-0.txt").read_text() and "File " in (folder / "rank-1.txt").read_text()
+    with sessions() as s:
+        message = s.scalars(select(Event.message).where(Event.kind == "stacks")).one()
+    assert "rank 1 was stopped (process state T)" in message and "saved in" in message
+    tick_until(scheduler, lambda: status(sessions, run_id) in ("FAILED", "RETRYING"))
+    assert attempts(sessions, run_id)[0].cause == "HANG"
+    scheduler.close()
+
+
+# -- the fault hooks' switch -------------------------------------------------------------------
+
+
+def test_fault_hooks_do_nothing_without_the_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in {"RUNYARD_FAULT_RAISE": "1", "RUNYARD_FAULT_STEP_DELAY_S": "5", "RUNYARD_FAULT_SAVE_DELAY": "1:5",
+                        "RUNYARD_FAULT_SLOW_RANK": "0:5", "RUNYARD_FAULT_STALL": "1:0", "RUNYARD_FAULT_SIGKILL": "1:0",
+                        "RUNYARD_FAULT_EXIT_AFTER_LAUNCH": "1", "RUNYARD_FAULT_ABORT_AT_EXIT": "0",
+                        "RUNYARD_FAULT_CUDA_OOM": "1:0", "RUNYARD_FAULT_PERTURB": "1:0"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("RUNYARD_FAULTS", raising=False)
+    assert not faults.enabled()
+    injected = faults.StepFaults(rank=0, attempt=1)
+    injected.before(1, batch_size=64)  # would raise, OOM, SIGKILL or stall with the switch on
+    injected.after()
+    faults.maybe_abort_at_exit(0)
+    faults.maybe_perturb(1, 0, [])
+    assert (faults.step_delay_s(), faults.save_delay_s(1), faults.slow_rank_s(0)) == (0.0, 0.0, 0.0)
+    assert not faults.exit_after_launch()
+    monkeypatch.setenv("RUNYARD_FAULTS", "1")
+    assert faults.step_delay_s() == 5.0 and faults.exit_after_launch()
+    with pytest.raises(RuntimeError, match="injected failure at step 1"):
+        faults.maybe_raise(1, 0, 1)
+    monkeypatch.setenv("RUNYARD_FAULTS", "yes")  # only "1" turns them on
+    assert not faults.enabled()

@@ -1,0 +1,33 @@
+"""Entry point for your own script under torchrun: ``torchrun ... -m trainer.script_runner SCRIPT ARGS...``.
+
+The scheduler launches a ``kind = "script"`` workload through this module instead of handing
+SCRIPT to torchrun directly, so that the rank dies with torchrun's agent (trainer/pdeathsig.py)
+whatever the script does. Then SCRIPT runs as ``python SCRIPT ARGS...`` would run it: as
+``__main__``, with ``sys.argv == [SCRIPT, *ARGS]`` and the script's folder first on ``sys.path``.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+from trainer import pdeathsig
+
+
+def main(argv: list[str]) -> None:
+    """Arm the parent-death signal, then run ``argv[0]`` with ``argv[1:]`` as its arguments."""
+    if not argv:
+        print("usage: python -m trainer.script_runner SCRIPT [ARGS...]", file=sys.stderr)
+        sys.exit(2)
+    script = argv[0]
+    pdeathsig.arm_under_agent()
+    sys.argv = [script, *argv[1:]]
+    # `python SCRIPT` puts SCRIPT's folder first on the path (its sibling modules import);
+    # `python -m` put the working directory there instead.
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
