@@ -40,7 +40,7 @@ def inventory() -> Inventory:
 @st.cache_data(ttl=1.0, show_spinner=False)
 def scheduler_status() -> dict[str, Any]:
     with sessions()() as s:
-        return queries.scheduler_status(s)
+        return queries.scheduler_status(s, heartbeat_file=settings().scheduler_file)
 
 
 @st.cache_data(ttl=1.0, show_spinner=False)

@@ -5,6 +5,8 @@ Routes with st.navigation; the pages under app/views are thin: widgets, app.data
 
 from __future__ import annotations
 
+import time
+
 import streamlit as st
 
 from app import data
@@ -25,7 +27,15 @@ page = st.navigation(pages)
 @st.fragment(run_every=5)
 def scheduler_banner() -> None:
     status = data.scheduler_status()
-    if not status["online"]:
+    if status["online"] and status.get("db_error"):
+        since = f" for {duration(time.time() - status['db_error_since'])}" if status.get("db_error_since") else ""
+        st.error(
+            f"**The scheduler cannot write the database**{since} ({status['db_error']}): runs are not being "
+            "updated and no run starts. Free space on the disk that holds the data folder (a full disk is the "
+            "usual cause); the scheduler goes on by itself once it can write again.",
+            icon=":material/database_off:",
+        )
+    elif not status["online"]:
         seen = f"last heartbeat {duration(status['age_s'])} ago" if status["age_s"] is not None else "never seen"
         st.warning(
             f"**Scheduler offline** ({seen}): queued runs will not start. "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,6 +15,7 @@ from sqlalchemy.orm import Session
 from db import metricstore
 from db.models import Attempt, Checkpoint, Event, PriceEntry, Run, RunStatusHistory, SchedulerHeartbeat
 from db.requests import RunNotFound
+from db.scheduler_file import read_scheduler_file
 from db.states import TERMINAL, RunStatus
 from orchestrator.cost import AttemptSpan, cost_usd, default_prices, eta_seconds, wasted_seconds
 from orchestrator.failures import INTERRUPTIONS
@@ -276,16 +278,29 @@ def iter_metric_rows(session: Session, run_id: int, batch: int = 10_000) -> Iter
         yield attempt, rank, step, key, value, wall, step > cutoffs.get(attempt, float("inf"))
 
 
-def scheduler_status(session: Session, now: float | None = None) -> dict[str, Any]:
-    """The newest scheduler heartbeat and whether it is stale."""
+def scheduler_status(session: Session, now: float | None = None, heartbeat_file: Path | None = None) -> dict[str, Any]:
+    """The newest scheduler heartbeat, whether it is stale, and whether the scheduler can write
+    the database.
+
+    With ``heartbeat_file`` (``Settings.scheduler_file``) the scheduler's own file is read too: it
+    is written in place when the database cannot be written, so a scheduler that is alive but
+    whose database refuses writes is told apart from one that is offline (``db_error``).
+    """
     now = time.time() if now is None else now
     hb = session.execute(
         select(SchedulerHeartbeat).order_by(SchedulerHeartbeat.beat_at.desc()).limit(1)
     ).scalar_one_or_none()
-    if hb is None:
-        return {"online": False, "age_s": None, "host": None, "pid": None}
-    age = now - hb.beat_at
-    return {"online": age <= HEARTBEAT_STALE_S, "age_s": age, "host": hb.host, "pid": hb.pid}
+    status: dict[str, Any] = {"online": False, "age_s": None, "host": None, "pid": None, "db_error": None}
+    if hb is not None:
+        age = now - hb.beat_at
+        status.update(online=age <= HEARTBEAT_STALE_S, age_s=age, host=hb.host, pid=hb.pid)
+    record = read_scheduler_file(heartbeat_file) if heartbeat_file is not None else None
+    if record is not None and now - float(record.get("written_at") or 0) <= HEARTBEAT_STALE_S:
+        file_age = now - float(record["written_at"])
+        status.update(online=True, host=record.get("host"), pid=record.get("pid"),
+                      age_s=min(file_age, status["age_s"]) if status["age_s"] is not None else file_age,
+                      db_error=record.get("db_error"), db_error_since=record.get("db_error_since"))
+    return status
 
 
 def price_table(session: Session) -> dict[str, float]:

@@ -18,6 +18,7 @@ APP_NAME = "runyard"
 LEGACY_HOME = ".runyard"
 DB_FILE = "runyard.db"
 TOKEN_FILE = "token"
+SCHEDULER_FILE = "scheduler.json"
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,11 @@ class Settings:
     def token_file(self) -> Path:
         """Where the UI's access token is kept."""
         return self.home / TOKEN_FILE
+
+    @property
+    def scheduler_file(self) -> Path:
+        """The running scheduler's heartbeat file (db/scheduler_file.py)."""
+        return self.home / SCHEDULER_FILE
 
     @property
     def home_source(self) -> str:

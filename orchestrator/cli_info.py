@@ -37,7 +37,7 @@ def home_info(settings: Settings) -> dict[str, Any]:
     if sessions is not None:
         with sessions() as session:
             info["schema_revision"] = current_revision(session.get_bind())  # type: ignore[arg-type]
-            info["scheduler"] = scheduler_status(session)
+            info["scheduler"] = scheduler_status(session, heartbeat_file=settings.scheduler_file)
     return info
 
 
@@ -57,6 +57,8 @@ def print_info(info: dict[str, Any]) -> None:
         state = "online" if sched["online"] else "offline"
         click.echo(f"scheduler  {state}, pid {sched['pid']} on {sched['host']}, "
                    f"last heartbeat {duration(sched['age_s'])} ago")
+        if sched.get("db_error"):
+            click.echo(f"           cannot write the database: {sched['db_error']}")
     click.echo(f"token      {info['token_file'] or 'none'}")
     click.echo(f"version    {info['version']}")
     if info["legacy_home"]:

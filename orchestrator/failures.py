@@ -9,6 +9,7 @@ connection, SIGTERM from torchrun); the root cause is chosen over them.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 import logging
@@ -35,6 +36,7 @@ class Cause(str, enum.Enum):
     PREEMPTED = "PREEMPTED"  # SIGTERM that runyard did not send; stopped with a checkpoint
     VANISHED = "VANISHED"  # the launcher disappeared without an exit code
     LAUNCH_FAILED = "LAUNCH_FAILED"
+    DISK = "DISK"  # a write failed for want of space or size (ENOSPC, EFBIG, EDQUOT) or with EIO
     UNKNOWN = "UNKNOWN"
 
     def __str__(self) -> str:
@@ -53,6 +55,12 @@ COMM_PATTERNS = re.compile(
     r"DistBackendError|DistNetworkError|Broken pipe|ProcessGroup.*timed? ?out|Watchdog caught collective",
 )
 CUDA_OOM_PATTERNS = re.compile(r"OutOfMemoryError|CUDA out of memory")
+# What a failed write says when the disk is full, a file-size limit is hit, a quota is exceeded or
+# the device fails: errno text as Python prints it, and SQLite's own words.
+DISK_PATTERNS = re.compile(
+    r"\[Errno (?:28|27|122|5)\]|No space left on device|File too large|Disk quota exceeded|"
+    r"Input/output error|database or disk is full|disk I/O error|PytorchStreamWriter failed writing",
+)
 _EXCEPTION_LINE = re.compile(r"^\w+(\.\w+)*(Error|Exception|Interrupt|Exit)\b")
 
 
@@ -76,11 +84,13 @@ class Failure:
     exception: str | None
     log_tail: str
     signal_name: str | None = None
+    detail: str | None = None  # said after the exception, never compared (free space changes)
 
     def summary(self) -> str:
         where = f" on rank {self.rank}" if self.rank is not None else ""
         what = f": {self.exception}" if self.exception else (f" ({self.signal_name})" if self.signal_name else "")
-        return f"{self.cause.value}{where}{what}"
+        more = f" ({self.detail})" if self.detail else ""
+        return f"{self.cause.value}{where}{what}{more}"
 
 
 _BLOCK = re.compile(
@@ -160,6 +170,8 @@ def _exception_from_stderr(attempt_dir: Path) -> tuple[int | None, str | None]:
 def _cause_of_exception(message: str) -> Cause:
     if CUDA_OOM_PATTERNS.search(message):
         return Cause.CUDA_OOM
+    if DISK_PATTERNS.search(message):
+        return Cause.DISK
     if COMM_PATTERNS.search(message):
         return Cause.COMM
     return Cause.USER_ERROR
@@ -181,7 +193,17 @@ def agent_killed(attempt_dir: Path, exit_code: int, agent_pid: int | None) -> Fa
 
 
 def classify(attempt_dir: Path, exit_code: int | None) -> Failure:
-    """Classify a failed attempt (non-zero exit) from the evidence in its folder."""
+    """Classify a failed attempt (non-zero exit) from the evidence in its folder.
+
+    A disk failure also names the path it wrote and the free space there now.
+    """
+    failure = _classify(attempt_dir, exit_code)
+    if failure.cause is Cause.DISK:
+        failure = dataclasses.replace(failure, detail=disk_detail(failure.exception or "", attempt_dir))
+    return failure
+
+
+def _classify(attempt_dir: Path, exit_code: int | None) -> Failure:
     failures = rank_failures(attempt_dir)
     # Root cause first: a rank killed from outside, then a real exception, then comm errors
     # (usually the fallout), then ranks torchrun itself terminated.
@@ -212,3 +234,63 @@ def classify(attempt_dir: Path, exit_code: int | None) -> Failure:
         name = signal_name(exit_code)
         return Failure(Cause.SIGNAL, None, f"launcher killed by {name}", _stderr_tail(attempt_dir, None), name)
     return Failure(Cause.UNKNOWN, None, f"exit code {exit_code}", _stderr_tail(attempt_dir, None))
+
+
+# Parts of an exception message that differ between two occurrences of the same error: the
+# checkpoint writer's temporary folder, object addresses, pids, ports, temporary paths, times.
+_VOLATILE = [
+    (re.compile(r"\.tmp-step-(\d+)-[0-9a-f]+"), r".tmp-step-\1-*"),
+    (re.compile(r"\.deleting-step-(\d+)-[0-9a-f]+"), r".deleting-step-\1-*"),
+    (re.compile(r"0x[0-9a-fA-F]{4,}"), "0x*"),
+    (re.compile(r"\b\d{1,2}:\d{2}:\d{2}(\.\d+)?\b"), "*:*:*"),
+    (re.compile(r"\b(pid|PID|process)\s*[:=]?\s*\d+"), r"\1 *"),
+    (re.compile(r"(?<=[:\s])(?:127\.0\.0\.1|localhost|\[::1\]|[\w.-]+):\d{2,5}\b"), "*:*"),
+    (re.compile(r"/tmp/[^\s'\":,)]+"), "/tmp/*"),
+]
+
+
+def normalize_exception(text: str | None) -> str | None:
+    """``text`` with its volatile parts replaced by ``*``, so that the same error raised twice
+    compares equal (the retry policy's "same exception twice" rule)."""
+    if text is None:
+        return None
+    for pattern, replacement in _VOLATILE:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+_PATH = re.compile(r"(/[^\s'\":,()\[\]]+)")
+
+
+def nearest_existing(path: Path) -> Path:
+    """``path`` or its nearest ancestor that exists (a failed write leaves no file behind)."""
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            return candidate
+    return Path("/")
+
+
+def free_bytes(path: Path) -> int | None:
+    """Free bytes on the filesystem holding ``path`` (or its nearest existing ancestor)."""
+    try:
+        return shutil.disk_usage(nearest_existing(path)).free
+    except OSError:
+        return None
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"  # pragma: no cover
+
+
+def disk_detail(message: str, attempt_dir: Path) -> str:
+    """Where a failed write went and how much room is there now: the first absolute path in the
+    message (else the run's folder), and the free space on its filesystem."""
+    found = _PATH.search(message)
+    path = Path(found.group(1)) if found else attempt_dir.parent.parent
+    free = free_bytes(path)
+    room = f"{human_bytes(free)} free on its filesystem now" if free is not None else "free space unknown"
+    return f"writing {path}; {room}"

@@ -12,7 +12,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.failures import Cause
+from orchestrator.failures import Cause, normalize_exception
 from trainer.config import RetryConfig
 
 
@@ -33,6 +33,16 @@ class Decision:
     delay_s: float = 0.0
     counted: bool = True
     overrides: dict[str, Any] = field(default_factory=dict)  # merged into the next attempt's config
+
+
+# Failures that, raised again identically at the same step, will keep recurring.
+REPEAT_FAILS = frozenset({Cause.USER_ERROR, Cause.DISK})
+
+
+def same_exception(a: str | None, b: str | None) -> bool:
+    """Whether two exception lines are the same error, ignoring their volatile parts (temporary
+    names, addresses, pids, ports: orchestrator/failures.py ``normalize_exception``)."""
+    return a is not None and normalize_exception(a) == normalize_exception(b)
 
 
 def halved_micro_batch(batch_size: int, grad_accum: int) -> dict[str, Any]:
@@ -72,8 +82,12 @@ def decide(
         return Decision(False, f"{failed.exception or 'an exception'} before the first step completed: "
                                "it would fail again; fix the code or the config, then resume")
     last = previous[-1] if previous else None
-    if (failed.cause is Cause.USER_ERROR and last is not None and last.cause is Cause.USER_ERROR
-            and last.exception == failed.exception and last.last_step == failed.last_step):
+    if (failed.cause in REPEAT_FAILS and last is not None and last.cause is failed.cause
+            and same_exception(last.exception, failed.exception) and last.last_step == failed.last_step):
+        if failed.cause is Cause.DISK:
+            return Decision(False, f"the same disk error at the same step twice ({failed.exception} after step "
+                                   f"{failed.last_step}) although there was room: a size limit or a quota; "
+                                   "free space or raise the limit, then resume")
         return Decision(False, f"the same exception at the same step twice ({failed.exception} after step "
                                f"{failed.last_step}): retrying cannot help")
     overrides: dict[str, Any] = {}
@@ -87,5 +101,7 @@ def decide(
                                f"{'y' if retries_used == 1 else 'ies'} (retry.max_retries = {config.max_retries})")
     delay = backoff_s(retries_used, config, rand)
     what = " with half the micro-batch and twice the accumulation" if overrides else ""
+    if failed.cause is Cause.DISK:
+        what = " once the disk has room again (the scheduler checks the free space first)"
     return Decision(True, f"{failed.cause.value}: retry {retries_used + 1} of {config.max_retries} in "
                           f"{delay:.0f} s{what}", delay_s=delay, overrides=overrides)

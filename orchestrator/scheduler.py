@@ -29,18 +29,21 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sqlalchemy import select
+from sqlalchemy import func, select
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.models import Attempt, Checkpoint, Event, Run, SchedulerHeartbeat
+from db.scheduler_file import SchedulerFile
 from db.requests import checkpoints_dir
 from db.settings import Settings
 from db.states import ACTIVE, AttemptStatus, RunStatus, transition
 from orchestrator import OrchestratorError
 from orchestrator import watchdog
-from orchestrator.failures import Cause
+from orchestrator.failures import Cause, free_bytes, human_bytes
 from orchestrator.launcher import free_port, launch, torchrun_argv
 from orchestrator.outcomes import next_overrides, settle
+from orchestrator.repeats import RepeatedErrors
 from orchestrator.resources import Inventory
 from orchestrator.stacks import StackDumps
 from orchestrator.supervision import end_processes, is_alive, rank_processes, read_exit, signal_attempt
@@ -63,11 +66,21 @@ BEAT_EVERY_S = 2.0
 # and that left no launch record, is taken as lost (the scheduler died between writing the row
 # and starting the process).
 LAUNCH_LOST_S = 30.0
+# After a DISK failure the run is retried only when its filesystem has at least this much free
+# (or twice its largest checkpoint, if more); it looks again this often.
+DISK_MIN_FREE_BYTES = 512 * 2**20
+DISK_RECHECK_S = 10.0
 
 
 # (config, run id, attempt number, rendezvous port, attempt dir) -> argv. torchrun by default;
 # tests pass a plain process here to exercise supervision without paying for torch.
 CommandFactory = Callable[[RunConfig, int, int, int, Path], list[str]]
+
+
+def database_error(exc: OperationalError) -> str:
+    """The sentence for a database that refused a write: the driver's own first line."""
+    detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    return f"database not writable: {detail[0] if detail else type(exc).__name__}"
 
 
 class SchedulerLocked(OrchestratorError):
@@ -92,49 +105,114 @@ class Scheduler:
         self.dumps = StackDumps()
         self.sweeper = Sweeper()
         self._heartbeat_id: int | None = None
+        self._heartbeat_new = False  # the row was inserted by a commit still to come
         self._beat_at = -math.inf
         self._started_at = time.time()
+        self._errors = RepeatedErrors(logger)
+        self._file = SchedulerFile(settings.scheduler_file)
+        self._file_at = -math.inf
+        self._db_problem: str | None = None
+        self._db_problem_since: float | None = None
 
     def close(self) -> None:
         """Stop the stack-dump pool (dumps in flight finish in the background)."""
         self.dumps.close()
+        self._file.close()
 
     # -- the loop -------------------------------------------------------------------------
 
     def tick(self) -> None:
-        """One reconcile pass: heartbeat, supervise active runs, admit queued ones."""
+        """One reconcile pass: heartbeat, supervise active runs, admit queued ones.
+
+        Each part commits on its own and one part's failure does not stop the others (one run's
+        corrupt row, a full disk). A failure is logged once with its traceback, then counted
+        (orchestrator/repeats.py). Whether the database could be written is told to the UI
+        through the heartbeat file, which works when the database does not.
+        """
         self._reap_children()
+        db_errors: list[str] = []
         with self.sessions() as session:
-            self._beat(session)
-            session.commit()
+            beat = self._guarded(session, "heartbeat", self._beat, db_errors)
             for run_id in session.scalars(
                 select(Run.id).where(Run.status.in_([s.value for s in ACTIVE])).order_by(Run.id)
             ).all():
-                # One run's trouble (a corrupt row, a full disk) must not stop the others.
-                try:
-                    run = session.get(Run, run_id)
-                    if run is not None:
-                        self._supervise(session, run)
-                    session.commit()
-                except Exception:
-                    logger.exception("run %d: supervision failed; trying again next tick", run_id)
-                    session.rollback()
-            self._admit(session)
+                self._guarded(session, f"run {run_id}", lambda s, run_id=run_id: self._supervise_id(s, run_id),
+                              db_errors)
+            self._guarded(session, "admission", self._admit, db_errors)
+        self._tell_ui(db_errors, wrote=bool(beat))
 
-    def _beat(self, session: Session) -> None:
+    def _guarded(self, session: Session, where: str, step: Callable[[Session], object],
+                 db_errors: list[str]) -> object:
+        """Run one part of the tick and commit it; on failure roll back, log it (once, then
+        counted) and note a database that could not be written."""
+        try:
+            result = step(session)
+            session.commit()
+        except Exception as exc:
+            session.rollback()
+            self._errors.failed(where, exc)
+            if isinstance(exc, OperationalError):
+                db_errors.append(database_error(exc))
+            if where == "heartbeat":
+                self._beat_rolled_back()
+            return None
+        self._errors.succeeded(where)
+        return result
+
+    def _supervise_id(self, session: Session, run_id: int) -> None:
+        run = session.get(Run, run_id)
+        if run is not None:
+            self._supervise(session, run)
+
+    def _beat(self, session: Session) -> bool:
+        """Insert this scheduler's heartbeat row, or refresh it every BEAT_EVERY_S.
+
+        Returns:
+            Whether a write is pending (the caller commits).
+        """
         now = time.time()
         if self._heartbeat_id is None:
             hb = SchedulerHeartbeat(host=socket.gethostname(), pid=os.getpid(), started_at=self._started_at, beat_at=now)
             session.add(hb)
             session.flush()
-            self._heartbeat_id = hb.id
+            self._heartbeat_id, self._heartbeat_new = hb.id, True
         elif now - self._beat_at >= BEAT_EVERY_S:
             hb = session.get(SchedulerHeartbeat, self._heartbeat_id)
-            if hb is not None:
-                hb.beat_at = now
+            if hb is None:  # deleted by hand: start a new row
+                self._heartbeat_id = None
+                return self._beat(session)
+            hb.beat_at = now
         else:
-            return
+            return False
         self._beat_at = now
+        return True
+
+    def _beat_rolled_back(self) -> None:
+        """The heartbeat's commit failed: an inserted row does not exist, and the beat is due again."""
+        if self._heartbeat_new:
+            self._heartbeat_id = None
+        self._heartbeat_new = False
+        self._beat_at = -math.inf
+
+    def _tell_ui(self, db_errors: list[str], wrote: bool) -> None:
+        """Keep the heartbeat file current: alive, and whether the database could be written (a
+        database error in this tick says no; a heartbeat written without one says yes)."""
+        self._heartbeat_new = self._heartbeat_new and not wrote
+        now = time.time()
+        problem = db_errors[0] if db_errors else (None if wrote else self._db_problem)
+        if problem != self._db_problem:
+            self._db_problem_since = now if problem else None
+            if problem:
+                logger.error("the database is not writable: %s; runs are not being updated", problem)
+            else:
+                logger.warning("the database is writable again")
+        elif now - self._file_at < BEAT_EVERY_S:
+            return
+        self._db_problem = problem
+        self._file_at = now
+        self._file.write({"pid": os.getpid(), "host": socket.gethostname(), "started_at": self._started_at,
+                          "written_at": now, "db_writable": problem is None, "db_error": problem,
+                          "db_error_since": self._db_problem_since})
 
     def _reap_children(self) -> None:
         """Collect exit statuses of launchers this process started (no zombies)."""
@@ -165,6 +243,8 @@ class Scheduler:
             select(Run).where(Run.status == RunStatus.QUEUED.value).order_by(Run.id)
         ).scalars().all()
         for run in [*retrying, *queued]:
+            if run.status == RunStatus.RETRYING.value and not self._room_to_retry(session, run, now):
+                continue  # it waits for disk space without holding devices; others may go
             used_slots, used_gpus = self._used_devices(session)
             if used_slots + run.nproc > self.inventory.slots:
                 return
@@ -172,6 +252,29 @@ class Scheduler:
             if self.inventory.kind == "gpu":
                 devices = [i for i in range(self.inventory.slots) if i not in used_gpus][: run.nproc]
             self._start_attempt(session, run, devices)
+
+    def _room_to_retry(self, session: Session, run: Run, now: float) -> bool:
+        """After a DISK failure, retry only when the run's filesystem has room for a checkpoint
+        again: max(DISK_MIN_FREE_BYTES, twice the run's largest checkpoint). Until then the run
+        stays RETRYING, says what it waits for, and looks again every DISK_RECHECK_S."""
+        previous = self._current_attempt(session, run)
+        if previous is None or previous.cause != Cause.DISK.value:
+            return True
+        largest = session.scalar(select(func.max(Checkpoint.bytes)).where(Checkpoint.run_id == run.id)) or 0
+        need = max(DISK_MIN_FREE_BYTES, 2 * int(largest))
+        free = free_bytes(Path(run.run_dir))
+        if free is None or free >= need:
+            return True
+        reason = (f"waiting for disk space: {human_bytes(free)} free on the filesystem of {run.run_dir}, "
+                  f"{human_bytes(need)} needed (twice the largest checkpoint, at least "
+                  f"{human_bytes(DISK_MIN_FREE_BYTES)}); the retry starts once there is room")
+        if not (run.status_reason or "").startswith("waiting for disk space"):
+            session.add(Event(run_id=run.id, attempt=previous.number, at=now, level="warning", kind="disk",
+                              message=reason))
+            logger.warning("run %d: %s", run.id, reason)
+        run.status_reason = reason
+        run.retry_at = now + DISK_RECHECK_S
+        return False
 
     def _start_attempt(self, session: Session, run: Run, devices: list[int]) -> None:
         expect = RunStatus(run.status)
@@ -370,11 +473,17 @@ def add_jobs(aps: BaseScheduler, scheduler: Scheduler, monitor: SystemMonitor | 
     """
     from orchestrator.sysmon import SAMPLE_S
 
+    errors = RepeatedErrors(logger)
+
     def guarded_tick() -> None:
         try:
             scheduler.tick()
-        except Exception:
-            logger.exception("tick failed; retrying at the next one")
+        except Exception as exc:  # the database could not even be read
+            errors.failed("tick", exc)
+            if isinstance(exc, OperationalError):
+                scheduler._tell_ui([database_error(exc)], wrote=False)
+        else:
+            errors.succeeded("tick")
 
     aps.add_job(guarded_tick, "interval", seconds=tick_s, id="tick", max_instances=1, coalesce=True,
                 misfire_grace_time=None, next_run_time=datetime.now())

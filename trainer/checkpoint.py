@@ -483,9 +483,12 @@ class CheckpointManager:
         Returns:
             (step, state) of the checkpoint loaded, tensors on CPU.
 
+        A checkpoint that verifies but cannot be loaded with ``weights_only=True`` (a manifest
+        rewritten over a truncated file, a payload with a type the allow-list refuses) is refused
+        the same way, and the next older one is tried.
+
         Raises:
-            CheckpointError: No verified checkpoint at or below ``step``, or the verified file
-                cannot be loaded with ``weights_only=True``.
+            CheckpointError: No checkpoint at or below ``step`` both verifies and loads.
         """
         if step < -1:
             raise CheckpointError(f"step={step} must be >= 0, or -1 for the newest")
@@ -496,7 +499,13 @@ class CheckpointManager:
         for candidate in candidates:
             ok, reason = self.verify(candidate)
             if ok:
-                return candidate, self._load_verified(candidate)
+                try:
+                    return candidate, self._load_verified(candidate)
+                except CheckpointError as exc:
+                    # It matches its manifest yet cannot be loaded: a manifest rewritten over a
+                    # truncated file, a payload weights_only refuses (or a torch upgrade dropped
+                    # a type from its allow-list). As good as unverified: refuse it, go older.
+                    reason = str(exc)
             logger.warning("checkpoint step-%d refused: %s", candidate, reason)
             if self._on_refused is not None:
                 self._on_refused(candidate, reason)
@@ -508,7 +517,8 @@ class CheckpointManager:
         try:
             return torch.load(path, weights_only=True, map_location="cpu")
         except Exception as exc:
-            raise CheckpointError(f"{path}: verified but cannot be loaded with weights_only=True: {exc}") from exc
+            raise CheckpointError(f"{path}: matches its manifest but cannot be loaded with weights_only=True: "
+                                  f"{_load_error_line(exc)}") from exc
 
     def _read_manifest(self, path: Path, step: int) -> tuple[dict[str, Any] | None, str]:
         try:
@@ -564,6 +574,15 @@ class CheckpointManager:
             if name.startswith(_LEFTOVER_PREFIXES):
                 logger.info("removing leftover %s", self.root / name)
                 _remove(self.root / name)
+
+
+def _load_error_line(exc: Exception) -> str:
+    """The telling line of a failed ``torch.load``: the global ``weights_only`` refused, else the
+    first line (torch's own messages run to a screenful of advice)."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    named = [ln for ln in lines if "GLOBAL" in ln or ln.startswith(("WeightsUnpickler error", "Unsupported"))]
+    line = named[0] if named else (lines[0] if lines else type(exc).__name__)
+    return f"{type(exc).__name__}: {line}"[:400]
 
 
 def _check_size(path: Path, name: str, entry: Mapping[str, Any]) -> str:

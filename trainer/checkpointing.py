@@ -8,11 +8,12 @@ Deleted checkpoints stay in the history, marked deleted with the reason.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -70,7 +71,9 @@ class CheckpointHistory:
 
     # -- handlers (writer thread) -----------------------------------------------------------
 
-    def record(self, conn: Connection, results: list[SaveResult]) -> None:
+    def record(self, conn: Connection, results: list[SaveResult]) -> list[Callable[[], None]]:
+        """Insert the checkpoints' rows and apply retention; returns the folder deletions, which
+        the writer runs only after the transaction commits."""
         now = time.time()
         for result in results:
             # A checkpoint of an abandoned lineage at the same step was just replaced on disk.
@@ -89,7 +92,7 @@ class CheckpointHistory:
                     verified=True, pinned=False, deleted=False,
                 )
             )
-        self._apply_retention(conn, now)
+        return self._apply_retention(conn, now)
 
     def events(self, conn: Connection, events: list[dict[str, Any]]) -> None:
         for e in events:
@@ -111,7 +114,9 @@ class CheckpointHistory:
             conn.execute(update(Checkpoint).where(Checkpoint.path == path, Checkpoint.deleted.is_(False))
                          .values(verified=False, refused_reason=reason))
 
-    def _apply_retention(self, conn: Connection, now: float) -> None:
+    def _apply_retention(self, conn: Connection, now: float) -> list[Callable[[], None]]:
+        """Mark the checkpoints retention lets go as deleted; returns the deletions of their
+        folders, to run after the commit (a rollback must not leave rows for folders that are gone)."""
         rows = conn.execute(
             select(Checkpoint.id, Checkpoint.step, Checkpoint.verified, Checkpoint.pinned, Checkpoint.metrics_json,
                    Checkpoint.path)
@@ -128,17 +133,22 @@ class CheckpointHistory:
         ]
         keep_last = self.config.keep_last
         if keep_last == 0:
-            return  # keep everything
+            return []  # keep everything
         kept = select_kept(infos, keep_last, self.config.keep_best, self.config.best_mode)
+        deletions: list[Callable[[], None]] = []
         for r in rows:
             if r.step in kept:
                 continue
-            self.manager.delete(r.step)
+            deletions.append(functools.partial(self._delete_folder, r.step))
             conn.execute(update(Checkpoint).where(Checkpoint.id == r.id).values(
                 deleted=True, deleted_at=now,
                 deleted_reason=f"retention: not among the last {keep_last}, the best {self.config.keep_best} "
                                f"by {self.config.best_metric}, or pinned"))
-            logger.info("checkpoint step %d deleted by retention", r.step)
+        return deletions
+
+    def _delete_folder(self, step: int) -> None:
+        self.manager.delete(step)
+        logger.info("checkpoint step %d deleted by retention", step)
 
 
 def _finite_or_none(value: float) -> float | None:

@@ -19,6 +19,8 @@ real training. Only runyard's tests set the switch.
   C++ destructor racing the interpreter's shutdown sometimes makes a finished rank do.
 - ``RUNYARD_FAULT_STALL=STEP:RANK``: RANK stops making progress before STEP (it sleeps in Python,
   outside any collective, while the other ranks wait for it in one): a hang with one culprit.
+- ``RUNYARD_FAULT_FSIZE=STEP:BYTES[@ATTEMPTS]``: rank 0 may not write files past BYTES from STEP
+  on (a full disk, for one process).
 - ``RUNYARD_FAULT_EXIT_AFTER_LAUNCH=1``: the scheduler exits right after starting an attempt,
   before it commits the launcher's pid (the attempt row keeps ``pid IS NULL``).
 """
@@ -116,6 +118,24 @@ def maybe_stall(step: int, rank: int) -> None:
             time.sleep(3600)
 
 
+def maybe_limit_file_size(step: int, rank: int, attempt: int) -> None:
+    """``RUNYARD_FAULT_FSIZE=STEP:BYTES[@ATTEMPTS]``: before STEP, rank 0 limits the size of every
+    file it writes to BYTES (``RLIMIT_FSIZE``), in attempts up to ATTEMPTS (every attempt when
+    omitted): a write past that offset then fails with EFBIG ("File too large"), as a full disk
+    fails with ENOSPC. A small filesystem cannot be mounted here; this is the same failure for
+    one process. Python ignores SIGXFSZ, so the write fails instead of killing the process."""
+    spec = _spec("RUNYARD_FAULT_FSIZE")
+    if not spec or rank != 0:
+        return
+    where, _, upto = spec.partition("@")
+    at, _, size = where.partition(":")
+    if int(at) == step and (not upto or attempt <= int(upto)):
+        import resource
+
+        _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (int(size), hard))
+
+
 def exit_after_launch() -> bool:
     """``RUNYARD_FAULT_EXIT_AFTER_LAUNCH=1``: the scheduler is to exit between starting an
     attempt and committing its pid."""
@@ -167,6 +187,7 @@ class StepFaults:
         maybe_cuda_oom(step, batch_size)
         maybe_sigkill(step, self.rank)
         maybe_stall(step, self.rank)
+        maybe_limit_file_size(step, self.rank, self.attempt)
         if self.slow_s:
             time.sleep(self.slow_s)
 

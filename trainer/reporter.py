@@ -22,29 +22,54 @@ from trainer.context import RunContext
 logger = logging.getLogger(__name__)
 
 
-Handler = Callable[[Connection, list[Any]], None]
+# A handler writes its records on the writer's connection, inside the batch's transaction; it
+# may return actions (callables) to run only after that transaction commits: deleting files the
+# rows it wrote forget (retention), so a rollback never leaves a row for a folder that is gone.
+PostCommit = Callable[[], None]
+Handler = Callable[[Connection, list[Any]], Iterable[PostCommit] | None]
+
+# While the database refuses writes, the metric rows queued meanwhile are kept up to this many
+# (about 200 MB); past it the oldest metric rows are dropped (and an event says how many).
+# Checkpoint records, events and progress are never dropped: they are few, and the scheduler's
+# resume point trusts only checkpoint rows.
+MAX_PENDING_ROWS = 500_000
+# Between failed writes the writer waits interval x 2^failures, up to this.
+MAX_RETRY_WAIT_S = 30.0
+# A write that keeps failing is logged once with its traceback, then once a minute with a count.
+FAILURE_LOG_EVERY_S = 60.0
 
 
 class DatabaseWriter(threading.Thread):
     """Background thread that owns rank 0's database connection.
 
-    Metric rows and the progress mark are built in; other kinds of record (checkpoints, events)
+    Metric rows, events and the progress mark are built in; other kinds of record (checkpoints)
     are written by handlers registered with :meth:`register`. Everything queued within one flush
-    interval is written in one transaction; a failed write is retried at the next interval.
+    interval is written in one transaction. A failed transaction loses nothing: its records stay
+    pending, the records that arrive meanwhile join them, and the whole batch is tried again
+    with a growing wait. Rows count as written only once committed (:attr:`rows_written`).
     """
 
-    def __init__(self, db_url: str, run_id: int, attempt: int, flush_interval_s: float = 1.0):
+    def __init__(self, db_url: str, run_id: int, attempt: int, flush_interval_s: float = 1.0,
+                 max_pending_rows: int = MAX_PENDING_ROWS, close_timeout_s: float = 30.0):
         super().__init__(name="runyard-db-writer", daemon=True)
         self._db_url = db_url
         self._run_id = run_id
         self._attempt = attempt
         self._interval = flush_interval_s
+        self._max_rows = max_pending_rows
+        self._close_timeout_s = close_timeout_s
         self._queue: queue.SimpleQueue[tuple[str, Any] | None] = queue.SimpleQueue()
-        self._handlers: dict[str, Handler] = {}
+        self._handlers: dict[str, Handler] = {"event": self._write_events}
         self._pending: dict[str, list[Any]] = {}
         self._progress: tuple[int | None, float, str | None] | None = None
         self._first_step_written = False
+        self._failures = 0  # consecutive failed transactions
+        self._failing_since: float | None = None
+        self._failure_logged_at = 0.0
+        self._dropped_rows = 0  # metric rows dropped at the bound, not yet reported
+        self._dropped_steps: tuple[int, int] | None = None
         self.rows_written = 0
+        self.rows_dropped = 0
 
     def register(self, kind: str, handler: Handler) -> None:
         """Write records of ``kind`` with ``handler(connection, records)`` (in this thread)."""
@@ -61,15 +86,19 @@ class DatabaseWriter(threading.Thread):
         self._queue.put(("progress", (step, time.time(), phase)))
 
     def close(self, timeout_s: float = 60.0) -> None:
-        """Flush everything queued and stop the thread."""
+        """Flush everything queued and stop the thread (a failing database gets the writer's
+        ``close_timeout_s`` more tries; what still could not be written is logged)."""
         self._queue.put(None)
         self.join(timeout_s)
         if self.is_alive():
-            logger.warning("database writer did not finish within %.0f s; some records are lost", timeout_s)
+            logger.error("database writer did not finish within %.0f s; %s are not written", timeout_s,
+                         self._pending_text())
 
-    def _drain(self) -> bool:
-        """Collect what arrives within one interval; False once close() was called."""
-        deadline = time.monotonic() + self._interval
+    # -- collecting -----------------------------------------------------------------------
+
+    def _drain(self, wait_s: float) -> bool:
+        """Collect what arrives within ``wait_s``; False once close() was called."""
+        deadline = time.monotonic() + wait_s
         while True:
             try:
                 item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
@@ -83,14 +112,57 @@ class DatabaseWriter(threading.Thread):
                 if step is None and self._progress is not None:  # keep the step already queued
                     step = self._progress[0]
                 self._progress = (step, at, phase or (self._progress[2] if self._progress else None))
-                if not self._first_step_written and step is not None:
+                if not self._first_step_written and step is not None and not self._failures:
                     return True  # the first step is news (STARTING -> RUNNING): write it now
             elif kind == "rows":
-                self._pending.setdefault("rows", []).extend(payload)
+                rows = self._pending.setdefault("rows", [])
+                rows.extend(payload)
+                if len(rows) > self._max_rows:
+                    self._drop_oldest(rows, len(rows) - self._max_rows)
             else:
                 self._pending.setdefault(kind, []).append(payload)
 
-    def _write(self, conn: Connection) -> None:
+    def _drop_oldest(self, rows: list[dict], n: int) -> None:
+        """The bound is hit (the database has refused writes for long): drop the oldest metric rows."""
+        steps = [r["step"] for r in rows[:n]]
+        lo, hi = min(steps), max(steps)
+        if self._dropped_steps is not None:
+            lo, hi = min(lo, self._dropped_steps[0]), max(hi, self._dropped_steps[1])
+        self._dropped_steps = (lo, hi)
+        self._dropped_rows += n
+        self.rows_dropped += n
+        del rows[:n]
+
+    def _has_pending(self) -> bool:
+        return bool(self._pending) or self._progress is not None or bool(self._dropped_rows)
+
+    def _pending_text(self) -> str:
+        parts = [f"{len(records)} metric point(s)" if kind == "rows" else f"{len(records)} {kind} record(s)"
+                 for kind, records in self._pending.items() if records]
+        if self._progress is not None:
+            parts.append(f"the progress mark (step {self._progress[0]})")
+        return ", ".join(parts) or "no records"
+
+    # -- writing --------------------------------------------------------------------------
+
+    def _write_events(self, conn: Connection, events: list[dict[str, Any]]) -> None:
+        from db.models import Event
+
+        for e in events:
+            conn.execute(Event.__table__.insert().values(run_id=self._run_id, attempt=self._attempt, at=e["at"],
+                                                         level=e["level"], kind=e["kind"], message=e["message"]))
+
+    def _dropped_event(self) -> dict[str, Any] | None:
+        if not self._dropped_rows:
+            return None
+        lo, hi = self._dropped_steps or (0, 0)
+        since = f" for {time.time() - self._failing_since:.0f} s" if self._failing_since else ""
+        return {"at": time.time(), "level": "error", "kind": "records_dropped",
+                "message": f"records dropped: {self._dropped_rows} metric point(s) of steps {lo}-{hi} were lost: the "
+                           f"database refused writes{since} and rank 0 keeps at most {self._max_rows} points "
+                           "waiting; checkpoints and events were kept"}
+
+    def _write(self, conn: Connection) -> list[PostCommit]:
         from sqlalchemy import func, update
 
         from db.metricstore import write_points
@@ -109,9 +181,59 @@ class DatabaseWriter(threading.Thread):
             conn.execute(
                 update(Attempt).where(Attempt.run_id == self._run_id, Attempt.number == self._attempt).values(**values)
             )
+        dropped = self._dropped_event()
+        if dropped is not None:
+            self._write_events(conn, [dropped])
+        actions: list[PostCommit] = []
         for kind, records in self._pending.items():
-            if kind != "rows":
-                self._handlers[kind](conn, records)
+            if kind == "rows":
+                continue
+            handler = self._handlers.get(kind)
+            if handler is None:  # a programming error: say so once, do not block the rest behind it
+                logger.error("no handler for %d %r record(s); they are not written", len(records), kind)
+                continue
+            actions.extend(handler(conn, records) or ())
+        return actions
+
+    def _flush(self, engine: Any) -> bool:
+        """One transaction for everything pending; True when it committed (then post-commit
+        actions run and the pending records are forgotten), False when it failed (they stay)."""
+        try:
+            with engine.begin() as conn:
+                actions = self._write(conn)
+        except Exception as exc:  # noqa: BLE001 - the database's trouble: keep everything, try later
+            self._failed(exc)
+            return False
+        self.rows_written += len(self._pending.get("rows", []))
+        self._first_step_written |= self._progress is not None and self._progress[0] is not None
+        self._pending, self._progress = {}, None
+        self._dropped_rows, self._dropped_steps = 0, None
+        if self._failures:
+            logger.warning("database writes work again after %d failed transaction(s) over %.0f s", self._failures,
+                           time.time() - (self._failing_since or time.time()))
+        self._failures, self._failing_since = 0, None
+        for action in actions:
+            try:
+                action()
+            except Exception:  # noqa: BLE001 - the rows are committed; a file left behind is only space
+                logger.exception("after-commit action failed")
+        return True
+
+    def _failed(self, exc: BaseException) -> None:
+        self._failures += 1
+        now = time.time()
+        if self._failing_since is None:
+            self._failing_since = now
+            self._failure_logged_at = now
+            logger.error("database write failed; %s stay queued and are tried again", self._pending_text(),
+                         exc_info=exc)
+        elif now - self._failure_logged_at >= FAILURE_LOG_EVERY_S:
+            self._failure_logged_at = now
+            logger.error("database writes still failing (%d tries over %.0f s; %s queued): %s", self._failures,
+                         now - self._failing_since, self._pending_text(), str(exc).splitlines()[0][:300])
+
+    def _retry_wait_s(self) -> float:
+        return min(MAX_RETRY_WAIT_S, self._interval * 2 ** min(self._failures, 10)) if self._failures else self._interval
 
     def run(self) -> None:
         from db.engine import make_engine
@@ -122,20 +244,15 @@ class DatabaseWriter(threading.Thread):
         running = True
         try:
             while running:
-                running = self._drain()
-                if not self._pending and self._progress is None:
-                    continue
-                for attempt in range(1, 6):
-                    try:
-                        with engine.begin() as conn:
-                            self._write(conn)
-                        break
-                    except Exception:  # keep the records and try again
-                        logger.exception("database write failed (try %d)", attempt)
-                        time.sleep(self._interval * attempt)
-                self.rows_written += len(self._pending.get("rows", []))
-                self._first_step_written |= self._progress is not None and self._progress[0] is not None
-                self._pending, self._progress = {}, None
+                running = self._drain(self._retry_wait_s())
+                if self._has_pending():
+                    self._flush(engine)
+            deadline = time.monotonic() + self._close_timeout_s
+            while self._has_pending() and not self._flush(engine) and time.monotonic() < deadline:
+                time.sleep(min(self._retry_wait_s(), max(0.0, deadline - time.monotonic())))
+            if self._has_pending():
+                logger.error("closing with the database still refusing writes: %s and %d dropped metric point(s) "
+                             "are not written", self._pending_text(), self._dropped_rows)
         finally:
             engine.dispose()
 

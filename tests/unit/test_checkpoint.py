@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import io
 import json
 import math
 import os
@@ -543,17 +545,64 @@ def test_malicious_pickle_with_a_matching_manifest_is_not_executed(tmp_path: Pat
         "metrics": {},
     }
     (step_dir / "manifest.json").write_text(json.dumps(manifest))
-    manager = CheckpointManager(tmp_path / "ckpt", is_writer=False)
+    refused: list[tuple[int, str]] = []
+    manager = CheckpointManager(tmp_path / "ckpt", is_writer=False, on_refused=lambda s, r: refused.append((s, r)))
     assert manager.verify(4) == (True, "ok")
 
-    with pytest.raises(CheckpointError, match="weights_only"):
+    # Refused like a checkpoint that fails verification: with nothing older, nothing to load.
+    with pytest.raises(CheckpointError, match="no verified checkpoint at or below step 4"):
         manager.load(4)
-    with pytest.raises(CheckpointError, match="weights_only"):
+    with pytest.raises(CheckpointError, match="no verified checkpoint"):
         manager.load(-1)
+    assert [s for s, _ in refused] == [4, 4]
+    assert "weights_only" in refused[0][1] and "posix.system" in refused[0][1]
     assert not marker.exists()
 
     torch.load(step_dir / "state.pt", weights_only=False)  # the payload is live: it would run
     assert marker.exists()
+
+
+@dataclasses.dataclass
+class _NotAllowed:
+    """A harmless class that weights_only's allow-list does not have."""
+
+    value: int
+
+
+def _forge(step_dir: Path, data: bytes) -> None:
+    """Write ``data`` as state.pt and rewrite the manifest so that it matches (sizes and hash):
+    the checkpoint verifies, whatever is in it."""
+    (step_dir / "state.pt").write_bytes(data)
+    manifest = json.loads((step_dir / "manifest.json").read_text())
+    manifest["files"]["state.pt"] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (step_dir / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("forgery", ["truncated", "refused-type"])
+def test_checkpoint_that_verifies_but_cannot_be_loaded_is_refused_and_the_older_one_used(
+    tmp_path: Path, forgery: str
+) -> None:
+    manager = _saved(tmp_path, 10, 20)
+    step_dir = tmp_path / "step-20"
+    if forgery == "truncated":
+        data = (step_dir / "state.pt").read_bytes()[:1000]
+    else:  # a type outside weights_only's allow-list (what a torch upgrade can also produce)
+        buf = io.BytesIO()
+        torch.save({"model": {"w": torch.zeros(2)}, "extra": _NotAllowed(1)}, buf)
+        data = buf.getvalue()
+    _forge(step_dir, data)
+    refused: list[tuple[int, str]] = []
+    reader = CheckpointManager(tmp_path, is_writer=False, on_refused=lambda s, r: refused.append((s, r)))
+    assert reader.verify(20) == (True, "ok")  # the manifest matches: only loading tells
+
+    step, state = reader.load(20)
+
+    assert step == 10 and "model" in state
+    assert [s for s, _ in refused] == [20]
+    assert "cannot be loaded with weights_only=True" in refused[0][1]
+    if forgery == "refused-type":
+        assert "_NotAllowed" in refused[0][1]
+    assert reader.load(-1)[0] == 10
 
 
 # -- retention --------------------------------------------------------------------------

@@ -1,0 +1,186 @@
+"""Rank 0's database writer while the database refuses writes: nothing is lost when it comes
+back, rows count only once committed, the pending batch is bounded (and says so when it drops),
+and retention deletes a checkpoint folder only after the commit that forgets it.
+
+The failures are real SQLite errors raised on the writer's own connection (a SQLAlchemy event on
+every engine, scoped to this test's database file), as a full disk raises them.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from sqlalchemy import Engine, event, func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from db.models import Checkpoint, Event, MetricPoint
+from db.settings import Settings
+from trainer.checkpoint import CheckpointManager
+from trainer.checkpointing import CheckpointHistory
+from trainer.config import CheckpointConfig
+from trainer.reporter import DatabaseWriter
+
+RUN_ID, ATTEMPT = 1, 1
+
+
+class Outage:
+    """While ``on``, every INSERT/UPDATE/DELETE on this database fails as on a full disk."""
+
+    def __init__(self, db_file: Path):
+        self.db_file = str(db_file)
+        self.on = False
+        self.refused = 0
+
+    def __call__(self, conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
+        if self.on and conn.engine.url.database == self.db_file and \
+                statement.lstrip().upper().startswith(("INSERT", "UPDATE", "DELETE")):
+            self.refused += 1
+            raise sqlite3.OperationalError("database or disk is full")
+
+
+@pytest.fixture
+def outage(settings: Settings) -> Iterator[Outage]:
+    o = Outage(settings.home / "runyard.db")
+    event.listen(Engine, "before_cursor_execute", o)
+    yield o
+    event.remove(Engine, "before_cursor_execute", o)
+
+
+def _rows(steps: range) -> list[dict]:
+    return [{"run_id": RUN_ID, "attempt": ATTEMPT, "rank": r, "step": s, "key": "loss", "value": 1.0 / s,
+             "wall_time": time.time()} for s in steps for r in (0, 1)]
+
+
+def _points(sessions: sessionmaker[Session]) -> list[tuple[int, int]]:
+    with sessions() as s:
+        return sorted((p.step, p.rank) for p in s.scalars(select(MetricPoint)))
+
+
+def _wait(cond, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "not reached in time"
+        time.sleep(0.02)
+
+
+def test_nothing_is_lost_while_writes_fail_and_rows_count_only_once_committed(
+    settings: Settings, sessions: sessionmaker[Session], outage: Outage
+) -> None:
+    writer = DatabaseWriter(settings.db_url, RUN_ID, ATTEMPT, flush_interval_s=0.05)
+    writer.start()
+    writer.put_rows(_rows(range(1, 11)))
+    _wait(lambda: writer.rows_written == 20)
+
+    outage.on = True
+    for start in range(11, 61, 10):  # five intervals' worth arrive during the outage
+        writer.put_rows(_rows(range(start, start + 10)))
+        time.sleep(0.06)
+    _wait(lambda: outage.refused >= 3)
+    assert writer.rows_written == 20  # failed transactions count nothing
+    assert _points(sessions) == [(s, r) for s in range(1, 11) for r in (0, 1)]
+
+    outage.on = False
+    writer.put_rows(_rows(range(61, 71)))
+    _wait(lambda: writer.rows_written == 140, timeout=60)
+    writer.close()
+    assert _points(sessions) == [(s, r) for s in range(1, 71) for r in (0, 1)]
+    assert writer.rows_dropped == 0
+
+
+def test_the_pending_batch_is_bounded_and_an_event_says_what_was_dropped(
+    settings: Settings, sessions: sessionmaker[Session], outage: Outage
+) -> None:
+    writer = DatabaseWriter(settings.db_url, RUN_ID, ATTEMPT, flush_interval_s=0.05, max_pending_rows=100)
+    writer.start()
+    outage.on = True
+    writer.put("event", {"at": time.time(), "kind": "resume", "message": "resumed from step 0", "level": "info"})
+    for start in range(1, 126, 25):  # 250 rows, steps 1-125
+        writer.put_rows(_rows(range(start, start + 25)))
+        time.sleep(0.03)
+    _wait(lambda: outage.refused >= 2)
+    outage.on = False
+    writer.close()
+
+    points = _points(sessions)
+    assert points == [(s, r) for s in range(76, 126) for r in (0, 1)]  # the newest 100 rows
+    assert writer.rows_written == 100 and writer.rows_dropped == 150
+    with sessions() as s:
+        events = {e.kind: e for e in s.scalars(select(Event))}
+    assert "resume" in events  # events are never dropped
+    dropped = events["records_dropped"]
+    assert dropped.level == "error"
+    assert dropped.message.startswith("records dropped: 150 metric point(s) of steps 1-75 were lost")
+
+
+def test_close_keeps_trying_then_says_what_it_could_not_write(
+    settings: Settings, sessions: sessionmaker[Session], outage: Outage, caplog: pytest.LogCaptureFixture
+) -> None:
+    writer = DatabaseWriter(settings.db_url, RUN_ID, ATTEMPT, flush_interval_s=0.05, close_timeout_s=1.0)
+    writer.start()
+    outage.on = True
+    writer.put_rows(_rows(range(1, 6)))
+    started = time.monotonic()
+    writer.close()
+
+    assert 0.9 <= time.monotonic() - started < 15
+    assert "closing with the database still refusing writes: 10 metric point(s)" in caplog.text
+    assert writer.rows_written == 0
+
+
+def _state(step: int) -> dict:
+    return {"model": {"w": torch.full((4,), float(step))}, "step": step}
+
+
+def test_retention_deletes_a_folder_only_after_the_commit_that_forgets_it(
+    settings: Settings, sessions: sessionmaker[Session], outage: Outage, tmp_path: Path
+) -> None:
+    root = tmp_path / "checkpoints"
+    done: list = []
+    lock = threading.Lock()
+
+    def completed(result):  # type: ignore[no-untyped-def]
+        with lock:
+            done.append(result)
+
+    manager = CheckpointManager(root, async_save=False, on_complete=completed)
+    writer = DatabaseWriter(settings.db_url, RUN_ID, ATTEMPT, flush_interval_s=0.05)
+    config = CheckpointConfig(keep_last=1, keep_best=0)
+    CheckpointHistory(RUN_ID, ATTEMPT, config, manager).attach(writer)
+    writer.start()
+    manager.save(10, _state(10))
+    writer.put("checkpoint", done[-1])
+    _wait(lambda: _checkpoint_rows(sessions) == [(10, False)])
+
+    outage.on = True
+    manager.save(20, _state(20))
+    writer.put("checkpoint", done[-1])
+    _wait(lambda: outage.refused >= 2)
+    # The transaction that would insert step 20 and mark step 10 deleted keeps failing: step
+    # 10's folder must still be there (its row still says it exists).
+    assert (root / "step-10").is_dir() and _checkpoint_rows(sessions) == [(10, False)]
+
+    outage.on = False
+    _wait(lambda: _checkpoint_rows(sessions) == [(10, True), (20, False)])
+    _wait(lambda: not (root / "step-10").exists())
+    writer.close()
+    assert (root / "step-20").is_dir()
+
+
+def _checkpoint_rows(sessions: sessionmaker[Session]) -> list[tuple[int, bool]]:
+    with sessions() as s:
+        return [(c.step, bool(c.deleted)) for c in s.scalars(select(Checkpoint).order_by(Checkpoint.step))]
+
+
+def test_rows_written_matches_the_database(settings: Settings, sessions: sessionmaker[Session]) -> None:
+    writer = DatabaseWriter(settings.db_url, RUN_ID, ATTEMPT, flush_interval_s=0.05)
+    writer.start()
+    writer.put_rows(_rows(range(1, 51)))
+    writer.close()
+    with sessions() as s:
+        assert s.scalar(select(func.count()).select_from(MetricPoint)) == writer.rows_written == 100
