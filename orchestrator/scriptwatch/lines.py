@@ -139,18 +139,19 @@ def check_patterns(patterns: Mapping[str, Any], field_name: str = PATTERNS_FIELD
         if not isinstance(pattern, str):
             problems.append(f"{where} must be a string (a regular expression), not {pattern!r}")
             continue
+        shown = f"'{pattern}'"  # as written in the TOML file (a literal string): no doubled backslashes
         try:
             compiled = re.compile(pattern)
         except re.error as exc:
-            problems.append(f"{where} = {pattern!r} is not a regular expression: {exc}")
+            problems.append(f"{where} = {shown} is not a regular expression: {exc}")
             continue
         missing = [g for g in ("step", "value") if g not in compiled.groupindex]
         if missing:
             groups = " and ".join(f"(?P<{g}>...)" for g in missing)
-            problems.append(f"{where} = {pattern!r} has no named group {groups}; for example "
+            problems.append(f"{where} = {shown} has no named group {groups}; for example "
                             r"'iter (?P<step>\d+): loss (?P<value>[\d.eE+-]+)'")
         elif compiled.search("") is not None:
-            problems.append(f"{where} = {pattern!r} matches an empty line, so it would match every line")
+            problems.append(f"{where} = {shown} matches an empty line, so it would match every line")
     return problems
 
 

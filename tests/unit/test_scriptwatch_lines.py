@@ -106,8 +106,8 @@ def test_protocol_lines_are_not_matched_by_patterns() -> None:
 
 @pytest.mark.parametrize(("patterns", "problem"), [
     ({"loss": r"iter (\d+): loss ([\d.]+)"},
-     "workload.stdout_metrics.loss = 'iter (\\\\d+): loss ([\\\\d.]+)' has no named group (?P<step>...) and (?P<value>...)"),
-    ({"loss": r"iter (?P<step>\d+): loss"}, "workload.stdout_metrics.loss = 'iter (?P<step>\\\\d+): loss' has no "
+     r"workload.stdout_metrics.loss = 'iter (\d+): loss ([\d.]+)' has no named group (?P<step>...) and (?P<value>...)"),
+    ({"loss": r"iter (?P<step>\d+): loss"}, r"workload.stdout_metrics.loss = 'iter (?P<step>\d+): loss' has no "
                                             "named group (?P<value>...)"),
     ({"loss": r"iter (?P<step>\d+: loss (?P<value>\S+)"}, "is not a regular expression: missing ), unterminated "
                                                           "subpattern"),
