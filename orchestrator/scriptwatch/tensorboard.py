@@ -216,7 +216,7 @@ class EventFiles:
                     continue
                 try:
                     loader = LegacyEventFileLoader(str(path))
-                except Exception as exc:  # noqa: BLE001 - the reader's own error types vary (stub or TensorFlow)
+                except Exception as exc:  # noqa: BLE001 - the reader's error types differ (stub or TensorFlow)
                     logger.warning("cannot read TensorBoard file %s: %s", path, exc)
                     continue
                 self._files[path] = _EventFile(path, top, loader)

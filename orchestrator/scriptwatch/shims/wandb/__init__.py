@@ -161,7 +161,7 @@ class Settings(_Media):
 
 def _number(value: Any) -> float | None:
     """A float for an int, float, bool, numpy scalar or one-element tensor; None otherwise."""
-    if isinstance(value, (str, bytes)) or isinstance(value, _Media):
+    if isinstance(value, (str, bytes, _Media)):
         return None
     if isinstance(value, (int, float)):
         return float(value)
@@ -194,10 +194,10 @@ class Run:
         self.summary = Summary()
         self.rank = rank
         self.dir = os.getcwd()
-        self.url = None
-        self.entity = None
-        self.group = None
-        self.job_type = None
+        self.url: str | None = None
+        self.entity: str | None = None
+        self.group: str | None = None
+        self.job_type: str | None = None
         self.tags: tuple[str, ...] = ()
         self.notes: str | None = None
         self.disabled = False
@@ -294,7 +294,7 @@ class Run:
     def __enter__(self) -> Run:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         finish()
 
 
