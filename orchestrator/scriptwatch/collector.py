@@ -112,7 +112,7 @@ class AttemptCollector:
             attempts and are not read.
         rank_offset: Added to a log folder's local rank to make the global rank (a node's first
             rank; 0 on one machine).
-        max_bytes: The most bytes of logs one call reads (1 MiB at most per file).
+        max_bytes: The most bytes of logs one call reads (512 KiB at most per file).
         max_events: The most TensorBoard events one call reads.
         rescan_s: How often folders are searched for new log and event files.
         clock: Monotonic time (tests pass their own).
@@ -121,7 +121,7 @@ class AttemptCollector:
     def __init__(self, run_id: int, attempt: int, attempt_dir: Path, workdir: Path, *,
                  stdout_metrics: Mapping[str, str] | None = None, tensorboard_dirs: Sequence[str] | None = None,
                  pid_ranks: Mapping[int, int] | None = None, since: float | None = None, rank_offset: int = 0,
-                 max_bytes: int = 8 << 20, max_events: int = 20_000, rescan_s: float = 5.0,
+                 max_bytes: int = 2 << 20, max_events: int = 5_000, rescan_s: float = 5.0,
                  clock: Callable[[], float] = time.monotonic):
         self.run_id = run_id
         self.attempt = attempt
@@ -169,7 +169,7 @@ class AttemptCollector:
         if self._scanned_at is not None and now - self._scanned_at < self.rescan_s:
             return
         self._scanned_at = now
-        per_file = min(1 << 20, self.max_bytes)
+        per_file = min(512 << 10, self.max_bytes)
         for local_rank, paths in rank_log_files(self.attempt_dir).items():
             for path in paths:
                 if path not in self._streams:

@@ -153,6 +153,10 @@ def _scalars(event: Any, plugins: dict[str, str]) -> Iterator[tuple[str, float]]
     """(tag, value) of each scalar in one event: TF1-style ``simple_value`` and the tensors of
     the ``scalars`` plugin, whose metadata comes only with a tag's first value."""
     for value in event.summary.value:
+        if value.HasField("simple_value"):  # what SummaryWriter.add_scalar writes: no conversion needed
+            plugins.setdefault(value.tag, _SCALARS)
+            yield value.tag, float(value.simple_value)
+            continue
         migrated = data_compat.migrate_value(value)
         metadata = migrated.metadata
         plugin = metadata.plugin_data.plugin_name or (_SCALARS if metadata.data_class == summary_pb2.DATA_CLASS_SCALAR
@@ -181,7 +185,7 @@ class EventFiles:
     """
 
     def __init__(self, dirs: Sequence[Path] | Callable[[], Sequence[Path]], *, since: float | None = None,
-                 pid_ranks: Mapping[int, int] | None = None, max_events: int = 20_000, rescan_s: float = 5.0,
+                 pid_ranks: Mapping[int, int] | None = None, max_events: int = 5_000, rescan_s: float = 5.0,
                  clock: Callable[[], float] = time.monotonic):
         self.dirs = dirs
         self.since = since
