@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, case, func, update
 from sqlalchemy.orm import Session
@@ -28,6 +28,9 @@ from db.models import Attempt
 from orchestrator.logs import rank_log_files
 from orchestrator.scriptwatch import Sample, to_rows
 from orchestrator.scriptwatch.lines import LineTailer, compile_patterns, parse_lines
+
+if TYPE_CHECKING:  # tensorboard is an optional extra: imported when event files are watched
+    from orchestrator.scriptwatch.tensorboard import EventFiles
 
 logger = logging.getLogger(__name__)
 
@@ -141,7 +144,7 @@ class AttemptCollector:
         self._events = self._event_files(tensorboard_dirs, pid_ranks, since, max_events)
 
     def _event_files(self, dirs: Sequence[str] | None, pid_ranks: Mapping[int, int] | None, since: float | None,
-                     max_events: int) -> Any:
+                     max_events: int) -> EventFiles | None:
         if dirs is not None and not dirs:
             return None
         try:

@@ -6,6 +6,7 @@ attempt's progress forward, never back."""
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -169,3 +170,14 @@ def test_write_stores_points_per_rank_and_moves_progress_forward(attempt_dir: Pa
         attempt = s.scalars(select(Attempt).where(Attempt.run_id == run_id)).one()
         assert (attempt.last_step, attempt.first_step_at, attempt.progress_at) == (20, first_at, progress_at + 30)
         assert len(series(s, run_id, "loss").rows) == 4  # step 5 was new; nothing doubled
+
+
+def test_without_tensorboard_installed_the_logs_are_still_read(attempt_dir: Path, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "orchestrator.scriptwatch.tensorboard", None)  # import fails
+    append(rank_dir(attempt_dir, 0) / "stdout.log", 'RUNYARD {"step": 1, "loss": 1.0}\n')
+    c = collector(attempt_dir, tmp_path, tensorboard_dirs=None)
+    got = c.collect()
+    assert [p["key"] for p in got.points] == ["loss"]
+    assert len(got.problems) == 1 and "pip install 'runyard[scripts]'" in got.problems[0]
+    assert c.collect().problems == []  # said once
