@@ -122,7 +122,7 @@ class Failure:
 _BLOCK = re.compile(
     r"rank\s*:\s*(?P<rank>\d+)\s*\(local_rank:\s*(?P<local>\d+)\)\s*\n\s*exitcode\s*:\s*(?P<code>-?\d+)\s*"
     r"\(pid:\s*(?P<pid>\d+)\)"
-    r".*?\n\s*error_file\s*:\s*(?P<file>\S+)[^\n]*\n(?P<rest>.*?)(?=^\s*[-=]{20,}\s*$|^\[\d+\]:|\Z)",
+    r".*?\n\s*error_file\s*:\s*(?P<file>\S+)[^\n]*(?P<rest>.*?)(?=^\s*[-=]{20,}\s*$|^\[\d+\]:|\Z)",
     re.S | re.M,
 )
 _ROOT_HEAD = "Root Cause (first observed failure):"

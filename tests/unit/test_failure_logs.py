@@ -67,6 +67,14 @@ def test_the_failure_summary_names_torchruns_first_observed_failure(tmp_path: Pa
     assert failures[1].local_rank == 1
 
 
+def test_a_launcher_log_cut_short_still_names_the_failed_rank(tmp_path: Path) -> None:
+    folder = attempt("exit3", tmp_path)
+    text = launcher_log(folder).read_text()
+    launcher_log(folder).write_text(text[:text.rindex("error_file: <N/A>") + len("error_file: <N/A>")])
+    failure = classify(folder, 1)
+    assert (failure.cause, failure.rank, failure.exception) == (Cause.UNKNOWN, 1, "exit code 3")
+
+
 def test_record_error_file_gives_the_exception_and_its_place(tmp_path: Path) -> None:
     failures = {f.rank: f for f in rank_failures(attempt("record", tmp_path))}
     assert failures[1].message == RAISED and failures[1].location == PLACE
