@@ -14,7 +14,7 @@ COPY orchestrator ./orchestrator
 COPY trainer ./trainer
 COPY db ./db
 COPY examples ./examples
-RUN pip install ".[gpu]" && python -c "import torch; print('torch', torch.__version__)"
+RUN pip install ".[gpu,scripts]" && python -c "import torch; print('torch', torch.__version__)"
 
 VOLUME ["/data"]
 EXPOSE 8501

@@ -2,9 +2,15 @@
 
 The evidence, most specific first: torchrun's per-rank error files (the ``@record`` mechanism:
 the exception and traceback of every rank that raised), torchrun's failure summary in the
-launcher log (every failed rank with its exit code or signal), the kernel's OOM-killer
-messages, and the ranks' stderr. When one rank dies, the others die of the fallout (a closed
-connection, SIGTERM from torchrun); the root cause is chosen over them.
+launcher log (every failed rank with its exit code or signal, and which one it saw fail first),
+the kernel's OOM-killer messages, and the ranks' stderr. When one rank dies, the others die of
+the fallout (a closed connection, SIGTERM from torchrun); the root cause is chosen over them.
+
+A rank's stderr, as torchrun writes it, has ``[rankN]:`` in front of every line; a script that
+does not use ``@record`` leaves no error file, so its exception is the first traceback in its
+stderr. An exception is reported with its place, the innermost frame of its traceback
+(``ValueError: boom (at train.py:50 in step)``), so that "the same exception twice" (the retry
+policy compares ``Failure.exception``) means the same exception raised at the same place.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import re
 import shutil
 import signal
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from orchestrator.logs import launcher_log, rank_log_files, tail
@@ -50,8 +56,11 @@ INTERRUPTIONS = frozenset({Cause.SIGNAL, Cause.SEGFAULT, Cause.OOM_KILLED, Cause
                            Cause.UNKNOWN})
 
 
+# What a failed transport or a timed-out collective says. Not every message that names gloo or
+# NCCL: "ProcessGroupGloo::broadcast: invalid root rank: 2" is a bug in the caller.
 COMM_PATTERNS = re.compile(
-    r"NCCL|gloo|Gloo|Connection closed by peer|Connection reset by peer|connectFullMesh|"
+    r"NCCL error|NCCL communicator|nccl(Internal|System|Remote|UnhandledCuda)Error|gloo/transport|gloo::|"
+    r"Connection closed by peer|Connection reset by peer|connectFullMesh|Timed out waiting .* for (recv|send)|"
     r"DistBackendError|DistNetworkError|Broken pipe|ProcessGroup.*timed? ?out|Watchdog caught collective",
 )
 CUDA_OOM_PATTERNS = re.compile(r"OutOfMemoryError|CUDA out of memory")
@@ -62,6 +71,13 @@ DISK_PATTERNS = re.compile(
     r"Input/output error|database or disk is full|disk I/O error|PytorchStreamWriter failed writing",
 )
 _EXCEPTION_LINE = re.compile(r"^\w+(\.\w+)*(Error|Exception|Interrupt|Exit)\b")
+# torchrun's prefix on each line of a rank's stderr ("[rank1]: ..."), or of its console copy
+# with --tee ("[default1]:...").
+_RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:[ ]?")
+_TRACEBACK_HEAD = "Traceback (most recent call last):"
+_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+)(?:, in (?P<func>\S.*?))?\s*$')
+_EXCEPTION_START = re.compile(r"^[A-Za-z_][\w.]*(:|\s*$)")
+STDERR_WINDOW = 256 * 1024  # bytes of a rank's stderr read for its traceback (the end of it)
 
 
 @dataclass(frozen=True)
@@ -73,6 +89,25 @@ class RankFailure:
     pid: int | None
     message: str | None  # the exception line, from the error file
     traceback: str | None
+    local_rank: int | None = None  # the folder of its logs (ranks/.../<local_rank>/)
+    root: bool = False  # torchrun's "Root Cause (first observed failure)"
+    location: str | None = None  # the innermost frame of the traceback: "train.py:50 in step"
+
+
+@dataclass(frozen=True)
+class Raised:
+    """An exception as its traceback shows it.
+
+    Attributes:
+        exception: The exception line, e.g. ``ValueError: loss went NaN`` (its first line).
+        location: The innermost frame, ``file:line in function`` (the file shortened to its name,
+            or its path under site-packages), or None when the traceback had no frame.
+        traceback: The traceback's text, without torchrun's rank prefix.
+    """
+
+    exception: str
+    location: str | None
+    traceback: str
 
 
 @dataclass(frozen=True)
@@ -81,9 +116,10 @@ class Failure:
 
     cause: Cause
     rank: int | None
-    exception: str | None
+    exception: str | None  # the exception line and its place: "ValueError: boom (at train.py:50 in step)"
     log_tail: str
     signal_name: str | None = None
+    location: str | None = None  # the place alone: "train.py:50 in step"
     detail: str | None = None  # said after the exception, never compared (free space changes)
 
     def summary(self) -> str:
@@ -94,10 +130,56 @@ class Failure:
 
 
 _BLOCK = re.compile(
-    r"rank\s*:\s*(?P<rank>\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(?P<code>-?\d+)\s*\(pid:\s*(?P<pid>\d+)\)"
-    r".*?\n\s*error_file\s*:\s*(?P<file>\S+)",
-    re.S,
+    r"rank\s*:\s*(?P<rank>\d+)\s*\(local_rank:\s*(?P<local>\d+)\)\s*\n\s*exitcode\s*:\s*(?P<code>-?\d+)\s*"
+    r"\(pid:\s*(?P<pid>\d+)\)"
+    r".*?\n\s*error_file\s*:\s*(?P<file>\S+)[^\n]*(?P<rest>.*?)(?=^\s*[-=]{20,}\s*$|^\[\d+\]:|\Z)",
+    re.S | re.M,
 )
+_ROOT_HEAD = "Root Cause (first observed failure):"
+
+
+def strip_rank_prefix(text: str) -> str:
+    """``text`` without torchrun's ``[rankN]:`` in front of each line."""
+    return "\n".join(_RANK_PREFIX.sub("", line, count=1) for line in text.splitlines())
+
+
+def _short_path(path: str) -> str:
+    """A frame's file as a person reads it: the path under site-packages, else the file name."""
+    for marker in ("site-packages/", "dist-packages/"):
+        if marker in path:
+            return path.split(marker, 1)[1]
+    return path.rsplit("/", 1)[-1]
+
+
+def parse_traceback(text: str) -> Raised | None:
+    """The first Python traceback in ``text`` (torchrun's rank prefixes allowed): its exception
+    line and the innermost frame. None when there is no complete one.
+
+    The first, because what follows it is the fallout: "During handling of the above
+    exception...", an error in an ``atexit`` handler, a collective broken by the first failure.
+    """
+    lines = strip_rank_prefix(text).splitlines()
+    start = next((i for i, ln in enumerate(lines) if ln.rstrip().endswith(_TRACEBACK_HEAD)), None)
+    if start is None:
+        return None
+    frame: re.Match[str] | None = None
+    for i in range(start + 1, len(lines)):
+        line = lines[i]
+        if (m := _FRAME.match(line)) is not None:
+            frame = m
+        elif _EXCEPTION_START.match(line):
+            # The first unindented "Name: ..." after the frames (code and carets are indented;
+            # a C++ warning printed in between starts with "[").
+            where = None
+            if frame is not None:
+                where = f"{_short_path(frame['file'])}:{frame['line']}" + (f" in {frame['func']}" if frame["func"] else "")
+            return Raised(line.strip()[:500], where, "\n".join(lines[start:i + 1]))
+    return None
+
+
+def with_location(exception: str, location: str | None) -> str:
+    """The exception line with its place, as a failure reports it."""
+    return f"{exception} (at {location})" if location else exception
 
 
 def _error_file(path: str) -> tuple[str | None, str | None]:
@@ -118,14 +200,34 @@ def _error_file(path: str) -> tuple[str | None, str | None]:
     return (chosen[:500] if chosen else None), trace
 
 
+def _summary_traceback(rest: str) -> Raised | None:
+    """The traceback torchrun printed in a failure's ``traceback :`` field (from the error file,
+    which may be gone or on another host), indented under the field."""
+    head = rest.find(_TRACEBACK_HEAD)
+    if head < 0:
+        return None
+    body = [ln[2:] if ln.startswith("  ") else ln for ln in rest[head:].splitlines()[1:]]
+    return parse_traceback("\n".join([_TRACEBACK_HEAD, *body]))
+
+
 def rank_failures(attempt_dir: Path) -> list[RankFailure]:
-    """Every failed rank from torchrun's failure summary in the launcher log."""
+    """Every failed rank from torchrun's failure summary in the launcher log (the exception from
+    each rank's error file, or from the summary's copy of it)."""
     text = tail(launcher_log(attempt_dir), 200_000)
+    root_at = text.rfind(_ROOT_HEAD)
     found: dict[int, RankFailure] = {}
     for m in _BLOCK.finditer(text):
         rank = int(m["rank"])
         message, trace = _error_file(m["file"])
-        found[rank] = RankFailure(rank=rank, exitcode=int(m["code"]), pid=int(m["pid"]), message=message, traceback=trace)
+        raised = parse_traceback(trace) if trace else _summary_traceback(m["rest"])
+        if message is None and raised is not None and m["file"] != "<N/A>":
+            message, trace = raised.exception, raised.traceback  # the error file is gone
+        root = 0 <= root_at < m.start()
+        if rank in found and not root:
+            continue
+        found[rank] = RankFailure(rank=rank, exitcode=int(m["code"]), pid=int(m["pid"]), message=message,
+                                  traceback=trace, local_rank=int(m["local"]), root=root,
+                                  location=raised.location if raised and message else None)
     return [found[r] for r in sorted(found)]
 
 
@@ -147,24 +249,43 @@ def signal_name(code: int) -> str:
         return f"signal {-code}"
 
 
-def _stderr_tail(attempt_dir: Path, rank: int | None, lines: int = 30) -> str:
-    files = rank_log_files(attempt_dir)
-    paths = files.get(rank, []) if rank is not None else []
-    stderr = [p for p in paths if p.name == "stderr.log"]
-    source = stderr[0] if stderr else launcher_log(attempt_dir)
+def _stderr_path(attempt_dir: Path, local_rank: int | None) -> Path | None:
+    paths = rank_log_files(attempt_dir).get(local_rank, []) if local_rank is not None else []
+    return next((p for p in paths if p.name == "stderr.log"), None)
+
+
+def _stderr_tail(attempt_dir: Path, local_rank: int | None, lines: int = 30) -> str:
+    source = _stderr_path(attempt_dir, local_rank) or launcher_log(attempt_dir)
     return "\n".join(tail(source, 16_000).splitlines()[-lines:])
 
 
-def _exception_from_stderr(attempt_dir: Path) -> tuple[int | None, str | None]:
-    """The last exception line of any rank's stderr (for ranks that died before @record)."""
-    for rank, paths in rank_log_files(attempt_dir).items():
-        for path in paths:
-            if path.name != "stderr.log":
-                continue
-            hits = [ln.strip() for ln in tail(path, 16_000).splitlines() if _EXCEPTION_LINE.match(ln.strip())]
-            if hits:
-                return rank, hits[-1][:500]
-    return None, None
+def stderr_exception(path: Path) -> Raised | None:
+    """The first traceback in the end of a rank's stderr (``STDERR_WINDOW`` bytes)."""
+    return parse_traceback(tail(path, STDERR_WINDOW))
+
+
+def _with_stderr(attempt_dir: Path, failure: RankFailure) -> RankFailure:
+    """``failure`` with the exception of its rank's stderr when torchrun had none (no ``@record``)."""
+    if failure.message is not None or (failure.exitcode is not None and failure.exitcode < 0
+                                       and failure.exitcode != -signal.SIGTERM):
+        return failure  # a rank killed by a signal: the signal is its story, not an older traceback
+    path = _stderr_path(attempt_dir, failure.local_rank if failure.local_rank is not None else failure.rank)
+    raised = stderr_exception(path) if path is not None else None
+    if raised is None:
+        return failure
+    return replace(failure, message=raised.exception, traceback=raised.traceback, location=raised.location)
+
+
+def _from_stderr_only(attempt_dir: Path) -> list[RankFailure]:
+    """Every rank whose stderr holds a traceback, when torchrun wrote no failure summary."""
+    found = []
+    for local_rank, paths in rank_log_files(attempt_dir).items():
+        stderr = next((p for p in paths if p.name == "stderr.log"), None)
+        raised = stderr_exception(stderr) if stderr is not None else None
+        if raised is not None:
+            found.append(RankFailure(rank=local_rank, exitcode=None, pid=None, message=raised.exception,
+                                     traceback=raised.traceback, local_rank=local_rank, location=raised.location))
+    return found
 
 
 def _cause_of_exception(message: str) -> Cause:
@@ -192,6 +313,47 @@ def agent_killed(attempt_dir: Path, exit_code: int, agent_pid: int | None) -> Fa
     return Failure(cause, None, f"{who} was killed by {name}", _stderr_tail(attempt_dir, None), name)
 
 
+def _root_cause(failures: list[RankFailure]) -> RankFailure | None:
+    """The failure that caused the others, in this order: a rank killed from outside, a real
+    exception, a rank that exited with a code of its own accord and that torchrun saw fail
+    first, a communication error (usually the fallout), any other rank that exited with a code.
+    Within each, torchrun's first observed failure, then the lowest rank. SIGTERM is torchrun
+    stopping the survivors, never a cause."""
+    def is_comm(f: RankFailure) -> bool:
+        return f.message is not None and _cause_of_exception(f.message) is Cause.COMM
+
+    groups = (
+        [f for f in failures if f.exitcode is not None and f.exitcode < 0 and f.exitcode != -signal.SIGTERM
+         and not f.message],
+        [f for f in failures if f.message and not is_comm(f)],
+        [f for f in failures if f.root and not f.message and f.exitcode is not None and f.exitcode > 0],
+        [f for f in failures if is_comm(f)],
+        [f for f in failures if not f.message and f.exitcode is not None and f.exitcode > 0],
+    )
+    for group in groups:
+        if group:
+            return min(group, key=lambda f: (not f.root, f.rank))
+    return None
+
+
+def _failure_of(attempt_dir: Path, f: RankFailure) -> Failure:
+    tail_of = _stderr_tail(attempt_dir, f.local_rank if f.local_rank is not None else f.rank)
+    if f.message:
+        return Failure(_cause_of_exception(f.message), f.rank, with_location(f.message, f.location), tail_of,
+                       location=f.location)
+    assert f.exitcode is not None
+    if f.exitcode > 0:
+        return Failure(Cause.UNKNOWN, f.rank, f"exit code {f.exitcode}", tail_of)
+    name = signal_name(f.exitcode)
+    if f.exitcode == -signal.SIGSEGV:
+        cause = Cause.SEGFAULT
+    elif f.exitcode == -signal.SIGKILL and f.pid in _oom_killed_pids():
+        cause = Cause.OOM_KILLED
+    else:
+        cause = Cause.SIGNAL
+    return Failure(cause, f.rank, f"killed by {name}", tail_of, name)
+
+
 def classify(attempt_dir: Path, exit_code: int | None) -> Failure:
     """Classify a failed attempt (non-zero exit) from the evidence in its folder.
 
@@ -204,32 +366,10 @@ def classify(attempt_dir: Path, exit_code: int | None) -> Failure:
 
 
 def _classify(attempt_dir: Path, exit_code: int | None) -> Failure:
-    failures = rank_failures(attempt_dir)
-    # Root cause first: a rank killed from outside, then a real exception, then comm errors
-    # (usually the fallout), then ranks torchrun itself terminated.
-    killed = [f for f in failures if f.exitcode is not None and f.exitcode < 0 and f.exitcode != -signal.SIGTERM
-              and not f.message]
-    raised = [f for f in failures if f.message and _cause_of_exception(f.message) is not Cause.COMM]
-    comm = [f for f in failures if f.message and _cause_of_exception(f.message) is Cause.COMM]
-    if killed:
-        f = killed[0]
-        assert f.exitcode is not None
-        name = signal_name(f.exitcode)
-        if f.exitcode == -signal.SIGSEGV:
-            cause = Cause.SEGFAULT
-        elif f.exitcode == -signal.SIGKILL and f.pid in _oom_killed_pids():
-            cause = Cause.OOM_KILLED
-        else:
-            cause = Cause.SIGNAL
-        return Failure(cause, f.rank, f"killed by {name}", _stderr_tail(attempt_dir, f.rank), name)
-    for group in (raised, comm):
-        if group:
-            f = group[0]
-            assert f.message is not None
-            return Failure(_cause_of_exception(f.message), f.rank, f.message, _stderr_tail(attempt_dir, f.rank))
-    rank, line = _exception_from_stderr(attempt_dir)
-    if line:
-        return Failure(_cause_of_exception(line), rank, line, _stderr_tail(attempt_dir, rank))
+    failures = [_with_stderr(attempt_dir, f) for f in rank_failures(attempt_dir)] or _from_stderr_only(attempt_dir)
+    chosen = _root_cause(failures)
+    if chosen is not None:
+        return _failure_of(attempt_dir, chosen)
     if exit_code is not None and exit_code < 0:
         name = signal_name(exit_code)
         return Failure(Cause.SIGNAL, None, f"launcher killed by {name}", _stderr_tail(attempt_dir, None), name)
@@ -244,7 +384,8 @@ _VOLATILE = [
     (re.compile(r"0x[0-9a-fA-F]{4,}"), "0x*"),
     (re.compile(r"\b\d{1,2}:\d{2}:\d{2}(\.\d+)?\b"), "*:*:*"),
     (re.compile(r"\b(pid|PID|process)\s*[:=]?\s*\d+"), r"\1 *"),
-    (re.compile(r"(?<=[:\s])(?:127\.0\.0\.1|localhost|\[::1\]|[\w.-]+):\d{2,5}\b"), "*:*"),
+    # Addresses with a port, never "train.py:50" (a place in the code is part of the error).
+    (re.compile(r"\b(?:\d{1,3}(?:\.\d{1,3}){3}|localhost|\[[0-9a-fA-F:]+\]):\d{2,5}\b"), "*:*"),
     (re.compile(r"/tmp/[^\s'\":,)]+"), "/tmp/*"),
 ]
 

@@ -1,0 +1,118 @@
+"""orchestrator/scriptwatch/checkpoints.py: the script's own checkpoint files, listed with size,
+time and sha256; a file still being written is never hashed, a big file is hashed over several
+scans and not again, and patterns stay inside the working directory."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+from orchestrator.scriptwatch.checkpoints import CheckpointFiles, CheckpointGlobError, check_glob
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_file_is_hashed_once_unchanged_for_two_looks(tmp_path: Path) -> None:
+    ckpt = tmp_path / "out" / "ckpt.pt"
+    ckpt.parent.mkdir()
+    ckpt.write_bytes(b"a" * 1000)
+    files = CheckpointFiles(tmp_path, ["out/ckpt.pt"])
+    (first,) = files.scan()
+    assert (first.size, first.stable, first.sha256) == (1000, False, None)
+    assert files.stable_files() == []
+    (second,) = files.scan()
+    assert second.stable and second.sha256 == sha(ckpt)
+    assert files.stable_files() == [second]
+
+
+def test_a_file_being_written_is_not_hashed(tmp_path: Path) -> None:
+    ckpt = tmp_path / "snapshot.pt"
+    files = CheckpointFiles(tmp_path, ["snapshot.pt"])
+    for size in range(1, 5):  # torch.save writing in place: it grows between looks
+        with open(ckpt, "ab") as f:
+            f.write(b"x" * 100)
+        (seen,) = files.scan()
+        assert seen.size == size * 100 and not seen.stable and seen.sha256 is None
+    (done,) = files.scan()
+    assert done.stable and done.sha256 == sha(ckpt)
+
+
+def test_a_big_file_is_hashed_over_several_scans_then_kept(tmp_path: Path) -> None:
+    ckpt = tmp_path / "checkpoints" / "step-100.pt"
+    ckpt.parent.mkdir()
+    ckpt.write_bytes(os.urandom(10_000))
+    files = CheckpointFiles(tmp_path, ["checkpoints/*.pt"], hash_budget=3000)
+    digests = [files.scan()[0].sha256 for _ in range(5)]
+    # Look 1 sees it, looks 2-4 hash 3000 bytes each (9000 of 10000), look 5 finishes.
+    assert digests == [None, None, None, None, sha(ckpt)]
+    # The digest is kept by (path, size, mtime, inode): same-size bytes written in place with
+    # the old time restored are not read again (the cache, shown by the stale digest).
+    st = ckpt.stat()
+    with open(ckpt, "r+b") as f:
+        f.write(b"\0" * 10)
+    os.utime(ckpt, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert files.scan()[0].sha256 == digests[-1] != sha(ckpt)
+
+
+def test_a_file_changed_while_hashed_starts_over(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt.pt"
+    ckpt.write_bytes(b"1" * 6000)
+    files = CheckpointFiles(tmp_path, ["ckpt.pt"], hash_budget=2000)
+    files.scan()
+    assert files.scan()[0].sha256 is None  # 2000 of 6000 hashed
+    ckpt.write_bytes(b"2" * 6000)  # rewritten: same size, new time
+    os.utime(ckpt, ns=(ckpt.stat().st_atime_ns, ckpt.stat().st_mtime_ns + 10**9))
+    assert files.scan()[0].stable is False
+    results = [files.scan()[0].sha256 for _ in range(3)]
+    assert results == [None, None, sha(ckpt)]  # from the start: 3 x 2000 bytes
+
+
+def test_matches_are_listed_newest_first_and_vanished_files_dropped(tmp_path: Path) -> None:
+    for i, name in enumerate(["a.pt", "b.pt", "c.pt"]):
+        path = tmp_path / "ck" / name
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(b"x" * (i + 1))
+        os.utime(path, (1000 + i, 1000 + i))
+    files = CheckpointFiles(tmp_path, ["ck/*.pt", "ck/a.pt"])
+    assert [f.path.name for f in files.scan()] == ["c.pt", "b.pt", "a.pt"]  # a.pt once
+    (tmp_path / "ck" / "b.pt").unlink()
+    assert [f.path.name for f in files.scan()] == ["c.pt", "a.pt"]
+    assert [f.path.name for f in files.stable_files()] == ["c.pt", "a.pt"]
+
+
+def test_recursive_patterns_and_folders_are_not_files(tmp_path: Path) -> None:
+    (tmp_path / "runs" / "x" / "step-5").mkdir(parents=True)
+    (tmp_path / "runs" / "x" / "model.pt").write_bytes(b"m")
+    files = CheckpointFiles(tmp_path, ["runs/**/*.pt", "runs/**/step-*"])
+    assert [f.path.relative_to(tmp_path).as_posix() for f in files.scan()] == ["runs/x/model.pt"]
+
+
+def test_a_symlink_out_of_the_workdir_is_left_out(tmp_path: Path) -> None:
+    outside = tmp_path / "outside.pt"
+    outside.write_bytes(b"secret")
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    (workdir / "ckpt.pt").symlink_to(outside)
+    (workdir / "own.pt").write_bytes(b"mine")
+    assert [f.path.name for f in CheckpointFiles(workdir, ["*.pt"]).scan()] == ["own.pt"]
+
+
+@pytest.mark.parametrize(("pattern", "problem"), [
+    ("/etc/passwd", "workload.checkpoint_glob = '/etc/passwd' must be relative to the working directory"),
+    ("~/ckpt.pt", "must be relative to the working directory"),
+    ("../other/ckpt.pt", "workload.checkpoint_glob = '../other/ckpt.pt' must stay inside the working directory"),
+    ("out/../../x.pt", "must stay inside the working directory"),
+    ("", "workload.checkpoint_glob must be a non-empty path pattern"),
+    (3, "not 3"),
+])
+def test_bad_patterns_name_the_field_and_the_value(pattern: object, problem: str, tmp_path: Path) -> None:
+    found = check_glob(pattern)
+    assert found is not None and problem in found
+    with pytest.raises(CheckpointGlobError, match="workload.checkpoint_glob"):
+        CheckpointFiles(tmp_path, [pattern])  # type: ignore[list-item]
+    assert check_glob("checkpoints/**/*.pt") is None
