@@ -264,10 +264,16 @@ def stderr_exception(path: Path) -> Raised | None:
     return parse_traceback(tail(path, STDERR_WINDOW))
 
 
+# Signals a rank's own uncaught exception can end in, so its traceback is still the story:
+# SIGTERM (torchrun stopping it), SIGABRT (the interpreter's exit aborting on a C++ thread still
+# running, "terminate called without an active exception", seen on gloo ranks now and then).
+_AFTER_AN_EXCEPTION = frozenset({-signal.SIGTERM, -signal.SIGABRT})
+
+
 def _with_stderr(attempt_dir: Path, failure: RankFailure) -> RankFailure:
     """``failure`` with the exception of its rank's stderr when torchrun had none (no ``@record``)."""
     if failure.message is not None or (failure.exitcode is not None and failure.exitcode < 0
-                                       and failure.exitcode != -signal.SIGTERM):
+                                       and failure.exitcode not in _AFTER_AN_EXCEPTION):
         return failure  # a rank killed by a signal: the signal is its story, not an older traceback
     path = _stderr_path(attempt_dir, failure.local_rank if failure.local_rank is not None else failure.rank)
     raised = stderr_exception(path) if path is not None else None

@@ -109,6 +109,31 @@ def test_stderr_is_read_from_its_end_not_whole(tmp_path: Path) -> None:
     assert classify(folder, 1).exception == f"{RAISED} (at {PLACE})"
 
 
+def test_a_rank_that_aborts_after_its_exception_is_the_exception(tmp_path: Path) -> None:
+    # Seen in CI: rank 1 raised, then its interpreter aborted on exit ("terminate called without
+    # an active exception", a gloo thread still running), so torchrun recorded SIGABRT.
+    folder = attempt("raise_rank1", tmp_path)
+    log = launcher_log(folder)
+    text = log.read_text()
+    root = text.rindex("exitcode  : 1 (pid: 30368)")
+    log.write_text(text[:root] + "exitcode  : -6 (pid: 30368)  (SIGABRT)"
+                   + text[root + len("exitcode  : 1 (pid: 30368)"):].replace(
+                       "traceback : To enable traceback", "traceback : Signal 6 (SIGABRT) received by PID 30368\n#", 1))
+    stderr = next(p for p in rank_log_files(folder)[1] if p.name == "stderr.log")
+    stderr.write_text(stderr.read_text() + "\n[rank1]: terminate called without an active exception\n")
+    assert {f.rank: f.exitcode for f in rank_failures(folder)} == {0: -15, 1: -6}
+    failure = classify(folder, 1)
+    assert (failure.cause, failure.rank, failure.exception, failure.location) == EXPECTED["raise_rank1"]
+
+
+def test_a_rank_that_aborts_without_a_traceback_is_the_signal(tmp_path: Path) -> None:
+    folder = attempt("exit3", tmp_path)
+    log = launcher_log(folder)
+    log.write_text(log.read_text().replace("exitcode  : 3 ", "exitcode  : -6 "))
+    failure = classify(folder, 1)
+    assert (failure.cause, failure.rank, failure.exception) == (Cause.SIGNAL, 1, "killed by SIGABRT")
+
+
 def test_the_same_exception_at_the_same_place_twice_stops_retrying(tmp_path: Path) -> None:
     def outcome(number: int, case: str) -> AttemptOutcome:
         failure = classify(attempt(case, tmp_path / str(number)), 1)
