@@ -18,6 +18,8 @@ RUN pip install ".[gpu,scripts]" && python -c "import torch; print('torch', torc
 
 VOLUME ["/data"]
 EXPOSE 8501
-# Inside the container 0.0.0.0 is needed for the published port to reach the UI; publish it on
-# the host's loopback (-p 127.0.0.1:8501:8501) unless you mean to expose it.
+# Inside the container 0.0.0.0 is needed for the published port to reach the UI; the access
+# token (printed in `docker logs`, kept in /data/token) is then the only thing between that port
+# and a shell in the container: publish it on the host's loopback (-p 127.0.0.1:8501:8501).
+HEALTHCHECK --interval=30s --timeout=5s CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8501/healthz', timeout=4)"]
 CMD ["runyard", "up", "--host", "0.0.0.0", "--port", "8501"]

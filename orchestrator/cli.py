@@ -5,7 +5,7 @@
     runyard ls | show RUN | logs RUN | cancel RUN
     runyard resume RUN [--step N] | fork RUN [--step N] [--set k=v] | pin RUN --step N
     runyard pause RUN | stacks RUN | metrics RUN --csv
-    runyard scheduler | ui | db upgrade | info [--adopt-legacy] | config-reference
+    runyard scheduler | ui | token [--rotate] | db upgrade | info [--adopt-legacy] | config-reference
 
 Data lives under $RUNYARD_HOME (default: the per-user data folder, ~/.local/share/runyard on
 Linux); $RUNYARD_DB_URL overrides the database. `runyard info` says which ones a command uses.
@@ -15,11 +15,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import math
 import logging
-import os
-import signal
-import subprocess
+import math
 import sys
 import time
 from pathlib import Path
@@ -37,6 +34,7 @@ from orchestrator.cli_base import (
     open_existing,
     open_sessions,
 )
+from orchestrator.cli_ui import scheduler, token, ui, up
 
 # Ids, steps, ranks and attempts are stored as 64-bit integers.
 INT64_MAX = 2**63 - 1
@@ -107,98 +105,8 @@ def cli(verbose: bool) -> None:
 # -- processes -------------------------------------------------------------------------------
 
 
-@cli.command()
-def scheduler() -> None:
-    """Run the scheduler in the foreground (launches and supervises runs)."""
-    from orchestrator.resources import detect_inventory
-    from orchestrator.scheduler import Scheduler, SchedulerLocked, acquire_lock, serve
-
-    settings = _settings()
-    sessions = _sessions(settings)
-    try:
-        lock = acquire_lock(settings.home)
-    except SchedulerLocked as exc:
-        fail(str(exc))
-    inventory = detect_inventory()
-    logging.getLogger(__name__).info(
-        "scheduler on %s: %d %s slot(s), database %s", settings.home, inventory.slots, inventory.kind, settings.db_url
-    )
-    try:
-        serve(Scheduler(sessions, settings, inventory))
-    finally:
-        os.close(lock)
-
-
-def _ui_argv(host: str, port: int) -> list[str]:
-    import app
-
-    main_py = Path(app.__file__).parent / "main.py"
-    return [
-        sys.executable, "-m", "streamlit", "run", str(main_py),
-        "--server.address", host,
-        "--server.port", str(port),
-        "--server.headless", "true",
-        "--browser.gatherUsageStats", "false",
-        "--server.fileWatcherType", "none",
-    ]
-
-
-def _child_env(settings: Settings) -> dict[str, str]:
-    env = dict(os.environ)
-    env["RUNYARD_HOME"] = str(settings.home)
-    env["RUNYARD_DB_URL"] = settings.db_url
-    return env
-
-
-@cli.command()
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind; 0.0.0.0 exposes the UI to the network.")
-@click.option("--port", default=8501, show_default=True, type=int)
-def ui(host: str, port: int) -> None:
-    """Run the web UI in the foreground."""
-    settings = _settings()
-    _sessions(settings)
-    os.execve(sys.executable, _ui_argv(host, port), _child_env(settings))
-
-
-@cli.command()
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind; 0.0.0.0 exposes the UI to the network.")
-@click.option("--port", default=8501, show_default=True, type=int)
-def up(host: str, port: int) -> None:
-    """Start the scheduler and the UI; Ctrl-C stops both (training keeps running and is
-    re-adopted by the next scheduler)."""
-    settings = _settings()
-    _sessions(settings)
-    env = _child_env(settings)
-    procs = {
-        "scheduler": subprocess.Popen([sys.executable, "-m", "orchestrator", "scheduler"], env=env),
-        "ui": subprocess.Popen(_ui_argv(host, port), env=env),
-    }
-    click.echo(f"runyard is up: http://{host}:{port}  (data in {settings.home}; Ctrl-C to stop)")
-    stopping = False
-
-    def stop(_signum: int, _frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
-    code = 0
-    while not stopping:
-        for name, proc in procs.items():
-            if proc.poll() is not None:
-                click.echo(f"error: the {name} exited with code {proc.returncode}; stopping", err=True)
-                code = proc.returncode or 1
-                stopping = True
-        time.sleep(0.5)
-    for proc in procs.values():
-        if proc.poll() is None:
-            proc.terminate()
-    for proc in procs.values():
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-    sys.exit(code)
+for _command in (scheduler, ui, up, token):
+    cli.add_command(_command)
 
 
 @cli.group()

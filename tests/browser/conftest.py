@@ -2,6 +2,8 @@
 
 `runyard_up` starts the scheduler and the UI exactly as a person would, on a free port with
 its own RUNYARD_HOME, and on teardown stops them and every training process they left behind.
+A test's `page` logs in the way a person does: it opens the URL `runyard up` printed (the token
+buys a session cookie, and the UI answers nothing without it).
 `page` is a Playwright page in Debian's headless Chromium (Playwright cannot download its own
 browser here); the tests skip with a clear message when either is missing.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -50,15 +53,17 @@ def _runyard_argv() -> list[str]:
     return [exe] if exe else [sys.executable, "-m", "orchestrator"]
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen, log: Path) -> None:
+def _wait_healthy(url: str, proc: subprocess.Popen, log: Path) -> str:
+    """Wait until the UI answers its health check; returns the login URL it printed."""
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"runyard up exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
         try:
-            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as resp:
-                if resp.status == 200:
-                    return
+            with urllib.request.urlopen(f"{url}/healthz", timeout=2) as resp:
+                printed = re.search(rf"^{re.escape(url)}/\?token=\S+$", log.read_text(), re.MULTILINE)
+                if resp.status == 200 and printed:
+                    return printed.group(0)
         except (urllib.error.URLError, OSError):
             pass
         time.sleep(0.3)
@@ -102,10 +107,11 @@ def _stop(proc: subprocess.Popen, home: Path) -> None:
 
 @dataclass(frozen=True)
 class Runyard:
-    """A running `runyard up`: its URL and its data folder."""
+    """A running `runyard up`: its URL, its data folder and the login URL it printed."""
 
     url: str
     home: Path
+    login_url: str = ""
 
     def cli(self, *args: str) -> Any:
         """Run `runyard ARGS --json` against the same home and return the parsed output."""
@@ -130,8 +136,8 @@ def runyard_up(tmp_path: Path) -> Iterator[Runyard]:
         proc = subprocess.Popen([*_runyard_argv(), "up", "--host", "127.0.0.1", "--port", str(port)],
                                 env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
-        _wait_healthy(url, proc, log)
-        yield Runyard(url=url, home=home)
+        login_url = _wait_healthy(url, proc, log)
+        yield Runyard(url=url, home=home, login_url=login_url)
     finally:
         _stop(proc, home)
         print(f"\nrunyard up log: {log}")
@@ -153,9 +159,15 @@ def browser() -> Iterator[Any]:
 
 
 @pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
+def page(browser: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A fresh browser page; with `runyard_up` in the test, logged in through the printed URL."""
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     p = context.new_page()
     p.set_default_timeout(30_000)
+    if "runyard_up" in request.fixturenames:
+        runyard: Runyard = request.getfixturevalue("runyard_up")
+        p.goto(runyard.login_url)
+        assert "token=" not in p.url, p.url  # the token left the address bar
+        assert any(c["name"].startswith("runyard-session-") for c in context.cookies())
     yield p
     context.close()

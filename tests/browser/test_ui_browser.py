@@ -149,3 +149,22 @@ def test_bad_learning_rate_is_refused_and_nothing_is_queued(page: Any, runyard_u
     open_page(page, f"{runyard_up.url}/", "Runs")
     expect(page.get_by_text("No runs yet")).to_be_visible(timeout=PAGE_TIMEOUT_MS)
     assert runyard_up.cli("ls") == []
+
+
+def test_a_browser_without_the_token_gets_the_login_help_then_the_printed_url_logs_it_in(
+        browser: Any, runyard_up: Any) -> None:
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    try:
+        stranger = context.new_page()
+        response = stranger.goto(f"{runyard_up.url}/new")
+        assert response is not None and response.status == 401
+        expect(stranger.get_by_role("heading", name="Log in with your token")).to_be_visible()
+        expect(stranger.get_by_text("runyard token")).to_be_visible()
+        assert not context.cookies()
+        wrong = stranger.goto(f"{runyard_up.url}/?token=not-the-token")
+        assert wrong is not None and wrong.status == 403
+        stranger.goto(runyard_up.login_url.replace("/?", "/new?"))
+        assert stranger.url == f"{runyard_up.url}/new"  # logged in, and the token left the address bar
+        expect(stranger.get_by_role("heading", name="New run", level=1)).to_be_visible(timeout=PAGE_TIMEOUT_MS)
+    finally:
+        context.close()

@@ -85,7 +85,7 @@ def runs_in(home: Path) -> int:
 EVERY_COMMAND = [
     ["submit", str(EXAMPLE)], ["ls"], ["show", "1"], ["logs", "1"], ["cancel", "1"], ["pause", "1"],
     ["resume", "1"], ["fork", "1"], ["pin", "1", "--step", "1"], ["stacks", "1"], ["metrics", "1"],
-    ["scheduler"], ["ui"], ["up"], ["db", "upgrade"], ["info"],
+    ["scheduler"], ["ui"], ["up"], ["token"], ["db", "upgrade"], ["info"],
 ]
 
 

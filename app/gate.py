@@ -1,0 +1,184 @@
+"""The gate in front of Streamlit: an ASGI layer that checks every request before Streamlit sees it.
+
+Streamlit's own options cannot guard a launcher (its WebSocket handshake accepts a foreign Host
+when the Origin agrees with it, streamlit#16386 and #16448), so the UI server (app/server.py)
+wraps Streamlit's ASGI app in :class:`Gate`, in the same process: nothing but the gate listens.
+For every HTTP request and WebSocket handshake, in order:
+
+1. the Host must be one this UI serves (loopback names and ``--allowed-host``): DNS rebinding;
+2. a browser's Origin must be the UI's own (same host and port);
+3. ``/healthz`` answers ``ok`` without credentials (for monitors and container health checks);
+4. the credentials of the mode (orchestrator/access.py): a session cookie, or the token itself in
+   ``?token=`` (exchanged for the cookie, then dropped from the address bar by a redirect) or in
+   an ``Authorization: token ...`` header; in proxy mode the proxy's secret and user headers.
+
+A refused WebSocket is closed before it is accepted (the client sees HTTP 403); a refused page
+gets a short page of its own that says what to do, served without any outside asset.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+from urllib.parse import parse_qsl, urlencode
+
+from starlette.datastructures import Headers
+from starlette.requests import cookie_parser
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+
+from orchestrator.access import (
+    SESSION_MAX_AGE_S,
+    AccessPolicy,
+    Verdict,
+    session_valid,
+    sign_session,
+    token_matches,
+)
+
+logger = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+HEALTH_PATH = "/healthz"
+# Headers on every answer of the gate's own: never cached, never framed, no referrer leaks a URL.
+_OWN_HEADERS = {
+    "Cache-Control": "no-store",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; frame-ancestors 'none'",
+}
+
+_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>runyard: {title}</title>
+<style>body{{font-family:system-ui,sans-serif;max-width:42rem;margin:4rem auto;padding:0 1rem;color:#222}}
+code{{background:#f2f2f2;padding:.1rem .3rem;border-radius:3px}}</style></head>
+<body><h1>runyard</h1><h2>{title}</h2><p>{body}</p></body></html>
+"""
+
+_LOGIN_HELP = (
+    "This dashboard starts training programs on this machine, so it answers only to people who hold "
+    "its access token. On the machine that runs runyard, run <code>runyard token</code> and open the "
+    "URL it prints (it looks like <code>http://127.0.0.1:8501/?token=...</code>)."
+)
+
+
+def _page(status: int, title: str, body_html: str) -> Response:
+    return HTMLResponse(_PAGE.format(title=html.escape(title), body=body_html), status_code=status,
+                        headers=_OWN_HEADERS)
+
+
+def _wants_html(headers: Headers) -> bool:
+    return "text/html" in headers.get("accept", "")
+
+
+class Gate:
+    """An ASGI app that lets a request through to ``app`` only when ``policy`` allows it.
+
+    Args:
+        app: Streamlit's ASGI app (``st.App``).
+        policy: What this UI accepts (orchestrator/access.py).
+    """
+
+    def __init__(self, app: ASGIApp, policy: AccessPolicy) -> None:
+        self.app = app
+        self.policy = policy
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)  # lifespan: starts and stops Streamlit's runtime
+            return
+        headers = Headers(scope=scope)
+        verdict = self._check(scope, headers)
+        if verdict is not None and not verdict.allowed:
+            await self._refuse(scope, receive, send, headers, verdict)
+            return
+        if verdict is None:  # the token in the query: log in and come back without it
+            await self._log_in(scope, receive, send, headers)
+            return
+        await self.app(scope, receive, send)
+
+    # -- decisions ---------------------------------------------------------------------------
+
+    def _check(self, scope: Scope, headers: Headers) -> Verdict | None:
+        """ALLOW, a refusal, or ``None`` for "a login with ``?token=``: answer with the cookie"."""
+        policy = self.policy
+        host = headers.get("host")
+        for verdict in (policy.check_host(host), policy.check_origin(headers.get("origin"), host)):
+            if not verdict.allowed:
+                return verdict
+        if scope["type"] == "http" and scope["path"] == HEALTH_PATH:
+            return Verdict(True)
+        if policy.mode == "none":
+            return Verdict(True)
+        if policy.mode == "proxy":
+            return policy.check_proxy(headers)
+        token = policy.token.current() if policy.token is not None else None
+        supplied = _query_token(scope)
+        if supplied is not None and scope["type"] == "http":
+            if token_matches(token, supplied):
+                return None
+            return Verdict(False, 403, "wrong token")
+        if session_valid(token, cookie_parser(headers.get("cookie", "")).get(policy.cookie)):
+            return Verdict(True)
+        if token_matches(token, _authorization_token(headers)):
+            return Verdict(True)
+        return Verdict(False, 401, "no valid session")
+
+    # -- answers -----------------------------------------------------------------------------
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, headers: Headers, verdict: Verdict) -> None:
+        logger.info("refused %s %s (Host %r, Origin %r): %s", scope["type"], scope.get("path"),
+                    headers.get("host"), headers.get("origin"), verdict.reason)
+        if scope["type"] == "websocket":
+            # Closing before accepting makes the server answer the handshake with HTTP 403.
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        if scope["path"] == HEALTH_PATH or not _wants_html(headers):
+            response: Response = PlainTextResponse(f"{verdict.reason}\n", status_code=verdict.status,
+                                                   headers=_OWN_HEADERS)
+        elif verdict.status == 401 and self.policy.mode == "token":
+            response = _page(401, "Log in with your token", _LOGIN_HELP)
+        elif verdict.reason == "wrong token":
+            response = _page(403, "That token is not this UI's",
+                             "The token in the address is wrong or was replaced (<code>runyard token --rotate</code>). "
+                             + _LOGIN_HELP)
+        else:
+            response = _page(verdict.status, "Refused", html.escape(verdict.reason))
+        await response(scope, receive, send)
+
+    async def _log_in(self, scope: Scope, receive: Receive, send: Send, headers: Headers) -> None:
+        """Exchange the token for a session cookie and redirect to the same address without it."""
+        token = self.policy.token.current() if self.policy.token is not None else None
+        assert token is not None  # _check matched it
+        query = [(k, v) for k, v in parse_qsl(scope.get("query_string", b"").decode("latin-1"),
+                                               keep_blank_values=True) if k != "token"]
+        target = scope.get("root_path", "") + scope["path"] + (f"?{urlencode(query)}" if query else "")
+        response = RedirectResponse(target, status_code=303, headers=_OWN_HEADERS)
+        response.set_cookie(
+            self.policy.cookie, sign_session(token), max_age=SESSION_MAX_AGE_S, path="/",
+            httponly=True, samesite="strict", secure=scope.get("scheme") == "https",
+        )
+        logger.info("logged in a browser from %s", (scope.get("client") or ("?",))[0])
+        await response(scope, receive, send)
+
+
+def _query_token(scope: Scope) -> str | None:
+    for key, value in parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True):
+        if key == "token":
+            return value
+    return None
+
+
+def _authorization_token(headers: Headers) -> str | None:
+    """The token of ``Authorization: token T`` or ``Authorization: Bearer T`` (Jupyter's forms)."""
+    value = headers.get("authorization", "")
+    scheme, _, credential = value.partition(" ")
+    if scheme.lower() in ("token", "bearer") and credential.strip():
+        return credential.strip()
+    return None

@@ -1,0 +1,157 @@
+"""The web UI's server: Streamlit behind runyard's gate, in one process.
+
+    python -m app.server [--host 127.0.0.1] [--port 8501] [--auth token|proxy|none] [--allowed-host NAME]
+
+``runyard ui`` and ``runyard up`` start it (and check the options first). Streamlit's app
+(``st.App`` over app/main.py, an ASGI app) is wrapped in :class:`app.gate.Gate` and served by
+uvicorn on a socket this module binds itself: Streamlit never listens on anything, so no request
+reaches it without passing the gate. Once the socket is bound, the URL to open is printed on a
+line of its own (``http://127.0.0.1:PORT/?token=TOKEN``) and recorded in the data folder's
+``ui.json`` for ``runyard token``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+
+from orchestrator.access import (
+    ALLOWED_HOSTS_ENV,
+    AUTH_MODES,
+    DEFAULT_PROXY_USER_HEADER,
+    PROXY_SECRET_ENV,
+    UI_FILE,
+    AccessError,
+    AccessPolicy,
+    TokenSource,
+    check_bind,
+    ensure_token,
+    is_wildcard,
+    login_url,
+    open_bind_warning,
+    parse_allowed_hosts,
+    url_host,
+    write_ui_file,
+)
+
+logger = logging.getLogger(__name__)
+
+EXIT_USAGE = 2
+MAIN_SCRIPT = Path(__file__).with_name("main.py")
+# Streamlit's options for a UI behind the gate: no browser opened, no telemetry, no file watcher
+# (the code does not change under a running product), XSRF protection kept on.
+STREAMLIT_OPTIONS: dict[str, object] = {
+    "server.headless": True,
+    "browser.gatherUsageStats": False,
+    "server.fileWatcherType": "none",
+    "server.enableXsrfProtection": True,
+    "server.runOnSave": False,
+}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m app.server", description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8501)
+    parser.add_argument("--auth", choices=AUTH_MODES, default="token")
+    parser.add_argument("--allowed-host", action="append", default=[])
+    parser.add_argument("--proxy-user-header", default=DEFAULT_PROXY_USER_HEADER)
+    return parser.parse_args(argv)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` (no search for another port: the URL must be right)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if family == socket.AF_INET6 and is_wildcard(host):
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    sock.bind((host.strip("[]"), port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+def build_app(policy: AccessPolicy) -> object:
+    """Streamlit's ASGI app for app/main.py behind the gate."""
+    import streamlit as st
+    from streamlit import config as streamlit_config
+    from streamlit.web import bootstrap
+
+    from app.gate import Gate
+
+    streamlit_config._main_script_path = str(MAIN_SCRIPT)
+    bootstrap.load_config_options({key.replace(".", "_"): value for key, value in STREAMLIT_OPTIONS.items()})
+    return Gate(st.App(MAIN_SCRIPT), policy)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from db.home import HomeUnusable, check_home
+    from db.settings import load_settings
+
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    proxy_secret = os.environ.get(PROXY_SECRET_ENV) or None
+    problem = check_bind(args.host, args.auth, proxy_secret)
+    try:
+        allowed = parse_allowed_hosts([*args.allowed_host, os.environ.get(ALLOWED_HOSTS_ENV, "")])
+    except AccessError as exc:
+        problem = problem or str(exc)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    settings = load_settings()
+    try:
+        check_home(settings, create=True)
+    except HomeUnusable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if not is_wildcard(args.host):
+        allowed |= parse_allowed_hosts([url_host(args.host)])  # the address it was asked to bind
+    token = ensure_token(settings.token_file) if args.auth == "token" else None
+    policy = AccessPolicy(
+        mode=args.auth, port=args.port, allowed_hosts=allowed,
+        token=TokenSource(settings.token_file) if args.auth == "token" else None,
+        proxy_secret=proxy_secret, proxy_user_header=args.proxy_user_header,
+    )
+    try:
+        sock = bind(args.host, args.port)
+    except OSError as exc:
+        why = "is in use by another program" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc.strerror})"
+        print(f"error: port {args.port} on {args.host} {why}; choose another with --port", file=sys.stderr)
+        return 1
+    return serve(sock, build_app(policy), settings.home, args, token)
+
+
+def serve(sock: socket.socket, app: object, home: Path, args: argparse.Namespace, token: str | None) -> int:
+    import uvicorn
+
+    warning = open_bind_warning(args.host)
+    if warning:
+        print(warning, file=sys.stderr)
+    write_ui_file(home, args.host, args.port, args.auth)
+    base = f"http://{url_host(args.host)}:{args.port}"
+    if token is not None:
+        print(f"runyard UI on {base} (data in {home}). Open this URL; it holds the access token "
+              "(`runyard token` prints it again):")
+        print(login_url(args.host, args.port, token), flush=True)
+    else:
+        print(f"runyard UI on {base} (auth: {args.auth}; data in {home})", flush=True)
+    config = uvicorn.Config(app, lifespan="on", access_log=False, log_level="warning",  # type: ignore[arg-type]
+                            ws_max_size=200 * 1024 * 1024, ws_per_message_deflate=False, timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+        (home / UI_FILE).unlink(missing_ok=True)
+    return 0 if server.started else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

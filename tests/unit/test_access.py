@@ -1,0 +1,124 @@
+"""The UI's access rules (orchestrator/access.py): the token file, the session cookie, Host and
+Origin. The same rules are tried end to end against the real `runyard up` in
+tests/integration/test_ui_access.py."""
+
+from __future__ import annotations
+
+import os
+import stat
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from orchestrator.access import (
+    SESSION_MAX_AGE_S,
+    AccessError,
+    AccessPolicy,
+    TokenSource,
+    check_bind,
+    ensure_token,
+    is_loopback,
+    login_url,
+    parse_allowed_hosts,
+    rotate_token,
+    session_valid,
+    sign_session,
+    split_host,
+)
+
+
+def test_the_token_is_created_once_private_and_32_random_bytes(tmp_path: Path) -> None:
+    path = tmp_path / "token"
+    with ThreadPoolExecutor(8) as pool:
+        tokens = set(pool.map(lambda _: ensure_token(path), range(16)))
+    assert len(tokens) == 1  # processes starting together agree on one token
+    token = tokens.pop()
+    assert len(token) == 43 and path.read_text().strip() == token
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert ensure_token(tmp_path / "other") != token
+
+
+def test_a_token_file_readable_by_others_is_narrowed(tmp_path: Path) -> None:
+    path = tmp_path / "token"
+    path.write_text("x" * 43 + "\n")
+    os.chmod(path, 0o644)
+    assert ensure_token(path) == "x" * 43
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_rotation_replaces_the_token_and_a_running_ui_sees_it(tmp_path: Path) -> None:
+    path = tmp_path / "token"
+    first = ensure_token(path)
+    source = TokenSource(path)
+    assert source.current() == first
+    second = rotate_token(path)
+    assert second != first and source.current() == second
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    path.unlink()
+    assert source.current() is None  # no file: nothing is accepted
+
+
+def test_a_session_cookie_is_bound_to_the_token_and_expires() -> None:
+    token, other = "t" * 43, "u" * 43
+    cookie = sign_session(token, issued=1_000_000)
+    assert session_valid(token, cookie, now=1_000_000 + 10)
+    assert not session_valid(other, cookie, now=1_000_010)  # a rotated token ends it
+    assert not session_valid(token, cookie, now=1_000_000 + SESSION_MAX_AGE_S + 1)
+    assert not session_valid(token, cookie, now=1_000_000 - 3600)  # issued in the future
+    issued, mac = cookie.split(".")
+    assert not session_valid(token, f"{int(issued) + 1}.{mac}", now=1_000_010)
+    for bad in ("", ".", "abc", "1.", "99999999999999.x", None):
+        assert not session_valid(token, bad, now=1_000_010)
+    assert not session_valid(None, cookie, now=1_000_010)
+
+
+@pytest.mark.parametrize("header, parsed", [
+    ("127.0.0.1:8501", ("127.0.0.1", 8501)),
+    ("LOCALHOST.", ("localhost", None)),
+    ("[::1]:8501", ("::1", 8501)),
+    ("[::1]", ("::1", None)),
+    ("::1", None),
+    ("a.example:99999", None),
+    ("a.example:x", None),
+    ("user@a.example", None),
+    ("a.example/path", None),
+    ("", None),
+])
+def test_host_headers_are_parsed_strictly(header: str, parsed: tuple[str, int | None] | None) -> None:
+    assert split_host(header) == parsed
+
+
+def test_host_and_origin_rules() -> None:
+    policy = AccessPolicy(mode="token", port=8501, allowed_hosts=parse_allowed_hosts(["ws.lan"]))
+    assert policy.check_host("127.0.0.1:8501").allowed
+    assert policy.check_host("[::1]:8501").allowed
+    assert policy.check_host("ws.lan:8501").allowed
+    refused = policy.check_host("rebind.example:8501")
+    assert not refused.allowed and refused.status == 403 and "--allowed-host" in refused.reason
+    assert not policy.check_host(None).allowed
+    assert policy.check_origin(None, "127.0.0.1:8501").allowed  # a program, not a page
+    assert policy.check_origin("http://127.0.0.1:8501", "127.0.0.1:8501").allowed
+    assert not policy.check_origin("http://localhost:8501", "127.0.0.1:8501").allowed
+    assert not policy.check_origin("http://127.0.0.1:3000", "127.0.0.1:8501").allowed
+    assert not policy.check_origin("null", "127.0.0.1:8501").allowed
+    assert not policy.check_origin("file://", "127.0.0.1:8501").allowed
+    assert not policy.check_origin("http://rebind.example:8501", "rebind.example:8501").allowed
+    # Behind a TLS proxy the Host has no port: the origin's default port stands for it.
+    assert policy.check_origin("https://ws.lan", "ws.lan").allowed
+
+
+def test_binds_and_modes() -> None:
+    assert check_bind("127.0.0.1", "none", None) is None
+    assert check_bind("::1", "none", None) is None
+    assert "--no-auth is refused" in (check_bind("0.0.0.0", "none", None) or "")
+    assert check_bind("0.0.0.0", "token", None) is None
+    assert "RUNYARD_PROXY_SECRET" in (check_bind("127.0.0.1", "proxy", None) or "")
+    assert "at least 16" in (check_bind("127.0.0.1", "proxy", "short") or "")
+    assert check_bind("0.0.0.0", "proxy", "x" * 32) is None
+    assert is_loopback("127.0.0.2") and is_loopback("localhost") and not is_loopback("0.0.0.0")
+    assert login_url("0.0.0.0", 8501, "T") == "http://127.0.0.1:8501/?token=T"
+    assert login_url("::1", 8502, "T") == "http://[::1]:8502/?token=T"
+    with pytest.raises(AccessError, match="not a host name"):
+        parse_allowed_hosts(["https://ws.lan"])
+    assert parse_allowed_hosts(["A.lan, b.lan", "", "[fe80::1]"]) == {"a.lan", "b.lan", "fe80::1"}
