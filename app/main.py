@@ -14,6 +14,22 @@ from app.format import duration
 
 st.set_page_config(page_title="runyard", page_icon=":material/conveyor_belt:", layout="wide")
 
+
+def sso_configured() -> bool:
+    """Whether Streamlit's OIDC login is set up (an ``[auth]`` section in .streamlit/secrets.toml)."""
+    try:
+        return "auth" in st.secrets
+    except Exception:  # noqa: BLE001 - no secrets file, or an unreadable one: no SSO
+        return False
+
+
+# Behind the token gate (app/gate.py), Streamlit's own single sign-on when the person set it up.
+if sso_configured() and not st.user.get("is_logged_in", False):
+    st.title("runyard")
+    st.write("This dashboard uses your organisation's sign-in.")
+    st.button("Log in", on_click=st.login, type="primary")
+    st.stop()
+
 pages = [
     st.Page("views/runs.py", title="Runs", icon=":material/list:", url_path="runs", default=True),
     st.Page("views/new_run.py", title="New run", icon=":material/add_circle:", url_path="new"),

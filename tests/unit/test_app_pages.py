@@ -642,3 +642,24 @@ def test_runs_page_filters_by_tag(settings: Settings, sessions: sessionmaker[Ses
     assert at.multiselect[1].options == ["baseline", "lr", "sweep"]
     at.multiselect[1].set_value(["sweep"]).run()
     assert at.dataframe[0].value["name"].tolist() == ["b"]
+
+
+# -- single sign-on -------------------------------------------------------------------------
+
+
+def test_with_oidc_configured_the_pages_wait_for_the_sign_in(seeded: dict[str, int]) -> None:
+    at = app()
+    at.secrets["auth"] = {"redirect_uri": "http://127.0.0.1:8501/oauth2callback", "cookie_secret": "x" * 32,
+                          "client_id": "runyard", "client_secret": "s",
+                          "server_metadata_url": "https://id.example/.well-known/openid-configuration"}
+    at.run()
+    no_exception(at)
+    assert [b.label for b in at.button] == ["Log in"]
+    assert not at.dataframe  # no run is shown before the sign-in
+
+
+def test_without_oidc_the_pages_show_at_once(seeded: dict[str, int]) -> None:
+    at = app().run()
+    no_exception(at)
+    assert "Log in" not in [b.label for b in at.button]
+    assert at.dataframe
