@@ -60,7 +60,7 @@ def problems_of(data: dict, roots: ScriptRoots, base: Path) -> list[str]:
 def layout(tmp_path: Path) -> dict[str, Path]:
     """A started-in folder, a data folder and a folder outside both, each with a script."""
     folders = {name: tmp_path / name for name in ("project", "home", "outside")}
-    for name, folder in folders.items():
+    for folder in folders.values():
         script_at(folder / "train.py")
     return folders
 
