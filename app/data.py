@@ -5,8 +5,10 @@ Pages call these functions; they hold no SQL and no ORM objects.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import streamlit as st
@@ -18,6 +20,7 @@ from db.metricstore import Series, choose_level, series
 from db.requests import RequestRefused, request_cancel, request_resume, request_stack_dump, set_pinned, set_prices
 from db.settings import Settings, load_settings
 from orchestrator.resources import Inventory, detect_inventory
+from orchestrator.script_roots import ScriptRoots, script_roots
 from orchestrator.submission import fork, submit, validate
 from trainer.config import RunConfig
 
@@ -35,6 +38,13 @@ def sessions() -> sessionmaker[Session]:
 @st.cache_resource
 def inventory() -> Inventory:
     return detect_inventory()
+
+
+@st.cache_resource
+def launch_roots() -> ScriptRoots:
+    """The folders a UI user's scripts and text files must lie under, read once at start from
+    RUNYARD_SCRIPT_ROOTS, else the folder the UI was started in and the data folder."""
+    return script_roots(os.environ, Path.cwd(), settings().home)
 
 
 @st.cache_data(ttl=1.0, show_spinner=False)
@@ -198,7 +208,8 @@ def _full(fetch: Fetch, attempts: int, finished: bool) -> LiveSeries:
 
 
 def validate_config(data: dict[str, Any]) -> RunConfig:
-    return validate(data, inventory())
+    """Validate a config from the New run page, its files held to :func:`launch_roots`."""
+    return validate(data, inventory(), roots=launch_roots())
 
 
 def submit_run(config: RunConfig) -> int:
@@ -251,8 +262,9 @@ def pin_checkpoint(run_id: int, checkpoint_id: int, pinned: bool) -> None:
 
 
 def fork_run(run_id: int, step: int, overrides: list[str]) -> int:
-    """Queue a new run from a checkpoint with changed settings (raises ConfigError, RequestRefused)."""
-    new_id = fork(sessions(), settings(), run_id, step, overrides, inventory())
+    """Queue a new run from a checkpoint with changed settings (raises ConfigError, RequestRefused);
+    a change of the script, its arguments or the text is held to :func:`launch_roots`."""
+    new_id = fork(sessions(), settings(), run_id, step, overrides, inventory(), roots=launch_roots())
     _changed()
     return new_id
 

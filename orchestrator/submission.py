@@ -21,14 +21,21 @@ from db.settings import Settings
 from orchestrator.cost import price_for
 from orchestrator.memory import check_memory
 from orchestrator.resources import Inventory, check_fits
+from orchestrator.script_roots import ScriptRoots, changes_what_runs, refused_paths
 from trainer.config import ConfigError, LaunchConfig, RunConfig, apply_overrides, parse_config
 
 
-def validate(data: dict[str, Any], inventory: Inventory) -> RunConfig:
+def validate(data: dict[str, Any], inventory: Inventory, *, roots: ScriptRoots | None = None) -> RunConfig:
     """Validate a config mapping for this machine.
 
+    Args:
+        data: The config as a mapping (parsed TOML, the UI's form).
+        inventory: This machine's devices.
+        roots: For a submission through the UI, the folders its files must lie under
+            (:mod:`orchestrator.script_roots`); ``None`` (the CLI) applies no roots.
+
     Raises:
-        ConfigError: with the schema problems and the machine problems together.
+        ConfigError: with the schema, machine and path problems together.
     """
     try:
         config = parse_config(data)
@@ -43,11 +50,16 @@ def validate(data: dict[str, Any], inventory: Inventory) -> RunConfig:
                 pass
         raise ConfigError(problems) from None
     problems = check_fits(config, inventory) + check_memory(config, inventory)
-    if config.workload.kind == "script":
+    # A refused path is not looked at further: "no such file" would tell a UI user what exists
+    # outside the roots.
+    refused = refused_paths(config, roots, Path.cwd()) if roots is not None else {}
+    problems += refused.values()
+    if config.workload.kind == "script" and "workload.script" not in refused:
         config, script_problems = resolve_script(config)
         problems += script_problems
-    config, text_problems = resolve_text(config)
-    problems += text_problems
+    if "workload.text" not in refused:
+        config, text_problems = resolve_text(config)
+        problems += text_problems
     if problems:
         raise ConfigError(problems)
     return config
@@ -139,10 +151,15 @@ def fork(
     step: int | None,
     overrides: list[str],
     inventory: Inventory,
+    *,
+    roots: ScriptRoots | None = None,
 ) -> int:
     """Queue a new run that starts from a checkpoint of ``parent_id`` with changed settings.
 
     The parent's checkpoint is pinned so that retention never deletes the fork's origin.
+    With ``roots`` (a fork from the UI), a fork whose changes touch what runs (the script, its
+    arguments, the text) is checked like a new UI submission; one that keeps them runs only
+    what the parent was accepted to run.
 
     Raises:
         ConfigError: the changed config is invalid.
@@ -155,7 +172,8 @@ def fork(
         checkpoint = usable_checkpoint(session, parent_id, step)
         data = json.loads(parent.config_json)
         data["name"] = f"{parent.name}-fork"[:100]
-        config = validate(apply_overrides(data, overrides), inventory)
+        changed = apply_overrides(data, overrides)
+        config = validate(changed, inventory, roots=roots if changes_what_runs(data, changed) else None)
         price = price_for(config.launch.nproc_per_node, inventory, price_table(session))
         run = create_run(session, config, settings.runs_dir, price, parent=checkpoint)
         checkpoint.pinned = True

@@ -63,7 +63,9 @@ class WorkloadConfig(_Section):
     script: str | None = None
     """Path of the training script to launch under torchrun (kind = "script"); a relative path
     is resolved against the directory `runyard submit` runs in. It may import `trainer` to report
-    metrics and checkpoints (see examples/)."""
+    metrics and checkpoints (see examples/). Submitted from the UI, it must lie under the
+    allowed roots (`RUNYARD_SCRIPT_ROOTS`, else the folder `runyard up` started in and the data
+    folder), resolved after symlinks."""
 
     args: tuple[str, ...] = Field(default=(), strict=False)
     """Command-line arguments passed to the script (kind = "script")."""
@@ -71,7 +73,8 @@ class WorkloadConfig(_Section):
     text: str | None = None
     """Text file to train gpt-char on (default: the Python standard library's sources): a
     readable regular file of at most 256 MiB, read as UTF-8 (every rank holds it in memory); a
-    relative path is resolved against the directory `runyard submit` runs in."""
+    relative path is resolved against the directory `runyard submit` runs in. Submitted from the
+    UI, it must lie under the allowed roots, like `script`."""
 
     n_layer: int = Field(default=4, ge=1, le=96)
     """gpt-char: transformer blocks."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import json
+import sysconfig
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,6 +51,7 @@ def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Settin
     monkeypatch.setenv("RUNYARD_HOME", str(tmp_path))
     monkeypatch.delenv("RUNYARD_DB_URL", raising=False)
     monkeypatch.setenv("RUNYARD_CPU_SLOTS", "2")  # the same machine limits on every host
+    monkeypatch.delenv("RUNYARD_SCRIPT_ROOTS", raising=False)  # the default roots: the cwd and tmp_path
     st.cache_resource.clear()
     st.cache_data.clear()
     s = load_settings()
@@ -556,6 +558,66 @@ def test_new_run_form_queues_a_script_run_with_its_arguments(sessions: sessionma
     assert detail["config"]["workload"] == {**detail["config"]["workload"], "kind": "script", "script": str(script),
                                             "args": ["--steps", "5", "--name", "a b"]}
     assert detail["config"]["retry"]["max_retries"] == 1
+
+
+def start_script_run(at: AppTest, script: Path | str, args: str = "") -> AppTest:
+    at.selectbox(key="workload.kind").set_value("script")
+    at.text_input(key="workload.script").input(str(script))
+    at.text_input(key="workload.args").input(args)
+    at.number_input(key="launch.nproc_per_node").set_value(1)
+    return next(b for b in at.button if "Start" in b.label).click().run()
+
+
+def test_new_run_refuses_a_script_outside_the_roots_then_queues_one_inside(
+        settings: Settings, sessions: sessionmaker[Session], tmp_path_factory: pytest.TempPathFactory) -> None:
+    outside = tmp_path_factory.mktemp("elsewhere") / "train.py"  # beside the home, not in it
+    outside.write_text("print('hello')\n")
+    at = start_script_run(open_page("views/new_run.py"), outside)
+    no_exception(at)
+    (error,) = [e.value for e in at.error]
+    assert error.startswith(f"workload.script = {str(outside)!r}: {outside.resolve()} is outside")
+    assert f"{Path.cwd().resolve()}, {settings.home}" in error  # the roots: where the UI started, the data folder
+    assert "RUNYARD_SCRIPT_ROOTS" in error and "`runyard submit`" in error
+    assert queued_runs(sessions) == []
+
+    inside = settings.home / "train.py"
+    inside.write_text("print('hello')\n")
+    at = start_script_run(at, inside)
+    no_exception(at)
+    (run,) = queued_runs(sessions)
+    with sessions() as s:
+        assert queries.run_detail(s, run["id"])["config"]["workload"]["script"] == str(inside)
+
+
+def test_new_run_refuses_the_standard_library_with_a_command_in_its_arguments(
+        settings: Settings, sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reported attack, with a root as wide as / set: timeit.py runs its -s setup as Python."""
+    monkeypatch.setenv("RUNYARD_SCRIPT_ROOTS", "/")
+    timeit = Path(sysconfig.get_paths()["stdlib"]) / "timeit.py"
+    at = start_script_run(open_page("views/new_run.py"), timeit, "-s 'import os; os.system(\"cat /etc/shadow\")' pass")
+    no_exception(at)
+    (error,) = [e.value for e in at.error]
+    assert error.startswith(f"workload.script = {str(timeit)!r}")
+    assert "refused even under the folders the UI may launch from: / (RUNYARD_SCRIPT_ROOTS)" in error
+    assert queued_runs(sessions) == []
+
+
+def test_fork_that_switches_to_a_script_outside_the_roots_is_refused(
+        settings: Settings, sessions: sessionmaker[Session], tmp_path_factory: pytest.TempPathFactory) -> None:
+    outside = tmp_path_factory.mktemp("elsewhere") / "train.py"
+    outside.write_text("print('hello')\n")
+    with sessions() as s:
+        parent = add_run(s, settings, "parent", RunStatus.CANCELLED)
+        s.add(Checkpoint(run_id=parent, attempt=1, step=100, path="/c/step-100", bytes=10, sha256="0",
+                         params_digest="0", blocked_s=1.0, total_s=2.0, created_at=time.time()))
+        s.commit()
+    at = open_page("views/run.py", run=str(parent))
+    at.text_area(key=f"fork-set-{parent}").set_value(f'workload.kind="script"\nworkload.script="{outside}"')
+    next(b for b in at.button if b.label == "Fork").click().run()
+    no_exception(at)
+    (error,) = [e.value for e in at.error]
+    assert f"workload.script = {str(outside)!r}: {outside.resolve()} is outside" in error
+    assert [r["id"] for r in queued_runs(sessions)] == [parent]
 
 
 # -- Compare page ---------------------------------------------------------------------------
