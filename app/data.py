@@ -15,14 +15,16 @@ import streamlit as st
 from sqlalchemy.orm import Session, sessionmaker
 
 from db import queries
+from db.config import RunConfig
 from db.engine import make_engine, make_sessionmaker
+from db.inventory import Inventory
 from db.metricstore import Series, choose_level, series
 from db.requests import RequestRefused, request_cancel, request_resume, request_stack_dump, set_pinned, set_prices
+from db.scheduler_file import read_scheduler_file
 from db.settings import Settings, load_settings
-from orchestrator.resources import Inventory, detect_inventory
+from orchestrator.resources import detect_inventory
 from orchestrator.script_roots import ScriptRoots, script_roots
 from orchestrator.submission import fork, submit, validate
-from trainer.config import RunConfig
 
 
 @st.cache_resource
@@ -35,9 +37,17 @@ def sessions() -> sessionmaker[Session]:
     return make_sessionmaker(make_engine(settings().db_url))
 
 
-@st.cache_resource
 def inventory() -> Inventory:
-    return detect_inventory()
+    """What the scheduler detected and published on its heartbeat (the UI never calls NVML);
+    without a heartbeat yet, this machine's CPUs."""
+    record = read_scheduler_file(settings().scheduler_file) or {}
+    published = record.get("inventory")
+    if isinstance(published, dict):
+        try:
+            return Inventory.from_json(published)
+        except (KeyError, TypeError, ValueError):
+            pass  # an older scheduler's record
+    return detect_inventory(nvml=False)
 
 
 @st.cache_resource

@@ -10,7 +10,7 @@ import time
 import streamlit as st
 
 from app import data
-from app.format import duration
+from orchestrator.format import duration
 
 st.set_page_config(page_title="runyard", page_icon=":material/conveyor_belt:", layout="wide")
 

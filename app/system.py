@@ -16,8 +16,8 @@ import pandas as pd
 import streamlit as st
 
 from app import data
-from app.format import clock
 from db import sysmetrics
+from orchestrator.format import clock
 
 # Points per series a chart gets at most: longer runs are merged into coarser buckets on the
 # server (Altair refuses more than 5000 rows, and 16 series of memory used/total must fit).

@@ -20,11 +20,11 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from db import DatabaseError
+from db.layout import MIGRATE_LOCK_FILE
 
 logger = logging.getLogger(__name__)
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
-MIGRATE_LOCK_FILE = "migrate.lock"
 # A migration of a large metric table can take minutes; a lock held longer than this is stuck.
 MIGRATE_LOCK_TIMEOUT_S = 600.0
 

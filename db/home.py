@@ -20,7 +20,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from db import DatabaseError
 from db.engine import sqlite_path
-from db.settings import DB_FILE, Settings
+from db.layout import DB_FILE, SCHEDULER_LOCK_FILE
+from db.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -163,7 +164,7 @@ def _hold_scheduler_lock(folder: Path) -> int | None:
     Raises:
         AdoptRefused: a scheduler holds it.
     """
-    path = folder / "scheduler.lock"
+    path = folder / SCHEDULER_LOCK_FILE
     if not path.exists():
         return None
     fd = os.open(path, os.O_RDWR)

@@ -49,7 +49,14 @@ from sqlalchemy import Connection, Select, bindparam, case, event, func, insert,
 from sqlalchemy.orm import Session
 
 from db.metricrollups import (
-    BASE, LEVELS, ROLLUP_COLUMNS, MetricStoreError, Point, dialect_insert, rollup_upsert, summarize,
+    BASE,
+    LEVELS,
+    ROLLUP_COLUMNS,
+    MetricStoreError,
+    Point,
+    dialect_insert,
+    rollup_upsert,
+    summarize,
 )
 from db.models import MetricName, MetricPoint, MetricRollup
 

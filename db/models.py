@@ -3,7 +3,7 @@ cost are plain arithmetic; the UI converts them to the person's clock."""
 
 from __future__ import annotations
 
-from sqlalchemy import Boolean, true, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint, true
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 

@@ -5,20 +5,20 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from db import metricstore
+from db.causes import INTERRUPTIONS
+from db.cost import AttemptSpan, cost_usd, default_prices, eta_seconds, wasted_seconds
 from db.models import Attempt, Checkpoint, Event, PriceEntry, Run, RunStatusHistory, SchedulerHeartbeat
 from db.requests import RunNotFound
 from db.scheduler_file import read_scheduler_file
 from db.states import TERMINAL, RunStatus
-from orchestrator.cost import AttemptSpan, cost_usd, default_prices, eta_seconds, wasted_seconds
-from orchestrator.failures import INTERRUPTIONS
 
 HEARTBEAT_STALE_S = 10.0
 INT64_MAX = 2**63 - 1
@@ -331,7 +331,7 @@ def checkpoint_advice(session: Session, run_id: int, now: float | None = None, r
     - save cost C: the median time the training loop was blocked by the run's ``recent`` newest
       saves (``Checkpoint.blocked_s``; the rest of a save runs in the background);
     - MTBF M: device time of every attempt of every run on this machine over the number of
-      attempts that ended by an interruption (``orchestrator.failures.INTERRUPTIONS``; cancels
+      attempts that ended by an interruption (``db.causes.INTERRUPTIONS``; cancels
       and pauses have no cause); None before the first one;
     - step time: wall seconds per step of the run's newest attempt that made progress (its
       first to its last reported step), so evaluation and saves are counted as the interval is.
@@ -342,7 +342,7 @@ def checkpoint_advice(session: Session, run_id: int, now: float | None = None, r
         ``mtbf_s``, ``failures``, ``device_time_s``, ``step_time_s``, and the configured
         ``every_steps`` / ``every_seconds``.
     """
-    from orchestrator.cost import young_daly_interval_s
+    from db.cost import young_daly_interval_s
 
     run = session.get(Run, run_id)
     if run is None:

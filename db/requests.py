@@ -12,9 +12,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from db import DatabaseError
+from db.config import RunConfig
+from db.layout import RunPaths, run_dir_name
 from db.models import Checkpoint, Event, PriceEntry, Run, RunStatusHistory
 from db.states import ACTIVE, TERMINAL, RunStatus, transition
-from trainer.config import RunConfig
 
 
 class RunNotFound(DatabaseError):
@@ -26,11 +27,10 @@ class RequestRefused(DatabaseError):
     to do instead."""
 
 
-CHECKPOINTS_DIR = "checkpoints"
 
 
 def checkpoints_dir(run: Run) -> Path:
-    return Path(run.run_dir) / CHECKPOINTS_DIR
+    return RunPaths(Path(run.run_dir)).checkpoints
 
 
 @dataclass(frozen=True)
@@ -69,13 +69,13 @@ def create_run(
         run.parent_checkpoint_id = parent.id
     session.add(run)
     session.flush()
-    run_dir = runs_dir / f"run-{run.id:06d}"
+    run_dir = runs_dir / run_dir_name(run.id)
     run.run_dir = str(run_dir)
     session.add(
         RunStatusHistory(run_id=run.id, from_status=None, to_status=run.status, reason="submitted", at=now)
     )
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(config.as_dict(), indent=2))
+    RunPaths(run_dir).config.write_text(json.dumps(config.as_dict(), indent=2))
     return run
 
 

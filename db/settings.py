@@ -14,11 +14,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from db.layout import DB_FILE, RUNS_DIR, SCHEDULER_FILE, TOKEN_FILE, run_dir_name
+
 APP_NAME = "runyard"
 LEGACY_HOME = ".runyard"
-DB_FILE = "runyard.db"
-TOKEN_FILE = "token"
-SCHEDULER_FILE = "scheduler.json"
 
 
 @dataclass(frozen=True)
@@ -40,10 +39,10 @@ class Settings:
 
     @property
     def runs_dir(self) -> Path:
-        return self.home / "runs"
+        return self.home / RUNS_DIR
 
     def run_dir(self, run_id: int) -> Path:
-        return self.runs_dir / f"run-{run_id:06d}"
+        return self.runs_dir / run_dir_name(run_id)
 
     @property
     def token_file(self) -> Path:

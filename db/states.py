@@ -14,7 +14,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from db import DatabaseError
-from db.models import Run, RunStatusHistory
+from db.models import Attempt, Run, RunStatusHistory
 
 
 class RunStatus(str, enum.Enum):
@@ -26,6 +26,37 @@ class RunStatus(str, enum.Enum):
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class StopReason(str, enum.Enum):
+    """Why runyard itself stopped an attempt (``attempts.stop_reason``; ``runs.stop_mode`` holds the
+    first two while a run is CANCELLING)."""
+
+    CANCEL = "cancel"
+    PAUSE = "pause"  # cancel with the intent to resume: the run is CANCELLED, its Resume continues
+    HANG = "hang"  # no progress: stacks saved, then killed
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class SignalSent(str, enum.Enum):
+    """The strongest signal runyard has sent an attempt's processes (``attempts.signal_sent``)."""
+
+    SIGTERM = "SIGTERM"  # the ranks finish the step, checkpoint and exit
+    SIGKILL = "SIGKILL"  # after the grace period, or for a hang
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class AttemptPhase(str, enum.Enum):
+    """What rank 0 says the attempt is doing (``attempts.phase``; NULL while it trains)."""
+
+    FINISHING = "finishing"  # after the last step: the final save and the teardown
 
     def __str__(self) -> str:
         return self.value
@@ -70,8 +101,40 @@ ALLOWED: dict[RunStatus, frozenset[RunStatus]] = {
 }
 
 
+# An attempt is RUNNING from its launch until its processes are gone; then it ends once.
+ATTEMPT_ALLOWED: dict[AttemptStatus, frozenset[AttemptStatus]] = {
+    AttemptStatus.RUNNING: frozenset(
+        {AttemptStatus.SUCCEEDED, AttemptStatus.FAILED, AttemptStatus.CRASHED, AttemptStatus.CANCELLED}
+    ),
+    AttemptStatus.SUCCEEDED: frozenset(),
+    AttemptStatus.FAILED: frozenset(),
+    AttemptStatus.CRASHED: frozenset(),
+    AttemptStatus.CANCELLED: frozenset(),
+}
+
+
 class TransitionError(DatabaseError):
     """A transition that the state machine does not allow from the run's current status."""
+
+
+def attempt_transition(attempt: Attempt, to: AttemptStatus, reason: str | None = None, *,
+                       now: float | None = None) -> None:
+    """End ``attempt`` as ``to`` (the only place an attempt's status is assigned after its launch).
+
+    Only the scheduler, which owns the attempt row, calls it, inside the transaction that also
+    moves the run. ``ended_at`` is set when not set yet; ``reason`` replaces the attempt's.
+
+    Raises:
+        TransitionError: ``to`` is not reachable from the attempt's status (it ended already).
+    """
+    current = AttemptStatus(attempt.status)
+    if to not in ATTEMPT_ALLOWED[current]:
+        raise TransitionError(f"attempt {attempt.number} of run {attempt.run_id}: {current} -> {to} is not allowed")
+    attempt.status = to.value
+    if reason is not None:
+        attempt.reason = reason
+    if attempt.ended_at is None:
+        attempt.ended_at = time.time() if now is None else now
 
 
 def allowed_from(target: RunStatus) -> frozenset[RunStatus]:

@@ -70,7 +70,7 @@ def _existing_sessions(settings: Settings, run: str) -> sessionmaker[Session]:
 
 
 def _fmt_duration(seconds: float | None) -> str:
-    from app.format import duration
+    from orchestrator.format import duration
 
     return duration(seconds).replace(" ", "")
 
@@ -147,7 +147,7 @@ def info(as_json: bool, adopt_legacy: bool) -> None:
 @cli.command("config-reference")
 def config_reference() -> None:
     """Print the run config reference (docs/CONFIG.md) in Markdown."""
-    from trainer.config import reference_markdown
+    from db.config import reference_markdown
 
     click.echo(reference_markdown())
 
@@ -161,10 +161,10 @@ def config_reference() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print {\"id\": N} as JSON.")
 def submit(config_file: Path, overrides: tuple[str, ...], as_json: bool) -> None:
     """Queue a run from a TOML config; prints the new run's id."""
+    from db.config import ConfigError, apply_overrides, parse_toml, read_config_text
     from orchestrator.resources import detect_inventory
     from orchestrator.submission import submit as submit_run
     from orchestrator.submission import validate
-    from trainer.config import ConfigError, apply_overrides, parse_toml, read_config_text
 
     settings = _settings()
     try:
@@ -251,10 +251,10 @@ def resume(run: str, step: int | None, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def fork(run: str, step: int | None, overrides: tuple[str, ...], as_json: bool) -> None:
     """Start a new run from a checkpoint of RUN with changed settings; prints the new id."""
+    from db.config import ConfigError
     from db.requests import RequestRefused
     from orchestrator.resources import detect_inventory
     from orchestrator.submission import fork as fork_run
-    from trainer.config import ConfigError
 
     settings = _settings()
     sessions = _sessions(settings)

@@ -6,9 +6,9 @@ from typing import Any
 
 import click
 
-from app.format import duration
 from db.settings import Settings
 from orchestrator.cli_base import open_existing, safe_url
+from orchestrator.format import duration
 
 
 def home_info(settings: Settings) -> dict[str, Any]:

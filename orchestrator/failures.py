@@ -16,7 +16,6 @@ policy compares ``Failure.exception``) means the same exception raised at the sa
 from __future__ import annotations
 
 import dataclasses
-import enum
 import json
 import logging
 import re
@@ -26,34 +25,10 @@ import subprocess
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from db.causes import Cause
 from orchestrator.logs import launcher_log, rank_log_files, tail
 
 logger = logging.getLogger(__name__)
-
-
-class Cause(str, enum.Enum):
-    USER_ERROR = "USER_ERROR"  # an exception in the training code
-    CUDA_OOM = "CUDA_OOM"
-    COMM = "COMM"  # NCCL/gloo communication failure or timeout
-    SEGFAULT = "SEGFAULT"
-    OOM_KILLED = "OOM_KILLED"  # SIGKILL from the kernel's OOM killer
-    SIGNAL = "SIGNAL"  # killed by a signal from outside
-    HANG = "HANG"  # no progress: stacks saved, then killed by runyard
-    PREEMPTED = "PREEMPTED"  # SIGTERM that runyard did not send; stopped with a checkpoint
-    VANISHED = "VANISHED"  # the launcher disappeared without an exit code
-    LAUNCH_FAILED = "LAUNCH_FAILED"
-    DISK = "DISK"  # a write failed for want of space or size (ENOSPC, EFBIG, EDQUOT) or with EIO
-    UNKNOWN = "UNKNOWN"
-
-    def __str__(self) -> str:
-        return self.value
-
-
-# What strikes at random and loses the work since the last save: the failures Young-Daly's mean
-# time between failures counts. Not a bug in the training code or a CUDA OOM (they recur and stop
-# the run whatever the interval), a preemption (it saves first) or a failed launch.
-INTERRUPTIONS = frozenset({Cause.SIGNAL, Cause.SEGFAULT, Cause.OOM_KILLED, Cause.COMM, Cause.HANG, Cause.VANISHED,
-                           Cause.UNKNOWN})
 
 
 # What a failed transport or a timed-out collective says. Not every message that names gloo or

@@ -11,11 +11,8 @@ from pathlib import Path
 
 import psutil
 
-from trainer.config import RunConfig
-
-EXIT_FILE = "exit.json"
-LAUNCHER_LOG = "launcher.log"
-RANK_LOG_DIR = "ranks"
+from db.config import RunConfig
+from db.layout import EXIT_FILE, LAUNCHER_LOG, RANK_LOG_DIR
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator.launcher import LAUNCHER_LOG, RANK_LOG_DIR
+from db.layout import LAUNCHER_LOG, RANK_LOG_DIR
 
 
 def rank_log_files(attempt_dir: Path) -> dict[int, list[Path]]:

@@ -16,21 +16,19 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from db.causes import Cause
+from db.config import RunConfig, config_from_json, deep_merge
+from db.layout import AttemptPaths
 from db.models import Attempt, Checkpoint, Event, Run
-from db.states import AttemptStatus, RunStatus, transition
-from orchestrator.failures import Cause, Failure, agent_killed, classify, rank_failures, signal_name
+from db.states import AttemptStatus, RunStatus, StopReason, attempt_transition, transition
+from orchestrator.failures import Failure, agent_killed, classify, rank_failures, signal_name
 from orchestrator.retry import AttemptOutcome, decide, halved_micro_batch
-from trainer.config import RunConfig, config_from_json, deep_merge
-from trainer.lifecycle import FINISHED_DIR
 
 logger = logging.getLogger(__name__)
 
-STOPPED_FILE = "stopped.json"  # written by the trainer after a graceful stop (trainer/lifecycle.py)
-
-
 def read_stopped(attempt_dir: Path) -> dict[str, Any] | None:
     try:
-        return json.loads((attempt_dir / STOPPED_FILE).read_text())
+        return json.loads(AttemptPaths(attempt_dir).stopped.read_text())
     except (OSError, ValueError):
         return None
 
@@ -83,12 +81,13 @@ def settle(session: Session, run: Run, attempt: Attempt, exited: dict | None, no
     _record(session, attempt, exited, now)
     code = attempt.exit_code
 
-    if attempt.stop_reason in ("cancel", "pause") or (RunStatus(run.status) is RunStatus.CANCELLING and exited is None):
-        attempt.status = AttemptStatus.CANCELLED.value
-        mode = attempt.stop_reason or "cancel"
+    if attempt.stop_reason in (StopReason.CANCEL, StopReason.PAUSE) or (
+            RunStatus(run.status) is RunStatus.CANCELLING and exited is None):
+        attempt_transition(attempt, AttemptStatus.CANCELLED)
+        mode = StopReason(attempt.stop_reason or StopReason.CANCEL)
         ckpt = f"last checkpoint at step {attempt.last_checkpoint_step}" if attempt.last_checkpoint_step else "no checkpoint"
         how = "with a checkpoint" if stopped else f"killed with {attempt.signal_sent or 'a signal'}"
-        if mode == "pause":
+        if mode is StopReason.PAUSE:
             attempt.reason = f"paused at step {attempt.last_step or 0} ({how}); {ckpt}; Resume continues from it"
         else:
             attempt.reason = f"cancelled at step {attempt.last_step or 0} ({how}); {ckpt}"
@@ -97,8 +96,7 @@ def settle(session: Session, run: Run, attempt: Attempt, exited: dict | None, no
         return
     shutdown_crash = died_after_finishing(run, attempt) if code and stopped is None and exited else None
     if (code == 0 or shutdown_crash) and stopped is None:
-        attempt.status = AttemptStatus.SUCCEEDED.value
-        attempt.reason = "all ranks finished"
+        attempt_transition(attempt, AttemptStatus.SUCCEEDED, "all ranks finished")
         transition(session, run.id, RunStatus.SUCCEEDED, attempt.reason)
         if shutdown_crash:
             _event(session, run, attempt, "warning", shutdown_crash)
@@ -106,7 +104,7 @@ def settle(session: Session, run: Run, attempt: Attempt, exited: dict | None, no
         return
 
     failure = _diagnose(attempt, exited, stopped, code)
-    attempt.status = (AttemptStatus.CRASHED if failure.cause is Cause.VANISHED else AttemptStatus.FAILED).value
+    attempt_transition(attempt, AttemptStatus.CRASHED if failure.cause is Cause.VANISHED else AttemptStatus.FAILED)
     attempt.cause = failure.cause.value
     attempt.failed_rank = failure.rank
     attempt.exception = failure.exception
@@ -120,7 +118,7 @@ def settle(session: Session, run: Run, attempt: Attempt, exited: dict | None, no
 
 def finished_ranks(attempt_dir: Path) -> set[int]:
     """Ranks that left the note that their work is done (trainer/lifecycle.py's write_finished)."""
-    folder = attempt_dir / FINISHED_DIR
+    folder = AttemptPaths(attempt_dir).finished
     return {int(p.stem.removeprefix("rank-")) for p in folder.glob("rank-*.json")} if folder.is_dir() else set()
 
 
@@ -145,7 +143,7 @@ def died_after_finishing(run: Run, attempt: Attempt) -> str | None:
 
 
 def _diagnose(attempt: Attempt, exited: dict | None, stopped: dict | None, code: int | None) -> Failure:
-    if attempt.stop_reason == "hang":
+    if attempt.stop_reason == StopReason.HANG:
         # runyard killed every rank, so the exit codes say nothing about which one hung: the rank
         # is the one the stacks named when the hang was detected (orchestrator/watchdog.py).
         base = classify(Path(attempt.dir), code) if exited else None

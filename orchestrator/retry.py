@@ -9,11 +9,12 @@ the effective batch is unchanged.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.failures import Cause, normalize_exception
-from trainer.config import RetryConfig
+from db.causes import Cause
+from db.config import RetryConfig
+from orchestrator.failures import normalize_exception
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,6 @@ class Decision:
     reason: str
     delay_s: float = 0.0
     counted: bool = True
-    overrides: dict[str, Any] = field(default_factory=dict)  # merged into the next attempt's config
 
 
 # Failures that, raised again identically at the same step, will keep recurring.
@@ -90,18 +90,16 @@ def decide(
                                    "free space or raise the limit, then resume")
         return Decision(False, f"the same exception at the same step twice ({failed.exception} after step "
                                f"{failed.last_step}): retrying cannot help")
-    overrides: dict[str, Any] = {}
-    if failed.cause is Cause.CUDA_OOM:
-        batch, accum = int(train["batch_size"]), int(train.get("grad_accum", 1))
-        if batch <= 1:
-            return Decision(False, "CUDA out of memory with a micro-batch of 1: lower the model size")
-        overrides = halved_micro_batch(batch, accum)
+    # The next attempt's halved micro-batch is derived from this cause when it starts
+    # (orchestrator/outcomes.py's next_overrides): the one place it is computed.
+    if failed.cause is Cause.CUDA_OOM and int(train["batch_size"]) <= 1:
+        return Decision(False, "CUDA out of memory with a micro-batch of 1: lower the model size")
     if retries_used >= config.max_retries:
         return Decision(False, f"{failed.cause.value}: gave up after {retries_used} retr"
                                f"{'y' if retries_used == 1 else 'ies'} (retry.max_retries = {config.max_retries})")
     delay = backoff_s(retries_used, config, rand)
-    what = " with half the micro-batch and twice the accumulation" if overrides else ""
+    what = " with half the micro-batch and twice the accumulation" if failed.cause is Cause.CUDA_OOM else ""
     if failed.cause is Cause.DISK:
         what = " once the disk has room again (the scheduler checks the free space first)"
     return Decision(True, f"{failed.cause.value}: retry {retries_used + 1} of {config.max_retries} in "
-                          f"{delay:.0f} s{what}", delay_s=delay, overrides=overrides)
+                          f"{delay:.0f} s{what}", delay_s=delay)

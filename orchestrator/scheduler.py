@@ -33,23 +33,25 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from db.causes import Cause
+from db.config import RunConfig, config_from_json
+from db.inventory import Inventory
+from db.layout import SCHEDULER_LOCK_FILE, RunPaths
 from db.models import Attempt, Checkpoint, Event, Run, SchedulerHeartbeat
-from db.scheduler_file import SchedulerFile
 from db.requests import checkpoints_dir
+from db.scheduler_file import SchedulerFile
 from db.settings import Settings
-from db.states import ACTIVE, AttemptStatus, RunStatus, transition
-from orchestrator import OrchestratorError
-from orchestrator import watchdog
-from orchestrator.failures import Cause, free_bytes, human_bytes
+from db.states import ACTIVE, AttemptStatus, RunStatus, SignalSent, StopReason, attempt_transition, transition
+from orchestrator import OrchestratorError, watchdog
+from orchestrator.failures import free_bytes, human_bytes
 from orchestrator.launcher import free_port, launch, torchrun_argv
 from orchestrator.outcomes import next_overrides, settle
 from orchestrator.repeats import RepeatedErrors
-from orchestrator.resources import Inventory
 from orchestrator.stacks import StackDumps
 from orchestrator.supervision import end_processes, is_alive, rank_processes, read_exit, signal_attempt
 from orchestrator.sweeper import Sweeper
 from trainer import faults
-from trainer.config import RunConfig, config_from_json
+from trainer.context import RunContext
 
 if TYPE_CHECKING:
     from apscheduler.schedulers.base import BaseScheduler
@@ -212,7 +214,7 @@ class Scheduler:
         self._file_at = now
         self._file.write({"pid": os.getpid(), "host": socket.gethostname(), "started_at": self._started_at,
                           "written_at": now, "db_writable": problem is None, "db_error": problem,
-                          "db_error_since": self._db_problem_since})
+                          "db_error_since": self._db_problem_since, "inventory": self.inventory.to_json()})
 
     def _reap_children(self) -> None:
         """Collect exit statuses of launchers this process started (no zombies)."""
@@ -286,7 +288,7 @@ class Scheduler:
         if not transition(session, run.id, RunStatus.STARTING, f"launching attempt {number}", expect=expect):
             session.rollback()
             return
-        attempt_dir = Path(run.run_dir) / "attempts" / str(number)
+        attempt_dir = RunPaths(Path(run.run_dir)).attempt(number).root
         port = free_port()
         resume_dir, resume_step = self._resume_point(session, run, number)
         attempt = Attempt(
@@ -310,18 +312,11 @@ class Scheduler:
         session.commit()
 
         config = config_from_json(run.config_json)
-        env = {
-            "RUNYARD_RUN_ID": str(run.id),
-            "RUNYARD_ATTEMPT": str(number),
-            "RUNYARD_DB_URL": self.settings.db_url,
-            "RUNYARD_RUN_DIR": run.run_dir,
-            "RUNYARD_ATTEMPT_DIR": str(attempt_dir),
-        }
-        if overrides:
-            env["RUNYARD_CONFIG_OVERRIDES"] = json.dumps(overrides)
-        if resume_dir is not None and resume_step is not None:
-            env["RUNYARD_RESUME_DIR"] = resume_dir
-            env["RUNYARD_RESUME_STEP"] = str(resume_step)
+        env = RunContext(
+            run_id=run.id, attempt=number, db_url=self.settings.db_url, run_dir=Path(run.run_dir),
+            attempt_dir=attempt_dir, resume_dir=Path(resume_dir) if resume_dir is not None else None,
+            resume_step=resume_step, overrides=overrides,
+        ).to_env()
         if self.inventory.kind == "gpu":
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in devices)
         try:
@@ -333,9 +328,9 @@ class Scheduler:
                 os._exit(70)
         except OSError as exc:
             logger.exception("run %d: launch failed", run.id)
-            attempt.status, attempt.cause = AttemptStatus.FAILED.value, Cause.LAUNCH_FAILED.value
-            attempt.reason = attempt.exception = f"launch failed: {exc}"
-            attempt.ended_at = time.time()
+            attempt.cause = Cause.LAUNCH_FAILED.value
+            attempt.exception = f"launch failed: {exc}"
+            attempt_transition(attempt, AttemptStatus.FAILED, attempt.exception)
             transition(session, run.id, RunStatus.FAILED, attempt.reason)
             session.commit()
             return
@@ -435,15 +430,15 @@ class Scheduler:
             end_processes(run.run_dir, spare_attempt=attempt.number, wait_s=0.0)
             if not signal_attempt(run.run_dir, attempt.number, attempt.pid, attempt.pid_create_time, signal.SIGTERM):
                 return  # launched a moment ago and torchrun is not up yet: try again next tick
-            attempt.signal_sent, attempt.signal_sent_at = "SIGTERM", now
-            attempt.stop_reason = run.stop_mode or "cancel"
+            attempt.signal_sent, attempt.signal_sent_at = SignalSent.SIGTERM.value, now
+            attempt.stop_reason = StopReason(run.stop_mode or StopReason.CANCEL).value
             session.add(Event(run_id=run.id, attempt=attempt.number, at=now, kind="signal",
                               message=f"{attempt.stop_reason}: SIGTERM sent; the ranks checkpoint and exit; "
                                       f"SIGKILL in {grace_s:.0f} s if still running"))
-        elif attempt.signal_sent == "SIGTERM" and now - (attempt.signal_sent_at or now) > grace_s:
+        elif attempt.signal_sent == SignalSent.SIGTERM and now - (attempt.signal_sent_at or now) > grace_s:
             signal_attempt(run.run_dir, attempt.number, attempt.pid, attempt.pid_create_time, signal.SIGKILL)
             end_processes(run.run_dir, spare_attempt=attempt.number, wait_s=0.0)
-            attempt.signal_sent, attempt.signal_sent_at = "SIGKILL", now
+            attempt.signal_sent, attempt.signal_sent_at = SignalSent.SIGKILL.value, now
             session.add(Event(run_id=run.id, attempt=attempt.number, at=now, level="warning", kind="signal",
                               message=f"still running {grace_s:.0f} s after SIGTERM: SIGKILL sent"))
 
@@ -451,13 +446,13 @@ class Scheduler:
 def acquire_lock(home: Path) -> int:
     """Hold an exclusive lock on ``home/scheduler.lock`` for the life of the process."""
     home.mkdir(parents=True, exist_ok=True)
-    fd = os.open(home / "scheduler.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(home / SCHEDULER_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
         raise SchedulerLocked(
-            f"another scheduler is already running on {home} (lock {home / 'scheduler.lock'}); "
+            f"another scheduler is already running on {home} (lock {home / SCHEDULER_LOCK_FILE}); "
             "stop it first, or set RUNYARD_HOME to another folder"
         ) from None
     os.ftruncate(fd, 0)

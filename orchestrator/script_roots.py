@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer.config import RunConfig
+from db.config import RunConfig
 
 ROOTS_ENV = "RUNYARD_SCRIPT_ROOTS"
 

@@ -30,9 +30,8 @@ from pathlib import Path
 
 import psutil
 
+from db.layout import LAUNCH_RECORD
 from trainer import pdeathsig
-
-LAUNCH_RECORD = "launch.json"
 
 
 def write_atomic(path: str, text: str) -> None:

@@ -28,11 +28,11 @@ from pathlib import Path
 
 import psutil
 
+from db.layout import AttemptPaths
 from orchestrator.supervision import rank_processes
 
 logger = logging.getLogger(__name__)
 
-STACKS_DIR = "stacks"
 # How long the ranks get to write their faulthandler stacks after SIGUSR1.
 FAULTHANDLER_WAIT_S = 2.0
 # One ``py-spy dump`` may take this long; the ranks are dumped in parallel.
@@ -202,7 +202,7 @@ def dump_stacks(
     A rank stopped with SIGSTOP cannot run its handler: it gets SIGCONT right after SIGUSR1, so
     it writes its stack, and is stopped again after (its stopped state is part of the result).
     """
-    folder = attempt_dir / STACKS_DIR
+    folder = AttemptPaths(attempt_dir).stacks
     folder.mkdir(parents=True, exist_ok=True)
     procs: dict[int, psutil.Process] = {}
     for proc in rank_processes(run_dir, attempt, root_pid, root_create):

@@ -14,15 +14,15 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from db.config import ConfigError, LaunchConfig, RunConfig, apply_overrides, parse_config
+from db.cost import price_for
+from db.inventory import Inventory, check_fits
 from db.models import Event, Run
 from db.queries import price_table
 from db.requests import RunNotFound, create_run, usable_checkpoint
 from db.settings import Settings
-from orchestrator.cost import price_for
 from orchestrator.memory import check_memory
-from orchestrator.resources import Inventory, check_fits
 from orchestrator.script_roots import ScriptRoots, changes_what_runs, refused_paths
-from trainer.config import ConfigError, LaunchConfig, RunConfig, apply_overrides, parse_config
 
 
 def validate(data: dict[str, Any], inventory: Inventory, *, roots: ScriptRoots | None = None) -> RunConfig:

@@ -19,8 +19,7 @@ from pathlib import Path
 
 import psutil
 
-from orchestrator.launcher import EXIT_FILE
-from orchestrator.shim import LAUNCH_RECORD
+from db.layout import EXIT_FILE, LAUNCH_RECORD
 
 logger = logging.getLogger(__name__)
 

@@ -15,10 +15,12 @@ from pathlib import Path
 from sqlalchemy.orm import Session
 
 from db import metricstore
+from db.config import SupervisionConfig
+from db.layout import AttemptPaths
 from db.models import Attempt, Event, Run
+from db.states import AttemptPhase, SignalSent, StopReason
 from orchestrator.stacks import StackDump, StackDumps
 from orchestrator.supervision import signal_attempt
-from trainer.config import SupervisionConfig
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +68,7 @@ def check(session: Session, run: Run, attempt: Attempt, config: SupervisionConfi
             return  # a script may not use the SDK: without progress reports there is no hang to see
         if attempt.first_step_at is None:
             since, threshold = attempt.started_at, config.startup_timeout_s
-        elif attempt.phase == "finishing":
+        elif attempt.phase == AttemptPhase.FINISHING:
             since, threshold = attempt.progress_at or attempt.started_at, config.startup_timeout_s
         else:
             since = attempt.progress_at or attempt.first_step_at
@@ -78,14 +80,14 @@ def check(session: Session, run: Run, attempt: Attempt, config: SupervisionConfi
         dumps.start(hang_key(run.id, attempt.number), run.run_dir, attempt.number, attempt.pid,
                     attempt.pid_create_time, Path(attempt.dir))
         attempt.hang_detected_at = now
-        attempt.stop_reason = "hang"
+        attempt.stop_reason = StopReason.HANG.value
         what = "no step completed" if attempt.first_step_at else "no first step"
         session.add(Event(run_id=run.id, attempt=attempt.number, at=now, level="error", kind="hang",
                           message=f"hang: {what} for {now - since:.0f} s (threshold {threshold:.0f} s) after step "
                                   f"{attempt.last_step or 0}; saving every rank's stacks in "
                                   f"{Path(attempt.dir) / 'stacks'}, then killing the attempt"))
         logger.warning("run %d attempt %d: hang detected; saving stacks", run.id, attempt.number)
-    elif attempt.signal_sent != "SIGKILL":
+    elif attempt.signal_sent != SignalSent.SIGKILL:
         key = hang_key(run.id, attempt.number)
         waited = now - attempt.hang_detected_at
         result = dumps.take(key)
@@ -97,13 +99,13 @@ def check(session: Session, run: Run, attempt: Attempt, config: SupervisionConfi
             dumps.discard(key)
         _record_dump(session, run, attempt, result, now)
         signal_attempt(run.run_dir, attempt.number, attempt.pid, attempt.pid_create_time, signal.SIGKILL)
-        attempt.signal_sent, attempt.signal_sent_at = "SIGKILL", now
+        attempt.signal_sent, attempt.signal_sent_at = SignalSent.SIGKILL.value, now
 
 
 def _record_dump(session: Session, run: Run, attempt: Attempt, result: StackDump | BaseException | None,
                  now: float) -> None:
     """The hang's evidence as an event; the rank that alone stopped becomes the failing rank."""
-    folder = Path(attempt.dir) / "stacks"
+    folder = AttemptPaths(Path(attempt.dir)).stacks
     if isinstance(result, StackDump):
         rank, why = result.culprit()
         attempt.failed_rank = rank
@@ -130,7 +132,7 @@ def serve_dump_request(session: Session, run: Run, attempt: Attempt, dumps: Stac
     if result is None:
         return
     run.dump_requested_at = None
-    folder = Path(attempt.dir) / "stacks"
+    folder = AttemptPaths(Path(attempt.dir)).stacks
     message = (f"stacks of every rank saved in {folder} ({len(result.files)} file(s))" if isinstance(result, StackDump)
                else f"the stack dump failed: {result}")
     session.add(Event(run_id=run.id, attempt=attempt.number, at=now, kind="stacks", message=message))

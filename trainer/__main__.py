@@ -14,8 +14,9 @@ from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from db.config import config_from_json, deep_merge, parse_config
+from db.layout import RunPaths
 from trainer import pdeathsig
-from trainer.config import config_from_json, deep_merge, parse_config
 from trainer.context import context_from_env
 
 logger = logging.getLogger("trainer")
@@ -40,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s",
         stream=sys.stdout,
     )
-    config_path = args.config or ctx.run_dir / "config.json"
+    config_path = args.config or RunPaths(ctx.run_dir).config
     config = config_from_json(config_path.read_text())
     if ctx.overrides:  # set by the scheduler for this attempt, e.g. half the micro-batch after an OOM
         config = parse_config(deep_merge(config.as_dict(), ctx.overrides))

@@ -24,7 +24,6 @@ import json
 import logging
 import math
 import os
-import re
 import secrets
 import shutil
 import stat
@@ -39,18 +38,22 @@ from typing import Any, Literal
 
 import torch
 
+from db.layout import MANIFEST_FILE, STATE_FILE, STEP_DIR, step_dir_name
 from trainer import faults
 from trainer.checkpoint_io import (
-    CheckpointError, _fsync_dir, _HashingFile, _save_without_zip_crc, _sha256_file, _StableMemory, _Stager,
+    CheckpointError,
+    _fsync_dir,
+    _HashingFile,
+    _save_without_zip_crc,
+    _sha256_file,
+    _StableMemory,
+    _Stager,
     params_digest,
 )
 
 logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
-STATE_FILE = "state.pt"
-MANIFEST_FILE = "manifest.json"
-_STEP_DIR = re.compile(r"step-(0|[1-9][0-9]*)")
 _LEFTOVER_PREFIXES = (".tmp-", ".deleting")
 
 
@@ -416,7 +419,7 @@ class CheckpointManager:
         delay = faults.save_delay_s(step)  # tests hold a save "in flight" here; 0 otherwise
         if delay:
             time.sleep(delay)
-        final = self.root / f"step-{step}"
+        final = self.root / step_dir_name(step)
         old = None
         if final.exists() or final.is_symlink():  # an earlier attempt's step-<N>
             old = self.root / f".deleting-step-{step}-{secrets.token_hex(4)}"
@@ -446,7 +449,7 @@ class CheckpointManager:
             "<file>: size A != B" (on disk != manifest), "<file>: sha256 mismatch",
             "<file>: unreadable: ...", "<file>: unlisted file".
         """
-        path = self.root / f"step-{step}"
+        path = self.root / step_dir_name(step)
         if not path.exists() and not path.is_symlink():
             return False, "missing"
         if path.is_symlink() or not path.is_dir():
@@ -513,7 +516,7 @@ class CheckpointManager:
         raise CheckpointError(f"no verified checkpoint{where} in {self.root}")
 
     def _load_verified(self, step: int) -> dict[str, Any]:
-        path = self.root / f"step-{step}" / STATE_FILE
+        path = self.root / step_dir_name(step) / STATE_FILE
         try:
             return torch.load(path, weights_only=True, map_location="cpu")
         except Exception as exc:
@@ -553,7 +556,7 @@ class CheckpointManager:
         """
         if not self.is_writer:
             return
-        path = self.root / f"step-{step}"
+        path = self.root / step_dir_name(step)
         if not path.exists() and not path.is_symlink():
             return
         doomed = self.root / f".deleting-step-{step}-{secrets.token_hex(4)}"
@@ -567,7 +570,7 @@ class CheckpointManager:
             names = os.listdir(self.root)
         except FileNotFoundError:
             return []
-        return sorted(int(m.group(1)) for n in names if (m := _STEP_DIR.fullmatch(n)))
+        return sorted(int(m.group(1)) for n in names if (m := STEP_DIR.fullmatch(n)))
 
     def _clean_leftovers(self) -> None:
         for name in os.listdir(self.root):

@@ -23,10 +23,11 @@ from sqlalchemy import Connection, select, update
 from torch import nn
 from torch.optim import Optimizer
 
+from db.config import CheckpointConfig, RunConfig
+from db.layout import step_dir_name, superseded_dir
 from db.models import Attempt, Checkpoint, Event
 from trainer import TrainerError, rng
 from trainer.checkpoint import CheckpointError, CheckpointInfo, CheckpointManager, SaveResult, select_kept
-from trainer.config import CheckpointConfig, RunConfig
 from trainer.context import RunContext
 from trainer.distributed import DistInfo
 from trainer.lifecycle import STOP_FLAG, StopSignal, write_stopped
@@ -41,11 +42,11 @@ def supersede_after(step: int, ctx: RunContext, manager: CheckpointManager, writ
     """Rank 0, on resuming from ``step``: move this run's checkpoints newer than it (an abandoned
     lineage) out of the way, into ``checkpoints/superseded/attempt-<n>/``, so that new saves do
     not overwrite them; they stay in the history and can still be resumed."""
-    target_root = ctx.checkpoint_dir / "superseded" / f"attempt-{ctx.attempt}"
+    target_root = superseded_dir(ctx.checkpoint_dir, ctx.attempt)
     # Only folder names are needed: verifying would re-read and hash every checkpoint.
     for newer in (s for s in manager.stored_steps() if s > step):
-        source = ctx.checkpoint_dir / f"step-{newer}"
-        target = target_root / f"step-{newer}"
+        source = ctx.checkpoint_dir / step_dir_name(newer)
+        target = target_root / step_dir_name(newer)
         target_root.mkdir(parents=True, exist_ok=True)
         source.rename(target)
         logger.info("checkpoint step %d superseded: moved to %s", newer, target)
@@ -203,7 +204,7 @@ class RunCheckpoints:
 
     def _refused(self, step: int, reason: str) -> None:
         logger.error("checkpoint step %d refused: %s", step, reason)
-        path = Path(self.ctx.resume_dir or self.ctx.checkpoint_dir) / f"step-{step}"
+        path = Path(self.ctx.resume_dir or self.ctx.checkpoint_dir) / step_dir_name(step)
         if self.writer is not None:
             self.writer.put("refused", (str(path), reason))
             self.writer.put("event", event("checkpoint_refused",
@@ -250,7 +251,7 @@ class RunCheckpoints:
             rng.restore(rng_states[self.info.rank])
         else:
             logger.warning("checkpoint has RNG states for %d ranks; rank %d keeps its seed", len(rng_states), self.info.rank)
-        message = f"resumed from step {step} ({Path(self.ctx.resume_dir) / f'step-{step}'})"
+        message = f"resumed from step {step} ({Path(self.ctx.resume_dir) / step_dir_name(step)})"
         logger.info(message)
         if self.writer is not None:
             self.writer.put("resumed", step)

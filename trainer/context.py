@@ -1,4 +1,6 @@
-"""What the scheduler passes to the ranks, through environment variables."""
+"""What the scheduler passes to the ranks, through environment variables: the whole contract on
+one page. The scheduler builds the environment with :meth:`RunContext.to_env`; every rank reads it
+back with :func:`context_from_env`. This module must not import torch (the scheduler imports it)."""
 
 from __future__ import annotations
 
@@ -6,6 +8,8 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from db.layout import RunPaths
 
 
 @dataclass(frozen=True)
@@ -26,11 +30,31 @@ class RunContext:
 
     @property
     def checkpoint_dir(self) -> Path:
-        return self.run_dir / "checkpoints"
+        return RunPaths(self.run_dir).checkpoints
 
     @property
     def managed(self) -> bool:
         return self.run_id is not None and self.db_url is not None
+
+    def to_env(self) -> dict[str, str]:
+        """The environment variables that carry this context to every process of an attempt
+        (:func:`context_from_env` reads them back; the sweeper finds an attempt's processes by
+        ``RUNYARD_RUN_DIR`` and ``RUNYARD_ATTEMPT``)."""
+        env = {
+            "RUNYARD_ATTEMPT": str(self.attempt),
+            "RUNYARD_RUN_DIR": str(self.run_dir),
+            "RUNYARD_ATTEMPT_DIR": str(self.attempt_dir),
+        }
+        if self.run_id is not None:
+            env["RUNYARD_RUN_ID"] = str(self.run_id)
+        if self.db_url is not None:
+            env["RUNYARD_DB_URL"] = self.db_url
+        if self.overrides:
+            env["RUNYARD_CONFIG_OVERRIDES"] = json.dumps(self.overrides)
+        if self.resume_dir is not None and self.resume_step is not None:
+            env["RUNYARD_RESUME_DIR"] = str(self.resume_dir)
+            env["RUNYARD_RESUME_STEP"] = str(self.resume_step)
+        return env
 
 
 def context_from_env(environ: dict[str, str] | None = None) -> RunContext:

@@ -3,7 +3,7 @@
 The ranks must agree on a few things at the same step: stop now (SIGTERM reached some rank),
 save now (a time-based checkpoint is due by some rank's clock), and at log steps every rank's
 metrics must reach rank 0. :class:`ControlChannel` makes one small collective per step for all
-of it, on CPU tensors (a gloo group of its own under NCCL, trainer/monitoring.py's
+of it, on CPU tensors (a gloo group of its own under NCCL, this module's
 ``control_group``), launched asynchronously:
 
 - at a log step, an all-gather of every rank's values with the flags appended (:meth:`gather`);
@@ -44,6 +44,19 @@ class _InFlight:
     done: Done | None
 
 
+def control_group() -> dist.ProcessGroup | None:
+    """The process group for runyard's few control numbers (metrics, stop flag): CPU tensors.
+
+    Under NCCL (which takes CUDA tensors only, and whose results the host must wait for) it is a
+    new gloo group over the same ranks, so that exchanging them never waits for the GPU; under
+    gloo it is the default group (None). Collective when it creates one: every rank calls it at
+    the same point, as the first exchange or stop check does.
+    """
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return dist.new_group(backend="gloo")
+    return None
+
+
 class ControlChannel:
     """The per-step control collective of one process (see the module docstring); its group's
     ranks are the default process group's."""
@@ -80,8 +93,6 @@ class ControlChannel:
 
     def _control_group(self) -> dist.ProcessGroup | None:
         if not self._group_known:
-            from trainer.monitoring import control_group
-
             self._group, self._group_known = control_group(), True
         return self._group
 

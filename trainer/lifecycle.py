@@ -15,12 +15,10 @@ import time
 from pathlib import Path
 from typing import IO
 
+from db.layout import FINISHED_DIR, STACKS_DIR, STOPPED_FILE
 from trainer.control import ControlChannel
 
-STOPPED_FILE = "stopped.json"
-STACKS_DIR = "stacks"
 STOP_FLAG = "stop"
-FINISHED_DIR = "finished"
 
 
 class StopSignal:

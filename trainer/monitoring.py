@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 import torch
-import torch.distributed as dist
 from sqlalchemy import Connection
 from torch import nn
 
@@ -32,7 +31,7 @@ from trainer.control import ControlChannel
 from trainer.health import DesyncCheck, Finding, PreSyncClock, StragglerCheck, params_checksum, timed_allreduce
 
 if TYPE_CHECKING:
-    from trainer.config import SupervisionConfig
+    from db.config import SupervisionConfig
     from trainer.lifecycle import StopSignal
     from trainer.reporter import MetricReporter
 
@@ -40,19 +39,6 @@ logger = logging.getLogger(__name__)
 
 MIB = float(2**20)
 EVENT_RECORD = "health_event"  # the database writer's record kind for findings
-
-
-def control_group() -> dist.ProcessGroup | None:
-    """The process group for runyard's few control numbers (metrics, stop flag): CPU tensors.
-
-    Under NCCL (which takes CUDA tensors only, and whose results the host must wait for) it is a
-    new gloo group over the same ranks, so that exchanging them never waits for the GPU; under
-    gloo it is the default group (None). Collective when it creates one: every rank calls it at
-    the same point, as the first exchange or stop check does.
-    """
-    if dist.is_initialized() and dist.get_backend() == "nccl":
-        return dist.new_group(backend="gloo")
-    return None
 
 
 def memory_metrics(device: torch.device, process: psutil.Process) -> dict[str, float]:

@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
+from db.states import AttemptPhase
 from trainer.context import RunContext
 
 logger = logging.getLogger(__name__)
@@ -310,7 +311,7 @@ class MetricReporter:
         """The loop is over: the final save and the teardown may take a while, and that is not a
         hang (the watchdog then allows supervision.startup_timeout_s)."""
         if self.writer is not None:
-            self.writer.put_progress(None, phase="finishing")
+            self.writer.put_progress(None, phase=AttemptPhase.FINISHING.value)
 
     def close(self) -> None:
         if self.writer is not None:

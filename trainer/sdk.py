@@ -31,10 +31,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from db.config import CheckpointConfig, SupervisionConfig, config_from_json
+from db.layout import RunPaths, step_dir_name
 from trainer import pdeathsig, rng
 from trainer.checkpoint import CheckpointError, CheckpointManager
 from trainer.checkpointing import CheckpointHistory, event, supersede_after
-from trainer.config import CheckpointConfig, SupervisionConfig, config_from_json
 from trainer.context import RunContext, context_from_env
 from trainer.lifecycle import StopSignal, register_stack_dumps, write_finished, write_stopped
 from trainer.monitoring import Monitor
@@ -157,7 +158,7 @@ class Run:
         def refused(step: int, reason: str) -> None:
             logger.error("checkpoint step %d refused: %s", step, reason)
             if writer is not None:
-                writer.put("refused", (str(Path(self.ctx.resume_dir or ".") / f"step-{step}"), reason))
+                writer.put("refused", (str(Path(self.ctx.resume_dir or ".") / step_dir_name(step)), reason))
                 writer.put("event", event("checkpoint_refused", f"checkpoint step {step} refused: {reason}", "error"))
 
         source = CheckpointManager(self.ctx.resume_dir, is_writer=False, on_refused=refused if self.is_main else None)
@@ -242,7 +243,7 @@ def init(backend: str = "auto") -> Run:
 
         setup(backend)
     checkpoint_config, supervision = CheckpointConfig(), SupervisionConfig()
-    config_file = ctx.run_dir / "config.json"
+    config_file = RunPaths(ctx.run_dir).config
     if ctx.managed and config_file.exists():
         config = config_from_json(config_file.read_text())
         checkpoint_config, supervision = config.checkpoint, config.supervision

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainer.config import TrainConfig
+from db.config import TrainConfig
 
 # bf16 dense peak FLOP/s of one GPU (NVIDIA's spec sheets, without sparsity), by a fragment of
 # torch.cuda.get_device_name(); the first fragment found wins, so the PCIe H100 (fewer SMs, lower

@@ -8,7 +8,7 @@ from typing import Any
 import streamlit as st
 
 from app import data
-from trainer.config import ConfigError, RunConfig, deep_merge, field_of, parse_toml
+from db.config import ConfigError, RunConfig, deep_merge, field_of, parse_toml
 
 st.title("New run")
 

@@ -19,12 +19,12 @@ import pandas as pd
 import streamlit as st
 
 from app import charts, data
-from app.format import badge, clock, duration, usd
 from app.system import latest_window, summary_line, system_panels
-from db.states import TERMINAL, RunStatus
+from db.config import ConfigError
 from db.requests import RequestRefused
+from db.states import TERMINAL, RunStatus
+from orchestrator.format import badge, clock, duration, usd
 from orchestrator.logs import launcher_log, rank_log_files, tail
-from trainer.config import ConfigError
 
 CHART_ORDER = ["loss", "eval_accuracy", "eval_loss", "samples_per_s", "step_time"]
 TERMINAL_VALUES = {s.value for s in TERMINAL}

@@ -6,8 +6,8 @@ import pandas as pd
 import streamlit as st
 
 from app import data
-from app.format import STATUS_BADGE, duration, usd
 from db.states import RunStatus
+from orchestrator.format import STATUS_BADGE, duration, usd
 
 OPEN_RUN = "runs_open_run"
 # The status cell as a badge, in the Run page's badge colours: (background, text).

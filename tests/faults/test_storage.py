@@ -18,7 +18,6 @@ import collections
 import hashlib
 import io
 import json
-import os
 import resource
 import subprocess
 import sys

@@ -29,13 +29,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from streamlit.testing.v1 import AppTest
 
 from db import queries
+from db.config import RunConfig
 from db.engine import make_engine, make_sessionmaker, upgrade
 from db.metricstore import write_points
 from db.models import Attempt, Checkpoint, Event, Run, SchedulerHeartbeat
 from db.requests import Price, create_run
 from db.settings import Settings, load_settings
 from db.states import AttemptStatus, RunStatus, transition
-from trainer.config import RunConfig
 
 MAIN = Path(__file__).resolve().parents[2] / "app" / "main.py"
 TIMEOUT_S = 30
@@ -665,7 +665,7 @@ def test_edited_prices_apply_to_new_runs_only(settings: Settings, sessions: sess
     """The price is snapshotted at submit: editing the table (what the Settings page's Save
     does) changes new runs, not submitted ones. AppTest cannot edit a data_editor's cells, so
     the save is called directly."""
-    from orchestrator.resources import Inventory
+    from db.inventory import Inventory
     from orchestrator.submission import submit
 
     cpu = Inventory(kind="cpu", slots=2)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.config import (
+from db.config import (
     ConfigError,
     RunConfig,
     apply_overrides,

@@ -25,12 +25,12 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 from sqlalchemy.orm import Session, sessionmaker
 
+from db.config import ConfigError, RunConfig, apply_overrides, config_from_json, parse_config
+from db.inventory import Inventory
 from db.models import Run
 from db.settings import Settings
 from orchestrator.cli import cli
-from orchestrator.resources import Inventory
 from orchestrator.submission import submit, validate
-from trainer.config import ConfigError, RunConfig, apply_overrides, config_from_json, parse_config
 
 CPU = Inventory(kind="cpu", slots=2, memory_bytes=16 * 1024**3)
 

@@ -9,13 +9,19 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from db import queries
+from db.config import RunConfig
+from db.cost import (
+    AttemptSpan,
+    cost_usd,
+    eta_seconds,
+    gpu_price,
+    price_for,
+    wasted_seconds,
+    young_daly_interval_s,
+)
+from db.inventory import Inventory
 from db.models import Attempt, Checkpoint
 from db.requests import Price, create_run
-from orchestrator.cost import (
-    AttemptSpan, cost_usd, eta_seconds, gpu_price, price_for, wasted_seconds, young_daly_interval_s,
-)
-from orchestrator.resources import Inventory
-from trainer.config import RunConfig
 
 
 def test_cost_sums_every_attempt_including_failed_ones() -> None:

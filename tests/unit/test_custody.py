@@ -24,6 +24,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from db.config import RunConfig
 from db.models import Attempt, Event, Run
 from db.requests import Price, create_run, request_cancel
 from db.settings import Settings
@@ -34,7 +35,6 @@ from orchestrator.outcomes import settle
 from orchestrator.scheduler import LAUNCH_LOST_S, Scheduler
 from orchestrator.supervision import Sweep, end_processes, read_launch_record
 from tests.unit.test_scheduler import CPU2, attempts, queue, status, tick_until
-from trainer.config import RunConfig
 
 # Attempt N of a run named NAME does what BEHAVIOUR[NAME][N - 1] says (the last entry for later
 # attempts): "sleep" (60 s), "fail" (exit 3), or "orphan-fail" (leave a process in a session of
@@ -307,8 +307,8 @@ def test_the_script_entry_runs_a_script_as_python_would(tmp_path: Path) -> None:
 
 
 def test_a_script_launch_goes_through_the_entry_module() -> None:
+    from db.config import parse_config
     from orchestrator.launcher import torchrun_argv
-    from trainer.config import parse_config
 
     config = parse_config({"workload": {"kind": "script", "script": "/abs/train.py", "args": ["--lr", "1"]}})
     argv = torchrun_argv(config, 1, 1, 29500, Path("/tmp/a"))

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.failures import Cause, classify, parse_traceback, rank_failures, strip_rank_prefix
+from db.causes import Cause
+from db.config import RetryConfig
+from orchestrator.failures import classify, parse_traceback, rank_failures, strip_rank_prefix
 from orchestrator.logs import launcher_log, rank_log_files
 from orchestrator.retry import AttemptOutcome, decide
 from tests.fixtures.torchrun.capture import HERE, materialize
-from trainer.config import RetryConfig
 
 RAISED = "ValueError: loss went NaN at step 50"
 PLACE = "fail_cases.py:24 in scale_gradients"

@@ -27,7 +27,6 @@ from db.home import AdoptRefused, HomeUnusable, adopt_legacy, check_folder, chec
 from db.models import Attempt, Checkpoint, Run
 from db.settings import load_settings, user_data_dir
 
-
 # -- where the home is -----------------------------------------------------------------------
 
 
@@ -152,7 +151,7 @@ def test_a_database_from_a_newer_runyard_is_named(tmp_path: Path) -> None:
 
 
 def _legacy_with_a_run(cwd: Path) -> tuple[Path, int]:
-    from orchestrator.resources import Inventory
+    from db.inventory import Inventory
     from orchestrator.submission import submit, validate
 
     legacy = cwd / ".runyard"

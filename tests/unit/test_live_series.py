@@ -23,9 +23,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.data import LiveSeries, merge_series
 from db import metricstore
+from db.config import RunConfig
 from db.metricstore import choose_level
 from db.requests import Price, create_run
-from trainer.config import RunConfig
 
 MAX_POINTS = 50
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from db.config import ConfigError, field_of, load_config, parse_config
+from db.inventory import Inventory
 from orchestrator.memory import GIB, check_memory, estimate, gpt_char_parameters, mlp_digits_parameters
-from orchestrator.resources import Inventory
 from orchestrator.submission import validate
-from trainer.config import ConfigError, field_of, load_config, parse_config
 
 ROOT = Path(__file__).resolve().parents[2]
 # A GPU machine as NVML would describe it (no GPU here, so the inventory is constructed).

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainer.config import ConfigError, SupervisionConfig, parse_config
+from db.config import ConfigError, SupervisionConfig, parse_config
 from trainer.context import RunContext
 from trainer.health import DesyncCheck, PreSyncClock, StragglerCheck, params_checksum, timed_allreduce
 from trainer.lifecycle import StopSignal

@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
+from db.config import parse_config
 from orchestrator.logs import launcher_log
 from orchestrator.outcomes import died_after_finishing
-from trainer.config import parse_config
 from trainer.lifecycle import write_finished
 
 SUMMARY = """\

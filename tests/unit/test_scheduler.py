@@ -17,13 +17,13 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from db.config import RunConfig, parse_config
+from db.inventory import Inventory
 from db.models import Attempt, Run, SchedulerHeartbeat
 from db.requests import request_cancel
 from db.settings import Settings
-from orchestrator.resources import Inventory
 from orchestrator.scheduler import Scheduler, SchedulerLocked, acquire_lock
 from orchestrator.submission import submit
-from trainer.config import RunConfig, parse_config
 
 CPU2 = Inventory(kind="cpu", slots=2)
 

@@ -19,15 +19,15 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy.orm import Session, sessionmaker
 
+from db.config import ConfigError, field_of, parse_config
+from db.inventory import Inventory
 from db.models import Checkpoint
 from db.queries import list_runs, run_detail
 from db.requests import Price, create_run
 from db.settings import Settings
 from orchestrator.cli import cli
-from orchestrator.resources import Inventory
 from orchestrator.script_roots import ROOTS_ENV, ScriptRoots, changes_what_runs, refused_paths, script_roots
 from orchestrator.submission import fork, validate
-from trainer.config import ConfigError, field_of, parse_config
 
 CPU2 = Inventory(kind="cpu", slots=2)
 REPO = Path(__file__).resolve().parents[2]

@@ -12,7 +12,14 @@ import pytest
 
 from orchestrator.scriptwatch import Sample
 from orchestrator.scriptwatch.lines import (
-    LineError, LineTailer, PatternError, Report, check_patterns, compile_patterns, parse_lines, parse_protocol,
+    LineError,
+    LineTailer,
+    PatternError,
+    Report,
+    check_patterns,
+    compile_patterns,
+    parse_lines,
+    parse_protocol,
 )
 
 # -- the protocol --------------------------------------------------------------------------------

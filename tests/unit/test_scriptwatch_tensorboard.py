@@ -17,7 +17,12 @@ from torch.utils.tensorboard import SummaryWriter  # noqa: E402
 
 from orchestrator.scriptwatch import Sample  # noqa: E402
 from orchestrator.scriptwatch.tensorboard import (  # noqa: E402
-    EventFiles, default_dirs, find_event_files, import_logdir, parse_file_name, rank_of_file,
+    EventFiles,
+    default_dirs,
+    find_event_files,
+    import_logdir,
+    parse_file_name,
+    rank_of_file,
 )
 
 

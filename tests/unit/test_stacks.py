@@ -21,6 +21,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from db.config import RunConfig
 from db.models import Attempt, Event
 from db.settings import Settings
 from orchestrator import stacks
@@ -29,7 +30,6 @@ from orchestrator.stacks import RankStack, culprit
 from orchestrator.supervision import rank_processes
 from tests.unit.test_scheduler import CPU2, attempts, queue, status, tick_until
 from trainer import faults
-from trainer.config import RunConfig
 
 # What faulthandler wrote for two gloo ranks of mlp-digits when rank 1 stalled before a step
 # (RUNYARD_FAULT_STALL): rank 0 waits in DDP's backward, rank 1 sleeps in Python.

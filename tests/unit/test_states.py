@@ -7,11 +7,11 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from db.config import RunConfig
 from db.models import Run, RunStatusHistory
 from db.requests import Price, create_run, request_cancel
 from db.settings import Settings
 from db.states import ALLOWED, TERMINAL, RunStatus, TransitionError, transition
-from trainer.config import RunConfig
 
 
 def _queued(sessions: sessionmaker[Session], settings: Settings) -> int:
@@ -104,3 +104,27 @@ def test_cancel_request_depends_on_status(sessions: sessionmaker[Session], setti
         assert s.get(Run, queued).status == "CANCELLED"  # nothing to stop
         assert s.get(Run, running).status == "CANCELLING"  # the scheduler stops the processes
         assert "already" in request_cancel(s, queued)
+
+
+def test_an_attempt_ends_once_through_attempt_transition(sessions: sessionmaker[Session], settings: Settings) -> None:
+    from db.models import Attempt
+    from db.states import AttemptStatus, attempt_transition
+
+    run_id = _queued(sessions, settings)
+    with sessions() as s:
+        attempt = Attempt(run_id=run_id, number=1, status=AttemptStatus.RUNNING.value, dir="/tmp/a", started_at=1.0)
+        s.add(attempt)
+        attempt_transition(attempt, AttemptStatus.FAILED, "rank 1 raised", now=5.0)
+        assert (attempt.status, attempt.reason, attempt.ended_at) == ("FAILED", "rank 1 raised", 5.0)
+        with pytest.raises(TransitionError, match="FAILED -> SUCCEEDED is not allowed"):
+            attempt_transition(attempt, AttemptStatus.SUCCEEDED)
+        s.commit()
+
+
+def test_the_attempt_vocabulary_is_the_stored_strings() -> None:
+    from db.states import AttemptPhase, SignalSent, StopReason
+
+    assert [r.value for r in StopReason] == ["cancel", "pause", "hang"]
+    assert [s.value for s in SignalSent] == ["SIGTERM", "SIGKILL"]
+    assert AttemptPhase.FINISHING == "finishing"  # what rank 0 writes, what the watchdog compares
+    assert StopReason("pause") is StopReason.PAUSE and "pause" == StopReason.PAUSE

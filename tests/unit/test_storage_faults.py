@@ -20,16 +20,17 @@ from sqlalchemy import event, select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from db.causes import Cause
+from db.config import RetryConfig
 from db.models import Attempt, Event, Run
 from db.queries import scheduler_status
 from db.scheduler_file import FILE_SIZE, SchedulerFile, read_scheduler_file
 from db.settings import Settings
 from orchestrator import scheduler as scheduler_module
-from orchestrator.failures import Cause, classify, normalize_exception
+from orchestrator.failures import classify, normalize_exception
 from orchestrator.repeats import RepeatedErrors
 from orchestrator.retry import AttemptOutcome, decide
 from tests.unit.test_scheduler import attempts, make_scheduler, queue, status, tick_until
-from trainer.config import RetryConfig
 
 TRAIN = {"batch_size": 8, "grad_accum": 1}
 EXC = ("CheckpointError: writing checkpoint step 20 to /data/runs/run-000001/checkpoints/.tmp-step-20-{} "

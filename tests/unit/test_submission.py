@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
+from db.config import ConfigError, field_of, parse_config
+from db.inventory import Inventory, check_fits
 from db.queries import list_runs
 from db.settings import Settings
-from orchestrator.resources import Inventory, check_fits, detect_inventory
+from orchestrator.resources import detect_inventory
 from orchestrator.submission import submit, validate
-from trainer.config import ConfigError, field_of, parse_config
 
 CPU2 = Inventory(kind="cpu", slots=2)
 # A GPU machine as NVML would describe it; CI has no GPU, so the inventory is constructed here.

@@ -31,16 +31,16 @@ from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session, sessionmaker
 from streamlit.testing.v1 import AppTest
 
+from db.config import RunConfig
 from db.engine import make_engine, make_sessionmaker
+from db.inventory import Inventory
 from db.models import Attempt, SystemMetric
 from db.requests import Price, create_run
 from db.settings import Settings
 from db.states import AttemptStatus, RunStatus, transition
 from db.sysmetrics import gpu_devices, latest_window, run_span, system_series
-from orchestrator.resources import Inventory
 from orchestrator.scheduler import Scheduler, add_jobs
 from orchestrator.sysmon import SAMPLE_S, SystemMonitor
-from trainer.config import RunConfig
 
 START = 1_000_000.0  # a window boundary: samples at START, +2, ... +8 fall in one window
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
+from db.config import TrainConfig
 from trainer import techniques
-from trainer.config import TrainConfig
 from trainer.workloads import gpt_char
 
 CPU = torch.device("cpu")

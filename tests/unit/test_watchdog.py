@@ -9,6 +9,7 @@ import time
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from db.config import RunConfig, SupervisionConfig
 from db.metricstore import write_points
 from db.models import Attempt, Event, Run
 from db.requests import Price, create_run
@@ -16,7 +17,6 @@ from db.settings import Settings
 from db.states import AttemptStatus
 from orchestrator import watchdog
 from orchestrator.stacks import StackDumps
-from trainer.config import RunConfig, SupervisionConfig
 
 
 def running_attempt(sessions: sessionmaker[Session], settings: Settings, step_time_s: float) -> tuple[int, int]:

@@ -19,11 +19,11 @@ import torch
 from sqlalchemy import Engine, event, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from db.config import CheckpointConfig
 from db.models import Checkpoint, Event, MetricPoint
 from db.settings import Settings
 from trainer.checkpoint import CheckpointManager
 from trainer.checkpointing import CheckpointHistory
-from trainer.config import CheckpointConfig
 from trainer.reporter import DatabaseWriter
 
 RUN_ID, ATTEMPT = 1, 1

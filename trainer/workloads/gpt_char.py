@@ -29,9 +29,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.checkpoint import checkpoint
 
+from db.config import RunConfig
 from trainer import faults, techniques
 from trainer.checkpointing import RunCheckpoints, Stateful
-from trainer.config import RunConfig
 from trainer.context import RunContext
 from trainer.distributed import DistInfo
 from trainer.lifecycle import StopSignal

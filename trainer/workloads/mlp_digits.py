@@ -21,13 +21,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
+from db.config import RunConfig
 from trainer import faults, techniques
-from trainer.datasets import digits_arrays
 from trainer.checkpointing import RunCheckpoints, Stateful
-from trainer.lifecycle import StopSignal
-from trainer.config import RunConfig
 from trainer.context import RunContext
+from trainer.datasets import digits_arrays
 from trainer.distributed import DistInfo
+from trainer.lifecycle import StopSignal
 from trainer.monitoring import Interval, Monitor
 from trainer.reporter import MetricReporter
 

@@ -4,9 +4,8 @@ Revision ID: 0004
 Revises: 0003
 Create Date: 2026-11-22 16:40:04.140929
 """
-from alembic import op
 import sqlalchemy as sa
-
+from alembic import op
 
 revision = '0004'
 down_revision = '0003'

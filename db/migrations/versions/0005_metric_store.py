@@ -13,9 +13,8 @@ Revision ID: 0005
 Revises: 0004
 Create Date: 2026-11-23 10:00:00.000000
 """
-from alembic import op
 import sqlalchemy as sa
-
+from alembic import op
 
 revision = '0005'
 down_revision = '0004'

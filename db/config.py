@@ -441,7 +441,7 @@ def reference_markdown() -> str:
     lines = [
         "# Run config reference",
         "",
-        "Generated from `trainer/config.py` by `runyard config-reference`; a test keeps it equal.",
+        "Generated from `db/config.py` by `runyard config-reference`; a test keeps it equal.",
         "Unknown keys are rejected. Every value can be overridden on the command line with",
         "`runyard submit CONFIG.toml --set section.key=value`. Types are strict: `true`/`false` for",
         "booleans, whole numbers for integers (`1000`, not `1e3`); an integer is fine for a float.",

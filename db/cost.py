@@ -12,8 +12,8 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from db.inventory import Inventory
 from db.requests import Price
-from orchestrator.resources import Inventory
 
 DEFAULT_GPU_PRICES_USD_PER_HOUR: dict[str, float] = {
     "H200": 3.79,

@@ -1,0 +1,36 @@
+"""Why an attempt ended: the vocabulary of ``attempts.cause``, shared by every process.
+
+The scheduler classifies failures into these causes (orchestrator/failures.py reads the evidence),
+the retry policy decides by them, and the UI and the CLI count and show them (goodput, the mean
+time between interruptions): the vocabulary is stored in the database, so it lives here, below
+all of them.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Cause(str, enum.Enum):
+    USER_ERROR = "USER_ERROR"  # an exception in the training code
+    CUDA_OOM = "CUDA_OOM"
+    COMM = "COMM"  # NCCL/gloo communication failure or timeout
+    SEGFAULT = "SEGFAULT"
+    OOM_KILLED = "OOM_KILLED"  # SIGKILL from the kernel's OOM killer
+    SIGNAL = "SIGNAL"  # killed by a signal from outside
+    HANG = "HANG"  # no progress: stacks saved, then killed by runyard
+    PREEMPTED = "PREEMPTED"  # SIGTERM that runyard did not send; stopped with a checkpoint
+    VANISHED = "VANISHED"  # the launcher disappeared without an exit code
+    LAUNCH_FAILED = "LAUNCH_FAILED"
+    DISK = "DISK"  # a write failed for want of space or size (ENOSPC, EFBIG, EDQUOT) or with EIO
+    UNKNOWN = "UNKNOWN"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# What strikes at random and loses the work since the last save: the failures Young-Daly's mean
+# time between failures counts. Not a bug in the training code or a CUDA OOM (they recur and stop
+# the run whatever the interval), a preemption (it saves first) or a failed launch.
+INTERRUPTIONS = frozenset({Cause.SIGNAL, Cause.SEGFAULT, Cause.OOM_KILLED, Cause.COMM, Cause.HANG, Cause.VANISHED,
+                           Cause.UNKNOWN})

@@ -1,0 +1,58 @@
+"""What a machine has to run on, as every process sees it: the scheduler detects it
+(orchestrator/resources.py, through NVML) and publishes it on its heartbeat; the UI and the CLI
+judge submissions against it without touching a GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from db.config import RunConfig
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """The devices runs are admitted against."""
+
+    kind: str  # "gpu" or "cpu"
+    slots: int
+    gpu_names: tuple[str, ...] = field(default_factory=tuple)
+    gpu_memory_bytes: tuple[int, ...] = field(default_factory=tuple)  # total memory of each GPU
+    memory_bytes: int = 0  # the host's RAM; 0 when unknown
+
+    @property
+    def device_label(self) -> str:
+        if self.kind == "gpu":
+            return self.gpu_names[0] if self.gpu_names else "GPU"
+        return "cpu"
+
+    def to_json(self) -> dict[str, Any]:
+        """A plain dict for the heartbeat file."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Inventory:
+        """The inventory a heartbeat published (``to_json``'s dict)."""
+        return cls(
+            kind=str(data["kind"]), slots=int(data["slots"]),
+            gpu_names=tuple(str(n) for n in data.get("gpu_names", ())),
+            gpu_memory_bytes=tuple(int(m) for m in data.get("gpu_memory_bytes", ())),
+            memory_bytes=int(data.get("memory_bytes", 0)),
+        )
+
+
+def check_fits(config: RunConfig, inventory: Inventory) -> list[str]:
+    """Problems that would keep the run from ever being admitted on this machine."""
+    problems = []
+    n = config.launch.nproc_per_node
+    if n > inventory.slots:
+        what = f"{inventory.slots} GPU(s)" if inventory.kind == "gpu" else f"{inventory.slots} CPU slots"
+        problems.append(
+            f"launch.nproc_per_node = {n}: this machine has only {what}; use at most {inventory.slots}"
+        )
+    if config.launch.backend == "nccl" and inventory.kind != "gpu":
+        problems.append(
+            "launch.backend = 'nccl': NCCL needs CUDA GPUs and this machine has none; use 'auto' or 'gloo'"
+        )
+    return problems

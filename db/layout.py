@@ -1,0 +1,133 @@
+"""Where everything lives on disk: the one owner of every path and file name of the data folder.
+
+The scheduler, the launcher shim, the ranks, the UI and the CLI all read and write these files;
+they agree because they take the names from here and nowhere else::
+
+    $RUNYARD_HOME/
+        runyard.db            the SQLite database (unless RUNYARD_DB_URL names another)
+        migrate.lock          held while migrations run (db/engine.py)
+        scheduler.lock        held by the one running scheduler
+        scheduler.json        the scheduler's heartbeat file, inventory included (db/scheduler_file.py)
+        token                 the UI's access token, mode 0600 (orchestrator/access.py)
+        ui.json               where the running UI listens (for `runyard token`)
+        runs/run-000042/
+            config.json       the run config the ranks read
+            checkpoints/step-<N>/{state.pt, manifest.json}
+            checkpoints/superseded/attempt-<n>/step-<N>/   a lineage abandoned by a resume
+            attempts/<n>/
+                launch.json   the shim's pid and create time, then torchrun's (orchestrator/shim.py)
+                exit.json     torchrun's exit code, written by the shim when it ends
+                launcher.log  torchrun's own output (its failure summary is read from here)
+                ranks/        torchrun --log-dir: each rank's stdout/stderr and error file
+                stopped.json  the ranks stopped gracefully (SIGTERM), with the step
+                finished/rank-<r>.json   rank r's work is durable (metrics flushed, last save done)
+                stacks/       stack dumps (SIGUSR1 faulthandler files, py-spy output)
+
+Nothing here imports anything but the standard library: every process may use it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+# -- the data folder -------------------------------------------------------------------------
+DB_FILE = "runyard.db"
+MIGRATE_LOCK_FILE = "migrate.lock"
+SCHEDULER_LOCK_FILE = "scheduler.lock"
+SCHEDULER_FILE = "scheduler.json"
+TOKEN_FILE = "token"
+UI_FILE = "ui.json"
+RUNS_DIR = "runs"
+
+# -- a run's folder --------------------------------------------------------------------------
+CONFIG_FILE = "config.json"
+CHECKPOINTS_DIR = "checkpoints"
+SUPERSEDED_DIR = "superseded"
+ATTEMPTS_DIR = "attempts"
+
+# -- a checkpoint's folder -------------------------------------------------------------------
+STATE_FILE = "state.pt"
+MANIFEST_FILE = "manifest.json"
+STEP_DIR = re.compile(r"step-(0|[1-9][0-9]*)")
+
+# -- an attempt's folder ---------------------------------------------------------------------
+LAUNCH_RECORD = "launch.json"
+EXIT_FILE = "exit.json"
+LAUNCHER_LOG = "launcher.log"
+RANK_LOG_DIR = "ranks"
+STOPPED_FILE = "stopped.json"
+FINISHED_DIR = "finished"
+STACKS_DIR = "stacks"
+
+
+def run_dir_name(run_id: int) -> str:
+    """``run-000042``: the folder of run 42 under ``runs/``."""
+    return f"run-{run_id:06d}"
+
+
+def step_dir_name(step: int) -> str:
+    """``step-200``: the folder of the checkpoint taken after step 200."""
+    return f"step-{step}"
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """The files of one run, under ``root`` (``runs/run-000042``)."""
+
+    root: Path
+
+    @property
+    def config(self) -> Path:
+        return self.root / CONFIG_FILE
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / CHECKPOINTS_DIR
+
+    def attempt(self, number: int) -> AttemptPaths:
+        return AttemptPaths(self.root / ATTEMPTS_DIR / str(number))
+
+
+def superseded_dir(checkpoints: Path, attempt: int) -> Path:
+    """Where a resume into attempt ``attempt`` moves the newer checkpoints it abandons."""
+    return checkpoints / SUPERSEDED_DIR / f"attempt-{attempt}"
+
+
+@dataclass(frozen=True)
+class AttemptPaths:
+    """The files of one attempt, under ``root`` (``runs/run-000042/attempts/3``)."""
+
+    root: Path
+
+    @property
+    def launch_record(self) -> Path:
+        return self.root / LAUNCH_RECORD
+
+    @property
+    def exit_file(self) -> Path:
+        return self.root / EXIT_FILE
+
+    @property
+    def launcher_log(self) -> Path:
+        return self.root / LAUNCHER_LOG
+
+    @property
+    def ranks(self) -> Path:
+        return self.root / RANK_LOG_DIR
+
+    @property
+    def stopped(self) -> Path:
+        return self.root / STOPPED_FILE
+
+    @property
+    def finished(self) -> Path:
+        return self.root / FINISHED_DIR
+
+    def finished_note(self, rank: int) -> Path:
+        return self.finished / f"rank-{rank}.json"
+
+    @property
+    def stacks(self) -> Path:
+        return self.root / STACKS_DIR
