@@ -328,10 +328,10 @@ class Scheduler:
                 os._exit(70)
         except OSError as exc:
             logger.exception("run %d: launch failed", run.id)
-            attempt.cause = Cause.LAUNCH_FAILED.value
-            attempt.exception = f"launch failed: {exc}"
-            attempt_transition(attempt, AttemptStatus.FAILED, attempt.exception)
-            transition(session, run.id, RunStatus.FAILED, attempt.reason)
+            why = f"launch failed: {exc}"
+            attempt.cause, attempt.exception = Cause.LAUNCH_FAILED.value, why
+            attempt_transition(attempt, AttemptStatus.FAILED, why)
+            transition(session, run.id, RunStatus.FAILED, why)
             session.commit()
             return
         self._children[launched.pid] = launched.popen
