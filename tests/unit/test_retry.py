@@ -1,0 +1,77 @@
+"""The retry policy as a table: each row a failed attempt (its cause, exception, last step), what
+came before it, and what the policy must answer. Runs in milliseconds; the same rules are seen end
+to end with real torchrun ranks in tests/integration/test_failures.py and tests/faults/.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from db.causes import Cause
+from db.config import RetryConfig
+from orchestrator.retry import AttemptOutcome, backoff_s, decide, halved_micro_batch
+
+RAISED = "ValueError: loss went NaN (at train.py:24 in step)"
+DISK_ERROR = "OSError: [Errno 28] No space left on device: '/data/run/checkpoints/.tmp-step-40-{}'"
+CONFIG = RetryConfig(max_retries=3, backoff_s=10, backoff_max_s=60)
+TRAIN = {"batch_size": 32, "grad_accum": 1}
+
+
+def outcome(cause: Cause, exception: str | None = None, last_step: int | None = 100, number: int = 2) -> AttemptOutcome:
+    return AttemptOutcome(number, cause, exception, last_step)
+
+
+ROWS = [
+    # (what happened, failed, previous, retries used, retry?, counted?, the reason says)
+    ("a preemption never spends a retry", outcome(Cause.PREEMPTED), [], 3, True, False, "does not use a retry"),
+    ("an exception before the first step recurs", outcome(Cause.USER_ERROR, RAISED, None), [], 0, False, True,
+     "before the first step completed"),
+    ("a first exception after some steps is retried", outcome(Cause.USER_ERROR, RAISED, 120), [], 0, True, True,
+     "retry 1 of 3"),
+    ("the same exception at the same step twice stops", outcome(Cause.USER_ERROR, RAISED, 120),
+     [outcome(Cause.USER_ERROR, RAISED, 120, 1)], 1, False, True, "the same exception at the same step twice"),
+    ("the same exception at another step is retried", outcome(Cause.USER_ERROR, RAISED, 150),
+     [outcome(Cause.USER_ERROR, RAISED, 120, 1)], 1, True, True, "retry 2 of 3"),
+    ("another exception at the same step is retried", outcome(Cause.USER_ERROR, "KeyError: 'x' (at a.py:1 in f)", 120),
+     [outcome(Cause.USER_ERROR, RAISED, 120, 1)], 1, True, True, "retry 2 of 3"),
+    ("the same disk error twice (temporary names differ) stops", outcome(Cause.DISK, DISK_ERROR.format("ab12"), 40),
+     [outcome(Cause.DISK, DISK_ERROR.format("9f0e"), 40, 1)], 1, False, True, "a size limit or a quota"),
+    ("a first disk error waits for room", outcome(Cause.DISK, DISK_ERROR.format("ab12"), 40), [], 0, True, True,
+     "once the disk has room again"),
+    ("a CUDA OOM retries with half the micro-batch", outcome(Cause.CUDA_OOM, "OutOfMemoryError"), [], 0, True, True,
+     "half the micro-batch"),
+    ("a segfault is retried", outcome(Cause.SEGFAULT), [], 2, True, True, "retry 3 of 3"),
+    ("retries run out", outcome(Cause.COMM, "DistNetworkError"), [], 3, False, True, "gave up after 3 retries"),
+    ("a hang is retried", outcome(Cause.HANG), [], 0, True, True, "HANG: retry 1 of 3"),
+    ("a vanished launcher is retried", outcome(Cause.VANISHED), [outcome(Cause.VANISHED, number=1)], 1, True, True,
+     "VANISHED: retry 2 of 3"),
+]
+
+
+@pytest.mark.parametrize(("name", "failed", "previous", "used", "retry", "counted", "says"), ROWS,
+                         ids=[row[0] for row in ROWS])
+def test_the_retry_policy(name: str, failed: AttemptOutcome, previous: list[AttemptOutcome], used: int,
+                          retry: bool, counted: bool, says: str) -> None:
+    decision = decide(failed, previous, used, CONFIG, TRAIN, random.Random(0))
+    assert (decision.retry, decision.counted) == (retry, counted), decision.reason
+    assert says in decision.reason
+    if retry and counted:
+        assert 5 <= decision.delay_s <= 60  # the backoff with its jitter, within the cap
+    if not retry:
+        assert decision.delay_s == 0
+
+
+def test_a_cuda_oom_with_a_micro_batch_of_one_stops() -> None:
+    decision = decide(outcome(Cause.CUDA_OOM), [], 0, CONFIG, {"batch_size": 1, "grad_accum": 4})
+    assert not decision.retry and "micro-batch of 1" in decision.reason
+    assert halved_micro_batch(32, 2) == {"train": {"batch_size": 16, "grad_accum": 4}}
+    assert halved_micro_batch(1, 1) == {"train": {"batch_size": 1, "grad_accum": 2}}
+
+
+def test_backoff_doubles_up_to_the_cap_with_jitter() -> None:
+    rand = random.Random(1)
+    delays = [backoff_s(n, CONFIG, rand) for n in range(6)]
+    bases = [10, 20, 40, 60, 60, 60]
+    assert all(base / 2 <= d <= base for d, base in zip(delays, bases, strict=True)), delays
