@@ -6,6 +6,16 @@ scheduler import it.
 
 Every field is documented where it is declared; ``docs/CONFIG.md`` is generated from these
 docstrings (``runyard config-reference``) and a test keeps the two equal.
+
+The New run page (app/form.py) is generated from the fields too: types, bounds and docstrings,
+plus this declarative metadata, so a new field needs no UI edit:
+
+- ``title``: the form's label (default: the key, in words);
+- ``json_schema_extra={"kinds": [...]}``: the workload kinds the field applies to (default: all);
+  the form shows it for those kinds only and gives it its default for the others;
+- ``json_schema_extra={"list_syntax": "shell"}``: a list written as shell words (default: comma
+  separated);
+- ``json_schema_extra={"common": True}`` on a section of RunConfig: shown open (default: folded).
 """
 
 from __future__ import annotations
@@ -52,40 +62,53 @@ class _Section(BaseModel):
 class WorkloadConfig(_Section):
     """What to train."""
 
-    kind: Literal["mlp-digits", "gpt-char", "script"] = "mlp-digits"
+    kind: Literal["mlp-digits", "gpt-char", "script"] = Field(default="mlp-digits", title="Workload")
     """`mlp-digits`: an MLP classifier on scikit-learn's bundled 8x8 digits data set (1797
     images, no download). `gpt-char`: a character-level GPT on a text file (default: the Python
     standard library's own sources). `script`: your own torchrun-ready script (`script`, `args`)."""
 
-    hidden: int = Field(default=256, ge=8, le=65536)
+    hidden: int = Field(
+        default=256, ge=8, le=65536, title="Hidden width", json_schema_extra={"kinds": ["mlp-digits"]}
+    )
     """Width of the MLP's two hidden layers (mlp-digits)."""
 
-    script: str | None = None
+    script: str | None = Field(default=None, json_schema_extra={"kinds": ["script"]})
     """Path of the training script to launch under torchrun (kind = "script"); a relative path
     is resolved against the directory `runyard submit` runs in. It may import `trainer` to report
     metrics and checkpoints (see examples/). Submitted from the UI, it must lie under the
     allowed roots (`RUNYARD_SCRIPT_ROOTS`, else the folder `runyard up` started in and the data
     folder), resolved after symlinks."""
 
-    args: tuple[str, ...] = Field(default=(), strict=False)
+    args: tuple[str, ...] = Field(
+        default=(), strict=False, title="Script arguments",
+        json_schema_extra={"kinds": ["script"], "list_syntax": "shell"},
+    )
     """Command-line arguments passed to the script (kind = "script")."""
 
-    text: str | None = None
+    text: str | None = Field(default=None, title="Text file", json_schema_extra={"kinds": ["gpt-char"]})
     """Text file to train gpt-char on (default: the Python standard library's sources): a
     readable regular file of at most 256 MiB, read as UTF-8 (every rank holds it in memory); a
     relative path is resolved against the directory `runyard submit` runs in. Submitted from the
     UI, it must lie under the allowed roots, like `script`."""
 
-    n_layer: int = Field(default=4, ge=1, le=96)
+    n_layer: int = Field(
+        default=4, ge=1, le=96, title="Transformer blocks (n_layer)", json_schema_extra={"kinds": ["gpt-char"]}
+    )
     """gpt-char: transformer blocks."""
 
-    n_head: int = Field(default=4, ge=1, le=128)
+    n_head: int = Field(
+        default=4, ge=1, le=128, title="Attention heads (n_head)", json_schema_extra={"kinds": ["gpt-char"]}
+    )
     """gpt-char: attention heads per block; must divide n_embd."""
 
-    n_embd: int = Field(default=128, ge=8, le=16384)
+    n_embd: int = Field(
+        default=128, ge=8, le=16384, title="Embedding width (n_embd)", json_schema_extra={"kinds": ["gpt-char"]}
+    )
     """gpt-char: embedding width."""
 
-    block_size: int = Field(default=128, ge=8, le=8192)
+    block_size: int = Field(
+        default=128, ge=8, le=8192, title="Context length (block_size)", json_schema_extra={"kinds": ["gpt-char"]}
+    )
     """gpt-char: context length in characters."""
 
     @model_validator(mode="after")
@@ -102,7 +125,7 @@ class WorkloadConfig(_Section):
 class LaunchConfig(_Section):
     """How torchrun starts the ranks."""
 
-    nproc_per_node: int = Field(default=2, ge=1, le=1024)
+    nproc_per_node: int = Field(default=2, ge=1, le=1024, title="Ranks on this machine (nproc_per_node)")
     """Ranks on this machine: one per GPU on a GPU machine, CPU slots otherwise. Must not exceed
     the devices the machine has."""
 
@@ -119,7 +142,7 @@ class TrainConfig(_Section):
     batch_size: int = Field(default=64, ge=1, le=INT64_MAX)
     """Samples per step per rank (the global batch is batch_size x ranks)."""
 
-    lr: float = Field(default=0.001, gt=0, allow_inf_nan=False)
+    lr: float = Field(default=0.001, gt=0, allow_inf_nan=False, title="Learning rate")
     """Learning rate of the Adam optimizer."""
 
     weight_decay: float = Field(default=0.0, ge=0, allow_inf_nan=False)
@@ -128,10 +151,10 @@ class TrainConfig(_Section):
     warmup_steps: int = Field(default=0, ge=0, le=INT64_MAX)
     """Linear learning-rate warm-up from 0 over this many steps."""
 
-    lr_schedule: Literal["constant", "cosine"] = "constant"
+    lr_schedule: Literal["constant", "cosine"] = Field(default="constant", title="Learning-rate schedule")
     """After warm-up: keep `lr`, or decay it along a cosine to `min_lr` at max_steps."""
 
-    min_lr: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    min_lr: float = Field(default=0.0, ge=0, allow_inf_nan=False, title="Minimum learning rate")
     """Floor of the cosine schedule."""
 
     clip_grad_norm: float = Field(default=0.0, ge=0, allow_inf_nan=False)
@@ -144,10 +167,10 @@ class TrainConfig(_Section):
     """torch.compile the model: the whole model under DDP or one rank, each block under FSDP.
     The first steps are slower while it compiles."""
 
-    activation_checkpointing: bool = False
+    activation_checkpointing: bool = Field(default=False, json_schema_extra={"kinds": ["gpt-char"]})
     """Recompute each block's activations in the backward pass to save memory (gpt-char)."""
 
-    grad_accum: int = Field(default=1, ge=1, le=INT64_MAX)
+    grad_accum: int = Field(default=1, ge=1, le=INT64_MAX, title="Gradient accumulation (micro-batches)")
     """Micro-batches of `batch_size` accumulated per optimizer step (DDP skips the gradient
     all-reduce on all but the last). The effective per-rank batch is batch_size x grad_accum."""
 
@@ -173,11 +196,11 @@ class CheckpointConfig(_Section):
         strict=True,
     )
 
-    every_steps: int = Field(default=100, ge=0, le=INT64_MAX)
+    every_steps: int = Field(default=100, ge=0, le=INT64_MAX, title="Save every (steps)")
     """Save every this many steps (0: not by steps). A final checkpoint is always written at the
     end of the run."""
 
-    every_seconds: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    every_seconds: float = Field(default=0.0, ge=0, allow_inf_nan=False, title="Save every (seconds)")
     """Also save when this many seconds passed since the last save (0: not by time)."""
 
     keep_last: int = Field(default=3, ge=0, le=INT64_MAX)
@@ -192,7 +215,7 @@ class CheckpointConfig(_Section):
     best_mode: Literal["min", "max"] = "min"
     """Whether a lower (`min`) or higher (`max`) `best_metric` is better."""
 
-    async_save: bool = Field(default=True, alias="async")
+    async_save: bool = Field(default=True, alias="async", title="Write in the background (async)")
     """Write in a background thread, which also copies the state to CPU memory while the next
     step's forward and backward run (the loop waits only if the copy is not done by the next
     optimizer step); `false` writes synchronously, for debugging. Key: `async`."""
@@ -201,7 +224,7 @@ class CheckpointConfig(_Section):
 class ParallelConfig(_Section):
     """How the model is spread over the ranks."""
 
-    strategy: Literal["ddp", "fsdp"] = "ddp"
+    strategy: Literal["ddp", "fsdp"] = Field(default="ddp", json_schema_extra={"kinds": ["gpt-char"]})
     """`ddp`: every rank holds the whole model. `fsdp`: FSDP2 (`fully_shard` per block, then the
     root) with sharded checkpoints (gpt-char)."""
 
@@ -287,10 +310,11 @@ class RunConfig(_Section):
     tags: tuple[str, ...] = Field(default=(), strict=False)
     """Free-form labels for filtering the runs list."""
 
-    workload: WorkloadConfig = WorkloadConfig()
-    launch: LaunchConfig = LaunchConfig()
-    train: TrainConfig = TrainConfig()
-    parallel: ParallelConfig = ParallelConfig()
+    # "common": the New run page shows these sections open, the others folded.
+    workload: WorkloadConfig = Field(default=WorkloadConfig(), json_schema_extra={"common": True})
+    launch: LaunchConfig = Field(default=LaunchConfig(), json_schema_extra={"common": True})
+    train: TrainConfig = Field(default=TrainConfig(), json_schema_extra={"common": True})
+    parallel: ParallelConfig = Field(default=ParallelConfig(), json_schema_extra={"common": True})
     checkpoint: CheckpointConfig = CheckpointConfig()
     retry: RetryConfig = RetryConfig()
     supervision: SupervisionConfig = SupervisionConfig()

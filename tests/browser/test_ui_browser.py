@@ -72,7 +72,8 @@ def chart_titles(page: Any) -> list[str]:
 def test_new_run_from_the_form_trains_to_succeeded_with_charts(page: Any, runyard_up: Any, tmp_path: Path) -> None:
     open_page(page, f"{runyard_up.url}/new", "New run")
     page.get_by_label("Name", exact=True).fill("browser-digits")
-    expect(page.get_by_label("Ranks on this machine (nproc_per_node)")).to_have_value("2")
+    # exact: every field has a help button, labelled "Help for <label>"
+    expect(page.get_by_label("Ranks on this machine (nproc_per_node)", exact=True)).to_have_value("2")
     fill_number(page, "Max steps", "300")
     start_button(page).click()
 

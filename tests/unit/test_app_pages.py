@@ -25,11 +25,12 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 import streamlit as st
+from pydantic import Field
 from sqlalchemy.orm import Session, sessionmaker
 from streamlit.testing.v1 import AppTest
 
 from db import queries
-from db.config import RunConfig
+from db.config import RunConfig, TrainConfig
 from db.engine import make_engine, make_sessionmaker, upgrade
 from db.metricstore import write_points
 from db.models import Attempt, Checkpoint, Event, Run, SchedulerHeartbeat
@@ -542,11 +543,58 @@ def test_errors_clear_after_a_corrected_submit(settings: Settings, sessions: ses
     assert not at.error
 
 
+def test_new_run_form_shows_the_chosen_kinds_fields_and_queues_a_gpt_char_run(
+        settings: Settings, sessions: sessionmaker[Session]) -> None:
+    at = open_page("views/new_run.py")
+    keys = {w.key for w in at.number_input} | {w.key for w in at.selectbox}
+    assert "workload.hidden" in keys and not keys & {"workload.n_layer", "parallel.strategy"}
+    at.selectbox(key="workload.kind").set_value("gpt-char").run()
+    no_exception(at)
+    keys = {w.key for w in at.number_input} | {w.key for w in at.selectbox}
+    assert {"workload.n_layer", "workload.n_embd", "parallel.strategy", "train.precision"} <= keys
+    assert "workload.hidden" not in keys
+    assert at.number_input(key="workload.n_layer").label == "Transformer blocks (n_layer)"
+    at.number_input(key="workload.n_layer").set_value(2)
+    at.number_input(key="train.grad_accum").set_value(2)
+    at.number_input(key="launch.nproc_per_node").set_value(1)
+    at.checkbox(key="train.compile").check()
+    next(b for b in at.button if "Start" in b.label).click().run()
+    no_exception(at)
+    assert not at.error
+    (run,) = queued_runs(sessions)
+    with sessions() as s:
+        config = queries.run_detail(s, run["id"])["config"]
+    assert (config["workload"]["kind"], config["workload"]["n_layer"]) == ("gpt-char", 2)
+    assert (config["train"]["grad_accum"], config["train"]["compile"]) == (2, True)
+
+
+class TrainWithSmoothing(TrainConfig):
+    label_smoothing: float = Field(default=0.0, ge=0, le=1, allow_inf_nan=False)
+    """Share of the target probability spread over the other classes."""
+
+
+class RunConfigWithSmoothing(RunConfig):
+    """A RunConfig with a field the page has never heard of."""
+
+    train: TrainWithSmoothing = Field(default=TrainWithSmoothing(), json_schema_extra={"common": True})
+
+
+def test_a_field_added_to_the_config_appears_on_the_new_run_page(
+        settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No UI edit: the page draws whatever RunConfig declares."""
+    monkeypatch.setattr("db.config.RunConfig", RunConfigWithSmoothing)
+    at = open_page("views/new_run.py")
+    no_exception(at)
+    smoothing = at.number_input(key="train.label_smoothing")
+    assert (smoothing.label, smoothing.value, smoothing.min, smoothing.max) == ("Label smoothing", 0.0, 0.0, 1.0)
+    assert smoothing.help.startswith("Share of the target probability spread over the other classes.")
+
+
 def test_new_run_form_queues_a_script_run_with_its_arguments(sessions: sessionmaker[Session], tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text("print('hello')\n")
     at = open_page("views/new_run.py")
-    at.selectbox(key="workload.kind").set_value("script")
+    at.selectbox(key="workload.kind").set_value("script").run()  # the script fields appear for kind = script
     at.text_input(key="workload.script").input(str(script))
     at.text_input(key="workload.args").input("--steps 5 --name 'a b'")
     at.number_input(key="retry.max_retries").set_value(1)
@@ -561,7 +609,7 @@ def test_new_run_form_queues_a_script_run_with_its_arguments(sessions: sessionma
 
 
 def start_script_run(at: AppTest, script: Path | str, args: str = "") -> AppTest:
-    at.selectbox(key="workload.kind").set_value("script")
+    at.selectbox(key="workload.kind").set_value("script").run()  # the script fields appear for kind = script
     at.text_input(key="workload.script").input(str(script))
     at.text_input(key="workload.args").input(args)
     at.number_input(key="launch.nproc_per_node").set_value(1)

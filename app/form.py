@@ -1,0 +1,427 @@
+"""The New run form, described from the run config model; no Streamlit here.
+
+The page (app/views/new_run.py) loops over what :func:`form_sections` returns and draws one
+widget per field, so a field added to :class:`~db.config.RunConfig` shows up on the form
+with no UI edit. Everything comes from the model:
+
+- sections: one per sub-model of RunConfig (its class docstring says what it holds), plus the
+  top-level fields; a section marked ``json_schema_extra={"common": True}`` is shown open;
+- widgets: from the annotation (int, float, bool, Literal or Enum, str, a tuple or list of str);
+- bounds: from the Field constraints (ge, gt, le, lt, max_length);
+- help: from the field docstrings (the same text as docs/CONFIG.md);
+- labels: from the field's ``title``, else its key in words;
+- kinds: a field with ``json_schema_extra={"kinds": [...]}`` is shown only for those values of
+  ``workload.kind``, and takes its default for the others.
+
+Widget values go back to a plain nested dict with :func:`values_to_config`; it converts text
+(lists, empty optional strings) but never coerces numbers, so the usual validation
+(``orchestrator.submission.validate``) judges exactly what was entered.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import shlex
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import annotated_types
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+
+from db.config import RunConfig
+
+WidgetKind = Literal["int", "float", "bool", "choice", "text", "list"]
+
+# The field whose value chooses the kind-specific fields; the page draws it before the others.
+KIND_KEY = "workload.kind"
+
+# A browser's numbers are doubles: integers beyond 2**53 - 1 are not exact there, and Streamlit
+# refuses such bounds. Larger bounds (the 64-bit storage limit) are left to the validation.
+JS_MAX_SAFE_INTEGER = 2**53 - 1
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One field of the form, everything a widget needs.
+
+    Attributes:
+        key: The dotted TOML path (``"train.lr"``, ``"checkpoint.async"``); also the widget's key
+            and the name that validation problems start with.
+        section: The sub-model the field belongs to (``""`` for top-level fields).
+        label: What the widget is labelled.
+        widget: Which widget shows it.
+        default: The model's default, as plain data (a list for a tuple).
+        help: The field's docstring, its bounds and its default, as Markdown.
+        options: The allowed values of a ``choice``.
+        min_value: The inclusive lower bound a number widget can enforce, or None.
+        max_value: The inclusive upper bound a number widget can enforce, or None.
+        max_chars: The longest text allowed, or None.
+        optional: Whether None is allowed (an empty text stands for it).
+        list_syntax: How a list is written in its text box: ``comma`` separated or ``shell`` words.
+        kinds: The workload kinds the field applies to; None for all.
+    """
+
+    key: str
+    section: str
+    label: str
+    widget: WidgetKind
+    default: Any
+    help: str
+    options: tuple[Any, ...] = ()
+    min_value: float | None = None
+    max_value: float | None = None
+    max_chars: int | None = None
+    optional: bool = False
+    list_syntax: Literal["comma", "shell"] = "comma"
+    kinds: tuple[str, ...] | None = None
+
+    @property
+    def path(self) -> tuple[str, ...]:
+        return tuple(self.key.split("."))
+
+    @property
+    def step(self) -> float | None:
+        """The +/- step of a number widget: 1 for integers, the order of magnitude of the
+        default for floats (0.1 when the default is 0)."""
+        if self.widget == "int":
+            return 1
+        if self.widget == "float":
+            return 10.0 ** math.floor(math.log10(self.default)) if self.default > 0 else 0.1
+        return None
+
+    @property
+    def number_format(self) -> str | None:
+        """printf format of a float widget: %g shows 0.0003 and 300 as written (Streamlit's
+        default, %0.2f, would show a learning rate as 0.00)."""
+        return "%g" if self.widget == "float" else None
+
+    @property
+    def placeholder(self) -> str | None:
+        """What an empty list box shows: the syntax it expects."""
+        if self.widget != "list":
+            return None
+        return "as in a shell: --epochs 5 --name 'a b'" if self.list_syntax == "shell" else "comma separated: a, b"
+
+    def applies_to(self, kind: str | None) -> bool:
+        """Whether the field is shown for workload ``kind`` (None: any kind)."""
+        return kind is None or self.kinds is None or kind in self.kinds
+
+
+@dataclass(frozen=True)
+class SectionSpec:
+    """One section of the form: a sub-model of the config, or the top-level fields.
+
+    Attributes:
+        name: The TOML table (``"train"``), ``""`` for the top-level fields.
+        title: The section's heading.
+        help: The sub-model's docstring.
+        common: Whether the section is shown open (else folded in an expander).
+        fields: Its fields, in declaration order.
+    """
+
+    name: str
+    title: str
+    help: str
+    common: bool
+    fields: tuple[FieldSpec, ...]
+
+
+def humanize(key: str) -> str:
+    """A key in words: ``max_steps`` -> ``Max steps``, ``grace_s`` -> ``Grace (s)``."""
+    unit = ""
+    if key.endswith("_s"):  # the config's suffix for seconds
+        key, unit = key[:-2], " (s)"
+    words = key.replace("_", " ").strip()
+    return (words[:1].upper() + words[1:] + unit) if words else key
+
+
+def _extra(field: FieldInfo) -> dict[str, Any]:
+    extra = field.json_schema_extra
+    return extra if isinstance(extra, dict) else {}
+
+
+def _is_section(field: FieldInfo) -> bool:
+    return isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
+
+
+def _plain(value: Any) -> Any:
+    """A default as the plain data a TOML file or ``RunConfig.as_dict()`` holds."""
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _widget_of(key: str, annotation: Any) -> tuple[WidgetKind, tuple[Any, ...], bool]:
+    """The widget for an annotation, the choices of a ``choice`` and whether None is allowed.
+
+    Raises:
+        TypeError: naming the field, for a type the form has no widget for (a newcomer learns it
+            from the form's tests, not from a user).
+    """
+    optional = False
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            optional = True
+            annotation, origin = args[0], typing.get_origin(args[0])
+    if origin is Literal:
+        return "choice", tuple(typing.get_args(annotation)), optional
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return "choice", tuple(member.value for member in annotation), optional
+    if annotation is bool:  # before int: bool is an int to Python
+        return "bool", (), optional
+    if annotation is int:
+        return "int", (), optional
+    if annotation is float:
+        return "float", (), optional
+    if annotation is str:
+        return "text", (), optional
+    if origin in (tuple, list) and all(a in (str, Ellipsis) for a in typing.get_args(annotation)):
+        return "list", (), optional
+    raise TypeError(f"{key}: the New run form has no widget for a field of type {annotation!r}; "
+                    "use int, float, bool, str, a Literal, an Enum or a tuple of str, or add a widget in app/form.py")
+
+
+def _bounds(widget: WidgetKind, field: FieldInfo) -> tuple[float | None, float | None, list[str]]:
+    """The inclusive bounds a number widget can enforce, and every constraint in words."""
+    low: float | None = None
+    high: float | None = None
+    words: list[str] = []
+    for meta in field.metadata:
+        if isinstance(meta, annotated_types.Ge):
+            low = typing.cast(float, meta.ge)
+            words.append(f"≥ {low}")
+        elif isinstance(meta, annotated_types.Gt):
+            # An integer above n is at least n + 1; a float above 0 has no inclusive bound a
+            # widget could take, so the validation says it.
+            above = typing.cast(float, meta.gt)
+            low = above + 1 if widget == "int" else None
+            words.append(f"> {above}")
+        elif isinstance(meta, annotated_types.Le):
+            high = typing.cast(float, meta.le)
+            if abs(high) <= JS_MAX_SAFE_INTEGER:  # the 64-bit storage limit says nothing to a person
+                words.append(f"≤ {high}")
+        elif isinstance(meta, annotated_types.Lt):
+            below = typing.cast(float, meta.lt)
+            high = below - 1 if widget == "int" else None
+            words.append(f"< {below}")
+        elif isinstance(meta, annotated_types.MinLen):
+            words.append(f"at least {meta.min_length} characters" if meta.min_length > 1 else "not empty")
+        elif isinstance(meta, annotated_types.MaxLen):
+            words.append(f"at most {meta.max_length} characters")
+        elif getattr(meta, "pattern", None):
+            words.append(f"matches `{meta.pattern}`")
+
+    def usable(bound: float | None) -> float | None:
+        if bound is None or abs(bound) > JS_MAX_SAFE_INTEGER:
+            return None
+        return float(bound) if widget == "float" else int(bound)  # Streamlit wants one number type
+
+    if widget not in ("int", "float"):
+        return None, None, words
+    return usable(low), usable(high), words
+
+
+def _max_length(field: FieldInfo) -> int | None:
+    return next((m.max_length for m in field.metadata if isinstance(m, annotated_types.MaxLen)), None)
+
+
+def _help(field: FieldInfo, constraints: list[str], default: Any) -> str:
+    text = " ".join((field.description or "").split())  # the docstrings are wrapped at 100 columns
+    facts = []
+    if constraints:
+        facts.append("Allowed: " + ", ".join(constraints) + ".")
+    shown = "none" if default is None else "empty" if default == [] else f"`{json.dumps(default)}`"  # as in TOML
+    facts.append(f"Default: {shown}.")
+    return "\n\n".join(part for part in (text, " ".join(facts)) if part)
+
+
+def field_spec(key: str, section: str, field: FieldInfo) -> FieldSpec:
+    """The form's description of one config field.
+
+    Args:
+        key: The field's dotted TOML path.
+        section: The sub-model it belongs to, ``""`` at the top level.
+        field: The pydantic field.
+
+    Raises:
+        TypeError: for a type the form has no widget for.
+    """
+    widget, options, optional = _widget_of(key, field.annotation)
+    default = _plain(field.get_default(call_default_factory=True))
+    low, high, constraints = _bounds(widget, field)
+    extra = _extra(field)
+    kinds = extra.get("kinds")
+    return FieldSpec(
+        key=key, section=section, label=field.title or humanize(key.rsplit(".", 1)[-1]), widget=widget,
+        default=default, help=_help(field, constraints, default), options=options, min_value=low, max_value=high,
+        max_chars=_max_length(field) if widget == "text" else None, optional=optional,
+        list_syntax="shell" if extra.get("list_syntax") == "shell" else "comma",
+        kinds=tuple(kinds) if kinds is not None else None,
+    )
+
+
+def _fields_of(model: type[BaseModel], section: str) -> list[FieldSpec]:
+    prefix = f"{section}." if section else ""
+    return [field_spec(f"{prefix}{field.alias or name}", section, field)
+            for name, field in model.model_fields.items() if not _is_section(field)]
+
+
+def form_sections(model: type[BaseModel] = RunConfig, kind: str | None = None) -> list[SectionSpec]:
+    """The form for workload ``kind``: the top-level fields first, then one section per sub-model.
+
+    Args:
+        model: The run config model (a RunConfig, or one built like it).
+        kind: The workload kind; only its fields are listed (None: every field). A section
+            left without fields is left out.
+
+    Raises:
+        TypeError: for a field type the form has no widget for.
+    """
+    sections = [SectionSpec(name="", title="Run", help=(model.__doc__ or "").strip(), common=True,
+                            fields=tuple(_fields_of(model, "")))]
+    for name, field in model.model_fields.items():
+        if _is_section(field):
+            sub: type[BaseModel] = field.annotation  # type: ignore[assignment]  # checked by _is_section
+            sections.append(SectionSpec(
+                name=name, title=field.title or humanize(name), help=" ".join((sub.__doc__ or "").split()),
+                common=bool(_extra(field).get("common")), fields=tuple(_fields_of(sub, name)),
+            ))
+    shown = [SectionSpec(s.name, s.title, s.help, s.common, tuple(f for f in s.fields if f.applies_to(kind)))
+             for s in sections]
+    return [s for s in shown if s.fields]
+
+
+def form_fields(model: type[BaseModel] = RunConfig, kind: str | None = None) -> list[FieldSpec]:
+    """Every field of the form for workload ``kind`` (None: every field), section by section."""
+    return [spec for section in form_sections(model, kind) for spec in section.fields]
+
+
+def workload_kinds(model: type[BaseModel] = RunConfig) -> tuple[str, ...]:
+    """The values ``workload.kind`` may take."""
+    return next(spec.options for spec in form_fields(model) if spec.key == KIND_KEY)
+
+
+def _lookup(data: Mapping[str, Any], key: str) -> tuple[bool, Any]:
+    node: Any = data
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
+
+
+def _to_widget(spec: FieldSpec, value: Any) -> tuple[bool, Any]:
+    """A config value as the widget holds it; (False, None) when the widget cannot hold it."""
+    if spec.widget == "int":
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        ok = isinstance(value, int) and not isinstance(value, bool) and abs(value) <= JS_MAX_SAFE_INTEGER
+        return ok, value if ok else None
+    if spec.widget == "float":
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        return ok, float(value) if ok else None
+    if spec.widget == "bool":
+        return isinstance(value, bool), value
+    if spec.widget == "choice":
+        return value in spec.options, value
+    if spec.widget == "text":
+        if value is None and spec.optional:
+            return True, ""
+        return isinstance(value, str), value
+    if isinstance(value, (list, tuple)) and all(isinstance(item, str) for item in value):
+        return True, shlex.join(value) if spec.list_syntax == "shell" else ", ".join(value)
+    return False, None
+
+
+def widget_values(data: Mapping[str, Any], fields: Sequence[FieldSpec]) -> tuple[dict[str, Any], list[str]]:
+    """What each widget starts with, read from a config mapping (the defaults, or an uploaded TOML).
+
+    A missing key takes the field's default. A value no widget can hold (text for a number, an
+    unknown choice) also takes the default, and a note says so: the page shows it rather than
+    fail to draw.
+
+    Args:
+        data: A config mapping, nested by section.
+        fields: The fields to read.
+
+    Returns:
+        The widget values by key, and one note per value replaced by its default.
+    """
+    values: dict[str, Any] = {}
+    notes: list[str] = []
+    for spec in fields:
+        found, raw = _lookup(data, spec.key)
+        ok, value = _to_widget(spec, raw) if found else (False, None)
+        if not ok:
+            if found:
+                notes.append(f"{spec.key} = {raw!r} cannot be shown in the form; it shows the default instead")
+            value = _to_widget(spec, spec.default)[1]
+        values[spec.key] = value
+    return values, notes
+
+
+def widget_bounds(spec: FieldSpec, value: Any) -> tuple[float | None, float | None]:
+    """The bounds to give a number widget that shows ``value``: a bound the value already lies
+    outside (from an uploaded config) is dropped, so that the page draws and the validation
+    names the value on Start."""
+    low = spec.min_value if spec.min_value is None or value >= spec.min_value else None
+    high = spec.max_value if spec.max_value is None or value <= spec.max_value else None
+    return low, high
+
+
+def config_value(spec: FieldSpec, value: Any) -> Any:
+    """A widget's value as config data: text is stripped, an empty optional text is None and a
+    list box is split. Numbers, booleans and choices pass through unchanged: the validation
+    judges them (a float for an integer field is refused there, naming the field)."""
+    if spec.widget == "text" and isinstance(value, str):
+        text = value.strip()
+        return None if spec.optional and not text else text
+    if spec.widget == "list" and isinstance(value, str):
+        if spec.list_syntax == "comma":
+            return [item.strip() for item in value.split(",") if item.strip()]
+        try:
+            return shlex.split(value)
+        except ValueError:  # an unclosed quote: the validation refuses the text, naming the field
+            return value
+    return value
+
+
+def values_to_config(values: Mapping[str, Any], model: type[BaseModel] = RunConfig) -> dict[str, Any]:
+    """The config mapping for the widget values, to validate as any other config.
+
+    Args:
+        values: Widget values by field key (``{"train.lr": 0.001, ...}``); ``workload.kind``
+            chooses the kind (the model's default kind when absent).
+        model: The run config model the widgets were built from.
+
+    Returns:
+        A plain nested dict. A field that does not apply to the chosen kind gets its default,
+        so that a value the person cannot see (left from another kind or an uploaded file) does
+        not refuse the run; a field missing from ``values`` is left out.
+    """
+    every = form_fields(model)
+    kind_spec = next(spec for spec in every if spec.key == KIND_KEY)
+    kind = values.get(KIND_KEY, kind_spec.default)
+    out: dict[str, Any] = {}
+    for spec in every:
+        if not spec.applies_to(kind):
+            value = spec.default
+        elif spec.key in values:
+            value = config_value(spec, values[spec.key])
+        else:
+            continue
+        node = out
+        for part in spec.path[:-1]:
+            node = node.setdefault(part, {})
+        node[spec.path[-1]] = value
+    return out

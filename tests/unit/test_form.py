@@ -1,0 +1,269 @@
+"""The New run form's description (app/form.py), checked without a browser.
+
+Everything on the form comes from the config model: which fields, which widget, the bounds, the
+help, the sections and which fields a workload kind shows. A field added to the model appears
+with no UI edit, and the widget values go back through the usual validation.
+
+    pytest tests/unit/test_form.py
+"""
+
+from __future__ import annotations
+
+import typing
+from typing import Any, Literal
+
+import pytest
+from pydantic import BaseModel, Field
+
+from app.form import (
+    KIND_KEY,
+    FieldSpec,
+    config_value,
+    form_fields,
+    form_sections,
+    humanize,
+    values_to_config,
+    widget_bounds,
+    widget_values,
+    workload_kinds,
+)
+from db.config import SEED_MAX, ConfigError, RunConfig, TrainConfig, WorkloadConfig, parse_config
+from orchestrator.resources import Inventory
+from orchestrator.submission import validate
+
+CPU = Inventory(kind="cpu", slots=2, memory_bytes=16 * 1024**3)
+KINDS = typing.get_args(WorkloadConfig.model_fields["kind"].annotation)
+
+
+def leaf_fields(model: type[BaseModel], prefix: str = "") -> dict[str, Any]:
+    """Every leaf field of ``model`` by dotted TOML key, walked independently of app/form.py."""
+    found: dict[str, Any] = {}
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            found |= leaf_fields(ann, f"{prefix}{name}.")
+        else:
+            found[f"{prefix}{field.alias or name}"] = field
+    return found
+
+
+def by_key(specs: list[FieldSpec]) -> dict[str, FieldSpec]:
+    return {spec.key: spec for spec in specs}
+
+
+# -- which fields -----------------------------------------------------------------------------
+
+
+def test_the_kinds_are_the_models() -> None:
+    assert workload_kinds() == KINDS == ("mlp-digits", "gpt-char", "script")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_config_field_appears_for_its_kind_and_no_other(kind: str) -> None:
+    expected = [key for key, field in leaf_fields(RunConfig).items()
+                if kind in ((field.json_schema_extra or {}).get("kinds") or KINDS)]
+    assert [spec.key for spec in form_fields(RunConfig, kind)] == expected
+
+
+def test_without_a_kind_every_field_appears_once() -> None:
+    keys = [spec.key for spec in form_fields(RunConfig)]
+    assert keys == list(leaf_fields(RunConfig)) and len(keys) == len(set(keys)) > 40
+
+
+def test_each_kind_shows_its_own_workload_fields() -> None:
+    def shown(kind: str) -> set[str]:
+        return {spec.key for spec in form_fields(RunConfig, kind)}
+
+    gpt = {"workload.text", "workload.n_layer", "workload.n_head", "workload.n_embd", "workload.block_size",
+           "train.activation_checkpointing", "parallel.strategy"}
+    script = {"workload.script", "workload.args"}
+    assert gpt <= shown("gpt-char") and not (shown("gpt-char") & ({"workload.hidden"} | script))
+    assert "workload.hidden" in shown("mlp-digits") and not (shown("mlp-digits") & (gpt | script))
+    assert script <= shown("script") and not (shown("script") & (gpt | {"workload.hidden"}))
+    # What the old hand-written form lacked, for every kind:
+    for kind in KINDS:
+        assert {"train.precision", "train.compile", "train.grad_accum", "train.weight_decay",
+                "supervision.startup_timeout_s", "retry.backoff_max_s"} <= shown(kind)
+
+
+def test_sections_are_the_sub_models_common_ones_open() -> None:
+    sections = form_sections(RunConfig, "gpt-char")
+    assert [s.name for s in sections] == ["", "workload", "launch", "train", "parallel", "checkpoint", "retry",
+                                          "supervision"]
+    assert {s.name for s in sections if s.common} == {"", "workload", "launch", "train", "parallel"}
+    train = next(s for s in sections if s.name == "train")
+    assert (train.title, train.help) == ("Train", TrainConfig.__doc__)
+    # A section with no field for the kind is left out.
+    assert "parallel" not in [s.name for s in form_sections(RunConfig, "mlp-digits")]
+
+
+# -- how each field is shown ------------------------------------------------------------------
+
+
+def test_widgets_bounds_labels_and_help_come_from_the_model() -> None:
+    fields = leaf_fields(RunConfig)
+    defaults = RunConfig().as_dict()
+    specs = by_key(form_fields(RunConfig))
+    for key, spec in specs.items():
+        field = fields[key]
+        section, _, name = key.rpartition(".")
+        assert spec.label == (field.title or humanize(name)), key
+        assert spec.help.startswith(" ".join(field.description.split())), key
+        assert spec.default == (defaults[section][name] if section else defaults[name]), key
+    assert (specs["train.max_steps"].widget, specs["train.max_steps"].min_value) == ("int", 1)
+    assert specs["train.max_steps"].max_value is None  # 2**63 - 1: beyond a browser's exact numbers
+    assert (specs["train.seed"].min_value, specs["train.seed"].max_value) == (0, SEED_MAX)
+    assert (specs["workload.n_layer"].min_value, specs["workload.n_layer"].max_value) == (1, 96)
+    assert (specs["workload.n_layer"].label, specs["workload.n_layer"].kinds) == ("Transformer blocks (n_layer)",
+                                                                                  ("gpt-char",))
+    lr = specs["train.lr"]
+    assert (lr.widget, lr.label, lr.min_value, lr.default) == ("float", "Learning rate", None, 0.001)
+    assert "Allowed: > 0." in lr.help and "Default: `0.001`." in lr.help  # gt on a float: the help says it
+    assert specs["train.weight_decay"].min_value == 0.0 and isinstance(specs["train.weight_decay"].min_value, float)
+    assert specs["launch.nproc_per_node"].label == "Ranks on this machine (nproc_per_node)"
+    assert (specs["train.precision"].widget, specs["train.precision"].options) == ("choice", ("fp32", "bf16", "fp16"))
+    assert specs[KIND_KEY].options == KINDS
+    assert specs["train.compile"].widget == "bool"
+    assert specs["checkpoint.async"].label == "Write in the background (async)"  # the TOML key, not async_save
+    assert (specs["name"].widget, specs["name"].max_chars, specs["name"].optional) == ("text", 100, False)
+    assert (specs["workload.script"].widget, specs["workload.script"].optional) == ("text", True)
+    assert (specs["tags"].widget, specs["tags"].list_syntax) == ("list", "comma")
+    assert (specs["workload.args"].widget, specs["workload.args"].list_syntax) == ("list", "shell")
+    assert specs["supervision.grace_s"].label == "Grace (s)"
+
+
+def test_humanize() -> None:
+    assert humanize("max_steps") == "Max steps"
+    assert humanize("hang_timeout_s") == "Hang timeout (s)"
+    assert humanize("name") == "Name"
+
+
+# -- a new field needs no UI edit --------------------------------------------------------------
+
+
+class LongerTrain(TrainConfig):
+    label_smoothing: float = Field(default=0.0, ge=0, le=1, allow_inf_nan=False)
+    """Share of the target probability spread over the other classes."""
+
+    dropout_layers: int = Field(default=0, ge=0, le=12, json_schema_extra={"kinds": ["gpt-char"]})
+    """gpt-char: blocks with dropout."""
+
+
+class LongerWorkload(WorkloadConfig):
+    mode: Literal["fast", "careful"] = "fast"
+    """How to train."""
+
+
+class LongerRunConfig(RunConfig):
+    """A RunConfig with fields the form has never heard of."""
+
+    owner: str | None = None
+    """Who started the run."""
+
+    workload: LongerWorkload = Field(default=LongerWorkload(), json_schema_extra={"common": True})
+    train: LongerTrain = Field(default=LongerTrain(), json_schema_extra={"common": True})
+
+
+def test_a_field_added_to_the_model_appears_with_its_widget_bounds_and_help() -> None:
+    specs = by_key(form_fields(LongerRunConfig, "gpt-char"))
+    smoothing = specs["train.label_smoothing"]
+    assert (smoothing.label, smoothing.widget, smoothing.min_value, smoothing.max_value, smoothing.default) == (
+        "Label smoothing", "float", 0.0, 1.0, 0.0)
+    assert smoothing.help.startswith("Share of the target probability spread over the other classes.")
+    assert "Allowed: ≥ 0, ≤ 1." in smoothing.help
+    assert (specs["train.dropout_layers"].widget, specs["train.dropout_layers"].max_value) == ("int", 12)
+    assert specs["workload.mode"].options == ("fast", "careful")
+    assert (specs["owner"].widget, specs["owner"].optional) == ("text", True)
+    # The kind-specific one only for its kind.
+    assert "train.dropout_layers" not in by_key(form_fields(LongerRunConfig, "mlp-digits"))
+    assert "train.label_smoothing" in by_key(form_fields(LongerRunConfig, "mlp-digits"))
+
+
+def test_a_field_added_to_the_model_goes_through_values_to_config() -> None:
+    values, notes = widget_values(LongerRunConfig().as_dict(), form_fields(LongerRunConfig, "gpt-char"))
+    assert notes == []
+    values |= {KIND_KEY: "gpt-char", "train.label_smoothing": 0.1, "workload.mode": "careful", "owner": " ann "}
+    config = LongerRunConfig.model_validate(values_to_config(values, LongerRunConfig))
+    assert (config.train.label_smoothing, config.workload.mode, config.owner) == (0.1, "careful", "ann")
+
+
+def test_a_type_without_a_widget_names_the_field() -> None:
+    class Odd(RunConfig):
+        limits: dict[str, int] = Field(default_factory=dict)
+        """Per-key limits."""
+
+    with pytest.raises(TypeError, match=r"^limits: the New run form has no widget"):
+        form_fields(Odd)
+
+
+# -- widget values to a config, and back ------------------------------------------------------
+
+
+SCRIPT_CONFIG = {"workload": {"kind": "script", "script": "train.py", "args": ["--steps", "5", "--name", "a b"]}}
+
+
+@pytest.mark.parametrize("data", [{}, {"workload": {"kind": "gpt-char", "n_layer": 6, "text": "a.txt"}},
+                                  SCRIPT_CONFIG], ids=["default", "gpt-char", "script"])
+def test_the_widget_values_of_a_config_give_the_same_config_back(data: dict[str, Any]) -> None:
+    config = parse_config(data)
+    values, notes = widget_values(config.as_dict(), form_fields(RunConfig, config.workload.kind))
+    assert notes == []
+    assert parse_config(values_to_config(values)) == config
+
+
+def test_the_default_widget_values_give_the_default_config() -> None:
+    values, _ = widget_values(RunConfig().as_dict(), form_fields(RunConfig, "mlp-digits"))
+    assert values["train.lr"] == 0.001 and values["tags"] == "" and values["workload.hidden"] == 256
+    assert values_to_config(values) == RunConfig().as_dict()
+    assert RunConfig.model_validate(values_to_config(values)) == RunConfig()
+
+
+def test_fields_that_do_not_apply_to_the_kind_take_their_defaults() -> None:
+    out = values_to_config({KIND_KEY: "mlp-digits", "train.activation_checkpointing": True, "workload.n_layer": 8,
+                            "workload.script": "x.py", "workload.args": "--a", "parallel.strategy": "fsdp"})
+    assert out["train"]["activation_checkpointing"] is False and out["workload"]["n_layer"] == 4
+    assert (out["workload"]["script"], out["workload"]["args"], out["parallel"]["strategy"]) == (None, [], "ddp")
+    assert "max_steps" not in out["train"]  # not given: left to the base it is merged into
+    parse_config(out)
+
+
+def test_text_and_lists_are_read_from_their_boxes() -> None:
+    specs = by_key(form_fields(RunConfig))
+    assert config_value(specs["name"], "  my-run ") == "my-run"
+    assert config_value(specs["workload.text"], "  ") is None
+    assert config_value(specs["tags"], "ui, , smoke ,") == ["ui", "smoke"]
+    assert config_value(specs["workload.args"], "--name 'a b' -v") == ["--name", "a b", "-v"]
+    assert config_value(specs["train.max_steps"], 12.5) == 12.5  # numbers are not coerced
+
+
+def test_an_int_field_refuses_a_float_through_the_validation() -> None:
+    values, _ = widget_values(RunConfig().as_dict(), form_fields(RunConfig, "mlp-digits"))
+    values |= {"train.max_steps": 12.5, "launch.nproc_per_node": 1.0, "train.lr": -1.0}
+    with pytest.raises(ConfigError) as refused:
+        validate(values_to_config(values), CPU)
+    problems = " | ".join(refused.value.problems)
+    assert "train.max_steps = 12.5" in problems and "launch.nproc_per_node = 1.0" in problems
+    assert "whole number" in problems and "train.lr = -1.0" in problems
+
+
+def test_an_unclosed_quote_in_the_arguments_is_refused_naming_the_field() -> None:
+    values = {KIND_KEY: "script", "workload.script": __file__, "workload.args": "--name 'a b"}
+    with pytest.raises(ConfigError) as refused:
+        validate(values_to_config(values), CPU)
+    assert any(p.startswith("workload.args = \"--name 'a b\"") for p in refused.value.problems), refused.value
+
+
+def test_values_no_widget_can_hold_show_the_default_with_a_note() -> None:
+    data = {"train": {"max_steps": "many", "lr": 0.5, "batch_size": 32.0}, "workload": {"kind": "rnn"},
+            "tags": ["a", 1], "launch": "two"}
+    values, notes = widget_values(data, form_fields(RunConfig))
+    assert (values["train.max_steps"], values["train.lr"], values["train.batch_size"]) == (300, 0.5, 32)
+    assert (values[KIND_KEY], values["tags"], values["launch.nproc_per_node"]) == ("mlp-digits", "", 2)
+    assert [note.split(" = ")[0] for note in notes] == ["tags", "workload.kind", "train.max_steps"]
+
+
+def test_a_bound_the_value_already_breaks_is_dropped_so_the_page_draws() -> None:
+    specs = by_key(form_fields(RunConfig))
+    assert widget_bounds(specs["workload.n_layer"], 4) == (1, 96)
+    assert widget_bounds(specs["workload.n_layer"], 0) == (None, 96)
+    assert widget_bounds(specs["workload.n_layer"], 200) == (1, None)
