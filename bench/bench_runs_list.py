@@ -28,8 +28,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sqlalchemy import Engine, event  # noqa: E402
-from sqlalchemy.orm import Session  # noqa: E402
+from sqlalchemy import Engine, event
+from sqlalchemy.orm import Session
 
 # What the i-th seeded run is, in turn: a live run first, so that even one run has metrics to
 # project an ETA from.
@@ -40,8 +40,8 @@ RANKS = (0, 1)
 
 def _loss_points(run_id: int, attempt: int, first: int, last: int, now: float) -> list[dict[str, Any]]:
     """Loss every LOSS_EVERY steps on each rank from ``first`` to ``last``, 5 steps a second up to ``now``."""
-    return [dict(run_id=run_id, attempt=attempt, rank=rank, step=step, key="loss", value=2.0 / step + 0.01 * rank,
-                 wall_time=now - (last - step) / 5)
+    return [{"run_id": run_id, "attempt": attempt, "rank": rank, "step": step, "key": "loss",
+             "value": 2.0 / step + 0.01 * rank, "wall_time": now - (last - step) / 5}
             for step in range(first, last + 1, LOSS_EVERY) for rank in RANKS]
 
 
