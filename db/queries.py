@@ -259,6 +259,44 @@ def run_detail(session: Session, run_id: int) -> dict[str, Any]:
     return detail
 
 
+def log_sources(session: Session, run_id: int) -> dict[str, Any]:
+    """What ``runyard logs`` needs to find a run's log files, and no more (two small reads).
+
+    Returns:
+        ``status``; ``nproc_per_node``, the ranks per node of its config (0 when unset);
+        ``attempts``: ``{"number", "dir"}`` of each attempt, oldest first.
+
+    Raises:
+        RunNotFound: when there is no such run.
+    """
+    row = session.execute(select(Run.status, Run.config_json).where(Run.id == run_id)).one_or_none()
+    if row is None:
+        raise RunNotFound(f"no run with id {run_id}; `runyard ls` lists the runs")
+    launch = json.loads(row.config_json).get("launch", {})
+    attempts = session.execute(
+        select(Attempt.number, Attempt.dir).where(Attempt.run_id == run_id).order_by(Attempt.number)
+    ).all()
+    return {
+        "status": row.status,
+        "nproc_per_node": int(launch.get("nproc_per_node", 0) or 0),
+        "attempts": [{"number": number, "dir": folder} for number, folder in attempts],
+    }
+
+
+def run_status(session: Session, run_id: int) -> tuple[str, int | None]:
+    """A run's status and its newest attempt's number (None before its first), in one statement:
+    what ``runyard logs --follow`` reads every half second.
+
+    Raises:
+        RunNotFound: when there is no such run.
+    """
+    newest = select(func.max(Attempt.number)).where(Attempt.run_id == run_id).scalar_subquery()
+    row = session.execute(select(Run.status, newest).where(Run.id == run_id)).one_or_none()
+    if row is None:
+        raise RunNotFound(f"no run with id {run_id}; `runyard ls` lists the runs")
+    return row[0], row[1]
+
+
 def goodput(session: Session, run: Run, attempts: list[dict[str, Any]], now: float | None = None) -> float | None:
     """Productive step time over wall time: the steps on the run's lineage times the mean step
     time, divided by the time the run held its devices or waited to retry (failures, restarts,

@@ -1,30 +1,38 @@
-"""Cheap reads: what one Runs-page refresh and `runyard ls` cost the database, counted
-statement by statement on a real SQLite database in tmp_path.
+"""Cheap reads: what one Runs-page refresh, `runyard ls` and one `runyard logs --follow` poll
+cost the database, counted statement by statement on a real SQLite database in tmp_path.
 
 - ``list_runs`` issues the same few statements for 1, 10 and 100 runs, and returns exactly
   what the per-run computation it replaced returns (kept below as ``reference_summary``);
-- ``metricstore.recent_many`` equals ``recent`` series by series, across its UNION chunks.
+- ``metricstore.recent_many`` equals ``recent`` series by series, across its UNION chunks;
+- ``runyard logs --follow`` reads one small statement per poll (the status and the newest
+  attempt's number), the attempts again only when a new one begins, and never the run detail.
 
     pytest tests/unit/test_reads.py
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from sqlalchemy import Engine, event, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from bench.bench_runs_list import seed_runs
 from db import metricstore, queries
 from db.models import Attempt, Checkpoint, Run
+from db.requests import Price, create_run
 from db.settings import Settings
-from db.states import TERMINAL, RunStatus
+from db.states import TERMINAL, RunStatus, transition
+from orchestrator.cli import cli
 from orchestrator.cost import AttemptSpan, cost_usd, eta_seconds, wasted_seconds
+from trainer.config import RunConfig
 
 # --- the per-run computation list_runs used to do, one run at a time (3-4 statements a run) ----
 
@@ -165,3 +173,73 @@ def test_recent_many_equals_recent_for_each_series(settings: Settings, sessions:
         monkeypatch.setattr(metricstore, "_UNION_PARTS", 4)  # several UNION statements, same answer
         assert metricstore.recent_many(s, "loss", series, limit=3) == expected
     assert any(len(points) == 3 for points in expected.values())  # the limit mattered
+
+
+# --- runyard logs --follow ---------------------------------------------------------------------
+
+
+def write_rank_log(attempt_dir: Path, rank: int, text: str) -> None:
+    """Append to a rank's stdout.log where torchrun puts it, and to the launcher's log."""
+    log = attempt_dir / "ranks" / "rdzv_x" / "attempt_0" / str(rank) / "stdout.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as f:
+        f.write(text)
+
+
+def test_logs_follow_reads_only_the_status_each_poll(
+        settings: Settings, sessions: sessionmaker[Session], statements: list[tuple[Engine, str]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run that goes on while it is followed: a new line, then a second attempt, then success.
+    Each poll reads the status and the newest attempt number in one statement, and the attempts
+    again only when the second one begins; the run detail is never read."""
+    with sessions() as s:
+        run = create_run(s, RunConfig(name="followed"), settings.runs_dir, Price(1.0, "x"))
+        s.flush()
+        for status in (RunStatus.STARTING, RunStatus.RUNNING):
+            assert transition(s, run.id, status, "test")
+        run_id, run_dir = run.id, Path(run.run_dir)
+        s.add(Attempt(run_id=run_id, number=1, status="RUNNING", dir=str(run_dir / "attempts" / "1"),
+                      started_at=time.time()))
+        s.commit()
+    write_rank_log(run_dir / "attempts" / "1", 0, "step 1\n")
+
+    def what_happens_next(poll: int) -> None:
+        with sessions() as s:
+            if poll == 1:
+                write_rank_log(run_dir / "attempts" / "1", 0, "step 2\n")
+            elif poll == 2:
+                s.add(Attempt(run_id=run_id, number=2, status="RUNNING", dir=str(run_dir / "attempts" / "2"),
+                              started_at=time.time()))
+                write_rank_log(run_dir / "attempts" / "2", 1, "resumed\n")
+            elif poll == 4:
+                write_rank_log(run_dir / "attempts" / "2", 1, "done\n")
+                assert transition(s, run_id, RunStatus.SUCCEEDED, "test")
+            s.commit()
+
+    mine = sessions.kw["bind"]
+    polls: list[int] = []  # where each sleep fell in the CLI's statements
+
+    def sleep(seconds: float) -> None:
+        polls.append(sum(1 for engine, _ in statements if engine is not mine))
+        what_happens_next(len(polls))
+
+    def no_detail(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("runyard logs --follow read the whole run detail")
+
+    monkeypatch.setattr("orchestrator.cli.time.sleep", sleep)
+    monkeypatch.setattr(queries, "run_detail", no_detail)
+    result = CliRunner().invoke(cli, ["logs", str(run_id), "--follow"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == ["[rank 0] step 1", "[rank 0] step 2", "[rank 1] resumed", "[rank 1] done"]
+
+    cli_sent = [sql for engine, sql in statements if engine is not mine]
+    bounds = [*polls, len(cli_sent)]
+    per_poll = [cli_sent[a:b] for a, b in itertools.pairwise(bounds)]
+    # After each sleep: one statement; three when the second attempt appeared (the status, then
+    # the run's config and its attempts' folders); two after the last (the poll that saw
+    # SUCCEEDED, then the final read of what the ranks wrote last).
+    assert [len(sent) for sent in per_poll] == [1, 3, 1, 2]
+    for sql in (sql for sent in per_poll for sql in sent):
+        assert "FROM runs" in sql or "FROM attempts" in sql, sql
+        for table in ("checkpoints", "metric_", "events", "run_status_history"):
+            assert table not in sql, sql
