@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Row, func, select
 from sqlalchemy.orm import Session
 
 from db import metricstore
@@ -38,15 +38,68 @@ def resolve_run(session: Session, ref: str | int) -> int:
     return run_id
 
 
-def _progress_points(session: Session, run_id: int, attempt: int) -> list[tuple[int, float]]:
-    rows = metricstore.recent(session, run_id, "loss", attempt=attempt, rank=0, limit=20)
-    return [(int(s), float(t)) for s, _, t in rows]
+# The run and attempt columns a summary reads: not the config, log tails or exceptions, which
+# a list of 200 runs would otherwise carry from the database for nothing.
+_RUN_COLUMNS = (
+    Run.id, Run.name, Run.status, Run.status_reason, Run.tags_json, Run.max_steps, Run.nproc, Run.created_at,
+    Run.started_at, Run.ended_at, Run.price_usd_per_hour, Run.price_unit, Run.parent_run_id, Run.parent_step,
+    Run.resume_checkpoint_id, Run.retries_used, Run.retry_at,
+)
+_ATTEMPT_COLUMNS = (
+    Attempt.run_id, Attempt.number, Attempt.started_at, Attempt.ended_at, Attempt.first_step_at, Attempt.last_step,
+    Attempt.resume_step, Attempt.cause,
+)
+ETA_POINTS = 20  # rank 0's newest loss points the ETA is projected from
+
+# A row of any columns; a run as _run_summary reads it: an ORM Run, or a row of _RUN_COLUMNS.
+AnyRow = Row[Any]
+RunLike = Run | AnyRow
 
 
-def _run_summary(session: Session, run: Run, now: float) -> dict[str, Any]:
-    attempts = session.execute(
-        select(Attempt).where(Attempt.run_id == run.id).order_by(Attempt.number)
-    ).scalars().all()
+def _run_summaries(session: Session, runs: Sequence[RunLike], now: float) -> list[dict[str, Any]]:
+    """The summary of each run (what ``runyard ls`` and the Runs page show), read in the same
+    few statements however many runs there are: every attempt of the runs at once, their
+    newest checkpoint time per attempt at once, and the live runs' newest loss points at once.
+
+    Args:
+        session: Where to read.
+        runs: The runs, as ORM objects or rows of ``_RUN_COLUMNS``.
+        now: The time that running attempts, elapsed time and cost are counted up to.
+
+    Returns:
+        One dict per run, in the order of ``runs``.
+    """
+    ids = [r.id for r in runs]
+    attempts: dict[int, list[AnyRow]] = {run_id: [] for run_id in ids}
+    if ids:
+        for a in session.execute(
+            select(*_ATTEMPT_COLUMNS).where(Attempt.run_id.in_(ids)).order_by(Attempt.run_id, Attempt.number)
+        ):
+            attempts[a.run_id].append(a)
+    written: dict[tuple[int, int], float] = {}
+    if with_attempts := [run_id for run_id in ids if attempts[run_id]]:
+        rows = session.execute(
+            select(Checkpoint.run_id, Checkpoint.attempt, func.max(Checkpoint.created_at))
+            .where(Checkpoint.run_id.in_(with_attempts))
+            .group_by(Checkpoint.run_id, Checkpoint.attempt)
+        )
+        written = {(run_id, attempt): at for run_id, attempt, at in rows}
+    # Only a run that is still going has an ETA to project, from its newest attempt's rank 0.
+    live = [(r.id, attempts[r.id][-1].number, 0) for r in runs
+            if attempts[r.id] and RunStatus(r.status) not in TERMINAL]
+    points = metricstore.recent_many(session, "loss", live, limit=ETA_POINTS)
+    return [
+        _run_summary(r, attempts[r.id], written,
+                     points.get((r.id, attempts[r.id][-1].number, 0), []) if attempts[r.id] else [], now)
+        for r in runs
+    ]
+
+
+def _run_summary(run: RunLike, attempts: list[AnyRow], written: dict[tuple[int, int], float],
+                 recent_loss: list[tuple[int, float, float]], now: float) -> dict[str, Any]:
+    """One run's summary from what :func:`_run_summaries` read: its attempts (oldest first), the
+    newest checkpoint time per (run, attempt), and rank 0's newest loss points of its newest
+    attempt (newest first)."""
     # The newest attempt is the run's current lineage (an older one may have got further
     # before the run was resumed from an earlier checkpoint).
     step = (attempts[-1].last_step or attempts[-1].resume_step or 0) if attempts else 0
@@ -57,10 +110,10 @@ def _run_summary(session: Session, run: Run, now: float) -> dict[str, Any]:
     elif status in TERMINAL or not attempts:
         eta = None
     else:
-        eta = eta_seconds(_progress_points(session, run.id, attempts[-1].number), run.max_steps)
+        eta = eta_seconds([(int(s), float(t)) for s, _, t in recent_loss], run.max_steps)
     spans = [(a.started_at, a.ended_at) for a in attempts]
     cost = cost_usd(spans, run.price_usd_per_hour, now)
-    wasted = wasted_seconds(_attempt_spans(session, attempts), now) * run.price_usd_per_hour / 3600.0
+    wasted = wasted_seconds(_attempt_spans(attempts, written), now) * run.price_usd_per_hour / 3600.0
     projected = cost + (eta or 0.0) * run.price_usd_per_hour / 3600.0 if status not in TERMINAL else cost
     return {
         "id": run.id,
@@ -91,34 +144,38 @@ def _run_summary(session: Session, run: Run, now: float) -> dict[str, Any]:
     }
 
 
-def _attempt_spans(session: Session, attempts: list[Attempt]) -> list[AttemptSpan]:
-    if not attempts:
-        return []
-    written = dict(
-        session.execute(
-            select(Checkpoint.attempt, func.max(Checkpoint.created_at))
-            .where(Checkpoint.run_id == attempts[0].run_id)
-            .group_by(Checkpoint.attempt)
-        ).all()
-    )
+def _attempt_spans(attempts: list[AnyRow], written: dict[tuple[int, int], float]) -> list[AttemptSpan]:
+    """The cost arithmetic's view of one run's attempts (oldest first), with ``written`` the
+    newest checkpoint time per (run, attempt)."""
     spans = []
     for i, a in enumerate(attempts):
         spans.append(AttemptSpan(
             started_at=a.started_at, ended_at=a.ended_at, first_step_at=a.first_step_at,
             failed=a.cause is not None and a.cause != "PREEMPTED",
-            last_checkpoint_at=written.get(a.number),
+            last_checkpoint_at=written.get((a.run_id, a.number)),
             after_failure=i > 0 and attempts[i - 1].cause is not None,
         ))
     return spans
 
 
-def list_runs(session: Session, statuses: list[str] | None = None, limit: int = 200) -> list[dict[str, Any]]:
-    """The newest runs first, optionally filtered by status."""
-    q = select(Run).order_by(Run.id.desc()).limit(limit)
+def list_runs(session: Session, statuses: list[str] | None = None, limit: int = 200,
+              now: float | None = None) -> list[dict[str, Any]]:
+    """The newest runs first, optionally filtered by status.
+
+    Reads a fixed number of statements whatever the number of runs (see :func:`_run_summaries`):
+    the Runs page calls this every two seconds per open tab.
+
+    Args:
+        session: Where to read.
+        statuses: Only runs in these statuses (all when None or empty).
+        limit: The most runs.
+        now: The time running attempts are counted up to (default: the wall clock).
+    """
+    q = select(*_RUN_COLUMNS).order_by(Run.id.desc()).limit(limit)
     if statuses:
         q = q.where(Run.status.in_(statuses))
-    now = time.time()
-    return [_run_summary(session, r, now) for r in session.execute(q).scalars().all()]
+    now = time.time() if now is None else now
+    return _run_summaries(session, session.execute(q).all(), now)
 
 
 def latest_metrics(session: Session, run_id: int) -> dict[str, dict[str, float]]:
@@ -185,7 +242,7 @@ def run_detail(session: Session, run_id: int) -> dict[str, Any]:
     run = session.get(Run, run_id)
     if run is None:
         raise RunNotFound(f"no run with id {run_id}; `runyard ls` lists the runs")
-    detail = _run_summary(session, run, time.time())
+    (detail,) = _run_summaries(session, [run], time.time())
     detail["config"] = json.loads(run.config_json)
     detail["run_dir"] = run.run_dir
     detail["attempts"] = attempts = attempts_of(session, run_id)
@@ -200,6 +257,44 @@ def run_detail(session: Session, run_id: int) -> dict[str, Any]:
     detail["history"] = status_history(session, run_id)
     detail["events"] = events_of(session, run_id)
     return detail
+
+
+def log_sources(session: Session, run_id: int) -> dict[str, Any]:
+    """What ``runyard logs`` needs to find a run's log files, and no more (two small reads).
+
+    Returns:
+        ``status``; ``nproc_per_node``, the ranks per node of its config (0 when unset);
+        ``attempts``: ``{"number", "dir"}`` of each attempt, oldest first.
+
+    Raises:
+        RunNotFound: when there is no such run.
+    """
+    row = session.execute(select(Run.status, Run.config_json).where(Run.id == run_id)).one_or_none()
+    if row is None:
+        raise RunNotFound(f"no run with id {run_id}; `runyard ls` lists the runs")
+    launch = json.loads(row.config_json).get("launch", {})
+    attempts = session.execute(
+        select(Attempt.number, Attempt.dir).where(Attempt.run_id == run_id).order_by(Attempt.number)
+    ).all()
+    return {
+        "status": row.status,
+        "nproc_per_node": int(launch.get("nproc_per_node", 0) or 0),
+        "attempts": [{"number": number, "dir": folder} for number, folder in attempts],
+    }
+
+
+def run_status(session: Session, run_id: int) -> tuple[str, int | None]:
+    """A run's status and its newest attempt's number (None before its first), in one statement:
+    what ``runyard logs --follow`` reads every half second.
+
+    Raises:
+        RunNotFound: when there is no such run.
+    """
+    newest = select(func.max(Attempt.number)).where(Attempt.run_id == run_id).scalar_subquery()
+    row = session.execute(select(Run.status, newest).where(Run.id == run_id)).one_or_none()
+    if row is None:
+        raise RunNotFound(f"no run with id {run_id}; `runyard ls` lists the runs")
+    return row[0], row[1]
 
 
 def goodput(session: Session, run: Run, attempts: list[dict[str, Any]], now: float | None = None) -> float | None:

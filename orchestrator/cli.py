@@ -379,18 +379,27 @@ def show(run: str, as_json: bool) -> None:
         _print_detail(detail)
 
 
-def _log_attempt(run_id: int, detail: dict[str, Any], attempt: int | None, rank: int | None,
+def _log_attempt(run_id: int, sources: dict[str, Any], status: str, attempt: int | None, rank: int | None,
                  follow: bool) -> dict[str, Any] | None:
     """The attempt whose logs to print; ``None`` while following a run that has none yet.
-    Exits 1 with a sentence for a run without attempts, a wrong attempt or a wrong rank."""
-    ranks = int(detail.get("config", {}).get("launch", {}).get("nproc_per_node", 0) or 0)
+    Exits 1 with a sentence for a run without attempts, a wrong attempt or a wrong rank.
+
+    Args:
+        run_id: The run.
+        sources: ``db.queries.log_sources`` of the run.
+        status: The run's status now.
+        attempt: ``--attempt`` (None: the newest).
+        rank: ``--rank`` (None: every rank).
+        follow: ``--follow``.
+    """
+    ranks = sources["nproc_per_node"]
     if rank is not None and ranks and rank >= ranks:
         fail(f"--rank {rank}: run {run_id} has ranks 0 to {ranks - 1} (launch.nproc_per_node = {ranks})")
-    attempts = detail["attempts"]
+    attempts = sources["attempts"]
     if not attempts:
-        if follow and detail["status"] not in ("SUCCEEDED", "FAILED", "CANCELLED"):
+        if follow and status not in ("SUCCEEDED", "FAILED", "CANCELLED"):
             return None
-        fail(f"run {run_id} has no attempts yet (it is {detail['status']}), so no logs; "
+        fail(f"run {run_id} has no attempts yet (it is {status}), so no logs; "
              f"`runyard logs {run_id} --follow` waits for them")
     if attempt is None:
         return attempts[-1]
@@ -407,21 +416,33 @@ def _log_attempt(run_id: int, detail: dict[str, Any], attempt: int | None, rank:
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until the run ends.")
 def logs(run: str, rank: int | None, attempt: int | None, follow: bool) -> None:
     """Print the ranks' stdout/stderr of a run's attempt."""
-    from db.queries import run_detail
+    from db.queries import log_sources, run_status
     from db.states import TERMINAL, RunStatus
     from orchestrator.logs import launcher_log, rank_log_files
 
     sessions = _existing_sessions(_settings(), run)
     run_id = _resolve(sessions, run)
     offsets: dict[Path, int] = {}
+    sources: dict[str, Any] = {}
+
+    def read_sources() -> str:
+        """Read the run's log sources; returns its status. Every poll after the first reads only
+        the status and the newest attempt's number (one small statement, every 0.5 s), and the
+        attempts again only when a new one has begun."""
+        with sessions() as session:
+            if sources:
+                status, newest = run_status(session, run_id)
+                if newest == (sources["attempts"][-1]["number"] if sources["attempts"] else None):
+                    return status
+            sources.update(log_sources(session, run_id))
+            return sources["status"]
 
     def emit_new() -> str:
         """Print what is new; returns the run's status."""
-        with sessions() as session:
-            detail = run_detail(session, run_id)
-        chosen = _log_attempt(run_id, detail, attempt, rank, follow)
+        status = read_sources()
+        chosen = _log_attempt(run_id, sources, status, attempt, rank, follow)
         if chosen is None:
-            return detail["status"]
+            return status
         adir = Path(chosen["dir"])
         files = rank_log_files(adir)
         if rank is not None and rank not in files and not follow:
@@ -440,7 +461,7 @@ def logs(run: str, rank: int | None, attempt: int | None, follow: bool) -> None:
                 continue
             for line in data.decode(errors="replace").splitlines():
                 click.echo(f"[{label}] {line}" if rank is None else line)
-        return detail["status"]
+        return status
 
     if not follow:
         emit_new()
