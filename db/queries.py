@@ -11,6 +11,7 @@ from typing import Any
 
 from sqlalchemy import Row, func, select
 from sqlalchemy.orm import Session
+from typing_extensions import Unpack
 
 from db import metricstore
 from db.causes import INTERRUPTIONS
@@ -51,8 +52,9 @@ _ATTEMPT_COLUMNS = (
 )
 ETA_POINTS = 20  # rank 0's newest loss points the ETA is projected from
 
-# A row of any columns; a run as _run_summary reads it: an ORM Run, or a row of _RUN_COLUMNS.
-AnyRow = Row[Any]
+# A row of any columns (typing.Unpack is Python 3.11+; typing_extensions comes with pydantic); a run
+# as _run_summary reads it: an ORM Run, or a row of _RUN_COLUMNS.
+AnyRow = Row[Unpack[tuple[Any, ...]]]
 RunLike = Run | AnyRow
 
 
