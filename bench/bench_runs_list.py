@@ -58,8 +58,7 @@ def seed_runs(session: Session, runs_dir: Path, count: int, now: float | None = 
     Returns:
         The new runs' ids, oldest first.
     """
-    from trainer.config import RunConfig
-
+    from db.config import RunConfig
     from db.metricstore import write_points
     from db.models import Attempt, Checkpoint
     from db.requests import Price, create_run

@@ -21,13 +21,13 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from orchestrator.cost import AttemptSpan, cost_usd, eta_seconds, wasted_seconds
 from sqlalchemy import Engine, event, func, select
 from sqlalchemy.orm import Session, sessionmaker
-from trainer.config import RunConfig
 
 from bench.bench_runs_list import seed_runs
 from db import metricstore, queries
+from db.config import RunConfig
+from db.cost import AttemptSpan, cost_usd, eta_seconds, wasted_seconds
 from db.models import Attempt, Checkpoint, Run
 from db.requests import Price, create_run
 from db.settings import Settings

@@ -1,0 +1,78 @@
+"""How long the scheduler takes to start, and how much memory it holds, for one or more source trees.
+
+    python bench/bench_scheduler_start.py [--repeats 7] [--tree PATH ...]
+
+Each repetition starts ``python -m orchestrator scheduler`` on a fresh data folder (a migrated
+SQLite database made beforehand, so migrations are not timed) and measures the wall time until
+the scheduler's heartbeat file ``scheduler.json`` first appears, then its resident memory (RSS)
+at that moment and whether torch is loaded in it. ``--tree`` names another checkout of runyard
+(for example ``git worktree add /tmp/before <commit>``) to compare with side by side: the trees
+take turns, and medians are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+HERE = Path(__file__).resolve().parents[1]
+
+
+def _env(tree: Path, home: Path) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(tree), "RUNYARD_HOME": str(home), "RUNYARD_CPU_SLOTS": "1"}
+    env.pop("RUNYARD_DB_URL", None)
+    return env
+
+
+def one(tree: Path) -> tuple[float, float, bool]:
+    """Seconds to the first heartbeat, RSS in MiB then, and whether torch was loaded."""
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp) / "home"
+        subprocess.run([sys.executable, "-m", "orchestrator", "db", "upgrade"], env=_env(tree, home), cwd=tree,
+                       check=True, capture_output=True)
+        beat = home / "scheduler.json"
+        started = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "scheduler"], env=_env(tree, home), cwd=tree,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            while not beat.exists():
+                if proc.poll() is not None:
+                    raise RuntimeError(f"the scheduler of {tree} exited with {proc.returncode}")
+                time.sleep(0.005)
+            elapsed = time.perf_counter() - started
+            p = psutil.Process(proc.pid)
+            rss = p.memory_info().rss / 2**20
+            torch = any("/torch/" in m.path for m in p.memory_maps())
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    return elapsed, rss, torch
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--tree", type=Path, action="append", default=[], help="another runyard checkout")
+    args = parser.parse_args()
+    trees = [HERE, *args.tree]
+    results: dict[Path, list[tuple[float, float, bool]]] = {t: [] for t in trees}
+    for _ in range(args.repeats):
+        for tree in trees:
+            results[tree].append(one(tree))
+    for tree, rows in results.items():
+        times, rss = [r[0] for r in rows], [r[1] for r in rows]
+        print(f"{tree}: start to first heartbeat median {statistics.median(times):.2f} s "
+              f"(min {min(times):.2f}, max {max(times):.2f}); RSS median {statistics.median(rss):.0f} MiB; "
+              f"torch loaded: {any(r[2] for r in rows)}  ({len(rows)} runs)")
+
+
+if __name__ == "__main__":
+    main()
