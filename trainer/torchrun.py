@@ -187,7 +187,7 @@ def bind_stores_to_loopback() -> None:
     bound beforehand (``master_listen_fd``) keeps it on one address.
     """
     c10d._create_tcp_store = rendezvous_store
-    DynamicRendezvousHandler._create_tcp_store_server = shared_store
+    DynamicRendezvousHandler._create_tcp_store_server = shared_store  # type: ignore[method-assign, assignment]
 
 
 def main(argv: list[str]) -> None:

@@ -127,6 +127,7 @@ def test_torchrun_creates_both_its_stores_through_the_loopback_factories(monkeyp
     params = RendezvousParameters(backend="c10d", endpoint=f"127.0.0.1:{port}", run_id="unit", min_nodes=1,
                                   max_nodes=1, read_timeout="5")
     backend, rendezvous = c10d.create_backend(params)
+    assert rendezvous.port == port  # type: ignore[attr-defined]
     shared = DynamicRendezvousHandler._create_tcp_store_server(None, "127.0.0.1", 0)  # type: ignore[arg-type]
     listening = own_listeners()
     assert backend.name == "c10d"
