@@ -14,6 +14,9 @@ import psutil
 from db.config import RunConfig
 from db.layout import EXIT_FILE, LAUNCHER_LOG, RANK_LOG_DIR
 
+# Every socket of a run on this machine listens here (trainer/torchrun.py).
+LOOPBACK = "127.0.0.1"
+
 
 @dataclass(frozen=True)
 class Launched:
@@ -22,7 +25,7 @@ class Launched:
     popen: subprocess.Popen
 
 
-def free_port(host: str = "127.0.0.1") -> int:
+def free_port(host: str = LOOPBACK) -> int:
     """A port that is free now, for the rendezvous of one attempt."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
@@ -35,13 +38,19 @@ def torchrun_argv(config: RunConfig, run_id: int, attempt: int, port: int, attem
     runyard owns retries (with backoff and failure classification), so torchrun's own restarts
     are off. Each rank's stdout/stderr goes to its own file under ``attempt_dir/ranks``, and
     torchrun writes each failed rank's error file there too.
+
+    torchrun runs through trainer/torchrun.py, which binds every socket of the run (torchrun's
+    stores, gloo's and NCCL's) to loopback: nothing of a run on this machine is reachable from
+    another host. ``--local-addr`` is the address the workers are told to reach the agent's store
+    at (MASTER_ADDR); by default torchrun would use the host's name, which may not be loopback.
     """
     return [
-        sys.executable, "-m", "torch.distributed.run",
+        sys.executable, "-m", "trainer.torchrun",
         "--nnodes=1",
         f"--nproc-per-node={config.launch.nproc_per_node}",
         "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=127.0.0.1:{port}",
+        f"--rdzv-endpoint={LOOPBACK}:{port}",
+        f"--local-addr={LOOPBACK}",
         f"--rdzv-id=runyard-{run_id}-{attempt}",
         "--max-restarts=0",
         f"--log-dir={attempt_dir / RANK_LOG_DIR}",

@@ -48,11 +48,11 @@ def run_processes(run_dir: str, attempt: int | None = None) -> list[psutil.Proce
 
 
 def agent_of(run_dir: str, attempt: int) -> psutil.Process:
-    """torchrun's agent of one attempt."""
+    """torchrun's agent of one attempt (the launcher runs torchrun as ``-m trainer.torchrun``)."""
     for proc in run_processes(run_dir, attempt):
         try:
             argv = proc.cmdline()
-            if "torch.distributed.run" in argv and "orchestrator.shim" not in argv and "LOCAL_RANK" not in proc.environ():
+            if "trainer.torchrun" in argv and "orchestrator.shim" not in argv and "LOCAL_RANK" not in proc.environ():
                 return proc
         except psutil.Error:
             continue

@@ -1,0 +1,211 @@
+"""torchrun for a run on this machine alone, with every socket it listens on bound to loopback.
+
+Run it exactly as torchrun: ``python -m trainer.torchrun --nnodes=1 ... -m trainer``. The
+scheduler launches every single-node attempt this way (orchestrator/launcher.py).
+
+Why: torchrun's c10d rendezvous store listens on every interface (``*:<port>``, dual stack) even
+when ``--rdzv-endpoint`` is ``127.0.0.1:PORT``, so does the second store that the agent shares
+with its workers, and the torchrun agent unpickles what it reads from its store: anyone who can
+reach the port from another host can run code in the agent. gloo's pair sockets listen on the
+address the host name resolves to (often the LAN), NCCL's bootstrap on a network interface it
+picks (never loopback unless told), and with sharing off rank 0 hosts a store on every interface.
+A run on one machine needs none of that to be reachable from elsewhere.
+
+What it changes, before it hands ``argv`` to ``torch.distributed.run.main`` unchanged (so exit
+codes, ``--redirects``, ``--log-dir``, error files and torchrun's log format stay torchrun's):
+
+- the c10d rendezvous store and the store shared with the workers listen on a socket this module
+  bound to the loopback address itself (``TCPStore(master_listen_fd=...)``): TCPStore alone
+  would bind every interface whatever host name it is given;
+- ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=0``: the workers use the agent's store, so no rank hosts
+  one of its own (rank 0 would listen on every interface);
+- ``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME`` name the loopback interface, for the ranks
+  and anything they start (gloo carries its data over it; on one node NCCL uses its sockets for
+  bootstrap only and moves data through NVLink, PCIe or shared memory).
+
+These override the environment the scheduler was started with: the guarantee must not depend on
+it.
+
+It refuses (exit 2, naming the option) a command line that is not one loopback node: several
+nodes, a rendezvous endpoint or ``--local-addr`` that is not a loopback address, or
+``--standalone``. A run across machines needs its sockets reachable and is launched otherwise.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import sys
+from datetime import timedelta
+from typing import Any
+
+import psutil
+from torch.distributed import TCPStore, run
+from torch.distributed.elastic.events import NodeState, construct_and_record_rdzv_event
+from torch.distributed.elastic.rendezvous import RendezvousConnectionError, RendezvousParameters
+from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as c10d
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+# Where psutil finds no interface carrying 127.0.0.1 (it always exists on Linux).
+LOOPBACK_INTERFACE_FALLBACK = "lo"
+
+
+class NotOneLoopbackNode(ValueError):
+    """The command line describes something other than one node on loopback."""
+
+
+def loopback_interface() -> str:
+    """The name of the network interface that carries 127.0.0.1 (``lo`` on Linux)."""
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == "127.0.0.1" for a in addresses):
+            return name
+    return LOOPBACK_INTERFACE_FALLBACK
+
+
+def loopback_environment(interface: str) -> dict[str, str]:
+    """The variables that keep the agent's workers and their backends on loopback.
+
+    They override the caller's own values: the guarantee does not depend on the environment the
+    scheduler was started with.
+
+    Args:
+        interface: The loopback interface's name (see :func:`loopback_interface`).
+    """
+    return {
+        # The workers use the agent's store; with "1" rank 0 would host one on every interface.
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0",
+        "GLOO_SOCKET_IFNAME": interface,
+        "NCCL_SOCKET_IFNAME": interface,
+    }
+
+
+def loopback_address(value: str | None, option: str) -> str:
+    """``value`` if it is a loopback IP address (127.0.0.0/8 or ::1), else NotOneLoopbackNode.
+
+    Host names are refused: what a name resolves to can change; an address literal cannot.
+    """
+    try:
+        if value and ipaddress.ip_address(value.strip("[]")).is_loopback:
+            return value.strip("[]")
+    except ValueError:
+        pass
+    raise NotOneLoopbackNode(f"{option}={value!r} is not a loopback IP address (127.0.0.1 or ::1)")
+
+
+def check_one_loopback_node(argv: list[str]) -> None:
+    """Refuse a torchrun command line that is not one node whose rendezvous stays on loopback.
+
+    Raises:
+        NotOneLoopbackNode: naming every option that is off, all at once.
+    """
+    args = run.parse_args(argv)
+    problems: list[str] = []
+    if args.standalone:
+        problems.append("--standalone chooses its own endpoint; give --rdzv-endpoint=127.0.0.1:PORT")
+    if run.parse_min_max_nnodes(args.nnodes)[1] != 1:
+        problems.append(f"--nnodes={args.nnodes!r}: only a single node stays on loopback")
+    if args.rdzv_backend != "c10d":
+        problems.append(f"--rdzv-backend={args.rdzv_backend!r}: only c10d is bound to loopback here")
+    endpoint_host = parse_rendezvous_endpoint(args.rdzv_endpoint, default_port=0)[0] if args.rdzv_endpoint else None
+    for option, value in (("--rdzv-endpoint", endpoint_host), ("--local-addr", args.local_addr)):
+        try:
+            loopback_address(value, option)
+        except NotOneLoopbackNode as exc:
+            problems.append(str(exc))
+    if problems:
+        raise NotOneLoopbackNode("; ".join(problems))
+
+
+def listening_socket(host: str, port: int) -> tuple[int, int]:
+    """Bind ``host:port`` (``port`` 0: any free one) and listen; the descriptor and the port.
+
+    The caller owns the descriptor: TCPStore takes it over and closes it with the store.
+    """
+    family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        # As TCPStore's own server does: a port whose old connections are in TIME_WAIT is reusable.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(socket.SOMAXCONN)
+        bound = int(sock.getsockname()[1])
+        return sock.detach(), bound
+
+
+def loopback_store(host: str, port: int, **options: Any) -> TCPStore:
+    """A multi-tenant TCPStore server, as torchrun's, listening on ``host:port`` alone.
+
+    Args:
+        host: A loopback address.
+        port: The port, or 0 for a free one.
+        options: Passed on to TCPStore (``timeout``).
+
+    Raises:
+        RendezvousConnectionError: the port cannot be bound (taken meanwhile). torchrun would
+            then join whoever holds it as a client; this refuses to use a stranger's store.
+    """
+    host = loopback_address(host, "store host")
+    try:
+        fd, bound = listening_socket(host, port)
+    except OSError as exc:
+        raise RendezvousConnectionError(f"cannot listen on {host}:{port} for a TCP store: {exc}") from exc
+    return TCPStore(host, bound, is_master=True, multi_tenant=True, master_listen_fd=fd, **options)
+
+
+def rendezvous_store(params: RendezvousParameters) -> TCPStore:
+    """The c10d rendezvous store at ``--rdzv-endpoint``, hosted by this agent on loopback.
+
+    Stands in for ``c10d_rendezvous_backend._create_tcp_store`` (same read timeout, same event
+    and log line); this agent is the only node, so it always hosts the store.
+    """
+    host, port = parse_rendezvous_endpoint(params.endpoint, default_port=c10d.DEFAULT_PORT)
+    read_timeout = params.get_as_int("read_timeout", 60)
+    if read_timeout is None or read_timeout <= 0:
+        raise ValueError("The read timeout must be a positive integer.")
+    store = loopback_store(host, port, timeout=timedelta(seconds=read_timeout))
+    msg = f"Process {os.getpid()} hosts the TCP store for the C10d rendezvous backend."
+    construct_and_record_rdzv_event(run_id=params.run_id, message=msg, node_state=NodeState.INIT)
+    c10d.logger.info(msg)
+    return store
+
+
+def shared_store(handler: DynamicRendezvousHandler, master_addr: str, master_port: int) -> TCPStore:
+    """The store the agent shares with its workers, on loopback.
+
+    Stands in for ``DynamicRendezvousHandler._create_tcp_store_server``: ``master_addr`` is the
+    node's ``--local-addr``, ``master_port`` 0; the bound port reaches the workers as MASTER_PORT.
+    """
+    return loopback_store(master_addr, master_port)
+
+
+def bind_stores_to_loopback() -> None:
+    """Make torchrun create both its stores with :func:`loopback_store`.
+
+    torchrun looks both factories up at call time, so replacing them before ``run.main`` is
+    enough. TCPStore alone binds every interface whatever host name it is given; only a socket
+    bound beforehand (``master_listen_fd``) keeps it on one address.
+    """
+    c10d._create_tcp_store = rendezvous_store
+    DynamicRendezvousHandler._create_tcp_store_server = shared_store  # type: ignore[method-assign, assignment]
+
+
+def main(argv: list[str]) -> None:
+    """Check ``argv``, keep every socket on loopback, then run torchrun with ``argv`` unchanged.
+
+    Exceptions from torchrun propagate as under ``python -m torch.distributed.run`` (its
+    ``@record`` error summary, exit code 1).
+    """
+    try:
+        check_one_loopback_node(argv)
+    except NotOneLoopbackNode as exc:
+        print(f"trainer.torchrun: not a single node on loopback: {exc}", file=sys.stderr)
+        sys.exit(2)
+    # The agent's workers inherit the agent's environment (plus torchrun's own variables).
+    os.environ.update(loopback_environment(loopback_interface()))
+    bind_stores_to_loopback()
+    run.main(argv)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
