@@ -10,7 +10,9 @@ exit code 1 instead of a SQLAlchemy traceback.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
+import math
 import sys
 from typing import Any, NoReturn
 
@@ -109,3 +111,54 @@ def no_database_line(settings: Settings) -> str:
     """The sentence for a data folder without a database yet."""
     return (f"no database yet in {settings.home} ({settings.home_source}); "
             "`runyard submit CONFIG.toml` or `runyard up` creates it")
+
+
+# -- what the commands share -------------------------------------------------------------------
+
+# Ids, steps, ranks and attempts are stored as 64-bit integers.
+INT64_MAX = 2**63 - 1
+COUNT = click.IntRange(0, INT64_MAX)
+
+
+def json_safe(obj: Any) -> Any:
+    """NaN and infinities as null: JSON has no token for them (a NaN loss stays visible as null)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def existing_sessions(settings: Settings, run: str) -> sessionmaker[Session]:
+    """The database of a read-only command about ``run``; exit 1 when there is none yet."""
+    sessions = open_existing(settings)
+    if sessions is None:
+        fail(f"no run {run}: {no_database_line(settings)}")
+    return sessions
+
+
+def fmt_duration(seconds: float | None) -> str:
+    """A duration without spaces, for tables (``1h02m``)."""
+    from orchestrator.format import duration
+
+    return duration(seconds).replace(" ", "")
+
+
+def fmt_time(ts: float | None) -> str:
+    """A local wall-clock time, or ``-``."""
+    return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S") if ts else "-"
+
+
+def resolve_ref(sessions: sessionmaker[Session], ref: str) -> int:
+    """The id of the run ``ref`` names (an id or a name); exit 1 with a sentence when none does."""
+    from db.queries import resolve_run
+    from db.requests import RunNotFound
+
+    with sessions() as session:
+        try:
+            return resolve_run(session, ref)
+        except RunNotFound as exc:
+            fail(str(exc))
+            raise  # unreachable

@@ -1,0 +1,228 @@
+"""The CLI's reading verbs: ``ls``, ``show``, ``logs``, ``metrics``. They never create a data
+folder or a database (cli_base.READ_ONLY_COMMANDS).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from db.settings import load_settings
+from orchestrator.cli_base import (
+    COUNT,
+    EXIT_USAGE,
+    INT64_MAX,
+    RunyardCommand,
+    existing_sessions,
+    fail,
+    fmt_duration,
+    fmt_time,
+    json_safe,
+    open_existing,
+    resolve_ref,
+)
+
+
+def _status_filter(statuses: tuple[str, ...]) -> list[str]:
+    """The ``--status`` values in upper case; exit 2 naming an unknown one and the valid ones."""
+    from db.states import RunStatus
+
+    valid = [s.value for s in RunStatus]
+    wanted = [s.strip().upper() for s in statuses]
+    unknown = [s for s, w in zip(statuses, wanted) if w not in valid]
+    if unknown:
+        fail(f"--status {unknown[0]!r} is not a run status; use one of {', '.join(valid)}", EXIT_USAGE)
+    return wanted
+
+
+@click.command("ls", cls=RunyardCommand)
+@click.option("--status", "statuses", multiple=True, help="Only runs in this status (repeatable).")
+@click.option("--json", "as_json", is_flag=True)
+def ls(statuses: tuple[str, ...], as_json: bool) -> None:
+    """List runs, newest first."""
+    from db.queries import list_runs
+
+    wanted = _status_filter(statuses)
+    settings = load_settings()
+    sessions = open_existing(settings)
+    runs: list[dict[str, Any]] = []
+    if sessions is not None:
+        with sessions() as session:
+            runs = list_runs(session, wanted or None)
+    if as_json:
+        click.echo(json.dumps(json_safe(runs), indent=2))
+        return
+    if not runs:
+        if wanted:
+            click.echo(f"no runs with status {' or '.join(wanted)} in {settings.home}")
+        else:
+            click.echo(f"no runs yet in {settings.home}; queue one with `runyard submit examples/digits.toml`")
+        return
+    click.echo(f"{'ID':>5}  {'NAME':<20} {'STATUS':<10} {'STEP':>11} {'ELAPSED':>8} {'ETA':>7} {'COST':>9}")
+    for r in runs:
+        step = f"{r['step']}/{r['max_steps']}"
+        click.echo(
+            f"{r['id']:>5}  {r['name'][:20]:<20} {r['status']:<10} {step:>11} "
+            f"{fmt_duration(r['elapsed_s']):>8} {fmt_duration(r['eta_s']):>7} ${r['cost_usd']:>8.4f}"
+        )
+
+
+def _print_detail(d: dict[str, Any]) -> None:
+    click.echo(f"run {d['id']}  {d['name']}  {d['status']}  ({d['status_reason']})")
+    click.echo(f"  step {d['step']}/{d['max_steps']}  elapsed {fmt_duration(d['elapsed_s'])}  "
+               f"eta {fmt_duration(d['eta_s'])}  cost ${d['cost_usd']:.4f} ({d['price_unit']})")
+    click.echo(f"  dir {d['run_dir']}")
+    click.echo("  attempts:")
+    for a in d["attempts"]:
+        click.echo(f"    #{a['number']} {a['status']:<9} exit {a['exit_code']!s:<4} "
+                   f"{fmt_time(a['started_at'])} -> {fmt_time(a['ended_at'])}  {a['reason'] or ''}")
+        if a["cause"]:
+            click.echo(f"       cause {a['cause']}, rank {a['failed_rank']}, steps lost {a['steps_lost']}, "
+                       f"detected after {fmt_duration(a['detect_s'])}")
+    if d["status"] == "RETRYING" and d["retry_at"]:
+        click.echo(f"  next attempt at {fmt_time(d['retry_at'])} (retries used {d['retries_used']})")
+    if d["checkpoints"]:
+        click.echo("  checkpoints:")
+        for c in d["checkpoints"]:
+            flags = [f for f, on in (("verified", c["verified"]), ("pinned", c["pinned"]), ("deleted", c["deleted"])) if on]
+            click.echo(f"    step {c['step']:<7} attempt {c['attempt']:<3} {c['bytes'] / 1e6:8.1f} MB  "
+                       f"{','.join(flags):<16} {c['params_digest'][:12]}  {c['refused_reason'] or c['deleted_reason'] or ''}")
+    if d["metrics"]:
+        click.echo("  latest metrics:")
+        for key, ranks in d["metrics"].items():
+            vals = "  ".join(f"r{r}={v:.4g}" if v is not None else f"r{r}=nan" for r, v in ranks.items())
+            click.echo(f"    {key:<16} {vals}")
+
+
+@click.command(cls=RunyardCommand)
+@click.argument("run")
+@click.option("--json", "as_json", is_flag=True)
+def show(run: str, as_json: bool) -> None:
+    """Show a run: status, attempts, latest metrics per rank, cost, ETA."""
+    from db.queries import run_detail
+
+    sessions = existing_sessions(load_settings(), run)
+    run_id = resolve_ref(sessions, run)
+    with sessions() as session:
+        detail = run_detail(session, run_id)
+    if as_json:
+        click.echo(json.dumps(json_safe(detail), indent=2))
+    else:
+        _print_detail(detail)
+
+
+def _log_attempt(run_id: int, sources: dict[str, Any], status: str, attempt: int | None, rank: int | None,
+                 follow: bool) -> dict[str, Any] | None:
+    """The attempt whose logs to print; ``None`` while following a run that has none yet.
+    Exits 1 with a sentence for a run without attempts, a wrong attempt or a wrong rank.
+
+    Args:
+        run_id: The run.
+        sources: ``db.queries.log_sources`` of the run.
+        status: The run's status now.
+        attempt: ``--attempt`` (None: the newest).
+        rank: ``--rank`` (None: every rank).
+        follow: ``--follow``.
+    """
+    ranks = sources["nproc_per_node"]
+    if rank is not None and ranks and rank >= ranks:
+        fail(f"--rank {rank}: run {run_id} has ranks 0 to {ranks - 1} (launch.nproc_per_node = {ranks})")
+    attempts = sources["attempts"]
+    if not attempts:
+        if follow and status not in ("SUCCEEDED", "FAILED", "CANCELLED"):
+            return None
+        fail(f"run {run_id} has no attempts yet (it is {status}), so no logs; "
+             f"`runyard logs {run_id} --follow` waits for them")
+    if attempt is None:
+        return attempts[-1]
+    chosen = next((a for a in attempts if a["number"] == attempt), None)
+    if chosen is None:
+        fail(f"--attempt {attempt}: run {run_id} has attempts 1 to {len(attempts)}")
+    return chosen
+
+
+@click.command(cls=RunyardCommand)
+@click.argument("run")
+@click.option("--rank", type=COUNT, default=None, help="Only this rank (default: every rank).")
+@click.option("--attempt", type=click.IntRange(1, INT64_MAX), default=None, help="Attempt number (default: the newest).")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until the run ends.")
+def logs(run: str, rank: int | None, attempt: int | None, follow: bool) -> None:
+    """Print the ranks' stdout/stderr of a run's attempt."""
+    from db.queries import log_sources, run_status
+    from db.states import TERMINAL, RunStatus
+    from orchestrator.logs import launcher_log, rank_log_files
+
+    sessions = existing_sessions(load_settings(), run)
+    run_id = resolve_ref(sessions, run)
+    offsets: dict[Path, int] = {}
+    sources: dict[str, Any] = {}
+
+    def read_sources() -> str:
+        """Read the run's log sources; returns its status. Every poll after the first reads only
+        the status and the newest attempt's number (one small statement, every 0.5 s), and the
+        attempts again only when a new one has begun."""
+        with sessions() as session:
+            if sources:
+                status, newest = run_status(session, run_id)
+                if newest == (sources["attempts"][-1]["number"] if sources["attempts"] else None):
+                    return status
+            sources.update(log_sources(session, run_id))
+            return sources["status"]
+
+    def emit_new() -> str:
+        """Print what is new; returns the run's status."""
+        status = read_sources()
+        chosen = _log_attempt(run_id, sources, status, attempt, rank, follow)
+        if chosen is None:
+            return status
+        adir = Path(chosen["dir"])
+        files = rank_log_files(adir)
+        if rank is not None and rank not in files and not follow:
+            fail(f"no logs for rank {rank} in attempt {chosen['number']} of run {run_id} yet; "
+                 f"ranks with logs: {sorted(files) or 'none'}")
+        targets = [(f"rank {r}", p) for r, paths in files.items() if rank is None or r == rank for p in paths]
+        if rank is None:
+            targets.insert(0, ("launcher", launcher_log(adir)))
+        for label, path in targets:
+            try:
+                with open(path, "rb") as f:
+                    f.seek(offsets.get(path, 0))
+                    data = f.read()
+                    offsets[path] = f.tell()
+            except OSError:
+                continue
+            for line in data.decode(errors="replace").splitlines():
+                click.echo(f"[{label}] {line}" if rank is None else line)
+        return status
+
+    if not follow:
+        emit_new()
+        return
+    while RunStatus(emit_new()) not in TERMINAL:
+        time.sleep(0.5)
+    emit_new()
+
+
+@click.command(cls=RunyardCommand)
+@click.argument("run")
+@click.option("--csv", "as_csv", is_flag=True, help="Every raw point as CSV (the default).")
+def metrics(run: str, as_csv: bool) -> None:
+    """Export a run's raw metric points: attempt, rank, step, key, value, time, superseded."""
+    import csv
+
+    from db.queries import iter_metric_rows
+
+    sessions = existing_sessions(load_settings(), run)
+    run_id = resolve_ref(sessions, run)
+    out = csv.writer(sys.stdout, lineterminator="\n")
+    out.writerow(["attempt", "rank", "step", "key", "value", "time", "superseded"])
+    with sessions() as session:
+        for row in iter_metric_rows(session, run_id):
+            attempt, rank, step, key, value, wall, superseded = row
+            out.writerow([attempt, rank, step, key, "nan" if value is None else repr(value), f"{wall:.6f}", int(superseded)])
+
