@@ -4,6 +4,11 @@ It is read from TOML, stored as JSON on the run row and written to ``config.json
 directory; the trainer reads only that file. This module must not import torch: the UI and the
 scheduler import it.
 
+Why it lives in ``db/``: it is the schema of a stored column (``runs.config_json``) that all four
+kinds of code read, the UI's form, the CLI's submit, the scheduler's launch and the ranks'
+training loop. Imports point app -> orchestrator -> trainer -> db, so only the bottom layer is
+importable by every one of them; and like the models beside it, it imports nothing above it.
+
 Every field is documented where it is declared; ``docs/CONFIG.md`` is generated from these
 docstrings (``runyard config-reference``) and a test keeps the two equal.
 
