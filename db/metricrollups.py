@@ -109,11 +109,13 @@ def _level_rows(number: int, p: dict[str, np.ndarray]) -> list[tuple]:
     low[empty] = None
     high[empty] = None
     last[np.isnan(p["last"])] = None
+    # strict=False: repeat() never ends; the arrays all have one length.
     return list(zip(
         p["run"].tolist(), p["name"].tolist(), repeat(number), p["attempt"].tolist(), p["bucket"].tolist(),
         p["rank"].tolist(), low.tolist(), high.tolist(), p["sum"].tolist(), p["count"].tolist(), p["nans"].tolist(),
         p["first_step"].tolist(), p["last_step"].tolist(), p["first_time"].tolist(), p["last_time"].tolist(),
         last.tolist(),
+        strict=False,
     ))
 
 
@@ -121,7 +123,7 @@ def _step_ranges(run: np.ndarray, attempt: np.ndarray, step: np.ndarray) -> dict
     if run[0] == run[-1] and attempt[0] == attempt[-1] and (run == run[0]).all() and (attempt == attempt[0]).all():
         return {(int(run[0]), int(attempt[0])): (int(step.min()), int(step.max()))}
     out: dict[tuple[int, int], tuple[int, int]] = {}
-    for r, a, s in zip(run.tolist(), attempt.tolist(), step.tolist()):
+    for r, a, s in zip(run.tolist(), attempt.tolist(), step.tolist(), strict=True):
         lo, hi = out.get((r, a), (s, s))
         out[(r, a)] = (min(lo, s), max(hi, s))
     return out

@@ -137,20 +137,20 @@ def write_points(conn: Connection, rows: list[dict[str, Any]]) -> None:
         [r["rank"] for r in rows], [None if (v := r["value"]) is None or v != v else float(v) for r in rows],
         [r["wall_time"] for r in rows],
     )
-    points: list[Point] = list(zip(*columns))
+    points: list[Point] = list(zip(*columns, strict=True))
     batch = summarize(*columns)
     if batch.repeated:  # a point repeated within the batch: keep its first value
         first: dict[tuple, Point] = {}
         for p in points:
             first.setdefault(p[:5], p)
         points = list(first.values())
-        batch = summarize(*zip(*points))
+        batch = summarize(*zip(*points, strict=True))
     stored = _already_stored(conn, batch.step_ranges, set(ids.values()))
     if stored:
         points = [p for p in points if p[:5] not in stored]
         if not points:
             return
-        batch = summarize(*zip(*points))
+        batch = summarize(*zip(*points, strict=True))
     _executemany(conn, "points", _points_insert, _POINT_COLUMNS, points)
     _executemany(conn, "rollups", rollup_upsert, ROLLUP_COLUMNS, batch.rows)
 
@@ -168,7 +168,7 @@ def _executemany(conn: Connection, name: str, build: Callable[[str], Any], colum
         cache[name] = (str(compiled), order)
     sql, order = cache[name]
     if order is None:
-        params: list[Any] = [dict(zip(columns, r)) for r in rows]
+        params: list[Any] = [dict(zip(columns, r, strict=True)) for r in rows]
     elif order == list(range(len(columns))):
         params = rows
     else:
@@ -405,7 +405,8 @@ def latest(session: Session, run_id: int) -> dict[str, dict[str, float]]:
     return out
 
 
-def recent(session: Session, run_id: int, key: str, *, attempt: int, rank: int, limit: int) -> list[tuple[int, float, float]]:
+def recent(session: Session, run_id: int, key: str, *, attempt: int, rank: int,
+           limit: int) -> list[tuple[int, float, float]]:
     """The newest ``limit`` points of one series, newest first: (step, value, wall time)."""
     name_id = _name_id(session, key)
     if name_id is None:

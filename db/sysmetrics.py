@@ -87,7 +87,7 @@ def system_series(
 
 
 def _row(values: Any) -> dict[str, Any]:
-    row = dict(zip(_COLUMNS, values))
+    row = dict(zip(_COLUMNS, values, strict=True))
     row["at"] = float(row["at"])
     row["mean"] = float(row["mean"])
     row["count"] = int(row["count"])
