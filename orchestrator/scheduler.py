@@ -174,7 +174,8 @@ class Scheduler:
         """
         now = time.time()
         if self._heartbeat_id is None:
-            hb = SchedulerHeartbeat(host=socket.gethostname(), pid=os.getpid(), started_at=self._started_at, beat_at=now)
+            hb = SchedulerHeartbeat(host=socket.gethostname(), pid=os.getpid(), started_at=self._started_at,
+                                    beat_at=now)
             session.add(hb)
             session.flush()
             self._heartbeat_id, self._heartbeat_new = hb.id, True
