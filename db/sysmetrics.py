@@ -63,7 +63,7 @@ def system_series(
     if host is not None:
         conditions.append(m.host == host)
 
-    query: Select[Any]
+    query: Select  # of either branch's columns
     if bucket_s is not None and bucket_s > WINDOW_S:
         width = int(bucket_s)
         # Integer floor division on whole seconds: window starts are multiples of 10 s, so the
