@@ -98,8 +98,9 @@ def settle(session: Session, run: Run, attempt: Attempt, exited: dict | None, no
         return
     shutdown_crash = died_after_finishing(run, attempt) if code and stopped is None and exited else None
     if (code == 0 or shutdown_crash) and stopped is None:
-        attempt_transition(attempt, AttemptStatus.SUCCEEDED, "all ranks finished")
-        transition(session, run.id, RunStatus.SUCCEEDED, attempt.reason)
+        finished = "all ranks finished"
+        attempt_transition(attempt, AttemptStatus.SUCCEEDED, finished)
+        transition(session, run.id, RunStatus.SUCCEEDED, finished)
         if shutdown_crash:
             _event(session, run, attempt, "warning", shutdown_crash)
         _event(session, run, attempt, "info", f"attempt {attempt.number} succeeded")
