@@ -170,7 +170,7 @@ def host_panel(frame: pd.DataFrame) -> None:
     ])
 
 
-def _grid(charts: list[alt.TopLevelMixin | None]) -> None:
+def _grid(charts: list[alt.Chart | alt.LayerChart | None]) -> None:
     """Two charts a row; charts without data (None) are left out."""
     drawn = [c for c in charts if c is not None]
     if not drawn:

@@ -13,6 +13,7 @@ smoothing slider sits in a popover, which draws its contents when opened."""
 from __future__ import annotations
 
 import time
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -92,7 +93,7 @@ def live_series(d: dict) -> dict[str, data.LiveSeries]:
         state_key = f"live-series/{d['id']}/{key}"
         out[key] = st.session_state[state_key] = data.merge_series(
             st.session_state.get(state_key),
-            lambda level, since, key=key: data.metric_series(d["id"], key, points, level, since),
+            partial(data.metric_series, d["id"], key, points),
             max_points=points, attempts=len(d["attempts"]), newest_attempt=newest["number"],
             resume_step=newest["resume_step"] or 0, finished=d["status"] in TERMINAL_VALUES,
         )
