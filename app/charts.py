@@ -153,7 +153,8 @@ def metric_chart(frame: pd.DataFrame, key: str, options: ChartOptions, x_title: 
     superseded steps faint and dashed, and a red rule at every step that logged a NaN.
     """
     temporal = options.x == X_WALL
-    x = alt.X("x:T" if temporal else "x:Q", title=x_title, scale=alt.Scale(zero=False) if not temporal else alt.Undefined)
+    x = alt.X("x:T" if temporal else "x:Q", title=x_title,
+              scale=alt.Scale(zero=False) if not temporal else alt.Undefined)
     y_scale = alt.Scale(type="log") if options.log_y else alt.Scale(zero=False)
     mean = options.ranks == RANK_MEAN
     smoothing = options.smoothing > 0
@@ -171,7 +172,8 @@ def metric_chart(frame: pd.DataFrame, key: str, options: ChartOptions, x_title: 
 
     layers: list[alt.Chart] = []
     if bucketed or mean:
-        layers.append(alt.Chart(_envelope(frame[~frame["superseded"]])).mark_area(opacity=0.15, color=BAND_COLOR if not mean else MEAN_COLOR).encode(
+        band = alt.Chart(_envelope(frame[~frame["superseded"]]))
+        layers.append(band.mark_area(opacity=0.15, color=BAND_COLOR if not mean else MEAN_COLOR).encode(
             x=x, y=alt.Y("lo:Q", scale=y_scale, title=key), y2="hi:Q", detail="attempt:N"))
     few = len(frame) < POINTS_BELOW
     layers.append(lineage.mark_line(point=few and not smoothing, opacity=0.3 if smoothing else 1.0).encode(
@@ -185,7 +187,8 @@ def metric_chart(frame: pd.DataFrame, key: str, options: ChartOptions, x_title: 
             x=x, y=alt.Y("value:Q", scale=y_scale), color=color(False), detail="series:N", tooltip=tooltip))
     nans = frame[frame["nan"] & (options.show_superseded | ~frame["superseded"])]
     if not nans.empty:
-        marks = nans.groupby("x", as_index=False).agg(step=("step", "min"), ranks=("rank", lambda r: ", ".join(sorted(set(r)))))
+        marks = nans.groupby("x", as_index=False).agg(
+            step=("step", "min"), ranks=("rank", lambda r: ", ".join(sorted(set(r)))))
         layers.append(alt.Chart(marks).mark_rule(color=NAN_COLOR, strokeDash=[2, 2], opacity=0.7).encode(
             x=x, tooltip=[alt.Tooltip("step:Q", title="NaN at step"), alt.Tooltip("ranks:N", title="rank")]))
     return alt.layer(*layers, title=key).properties(height=260)

@@ -170,7 +170,7 @@ def _level_for(rows: list[dict[str, Any]], max_points: int) -> int:
             catalogue[r["attempt"], r["rank"]] = [r["step"], r["last_step"], r["count"]]
         else:
             c[0], c[1], c[2] = min(c[0], r["step"]), max(c[1], r["last_step"]), c[2] + r["count"]
-    return choose_level([(a, k, *c) for (a, k), c in catalogue.items()], max_points)
+    return choose_level([(a, k, c[0], c[1], c[2]) for (a, k), c in catalogue.items()], max_points)
 
 
 def merge_series(cached: LiveSeries | None, fetch: Fetch, *, max_points: int, attempts: int,

@@ -123,7 +123,7 @@ def gpu_panel(frame: pd.DataFrame, gpus: list[dict[str, Any]]) -> None:
         + (f" · rank {g['rank']}" if g["rank"] is not None else "")
         for g in gpus
     }
-    df = frame.assign(series=[labels.get((h, d), d) for h, d in zip(frame["host"], frame["device"])])
+    df = frame.assign(series=[labels.get((h, d), d) for h, d in zip(frame["host"], frame["device"], strict=True)])
     _grid([
         band_line(df[df["key"] == "util_percent"], "GPU utilization", "%"),
         used_vs_total(_pair(df, "mem_used_bytes", "mem_total_bytes", "used", "total"), "GPU memory", "GiB", GIB),
@@ -159,7 +159,8 @@ def host_panel(frame: pd.DataFrame) -> None:
     names = {"disk_read_bps": "read", "disk_write_bps": "write", "net_sent_bps": "sent", "net_recv_bps": "received",
              "cpu_percent": "host", "mem_used_bytes": "host", "mem_total_bytes": "host"}
     df = frame[frame["key"].isin(names)]
-    df = df.assign(series=[f"{h} {names[k]}" if multi_host else names[k] for k, h in zip(df["key"], df["host"])])
+    df = df.assign(series=[f"{h} {names[k]}" if multi_host else names[k]
+                           for k, h in zip(df["key"], df["host"], strict=True)])
     mem = _pair(df, "mem_used_bytes", "mem_total_bytes", "used", "total")
     _grid([
         band_line(df[df["key"] == "cpu_percent"], "Host CPU", "%"),
@@ -169,7 +170,7 @@ def host_panel(frame: pd.DataFrame) -> None:
     ])
 
 
-def _grid(charts: list[alt.TopLevelMixin | None]) -> None:
+def _grid(charts: list[alt.Chart | alt.LayerChart | None]) -> None:
     """Two charts a row; charts without data (None) are left out."""
     drawn = [c for c in charts if c is not None]
     if not drawn:

@@ -170,8 +170,8 @@ def main() -> None:
                 r = results[side][-1]
                 print(f"rep {i + 1} runyard: {r['tokens_per_s_wall']:,.0f} tokens/s (wall), MFU "
                       f"{r['tokens_per_s_wall'] / r['tokens_per_s'] * r['mfu']:.1%} (wall), {r['mfu']:.1%} (its "
-                      f"metric, median step {r['step_time_ms']:.1f} ms), peak memory {r['mem_peak_mib'] / 1024:.1f} GiB; "
-                      f"slow intervals (step, ms): "
+                      f"metric, median step {r['step_time_ms']:.1f} ms), "
+                      f"peak memory {r['mem_peak_mib'] / 1024:.1f} GiB; slow intervals (step, ms): "
                       f"{r['slow_intervals']}", flush=True)
     summary: dict[str, Any] = {"device": torch.cuda.get_device_name(), "shape": shape, "batch": args.batch,
                                "log_every": args.log_every, "ckpt_every": args.ckpt_every, **results}

@@ -150,7 +150,7 @@ def main() -> None:
     ratios = {}
     if "mlflow" in medians:
         for name in sides:
-            per_rep = [a / b for a, b in zip(results[name], results["mlflow"])]
+            per_rep = [a / b for a, b in zip(results[name], results["mlflow"], strict=True)]
             ratios[name] = statistics.median(per_rep)
             print(f"{name} / mlflow: {ratios[name]:.1f}x (median of per-repetition ratios "
                   f"{', '.join(f'{x:.1f}' for x in per_rep)})")

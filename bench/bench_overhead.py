@@ -240,7 +240,7 @@ def main() -> None:
     print("median steps/s: " + ", ".join(f"{k} {v:.2f}" for k, v in med.items()))
     for base in ("nanogpt", "bare"):
         ratio = med["runyard"] / med[base]
-        pairs = [r / h for r, h in zip(results["runyard"], results[base])]
+        pairs = [r / h for r, h in zip(results["runyard"], results[base], strict=True)]
         target = " (target >= 0.98)" if base == "nanogpt" else ""
         print(f"runyard / {base}: ratio of medians {ratio:.3f}{target}; median of the per-repetition ratios "
               f"{statistics.median(pairs):.3f} (range {min(pairs):.2f}-{max(pairs):.2f})")

@@ -190,7 +190,7 @@ class Product:
     def attempts(self, run_id: int) -> list[dict[str, Any]]:
         rows = self._query(f"SELECT {', '.join(ATTEMPT_COLUMNS)} FROM attempts WHERE run_id = ? ORDER BY number",
                            (run_id,))
-        return [dict(zip(ATTEMPT_COLUMNS, row)) for row in rows]
+        return [dict(zip(ATTEMPT_COLUMNS, row, strict=True)) for row in rows]
 
     def run_status(self, run_id: int) -> tuple[str, str]:
         rows = self._query("SELECT status, status_reason FROM runs WHERE id = ?", (run_id,))
@@ -263,7 +263,7 @@ def recovery(product: Product, injections: int, min_steps: int, rand: random.Ran
         victim = rand.randrange(nproc)
         kill_time = product.kill_rank(run_id, number, victim)
 
-        def recovered(attempts: list[dict[str, Any]]) -> tuple[dict, dict] | None:
+        def recovered(attempts: list[dict[str, Any]], number: int = number) -> tuple[dict, dict] | None:
             if len(attempts) <= number:
                 return None
             failed, nxt = attempts[number - 1], attempts[number]

@@ -25,11 +25,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
 from sqlalchemy import Engine, event
 from sqlalchemy.orm import Session
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 # What the i-th seeded run is, in turn: a live run first, so that even one run has metrics to
 # project an ETA from.

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import ErrorDetails
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -349,7 +350,7 @@ _STRICT_HINTS = {
 }
 
 
-def _describe(err: dict[str, Any]) -> str:
+def _describe(err: ErrorDetails) -> str:
     field = _location(err["loc"])
     if err["type"] == "value_error" and isinstance(err["input"], dict):  # a check across fields
         message = err["msg"].removeprefix("Value error, ")

@@ -34,7 +34,8 @@ DEFAULT_CPU_NODE_PRICE_USD_PER_HOUR = 0.10
 
 def default_prices() -> dict[str, float]:
     """The built-in price table: USD per GPU-hour by model, per CPU-node-hour, and a fallback."""
-    return {**DEFAULT_GPU_PRICES_USD_PER_HOUR, OTHER_GPU: DEFAULT_GPU_PRICE, CPU_NODE: DEFAULT_CPU_NODE_PRICE_USD_PER_HOUR}
+    return {**DEFAULT_GPU_PRICES_USD_PER_HOUR, OTHER_GPU: DEFAULT_GPU_PRICE,
+            CPU_NODE: DEFAULT_CPU_NODE_PRICE_USD_PER_HOUR}
 
 
 def gpu_price(name: str, table: Mapping[str, float] | None = None) -> float:
@@ -56,7 +57,8 @@ def price_for(nproc: int, inventory: Inventory, table: Mapping[str, float] | Non
         each = gpu_price(inventory.device_label, prices)
         return Price(usd_per_hour=each * nproc, unit=f"{nproc} x {inventory.device_label} @ ${each}/h")
     node = prices.get(CPU_NODE, DEFAULT_CPU_NODE_PRICE_USD_PER_HOUR)
-    return Price(usd_per_hour=node * nproc / inventory.slots, unit=f"{nproc}/{inventory.slots} of a CPU node @ ${node}/h")
+    return Price(usd_per_hour=node * nproc / inventory.slots,
+                 unit=f"{nproc}/{inventory.slots} of a CPU node @ ${node}/h")
 
 
 def cost_usd(

@@ -14,10 +14,14 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 from db import DatabaseError
 from db.layout import MIGRATE_LOCK_FILE
@@ -46,7 +50,7 @@ def sqlite_path(url: str) -> Path | None:
     return Path(parsed.database)
 
 
-def _sqlite_pragmas(dbapi_conn, _record, foreign_keys: bool = True) -> None:  # type: ignore[no-untyped-def]
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any, foreign_keys: bool = True) -> None:
     cur = dbapi_conn.cursor()
     # WAL lets the UI read while the scheduler and rank 0 write; NORMAL sync is safe under WAL
     # (a power cut can lose the last commits, never corrupt the file).
@@ -80,7 +84,7 @@ def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
 
 
-def _alembic_config(url: str):  # type: ignore[no-untyped-def]
+def _alembic_config(url: str) -> Config:
     from alembic.config import Config
 
     cfg = Config()

@@ -90,7 +90,8 @@ def check_folder(folder: Path, what: str, create: bool) -> None:
         st = None
     except NotADirectoryError:
         blocker = _file_ancestor(folder)
-        raise HomeUnusable(f"{what} cannot be created: {blocker or 'a parent'} is a file, not a folder; {hint}") from None
+        raise HomeUnusable(
+            f"{what} cannot be created: {blocker or 'a parent'} is a file, not a folder; {hint}") from None
     except OSError as exc:
         raise HomeUnusable(f"{what} cannot be used: {exc.strerror or exc}; {hint}") from None
     if st is not None:
@@ -109,7 +110,8 @@ def check_folder(folder: Path, what: str, create: bool) -> None:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             made = exc.filename or folder
-            raise HomeUnusable(f"{what} cannot be created: making {made} failed: {exc.strerror or exc}; {hint}") from None
+            raise HomeUnusable(
+                f"{what} cannot be created: making {made} failed: {exc.strerror or exc}; {hint}") from None
         check_folder(folder, what, create=False)
         return
     ancestor = _existing_ancestor(folder)

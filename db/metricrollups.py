@@ -8,12 +8,16 @@ first step, last step, first time, last time, last value), ``ROLLUP_COLUMNS`` or
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import repeat
+from typing import TYPE_CHECKING
 
 import numpy as np
 from sqlalchemy import case, func
+
+if TYPE_CHECKING:
+    from sqlalchemy.dialects import postgresql, sqlite
 
 from db import DatabaseError
 from db.models import MetricRollup
@@ -109,11 +113,13 @@ def _level_rows(number: int, p: dict[str, np.ndarray]) -> list[tuple]:
     low[empty] = None
     high[empty] = None
     last[np.isnan(p["last"])] = None
+    # strict=False: repeat() never ends; the arrays all have one length.
     return list(zip(
         p["run"].tolist(), p["name"].tolist(), repeat(number), p["attempt"].tolist(), p["bucket"].tolist(),
         p["rank"].tolist(), low.tolist(), high.tolist(), p["sum"].tolist(), p["count"].tolist(), p["nans"].tolist(),
         p["first_step"].tolist(), p["last_step"].tolist(), p["first_time"].tolist(), p["last_time"].tolist(),
         last.tolist(),
+        strict=False,
     ))
 
 
@@ -121,23 +127,26 @@ def _step_ranges(run: np.ndarray, attempt: np.ndarray, step: np.ndarray) -> dict
     if run[0] == run[-1] and attempt[0] == attempt[-1] and (run == run[0]).all() and (attempt == attempt[0]).all():
         return {(int(run[0]), int(attempt[0])): (int(step.min()), int(step.max()))}
     out: dict[tuple[int, int], tuple[int, int]] = {}
-    for r, a, s in zip(run.tolist(), attempt.tolist(), step.tolist()):
+    for r, a, s in zip(run.tolist(), attempt.tolist(), step.tolist(), strict=True):
         lo, hi = out.get((r, a), (s, s))
         out[(r, a)] = (min(lo, s), max(hi, s))
     return out
 
 
-def dialect_insert(dialect: str):  # type: ignore[no-untyped-def]
+def dialect_insert(dialect: str) -> Callable[..., sqlite.Insert | postgresql.Insert]:
+    """The dialect's own ``insert()``, which has ON CONFLICT."""
     if dialect == "sqlite":
-        from sqlalchemy.dialects.sqlite import insert as dialect_insert
-    elif dialect == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert as dialect_insert
-    else:
-        raise MetricStoreError(f"the metric store supports sqlite and postgresql, not {dialect!r}")
-    return dialect_insert
+        from sqlalchemy.dialects import sqlite
+
+        return sqlite.insert
+    if dialect == "postgresql":
+        from sqlalchemy.dialects import postgresql
+
+        return postgresql.insert
+    raise MetricStoreError(f"the metric store supports sqlite and postgresql, not {dialect!r}")
 
 
-def rollup_upsert(dialect: str):  # type: ignore[no-untyped-def]
+def rollup_upsert(dialect: str) -> sqlite.Insert | postgresql.Insert:
     """INSERT ... ON CONFLICT DO UPDATE that merges a partial into a stored bucket."""
     t = MetricRollup.__table__
     stmt = dialect_insert(dialect)(t)
@@ -148,7 +157,7 @@ def rollup_upsert(dialect: str):  # type: ignore[no-untyped-def]
     newer = new.last_step >= t.c.last_step
     older = new.first_step < t.c.first_step
     return stmt.on_conflict_do_update(
-        index_elements=list(t.primary_key.columns),
+        index_elements=list(t.primary_key),
         set_={
             "min_value": func.coalesce(least(t.c.min_value, new.min_value), t.c.min_value, new.min_value),
             "max_value": func.coalesce(greatest(t.c.max_value, new.max_value), t.c.max_value, new.max_value),

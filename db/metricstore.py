@@ -48,6 +48,7 @@ from typing import Any
 from sqlalchemy import (
     CompoundSelect,
     Connection,
+    Insert,
     Integer,
     Select,
     bindparam,
@@ -137,20 +138,20 @@ def write_points(conn: Connection, rows: list[dict[str, Any]]) -> None:
         [r["rank"] for r in rows], [None if (v := r["value"]) is None or v != v else float(v) for r in rows],
         [r["wall_time"] for r in rows],
     )
-    points: list[Point] = list(zip(*columns))
+    points: list[Point] = list(zip(*columns, strict=True))
     batch = summarize(*columns)
     if batch.repeated:  # a point repeated within the batch: keep its first value
         first: dict[tuple, Point] = {}
         for p in points:
             first.setdefault(p[:5], p)
         points = list(first.values())
-        batch = summarize(*zip(*points))
+        batch = summarize(*zip(*points, strict=True))
     stored = _already_stored(conn, batch.step_ranges, set(ids.values()))
     if stored:
         points = [p for p in points if p[:5] not in stored]
         if not points:
             return
-        batch = summarize(*zip(*points))
+        batch = summarize(*zip(*points, strict=True))
     _executemany(conn, "points", _points_insert, _POINT_COLUMNS, points)
     _executemany(conn, "rollups", rollup_upsert, ROLLUP_COLUMNS, batch.rows)
 
@@ -168,7 +169,7 @@ def _executemany(conn: Connection, name: str, build: Callable[[str], Any], colum
         cache[name] = (str(compiled), order)
     sql, order = cache[name]
     if order is None:
-        params: list[Any] = [dict(zip(columns, r)) for r in rows]
+        params: list[Any] = [dict(zip(columns, r, strict=True)) for r in rows]
     elif order == list(range(len(columns))):
         params = rows
     else:
@@ -223,7 +224,7 @@ def _already_stored(conn: Connection, step_ranges: dict[tuple[int, int], tuple[i
     return stored
 
 
-def _points_insert(dialect: str):  # type: ignore[no-untyped-def]
+def _points_insert(dialect: str) -> Insert:
     return insert(MetricPoint)
 
 
@@ -292,27 +293,28 @@ def series(session: Session, run_id: int, key: str, *, max_points: int = 2000, l
     if not 0 <= level <= LEVELS:
         raise MetricStoreError(f"level must be between 0 and {LEVELS}, not {level}")
     size = BASE**level
-    if not catalogue:
+    if name_id is None or not catalogue:  # no catalogue without a name id
         return Series(level=level, bucket_steps=size, rows=[], max_step=None)
     max_step = max(last for _, _, _, last, _ in catalogue)
     attempts = sorted({a for a, *_ in catalogue})
     if level == 0:
-        rows = _raw_rows(session, run_id, name_id, attempts, since_step)  # type: ignore[arg-type]
+        rows = _raw_rows(session, run_id, name_id, attempts, since_step)
     else:
-        rows = _bucket_rows(session, run_id, name_id, level, attempts, since_step)  # type: ignore[arg-type]
+        rows = _bucket_rows(session, run_id, name_id, level, attempts, since_step)
     return Series(level=level, bucket_steps=size, rows=rows, max_step=max_step)
 
 
-def _fetch_all(session: Session, stmt: Select) -> list[tuple]:
+def _fetch_all(session: Session, stmt: Select) -> Sequence[tuple[Any, ...]]:
     """The rows of a Core SELECT as plain tuples straight from the DBAPI cursor. A chart read is
     nearly all row handling, and SQLAlchemy's result rows cost about as much again as SQLite's
     own (measured: 31 ms against 18 ms for 15,632 rollup rows)."""
     conn = session.connection()
     compiled = stmt.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
     params = compiled.construct_params()
+    order = compiled.positiontup if compiled.positional else None
     cursor = conn.connection.cursor()
     try:
-        cursor.execute(str(compiled), [params[n] for n in compiled.positiontup] if compiled.positional else params)
+        cursor.execute(str(compiled), params if order is None else [params[n] for n in order])
         return cursor.fetchall()
     finally:
         cursor.close()
@@ -405,7 +407,8 @@ def latest(session: Session, run_id: int) -> dict[str, dict[str, float]]:
     return out
 
 
-def recent(session: Session, run_id: int, key: str, *, attempt: int, rank: int, limit: int) -> list[tuple[int, float, float]]:
+def recent(session: Session, run_id: int, key: str, *, attempt: int, rank: int,
+           limit: int) -> list[tuple[int, float, float]]:
     """The newest ``limit`` points of one series, newest first: (step, value, wall time)."""
     name_id = _name_id(session, key)
     if name_id is None:

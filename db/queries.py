@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator, Sequence
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -248,7 +249,7 @@ def run_detail(session: Session, run_id: int) -> dict[str, Any]:
     detail["config"] = json.loads(run.config_json)
     detail["run_dir"] = run.run_dir
     detail["attempts"] = attempts = attempts_of(session, run_id)
-    for a, b in zip(attempts, attempts[1:]):
+    for a, b in pairwise(attempts):
         # The recovery: failure -> detected -> relaunched -> first new step.
         a["relaunched_at"] = b["started_at"]
         a["next_first_step_at"] = b["first_step_at"]
@@ -315,7 +316,7 @@ def goodput(session: Session, run: Run, attempts: list[dict[str, Any]], now: flo
     last = attempts[-1]
     steps = last["last_step"] or last["resume_step"] or 0
     wall = sum((a["ended_at"] or now) - a["started_at"] for a in attempts)
-    wall += sum(b["started_at"] - (a["ended_at"] or b["started_at"]) for a, b in zip(attempts, attempts[1:]) if a["cause"])
+    wall += sum(b["started_at"] - (a["ended_at"] or b["started_at"]) for a, b in pairwise(attempts) if a["cause"])
     if not count or wall <= 0:
         return None
     return min(1.0, steps * (total / count) / wall)

@@ -138,7 +138,8 @@ def usable_checkpoint(
     steps = sorted(set(session.scalars(select(Checkpoint.step).where(*usable)).all()))
     listed = ", ".join(map(str, steps)) or "none"
     if checkpoint_id is not None:
-        raise RequestRefused(f"checkpoint {checkpoint_id} of run {run_id} is deleted or not verified; verified steps: {listed}")
+        raise RequestRefused(
+            f"checkpoint {checkpoint_id} of run {run_id} is deleted or not verified; verified steps: {listed}")
     if step is not None:
         raise RequestRefused(f"run {run_id} has no verified checkpoint at step {step}; verified steps: {listed}")
     raise RequestRefused(f"run {run_id} has no verified checkpoint to start from")

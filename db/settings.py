@@ -73,8 +73,8 @@ def user_data_dir(environ: os._Environ[str] | dict[str, str] | None = None, plat
     if platform == "darwin":
         return home / "Library" / "Application Support" / APP_NAME
     if platform.startswith("win"):
-        base = env.get("LOCALAPPDATA") or str(home / "AppData" / "Local")
-        return Path(base) / APP_NAME
+        local = env.get("LOCALAPPDATA") or str(home / "AppData" / "Local")
+        return Path(local) / APP_NAME
     xdg = env.get("XDG_DATA_HOME", "")
     # The spec says a relative XDG_DATA_HOME is invalid and must be ignored.
     base = Path(xdg) if xdg and Path(xdg).is_absolute() else home / ".local" / "share"

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import enum
 import time
+from typing import Any, cast
 
-from sqlalchemy import func, select, update
+from sqlalchemy import CursorResult, func, select, update
 from sqlalchemy.orm import Session
 
 from db import DatabaseError
@@ -185,9 +186,10 @@ def transition(
         values["ended_at"] = None
     # Conditional on the status we read: if another process moved the run in between, nothing
     # is updated and the caller sees False.
-    result = session.execute(
+    # Session.execute is typed to return a Result; for an UPDATE it is a CursorResult (rowcount).
+    result = cast(CursorResult[Any], session.execute(
         update(Run).where(Run.id == run_id, Run.status == current).values(**values)
-    )
+    ))
     if result.rowcount != 1:
         return False
     session.add(

@@ -63,7 +63,7 @@ def system_series(
     if host is not None:
         conditions.append(m.host == host)
 
-    query: Select[Any]
+    query: Select  # of either branch's columns
     if bucket_s is not None and bucket_s > WINDOW_S:
         width = int(bucket_s)
         # Integer floor division on whole seconds: window starts are multiples of 10 s, so the
@@ -87,7 +87,7 @@ def system_series(
 
 
 def _row(values: Any) -> dict[str, Any]:
-    row = dict(zip(_COLUMNS, values))
+    row = dict(zip(_COLUMNS, values, strict=True))
     row["at"] = float(row["at"])
     row["mean"] = float(row["mean"])
     row["count"] = int(row["count"])

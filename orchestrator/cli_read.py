@@ -34,7 +34,7 @@ def _status_filter(statuses: tuple[str, ...]) -> list[str]:
 
     valid = [s.value for s in RunStatus]
     wanted = [s.strip().upper() for s in statuses]
-    unknown = [s for s, w in zip(statuses, wanted) if w not in valid]
+    unknown = [s for s, w in zip(statuses, wanted, strict=True) if w not in valid]
     if unknown:
         fail(f"--status {unknown[0]!r} is not a run status; use one of {', '.join(valid)}", EXIT_USAGE)
     return wanted
@@ -89,9 +89,10 @@ def _print_detail(d: dict[str, Any]) -> None:
     if d["checkpoints"]:
         click.echo("  checkpoints:")
         for c in d["checkpoints"]:
-            flags = [f for f, on in (("verified", c["verified"]), ("pinned", c["pinned"]), ("deleted", c["deleted"])) if on]
+            flags = [f for f in ("verified", "pinned", "deleted") if c[f]]
+            reason = c["refused_reason"] or c["deleted_reason"] or ""
             click.echo(f"    step {c['step']:<7} attempt {c['attempt']:<3} {c['bytes'] / 1e6:8.1f} MB  "
-                       f"{','.join(flags):<16} {c['params_digest'][:12]}  {c['refused_reason'] or c['deleted_reason'] or ''}")
+                       f"{','.join(flags):<16} {c['params_digest'][:12]}  {reason}")
     if d["metrics"]:
         click.echo("  latest metrics:")
         for key, ranks in d["metrics"].items():
@@ -149,7 +150,8 @@ def _log_attempt(run_id: int, sources: dict[str, Any], status: str, attempt: int
 @click.command(cls=RunyardCommand)
 @click.argument("run")
 @click.option("--rank", type=COUNT, default=None, help="Only this rank (default: every rank).")
-@click.option("--attempt", type=click.IntRange(1, INT64_MAX), default=None, help="Attempt number (default: the newest).")
+@click.option("--attempt", type=click.IntRange(1, INT64_MAX), default=None,
+              help="Attempt number (default: the newest).")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until the run ends.")
 def logs(run: str, rank: int | None, attempt: int | None, follow: bool) -> None:
     """Print the ranks' stdout/stderr of a run's attempt."""
@@ -224,5 +226,6 @@ def metrics(run: str, as_csv: bool) -> None:
     with sessions() as session:
         for row in iter_metric_rows(session, run_id):
             attempt, rank, step, key, value, wall, superseded = row
-            out.writerow([attempt, rank, step, key, "nan" if value is None else repr(value), f"{wall:.6f}", int(superseded)])
+            out.writerow([attempt, rank, step, key, "nan" if value is None else repr(value), f"{wall:.6f}",
+                          int(superseded)])
 

@@ -24,7 +24,8 @@ from orchestrator.cli_base import (
 
 @click.command(cls=RunyardCommand)
 @click.argument("config_file", type=click.Path(path_type=Path))  # read_config_text says what is wrong with it
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a config key, e.g. train.lr=0.0005.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a config key, e.g. train.lr=0.0005.")
 @click.option("--json", "as_json", is_flag=True, help="Print {\"id\": N} as JSON.")
 def submit(config_file: Path, overrides: tuple[str, ...], as_json: bool) -> None:
     """Queue a run from a TOML config; prints the new run's id."""

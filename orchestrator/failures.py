@@ -147,7 +147,8 @@ def parse_traceback(text: str) -> Raised | None:
             # a C++ warning printed in between starts with "[").
             where = None
             if frame is not None:
-                where = f"{_short_path(frame['file'])}:{frame['line']}" + (f" in {frame['func']}" if frame["func"] else "")
+                where = f"{_short_path(frame['file'])}:{frame['line']}"
+                where += f" in {frame['func']}" if frame["func"] else ""
             return Raised(line.strip()[:500], where, "\n".join(lines[start:i + 1]))
     return None
 

@@ -53,7 +53,8 @@ def next_overrides(run: Run, previous: Attempt | None) -> dict[str, Any]:
 
 def _last_checkpoint(session: Session, attempt: Attempt) -> int | None:
     own = session.scalar(
-        select(func.max(Checkpoint.step)).where(Checkpoint.run_id == attempt.run_id, Checkpoint.attempt == attempt.number)
+        select(func.max(Checkpoint.step))
+        .where(Checkpoint.run_id == attempt.run_id, Checkpoint.attempt == attempt.number)
     )
     return own if own is not None else attempt.resume_step
 
@@ -85,7 +86,8 @@ def settle(session: Session, run: Run, attempt: Attempt, exited: dict | None, no
             RunStatus(run.status) is RunStatus.CANCELLING and exited is None):
         attempt_transition(attempt, AttemptStatus.CANCELLED)
         mode = StopReason(attempt.stop_reason or StopReason.CANCEL)
-        ckpt = f"last checkpoint at step {attempt.last_checkpoint_step}" if attempt.last_checkpoint_step else "no checkpoint"
+        ckpt = (f"last checkpoint at step {attempt.last_checkpoint_step}" if attempt.last_checkpoint_step
+                else "no checkpoint")
         how = "with a checkpoint" if stopped else f"killed with {attempt.signal_sent or 'a signal'}"
         if mode is StopReason.PAUSE:
             attempt.reason = f"paused at step {attempt.last_step or 0} ({how}); {ckpt}; Resume continues from it"
@@ -96,8 +98,9 @@ def settle(session: Session, run: Run, attempt: Attempt, exited: dict | None, no
         return
     shutdown_crash = died_after_finishing(run, attempt) if code and stopped is None and exited else None
     if (code == 0 or shutdown_crash) and stopped is None:
-        attempt_transition(attempt, AttemptStatus.SUCCEEDED, "all ranks finished")
-        transition(session, run.id, RunStatus.SUCCEEDED, attempt.reason)
+        finished = "all ranks finished"
+        attempt_transition(attempt, AttemptStatus.SUCCEEDED, finished)
+        transition(session, run.id, RunStatus.SUCCEEDED, finished)
         if shutdown_crash:
             _event(session, run, attempt, "warning", shutdown_crash)
         _event(session, run, attempt, "info", f"attempt {attempt.number} succeeded")
@@ -161,7 +164,8 @@ def _diagnose(attempt: Attempt, exited: dict | None, stopped: dict | None, code:
                        f"SIGTERM from outside runyard at step {stopped.get('step')}; checkpoint at step "
                        f"{stopped.get('checkpoint_step')}", "", "SIGTERM")
     if exited is None:
-        return Failure(Cause.VANISHED, None, "the launcher vanished without an exit code (killed, or the host restarted)", "")
+        return Failure(Cause.VANISHED, None,
+                       "the launcher vanished without an exit code (killed, or the host restarted)", "")
     return classify(Path(attempt.dir), code)
 
 
@@ -179,7 +183,9 @@ def _apply_retry_policy(session: Session, run: Run, attempt: Attempt, failure: F
         run.retries_used += 1 if decision.counted else 0
         run.retry_at = now + decision.delay_s
         transition(session, run.id, RunStatus.RETRYING, decision.reason)
-        _event(session, run, attempt, "warning", f"attempt {attempt.number} failed: {failure.summary()}; {decision.reason}")
+        _event(session, run, attempt, "warning",
+               f"attempt {attempt.number} failed: {failure.summary()}; {decision.reason}")
     else:
         transition(session, run.id, RunStatus.FAILED, decision.reason)
-        _event(session, run, attempt, "error", f"attempt {attempt.number} failed: {failure.summary()}; {decision.reason}")
+        _event(session, run, attempt, "error",
+               f"attempt {attempt.number} failed: {failure.summary()}; {decision.reason}")

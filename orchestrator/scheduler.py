@@ -26,6 +26,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -138,8 +139,7 @@ class Scheduler:
             for run_id in session.scalars(
                 select(Run.id).where(Run.status.in_([s.value for s in ACTIVE])).order_by(Run.id)
             ).all():
-                self._guarded(session, f"run {run_id}", lambda s, run_id=run_id: self._supervise_id(s, run_id),
-                              db_errors)
+                self._guarded(session, f"run {run_id}", partial(self._supervise_id, run_id=run_id), db_errors)
             self._guarded(session, "admission", self._admit, db_errors)
         self._tell_ui(db_errors, wrote=bool(beat))
 
@@ -174,16 +174,17 @@ class Scheduler:
         """
         now = time.time()
         if self._heartbeat_id is None:
-            hb = SchedulerHeartbeat(host=socket.gethostname(), pid=os.getpid(), started_at=self._started_at, beat_at=now)
+            hb = SchedulerHeartbeat(host=socket.gethostname(), pid=os.getpid(), started_at=self._started_at,
+                                    beat_at=now)
             session.add(hb)
             session.flush()
             self._heartbeat_id, self._heartbeat_new = hb.id, True
         elif now - self._beat_at >= BEAT_EVERY_S:
-            hb = session.get(SchedulerHeartbeat, self._heartbeat_id)
-            if hb is None:  # deleted by hand: start a new row
+            stored = session.get(SchedulerHeartbeat, self._heartbeat_id)
+            if stored is None:  # deleted by hand: start a new row
                 self._heartbeat_id = None
                 return self._beat(session)
-            hb.beat_at = now
+            stored.beat_at = now
         else:
             return False
         self._beat_at = now

@@ -50,9 +50,9 @@ def read_exit(attempt_dir: Path) -> dict | None:
 def _tree(root_pid: int | None, root_create: float | None) -> dict[int, psutil.Process]:
     """The launcher and every descendant, when the launcher is the process we started."""
     found: dict[int, psutil.Process] = {}
-    if is_alive(root_pid, root_create):
+    if root_pid is not None and is_alive(root_pid, root_create):
         try:
-            root = psutil.Process(root_pid)  # type: ignore[arg-type]
+            root = psutil.Process(root_pid)
             found[root.pid] = root
             for child in root.children(recursive=True):
                 found[child.pid] = child

@@ -29,10 +29,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 import psutil
-from sqlalchemy import delete, insert, select
+from sqlalchemy import CursorResult, delete, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -204,9 +204,10 @@ class SystemMonitor:
         if now - self._pruned_at < PRUNE_EVERY_S:
             return
         self._pruned_at = now
-        gone = session.execute(
+        # Session.execute is typed to return a Result; for a DELETE it is a CursorResult (rowcount).
+        gone = cast(CursorResult[Any], session.execute(
             delete(SystemMetric).where(SystemMetric.run_id.is_(None), SystemMetric.at < now - self.retention_s)
-        ).rowcount
+        )).rowcount
         if gone:
             logger.info("deleted %d system metric rows older than %.0f days", gone, self.retention_s / 86_400)
 

@@ -114,7 +114,8 @@ def _record_dump(session: Session, run: Run, attempt: Attempt, result: StackDump
     elif isinstance(result, BaseException):
         message = f"the stack dump failed ({result}); killing the attempt"
     else:
-        message = f"the stack dump did not finish in {now - (attempt.hang_detected_at or now):.0f} s; killing the attempt"
+        waited = now - (attempt.hang_detected_at or now)
+        message = f"the stack dump did not finish in {waited:.0f} s; killing the attempt"
     session.add(Event(run_id=run.id, attempt=attempt.number, at=now, level="error", kind="stacks", message=message))
 
 

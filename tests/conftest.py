@@ -50,7 +50,8 @@ def training_processes(home: Path) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["pid"]):
         try:
-            if proc.environ().get("RUNYARD_RUN_DIR", "").startswith(str(home)) and proc.status() != psutil.STATUS_ZOMBIE:
+            ours = proc.environ().get("RUNYARD_RUN_DIR", "").startswith(str(home))
+            if ours and proc.status() != psutil.STATUS_ZOMBIE:
                 found.append(proc)
         except (psutil.Error, OSError):
             continue

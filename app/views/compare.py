@@ -19,12 +19,14 @@ if len(runs) < 1:
     st.info("No runs yet.")
     st.stop()
 labels = {r["id"]: f"#{r['id']} {r['name']} ({r['status']})" for r in runs}
-chosen = st.multiselect("Runs", list(labels), default=[r["id"] for r in runs[:2]], format_func=labels.get)
+chosen = st.multiselect("Runs", list(labels), default=[r["id"] for r in runs[:2]], format_func=lambda i: labels[i])
 keys = sorted({k for run_id in chosen for k in data.metric_keys(run_id)})
 if not chosen or not keys:
     st.info("Pick runs that have reported metrics.")
     st.stop()
 key = st.selectbox("Metric", keys, index=keys.index("loss") if "loss" in keys else 0)
+if key is None:  # typed so for a select box without a choice; this one has keys and an index
+    st.stop()
 log_y = st.toggle("Log scale", value=False)
 
 frames = []

@@ -13,6 +13,7 @@ smoothing slider sits in a popover, which draws its contents when opened."""
 from __future__ import annotations
 
 import time
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -92,7 +93,7 @@ def live_series(d: dict) -> dict[str, data.LiveSeries]:
         state_key = f"live-series/{d['id']}/{key}"
         out[key] = st.session_state[state_key] = data.merge_series(
             st.session_state.get(state_key),
-            lambda level, since, key=key: data.metric_series(d["id"], key, points, level, since),
+            partial(data.metric_series, d["id"], key, points),
             max_points=points, attempts=len(d["attempts"]), newest_attempt=newest["number"],
             resume_step=newest["resume_step"] or 0, finished=d["status"] in TERMINAL_VALUES,
         )
@@ -176,7 +177,8 @@ def attempts_table(d: dict) -> None:
                     "attempt": a["number"], "status": a["status"], "cause": a["cause"], "rank": a["failed_rank"],
                     "exception": a["exception"], "from step": a["resume_step"], "last step": a["last_step"],
                     "steps lost": a["steps_lost"], "exit code": a["exit_code"],
-                    "started": clock(a["started_at"]), "first step": clock(a["first_step_at"]), "ended": clock(a["ended_at"]),
+                    "started": clock(a["started_at"]), "first step": clock(a["first_step_at"]),
+                    "ended": clock(a["ended_at"]),
                     "to detect": duration(a.get("detect_s")),
                     "to first new step": duration(a.get("recovery_s")),
                     "retry counted": a["retry_counted"] if a["cause"] else None,
@@ -201,7 +203,8 @@ def log_tails(d: dict) -> None:
     attempt_dir = Path(d["attempts"][-1]["dir"])
     files = rank_log_files(attempt_dir)
     tabs = st.tabs([f"rank {r}" for r in files] + ["launcher"])
-    for tab, (rank, paths) in zip(tabs, files.items()):
+    # One tab more than ranks: the launcher's, the last, filled below.
+    for tab, paths in zip(tabs, files.values(), strict=False):
         with tab:
             for path in paths:
                 st.caption(path.name)
@@ -234,7 +237,7 @@ def checkpoint_table(d: dict) -> None:
         return
     active = d["status"] not in {s.value for s in TERMINAL}
     head = st.columns([1, 1, 2, 1, 3, 1, 2, 1])
-    for col, title in zip(head, ["step", "attempt", "written", "size", "metrics", "verified", "", ""]):
+    for col, title in zip(head, ["step", "attempt", "written", "size", "metrics", "verified", "", ""], strict=True):
         col.markdown(f"**{title}**")
     for c in reversed(checkpoints):
         row = st.columns([1, 1, 2, 1, 3, 1, 2, 1])
@@ -250,7 +253,8 @@ def checkpoint_table(d: dict) -> None:
                          help="Cancel the run first" if active else f"New attempt from step {c['step']}"):
             st.toast(data.resume_run(d["id"], c["id"]))
             st.rerun()
-        pinned = row[7].toggle("pin", value=c["pinned"], key=f"pin-{c['id']}", help="Pinned checkpoints are never deleted")
+        pinned = row[7].toggle("pin", value=c["pinned"], key=f"pin-{c['id']}",
+                               help="Pinned checkpoints are never deleted")
         if pinned != c["pinned"]:
             data.pin_checkpoint(d["id"], c["id"], pinned)
     if deleted:

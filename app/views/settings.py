@@ -22,7 +22,7 @@ edited = st.data_editor(
 )
 if st.button("Save prices", type="primary", icon=":material/save:"):
     rows = edited.dropna(subset=["device"])
-    message = data.save_prices({str(d): float(p) for d, p in zip(rows["device"], rows["usd_per_hour"])})
+    message = data.save_prices({str(d): float(p) for d, p in zip(rows["device"], rows["usd_per_hour"], strict=True)})
     if message:
         st.error(message)
     else:

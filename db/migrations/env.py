@@ -9,7 +9,10 @@ config = context.config
 
 
 def run_migrations_online() -> None:
-    engine = make_engine(config.get_main_option("sqlalchemy.url"))
+    url = config.get_main_option("sqlalchemy.url")
+    if url is None:  # db.engine._alembic_config always sets it
+        raise RuntimeError("the Alembic config has no sqlalchemy.url")
+    engine = make_engine(url)
     with engine.connect() as connection:
         if connection.dialect.name == "sqlite":
             # Batch mode rebuilds a table by copy, drop and rename; with foreign keys on, the

@@ -152,7 +152,8 @@ class CheckpointFiles:
         if state.offset < key[0]:
             return None, budget
         digest = state.digest.hexdigest()
-        self._done[(path, *key)] = digest
+        done = (path, *key)  # named: mypy for 3.10 reads self._done[(path, *key)] as 3.11's [path, *key]
+        self._done[done] = digest
         self._hashing.pop(path, None)
         return digest, budget
 

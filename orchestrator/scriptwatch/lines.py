@@ -155,7 +155,8 @@ def check_patterns(patterns: Mapping[str, Any], field_name: str = PATTERNS_FIELD
     return problems
 
 
-def compile_patterns(patterns: Mapping[str, Any] | None, field_name: str = PATTERNS_FIELD) -> dict[str, re.Pattern[str]]:
+def compile_patterns(patterns: Mapping[str, Any] | None,
+                     field_name: str = PATTERNS_FIELD) -> dict[str, re.Pattern[str]]:
     """The compiled patterns.
 
     Raises:

@@ -83,7 +83,8 @@ def test_big_run_charts_render_and_switch_options_then_compare(page: Any, runyar
         settle()
 
     choose("radio", "mean + band")
-    expect(page.locator("[data-testid='stVegaLiteChart'] .role-legend-label text").filter(has_text="0")).to_have_count(0)
+    legend = page.locator("[data-testid='stVegaLiteChart'] .role-legend-label text")
+    expect(legend.filter(has_text="0")).to_have_count(0)
     choose("radio", "wall time")
     expect(axis_title(page, "wall time").first).to_be_visible()
     page.get_by_test_id("stCheckbox").filter(has_text="Log y").locator("label").click()  # the switch's input is hidden

@@ -2,8 +2,8 @@
 
 A person opens the New run page, fills the form, presses Start, lands on the Run page and
 watches a 2-rank run on CPU train to SUCCEEDED with live charts, then opens each rank's log tail
-and the run's config (drawn only on demand), and opens the run again from the Runs page. A bad value is refused on the form, naming the
-field, and nothing is queued.
+and the run's config (drawn only on demand), and opens the run again from the Runs page. A bad
+value is refused on the form, naming the field, and nothing is queued.
 
     pytest -m browser tests/browser        (needs Debian's chromium and pip's playwright)
 
@@ -116,7 +116,8 @@ def test_new_run_from_the_form_trains_to_succeeded_with_charts(page: Any, runyar
     print(f"\nscreenshot of the finished Run page: {shot}")
 
     runs = runyard_up.cli("ls")
-    assert [(r["id"], r["name"], r["status"], r["step"]) for r in runs] == [(run_id, "browser-digits", "SUCCEEDED", 300)]
+    assert [(r["id"], r["name"], r["status"], r["step"]) for r in runs] == [
+        (run_id, "browser-digits", "SUCCEEDED", 300)]
 
     # The Runs page opens a run in the same tab when its row is selected (the row-marker
     # checkbox: the grid is a canvas, so the click is by position: first column, first row).

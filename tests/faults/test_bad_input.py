@@ -135,7 +135,8 @@ def bad_home(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BadHome
 
 
 @pytest.mark.parametrize("args", EVERY_COMMAND, ids=lambda a: " ".join(a[:2]).replace(str(EXAMPLE), "CONFIG"))
-def test_an_unusable_data_folder_is_one_sentence_and_exit_1_for_every_command(bad_home: BadHome, args: list[str]) -> None:
+def test_an_unusable_data_folder_is_one_sentence_and_exit_1_for_every_command(bad_home: BadHome,
+                                                                               args: list[str]) -> None:
     before = _files(bad_home.untouched)
     result = bad_home.cli(*args)
     line = one_error_line(result)
@@ -180,7 +181,8 @@ SUBMIT_CASES = [
     ("seed 2^32 by --set", lambda t: [str(EXAMPLE), "--set", "train.seed=4294967296"], ["train.seed = 4294967296"]),
     ("text missing", lambda t: [str(EXAMPLE), *_gpt(f'workload.text="{t}/missing.txt"')],
      ["workload.text = ", "missing.txt", "no such file"]),
-    ("text a directory", lambda t: [str(EXAMPLE), *_gpt(f'workload.text="{t}"')], ["workload.text = ", "is a directory"]),
+    ("text a directory", lambda t: [str(EXAMPLE), *_gpt(f'workload.text="{t}"')],
+     ["workload.text = ", "is a directory"]),
     ("text /dev/zero", lambda t: [str(EXAMPLE), *_gpt('workload.text="/dev/zero"')],
      ["workload.text = '/dev/zero'", "not a regular file"]),
     ("text 300 MiB", lambda t: [str(EXAMPLE), *_gpt(f'workload.text="{_sparse(t, 300 << 20)}"')],

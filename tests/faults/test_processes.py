@@ -38,7 +38,8 @@ def run_processes(run_dir: str, attempt: int | None = None) -> list[psutil.Proce
     for proc in psutil.process_iter(["pid"]):
         try:
             env = proc.environ()
-            if env.get("RUNYARD_RUN_DIR") != run_dir or (attempt is not None and env.get("RUNYARD_ATTEMPT") != str(attempt)):
+            if env.get("RUNYARD_RUN_DIR") != run_dir or (
+                    attempt is not None and env.get("RUNYARD_ATTEMPT") != str(attempt)):
                 continue
             if proc.status() != psutil.STATUS_ZOMBIE:
                 found.append(proc)
@@ -85,7 +86,8 @@ def attempt_step(product: Product, run_id: int, number: int, step: int, timeout:
     while time.monotonic() < deadline:
         con = sqlite3.connect(product.home / "runyard.db")
         try:
-            row = con.execute("SELECT last_step FROM attempts WHERE run_id = ? AND number = ?", (run_id, number)).fetchone()
+            row = con.execute("SELECT last_step FROM attempts WHERE run_id = ? AND number = ?",
+                              (run_id, number)).fetchone()
         except sqlite3.OperationalError:
             row = None
         finally:
@@ -106,7 +108,8 @@ def cancel_leaves_nothing(product: Product, run_id: int, run_dir: str) -> dict:
     return detail
 
 
-def test_agent_killed_with_sigkill_takes_its_ranks_and_spends_a_retry(product: Product, watcher: AttemptWatcher) -> None:
+def test_agent_killed_with_sigkill_takes_its_ranks_and_spends_a_retry(product: Product,
+                                                                       watcher: AttemptWatcher) -> None:
     product.env["RUNYARD_FAULT_STEP_DELAY_S"] = "0.05"
     run_id = product.submit(*LONG, "name=agent-killed")
     scheduler = product.start_scheduler()

@@ -46,7 +46,8 @@ class Product:
 
     def start_scheduler(self) -> subprocess.Popen:
         log = open(self.home / f"scheduler-{len(self.procs)}.log", "ab")
-        proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "scheduler"], env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "scheduler"], env=self.env, stdout=log,
+                                stderr=subprocess.STDOUT)
         self.procs.append(proc)
         return proc
 
@@ -58,7 +59,8 @@ class Product:
             if done(detail):
                 return detail
             time.sleep(0.5)
-        raise AssertionError(f"run {run_id} did not get there in {timeout:.0f} s; last seen: {json.dumps(detail)[:2000]}")
+        raise AssertionError(
+            f"run {run_id} did not get there in {timeout:.0f} s; last seen: {json.dumps(detail)[:2000]}")
 
     def wait_step(self, run_id: int, step: int, timeout: float = 120.0) -> int:
         """Poll the database directly (fast) until the newest attempt reports ``step``."""

@@ -22,4 +22,5 @@ def test_a_fresh_rank1_raise_classifies_as_its_fixture(tmp_path: Path) -> None:
     kept = classify(materialize(HERE / "raise_rank1", tmp_path / "kept"), code)
     assert (fresh.cause, fresh.rank, fresh.exception, fresh.location) == (
         kept.cause, kept.rank, kept.exception, kept.location)
-    assert fresh.summary() == "USER_ERROR on rank 1: ValueError: loss went NaN at step 50 (at fail_cases.py:24 in scale_gradients)"
+    assert fresh.summary() == (
+        "USER_ERROR on rank 1: ValueError: loss went NaN at step 50 (at fail_cases.py:24 in scale_gradients)")

@@ -7,6 +7,7 @@ import random
 import re
 import signal
 import time
+from itertools import pairwise
 from pathlib import Path
 
 import psutil
@@ -37,7 +38,8 @@ def rank_process(product: Product, rank: int) -> psutil.Process:
 
 
 def final_digest(detail: dict) -> str:
-    return [c for c in detail["checkpoints"] if c["step"] == detail["max_steps"] and not c["deleted"]][-1]["params_digest"]
+    final = [c for c in detail["checkpoints"] if c["step"] == detail["max_steps"] and not c["deleted"]]
+    return final[-1]["params_digest"]
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +131,7 @@ def test_crash_loop_stops_after_max_retries_with_backoff(product: Product) -> No
     assert detail["status"] == "FAILED"
     attempts = detail["attempts"]
     assert len(attempts) == 3 and all(a["cause"] == "SIGNAL" for a in attempts)
-    gaps = [b["started_at"] - a["failed_at"] for a, b in zip(attempts, attempts[1:])]
+    gaps = [b["started_at"] - a["failed_at"] for a, b in pairwise(attempts)]
     assert 1.0 <= gaps[0] and 2.0 <= gaps[1], gaps  # 2 s then 4 s, jitter in [0.5, 1]
     assert "gave up after 2 retries" in detail["status_reason"]
 

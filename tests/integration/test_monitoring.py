@@ -76,6 +76,6 @@ def test_a_perturbed_replica_is_reported_as_desync_and_a_normal_run_has_no_strag
         assert all(v > 50 for v in series[(rank, "mem_rss_mib")])
         assert all(0 < v < 1 for v in series[(rank, "mfu")])
         assert all(s == pytest.approx(d + c) for s, d, c in zip(
-            series[(rank, "step_time")], series[(rank, "data_wait_s")], series[(rank, "compute_s")]))
+            series[(rank, "step_time")], series[(rank, "data_wait_s")], series[(rank, "compute_s")], strict=True))
         assert set(series[(rank, "lr")]) == {0.001}
         assert all(v > 0 for v in series[(rank, "grad_norm")])

@@ -36,7 +36,8 @@ def test_sdk_script_reports_metrics_checkpoints_and_resumes(product: Product) ->
     detail = product.wait_status(run_id, "SUCCEEDED", "FAILED")
     assert detail["status"] == "SUCCEEDED", detail["status_reason"]
     second = detail["attempts"][-1]
-    assert second["number"] == 2 and second["resume_step"] == 100, [(a["number"], a["cause"], a["exception"]) for a in detail["attempts"]]
+    assert second["number"] == 2 and second["resume_step"] == 100, [
+        (a["number"], a["cause"], a["exception"]) for a in detail["attempts"]]
     con = sqlite3.connect(product.home / "runyard.db")
     first_step = con.execute("SELECT MIN(step) FROM metrics WHERE run_id = ? AND attempt = 2", (run_id,)).fetchone()[0]
     con.close()
@@ -45,7 +46,7 @@ def test_sdk_script_reports_metrics_checkpoints_and_resumes(product: Product) ->
     # in the history, each checkpoint in its own folder.
     live = [c for c in detail["checkpoints"] if not c["deleted"]]
     by_step = {step: sorted(c["path"] for c in live if c["step"] == step) for step in (150, 200)}
-    for step, paths in by_step.items():
+    for paths in by_step.values():
         assert len(paths) == 2 and sum("superseded" in p for p in paths) == 1, paths
         assert all(Path(p).is_dir() for p in paths), paths
 

@@ -83,7 +83,8 @@ def add_attempt(session: Session, run_id: int, last_step: int, status: AttemptSt
     now = time.time()
     session.add(
         Attempt(
-            run_id=run_id, number=1, status=status.value, dir=str(Path(session.get(Run, run_id).run_dir) / "attempts" / "1"),
+            run_id=run_id, number=1, status=status.value,
+            dir=str(Path(session.get(Run, run_id).run_dir) / "attempts" / "1"),
             started_at=now - 60, first_step_at=now - 55, progress_at=now, last_step=last_step,
         )
     )
@@ -163,7 +164,8 @@ def test_runs_page_lists_runs_with_status_and_step(seeded: dict[str, int]) -> No
     assert table.loc[seeded["running"], "attempts"] == 1
     assert table.loc[seeded["queued"], "status"] == "QUEUED"
     assert table.loc[seeded["queued"], "step"] == "0/300"
-    dollars = {col: float(table.loc[seeded["running"], col].lstrip("$").replace(",", "")) for col in ("cost", "projected")}
+    dollars = {col: float(table.loc[seeded["running"], col].lstrip("$").replace(",", ""))
+               for col in ("cost", "projected")}
     assert 0 < dollars["cost"] < dollars["projected"]  # running, 40% done: more to pay
     assert table.loc[seeded["queued"], "projected"] == table.loc[seeded["queued"], "cost"] == "$0.0000"
 
@@ -463,7 +465,8 @@ def test_new_run_form_shows_the_defaults(settings: Settings) -> None:
     assert not at.error
 
 
-def test_negative_learning_rate_is_rejected_and_nothing_queued(settings: Settings, sessions: sessionmaker[Session]) -> None:
+def test_negative_learning_rate_is_rejected_and_nothing_queued(settings: Settings,
+                                                                sessions: sessionmaker[Session]) -> None:
     at = open_page("views/new_run.py")
     at.number_input(key="train.lr").set_value(-1.0)
     at.button[0].click().run()
@@ -705,7 +708,7 @@ def test_settings_page_shows_the_price_table(settings: Settings, sessions: sessi
     at = open_page("views/settings.py")
     no_exception(at)
     table = at.dataframe[0].value
-    assert dict(zip(table["device"], table["usd_per_hour"])) == {"H100": 3.5, "cpu-node": 0.5}
+    assert dict(zip(table["device"], table["usd_per_hour"], strict=True)) == {"H100": 3.5, "cpu-node": 0.5}
     assert [b.label for b in at.button] == ["Save prices"]
 
 
@@ -743,7 +746,8 @@ def test_negative_price_is_refused(sessions: sessionmaker[Session]) -> None:
 def test_runs_page_filters_by_tag(settings: Settings, sessions: sessionmaker[Session]) -> None:
     with sessions() as s:
         for name, tags in (("a", ["baseline"]), ("b", ["sweep", "lr"]), ("c", [])):
-            run = create_run(s, RunConfig.model_validate({"name": name, "tags": tags}), settings.runs_dir, Price(1.0, "x"))
+            config = RunConfig.model_validate({"name": name, "tags": tags})
+            run = create_run(s, config, settings.runs_dir, Price(1.0, "x"))
             s.flush()
             assert run.id
         s.commit()

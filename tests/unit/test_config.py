@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from db.config import (
     ConfigError,
@@ -40,7 +41,7 @@ def test_json_round_trip_and_hash_are_stable() -> None:
 
 def test_config_is_frozen() -> None:
     config = RunConfig()
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError, match="frozen"):
         config.train.lr = 1.0  # type: ignore[misc]
 
 
@@ -83,7 +84,8 @@ def test_bad_toml_is_a_config_error() -> None:
 
 
 def test_overrides_are_typed_toml_values() -> None:
-    data = apply_overrides({"train": {"lr": 0.001}}, ["train.lr=0.0005", "name=fast", "launch.nproc_per_node=1", "tags=['a', 'b']"])
+    data = apply_overrides({"train": {"lr": 0.001}},
+                           ["train.lr=0.0005", "name=fast", "launch.nproc_per_node=1", "tags=['a', 'b']"])
     config = parse_config(data)
     assert config.train.lr == 0.0005 and config.name == "fast"
     assert config.launch.nproc_per_node == 1 and config.tags == ("a", "b")

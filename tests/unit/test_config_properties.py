@@ -110,7 +110,8 @@ def valid_value(name: str, field: Any) -> st.SearchStrategy[Any]:
         high = bounds.get("le", 2**63 - 1)
         # The bounds, and one past each: refused by a declared bound, or (if one was forgotten)
         # 2^63 overflowing the 64-bit INSERT.
-        return st.integers(min_value=low, max_value=min(high, low + 300)) | st.sampled_from([low, high, low - 1, high + 1])
+        return (st.integers(min_value=low, max_value=min(high, low + 300))
+                | st.sampled_from([low, high, low - 1, high + 1]))
     if annotation is float:
         low = bounds.get("ge", bounds.get("gt", 0.0))
         return st.floats(min_value=low, max_value=1e6, exclude_min="gt" in bounds) | st.just(1e308)

@@ -107,7 +107,8 @@ NOW = 1_000_000.0
 
 def add_run(session: Session, tmp_path: Path, every_steps: int = 100, every_seconds: float = 0.0) -> int:
     config = RunConfig.model_validate(
-        {"name": "yd", "train": {"max_steps": 10_000}, "checkpoint": {"every_steps": every_steps, "every_seconds": every_seconds}}
+        {"name": "yd", "train": {"max_steps": 10_000},
+         "checkpoint": {"every_steps": every_steps, "every_seconds": every_seconds}}
     )
     run = create_run(session, config, tmp_path / "runs", Price(usd_per_hour=1.0, unit="test"))
     session.flush()
@@ -177,7 +178,8 @@ def test_checkpoint_advice_says_what_is_missing(sessions: sessionmaker[Session],
     assert "not enough steps yet" in missing
 
 
-def test_checkpoint_advice_without_step_time_still_gives_seconds(sessions: sessionmaker[Session], tmp_path: Path) -> None:
+def test_checkpoint_advice_without_step_time_still_gives_seconds(sessions: sessionmaker[Session],
+                                                                  tmp_path: Path) -> None:
     with sessions() as s:
         run = add_run(s, tmp_path)
         add_attempt(s, run, 1, NOW - 3600, NOW, cause="COMM")

@@ -287,7 +287,8 @@ def test_a_rank_whose_agent_is_already_gone_does_not_start(tmp_path: Path) -> No
     env = {**os.environ, "RUNYARD_RUN_DIR": str(tmp_path), "RUNYARD_ATTEMPT": "1", "PYTHONPATH": os.getcwd()}
     code = "import trainer.pdeathsig as p; p.arm_under_agent(); print('trained as an orphan')"
     # Its parent here is this test process, which does not carry the attempt's environment.
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30, check=False)
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30,
+                            check=False)
     assert result.returncode == 1 and "trained as an orphan" not in result.stdout
     assert "agent is gone" in result.stderr
 

@@ -221,7 +221,8 @@ def test_rank_prefixes_come_off_each_line() -> None:
      Cause.COMM),
     ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", Cause.CUDA_OOM),
 ])
-def test_gloo_in_a_message_is_not_enough_for_a_communication_failure(message: str, cause: Cause, tmp_path: Path) -> None:
+def test_gloo_in_a_message_is_not_enough_for_a_communication_failure(message: str, cause: Cause,
+                                                                     tmp_path: Path) -> None:
     folder = tmp_path / "a"
     stderr = folder / "ranks" / "x_1" / "attempt_0" / "0" / "stderr.log"
     stderr.parent.mkdir(parents=True)

@@ -150,7 +150,8 @@ def test_an_incremental_refresh_fetches_only_the_last_buckets() -> None:
 # -- the real store -------------------------------------------------------------------------
 
 
-def test_incremental_merges_equal_a_full_fetch_on_the_real_store(sessions: sessionmaker[Session], tmp_path: Path) -> None:
+def test_incremental_merges_equal_a_full_fetch_on_the_real_store(sessions: sessionmaker[Session],
+                                                                  tmp_path: Path) -> None:
     with sessions() as s:
         config = RunConfig.model_validate({"name": "live", "train": {"max_steps": 5000}})
         run_id = create_run(s, config, tmp_path / "runs", Price(usd_per_hour=1.0, unit="test")).id

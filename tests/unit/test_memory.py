@@ -37,7 +37,8 @@ def test_mlp_digits_parameters_match_the_real_model() -> None:
 
 
 def test_a_config_no_machine_can_hold_is_refused_with_the_estimate_and_the_limit() -> None:
-    data = {"workload": {"kind": "gpt-char", "n_layer": 96, "n_embd": 16384, "n_head": 128}, "launch": {"nproc_per_node": 1}}
+    data = {"workload": {"kind": "gpt-char", "n_layer": 96, "n_embd": 16384, "n_head": 128},
+            "launch": {"nproc_per_node": 1}}
     with pytest.raises(ConfigError) as info:
         validate(data, H100)
     (problem,) = info.value.problems

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterator
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,7 @@ def new_run(engine: Engine) -> int:
 
 def write_in_batches(engine: Engine, rows: list[dict], cuts: list[int]) -> None:
     edges = [0, *sorted(c % (len(rows) + 1) for c in cuts), len(rows)]
-    for lo, hi in zip(edges, edges[1:]):
+    for lo, hi in pairwise(edges):
         with engine.begin() as conn:
             write_points(conn, rows[lo:hi])
 
@@ -123,7 +124,7 @@ def expected_buckets(points: dict[tuple, dict], key: str, level: int) -> list[di
 
 def assert_rows_equal(got: list[dict], want: list[dict]) -> None:
     assert [(r["attempt"], r["rank"], r["step"]) for r in got] == [(r["attempt"], r["rank"], r["step"]) for r in want]
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert g.keys() == w.keys()
         for field in ("last_step", "count", "nan_count", "wall_time"):
             assert g[field] == w[field], (field, g, w)
@@ -171,7 +172,7 @@ def test_batches_and_order_give_the_rollups_of_one_batch(engine: Engine, points:
     a, b = rollup_table(engine, one), rollup_table(engine, many)
     assert len(a) == len(b)
     sum_at = list(MetricRollup.__table__.columns.keys()).index("sum_value") - 1
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         assert x[:sum_at] == y[:sum_at] and x[sum_at + 1:] == y[sum_at + 1:]
         assert (x[sum_at] is None and y[sum_at] is None) or close(x[sum_at], y[sum_at])
 
@@ -238,17 +239,19 @@ def test_nan_and_infinities_come_back_as_written(engine: Engine) -> None:
         write_points(conn, rows)
     with Session(engine) as s:
         raw = series(s, run_id, "loss", level=0).rows
-        assert all(same(r["value"], v) for r, v in zip(raw, written))
+        assert all(same(r["value"], v) for r, v in zip(raw, written, strict=True))
         assert raw[0]["nan_count"] == 1 and math.isnan(raw[0]["min"])
         (bucket,) = series(s, run_id, "loss", level=1).rows
         assert math.isnan(bucket["value"])  # +Inf and -Inf meet
-        assert (bucket["min"], bucket["max"], bucket["last"], bucket["count"], bucket["nan_count"]) == (-INF, INF, 1.5, 4, 1)
+        assert (bucket["min"], bucket["max"], bucket["last"], bucket["count"], bucket["nan_count"]) == (
+            -INF, INF, 1.5, 4, 1)
         (only_nan,) = series(s, run_id, "acc", level=3).rows
         assert all(math.isnan(only_nan[f]) for f in ("value", "min", "max", "last"))
         latest = metricstore.latest(s, run_id)
         assert latest["loss"] == {"0": 1.5} and math.isnan(latest["acc"]["0"])
         exported = list(metricstore.iter_rows(s, run_id))
-        assert [(k, st) for _, _, st, k, _, _ in exported] == [("acc", 0), ("loss", 0), ("loss", 1), ("loss", 2), ("loss", 3)]
+        assert [(k, st) for _, _, st, k, _, _ in exported] == [
+            ("acc", 0), ("loss", 0), ("loss", 1), ("loss", 2), ("loss", 3)]
         assert math.isnan(exported[0][4]) and math.isnan(exported[1][4]) and exported[2][4] == INF
         assert [v for _, v, _ in metricstore.recent(s, run_id, "loss", attempt=1, rank=0, limit=3)] == [1.5, -INF, INF]
 

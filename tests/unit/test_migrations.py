@@ -120,6 +120,6 @@ def assert_rollups_match_the_store(url: str, engine) -> None:  # type: ignore[no
         migrated, written = a.exec_driver_sql(query).all(), b.exec_driver_sql(query).all()
     fresh.dispose()
     assert len(migrated) == len(written) > 0
-    for x, y in zip(migrated, written):
+    for x, y in zip(migrated, written, strict=True):
         assert x[:7] == y[:7] and x[8:] == y[8:]
         assert x[7] == pytest.approx(y[7]) if y[7] is not None else x[7] is None

@@ -34,7 +34,8 @@ def attempt_in(tmp_path: Path, *, finished: list[int], code: int = -6, error_fil
                stop_reason: str | None = None) -> tuple[SimpleNamespace, SimpleNamespace]:
     attempt_dir = tmp_path / "attempts" / "1"
     attempt_dir.mkdir(parents=True)
-    launcher_log(attempt_dir).write_text(SUMMARY.format(others="  <NO_OTHER_FAILURES>", code=code, error_file=error_file))
+    launcher_log(attempt_dir).write_text(
+        SUMMARY.format(others="  <NO_OTHER_FAILURES>", code=code, error_file=error_file))
     for rank in finished:
         write_finished(attempt_dir, rank, 40)
     run = SimpleNamespace(config_json=parse_config({"launch": {"nproc_per_node": 2}}).model_dump_json())
@@ -53,7 +54,8 @@ def test_a_rank_that_had_not_finished_makes_it_a_failure(tmp_path: Path) -> None
 def test_an_exception_or_an_exit_code_is_a_failure_even_after_the_notes(tmp_path: Path) -> None:
     error_file = tmp_path / "error.json"
     error_file.write_text('{"message": {"message": "RuntimeError: boom", "extraInfo": {"py_callstack": ""}}}')
-    assert died_after_finishing(*attempt_in(tmp_path / "a", finished=[0, 1], code=1, error_file=str(error_file))) is None
+    after_an_exception = attempt_in(tmp_path / "a", finished=[0, 1], code=1, error_file=str(error_file))
+    assert died_after_finishing(*after_an_exception) is None
     assert died_after_finishing(*attempt_in(tmp_path / "b", finished=[0, 1], code=1)) is None
 
 

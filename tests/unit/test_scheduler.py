@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
+from itertools import pairwise
 from pathlib import Path
 
 import psutil
@@ -118,7 +119,8 @@ def test_first_reported_step_moves_to_running(sessions: sessionmaker[Session], s
     scheduler.tick()
     assert status(sessions, run_id) == "STARTING"
     with sessions() as s:  # what rank 0's reporter writes after step 1
-        s.execute(Attempt.__table__.update().where(Attempt.run_id == run_id).values(first_step_at=time.time(), last_step=1))
+        s.execute(Attempt.__table__.update().where(Attempt.run_id == run_id)
+                  .values(first_step_at=time.time(), last_step=1))
         s.commit()
     scheduler.tick()
     assert status(sessions, run_id) == "RUNNING"
@@ -140,7 +142,8 @@ def test_cancel_escalates_to_sigkill_after_grace(sessions: sessionmaker[Session]
     assert not psutil.pid_exists(attempt.pid) or psutil.Process(attempt.pid).status() == psutil.STATUS_ZOMBIE
 
 
-def test_cancel_with_sigterm_is_enough_for_a_polite_process(sessions: sessionmaker[Session], settings: Settings) -> None:
+def test_cancel_with_sigterm_is_enough_for_a_polite_process(sessions: sessionmaker[Session],
+                                                            settings: Settings) -> None:
     run_id = queue(sessions, settings, "long")
     scheduler = make_scheduler(sessions, settings)
     scheduler.tick()
@@ -226,7 +229,8 @@ def test_one_scheduler_per_data_folder(settings: Settings) -> None:
         os.close(fd)
 
 
-def test_cancel_never_touches_another_data_folders_run(sessions: sessionmaker[Session], settings: Settings, tmp_path: Path) -> None:
+def test_cancel_never_touches_another_data_folders_run(sessions: sessionmaker[Session], settings: Settings,
+                                                       tmp_path: Path) -> None:
     """Run 1 attempt 1 exists in every data folder; a cancel must only reach its own."""
     from db.engine import make_engine, make_sessionmaker, upgrade
 
@@ -249,7 +253,8 @@ def test_cancel_never_touches_another_data_folders_run(sessions: sessionmaker[Se
     assert psutil.Process(their_attempt.pid).children(), "the other folder's run was signalled"
 
 
-def test_failures_are_retried_with_backoff_until_the_budget_is_spent(sessions: sessionmaker[Session], settings: Settings) -> None:
+def test_failures_are_retried_with_backoff_until_the_budget_is_spent(sessions: sessionmaker[Session],
+                                                                      settings: Settings) -> None:
     run_id = queue(sessions, settings, "fails", retry={"max_retries": 2, "backoff_s": 0.5, "backoff_max_s": 5})
     scheduler = make_scheduler(sessions, settings)
     seen_retrying = False
@@ -264,7 +269,7 @@ def test_failures_are_retried_with_backoff_until_the_budget_is_spent(sessions: s
     assert seen_retrying
     tries = attempts(sessions, run_id)
     assert [a.number for a in tries] == [1, 2, 3]
-    gaps = [b.started_at - a.ended_at for a, b in zip(tries, tries[1:])]
+    gaps = [b.started_at - a.ended_at for a, b in pairwise(tries)]
     # backoff 0.5 s then 1 s, each with jitter in [0.5, 1.0]
     assert 0.25 <= gaps[0] and 0.5 <= gaps[1], gaps
     with sessions() as s:

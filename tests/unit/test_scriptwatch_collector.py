@@ -80,7 +80,8 @@ def test_protocol_and_regex_lines_of_every_rank(attempt_dir: Path, tmp_path: Pat
     assert got.total == 300 and got.problems == [] and not got.behind
     assert got.activity.newest_step == {"protocol": 2, "stdout_metrics": 1}
     stdout = rank_dir(attempt_dir, 0) / "stdout.log"
-    assert got.activity.output_at == max(os.stat(stdout).st_mtime, os.stat(rank_dir(attempt_dir, 1) / "stderr.log").st_mtime)
+    stderr = rank_dir(attempt_dir, 1) / "stderr.log"
+    assert got.activity.output_at == max(os.stat(stdout).st_mtime, os.stat(stderr).st_mtime)
     assert all(p["wall_time"] <= time.time() for p in got.points)
 
 

@@ -44,14 +44,14 @@ Current thread 0x00007f6c0e285b80 (most recent call first):
   File "/w/trainer/workloads/mlp_digits.py", line 146 in train
   File "/w/.venv/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/errors/__init__.py", line 367 in wrapper
   File "/w/trainer/__main__.py", line 77 in <module>
-"""
+"""  # noqa: E501 (faulthandler's lines, verbatim)
 STALLED = """\
 Current thread 0x00007f0ae1006b80 (most recent call first):
   File "/w/trainer/faults.py", line 116 in maybe_stall
   File "/w/trainer/workloads/mlp_digits.py", line 124 in train
   File "/w/.venv/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/errors/__init__.py", line 367 in wrapper
   File "/w/trainer/__main__.py", line 77 in <module>
-"""
+"""  # noqa: E501 (faulthandler's lines, verbatim)
 IN_ALL_REDUCE = """\
 Thread 11851 (idle): "MainThread"
     all_reduce (torch/distributed/distributed_c10d.py:2950)
@@ -166,8 +166,9 @@ def test_a_hang_dump_runs_off_the_tick_and_the_kill_waits_for_it(
 
 
 def test_fault_hooks_do_nothing_without_the_switch(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in {"RUNYARD_FAULT_RAISE": "1", "RUNYARD_FAULT_STEP_DELAY_S": "5", "RUNYARD_FAULT_SAVE_DELAY": "1:5",
-                        "RUNYARD_FAULT_SLOW_RANK": "0:5", "RUNYARD_FAULT_STALL": "1:0", "RUNYARD_FAULT_SIGKILL": "1:0",
+    for name, value in {"RUNYARD_FAULT_RAISE": "1", "RUNYARD_FAULT_STEP_DELAY_S": "5",
+                        "RUNYARD_FAULT_SAVE_DELAY": "1:5", "RUNYARD_FAULT_SLOW_RANK": "0:5",
+                        "RUNYARD_FAULT_STALL": "1:0", "RUNYARD_FAULT_SIGKILL": "1:0",
                         "RUNYARD_FAULT_EXIT_AFTER_LAUNCH": "1", "RUNYARD_FAULT_ABORT_AT_EXIT": "0",
                         "RUNYARD_FAULT_CUDA_OOM": "1:0", "RUNYARD_FAULT_PERTURB": "1:0"}.items():
         monkeypatch.setenv(name, value)

@@ -159,7 +159,8 @@ def test_scheduler_file_is_rewritten_in_place_and_read_back(tmp_path: Path) -> N
     assert writer.write({"written_at": 2.0, "db_error": "database not writable: database or disk is full"})
 
     assert path.stat().st_ino == inode and path.stat().st_size == size == FILE_SIZE
-    assert read_scheduler_file(path) == {"written_at": 2.0, "db_error": "database not writable: database or disk is full"}
+    assert read_scheduler_file(path) == {"written_at": 2.0,
+                                         "db_error": "database not writable: database or disk is full"}
     path.write_bytes(b'{"written_at": 3.')  # caught half-written
     assert read_scheduler_file(path) is None
 

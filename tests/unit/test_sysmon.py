@@ -94,7 +94,8 @@ def start_tree(sessions: sessionmaker[Session], settings: Settings, devices: lis
         run_id, run_dir = run.id, run.run_dir
         s.commit()
     env = {"RUNYARD_RUN_DIR": run_dir, "RUNYARD_ATTEMPT": "1", "PATH": "/usr/bin:/bin"}
-    parent = subprocess.Popen([sys.executable, "-c", TREE, str(rank_offset)], env=env, stdout=subprocess.PIPE, text=True)
+    parent = subprocess.Popen([sys.executable, "-c", TREE, str(rank_offset)], env=env, stdout=subprocess.PIPE,
+                              text=True)
     assert parent.stdout is not None and parent.stdout.readline().strip() == "ready"
     root = psutil.Process(parent.pid)
     deadline = time.monotonic() + 10
@@ -261,7 +262,8 @@ def test_rows_of_no_run_are_deleted_after_the_retention_and_a_runs_rows_are_kept
     assert sorted(kept) == sorted([(START - 29 * day, None), (START - 31 * day, tree.run_id)])
 
 
-def test_nothing_is_recorded_while_no_attempt_runs(sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_nothing_is_recorded_while_no_attempt_runs(sessions: sessionmaker[Session],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     no_nvml(monkeypatch)
     monitor = SystemMonitor(sessions, host="testhost", clock=FakeClock())
     sample_window(monitor, real_gap_s=0.0)
@@ -390,7 +392,8 @@ def test_without_nvml_no_gpu_rows_and_no_error(
     if nvml == "not installed":
         no_nvml(monkeypatch)
     else:  # installed, but no NVIDIA driver (what nvmlInit does on a machine without a GPU)
-        monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(init_error=NVMLError_LibraryNotFound("libnvidia-ml.so.1")))
+        no_driver = NVMLError_LibraryNotFound("libnvidia-ml.so.1")
+        monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(init_error=no_driver))
     tree = start_tree(sessions, settings, devices=[0, 1])  # even a run that was given GPUs
     trees.append(tree)
     monitor = SystemMonitor(sessions, host="testhost", clock=FakeClock())
@@ -497,7 +500,8 @@ def add_rows(sessions: sessionmaker[Session], run_id: int, gpus: dict[int, int] 
         for w in range(3):
             at = START + 10 * w
 
-            def row(device: str, key: str, value: float, run: int | None = None, rank: int | None = None) -> None:
+            def row(device: str, key: str, value: float, run: int | None = None, rank: int | None = None,
+                    at: float = at) -> None:
                 s.add(SystemMetric(at=at, host="testhost", device=device, run_id=run, rank=rank, key=key,
                                    min=value * 0.9, mean=value, max=value * 1.1, count=5))
 
@@ -525,7 +529,7 @@ def _chart_titles(at: AppTest) -> list[str]:
 
 
 def _chart_frame(at: AppTest, title: str) -> pd.DataFrame:
-    for chart, chart_title in zip(at.get("vega_lite_chart"), _chart_titles(at)):
+    for chart, chart_title in zip(at.get("vega_lite_chart"), _chart_titles(at), strict=True):
         if chart_title == title:
             return pa.ipc.open_stream(io.BytesIO(chart.proto.datasets[0].data.data)).read_all().to_pandas()
     raise AssertionError(f"no chart titled {title!r}")

@@ -48,9 +48,12 @@ def upgrade() -> None:
         batch_op.add_column(sa.Column('parent_step', sa.Integer(), nullable=True))
         batch_op.add_column(sa.Column('parent_checkpoint_id', sa.Integer(), nullable=True))
         batch_op.add_column(sa.Column('resume_checkpoint_id', sa.Integer(), nullable=True))
-        batch_op.create_foreign_key('fk_runs_parent_checkpoint', 'checkpoints', ['parent_checkpoint_id'], ['id'], ondelete='SET NULL')
-        batch_op.create_foreign_key('fk_runs_parent_run_id_runs', 'runs', ['parent_run_id'], ['id'], ondelete='SET NULL')
-        batch_op.create_foreign_key('fk_runs_resume_checkpoint', 'checkpoints', ['resume_checkpoint_id'], ['id'], ondelete='SET NULL')
+        batch_op.create_foreign_key('fk_runs_parent_checkpoint', 'checkpoints', ['parent_checkpoint_id'], ['id'],
+                                    ondelete='SET NULL')
+        batch_op.create_foreign_key('fk_runs_parent_run_id_runs', 'runs', ['parent_run_id'], ['id'],
+                                    ondelete='SET NULL')
+        batch_op.create_foreign_key('fk_runs_resume_checkpoint', 'checkpoints', ['resume_checkpoint_id'], ['id'],
+                                    ondelete='SET NULL')
 
 
 def downgrade() -> None:
