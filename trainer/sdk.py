@@ -34,8 +34,7 @@ import torch.distributed as dist
 from db.config import CheckpointConfig, SupervisionConfig, config_from_json
 from db.layout import RunPaths, step_dir_name
 from trainer import pdeathsig, rng
-from trainer.checkpoint import CheckpointError, CheckpointManager
-from trainer.checkpointing import CheckpointHistory, event, supersede_after
+from trainer.checkpoint import CheckpointError, CheckpointHistory, CheckpointManager, event, supersede_after
 from trainer.context import RunContext, context_from_env
 from trainer.lifecycle import StopSignal, register_stack_dumps, write_finished, write_stopped
 from trainer.monitoring import Monitor

@@ -31,7 +31,7 @@ from torch.utils.checkpoint import checkpoint
 
 from db.config import RunConfig
 from trainer import faults, techniques
-from trainer.checkpointing import RunCheckpoints, Stateful
+from trainer.checkpoint import RunCheckpoints, Stateful
 from trainer.context import RunContext
 from trainer.distributed import DistInfo
 from trainer.lifecycle import StopSignal

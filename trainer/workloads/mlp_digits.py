@@ -23,7 +23,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from db.config import RunConfig
 from trainer import faults, techniques
-from trainer.checkpointing import RunCheckpoints, Stateful
+from trainer.checkpoint import RunCheckpoints, Stateful
 from trainer.context import RunContext
 from trainer.datasets import digits_arrays
 from trainer.distributed import DistInfo
