@@ -6,12 +6,13 @@ resume from them.
 - ``io``: the byte-level tools it uses (staging snapshot, hashing writer, parameters digest).
 - ``retention``: which checkpoints to keep (:func:`select_kept`).
 - ``history``: a managed run's checkpoint records in the database, with retention applied.
-- ``checkpointer``: what a training loop uses: resume, save when due, close.
+- ``checkpointer``: :class:`Checkpointer`, a run's checkpoints as the SDK's ``Run`` uses them:
+  resume (RNG states, superseding a newer lineage), save when due, close.
 
 This package imports torch: the scheduler and the UI never import it.
 """
 
-from trainer.checkpoint.checkpointer import RunCheckpoints, Stateful, supersede_after
+from trainer.checkpoint.checkpointer import Checkpointer, Stateful, supersede_after
 from trainer.checkpoint.history import CheckpointHistory, event
 from trainer.checkpoint.io import CheckpointError, params_digest
 from trainer.checkpoint.manager import FORMAT_VERSION, CheckpointManager, SaveResult
@@ -23,7 +24,7 @@ __all__ = [
     "CheckpointHistory",
     "CheckpointInfo",
     "CheckpointManager",
-    "RunCheckpoints",
+    "Checkpointer",
     "SaveResult",
     "Stateful",
     "event",
