@@ -1,5 +1,9 @@
 """Entry point run under torchrun: ``torchrun ... -m trainer [--config run_dir/config.json]``.
 
+Read the config, build the built-in workload of its kind (trainer/workloads/), join the run
+through the SDK (``trainer.init``), then ``workload.setup(run)``, ``workload.train(run)`` and
+``run.finish()``: the built-in workloads run on the same ``Run`` as your own scripts.
+
 The scheduler launches it; it can also be run by hand with torchrun, in which case nothing is
 reported to the database.
 """
@@ -49,28 +53,32 @@ def main(argv: list[str] | None = None) -> int:
 
     # Imported here so that `--help` and config errors do not pay for torch.
     from trainer import distributed, faults
-    from trainer.lifecycle import StopSignal, register_stack_dumps, write_finished
-    from trainer.reporter import MetricReporter
-    from trainer.workloads import load_workload
+    from trainer.lifecycle import register_stack_dumps
+    from trainer.sdk import init
+    from trainer.workloads import build_workload
 
-    stacks = register_stack_dumps(ctx.attempt_dir, rank)
-    info = distributed.setup(config.launch.backend)
-    stop = StopSignal()
-    stop.install()
-    logger.info(
-        "run %s attempt %s: rank %d/%d on %s (%s)",
-        ctx.run_id, ctx.attempt, info.rank, info.world_size, info.device, info.backend,
-    )
-    reporter = MetricReporter(ctx, info.rank, info.world_size)
+    workload = build_workload(config)  # refuses options it cannot honour before joining the others
+    # The scheduler's stack dump (SIGUSR1) must not kill a rank still joining the others: dump
+    # from now on (the Run registers its own file next).
+    joining = register_stack_dumps(ctx.attempt_dir, rank) if ctx.managed else None
+    # The process group is made here for every world size (FSDP's device mesh needs one even
+    # for one rank); init() adopts it.
+    distributed.setup(config.launch.backend)
+    run = init(config=config)
+    if joining is not None:
+        joining.close()
+    logger.info("run %s attempt %s: rank %d/%d on %s (%s)",
+                ctx.run_id, ctx.attempt, run.rank, run.world_size, run.device, run.info.backend)
     try:
-        result = load_workload(config.workload.kind)(config, info, ctx, reporter, stop)
-        logger.info("finished: %s", result)
-    finally:
-        reporter.close()
-    write_finished(ctx.attempt_dir, info.rank, result.get("step"))
+        workload.setup(run)
+        summary = workload.train(run)
+    except BaseException:
+        run.close()  # a checkpoint being written lands and the metrics are flushed; no notes
+        raise
+    run.finish()  # the last checkpoint durable, then the finished note
+    logger.info("finished: %s", summary)
     distributed.teardown()
-    stacks.close()
-    faults.maybe_abort_at_exit(info.rank)
+    faults.maybe_abort_at_exit(run.rank)
     return 0
 
 

@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 Flag = Callable[[], bool]
 Done = Callable[[list[list[float]]], None]
+WaitGuard = Callable[[], AbstractContextManager[Any]]
 
 
 @dataclass
@@ -59,7 +60,14 @@ def control_group() -> dist.ProcessGroup | None:
 
 class ControlChannel:
     """The per-step control collective of one process (see the module docstring); its group's
-    ranks are the default process group's."""
+    ranks are the default process group's.
+
+    One channel per process, made first and handed to whatever needs the ranks to agree (the
+    SDK's ``Run`` does this): the stop signal and the checkpointer add their flags
+    (:meth:`add_flag`), the monitor gathers its metrics (:meth:`gather`) and adds its hooks
+    (:meth:`add_wait_guard`, :meth:`add_before_agree`); whoever runs the loop calls
+    :meth:`agree` once per step. Nobody replaces another's flag or hook.
+    """
 
     def __init__(self) -> None:
         self._names: list[str] = []
@@ -69,11 +77,8 @@ class ControlChannel:
         self._in_flight: _InFlight | None = None
         self._answer: dict[str, bool] | None = None  # read, not yet handed out by agree()
         self._launched = False  # a gather was launched since the last agree()
-        # Wraps the wait for a collective: the straggler clock does not count it as work.
-        self.around_wait: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext
-        # Called at the start of every agree(), on every rank (it may gather()): a metrics log
-        # whose values were still on the device launches its exchange there.
-        self.before_agree: Callable[[], None] | None = None
+        self._wait_guards: list[WaitGuard] = []
+        self._before_agree: list[Callable[[], None]] = []
 
     @property
     def collective(self) -> bool:
@@ -87,6 +92,22 @@ class ControlChannel:
         if name not in self._names:
             self._names.append(name)
             self._flags.append(flag)
+
+    def add_wait_guard(self, guard: WaitGuard) -> None:
+        """Wrap every wait for a collective of this channel in ``guard()``.
+
+        The monitor pauses its straggler clock there: a rank waiting for runyard's own exchange
+        is not doing its own work.
+        """
+        self._wait_guards.append(guard)
+
+    def add_before_agree(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` at the start of every :meth:`agree`, on every rank.
+
+        It may :meth:`gather`: the monitor launches there the exchange of a metrics log whose
+        values were still on the device when it was logged.
+        """
+        self._before_agree.append(callback)
 
     def _local(self) -> list[float]:
         return [1.0 if flag() else 0.0 for flag in self._flags]
@@ -120,8 +141,8 @@ class ControlChannel:
         has passed) and, unless this step already launched a gather, launches the flags'
         all-reduce for the next call. Outside a process group the flags are read now.
         """
-        if self.before_agree is not None:
-            self.before_agree()
+        for callback in self._before_agree:
+            callback()
         if not self.collective:
             return {name: flag() for name, flag in zip(self._names, self._flags)}
         if not self._launched:
@@ -138,7 +159,9 @@ class ControlChannel:
         in_flight, self._in_flight = self._in_flight, None
         if in_flight is None:
             return
-        with self.around_wait():
+        with contextlib.ExitStack() as guards:
+            for guard in self._wait_guards:
+                guards.enter_context(guard())
             in_flight.work.wait()
         if in_flight.done is not None:
             table = torch.stack(in_flight.buffers).tolist()

@@ -61,6 +61,22 @@ def setup(requested_backend: str, timeout_s: float = 600.0) -> DistInfo:
     return DistInfo(rank=rank, local_rank=local_rank, world_size=world_size, backend=backend, device=device)
 
 
+def current() -> DistInfo:
+    """This process as it stands: the process group's rank and size when there is one, else
+    torchrun's environment, else a single process. The device is CUDA under NCCL (the one
+    :func:`setup` chose) or once the process has used CUDA, else the CPU."""
+    joined = dist.is_initialized()
+    rank = dist.get_rank() if joined else int(os.environ.get("RANK", "0"))
+    world_size = dist.get_world_size() if joined else int(os.environ.get("WORLD_SIZE", "1"))
+    backend = str(dist.get_backend()) if joined else "none"
+    if backend == "nccl" or (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        device = torch.device("cpu")
+    return DistInfo(rank=rank, local_rank=int(os.environ.get("LOCAL_RANK", "0")), world_size=world_size,
+                    backend=backend, device=device)
+
+
 def teardown() -> None:
     """Leave the process group cleanly.
 

@@ -13,27 +13,30 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from db.layout import FINISHED_DIR, STACKS_DIR, STOPPED_FILE
-from trainer.control import ControlChannel
+
+if TYPE_CHECKING:
+    from trainer.control import ControlChannel
 
 STOP_FLAG = "stop"
 
 
 class StopSignal:
-    """Set by SIGTERM; :meth:`agreed` makes every rank stop at the same step.
+    """Set by SIGTERM; the ranks agree on it in their control collective.
 
-    The flag travels in the ranks' one control collective per step
-    (:class:`~trainer.control.ControlChannel`, which this signal owns as ``channel``): the
-    answer of step ``s`` is what every rank had at the end of step ``s - 1``, so a rank that
-    gets SIGTERM during a step stops after the next one, together with the others.
+    It adds its flag to the channel it is handed (:class:`~trainer.control.ControlChannel`):
+    the channel's answer at step ``s`` is what every rank had at the end of step ``s - 1``, so a
+    rank that gets SIGTERM during a step stops after the next one, together with the others.
+
+    Args:
+        channel: The process's control channel (every rank makes the same one, in the same order).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, channel: ControlChannel) -> None:
         self.received_at: float | None = None
-        self.channel = ControlChannel()
-        self.channel.add_flag(STOP_FLAG, lambda: self.received_at is not None)
+        channel.add_flag(STOP_FLAG, lambda: self.received_at is not None)
 
     def install(self) -> None:
         signal.signal(signal.SIGTERM, self._handle)
@@ -41,12 +44,6 @@ class StopSignal:
     def _handle(self, signum: int, _frame: object) -> None:
         if self.received_at is None:
             self.received_at = time.time()
-
-    def agreed(self) -> bool:
-        """Collective, once per step: true on every rank once any rank got SIGTERM (torchrun
-        forwards it to all ranks, but not at the same instant). Use it when nothing else reads
-        the channel at this step (``channel.agree()`` hands out every flag, this one included)."""
-        return self.channel.agree()[STOP_FLAG]
 
 
 def write_stopped(attempt_dir: Path, step: int, checkpoint_step: int | None, received_at: float | None) -> None:

@@ -3,7 +3,7 @@
 A training loop (built-in workload or SDK) reports through :class:`Monitor`. At every log step
 each rank contributes its metrics, its memory, its times to the gradient sync and, every
 ``supervision.desync_check_every`` steps, a checksum of its parameters to an all-gather on the
-stop signal's :class:`~trainer.control.ControlChannel`, which also carries the stop flag. It is
+process's :class:`~trainer.control.ControlChannel`, which also carries the stop flag. It is
 launched asynchronously and read during the next step, so nobody waits for it; then rank 0 hands
 the rows to its database writer and runs the straggler and desync checks (trainer/health.py),
 writing what it finds as Event rows. Values still on the device (the loss) are copied to the
@@ -27,12 +27,11 @@ import torch
 from sqlalchemy import Connection
 from torch import nn
 
-from trainer.control import ControlChannel
 from trainer.health import DesyncCheck, Finding, PreSyncClock, StragglerCheck, params_checksum, timed_allreduce
 
 if TYPE_CHECKING:
     from db.config import SupervisionConfig
-    from trainer.lifecycle import StopSignal
+    from trainer.control import ControlChannel
     from trainer.reporter import MetricReporter
 
 logger = logging.getLogger(__name__)
@@ -154,12 +153,13 @@ class Monitor:
         world_size: Number of ranks.
         device: Where this rank computes (memory metrics).
         reporter: The metric reporter; its writer (rank 0) records the findings.
-        stop: The stop signal, whose control channel carries the exchange (without one, the
-            monitor makes its own channel).
+        channel: The process's control channel: it carries the exchange, and the monitor adds
+            its hooks to it (the straggler clock pauses while the channel waits; a log whose
+            values were on the device is launched at the channel's next agreement).
     """
 
     def __init__(self, supervision: SupervisionConfig, rank: int, world_size: int, device: torch.device,
-                 reporter: MetricReporter, stop: StopSignal | None = None):
+                 reporter: MetricReporter, channel: ControlChannel):
         self.rank = rank
         self.world_size = world_size
         self.device = device
@@ -172,9 +172,9 @@ class Monitor:
         self._params: list[torch.Tensor] = []
         self.clock: PreSyncClock | None = None
         self._last_step = 0
-        self.channel = stop.channel if stop is not None else ControlChannel()
-        self.channel.around_wait = self.outside_step
-        self.channel.before_agree = self._agreeing
+        self.channel = channel
+        channel.add_wait_guard(self.outside_step)
+        channel.add_before_agree(self._agreeing)
         self._pending: _PendingLog | None = None  # a log whose device values are on their way
         writer = reporter.writer
         if writer is not None and reporter.ctx.run_id is not None:

@@ -18,6 +18,13 @@ verified checkpoints, graceful stops and one-click resume.
 
 Outside runyard (a plain ``torchrun train.py``) the same calls work: metrics go to the log,
 checkpoints to ``./checkpoints``, and nothing is written to a database.
+
+The built-in workloads (trainer/workloads/) run on this same ``Run``. They also use what a
+script may: ``run.checkpoint_due(step)`` (the ``[checkpoint]`` schedule: every N steps, every T
+seconds by the ranks' agreed clocks), ``save_checkpoint(..., defer_snapshot=True)`` with
+``run.before_update()`` before ``optimizer.step()`` (the snapshot copied while the next step
+runs), plain numbers in the state (a data position, in a dict) and metrics kept with each
+checkpoint (``checkpoint.best_metric`` picks the best ones to keep).
 """
 
 from __future__ import annotations
@@ -25,59 +32,60 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from db.config import CheckpointConfig, SupervisionConfig, config_from_json
-from db.layout import RunPaths, step_dir_name
-from trainer import pdeathsig, rng
-from trainer.checkpoint import CheckpointError, CheckpointManager
-from trainer.checkpointing import CheckpointHistory, event, supersede_after
+from db.config import CheckpointConfig, RunConfig, SupervisionConfig, config_from_json
+from db.layout import RunPaths
+from trainer import distributed, pdeathsig
+from trainer.checkpoint import Checkpointer
 from trainer.context import RunContext, context_from_env
-from trainer.lifecycle import StopSignal, register_stack_dumps, write_finished, write_stopped
+from trainer.control import ControlChannel
+from trainer.lifecycle import STOP_FLAG, StopSignal, register_stack_dumps, write_finished, write_stopped
 from trainer.monitoring import Monitor
 from trainer.reporter import MetricReporter
 
 logger = logging.getLogger(__name__)
 
 
-def _as_state(value: Any) -> Any:
-    """Modules, optimizers and schedulers become their state dicts; the rest is kept."""
-    if hasattr(value, "state_dict") and callable(value.state_dict):
-        if isinstance(value, torch.nn.parallel.DistributedDataParallel):
-            value = value.module
-        return value.state_dict()
-    return value
-
-
 class Run:
-    """A handle on this process's place in a runyard run. Create it with :func:`init`."""
+    """A handle on this process's place in a runyard run. Create it with :func:`init`.
+
+    Args:
+        ctx: Where this process belongs (run, attempt, folders, resume point).
+        checkpoint_config: The ``[checkpoint]`` section (async writes, schedule, retention).
+        supervision: The ``[supervision]`` section (straggler and desync checks).
+        config: The whole run config when known: checkpoints keep its hash, and a resume from
+            another config's checkpoint (a fork) says so.
+    """
 
     def __init__(self, ctx: RunContext, checkpoint_config: CheckpointConfig,
-                 supervision: SupervisionConfig | None = None):
+                 supervision: SupervisionConfig | None = None, *, config: RunConfig | None = None):
         self.ctx = ctx
-        self.rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
-        self.world_size = dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
+        self.config = config
+        self.info = distributed.current()
+        self.rank = self.info.rank
+        self.world_size = self.info.world_size
         self.reporter = MetricReporter(ctx, self.rank, self.world_size)
-        self._stop = StopSignal()
+        # One control channel for the process, made here and handed to each part that needs the
+        # ranks to agree: the stop signal's flag, the checkpointer's time-based flag and the
+        # monitor's metrics all ride in its one small collective per step.
+        self.channel = ControlChannel()
+        self._stop = StopSignal(self.channel)
         self._stop.install()
-        self._monitor = Monitor(supervision or SupervisionConfig(), self.rank, self.world_size, _device(),
-                                self.reporter, self._stop)
+        self._monitor = Monitor(supervision or SupervisionConfig(), self.rank, self.world_size, self.info.device,
+                                self.reporter, self.channel)
         self._stacks = register_stack_dumps(ctx.attempt_dir, self.rank)
-        self._checkpoint_config = checkpoint_config
-        writer = self.reporter.writer
-        self._manager = CheckpointManager(
-            ctx.checkpoint_dir, is_writer=self.rank == 0, async_save=checkpoint_config.async_save,
-            on_complete=(lambda result: writer.put("checkpoint", result)) if writer else None,
-        )
-        if writer is not None and ctx.run_id is not None:
-            CheckpointHistory(ctx.run_id, ctx.attempt, checkpoint_config, self._manager).attach(writer)
+        self._checkpoints = Checkpointer(ctx, self.info, checkpoint_config, self.channel, self.reporter.writer,
+                                         run_config=config)
         self._last_step = 0
-        self._last_checkpoint: int | None = None
         self._stopping = False
+        self._agreed: Mapping[str, bool] = {}
+        self._unread: set[str] = set()  # who has not read the newest agreement: "stop", "due"
         self._finished = False
 
     @property
@@ -88,6 +96,12 @@ class Run:
     def managed(self) -> bool:
         """True when the scheduler launched this process (metrics go to the dashboard)."""
         return self.ctx.managed
+
+    @property
+    def device(self) -> torch.device:
+        """Where this rank computes: its CUDA device under NCCL (or once the script used CUDA),
+        else the CPU."""
+        return self.info.device
 
     # -- metrics ------------------------------------------------------------------------------
 
@@ -122,71 +136,65 @@ class Run:
 
     # -- checkpoints --------------------------------------------------------------------------
 
-    def save_checkpoint(self, step: int, state: dict[str, Any], metrics: dict[str, float] | None = None) -> None:
+    def save_checkpoint(self, step: int, state: dict[str, Any],
+                        metrics: Mapping[str, float | torch.Tensor] | None = None, *,
+                        defer_snapshot: bool = False) -> None:
         """Save ``state`` (modules and optimizers are saved as their state dicts) at ``step``.
 
         Collective (every rank's RNG state is gathered). The training thread only waits for a
         copy to CPU memory; rank 0 writes in the background, atomically, with a manifest.
         ``state["model"]`` must be the model: its parameters' digest identifies the checkpoint.
+        ``metrics`` (numbers, or one-element tensors) are kept with it; ``checkpoint.best_metric``
+        among them decides which checkpoints retention keeps as the best.
+
+        With ``defer_snapshot=True`` even the copy happens in the background, while your next
+        step's forward and backward run: nothing in ``state`` may change until
+        :meth:`before_update`, which you call before ``optimizer.step()``.
         """
-        rng_states: list[Any] = [None] * self.world_size
-        if self.world_size > 1 and dist.is_initialized():
-            dist.all_gather_object(rng_states, rng.capture())
-        else:
-            rng_states = [rng.capture()]
-        payload = {key: _as_state(value) for key, value in state.items()}
-        payload["step"] = step
-        payload["rng"] = rng_states
-        payload["world_size"] = self.world_size
-        self._manager.save(step, payload, metrics=metrics or {})
-        self._last_checkpoint = step
+        self._checkpoints.save(step, state, metrics, defer_snapshot=defer_snapshot)
+        self._last_step = max(self._last_step, step)
 
     def load_checkpoint(self, state: dict[str, Any] | None = None) -> int:
         """Restore the checkpoint the scheduler chose for this attempt, if any.
 
         Objects in ``state`` that have ``load_state_dict`` (model, optimizer, scheduler) are
-        loaded in place; other keys are updated with the saved values.
+        loaded in place; other keys are updated with the saved values. A damaged checkpoint is
+        refused and the one before it is loaded; every rank's RNG states are restored.
 
         Returns:
             The step of the checkpoint (continue with the step after it), or 0 when there is
             nothing to resume.
         """
-        if self.ctx.resume_dir is None or self.ctx.resume_step is None:
-            return 0
-        writer = self.reporter.writer
-
-        def refused(step: int, reason: str) -> None:
-            logger.error("checkpoint step %d refused: %s", step, reason)
-            if writer is not None:
-                writer.put("refused", (str(Path(self.ctx.resume_dir or ".") / step_dir_name(step)), reason))
-                writer.put("event", event("checkpoint_refused", f"checkpoint step {step} refused: {reason}", "error"))
-
-        source = CheckpointManager(self.ctx.resume_dir, is_writer=False, on_refused=refused if self.is_main else None)
-        try:
-            step, saved = source.load(self.ctx.resume_step)
-        except CheckpointError as exc:
-            raise CheckpointError(f"cannot resume from {self.ctx.resume_dir} step {self.ctx.resume_step}: {exc}") from exc
-        for key, target in (state or {}).items():
-            if key not in saved:
-                continue
-            if isinstance(target, torch.nn.parallel.DistributedDataParallel):
-                target = target.module
-            if hasattr(target, "load_state_dict"):
-                target.load_state_dict(saved[key])
-            elif isinstance(target, dict):
-                target.update(saved[key])
-        ranks = saved.get("rng") or []
-        if self.rank < len(ranks):
-            rng.restore(ranks[self.rank])
-        if writer is not None:
-            writer.put("resumed", step)
-            writer.put("event", event("resume", f"resumed from step {step}"))
-        if self.is_main and self.managed:
-            supersede_after(step, self.ctx, self._manager, writer)
-        self._last_step = self._last_checkpoint = step
-        self._monitor.begin(step)
-        logger.info("resumed from checkpoint step %d", step)
+        step = self._checkpoints.resume(state or {})
+        self._last_step = max(self._last_step, step)
+        self._monitor.begin(step)  # what came before (building, loading) was not a step
         return step
+
+    def checkpoint_due(self, step: int, *, last: bool = False) -> bool:
+        """Whether to save a checkpoint of ``step``, by the ``[checkpoint]`` schedule: at the
+        ``last`` step, every ``checkpoint.every_steps``, when ``checkpoint.every_seconds`` have
+        passed since the last save (by the ranks' agreed clocks), and on a stop.
+
+        Collective, once per step after the step's work, like :meth:`should_stop`: the two
+        share one agreement of the ranks per step, whichever is called first makes it.
+        """
+        self._last_step = max(self._last_step, step)
+        if self._stopping:
+            return True
+        agreed = self._agreement("due")
+        return self._stopping or self._checkpoints.due(step, agreed, last)
+
+    def prepare_checkpoint(self, state: dict[str, Any]) -> None:
+        """Optional, on a GPU: once ``state``'s tensors exist (after the first optimizer step),
+        pin in the background the CPU memory that checkpoints are copied into, so that the
+        first save does not wait for it (about a second for a 1.5 GB state)."""
+        self._checkpoints.prepare(state)
+
+    def before_update(self) -> None:
+        """After :meth:`save_checkpoint` with ``defer_snapshot=True``: call it before
+        ``optimizer.step()`` (or anything else that edits the saved tensors). It waits, if
+        needed, until the snapshot is copied; cheap otherwise."""
+        self._checkpoints.before_update()
 
     # -- stopping -----------------------------------------------------------------------------
 
@@ -199,55 +207,81 @@ class Run:
         The answer is what the ranks had one step ago, the same on every rank; once true it
         stays true.
         """
-        self._stopping = self._stopping or self._stop.agreed()
+        if not self._stopping:
+            self._agreement("stop")
         return self._stopping
+
+    def _agreement(self, reader: str) -> Mapping[str, bool]:
+        """The ranks' newest agreement on the channel's flags, for ``reader`` ("stop" or "due"):
+        the one the other reader made and this one has not read yet, else a new one (collective).
+        So a loop that asks both once per step makes one collective per step."""
+        if reader not in self._unread:
+            self._agreed = self.channel.agree()
+            self._stopping = self._stopping or self._agreed[STOP_FLAG]
+            self._unread = {"stop", "due"}
+        self._unread.discard(reader)
+        return self._agreed
 
     def finish(self) -> None:
         """Wait for the last checkpoint to be durable and flush the metrics. Call it once at the end."""
         if self._finished:
             return
         self._finished = True
-        self._monitor.close()  # the last log's exchange: its metrics get written
-        self.reporter.finishing()
-        self._manager.close()
-        if self._stop.received_at is not None and self.is_main:
-            write_stopped(self.ctx.attempt_dir, self._last_step, self._last_checkpoint, self._stop.received_at)
-        self.reporter.close()
+        try:
+            self._monitor.close()  # the last log's exchange: its metrics get written
+            self.reporter.finishing()
+            self._checkpoints.close()  # the last checkpoint is durable (or this raises)
+            if self.is_main and (self._stopping or self._stop.received_at is not None):
+                write_stopped(self.ctx.attempt_dir, self._last_step, self._checkpoints.last_saved,
+                              self._stop.received_at)
+        finally:
+            self.reporter.close()
+            self._stacks.close()
+        # Only now, with everything durable: the scheduler reads this note as "the work is done".
         if self.managed:
             write_finished(self.ctx.attempt_dir, self.rank, self._last_step)
-        self._stacks.close()
+
+    def close(self) -> None:
+        """After a failure, instead of :meth:`finish`: wait for a checkpoint being written and
+        flush the metrics, without the collectives (a failed rank may have left them) and
+        without the notes that say the work is done."""
+        if self._finished:
+            return
+        self._finished = True
+        try:
+            self.reporter.finishing()
+            self._checkpoints.close()
+        finally:
+            self.reporter.close()
+            self._stacks.close()
 
 
-def _device() -> torch.device:
-    """The device this script trains on, as far as the SDK can tell (for memory metrics)."""
-    nccl = dist.is_initialized() and dist.get_backend() == "nccl"
-    if nccl or (torch.cuda.is_available() and torch.cuda.is_initialized()):
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def init(backend: str = "auto") -> Run:
+def init(backend: str = "auto", *, config: RunConfig | None = None) -> Run:
     """Join runyard's run (or run locally) and return the handle.
 
     Initialises the default process group from torchrun's environment when the script has not
     done so (``backend``: auto picks nccl with CUDA, else gloo).
+
+    Args:
+        backend: The process group's backend, when this call makes the group.
+        config: The run's config (``python -m trainer`` passes the attempt's); by default it is
+            read from the run's folder when runyard launched this process.
     """
     # Under runyard the rank dies with torchrun's agent. trainer/script_runner.py already armed
     # it for a script the scheduler launched; arming twice is harmless.
     pdeathsig.arm_under_agent()
     ctx = context_from_env()
     if not os.environ.get("RUNYARD_RUN_DIR"):
-        ctx = RunContext(run_id=None, attempt=1, db_url=None, run_dir=Path.cwd(), attempt_dir=Path.cwd() / "runyard-logs")
+        ctx = RunContext(run_id=None, attempt=1, db_url=None, run_dir=Path.cwd(),
+                         attempt_dir=Path.cwd() / "runyard-logs")
     if "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1 and not dist.is_initialized():
-        from trainer.distributed import setup
-
-        setup(backend)
-    checkpoint_config, supervision = CheckpointConfig(), SupervisionConfig()
+        distributed.setup(backend)
     config_file = RunPaths(ctx.run_dir).config
-    if ctx.managed and config_file.exists():
+    if config is None and ctx.managed and config_file.exists():
         config = config_from_json(config_file.read_text())
-        checkpoint_config, supervision = config.checkpoint, config.supervision
-    run = Run(ctx, checkpoint_config, supervision)
+    checkpoint_config = config.checkpoint if config is not None else CheckpointConfig()
+    supervision = config.supervision if config is not None else SupervisionConfig()
+    run = Run(ctx, checkpoint_config, supervision, config=config)
     logger.info("runyard %s: rank %d/%d, run %s attempt %d, started %s", "managed" if ctx.managed else "local",
                 run.rank, run.world_size, ctx.run_id, ctx.attempt, time.strftime("%H:%M:%S"))
     return run

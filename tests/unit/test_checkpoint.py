@@ -23,8 +23,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trainer import TrainerError
-from trainer import checkpoint as ckpt
 from trainer.checkpoint import (
+    FORMAT_VERSION,
     CheckpointError,
     CheckpointInfo,
     CheckpointManager,
@@ -32,6 +32,7 @@ from trainer.checkpoint import (
     params_digest,
     select_kept,
 )
+from trainer.checkpoint import io as checkpoint_io
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -157,7 +158,7 @@ def test_deferred_snapshot_is_taken_by_the_writer_and_holds_the_state_of_the_sav
     """save(defer_snapshot=True) returns before copying; wait_snapshot() returns once the copy is
     private, so the optimizer step after it does not leak into the checkpoint."""
     release = threading.Event()
-    real_snapshot = ckpt._Stager.snapshot_beside
+    real_snapshot = checkpoint_io._Stager.snapshot_beside
     copied_on: list[str] = []
 
     def slow_snapshot(self: Any, state: dict[str, Any], ready: dict) -> tuple[dict[str, Any], dict]:
@@ -165,7 +166,7 @@ def test_deferred_snapshot_is_taken_by_the_writer_and_holds_the_state_of_the_sav
         assert release.wait(30), "test never released the snapshot"
         return real_snapshot(self, state, ready)
 
-    monkeypatch.setattr(ckpt._Stager, "snapshot_beside", slow_snapshot)
+    monkeypatch.setattr(checkpoint_io._Stager, "snapshot_beside", slow_snapshot)
     manager = CheckpointManager(tmp_path)
     state = _training_state()
     expected = {k: v.clone() for k, v in state["model"].items()}
@@ -256,14 +257,14 @@ def test_async_save_returns_before_the_write_and_wait_reports_the_result(
 ) -> None:
     release = threading.Event()
     writing = threading.Event()
-    real_write_all = ckpt._HashingFile._write_all
+    real_write_all = checkpoint_io._HashingFile._write_all
 
     def slow_write_all(self: Any, view: memoryview) -> None:
         writing.set()
         assert release.wait(30), "test never released the writer"
         real_write_all(self, view)
 
-    monkeypatch.setattr(ckpt._HashingFile, "_write_all", slow_write_all)
+    monkeypatch.setattr(checkpoint_io._HashingFile, "_write_all", slow_write_all)
     completed: list[SaveResult] = []
     manager = CheckpointManager(tmp_path, on_complete=completed.append)
     state = _training_state()
@@ -359,14 +360,14 @@ def test_writer_failing_midway_leaves_no_step_and_surfaces_the_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     manager = _saved(tmp_path, 1)
-    real_write_all = ckpt._HashingFile._write_all
+    real_write_all = checkpoint_io._HashingFile._write_all
 
     def failing_write_all(self: Any, view: memoryview) -> None:
         if self.bytes > 1000:
             raise OSError(28, "No space left on device")
         real_write_all(self, view)
 
-    monkeypatch.setattr(ckpt._HashingFile, "_write_all", failing_write_all)
+    monkeypatch.setattr(checkpoint_io._HashingFile, "_write_all", failing_write_all)
     manager.save(2, {"model": {"w": torch.randn(512, 1024)}, "opt": {"m": torch.randn(512, 1024)}})
     with pytest.raises(CheckpointError, match="step 2.*No space left") as info:
         manager.wait()
@@ -374,7 +375,7 @@ def test_writer_failing_midway_leaves_no_step_and_surfaces_the_error(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-1"]
     assert manager.verified_steps() == [1]
 
-    monkeypatch.setattr(ckpt._HashingFile, "_write_all", real_write_all)
+    monkeypatch.setattr(checkpoint_io._HashingFile, "_write_all", real_write_all)
     manager.save(3, _training_state())  # the manager still works after a failed write
     assert manager.wait() is not None and manager.verified_steps() == [1, 3]
 
@@ -383,7 +384,7 @@ def test_previous_async_failure_is_raised_by_the_next_save(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     manager = CheckpointManager(tmp_path)
-    monkeypatch.setattr(ckpt._HashingFile, "_write_all", lambda self, view: 1 / 0)
+    monkeypatch.setattr(checkpoint_io._HashingFile, "_write_all", lambda self, view: 1 / 0)
     manager.save(1, _training_state())
     with pytest.raises(CheckpointError, match="step 1"):
         manager.save(2, _training_state())
@@ -393,15 +394,16 @@ def test_previous_async_failure_is_raised_by_the_next_save(
 _KILLED_WRITER = """
 import sys, time, torch
 from pathlib import Path
-from trainer import checkpoint as ckpt
-real = ckpt._HashingFile._write_all
+from trainer import checkpoint
+from trainer.checkpoint import io as checkpoint_io
+real = checkpoint_io._HashingFile._write_all
 def stalled(self, view):
     real(self, view)
     if self.bytes > (4 << 20):
         print("writing", flush=True)
         time.sleep(600)
-ckpt._HashingFile._write_all = stalled
-manager = ckpt.CheckpointManager(Path(sys.argv[1]))
+checkpoint_io._HashingFile._write_all = stalled
+manager = checkpoint.CheckpointManager(Path(sys.argv[1]))
 manager.save(2, {"model": {f"w{i}": torch.randn(1 << 20) for i in range(8)}})
 manager.wait()
 """
@@ -537,7 +539,7 @@ def test_malicious_pickle_with_a_matching_manifest_is_not_executed(tmp_path: Pat
     torch.save({"model": {"w": torch.zeros(2)}, "payload": _Payload(marker)}, step_dir / "state.pt")
     data = (step_dir / "state.pt").read_bytes()
     manifest = {
-        "format_version": ckpt.FORMAT_VERSION,
+        "format_version": FORMAT_VERSION,
         "step": 4,
         "created_at": "2025-01-01T00:00:00+00:00",
         "files": {"state.pt": {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}},

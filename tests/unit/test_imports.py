@@ -104,7 +104,7 @@ def test_the_graph_sees_real_arrows() -> None:
     graph = _graph()
     assert "db.models" in graph["orchestrator.scheduler"]
     assert "orchestrator.access" in graph["app.gate"]
-    assert "db.layout" in graph["trainer.checkpoint"]
+    assert "db.layout" in graph["trainer.checkpoint.manager"]
 
 
 def test_the_scheduler_the_ui_and_the_cli_never_load_torch() -> None:

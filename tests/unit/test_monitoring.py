@@ -19,8 +19,8 @@ from torch import nn
 
 from db.config import ConfigError, SupervisionConfig, parse_config
 from trainer.context import RunContext
+from trainer.control import ControlChannel
 from trainer.health import DesyncCheck, PreSyncClock, StragglerCheck, params_checksum, timed_allreduce
-from trainer.lifecycle import StopSignal
 from trainer.monitoring import Interval, Monitor, memory_metrics
 from trainer.reporter import MetricReporter
 
@@ -190,7 +190,7 @@ def unmanaged(tmp_path: Path) -> RunContext:
 
 
 def test_a_report_carries_memory_and_reaches_rank_0_with_its_step(tmp_path: Path) -> None:
-    monitor = Monitor(SupervisionConfig(), 0, 1, CPU, MetricReporter(unmanaged(tmp_path), 0, 1), StopSignal())
+    monitor = Monitor(SupervisionConfig(), 0, 1, CPU, MetricReporter(unmanaged(tmp_path), 0, 1), ControlChannel())
     got = []
     monitor.log(10, {"loss": 2.5}, then=lambda step, per_rank: got.append((step, per_rank)))
     monitor.close()
@@ -202,15 +202,15 @@ def test_a_report_carries_memory_and_reaches_rank_0_with_its_step(tmp_path: Path
 def test_tensor_values_are_not_waited_for_and_reach_rank_0_a_step_later(tmp_path: Path) -> None:
     """A loss still on the device is fetched without a sync: its exchange is launched at the
     channel's agreement of the next step (not of its own), at the next log, or at close()."""
-    stop = StopSignal()
-    monitor = Monitor(SupervisionConfig(), 0, 1, CPU, MetricReporter(unmanaged(tmp_path), 0, 1), stop)
+    channel = ControlChannel()
+    monitor = Monitor(SupervisionConfig(), 0, 1, CPU, MetricReporter(unmanaged(tmp_path), 0, 1), channel)
     got: list[tuple[int, dict[str, float]]] = []
     then = lambda step, per_rank: got.append((step, per_rank[0]))  # noqa: E731
 
     monitor.log(1, {"loss": torch.tensor(2.5), "lr": 0.1}, then=then)
-    stop.channel.agree()  # the end of step 1: the device may still be computing it
+    channel.agree()  # the end of step 1: the device may still be computing it
     assert got == []
-    stop.channel.agree()  # the end of step 2
+    channel.agree()  # the end of step 2
     assert [(s, v["loss"], v["lr"]) for s, v in got] == [(1, 2.5, 0.1)]
 
     monitor.log(2, {"loss": torch.tensor([1.5])}, then=then)
@@ -260,14 +260,14 @@ def test_memory_and_sync_clock_on_cuda() -> None:
 @pytest.mark.gpu
 def test_a_loss_on_the_gpu_reaches_rank_0_through_pinned_memory(tmp_path: Path) -> None:
     device = torch.device("cuda", 0)
-    stop = StopSignal()
-    monitor = Monitor(SupervisionConfig(), 0, 1, device, MetricReporter(unmanaged(tmp_path), 0, 1), stop)
+    channel = ControlChannel()
+    monitor = Monitor(SupervisionConfig(), 0, 1, device, MetricReporter(unmanaged(tmp_path), 0, 1), channel)
     got: list[dict[str, float]] = []
     x = torch.randn(2048, 2048, device=device)
     for step in range(1, 4):
         loss = (x @ x).mean()  # still being computed when it is logged
         monitor.log(step, {"loss": loss}, then=lambda _, per_rank: got.append(per_rank[0]))
-        stop.channel.agree()
+        channel.agree()
     monitor.close()
     assert len(got) == 3 and got[-1]["loss"] == pytest.approx(loss.item(), rel=1e-6)
     assert got[-1]["mem_allocated_mib"] >= 16

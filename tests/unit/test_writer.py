@@ -22,8 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from db.config import CheckpointConfig
 from db.models import Checkpoint, Event, MetricPoint
 from db.settings import Settings
-from trainer.checkpoint import CheckpointManager
-from trainer.checkpointing import CheckpointHistory
+from trainer.checkpoint import CheckpointHistory, CheckpointManager
 from trainer.reporter import DatabaseWriter
 
 RUN_ID, ATTEMPT = 1, 1

@@ -1,10 +1,12 @@
 """gpt-char: a character-level, decoder-only transformer (nanoGPT-like) on a text file.
 
-Reads top to bottom: data, model, parallelism, loop. The default text is the Python standard
-library's own sources on this machine (no download). Batches are windows of ``block_size + 1``
-characters at positions drawn from a generator seeded with (seed, step, rank): they depend only
-on the step, so a resumed run repeats the uninterrupted one's batches with no sampler state, and
-``grad_accum`` micro-batches split the same windows that one big batch would take.
+Reads top to bottom: data, model, parallelism, loop (:meth:`GPTChar.setup` builds and resumes,
+:meth:`GPTChar.train` loops; the SDK's ``Run`` does checkpoints, stops and metrics). The default
+text is the Python standard library's own sources on this machine (no download). Batches are
+windows of ``block_size + 1`` characters at positions drawn from a generator seeded with (seed,
+step, rank): they depend only on the step, so a resumed run repeats the uninterrupted one's
+batches with no sampler state, and ``grad_accum`` micro-batches split the same windows that one
+big batch would take.
 
 Parallelism: ``parallel.strategy = "ddp"`` (DistributedDataParallel) or ``"fsdp"`` (FSDP2:
 ``fully_shard`` on each block, then the root; checkpoints gather the full state to rank 0).
@@ -19,7 +21,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -31,12 +33,12 @@ from torch.utils.checkpoint import checkpoint
 
 from db.config import RunConfig
 from trainer import faults, techniques
-from trainer.checkpointing import RunCheckpoints, Stateful
-from trainer.context import RunContext
+from trainer.checkpoint import Stateful
 from trainer.distributed import DistInfo
-from trainer.lifecycle import StopSignal
-from trainer.monitoring import Interval, Monitor
-from trainer.reporter import MetricReporter
+from trainer.monitoring import Interval
+
+if TYPE_CHECKING:
+    from trainer.sdk import Run
 
 logger = logging.getLogger(__name__)
 
@@ -314,51 +316,71 @@ def evaluate(runner: nn.Module, val: torch.Tensor, config: RunConfig, info: Dist
 # -- training ------------------------------------------------------------------------------------
 
 
-def train(
-    config: RunConfig, info: DistInfo, ctx: RunContext, reporter: MetricReporter, stop: StopSignal
-) -> dict:
-    """Train to ``train.max_steps`` (or a stop request); returns the final step and eval loss."""
-    tc, wc = config.train, config.workload
-    check_supported(config)
-    torch.manual_seed(tc.seed)  # every rank builds the same initial model
-    if tc.deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
-    corpus = load_corpus(wc.text)
-    model = GPT(len(corpus.vocab), wc.n_layer, wc.n_head, wc.n_embd, wc.block_size,
-                activation_checkpointing=tc.activation_checkpointing).to(info.device)
-    samples_per_step = tc.batch_size * tc.grad_accum
-    flops_per_sample = flops_per_token(model, wc.n_layer, wc.n_embd, wc.block_size) * wc.block_size
-    peak = techniques.peak_flops(info.device)
-    if info.is_main:
-        logger.info("gpt-char: vocab %d, train %d chars, %.2fM non-embedding params, peak %s FLOP/s",
-                    len(corpus.vocab), len(corpus.train), model.non_embedding_params() / 1e6,
-                    f"{peak:.3g}" if peak else "unknown")
+class GPTChar:
+    """The gpt-char workload (:class:`~trainer.workloads.Workload`).
 
-    runner, forward = parallelize(model, config, info)
-    optimizer = techniques.build_optimizer(model, tc, info.device)
-    scaler = techniques.grad_scaler(tc.precision, info.device)
-    fsdp = config.parallel.strategy == "fsdp"
-    model_state: Stateful = FullModelState(model) if fsdp else model
-    optim_state: Stateful = FullOptimizerState(model, optimizer) if fsdp else optimizer
-    extra: dict[str, Stateful] = {"scaler": scaler} if scaler is not None else {}
-    checkpoints = RunCheckpoints(config, ctx, info, reporter.writer)
-    monitor = Monitor(config.supervision, info.rank, info.world_size, info.device, reporter, stop)
-    monitor.watch(runner)  # DDP: straggler and desync checks; FSDP: neither (sharded)
-    step, _, _ = checkpoints.resume(model_state, optim_state, extra)
-    monitor.begin(step)
+    Args:
+        config: The run's config (``[workload]`` model and text, ``[train]``, ``[parallel]``).
 
-    iv = Interval()
-    latest: dict[str, float | torch.Tensor] = {}  # the loss stays on the device until a save
-    injected = faults.StepFaults(info.rank, ctx.attempt)
-    lr = techniques.lr_at(step, tc)
-    try:
+    Raises:
+        ValueError: An option combination it cannot honour (:func:`check_supported`).
+    """
+
+    def __init__(self, config: RunConfig) -> None:
+        check_supported(config)
+        self.config = config
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint holds besides the step and the RNG states (the Run adds those): the
+        model, the optimizer (under FSDP as full state dicts gathered to rank 0) and the fp16
+        GradScaler. No data position: a step's batches depend on the step alone."""
+        state: dict[str, Any] = {"model": self.model_state, "optimizer": self.optim_state}
+        if self.scaler is not None:
+            state["scaler"] = self.scaler
+        return state
+
+    def setup(self, run: Run) -> None:
+        tc, wc, info = self.config.train, self.config.workload, run.info
+        torch.manual_seed(tc.seed)  # every rank builds the same initial model
+        if tc.deterministic:
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            torch.use_deterministic_algorithms(True)
+        self.corpus = load_corpus(wc.text)
+        self.model = GPT(len(self.corpus.vocab), wc.n_layer, wc.n_head, wc.n_embd, wc.block_size,
+                         activation_checkpointing=tc.activation_checkpointing).to(info.device)
+        self.peak = techniques.peak_flops(info.device)
+        if info.is_main:
+            logger.info("gpt-char: vocab %d, train %d chars, %.2fM non-embedding params, peak %s FLOP/s",
+                        len(self.corpus.vocab), len(self.corpus.train), self.model.non_embedding_params() / 1e6,
+                        f"{self.peak:.3g}" if self.peak else "unknown")
+
+        self.runner, self.forward = parallelize(self.model, self.config, info)
+        self.optimizer = techniques.build_optimizer(self.model, tc, info.device)
+        self.scaler = techniques.grad_scaler(tc.precision, info.device)
+        fsdp = self.config.parallel.strategy == "fsdp"
+        self.model_state: Stateful = FullModelState(self.model) if fsdp else self.model
+        self.optim_state: Stateful = FullOptimizerState(self.model, self.optimizer) if fsdp else self.optimizer
+        run.watch(self.runner)  # DDP: straggler and desync checks; FSDP: neither (sharded)
+        self.step = run.load_checkpoint(self.state())
+
+    def train(self, run: Run) -> dict[str, float]:
+        """Train to ``train.max_steps`` (or a stop request); returns the final step and eval loss."""
+        tc, wc, info = self.config.train, self.config.workload, run.info
+        model, runner, forward, optimizer, scaler = self.model, self.runner, self.forward, self.optimizer, self.scaler
+        samples_per_step = tc.batch_size * tc.grad_accum
+        flops_per_sample = flops_per_token(model, wc.n_layer, wc.n_embd, wc.block_size) * wc.block_size
+        step = self.step
+
+        iv = Interval()
+        latest: dict[str, float | torch.Tensor] = {}  # the loss stays on the device until a save
+        injected = faults.StepFaults(info.rank, run.ctx.attempt)
+        first_step = step + 1
         while step < tc.max_steps:
             injected.before(step + 1, tc.batch_size)
 
             t0 = time.perf_counter()
             gen = window_generator(tc.seed, "train", step, info.rank)
-            xs, ys = get_batch(corpus.train, wc.block_size, tc.batch_size * tc.grad_accum, gen)
+            xs, ys = get_batch(self.corpus.train, wc.block_size, tc.batch_size * tc.grad_accum, gen)
             if info.device.type == "cuda":  # from pinned memory the copy really does not block
                 xs, ys = xs.pin_memory(), ys.pin_memory()
             xs, ys = xs.to(info.device, non_blocking=True), ys.to(info.device, non_blocking=True)
@@ -374,31 +396,36 @@ def train(
                         loss = cross_entropy(forward(x), y) / tc.grad_accum
                     (scaler.scale(loss) if scaler is not None else loss).backward()
                 iv.loss = iv.loss + loss.detach()
-            checkpoints.before_update()  # the previous step's checkpoint snapshot is taken by now
+            run.before_update()  # the previous step's checkpoint snapshot is taken by now
             iv.grad_norm = iv.grad_norm + techniques.optimizer_update(model, optimizer, scaler, tc.clip_grad_norm)
             faults.maybe_perturb(step + 1, info.rank, model.parameters())
             step += 1
             iv.steps += 1
-            reporter.progress(step)
+            run.reporter.progress(step)
+            if step == first_step:  # the optimizer's state exists now: ready the checkpoint's buffers
+                run.prepare_checkpoint(self.state())
 
             last = step == tc.max_steps
             if step % tc.log_every == 0 or last:
-                metrics = iv.report(lr, samples_per_step, flops_per_sample, peak, scaler, tokens_per_sample=wc.block_size)
+                metrics = iv.report(lr, samples_per_step, flops_per_sample, self.peak, scaler,
+                                    tokens_per_sample=wc.block_size)
                 latest["loss"] = metrics["loss"]
-                monitor.log(step, metrics)
+                run.log(step, **metrics)
                 iv = iv.next()  # what follows (evaluation aside) counts as the next steps'
             if (tc.eval_every and step % tc.eval_every == 0) or last:
                 t_eval = time.perf_counter()
-                latest["eval_loss"] = evaluate(runner, corpus.val, config, info)
+                latest["eval_loss"] = evaluate(runner, self.corpus.val, self.config, info)
                 iv.excluded += time.perf_counter() - t_eval  # evaluation is not part of a step
-                reporter.log_main(step, eval_loss=latest["eval_loss"])
+                run.reporter.log_main(step, eval_loss=latest["eval_loss"])
                 if info.is_main:
                     logger.info("step %d: eval loss %.4f", step, latest["eval_loss"])
-            if checkpoints.after_step(step, last, stop, 0, 0, model_state, optim_state, dict(latest), extra):
+            # Save when the schedule says so or when any rank got SIGTERM; one agreement of the
+            # ranks per step answers both, the same on every rank.
+            stopping = run.should_stop()
+            if stopping or run.checkpoint_due(step, last=last):
+                run.save_checkpoint(step, self.state(), metrics=latest, defer_snapshot=True)
+            if stopping:
+                logger.info("SIGTERM: stopped after step %d with a checkpoint", step)
                 break
             injected.after()
-        monitor.close()  # the last step's exchange: its metrics get written
-    finally:
-        reporter.finishing()
-        checkpoints.close()
-    return {"step": step, "eval_loss": latest.get("eval_loss", float("nan"))}
+        return {"step": step, "eval_loss": float(latest.get("eval_loss", float("nan")))}

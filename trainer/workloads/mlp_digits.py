@@ -1,7 +1,9 @@
 """mlp-digits: an MLP classifier on scikit-learn's bundled 8x8 digits (no download).
 
-Reads top to bottom: data, model, loop. DDP with a DistributedSampler whose epoch is set every
-epoch so each rank sees a different, reproducible shard order; all ranks share the model seed.
+Reads top to bottom: data, model, loop (:meth:`MLPDigits.setup` builds and resumes,
+:meth:`MLPDigits.train` loops; the SDK's ``Run`` does checkpoints, stops and metrics). DDP with
+a DistributedSampler whose epoch is set every epoch so each rank sees a different, reproducible
+shard order; all ranks share the model seed.
 The ``[train]`` techniques (AdamW, warm-up and cosine, clipping, autocast, compile) come from
 trainer/techniques.py; with their defaults the run is plain Adam at a constant rate, in fp32.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -23,13 +26,12 @@ from torch.utils.data.distributed import DistributedSampler
 
 from db.config import RunConfig
 from trainer import faults, techniques
-from trainer.checkpointing import RunCheckpoints, Stateful
-from trainer.context import RunContext
 from trainer.datasets import digits_arrays
 from trainer.distributed import DistInfo
-from trainer.lifecycle import StopSignal
-from trainer.monitoring import Interval, Monitor
-from trainer.reporter import MetricReporter
+from trainer.monitoring import Interval
+
+if TYPE_CHECKING:
+    from trainer.sdk import Run
 
 logger = logging.getLogger(__name__)
 
@@ -76,59 +78,81 @@ def evaluate(model: nn.Module, test: TensorDataset, info: DistInfo) -> tuple[flo
     return correct / n, loss_sum / n
 
 
-def train(
-    config: RunConfig, info: DistInfo, ctx: RunContext, reporter: MetricReporter, stop: StopSignal
-) -> dict:
-    tc = config.train
-    seed_everything(tc.seed)
-    if tc.deterministic:
-        torch.use_deterministic_algorithms(True)
-    train_set, test_set = load_digits_split()
-    x_all, y_all = train_set.tensors
-    # The sampler shards and shuffles; its order depends only on (seed, epoch), so a resumed
-    # run rebuilds it and continues at the exact sample where the checkpoint was taken (also
-    # after a retry that changed the micro-batch size).
-    sampler = DistributedSampler(
-        train_set, num_replicas=info.world_size, rank=info.rank, shuffle=True, seed=tc.seed, drop_last=True
-    )
-    samples_per_step = tc.batch_size * tc.grad_accum
-    if len(sampler) < samples_per_step:
-        raise ValueError(
-            f"train.batch_size x train.grad_accum = {samples_per_step} is larger than one rank's share "
-            f"of the data ({len(sampler)} samples); lower it"
+class MLPDigits:
+    """The mlp-digits workload (:class:`~trainer.workloads.Workload`).
+
+    Args:
+        config: The run's config (``[workload] hidden`` and the ``[train]`` techniques).
+    """
+
+    def __init__(self, config: RunConfig) -> None:
+        self.config = config
+
+    def state(self, epoch: int = 0, position: int = 0) -> dict[str, Any]:
+        """What a checkpoint holds besides the step and the RNG states (the Run adds those): the
+        model, the optimizer, the fp16 GradScaler, and where the data order stands (the epoch,
+        and how many samples of its order were consumed)."""
+        state: dict[str, Any] = {"model": self.model, "optimizer": self.optimizer,
+                                 "data": {"epoch": epoch, "position": position}}
+        if self.scaler is not None:
+            state["scaler"] = self.scaler
+        return state
+
+    def setup(self, run: Run) -> None:
+        tc, info = self.config.train, run.info
+        seed_everything(tc.seed)
+        if tc.deterministic:
+            torch.use_deterministic_algorithms(True)
+        self.train_set, self.test_set = load_digits_split()
+        # The sampler shards and shuffles; its order depends only on (seed, epoch), so a resumed
+        # run rebuilds it and continues at the exact sample where the checkpoint was taken (also
+        # after a retry that changed the micro-batch size).
+        self.sampler = DistributedSampler(
+            self.train_set, num_replicas=info.world_size, rank=info.rank, shuffle=True, seed=tc.seed, drop_last=True
         )
+        samples_per_step = tc.batch_size * tc.grad_accum
+        if len(self.sampler) < samples_per_step:
+            raise ValueError(
+                f"train.batch_size x train.grad_accum = {samples_per_step} is larger than one rank's share "
+                f"of the data ({len(self.sampler)} samples); lower it"
+            )
 
-    model = build_model(config.workload.hidden).to(info.device)
-    # Compiled, it shares the parameters; checkpoints keep the plain model's keys.
-    forward_model = torch.compile(model) if tc.compile else model
-    ddp = DDP(forward_model) if info.world_size > 1 else forward_model
-    optimizer = techniques.build_optimizer(model, tc, info.device)  # weight_decay 0: Adam, bit for bit
-    scaler = techniques.grad_scaler(tc.precision, info.device)
-    extra: dict[str, Stateful] = {"scaler": scaler} if scaler is not None else {}
-    checkpoints = RunCheckpoints(config, ctx, info, reporter.writer)
-    monitor = Monitor(config.supervision, info.rank, info.world_size, info.device, reporter, stop)
-    monitor.watch(ddp)
-    step, epoch, position = checkpoints.resume(model, optimizer, extra)
-    monitor.begin(step)
-    order: list[int] = []
-    order_epoch = -1
-    # Forward and backward of a dense MLP: 2 + 4 FLOPs per parameter and sample.
-    flops_per_sample = 6.0 * sum(p.numel() for p in model.parameters())
-    peak = techniques.peak_flops(info.device)
+        self.model = build_model(self.config.workload.hidden).to(info.device)
+        # Compiled, it shares the parameters; checkpoints keep the plain model's keys.
+        forward_model = torch.compile(self.model) if tc.compile else self.model
+        self.ddp = DDP(forward_model) if info.world_size > 1 else forward_model
+        self.optimizer = techniques.build_optimizer(self.model, tc, info.device)  # weight_decay 0: Adam, bit for bit
+        self.scaler = techniques.grad_scaler(tc.precision, info.device)
+        run.watch(self.ddp)
+        state = self.state()
+        self.step = run.load_checkpoint(state)
+        self.epoch, self.position = state["data"]["epoch"], state["data"]["position"]
 
-    iv = Interval()
-    latest: dict[str, float | torch.Tensor] = {}  # the loss stays on the device until a save
-    injected = faults.StepFaults(info.rank, ctx.attempt)
-    try:
+    def train(self, run: Run) -> dict[str, float]:
+        tc, info = self.config.train, run.info
+        model, ddp, optimizer, scaler = self.model, self.ddp, self.optimizer, self.scaler
+        x_all, y_all = self.train_set.tensors
+        samples_per_step = tc.batch_size * tc.grad_accum
+        step, epoch, position = self.step, self.epoch, self.position
+        order: list[int] = []
+        order_epoch = -1
+        # Forward and backward of a dense MLP: 2 + 4 FLOPs per parameter and sample.
+        flops_per_sample = 6.0 * sum(p.numel() for p in model.parameters())
+        peak = techniques.peak_flops(info.device)
+
+        iv = Interval()
+        latest: dict[str, float | torch.Tensor] = {}  # the loss stays on the device until a save
+        injected = faults.StepFaults(info.rank, run.ctx.attempt)
+        first_step = step + 1
         while step < tc.max_steps:
             injected.before(step + 1, tc.batch_size)
 
             t_data = time.perf_counter()
-            if position + samples_per_step > len(sampler):
+            if position + samples_per_step > len(self.sampler):
                 epoch, position = epoch + 1, 0
             if order_epoch != epoch:
-                sampler.set_epoch(epoch)
-                order, order_epoch = list(sampler), epoch
+                self.sampler.set_epoch(epoch)
+                order, order_epoch = list(self.sampler), epoch
             iv.data_wait += time.perf_counter() - t_data
             lr = techniques.lr_at(step, tc)
             techniques.set_lr(optimizer, lr)
@@ -145,32 +169,37 @@ def train(
                         loss = F.cross_entropy(ddp(x).float(), y) / tc.grad_accum
                     (scaler.scale(loss) if scaler is not None else loss).backward()
                 iv.loss = iv.loss + loss.detach()
-            checkpoints.before_update()  # the previous step's checkpoint snapshot is taken by now
+            run.before_update()  # the previous step's checkpoint snapshot is taken by now
             iv.grad_norm = iv.grad_norm + techniques.optimizer_update(model, optimizer, scaler, tc.clip_grad_norm)
             faults.maybe_perturb(step + 1, info.rank, model.parameters())
             step += 1
             iv.steps += 1
-            reporter.progress(step)
+            run.reporter.progress(step)
+            if step == first_step:  # the optimizer's state exists now: ready the checkpoint's buffers
+                run.prepare_checkpoint(self.state())
 
             last = step == tc.max_steps
             if step % tc.log_every == 0 or last:
                 metrics = iv.report(lr, samples_per_step, flops_per_sample, peak, scaler)
                 metrics["epoch"] = float(epoch)
                 latest["loss"] = metrics["loss"]
-                monitor.log(step, metrics)
+                run.log(step, **metrics)
                 iv = iv.next()  # what follows (evaluation aside) counts as the next steps'
             if (tc.eval_every and step % tc.eval_every == 0) or last:
                 t_eval = time.perf_counter()
-                latest["eval_accuracy"], latest["eval_loss"] = evaluate(ddp, test_set, info)
+                latest["eval_accuracy"], latest["eval_loss"] = evaluate(ddp, self.test_set, info)
                 iv.excluded += time.perf_counter() - t_eval  # evaluation is not part of a step
-                reporter.log_main(step, eval_accuracy=latest["eval_accuracy"], eval_loss=latest["eval_loss"])
+                run.reporter.log_main(step, eval_accuracy=latest["eval_accuracy"], eval_loss=latest["eval_loss"])
                 if info.is_main:
-                    logger.info("step %d: eval accuracy %.4f, eval loss %.4f", step, latest["eval_accuracy"], latest["eval_loss"])
-            if checkpoints.after_step(step, last, stop, epoch, position, model, optimizer, dict(latest), extra):
+                    logger.info("step %d: eval accuracy %.4f, eval loss %.4f", step, latest["eval_accuracy"],
+                                latest["eval_loss"])
+            # Save when the schedule says so or when any rank got SIGTERM; one agreement of the
+            # ranks per step answers both, the same on every rank.
+            stopping = run.should_stop()
+            if stopping or run.checkpoint_due(step, last=last):
+                run.save_checkpoint(step, self.state(epoch, position), metrics=latest, defer_snapshot=True)
+            if stopping:
+                logger.info("SIGTERM: stopped after step %d with a checkpoint", step)
                 break
             injected.after()
-        monitor.close()  # the last step's exchange: its metrics get written
-    finally:
-        reporter.finishing()
-        checkpoints.close()
-    return {"step": step, "eval_accuracy": latest.get("eval_accuracy", float("nan"))}
+        return {"step": step, "eval_accuracy": float(latest.get("eval_accuracy", float("nan")))}

@@ -14,7 +14,7 @@ verification re-reads and hashes. Loading uses ``torch.load(weights_only=True)``
 
 The module does no collectives and no database access; callers report through the
 ``on_complete`` and ``on_refused`` callbacks. The byte-level work (the snapshot copy, the
-hashing writer, the parameters digest) is in trainer/checkpoint_io.py.
+hashing writer, the parameters digest) is in trainer/checkpoint/io.py.
 """
 
 from __future__ import annotations
@@ -22,25 +22,24 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import os
 import secrets
 import shutil
 import stat
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from db.layout import MANIFEST_FILE, STATE_FILE, STEP_DIR, step_dir_name
 from trainer import faults
-from trainer.checkpoint_io import (
+from trainer.checkpoint.io import (
     CheckpointError,
     _fsync_dir,
     _HashingFile,
@@ -83,16 +82,6 @@ class SaveResult:
     metrics: dict[str, float]
 
 
-@dataclass(frozen=True)
-class CheckpointInfo:
-    """What the retention policy needs to know about one checkpoint."""
-
-    step: int
-    verified: bool
-    pinned: bool = False
-    metric: float | None = None
-
-
 @dataclass
 class _Job:
     step: int
@@ -109,48 +98,6 @@ class _Job:
     # the copies end (training's next parameter update waits for it, on the device).
     ready: dict[torch.device, torch.cuda.Event] = field(default_factory=dict)
     copied: dict[torch.device, torch.cuda.Event] = field(default_factory=dict)
-
-
-
-def select_kept(
-    checkpoints: Sequence[CheckpointInfo],
-    keep_last: int,
-    keep_best: int,
-    best_mode: Literal["min", "max"] = "min",
-) -> set[int]:
-    """Choose the checkpoints to keep.
-
-    Kept: the newest ``keep_last`` verified steps, the ``keep_best`` verified steps with the
-    best metric (None and NaN never count; ties go to the newer step), and every pinned step.
-    When some checkpoint is verified but none of those is, the newest verified one is kept.
-
-    Args:
-        checkpoints: The checkpoints that exist.
-        keep_last: How many of the newest verified steps to keep; 0 disables this rule.
-        keep_best: How many of the best verified steps to keep; 0 disables this rule.
-        best_mode: "min" when a lower metric is better, "max" when a higher one is.
-
-    Returns:
-        The steps to keep; every other step may be deleted.
-
-    Raises:
-        CheckpointError: A count is negative or ``best_mode`` is unknown.
-    """
-    if keep_last < 0 or keep_best < 0:
-        raise CheckpointError(f"keep_last={keep_last} and keep_best={keep_best} must be >= 0")
-    if best_mode not in ("min", "max"):
-        raise CheckpointError(f"best_mode={best_mode!r} must be 'min' or 'max'")
-    verified = sorted((c for c in checkpoints if c.verified), key=lambda c: c.step, reverse=True)
-    kept = {c.step for c in verified[:keep_last]}
-    scored = [c for c in verified if c.metric is not None and not math.isnan(c.metric)]
-    sign = 1.0 if best_mode == "min" else -1.0
-    scored.sort(key=lambda c: (sign * float(c.metric), -c.step))  # type: ignore[arg-type]
-    kept.update(c.step for c in scored[:keep_best])
-    kept.update(c.step for c in checkpoints if c.pinned)
-    if verified and not kept & {c.step for c in verified}:
-        kept.add(verified[0].step)
-    return kept
-
 
 
 class CheckpointManager:
@@ -285,8 +232,9 @@ class CheckpointManager:
             torch.cuda.current_stream(device).wait_event(copied)
         waited = time.perf_counter() - started
         job.blocked_s += waited
-        if job.snapshot_error is not None:
-            raise CheckpointError(f"snapshot of checkpoint step {job.step} failed: {job.snapshot_error}") from job.snapshot_error
+        error = job.snapshot_error
+        if error is not None:
+            raise CheckpointError(f"snapshot of checkpoint step {job.step} failed: {error}") from error
         return waited
 
     def wait(self) -> SaveResult | None:

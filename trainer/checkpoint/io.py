@@ -1,7 +1,7 @@
 """The checkpoint writer's byte-level tools: the snapshot of a training state into reused CPU
 staging memory (:class:`_Stager`), ``torch.save`` without torch's zip CRC32 into a file that
 hashes what it writes as it writes it (:class:`_HashingFile`), the digest of a model's
-parameters (:func:`params_digest`), and fsync helpers. trainer/checkpoint.py's
+parameters (:func:`params_digest`), and fsync helpers. trainer/checkpoint/manager.py's
 ``CheckpointManager`` puts them together; BENCHMARKS.md says why each is the way it is.
 """
 
@@ -30,6 +30,7 @@ from trainer import TrainerError
 
 class CheckpointError(TrainerError):
     """A checkpoint could not be snapshotted, written, verified or loaded."""
+
 
 _SMALL_WRITE = 1 << 20  # writes below this are gathered in a buffer
 _BUFFER_LIMIT = 8 << 20  # the gathered buffer is written out at this size

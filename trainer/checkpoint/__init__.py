@@ -1,0 +1,34 @@
+"""Checkpoints: asynchronous, atomic, verified saves of the whole training state, and a run's
+resume from them.
+
+- ``manager``: :class:`CheckpointManager` saves, verifies, loads and deletes the checkpoints
+  under one folder (a step counts only when its manifest matches).
+- ``io``: the byte-level tools it uses (staging snapshot, hashing writer, parameters digest).
+- ``retention``: which checkpoints to keep (:func:`select_kept`).
+- ``history``: a managed run's checkpoint records in the database, with retention applied.
+- ``checkpointer``: :class:`Checkpointer`, a run's checkpoints as the SDK's ``Run`` uses them:
+  resume (RNG states, superseding a newer lineage), save when due, close.
+
+This package imports torch: the scheduler and the UI never import it.
+"""
+
+from trainer.checkpoint.checkpointer import Checkpointer, Stateful, supersede_after
+from trainer.checkpoint.history import CheckpointHistory, event
+from trainer.checkpoint.io import CheckpointError, params_digest
+from trainer.checkpoint.manager import FORMAT_VERSION, CheckpointManager, SaveResult
+from trainer.checkpoint.retention import CheckpointInfo, select_kept
+
+__all__ = [
+    "FORMAT_VERSION",
+    "CheckpointError",
+    "CheckpointHistory",
+    "CheckpointInfo",
+    "CheckpointManager",
+    "Checkpointer",
+    "SaveResult",
+    "Stateful",
+    "event",
+    "params_digest",
+    "select_kept",
+    "supersede_after",
+]
