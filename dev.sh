@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # runyard's two commands:
-#   ./dev.sh up [runyard up options]   set up .venv and start the scheduler + UI (http://127.0.0.1:8501)
+#   ./dev.sh up [runyard up options]   set up .venv, start the scheduler + UI, print the URL to open (with its token)
 #   ./dev.sh test [pytest options]     set up .venv with the test tools (and Chromium) and run every test
+#                                      (without options: ruff and mypy first, at zero findings)
 #
 # A torch that already satisfies the range (for example a GPU workstation's CUDA build in the
 # system Python) is kept: the venv then sees the system packages. Otherwise torch is installed:
@@ -70,6 +71,14 @@ case "$cmd" in
       if ! { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null; }; then
         log "could not install chromium; browser tests will be skipped"
       fi
+    fi
+    # The whole suite (no arguments, as CI runs it) starts with the checks that keep the house in
+    # order: ruff and mypy at zero findings (configured in pyproject.toml).
+    if [ $# -eq 0 ]; then
+      log "ruff check"
+      "$VPY" -m ruff check
+      log "mypy"
+      "$VPY" -m mypy
     fi
     exec "$VPY" -m pytest "$@"
     ;;

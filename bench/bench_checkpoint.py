@@ -240,7 +240,8 @@ def measure(loop: Loop, raw_buffer: bytes, work: Path, repeats: int) -> Samples:
             samples.total_s.append(r["total"])
             samples.written = int(r["bytes"])
             print(
-                f"  repeat {repeat}: stall {r['stall'] * 1e3:6.1f} ms (eager snapshot {samples.eager_stall_s[-1] * 1e3:5.1f} ms) | "
+                f"  repeat {repeat}: stall {r['stall'] * 1e3:6.1f} ms "
+                f"(eager snapshot {samples.eager_stall_s[-1] * 1e3:5.1f} ms) | "
                 f"step {normal * 1e3:5.0f} ms, next step +{r['next_step_extra'] * 1e3:5.1f} ms, "
                 f"{r['overlap_steps']} steps during the save +{r['overlap_extra'] * 1e3:5.1f} ms | "
                 f"sync torch.save+fsync {samples.sync_s[-1]:.3f} s | writer {r['writer_bps'] / 1e6:5.0f} MB/s "
@@ -259,11 +260,12 @@ def report(samples: Samples, repeats: int) -> None:
     writer_bps, raw_bps = med(samples.idle_writer_bps), med(samples.raw_bps)
     cold_ms, no_crc_ms = samples.cold_stall_s * 1e3, med(samples.sync_no_crc_s) * 1e3
     stall_ratio, bw_ratio = stall / sync, writer_bps / raw_bps
-    paired_stall = med(a / b for a, b in zip(samples.stall_s, samples.sync_s))
-    paired_bw = med(a / b for a, b in zip(samples.idle_writer_bps, samples.raw_bps))
+    paired_stall = med(a / b for a, b in zip(samples.stall_s, samples.sync_s, strict=True))
+    paired_bw = med(a / b for a, b in zip(samples.idle_writer_bps, samples.raw_bps, strict=True))
     print(f"\nmedians over {repeats} repeats ({samples.written / 1e6:.0f} MB written per checkpoint):")
     print(f"  (a) training loop blocked      {stall * 1e3:7.1f} ms    (save() + wait_snapshot(); a save that "
-          f"snapshots before returning: {med(samples.eager_stall_s) * 1e3:.1f} ms; the first one, allocating: {cold_ms:.0f} ms)")
+          f"snapshots before returning: {med(samples.eager_stall_s) * 1e3:.1f} ms; "
+          f"the first one, allocating: {cold_ms:.0f} ms)")
     print(f"      normal step {med(samples.normal_step_s) * 1e3:.0f} ms; the step after save() took "
           f"+{med(samples.next_step_extra_s) * 1e3:.1f} ms; the {med(samples.overlap_steps):.0f} steps during the save "
           f"took +{med(samples.overlap_extra_s) * 1e3:.1f} ms in all (the copy, hashing and I/O share the CPU)")
@@ -298,7 +300,8 @@ def main() -> None:
     raw_buffer = os.urandom(state_bytes(loop.state()))
     work = Path(tempfile.mkdtemp(prefix="runyard-bench-ckpt-", dir=args.dir))
     print(
-        f"state: {len(raw_buffer) / 1e6:.0f} MB of float32 tensors (model + AdamW); batch {args.batch}; torch threads {torch.get_num_threads()}; dir: {work}; cpus: {os.cpu_count()}; "
+        f"state: {len(raw_buffer) / 1e6:.0f} MB of float32 tensors (model + AdamW); batch {args.batch}; "
+        f"torch threads {torch.get_num_threads()}; dir: {work}; cpus: {os.cpu_count()}; "
         f"torch {torch.__version__}; load average before: {os.getloadavg()[0]:.2f}"
     )
     busy_before, own_before, wall_before = busy_cpu_s(), sum(os.times()[:2]), time.monotonic()

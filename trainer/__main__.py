@@ -90,4 +90,4 @@ if __name__ == "__main__":
     sys.stdout.flush()
     sys.stderr.flush()
     logging.shutdown()
-    os._exit(code)
+    os._exit(code or 0)

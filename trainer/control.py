@@ -144,7 +144,7 @@ class ControlChannel:
         for callback in self._before_agree:
             callback()
         if not self.collective:
-            return {name: flag() for name, flag in zip(self._names, self._flags)}
+            return {name: flag() for name, flag in zip(self._names, self._flags, strict=True)}
         if not self._launched:
             self._read()
         answer, self._answer = self._answer or {}, None
@@ -168,7 +168,7 @@ class ControlChannel:
             flags = [max(row[in_flight.width + i] for row in table) for i in range(len(in_flight.names))]
         else:
             table, flags = [], in_flight.buffers[0].tolist()
-        answer = {name: value > 0 for name, value in zip(in_flight.names, flags)}
+        answer = {name: value > 0 for name, value in zip(in_flight.names, flags, strict=True)}
         if self._answer is not None:  # not handed out yet: a flag raised then still counts
             answer = {name: value or self._answer.get(name, False) for name, value in answer.items()}
         self._answer = answer

@@ -48,7 +48,7 @@ def setup(requested_backend: str, timeout_s: float = 600.0) -> DistInfo:
         device = torch.device("cpu")
     timeout = timedelta(seconds=timeout_s)
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    store = dist.TCPStore(
+    store: dist.Store = dist.TCPStore(
         host_name=os.environ["MASTER_ADDR"],
         port=int(os.environ["MASTER_PORT"]),
         world_size=world_size,

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 import torch
-from sqlalchemy import Connection
+from sqlalchemy import Connection, insert
 from torch import nn
 
 from trainer.health import DesyncCheck, Finding, PreSyncClock, StragglerCheck, params_checksum, timed_allreduce
@@ -140,7 +140,7 @@ class _PendingLog:
             return
         if self._copied is not None:
             self._copied.synchronize()
-        self.values.update(zip(self._keys, self._fetched.tolist()))
+        self.values.update(zip(self._keys, self._fetched.tolist(), strict=True))
         self._fetched = self._copied = None
 
 
@@ -291,7 +291,8 @@ class Monitor:
 
         def received(table: list[list[float]]) -> None:
             if self.rank == 0:
-                per_rank = {r: dict(zip(keys, got)) for r, got in enumerate(table)}  # the checksum stays out
+                # Each row ends with the checksum, which zip leaves out.
+                per_rank = {r: dict(zip(keys, got, strict=False)) for r, got in enumerate(table)}
                 checksums = [got[-1] for got in table] if log.checksum is not None else None
                 self._check(log.step, log.steps, per_rank, checksums)
                 self.reporter.write(log.step, per_rank, log.at)
@@ -300,7 +301,8 @@ class Monitor:
 
         self.channel.gather(row, received)
 
-    def _check(self, step: int, steps: int, per_rank: dict[int, dict[str, float]], checksums: list[float] | None) -> None:
+    def _check(self, step: int, steps: int, per_rank: dict[int, dict[str, float]],
+               checksums: list[float] | None) -> None:
         """Rank 0: the straggler and desync checks on what the ranks reported."""
         findings: list[Finding] = []
         if self._straggler is not None and "pre_sync_s" in per_rank[0]:
@@ -333,7 +335,7 @@ class Monitor:
         from db.models import Event
 
         ctx = self.reporter.ctx
-        conn.execute(Event.__table__.insert(), [{"run_id": ctx.run_id, "attempt": ctx.attempt, **r} for r in records])
+        conn.execute(insert(Event), [{"run_id": ctx.run_id, "attempt": ctx.attempt, **r} for r in records])
 
 
 def _is_sharded(p: torch.Tensor) -> bool:

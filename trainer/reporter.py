@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, insert
 
 from db.states import AttemptPhase
 from trainer.context import RunContext
@@ -150,7 +150,7 @@ class DatabaseWriter(threading.Thread):
         from db.models import Event
 
         for e in events:
-            conn.execute(Event.__table__.insert().values(run_id=self._run_id, attempt=self._attempt, at=e["at"],
+            conn.execute(insert(Event).values(run_id=self._run_id, attempt=self._attempt, at=e["at"],
                                                          level=e["level"], kind=e["kind"], message=e["message"]))
 
     def _dropped_event(self) -> dict[str, Any] | None:
@@ -234,7 +234,9 @@ class DatabaseWriter(threading.Thread):
                          now - self._failing_since, self._pending_text(), str(exc).splitlines()[0][:300])
 
     def _retry_wait_s(self) -> float:
-        return min(MAX_RETRY_WAIT_S, self._interval * 2 ** min(self._failures, 10)) if self._failures else self._interval
+        if not self._failures:
+            return self._interval
+        return min(MAX_RETRY_WAIT_S, self._interval * 2 ** min(self._failures, 10))
 
     def run(self) -> None:
         from db.engine import make_engine

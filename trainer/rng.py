@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -11,7 +11,9 @@ import torch
 
 def capture() -> dict[str, Any]:
     """Python, NumPy, torch CPU and (when present) CUDA generator states."""
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    # The legacy form is a tuple; numpy's stubs type it as that tuple or a dict.
+    legacy = cast("tuple[str, np.ndarray, int, int, float]", np.random.get_state(legacy=True))
+    kind, keys, pos, has_gauss, cached = legacy
     state: dict[str, Any] = {
         "python": random.getstate(),
         "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
@@ -27,7 +29,8 @@ def restore(state: dict[str, Any]) -> None:
     """Put back what :func:`capture` took."""
     random.setstate(_as_tuples(state["python"]))
     n = state["numpy"]
-    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    keys = n["keys"].numpy().astype(np.uint32)
+    np.random.set_state((n["kind"], keys, n["pos"], n["has_gauss"], n["cached_gaussian"]))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

@@ -139,7 +139,7 @@ def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float) -> torch
     if max_norm > 0:
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
     else:
-        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
     full_tensor = getattr(norm, "full_tensor", None)  # a DTensor under FSDP
     return full_tensor() if full_tensor is not None else norm
 
@@ -160,12 +160,12 @@ def micro_step(model: nn.Module, final: bool) -> Iterator[None]:
     elif isinstance(model, nn.parallel.DistributedDataParallel):
         with model.no_sync():
             yield
-    elif hasattr(model, "set_requires_gradient_sync"):  # FSDP2
-        model.set_requires_gradient_sync(False)
+    elif (set_sync := getattr(model, "set_requires_gradient_sync", None)) is not None:  # FSDP2
+        set_sync(False)
         try:
             yield
         finally:
-            model.set_requires_gradient_sync(True)
+            set_sync(True)
     else:
         yield
 

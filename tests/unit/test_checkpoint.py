@@ -64,7 +64,7 @@ def _assert_same(a: Any, b: Any, where: str = "state") -> None:
             _assert_same(a[k], b[k], f"{where}[{k!r}]")
     elif isinstance(a, (list, tuple)):
         assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
             _assert_same(x, y, f"{where}[{i}]")
     else:
         assert a == b, where
@@ -222,7 +222,7 @@ def test_snapshot_handles_odd_tensors_and_reused_buffers_take_new_values(tmp_pat
         for tensor in model.values():
             if tensor.dtype != torch.bool and tensor.numel():
                 tensor.mul_(2).add_(1)
-    for step, saved in zip((1, 2), expected):
+    for step, saved in zip((1, 2), expected, strict=True):
         _, loaded = manager.load(step)
         _assert_same(saved, loaded["model"])
         assert loaded["model"]["transposed"].stride() == base.t().stride()
@@ -584,7 +584,7 @@ def _forge(step_dir: Path, data: bytes) -> None:
 def test_checkpoint_that_verifies_but_cannot_be_loaded_is_refused_and_the_older_one_used(
     tmp_path: Path, forgery: str
 ) -> None:
-    manager = _saved(tmp_path, 10, 20)
+    _saved(tmp_path, 10, 20)
     step_dir = tmp_path / "step-20"
     if forgery == "truncated":
         data = (step_dir / "state.pt").read_bytes()[:1000]
@@ -647,7 +647,7 @@ def test_select_kept_matches_last_best_and_pinned(
     data: tuple[list[tuple[bool, bool, float | None]], list[int]], keep_last: int, keep_best: int, mode: str
 ) -> None:
     rows, steps = data
-    infos = [CheckpointInfo(s, verified=v, pinned=p, metric=m) for s, (v, p, m) in zip(steps, rows)]
+    infos = [CheckpointInfo(s, verified=v, pinned=p, metric=m) for s, (v, p, m) in zip(steps, rows, strict=True)]
     kept = select_kept(infos, keep_last, keep_best, mode)  # type: ignore[arg-type]
     assert kept == _expected_kept(infos, keep_last, keep_best, mode)
     if any(c.verified for c in infos):

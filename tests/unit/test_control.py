@@ -60,7 +60,8 @@ def test_two_ranks_are_told_the_same_one_step_late_and_every_log_arrives_once(tm
     results = [json.loads(o.read_text()) for o in outs]
     assert results[0]["told"] == results[1]["told"]  # the same decisions at the same steps
     told = results[0]["told"]
-    assert [s for s in told if told[s]["stop"]] == [str(s) for s in range(4, STEPS + 1)]  # raised in 3, heard in 4, kept
+    # Raised in step 3, heard in step 4, and kept.
+    assert [s for s in told if told[s]["stop"]] == [str(s) for s in range(4, STEPS + 1)]
     assert [s for s in told if told[s].get("late")] == ["7"]  # due on rank 0 in 6, heard by both in 7
     assert "late" not in told["4"] and told["5"] == {"stop": True, "late": False}
 

@@ -175,7 +175,7 @@ def test_the_ddp_hook_marks_the_clock_and_leaves_the_gradients_as_they_were(tmp_
                 ddp.zero_grad()
                 time.sleep(0.01)
                 ddp(x).square().sum().backward()
-        assert all(torch.equal(a.grad, b.grad) for a, b in zip(plain.parameters(), hooked.parameters()))
+        assert all(torch.equal(a.grad, b.grad) for a, b in zip(plain.parameters(), hooked.parameters(), strict=True))
         times = clock.take()
         assert len(times) == 3 and all(t >= 0.01 for t in times)
     finally:

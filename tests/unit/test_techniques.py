@@ -3,6 +3,7 @@ and gpt-char's building blocks (reproducible batches, model shape, FLOPs)."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 
@@ -36,7 +37,7 @@ def test_warmup_is_linear_then_cosine_reaches_min_lr_at_max_steps() -> None:
     assert techniques.lr_at(110, cfg) == pytest.approx(0.1)
     assert techniques.lr_at(500, cfg) == pytest.approx(0.1)  # past max_steps: the floor
     values = [techniques.lr_at(s, cfg) for s in range(10, 111)]
-    assert all(a >= b for a, b in zip(values, values[1:]))
+    assert all(a >= b for a, b in itertools.pairwise(values))
 
 
 def test_warmup_then_constant() -> None:
@@ -184,7 +185,7 @@ def test_activation_checkpointing_gives_the_same_gradients() -> None:
     idx = torch.randint(0, 20, (2, 8))
     for m in (plain, ckpt):
         m(idx).sum().backward()
-    for (_, a), (_, b) in zip(plain.named_parameters(), ckpt.named_parameters()):
+    for (_, a), (_, b) in zip(plain.named_parameters(), ckpt.named_parameters(), strict=True):
         assert a.grad is not None and b.grad is not None
         assert torch.allclose(a.grad, b.grad, atol=1e-6)
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, select, update
+from sqlalchemy import Connection, insert, select, update
 
 from db.config import CheckpointConfig
 from db.models import Attempt, Checkpoint, Event
@@ -59,7 +59,7 @@ class CheckpointHistory:
                 .values(deleted=True, deleted_at=now, deleted_reason=f"replaced by attempt {self.attempt}")
             )
             conn.execute(
-                Checkpoint.__table__.insert().values(
+                insert(Checkpoint).values(
                     run_id=self.run_id, attempt=self.attempt, step=result.step, path=str(result.path),
                     bytes=result.bytes, sha256=result.manifest_sha256, params_digest=result.params_digest,
                     metrics_json=json.dumps({k: _finite_or_none(v) for k, v in result.metrics.items()}),
@@ -71,7 +71,7 @@ class CheckpointHistory:
 
     def events(self, conn: Connection, events: list[dict[str, Any]]) -> None:
         for e in events:
-            conn.execute(Event.__table__.insert().values(run_id=self.run_id, attempt=self.attempt, at=e["at"],
+            conn.execute(insert(Event).values(run_id=self.run_id, attempt=self.attempt, at=e["at"],
                                                          level=e["level"], kind=e["kind"], message=e["message"]))
 
     def resumed(self, conn: Connection, steps: list[int]) -> None:

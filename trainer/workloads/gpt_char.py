@@ -21,7 +21,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -103,7 +103,9 @@ def window_generator(seed: int, split: str, step: int, rank: int) -> torch.Gener
     return torch.Generator().manual_seed(int.from_bytes(key, "little") & (2**63 - 1))
 
 
-def get_batch(data: torch.Tensor, block_size: int, count: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def get_batch(
+    data: torch.Tensor, block_size: int, count: int, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``count`` random windows: inputs and the next characters as targets, each (count, block_size)."""
     if len(data) <= block_size + 1:
         raise ValueError(f"workload.block_size = {block_size} is not shorter than the text split ({len(data)} chars)")
@@ -262,7 +264,8 @@ def parallelize(model: GPT, config: RunConfig, info: DistInfo) -> tuple[nn.Modul
             return wrapped, wrapped
         if info.is_main:
             logger.info("torch.compile: the whole model (compiled at its first steps)")
-        return wrapped, torch.compile(wrapped)
+        # torch.compile of a module returns a module (OptimizedModule); its stubs say only "callable".
+        return wrapped, cast(nn.Module, torch.compile(wrapped))
 
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -389,7 +392,7 @@ class GPTChar:
             lr = techniques.lr_at(step, tc)
             techniques.set_lr(optimizer, lr)
             optimizer.zero_grad(set_to_none=True)
-            for micro, (x, y) in enumerate(zip(xs.split(tc.batch_size), ys.split(tc.batch_size))):
+            for micro, (x, y) in enumerate(zip(xs.split(tc.batch_size), ys.split(tc.batch_size), strict=True)):
                 # Gradients are all-reduced (or reduce-scattered) once, on the last micro-batch.
                 with techniques.micro_step(runner, final=micro == tc.grad_accum - 1):
                     with techniques.autocast(tc.precision, info.device):
@@ -414,9 +417,10 @@ class GPTChar:
                 iv = iv.next()  # what follows (evaluation aside) counts as the next steps'
             if (tc.eval_every and step % tc.eval_every == 0) or last:
                 t_eval = time.perf_counter()
-                latest["eval_loss"] = evaluate(runner, self.corpus.val, self.config, info)
+                eval_loss = evaluate(runner, self.corpus.val, self.config, info)
+                latest["eval_loss"] = eval_loss
                 iv.excluded += time.perf_counter() - t_eval  # evaluation is not part of a step
-                run.reporter.log_main(step, eval_loss=latest["eval_loss"])
+                run.reporter.log_main(step, eval_loss=eval_loss)
                 if info.is_main:
                     logger.info("step %d: eval loss %.4f", step, latest["eval_loss"])
             # Save when the schedule says so or when any rank got SIGTERM; one agreement of the

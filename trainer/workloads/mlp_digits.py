@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -40,10 +40,10 @@ TEST_FRACTION = 0.2
 
 def load_digits_split(seed: int = 0) -> tuple[TensorDataset, TensorDataset]:
     """The digits data set, scaled to [0, 1], split into a fixed train and test part."""
-    x, y = digits_arrays()
-    order = np.random.RandomState(seed).permutation(len(x))
-    x = torch.tensor(x[order] / 16.0, dtype=torch.float32)
-    y = torch.tensor(y[order], dtype=torch.long)
+    x_np, y_np = digits_arrays()
+    order = np.random.RandomState(seed).permutation(len(x_np))
+    x = torch.tensor(x_np[order] / 16.0, dtype=torch.float32)
+    y = torch.tensor(y_np[order], dtype=torch.long)
     n_test = int(len(x) * TEST_FRACTION)
     return TensorDataset(x[n_test:], y[n_test:]), TensorDataset(x[:n_test], y[:n_test])
 
@@ -107,7 +107,7 @@ class MLPDigits:
         # The sampler shards and shuffles; its order depends only on (seed, epoch), so a resumed
         # run rebuilds it and continues at the exact sample where the checkpoint was taken (also
         # after a retry that changed the micro-batch size).
-        self.sampler = DistributedSampler(
+        self.sampler: DistributedSampler[int] = DistributedSampler(
             self.train_set, num_replicas=info.world_size, rank=info.rank, shuffle=True, seed=tc.seed, drop_last=True
         )
         samples_per_step = tc.batch_size * tc.grad_accum
@@ -119,7 +119,8 @@ class MLPDigits:
 
         self.model = build_model(self.config.workload.hidden).to(info.device)
         # Compiled, it shares the parameters; checkpoints keep the plain model's keys.
-        forward_model = torch.compile(self.model) if tc.compile else self.model
+        # torch.compile of a module returns a module (OptimizedModule); its stubs say only "callable".
+        forward_model = cast(nn.Module, torch.compile(self.model)) if tc.compile else self.model
         self.ddp = DDP(forward_model) if info.world_size > 1 else forward_model
         self.optimizer = techniques.build_optimizer(self.model, tc, info.device)  # weight_decay 0: Adam, bit for bit
         self.scaler = techniques.grad_scaler(tc.precision, info.device)
@@ -187,9 +188,10 @@ class MLPDigits:
                 iv = iv.next()  # what follows (evaluation aside) counts as the next steps'
             if (tc.eval_every and step % tc.eval_every == 0) or last:
                 t_eval = time.perf_counter()
-                latest["eval_accuracy"], latest["eval_loss"] = evaluate(ddp, self.test_set, info)
+                accuracy, eval_loss = evaluate(ddp, self.test_set, info)
+                latest["eval_accuracy"], latest["eval_loss"] = accuracy, eval_loss
                 iv.excluded += time.perf_counter() - t_eval  # evaluation is not part of a step
-                run.reporter.log_main(step, eval_accuracy=latest["eval_accuracy"], eval_loss=latest["eval_loss"])
+                run.reporter.log_main(step, eval_accuracy=accuracy, eval_loss=eval_loss)
                 if info.is_main:
                     logger.info("step %d: eval accuracy %.4f, eval loss %.4f", step, latest["eval_accuracy"],
                                 latest["eval_loss"])
