@@ -20,12 +20,12 @@ import socket
 import sys
 from pathlib import Path
 
+from db.layout import UI_FILE
 from orchestrator.access import (
     ALLOWED_HOSTS_ENV,
     AUTH_MODES,
     DEFAULT_PROXY_USER_HEADER,
     PROXY_SECRET_ENV,
-    UI_FILE,
     AccessError,
     AccessPolicy,
     TokenSource,
@@ -35,6 +35,7 @@ from orchestrator.access import (
     login_url,
     open_bind_warning,
     parse_allowed_hosts,
+    read_ui_file,
     url_host,
     write_ui_file,
 )
@@ -149,7 +150,9 @@ def serve(sock: socket.socket, app: object, home: Path, args: argparse.Namespace
         server.run(sockets=[sock])
     finally:
         sock.close()
-        (home / UI_FILE).unlink(missing_ok=True)
+        recorded = read_ui_file(home)
+        if recorded is not None and recorded.get("pid") == os.getpid():  # not a newer UI's record
+            (home / UI_FILE).unlink(missing_ok=True)
     return 0 if server.started else 1
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from db.layout import UI_FILE
 from orchestrator import OrchestratorError
 
 TOKEN_BYTES = 32
@@ -40,7 +41,6 @@ ALLOWED_HOSTS_ENV = "RUNYARD_ALLOWED_HOSTS"
 PROXY_SECRET_ENV = "RUNYARD_PROXY_SECRET"
 DEFAULT_PROXY_USER_HEADER = "X-Forwarded-User"
 PROXY_SECRET_HEADER = "X-Runyard-Proxy-Secret"
-UI_FILE = "ui.json"
 _SESSION_CONTEXT = b"runyard-ui-session-v1"
 
 
