@@ -21,7 +21,8 @@ they agree because they take the names from here and nowhere else::
                 ranks/        torchrun --log-dir: each rank's stdout/stderr and error file
                 stopped.json  the ranks stopped gracefully (SIGTERM), with the step
                 finished/rank-<r>.json   rank r's work is durable (metrics flushed, last save done)
-                stacks/       stack dumps (SIGUSR1 faulthandler files, py-spy output)
+                stacks/       stack dumps (SIGUSR1 faulthandler files rank-<r>.txt, py-spy output, or
+                              rank-<r>-not-taken.txt: why a plain script rank's stack was not taken)
 
 Nothing here imports anything but the standard library: every process may use it.
 """

@@ -2,7 +2,10 @@
 hang.
 
 A dump asks every rank for its Python stacks: SIGUSR1 (the trainer's faulthandler appends them
-to ``stacks/rank-<r>.txt``), then ``py-spy dump`` of each rank when py-spy is installed. py-spy
+to ``stacks/rank-<r>.txt``), then ``py-spy dump`` of each rank when py-spy is installed. SIGUSR1
+goes only to a rank that registered runyard's faulthandler (:func:`has_stack_handler`): a plain
+script never did, and SIGUSR1's default action would kill it. Such a rank gets py-spy alone, or,
+without py-spy, a note in ``stacks/`` that says why its stack could not be taken. py-spy
 can take seconds per process (ptrace, a large heap), so dumps run on a small thread pool
 (:class:`StackDumps`, owned by the scheduler): the tick starts one and reads its result on a
 later tick, and no run's supervision waits for another run's dump.
@@ -53,6 +56,7 @@ class RankStack:
     pid: int
     stopped: bool  # in state T (SIGSTOP, a debugger) when the dump began
     text: str  # its newest stacks: what faulthandler appended, else py-spy's output
+    note: str = ""  # why no stack could be taken, when none was (empty otherwise)
 
     @property
     def in_collective(self) -> bool:
@@ -71,6 +75,15 @@ class StackDump:
     def culprit(self) -> tuple[int | None, str]:
         """See :func:`culprit`."""
         return culprit(self.ranks)
+
+    def summary(self) -> str:
+        """What the dump saved, for the run's event: the folder, the file count, and each rank
+        whose stack could not be taken (with why)."""
+        text = f"stacks saved in {self.folder} ({len(self.files)} file(s))"
+        missing = [r for r in self.ranks if r.note]
+        if missing:
+            text += "; " + "; ".join(r.note for r in missing)
+        return text
 
 
 def culprit(ranks: list[RankStack]) -> tuple[int | None, str]:
@@ -140,10 +153,38 @@ def _size(path: Path) -> int:
         return 0
 
 
+def _catches_sigusr1(pid: int) -> bool | None:
+    """Whether the process has a handler for SIGUSR1 (the SigCgt mask in ``/proc/<pid>/status``,
+    bit ``SIGUSR1 - 1``); None where there is no /proc to read (not Linux, or the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signal.SIGUSR1 - 1) & 1)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def has_stack_handler(pid: int, rank: int, folder: Path) -> bool:
+    """True when the rank registered runyard's faulthandler on SIGUSR1, so that SIGUSR1 writes its
+    stacks instead of killing it (SIGUSR1's default action: a plain script dies of it).
+
+    Registering (trainer/lifecycle.py ``register_stack_dumps``) creates ``stacks/rank-<r>.txt``;
+    on Linux the process must also catch SIGUSR1 right now (``/proc``'s SigCgt), which tells a
+    rank that restarted and has not registered yet from one that did, and a script's own SIGUSR1
+    handler from runyard's. Without /proc the file alone decides.
+    """
+    if not (folder / f"rank-{rank}.txt").is_file():
+        return False
+    catches = _catches_sigusr1(pid)
+    return catches is None or catches
+
+
 def _faulthandler(procs: dict[int, psutil.Process], folder: Path) -> tuple[dict[int, bool], dict[int, str]]:
-    """SIGUSR1 to every rank (SIGCONT after it to a stopped one, so it can write, and SIGSTOP
-    again once it has); waits until each rank's file grew, at most FAULTHANDLER_WAIT_S. Returns
-    who was stopped and the new text."""
+    """SIGUSR1 to every rank in ``procs`` (each registered the handler; SIGCONT after it to a
+    stopped one, so it can write, and SIGSTOP again once it has); waits until each rank's file
+    grew, at most FAULTHANDLER_WAIT_S. Returns who was stopped and the new text."""
     stopped: dict[int, bool] = {}
     offsets = {rank: _size(folder / f"rank-{rank}.txt") for rank in procs}
     for rank, proc in procs.items():
@@ -209,11 +250,24 @@ def dump_stacks(
         rank = _rank_of(proc)
         if rank is not None:
             procs[rank] = proc
-    stopped, texts = _faulthandler(procs, folder)
+    # Only a rank with runyard's handler gets SIGUSR1; a plain script's rank would die of it.
+    handled = {rank: proc for rank, proc in procs.items() if has_stack_handler(proc.pid, rank, folder)}
+    stopped, texts = _faulthandler(handled, folder)
+    for rank in procs.keys() - handled.keys():
+        try:
+            stopped[rank] = procs[rank].status() == psutil.STATUS_STOPPED
+        except psutil.Error:
+            stopped[rank] = False
     py_spy = py_spy_path()
     spied = _py_spy(py_spy, procs, folder) if py_spy and procs else {}
+    notes: dict[int, str] = {}
+    for rank in sorted(procs.keys() - handled.keys()):
+        if py_spy is None:
+            notes[rank] = (f"rank {rank}'s stack could not be taken: it does not use runyard's SDK (no stack "
+                           "handler, and a signal would kill it) and py-spy is not installed (pip install py-spy)")
+            (folder / f"rank-{rank}-not-taken.txt").write_text(notes[rank] + "\n")
     ranks = [RankStack(rank, procs[rank].pid, stopped.get(rank, False), texts.get(rank, "").strip()
-                       or spied.get(rank, ""))
+                       or spied.get(rank, ""), notes.get(rank, ""))
              for rank in sorted(procs)]
     return StackDump(folder=folder, files=sorted(folder.iterdir()), ranks=ranks)
 

@@ -16,7 +16,6 @@ from sqlalchemy.orm import Session
 
 from db import metricstore
 from db.config import SupervisionConfig
-from db.layout import AttemptPaths
 from db.models import Attempt, Event, Run
 from db.states import AttemptPhase, SignalSent, StopReason
 from orchestrator.stacks import StackDump, StackDumps
@@ -105,12 +104,11 @@ def check(session: Session, run: Run, attempt: Attempt, config: SupervisionConfi
 def _record_dump(session: Session, run: Run, attempt: Attempt, result: StackDump | BaseException | None,
                  now: float) -> None:
     """The hang's evidence as an event; the rank that alone stopped becomes the failing rank."""
-    folder = AttemptPaths(Path(attempt.dir)).stacks
     if isinstance(result, StackDump):
         rank, why = result.culprit()
         attempt.failed_rank = rank
         found = f"; {why}" if rank is not None else "; the stacks do not single out one rank"
-        message = f"stacks of every rank saved in {folder} ({len(result.files)} file(s)){found}; killing the attempt"
+        message = f"{result.summary()}{found}; killing the attempt"
     elif isinstance(result, BaseException):
         message = f"the stack dump failed ({result}); killing the attempt"
     else:
@@ -133,7 +131,5 @@ def serve_dump_request(session: Session, run: Run, attempt: Attempt, dumps: Stac
     if result is None:
         return
     run.dump_requested_at = None
-    folder = AttemptPaths(Path(attempt.dir)).stacks
-    message = (f"stacks of every rank saved in {folder} ({len(result.files)} file(s))" if isinstance(result, StackDump)
-               else f"the stack dump failed: {result}")
+    message = result.summary() if isinstance(result, StackDump) else f"the stack dump failed: {result}"
     session.add(Event(run_id=run.id, attempt=attempt.number, at=now, kind="stacks", message=message))

@@ -12,11 +12,13 @@ from __future__ import annotations
 import os
 import signal
 import stat
+import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -160,6 +162,75 @@ def test_a_hang_dump_runs_off_the_tick_and_the_kill_waits_for_it(
     tick_until(scheduler, lambda: status(sessions, run_id) in ("FAILED", "RETRYING"))
     assert attempts(sessions, run_id)[0].cause == "HANG"
     scheduler.close()
+
+
+# -- only a rank with runyard's handler gets SIGUSR1 --------------------------------------------
+
+# A plain script's rank: no handler for SIGUSR1, whose default action would kill it.
+PLAIN_RANK = "import time\nprint('up', flush=True)\ntime.sleep(60)\n"
+# A rank that registered runyard's stack dumps, as trainer/__main__.py and the SDK do.
+SDK_RANK = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from trainer.lifecycle import register_stack_dumps
+    register_stack_dumps(Path(sys.argv[1]), 0)
+    print('up', flush=True)
+    time.sleep(60)
+""")
+
+
+def _rank(code: str, *args: str) -> subprocess.Popen[str]:
+    env = dict(os.environ, RANK="0", LOCAL_RANK="0", PYTHONPATH=str(Path(__file__).parents[2]))
+    child = subprocess.Popen([sys.executable, "-c", code, *args], env=env, stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None and child.stdout.readline().strip() == "up"
+    return child
+
+
+@pytest.mark.parametrize("with_py_spy", [False, True])
+def test_a_plain_script_rank_survives_a_dump(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             with_py_spy: bool) -> None:
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    if with_py_spy:  # a py-spy that prints a stack
+        (tools / "py-spy").write_text('#!/bin/sh\necho "Thread 1 (idle): MainThread"\n')
+        (tools / "py-spy").chmod(0o755)
+    monkeypatch.setattr(stacks, "py_spy_path", lambda: str(tools / "py-spy") if with_py_spy else None)
+    child = _rank(PLAIN_RANK)
+    try:
+        assert not stacks.has_stack_handler(child.pid, 0, tmp_path / "attempt" / "stacks")
+        assert stacks._catches_sigusr1(child.pid) is False  # /proc: SIGUSR1 would kill it
+        monkeypatch.setattr(stacks, "rank_processes", lambda *_: [psutil.Process(child.pid)])
+        dump = stacks.dump_stacks("run", 1, child.pid, None, tmp_path / "attempt")
+        time.sleep(0.2)
+        assert child.poll() is None, "the dump killed a rank that has no handler for SIGUSR1"
+        (rank,) = dump.ranks
+        if with_py_spy:
+            assert "MainThread" in rank.text and rank.note == ""
+        else:
+            assert rank.text == "" and "pip install py-spy" in rank.note
+            assert "pip install py-spy" in (dump.folder / "rank-0-not-taken.txt").read_text()
+            assert "could not be taken" in dump.summary()
+        assert not (dump.folder / "rank-0.txt").exists()
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_rank_with_the_handler_writes_its_stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(stacks, "py_spy_path", lambda: None)
+    child = _rank(SDK_RANK, str(tmp_path / "attempt"))
+    try:
+        assert stacks.has_stack_handler(child.pid, 0, tmp_path / "attempt" / "stacks")
+        assert stacks._catches_sigusr1(child.pid) is True
+        monkeypatch.setattr(stacks, "rank_processes", lambda *_: [psutil.Process(child.pid)])
+        dump = stacks.dump_stacks("run", 1, child.pid, None, tmp_path / "attempt")
+        assert child.poll() is None
+        (rank,) = dump.ranks
+        assert "File " in rank.text and rank.note == ""
+        assert "File " in (dump.folder / "rank-0.txt").read_text()
+    finally:
+        child.kill()
+        child.wait()
 
 
 # -- the fault hooks' switch -------------------------------------------------------------------
