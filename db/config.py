@@ -17,7 +17,8 @@ plus this declarative metadata, so a new field needs no UI edit:
 
 - ``title``: the form's label (default: the key, in words);
 - ``json_schema_extra={"kinds": [...]}``: the workload kinds the field applies to (default: all);
-  the form shows it for those kinds only and gives it its default for the others;
+  the form shows it for those kinds only and gives it its default for the others, and a script
+  run (kind = "script") that sets it to anything else is refused (:func:`kind_problems`);
 - ``json_schema_extra={"list_syntax": "shell"}``: a list written as shell words (default: comma
   separated);
 - ``json_schema_extra={"common": True}`` on a section of RunConfig: shown open (default: folded).
@@ -55,6 +56,10 @@ INT64_MAX = 2**63 - 1
 SEED_MAX = 2**32 - 1
 # A config is a few kilobytes; reading more is a mistake (or /dev/zero).
 MAX_CONFIG_BYTES = 1 << 20
+# The workloads runyard ships. A field marked with these kinds only is not passed to a script
+# (kind = "script"): the script has its own loop, optimizer and flags, and would silently ignore it.
+BUILT_IN_KINDS = ["mlp-digits", "gpt-char"]
+_BUILT_IN: dict[str, Any] = {"kinds": BUILT_IN_KINDS}
 
 
 class _Section(BaseModel):
@@ -142,54 +147,60 @@ class LaunchConfig(_Section):
 class TrainConfig(_Section):
     """The training loop."""
 
-    max_steps: int = Field(default=300, ge=1, le=INT64_MAX)
+    max_steps: int = Field(default=300, ge=1, le=INT64_MAX, json_schema_extra=_BUILT_IN)
     """Optimizer steps to run; the run succeeds when the last one completes."""
 
-    batch_size: int = Field(default=64, ge=1, le=INT64_MAX)
+    batch_size: int = Field(default=64, ge=1, le=INT64_MAX, json_schema_extra=_BUILT_IN)
     """Samples per step per rank (the global batch is batch_size x ranks)."""
 
-    lr: float = Field(default=0.001, gt=0, allow_inf_nan=False, title="Learning rate")
+    lr: float = Field(default=0.001, gt=0, allow_inf_nan=False, title="Learning rate", json_schema_extra=_BUILT_IN)
     """Learning rate of the Adam optimizer."""
 
-    weight_decay: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    weight_decay: float = Field(default=0.0, ge=0, allow_inf_nan=False, json_schema_extra=_BUILT_IN)
     """AdamW weight decay (0: plain Adam). AdamW is fused on CUDA."""
 
-    warmup_steps: int = Field(default=0, ge=0, le=INT64_MAX)
+    warmup_steps: int = Field(default=0, ge=0, le=INT64_MAX, json_schema_extra=_BUILT_IN)
     """Linear learning-rate warm-up from 0 over this many steps."""
 
-    lr_schedule: Literal["constant", "cosine"] = Field(default="constant", title="Learning-rate schedule")
+    lr_schedule: Literal["constant", "cosine"] = Field(
+        default="constant", title="Learning-rate schedule", json_schema_extra=_BUILT_IN
+    )
     """After warm-up: keep `lr`, or decay it along a cosine to `min_lr` at max_steps."""
 
-    min_lr: float = Field(default=0.0, ge=0, allow_inf_nan=False, title="Minimum learning rate")
+    min_lr: float = Field(
+        default=0.0, ge=0, allow_inf_nan=False, title="Minimum learning rate", json_schema_extra=_BUILT_IN
+    )
     """Floor of the cosine schedule."""
 
-    clip_grad_norm: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    clip_grad_norm: float = Field(default=0.0, ge=0, allow_inf_nan=False, json_schema_extra=_BUILT_IN)
     """Clip the global gradient norm to this value (0: no clipping; the norm is reported anyway)."""
 
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    precision: Literal["fp32", "bf16", "fp16"] = Field(default="fp32", json_schema_extra=_BUILT_IN)
     """Autocast precision of the forward pass; fp16 adds a GradScaler whose scale is reported."""
 
-    compile: bool = False
+    compile: bool = Field(default=False, json_schema_extra=_BUILT_IN)
     """torch.compile the model: the whole model under DDP or one rank, each block under FSDP.
     The first steps are slower while it compiles."""
 
     activation_checkpointing: bool = Field(default=False, json_schema_extra={"kinds": ["gpt-char"]})
     """Recompute each block's activations in the backward pass to save memory (gpt-char)."""
 
-    grad_accum: int = Field(default=1, ge=1, le=INT64_MAX, title="Gradient accumulation (micro-batches)")
+    grad_accum: int = Field(
+        default=1, ge=1, le=INT64_MAX, title="Gradient accumulation (micro-batches)", json_schema_extra=_BUILT_IN
+    )
     """Micro-batches of `batch_size` accumulated per optimizer step (DDP skips the gradient
     all-reduce on all but the last). The effective per-rank batch is batch_size x grad_accum."""
 
-    seed: int = Field(default=0, ge=0, le=SEED_MAX)
+    seed: int = Field(default=0, ge=0, le=SEED_MAX, json_schema_extra=_BUILT_IN)
     """Seed of every random generator; all ranks use the same model seed."""
 
-    log_every: int = Field(default=10, ge=1, le=INT64_MAX)
+    log_every: int = Field(default=10, ge=1, le=INT64_MAX, json_schema_extra=_BUILT_IN)
     """Report per-rank training metrics every this many steps."""
 
-    eval_every: int = Field(default=100, ge=0, le=INT64_MAX)
+    eval_every: int = Field(default=100, ge=0, le=INT64_MAX, json_schema_extra=_BUILT_IN)
     """Evaluate on the held-out split every this many steps (0: only at the end)."""
 
-    deterministic: bool = False
+    deterministic: bool = Field(default=False, json_schema_extra=_BUILT_IN)
     """Use torch's deterministic algorithms (and seeded data order), so that a resumed run
     repeats the uninterrupted one bit for bit; may be slower on GPU."""
 
@@ -360,16 +371,56 @@ def _describe(err: ErrorDetails) -> str:
     return f"{field} = {err['input']!r}: {err['msg']}{_STRICT_HINTS.get(err['type'], '')}"
 
 
+def field_kinds(model: type[BaseModel], name: str) -> list[str] | None:
+    """The workload kinds a field applies to (its ``json_schema_extra={"kinds": [...]}``); None:
+    every kind. The New run form (app/form.py) reads the same metadata, so what the form hides
+    for a kind and what :func:`kind_problems` refuses for it cannot disagree."""
+    extra = model.model_fields[name].json_schema_extra
+    kinds = extra.get("kinds") if isinstance(extra, dict) else None
+    return [str(k) for k in kinds] if isinstance(kinds, list) else None
+
+
+def kind_problems(config: RunConfig) -> list[str]:
+    """Every field set to a value other than its default for a workload kind it does not apply
+    to, for a script run (kind = "script"): a script never reads runyard's training settings, so
+    a ``train.lr`` given for it would be silently ignored. One problem per field, each naming
+    the field and the value."""
+    kind = config.workload.kind
+    if kind != "script":
+        return []
+    problems: list[str] = []
+    for section_name in RunConfig.model_fields:
+        section = getattr(config, section_name)
+        if not isinstance(section, BaseModel):
+            continue
+        model = type(section)
+        for name, info in model.model_fields.items():
+            kinds = field_kinds(model, name)
+            value = getattr(section, name)
+            if kinds is None or kind in kinds or value == info.get_default(call_default_factory=True):
+                continue
+            key = f"{section_name}.{info.alias or name}"
+            what = (info.title or name.replace("_", " ")).lower()
+            where = "the built-in workloads" if sorted(kinds) == sorted(BUILT_IN_KINDS) else " and ".join(kinds)
+            problems.append(f"{key} = {value!r} applies to {where} only; a script sets its own {what}")
+    return problems
+
+
 def parse_config(data: dict[str, Any]) -> RunConfig:
     """Validate a config mapping.
 
     Raises:
-        ConfigError: listing every problem, each with the field and the value.
+        ConfigError: listing every problem, each with the field and the value, including the
+            settings that do not apply to the run's workload kind (:func:`kind_problems`).
     """
     try:
-        return RunConfig.model_validate(data)
+        config = RunConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError([_describe(e) for e in exc.errors()]) from None
+    problems = kind_problems(config)
+    if problems:
+        raise ConfigError(problems)
+    return config
 
 
 def parse_toml(text: str) -> dict[str, Any]:

@@ -304,7 +304,9 @@ def fork_form(d: dict) -> None:
     with st.form(f"fork-{d['id']}"):
         st.markdown("**Fork**: a new run that starts from a checkpoint of this one, with changed settings.")
         step = st.selectbox("From checkpoint step", usable, key=f"fork-step-{d['id']}")
-        changes = st.text_area("Changed settings, one `key=value` per line", value="train.lr=0.0001",
+        # A script run has no train.* settings (db/config.py refuses them): its example is one it uses.
+        example = "checkpoint.keep_last=5" if d["config"]["workload"]["kind"] == "script" else "train.lr=0.0001"
+        changes = st.text_area("Changed settings, one `key=value` per line", value=example,
                                key=f"fork-set-{d['id']}")
         if st.form_submit_button("Fork", icon=":material/call_split:"):
             overrides = [line.strip() for line in changes.splitlines() if line.strip()]

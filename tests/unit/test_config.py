@@ -5,14 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from db.config import (
     ConfigError,
     RunConfig,
     apply_overrides,
     config_from_json,
+    field_kinds,
     field_of,
+    kind_problems,
     load_config,
     parse_config,
     parse_toml,
@@ -119,3 +121,49 @@ def test_every_field_is_documented() -> None:
         return missing
 
     assert walk(RunConfig) == []
+
+
+# -- settings a script run does not read --------------------------------------------------------
+
+SCRIPT = {"workload": {"kind": "script", "script": "train.py"}}
+
+
+def test_a_script_run_refuses_the_built_in_workloads_settings_all_at_once() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config({**SCRIPT, "train": {"lr": 0.01, "max_steps": 5, "compile": True},
+                      "workload": {**SCRIPT["workload"], "hidden": 512}})
+    assert sorted(info.value.problems) == sorted([
+        "train.lr = 0.01 applies to the built-in workloads only; a script sets its own learning rate",
+        "train.max_steps = 5 applies to the built-in workloads only; a script sets its own max steps",
+        "train.compile = True applies to the built-in workloads only; a script sets its own compile",
+        "workload.hidden = 512 applies to mlp-digits only; a script sets its own hidden width",
+    ])
+    assert {field_of(p) for p in info.value.problems} == {"train.lr", "train.max_steps", "train.compile",
+                                                          "workload.hidden"}
+
+
+def test_a_script_run_keeps_what_it_uses_and_the_defaults() -> None:
+    config = parse_config({**SCRIPT, "train": {"lr": 0.001}, "launch": {"nproc_per_node": 4},
+                           "checkpoint": {"keep_last": 1, "async": False}, "retry": {"max_retries": 0},
+                           "supervision": {"hang_timeout_s": 60.0}})
+    assert config.launch.nproc_per_node == 4 and not config.checkpoint.async_save
+    assert load_config(ROOT / "examples" / "script.toml").workload.kind == "script"
+    # The built-in workloads still take every training setting.
+    assert parse_config({"train": {"lr": 0.01, "max_steps": 5}}).train.lr == 0.01
+
+
+def test_the_refusal_and_the_form_read_the_same_metadata() -> None:
+    """Every field the New run form hides for a script is refused for one when not at its
+    default, and nothing the form shows is."""
+    from app.form import form_fields
+
+    shown = {spec.key for spec in form_fields(RunConfig, "script")}
+    for section, info in RunConfig.model_fields.items():
+        model = info.annotation
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            continue
+        for name in model.model_fields:
+            key = f"{section}.{model.model_fields[name].alias or name}"
+            kinds = field_kinds(model, name)
+            assert (kinds is None or "script" in kinds) == (key in shown), key
+    assert kind_problems(RunConfig()) == []

@@ -246,13 +246,27 @@ def test_ui_fork_of_an_outside_script_keeps_it_only_with_the_same_arguments(
         sessions: sessionmaker[Session], settings: Settings, layout: dict[str, Path]) -> None:
     roots = default_roots(layout)
     parent = parent_with_checkpoint(sessions, settings, layout["outside"] / "train.py")  # accepted by the CLI
-    new_id = fork(sessions, settings, parent, 10, ["train.lr=0.0001"], CPU2, roots=roots)
+    new_id = fork(sessions, settings, parent, 10, ["checkpoint.keep_last=5"], CPU2, roots=roots)
     with pytest.raises(ConfigError) as info:
         fork(sessions, settings, parent, 10, ['workload.args=["--cmd", "id"]'], CPU2, roots=roots)
     assert "is outside" in info.value.problems[0]
     with sessions() as s:
         assert sorted(r["id"] for r in list_runs(s)) == [parent, new_id]
-        assert run_detail(s, new_id)["config"]["train"]["lr"] == pytest.approx(0.0001)
+        assert run_detail(s, new_id)["config"]["checkpoint"]["keep_last"] == 5
+
+
+def test_cli_fork_refuses_a_built_in_setting_for_a_script(sessions: sessionmaker[Session], settings: Settings,
+                                                          layout: dict[str, Path]) -> None:
+    parent = parent_with_checkpoint(sessions, settings, layout["project"] / "train.py")
+    result = CliRunner().invoke(cli, ["fork", str(parent), "--step", "10", "--set", "train.lr=0.01",
+                                      "--set", "train.max_steps=5"])
+    assert result.exit_code != 0 and "nothing was queued" in result.stderr
+    # Both problems at once, each with the field and the value.
+    assert "train.lr = 0.01 applies to the built-in workloads only; a script sets its own learning rate" \
+        in result.stderr
+    assert "train.max_steps = 5 applies to the built-in workloads only" in result.stderr
+    with sessions() as s:
+        assert [r["id"] for r in list_runs(s)] == [parent]
 
 
 def test_changes_what_runs_compares_the_launch_fields() -> None:
