@@ -119,7 +119,21 @@ def event_badges(d: dict, series: dict[str, data.LiveSeries]) -> None:
                             if r["step"] <= cutoffs.get(r["attempt"], float("inf")))
     shown = [f":{color}-badge[{icon} {label} × {counts[kind]}]"
              for kind, (color, icon, label) in EVENT_BADGES.items() if counts.get(kind)]
-    st.markdown(" ".join(shown) if shown else ":green-badge[:material/check: no stragglers, desyncs, NaNs or hangs]")
+    if shown:
+        st.markdown(" ".join(shown))
+    elif unmonitored(d):
+        st.markdown(":gray-badge[:material/help: stragglers, desyncs, NaNs and hangs not checked "
+                    "(the script does not use runyard's SDK)]")
+    else:
+        st.markdown(":green-badge[:material/check: no stragglers, desyncs, NaNs or hangs]")
+
+
+def unmonitored(d: dict) -> bool:
+    """True for a script run whose ranks never reported to runyard (no attempt completed a step
+    through the SDK): the straggler, desync, NaN and hang checks all read those reports, so
+    none of them ran, and "none found" would be a claim nobody checked."""
+    return (d["config"]["workload"]["kind"] == "script" and bool(d["attempts"])
+            and all(a["first_step_at"] is None for a in d["attempts"]))
 
 
 def chart_options(run_id: int) -> charts.ChartOptions:

@@ -393,6 +393,34 @@ def test_run_page_without_events_says_so(seeded: dict[str, int]) -> None:
     assert "no stragglers, desyncs, NaNs or hangs" in at.markdown[1].value
 
 
+def test_run_page_of_a_plain_script_says_nothing_was_checked(settings: Settings,
+                                                            sessions: sessionmaker[Session]) -> None:
+    """A script that never imports the SDK reports no steps: no straggler, desync, NaN or hang
+    check ran, so the page must not say that none was found."""
+    with sessions() as s:
+        config = RunConfig.model_validate({"name": "plain", "workload": {"kind": "script", "script": "/p/train.py"}})
+        run = create_run(s, config, settings.runs_dir, Price(usd_per_hour=1.0, unit="cpu-hour"))
+        s.flush()
+        for status in (RunStatus.STARTING, RunStatus.RUNNING):
+            assert transition(s, run.id, status, f"test: {status}")
+        s.add(Attempt(run_id=run.id, number=1, status=AttemptStatus.RUNNING.value,
+                      dir=str(Path(run.run_dir) / "attempts" / "1"), started_at=time.time() - 60))
+        add_heartbeat(s, age_s=0.0)
+        s.commit()
+        run_id = run.id
+    at = open_page("views/run.py", run=str(run_id))
+    no_exception(at)
+    badges = at.markdown[1].value
+    assert "not checked (the script does not use runyard's SDK)" in badges and "gray-badge" in badges
+    assert "no stragglers" not in badges
+    with sessions() as s:  # once its ranks report through the SDK, the checks run
+        s.execute(Attempt.__table__.update().where(Attempt.run_id == run_id).values(first_step_at=time.time()))
+        s.commit()
+    st.cache_data.clear()  # the page caches the run's detail for a few seconds
+    at = open_page("views/run.py", run=str(run_id))
+    assert "no stragglers, desyncs, NaNs or hangs" in at.markdown[1].value
+
+
 def test_run_page_checkpoint_advice(seeded: dict[str, int], sessions: sessionmaker[Session]) -> None:
     run_id = seeded["running"]
     at = open_page("views/run.py", run=str(run_id))
