@@ -182,6 +182,38 @@ def test_the_time_based_save_is_agreed_on_the_channel(tmp_path: Path) -> None:
     run.finish()
 
 
+def test_should_stop_gives_one_answer_per_step_so_the_readme_pattern_saves_the_stop_step(tmp_path: Path) -> None:
+    """README's loop asks should_stop() twice a step: ``if step % 100 == 0 or should_stop(): save``
+    then ``if should_stop(): break``. A SIGTERM heard between the two calls must not make the
+    second one true (it would break without the save); the next step answers true twice."""
+    run = tiny_run(context(tmp_path))
+    calls: list[tuple[int, bool, bool]] = []
+    saved: list[int] = []
+    for step in range(1, 20):
+        run.log(step, loss=1.0)
+        first = run.should_stop()
+        if step % 100 == 0 or first:
+            run.save_checkpoint(step, {"model": {"w": torch.zeros(2)}})
+            saved.append(step)
+        if step == 4:
+            os.kill(os.getpid(), signal.SIGTERM)  # outside a group it is heard at the next agreement
+        second = run.should_stop()
+        calls.append((step, first, second))
+        if second:
+            break
+    run.finish()
+    assert calls[-2:] == [(4, False, False), (5, True, True)] and saved == [5]
+    assert CheckpointManager(tmp_path / "checkpoints", is_writer=False).verified_steps() == [5]
+
+
+def test_without_step_reports_each_should_stop_call_asks_anew(tmp_path: Path) -> None:
+    run = tiny_run(context(tmp_path))
+    assert not run.should_stop()
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert run.should_stop()  # no step was ever reported: the call cannot be placed in a step
+    run.finish()
+
+
 def test_build_workload_picks_the_kind_and_refuses_unknown_ones() -> None:
     assert isinstance(build_workload(parse_config({"name": "a"})), MLPDigits)
     script = parse_config({"name": "s", "workload": {"kind": "script", "script": "train.py"}})
