@@ -128,11 +128,30 @@ class Run:
         step and written off the training thread. The stop flag rides along, so the next
         :meth:`should_stop` costs nothing. One-element tensors (``loss=loss.detach()``) are
         fine and cheaper than ``loss.item()``: they are copied to the host without waiting
-        for the GPU, and read a step later.
+        for the GPU, and read a step later. Metrics that only rank 0 computes go to
+        :meth:`log_rank0`.
         """
         self._monitor.log(step, metrics, then=None if self.managed else self._print)
         self.reporter.progress(step)
         self._step_reported(step)
+
+    def log_rank0(self, step: int, **metrics: float | torch.Tensor) -> None:
+        """Report metrics that rank 0 alone computes at ``step`` (an evaluation under
+        ``if rank == 0:``, as nanoGPT does): written for rank 0, nothing (no NaN) for the others.
+
+        Not collective: call it on rank 0 only (elsewhere it does nothing). It is not a step
+        report for :meth:`should_stop`, whose steps must stay the same on every rank. Tensors
+        are read at once (``.item()``).
+        """
+        if self.rank != 0:
+            return
+        values = {key: float(value.item()) if isinstance(value, torch.Tensor) else float(value)
+                  for key, value in metrics.items()}
+        if self.managed:
+            self.reporter.log_main(step, **values)
+        else:
+            logger.info("step %d (rank 0): %s", step,
+                        "  ".join(f"{k} {v:.4g}" for k, v in sorted(values.items())))
 
     def _print(self, step: int, gathered: dict[int, dict[str, float]]) -> None:
         """Outside runyard, rank 0 prints what it gathered (rank 0's value / rank 1's ...)."""

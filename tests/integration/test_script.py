@@ -102,6 +102,8 @@ for step in range(start + 1, 1_000_000):
     opt.step()
     time.sleep(0.005)
     run.log(step, loss=loss.detach())
+    if dist.get_rank() == 0 and step % 50 == 0:  # an evaluation on rank 0 alone, as nanoGPT's
+        run.log_rank0(step, eval_loss=float(step))
     if step % 100 == 0 or run.should_stop():
         run.save_checkpoint(step, {"model": model, "optimizer": opt})
     if run.should_stop():
@@ -129,3 +131,5 @@ def test_readme_stop_pattern_saves_the_step_it_pauses_at(product: Product) -> No
     assert attempt["last_checkpoint_step"] == attempt["last_step"] and attempt["last_step"] > 150, attempt
     stop_step = attempt["last_step"]
     assert any(c["step"] == stop_step and c["verified"] for c in detail["checkpoints"]), detail["checkpoints"]
+    # Rank 0's own metric: written for rank 0 alone, no NaN rows for the others.
+    assert set(detail["metrics"]["eval_loss"]) == {"0"}, detail["metrics"]["eval_loss"]

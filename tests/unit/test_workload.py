@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import torch
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.orm import Session, sessionmaker
 from torch import nn
 
@@ -212,6 +212,19 @@ def test_without_step_reports_each_should_stop_call_asks_anew(tmp_path: Path) ->
     os.kill(os.getpid(), signal.SIGTERM)
     assert run.should_stop()  # no step was ever reported: the call cannot be placed in a step
     run.finish()
+
+
+def test_a_metric_of_rank_0_alone_is_written_for_rank_0_without_taking_a_step(
+    tmp_path: Path, settings: Settings, sessions: sessionmaker[Session]
+) -> None:
+    run = tiny_run(context(tmp_path / "run", settings=settings))
+    run.log(1, loss=2.0)
+    run.log_rank0(2, eval_loss=torch.tensor(1.5))  # nanoGPT's evaluation, under `if rank == 0:`
+    assert not run.should_stop() and run._read_at["stop"] == 1  # not a step report: ranks stay in step
+    run.finish()
+    with sessions() as s:
+        rows = s.execute(text("SELECT rank, step, key, value FROM metrics WHERE key = 'eval_loss'")).all()
+    assert [tuple(r) for r in rows] == [(0, 2, "eval_loss", 1.5)]
 
 
 def test_build_workload_picks_the_kind_and_refuses_unknown_ones() -> None:
