@@ -8,7 +8,7 @@ ENV PYTHONUNBUFFERED=1 \
     RUNYARD_HOME=/data
 
 WORKDIR /opt/runyard
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md runyard.py ./
 COPY app ./app
 COPY orchestrator ./orchestrator
 COPY trainer ./trainer

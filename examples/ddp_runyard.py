@@ -16,7 +16,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-import trainer
+import runyard
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=200)
@@ -24,7 +24,7 @@ parser.add_argument("--lr", type=float, default=1e-3)
 args = parser.parse_args()
 
 dist.init_process_group("gloo")
-run = trainer.init()
+run = runyard.init()
 rank = dist.get_rank()
 torch.manual_seed(0)
 

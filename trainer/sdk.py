@@ -1,9 +1,9 @@
 """The SDK for your own torchrun script: a few lines give it per-rank metrics in the dashboard,
 verified checkpoints, graceful stops and one-click resume.
 
-    import trainer
+    import runyard
 
-    run = trainer.init()                       # after (or instead of) init_process_group
+    run = runyard.init()                       # after (or instead of) init_process_group
     run.watch(ddp_model)                       # optional: straggler and desync checks
     state = {"model": model, "optimizer": opt}
     start = run.load_checkpoint(state)         # the step to continue after (0 when fresh)
@@ -86,6 +86,11 @@ class Run:
         self._stopping = False
         self._agreed: Mapping[str, bool] = {}
         self._unread: set[str] = set()  # who has not read the newest agreement: "stop", "due"
+        # The step each reader last read an agreement at: once the script reports steps (log,
+        # save_checkpoint, checkpoint_due or should_stop(step)), a reader asks anew only when
+        # the step moved on, so every call within a step gets the same answer.
+        self._read_at: dict[str, int] = {}
+        self._steps_reported = False
         self._finished = False
 
     @property
@@ -123,11 +128,30 @@ class Run:
         step and written off the training thread. The stop flag rides along, so the next
         :meth:`should_stop` costs nothing. One-element tensors (``loss=loss.detach()``) are
         fine and cheaper than ``loss.item()``: they are copied to the host without waiting
-        for the GPU, and read a step later.
+        for the GPU, and read a step later. Metrics that only rank 0 computes go to
+        :meth:`log_rank0`.
         """
         self._monitor.log(step, metrics, then=None if self.managed else self._print)
         self.reporter.progress(step)
-        self._last_step = max(self._last_step, step)
+        self._step_reported(step)
+
+    def log_rank0(self, step: int, **metrics: float | torch.Tensor) -> None:
+        """Report metrics that rank 0 alone computes at ``step`` (an evaluation under
+        ``if rank == 0:``, as nanoGPT does): written for rank 0, nothing (no NaN) for the others.
+
+        Not collective: call it on rank 0 only (elsewhere it does nothing). It is not a step
+        report for :meth:`should_stop`, whose steps must stay the same on every rank. Tensors
+        are read at once (``.item()``).
+        """
+        if self.rank != 0:
+            return
+        values = {key: float(value.item()) if isinstance(value, torch.Tensor) else float(value)
+                  for key, value in metrics.items()}
+        if self.managed:
+            self.reporter.log_main(step, **values)
+        else:
+            logger.info("step %d (rank 0): %s", step,
+                        "  ".join(f"{k} {v:.4g}" for k, v in sorted(values.items())))
 
     def _print(self, step: int, gathered: dict[int, dict[str, float]]) -> None:
         """Outside runyard, rank 0 prints what it gathered (rank 0's value / rank 1's ...)."""
@@ -152,7 +176,7 @@ class Run:
         :meth:`before_update`, which you call before ``optimizer.step()``.
         """
         self._checkpoints.save(step, state, metrics, defer_snapshot=defer_snapshot)
-        self._last_step = max(self._last_step, step)
+        self._step_reported(step)
 
     def load_checkpoint(self, state: dict[str, Any] | None = None) -> int:
         """Restore the checkpoint the scheduler chose for this attempt, if any.
@@ -178,7 +202,7 @@ class Run:
         Collective, once per step after the step's work, like :meth:`should_stop`: the two
         share one agreement of the ranks per step, whichever is called first makes it.
         """
-        self._last_step = max(self._last_step, step)
+        self._step_reported(step)
         if self._stopping:
             return True
         agreed = self._agreement("due")
@@ -198,24 +222,41 @@ class Run:
 
     # -- stopping -----------------------------------------------------------------------------
 
-    def should_stop(self) -> bool:
+    def should_stop(self, step: int | None = None) -> bool:
         """True on every rank once any rank got SIGTERM (cancel, pause, preemption): save a
         checkpoint and leave the loop.
 
-        Collective: every rank calls it at the same points (once per step is enough; it sends
-        one small all-reduce that nobody waits for, or reads the flag that rode in :meth:`log`).
-        The answer is what the ranks had one step ago, the same on every rank; once true it
-        stays true.
+        Collective: every rank calls it at the same points (it sends one small all-reduce that
+        nobody waits for, or reads the flag that rode in :meth:`log`). The answer is what the
+        ranks had one step ago, the same on every rank; once true it stays true. Within a step
+        every call gives the same answer, so ``if step % 100 == 0 or run.should_stop(): save``
+        then ``if run.should_stop(): break`` saves the step it stops at. The step is the one
+        last reported to the run (:meth:`log`, :meth:`save_checkpoint`, :meth:`checkpoint_due`)
+        or ``step`` when given: a script that logs only every N steps passes it, or it asks
+        anew only at the steps it reports. A script that reports no step at all gets a new
+        agreement at every call.
         """
+        if step is not None:
+            self._step_reported(step)
         if not self._stopping:
             self._agreement("stop")
         return self._stopping
 
+    def _step_reported(self, step: int) -> None:
+        self._last_step = max(self._last_step, step)
+        self._steps_reported = True
+
     def _agreement(self, reader: str) -> Mapping[str, bool]:
         """The ranks' newest agreement on the channel's flags, for ``reader`` ("stop" or "due"):
-        the one the other reader made and this one has not read yet, else a new one (collective).
-        So a loop that asks both once per step makes one collective per step."""
-        if reader not in self._unread:
+        the one the other reader made and this one has not read yet; else, once the script
+        reports steps, the one this reader read while the step has not moved on since; else a
+        new one (collective). So a loop that asks both once per step makes one collective per
+        step, and asking again within a step gives the same answer."""
+        fresh = reader not in self._unread
+        if fresh and self._steps_reported and reader in self._read_at:
+            fresh = self._last_step > self._read_at[reader]
+        self._read_at[reader] = self._last_step
+        if fresh:
             self._agreed = self.channel.agree()
             self._stopping = self._stopping or self._agreed[STOP_FLAG]
             self._unread = {"stop", "due"}

@@ -79,3 +79,57 @@ def test_missing_script_is_refused_at_submit(product: Product) -> None:
     assert result.returncode == 2
     assert "workload.script = 'does/not/exist.py': no such file" in result.stderr
     assert product.cli("ls", "--json").stdout.strip() == "[]"
+
+
+# README's stop pattern, exactly: should_stop() asked twice a step.
+README_PATTERN_SCRIPT = """
+import time
+
+import torch
+import torch.distributed as dist
+
+import runyard
+
+dist.init_process_group("gloo")
+run = runyard.init()
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+start = run.load_checkpoint({"model": model, "optimizer": opt})
+for step in range(start + 1, 1_000_000):
+    loss = model(torch.ones(8, 4)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    time.sleep(0.005)
+    run.log(step, loss=loss.detach())
+    if dist.get_rank() == 0 and step % 50 == 0:  # an evaluation on rank 0 alone, as nanoGPT's
+        run.log_rank0(step, eval_loss=float(step))
+    if step % 100 == 0 or run.should_stop():
+        run.save_checkpoint(step, {"model": model, "optimizer": opt})
+    if run.should_stop():
+        break
+run.finish()
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def test_readme_stop_pattern_saves_the_step_it_pauses_at(product: Product) -> None:
+    script = product.home / "readme_pattern.py"
+    script.write_text(README_PATTERN_SCRIPT)
+    config = product.home / "readme.toml"
+    config.write_text(f'name = "readme"\n[workload]\nkind = "script"\nscript = "{script}"\n')
+    run_id = int(product.cli("submit", str(config), "--set", "checkpoint.keep_last=0").stdout.strip())
+    product.start_scheduler()
+    product.wait_step(run_id, 150)
+    product.cli("pause", str(run_id))
+    detail = product.wait_status(run_id, "CANCELLED", "FAILED", "SUCCEEDED", timeout=90)
+    assert detail["status"] == "CANCELLED", detail["status_reason"]
+    (attempt,) = detail["attempts"]
+    assert "with a checkpoint" in attempt["reason"], attempt["reason"]
+    # The last checkpoint is the stop step itself, not the last multiple of 100.
+    assert attempt["last_checkpoint_step"] == attempt["last_step"] and attempt["last_step"] > 150, attempt
+    stop_step = attempt["last_step"]
+    assert any(c["step"] == stop_step and c["verified"] for c in detail["checkpoints"]), detail["checkpoints"]
+    # Rank 0's own metric: written for rank 0 alone, no NaN rows for the others.
+    assert set(detail["metrics"]["eval_loss"]) == {"0"}, detail["metrics"]["eval_loss"]

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import torch
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.orm import Session, sessionmaker
 from torch import nn
 
@@ -180,6 +180,51 @@ def test_the_time_based_save_is_agreed_on_the_channel(tmp_path: Path) -> None:
     run._checkpoints._last_save -= 3600  # an hour passed on this rank's clock
     assert run.checkpoint_due(3) and not run.should_stop()
     run.finish()
+
+
+def test_should_stop_gives_one_answer_per_step_so_the_readme_pattern_saves_the_stop_step(tmp_path: Path) -> None:
+    """README's loop asks should_stop() twice a step: ``if step % 100 == 0 or should_stop(): save``
+    then ``if should_stop(): break``. A SIGTERM heard between the two calls must not make the
+    second one true (it would break without the save); the next step answers true twice."""
+    run = tiny_run(context(tmp_path))
+    calls: list[tuple[int, bool, bool]] = []
+    saved: list[int] = []
+    for step in range(1, 20):
+        run.log(step, loss=1.0)
+        first = run.should_stop()
+        if step % 100 == 0 or first:
+            run.save_checkpoint(step, {"model": {"w": torch.zeros(2)}})
+            saved.append(step)
+        if step == 4:
+            os.kill(os.getpid(), signal.SIGTERM)  # outside a group it is heard at the next agreement
+        second = run.should_stop()
+        calls.append((step, first, second))
+        if second:
+            break
+    run.finish()
+    assert calls[-2:] == [(4, False, False), (5, True, True)] and saved == [5]
+    assert CheckpointManager(tmp_path / "checkpoints", is_writer=False).verified_steps() == [5]
+
+
+def test_without_step_reports_each_should_stop_call_asks_anew(tmp_path: Path) -> None:
+    run = tiny_run(context(tmp_path))
+    assert not run.should_stop()
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert run.should_stop()  # no step was ever reported: the call cannot be placed in a step
+    run.finish()
+
+
+def test_a_metric_of_rank_0_alone_is_written_for_rank_0_without_taking_a_step(
+    tmp_path: Path, settings: Settings, sessions: sessionmaker[Session]
+) -> None:
+    run = tiny_run(context(tmp_path / "run", settings=settings))
+    run.log(1, loss=2.0)
+    run.log_rank0(2, eval_loss=torch.tensor(1.5))  # nanoGPT's evaluation, under `if rank == 0:`
+    assert not run.should_stop() and run._read_at["stop"] == 1  # not a step report: ranks stay in step
+    run.finish()
+    with sessions() as s:
+        rows = s.execute(text("SELECT rank, step, key, value FROM metrics WHERE key = 'eval_loss'")).all()
+    assert [tuple(r) for r in rows] == [(0, 2, "eval_loss", 1.5)]
 
 
 def test_build_workload_picks_the_kind_and_refuses_unknown_ones() -> None:
