@@ -49,9 +49,9 @@ while step < args.steps:
         step += 1
         if step % 10 == 0:
             run.log(step, loss=loss.detach())  # copied to the host without waiting for the GPU
-        if step % 50 == 0 or step == args.steps or run.should_stop():
+        if step % 50 == 0 or step == args.steps or run.should_stop(step):  # logs every 10: name the step
             run.save_checkpoint(step, {"model": model, "optimizer": optimizer})
-        if step == args.steps or run.should_stop():
+        if step == args.steps or run.should_stop(step):
             break
     if run.should_stop():
         break
