@@ -36,17 +36,17 @@ _TRAINER_DIR = os.path.join(os.path.dirname(os.path.realpath(__file__)), "traine
 _lock = threading.Lock()
 
 
+def _in_our_package(path: str | None) -> bool:
+    return path is not None and os.path.dirname(os.path.realpath(path)) == _TRAINER_DIR
+
+
 def _is_ours(module: ModuleType | None) -> bool:
     """Whether ``module`` (``trainer`` or one of its submodules) is runyard's own."""
-    path = getattr(module, "__file__", None)
-    if not path:
-        return False
-    return os.path.dirname(os.path.realpath(path)) == _TRAINER_DIR
+    return _in_our_package(getattr(module, "__file__", None))
 
 
 def _is_ours_spec(spec: importlib.machinery.ModuleSpec | None) -> bool:
-    return spec is not None and spec.origin is not None and (
-        os.path.dirname(os.path.realpath(spec.origin)) == _TRAINER_DIR)
+    return spec is not None and _in_our_package(spec.origin)
 
 
 def _load_sdk() -> ModuleType:

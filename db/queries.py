@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from typing_extensions import Unpack
 
 from db import metricstore
-from db.causes import INTERRUPTIONS
+from db.causes import INTERRUPTIONS, Cause
 from db.cost import AttemptSpan, cost_usd, default_prices, eta_seconds, wasted_seconds
 from db.models import Attempt, Checkpoint, Event, PriceEntry, Run, RunStatusHistory, SchedulerHeartbeat
 from db.requests import RunNotFound
@@ -154,7 +154,7 @@ def _attempt_spans(attempts: list[AnyRow], written: dict[tuple[int, int], float]
     for i, a in enumerate(attempts):
         spans.append(AttemptSpan(
             started_at=a.started_at, ended_at=a.ended_at, first_step_at=a.first_step_at,
-            failed=a.cause is not None and a.cause != "PREEMPTED",
+            failed=a.cause is not None and a.cause != Cause.PREEMPTED,
             last_checkpoint_at=written.get((a.run_id, a.number)),
             after_failure=i > 0 and attempts[i - 1].cause is not None,
         ))

@@ -114,6 +114,7 @@ class Scheduler:
         self._errors = RepeatedErrors(logger)
         self._file = SchedulerFile(settings.scheduler_file)
         self._file_at = -math.inf
+        self._published_inventory = inventory.to_json()  # fixed for the process's life
         self._db_problem: str | None = None
         self._db_problem_since: float | None = None
 
@@ -215,7 +216,7 @@ class Scheduler:
         self._file_at = now
         self._file.write({"pid": os.getpid(), "host": socket.gethostname(), "started_at": self._started_at,
                           "written_at": now, "db_writable": problem is None, "db_error": problem,
-                          "db_error_since": self._db_problem_since, "inventory": self.inventory.to_json()})
+                          "db_error_since": self._db_problem_since, "inventory": self._published_inventory})
 
     def _reap_children(self) -> None:
         """Collect exit statuses of launchers this process started (no zombies)."""

@@ -252,8 +252,9 @@ def dump_stacks(
             procs[rank] = proc
     # Only a rank with runyard's handler gets SIGUSR1; a plain script's rank would die of it.
     handled = {rank: proc for rank, proc in procs.items() if has_stack_handler(proc.pid, rank, folder)}
+    unhandled = sorted(procs.keys() - handled.keys())
     stopped, texts = _faulthandler(handled, folder)
-    for rank in procs.keys() - handled.keys():
+    for rank in unhandled:
         try:
             stopped[rank] = procs[rank].status() == psutil.STATUS_STOPPED
         except psutil.Error:
@@ -261,7 +262,7 @@ def dump_stacks(
     py_spy = py_spy_path()
     spied = _py_spy(py_spy, procs, folder) if py_spy and procs else {}
     notes: dict[int, str] = {}
-    for rank in sorted(procs.keys() - handled.keys()):
+    for rank in unhandled:
         if py_spy is None:
             notes[rank] = (f"rank {rank}'s stack could not be taken: it does not use runyard's SDK (no stack "
                            "handler, and a signal would kill it) and py-spy is not installed (pip install py-spy)")

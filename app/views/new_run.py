@@ -50,13 +50,14 @@ def widget(spec: form.FieldSpec, value: Any) -> Any:
                          key=spec.key, help=spec.help)
 
 
-initial, notes = form.widget_values(base, form.form_fields(RunConfig))
+every_field = form.form_fields(RunConfig)
+initial, notes = form.widget_values(base, every_field)
 for note in notes:
     st.warning(note, icon=":material/warning:")
 
 # The kind is chosen outside the form: a change redraws the page at once with that kind's fields
 # (inside an st.form nothing reruns before Start).
-kind_spec = next(spec for spec in form.form_fields(RunConfig) if spec.key == form.KIND_KEY)
+kind_spec = next(spec for spec in every_field if spec.key == form.KIND_KEY)
 kind = widget(kind_spec, initial[form.KIND_KEY])
 field_errors(form.KIND_KEY)
 sections = form.form_sections(RunConfig, kind)
@@ -94,7 +95,7 @@ if started:
     try:
         config = data.validate_config(config_data)
     except ConfigError as exc:
-        shown = {spec.key for spec in form.form_fields(RunConfig, kind)} | {s.name for s in sections if s.name}
+        shown = {spec.key for s in sections for spec in s.fields} | {s.name for s in sections if s.name}
         grouped: dict[str, list[str]] = {}
         for problem in exc.problems:
             field = field_of(problem)
