@@ -36,7 +36,7 @@ from pydantic.fields import FieldInfo
 
 from db.config import RunConfig
 
-WidgetKind = Literal["int", "float", "bool", "choice", "text", "list"]
+WidgetKind = Literal["int", "float", "bool", "choice", "text", "list", "table"]
 
 # The field whose value chooses the kind-specific fields; the page draws it before the others.
 KIND_KEY = "workload.kind"
@@ -104,6 +104,8 @@ class FieldSpec:
     @property
     def placeholder(self) -> str | None:
         """What an empty list box shows: the syntax it expects."""
+        if self.widget == "table":
+            return "one per line: NAME = value"
         if self.widget != "list":
             return None
         return "as in a shell: --epochs 5 --name 'a b'" if self.list_syntax == "shell" else "comma separated: a, b"
@@ -187,6 +189,8 @@ def _widget_of(key: str, annotation: Any) -> tuple[WidgetKind, tuple[Any, ...], 
         return "text", (), optional
     if origin in (tuple, list) and all(a in (str, Ellipsis) for a in typing.get_args(annotation)):
         return "list", (), optional
+    if origin is dict and typing.get_args(annotation) == (str, str):
+        return "table", (), optional
     raise TypeError(f"{key}: the New run form has no widget for a field of type {annotation!r}; "
                     "use int, float, bool, str, a Literal, an Enum or a tuple of str, or add a widget in app/form.py")
 
@@ -338,6 +342,9 @@ def _to_widget(spec: FieldSpec, value: Any) -> tuple[bool, Any]:
         if value is None and spec.optional:
             return True, ""
         return isinstance(value, str), value
+    if spec.widget == "table":
+        ok = isinstance(value, Mapping) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+        return ok, "\n".join(f"{k} = {v}" for k, v in value.items()) if ok else None
     if isinstance(value, (list, tuple)) and all(isinstance(item, str) for item in value):
         return True, shlex.join(value) if spec.list_syntax == "shell" else ", ".join(value)
     return False, None
@@ -386,6 +393,8 @@ def config_value(spec: FieldSpec, value: Any) -> Any:
     if spec.widget == "text" and isinstance(value, str):
         text = value.strip()
         return None if spec.optional and not text else text
+    if spec.widget == "table" and isinstance(value, str):
+        return table_value(value)
     if spec.widget == "list" and isinstance(value, str):
         if spec.list_syntax == "comma":
             return [item.strip() for item in value.split(",") if item.strip()]
@@ -394,6 +403,20 @@ def config_value(spec: FieldSpec, value: Any) -> Any:
         except ValueError:  # an unclosed quote: the validation refuses the text, naming the field
             return value
     return value
+
+
+def table_value(text: str) -> dict[str, str] | str:
+    """A table box's text (``NAME = value`` per line, blank lines ignored) as a mapping; the text
+    itself when a line has no ``=``, for the validation to refuse naming the field."""
+    table: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        name, sep, value = line.partition("=")
+        if not sep:
+            return text
+        table[name.strip()] = value.strip()
+    return table
 
 
 def values_to_config(values: Mapping[str, Any], model: type[BaseModel] = RunConfig) -> dict[str, Any]:

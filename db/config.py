@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sys
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -60,6 +61,50 @@ MAX_CONFIG_BYTES = 1 << 20
 # (kind = "script"): the script has its own loop, optimizer and flags, and would silently ignore it.
 BUILT_IN_KINDS = ["mlp-digits", "gpt-char"]
 _BUILT_IN: dict[str, Any] = {"kinds": BUILT_IN_KINDS}
+# A module for `python -m`: dotted identifiers.
+MODULE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# What runyard and torchrun set for the ranks themselves: a script's env table must not change it.
+RESERVED_ENV = frozenset({
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE",
+    "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME",
+    "PYTHONUNBUFFERED",
+})
+RESERVED_ENV_PREFIXES = ("RUNYARD_", "TORCHELASTIC_", "TORCH_ELASTIC_")
+# The RUNYARD_* variable a script's env table may set: the wandb stand-in (orchestrator/scriptwatch).
+USER_RUNYARD_ENV = frozenset({"RUNYARD_WANDB_SHIM"})
+
+
+def env_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be set in ``[workload.env]``, or None."""
+    if not ENV_NAME.match(name):
+        return "not a variable name (letters, digits and _, not starting with a digit)"
+    if name in USER_RUNYARD_ENV:
+        return None
+    if name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES):
+        return "runyard sets this variable for the ranks itself"
+    return None
+
+
+def relative_path_problem(field: str, pattern: str) -> str | None:
+    """The problem with a path (or glob) that must stay inside the working directory, or None."""
+    if not pattern.strip():
+        return f"{field} = {pattern!r}: empty; leave the key out instead"
+    path = PurePosixPath(pattern)
+    if path.is_absolute() or pattern.startswith("~"):
+        return f"{field} = {pattern!r} must be relative to workload.workdir"
+    if ".." in path.parts:
+        return f"{field} = {pattern!r} must stay inside workload.workdir (no '..')"
+    return None
+
+
+def field_kinds(model: type[BaseModel], name: str) -> list[str] | None:
+    """The workload kinds a field applies to (its ``json_schema_extra={"kinds": [...]}``); None:
+    every kind. The New run form (app/form.py) reads the same metadata, so what the form hides
+    for a kind and what :func:`kind_problems` refuses for it cannot disagree."""
+    extra = model.model_fields[name].json_schema_extra
+    kinds = extra.get("kinds") if isinstance(extra, dict) else None
+    return [str(k) for k in kinds] if isinstance(kinds, list) else None
 
 
 class _Section(BaseModel):
@@ -90,11 +135,70 @@ class WorkloadConfig(_Section):
     allowed roots (`RUNYARD_SCRIPT_ROOTS`, else the folder `runyard up` started in and the data
     folder), resolved after symlinks."""
 
+    module: str | None = Field(
+        default=None, max_length=200, pattern=MODULE_PATTERN, title="Module (python -m)",
+        json_schema_extra={"kinds": ["script"]},
+    )
+    """Instead of `script`: a module to run as `python -m MODULE` (e.g. `pkg.train`), found
+    from `workdir` first, then the interpreter's own path (kind = "script")."""
+
     args: tuple[str, ...] = Field(
         default=(), strict=False, title="Script arguments",
         json_schema_extra={"kinds": ["script"], "list_syntax": "shell"},
     )
     """Command-line arguments passed to the script (kind = "script")."""
+
+    workdir: str | None = Field(default=None, title="Working directory", json_schema_extra={"kinds": ["script"]})
+    """The folder the ranks run in, where the script's relative paths (`data/`, `out/`,
+    `configurator.py`) are found (kind = "script"). Default: the folder `runyard submit` ran in;
+    from the UI, the script's own folder. A relative path is resolved against the folder
+    `runyard submit` runs in; from the UI, it must lie under the allowed roots."""
+
+    env: dict[str, str] = Field(
+        default_factory=dict, title="Environment variables", json_schema_extra={"kinds": ["script"]}
+    )
+    """Environment variables for the ranks, as a table (`[workload.env]`, `OMP_NUM_THREADS =
+    "8"`), over the environment `runyard up` started with (kind = "script"). Names runyard sets
+    itself (`RANK`, `MASTER_PORT`, `CUDA_VISIBLE_DEVICES`, `RUNYARD_*` but `RUNYARD_WANDB_SHIM`)
+    are refused. Without `OMP_NUM_THREADS` here, it is the machine's cores divided by the ranks."""
+
+    python: str | None = Field(default=None, title="Python interpreter", json_schema_extra={"kinds": ["script"]})
+    """The interpreter the ranks run (kind = "script"): a `python` executable or a virtual
+    environment's folder (its `bin/python`), so a script with its own dependencies runs with
+    them. It must have torch. Default: runyard's own interpreter."""
+
+    max_steps: int = Field(default=0, ge=0, le=INT64_MAX, title="Total steps",
+                           json_schema_extra={"kinds": ["script"]})
+    """The step the script ends at, for progress and ETA (kind = "script"). 0: the total the
+    script reports (`RUNYARD {"total": N}`), else unknown."""
+
+    checkpoint_glob: str | None = Field(default=None, title="Checkpoint files",
+                                        json_schema_extra={"kinds": ["script"]})
+    """The checkpoint files the script writes itself, relative to `workdir` (e.g.
+    `out/ckpt.pt`, `snapshot.pt`, `checkpoints/*.pt`): runyard lists them with size, time and
+    sha256, and the next attempt (a retry, a resume, a fork) gets the chosen one as
+    `RUNYARD_RESUME_PATH` and `resume_args` (kind = "script")."""
+
+    resume_args: tuple[str, ...] = Field(
+        default=(), strict=False, title="Resume arguments",
+        json_schema_extra={"kinds": ["script"], "list_syntax": "shell"},
+    )
+    """Arguments appended to `args` only when an attempt resumes from one of the script's
+    checkpoints (e.g. `--init_from=resume`; kind = "script"). Needs `checkpoint_glob`."""
+
+    tensorboard_dir: str | None = Field(default=None, title="TensorBoard folder",
+                                        json_schema_extra={"kinds": ["script"]})
+    """The folder the script writes TensorBoard event files to, relative to `workdir` or
+    absolute; its
+    scalars become the run's metrics, each tag on its own step counter (kind = "script").
+    Default: any `runs/`, `lightning_logs/` or `tb/` folder under `workdir`."""
+
+    stdout_metrics: dict[str, str] = Field(
+        default_factory=dict, title="Metrics from printed lines", json_schema_extra={"kinds": ["script"]}
+    )
+    """For a script that only prints: metric name -> regular expression with the named groups
+    `step` and `value`, matched against each line the ranks print (`[workload.stdout_metrics]`,
+    `loss = 'iter (?P<step>\\d+): loss (?P<value>[\\d.]+)'`; kind = "script")."""
 
     text: str | None = Field(default=None, title="Text file", json_schema_extra={"kinds": ["gpt-char"]})
     """Text file to train gpt-char on (default: the Python standard library's sources): a
@@ -124,10 +228,25 @@ class WorkloadConfig(_Section):
 
     @model_validator(mode="after")
     def _kind_fields(self) -> WorkloadConfig:
-        if self.kind == "script" and not self.script:
-            raise ValueError("workload.script is required when workload.kind = 'script'")
-        if self.kind != "script" and (self.script or self.args):
-            raise ValueError(f"workload.script and workload.args are only for kind = 'script' (kind is {self.kind!r})")
+        if self.kind == "script" and not (self.script or self.module):
+            raise ValueError("workload.script (or workload.module) is required when workload.kind = 'script'")
+        if self.script and self.module:
+            raise ValueError(f"workload.script = {self.script!r} and workload.module = {self.module!r}: "
+                             "give one of them")
+        if self.kind != "script":
+            for name, info in type(self).model_fields.items():
+                if field_kinds(type(self), name) == ["script"] and getattr(self, name) != info.get_default(
+                        call_default_factory=True):
+                    raise ValueError(f"workload.{name} is only for kind = 'script' (kind is {self.kind!r})")
+        if self.resume_args and not self.checkpoint_glob:
+            raise ValueError(f"workload.resume_args = {list(self.resume_args)!r} needs workload.checkpoint_glob "
+                             "(the files a resume starts from)")
+        for name, value in self.env.items():
+            if problem := env_name_problem(name):
+                raise ValueError(f"workload.env.{name} = {value!r}: {problem}")
+        if self.checkpoint_glob is not None and (problem := relative_path_problem(
+                "workload.checkpoint_glob", self.checkpoint_glob)):
+            raise ValueError(problem)
         if self.n_embd % self.n_head:
             raise ValueError(f"workload.n_embd = {self.n_embd} must be a multiple of workload.n_head = {self.n_head}")
         return self
@@ -371,15 +490,6 @@ def _describe(err: ErrorDetails) -> str:
     return f"{field} = {err['input']!r}: {err['msg']}{_STRICT_HINTS.get(err['type'], '')}"
 
 
-def field_kinds(model: type[BaseModel], name: str) -> list[str] | None:
-    """The workload kinds a field applies to (its ``json_schema_extra={"kinds": [...]}``); None:
-    every kind. The New run form (app/form.py) reads the same metadata, so what the form hides
-    for a kind and what :func:`kind_problems` refuses for it cannot disagree."""
-    extra = model.model_fields[name].json_schema_extra
-    kinds = extra.get("kinds") if isinstance(extra, dict) else None
-    return [str(k) for k in kinds] if isinstance(kinds, list) else None
-
-
 def kind_problems(config: RunConfig) -> list[str]:
     """Every field set to a value other than its default for a workload kind it does not apply
     to, for a script run (kind = "script"): a script never reads runyard's training settings, so
@@ -540,7 +650,8 @@ def reference_markdown() -> str:
             constraints = ", ".join(_constraint_text(m) for m in field.metadata if type(m).__name__ != "Strict")
             if constraints:
                 type_name += f", {constraints}"
-            default = json.dumps(field.default if not isinstance(field.default, tuple) else list(field.default))
+            default = field.get_default(call_default_factory=True)
+            default = json.dumps(list(default) if isinstance(default, tuple) else default)
             desc = (field.description or "").replace("\n", " ").replace("|", "\\|")
             lines.append(f"| `{prefix}{field.alias or name}` | {type_name} | `{default}` | {desc} |")
         lines.append("")

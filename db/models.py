@@ -93,6 +93,10 @@ class Attempt(Base):
     # Where this attempt started from: a checkpoint folder (this run's or a fork parent's) and step.
     resume_dir: Mapped[str | None] = mapped_column(Text)
     resume_step: Mapped[int | None] = mapped_column(Integer)
+    resume_path: Mapped[str | None] = mapped_column(Text)  # a script's own checkpoint file it started from
+    # What the hang watchdog watches: "steps" (reported steps), "output" (a plain script's output
+    # and event files); None while nothing can be watched yet.
+    watching: Mapped[str | None] = mapped_column(String(32))
     signal_sent: Mapped[str | None] = mapped_column(String(16))
     signal_sent_at: Mapped[float | None] = mapped_column(Float)
     stop_reason: Mapped[str | None] = mapped_column(String(16))  # why runyard stopped it: cancel, pause, hang
@@ -200,6 +204,11 @@ class Checkpoint(Base):
     deleted: Mapped[bool] = mapped_column(Boolean, default=False)
     deleted_at: Mapped[float | None] = mapped_column(Float)
     deleted_reason: Mapped[str | None] = mapped_column(Text)
+    # "runyard": written through runyard (the built-in workloads, the SDK), ``path`` its manifest;
+    # "script": a file the script wrote itself (workload.checkpoint_glob), ``path`` the file,
+    # ``sha256`` its contents' and ``file_mtime`` its modification time when hashed.
+    source: Mapped[str] = mapped_column(String(16), default="runyard", server_default="runyard")
+    file_mtime: Mapped[float | None] = mapped_column(Float)
 
 
 class Event(Base):

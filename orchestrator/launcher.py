@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,9 +14,12 @@ import psutil
 
 from db.config import RunConfig
 from db.layout import EXIT_FILE, LAUNCHER_LOG, RANK_LOG_DIR
+from orchestrator.scriptwatch import WANDB_SHIM_VAR, with_wandb_shim
 
 # Every socket of a run on this machine listens here (trainer/torchrun.py).
 LOOPBACK = "127.0.0.1"
+# The runner of a script under another interpreter (workload.python), started by its path.
+SCRIPT_RUNNER = Path(__file__).resolve().parent.parent / "trainer" / "script_runner.py"
 
 
 @dataclass(frozen=True)
@@ -32,7 +36,8 @@ def free_port(host: str = LOOPBACK) -> int:
         return int(s.getsockname()[1])
 
 
-def torchrun_argv(config: RunConfig, run_id: int, attempt: int, port: int, attempt_dir: Path) -> list[str]:
+def torchrun_argv(config: RunConfig, run_id: int, attempt: int, port: int, attempt_dir: Path, *,
+                  resuming: bool = False) -> list[str]:
     """The torchrun command of one attempt.
 
     runyard owns retries (with backoff and failure classification), so torchrun's own restarts
@@ -43,6 +48,10 @@ def torchrun_argv(config: RunConfig, run_id: int, attempt: int, port: int, attem
     stores, gloo's and NCCL's) to loopback: nothing of a run on this machine is reachable from
     another host. ``--local-addr`` is the address the workers are told to reach the agent's store
     at (MASTER_ADDR); by default torchrun would use the host's name, which may not be loopback.
+
+    Args:
+        resuming: The attempt starts from one of the script's own checkpoints: its
+            ``resume_args`` follow ``args`` (kind = "script").
     """
     return [
         sys.executable, "-m", "trainer.torchrun",
@@ -55,14 +64,42 @@ def torchrun_argv(config: RunConfig, run_id: int, attempt: int, port: int, attem
         "--max-restarts=0",
         f"--log-dir={attempt_dir / RANK_LOG_DIR}",
         "--redirects=3",
-        # A script runs under a tiny entry module that makes its ranks die with torchrun's agent
-        # (trainer/script_runner.py); the built-in workloads do the same in trainer/__main__.py.
-        *(
-            ["-m", "trainer.script_runner", config.workload.script, *config.workload.args]
-            if config.workload.kind == "script"
-            else ["-m", "trainer"]
-        ),
+        *(script_entry(config, resuming) if config.workload.kind == "script" else ["-m", "trainer"]),
     ]
+
+
+def script_entry(config: RunConfig, resuming: bool = False) -> list[str]:
+    """What torchrun starts for a script: a tiny entry module that makes each rank die with
+    torchrun's agent (trainer/script_runner.py; the built-in workloads do the same in
+    trainer/__main__.py), then runs the script or module as ``python`` would.
+
+    With ``workload.python``, torchrun starts that interpreter itself (``--no-python``) and the
+    runner by its path: the ranks then import nothing of runyard's environment.
+    """
+    workload = config.workload
+    target = ["-m", workload.module] if workload.module else [str(workload.script)]
+    args = [*target, *workload.args, *(workload.resume_args if resuming else ())]
+    if workload.python:
+        return ["--no-python", workload.python, "-u", str(SCRIPT_RUNNER), *args]
+    return ["-m", "trainer.script_runner", *args]
+
+
+def script_env(config: RunConfig, environ: Mapping[str, str], cores: int | None = None) -> dict[str, str]:
+    """The variables a script's ranks get beyond the launcher's own environment.
+
+    ``workload.env``; ``OMP_NUM_THREADS`` as the machine's cores divided by the ranks unless the
+    config or the environment sets it (torchrun would set 1, which starves a CPU run); and,
+    with ``RUNYARD_WANDB_SHIM=1``, the ``wandb`` stand-in first on ``PYTHONPATH``.
+    """
+    workload = config.workload
+    env = dict(workload.env)
+    if "OMP_NUM_THREADS" not in env and "OMP_NUM_THREADS" not in environ:
+        cores = cores if cores is not None else len(os.sched_getaffinity(0))
+        env["OMP_NUM_THREADS"] = str(max(1, cores // config.launch.nproc_per_node))
+    if env.get(WANDB_SHIM_VAR, environ.get(WANDB_SHIM_VAR)) == "1":
+        merged = with_wandb_shim({**environ, **env, WANDB_SHIM_VAR: "1"})
+        env["PYTHONPATH"] = merged["PYTHONPATH"]
+    return env
 
 
 def launch(

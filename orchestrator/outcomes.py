@@ -99,6 +99,11 @@ def settle(session: Session, run: Run, attempt: Attempt, exited: dict | None, no
     shutdown_crash = died_after_finishing(run, attempt) if code and stopped is None and exited else None
     if (code == 0 or shutdown_crash) and stopped is None:
         finished = "all ranks finished"
+        if attempt.last_step is None and attempt_config(run, attempt).workload.kind == "script":
+            finished = ("all ranks exited 0, but the script reported no step: runyard cannot tell that it trained "
+                        "(no SDK step, RUNYARD line, workload.stdout_metrics match or TensorBoard scalar); check "
+                        "its logs")
+            _event(session, run, attempt, "warning", finished)
         attempt_transition(attempt, AttemptStatus.SUCCEEDED, finished)
         transition(session, run.id, RunStatus.SUCCEEDED, finished)
         if shutdown_crash:

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from datetime import datetime
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
@@ -45,9 +45,10 @@ from db.settings import Settings
 from db.states import ACTIVE, AttemptStatus, RunStatus, SignalSent, StopReason, attempt_transition, transition
 from orchestrator import OrchestratorError, watchdog
 from orchestrator.failures import free_bytes, human_bytes
-from orchestrator.launcher import free_port, launch, torchrun_argv
+from orchestrator.launcher import free_port, launch, script_env, torchrun_argv
 from orchestrator.outcomes import next_overrides, settle
 from orchestrator.repeats import RepeatedErrors
+from orchestrator.script_supervision import ScriptWatch
 from orchestrator.stacks import StackDumps
 from orchestrator.supervision import end_processes, is_alive, rank_processes, read_exit, signal_attempt
 from orchestrator.sweeper import Sweeper
@@ -75,9 +76,12 @@ DISK_MIN_FREE_BYTES = 512 * 2**20
 DISK_RECHECK_S = 10.0
 
 
-# (config, run id, attempt number, rendezvous port, attempt dir) -> argv. torchrun by default;
-# tests pass a plain process here to exercise supervision without paying for torch.
-CommandFactory = Callable[[RunConfig, int, int, int, Path], list[str]]
+class CommandFactory(Protocol):
+    """(config, run id, attempt number, rendezvous port, attempt dir, resuming) -> argv. torchrun
+    by default; tests pass a plain process here to exercise supervision without paying for torch."""
+
+    def __call__(self, config: RunConfig, run_id: int, attempt: int, port: int, attempt_dir: Path, *,
+                 resuming: bool = False) -> list[str]: ...
 
 
 def database_error(exc: OperationalError) -> str:
@@ -106,6 +110,7 @@ class Scheduler:
         self.inventory = inventory
         self._children: dict[int, subprocess.Popen] = {}
         self.dumps = StackDumps()
+        self.scripts = ScriptWatch()
         self.sweeper = Sweeper()
         self._heartbeat_id: int | None = None
         self._heartbeat_new = False  # the row was inserted by a commit still to come
@@ -321,9 +326,13 @@ class Scheduler:
         ).to_env()
         if self.inventory.kind == "gpu":
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in devices)
+        cwd = Path(run.run_dir)
+        if config.workload.kind == "script":
+            env = {**script_env(config, os.environ), **env}
+            cwd = Path(config.workload.workdir or run.run_dir)
         try:
-            argv = self.command(config, run.id, number, port, attempt_dir)
-            launched = launch(argv, attempt_dir, Path(run.run_dir), env)
+            argv = self.command(config, run.id, number, port, attempt_dir, resuming=attempt.resume_path is not None)
+            launched = launch(argv, attempt_dir, cwd, env)
             if faults.exit_after_launch():
                 # Tests only: die where a crash leaves the attempt row with pid IS NULL.
                 logger.warning("RUNYARD_FAULT_EXIT_AFTER_LAUNCH: exiting before committing pid %d", launched.pid)
@@ -407,6 +416,8 @@ class Scheduler:
             # A script need not report steps: its ranks running is all that can be seen.
             transition(session, run.id, RunStatus.RUNNING, f"attempt {attempt.number}: the script's ranks are running",
                        expect=RunStatus.STARTING)
+        if config.workload.kind == "script":
+            self.scripts.tick(session, run, attempt, config)
         if status is RunStatus.CANCELLING:
             self._stop(session, run, attempt, config.supervision.grace_s)
         else:
@@ -421,6 +432,9 @@ class Scheduler:
             return  # a process outlived SIGKILL: the attempt stays (and holds its devices) until it is gone
         for key in (watchdog.hang_key(run.id, attempt.number), watchdog.request_key(run.id, attempt.number)):
             self.dumps.discard(key)
+        config = config_from_json(run.config_json)
+        if config.workload.kind == "script":
+            self.scripts.finish(session, run, attempt, config)
         settle(session, run, attempt, exited)
 
     def _stop(self, session: Session, run: Run, attempt: Attempt, grace_s: float) -> None:

@@ -22,6 +22,7 @@ roots. Only the UI's submit paths pass them to :func:`orchestrator.submission.va
 from __future__ import annotations
 
 import os
+import re
 import site
 import sys
 import sysconfig
@@ -34,13 +35,20 @@ from db.config import RunConfig
 
 ROOTS_ENV = "RUNYARD_SCRIPT_ROOTS"
 
-# Every run config field that names a file runyard runs or reads, as "section.key". The config
-# has no working-directory or data-path field; a new path-valued field belongs here.
-PATH_FIELDS: tuple[str, ...] = ("workload.script", "workload.text")
+# Every run config field that names a file or folder runyard runs or reads, as "section.key"; a
+# new path-valued field belongs here. (workload.python is judged apart: an interpreter of a
+# virtual environment is a symlink to the system's Python, see :func:`refused_python`.)
+PATH_FIELDS: tuple[str, ...] = ("workload.script", "workload.text", "workload.workdir")
 
 # Fields that decide what a run executes. A UI fork that changes none of them runs what its
 # parent already ran; new arguments count, since they turn an accepted script into a new command.
-LAUNCH_FIELDS: tuple[str, ...] = ("workload.kind", "workload.script", "workload.args", "workload.text")
+LAUNCH_FIELDS: tuple[str, ...] = (
+    "workload.kind", "workload.script", "workload.module", "workload.args", "workload.resume_args",
+    "workload.text", "workload.workdir", "workload.python", "workload.env",
+)
+
+# Variables that change which code a process loads: a UI submission may not set them.
+CODE_ENV = re.compile(r"^(LD_|DYLD_|PYTHON|BASH_ENV$|ENV$|PERL5|RUBY|NODE_OPTIONS$)")
 
 # Folder names that hold installed packages, wherever they are (another project's .venv too).
 PACKAGE_FOLDER_NAMES = frozenset({"site-packages", "dist-packages"})
@@ -182,6 +190,27 @@ def refused_paths(config: RunConfig, roots: ScriptRoots, base: Path) -> dict[str
         if problem is not None:
             problems[field] = problem
     return problems
+
+
+def refused_python(config: RunConfig, roots: ScriptRoots, base: Path) -> str | None:
+    """Why a UI user may not name ``workload.python``, or None. The path as given (a virtual
+    environment's ``bin/python`` is a symlink to the system's interpreter) must lie under an
+    allowed root; the submission then checks that it is a Python that imports torch."""
+    raw = config.workload.python
+    if raw is None:
+        return None
+    given = Path(os.path.abspath(base / Path(raw).expanduser()))
+    if not any(given.is_relative_to(root) for root in roots.allowed):
+        return (f"workload.python = {raw!r}: {given} is outside {_roots_named(roots)}. To allow it, set "
+                f"{ROOTS_ENV} to include it before starting `runyard up`, or {CLI_WAY}")
+    return None
+
+
+def refused_env(config: RunConfig) -> list[str]:
+    """``[workload.env]`` names a UI user may not set: those that change which code loads
+    (``LD_PRELOAD``, ``PYTHONPATH``, ``PYTHONSTARTUP``, ...)."""
+    return [f"workload.env.{name}: a variable that changes which code the ranks load cannot be set from the "
+            f"UI; {CLI_WAY}" for name in config.workload.env if CODE_ENV.match(name)]
 
 
 def changes_what_runs(before: Mapping[str, Any], after: Mapping[str, Any]) -> bool:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,8 @@ from db.queries import price_table
 from db.requests import RunNotFound, create_run, usable_checkpoint
 from db.settings import Settings
 from orchestrator.memory import check_memory
-from orchestrator.script_roots import ScriptRoots, changes_what_runs, refused_paths
+from orchestrator.script_roots import ScriptRoots, changes_what_runs, refused_env, refused_paths, refused_python
+from orchestrator.scriptwatch.lines import check_patterns
 
 
 def validate(data: dict[str, Any], inventory: Inventory, *, roots: ScriptRoots | None = None) -> RunConfig:
@@ -53,9 +56,14 @@ def validate(data: dict[str, Any], inventory: Inventory, *, roots: ScriptRoots |
     # A refused path is not looked at further: "no such file" would tell a UI user what exists
     # outside the roots.
     refused = refused_paths(config, roots, Path.cwd()) if roots is not None else {}
+    if roots is not None:
+        if (python_refused := refused_python(config, roots, Path.cwd())) is not None:
+            refused["workload.python"] = python_refused
+        problems += refused_env(config)
     problems += refused.values()
-    if config.workload.kind == "script" and "workload.script" not in refused:
-        config, script_problems = resolve_script(config)
+    if config.workload.kind == "script" and not refused.keys() & {"workload.script", "workload.workdir",
+                                                                  "workload.python"}:
+        config, script_problems = resolve_script(config, from_ui=roots is not None)
         problems += script_problems
     if "workload.text" not in refused:
         config, text_problems = resolve_text(config)
@@ -116,16 +124,112 @@ def resolve_text(config: RunConfig, base: Path | None = None) -> tuple[RunConfig
     return config.model_copy(update={"workload": workload}), []
 
 
-def resolve_script(config: RunConfig, base: Path | None = None) -> tuple[RunConfig, list[str]]:
-    """Make ``workload.script`` an absolute path to an existing Python file."""
-    raw = config.workload.script or ""
-    path = (Path(base or Path.cwd()) / Path(raw).expanduser()).resolve()
-    if not path.is_file():
-        return config, [f"workload.script = {raw!r}: no such file ({path}); give a path to your training script"]
-    if path.suffix != ".py":
-        return config, [f"workload.script = {raw!r}: expected a Python file (.py)"]
-    workload = config.workload.model_copy(update={"script": str(path)})
-    return config.model_copy(update={"workload": workload}), []
+def resolve_script(config: RunConfig, base: Path | None = None, *,
+                   from_ui: bool = False) -> tuple[RunConfig, list[str]]:
+    """Make a script run's paths absolute and check how it will run, before anything is queued.
+
+    ``workload.script`` an existing Python file; ``workload.workdir`` an existing folder (default:
+    ``base``, the folder ``runyard submit`` runs in; from the UI, the script's own folder);
+    ``workload.python`` an interpreter that imports torch (a virtual environment's folder becomes
+    its ``bin/python``); ``workload.module`` found from ``workdir`` or that interpreter's path;
+    ``workload.stdout_metrics`` regular expressions with ``step`` and ``value`` groups.
+    """
+    base = Path(base or Path.cwd())
+    workload = config.workload
+    problems: list[str] = []
+    update: dict[str, Any] = {}
+    if workload.script is not None:
+        raw = workload.script
+        path = (base / Path(raw).expanduser()).resolve()
+        if not path.is_file():
+            problems.append(f"workload.script = {raw!r}: no such file ({path}); give a path to your training script")
+        elif path.suffix != ".py":
+            problems.append(f"workload.script = {raw!r}: expected a Python file (.py)")
+        update["script"] = str(path)
+    default_workdir = Path(update["script"]).parent if from_ui and "script" in update else base
+    workdir = (base / Path(workload.workdir).expanduser()).resolve() if workload.workdir else default_workdir
+    if not workdir.is_dir():
+        problems.append(f"workload.workdir = {workload.workdir!r}: no such folder ({workdir}); the ranks run "
+                        "in it, so it must exist")
+    update["workdir"] = str(workdir)
+    python = sys.executable
+    if workload.python is not None:
+        python_path, problem = _interpreter(workload.python, base)
+        if problem:
+            problems.append(problem)
+        else:
+            python = update["python"] = str(python_path)
+    if not problems and (workload.python is not None or workload.module is not None):
+        problems += _probe(python, workdir, workload.module, check_torch=workload.python is not None)
+    problems += check_patterns(workload.stdout_metrics)
+    return config.model_copy(update={"workload": workload.model_copy(update=update)}), problems
+
+
+def _interpreter(raw: str, base: Path) -> tuple[Path, str | None]:
+    """``workload.python`` as an executable: the path itself, or a virtual environment's ``bin/python``."""
+    path = Path(os.path.abspath(base / Path(raw).expanduser()))
+    if path.is_dir():
+        venv_python = path / "bin" / "python"
+        if not venv_python.exists():
+            return path, (f"workload.python = {raw!r}: {path} is a folder without bin/python; give a Python "
+                          "interpreter or a virtual environment's folder")
+        path = venv_python
+    if not path.exists():
+        return path, f"workload.python = {raw!r}: no such file ({path})"
+    if not os.access(path, os.X_OK) or path.is_dir():
+        return path, f"workload.python = {raw!r}: {path} is not an executable file"
+    return path, None
+
+
+# Run with the ranks' interpreter at submit: is it Python with torch, and where is the module?
+# It finds the module's file without importing (executing) it.
+_PROBE = """
+import importlib.machinery, os, sys
+workdir, module, check_torch = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+if check_torch:
+    try:
+        import torch
+    except Exception as exc:
+        print("torch: " + repr(exc)); sys.exit(0)
+if module:
+    parts = module.split(".")
+    spec = importlib.machinery.PathFinder.find_spec(parts[0], [workdir] + sys.path[1:])
+    if spec is None:
+        print("module: no module named " + repr(parts[0])); sys.exit(0)
+    where = spec.submodule_search_locations
+    for i, part in enumerate(parts[1:], 1):
+        if not where:
+            print("module: " + ".".join(parts[:i]) + " is not a package"); sys.exit(0)
+        spec = importlib.machinery.PathFinder.find_spec(part, list(where))
+        if spec is None:
+            print("module: no module named " + repr(".".join(parts[:i + 1]))); sys.exit(0)
+        where = spec.submodule_search_locations
+    print("found: " + str(spec.origin))
+"""
+PROBE_TIMEOUT_S = 120.0
+
+
+def _probe(python: str, workdir: Path, module: str | None, *, check_torch: bool) -> list[str]:
+    """Problems with the ranks' interpreter and module, found by running the interpreter once."""
+    field = "workload.python" if check_torch else "workload.module"
+    try:
+        done = subprocess.run([python, "-I", "-c", _PROBE, str(workdir), module or "", "1" if check_torch else "0"],
+                              cwd=workdir, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return [f"workload.python = {python!r}: could not run it ({exc})"]
+    out = done.stdout.strip().splitlines()
+    last = out[-1] if out else ""
+    if done.returncode != 0 or not out and module:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return [f"{field}: {python} did not run as a Python interpreter (exit {done.returncode}: {tail})"]
+    if last.startswith("torch: "):
+        return [f"workload.python = {python!r}: it cannot import torch ({last[7:]}); install torch in that "
+                "environment, or leave workload.python out to use runyard's"]
+    if last.startswith("module: "):
+        return [f"workload.module = {module!r}: {last[8:]} in workload.workdir ({workdir}) or on the path of "
+                f"{python}"]
+    return []
 
 
 def submit(sessions: sessionmaker[Session], settings: Settings, config: RunConfig, inventory: Inventory) -> int:

@@ -64,8 +64,12 @@ def check(session: Session, run: Run, attempt: Attempt, config: SupervisionConfi
     now = time.time() if now is None else now
     if attempt.hang_detected_at is None:
         if attempt.first_step_at is None and script:
-            return  # a script may not use the SDK: without progress reports there is no hang to see
-        if attempt.first_step_at is None:
+            # A script that reports no step is watched by its output (orchestrator/script_supervision.py
+            # moves progress_at as its logs and event files grow); before any output, nothing is judged.
+            if attempt.progress_at is None:
+                return
+            since, threshold = attempt.progress_at, config.hang_timeout_s
+        elif attempt.first_step_at is None:
             since, threshold = attempt.started_at, config.startup_timeout_s
         elif attempt.phase == AttemptPhase.FINISHING:
             since, threshold = attempt.progress_at or attempt.started_at, config.startup_timeout_s
@@ -80,7 +84,8 @@ def check(session: Session, run: Run, attempt: Attempt, config: SupervisionConfi
                     attempt.pid_create_time, Path(attempt.dir))
         attempt.hang_detected_at = now
         attempt.stop_reason = StopReason.HANG.value
-        what = "no step completed" if attempt.first_step_at else "no first step"
+        what = ("no step completed" if attempt.first_step_at else
+                "no output from the script (stdout, stderr, event files)" if script else "no first step")
         session.add(Event(run_id=run.id, attempt=attempt.number, at=now, level="error", kind="hang",
                           message=f"hang: {what} for {now - since:.0f} s (threshold {threshold:.0f} s) after step "
                                   f"{attempt.last_step or 0}; saving every rank's stacks in "

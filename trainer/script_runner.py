@@ -1,19 +1,38 @@
-"""Entry point for your own script under torchrun: ``torchrun ... -m trainer.script_runner SCRIPT ARGS...``.
+"""Entry point for your own script under torchrun:
+``torchrun ... -m trainer.script_runner SCRIPT ARGS...`` or ``... -m trainer.script_runner -m MODULE ARGS...``.
 
 The scheduler launches a ``kind = "script"`` workload through this module instead of handing
 SCRIPT to torchrun directly, so that the rank dies with torchrun's agent (trainer/pdeathsig.py)
 whatever the script does. Then SCRIPT runs as ``python SCRIPT ARGS...`` would run it: as
-``__main__``, with ``sys.argv == [SCRIPT, *ARGS]`` and the script's folder first on ``sys.path``.
+``__main__``, with ``sys.argv == [SCRIPT, *ARGS]`` and the script's folder first on ``sys.path``;
+a MODULE as ``python -m MODULE ARGS...`` would, with the working directory first on the path.
+
+Under another interpreter (``workload.python``) this file is started by its path, in an
+environment that need not have runyard installed: it then imports nothing of runyard's but
+``pdeathsig`` (standard library only), loaded from beside this file.
 """
 
 from __future__ import annotations
 
 import importlib.machinery
+import importlib.util
 import os
 import runpy
 import sys
+from types import ModuleType
 
-from trainer import pdeathsig
+
+def _pdeathsig() -> ModuleType:
+    """runyard's ``trainer.pdeathsig``: by its package when runyard is importable, else by location."""
+    if __package__:
+        from trainer import pdeathsig
+        return pdeathsig
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pdeathsig.py")
+    spec = importlib.util.spec_from_file_location("_runyard_pdeathsig", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _yield_trainer_name() -> None:
@@ -34,12 +53,21 @@ def _yield_trainer_name() -> None:
 
 
 def main(argv: list[str]) -> None:
-    """Arm the parent-death signal, then run ``argv[0]`` with ``argv[1:]`` as its arguments."""
-    if not argv:
-        print("usage: python -m trainer.script_runner SCRIPT [ARGS...]", file=sys.stderr)
+    """Arm the parent-death signal, then run ``argv[0]`` (or ``-m MODULE``) with the rest as its
+    arguments."""
+    if not argv or (argv[0] == "-m" and len(argv) < 2):
+        print("usage: python -m trainer.script_runner SCRIPT|-m MODULE [ARGS...]", file=sys.stderr)
         sys.exit(2)
+    _pdeathsig().arm_under_agent()
+    if argv[0] == "-m":
+        module = argv[1]
+        sys.argv = [module, *argv[2:]]  # runpy puts the module's file in argv[0]
+        # `python -m` puts the working directory first on the path.
+        sys.path[0] = os.getcwd()
+        _yield_trainer_name()
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        return
     script = argv[0]
-    pdeathsig.arm_under_agent()
     sys.argv = [script, *argv[1:]]
     # `python SCRIPT` puts SCRIPT's folder first on the path (its sibling modules import);
     # `python -m` put the working directory there instead.

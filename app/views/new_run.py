@@ -46,6 +46,8 @@ def widget(spec: form.FieldSpec, value: Any) -> Any:
         return st.checkbox(spec.label, value=value, key=spec.key, help=spec.help)
     if spec.widget == "choice":
         return st.selectbox(spec.label, spec.options, index=spec.options.index(value), key=spec.key, help=spec.help)
+    if spec.widget == "table":
+        return st.text_area(spec.label, value=value, placeholder=spec.placeholder, key=spec.key, help=spec.help)
     return st.text_input(spec.label, value=value, max_chars=spec.max_chars, placeholder=spec.placeholder,
                          key=spec.key, help=spec.help)
 

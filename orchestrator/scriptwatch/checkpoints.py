@@ -16,8 +16,9 @@ import hashlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
+from db.config import relative_path_problem
 from orchestrator.scriptwatch import ScriptWatchError
 
 GLOB_FIELD = "workload.checkpoint_glob"
@@ -32,14 +33,9 @@ class CheckpointGlobError(ScriptWatchError):
 def check_glob(pattern: object, field_name: str = GLOB_FIELD) -> str | None:
     """The problem with a checkpoint pattern, naming the field and the value, or None. It must be
     a relative path inside the working directory (no ``..``, not absolute)."""
-    if not isinstance(pattern, str) or not pattern.strip():
-        return f"{field_name} must be a non-empty path pattern such as 'out/ckpt.pt', not {pattern!r}"
-    path = PurePosixPath(pattern)
-    if path.is_absolute() or pattern.startswith("~"):
-        return f"{field_name} = {pattern!r} must be relative to the working directory"
-    if ".." in path.parts:
-        return f"{field_name} = {pattern!r} must stay inside the working directory (no '..')"
-    return None
+    if not isinstance(pattern, str):
+        return f"{field_name} must be a path pattern such as 'out/ckpt.pt', not {pattern!r}"
+    return relative_path_problem(field_name, pattern)
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,7 @@ PROGRAM = textwrap.dedent("""
 BEHAVIOUR = {"sleeper": ["sleep"], "orphaner": ["orphan-fail", "sleep"], "fail-then-sleep": ["fail", "sleep"]}
 
 
-def command(config: RunConfig, run_id: int, attempt: int, port: int, attempt_dir: Path) -> list[str]:
+def command(config: RunConfig, run_id: int, attempt: int, port: int, attempt_dir: Path, **_: object) -> list[str]:
     steps = BEHAVIOUR[config.name]
     return [sys.executable, "-c", PROGRAM, steps[min(attempt, len(steps)) - 1]]
 

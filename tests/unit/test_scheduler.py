@@ -47,7 +47,8 @@ BEHAVIOUR = {
 }
 
 
-def fake_command(config: RunConfig, run_id: int, attempt: int, port: int, attempt_dir: Path) -> list[str]:
+def fake_command(config: RunConfig, run_id: int, attempt: int, port: int, attempt_dir: Path,
+                 **_: object) -> list[str]:
     return [sys.executable, "-c", PROGRAM, *BEHAVIOUR[config.name]]
 
 

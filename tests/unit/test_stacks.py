@@ -107,7 +107,8 @@ AGENT = textwrap.dedent("""
 """)
 
 
-def fake_torchrun(config: RunConfig, run_id: int, attempt: int, port: int, attempt_dir: Path) -> list[str]:
+def fake_torchrun(config: RunConfig, run_id: int, attempt: int, port: int, attempt_dir: Path,
+                  **_: object) -> list[str]:
     return [sys.executable, "-c", AGENT]
 
 

@@ -1,0 +1,146 @@
+"""What the scheduler watches of a script run (kind = "script") while it runs and when it ends.
+
+One :class:`ScriptWatch` lives in the scheduler. For every live attempt of a script run it keeps
+an :class:`~orchestrator.scriptwatch.collector.AttemptCollector`: on each tick the new metric
+points (``RUNYARD`` lines, ``[workload.stdout_metrics]``, TensorBoard scalars, the wandb
+stand-in) go into the metric store and move the attempt's progress, and the script's output
+activity becomes what the hang watchdog watches for a script that reports no step. When the
+attempt ends, its logs are read to the end before the outcome is settled, so an attempt's last
+steps count.
+
+It keeps everything in memory: a scheduler restarted mid-run reads the logs again from the
+start, and the metric store keeps a point's first value, so nothing is counted twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy.orm import Session
+
+from db.config import RunConfig
+from db.models import Attempt, Event, Run
+from orchestrator.scriptwatch.collector import AttemptCollector, Collected, write
+from orchestrator.supervision import rank_processes
+
+logger = logging.getLogger(__name__)
+
+# What the hang watchdog watches (attempts.watching).
+WATCH_STEPS = "steps"
+WATCH_OUTPUT = "output"
+# The ranks' pids are looked up this often until all are known (an event file's rank).
+PIDS_EVERY_S = 5.0
+# The final read of an ended attempt's logs: at most this many bounded reads.
+FINAL_READS = 64
+
+
+@dataclass
+class _Watched:
+    collector: AttemptCollector
+    pids_at: float = 0.0
+    pids_known: bool = False
+
+
+def watching_words(watching: str | None, script: bool) -> str:
+    """What the hang watchdog watches, in words, for the Run page and ``runyard show``."""
+    if watching == WATCH_STEPS:
+        return "completed steps (a hang is no new step for supervision.hang_timeout_s)"
+    if watching == WATCH_OUTPUT:
+        return ("the script's output: its ranks' stdout and stderr and TensorBoard event files (a hang is no new "
+                "output for supervision.hang_timeout_s)")
+    if script:
+        return "nothing yet: the script has reported no step and printed nothing; it is not judged hung until it does"
+    return "the first step (start-up: supervision.startup_timeout_s)"
+
+
+class ScriptWatch:
+    """The scheduler's collectors, one per live attempt of a script run."""
+
+    def __init__(self) -> None:
+        self._attempts: dict[tuple[int, int], _Watched] = {}
+
+    def _watched(self, run: Run, attempt: Attempt, config: RunConfig) -> _Watched:
+        key = (run.id, attempt.number)
+        watched = self._attempts.get(key)
+        if watched is None:
+            workload = config.workload
+            workdir = Path(workload.workdir or run.run_dir)
+            collector = AttemptCollector(
+                run.id, attempt.number, Path(attempt.dir), workdir,
+                stdout_metrics=workload.stdout_metrics,
+                tensorboard_dirs=[workload.tensorboard_dir] if workload.tensorboard_dir else None,
+                since=attempt.started_at,
+            )
+            watched = self._attempts[key] = _Watched(collector)
+        return watched
+
+    def tick(self, session: Session, run: Run, attempt: Attempt, config: RunConfig) -> None:
+        """Read what is new of a live attempt and store it (the caller commits)."""
+        watched = self._watched(run, attempt, config)
+        now = time.monotonic()
+        if not watched.pids_known and now - watched.pids_at >= PIDS_EVERY_S:
+            watched.pids_at = now
+            pid_ranks = _pid_ranks(run, attempt)
+            if len(pid_ranks) >= config.launch.nproc_per_node:
+                watched.pids_known = True
+            if pid_ranks:
+                watched.collector.set_pid_ranks(pid_ranks)
+        self._store(session, run, attempt, config, watched.collector.collect())
+
+    def finish(self, session: Session, run: Run, attempt: Attempt, config: RunConfig) -> None:
+        """The attempt ended: read its logs to the end, store the rest, and forget it."""
+        watched = self._watched(run, attempt, config)
+        for _ in range(FINAL_READS):
+            collected = watched.collector.collect(final=True)
+            self._store(session, run, attempt, config, collected)
+            if not collected.behind:
+                break
+        self.forget(run.id, attempt.number)
+
+    def forget(self, run_id: int, attempt: int) -> None:
+        self._attempts.pop((run_id, attempt), None)
+
+    def live(self) -> set[tuple[int, int]]:
+        """The (run, attempt) pairs watched now."""
+        return set(self._attempts)
+
+    @staticmethod
+    def _store(session: Session, run: Run, attempt: Attempt, config: RunConfig, collected: Collected) -> None:
+        write(session, run.id, attempt.number, collected.points)
+        activity = collected.activity
+        session.flush()
+        session.refresh(attempt, ["last_step", "progress_at", "first_step_at"])
+        if attempt.first_step_at is None and activity.last_at is not None:
+            # No step reported: the script's output is what shows it is alive.
+            write(session, run.id, attempt.number, [], at=activity.last_at)
+            session.flush()
+            session.refresh(attempt, ["progress_at"])
+        watching = (WATCH_STEPS if attempt.first_step_at is not None
+                    else WATCH_OUTPUT if attempt.progress_at is not None else None)
+        if watching != attempt.watching:
+            attempt.watching = watching
+            if watching is not None:
+                session.add(Event(run_id=run.id, attempt=attempt.number, at=time.time(), kind="watch",
+                                  message=f"the hang watchdog now watches {watching_words(watching, True)}"))
+        if collected.total is not None and config.workload.max_steps == 0 and run.max_steps != collected.total:
+            run.max_steps = collected.total
+        for problem in collected.problems:
+            logger.warning("run %d attempt %d: %s", run.id, attempt.number, problem)
+            session.add(Event(run_id=run.id, attempt=attempt.number, at=time.time(), level="warning",
+                              kind="metrics", message=problem))
+
+
+def _pid_ranks(run: Run, attempt: Attempt) -> dict[int, int]:
+    """``{pid: global rank}`` of the attempt's ranks, from the ``RANK`` torchrun gave each."""
+    out: dict[int, int] = {}
+    for proc in rank_processes(run.run_dir, attempt.number, attempt.pid, attempt.pid_create_time, orphans=False):
+        try:
+            rank = proc.environ().get("RANK")
+        except Exception:  # noqa: BLE001 - psutil.Error, OSError: the process is gone
+            continue
+        if rank is not None and rank.isdigit():
+            out[proc.pid] = int(rank)
+    return out
