@@ -49,8 +49,8 @@ if ! "$VPY" -c "$TORCH_OK" 2>/dev/null; then
   fi
 fi
 
-extras="gpu,scripts"
-[ "$cmd" = "test" ] && extras="gpu,scripts,test"
+extras="gpu,scripts,debug"
+[ "$cmd" = "test" ] && extras="gpu,scripts,debug,test"
 stamp="$VENV/.runyard-installed"
 want="$(cat pyproject.toml | sha256sum | cut -c1-16)-$extras"
 if [ ! -f "$stamp" ] || ! grep -qx "$want" "$stamp" 2>/dev/null; then
