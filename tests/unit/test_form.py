@@ -270,3 +270,18 @@ def test_a_bound_the_value_already_breaks_is_dropped_so_the_page_draws() -> None
     assert widget_bounds(specs["workload.n_layer"], 4) == (1, 96)
     assert widget_bounds(specs["workload.n_layer"], 0) == (None, 96)
     assert widget_bounds(specs["workload.n_layer"], 200) == (1, None)
+
+
+def test_tables_are_written_one_name_a_line_and_read_back() -> None:
+    from app.form import table_value
+    data = {"workload": {"kind": "script", "script": "train.py", "env": {"OMP_NUM_THREADS": "4", "HF_HOME": "/d"},
+                         "stdout_metrics": {"loss": r"iter (?P<step>\d+): loss (?P<value>[\d.]+)"}}}
+    fields = form_fields(RunConfig, "script")
+    values, notes = widget_values(data, fields)
+    assert notes == []
+    assert values["workload.env"] == "OMP_NUM_THREADS = 4\nHF_HOME = /d"
+    assert parse_config(values_to_config(values)).workload.stdout_metrics == data["workload"]["stdout_metrics"]
+    assert table_value("A = 1\n\n  B=x=y  \n") == {"A": "1", "B": "x=y"}
+    # A line without "=" goes to the validation as text, which names the field.
+    with pytest.raises(ConfigError, match="workload.env"):
+        parse_config(values_to_config({**values, "workload.env": "OMP_NUM_THREADS 4"}))

@@ -133,3 +133,62 @@ def test_torchrun_creates_both_its_stores_through_the_loopback_factories(monkeyp
     assert backend.name == "c10d"
     assert {("127.0.0.1", port), ("127.0.0.1", shared.port)} <= listening
     assert not [(ip, p) for ip, p in listening if p in (port, shared.port) and ip != "127.0.0.1"]
+
+
+def script_config(**workload: object) -> object:
+    return parse_config({"launch": {"nproc_per_node": 2},
+                         "workload": {"kind": "script", **workload}})
+
+
+def test_a_script_runs_through_the_runner_with_its_resume_arguments_only_when_resuming() -> None:
+    config = script_config(script="/w/train.py", args=["cfg.py", "--x=1"], checkpoint_glob="out/ckpt.pt",
+                           resume_args=["--init_from=resume"])
+    fresh = torchrun_argv(config, 1, 1, 29500, Path("/tmp/a"))
+    assert fresh[-5:] == ["-m", "trainer.script_runner", "/w/train.py", "cfg.py", "--x=1"]
+    resumed = torchrun_argv(config, 1, 2, 29500, Path("/tmp/a"), resuming=True)
+    assert resumed[-3:] == ["cfg.py", "--x=1", "--init_from=resume"]
+    torchrun.check_one_loopback_node(resumed[3:])
+
+
+def test_a_module_and_another_interpreter_are_started_as_python_would() -> None:
+    config = script_config(module="pkg.train", args=["--lr=3"], python="/venvs/x/bin/python")
+    argv = torchrun_argv(config, 1, 1, 29500, Path("/tmp/a"))
+    # torchrun starts that interpreter itself, and the runner by its path (nothing of runyard's
+    # environment is imported there).
+    runner = str(ROOT / "trainer" / "script_runner.py")
+    assert argv[-7:] == ["--no-python", "/venvs/x/bin/python", "-u", runner, "-m", "pkg.train", "--lr=3"]
+    torchrun.check_one_loopback_node(argv[3:])
+
+
+def test_omp_threads_default_to_the_cores_per_rank_unless_set() -> None:
+    from orchestrator.launcher import script_env
+    assert script_env(script_config(script="/w/t.py"), {}, cores=16)["OMP_NUM_THREADS"] == "8"
+    assert script_env(script_config(script="/w/t.py"), {}, cores=1)["OMP_NUM_THREADS"] == "1"
+    assert "OMP_NUM_THREADS" not in script_env(script_config(script="/w/t.py"), {"OMP_NUM_THREADS": "3"}, cores=16)
+    assert script_env(script_config(script="/w/t.py", env={"OMP_NUM_THREADS": "5"}), {}, cores=16)[
+        "OMP_NUM_THREADS"] == "5"
+
+
+def test_the_wandb_stand_in_goes_first_on_the_ranks_path_when_asked() -> None:
+    from orchestrator.launcher import script_env
+    from orchestrator.scriptwatch import SHIMS_DIR
+    env = script_env(script_config(script="/w/t.py", env={"RUNYARD_WANDB_SHIM": "1"}), {"PYTHONPATH": "/mine"},
+                     cores=2)
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(SHIMS_DIR), "/mine"]
+    assert "PYTHONPATH" not in script_env(script_config(script="/w/t.py"), {"PYTHONPATH": "/mine"}, cores=2)
+
+
+def test_the_runner_started_by_its_path_needs_nothing_of_runyard(tmp_path: Path) -> None:
+    script = tmp_path / "s.py"
+    script.write_text("import sys\nprint(sys.argv[1:], 'trainer' in sys.modules, sys.path[0])\n")
+    # -I: an isolated interpreter, as a foreign virtual environment would be (no PYTHONPATH, no site).
+    out = subprocess.run([sys.executable, "-I", str(ROOT / "trainer" / "script_runner.py"), str(script), "a", "b"],
+                         capture_output=True, text=True, cwd=tmp_path, check=True).stdout
+    assert out.strip() == f"['a', 'b'] False {tmp_path}"
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "train.py").write_text("import os, sys\nprint(__name__, sys.argv[1:], sys.path[0] == os.getcwd())\n")
+    out = subprocess.run([sys.executable, "-I", str(ROOT / "trainer" / "script_runner.py"), "-m", "pkg.train", "x"],
+                         capture_output=True, text=True, cwd=tmp_path, check=True).stdout
+    assert out.strip() == "__main__ ['x'] True"
