@@ -6,13 +6,19 @@ Routes with st.navigation; the pages under app/views are thin: widgets, app.data
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import streamlit as st
 
 from app import data
-from orchestrator.format import duration
+from orchestrator.format import duration, runyard_version
 
-st.set_page_config(page_title="runyard", page_icon=":material/conveyor_belt:", layout="wide")
+VERSION = runyard_version()
+# The icon is a file served by the UI itself: a ":material/...:" icon would be fetched from Google's servers.
+ICON = Path(__file__).resolve().parent / "assets" / "icon.png"
+st.set_page_config(page_title="runyard", page_icon=str(ICON), layout="wide",
+                   menu_items={"About": f"**runyard** {VERSION}: a dashboard and local job orchestrator for "
+                                        "distributed PyTorch training."})
 
 
 def sso_configured() -> bool:
@@ -38,6 +44,7 @@ pages = [
     st.Page("views/settings.py", title="Settings", icon=":material/settings:", url_path="settings"),
 ]
 page = st.navigation(pages)
+st.sidebar.markdown(f"**runyard** {VERSION}")
 
 
 @st.fragment(run_every=5)

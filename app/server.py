@@ -52,6 +52,15 @@ STREAMLIT_OPTIONS: dict[str, object] = {
     "server.fileWatcherType": "none",
     "server.enableXsrfProtection": True,
     "server.runOnSave": False,
+    # A product, not a Streamlit app: no Deploy button, no "Record screen" or "Made with Streamlit"
+    # menu, no Stop/Running widget that blinks on every refresh, no links out of the machine.
+    "client.toolbarMode": "minimal",
+    "ui.hideTopBar": True,
+    "client.showErrorLinks": False,
+    # Nothing embeds runyard: no other origin may postMessage into the page.
+    "client.allowedOrigins": [],
+    # Blue, not Streamlit's red (which reads as danger on Start and on progress bars).
+    "theme.primaryColor": "#1f6feb",
 }
 
 

@@ -8,20 +8,15 @@ import click
 
 from db.settings import Settings
 from orchestrator.cli_base import open_existing, safe_url
-from orchestrator.format import duration
+from orchestrator.format import duration, runyard_version
 
 
 def home_info(settings: Settings) -> dict[str, Any]:
     """Where this command's data lives and what state it is in (``runyard info``)."""
-    from importlib.metadata import PackageNotFoundError, version
-
     from db.engine import current_revision, head_revision
     from db.queries import scheduler_status
 
-    try:
-        runyard_version = version("runyard")
-    except PackageNotFoundError:
-        runyard_version = "unknown (not installed)"
+    version = runyard_version()
     info: dict[str, Any] = {
         "home": str(settings.home),
         "home_source": "RUNYARD_HOME" if settings.home_from_env else "default",
@@ -31,7 +26,7 @@ def home_info(settings: Settings) -> dict[str, Any]:
         "scheduler": None,
         "token_file": str(settings.token_file) if settings.token_file.is_file() else None,
         "legacy_home": str(settings.legacy_home) if settings.legacy_home else None,
-        "version": runyard_version,
+        "version": version,
     }
     sessions = open_existing(settings)
     if sessions is not None:

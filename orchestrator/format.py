@@ -38,3 +38,13 @@ def usd(x: float | None) -> str:
     if x is None:
         return "–"
     return f"${x:,.4f}" if x < 1 else f"${x:,.2f}"
+
+
+def runyard_version() -> str:
+    """The installed runyard's version, or a sentence saying it is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("runyard")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
