@@ -11,24 +11,84 @@ from typing import Any
 import streamlit as st
 
 from app import data, form
-from db.config import ConfigError, RunConfig, deep_merge, field_of, parse_toml
+from db.config import ConfigError, RunConfig, deep_merge, field_of, parse_config, parse_toml
 
 # Widgets per row in a section.
 COLUMNS = 3
 
 st.title("New run")
 
-uploaded = st.file_uploader("Start from a TOML config (optional)", type=["toml"])
-base: dict[str, Any] = RunConfig().as_dict()
-if uploaded is not None:
-    try:
-        raw = parse_toml(uploaded.getvalue().decode())
-        base = {**base, **{k: ({**base.get(k, {}), **v} if isinstance(v, dict) else v) for k, v in raw.items()}}
-        st.caption(f"Form filled from {uploaded.name}; change anything before starting.")
-    except (ConfigError, UnicodeDecodeError) as exc:
-        st.error(f"{uploaded.name}: {exc}")
+every_field = form.form_fields(RunConfig)
+DEFAULTS: dict[str, Any] = RunConfig().as_dict()
+BASE_KEY, LOADED_KEY, ERRORS_KEY = "new_run_base", "new_run_loaded", "new_run_errors"
 
-errors: dict[str, list[str]] = st.session_state.get("new_run_errors", {})
+
+def load_toml(text: str, name: str) -> None:
+    """Fill the form from a TOML config: every widget takes the file's value (set in the session
+    state before the widgets are drawn: a widget with a key ignores a new ``value=``), keys the
+    form does not show are kept for Start, and every problem of the file is listed with its key."""
+    try:
+        raw = parse_toml(text)
+    except ConfigError as exc:
+        st.session_state[LOADED_KEY] = (name, exc.problems, False)
+        return
+    problems: list[str] = []
+    try:
+        parse_config(raw)
+    except ConfigError as exc:
+        problems = list(exc.problems)
+    base = deep_merge(DEFAULTS, raw)
+    values, notes = form.widget_values(base, every_field)
+    for key, value in values.items():
+        st.session_state[key] = value
+    st.session_state[BASE_KEY] = base
+    st.session_state[LOADED_KEY] = (name, problems + notes, True)
+    st.session_state[ERRORS_KEY] = {}
+
+
+def on_upload() -> None:
+    uploaded = st.session_state.get("new_run_upload")
+    if uploaded is None:
+        return
+    try:
+        text = uploaded.getvalue().decode()
+    except UnicodeDecodeError as exc:
+        st.session_state[LOADED_KEY] = (uploaded.name, [f"not UTF-8 text: {exc}"], False)
+        return
+    load_toml(text, uploaded.name)
+
+
+def on_paste() -> None:
+    load_toml(st.session_state.get("new_run_pasted", ""), "the pasted TOML")
+
+
+upload, paste = st.columns(2)
+with upload:
+    st.file_uploader("Start from a TOML config (optional)", type=["toml"], key="new_run_upload",
+                     on_change=on_upload)
+with paste:
+    with st.expander("…or paste TOML"):
+        st.text_area("TOML", key="new_run_pasted", height=160, label_visibility="collapsed",
+                     placeholder='name = "gpt"\n[workload]\nkind = "gpt-char"')
+        st.button("Fill the form", on_click=on_paste)
+loaded = st.session_state.get(LOADED_KEY)
+if loaded is not None:
+    name, problems, filled = loaded
+    if filled and not problems:
+        st.success(f"Form filled from {name}; change anything before starting.", icon=":material/check:")
+    elif filled:
+        st.warning(f"Form filled from {name}, with {len(problems)} problem(s) to fix before Start:\n\n"
+                   + "\n".join(f"- {p}" for p in problems), icon=":material/warning:")
+    else:
+        st.error(f"{name} was not loaded:\n\n" + "\n".join(f"- {p}" for p in problems), icon=":material/error:")
+base: dict[str, Any] = st.session_state.get(BASE_KEY, DEFAULTS)
+
+# The refusals of the last Start, each with the value it refused: one whose field now holds
+# another value (changed, or reset by leaving the page) is not shown any more.
+stored: dict[str, tuple[list[str], Any]] = st.session_state.get(ERRORS_KEY, {})
+errors: dict[str, list[str]] = {
+    field: messages for field, (messages, value) in stored.items()
+    if not field or field not in st.session_state or st.session_state[field] == value}
 
 
 def field_errors(field: str) -> None:
@@ -37,22 +97,25 @@ def field_errors(field: str) -> None:
 
 
 def widget(spec: form.FieldSpec, value: Any) -> Any:
-    """Draw the widget ``spec`` describes, starting at ``value``; returns what it holds."""
+    """Draw the widget ``spec`` describes, starting at ``value`` unless it already holds one
+    (the person's, or a loaded file's); returns what it holds."""
+    held = spec.key in st.session_state
+    start: dict[str, Any] = {} if held else {"value": value}
     if spec.widget in ("int", "float"):
-        low, high = form.widget_bounds(spec, value)
-        return st.number_input(spec.label, value=value, min_value=low, max_value=high, step=spec.step,
+        low, high = form.widget_bounds(spec, st.session_state[spec.key] if held else value)
+        return st.number_input(spec.label, **start, min_value=low, max_value=high, step=spec.step,
                                format=spec.number_format, key=spec.key, help=spec.help)
     if spec.widget == "bool":
-        return st.checkbox(spec.label, value=value, key=spec.key, help=spec.help)
+        return st.checkbox(spec.label, **start, key=spec.key, help=spec.help)
     if spec.widget == "choice":
-        return st.selectbox(spec.label, spec.options, index=spec.options.index(value), key=spec.key, help=spec.help)
+        index: dict[str, Any] = {} if held else {"index": spec.options.index(value)}
+        return st.selectbox(spec.label, spec.options, **index, key=spec.key, help=spec.help)
     if spec.widget == "table":
-        return st.text_area(spec.label, value=value, placeholder=spec.placeholder, key=spec.key, help=spec.help)
-    return st.text_input(spec.label, value=value, max_chars=spec.max_chars, placeholder=spec.placeholder,
+        return st.text_area(spec.label, **start, placeholder=spec.placeholder, key=spec.key, help=spec.help)
+    return st.text_input(spec.label, **start, max_chars=spec.max_chars, placeholder=spec.placeholder,
                          key=spec.key, help=spec.help)
 
 
-every_field = form.form_fields(RunConfig)
 initial, notes = form.widget_values(base, every_field)
 for note in notes:
     st.warning(note, icon=":material/warning:")
@@ -86,14 +149,22 @@ with st.form("new_run"):
                     with column:
                         values[spec.key] = widget(spec, initial[spec.key])
                         field_errors(spec.key)
+    # Every refusal above Start, so none is missed in a folded section.
+    if errors:
+        count = sum(len(m) for m in errors.values())
+        st.error(f"**Not started: {count} problem(s).**\n\n"
+                 + "\n".join(f"- {m}" for messages in errors.values() for m in messages), icon=":material/error:")
     started = st.form_submit_button("Start", type="primary", icon=":material/play_arrow:")
 
-for message in errors.get("", []):
-    st.error(message)
-
 if started:
-    # Keys the form does not show (from an uploaded TOML) are kept.
-    config_data = deep_merge(base, form.values_to_config(values, RunConfig))
+    # Keys the form does not show (from an uploaded TOML) are kept; a table the form shows is
+    # taken as it reads (a name removed in the box is removed).
+    from_form = form.values_to_config(values, RunConfig)
+    config_data = deep_merge(base, from_form)
+    for spec in every_field:
+        if spec.widget == "table" and spec.key in values:
+            table_section, table_key = spec.path
+            config_data[table_section][table_key] = from_form[table_section][table_key]
     try:
         config = data.validate_config(config_data)
     except ConfigError as exc:
@@ -102,8 +173,9 @@ if started:
         for problem in exc.problems:
             field = field_of(problem)
             grouped.setdefault(field if field in shown else "", []).append(problem)
-        st.session_state["new_run_errors"] = grouped
+        st.session_state[ERRORS_KEY] = {field: (messages, values.get(field)) for field, messages in grouped.items()}
         st.rerun()
-    st.session_state["new_run_errors"] = {}
+    st.session_state[ERRORS_KEY] = {}
+    st.session_state.pop(LOADED_KEY, None)
     run_id = data.submit_run(config)
     st.switch_page("views/run.py", query_params={"run": str(run_id)})

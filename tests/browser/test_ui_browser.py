@@ -147,9 +147,11 @@ def test_bad_learning_rate_is_refused_and_nothing_is_queued(page: Any, runyard_u
     fill_number(page, "Learning rate", "-1")
     start_button(page).click()
 
-    error = page.get_by_test_id("stAlertContentError").filter(has_text="train.lr")
-    expect(error).to_be_visible(timeout=PAGE_TIMEOUT_MS)
-    expect(error).to_contain_text("greater than 0")
+    # Under the field, and in the summary above Start.
+    errors = page.get_by_test_id("stAlertContentError").filter(has_text="train.lr")
+    expect(errors).to_have_count(2, timeout=PAGE_TIMEOUT_MS)
+    expect(errors.first).to_contain_text("greater than 0")
+    expect(errors.last).to_contain_text("Not started: 1 problem(s)")
     assert page.url.endswith("/new")
 
     open_page(page, f"{runyard_up.url}/", "Runs")

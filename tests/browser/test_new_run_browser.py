@@ -1,0 +1,95 @@
+"""The New run page as a first-time user meets it: a TOML file fills the form (every widget shows
+the file's value), the run that Start queues is the file plus what the person changed, a file
+with problems lists each one with its key (never a traceback), and a refusal in a folded section
+is summarised above Start, opens its section, and goes away once the value is fixed.
+
+    pytest -m browser tests/browser/test_new_run_browser.py
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.browser.test_ui_browser import PAGE_TIMEOUT_MS, RUN_TIMEOUT_MS, expect, open_page, start_button
+
+pytestmark = pytest.mark.browser
+
+GPT_TOML = """\
+name = "from-file"
+tags = ["upload"]
+[workload]
+kind = "gpt-char"
+n_layer = 2
+n_embd = 64
+[train]
+lr = 0.002
+max_steps = 20
+[checkpoint]
+keep_last = 5
+"""
+
+
+def upload(page: Any, path: Path) -> None:
+    page.get_by_test_id("stFileUploader").locator("input[type=file]").set_input_files(str(path))
+
+
+def test_an_uploaded_toml_fills_the_form_and_start_queues_exactly_it(page: Any, runyard_up: Any,
+                                                                       tmp_path: Path) -> None:
+    config = tmp_path / "gpt.toml"
+    config.write_text(GPT_TOML)
+    open_page(page, f"{runyard_up.url}/new", "New run")
+    upload(page, config)
+    expect(page.get_by_text("Form filled from gpt.toml")).to_be_visible(timeout=PAGE_TIMEOUT_MS)
+    # The widgets show the file's values, not the defaults.
+    expect(page.get_by_label("Name", exact=True)).to_have_value("from-file")
+    expect(page.get_by_label("Transformer blocks (n_layer)", exact=True)).to_have_value("2")
+    expect(page.get_by_label("Embedding width (n_embd)", exact=True)).to_have_value("64")
+    expect(page.get_by_label("Max steps", exact=True)).to_have_value("20")
+    # The person changes one thing, then starts.
+    page.get_by_label("Name", exact=True).fill("from-file-2")
+    start_button(page).click()
+    header = page.get_by_role("heading", level=2).filter(has_text=re.compile(r"#\d+ from-file-2"))
+    expect(header).to_be_visible(timeout=RUN_TIMEOUT_MS)
+    run_id = int(re.search(r"#(\d+)", header.inner_text()).group(1))  # type: ignore[union-attr]
+    queued = runyard_up.cli("show", str(run_id))["config"]
+    assert queued["name"] == "from-file-2" and queued["tags"] == ["upload"]
+    assert (queued["workload"]["kind"], queued["workload"]["n_layer"], queued["workload"]["n_embd"]) == (
+        "gpt-char", 2, 64)
+    assert (queued["train"]["lr"], queued["train"]["max_steps"], queued["checkpoint"]["keep_last"]) == (0.002, 20, 5)
+
+
+def test_a_file_with_problems_lists_each_with_its_key_and_a_folded_refusal_is_summarised(
+        page: Any, runyard_up: Any, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[train]\nlr = "fast"\nlrr = 1\n')
+    open_page(page, f"{runyard_up.url}/new", "New run")
+    upload(page, bad)
+    warning = page.get_by_test_id("stAlert").filter(has_text="Form filled from bad.toml")
+    expect(warning).to_be_visible(timeout=PAGE_TIMEOUT_MS)
+    expect(warning).to_contain_text("train.lr = 'fast'")
+    expect(warning).to_contain_text("train.lrr: unknown key")
+    assert page.get_by_test_id("stException").count() == 0
+
+    # A value the widgets cannot refuse, in a folded section (Supervision), pasted as TOML.
+    page.get_by_text("…or paste TOML").click()
+    page.get_by_test_id("stTextArea").filter(has=page.get_by_label("TOML")).locator("textarea").fill(
+        'name = "fold"\n[supervision]\nstraggler_ratio = 0.5\n')
+    page.get_by_role("button", name="Fill the form").click()
+    expect(page.get_by_text("Form filled from the pasted TOML")).to_be_visible(timeout=PAGE_TIMEOUT_MS)
+    start_button(page).click()
+    summary = page.get_by_test_id("stAlert").filter(has_text="Not started: 1 problem(s)")
+    expect(summary).to_be_visible(timeout=PAGE_TIMEOUT_MS)
+    expect(summary).to_contain_text("supervision.straggler_ratio")
+    ratio = page.get_by_label("Straggler ratio", exact=True)
+    expect(ratio).to_be_visible()  # its section opened
+    assert runyard_up.cli("ls") == []  # nothing queued
+    ratio.fill("2")
+    ratio.press("Tab")
+    start_button(page).click()
+    expect(page.get_by_role("heading", level=2).filter(has_text=re.compile(r"#\d+ fold"))).to_be_visible(
+        timeout=RUN_TIMEOUT_MS)
+    assert [r["name"] for r in runyard_up.cli("ls")] == ["fold"]
