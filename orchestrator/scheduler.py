@@ -251,16 +251,38 @@ class Scheduler:
         queued = session.execute(
             select(Run).where(Run.status == RunStatus.QUEUED.value).order_by(Run.id)
         ).scalars().all()
-        for run in [*retrying, *queued]:
+        for i, run in enumerate([*retrying, *queued]):
             if run.status == RunStatus.RETRYING.value and not self._room_to_retry(session, run, now):
                 continue  # it waits for disk space without holding devices; others may go
             used_slots, used_gpus = self._used_devices(session)
             if used_slots + run.nproc > self.inventory.slots:
+                self._say_why_waiting(session, [r for r in [*retrying, *queued][i:]
+                                                if r.status == RunStatus.QUEUED.value], used_slots)
                 return
             devices: list[int] = []
             if self.inventory.kind == "gpu":
                 devices = [i for i in range(self.inventory.slots) if i not in used_gpus][: run.nproc]
             self._start_attempt(session, run, devices)
+
+    def _say_why_waiting(self, session: Session, waiting: list[Run], used_slots: int) -> None:
+        """A queued run that cannot start says what it waits for: the devices held by the active
+        runs, or the runs queued before it (no overtaking). Written only when it changes."""
+        unit = "GPU(s)" if self.inventory.kind == "gpu" else "CPU slot(s)"
+        holders = session.scalars(select(Run.id).where(Run.status.in_([s.value for s in ACTIVE]))
+                                  .order_by(Run.id)).all()
+        held_by = f" by run(s) {', '.join(f'#{h}' for h in holders)}" if holders else ""
+        for position, run in enumerate(waiting):
+            if run.nproc > self.inventory.slots:
+                reason = (f"cannot start: needs {run.nproc} {unit}, this machine has {self.inventory.slots}; "
+                          "cancel it and submit it with fewer ranks")
+            elif position == 0:
+                reason = (f"queued: waiting for {run.nproc} free {unit} ({used_slots} of {self.inventory.slots} "
+                          f"in use{held_by})")
+            else:
+                reason = (f"queued: waiting behind {position} earlier run(s) "
+                          f"({', '.join(f'#{r.id}' for r in waiting[:position][:5])}), first come first served")
+            if run.status_reason != reason:
+                run.status_reason = reason
 
     def _room_to_retry(self, session: Session, run: Run, now: float) -> bool:
         """After a DISK failure, retry only when the run's filesystem has room for a checkpoint

@@ -103,6 +103,27 @@ def test_runs_that_fit_run_side_by_side(sessions: sessionmaker[Session], setting
     assert len(ports) == 2  # each run has its own rendezvous port
 
 
+def test_a_queued_run_says_what_it_waits_for(sessions: sessionmaker[Session], settings: Settings) -> None:
+    running = queue(sessions, settings, "long", nproc=2)
+    first = queue(sessions, settings, "long", nproc=1)
+    second = queue(sessions, settings, "long", nproc=2)
+    scheduler = make_scheduler(sessions, settings)
+    scheduler.tick()
+    with sessions() as s:
+        reasons = {r.id: r.status_reason for r in s.scalars(select(Run))}
+    assert reasons[first] == f"queued: waiting for 1 free CPU slot(s) (2 of 2 in use by run(s) #{running})"
+    assert reasons[second] == f"queued: waiting behind 1 earlier run(s) (#{first}), first come first served"
+    request_cancel_all(sessions, scheduler, [running, first, second])
+
+
+def request_cancel_all(sessions: sessionmaker[Session], scheduler: Scheduler, run_ids: list[int]) -> None:
+    with sessions() as s:
+        for run_id in run_ids:
+            request_cancel(s, run_id)
+        s.commit()
+    tick_until(scheduler, lambda: all(status(sessions, r) == "CANCELLED" for r in run_ids))
+
+
 def test_exit_codes_decide_the_outcome(sessions: sessionmaker[Session], settings: Settings) -> None:
     ok = queue(sessions, settings, "quick")
     bad = queue(sessions, settings, "fails", retry={"max_retries": 0})
