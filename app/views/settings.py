@@ -7,6 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from app import data
+from db.cost import price_for
 
 st.title("Settings")
 st.subheader("Prices (USD per hour)")
@@ -16,8 +17,14 @@ st.caption(
     "share of the slots). Defaults are public on-demand list prices, rounded."
 )
 table = pd.DataFrame(sorted(data.prices().items()), columns=["device", "usd_per_hour"])
+machine = data.inventory()
+one = price_for(1, machine, data.prices())
+st.info(f"**This machine**: {machine.slots} x {machine.device_label}. A 1-rank run costs "
+        f"${one.usd_per_hour:.4g}/h ({one.unit}); a run with all {machine.slots} costs "
+        f"${one.usd_per_hour * machine.slots:.4g}/h.", icon=":material/calculate:")
+# Tall enough for every row (35 px each, plus the header and the row for adding one): no inner scroll.
 edited = st.data_editor(
-    table, num_rows="dynamic", hide_index=True, key="prices",
+    table, num_rows="dynamic", hide_index=True, key="prices", height=35 * (len(table) + 2) + 3,
     column_config={"usd_per_hour": st.column_config.NumberColumn("USD per hour", min_value=0.0, format="%.2f")},
 )
 if st.button("Save prices", type="primary", icon=":material/save:"):

@@ -483,6 +483,25 @@ def queued_runs(sessions: sessionmaker[Session]) -> list[dict]:
         return queries.list_runs(s)
 
 
+def start(at: AppTest) -> AppTest:
+    """Press Start (the form's submit button)."""
+    return next(b for b in at.button if "Start" in b.label).click().run()
+
+
+SUMMARY = "**Not started:"
+
+
+def refusals(at: AppTest, summarised: bool = True) -> list[str]:
+    """The errors shown under the fields, after checking that the summary above Start (on the
+    New run page: ``summarised``) lists every one of them."""
+    shown = [e.value for e in at.error]
+    summaries = [e for e in shown if e.startswith(SUMMARY)]
+    rest = [e for e in shown if not e.startswith(SUMMARY)]
+    if rest and summarised:
+        assert len(summaries) == 1 and all(e in summaries[0] for e in rest), (summaries, rest)
+    return rest
+
+
 def test_new_run_form_shows_the_defaults(settings: Settings) -> None:
     at = open_page("views/new_run.py")
     no_exception(at)
@@ -497,9 +516,9 @@ def test_negative_learning_rate_is_rejected_and_nothing_queued(settings: Setting
                                                                 sessions: sessionmaker[Session]) -> None:
     at = open_page("views/new_run.py")
     at.number_input(key="train.lr").set_value(-1.0)
-    at.button[0].click().run()
+    start(at)
     no_exception(at)
-    errors = [e.value for e in at.error]
+    errors = refusals(at)
     assert len(errors) == 1
     assert errors[0].startswith("train.lr = -1.0")
     assert "greater than 0" in errors[0]
@@ -509,9 +528,9 @@ def test_negative_learning_rate_is_rejected_and_nothing_queued(settings: Setting
 def test_too_many_ranks_is_rejected_and_nothing_queued(settings: Settings, sessions: sessionmaker[Session]) -> None:
     at = open_page("views/new_run.py")
     at.number_input(key="launch.nproc_per_node").set_value(64)
-    at.button[0].click().run()
+    start(at)
     no_exception(at)
-    errors = [e.value for e in at.error]
+    errors = refusals(at)
     assert len(errors) == 1
     assert errors[0].startswith("launch.nproc_per_node = 64")
     assert "this machine has only" in errors[0]
@@ -523,9 +542,9 @@ def test_every_problem_is_reported_at_once(settings: Settings, sessions: session
     at.text_input(key="name").set_value("bad name!")
     at.number_input(key="train.lr").set_value(-1.0)
     at.number_input(key="launch.nproc_per_node").set_value(64)
-    at.button[0].click().run()
+    start(at)
     no_exception(at)
-    errors = " | ".join(e.value for e in at.error)
+    errors = " | ".join(refusals(at))
     for field in ("name = 'bad name!'", "train.lr = -1.0", "launch.nproc_per_node = 64"):
         assert field in errors
     assert queued_runs(sessions) == []
@@ -538,7 +557,7 @@ def test_valid_form_queues_one_run_and_opens_it(settings: Settings, sessions: se
     at.number_input(key="launch.nproc_per_node").set_value(1)
     at.number_input(key="train.max_steps").set_value(50)
     at.number_input(key="train.lr").set_value(0.002)
-    at.button[0].click().run()
+    start(at)
     no_exception(at)
     assert not at.error
 
@@ -563,11 +582,11 @@ def test_valid_form_queues_one_run_and_opens_it(settings: Settings, sessions: se
 def test_errors_clear_after_a_corrected_submit(settings: Settings, sessions: sessionmaker[Session]) -> None:
     at = open_page("views/new_run.py")
     at.number_input(key="train.lr").set_value(-1.0)
-    at.button[0].click().run()
+    start(at)
     assert at.error
     at.number_input(key="train.lr").set_value(0.001)
     at.number_input(key="launch.nproc_per_node").set_value(1)
-    at.button[0].click().run()
+    start(at)
     no_exception(at)
     assert len(queued_runs(sessions)) == 1
     at.switch_page("views/new_run.py").run()
@@ -653,7 +672,7 @@ def test_new_run_refuses_a_script_outside_the_roots_then_queues_one_inside(
     outside.write_text("print('hello')\n")
     at = start_script_run(open_page("views/new_run.py"), outside)
     no_exception(at)
-    (error,) = [e.value for e in at.error]
+    (error,) = refusals(at)
     assert error.startswith(f"workload.script = {str(outside)!r}: {outside.resolve()} is outside")
     assert f"{Path.cwd().resolve()}, {settings.home}" in error  # the roots: where the UI started, the data folder
     assert "RUNYARD_SCRIPT_ROOTS" in error and "`runyard submit`" in error
@@ -675,7 +694,7 @@ def test_new_run_refuses_the_standard_library_with_a_command_in_its_arguments(
     timeit = Path(sysconfig.get_paths()["stdlib"]) / "timeit.py"
     at = start_script_run(open_page("views/new_run.py"), timeit, "-s 'import os; os.system(\"cat /etc/shadow\")' pass")
     no_exception(at)
-    (error,) = [e.value for e in at.error]
+    (error,) = refusals(at)
     assert error.startswith(f"workload.script = {str(timeit)!r}")
     assert "refused even under the folders the UI may launch from: / (RUNYARD_SCRIPT_ROOTS)" in error
     assert queued_runs(sessions) == []
@@ -694,7 +713,7 @@ def test_fork_that_switches_to_a_script_outside_the_roots_is_refused(
     at.text_area(key=f"fork-set-{parent}").set_value(f'workload.kind="script"\nworkload.script="{outside}"')
     next(b for b in at.button if b.label == "Fork").click().run()
     no_exception(at)
-    (error,) = [e.value for e in at.error]
+    (error,) = refusals(at, summarised=False)
     assert f"workload.script = {str(outside)!r}: {outside.resolve()} is outside" in error
     assert [r["id"] for r in queued_runs(sessions)] == [parent]
 
