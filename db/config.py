@@ -98,6 +98,50 @@ def relative_path_problem(field: str, pattern: str) -> str | None:
     return None
 
 
+def _pattern_help(loc: tuple[Any, ...]) -> str | None:
+    """The words a field gives for its pattern (``json_schema_extra={"pattern_help": ...}``)."""
+    model: Any = RunConfig
+    for part in loc[:-1]:
+        info = model.model_fields.get(part) if isinstance(part, str) else None
+        model = info.annotation if info is not None else None
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return None
+    info = model.model_fields.get(loc[-1]) if loc and isinstance(loc[-1], str) else None
+    extra = info.json_schema_extra if info is not None else None
+    hint = extra.get("pattern_help") if isinstance(extra, dict) else None
+    return str(hint) if hint else None
+
+
+# Values that are allowed but rarely meant: the New run page asks before it starts such a run,
+# and `runyard submit` prints the warning. (field, test, why)
+_IMPLAUSIBLE: tuple[tuple[str, Any, str], ...] = (
+    ("train.lr", lambda v: v > 1.0, "a learning rate above 1 usually diverges (typical: 1e-5 to 1e-2)"),
+    ("train.lr", lambda v: v < 1e-7, "a learning rate below 1e-7 barely moves the weights"),
+    ("train.weight_decay", lambda v: v > 1.0, "weight decay above 1 shrinks the weights faster than they learn"),
+    ("train.min_lr", lambda v: v > 1.0, "a minimum learning rate above 1 usually diverges"),
+    ("train.batch_size", lambda v: v > 65536, "a per-rank batch this large rarely fits in memory"),
+    ("train.grad_accum", lambda v: v > 1024, "more than 1024 accumulation steps makes each step very slow"),
+    ("supervision.hang_timeout_s", lambda v: v < 10, "a hang timeout under 10 s kills healthy runs that pause to "
+                                                     "evaluate or save"),
+    ("retry.max_retries", lambda v: v > 100, "more than 100 retries keeps a broken run going for a long time"),
+)
+
+
+def plausibility_warnings(config: RunConfig) -> list[str]:
+    """Settings that are valid but rarely meant, each naming the field and the value; only for
+    fields that apply to the run's workload kind."""
+    kind = config.workload.kind
+    warnings = []
+    for key, implausible, why in _IMPLAUSIBLE:
+        section_name, name = key.split(".")
+        section = getattr(config, section_name)
+        kinds = field_kinds(type(section), name)
+        value = getattr(section, name)
+        if (kinds is None or kind in kinds) and implausible(value):
+            warnings.append(f"{key} = {value!r}: {why}")
+    return warnings
+
+
 def field_kinds(model: type[BaseModel], name: str) -> list[str] | None:
     """The workload kinds a field applies to (its ``json_schema_extra={"kinds": [...]}``); None:
     every kind. The New run form (app/form.py) reads the same metadata, so what the form hides
@@ -137,7 +181,7 @@ class WorkloadConfig(_Section):
 
     module: str | None = Field(
         default=None, max_length=200, pattern=MODULE_PATTERN, title="Module (python -m)",
-        json_schema_extra={"kinds": ["script"]},
+        json_schema_extra={"kinds": ["script"], "pattern_help": "a dotted module name such as pkg.train"},
     )
     """Instead of `script`: a module to run as `python -m MODULE` (e.g. `pkg.train`), found
     from `workdir` first, then the interpreter's own path (kind = "script")."""
@@ -439,7 +483,9 @@ class RunConfig(_Section):
         return self
 
     name: str = Field(
-        default="run", min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+        default="run", min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        json_schema_extra={"pattern_help": "letters, digits, '.', '_' and '-', starting with a letter or digit "
+                                           "(no spaces)"},
     )
     """Name shown in the dashboard: letters, digits, `.`, `_`, `-`; not unique."""
 
@@ -487,6 +533,8 @@ def _describe(err: ErrorDetails) -> str:
         return f"{field}: {message}" if err["loc"] else message
     if err["type"] == "extra_forbidden":
         return f"{field}: unknown key (value {err['input']!r}); check the spelling against docs/CONFIG.md"
+    if err["type"] == "string_pattern_mismatch" and (hint := _pattern_help(err["loc"])):
+        return f"{field} = {err['input']!r}: use {hint}"
     return f"{field} = {err['input']!r}: {err['msg']}{_STRICT_HINTS.get(err['type'], '')}"
 
 

@@ -29,7 +29,7 @@ from orchestrator.cli_base import (
 @click.option("--json", "as_json", is_flag=True, help="Print {\"id\": N} as JSON.")
 def submit(config_file: Path, overrides: tuple[str, ...], as_json: bool) -> None:
     """Queue a run from a TOML config; prints the new run's id."""
-    from db.config import ConfigError, apply_overrides, parse_toml, read_config_text
+    from db.config import ConfigError, apply_overrides, parse_toml, plausibility_warnings, read_config_text
     from orchestrator.resources import detect_inventory
     from orchestrator.submission import submit as submit_run
     from orchestrator.submission import validate
@@ -39,6 +39,8 @@ def submit(config_file: Path, overrides: tuple[str, ...], as_json: bool) -> None
         text = read_config_text(config_file)
         inventory = detect_inventory()
         config = validate(apply_overrides(parse_toml(text), list(overrides)), inventory)
+        for warning in plausibility_warnings(config):  # queued all the same: the shell has no "are you sure"
+            click.echo(f"warning: {config_file}: {warning}", err=True)
         run_id = submit_run(open_sessions(settings), settings, config, inventory)
     except ConfigError as exc:
         click.echo(f"error: {config_file}: {exc}\nnothing was queued.", err=True)

@@ -11,7 +11,7 @@ from typing import Any
 import streamlit as st
 
 from app import data, form
-from db.config import ConfigError, RunConfig, deep_merge, field_of, parse_config, parse_toml
+from db.config import ConfigError, RunConfig, deep_merge, field_of, parse_config, parse_toml, plausibility_warnings
 
 # Widgets per row in a section.
 COLUMNS = 3
@@ -20,7 +20,7 @@ st.title("New run")
 
 every_field = form.form_fields(RunConfig)
 DEFAULTS: dict[str, Any] = RunConfig().as_dict()
-BASE_KEY, LOADED_KEY, ERRORS_KEY = "new_run_base", "new_run_loaded", "new_run_errors"
+BASE_KEY, LOADED_KEY, ERRORS_KEY, WARNED_KEY = "new_run_base", "new_run_loaded", "new_run_errors", "new_run_warned"
 
 
 def load_toml(text: str, name: str) -> None:
@@ -154,6 +154,10 @@ with st.form("new_run"):
         count = sum(len(m) for m in errors.values())
         st.error(f"**Not started: {count} problem(s).**\n\n"
                  + "\n".join(f"- {m}" for messages in errors.values() for m in messages), icon=":material/error:")
+    warned = st.session_state.get(WARNED_KEY)
+    if warned and not errors:
+        st.warning("**Check before starting** (press Start again to start anyway):\n\n"
+                   + "\n".join(f"- {w}" for w in warned[1]), icon=":material/warning:")
     started = st.form_submit_button("Start", type="primary", icon=":material/play_arrow:")
 
 if started:
@@ -176,6 +180,12 @@ if started:
         st.session_state[ERRORS_KEY] = {field: (messages, values.get(field)) for field, messages in grouped.items()}
         st.rerun()
     st.session_state[ERRORS_KEY] = {}
+    # Valid but rarely meant (lr = 50): asked once for this exact config.
+    warnings = plausibility_warnings(config)
+    if warnings and (st.session_state.get(WARNED_KEY) or ("",))[0] != config.config_hash():
+        st.session_state[WARNED_KEY] = (config.config_hash(), warnings)
+        st.rerun()
+    st.session_state.pop(WARNED_KEY, None)
     st.session_state.pop(LOADED_KEY, None)
     run_id = data.submit_run(config)
     st.switch_page("views/run.py", query_params={"run": str(run_id)})

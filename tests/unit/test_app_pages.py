@@ -525,6 +525,29 @@ def test_negative_learning_rate_is_rejected_and_nothing_queued(settings: Setting
     assert queued_runs(sessions) == []
 
 
+def test_an_implausible_value_is_asked_about_once_then_started(settings: Settings,
+                                                                sessions: sessionmaker[Session]) -> None:
+    at = open_page("views/new_run.py")
+    at.number_input(key="train.lr").set_value(50.0)
+    start(at)
+    no_exception(at)
+    (warning,) = [w.value for w in at.warning if "Check before starting" in w.value]
+    assert "press Start again" in warning and "train.lr = 50.0: a learning rate above 1 usually diverges" in warning
+    assert queued_runs(sessions) == []
+    start(at)
+    assert [r["name"] for r in queued_runs(sessions)] == ["run"]
+
+
+def test_a_name_with_a_space_is_refused_in_words(settings: Settings, sessions: sessionmaker[Session]) -> None:
+    at = open_page("views/new_run.py")
+    at.text_input(key="name").input("my run")
+    start(at)
+    (error,) = refusals(at)
+    assert error == ("name = 'my run': use letters, digits, '.', '_' and '-', starting with a letter or digit "
+                     "(no spaces)")
+    assert "pattern" not in error
+
+
 def test_too_many_ranks_is_rejected_and_nothing_queued(settings: Settings, sessions: sessionmaker[Session]) -> None:
     at = open_page("views/new_run.py")
     at.number_input(key="launch.nproc_per_node").set_value(64)
