@@ -98,20 +98,52 @@ def wasted_seconds(attempts: Sequence[AttemptSpan], now: float | None = None) ->
     return wasted
 
 
-def eta_seconds(points: Sequence[tuple[int, float]], max_steps: int) -> float | None:
+@dataclass(frozen=True)
+class Eta:
+    """Seconds until the last step: the estimate, and the range the recent pace spans."""
+
+    seconds: float
+    low: float
+    high: float
+
+
+# The ETA looks at this many of the newest progress points, in this many equal parts for its range.
+ETA_WINDOW = 60
+ETA_PARTS = 4
+
+
+def eta_estimate(points: Sequence[tuple[int, float]], max_steps: int) -> Eta | None:
     """Seconds until ``max_steps`` from recent (step, wall_time) points of the current attempt.
 
-    Uses the rate over the newest points only, so the warm-up before them does not count.
-    Returns None until there are two points with progress between them.
+    The estimate is the average pace over the newest :data:`ETA_WINDOW` points, evaluations and
+    saves included (they recur, so they belong in the pace), which keeps it from swinging with
+    each pause; the warm-up before them does not count. The range comes from the fastest and
+    slowest of :data:`ETA_PARTS` consecutive parts of that window. None until there are two
+    points with progress between them.
     """
     if len(points) < 2:
         return None
-    pts = sorted(points)[-20:]
+    pts = sorted(points)[-ETA_WINDOW:]
     (s0, t0), (s1, t1) = pts[0], pts[-1]
     if s1 <= s0 or t1 <= t0:
         return None
-    rate = (s1 - s0) / (t1 - t0)
-    return max(0.0, (max_steps - s1) / rate)
+    left = max(0, max_steps - s1)
+    eta = left / ((s1 - s0) / (t1 - t0))
+    rates = []
+    size = max(1, (len(pts) - 1) // ETA_PARTS)
+    for i in range(0, len(pts) - 1, size):
+        (a, ta), (b, tb) = pts[i], pts[min(i + size, len(pts) - 1)]
+        if b > a and tb > ta:
+            rates.append((b - a) / (tb - ta))
+    low = left / max(rates) if rates else eta
+    high = left / min(rates) if rates else eta
+    return Eta(seconds=eta, low=min(low, eta), high=max(high, eta))
+
+
+def eta_seconds(points: Sequence[tuple[int, float]], max_steps: int) -> float | None:
+    """:func:`eta_estimate`'s estimate alone."""
+    eta = eta_estimate(points, max_steps)
+    return eta.seconds if eta is not None else None
 
 
 def young_daly_interval_s(checkpoint_cost_s: float, mtbf_s: float) -> float:

@@ -16,7 +16,7 @@ from typing_extensions import Unpack
 
 from db import metricstore
 from db.causes import INTERRUPTIONS, Cause
-from db.cost import AttemptSpan, cost_usd, default_prices, eta_seconds, wasted_seconds
+from db.cost import ETA_WINDOW, AttemptSpan, Eta, cost_usd, default_prices, eta_estimate, wasted_seconds
 from db.models import Attempt, Checkpoint, Event, PriceEntry, Run, RunStatusHistory, SchedulerHeartbeat
 from db.requests import RunNotFound
 from db.scheduler_file import read_scheduler_file
@@ -51,7 +51,7 @@ _ATTEMPT_COLUMNS = (
     Attempt.run_id, Attempt.number, Attempt.started_at, Attempt.ended_at, Attempt.first_step_at, Attempt.last_step,
     Attempt.resume_step, Attempt.cause,
 )
-ETA_POINTS = 20  # rank 0's newest loss points the ETA is projected from
+ETA_POINTS = ETA_WINDOW  # rank 0's newest loss points the ETA is projected from
 
 # A row of any columns (typing.Unpack is Python 3.11+; typing_extensions comes with pydantic); a run
 # as _run_summary reads it: an ORM Run, or a row of _RUN_COLUMNS.
@@ -108,12 +108,14 @@ def _run_summary(run: RunLike, attempts: list[AnyRow], written: dict[tuple[int, 
     step = (attempts[-1].last_step or attempts[-1].resume_step or 0) if attempts else 0
     status = RunStatus(run.status)
     eta: float | None
+    estimate: Eta | None = None
     if status is RunStatus.SUCCEEDED:
         eta = 0.0
-    elif status in TERMINAL or not attempts:
+    elif status in TERMINAL or not attempts or not run.max_steps:
         eta = None
     else:
-        eta = eta_seconds([(int(s), float(t)) for s, _, t in recent_loss], run.max_steps)
+        estimate = eta_estimate([(int(s), float(t)) for s, _, t in recent_loss], run.max_steps)
+        eta = estimate.seconds if estimate is not None else None
     spans = [(a.started_at, a.ended_at) for a in attempts]
     cost = cost_usd(spans, run.price_usd_per_hour, now)
     wasted = wasted_seconds(_attempt_spans(attempts, written), now) * run.price_usd_per_hour / 3600.0
@@ -139,6 +141,7 @@ def _run_summary(run: RunLike, attempts: list[AnyRow], written: dict[tuple[int, 
         "price_usd_per_hour": run.price_usd_per_hour,
         "price_unit": run.price_unit,
         "eta_s": eta,
+        "eta_range_s": (estimate.low, estimate.high) if estimate is not None else None,
         "parent_run_id": run.parent_run_id,
         "parent_step": run.parent_step,
         "resume_checkpoint_id": run.resume_checkpoint_id,

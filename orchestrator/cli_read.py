@@ -26,6 +26,7 @@ from orchestrator.cli_base import (
     open_existing,
     resolve_ref,
 )
+from orchestrator.format import eta_text
 
 
 def _status_filter(statuses: tuple[str, ...]) -> list[str]:
@@ -63,19 +64,21 @@ def ls(statuses: tuple[str, ...], as_json: bool) -> None:
         else:
             click.echo(f"no runs yet in {settings.home}; queue one with `runyard submit examples/digits.toml`")
         return
-    click.echo(f"{'ID':>5}  {'NAME':<20} {'STATUS':<10} {'STEP':>11} {'ELAPSED':>8} {'ETA':>7} {'COST':>9}")
+    click.echo(f"{'ID':>5}  {'NAME':<20} {'STATUS':<10} {'STEP':>11} {'ELAPSED':>8} {'ENDS':>5} {'COST':>9}")
     for r in runs:
         step = f"{r['step']}/{r['max_steps']}"
+        ends = eta_text(r["status"], r["eta_s"], None).split(" (")[0]
         click.echo(
             f"{r['id']:>5}  {r['name'][:20]:<20} {r['status']:<10} {step:>11} "
-            f"{fmt_duration(r['elapsed_s']):>8} {fmt_duration(r['eta_s']):>7} ${r['cost_usd']:>8.4f}"
+            f"{fmt_duration(r['elapsed_s']):>8} {ends:>5} ${r['cost_usd']:>8.4f}"
         )
 
 
 def _print_detail(d: dict[str, Any]) -> None:
     click.echo(f"run {d['id']}  {d['name']}  {d['status']}  ({d['status_reason']})")
+    ends = eta_text(d["status"], d["eta_s"], d.get("eta_range_s"))
     click.echo(f"  step {d['step']}/{d['max_steps']}  elapsed {fmt_duration(d['elapsed_s'])}  "
-               f"eta {fmt_duration(d['eta_s'])}  cost ${d['cost_usd']:.4f} ({d['price_unit']})")
+               f"ends {ends}  cost ${d['cost_usd']:.4f} ({d['price_unit']})")
     click.echo(f"  dir {d['run_dir']}")
     click.echo("  attempts:")
     for a in d["attempts"]:

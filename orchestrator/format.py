@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
+import time
+
+from db.states import TERMINAL, RunStatus
 
 STATUS_BADGE = {
     "QUEUED": ("gray", ":material/schedule:"),
@@ -48,3 +51,20 @@ def runyard_version() -> str:
         return version("runyard")
     except PackageNotFoundError:
         return "unknown (not installed)"
+
+
+def eta_text(status: str, eta_s: float | None, eta_range_s: tuple[float, float] | list[float] | None,
+             now: float | None = None, *, short: bool = False) -> str:
+    """The ETA as a person reads it: the time of day it ends, how long until then and the range
+    the recent pace spans (``14:05 (in 4m 10s, 3m 50s-4m 40s)``); ``-`` when it does not apply
+    (finished, queued, no pace yet, no total)."""
+    if eta_s is None or RunStatus(status) in TERMINAL:
+        return "–"
+    now = time.time() if now is None else now
+    at = dt.datetime.fromtimestamp(now + eta_s).strftime("%H:%M")
+    if short:
+        return f"{at} (in {duration(eta_s)})"
+    spread = ""
+    if eta_range_s is not None and duration(eta_range_s[0]) != duration(eta_range_s[1]):
+        spread = f", {duration(eta_range_s[0])}–{duration(eta_range_s[1])}"
+    return f"{at} (in {duration(eta_s)}{spread})"

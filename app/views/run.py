@@ -24,7 +24,7 @@ from app.system import latest_window, summary_line, system_panels
 from db.config import ConfigError
 from db.requests import RequestRefused
 from db.states import TERMINAL, RunStatus
-from orchestrator.format import badge, clock, duration, usd
+from orchestrator.format import badge, clock, duration, eta_text, usd
 from orchestrator.logs import launcher_log, rank_log_files, tail
 
 CHART_ORDER = ["loss", "eval_accuracy", "eval_loss", "samples_per_s", "step_time"]
@@ -68,7 +68,9 @@ def header(d: dict) -> None:
                    icon=":material/refresh:")
     c = st.columns(6)
     c[0].metric("Elapsed", duration(d["elapsed_s"]))
-    c[1].metric("ETA", duration(d["eta_s"]))
+    ends = eta_text(d["status"], d["eta_s"], d["eta_range_s"])
+    c[1].metric("Ends at", ends.split(" (")[0], help=f"At the recent pace: {ends}; evaluations and saves included"
+                if ends != "–" else "Shown once the run has a pace and a total number of steps")
     c[2].metric("Cost so far", usd(d["cost_usd"]), help=d["price_unit"])
     c[3].metric("Attempts", d["attempt_count"])
     acc = d["metrics"].get("eval_accuracy", {}).get("0")

@@ -7,7 +7,7 @@ import streamlit as st
 
 from app import data
 from db.states import RunStatus
-from orchestrator.format import STATUS_BADGE, duration, usd
+from orchestrator.format import STATUS_BADGE, duration, eta_text, usd
 
 OPEN_RUN = "runs_open_run"
 # The status cell as a badge, in the Run page's badge colours: (background, text).
@@ -46,7 +46,7 @@ def runs_table() -> None:
             "progress": [r["progress"] for r in runs],
             "step": [f"{r['step']}/{r['max_steps']}" for r in runs],
             "elapsed": [duration(r["elapsed_s"]) for r in runs],
-            "ETA": [duration(r["eta_s"]) for r in runs],
+            "ends at": [eta_text(r["status"], r["eta_s"], r["eta_range_s"], short=True) for r in runs],
             "cost": [usd(r["cost_usd"]) for r in runs],
             "projected": [usd(r["cost_projected_usd"]) for r in runs],
             "attempts": [r["attempt_count"] for r in runs],

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import sysconfig
 import time
 from collections.abc import Iterator
@@ -227,7 +228,7 @@ def test_run_page_shows_header_progress_attempts_and_metrics(seeded: dict[str, i
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Eval accuracy"] == "0.875"
     assert metrics["Attempts"] == "1"
-    assert metrics["ETA"] != "–"  # a running run with progress has an estimate
+    assert re.fullmatch(r"\d\d:\d\d", metrics["Ends at"])  # a running run with progress: the time it ends
     attempts = at.dataframe[0].value
     assert attempts["attempt"].tolist() == [1]
     assert attempts["status"].tolist() == ["RUNNING"]
@@ -281,7 +282,7 @@ def test_finished_run_has_no_cancel_button(settings: Settings, sessions: session
     no_exception(at)
     assert "SUCCEEDED" in at.markdown[0].value
     assert at.progress[0].value == 100
-    assert {m.label: m.value for m in at.metric}["ETA"] == "0s"
+    assert {m.label: m.value for m in at.metric}["Ends at"] == "–"  # finished: nothing to project
     assert not at.button
 
 

@@ -189,3 +189,18 @@ def test_checkpoint_advice_without_step_time_still_gives_seconds(sessions: sessi
     assert advice["interval_s"] == pytest.approx(math.sqrt(2 * 0.5 * 3600))
     assert advice["interval_steps"] is None
     assert advice["missing"] == ["not enough steps yet to measure the step time"]
+
+
+def test_the_eta_keeps_its_pace_through_periodic_pauses_and_gives_a_range() -> None:
+    from db.cost import eta_estimate
+    # 10 steps/s, with a 5 s evaluation every 100 steps: the newest 20 points (one pause or
+    # none) would swing; the window of 60 averages the pauses in.
+    points, t = [], 0.0
+    for step in range(10, 1001, 10):
+        t += 1.0 + (5.0 if step % 100 == 0 else 0.0)
+        points.append((step, t))
+    before_pause = eta_estimate(points[:-1], 2000)
+    after_pause = eta_estimate(points, 2000)
+    assert before_pause is not None and after_pause is not None
+    assert after_pause.seconds == pytest.approx(before_pause.seconds, rel=0.1)
+    assert after_pause.low < after_pause.seconds < after_pause.high

@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from bench.bench_runs_list import seed_runs
 from db import metricstore, queries
 from db.config import RunConfig
-from db.cost import AttemptSpan, cost_usd, eta_seconds, wasted_seconds
+from db.cost import ETA_WINDOW, AttemptSpan, cost_usd, eta_estimate, wasted_seconds
 from db.models import Attempt, Checkpoint, Run
 from db.requests import Price, create_run
 from db.settings import Settings
@@ -45,13 +45,15 @@ def reference_summary(session: Session, run: Run, now: float) -> dict[str, Any]:
     step = (attempts[-1].last_step or attempts[-1].resume_step or 0) if attempts else 0
     status = RunStatus(run.status)
     eta: float | None
+    estimate = None
     if status is RunStatus.SUCCEEDED:
         eta = 0.0
-    elif status in TERMINAL or not attempts:
+    elif status in TERMINAL or not attempts or not run.max_steps:
         eta = None
     else:
-        rows = metricstore.recent(session, run.id, "loss", attempt=attempts[-1].number, rank=0, limit=20)
-        eta = eta_seconds([(int(s), float(t)) for s, _, t in rows], run.max_steps)
+        rows = metricstore.recent(session, run.id, "loss", attempt=attempts[-1].number, rank=0, limit=ETA_WINDOW)
+        estimate = eta_estimate([(int(s), float(t)) for s, _, t in rows], run.max_steps)
+        eta = estimate.seconds if estimate else None
     cost = cost_usd([(a.started_at, a.ended_at) for a in attempts], run.price_usd_per_hour, now)
     written = dict(session.execute(
         select(Checkpoint.attempt, func.max(Checkpoint.created_at)).where(Checkpoint.run_id == run.id)
@@ -72,7 +74,8 @@ def reference_summary(session: Session, run: Run, now: float) -> dict[str, Any]:
         "elapsed_s": ((run.ended_at or now) - run.started_at) if run.started_at else None,
         "attempt_count": len(attempts), "cost_usd": round(cost, 6), "cost_wasted_usd": round(wasted, 6),
         "cost_projected_usd": round(projected, 6), "price_usd_per_hour": run.price_usd_per_hour,
-        "price_unit": run.price_unit, "eta_s": eta, "parent_run_id": run.parent_run_id,
+        "price_unit": run.price_unit, "eta_s": eta,
+        "eta_range_s": (estimate.low, estimate.high) if estimate else None, "parent_run_id": run.parent_run_id,
         "parent_step": run.parent_step, "resume_checkpoint_id": run.resume_checkpoint_id,
         "retries_used": run.retries_used, "retry_at": run.retry_at,
     }
