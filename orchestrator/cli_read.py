@@ -26,6 +26,8 @@ from orchestrator.cli_base import (
     open_existing,
     resolve_ref,
 )
+from orchestrator.format import step_text
+from orchestrator.script_supervision import script_facts
 
 
 def _status_filter(statuses: tuple[str, ...]) -> list[str]:
@@ -65,7 +67,7 @@ def ls(statuses: tuple[str, ...], as_json: bool) -> None:
         return
     click.echo(f"{'ID':>5}  {'NAME':<20} {'STATUS':<10} {'STEP':>11} {'ELAPSED':>8} {'ETA':>7} {'COST':>9}")
     for r in runs:
-        step = f"{r['step']}/{r['max_steps']}"
+        step = step_text(r["step"], r["max_steps"])
         click.echo(
             f"{r['id']:>5}  {r['name'][:20]:<20} {r['status']:<10} {step:>11} "
             f"{fmt_duration(r['elapsed_s']):>8} {fmt_duration(r['eta_s']):>7} ${r['cost_usd']:>8.4f}"
@@ -74,9 +76,11 @@ def ls(statuses: tuple[str, ...], as_json: bool) -> None:
 
 def _print_detail(d: dict[str, Any]) -> None:
     click.echo(f"run {d['id']}  {d['name']}  {d['status']}  ({d['status_reason']})")
-    click.echo(f"  step {d['step']}/{d['max_steps']}  elapsed {fmt_duration(d['elapsed_s'])}  "
+    click.echo(f"  step {step_text(d['step'], d['max_steps'])}  elapsed {fmt_duration(d['elapsed_s'])}  "
                f"eta {fmt_duration(d['eta_s'])}  cost ${d['cost_usd']:.4f} ({d['price_unit']})")
     click.echo(f"  dir {d['run_dir']}")
+    for label, text in script_facts(d["config"], d["attempts"]):
+        click.echo(f"  {label}: {text}")
     click.echo("  attempts:")
     for a in d["attempts"]:
         click.echo(f"    #{a['number']} {a['status']:<9} exit {a['exit_code']!s:<4} "

@@ -38,3 +38,8 @@ def usd(x: float | None) -> str:
     if x is None:
         return "–"
     return f"${x:,.4f}" if x < 1 else f"${x:,.2f}"
+
+
+def step_text(step: int, total: int | None, sep: str = "/") -> str:
+    """``12/300``; just ``12`` when the total is not known (0: a script that gave none)."""
+    return f"{step}{sep}{total}" if total else f"{step}"
