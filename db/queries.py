@@ -220,6 +220,7 @@ def attempts_of(session: Session, run_id: int) -> list[dict[str, Any]]:
             "detected_at": a.detected_at,
             "detect_s": (a.detected_at - a.failed_at) if a.detected_at and a.failed_at else None,
             "retry_counted": a.retry_counted,
+            "watching": a.watching,
             "dir": a.dir,
         }
         for a in rows

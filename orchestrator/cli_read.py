@@ -26,7 +26,8 @@ from orchestrator.cli_base import (
     open_existing,
     resolve_ref,
 )
-from orchestrator.format import eta_text
+from orchestrator.format import eta_text, step_text
+from orchestrator.script_supervision import script_facts
 
 
 def _status_filter(statuses: tuple[str, ...]) -> list[str]:
@@ -66,7 +67,7 @@ def ls(statuses: tuple[str, ...], as_json: bool) -> None:
         return
     click.echo(f"{'ID':>5}  {'NAME':<20} {'STATUS':<10} {'STEP':>11} {'ELAPSED':>8} {'ENDS':>5} {'COST':>9}")
     for r in runs:
-        step = f"{r['step']}/{r['max_steps']}"
+        step = step_text(r["step"], r["max_steps"])
         ends = eta_text(r["status"], r["eta_s"], None).split(" (")[0]
         click.echo(
             f"{r['id']:>5}  {r['name'][:20]:<20} {r['status']:<10} {step:>11} "
@@ -77,9 +78,11 @@ def ls(statuses: tuple[str, ...], as_json: bool) -> None:
 def _print_detail(d: dict[str, Any]) -> None:
     click.echo(f"run {d['id']}  {d['name']}  {d['status']}  ({d['status_reason']})")
     ends = eta_text(d["status"], d["eta_s"], d.get("eta_range_s"))
-    click.echo(f"  step {d['step']}/{d['max_steps']}  elapsed {fmt_duration(d['elapsed_s'])}  "
+    click.echo(f"  step {step_text(d['step'], d['max_steps'])}  elapsed {fmt_duration(d['elapsed_s'])}  "
                f"ends {ends}  cost ${d['cost_usd']:.4f} ({d['price_unit']})")
     click.echo(f"  dir {d['run_dir']}")
+    for label, text in script_facts(d["config"], d["attempts"]):
+        click.echo(f"  {label}: {text}")
     click.echo("  attempts:")
     for a in d["attempts"]:
         click.echo(f"    #{a['number']} {a['status']:<9} exit {a['exit_code']!s:<4} "

@@ -68,3 +68,8 @@ def eta_text(status: str, eta_s: float | None, eta_range_s: tuple[float, float] 
     if eta_range_s is not None and duration(eta_range_s[0]) != duration(eta_range_s[1]):
         spread = f", {duration(eta_range_s[0])}–{duration(eta_range_s[1])}"
     return f"{at} (in {duration(eta_s)}{spread})"
+
+
+def step_text(step: int, total: int | None, sep: str = "/") -> str:
+    """``12/300``; just ``12`` when the total is not known (0: a script that gave none)."""
+    return f"{step}{sep}{total}" if total else f"{step}"

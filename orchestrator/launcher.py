@@ -78,7 +78,10 @@ def script_entry(config: RunConfig, resuming: bool = False) -> list[str]:
     """
     workload = config.workload
     target = ["-m", workload.module] if workload.module else [str(workload.script)]
-    args = [*target, *workload.args, *(workload.resume_args if resuming else ())]
+    # The ranks move into workdir themselves: runyard's own processes (the shim, torchrun's
+    # agent) run in the run's folder, where no module of the user's shadows runyard's packages.
+    workdir = ["--workdir", workload.workdir] if workload.workdir else []
+    args = [*workdir, *target, *workload.args, *(workload.resume_args if resuming else ())]
     if workload.python:
         return ["--no-python", workload.python, "-u", str(SCRIPT_RUNNER), *args]
     return ["-m", "trainer.script_runner", *args]

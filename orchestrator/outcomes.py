@@ -180,7 +180,9 @@ def _apply_retry_policy(session: Session, run: Run, attempt: Attempt, failure: F
         select(Attempt).where(Attempt.run_id == run.id, Attempt.number < attempt.number,
                               Attempt.cause.is_not(None)).order_by(Attempt.number)
     ).scalars().all()
-    outcome = lambda a: AttemptOutcome(a.number, Cause(a.cause), a.exception, a.last_step)  # noqa: E731
+    script = config.workload.kind == "script"
+    outcome = lambda a: AttemptOutcome(a.number, Cause(a.cause), a.exception, a.last_step,  # noqa: E731
+                                       steps_known=not script or a.first_step_at is not None)
     decision = decide(outcome(attempt), [outcome(a) for a in earlier], run.retries_used, config.retry,
                       attempt_config(run, attempt).train.model_dump())
     attempt.retry_counted = decision.counted

@@ -25,6 +25,9 @@ class AttemptOutcome:
     cause: Cause
     exception: str | None
     last_step: int | None  # the newest completed step (None: not one)
+    # False for a script that reports no step (no SDK, RUNYARD line, stdout_metrics match or
+    # TensorBoard scalar): its last_step None says nothing about how far it got.
+    steps_known: bool = True
 
 
 @dataclass(frozen=True)
@@ -78,7 +81,7 @@ def decide(
     if failed.cause is Cause.PREEMPTED:
         return Decision(True, "preempted (SIGTERM from outside): resuming; this does not use a retry",
                         delay_s=0.0, counted=False)
-    if failed.cause is Cause.USER_ERROR and failed.last_step is None:
+    if failed.cause is Cause.USER_ERROR and failed.last_step is None and failed.steps_known:
         return Decision(False, f"{failed.exception or 'an exception'} before the first step completed: "
                                "it would fail again; fix the code or the config, then resume")
     last = previous[-1] if previous else None
@@ -88,6 +91,9 @@ def decide(
             return Decision(False, f"the same disk error at the same step twice ({failed.exception} after step "
                                    f"{failed.last_step}) although there was room: a size limit or a quota; "
                                    "free space or raise the limit, then resume")
+        if failed.last_step is None and not failed.steps_known:
+            return Decision(False, f"the same exception twice ({failed.exception}; the script reports no step, so "
+                                   "runyard compares the exception alone): retrying cannot help")
         return Decision(False, f"the same exception at the same step twice ({failed.exception} after step "
                                f"{failed.last_step}): retrying cannot help")
     # The next attempt's halved micro-batch is derived from this cause when it starts

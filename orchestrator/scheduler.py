@@ -348,10 +348,11 @@ class Scheduler:
         ).to_env()
         if self.inventory.kind == "gpu":
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in devices)
+        # A script's ranks move into workload.workdir themselves (trainer/script_runner.py): a
+        # user's trainer.py there must not shadow runyard's packages in the shim and torchrun.
         cwd = Path(run.run_dir)
         if config.workload.kind == "script":
             env = {**script_env(config, os.environ), **env}
-            cwd = Path(config.workload.workdir or run.run_dir)
         try:
             argv = self.command(config, run.id, number, port, attempt_dir, resuming=attempt.resume_path is not None)
             launched = launch(argv, attempt_dir, cwd, env)

@@ -18,6 +18,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -54,6 +55,26 @@ def watching_words(watching: str | None, script: bool) -> str:
     if script:
         return "nothing yet: the script has reported no step and printed nothing; it is not judged hung until it does"
     return "the first step (start-up: supervision.startup_timeout_s)"
+
+
+def script_facts(config: dict[str, Any], attempts: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """How a script run runs, as (label, text) pairs for the Run page and ``runyard show``: its
+    working directory, its interpreter when it is not runyard's, and what the hang watchdog of
+    its newest attempt watches. Empty for the built-in workloads.
+
+    Args:
+        config: The run's config as stored (``run_detail``'s ``config``).
+        attempts: The run's attempts, oldest first (``run_detail``'s ``attempts``).
+    """
+    workload = config.get("workload", {})
+    if workload.get("kind") != "script":
+        return []
+    facts = [("working directory", str(workload.get("workdir") or "the run's folder"))]
+    if workload.get("python"):
+        facts.append(("python", str(workload["python"])))
+    if attempts:
+        facts.append(("hang watchdog watches", watching_words(attempts[-1].get("watching"), True)))
+    return facts
 
 
 class ScriptWatch:

@@ -160,7 +160,8 @@ def resolve_script(config: RunConfig, base: Path | None = None, *,
         else:
             python = update["python"] = str(python_path)
     if not problems and (workload.python is not None or workload.module is not None):
-        problems += _probe(python, workdir, workload.module, check_torch=workload.python is not None)
+        problems += _probe(python, workdir, workload.module, check_torch=workload.python is not None,
+                           given=workload.python)
     problems += check_patterns(workload.stdout_metrics)
     return config.model_copy(update={"workload": workload.model_copy(update=update)}), problems
 
@@ -209,22 +210,26 @@ if module:
 PROBE_TIMEOUT_S = 120.0
 
 
-def _probe(python: str, workdir: Path, module: str | None, *, check_torch: bool) -> list[str]:
-    """Problems with the ranks' interpreter and module, found by running the interpreter once."""
+def _probe(python: str, workdir: Path, module: str | None, *, check_torch: bool,
+           given: str | None = None) -> list[str]:
+    """Problems with the ranks' interpreter and module, found by running the interpreter once;
+    ``given`` is ``workload.python`` as written (a virtual environment's folder, say)."""
     field = "workload.python" if check_torch else "workload.module"
+    shown = repr(given) if given is not None and given != python else repr(python)
+    where = f" ({python})" if given is not None and given != python else ""
     try:
         done = subprocess.run([python, "-I", "-c", _PROBE, str(workdir), module or "", "1" if check_torch else "0"],
                               cwd=workdir, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
                               stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return [f"workload.python = {python!r}: could not run it ({exc})"]
+        return [f"workload.python = {shown}{where}: could not run it ({exc})"]
     out = done.stdout.strip().splitlines()
     last = out[-1] if out else ""
     if done.returncode != 0 or not out and module:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
         return [f"{field}: {python} did not run as a Python interpreter (exit {done.returncode}: {tail})"]
     if last.startswith("torch: "):
-        return [f"workload.python = {python!r}: it cannot import torch ({last[7:]}); install torch in that "
+        return [f"workload.python = {shown}{where}: it cannot import torch ({last[7:]}); install torch in that "
                 "environment, or leave workload.python out to use runyard's"]
     if last.startswith("module: "):
         return [f"workload.module = {module!r}: {last[8:]} in workload.workdir ({workdir}) or on the path of "

@@ -1,5 +1,6 @@
 """Entry point for your own script under torchrun:
-``torchrun ... -m trainer.script_runner SCRIPT ARGS...`` or ``... -m trainer.script_runner -m MODULE ARGS...``.
+``torchrun ... -m trainer.script_runner [--workdir DIR] SCRIPT ARGS...`` or
+``... -m trainer.script_runner [--workdir DIR] -m MODULE ARGS...``.
 
 The scheduler launches a ``kind = "script"`` workload through this module instead of handing
 SCRIPT to torchrun directly, so that the rank dies with torchrun's agent (trainer/pdeathsig.py)
@@ -52,11 +53,26 @@ def _yield_trainer_name() -> None:
         del sys.modules["trainer"]
 
 
+USAGE = "usage: python -m trainer.script_runner [--workdir DIR] SCRIPT|-m MODULE [ARGS...]"
+
+
 def main(argv: list[str]) -> None:
-    """Arm the parent-death signal, then run ``argv[0]`` (or ``-m MODULE``) with the rest as its
-    arguments."""
+    """Arm the parent-death signal, move into ``--workdir`` when given, then run ``argv[0]`` (or
+    ``-m MODULE``) with the rest as its arguments.
+
+    The scheduler starts torchrun (and so this runner) in the run's own folder and passes the
+    script's working directory here: with the user's folder as the working directory from the
+    start, ``python -m`` would put it first on the path of runyard's own processes, and a
+    ``trainer.py`` or ``db.py`` of the user's would shadow runyard's packages.
+    """
+    if argv[:1] == ["--workdir"]:
+        if len(argv) < 2:
+            print(USAGE, file=sys.stderr)
+            sys.exit(2)
+        os.chdir(argv[1])
+        argv = argv[2:]
     if not argv or (argv[0] == "-m" and len(argv) < 2):
-        print("usage: python -m trainer.script_runner SCRIPT|-m MODULE [ARGS...]", file=sys.stderr)
+        print(USAGE, file=sys.stderr)
         sys.exit(2)
     _pdeathsig().arm_under_agent()
     if argv[0] == "-m":

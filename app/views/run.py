@@ -24,8 +24,9 @@ from app.system import latest_window, summary_line, system_panels
 from db.config import ConfigError
 from db.requests import RequestRefused
 from db.states import TERMINAL, RunStatus
-from orchestrator.format import badge, clock, duration, eta_text, usd
+from orchestrator.format import badge, clock, duration, eta_text, step_text, usd
 from orchestrator.logs import launcher_log, rank_log_files, tail
+from orchestrator.script_supervision import script_facts
 
 CHART_ORDER = ["loss", "eval_accuracy", "eval_loss", "samples_per_s", "step_time"]
 TERMINAL_VALUES = {s.value for s in TERMINAL}
@@ -62,7 +63,12 @@ def header(d: dict) -> None:
     st.markdown(f"## #{d['id']} {d['name']} &nbsp; {badge(d['status'])}")
     if d["status_reason"]:
         st.caption(d["status_reason"])
-    st.progress(d["progress"], text=f"step {d['step']} / {d['max_steps']}")
+    st.progress(d["progress"], text=f"step {step_text(d['step'], d['max_steps'], ' / ')}")
+    facts = script_facts(d["config"], d["attempts"])
+    if facts:
+        # Paths as code (they may hold characters Markdown would read); the watchdog's sentence as text.
+        st.caption(" · ".join(f"**{label.capitalize()}**: "
+                              + (text if label == "hang watchdog watches" else f"`{text}`") for label, text in facts))
     if d["status"] == RunStatus.RETRYING and d["retry_at"]:
         st.warning(f"Retrying: next attempt at {clock(d['retry_at'])} (retries used: {d['retries_used']}).",
                    icon=":material/refresh:")

@@ -7,7 +7,7 @@ import streamlit as st
 
 from app import data
 from db.states import RunStatus
-from orchestrator.format import STATUS_BADGE, duration, eta_text, usd
+from orchestrator.format import STATUS_BADGE, duration, eta_text, step_text, usd
 
 OPEN_RUN = "runs_open_run"
 # The status cell as a badge, in the Run page's badge colours: (background, text).
@@ -44,7 +44,7 @@ def runs_table() -> None:
             "name": [r["name"] for r in runs],
             "status": [r["status"] for r in runs],
             "progress": [r["progress"] for r in runs],
-            "step": [f"{r['step']}/{r['max_steps']}" for r in runs],
+            "step": [step_text(r["step"], r["max_steps"]) for r in runs],
             "elapsed": [duration(r["elapsed_s"]) for r in runs],
             "ends at": [eta_text(r["status"], r["eta_s"], r["eta_range_s"], short=True) for r in runs],
             "cost": [usd(r["cost_usd"]) for r in runs],

@@ -307,6 +307,31 @@ def test_the_script_entry_runs_a_script_as_python_would(tmp_path: Path) -> None:
     assert json.loads(result.stdout) == {"name": "__main__", "argv": [str(script), "--steps", "5"], "value": 42}
 
 
+def test_the_script_entry_moves_into_the_workdir_after_runyards_imports(tmp_path: Path) -> None:
+    """The user's folder holds modules named like runyard's packages (minGPT's trainer.py, a
+    db.py): runyard's processes start elsewhere, and only the script sees the folder."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "trainer.py").write_text("OWN = True\n")
+    (work / "db.py").write_text("raise SystemExit('the user db.py was imported by runyard')\n")
+    (work / "pkg").mkdir()
+    (work / "pkg" / "__init__.py").write_text("")
+    (work / "pkg" / "train.py").write_text(textwrap.dedent("""
+        import json, os, trainer
+        print(json.dumps({"cwd": os.getcwd(), "own": getattr(trainer, "OWN", False)}))
+    """))
+    elsewhere = tmp_path / "run"
+    elsewhere.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    for target in (["-m", "pkg.train"], [str(work / "pkg" / "train.py")]):
+        result = subprocess.run([sys.executable, "-m", "trainer.script_runner", "--workdir", str(work), *target],
+                                capture_output=True, text=True, timeout=30, cwd=elsewhere, env=env, check=False)
+        assert result.returncode == 0, result.stderr
+        seen = json.loads(result.stdout)
+        assert seen["cwd"] == str(work)
+        assert seen["own"] is (target[0] == "-m")  # a script's folder (pkg/) has no trainer.py: runyard's
+
+
 def test_a_script_launch_goes_through_the_entry_module() -> None:
     from db.config import parse_config
     from orchestrator.launcher import torchrun_argv
@@ -314,6 +339,9 @@ def test_a_script_launch_goes_through_the_entry_module() -> None:
     config = parse_config({"workload": {"kind": "script", "script": "/abs/train.py", "args": ["--lr", "1"]}})
     argv = torchrun_argv(config, 1, 1, 29500, Path("/tmp/a"))
     assert argv[-5:] == ["-m", "trainer.script_runner", "/abs/train.py", "--lr", "1"]
+    config = parse_config({"workload": {"kind": "script", "module": "pkg.train", "workdir": "/w"}})
+    assert torchrun_argv(config, 1, 1, 29500, Path("/tmp/a"))[-5:] == [
+        "trainer.script_runner", "--workdir", "/w", "-m", "pkg.train"]
 
 
 # -- an agent killed from outside --------------------------------------------------------------

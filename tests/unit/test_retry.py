@@ -23,11 +23,22 @@ def outcome(cause: Cause, exception: str | None = None, last_step: int | None = 
     return AttemptOutcome(number, cause, exception, last_step)
 
 
+def plain(exception: str, number: int = 2) -> AttemptOutcome:
+    """A failed attempt of a script that reported no step."""
+    return AttemptOutcome(number, Cause.USER_ERROR, exception, None, steps_known=False)
+
+
 ROWS = [
     # (what happened, failed, previous, retries used, retry?, counted?, the reason says)
     ("a preemption never spends a retry", outcome(Cause.PREEMPTED), [], 3, True, False, "does not use a retry"),
     ("an exception before the first step recurs", outcome(Cause.USER_ERROR, RAISED, None), [], 0, False, True,
      "before the first step completed"),
+    # A script that reports no step: its last_step None is no "before the first step".
+    ("a plain script's first exception is retried", plain(RAISED), [], 0, True, True, "retry 1 of 3"),
+    ("a plain script's same exception twice stops", plain(RAISED), [plain(RAISED, 1)], 1, False, True,
+     "the same exception twice (ValueError: loss went NaN (at train.py:24 in step); the script reports no step"),
+    ("a plain script's other exception is retried", plain("KeyError: 'x' (at a.py:1 in f)"), [plain(RAISED, 1)], 1,
+     True, True, "retry 2 of 3"),
     ("a first exception after some steps is retried", outcome(Cause.USER_ERROR, RAISED, 120), [], 0, True, True,
      "retry 1 of 3"),
     ("the same exception at the same step twice stops", outcome(Cause.USER_ERROR, RAISED, 120),
