@@ -236,8 +236,11 @@ def test_ui_fork_that_changes_the_script_is_held_to_the_roots(sessions: sessionm
     with pytest.raises(ConfigError) as info:
         fork(sessions, settings, parent, 10, [f"workload.script={json.dumps(str(layout['outside'] / 'train.py'))}"],
              CPU2, roots=roots)
-    (problem,) = info.value.problems
-    assert field_of(problem) == "workload.script" and "is outside" in problem
+    # Judged as a new UI submission: the new script, and the parent's working directory (where
+    # the CLI submitted it, outside the UI's roots here) with it.
+    problems = {field_of(p): p for p in info.value.problems}
+    assert sorted(problems) == ["workload.script", "workload.workdir"]
+    assert all("is outside" in p for p in problems.values())
     with sessions() as s:
         assert [r["id"] for r in list_runs(s)] == [parent]
 

@@ -103,11 +103,11 @@ def test_a_symlink_out_of_the_workdir_is_left_out(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("pattern", "problem"), [
-    ("/etc/passwd", "workload.checkpoint_glob = '/etc/passwd' must be relative to the working directory"),
-    ("~/ckpt.pt", "must be relative to the working directory"),
-    ("../other/ckpt.pt", "workload.checkpoint_glob = '../other/ckpt.pt' must stay inside the working directory"),
-    ("out/../../x.pt", "must stay inside the working directory"),
-    ("", "workload.checkpoint_glob must be a non-empty path pattern"),
+    ("/etc/passwd", "workload.checkpoint_glob = '/etc/passwd' must be relative to workload.workdir"),
+    ("~/ckpt.pt", "must be relative to workload.workdir"),
+    ("../other/ckpt.pt", "workload.checkpoint_glob = '../other/ckpt.pt' must stay inside workload.workdir"),
+    ("out/../../x.pt", "must stay inside workload.workdir"),
+    ("", "workload.checkpoint_glob = '': empty; leave the key out instead"),
     (3, "not 3"),
 ])
 def test_bad_patterns_name_the_field_and_the_value(pattern: object, problem: str, tmp_path: Path) -> None:
