@@ -384,7 +384,8 @@ def live() -> None:
     metric_charts(d, series)
     st.subheader("Checkpoints")
     checkpoint_table(d)
-    checkpoint_advice(d["id"])
+    if d["attempts"]:  # advice about save intervals means nothing before the run has run
+        checkpoint_advice(d["id"])
     st.subheader("Attempts")
     attempts_table(d)
     events_list(d)
