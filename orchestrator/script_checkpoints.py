@@ -9,11 +9,12 @@ row, and the row of the version it replaced is marked deleted ("overwritten by t
 unless it was pinned (a pinned version's bytes were copied into the run's folder, out of the
 script's reach).
 
-The step of a version: the newest step the attempt had reported (``attempts.last_step``: the
-SDK, ``RUNYARD`` lines, ``stdout_metrics``, TensorBoard) when runyard first saw the file stable,
-within a tick or two of its writing; a file older than the attempt, or written before any step
-was reported, gets the step the attempt started from (0 from scratch). Steps lost by a failed
-attempt count from it.
+The step of a version: the newest step the attempt had reported (through the SDK, ``RUNYARD``
+lines, ``stdout_metrics`` or TensorBoard) at the file's modification time, i.e. the steps the
+script had completed when it saved; a printed line's time is when runyard read it (within a
+tick), so the step may lag the truth by the steps of a tick, never lead it. A file older than the
+attempt, or written before any step was reported, gets the step the attempt started from (0
+from scratch). Steps lost by a failed attempt count from it, and a resume from it says so.
 
 Before an attempt starts from such a version, :func:`resume_point` checks that the file is still
 that version (its size and modification time), falls back to the newest intact recorded version
@@ -30,11 +31,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from db.config import RunConfig, config_from_json
-from db.models import Attempt, Checkpoint, Event, Run
+from db.models import Attempt, Checkpoint, Event, MetricPoint, Run
 from db.requests import checkpoints_dir, keep_copy
 from db.scriptfiles import CopyRefused, copy_verified, is_version
 from orchestrator.scriptwatch.checkpoints import CheckpointFile
@@ -113,11 +114,15 @@ def known_versions(session: Session, run_id: int) -> list[Known]:
     return [Known(c.id, str(c.origin), c.path, c.bytes, c.file_mtime, bool(c.verified), bool(c.pinned)) for c in rows]
 
 
-def version_step(attempt: Attempt, mtime: float) -> int:
-    """The step a new version is recorded at (see the module's docstring)."""
-    if mtime >= attempt.started_at and attempt.last_step is not None:
-        return attempt.last_step
-    return attempt.resume_step or 0
+def version_step(session: Session, attempt: Attempt, mtime: float) -> int:
+    """The step a new version is recorded at: the newest step ``attempt`` reported at or before
+    ``mtime``, else the step it started from (see the module's docstring)."""
+    reported = None
+    if mtime >= attempt.started_at:
+        reported = session.scalar(select(func.max(MetricPoint.step)).where(
+            MetricPoint.run_id == attempt.run_id, MetricPoint.attempt == attempt.number,
+            MetricPoint.wall_time <= mtime))
+    return int(reported) if reported is not None else (attempt.resume_step or 0)
 
 
 def record_versions(session: Session, run: Run, attempt: Attempt, files: Sequence[CheckpointFile]) -> int:
@@ -129,10 +134,9 @@ def record_versions(session: Session, run: Run, attempt: Attempt, files: Sequenc
     plan = plan_versions(known, files, exists)
     now = time.time()
     session.flush()
-    session.refresh(attempt, ["last_step"])
     for f in plan.new:
         session.add(Checkpoint(
-            run_id=run.id, attempt=attempt.number, step=version_step(attempt, f.mtime), path=str(f.path),
+            run_id=run.id, attempt=attempt.number, step=version_step(session, attempt, f.mtime), path=str(f.path),
             origin=str(f.path), bytes=f.size, sha256=f.sha256 or "", params_digest="", metrics_json="{}",
             blocked_s=0.0, total_s=0.0, created_at=now, verified=f.sha256 is not None, pinned=False,
             deleted=False, source=SCRIPT, file_mtime=f.mtime,

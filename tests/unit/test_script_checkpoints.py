@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from db.config import parse_config
 from db.inventory import Inventory
+from db.metricstore import write_points
 from db.models import Attempt, Checkpoint, Event, Run
 from db.requests import RequestRefused, request_cancel, request_rerun, request_resume, set_pinned
 from db.scriptfiles import sha256_of
@@ -92,6 +93,13 @@ def add_attempt(session: Session, run_id: int, number: int, last_step: int | Non
     return attempt
 
 
+def report(session: Session, attempt: Attempt, step: int, at: float) -> None:
+    """The script reported ``step`` at ``at`` (a printed line runyard read)."""
+    points = [{"run_id": attempt.run_id, "attempt": attempt.number, "rank": 0, "step": step, "key": "loss",
+               "value": 1.0, "wall_time": at}]
+    write_points(session.connection(), points)
+
+
 def write(path: Path, data: bytes, mtime: float) -> None:
     path.write_bytes(data)
     os.utime(path, (mtime, mtime))
@@ -113,18 +121,20 @@ def test_versions_get_the_attempts_step_and_the_old_one_is_marked_overwritten(
     now = time.time()
     with sessions() as s:
         run = s.get(Run, run_id)
-        attempt = add_attempt(s, run_id, 1, last_step=250)
+        attempt = add_attempt(s, run_id, 1, last_step=None)
+        report(s, attempt, 249, now - 11)
         write(ckpt, b"v1" * 100, now - 10)
+        report(s, attempt, 250, now - 9)  # read after the save: not done at the save
         assert record_versions(s, run, attempt, look(ckpt)) == 1
         assert record_versions(s, run, attempt, look(ckpt)) == 0  # the same version, seen again
-        attempt.last_step = 500
+        report(s, attempt, 499, now - 6)
         write(ckpt, b"v2" * 120, now - 5)
         record_versions(s, run, attempt, look(ckpt))
         s.commit()
         first, second = rows(s, run_id)
-    assert (first.step, first.source, first.origin, first.verified) == (250, "script", str(ckpt), True)
+    assert (first.step, first.source, first.origin, first.verified) == (249, "script", str(ckpt), True)
     assert first.deleted and first.deleted_reason.startswith("overwritten by the script at ")
-    assert (second.step, second.deleted, second.sha256) == (500, False, sha256_of(ckpt))
+    assert (second.step, second.deleted, second.sha256) == (499, False, sha256_of(ckpt))
 
 
 def test_pinning_copies_the_file_out_of_the_scripts_reach(
@@ -156,10 +166,11 @@ def test_resume_checks_the_file_and_falls_back_to_the_newest_intact_version(
     ckpt = workdir / "out" / "ckpt.pt"
     with sessions() as s:
         run = s.get(Run, run_id)
-        attempt = add_attempt(s, run_id, 1, last_step=100)
+        attempt = add_attempt(s, run_id, 1, last_step=None)
+        report(s, attempt, 100, time.time() - 21)
         write(ckpt, b"a" * 100, time.time() - 20)
         record_versions(s, run, attempt, look(ckpt))
-        attempt.last_step = 200
+        report(s, attempt, 200, time.time() - 11)
         write(ckpt, b"b" * 200, time.time() - 10)
         record_versions(s, run, attempt, look(ckpt))
         s.commit()
@@ -184,13 +195,14 @@ def test_resume_from_a_pinned_older_version_puts_it_back_and_keeps_the_newer_one
     ckpt = workdir / "out" / "ckpt.pt"
     with sessions() as s:
         run = s.get(Run, run_id)
-        attempt = add_attempt(s, run_id, 1, last_step=100)
+        attempt = add_attempt(s, run_id, 1, last_step=None)
+        report(s, attempt, 100, time.time() - 21)
         write(ckpt, b"a" * 100, time.time() - 20)
         record_versions(s, run, attempt, look(ckpt))
         s.commit()
         older = rows(s, run_id)[0]
         set_pinned(s, run_id, 0, True, checkpoint_id=older.id)
-        attempt.last_step = 200
+        report(s, attempt, 200, time.time() - 11)
         write(ckpt, b"b" * 200, time.time() - 10)
         record_versions(s, run, attempt, look(ckpt))
         attempt.status = AttemptStatus.FAILED.value
