@@ -246,3 +246,36 @@ def test_rerun_queues_a_finished_script_run_without_a_checkpoint(
         run = s.get(Run, run_id)
         assert run.status == "QUEUED" and run.start_fresh and run.resume_checkpoint_id is None
         assert resume_point(s, run, 2) is None
+
+
+def test_a_file_adopted_through_the_sdk_is_a_script_checkpoint_a_retry_starts_from(
+        sessions: sessionmaker[Session], settings: Settings, workdir: Path) -> None:
+    from trainer.checkpoint.history import AdoptedFile, CheckpointHistory
+
+    run_id = script_run(sessions, settings, workdir)
+    ckpt = workdir / "out" / "ckpt.pt"
+    history = CheckpointHistory(run_id, 1, parse_config({}).checkpoint, manager=None)  # type: ignore[arg-type]
+    with sessions() as s:
+        add_attempt(s, run_id, 1, last_step=300, status=AttemptStatus.FAILED)
+        for step, data in ((100, b"a" * 10), (200, b"b" * 20)):
+            write(ckpt, data, time.time() - 300 + step)
+            st = ckpt.stat()
+            history.adopted(s.connection(), [AdoptedFile(str(ckpt), step, st.st_size, st.st_mtime, sha256_of(ckpt),
+                                                         0.01, time.time())])
+        s.commit()
+        first, second = rows(s, run_id)
+        assert first.deleted and "overwritten" in first.deleted_reason
+        assert (second.source, second.step, second.verified, second.sha256) == ("script", 200, True, sha256_of(ckpt))
+        chosen = resume_point(s, s.get(Run, run_id), 2)
+        assert chosen is not None and (chosen.path, chosen.step) == (str(ckpt), 200)
+
+
+def test_the_ranks_get_the_resume_path_and_its_step() -> None:
+    from trainer.context import RunContext, context_from_env
+
+    env = RunContext(run_id=1, attempt=2, db_url="sqlite://", run_dir=Path("/r"), attempt_dir=Path("/r/a/2"),
+                     resume_step=200, resume_path=Path("/w/out/ckpt.pt")).to_env()
+    assert (env["RUNYARD_RESUME_PATH"], env["RUNYARD_RESUME_STEP"]) == ("/w/out/ckpt.pt", "200")
+    assert "RUNYARD_RESUME_DIR" not in env
+    back = context_from_env(env)
+    assert (back.resume_path, back.resume_step, back.resume_dir) == (Path("/w/out/ckpt.pt"), 200, None)
