@@ -19,7 +19,15 @@ from db.config import RunConfig
 from db.engine import make_engine, make_sessionmaker
 from db.inventory import Inventory
 from db.metricstore import Series, choose_level, series
-from db.requests import RequestRefused, request_cancel, request_resume, request_stack_dump, set_pinned, set_prices
+from db.requests import (
+    RequestRefused,
+    request_cancel,
+    request_rerun,
+    request_resume,
+    request_stack_dump,
+    set_pinned,
+    set_prices,
+)
 from db.scheduler_file import read_scheduler_file
 from db.settings import Settings, load_settings
 from orchestrator.resources import detect_inventory
@@ -230,7 +238,10 @@ def submit_run(config: RunConfig) -> int:
 
 def cancel_run(run_id: int, mode: str = "cancel") -> str:
     with sessions()() as s:
-        message = request_cancel(s, run_id, who="ui", mode=mode)
+        try:
+            message = request_cancel(s, run_id, who="ui", mode=mode)
+        except RequestRefused as exc:  # a plain script without a checkpoint source cannot pause
+            return str(exc)
         s.commit()
     _changed()
     return message
@@ -264,17 +275,35 @@ def resume_run(run_id: int, checkpoint_id: int | None = None) -> str:
     return f"Run {run_id} queued to resume from step {step}."
 
 
-def pin_checkpoint(run_id: int, checkpoint_id: int, pinned: bool) -> None:
+def rerun_run(run_id: int) -> str:
+    """Queue a finished script run again in its folder, without a checkpoint; a sentence."""
     with sessions()() as s:
-        set_pinned(s, run_id, step=-1, pinned=pinned, checkpoint_id=checkpoint_id)
+        try:
+            message = request_rerun(s, run_id, who="ui")
+        except RequestRefused as exc:
+            return str(exc)
         s.commit()
     _changed()
+    return message
 
 
-def fork_run(run_id: int, step: int, overrides: list[str]) -> int:
+def pin_checkpoint(run_id: int, checkpoint_id: int, pinned: bool) -> str | None:
+    """Pin or unpin; a script's own file is copied first. Returns why it was refused, or None."""
+    with sessions()() as s:
+        try:
+            set_pinned(s, run_id, step=-1, pinned=pinned, checkpoint_id=checkpoint_id)
+        except RequestRefused as exc:
+            return str(exc)
+        s.commit()
+    _changed()
+    return None
+
+
+def fork_run(run_id: int, step: int, overrides: list[str], checkpoint_id: int | None = None) -> int:
     """Queue a new run from a checkpoint with changed settings (raises ConfigError, RequestRefused);
     a change of the script, its arguments or the text is held to :func:`launch_roots`."""
-    new_id = fork(sessions(), settings(), run_id, step, overrides, inventory(), roots=launch_roots())
+    new_id = fork(sessions(), settings(), run_id, step, overrides, inventory(), roots=launch_roots(),
+                  checkpoint_id=checkpoint_id)
     _changed()
     return new_id
 

@@ -220,8 +220,11 @@ class WorkloadConfig(_Section):
                                         json_schema_extra={"kinds": ["script"]})
     """The checkpoint files the script writes itself, relative to `workdir` (e.g.
     `out/ckpt.pt`, `snapshot.pt`, `checkpoints/*.pt`): runyard lists them with size, time and
-    sha256, and the next attempt (a retry, a resume, a fork) gets the chosen one as
-    `RUNYARD_RESUME_PATH` and `resume_args` (kind = "script")."""
+    sha256 (a file rewritten in place is a new version; the one it replaced is marked
+    overwritten), at the step the script had reported when it saved, and the next attempt (a
+    retry, a resume, a fork) gets the chosen one, checked to be still that version, as
+    `RUNYARD_RESUME_PATH`, at its place under `workdir`, with `resume_args`. Pinning one copies
+    it into the run's folder. With it, a plain script can be paused (kind = "script")."""
 
     resume_args: tuple[str, ...] = Field(
         default=(), strict=False, title="Resume arguments",

@@ -14,6 +14,8 @@ they agree because they take the names from here and nowhere else::
             config.json       the run config the ranks read
             checkpoints/step-<N>/{state.pt, manifest.json}
             checkpoints/superseded/attempt-<n>/step-<N>/   a lineage abandoned by a resume
+            checkpoints/script/<id>/<file>   a copy of a script's own checkpoint file (pinned, or
+                              kept aside before runyard put an older version back for a resume)
             attempts/<n>/
                 launch.json   the shim's pid and create time, then torchrun's (orchestrator/shim.py)
                 exit.json     torchrun's exit code, written by the shim when it ends
@@ -46,6 +48,7 @@ RUNS_DIR = "runs"
 CONFIG_FILE = "config.json"
 CHECKPOINTS_DIR = "checkpoints"
 SUPERSEDED_DIR = "superseded"
+SCRIPT_COPIES_DIR = "script"
 ATTEMPTS_DIR = "attempts"
 
 # -- a checkpoint's folder -------------------------------------------------------------------
@@ -89,6 +92,11 @@ class RunPaths:
 
     def attempt(self, number: int) -> AttemptPaths:
         return AttemptPaths(self.root / ATTEMPTS_DIR / str(number))
+
+    def script_copy(self, checkpoint_id: int, name: str) -> Path:
+        """Where the copy of a script's own checkpoint file (checkpoint row ``checkpoint_id``, file
+        name ``name``) lives, out of the script's reach: ``checkpoints/script/<id>/<name>``."""
+        return self.checkpoints / SCRIPT_COPIES_DIR / str(checkpoint_id) / name
 
 
 def superseded_dir(checkpoints: Path, attempt: int) -> Path:

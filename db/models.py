@@ -3,7 +3,7 @@ cost are plain arithmetic; the UI converts them to the person's clock."""
 
 from __future__ import annotations
 
-from sqlalchemy import Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint, true
+from sqlalchemy import Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint, false, true
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 
@@ -48,6 +48,8 @@ class Run(Base):
     resume_checkpoint_id: Mapped[int | None] = mapped_column(
         ForeignKey("checkpoints.id", ondelete="SET NULL", use_alter=True, name="fk_runs_resume_checkpoint")
     )
+    # A pending rerun request (`runyard rerun`): the next attempt starts without a checkpoint.
+    start_fresh: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
     attempts: Mapped[list[Attempt]] = relationship(
         back_populates="run", order_by="Attempt.number", cascade="all, delete-orphan"
@@ -205,10 +207,14 @@ class Checkpoint(Base):
     deleted_at: Mapped[float | None] = mapped_column(Float)
     deleted_reason: Mapped[str | None] = mapped_column(Text)
     # "runyard": written through runyard (the built-in workloads, the SDK), ``path`` its manifest;
-    # "script": a file the script wrote itself (workload.checkpoint_glob), ``path`` the file,
-    # ``sha256`` its contents' and ``file_mtime`` its modification time when hashed.
+    # "script": a file the script wrote itself (workload.checkpoint_glob, or adopted through the
+    # SDK's ``adopt_checkpoint``): ``origin`` the file the script wrote, ``path`` where this
+    # version's bytes are now (``origin`` itself, or its copy in the run's folder once pinned),
+    # ``bytes``, ``sha256`` and ``file_mtime`` that version's size, contents' hash and
+    # modification time. A file rewritten in place is a new row; the one it replaced is deleted.
     source: Mapped[str] = mapped_column(String(16), default="runyard", server_default="runyard")
     file_mtime: Mapped[float | None] = mapped_column(Float)
+    origin: Mapped[str | None] = mapped_column(Text)
 
 
 class Event(Base):

@@ -209,6 +209,7 @@ def attempts_of(session: Session, run_id: int) -> list[dict[str, Any]]:
             "devices": json.loads(a.devices_json or "[]"),
             "resume_step": a.resume_step,
             "resume_dir": a.resume_dir,
+            "resume_path": a.resume_path,
             "overrides": json.loads(a.overrides_json or "{}"),
             "cause": a.cause,
             "failed_rank": a.failed_rank,
@@ -349,6 +350,9 @@ def checkpoints_of(session: Session, run_id: int) -> list[dict[str, Any]]:
             "pinned": bool(c.pinned),
             "deleted": bool(c.deleted),
             "deleted_reason": c.deleted_reason,
+            "source": c.source,
+            "origin": c.origin,
+            "file_mtime": c.file_mtime,
         }
         for c in rows
     ]

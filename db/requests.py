@@ -12,9 +12,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from db import DatabaseError
-from db.config import RunConfig
+from db.config import RunConfig, config_from_json
 from db.layout import RunPaths, run_dir_name
 from db.models import Checkpoint, Event, PriceEntry, Run, RunStatusHistory
+from db.scriptfiles import CopyRefused, copy_verified
 from db.states import ACTIVE, TERMINAL, RunStatus, transition
 
 
@@ -27,6 +28,7 @@ class RequestRefused(DatabaseError):
     to do instead."""
 
 
+SCRIPT_SOURCE = "script"  # checkpoints.source of a file the script wrote itself
 
 
 def checkpoints_dir(run: Run) -> Path:
@@ -96,6 +98,7 @@ def request_cancel(session: Session, run_id: int, who: str = "user", mode: str =
     status = RunStatus(run.status)
     if status in TERMINAL:
         return f"run {run_id} is already {status.value}; nothing to cancel"
+    resume_from = pause_resume_point(session, run) if mode == "pause" and status is not RunStatus.CANCELLING else ""
     if status in (RunStatus.QUEUED, RunStatus.RETRYING):
         word = "paused" if mode == "pause" else "cancelled"
         moved = transition(session, run_id, RunStatus.CANCELLED, f"{word} by {who} before launch")
@@ -107,7 +110,41 @@ def request_cancel(session: Session, run_id: int, who: str = "user", mode: str =
     if not moved:
         return f"run {run_id} changed status meanwhile; look again with `runyard show {run_id}`"
     session.add(Event(run_id=run_id, at=time.time(), kind=mode, message=f"{mode} requested by {who}"))
-    return f"run {run_id}: {mode} requested"
+    return f"run {run_id}: {mode} requested" + (f"; {resume_from}" if resume_from else "")
+
+
+def pause_resume_point(session: Session, run: Run) -> str:
+    """For a pause: what Resume will start from, in words ("" when runyard's own checkpoints
+    apply). A plain script run without a checkpoint source cannot be paused.
+
+    Raises:
+        RequestRefused: the run is a script with no ``workload.checkpoint_glob`` and no checkpoint
+            written through the SDK: stopping it would leave nothing to resume from.
+    """
+    workload = config_from_json(run.config_json).workload
+    if workload.kind != "script":
+        return ""
+    sdk = session.scalar(select(Checkpoint.id).where(Checkpoint.run_id == run.id, Checkpoint.source != SCRIPT_SOURCE)
+                         .limit(1))
+    if sdk is not None:
+        return ""
+    newest = session.execute(
+        select(Checkpoint).where(Checkpoint.run_id == run.id, Checkpoint.source == SCRIPT_SOURCE,
+                                 Checkpoint.verified.is_(True), Checkpoint.deleted.is_(False))
+        .order_by(Checkpoint.file_mtime.desc(), Checkpoint.id.desc()).limit(1)
+    ).scalar_one_or_none()
+    if newest is not None:
+        return (f"Resume will start from {newest.origin or newest.path} as written at step {newest.step} "
+                f"(checkpoint {newest.id}); what the script did after it is redone")
+    if workload.checkpoint_glob:
+        return (f"no file matching workload.checkpoint_glob = {workload.checkpoint_glob!r} has been recorded yet: "
+                "Resume needs one; the script's files written before it stops are still recorded")
+    raise RequestRefused(
+        f"run {run.id} is a plain script with no checkpoint source: pausing would stop it with nothing to resume "
+        "from. Set workload.checkpoint_glob to the file(s) the script saves (with workload.resume_args if it needs "
+        "a flag to load them), or save through the SDK (run.save_checkpoint, or run.adopt_checkpoint for a file it "
+        f"writes itself). To stop it anyway: `runyard cancel {run.id}`; `runyard rerun {run.id}` starts it again "
+        "in its folder later")
 
 
 def request_stack_dump(session: Session, run_id: int) -> str:
@@ -168,6 +205,7 @@ def request_resume(
         )
     checkpoint = usable_checkpoint(session, run_id, step, checkpoint_id)
     run.resume_checkpoint_id = checkpoint.id
+    run.start_fresh = False
     run.retries_used = 0  # a person chose to go on: a fresh retry budget
     if not transition(session, run_id, RunStatus.QUEUED, f"resume from step {checkpoint.step} requested by {who}"):
         raise RequestRefused(f"run {run_id} changed status meanwhile; try again")
@@ -183,8 +221,75 @@ def set_pinned(session: Session, run_id: int, step: int, pinned: bool, checkpoin
     q = q.where(Checkpoint.id == checkpoint_id) if checkpoint_id is not None else q.where(Checkpoint.step == step)
     checkpoint = session.execute(q.order_by(Checkpoint.id.desc()).limit(1)).scalar_one_or_none()
     if checkpoint is None:
-        raise RequestRefused(f"run {run_id} has no checkpoint at step {step} (or it was deleted)")
+        what = f"checkpoint {checkpoint_id}" if checkpoint_id is not None else f"a checkpoint at step {step}"
+        raise RequestRefused(f"run {run_id} has no {what} (or it was deleted)")
+    if pinned:
+        pin_script_copy(session, checkpoint)
     checkpoint.pinned = pinned
+
+
+def pin_script_copy(session: Session, checkpoint: Checkpoint) -> None:
+    """A script's own checkpoint file is pinned by copying it into the run's folder, where the
+    script cannot overwrite it (sha256 verified; the row then points at the copy). Unpinning
+    leaves the copy. Runyard's own checkpoints need no copy.
+
+    Raises:
+        RequestRefused: the file is not the recorded, verified version any more.
+    """
+    if checkpoint.source != SCRIPT_SOURCE or checkpoint.path != checkpoint.origin:
+        return
+    if not checkpoint.verified:
+        raise RequestRefused(f"checkpoint {checkpoint.id} ({checkpoint.path}) is not verified yet (its sha256 is "
+                             "computed once the file stops changing); pin it in a moment")
+    try:
+        keep_copy(session, checkpoint)
+    except CopyRefused as exc:
+        raise RequestRefused(f"cannot pin checkpoint {checkpoint.id}: {exc}") from exc
+
+
+def keep_copy(session: Session, row: Checkpoint) -> None:
+    """Copy a script checkpoint version's bytes into its run's folder
+    (``checkpoints/script/<id>/<name>``, sha256 verified, atomically) and point the row at the copy.
+
+    Raises:
+        CopyRefused: the file is not the recorded version any more.
+    """
+    owner = session.get(Run, row.run_id)
+    if owner is None:
+        raise CopyRefused(f"run {row.run_id} of checkpoint {row.id} does not exist")
+    target = RunPaths(Path(owner.run_dir)).script_copy(row.id, Path(row.origin or row.path).name)
+    copy_verified(row.path, target, row.sha256, row.file_mtime)
+    row.path = str(target)
+
+
+def request_rerun(session: Session, run_id: int, who: str = "user") -> str:
+    """Queue a finished script run again without a checkpoint: a new attempt in the same working
+    directory, for a script that keeps its own state there. The caller commits.
+
+    Returns:
+        A sentence for the person.
+    """
+    run = session.get(Run, run_id)
+    if run is None:
+        raise RunNotFound(f"run {run_id} does not exist")
+    status = RunStatus(run.status)
+    if status not in TERMINAL:
+        raise RequestRefused(
+            f"run {run_id} is {status.value}: only a finished run can be rerun; stop it first "
+            f"(`runyard cancel {run_id}`) and rerun it once it is CANCELLED")
+    workload = config_from_json(run.config_json).workload
+    if workload.kind != "script":
+        raise RequestRefused(f"run {run_id} runs the built-in workload {workload.kind!r}, which keeps no state of its "
+                             f"own: resume it from a checkpoint (`runyard resume {run_id}`) or fork it instead")
+    run.resume_checkpoint_id = None
+    run.start_fresh = True
+    run.retries_used = 0
+    if not transition(session, run_id, RunStatus.QUEUED, f"rerun requested by {who}"):
+        raise RequestRefused(f"run {run_id} changed status meanwhile; try again")
+    where = workload.workdir or run.run_dir
+    message = f"rerun requested by {who}: a new attempt in {where}, without a checkpoint"
+    session.add(Event(run_id=run_id, at=time.time(), kind="rerun", message=message))
+    return f"run {run_id} queued to run again in {where} (no checkpoint: the script starts from its own state there)"
 
 
 def set_prices(session: Session, prices: dict[str, float]) -> None:

@@ -3,13 +3,15 @@
     runyard up [--host 127.0.0.1] [--port 8501]    scheduler + UI
     runyard submit CONFIG.toml [--set key=value]  queue a run, print its id
     runyard ls | show RUN | logs RUN | cancel RUN
-    runyard resume RUN [--step N] | fork RUN [--step N] [--set k=v] | pin RUN --step N
+    runyard resume RUN [--step N|--checkpoint ID] | rerun RUN | fork RUN [--step N|--checkpoint ID] [--set k=v]
+    runyard pin RUN (--step N|--checkpoint ID)
     runyard pause RUN | stacks RUN | metrics RUN --csv
     runyard import tensorboard LOGDIR [--name NAME]
     runyard scheduler | ui | token [--rotate] | db upgrade | info [--adopt-legacy] | config-reference
 
-The verbs live by group: cli_requests.py (submit, cancel, pause, stacks, resume, fork, pin),
-cli_read.py (ls, show, logs, metrics), cli_import.py (import), cli_ui.py (up, ui, scheduler, token), cli_info.py (info);
+The verbs live by group: cli_requests.py (submit, cancel, pause, stacks, resume, rerun, fork, pin),
+cli_read.py (ls, show, logs, metrics), cli_import.py (import), cli_ui.py (up, ui, scheduler, token),
+cli_info.py (info);
 cli_base.py holds what they share (the data-folder check, one-line errors, run references).
 
 Data lives under $RUNYARD_HOME (default: the per-user data folder, ~/.local/share/runyard on
@@ -30,7 +32,7 @@ from orchestrator.cli_base import (
 )
 from orchestrator.cli_import import import_
 from orchestrator.cli_read import logs, ls, metrics, show
-from orchestrator.cli_requests import cancel, fork, pause, pin, resume, stacks, submit
+from orchestrator.cli_requests import cancel, fork, pause, pin, rerun, resume, stacks, submit
 from orchestrator.cli_ui import scheduler, token, ui, up
 
 
@@ -48,7 +50,8 @@ def cli(verbose: bool) -> None:
 # -- the verbs, by group (cli_ui, cli_requests, cli_read) ---------------------------------------
 
 
-for _command in (scheduler, ui, up, token, submit, cancel, pause, stacks, resume, fork, pin, ls, show, logs, metrics):
+for _command in (scheduler, ui, up, token, submit, cancel, pause, stacks, resume, rerun, fork, pin, ls, show, logs,
+                 metrics):
     cli.add_command(_command)
 cli.add_command(import_)
 

@@ -75,6 +75,20 @@ def ls(statuses: tuple[str, ...], as_json: bool) -> None:
         )
 
 
+def checkpoint_line(c: dict[str, Any]) -> str:
+    """One checkpoint of ``runyard show``: id, step, attempt, size, flags, then for a script's own
+    file its sha256 (short), modification time and path, else the parameters' digest."""
+    flags = [f for f in ("verified", "pinned", "deleted") if c[f]]
+    reason = c["refused_reason"] or c["deleted_reason"] or ""
+    head = (f"    #{c['id']:<4} step {c['step']:<7} attempt {c['attempt']:<3} {c['bytes'] / 1e6:8.1f} MB  "
+            f"{','.join(flags):<16} ")
+    if c["source"] == "script":
+        where = c["origin"] + (f" (copy: {c['path']})" if c["path"] != c["origin"] else "")
+        return (head + f"script  sha256 {(c['sha256'] or '?')[:12]:<12}  {fmt_time(c['file_mtime'])}  {where}"
+                + (f"  {reason}" if reason else ""))
+    return head + f"runyard {c['params_digest'][:12]}  {reason}"
+
+
 def _print_detail(d: dict[str, Any]) -> None:
     click.echo(f"run {d['id']}  {d['name']}  {d['status']}  ({d['status_reason']})")
     ends = eta_text(d["status"], d["eta_s"], d.get("eta_range_s"))
@@ -87,6 +101,8 @@ def _print_detail(d: dict[str, Any]) -> None:
     for a in d["attempts"]:
         click.echo(f"    #{a['number']} {a['status']:<9} exit {a['exit_code']!s:<4} "
                    f"{fmt_time(a['started_at'])} -> {fmt_time(a['ended_at'])}  {a['reason'] or ''}")
+        if a.get("resume_path"):
+            click.echo(f"       started from {a['resume_path']} (step {a['resume_step']})")
         if a["cause"]:
             click.echo(f"       cause {a['cause']}, rank {a['failed_rank']}, steps lost {a['steps_lost']}, "
                        f"detected after {fmt_duration(a['detect_s'])}")
@@ -95,10 +111,7 @@ def _print_detail(d: dict[str, Any]) -> None:
     if d["checkpoints"]:
         click.echo("  checkpoints:")
         for c in d["checkpoints"]:
-            flags = [f for f in ("verified", "pinned", "deleted") if c[f]]
-            reason = c["refused_reason"] or c["deleted_reason"] or ""
-            click.echo(f"    step {c['step']:<7} attempt {c['attempt']:<3} {c['bytes'] / 1e6:8.1f} MB  "
-                       f"{','.join(flags):<16} {c['params_digest'][:12]}  {reason}")
+            click.echo(checkpoint_line(c))
     if d["metrics"]:
         click.echo("  latest metrics:")
         for key, ranks in d["metrics"].items():

@@ -1,5 +1,5 @@
-"""The CLI's request verbs: ``submit``, ``cancel``, ``pause``, ``stacks``, ``resume``, ``fork``,
-``pin``. Each validates, writes a request into the database and prints what it did; the scheduler
+"""The CLI's request verbs: ``submit``, ``cancel``, ``pause``, ``stacks``, ``resume``, ``rerun``,
+``fork``, ``pin``. Each validates, writes a request into the database and prints what it did; the scheduler
 carries it out (the CLI never starts or signals a training process).
 """
 
@@ -49,12 +49,15 @@ def submit(config_file: Path, overrides: tuple[str, ...], as_json: bool) -> None
 
 
 def _stop_run(run: str, as_json: bool, mode: str) -> None:
-    from db.requests import request_cancel
+    from db.requests import RequestRefused, request_cancel
 
     sessions = open_sessions(load_settings())
     run_id = resolve_ref(sessions, run)
     with sessions() as session:
-        message = request_cancel(session, run_id, who="cli", mode=mode)
+        try:
+            message = request_cancel(session, run_id, who="cli", mode=mode)
+        except RequestRefused as exc:
+            fail(str(exc))
         session.commit()
     click.echo(json.dumps({"id": run_id, "message": message}) if as_json else message)
 
@@ -95,8 +98,10 @@ def stacks(run: str) -> None:
 @click.command(cls=RunyardCommand)
 @click.argument("run")
 @click.option("--step", type=COUNT, default=None, help="Checkpoint step (default: the newest verified one).")
+@click.option("--checkpoint", "checkpoint_id", type=COUNT, default=None,
+              help="Checkpoint id (`runyard show RUN` lists them): a script's own file may have several at a step.")
 @click.option("--json", "as_json", is_flag=True)
-def resume(run: str, step: int | None, as_json: bool) -> None:
+def resume(run: str, step: int | None, checkpoint_id: int | None, as_json: bool) -> None:
     """Resume a finished run from one of its checkpoints (a new attempt of the same run)."""
     from db.requests import RequestRefused, request_resume
 
@@ -104,7 +109,7 @@ def resume(run: str, step: int | None, as_json: bool) -> None:
     run_id = resolve_ref(sessions, run)
     with sessions() as session:
         try:
-            chosen = request_resume(session, run_id, step, who="cli")
+            chosen = request_resume(session, run_id, step, who="cli", checkpoint_id=checkpoint_id)
         except RequestRefused as exc:
             fail(str(exc))
         session.commit()
@@ -116,10 +121,30 @@ def resume(run: str, step: int | None, as_json: bool) -> None:
 
 @click.command(cls=RunyardCommand)
 @click.argument("run")
+@click.option("--json", "as_json", is_flag=True)
+def rerun(run: str, as_json: bool) -> None:
+    """Run a finished script run again in its working directory, without a checkpoint (for a
+    script that keeps its own state there)."""
+    from db.requests import RequestRefused, request_rerun
+
+    sessions = open_sessions(load_settings())
+    run_id = resolve_ref(sessions, run)
+    with sessions() as session:
+        try:
+            message = request_rerun(session, run_id, who="cli")
+        except RequestRefused as exc:
+            fail(str(exc))
+        session.commit()
+    click.echo(json.dumps({"id": run_id, "message": message}) if as_json else message)
+
+
+@click.command(cls=RunyardCommand)
+@click.argument("run")
 @click.option("--step", type=COUNT, default=None, help="Checkpoint step of RUN (default: the newest verified one).")
+@click.option("--checkpoint", "checkpoint_id", type=COUNT, default=None, help="Checkpoint id of RUN instead of a step.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Changed setting, e.g. train.lr=0.0001.")
 @click.option("--json", "as_json", is_flag=True)
-def fork(run: str, step: int | None, overrides: tuple[str, ...], as_json: bool) -> None:
+def fork(run: str, step: int | None, checkpoint_id: int | None, overrides: tuple[str, ...], as_json: bool) -> None:
     """Start a new run from a checkpoint of RUN with changed settings; prints the new id."""
     from db.config import ConfigError
     from db.requests import RequestRefused
@@ -130,7 +155,8 @@ def fork(run: str, step: int | None, overrides: tuple[str, ...], as_json: bool) 
     sessions = open_sessions(settings)
     parent = resolve_ref(sessions, run)
     try:
-        new_id = fork_run(sessions, settings, parent, step, list(overrides), detect_inventory())
+        new_id = fork_run(sessions, settings, parent, step, list(overrides), detect_inventory(),
+                          checkpoint_id=checkpoint_id)
     except ConfigError as exc:
         click.echo(f"error: {exc}\nnothing was queued.", err=True)
         sys.exit(EXIT_USAGE)
@@ -141,19 +167,24 @@ def fork(run: str, step: int | None, overrides: tuple[str, ...], as_json: bool) 
 
 @click.command(cls=RunyardCommand)
 @click.argument("run")
-@click.option("--step", type=COUNT, required=True, help="Checkpoint step.")
+@click.option("--step", type=COUNT, default=None, help="Checkpoint step.")
+@click.option("--checkpoint", "checkpoint_id", type=COUNT, default=None, help="Checkpoint id instead of a step.")
 @click.option("--unpin", is_flag=True, help="Remove the pin instead.")
-def pin(run: str, step: int, unpin: bool) -> None:
-    """Pin a checkpoint so that retention never deletes it (or --unpin)."""
+def pin(run: str, step: int | None, checkpoint_id: int | None, unpin: bool) -> None:
+    """Pin a checkpoint so that retention never deletes it (or --unpin). A script's own checkpoint
+    file is copied into the run's folder, where the script cannot overwrite it."""
     from db.requests import RequestRefused, set_pinned
 
+    if step is None and checkpoint_id is None:
+        fail("name the checkpoint: --step N or --checkpoint ID (`runyard show RUN` lists them)")
     sessions = open_sessions(load_settings())
     run_id = resolve_ref(sessions, run)
     with sessions() as session:
         try:
-            set_pinned(session, run_id, step, not unpin)
+            set_pinned(session, run_id, step or 0, not unpin, checkpoint_id=checkpoint_id)
         except RequestRefused as exc:
             fail(str(exc))
         session.commit()
-    click.echo(f"run {run_id} step {step}: {'unpinned' if unpin else 'pinned'}")
+    what = f"checkpoint {checkpoint_id}" if checkpoint_id is not None else f"step {step}"
+    click.echo(f"run {run_id} {what}: {'unpinned' if unpin else 'pinned'}")
 

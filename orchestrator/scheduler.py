@@ -43,7 +43,7 @@ from db.requests import checkpoints_dir
 from db.scheduler_file import SchedulerFile
 from db.settings import Settings
 from db.states import ACTIVE, AttemptStatus, RunStatus, SignalSent, StopReason, attempt_transition, transition
-from orchestrator import OrchestratorError, watchdog
+from orchestrator import OrchestratorError, script_checkpoints, watchdog
 from orchestrator.failures import free_bytes, human_bytes
 from orchestrator.launcher import free_port, launch, script_env, torchrun_argv
 from orchestrator.outcomes import next_overrides, settle
@@ -320,6 +320,9 @@ class Scheduler:
         attempt_dir = RunPaths(Path(run.run_dir)).attempt(number).root
         port = free_port()
         resume_dir, resume_step = self._resume_point(session, run, number)
+        script_resume = script_checkpoints.resume_point(session, run, number) if resume_dir is None else None
+        if script_resume is not None:
+            resume_step = script_resume.step
         attempt = Attempt(
             run_id=run.id,
             number=number,
@@ -331,10 +334,12 @@ class Scheduler:
             started_at=time.time(),
             resume_dir=resume_dir,
             resume_step=resume_step,
+            resume_path=script_resume.path if script_resume is not None else None,
             overrides_json=json.dumps(overrides),
         )
         run.retry_at = None
         run.resume_checkpoint_id = None  # the request is consumed by this attempt
+        run.start_fresh = False
         session.add(attempt)
         # Commit before launching: a scheduler that dies right after the launch finds the row
         # and re-adopts the processes instead of launching the run a second time.
@@ -345,6 +350,7 @@ class Scheduler:
             run_id=run.id, attempt=number, db_url=self.settings.db_url, run_dir=Path(run.run_dir),
             attempt_dir=attempt_dir, resume_dir=Path(resume_dir) if resume_dir is not None else None,
             resume_step=resume_step, overrides=overrides,
+            resume_path=Path(attempt.resume_path) if attempt.resume_path is not None else None,
         ).to_env()
         if self.inventory.kind == "gpu":
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in devices)
@@ -384,6 +390,8 @@ class Scheduler:
         fork's origin; else from scratch. The trainer verifies it and falls back to an older
         checkpoint in the same folder if it is refused."""
         chosen: Checkpoint | None = None
+        if run.start_fresh:  # a rerun
+            return None, None
         if run.resume_checkpoint_id is not None:
             chosen = session.get(Checkpoint, run.resume_checkpoint_id)
         elif number > 1:
@@ -396,8 +404,8 @@ class Scheduler:
             ).scalar_one_or_none()
         elif run.parent_checkpoint_id is not None:
             chosen = session.get(Checkpoint, run.parent_checkpoint_id)
-        if chosen is None:
-            return None, None
+        if chosen is None or chosen.source == script_checkpoints.SCRIPT:
+            return None, None  # a script's own file: script_checkpoints.resume_point
         return str(Path(chosen.path).parent), chosen.step
 
     # -- supervision ----------------------------------------------------------------------

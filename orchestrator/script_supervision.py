@@ -4,9 +4,11 @@ One :class:`ScriptWatch` lives in the scheduler. For every live attempt of a scr
 an :class:`~orchestrator.scriptwatch.collector.AttemptCollector`: on each tick the new metric
 points (``RUNYARD`` lines, ``[workload.stdout_metrics]``, TensorBoard scalars, the wandb
 stand-in) go into the metric store and move the attempt's progress, and the script's output
-activity becomes what the hang watchdog watches for a script that reports no step. When the
-attempt ends, its logs are read to the end before the outcome is settled, so an attempt's last
-steps count.
+activity becomes what the hang watchdog watches for a script that reports no step. With
+``[workload] checkpoint_glob``, the script's own checkpoint files are listed too and recorded as
+checkpoint rows (orchestrator/script_checkpoints.py). When the attempt ends, its logs are read to
+the end and its files looked at until they are hashed before the outcome is settled, so an
+attempt's last steps and last checkpoint count.
 
 It keeps everything in memory: a scheduler restarted mid-run reads the logs again from the
 start, and the metric store keeps a point's first value, so nothing is counted twice.
@@ -24,6 +26,8 @@ from sqlalchemy.orm import Session
 
 from db.config import RunConfig
 from db.models import Attempt, Event, Run
+from orchestrator.script_checkpoints import record_versions
+from orchestrator.scriptwatch.checkpoints import CheckpointFiles
 from orchestrator.scriptwatch.collector import AttemptCollector, Collected, write
 from orchestrator.supervision import rank_processes
 
@@ -36,11 +40,15 @@ WATCH_OUTPUT = "output"
 PIDS_EVERY_S = 5.0
 # The final read of an ended attempt's logs: at most this many bounded reads.
 FINAL_READS = 64
+# The final looks at an ended attempt's checkpoint files: a file is hashed once it is unchanged at
+# two looks, within a bounded number of bytes a look.
+FINAL_LOOKS = 16
 
 
 @dataclass
 class _Watched:
     collector: AttemptCollector
+    checkpoints: CheckpointFiles | None = None
     pids_at: float = 0.0
     pids_known: bool = False
 
@@ -95,7 +103,8 @@ class ScriptWatch:
                 tensorboard_dirs=[workload.tensorboard_dir] if workload.tensorboard_dir else None,
                 since=attempt.started_at,
             )
-            watched = self._attempts[key] = _Watched(collector)
+            files = CheckpointFiles(workdir, [workload.checkpoint_glob]) if workload.checkpoint_glob else None
+            watched = self._attempts[key] = _Watched(collector, files)
         return watched
 
     def tick(self, session: Session, run: Run, attempt: Attempt, config: RunConfig) -> None:
@@ -110,6 +119,8 @@ class ScriptWatch:
             if pid_ranks:
                 watched.collector.set_pid_ranks(pid_ranks)
         self._store(session, run, attempt, config, watched.collector.collect())
+        if watched.checkpoints is not None:
+            record_versions(session, run, attempt, watched.checkpoints.scan())
 
     def finish(self, session: Session, run: Run, attempt: Attempt, config: RunConfig) -> None:
         """The attempt ended: read its logs to the end, store the rest, and forget it."""
@@ -119,6 +130,12 @@ class ScriptWatch:
             self._store(session, run, attempt, config, collected)
             if not collected.behind:
                 break
+        if watched.checkpoints is not None:
+            for _ in range(FINAL_LOOKS):  # nothing writes them any more: each look settles more
+                files = watched.checkpoints.scan()
+                record_versions(session, run, attempt, files)
+                if all(f.stable and f.sha256 is not None for f in files):
+                    break
         self.forget(run.id, attempt.number)
 
     def forget(self, run_id: int, attempt: int) -> None:

@@ -21,7 +21,7 @@ from db.cost import price_for
 from db.inventory import Inventory, check_fits
 from db.models import Event, Run
 from db.queries import price_table
-from db.requests import RunNotFound, create_run, usable_checkpoint
+from db.requests import RunNotFound, create_run, pin_script_copy, usable_checkpoint
 from db.settings import Settings
 from orchestrator.memory import check_memory
 from orchestrator.script_roots import ScriptRoots, changes_what_runs, refused_env, refused_paths, refused_python
@@ -262,10 +262,13 @@ def fork(
     inventory: Inventory,
     *,
     roots: ScriptRoots | None = None,
+    checkpoint_id: int | None = None,
 ) -> int:
-    """Queue a new run that starts from a checkpoint of ``parent_id`` with changed settings.
+    """Queue a new run that starts from a checkpoint of ``parent_id`` (``checkpoint_id``, else the
+    newest at ``step``, else the newest) with changed settings.
 
-    The parent's checkpoint is pinned so that retention never deletes the fork's origin.
+    The parent's checkpoint is pinned so that retention never deletes the fork's origin (a
+    script's own checkpoint file is copied into the parent's folder, out of the script's reach).
     With ``roots`` (a fork from the UI), a fork whose changes touch what runs (the script, its
     arguments, the text) is checked like a new UI submission; one that keeps them runs only
     what the parent was accepted to run.
@@ -278,13 +281,14 @@ def fork(
         parent = session.get(Run, parent_id)
         if parent is None:
             raise RunNotFound(f"run {parent_id} does not exist")
-        checkpoint = usable_checkpoint(session, parent_id, step)
+        checkpoint = usable_checkpoint(session, parent_id, step, checkpoint_id)
         data = json.loads(parent.config_json)
         data["name"] = f"{parent.name}-fork"[:100]
         changed = apply_overrides(data, overrides)
         config = validate(changed, inventory, roots=roots if changes_what_runs(data, changed) else None)
         price = price_for(config.launch.nproc_per_node, inventory, price_table(session))
         run = create_run(session, config, settings.runs_dir, price, parent=checkpoint)
+        pin_script_copy(session, checkpoint)
         checkpoint.pinned = True
         session.add(Event(run_id=run.id, at=run.created_at, kind="fork",
                           message=f"forked from run {parent_id} at step {checkpoint.step}"

@@ -27,6 +27,9 @@ class RunContext:
     resume_dir: Path | None = None
     resume_step: int | None = None
     overrides: dict = field(default_factory=dict)
+    # A file the script saved itself (workload.checkpoint_glob, or adopted through the SDK) that
+    # this attempt starts from; resume_step is then the step runyard recorded for it.
+    resume_path: Path | None = None
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -54,6 +57,10 @@ class RunContext:
         if self.resume_dir is not None and self.resume_step is not None:
             env["RUNYARD_RESUME_DIR"] = str(self.resume_dir)
             env["RUNYARD_RESUME_STEP"] = str(self.resume_step)
+        if self.resume_path is not None:
+            env["RUNYARD_RESUME_PATH"] = str(self.resume_path)
+            if self.resume_step is not None:
+                env["RUNYARD_RESUME_STEP"] = str(self.resume_step)
         return env
 
 
@@ -70,4 +77,5 @@ def context_from_env(environ: dict[str, str] | None = None) -> RunContext:
         resume_dir=Path(env["RUNYARD_RESUME_DIR"]) if env.get("RUNYARD_RESUME_DIR") else None,
         resume_step=int(env["RUNYARD_RESUME_STEP"]) if env.get("RUNYARD_RESUME_STEP") else None,
         overrides=json.loads(env.get("RUNYARD_CONFIG_OVERRIDES") or "{}"),
+        resume_path=Path(env["RUNYARD_RESUME_PATH"]) if env.get("RUNYARD_RESUME_PATH") else None,
     )

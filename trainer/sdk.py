@@ -178,6 +178,37 @@ class Run:
         self._checkpoints.save(step, state, metrics, defer_snapshot=defer_snapshot)
         self._step_reported(step)
 
+    def adopt_checkpoint(self, path: str | os.PathLike[str], step: int) -> None:
+        """Make a checkpoint file the script saved itself (``torch.save(ckpt, "out/ckpt.pt")``) the
+        run's checkpoint at ``step``, instead of saving the same state twice.
+
+        Call it on the rank that wrote the file (rank 0 usually; elsewhere it does nothing), after
+        the file is completely written. Not collective. Rank 0 hashes the file on the calling
+        thread (about a second a GB, from the page cache) and records it like
+        ``[workload] checkpoint_glob`` would (``source = "script"``): listed with size, time and
+        sha256, pinnable (the file is then copied out of the script's reach), and a file rewritten
+        in place is a new version. On a retry or a resume from it, :attr:`resume_path` names the
+        file to load (``RUNYARD_RESUME_PATH``) and :attr:`resume_step` its step; the script loads
+        it itself (:meth:`load_checkpoint` is for checkpoints saved with :meth:`save_checkpoint`).
+
+        Raises:
+            CheckpointError: the file changed while it was hashed (still being written).
+        """
+        self._checkpoints.adopt(Path(path).resolve(), step)
+        self._step_reported(step)
+
+    @property
+    def resume_path(self) -> Path | None:
+        """The script's own checkpoint file this attempt starts from (a retry, a resume or a fork
+        of a run whose checkpoints are files the script wrote: :meth:`adopt_checkpoint` or
+        ``[workload] checkpoint_glob``), or None. Load it as the script always does."""
+        return self.ctx.resume_path
+
+    @property
+    def resume_step(self) -> int | None:
+        """The step runyard recorded for :attr:`resume_path` (None when starting fresh)."""
+        return self.ctx.resume_step if self.ctx.resume_path is not None else None
+
     def load_checkpoint(self, state: dict[str, Any] | None = None) -> int:
         """Restore the checkpoint the scheduler chose for this attempt, if any.
 

@@ -264,21 +264,28 @@ def checkpoint_table(d: dict) -> None:
     for c in reversed(checkpoints):
         row = st.columns([1, 1, 2, 1, 3, 1, 2, 1])
         superseded = "/superseded/" in c["path"]
+        script = c["source"] == "script"
         row[0].write(f"{c['step']}" + (" (superseded)" if superseded else ""))
         row[1].write(str(c["attempt"]))
-        row[2].write(clock(c["created_at"]))
+        row[2].write(clock(c["file_mtime"] if script else c["created_at"]))
         row[3].write(f"{c['bytes'] / 1e6:.1f} MB")
-        row[4].write(", ".join(f"{k} {v:.4g}" for k, v in c["metrics"].items() if v is not None) or "–")
-        row[5].write("yes" if c["verified"] else f"no: {c['refused_reason']}")
+        if script:  # a file the script wrote itself: which one, and its hash
+            row[4].write(f"script's file `{c['origin']}`, sha256 {(c['sha256'] or 'pending')[:12]}"
+                         + (" (pinned copy)" if c["path"] != c["origin"] else ""))
+        else:
+            row[4].write(", ".join(f"{k} {v:.4g}" for k, v in c["metrics"].items() if v is not None) or "–")
+        row[5].write("yes" if c["verified"] else f"no: {c['refused_reason'] or 'being hashed'}")
         if row[6].button("Resume from here", key=f"resume-{c['id']}", icon=":material/replay:",
                          disabled=active or not c["verified"],
                          help="Cancel the run first" if active else f"New attempt from step {c['step']}"):
             st.toast(data.resume_run(d["id"], c["id"]))
             st.rerun()
         pinned = row[7].toggle("pin", value=c["pinned"], key=f"pin-{c['id']}",
-                               help="Pinned checkpoints are never deleted")
-        if pinned != c["pinned"]:
-            data.pin_checkpoint(d["id"], c["id"], pinned)
+                               help="Pinned checkpoints are never deleted" + (
+                                   "; the script's file is copied into the run's folder, out of its reach"
+                                   if script else ""))
+        if pinned != c["pinned"] and (refused := data.pin_checkpoint(d["id"], c["id"], pinned)):
+            st.error(refused)
     if deleted:
         st.caption(f"{deleted} older checkpoint(s) deleted by retention; `runyard show {d['id']}` lists them.")
 
@@ -320,12 +327,16 @@ def events_list(d: dict) -> None:
 
 
 def fork_form(d: dict) -> None:
-    usable = sorted({c["step"] for c in d["checkpoints"] if c["verified"] and not c["deleted"]}, reverse=True)
+    usable = sorted((c for c in d["checkpoints"] if c["verified"] and not c["deleted"]),
+                    key=lambda c: (c["step"], c["id"]), reverse=True)
     if not usable:
         return
+    labels = {c["id"]: f"step {c['step']}" + (f" ({c['origin']}, #{c['id']})" if c["source"] == "script" else "")
+              for c in usable}
     with st.form(f"fork-{d['id']}"):
         st.markdown("**Fork**: a new run that starts from a checkpoint of this one, with changed settings.")
-        step = st.selectbox("From checkpoint step", usable, key=f"fork-step-{d['id']}")
+        chosen = st.selectbox("From checkpoint", list(labels), format_func=labels.__getitem__,
+                              key=f"fork-step-{d['id']}")
         # A script run has no train.* settings (db/config.py refuses them): its example is one it uses.
         example = "checkpoint.keep_last=5" if d["config"]["workload"]["kind"] == "script" else "train.lr=0.0001"
         changes = st.text_area("Changed settings, one `key=value` per line", value=example,
@@ -333,7 +344,7 @@ def fork_form(d: dict) -> None:
         if st.form_submit_button("Fork", icon=":material/call_split:"):
             overrides = [line.strip() for line in changes.splitlines() if line.strip()]
             try:
-                new_id = data.fork_run(d["id"], int(step), overrides)
+                new_id = data.fork_run(d["id"], -1, overrides, checkpoint_id=int(chosen))
             except (ConfigError, RequestRefused) as exc:
                 st.error(str(exc))
             else:
@@ -361,6 +372,12 @@ def actions(d: dict) -> None:
         if cols[0].button("Resume", icon=":material/play_arrow:", type="primary", key=f"resume-latest-{d['id']}",
                           help="A new attempt from the newest verified checkpoint"):
             st.toast(data.resume_run(d["id"]))
+            st.rerun()
+    if status in TERMINAL_VALUES and d["config"]["workload"]["kind"] == "script":
+        if cols[1].button("Rerun", icon=":material/restart_alt:", key=f"rerun-{d['id']}",
+                          help="A new attempt in the same folder without a checkpoint: for a script that keeps "
+                               "its own state there"):
+            st.toast(data.rerun_run(d["id"]))
             st.rerun()
 
 

@@ -23,8 +23,9 @@ from torch import nn
 from torch.optim import Optimizer
 
 from db.layout import step_dir_name, superseded_dir
+from db.scriptfiles import sha256_of
 from trainer import rng
-from trainer.checkpoint.history import CheckpointHistory, event
+from trainer.checkpoint.history import AdoptedFile, CheckpointHistory, event
 from trainer.checkpoint.io import CheckpointError
 from trainer.checkpoint.manager import CheckpointManager, SaveResult
 
@@ -185,6 +186,24 @@ class Checkpointer:
         self._last_save = time.monotonic()
         self.last_saved = step
         return step
+
+    # -- a file the script saved itself ------------------------------------------------------
+
+    def adopt(self, path: Path, step: int) -> None:
+        """Rank 0: hash ``path`` (on this thread) and record it as this run's checkpoint at ``step``."""
+        if not self.info.is_main:
+            return
+        began = time.monotonic()
+        st = path.stat()
+        digest = sha256_of(path)
+        if (path.stat().st_size, path.stat().st_mtime) != (st.st_size, st.st_mtime):
+            raise CheckpointError(f"{path} changed while it was hashed: adopt it once it is completely written")
+        adopted = AdoptedFile(path=str(path), step=step, size=st.st_size, mtime=st.st_mtime, sha256=digest,
+                              hash_s=time.monotonic() - began, at=time.time())
+        logger.info("adopted %s as the checkpoint of step %d (%.1f MB, sha256 %s)", path, step, st.st_size / 1e6,
+                    digest[:12])
+        if self.writer is not None:
+            self.writer.put("adopted", adopted)
 
     # -- saving -----------------------------------------------------------------------------
 

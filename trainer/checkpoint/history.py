@@ -14,6 +14,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +22,25 @@ from sqlalchemy import Connection, insert, select, update
 
 from db.config import CheckpointConfig
 from db.models import Attempt, Checkpoint, Event
+from db.requests import SCRIPT_SOURCE
 from trainer.checkpoint.manager import CheckpointManager, SaveResult
 from trainer.checkpoint.retention import CheckpointInfo, select_kept
 from trainer.reporter import DatabaseWriter
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AdoptedFile:
+    """A checkpoint file the script wrote itself, hashed by rank 0 (``Run.adopt_checkpoint``)."""
+
+    path: str
+    step: int
+    size: int
+    mtime: float
+    sha256: str
+    hash_s: float
+    at: float
 
 
 class CheckpointHistory:
@@ -43,6 +58,7 @@ class CheckpointHistory:
         writer.register("resumed", self.resumed)
         writer.register("refused", self.refused)
         writer.register("moved", self.moved)
+        writer.register("adopted", self.adopted)
 
     # -- handlers (writer thread) -----------------------------------------------------------
 
@@ -68,6 +84,27 @@ class CheckpointHistory:
                 )
             )
         return self._apply_retention(conn, now)
+
+    def adopted(self, conn: Connection, files: list[AdoptedFile]) -> None:
+        """Record files the script saved itself and adopted (``Run.adopt_checkpoint``) as
+        ``source = "script"`` rows; an earlier version of the same file, rewritten in place, is
+        marked deleted unless it was pinned (then its bytes were copied away)."""
+        for f in files:
+            conn.execute(
+                update(Checkpoint)
+                .where(Checkpoint.run_id == self.run_id, Checkpoint.source == SCRIPT_SOURCE,
+                       Checkpoint.origin == f.path, Checkpoint.path == f.path, Checkpoint.deleted.is_(False),
+                       Checkpoint.pinned.is_(False))
+                .values(deleted=True, deleted_at=f.at, deleted_reason=f"overwritten by the script at step {f.step}")
+            )
+            conn.execute(
+                insert(Checkpoint).values(
+                    run_id=self.run_id, attempt=self.attempt, step=f.step, path=f.path, origin=f.path, bytes=f.size,
+                    sha256=f.sha256, params_digest="", metrics_json="{}", blocked_s=f.hash_s, total_s=f.hash_s,
+                    created_at=f.at, verified=True, pinned=False, deleted=False, source=SCRIPT_SOURCE,
+                    file_mtime=f.mtime,
+                )
+            )
 
     def events(self, conn: Connection, events: list[dict[str, Any]]) -> None:
         for e in events:

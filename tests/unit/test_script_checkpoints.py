@@ -1,0 +1,281 @@
+"""A script's own checkpoint files as checkpoint rows: versions of a file rewritten in place, the
+checks before an attempt starts from one, pinning by copy, pause and rerun of script runs."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from db.config import parse_config
+from db.inventory import Inventory
+from db.metricstore import write_points
+from db.models import Attempt, Checkpoint, Event, Run
+from db.requests import RequestRefused, request_cancel, request_rerun, request_resume, set_pinned
+from db.scriptfiles import sha256_of
+from db.settings import Settings
+from db.states import AttemptStatus, RunStatus, transition
+from orchestrator.script_checkpoints import Known, plan_versions, record_versions, resume_point
+from orchestrator.scriptwatch.checkpoints import CheckpointFile
+from orchestrator.submission import submit
+
+CPU2 = Inventory(kind="cpu", slots=2)
+
+
+def file(path: str, size: int, mtime: float, sha: str | None = "ab" * 32, stable: bool = True) -> CheckpointFile:
+    return CheckpointFile(Path(path), size, mtime, sha, stable)
+
+
+def known(id: int, origin: str, size: int, mtime: float, *, path: str | None = None, verified: bool = True,
+          pinned: bool = False) -> Known:
+    return Known(id, origin, path or origin, size, mtime, verified, pinned)
+
+
+# -- versions (pure) -------------------------------------------------------------------------
+
+
+def test_a_file_rewritten_in_place_is_a_new_version_and_supersedes_the_old_one() -> None:
+    plan = plan_versions([known(1, "/w/out/ckpt.pt", 100, 10.0)], [file("/w/out/ckpt.pt", 120, 20.0)])
+    assert [str(f.path) for f in plan.new] == ["/w/out/ckpt.pt"]
+    assert [row for row, _ in plan.overwritten] == [1]
+
+
+def test_the_same_version_is_recorded_once_and_verified_when_its_hash_is_known() -> None:
+    plan = plan_versions([known(1, "/w/s.pt", 100, 10.0, verified=False)], [file("/w/s.pt", 100, 10.0)])
+    assert plan.new == [] and plan.overwritten == []
+    assert plan.verified == [(1, "ab" * 32)]
+
+
+def test_a_file_still_being_written_is_not_recorded() -> None:
+    plan = plan_versions([], [file("/w/s.pt", 50, 30.0, sha=None, stable=False)])
+    assert plan.new == []
+
+
+def test_a_pinned_version_is_not_superseded_its_bytes_are_a_copy() -> None:
+    pinned = known(1, "/w/out/ckpt.pt", 100, 10.0, path="/runs/run-1/checkpoints/script/1/ckpt.pt", pinned=True)
+    plan = plan_versions([pinned], [file("/w/out/ckpt.pt", 120, 20.0)])
+    assert len(plan.new) == 1 and plan.overwritten == []
+
+
+def test_a_file_the_script_deleted_is_marked_removed() -> None:
+    plan = plan_versions([known(1, "/w/ckpts/a.pt", 100, 10.0), known(2, "/w/ckpts/b.pt", 100, 11.0)],
+                         [file("/w/ckpts/b.pt", 100, 11.0)])
+    assert plan.removed == [1]
+
+
+# -- with a database ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    folder = tmp_path / "work"
+    (folder / "out").mkdir(parents=True)
+    (folder / "train.py").write_text("print('hi')\n")
+    return folder
+
+
+def script_run(sessions: sessionmaker[Session], settings: Settings, workdir: Path, **workload: object) -> int:
+    config = parse_config({"name": "s", "workload": {"kind": "script", "script": str(workdir / "train.py"),
+                                                     "workdir": str(workdir), **workload}})
+    return submit(sessions, settings, config, CPU2)
+
+
+def add_attempt(session: Session, run_id: int, number: int, last_step: int | None,
+                status: AttemptStatus = AttemptStatus.RUNNING) -> Attempt:
+    attempt = Attempt(run_id=run_id, number=number, status=status.value, dir="/tmp/none", started_at=time.time() - 60,
+                      last_step=last_step)
+    session.add(attempt)
+    session.flush()
+    return attempt
+
+
+def report(session: Session, attempt: Attempt, step: int, at: float) -> None:
+    """The script reported ``step`` at ``at`` (a printed line runyard read)."""
+    points = [{"run_id": attempt.run_id, "attempt": attempt.number, "rank": 0, "step": step, "key": "loss",
+               "value": 1.0, "wall_time": at}]
+    write_points(session.connection(), points)
+
+
+def write(path: Path, data: bytes, mtime: float) -> None:
+    path.write_bytes(data)
+    os.utime(path, (mtime, mtime))
+
+
+def look(path: Path) -> list[CheckpointFile]:
+    st = path.stat()
+    return [CheckpointFile(path, st.st_size, st.st_mtime, sha256_of(path), True)]
+
+
+def rows(session: Session, run_id: int) -> list[Checkpoint]:
+    return list(session.scalars(select(Checkpoint).where(Checkpoint.run_id == run_id).order_by(Checkpoint.id)))
+
+
+def test_versions_get_the_attempts_step_and_the_old_one_is_marked_overwritten(
+        sessions: sessionmaker[Session], settings: Settings, workdir: Path) -> None:
+    run_id = script_run(sessions, settings, workdir, checkpoint_glob="out/ckpt.pt")
+    ckpt = workdir / "out" / "ckpt.pt"
+    now = time.time()
+    with sessions() as s:
+        run = s.get(Run, run_id)
+        attempt = add_attempt(s, run_id, 1, last_step=None)
+        report(s, attempt, 249, now - 11)
+        write(ckpt, b"v1" * 100, now - 10)
+        report(s, attempt, 250, now - 9)  # read after the save: not done at the save
+        assert record_versions(s, run, attempt, look(ckpt)) == 1
+        assert record_versions(s, run, attempt, look(ckpt)) == 0  # the same version, seen again
+        report(s, attempt, 499, now - 6)
+        write(ckpt, b"v2" * 120, now - 5)
+        record_versions(s, run, attempt, look(ckpt))
+        s.commit()
+        first, second = rows(s, run_id)
+    assert (first.step, first.source, first.origin, first.verified) == (249, "script", str(ckpt), True)
+    assert first.deleted and first.deleted_reason.startswith("overwritten by the script at ")
+    assert (second.step, second.deleted, second.sha256) == (499, False, sha256_of(ckpt))
+
+
+def test_pinning_copies_the_file_out_of_the_scripts_reach(
+        sessions: sessionmaker[Session], settings: Settings, workdir: Path) -> None:
+    run_id = script_run(sessions, settings, workdir, checkpoint_glob="out/ckpt.pt")
+    ckpt = workdir / "out" / "ckpt.pt"
+    with sessions() as s:
+        run = s.get(Run, run_id)
+        attempt = add_attempt(s, run_id, 1, last_step=100)
+        write(ckpt, b"old" * 50, time.time() - 10)
+        record_versions(s, run, attempt, look(ckpt))
+        s.commit()
+        row = rows(s, run_id)[0]
+        set_pinned(s, run_id, 0, True, checkpoint_id=row.id)
+        s.commit()
+        copy = Path(row.path)
+        assert copy != ckpt and copy.is_relative_to(Path(run.run_dir)) and row.pinned
+        assert sha256_of(copy) == row.sha256 and copy.stat().st_mtime == pytest.approx(row.file_mtime)
+        write(ckpt, b"new" * 70, time.time())  # the script writes over its file: the pinned copy stays
+        record_versions(s, run, attempt, look(ckpt))
+        s.commit()
+        old, new = rows(s, run_id)
+        assert not old.deleted and sha256_of(copy) == old.sha256 and new.origin == str(ckpt)
+
+
+def test_resume_checks_the_file_and_falls_back_to_the_newest_intact_version(
+        sessions: sessionmaker[Session], settings: Settings, workdir: Path) -> None:
+    run_id = script_run(sessions, settings, workdir, checkpoint_glob="out/ckpt.pt")
+    ckpt = workdir / "out" / "ckpt.pt"
+    with sessions() as s:
+        run = s.get(Run, run_id)
+        attempt = add_attempt(s, run_id, 1, last_step=None)
+        report(s, attempt, 100, time.time() - 21)
+        write(ckpt, b"a" * 100, time.time() - 20)
+        record_versions(s, run, attempt, look(ckpt))
+        report(s, attempt, 200, time.time() - 11)
+        write(ckpt, b"b" * 200, time.time() - 10)
+        record_versions(s, run, attempt, look(ckpt))
+        s.commit()
+        older, newer = rows(s, run_id)
+        # A resume names the older version, whose bytes the script overwrote (it was not pinned).
+        older.deleted = False
+        run.resume_checkpoint_id = older.id
+        chosen = resume_point(s, run, 2)
+        assert chosen is not None and (chosen.checkpoint_id, chosen.step, chosen.path) == (newer.id, 200, str(ckpt))
+        events = [e.message for e in s.scalars(select(Event).where(Event.run_id == run_id, Event.kind == "resume"))]
+        assert any("was overwritten by the script; starting from the newest recorded version" in m for m in events)
+        # Half-written now: neither version is the file on disk, so nothing is handed over.
+        with ckpt.open("ab") as f:
+            f.write(b"partial")
+        run.resume_checkpoint_id = None
+        assert resume_point(s, run, 2) is None
+
+
+def test_resume_from_a_pinned_older_version_puts_it_back_and_keeps_the_newer_one(
+        sessions: sessionmaker[Session], settings: Settings, workdir: Path) -> None:
+    run_id = script_run(sessions, settings, workdir, checkpoint_glob="out/ckpt.pt", resume_args=["--resume"])
+    ckpt = workdir / "out" / "ckpt.pt"
+    with sessions() as s:
+        run = s.get(Run, run_id)
+        attempt = add_attempt(s, run_id, 1, last_step=None)
+        report(s, attempt, 100, time.time() - 21)
+        write(ckpt, b"a" * 100, time.time() - 20)
+        record_versions(s, run, attempt, look(ckpt))
+        s.commit()
+        older = rows(s, run_id)[0]
+        set_pinned(s, run_id, 0, True, checkpoint_id=older.id)
+        report(s, attempt, 200, time.time() - 11)
+        write(ckpt, b"b" * 200, time.time() - 10)
+        record_versions(s, run, attempt, look(ckpt))
+        attempt.status = AttemptStatus.FAILED.value
+        transition(s, run_id, RunStatus.STARTING, "t")
+        transition(s, run_id, RunStatus.FAILED, "t")
+        s.commit()
+        assert request_resume(s, run_id, checkpoint_id=older.id) == 100
+        chosen = resume_point(s, run, 2)
+        s.commit()
+        newer = rows(s, run_id)[1]
+        assert chosen is not None and chosen.path == str(ckpt) and chosen.step == 100
+        assert ckpt.read_bytes() == b"a" * 100  # the chosen version is where the script looks
+        assert Path(newer.path) != ckpt and Path(newer.path).read_bytes() == b"b" * 200  # kept in the run's folder
+
+
+def test_pause_of_a_plain_script_without_a_checkpoint_source_is_refused(
+        sessions: sessionmaker[Session], settings: Settings, workdir: Path) -> None:
+    plain = script_run(sessions, settings, workdir)
+    with_glob = script_run(sessions, settings, workdir, checkpoint_glob="snapshot.pt")
+    with sessions() as s:
+        for run_id in (plain, with_glob):
+            transition(s, run_id, RunStatus.STARTING, "t")
+            transition(s, run_id, RunStatus.RUNNING, "t")
+        with pytest.raises(RequestRefused, match="no checkpoint source.*workload.checkpoint_glob.*SDK"):
+            request_cancel(s, plain, mode="pause")
+        assert s.get(Run, plain).status == "RUNNING"
+        message = request_cancel(s, with_glob, mode="pause")
+        assert "snapshot.pt" in message and s.get(Run, with_glob).status == "CANCELLING"
+        assert "cancel requested" in request_cancel(s, plain)  # cancel stays possible
+
+
+def test_rerun_queues_a_finished_script_run_without_a_checkpoint(
+        sessions: sessionmaker[Session], settings: Settings, workdir: Path) -> None:
+    run_id = script_run(sessions, settings, workdir, checkpoint_glob="out/ckpt.pt")
+    with sessions() as s:
+        transition(s, run_id, RunStatus.STARTING, "t")
+        with pytest.raises(RequestRefused, match="only a finished run can be rerun"):
+            request_rerun(s, run_id)
+        transition(s, run_id, RunStatus.FAILED, "t")
+        assert str(workdir) in request_rerun(s, run_id)
+        run = s.get(Run, run_id)
+        assert run.status == "QUEUED" and run.start_fresh and run.resume_checkpoint_id is None
+        assert resume_point(s, run, 2) is None
+
+
+def test_a_file_adopted_through_the_sdk_is_a_script_checkpoint_a_retry_starts_from(
+        sessions: sessionmaker[Session], settings: Settings, workdir: Path) -> None:
+    from trainer.checkpoint.history import AdoptedFile, CheckpointHistory
+
+    run_id = script_run(sessions, settings, workdir)
+    ckpt = workdir / "out" / "ckpt.pt"
+    history = CheckpointHistory(run_id, 1, parse_config({}).checkpoint, manager=None)  # type: ignore[arg-type]
+    with sessions() as s:
+        add_attempt(s, run_id, 1, last_step=300, status=AttemptStatus.FAILED)
+        for step, data in ((100, b"a" * 10), (200, b"b" * 20)):
+            write(ckpt, data, time.time() - 300 + step)
+            st = ckpt.stat()
+            history.adopted(s.connection(), [AdoptedFile(str(ckpt), step, st.st_size, st.st_mtime, sha256_of(ckpt),
+                                                         0.01, time.time())])
+        s.commit()
+        first, second = rows(s, run_id)
+        assert first.deleted and "overwritten" in first.deleted_reason
+        assert (second.source, second.step, second.verified, second.sha256) == ("script", 200, True, sha256_of(ckpt))
+        chosen = resume_point(s, s.get(Run, run_id), 2)
+        assert chosen is not None and (chosen.path, chosen.step) == (str(ckpt), 200)
+
+
+def test_the_ranks_get_the_resume_path_and_its_step() -> None:
+    from trainer.context import RunContext, context_from_env
+
+    env = RunContext(run_id=1, attempt=2, db_url="sqlite://", run_dir=Path("/r"), attempt_dir=Path("/r/a/2"),
+                     resume_step=200, resume_path=Path("/w/out/ckpt.pt")).to_env()
+    assert (env["RUNYARD_RESUME_PATH"], env["RUNYARD_RESUME_STEP"]) == ("/w/out/ckpt.pt", "200")
+    assert "RUNYARD_RESUME_DIR" not in env
+    back = context_from_env(env)
+    assert (back.resume_path, back.resume_step, back.resume_dir) == (Path("/w/out/ckpt.pt"), 200, None)
