@@ -23,6 +23,7 @@ import ipaddress
 import json
 import os
 import secrets
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -68,23 +69,29 @@ def read_token(path: Path) -> str | None:
 def ensure_token(path: Path) -> str:
     """The token in ``path``, created (mode 0600, never readable by others) when missing.
 
-    Creation uses ``O_EXCL``, so two processes starting together agree on one token. A token
-    file that others could read (an older install, a copy) is narrowed to 0600.
+    The token is written to a private temporary file and then linked into place, which fails if
+    the name exists: two processes starting together agree on one token, and neither can read
+    the other's file half-written (an ``O_EXCL`` create would be seen empty for a moment). A
+    token file that others could read (an older install, a copy) is narrowed to 0600.
     """
     token = read_token(path)
     if token is None:
         candidate = new_token()
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            token = read_token(path)
-            if token is None:  # an empty file left behind: replace it
-                return rotate_token(path)
-            return token
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.new")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w", encoding="ascii") as f:
             f.write(candidate + "\n")
             f.flush()
             os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            token = read_token(path)
+            if token is None:  # an empty file left behind by an older runyard: replace it
+                token = rotate_token(path)
+            return token
+        finally:
+            tmp.unlink(missing_ok=True)
         return candidate
     if path.stat().st_mode & 0o077:
         os.chmod(path, 0o600)
