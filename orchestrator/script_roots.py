@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from db.config import RunConfig
+from db.config import RunConfig, relative_path_problem
 
 ROOTS_ENV = "RUNYARD_SCRIPT_ROOTS"
 
@@ -44,11 +44,21 @@ PATH_FIELDS: tuple[str, ...] = ("workload.script", "workload.text", "workload.wo
 # parent already ran; new arguments count, since they turn an accepted script into a new command.
 LAUNCH_FIELDS: tuple[str, ...] = (
     "workload.kind", "workload.script", "workload.module", "workload.args", "workload.resume_args",
-    "workload.text", "workload.workdir", "workload.python", "workload.env",
+    "workload.text", "workload.workdir", "workload.python", "workload.env", "workload.tensorboard_dir",
+    "workload.checkpoint_glob",
 )
 
-# Variables that change which code a process loads: a UI submission may not set them.
-CODE_ENV = re.compile(r"^(LD_|DYLD_|PYTHON|BASH_ENV$|ENV$|PERL5|RUBY|NODE_OPTIONS$)")
+# The variables a UI submission may set for the ranks: tuning and logging knobs that load no
+# code. Anything else (LD_PRELOAD, PYTHONPATH, NCCL_NET_PLUGIN, TORCHINDUCTOR_CACHE_DIR, HOME,
+# PATH, ... can each make the ranks load code from elsewhere) needs the CLI. An allowlist, since
+# a blocklist of the ways to load code is never complete.
+UI_ENV = re.compile(
+    r"^(OMP_[A-Z_]+|MKL_[A-Z_]+|OPENBLAS_NUM_THREADS|KMP_[A-Z_]+|NCCL_DEBUG(_SUBSYS)?|NCCL_ASYNC_ERROR_HANDLING"
+    r"|NCCL_P2P_DISABLE|NCCL_IB_DISABLE|NCCL_SHM_DISABLE|NCCL_BLOCKING_WAIT|TORCH_NCCL_[A-Z_]+"
+    r"|TORCH_DISTRIBUTED_DEBUG|TORCH_CPP_LOG_LEVEL|TORCH_SHOW_CPP_STACKTRACES|TORCH_LOGS|CUDA_LAUNCH_BLOCKING"
+    r"|CUBLAS_WORKSPACE_CONFIG|PYTORCH_CUDA_ALLOC_CONF|TOKENIZERS_PARALLELISM|HF_HUB_OFFLINE|HF_DATASETS_OFFLINE"
+    r"|TRANSFORMERS_OFFLINE|WANDB_MODE|WANDB_SILENT|TF_CPP_MIN_LOG_LEVEL|PYTHONHASHSEED|PYTHONWARNINGS"
+    r"|RUNYARD_WANDB_SHIM)$")
 
 # Folder names that hold installed packages, wherever they are (another project's .venv too).
 PACKAGE_FOLDER_NAMES = frozenset({"site-packages", "dist-packages"})
@@ -207,10 +217,22 @@ def refused_python(config: RunConfig, roots: ScriptRoots, base: Path) -> str | N
 
 
 def refused_env(config: RunConfig) -> list[str]:
-    """``[workload.env]`` names a UI user may not set: those that change which code loads
-    (``LD_PRELOAD``, ``PYTHONPATH``, ``PYTHONSTARTUP``, ...)."""
-    return [f"workload.env.{name}: a variable that changes which code the ranks load cannot be set from the "
-            f"UI; {CLI_WAY}" for name in config.workload.env if CODE_ENV.match(name)]
+    """``[workload.env]`` names a UI user may not set: any but the tuning and logging knobs of
+    :data:`UI_ENV` (``LD_PRELOAD``, ``PYTHONPATH``, ``NCCL_NET_PLUGIN``, ``HOME``, ... can make the
+    ranks load code from elsewhere)."""
+    return [f"workload.env.{name}: the UI sets only thread, logging and debugging variables (OMP_*, NCCL_DEBUG, "
+            f"TORCH_LOGS, ...); {name} could make the ranks load code from elsewhere; {CLI_WAY}"
+            for name in config.workload.env if not UI_ENV.match(name)]
+
+
+def refused_tensorboard_dir(config: RunConfig) -> str | None:
+    """From the UI, ``workload.tensorboard_dir`` must lie inside the working directory (which
+    itself lies under the roots): an absolute folder would let the page read any event files."""
+    raw = config.workload.tensorboard_dir
+    if raw is None:
+        return None
+    problem = relative_path_problem("workload.tensorboard_dir", raw)
+    return f"{problem}; from the UI it must lie inside the working directory, or {CLI_WAY}" if problem else None
 
 
 def changes_what_runs(before: Mapping[str, Any], after: Mapping[str, Any]) -> bool:

@@ -24,7 +24,14 @@ from db.queries import price_table
 from db.requests import RunNotFound, create_run, pin_script_copy, usable_checkpoint
 from db.settings import Settings
 from orchestrator.memory import check_memory
-from orchestrator.script_roots import ScriptRoots, changes_what_runs, refused_env, refused_paths, refused_python
+from orchestrator.script_roots import (
+    ScriptRoots,
+    changes_what_runs,
+    refused_env,
+    refused_paths,
+    refused_python,
+    refused_tensorboard_dir,
+)
 from orchestrator.scriptwatch.lines import check_patterns
 
 
@@ -60,6 +67,8 @@ def validate(data: dict[str, Any], inventory: Inventory, *, roots: ScriptRoots |
         if (python_refused := refused_python(config, roots, Path.cwd())) is not None:
             refused["workload.python"] = python_refused
         problems += refused_env(config)
+        if (tb_refused := refused_tensorboard_dir(config)) is not None:
+            problems.append(tb_refused)
     problems += refused.values()
     if config.workload.kind == "script" and not refused.keys() & {"workload.script", "workload.workdir",
                                                                   "workload.python"}:

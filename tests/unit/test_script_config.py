@@ -130,8 +130,21 @@ def test_ui_refuses_a_python_outside_the_roots(project: Path) -> None:
     assert problem.startswith(f"workload.python = {sys.executable!r}") and "is outside" in problem, problem
 
 
-@pytest.mark.parametrize("name", ["LD_PRELOAD", "PYTHONPATH", "PYTHONSTARTUP"])
-def test_ui_refuses_env_that_changes_the_code_loaded(project: Path, name: str) -> None:
+@pytest.mark.parametrize("name", ["LD_PRELOAD", "PYTHONPATH", "PYTHONSTARTUP", "NCCL_NET_PLUGIN",
+                                  "TORCHINDUCTOR_CACHE_DIR", "HOME", "PATH"])
+def test_ui_refuses_env_that_could_change_the_code_loaded(project: Path, name: str) -> None:
     (problem,) = problems({"script": "train.py", "env": {name: "/tmp/x"}}, project, ui=True)
-    assert problem.startswith(f"workload.env.{name}: ") and "cannot be set from the UI" in problem, problem
+    assert problem.startswith(f"workload.env.{name}: the UI sets only") and "could make the ranks load code" in problem
     assert problems({"script": "train.py", "env": {name: "/tmp/x"}}, project) == []
+
+
+def test_ui_sets_thread_and_logging_variables(project: Path) -> None:
+    env = {"OMP_NUM_THREADS": "4", "NCCL_DEBUG": "INFO", "TORCH_LOGS": "+dynamo", "RUNYARD_WANDB_SHIM": "1"}
+    assert problems({"script": "train.py", "env": env}, project, ui=True) == []
+
+
+def test_ui_reads_event_files_only_inside_the_working_directory(project: Path) -> None:
+    (problem,) = problems({"script": "train.py", "tensorboard_dir": "/etc"}, project, ui=True)
+    assert problem.startswith("workload.tensorboard_dir = '/etc' must be relative") and "from the UI" in problem
+    assert problems({"script": "train.py", "tensorboard_dir": "runs/exp"}, project, ui=True) == []
+    assert problems({"script": "train.py", "tensorboard_dir": "/etc"}, project) == []  # the CLI may
