@@ -262,6 +262,17 @@ def keep_copy(session: Session, row: Checkpoint) -> None:
     row.path = str(target)
 
 
+IMPORTED_TAG = "imported"
+
+
+def imported(run: Run) -> bool:
+    """Whether ``run`` holds the metrics of a past run brought in by ``runyard import
+    tensorboard``: tagged so, and its "script" is the folder it was read from."""
+    config = config_from_json(run.config_json)
+    return (IMPORTED_TAG in config.tags and config.workload.script is not None
+            and not config.workload.script.endswith(".py"))
+
+
 def request_rerun(session: Session, run_id: int, who: str = "user") -> str:
     """Queue a finished script run again without a checkpoint: a new attempt in the same working
     directory, for a script that keeps its own state there. The caller commits.
@@ -281,6 +292,9 @@ def request_rerun(session: Session, run_id: int, who: str = "user") -> str:
     if workload.kind != "script":
         raise RequestRefused(f"run {run_id} runs the built-in workload {workload.kind!r}, which keeps no state of its "
                              f"own: resume it from a checkpoint (`runyard resume {run_id}`) or fork it instead")
+    if imported(run):
+        raise RequestRefused(f"run {run_id} was imported from {workload.script} (`runyard import tensorboard`): "
+                             "it holds past metrics and has no script to run")
     run.resume_checkpoint_id = None
     run.start_fresh = True
     run.retries_used = 0

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from db.config import RunConfig
 from db.layout import RunPaths
 from db.models import Attempt, Event
-from db.requests import Price, create_run
+from db.requests import IMPORTED_TAG, Price, create_run
 from db.states import AttemptStatus, RunStatus, attempt_transition, transition
 from orchestrator import OrchestratorError
 from orchestrator.scriptwatch import to_rows
@@ -54,7 +54,7 @@ def import_tensorboard(sessions: sessionmaker[Session], runs_dir: Path, logdir: 
     ranks = max(s.rank for s in first) + 1
     config = RunConfig.model_validate({
         "name": _name(name or logdir.name),
-        "tags": ["imported"],
+        "tags": [IMPORTED_TAG],
         "workload": {"kind": "script", "script": str(logdir), "tensorboard_dir": str(logdir)},
         "launch": {"nproc_per_node": ranks},
     })

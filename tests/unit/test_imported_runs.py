@@ -87,3 +87,15 @@ def test_a_script_run_says_where_it_runs_with_what_and_what_is_watched() -> None
     plain = dict(script_facts({"workload": {"kind": "script", "workdir": "/w"}}, [{"watching": None}]))
     assert "python" not in plain and plain["hang watchdog watches"].startswith("nothing yet")
     assert script_facts({"workload": {"kind": "mlp-digits"}}, []) == []
+
+
+def test_an_imported_run_cannot_be_rerun_or_resumed(settings: Settings, tmp_path: Path) -> None:
+    logdir = write_logdir(tmp_path / "old")
+    run_id = invoke("import", "tensorboard", str(logdir)).strip()
+    for verb in ("rerun", "resume"):
+        result = CliRunner().invoke(cli, [verb, run_id], catch_exceptions=False)
+        assert result.exit_code != 0, result.output
+    rerun = CliRunner().invoke(cli, ["rerun", run_id], catch_exceptions=False)
+    assert f"was imported from {logdir}" in rerun.output and "no script to run" in rerun.output
+    (listed,) = json.loads(invoke("ls", "--json"))
+    assert listed["status"] == "SUCCEEDED"  # nothing was queued
