@@ -280,14 +280,24 @@ def checkpoint_table(d: dict) -> None:
                          help="Cancel the run first" if active else f"New attempt from step {c['step']}"):
             st.toast(data.resume_run(d["id"], c["id"]))
             st.rerun()
-        pinned = row[7].toggle("pin", value=c["pinned"], key=f"pin-{c['id']}",
-                               help="Pinned checkpoints are never deleted" + (
-                                   "; the script's file is copied into the run's folder, out of its reach"
-                                   if script else ""))
-        if pinned != c["pinned"] and (refused := data.pin_checkpoint(d["id"], c["id"], pinned)):
-            st.error(refused)
+        row[7].toggle("pin", value=c["pinned"], key=f"pin-{c['id']}", on_change=pin_changed,
+                      args=(d["id"], c["id"], f"pin-{c['id']}"),
+                      help="Pinned checkpoints are never deleted" + (
+                          "; the script's file is copied into the run's folder, out of its reach" if script else ""))
+    refused = st.session_state.pop(f"pin-refused-{d['id']}", None)
+    if refused:
+        st.error(refused, icon=":material/error:")
     if deleted:
         st.caption(f"{deleted} older checkpoint(s) deleted by retention; `runyard show {d['id']}` lists them.")
+
+
+def pin_changed(run_id: int, checkpoint_id: int, key: str) -> None:
+    """The pin toggle moved: pin or unpin once; a refusal puts the toggle back (so the page does
+    not ask again on every refresh) and is shown once."""
+    refused = data.pin_checkpoint(run_id, checkpoint_id, bool(st.session_state[key]))
+    if refused:
+        st.session_state[key] = not st.session_state[key]
+        st.session_state[f"pin-refused-{run_id}"] = refused
 
 
 def checkpoint_advice(run_id: int) -> None:

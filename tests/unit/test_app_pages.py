@@ -848,3 +848,32 @@ def test_without_oidc_the_pages_show_at_once(seeded: dict[str, int]) -> None:
     no_exception(at)
     assert "Log in" not in [b.label for b in at.button]
     assert at.dataframe
+
+
+def test_the_pin_toggle_pins_once_and_a_refused_pin_springs_back(settings: Settings,
+                                                                 sessions: sessionmaker[Session]) -> None:
+    now = time.time()
+    with sessions() as s:
+        run_id = add_run(s, settings, "pins", RunStatus.CANCELLED)
+        add_attempt(s, run_id, 200, AttemptStatus.CANCELLED)
+        ours = Checkpoint(run_id=run_id, attempt=1, step=100, path="/c/step-100", bytes=10, sha256="0",
+                          params_digest="0", blocked_s=1.0, total_s=2.0, created_at=now)
+        gone = str(settings.home / "out" / "ckpt.pt")  # the script's file, no longer on disk
+        theirs = Checkpoint(run_id=run_id, attempt=1, step=200, path=gone, origin=gone, source="script", bytes=10,
+                            sha256="1" * 64, params_digest="", blocked_s=0.0, total_s=0.0, created_at=now,
+                            file_mtime=now)
+        s.add_all([ours, theirs])
+        s.commit()
+        ours_id, theirs_id = ours.id, theirs.id
+    at = open_page("views/run.py", run=str(run_id))
+    at.toggle(key=f"pin-{ours_id}").set_value(True).run()
+    no_exception(at)
+    at.toggle(key=f"pin-{theirs_id}").set_value(True).run()
+    no_exception(at)
+    (error,) = [e.value for e in at.error]
+    assert error.startswith(f"cannot pin checkpoint {theirs_id}")
+    assert at.toggle(key=f"pin-{theirs_id}").value is False  # back off: not asked again on each refresh
+    with sessions() as s:
+        assert (s.get(Checkpoint, ours_id).pinned, s.get(Checkpoint, theirs_id).pinned) == (True, False)
+    at.run()
+    assert not at.error
