@@ -204,8 +204,8 @@ def attempt_timeline(attempts: pd.DataFrame) -> alt.Chart:
             x2="end:T",
             y=alt.Y("attempt:O", title="attempt"),
             color=alt.Color("outcome:N", title="ended", scale=alt.Scale(
-                domain=["SUCCEEDED", "RUNNING", "CANCELLED", "PREEMPTED", "FAILED"],
-                range=["#2ca02c", "#1f77b4", "#7f7f7f", "#ff7f0e", "#d62728"])),
+                domain=["SUCCEEDED", "RUNNING", "PAUSED", "CANCELLED", "PREEMPTED", "FAILED"],
+                range=["#2ca02c", "#1f77b4", "#9467bd", "#7f7f7f", "#ff7f0e", "#d62728"])),
             tooltip=["attempt", "outcome", "cause", "steps", "reason"],
         )
         .properties(height=40 + 26 * len(attempts))

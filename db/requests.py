@@ -86,8 +86,8 @@ def request_cancel(session: Session, run_id: int, who: str = "user", mode: str =
 
     A queued or retrying run is cancelled at once (no process to stop); an active one moves to
     CANCELLING and the scheduler stops its processes: SIGTERM, the ranks finish the step and
-    write a checkpoint, SIGKILL after the grace period. A paused run ends CANCELLED with that
-    checkpoint, and Resume continues from it.
+    write a checkpoint, SIGKILL after the grace period. A paused run ends PAUSED with that
+    checkpoint, and Resume continues from it; cancelling a PAUSED run ends it CANCELLED.
 
     Returns:
         A sentence for the person saying what happened.
@@ -96,12 +96,19 @@ def request_cancel(session: Session, run_id: int, who: str = "user", mode: str =
     if run is None:
         raise RunNotFound(f"run {run_id} does not exist")
     status = RunStatus(run.status)
+    if status is RunStatus.PAUSED and mode == "cancel":
+        if not transition(session, run_id, RunStatus.CANCELLED, f"cancelled by {who} while paused",
+                          expect=RunStatus.PAUSED):
+            return f"run {run_id} changed status meanwhile; look again with `runyard show {run_id}`"
+        session.add(Event(run_id=run_id, at=time.time(), kind="cancel", message=f"cancelled by {who} while paused"))
+        return f"run {run_id} cancelled (it was paused; it can still be resumed from its checkpoints)"
     if status in TERMINAL:
-        return f"run {run_id} is already {status.value}; nothing to cancel"
+        return f"run {run_id} is already {status.value}; nothing to {mode}"
     resume_from = pause_resume_point(session, run) if mode == "pause" and status is not RunStatus.CANCELLING else ""
     if status in (RunStatus.QUEUED, RunStatus.RETRYING):
         word = "paused" if mode == "pause" else "cancelled"
-        moved = transition(session, run_id, RunStatus.CANCELLED, f"{word} by {who} before launch")
+        moved = transition(session, run_id, RunStatus.PAUSED if mode == "pause" else RunStatus.CANCELLED,
+                           f"{word} by {who} before launch")
     elif status in ACTIVE and status is not RunStatus.CANCELLING:
         run.stop_mode = mode
         moved = transition(session, run_id, RunStatus.CANCELLING, f"{mode} requested by {who}")
@@ -197,7 +204,7 @@ def request_resume(
     status = RunStatus(run.status)
     if status == RunStatus.CANCELLING:
         raise RequestRefused(
-            f"run {run_id} is being stopped (CANCELLING); wait until it is CANCELLED, then resume"
+            f"run {run_id} is being stopped (CANCELLING); wait until it is PAUSED or CANCELLED, then resume"
         )
     if status not in TERMINAL:
         raise RequestRefused(
@@ -287,7 +294,7 @@ def request_rerun(session: Session, run_id: int, who: str = "user") -> str:
     if status not in TERMINAL:
         raise RequestRefused(
             f"run {run_id} is {status.value}: only a finished run can be rerun; stop it first "
-            f"(`runyard cancel {run_id}`) and rerun it once it is CANCELLED")
+            f"(`runyard cancel {run_id}`) and rerun it once it is CANCELLED or PAUSED")
     workload = config_from_json(run.config_json).workload
     if workload.kind != "script":
         raise RequestRefused(f"run {run_id} runs the built-in workload {workload.kind!r}, which keeps no state of its "

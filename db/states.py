@@ -27,6 +27,7 @@ class RunStatus(str, enum.Enum):
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
+    PAUSED = "PAUSED"  # stopped with a last checkpoint, to be resumed: Resume continues from it
 
     def __str__(self) -> str:
         return self.value
@@ -37,7 +38,7 @@ class StopReason(str, enum.Enum):
     first two while a run is CANCELLING)."""
 
     CANCEL = "cancel"
-    PAUSE = "pause"  # cancel with the intent to resume: the run is CANCELLED, its Resume continues
+    PAUSE = "pause"  # stop with the intent to resume: the run is PAUSED, its Resume continues
     HANG = "hang"  # no progress: stacks saved, then killed
 
     def __str__(self) -> str:
@@ -69,20 +70,21 @@ class AttemptStatus(str, enum.Enum):
     FAILED = "FAILED"  # the launcher exited non-zero
     CRASHED = "CRASHED"  # the processes vanished without an exit code (killed, host reboot)
     CANCELLED = "CANCELLED"
+    PAUSED = "PAUSED"  # stopped by a pause, with its checkpoint
 
     def __str__(self) -> str:
         return self.value
 
 
 TERMINAL: frozenset[RunStatus] = frozenset(
-    {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED}
+    {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.PAUSED}
 )
 ACTIVE: frozenset[RunStatus] = frozenset(
     {RunStatus.STARTING, RunStatus.RUNNING, RunStatus.CANCELLING}
 )
 
 ALLOWED: dict[RunStatus, frozenset[RunStatus]] = {
-    RunStatus.QUEUED: frozenset({RunStatus.STARTING, RunStatus.CANCELLED}),
+    RunStatus.QUEUED: frozenset({RunStatus.STARTING, RunStatus.CANCELLED, RunStatus.PAUSED}),
     RunStatus.STARTING: frozenset(
         {RunStatus.RUNNING, RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.RETRYING,
          RunStatus.CANCELLING}
@@ -90,27 +92,31 @@ ALLOWED: dict[RunStatus, frozenset[RunStatus]] = {
     RunStatus.RUNNING: frozenset(
         {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.RETRYING, RunStatus.CANCELLING}
     ),
-    RunStatus.RETRYING: frozenset({RunStatus.STARTING, RunStatus.CANCELLED}),
+    RunStatus.RETRYING: frozenset({RunStatus.STARTING, RunStatus.CANCELLED, RunStatus.PAUSED}),
     RunStatus.CANCELLING: frozenset(
-        {RunStatus.CANCELLED, RunStatus.SUCCEEDED, RunStatus.FAILED}
+        {RunStatus.CANCELLED, RunStatus.PAUSED, RunStatus.SUCCEEDED, RunStatus.FAILED}
     ),
     # A finished run can be resumed from one of its checkpoints: it is queued again and its
     # next attempt starts from that checkpoint.
     RunStatus.SUCCEEDED: frozenset({RunStatus.QUEUED}),
     RunStatus.FAILED: frozenset({RunStatus.QUEUED}),
     RunStatus.CANCELLED: frozenset({RunStatus.QUEUED}),
+    # A paused run waits to be resumed, or is cancelled for good.
+    RunStatus.PAUSED: frozenset({RunStatus.QUEUED, RunStatus.CANCELLED}),
 }
 
 
 # An attempt is RUNNING from its launch until its processes are gone; then it ends once.
 ATTEMPT_ALLOWED: dict[AttemptStatus, frozenset[AttemptStatus]] = {
     AttemptStatus.RUNNING: frozenset(
-        {AttemptStatus.SUCCEEDED, AttemptStatus.FAILED, AttemptStatus.CRASHED, AttemptStatus.CANCELLED}
+        {AttemptStatus.SUCCEEDED, AttemptStatus.FAILED, AttemptStatus.CRASHED, AttemptStatus.CANCELLED,
+         AttemptStatus.PAUSED}
     ),
     AttemptStatus.SUCCEEDED: frozenset(),
     AttemptStatus.FAILED: frozenset(),
     AttemptStatus.CRASHED: frozenset(),
     AttemptStatus.CANCELLED: frozenset(),
+    AttemptStatus.PAUSED: frozenset(),
 }
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from db.settings import load_settings
+from db.states import TERMINAL
 from orchestrator.cli_base import (
     COUNT,
     EXIT_USAGE,
@@ -154,7 +155,7 @@ def _log_attempt(run_id: int, sources: dict[str, Any], status: str, attempt: int
         fail(f"--rank {rank}: run {run_id} has ranks 0 to {ranks - 1} (launch.nproc_per_node = {ranks})")
     attempts = sources["attempts"]
     if not attempts:
-        if follow and status not in ("SUCCEEDED", "FAILED", "CANCELLED"):
+        if follow and status not in {s.value for s in TERMINAL}:
             return None
         fail(f"run {run_id} has no attempts yet (it is {status}), so no logs; "
              f"`runyard logs {run_id} --follow` waits for them")

@@ -16,6 +16,7 @@ STATUS_BADGE = {
     "SUCCEEDED": ("green", ":material/check_circle:"),
     "FAILED": ("red", ":material/error:"),
     "CANCELLED": ("gray", ":material/cancel:"),
+    "PAUSED": ("violet", ":material/pause_circle:"),
 }
 
 

@@ -84,8 +84,8 @@ def settle(session: Session, run: Run, attempt: Attempt, exited: dict | None, no
 
     if attempt.stop_reason in (StopReason.CANCEL, StopReason.PAUSE) or (
             RunStatus(run.status) is RunStatus.CANCELLING and exited is None):
-        attempt_transition(attempt, AttemptStatus.CANCELLED)
         mode = StopReason(attempt.stop_reason or StopReason.CANCEL)
+        attempt_transition(attempt, AttemptStatus.PAUSED if mode is StopReason.PAUSE else AttemptStatus.CANCELLED)
         ckpt = (f"last checkpoint at step {attempt.last_checkpoint_step}" if attempt.last_checkpoint_step
                 else "no checkpoint")
         how = "with a checkpoint" if stopped else f"killed with {attempt.signal_sent or 'a signal'}"
@@ -93,7 +93,8 @@ def settle(session: Session, run: Run, attempt: Attempt, exited: dict | None, no
             attempt.reason = f"paused at step {attempt.last_step or 0} ({how}); {ckpt}; Resume continues from it"
         else:
             attempt.reason = f"cancelled at step {attempt.last_step or 0} ({how}); {ckpt}"
-        transition(session, run.id, RunStatus.CANCELLED, attempt.reason)
+        transition(session, run.id, RunStatus.PAUSED if mode is StopReason.PAUSE else RunStatus.CANCELLED,
+                   attempt.reason)
         _event(session, run, attempt, "info", attempt.reason)
         return
     shutdown_crash = died_after_finishing(run, attempt) if code and stopped is None and exited else None

@@ -12,7 +12,7 @@ from orchestrator.format import STATUS_BADGE, duration, eta_text, step_text, usd
 OPEN_RUN = "runs_open_run"
 # The status cell as a badge, in the Run page's badge colours: (background, text).
 BADGE_CSS = {"gray": ("#e8eaed", "#3c4043"), "blue": ("#d2e3fc", "#174ea6"), "orange": ("#feefc3", "#b06000"),
-             "green": ("#ceead6", "#0d652d"), "red": ("#fad2cf", "#a50e0e")}
+             "green": ("#ceead6", "#0d652d"), "red": ("#fad2cf", "#a50e0e"), "violet": ("#e9d7fe", "#5b2c99")}
 
 
 def status_css(status: str) -> str:

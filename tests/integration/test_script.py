@@ -123,8 +123,8 @@ def test_readme_stop_pattern_saves_the_step_it_pauses_at(product: Product) -> No
     product.start_scheduler()
     product.wait_step(run_id, 150)
     product.cli("pause", str(run_id))
-    detail = product.wait_status(run_id, "CANCELLED", "FAILED", "SUCCEEDED", timeout=90)
-    assert detail["status"] == "CANCELLED", detail["status_reason"]
+    detail = product.wait_status(run_id, "PAUSED", "CANCELLED", "FAILED", "SUCCEEDED", timeout=90)
+    assert detail["status"] == "PAUSED", detail["status_reason"]
     (attempt,) = detail["attempts"]
     assert "with a checkpoint" in attempt["reason"], attempt["reason"]
     # The last checkpoint is the stop step itself, not the last multiple of 100.

@@ -184,7 +184,7 @@ def test_pause_needs_a_checkpoint_source_and_rerun_starts_again_in_the_folder(
     product.wait_for(with_glob, lambda d: any(c["verified"] for c in live_script_checkpoints(d)))
     accepted = product.cli("pause", str(with_glob)).stdout
     assert "Resume will start from" in accepted and str(glob_dir / "snapshot.pt") in accepted
-    assert product.wait_status(with_glob, "CANCELLED", "FAILED", "SUCCEEDED")["status"] == "CANCELLED"
+    assert product.wait_status(with_glob, "PAUSED", "CANCELLED", "FAILED", "SUCCEEDED")["status"] == "PAUSED"
     product.cli("resume", str(with_glob))
     resumed = product.wait_status(with_glob, "SUCCEEDED", "FAILED")
     assert resumed["status"] == "SUCCEEDED" and resumed["attempts"][1]["resume_path"] == str(glob_dir / "snapshot.pt")

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 
 SCRIPTS = ROOT / "tests" / "scripts"
 NANOGPT_LOSS = r"iter (?P<step>\d+): loss (?P<value>[\d.]+)"
-TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
+TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "PAUSED")
 
 
 def toml_value(value: object) -> str:
@@ -202,7 +202,7 @@ def test_mingpt_layout_uses_its_own_trainer_and_stops_with_a_checkpoint(product:
     paused = submit(product, "mingpt-pause", workload, checkpoint={"keep_last": 0})
     cancelled = submit(product, "mingpt-cancel", workload, checkpoint={"keep_last": 0})
     product.start_scheduler()
-    for run_id, verb, status in ((paused, "pause", "CANCELLED"), (cancelled, "cancel", "CANCELLED")):
+    for run_id, verb, status in ((paused, "pause", "PAUSED"), (cancelled, "cancel", "CANCELLED")):
         product.wait_step(run_id, 12)
         product.cli(verb, str(run_id))
         detail = product.wait_status(run_id, *TERMINAL, timeout=90)

@@ -178,6 +178,29 @@ def test_cancel_with_sigterm_is_enough_for_a_polite_process(sessions: sessionmak
     assert attempts(sessions, run_id)[0].signal_sent == "SIGTERM"
 
 
+def test_a_paused_run_is_paused_not_cancelled_and_can_be_resumed_or_cancelled(
+        sessions: sessionmaker[Session], settings: Settings) -> None:
+    running = queue(sessions, settings, "long")
+    waiting = queue(sessions, settings, "long", nproc=2)
+    scheduler = make_scheduler(sessions, settings)
+    scheduler.tick()
+    with sessions() as s:
+        assert request_cancel(s, running, mode="pause") == f"run {running}: pause requested"
+        request_cancel(s, waiting, mode="pause")  # queued: paused before launch
+        s.commit()
+    tick_until(scheduler, lambda: status(sessions, running) == "PAUSED")
+    assert status(sessions, waiting) == "PAUSED"
+    (attempt,) = attempts(sessions, running)
+    assert attempt.status == "PAUSED" and attempt.reason.startswith("paused at step")
+    with sessions() as s:
+        assert "cancelled (it was paused" in request_cancel(s, waiting)
+        assert "already PAUSED; nothing to pause" in request_cancel(s, running, mode="pause")
+        s.commit()
+    assert status(sessions, waiting) == "CANCELLED"
+    with sessions() as s:
+        assert "already CANCELLED" in request_cancel(s, waiting)
+
+
 def test_vanished_processes_are_recorded_as_crashed(sessions: sessionmaker[Session], settings: Settings) -> None:
     run_id = queue(sessions, settings, "long", retry={"max_retries": 0})
     scheduler = make_scheduler(sessions, settings)

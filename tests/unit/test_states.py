@@ -23,9 +23,11 @@ def _queued(sessions: sessionmaker[Session], settings: Settings) -> int:
 
 def test_status_names_are_the_documented_ones() -> None:
     assert [s.value for s in RunStatus] == [
-        "QUEUED", "STARTING", "RUNNING", "RETRYING", "CANCELLING", "SUCCEEDED", "FAILED", "CANCELLED",
+        "QUEUED", "STARTING", "RUNNING", "RETRYING", "CANCELLING", "SUCCEEDED", "FAILED", "CANCELLED", "PAUSED",
     ]
-    assert all(ALLOWED[s] == {RunStatus.QUEUED} for s in TERMINAL)  # only a resume leaves them
+    # Only a resume leaves a finished run; a paused one may also be cancelled for good.
+    assert all(ALLOWED[s] == {RunStatus.QUEUED} for s in TERMINAL if s is not RunStatus.PAUSED)
+    assert ALLOWED[RunStatus.PAUSED] == {RunStatus.QUEUED, RunStatus.CANCELLED}
 
 
 def test_happy_path_records_history_with_reasons(sessions: sessionmaker[Session], settings: Settings) -> None:
