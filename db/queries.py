@@ -260,6 +260,7 @@ def run_detail(session: Session, run_id: int) -> dict[str, Any]:
         a["next_first_step_at"] = b["first_step_at"]
         a["recovery_s"] = (b["first_step_at"] - a["failed_at"]) if b["first_step_at"] and a["failed_at"] else None
     detail["goodput"] = goodput(session, run, attempts)
+    detail["goodput_parts"] = goodput_parts(session, run, attempts) if detail["goodput"] is not None else None
     detail["metrics"] = latest_metrics(session, run_id)
     detail["checkpoints"] = checkpoints_of(session, run_id)
     detail["history"] = status_history(session, run_id)
@@ -325,6 +326,32 @@ def goodput(session: Session, run: Run, attempts: list[dict[str, Any]], now: flo
     if not count or wall <= 0:
         return None
     return min(1.0, steps * (total / count) / wall)
+
+
+def goodput_parts(session: Session, run: Run, attempts: list[dict[str, Any]],
+                  now: float | None = None) -> dict[str, float]:
+    """Where the run's time went besides its productive steps, as shares of the same wall time
+    :func:`goodput` divides by: ``startup`` (launch to first step of each attempt: imports,
+    rendezvous, data loading, compilation), ``checkpoints`` (the time the training loop was
+    blocked by saves), ``failures`` (failed attempts after their last checkpoint, and the
+    waits before retries) and ``other`` (evaluation, logging, slow steps: the rest)."""
+    now = time.time() if now is None else now
+    wall = sum((a["ended_at"] or now) - a["started_at"] for a in attempts)
+    wall += sum(b["started_at"] - (a["ended_at"] or b["started_at"]) for a, b in pairwise(attempts) if a["cause"])
+    if wall <= 0:
+        return {}
+    startup = sum(((a["first_step_at"] or a["ended_at"] or now) - a["started_at"]) for a in attempts)
+    blocked = float(session.scalar(select(func.coalesce(func.sum(Checkpoint.blocked_s), 0.0))
+                                   .where(Checkpoint.run_id == run.id)) or 0.0)
+    failures = sum(b["started_at"] - (a["ended_at"] or b["started_at"]) for a, b in pairwise(attempts) if a["cause"])
+    for a in attempts:
+        if a["cause"] and a["first_step_at"] is not None and a["ended_at"] is not None:
+            failures += max(0.0, a["ended_at"] - a["first_step_at"]) * (
+                (a["steps_lost"] or 0) / max(1, (a["last_step"] or 0) - (a["resume_step"] or 0)))
+    productive = (goodput(session, run, attempts, now) or 0.0) * wall
+    parts = {"startup": startup, "checkpoints": blocked, "failures": failures}
+    parts["other"] = max(0.0, wall - productive - sum(parts.values()))
+    return {key: min(1.0, value / wall) for key, value in parts.items()}
 
 
 def checkpoints_of(session: Session, run_id: int) -> list[dict[str, Any]]:

@@ -81,8 +81,13 @@ def header(d: dict) -> None:
     c[3].metric("Attempts", d["attempt_count"])
     acc = d["metrics"].get("eval_accuracy", {}).get("0")
     c[4].metric("Eval accuracy", f"{acc:.3f}" if acc is not None else "–")
+    parts = d.get("goodput_parts") or {}
+    named = {"startup": "start-up (launch to first step)", "checkpoints": "checkpoint saves",
+             "failures": "failures (work redone, waits before retries)", "other": "evaluation, logging, slow steps"}
+    split = "; ".join(f"{named[k]} {v:.0%}" for k, v in parts.items() if k in named)
     c[5].metric("Goodput", f"{d['goodput']:.0%}" if d["goodput"] is not None else "–",
-                help="Productive step time over the time the run held devices or waited to retry")
+                help="Productive step time over the time the run held devices or waited to retry"
+                     + (f". The rest: {split}. On a short run, start-up alone is a large share." if split else ""))
 
 
 def max_points(nproc: int) -> int:
