@@ -39,7 +39,7 @@ from db.config import RunConfig, config_from_json
 from db.inventory import Inventory
 from db.layout import SCHEDULER_LOCK_FILE, RunPaths
 from db.models import Attempt, Checkpoint, Event, Run, SchedulerHeartbeat
-from db.requests import checkpoints_dir
+from db.requests import checkpoints_dir, newest_intact
 from db.scheduler_file import SchedulerFile
 from db.settings import Settings
 from db.states import ACTIVE, AttemptStatus, RunStatus, SignalSent, StopReason, attempt_transition, transition
@@ -314,15 +314,20 @@ class Scheduler:
         if previous is not None and not self.sweeper.swept(session, run, previous.number, None, None):
             return  # an earlier attempt's process outlived SIGKILL: the run waits (the event says so)
         overrides = next_overrides(run, previous)
+        # The starting point first: placing a script's checkpoint copies files (gigabytes), and the
+        # write lock must not be held meanwhile, so what was written so far is committed and the
+        # run's rows are written after. A crash or a refused transition after a copy leaves at most
+        # an orphan copy or a file moved aside (script_checkpoints' docstring).
+        session.commit()
+        resume_dir, resume_step = self._resume_point(session, run, number)
+        script_resume = script_checkpoints.resume_point(session, run, number) if resume_dir is None else None
+        if script_resume is not None:
+            resume_step = script_resume.step
         if not transition(session, run.id, RunStatus.STARTING, f"launching attempt {number}", expect=expect):
             session.rollback()
             return
         attempt_dir = RunPaths(Path(run.run_dir)).attempt(number).root
         port = free_port()
-        resume_dir, resume_step = self._resume_point(session, run, number)
-        script_resume = script_checkpoints.resume_point(session, run, number) if resume_dir is None else None
-        if script_resume is not None:
-            resume_step = script_resume.step
         attempt = Attempt(
             run_id=run.id,
             number=number,
@@ -360,7 +365,8 @@ class Scheduler:
         if config.workload.kind == "script":
             env = {**script_env(config, os.environ), **env}
         try:
-            argv = self.command(config, run.id, number, port, attempt_dir, resuming=attempt.resume_path is not None)
+            resuming = script_resume.with_args if script_resume is not None else attempt.resume_path is not None
+            argv = self.command(config, run.id, number, port, attempt_dir, resuming=resuming)
             launched = launch(argv, attempt_dir, cwd, env)
             if faults.exit_after_launch():
                 # Tests only: die where a crash leaves the attempt row with pid IS NULL.
@@ -386,8 +392,9 @@ class Scheduler:
     @staticmethod
     def _resume_point(session: Session, run: Run, number: int) -> tuple[str | None, int | None]:
         """Where the next attempt starts: the checkpoint a resume request names; else, after an
-        earlier attempt, this run's newest verified checkpoint of its current lineage; else a
-        fork's origin; else from scratch. The trainer verifies it and falls back to an older
+        earlier attempt, this run's newest verified checkpoint of its current lineage; else (a
+        first attempt, or a retry before the run has a checkpoint of its own) a fork's origin;
+        else from scratch. The trainer verifies it and falls back to an older
         checkpoint in the same folder if it is refused."""
         chosen: Checkpoint | None = None
         if run.start_fresh:  # a rerun
@@ -402,6 +409,8 @@ class Scheduler:
                 .order_by(Checkpoint.step.desc(), Checkpoint.id.desc())
                 .limit(1)
             ).scalar_one_or_none()
+            if chosen is None and run.parent_checkpoint_id is not None and newest_intact(session, run.id) is None:
+                chosen = session.get(Checkpoint, run.parent_checkpoint_id)  # a fork's retry before its own save
         elif run.parent_checkpoint_id is not None:
             chosen = session.get(Checkpoint, run.parent_checkpoint_id)
         if chosen is None or chosen.source == script_checkpoints.SCRIPT:
