@@ -47,7 +47,7 @@ from orchestrator import OrchestratorError, script_checkpoints, watchdog
 from orchestrator.failures import free_bytes, human_bytes
 from orchestrator.launcher import free_port, launch, script_env, torchrun_argv
 from orchestrator.outcomes import next_overrides, settle
-from orchestrator.repeats import RepeatedErrors
+from orchestrator.repeats import RepeatedErrors, signature
 from orchestrator.script_supervision import ScriptWatch
 from orchestrator.stacks import StackDumps
 from orchestrator.supervision import end_processes, is_alive, rank_processes, read_exit, signal_attempt
@@ -145,7 +145,11 @@ class Scheduler:
             for run_id in session.scalars(
                 select(Run.id).where(Run.status.in_([s.value for s in ACTIVE])).order_by(Run.id)
             ).all():
-                self._guarded(session, f"run {run_id}", partial(self._supervise_id, run_id=run_id), db_errors)
+                if self._guarded(session, f"run {run_id}", partial(self._supervise_id, run_id=run_id),
+                                 db_errors) is None:
+                    # Rolled back: what the run's collectors read this tick was not stored.
+                    self.scripts.forget_run(run_id)
+            self._guarded(session, "script watchers", self._prune_script_watchers, db_errors)
             self._guarded(session, "admission", self._admit, db_errors)
         self._tell_ui(db_errors, wrote=bool(beat))
 
@@ -167,10 +171,46 @@ class Scheduler:
         self._errors.succeeded(where)
         return result
 
-    def _supervise_id(self, session: Session, run_id: int) -> None:
+    def _supervise_id(self, session: Session, run_id: int) -> bool:
         run = session.get(Run, run_id)
         if run is not None:
             self._supervise(session, run)
+        return True
+
+    def _prune_script_watchers(self, session: Session) -> None:
+        """Forget the collectors of attempts that are not running any more (ended without
+        :meth:`ScriptWatch.finish`, e.g. settled by another path, or a run edited by hand)."""
+        live = {(r, n) for r, n in session.execute(
+            select(Attempt.run_id, Attempt.number).join(Run, Run.id == Attempt.run_id)
+            .where(Attempt.status == AttemptStatus.RUNNING.value, Run.status.in_([s.value for s in ACTIVE]))).all()}
+        for run_id, number in self.scripts.prune(live):
+            logger.info("run %d attempt %d: its script watcher is forgotten (the attempt is not running)",
+                        run_id, number)
+
+    def _script_step(self, session: Session, run: Run, attempt: Attempt, what: str,
+                     step: Callable[[], None]) -> None:
+        """Run a script watcher's step (``tick``/``finish``) in a transaction of its own, so that
+        its failure (a file that cannot be read, a write refused) neither stops the rest of the
+        supervision (cancel, hang watchdog, settling) nor loses what it read: on failure its
+        writes are rolled back, the attempt's collector is forgotten (the next tick reads again
+        from the start), and the problem is logged and told in a warning event once."""
+        session.commit()  # what supervision wrote so far is kept whatever the watcher does
+        where = f"run {run.id} attempt {attempt.number} script {what}"
+        try:
+            step()
+            session.commit()
+        except Exception as exc:  # noqa: BLE001 - any failure: the rest of the supervision must run
+            session.rollback()
+            self.scripts.forget(run.id, attempt.number)
+            new = self._errors.failing(where) != signature(exc)
+            self._errors.failed(where, exc)
+            if new:
+                session.add(Event(run_id=run.id, attempt=attempt.number, at=time.time(), level="warning",
+                                  kind="metrics", message=f"reading the script's metrics and checkpoint files failed "
+                                                          f"({what}): {signature(exc)}; "
+                                                          "read again from the start at the next tick"))
+            return
+        self._errors.succeeded(where)
 
     def _beat(self, session: Session) -> bool:
         """Insert this scheduler's heartbeat row, or refresh it every BEAT_EVERY_S.
@@ -457,7 +497,8 @@ class Scheduler:
             transition(session, run.id, RunStatus.RUNNING, f"attempt {attempt.number}: the script's ranks are running",
                        expect=RunStatus.STARTING)
         if config.workload.kind == "script":
-            self.scripts.tick(session, run, attempt, config)
+            self._script_step(session, run, attempt, "tick",
+                              partial(self.scripts.tick, session, run, attempt, config))
         if status is RunStatus.CANCELLING:
             self._stop(session, run, attempt, config.supervision.grace_s)
         else:
@@ -474,7 +515,9 @@ class Scheduler:
             self.dumps.discard(key)
         config = config_from_json(run.config_json)
         if config.workload.kind == "script":
-            self.scripts.finish(session, run, attempt, config)
+            self._script_step(session, run, attempt, "finish",
+                              partial(self.scripts.finish, session, run, attempt, config))
+            self.scripts.forget(run.id, attempt.number)  # finished, or failed: settled either way
         settle(session, run, attempt, exited)
 
     def _stop(self, session: Session, run: Run, attempt: Attempt, grace_s: float) -> None:
