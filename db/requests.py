@@ -149,6 +149,16 @@ def pause_resume_point(session: Session, run: Run) -> str:
     if newest is not None:
         return (f"Resume will start from {newest.origin or newest.path} as written at step {newest.step} "
                 f"(checkpoint {newest.id}); what the script did after it is redone")
+    recorded = session.execute(
+        select(Checkpoint).where(Checkpoint.run_id == run.id, Checkpoint.source == SCRIPT_SOURCE,
+                                 Checkpoint.verified.is_(True), Checkpoint.deleted.is_(False),
+                                 Checkpoint.refused_reason.is_(None))
+        .order_by(Checkpoint.file_mtime.desc(), Checkpoint.id.desc()).limit(1)
+    ).scalar_one_or_none()
+    if recorded is not None:  # the script is rewriting it right now: its next version is recorded as it stops
+        return (f"Resume will start from the newest version of {recorded.origin or recorded.path} recorded when the "
+                f"script stops (the one recorded at step {recorded.step}, checkpoint {recorded.id}, is being "
+                "rewritten); what the script did after it is redone")
     if workload.checkpoint_glob:
         return (f"no file matching workload.checkpoint_glob = {workload.checkpoint_glob!r} has been recorded yet: "
                 "Resume needs one; the script's files written before it stops are still recorded")

@@ -471,3 +471,19 @@ def test_the_starting_point_is_placed_before_the_attempts_rows_are_written(
     monkeypatch.setattr(submission, "create_run", spy("create_run", submission.create_run))
     submission.fork(sessions, settings, run_id, None, [], CPU2, checkpoint_id=row.id)
     assert order == ["copy", "create_run"]
+
+
+def test_a_pause_while_the_script_rewrites_its_file_says_the_next_recorded_version_counts(
+        sessions: sessionmaker[Session], settings: Settings, workdir: Path) -> None:
+    run_id = script_run(sessions, settings, workdir, checkpoint_glob="out/ckpt.pt")
+    ckpt = workdir / "out" / "ckpt.pt"
+    with sessions() as s:
+        run = s.get(Run, run_id)
+        attempt = add_attempt(s, run_id, 1, last_step=None)
+        write(ckpt, b"a" * 100, time.time() - 20)
+        record_versions(s, run, attempt, look(ckpt))
+        s.commit()
+        assert "as written at step" in request_cancel(s, run_id, mode="pause")
+        s.rollback()
+        write(ckpt, b"b" * 50, time.time())  # being written: not recorded yet
+        assert "is being rewritten" in request_cancel(s, run_id, mode="pause")
