@@ -15,7 +15,7 @@ from db import DatabaseError
 from db.config import RunConfig, config_from_json
 from db.layout import RunPaths, run_dir_name
 from db.models import Checkpoint, Event, PriceEntry, Run, RunStatusHistory
-from db.scriptfiles import CopyRefused, copy_verified
+from db.scriptfiles import CopyRefused, copy_verified, is_version
 from db.states import ACTIVE, TERMINAL, RunStatus, transition
 
 
@@ -29,6 +29,23 @@ class RequestRefused(DatabaseError):
 
 
 SCRIPT_SOURCE = "script"  # checkpoints.source of a file the script wrote itself
+# refused_reason of a script version whose file was there before the run's first attempt started
+# (a previous experiment's file in a shared workdir): listed, never chosen automatically.
+PREEXISTING = "existed before the run started"
+
+
+def newest_intact(session: Session, run_id: int, origin: str | None = None) -> Checkpoint | None:
+    """The newest verified, not deleted, not refused script version of a run (of one file) whose
+    bytes are still the recorded version: what a retry or a pause's Resume starts from."""
+    q = select(Checkpoint).where(Checkpoint.run_id == run_id, Checkpoint.source == SCRIPT_SOURCE,
+                                 Checkpoint.verified.is_(True), Checkpoint.deleted.is_(False),
+                                 Checkpoint.refused_reason.is_(None))
+    if origin is not None:
+        q = q.where(Checkpoint.origin == origin)
+    for row in session.execute(q.order_by(Checkpoint.file_mtime.desc(), Checkpoint.id.desc())).scalars():
+        if is_version(row.path, row.bytes, row.file_mtime):
+            return row
+    return None
 
 
 def checkpoints_dir(run: Run) -> Path:
@@ -135,14 +152,20 @@ def pause_resume_point(session: Session, run: Run) -> str:
                          .limit(1))
     if sdk is not None:
         return ""
-    newest = session.execute(
-        select(Checkpoint).where(Checkpoint.run_id == run.id, Checkpoint.source == SCRIPT_SOURCE,
-                                 Checkpoint.verified.is_(True), Checkpoint.deleted.is_(False))
-        .order_by(Checkpoint.file_mtime.desc(), Checkpoint.id.desc()).limit(1)
-    ).scalar_one_or_none()
+    newest = newest_intact(session, run.id)
     if newest is not None:
         return (f"Resume will start from {newest.origin or newest.path} as written at step {newest.step} "
                 f"(checkpoint {newest.id}); what the script did after it is redone")
+    recorded = session.execute(
+        select(Checkpoint).where(Checkpoint.run_id == run.id, Checkpoint.source == SCRIPT_SOURCE,
+                                 Checkpoint.verified.is_(True), Checkpoint.deleted.is_(False),
+                                 Checkpoint.refused_reason.is_(None))
+        .order_by(Checkpoint.file_mtime.desc(), Checkpoint.id.desc()).limit(1)
+    ).scalar_one_or_none()
+    if recorded is not None:  # the script is rewriting it right now: its next version is recorded as it stops
+        return (f"Resume will start from the newest version of {recorded.origin or recorded.path} recorded when the "
+                f"script stops (the one recorded at step {recorded.step}, checkpoint {recorded.id}, is being "
+                "rewritten); what the script did after it is redone")
     if workload.checkpoint_glob:
         return (f"no file matching workload.checkpoint_glob = {workload.checkpoint_glob!r} has been recorded yet: "
                 "Resume needs one; the script's files written before it stops are still recorded")

@@ -39,7 +39,7 @@ from db.config import RunConfig, config_from_json
 from db.inventory import Inventory
 from db.layout import SCHEDULER_LOCK_FILE, RunPaths
 from db.models import Attempt, Checkpoint, Event, Run, SchedulerHeartbeat
-from db.requests import checkpoints_dir
+from db.requests import checkpoints_dir, newest_intact
 from db.scheduler_file import SchedulerFile
 from db.settings import Settings
 from db.states import ACTIVE, AttemptStatus, RunStatus, SignalSent, StopReason, attempt_transition, transition
@@ -47,7 +47,7 @@ from orchestrator import OrchestratorError, script_checkpoints, watchdog
 from orchestrator.failures import free_bytes, human_bytes
 from orchestrator.launcher import free_port, launch, script_env, torchrun_argv
 from orchestrator.outcomes import next_overrides, settle
-from orchestrator.repeats import RepeatedErrors
+from orchestrator.repeats import RepeatedErrors, signature
 from orchestrator.script_supervision import ScriptWatch
 from orchestrator.stacks import StackDumps
 from orchestrator.supervision import end_processes, is_alive, rank_processes, read_exit, signal_attempt
@@ -145,7 +145,11 @@ class Scheduler:
             for run_id in session.scalars(
                 select(Run.id).where(Run.status.in_([s.value for s in ACTIVE])).order_by(Run.id)
             ).all():
-                self._guarded(session, f"run {run_id}", partial(self._supervise_id, run_id=run_id), db_errors)
+                if self._guarded(session, f"run {run_id}", partial(self._supervise_id, run_id=run_id),
+                                 db_errors) is None:
+                    # Rolled back: what the run's collectors read this tick was not stored.
+                    self.scripts.forget_run(run_id)
+            self._guarded(session, "script watchers", self._prune_script_watchers, db_errors)
             self._guarded(session, "admission", self._admit, db_errors)
         self._tell_ui(db_errors, wrote=bool(beat))
 
@@ -167,10 +171,46 @@ class Scheduler:
         self._errors.succeeded(where)
         return result
 
-    def _supervise_id(self, session: Session, run_id: int) -> None:
+    def _supervise_id(self, session: Session, run_id: int) -> bool:
         run = session.get(Run, run_id)
         if run is not None:
             self._supervise(session, run)
+        return True
+
+    def _prune_script_watchers(self, session: Session) -> None:
+        """Forget the collectors of attempts that are not running any more (ended without
+        :meth:`ScriptWatch.finish`, e.g. settled by another path, or a run edited by hand)."""
+        live = {(r, n) for r, n in session.execute(
+            select(Attempt.run_id, Attempt.number).join(Run, Run.id == Attempt.run_id)
+            .where(Attempt.status == AttemptStatus.RUNNING.value, Run.status.in_([s.value for s in ACTIVE]))).all()}
+        for run_id, number in self.scripts.prune(live):
+            logger.info("run %d attempt %d: its script watcher is forgotten (the attempt is not running)",
+                        run_id, number)
+
+    def _script_step(self, session: Session, run: Run, attempt: Attempt, what: str,
+                     step: Callable[[], None]) -> None:
+        """Run a script watcher's step (``tick``/``finish``) in a transaction of its own, so that
+        its failure (a file that cannot be read, a write refused) neither stops the rest of the
+        supervision (cancel, hang watchdog, settling) nor loses what it read: on failure its
+        writes are rolled back, the attempt's collector is forgotten (the next tick reads again
+        from the start), and the problem is logged and told in a warning event once."""
+        session.commit()  # what supervision wrote so far is kept whatever the watcher does
+        where = f"run {run.id} attempt {attempt.number} script {what}"
+        try:
+            step()
+            session.commit()
+        except Exception as exc:  # noqa: BLE001 - any failure: the rest of the supervision must run
+            session.rollback()
+            self.scripts.forget(run.id, attempt.number)
+            new = self._errors.failing(where) != signature(exc)
+            self._errors.failed(where, exc)
+            if new:
+                session.add(Event(run_id=run.id, attempt=attempt.number, at=time.time(), level="warning",
+                                  kind="metrics", message=f"reading the script's metrics and checkpoint files failed "
+                                                          f"({what}): {signature(exc)}; "
+                                                          "read again from the start at the next tick"))
+            return
+        self._errors.succeeded(where)
 
     def _beat(self, session: Session) -> bool:
         """Insert this scheduler's heartbeat row, or refresh it every BEAT_EVERY_S.
@@ -314,15 +354,20 @@ class Scheduler:
         if previous is not None and not self.sweeper.swept(session, run, previous.number, None, None):
             return  # an earlier attempt's process outlived SIGKILL: the run waits (the event says so)
         overrides = next_overrides(run, previous)
+        # The starting point first: placing a script's checkpoint copies files (gigabytes), and the
+        # write lock must not be held meanwhile, so what was written so far is committed and the
+        # run's rows are written after. A crash or a refused transition after a copy leaves at most
+        # an orphan copy or a file moved aside (script_checkpoints' docstring).
+        session.commit()
+        resume_dir, resume_step = self._resume_point(session, run, number)
+        script_resume = script_checkpoints.resume_point(session, run, number) if resume_dir is None else None
+        if script_resume is not None:
+            resume_step = script_resume.step
         if not transition(session, run.id, RunStatus.STARTING, f"launching attempt {number}", expect=expect):
             session.rollback()
             return
         attempt_dir = RunPaths(Path(run.run_dir)).attempt(number).root
         port = free_port()
-        resume_dir, resume_step = self._resume_point(session, run, number)
-        script_resume = script_checkpoints.resume_point(session, run, number) if resume_dir is None else None
-        if script_resume is not None:
-            resume_step = script_resume.step
         attempt = Attempt(
             run_id=run.id,
             number=number,
@@ -360,7 +405,8 @@ class Scheduler:
         if config.workload.kind == "script":
             env = {**script_env(config, os.environ), **env}
         try:
-            argv = self.command(config, run.id, number, port, attempt_dir, resuming=attempt.resume_path is not None)
+            resuming = script_resume.with_args if script_resume is not None else attempt.resume_path is not None
+            argv = self.command(config, run.id, number, port, attempt_dir, resuming=resuming)
             launched = launch(argv, attempt_dir, cwd, env)
             if faults.exit_after_launch():
                 # Tests only: die where a crash leaves the attempt row with pid IS NULL.
@@ -386,8 +432,9 @@ class Scheduler:
     @staticmethod
     def _resume_point(session: Session, run: Run, number: int) -> tuple[str | None, int | None]:
         """Where the next attempt starts: the checkpoint a resume request names; else, after an
-        earlier attempt, this run's newest verified checkpoint of its current lineage; else a
-        fork's origin; else from scratch. The trainer verifies it and falls back to an older
+        earlier attempt, this run's newest verified checkpoint of its current lineage; else (a
+        first attempt, or a retry before the run has a checkpoint of its own) a fork's origin;
+        else from scratch. The trainer verifies it and falls back to an older
         checkpoint in the same folder if it is refused."""
         chosen: Checkpoint | None = None
         if run.start_fresh:  # a rerun
@@ -402,6 +449,8 @@ class Scheduler:
                 .order_by(Checkpoint.step.desc(), Checkpoint.id.desc())
                 .limit(1)
             ).scalar_one_or_none()
+            if chosen is None and run.parent_checkpoint_id is not None and newest_intact(session, run.id) is None:
+                chosen = session.get(Checkpoint, run.parent_checkpoint_id)  # a fork's retry before its own save
         elif run.parent_checkpoint_id is not None:
             chosen = session.get(Checkpoint, run.parent_checkpoint_id)
         if chosen is None or chosen.source == script_checkpoints.SCRIPT:
@@ -448,7 +497,8 @@ class Scheduler:
             transition(session, run.id, RunStatus.RUNNING, f"attempt {attempt.number}: the script's ranks are running",
                        expect=RunStatus.STARTING)
         if config.workload.kind == "script":
-            self.scripts.tick(session, run, attempt, config)
+            self._script_step(session, run, attempt, "tick",
+                              partial(self.scripts.tick, session, run, attempt, config))
         if status is RunStatus.CANCELLING:
             self._stop(session, run, attempt, config.supervision.grace_s)
         else:
@@ -465,7 +515,9 @@ class Scheduler:
             self.dumps.discard(key)
         config = config_from_json(run.config_json)
         if config.workload.kind == "script":
-            self.scripts.finish(session, run, attempt, config)
+            self._script_step(session, run, attempt, "finish",
+                              partial(self.scripts.finish, session, run, attempt, config))
+            self.scripts.forget(run.id, attempt.number)  # finished, or failed: settled either way
         settle(session, run, attempt, exited)
 
     def _stop(self, session: Session, run: Run, attempt: Attempt, grace_s: float) -> None:

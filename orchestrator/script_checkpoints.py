@@ -20,13 +20,28 @@ Before an attempt starts from such a version, :func:`resume_point` checks that t
 that version (its size and modification time), falls back to the newest intact recorded version
 of the same file when the script overwrote it (with an event), and puts it where the script
 looks for it (its path under ``workdir``) when another version lies there, keeping the one it
-displaces. A half-written file is never handed over: only stable, hashed versions are verified.
+displaces.
+
+What is not handed over automatically: a version that is not verified (not stable and hashed
+yet); a zip archive (``torch.save``'s default format) without its end record, i.e. a file whose
+writer was killed mid-save and that merely looked stable afterwards (recorded, refused
+"truncated (no zip end record)"); and a file that was already there when the run's first attempt
+started (a previous experiment's ``out/ckpt.pt`` in a shared workdir: recorded, refused "existed
+before the run started"; a person may still resume or fork from it explicitly). A half-written
+file in another format that stopped changing for two looks cannot be told from a complete one.
+
+File work (hashing, copying) is done before the transaction's first write where it can be, so
+the SQLite write lock is not held while gigabytes are read: :func:`resume_point` runs before the
+attempt's rows are written and queues its events without flushing. A crash between a copy and
+the commit leaves at most an orphan copy under ``checkpoints/script/`` (no row points at it) or
+a file moved aside in the workdir, which the events of the next try describe again.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,13 +51,27 @@ from sqlalchemy.orm import Session
 
 from db.config import RunConfig, config_from_json
 from db.models import Attempt, Checkpoint, Event, MetricPoint, Run
-from db.requests import checkpoints_dir, keep_copy
+from db.requests import PREEXISTING, SCRIPT_SOURCE, checkpoints_dir, keep_copy, newest_intact
 from db.scriptfiles import CopyRefused, copy_verified, is_version
 from orchestrator.scriptwatch.checkpoints import CheckpointFile
 
 logger = logging.getLogger(__name__)
 
-SCRIPT = "script"
+SCRIPT = SCRIPT_SOURCE
+TRUNCATED = "truncated (no zip end record)"
+ZIP_MAGIC = b"PK\x03\x04"
+ZIP_SUFFIXES = (".zip",)
+
+
+def truncated_zip(path: str | Path) -> bool:
+    """Whether ``path`` is a zip archive (by its name or its first bytes: ``torch.save``'s default
+    format) without the end record a complete one has: its writer was killed mid-save."""
+    try:
+        with open(path, "rb") as f:
+            zipped = f.read(4) == ZIP_MAGIC or str(path).lower().endswith(ZIP_SUFFIXES)
+        return zipped and not zipfile.is_zipfile(path)
+    except OSError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -56,6 +85,7 @@ class Known:
     mtime: float | None
     verified: bool
     pinned: bool
+    refused: bool = False
 
     def is_version_of(self, f: CheckpointFile) -> bool:
         return self.size == f.size and self.mtime is not None and abs(self.mtime - f.mtime) <= 1e-6
@@ -93,7 +123,7 @@ def plan_versions(known: Sequence[Known], files: Sequence[CheckpointFile], exist
         rows = [k for k in known if k.origin == str(f.path)]
         same = next((k for k in rows if k.is_version_of(f)), None)
         if same is not None:
-            if not same.verified and f.sha256 is not None:
+            if not same.verified and not same.refused and f.sha256 is not None:
                 plan.verified.append((same.id, f.sha256))
             continue
         if not f.stable:
@@ -111,7 +141,8 @@ def known_versions(session: Session, run_id: int) -> list[Known]:
         select(Checkpoint).where(Checkpoint.run_id == run_id, Checkpoint.source == SCRIPT,
                                  Checkpoint.deleted.is_(False), Checkpoint.origin.is_not(None))
     ).scalars().all()
-    return [Known(c.id, str(c.origin), c.path, c.bytes, c.file_mtime, bool(c.verified), bool(c.pinned)) for c in rows]
+    return [Known(c.id, str(c.origin), c.path, c.bytes, c.file_mtime, bool(c.verified), bool(c.pinned),
+                  c.refused_reason is not None) for c in rows]
 
 
 def version_step(session: Session, attempt: Attempt, mtime: float) -> int:
@@ -127,25 +158,36 @@ def version_step(session: Session, attempt: Attempt, mtime: float) -> int:
 
 def record_versions(session: Session, run: Run, attempt: Attempt, files: Sequence[CheckpointFile]) -> int:
     """Apply one look at the files to the run's rows (the caller commits). Returns how many new
-    versions were recorded."""
+    versions were recorded. It reads a few bytes of each new file (:func:`truncated_zip`), never
+    a whole one: the hashing happened in the look."""
     known = known_versions(session, run.id)
     listed = {str(f.path) for f in files}
     exists = {k.origin for k in known if k.origin not in listed and Path(k.origin).exists()}
     plan = plan_versions(known, files, exists)
+    truncated = {str(f.path) for f in plan.new if truncated_zip(f.path)}
+    first_start = session.scalar(select(func.min(Attempt.started_at)).where(Attempt.run_id == run.id))
+    run_started = min(x for x in (first_start, attempt.started_at) if x is not None)
     now = time.time()
-    session.flush()
     for f in plan.new:
+        refused = (TRUNCATED if str(f.path) in truncated
+                   else f"{PREEXISTING} (written at {_clock(f.mtime)}, before its first attempt began at "
+                        f"{_clock(run_started)}): not chosen automatically" if f.mtime < run_started else None)
         session.add(Checkpoint(
             run_id=run.id, attempt=attempt.number, step=version_step(session, attempt, f.mtime), path=str(f.path),
             origin=str(f.path), bytes=f.size, sha256=f.sha256 or "", params_digest="", metrics_json="{}",
-            blocked_s=0.0, total_s=0.0, created_at=now, verified=f.sha256 is not None, pinned=False,
-            deleted=False, source=SCRIPT, file_mtime=f.mtime,
+            blocked_s=0.0, total_s=0.0, created_at=now, verified=f.sha256 is not None and refused != TRUNCATED,
+            pinned=False, deleted=False, source=SCRIPT, file_mtime=f.mtime, refused_reason=refused,
         ))
     for row_id, sha in plan.verified:
         row = session.get(Checkpoint, row_id)
         if row is not None:
             row.sha256, row.verified = sha, True
     for row_id, newer in plan.overwritten:
+        if str(newer.path) in truncated:
+            # Its bytes are gone (the script wrote over them in place) and the new file is unusable.
+            _delete(session, row_id, now, f"overwritten by the script at {_clock(newer.mtime)} with a file that is "
+                                          f"{TRUNCATED}: neither is usable; a pinned copy or an older version is")
+            continue
         _delete(session, row_id, now, f"overwritten by the script at {_clock(newer.mtime)}")
     for row_id in plan.removed:
         _delete(session, row_id, now, "deleted by the script")
@@ -172,6 +214,7 @@ class ScriptResume:
     path: str
     step: int
     checkpoint_id: int
+    with_args: bool = True  # False: the file is not where the script looks; resume_args are left out
 
 
 def workdir_of(run: Run, config: RunConfig | None = None) -> Path:
@@ -182,8 +225,9 @@ def workdir_of(run: Run, config: RunConfig | None = None) -> Path:
 def chosen_row(session: Session, run: Run, number: int) -> Checkpoint | None:
     """The script checkpoint the attempt ``number`` of ``run`` should start from, before checks:
     the one a resume request names; else, for a retry, the run's newest verified script version
-    (only when the run has no checkpoint of runyard's own, which then keep their precedence);
-    else a fork's origin; else none."""
+    that was not refused (only when the run has no checkpoint of runyard's own, which then keep
+    their precedence); else (a first attempt, or a retry before the run saved its own) a fork's
+    origin; else none."""
     if run.start_fresh:
         return None
     if run.resume_checkpoint_id is not None:
@@ -196,35 +240,32 @@ def chosen_row(session: Session, run: Run, number: int) -> Checkpoint | None:
                                         Checkpoint.path.like(f"{checkpoints_dir(run)}/step-%")).limit(1))
         if own is not None:
             return None
-        return _newest_intact(session, run.id)
+        newest = newest_intact(session, run.id)
+        if newest is not None:
+            return newest
     if run.parent_checkpoint_id is not None:
         row = session.get(Checkpoint, run.parent_checkpoint_id)
         return row if row is not None and row.source == SCRIPT else None
     return None
 
 
-def _newest_intact(session: Session, run_id: int, origin: str | None = None) -> Checkpoint | None:
-    """The newest verified, not deleted script version of a run (of one file) whose bytes are
-    still the recorded version."""
-    q = select(Checkpoint).where(Checkpoint.run_id == run_id, Checkpoint.source == SCRIPT,
-                                 Checkpoint.verified.is_(True), Checkpoint.deleted.is_(False))
-    if origin is not None:
-        q = q.where(Checkpoint.origin == origin)
-    for row in session.execute(q.order_by(Checkpoint.file_mtime.desc(), Checkpoint.id.desc())).scalars():
-        if is_version(row.path, row.bytes, row.file_mtime):
-            return row
-    return None
-
-
 def resume_point(session: Session, run: Run, number: int) -> ScriptResume | None:
     """Where attempt ``number`` of a script run starts: a verified script checkpoint version that
     is still intact, put where the script finds it, or None (from scratch, or runyard's own
-    checkpoints apply). Events say what was substituted or moved. The caller commits."""
+    checkpoints apply). Events say what was substituted or moved. The caller commits.
+
+    Call it before the transaction's first write: it copies files (gigabytes) and queues its
+    events and row changes without flushing them, so the write lock is taken only afterwards."""
+    with session.no_autoflush:
+        return _resume_point(session, run, number)
+
+
+def _resume_point(session: Session, run: Run, number: int) -> ScriptResume | None:
     row = chosen_row(session, run, number)
     if row is None:
         return None
     if not is_version(row.path, row.bytes, row.file_mtime):
-        newer = _newest_intact(session, row.run_id, row.origin)
+        newer = newest_intact(session, row.run_id, row.origin)
         what = f"checkpoint {row.id} ({row.origin}, step {row.step})"
         if newer is None:
             _event(session, run, number, "warning",
@@ -235,33 +276,38 @@ def resume_point(session: Session, run: Run, number: int) -> ScriptResume | None
                f"{what} was overwritten by the script; starting from the newest recorded version of it instead: "
                f"checkpoint {newer.id}, step {newer.step}")
         row = newer
-    path = _put_in_place(session, run, number, row)
-    return ScriptResume(path=path, step=row.step, checkpoint_id=row.id)
+    path, placed = _put_in_place(session, run, number, row)
+    return ScriptResume(path=path, step=row.step, checkpoint_id=row.id, with_args=placed)
 
 
-def _put_in_place(session: Session, run: Run, number: int, row: Checkpoint) -> str:
+def _put_in_place(session: Session, run: Run, number: int, row: Checkpoint) -> tuple[str, bool]:
     """Make the script find ``row``'s version where it looks (``origin``'s path under this run's
-    workdir), keeping what lies there; returns the path handed to the script. When it cannot be
-    placed (no relative path, a copy fails), the verified bytes' own path is handed over."""
+    workdir), keeping what lies there; returns the path handed to the script and whether the
+    script's ``resume_args`` apply. When it has no place (no relative path), the verified bytes'
+    own path is handed over. When putting it there fails, the script would load whatever lies
+    there with its ``resume_args``: the attempt starts without them (RUNYARD_RESUME_PATH still
+    names the verified bytes, for a script that reads it), and an event says so."""
     writer = run if row.run_id == run.id else session.get(Run, row.run_id)
     if row.origin is None or writer is None:
-        return row.path
+        return row.path, True
     try:
         relative = Path(row.origin).relative_to(workdir_of(writer))
     except ValueError:
-        return row.path
+        return row.path, True
     target = workdir_of(run) / relative
     if str(target) == row.path or is_version(target, row.bytes, row.file_mtime):
-        return str(target)
+        return str(target), True
     try:
         _keep_aside(session, run, number, target)
         copy_verified(row.path, target, row.sha256, row.file_mtime)
     except (CopyRefused, OSError) as exc:
-        _event(session, run, number, "warning", f"could not put checkpoint {row.id} at {target}: {exc}; "
-                                                f"RUNYARD_RESUME_PATH names {row.path}")
-        return row.path
+        _event(session, run, number, "warning",
+               f"could not put checkpoint {row.id} (step {row.step}) at {target}: {exc}; the attempt starts "
+               f"without workload.resume_args (the script would load another file); RUNYARD_RESUME_PATH names "
+               f"{row.path}")
+        return row.path, False
     _event(session, run, number, "info", f"put checkpoint {row.id} (step {row.step}) back at {target} for the script")
-    return str(target)
+    return str(target), True
 
 
 def _keep_aside(session: Session, run: Run, number: int, target: Path) -> None:
@@ -278,6 +324,10 @@ def _keep_aside(session: Session, run: Run, number: int, target: Path) -> None:
                                                  f"before replacing {target}")
             return
     aside = target.with_name(f"{target.name}.before-attempt-{number}")
+    n = 1
+    while aside.exists() or aside.is_symlink():  # an earlier aside of the same attempt number (a rerun)
+        n += 1
+        aside = target.with_name(f"{target.name}.before-attempt-{number}.{n}")
     target.rename(aside)
     _event(session, run, number, "warning", f"moved the unrecorded file {target} ({st.st_size} bytes) to {aside} "
                                             "before putting the chosen checkpoint there")

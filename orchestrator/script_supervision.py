@@ -7,8 +7,13 @@ stand-in) go into the metric store and move the attempt's progress, and the scri
 activity becomes what the hang watchdog watches for a script that reports no step. With
 ``[workload] checkpoint_glob``, the script's own checkpoint files are listed too and recorded as
 checkpoint rows (orchestrator/script_checkpoints.py). When the attempt ends, its logs are read to
-the end and its files looked at until they are hashed before the outcome is settled, so an
-attempt's last steps and last checkpoint count.
+the end and its files looked at until they are hashed (to completion, whatever their size) before
+the outcome is settled, so an attempt's last steps and last checkpoint count.
+
+The files are read and hashed before anything is written in the transaction: SQLite's write lock
+is not held while a checkpoint is hashed. A collector's read offsets move on as it reads; when
+the transaction that stored what it read is rolled back, the scheduler forgets the attempt
+(:meth:`ScriptWatch.forget`) and the next tick reads again from the start.
 
 It keeps everything in memory: a scheduler restarted mid-run reads the logs again from the
 start, and the metric store keeps a point's first value, so nothing is counted twice.
@@ -41,8 +46,9 @@ PIDS_EVERY_S = 5.0
 # The final read of an ended attempt's logs: at most this many bounded reads.
 FINAL_READS = 64
 # The final looks at an ended attempt's checkpoint files: a file is hashed once it is unchanged at
-# two looks, within a bounded number of bytes a look.
+# two looks, to completion (nothing writes it any more).
 FINAL_LOOKS = 16
+FINAL_HASH_BUDGET = 1 << 62
 
 
 @dataclass
@@ -118,28 +124,50 @@ class ScriptWatch:
                 watched.pids_known = True
             if pid_ranks:
                 watched.collector.set_pid_ranks(pid_ranks)
-        self._store(session, run, attempt, config, watched.collector.collect())
-        if watched.checkpoints is not None:
-            record_versions(session, run, attempt, watched.checkpoints.scan())
+        collected = watched.collector.collect()
+        files = watched.checkpoints.scan() if watched.checkpoints is not None else None  # hashing: before any write
+        self._store(session, run, attempt, config, collected)
+        if files is not None:
+            record_versions(session, run, attempt, files)
 
     def finish(self, session: Session, run: Run, attempt: Attempt, config: RunConfig) -> None:
         """The attempt ended: read its logs to the end, store the rest, and forget it."""
         watched = self._watched(run, attempt, config)
+        reads: list[Collected] = []
         for _ in range(FINAL_READS):
-            collected = watched.collector.collect(final=True)
-            self._store(session, run, attempt, config, collected)
-            if not collected.behind:
+            reads.append(watched.collector.collect(final=True))
+            if not reads[-1].behind:
                 break
+        files = None
         if watched.checkpoints is not None:
-            for _ in range(FINAL_LOOKS):  # nothing writes them any more: each look settles more
+            # Nothing writes them any more: hash to completion, before anything is written here.
+            watched.checkpoints.hash_budget = FINAL_HASH_BUDGET
+            for _ in range(FINAL_LOOKS):
                 files = watched.checkpoints.scan()
-                record_versions(session, run, attempt, files)
                 if all(f.stable and f.sha256 is not None for f in files):
                     break
+        for collected in reads:
+            self._store(session, run, attempt, config, collected)
+        if files is not None:
+            record_versions(session, run, attempt, files)
         self.forget(run.id, attempt.number)
 
     def forget(self, run_id: int, attempt: int) -> None:
+        """Drop an attempt's collector: the next tick reads its logs from the start (the metric
+        store keeps a point's first value) and looks at its files afresh."""
         self._attempts.pop((run_id, attempt), None)
+
+    def forget_run(self, run_id: int) -> None:
+        for key in [k for k in self._attempts if k[0] == run_id]:
+            del self._attempts[key]
+
+    def prune(self, live: set[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Forget the attempts that are not in ``live`` (ended, or their run left the active
+        states without :meth:`finish`); returns them."""
+        gone = sorted(self.live() - live)
+        for run_id, number in gone:
+            self.forget(run_id, number)
+        return gone
 
     def live(self) -> set[tuple[int, int]]:
         """The (run, attempt) pairs watched now."""

@@ -296,9 +296,11 @@ def fork(
         changed = apply_overrides(data, overrides)
         config = validate(changed, inventory, roots=roots if changes_what_runs(data, changed) else None)
         price = price_for(config.launch.nproc_per_node, inventory, price_table(session))
-        run = create_run(session, config, settings.runs_dir, price, parent=checkpoint)
+        # The copy (gigabytes) before the first write: the write lock is not held meanwhile. A
+        # failure or a crash after it leaves at most an orphan copy in the parent's folder.
         pin_script_copy(session, checkpoint)
         checkpoint.pinned = True
+        run = create_run(session, config, settings.runs_dir, price, parent=checkpoint)
         session.add(Event(run_id=run.id, at=run.created_at, kind="fork",
                           message=f"forked from run {parent_id} at step {checkpoint.step}"
                           + (f" with {', '.join(overrides)}" if overrides else "")))

@@ -15,11 +15,11 @@ from db.config import parse_config
 from db.inventory import Inventory
 from db.metricstore import write_points
 from db.models import Attempt, Checkpoint, Event, Run
-from db.requests import RequestRefused, request_cancel, request_rerun, request_resume, set_pinned
+from db.requests import PREEXISTING, RequestRefused, request_cancel, request_rerun, request_resume, set_pinned
 from db.scriptfiles import sha256_of
 from db.settings import Settings
 from db.states import AttemptStatus, RunStatus, transition
-from orchestrator.script_checkpoints import Known, plan_versions, record_versions, resume_point
+from orchestrator.script_checkpoints import TRUNCATED, Known, plan_versions, record_versions, resume_point
 from orchestrator.scriptwatch.checkpoints import CheckpointFile
 from orchestrator.submission import submit
 
@@ -279,3 +279,211 @@ def test_the_ranks_get_the_resume_path_and_its_step() -> None:
     assert "RUNYARD_RESUME_DIR" not in env
     back = context_from_env(env)
     assert (back.resume_path, back.resume_step, back.resume_dir) == (Path("/w/out/ckpt.pt"), 200, None)
+
+
+# -- what a retry must not start from, and where the file work happens -------------------------
+
+
+def zip_bytes(payload: bytes) -> bytes:
+    """What torch.save writes by default: a zip archive."""
+    import io
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("archive/data.pkl", payload)
+    return buf.getvalue()
+
+
+def test_a_file_that_was_there_before_the_run_started_is_not_chosen_for_a_retry(
+        sessions: sessionmaker[Session], settings: Settings, workdir: Path) -> None:
+    run_id = script_run(sessions, settings, workdir, checkpoint_glob="out/ckpt.pt", resume_args=["--resume"])
+    ckpt = workdir / "out" / "ckpt.pt"
+    write(ckpt, b"someone else's" * 10, time.time() - 3600)  # a previous experiment's file
+    with sessions() as s:
+        run = s.get(Run, run_id)
+        attempt = add_attempt(s, run_id, 1, last_step=None)
+        record_versions(s, run, attempt, look(ckpt))
+        s.commit()
+        (row,) = rows(s, run_id)
+        assert row.verified and not row.deleted and row.refused_reason.startswith(PREEXISTING)
+        assert resume_point(s, run, 2) is None  # a retry starts from scratch
+        assert "has been recorded yet" in request_cancel(s, run_id, mode="pause")  # nor does a pause count it
+        # A person may still choose it explicitly.
+        attempt.status = AttemptStatus.FAILED.value
+        s.commit()
+        s.refresh(run)
+        transition(s, run_id, RunStatus.FAILED, "t")
+        request_resume(s, run_id, checkpoint_id=row.id)
+        chosen = resume_point(s, run, 2)
+        assert chosen is not None and chosen.checkpoint_id == row.id
+
+
+def test_a_truncated_zip_is_refused_and_not_handed_over(
+        sessions: sessionmaker[Session], settings: Settings, workdir: Path) -> None:
+    run_id = script_run(sessions, settings, workdir, checkpoint_glob="out/ckpt.pt")
+    ckpt = workdir / "out" / "ckpt.pt"
+    good = zip_bytes(b"weights" * 100)
+    assert not truncated_zip_of(workdir / "x.pt", good) and truncated_zip_of(workdir / "y.pt", good[: len(good) // 2])
+    with sessions() as s:
+        run = s.get(Run, run_id)
+        attempt = add_attempt(s, run_id, 1, last_step=None)
+        write(ckpt, good, time.time() - 20)
+        record_versions(s, run, attempt, look(ckpt))
+        write(ckpt, good[: len(good) // 2], time.time() - 10)  # the rank was killed in torch.save
+        record_versions(s, run, attempt, look(ckpt))
+        s.commit()
+        first, second = rows(s, run_id)
+        assert first.verified and first.deleted and TRUNCATED in first.deleted_reason
+        assert not second.verified and second.refused_reason == TRUNCATED and not second.deleted
+        record_versions(s, run, attempt, look(ckpt))  # seen again, hashed: still not verified
+        s.commit()
+        assert not rows(s, run_id)[1].verified
+        assert resume_point(s, run, 2) is None
+
+
+def truncated_zip_of(path: Path, data: bytes) -> bool:
+    from orchestrator.script_checkpoints import truncated_zip
+
+    path.write_bytes(data)
+    return truncated_zip(path)
+
+
+def test_a_retry_of_a_fork_before_its_own_save_starts_from_the_forks_origin(
+        sessions: sessionmaker[Session], settings: Settings, workdir: Path) -> None:
+    from orchestrator.submission import fork
+
+    parent_id = script_run(sessions, settings, workdir, checkpoint_glob="out/ckpt.pt")
+    ckpt = workdir / "out" / "ckpt.pt"
+    with sessions() as s:
+        run = s.get(Run, parent_id)
+        attempt = add_attempt(s, parent_id, 1, last_step=None)
+        report(s, attempt, 100, time.time() - 21)
+        write(ckpt, b"p" * 100, time.time() - 20)
+        record_versions(s, run, attempt, look(ckpt))
+        s.commit()
+        (origin,) = rows(s, parent_id)
+    fork_id = fork(sessions, settings, parent_id, None, [], CPU2, checkpoint_id=origin.id)
+    with sessions() as s:
+        child = s.get(Run, fork_id)
+        assert child.parent_checkpoint_id == origin.id
+        chosen = resume_point(s, child, 2)  # attempt 1 failed before the fork saved anything
+        assert chosen is not None and (chosen.checkpoint_id, chosen.step) == (origin.id, 100)
+
+
+def test_a_retry_of_a_fork_of_runyards_own_checkpoint_starts_from_it(
+        sessions: sessionmaker[Session], settings: Settings, workdir: Path) -> None:
+    from db.requests import checkpoints_dir
+    from orchestrator.scheduler import Scheduler
+
+    parent_id = script_run(sessions, settings, workdir)
+    child_id = script_run(sessions, settings, workdir)
+    with sessions() as s:
+        parent = s.get(Run, parent_id)
+        own = Checkpoint(run_id=parent_id, attempt=1, step=40, path=f"{checkpoints_dir(parent)}/step-40/state.pt",
+                         bytes=1, sha256="", params_digest="", metrics_json="{}", blocked_s=0.0, total_s=0.0,
+                         created_at=time.time(), verified=True, pinned=True, deleted=False)
+        s.add(own)
+        s.flush()
+        child = s.get(Run, child_id)
+        child.parent_checkpoint_id = own.id
+        assert Scheduler._resume_point(s, child, 2) == (f"{checkpoints_dir(parent)}/step-40", 40)
+
+
+def test_when_the_chosen_version_cannot_be_put_in_place_the_resume_args_are_left_out(
+        sessions: sessionmaker[Session], settings: Settings, workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import orchestrator.script_checkpoints as sc
+
+    run_id = script_run(sessions, settings, workdir, checkpoint_glob="out/ckpt.pt", resume_args=["--resume"])
+    ckpt = workdir / "out" / "ckpt.pt"
+    with sessions() as s:
+        run = s.get(Run, run_id)
+        attempt = add_attempt(s, run_id, 1, last_step=None)
+        write(ckpt, b"a" * 100, time.time() - 20)
+        record_versions(s, run, attempt, look(ckpt))
+        s.commit()
+        older = rows(s, run_id)[0]
+        set_pinned(s, run_id, 0, True, checkpoint_id=older.id)
+        write(ckpt, b"b" * 200, time.time() - 10)
+        s.commit()
+        run.resume_checkpoint_id = older.id
+
+        def no_space(*_: object, **__: object) -> None:
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(sc, "copy_verified", no_space)
+        chosen = resume_point(s, run, 2)
+        assert chosen is not None and chosen.path == older.path and not chosen.with_args
+        events = [e.message for e in s.scalars(select(Event).where(Event.run_id == run_id, Event.kind == "resume"))]
+        assert any("without workload.resume_args" in m for m in events)
+
+
+def test_an_unrecorded_file_moved_aside_never_replaces_an_earlier_one(
+        sessions: sessionmaker[Session], settings: Settings, workdir: Path) -> None:
+    from orchestrator.script_checkpoints import _keep_aside
+
+    run_id = script_run(sessions, settings, workdir, checkpoint_glob="out/ckpt.pt")
+    ckpt = workdir / "out" / "ckpt.pt"
+    with sessions() as s:
+        run = s.get(Run, run_id)
+        for data in (b"first", b"second"):
+            ckpt.write_bytes(data)
+            _keep_aside(s, run, 2, ckpt)
+    asides = sorted(p.read_bytes() for p in (workdir / "out").glob("ckpt.pt.before-attempt-2*"))
+    assert asides == [b"first", b"second"] and not ckpt.exists()
+
+
+def test_the_starting_point_is_placed_before_the_attempts_rows_are_written(
+        sessions: sessionmaker[Session], settings: Settings, workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import orchestrator.scheduler as scheduler_module
+    import orchestrator.submission as submission
+    from orchestrator.scheduler import Scheduler
+
+    def no_launch(*_: object, **__: object) -> list[str]:
+        raise OSError("not launched in this test")
+
+    order: list[str] = []
+
+    def spy(name: str, real: object) -> object:
+        def wrapped(*args: object, **kwargs: object) -> object:
+            order.append(name)
+            return real(*args, **kwargs)  # type: ignore[operator]
+        return wrapped
+
+    monkeypatch.setattr(scheduler_module.script_checkpoints, "resume_point",
+                        spy("resume_point", scheduler_module.script_checkpoints.resume_point))
+    monkeypatch.setattr(scheduler_module, "transition", spy("transition", scheduler_module.transition))
+    run_id = script_run(sessions, settings, workdir, checkpoint_glob="out/ckpt.pt")
+    with sessions() as s:
+        Scheduler(sessions, settings, CPU2, command=no_launch)._start_attempt(s, s.get(Run, run_id), [])
+        attempt = s.scalars(select(Attempt).where(Attempt.run_id == run_id)).one()
+    assert attempt.number == 1 and order[:2] == ["resume_point", "transition"]
+    # A fork copies the parent's file before the fork's row is inserted.
+    ckpt = workdir / "out" / "ckpt.pt"
+    with sessions() as s:
+        run = s.get(Run, run_id)
+        write(ckpt, b"v" * 10, time.time())
+        record_versions(s, run, attempt, look(ckpt))
+        s.commit()
+        (row,) = rows(s, run_id)
+    order.clear()
+    monkeypatch.setattr(submission, "pin_script_copy", spy("copy", submission.pin_script_copy))
+    monkeypatch.setattr(submission, "create_run", spy("create_run", submission.create_run))
+    submission.fork(sessions, settings, run_id, None, [], CPU2, checkpoint_id=row.id)
+    assert order == ["copy", "create_run"]
+
+
+def test_a_pause_while_the_script_rewrites_its_file_says_the_next_recorded_version_counts(
+        sessions: sessionmaker[Session], settings: Settings, workdir: Path) -> None:
+    run_id = script_run(sessions, settings, workdir, checkpoint_glob="out/ckpt.pt")
+    ckpt = workdir / "out" / "ckpt.pt"
+    with sessions() as s:
+        run = s.get(Run, run_id)
+        attempt = add_attempt(s, run_id, 1, last_step=None)
+        write(ckpt, b"a" * 100, time.time() - 20)
+        record_versions(s, run, attempt, look(ckpt))
+        s.commit()
+        assert "as written at step" in request_cancel(s, run_id, mode="pause")
+        s.rollback()
+        write(ckpt, b"b" * 50, time.time())  # being written: not recorded yet
+        assert "is being rewritten" in request_cancel(s, run_id, mode="pause")

@@ -1,0 +1,155 @@
+"""What the scheduler watches of a script run: a failing script watcher does not stop the rest of
+the supervision, watchers of ended attempts are forgotten, and files are hashed before anything
+is written (and to completion when the attempt ends)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from db.config import config_from_json, parse_config
+from db.models import Attempt, Checkpoint, Event, Run
+from db.requests import request_cancel
+from db.scriptfiles import sha256_of
+from db.settings import Settings
+from orchestrator import script_supervision
+from orchestrator.script_supervision import ScriptWatch
+from orchestrator.submission import submit
+from tests.unit.test_scheduler import CPU2, attempts, make_scheduler, status, tick_until
+
+
+def script_run(sessions: sessionmaker[Session], settings: Settings, tmp_path: Path, name: str) -> int:
+    """A script run; ``name`` picks the fake workload test_scheduler launches instead of torchrun."""
+    workdir = tmp_path / "work"
+    (workdir / "out").mkdir(parents=True, exist_ok=True)
+    (workdir / "train.py").write_text("print('hi')\n")
+    config = parse_config({"name": name, "workload": {"kind": "script", "script": str(workdir / "train.py"),
+                                                      "workdir": str(workdir), "checkpoint_glob": "out/ckpt.pt"}})
+    return submit(sessions, settings, config, CPU2)
+
+
+def warnings(sessions: sessionmaker[Session], run_id: int) -> list[str]:
+    with sessions() as s:
+        return [e.message for e in s.scalars(select(Event).where(Event.run_id == run_id, Event.level == "warning"))]
+
+
+def test_a_failing_script_tick_does_not_stop_cancel_and_is_told_once(
+        sessions: sessionmaker[Session], settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run_id = script_run(sessions, settings, tmp_path, "long")
+    scheduler = make_scheduler(sessions, settings)
+    tick_until(scheduler, lambda: (run_id, 1) in scheduler.scripts.live())  # launched and watched
+
+    def broken(*_: object) -> None:
+        raise OSError("the scan failed")
+
+    monkeypatch.setattr(scheduler.scripts, "tick", broken)
+    scheduler.tick()
+    scheduler.tick()
+    assert (run_id, 1) not in scheduler.scripts.live()  # forgotten: read again from the start
+    with sessions() as s:
+        request_cancel(s, run_id)
+        s.commit()
+    tick_until(scheduler, lambda: status(sessions, run_id) == "CANCELLED", timeout=15)
+    told = [m for m in warnings(sessions, run_id) if "the scan failed" in m]
+    assert len(told) == 1 and "(tick)" in told[0]
+
+
+def test_a_failing_script_finish_still_settles_the_attempt(
+        sessions: sessionmaker[Session], settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run_id = script_run(sessions, settings, tmp_path, "quick")
+    scheduler = make_scheduler(sessions, settings)
+
+    def broken(*_: object) -> None:
+        raise RuntimeError("hashing failed")
+
+    monkeypatch.setattr(scheduler.scripts, "finish", broken)
+    tick_until(scheduler, lambda: status(sessions, run_id) == "SUCCEEDED")
+    (attempt,) = attempts(sessions, run_id)
+    assert attempt.status == "SUCCEEDED" and attempt.ended_at is not None
+    assert any("hashing failed" in m and "(finish)" in m for m in warnings(sessions, run_id))
+    assert scheduler.scripts.live() == set()
+
+
+def test_a_rolled_back_tick_forgets_what_the_collector_read(
+        sessions: sessionmaker[Session], settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run_id = script_run(sessions, settings, tmp_path, "long")
+    scheduler = make_scheduler(sessions, settings)
+    tick_until(scheduler, lambda: (run_id, 1) in scheduler.scripts.live())
+    real_tick = scheduler.scripts.tick
+
+    def write_then_fail(session: Session, *args: object) -> None:
+        real_tick(session, *args)  # type: ignore[arg-type]
+        raise OSError("disk full")
+
+    monkeypatch.setattr(scheduler.scripts, "tick", write_then_fail)
+    scheduler.tick()
+    assert (run_id, 1) not in scheduler.scripts.live()
+    monkeypatch.undo()
+    scheduler.tick()
+    assert (run_id, 1) in scheduler.scripts.live()  # a new collector: from the start of the logs
+    with sessions() as s:
+        request_cancel(s, run_id)
+        s.commit()
+    tick_until(scheduler, lambda: status(sessions, run_id) == "CANCELLED", timeout=15)
+
+
+def test_watchers_of_attempts_that_are_not_running_are_pruned(
+        sessions: sessionmaker[Session], settings: Settings, tmp_path: Path) -> None:
+    scheduler = make_scheduler(sessions, settings)
+    watch = scheduler.scripts
+    with sessions() as s:
+        run_id = script_run(sessions, settings, tmp_path, "quick")
+        run = s.get(Run, run_id)
+        attempt = Attempt(run_id=run_id, number=1, status="FAILED", dir=str(tmp_path / "a1"),
+                          started_at=time.time())
+        s.add(attempt)
+        s.commit()
+        watch._watched(run, attempt, config_from_json(run.config_json))
+        assert watch.live() == {(run_id, 1)}
+        scheduler._prune_script_watchers(s)
+    assert watch.live() == set()
+
+
+def test_files_are_hashed_before_anything_is_written_and_to_completion_at_the_end(
+        sessions: sessionmaker[Session], settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run_id = script_run(sessions, settings, tmp_path, "quick")
+    ckpt = tmp_path / "work" / "out" / "ckpt.pt"
+    ckpt.write_bytes(b"x" * 3000)
+    order: list[str] = []
+    real_scan = script_supervision.CheckpointFiles.scan
+
+    def scan(self: script_supervision.CheckpointFiles) -> list:
+        order.append("scan")
+        return real_scan(self)
+
+    real_store = ScriptWatch._store
+
+    def store(*args: object) -> None:
+        order.append("write")
+        real_store(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(script_supervision.CheckpointFiles, "scan", scan)
+    monkeypatch.setattr(ScriptWatch, "_store", staticmethod(store))
+    monkeypatch.setattr(script_supervision, "FINAL_LOOKS", 2)
+    watch = ScriptWatch()
+    with sessions() as s:
+        run = s.get(Run, run_id)
+        attempt = Attempt(run_id=run_id, number=1, status="RUNNING", dir=str(tmp_path / "a1"),
+                          started_at=time.time() - 60)
+        (tmp_path / "a1").mkdir()
+        s.add(attempt)
+        s.commit()
+        config = config_from_json(run.config_json)
+        watch.tick(s, run, attempt, config)
+        assert order[:2] == ["scan", "write"]
+        watch._watched(run, attempt, config).checkpoints.hash_budget = 1000  # type: ignore[union-attr]
+        order.clear()
+        watch.finish(s, run, attempt, config)  # 2 looks of 1000 bytes would not hash 3000
+        assert "write" in order and order.index("write") > max(i for i, x in enumerate(order) if x == "scan")
+        s.commit()
+        (row,) = s.scalars(select(Checkpoint).where(Checkpoint.run_id == run_id))
+        assert row.verified and row.sha256 == sha256_of(ckpt)
