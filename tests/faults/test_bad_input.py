@@ -269,7 +269,7 @@ def test_cli_requests_that_cannot_be_met_say_why(queued_and_cancelling: tuple[Cl
         (["logs", str(queued), "--rank", "7"], 1, ["--rank 7", "ranks 0 to 1"]),
         (["logs", str(queued), "--attempt", "3"], 1, [f"run {queued} has no attempts yet"]),
         (["ls", "--status", "bogus"], 2, ["'bogus'", "QUEUED, STARTING, RUNNING"]),
-        (["resume", str(cancelling)], 1, ["is being stopped (CANCELLING)", "wait until it is CANCELLED"]),
+        (["resume", str(cancelling)], 1, ["is being stopped (CANCELLING)", "wait until it is PAUSED or CANCELLED"]),
     ]
     for args, code, expected in cases:
         result = cli(*args)
