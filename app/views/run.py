@@ -12,6 +12,7 @@ smoothing slider sits in a popover, which draws its contents when opened."""
 
 from __future__ import annotations
 
+import re
 import time
 from functools import partial
 from pathlib import Path
@@ -72,6 +73,7 @@ def header(d: dict) -> None:
     if d["status"] == RunStatus.RETRYING and d["retry_at"]:
         st.warning(f"Retrying: next attempt at {clock(d['retry_at'])} (retries used: {d['retries_used']}).",
                    icon=":material/refresh:")
+    failure_summary(d)
     c = st.columns(6)
     c[0].metric("Elapsed", duration(d["elapsed_s"]))
     ends = eta_text(d["status"], d["eta_s"], d["eta_range_s"])
@@ -218,6 +220,38 @@ def attempts_table(d: dict) -> None:
     )
 
 
+def failed_attempt(d: dict) -> dict | None:
+    """The newest attempt when it ended in a failure (the run FAILED, or waits to retry)."""
+    if d["status"] not in (RunStatus.FAILED, RunStatus.RETRYING) or not d["attempts"]:
+        return None
+    newest = d["attempts"][-1]
+    return newest if newest["cause"] else None
+
+
+def first_error_line(text: str) -> str | None:
+    """The first line of a log that reads as the error (a traceback's start or an exception)."""
+    for line in text.splitlines():
+        stripped = line.split("]:", 1)[-1].strip() if line.startswith("[rank") else line.strip()
+        if stripped.startswith("Traceback") or re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b", stripped):
+            return stripped
+    return None
+
+
+def failure_summary(d: dict) -> None:
+    """A failed run says at the top which rank failed, with what, and the traceback runyard kept."""
+    a = failed_attempt(d)
+    if a is None:
+        return
+    rank = f"rank {a['failed_rank']}" if a["failed_rank"] is not None else "the attempt"
+    what = a["exception"] or a["reason"] or f"exit code {a['exit_code']}"
+    st.error(f"**Attempt {a['number']}: {rank} failed ({a['cause']})**: {what}", icon=":material/error:")
+    if a["log_tail"]:
+        with st.expander("Traceback and the log lines before it", expanded=d["status"] == RunStatus.FAILED):
+            if (line := first_error_line(a["log_tail"])) is not None:
+                st.caption(f"First error line: `{line[:200]}`")
+            st.code(a["log_tail"], language=None)
+
+
 def log_tails(d: dict) -> None:
     """The log tail kept for each attempt that failed, then each rank's log of the newest attempt."""
     if not d["attempts"]:
@@ -229,7 +263,10 @@ def log_tails(d: dict) -> None:
                 st.code(a["log_tail"], language=None)
     attempt_dir = Path(d["attempts"][-1]["dir"])
     files = rank_log_files(attempt_dir)
-    tabs = st.tabs([f"rank {r}" for r in files] + ["launcher"])
+    failed = failed_attempt(d)
+    # Opened on the failing rank (rank 0's log is often a red herring: it only saw the others stop).
+    opened = f"rank {failed['failed_rank']}" if failed and failed["failed_rank"] in files else None
+    tabs = st.tabs([f"rank {r}" for r in files] + ["launcher"], default=opened)
     # One tab more than ranks: the launcher's, the last, filled below.
     for tab, paths in zip(tabs, files.values(), strict=False):
         with tab:

@@ -877,3 +877,23 @@ def test_the_pin_toggle_pins_once_and_a_refused_pin_springs_back(settings: Setti
         assert (s.get(Checkpoint, ours_id).pinned, s.get(Checkpoint, theirs_id).pinned) == (True, False)
     at.run()
     assert not at.error
+
+
+def test_a_failed_run_names_the_failing_rank_and_its_exception_at_the_top(
+        settings: Settings, sessions: sessionmaker[Session]) -> None:
+    tail = ("[rank1]: Traceback (most recent call last):\n[rank1]:   File \"train.py\", line 74, in _run_batch\n"
+            "[rank1]: ValueError: bad batch at step 50\n")
+    with sessions() as s:
+        run_id = add_run(s, settings, "broken", RunStatus.STARTING, RunStatus.RUNNING, RunStatus.FAILED)
+        add_attempt(s, run_id, 49, AttemptStatus.FAILED)
+        s.flush()
+        attempt = s.query(Attempt).filter_by(run_id=run_id).one()
+        attempt.cause, attempt.failed_rank, attempt.exit_code = "USER_ERROR", 1, 1
+        attempt.exception, attempt.log_tail = "ValueError: bad batch at step 50 (at train.py:74 in _run_batch)", tail
+        s.commit()
+    at = open_page("views/run.py", run=str(run_id))
+    no_exception(at)
+    first = at.error[0].value
+    assert first.startswith("**Attempt 1: rank 1 failed (USER_ERROR)**: ValueError: bad batch at step 50"), first
+    assert "First error line: `Traceback (most recent call last):`" in [c.value for c in at.caption]
+    assert tail.strip() in [c.value for c in at.code]
