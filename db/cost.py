@@ -140,12 +140,6 @@ def eta_estimate(points: Sequence[tuple[int, float]], max_steps: int) -> Eta | N
     return Eta(seconds=eta, low=min(low, eta), high=max(high, eta))
 
 
-def eta_seconds(points: Sequence[tuple[int, float]], max_steps: int) -> float | None:
-    """:func:`eta_estimate`'s estimate alone."""
-    eta = eta_estimate(points, max_steps)
-    return eta.seconds if eta is not None else None
-
-
 def young_daly_interval_s(checkpoint_cost_s: float, mtbf_s: float) -> float:
     """The checkpoint interval that loses the least time to saves and failures together.
 

@@ -18,7 +18,7 @@ from db import metricstore
 from db.causes import INTERRUPTIONS, Cause
 from db.cost import ETA_WINDOW, AttemptSpan, Eta, cost_usd, default_prices, eta_estimate, wasted_seconds
 from db.models import Attempt, Checkpoint, Event, PriceEntry, Run, RunStatusHistory, SchedulerHeartbeat
-from db.requests import RunNotFound
+from db.requests import RunNotFound, imported
 from db.scheduler_file import read_scheduler_file
 from db.states import TERMINAL, RunStatus
 
@@ -252,6 +252,7 @@ def run_detail(session: Session, run_id: int) -> dict[str, Any]:
         raise RunNotFound(f"no run with id {run_id}; `runyard ls` lists the runs")
     (detail,) = _run_summaries(session, [run], time.time())
     detail["config"] = json.loads(run.config_json)
+    detail["imported"] = imported(run)
     detail["run_dir"] = run.run_dir
     detail["attempts"] = attempts = attempts_of(session, run_id)
     for a, b in pairwise(attempts):

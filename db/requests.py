@@ -295,6 +295,12 @@ def keep_copy(session: Session, row: Checkpoint) -> None:
 IMPORTED_TAG = "imported"
 
 
+def workdir_of(run: Run, config: RunConfig | None = None) -> Path:
+    """Where a script run's ranks run: its ``workload.workdir``, else the run's own folder."""
+    config = config or config_from_json(run.config_json)
+    return Path(config.workload.workdir or run.run_dir)
+
+
 def imported(run: Run) -> bool:
     """Whether ``run`` holds the metrics of a past run brought in by ``runyard import
     tensorboard``: tagged so, and its "script" is the folder it was read from."""
@@ -330,7 +336,7 @@ def request_rerun(session: Session, run_id: int, who: str = "user") -> str:
     run.retries_used = 0
     if not transition(session, run_id, RunStatus.QUEUED, f"rerun requested by {who}"):
         raise RequestRefused(f"run {run_id} changed status meanwhile; try again")
-    where = workload.workdir or run.run_dir
+    where = workdir_of(run)
     message = f"rerun requested by {who}: a new attempt in {where}, without a checkpoint"
     session.add(Event(run_id=run_id, at=time.time(), kind="rerun", message=message))
     return f"run {run_id} queued to run again in {where} (no checkpoint: the script starts from its own state there)"

@@ -149,7 +149,8 @@ class Scheduler:
                                  db_errors) is None:
                     # Rolled back: what the run's collectors read this tick was not stored.
                     self.scripts.forget_run(run_id)
-            self._guarded(session, "script watchers", self._prune_script_watchers, db_errors)
+            if self.scripts.live():
+                self._guarded(session, "script watchers", self._prune_script_watchers, db_errors)
             self._guarded(session, "admission", self._admit, db_errors)
         self._tell_ui(db_errors, wrote=bool(beat))
 

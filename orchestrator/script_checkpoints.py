@@ -49,9 +49,8 @@ from pathlib import Path
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from db.config import RunConfig, config_from_json
 from db.models import Attempt, Checkpoint, Event, MetricPoint, Run
-from db.requests import PREEXISTING, SCRIPT_SOURCE, checkpoints_dir, keep_copy, newest_intact
+from db.requests import PREEXISTING, SCRIPT_SOURCE, checkpoints_dir, keep_copy, newest_intact, workdir_of
 from db.scriptfiles import CopyRefused, copy_verified, is_version
 from orchestrator.scriptwatch.checkpoints import CheckpointFile
 
@@ -215,11 +214,6 @@ class ScriptResume:
     step: int
     checkpoint_id: int
     with_args: bool = True  # False: the file is not where the script looks; resume_args are left out
-
-
-def workdir_of(run: Run, config: RunConfig | None = None) -> Path:
-    config = config or config_from_json(run.config_json)
-    return Path(config.workload.workdir or run.run_dir)
 
 
 def chosen_row(session: Session, run: Run, number: int) -> Checkpoint | None:

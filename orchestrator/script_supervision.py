@@ -31,6 +31,7 @@ from sqlalchemy.orm import Session
 
 from db.config import RunConfig
 from db.models import Attempt, Event, Run
+from db.requests import workdir_of
 from orchestrator.script_checkpoints import record_versions
 from orchestrator.scriptwatch.checkpoints import CheckpointFiles
 from orchestrator.scriptwatch.collector import AttemptCollector, Collected, write
@@ -57,6 +58,7 @@ class _Watched:
     checkpoints: CheckpointFiles | None = None
     pids_at: float = 0.0
     pids_known: bool = False
+    output_at: float | None = None  # the output time last written as the attempt's progress
 
 
 def watching_words(watching: str | None, script: bool) -> str:
@@ -102,7 +104,7 @@ class ScriptWatch:
         watched = self._attempts.get(key)
         if watched is None:
             workload = config.workload
-            workdir = Path(workload.workdir or run.run_dir)
+            workdir = workdir_of(run, config)
             collector = AttemptCollector(
                 run.id, attempt.number, Path(attempt.dir), workdir,
                 stdout_metrics=workload.stdout_metrics,
@@ -126,7 +128,7 @@ class ScriptWatch:
                 watched.collector.set_pid_ranks(pid_ranks)
         collected = watched.collector.collect()
         files = watched.checkpoints.scan() if watched.checkpoints is not None else None  # hashing: before any write
-        self._store(session, run, attempt, config, collected)
+        self._store(session, run, attempt, config, collected, watched)
         if files is not None:
             record_versions(session, run, attempt, files)
 
@@ -147,7 +149,7 @@ class ScriptWatch:
                 if all(f.stable and f.sha256 is not None for f in files):
                     break
         for collected in reads:
-            self._store(session, run, attempt, config, collected)
+            self._store(session, run, attempt, config, collected, watched)
         if files is not None:
             record_versions(session, run, attempt, files)
         self.forget(run.id, attempt.number)
@@ -174,16 +176,21 @@ class ScriptWatch:
         return set(self._attempts)
 
     @staticmethod
-    def _store(session: Session, run: Run, attempt: Attempt, config: RunConfig, collected: Collected) -> None:
-        write(session, run.id, attempt.number, collected.points)
+    def _store(session: Session, run: Run, attempt: Attempt, config: RunConfig, collected: Collected,
+               watched: _Watched) -> None:
+        """Store what one read found. A quiet tick (no point, no new output) writes nothing: the
+        attempt row was loaded this tick, and it is read back only after this writes to it."""
         activity = collected.activity
-        session.flush()
-        session.refresh(attempt, ["last_step", "progress_at", "first_step_at"])
-        if attempt.first_step_at is None and activity.last_at is not None:
+        if collected.points:
+            write(session, run.id, attempt.number, collected.points)
+            session.flush()
+            session.refresh(attempt, ["last_step", "progress_at", "first_step_at"])
+        if attempt.first_step_at is None and activity.last_at is not None and activity.last_at != watched.output_at:
             # No step reported: the script's output is what shows it is alive.
             write(session, run.id, attempt.number, [], at=activity.last_at)
             session.flush()
             session.refresh(attempt, ["progress_at"])
+            watched.output_at = activity.last_at
         watching = (WATCH_STEPS if attempt.first_step_at is not None
                     else WATCH_OUTPUT if attempt.progress_at is not None else None)
         if watching != attempt.watching:

@@ -425,8 +425,7 @@ def actions(d: dict) -> None:
                           help="A new attempt from the newest verified checkpoint"):
             st.toast(data.resume_run(d["id"]))
             st.rerun()
-    imported = "imported" in d["config"]["tags"] and not str(d["config"]["workload"]["script"]).endswith(".py")
-    if status in TERMINAL_VALUES and d["config"]["workload"]["kind"] == "script" and not imported:
+    if status in TERMINAL_VALUES and d["config"]["workload"]["kind"] == "script" and not d["imported"]:
         if cols[1].button("Rerun", icon=":material/restart_alt:", key=f"rerun-{d['id']}",
                           help="A new attempt in the same folder without a checkpoint: for a script that keeps "
                                "its own state there"):

@@ -13,7 +13,7 @@ from db.config import RunConfig
 from db.cost import (
     AttemptSpan,
     cost_usd,
-    eta_seconds,
+    eta_estimate,
     gpu_price,
     price_for,
     wasted_seconds,
@@ -46,19 +46,19 @@ def test_cpu_runs_pay_their_share_of_the_node() -> None:
 def test_eta_from_steady_throughput() -> None:
     # 10 steps/s, at step 200 of 1000: 80 s left.
     points = [(step, 100.0 + step / 10) for step in range(0, 201, 10)]
-    assert eta_seconds(points, 1000) == pytest.approx(80.0)
+    assert eta_estimate(points, 1000).seconds == pytest.approx(80.0)  # type: ignore[union-attr]
 
 
 def test_eta_ignores_warm_up_before_recent_points() -> None:
     # A slow start (compile, data loading) followed by a steady 10 steps/s.
     points = [(10, 100.0)] + [(step, 200.0 + step / 10) for step in range(20, 1000, 10)]
-    assert eta_seconds(points, 2000) == pytest.approx((2000 - 990) / 10)
+    assert eta_estimate(points, 2000).seconds == pytest.approx((2000 - 990) / 10)  # type: ignore[union-attr]
 
 
 def test_eta_unknown_without_progress() -> None:
-    assert eta_seconds([], 100) is None
-    assert eta_seconds([(5, 1.0)], 100) is None
-    assert eta_seconds([(5, 1.0), (5, 2.0)], 100) is None
+    assert eta_estimate([], 100) is None
+    assert eta_estimate([(5, 1.0)], 100) is None
+    assert eta_estimate([(5, 1.0), (5, 2.0)], 100) is None
 
 
 def test_wasted_is_time_after_the_last_checkpoint_plus_restarts() -> None:
@@ -192,7 +192,6 @@ def test_checkpoint_advice_without_step_time_still_gives_seconds(sessions: sessi
 
 
 def test_the_eta_keeps_its_pace_through_periodic_pauses_and_gives_a_range() -> None:
-    from db.cost import eta_estimate
     # 10 steps/s, with a 5 s evaluation every 100 steps: the newest 20 points (one pause or
     # none) would swing; the window of 60 averages the pauses in.
     points, t = [], 0.0

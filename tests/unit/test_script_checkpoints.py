@@ -105,6 +105,16 @@ def write(path: Path, data: bytes, mtime: float) -> None:
     os.utime(path, (mtime, mtime))
 
 
+def saved(session: Session, run: Run, attempt: Attempt, ckpt: Path, data: bytes, at: float,
+          step: int | None = None) -> None:
+    """The script reported ``step`` (if given) a second before it wrote ``data`` to ``ckpt`` at
+    ``at``; runyard then looked at the file."""
+    if step is not None:
+        report(session, attempt, step, at - 1)
+    write(ckpt, data, at)
+    record_versions(session, run, attempt, look(ckpt))
+
+
 def look(path: Path) -> list[CheckpointFile]:
     st = path.stat()
     return [CheckpointFile(path, st.st_size, st.st_mtime, sha256_of(path), True)]
@@ -144,8 +154,7 @@ def test_pinning_copies_the_file_out_of_the_scripts_reach(
     with sessions() as s:
         run = s.get(Run, run_id)
         attempt = add_attempt(s, run_id, 1, last_step=100)
-        write(ckpt, b"old" * 50, time.time() - 10)
-        record_versions(s, run, attempt, look(ckpt))
+        saved(s, run, attempt, ckpt, b"old" * 50, time.time() - 10)
         s.commit()
         row = rows(s, run_id)[0]
         set_pinned(s, run_id, 0, True, checkpoint_id=row.id)
@@ -167,12 +176,8 @@ def test_resume_checks_the_file_and_falls_back_to_the_newest_intact_version(
     with sessions() as s:
         run = s.get(Run, run_id)
         attempt = add_attempt(s, run_id, 1, last_step=None)
-        report(s, attempt, 100, time.time() - 21)
-        write(ckpt, b"a" * 100, time.time() - 20)
-        record_versions(s, run, attempt, look(ckpt))
-        report(s, attempt, 200, time.time() - 11)
-        write(ckpt, b"b" * 200, time.time() - 10)
-        record_versions(s, run, attempt, look(ckpt))
+        saved(s, run, attempt, ckpt, b"a" * 100, time.time() - 20, step=100)
+        saved(s, run, attempt, ckpt, b"b" * 200, time.time() - 10, step=200)
         s.commit()
         older, newer = rows(s, run_id)
         # A resume names the older version, whose bytes the script overwrote (it was not pinned).
@@ -196,15 +201,11 @@ def test_resume_from_a_pinned_older_version_puts_it_back_and_keeps_the_newer_one
     with sessions() as s:
         run = s.get(Run, run_id)
         attempt = add_attempt(s, run_id, 1, last_step=None)
-        report(s, attempt, 100, time.time() - 21)
-        write(ckpt, b"a" * 100, time.time() - 20)
-        record_versions(s, run, attempt, look(ckpt))
+        saved(s, run, attempt, ckpt, b"a" * 100, time.time() - 20, step=100)
         s.commit()
         older = rows(s, run_id)[0]
         set_pinned(s, run_id, 0, True, checkpoint_id=older.id)
-        report(s, attempt, 200, time.time() - 11)
-        write(ckpt, b"b" * 200, time.time() - 10)
-        record_versions(s, run, attempt, look(ckpt))
+        saved(s, run, attempt, ckpt, b"b" * 200, time.time() - 10, step=200)
         attempt.status = AttemptStatus.FAILED.value
         transition(s, run_id, RunStatus.STARTING, "t")
         transition(s, run_id, RunStatus.FAILED, "t")
@@ -328,8 +329,7 @@ def test_a_truncated_zip_is_refused_and_not_handed_over(
     with sessions() as s:
         run = s.get(Run, run_id)
         attempt = add_attempt(s, run_id, 1, last_step=None)
-        write(ckpt, good, time.time() - 20)
-        record_versions(s, run, attempt, look(ckpt))
+        saved(s, run, attempt, ckpt, good, time.time() - 20)
         write(ckpt, good[: len(good) // 2], time.time() - 10)  # the rank was killed in torch.save
         record_versions(s, run, attempt, look(ckpt))
         s.commit()
@@ -358,9 +358,7 @@ def test_a_retry_of_a_fork_before_its_own_save_starts_from_the_forks_origin(
     with sessions() as s:
         run = s.get(Run, parent_id)
         attempt = add_attempt(s, parent_id, 1, last_step=None)
-        report(s, attempt, 100, time.time() - 21)
-        write(ckpt, b"p" * 100, time.time() - 20)
-        record_versions(s, run, attempt, look(ckpt))
+        saved(s, run, attempt, ckpt, b"p" * 100, time.time() - 20, step=100)
         s.commit()
         (origin,) = rows(s, parent_id)
     fork_id = fork(sessions, settings, parent_id, None, [], CPU2, checkpoint_id=origin.id)
@@ -399,8 +397,7 @@ def test_when_the_chosen_version_cannot_be_put_in_place_the_resume_args_are_left
     with sessions() as s:
         run = s.get(Run, run_id)
         attempt = add_attempt(s, run_id, 1, last_step=None)
-        write(ckpt, b"a" * 100, time.time() - 20)
-        record_versions(s, run, attempt, look(ckpt))
+        saved(s, run, attempt, ckpt, b"a" * 100, time.time() - 20)
         s.commit()
         older = rows(s, run_id)[0]
         set_pinned(s, run_id, 0, True, checkpoint_id=older.id)
@@ -462,8 +459,7 @@ def test_the_starting_point_is_placed_before_the_attempts_rows_are_written(
     ckpt = workdir / "out" / "ckpt.pt"
     with sessions() as s:
         run = s.get(Run, run_id)
-        write(ckpt, b"v" * 10, time.time())
-        record_versions(s, run, attempt, look(ckpt))
+        saved(s, run, attempt, ckpt, b"v" * 10, time.time())
         s.commit()
         (row,) = rows(s, run_id)
     order.clear()
@@ -480,8 +476,7 @@ def test_a_pause_while_the_script_rewrites_its_file_says_the_next_recorded_versi
     with sessions() as s:
         run = s.get(Run, run_id)
         attempt = add_attempt(s, run_id, 1, last_step=None)
-        write(ckpt, b"a" * 100, time.time() - 20)
-        record_versions(s, run, attempt, look(ckpt))
+        saved(s, run, attempt, ckpt, b"a" * 100, time.time() - 20)
         s.commit()
         assert "as written at step" in request_cancel(s, run_id, mode="pause")
         s.rollback()

@@ -7,34 +7,22 @@ the UI refuses besides (orchestrator/script_roots.py).
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 import pytest
 
 from db.config import ConfigError
-from db.inventory import Inventory
 from orchestrator.script_roots import script_roots
 from orchestrator.submission import validate
-
-CPU2 = Inventory(kind="cpu", slots=2)
+from tests.unit.test_script_roots import CPU2, problems_of
 
 
 def problems(workload: dict, base: Path, *, ui: bool = False, **sections: dict) -> list[str]:
     """What ``validate`` says of a script config submitted from ``base`` (the CLI; with ``ui``,
     the UI with ``base`` as its only root)."""
     data = {"workload": {"kind": "script", **workload}, "launch": {"nproc_per_node": 1}, **sections}
-    roots = script_roots({}, base, base) if ui else None
-    cwd = os.getcwd()
-    os.chdir(base)
-    try:
-        validate(data, CPU2, roots=roots)
-    except ConfigError as exc:
-        return exc.problems
-    finally:
-        os.chdir(cwd)
-    return []
+    return problems_of(data, script_roots({}, base, base) if ui else None, base)
 
 
 @pytest.fixture

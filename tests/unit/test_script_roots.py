@@ -43,8 +43,9 @@ def script_config(script: str | Path, *args: str) -> dict:
     return {"workload": {"kind": "script", "script": str(script), "args": list(args)}, "launch": {"nproc_per_node": 1}}
 
 
-def problems_of(data: dict, roots: ScriptRoots, base: Path) -> list[str]:
-    """The problems ``validate`` reports for ``data`` with ``roots`` from ``base`` as cwd."""
+def problems_of(data: dict, roots: ScriptRoots | None, base: Path) -> list[str]:
+    """The problems ``validate`` reports for ``data`` with ``roots`` (None: the CLI's, none) from
+    ``base`` as cwd."""
     cwd = os.getcwd()
     os.chdir(base)  # validate resolves relative paths against the cwd, as the UI process does
     try:
