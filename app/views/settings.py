@@ -16,9 +16,10 @@ st.caption(
     "`other GPU` for models not listed, and `cpu-node` for a whole CPU machine (a run pays its "
     "share of the slots). Defaults are public on-demand list prices, rounded."
 )
-table = pd.DataFrame(sorted(data.prices().items()), columns=["device", "usd_per_hour"])
+prices = data.prices()
+table = pd.DataFrame(sorted(prices.items()), columns=["device", "usd_per_hour"])
 machine = data.inventory()
-one = price_for(1, machine, data.prices())
+one = price_for(1, machine, prices)
 st.info(f"**This machine**: {machine.slots} x {machine.device_label}. A 1-rank run costs "
         f"${one.usd_per_hour:.4g}/h ({one.unit}); a run with all {machine.slots} costs "
         f"${one.usd_per_hour * machine.slots:.4g}/h.", icon=":material/calculate:")
