@@ -73,6 +73,11 @@ def _page(status: int, title: str, body_html: str) -> Response:
                         headers=_OWN_HEADERS)
 
 
+# Pages a person may type that Streamlit serves under another address: the Runs page is the
+# default page, which Streamlit serves at "/" only ("/runs" answered "Page not found").
+PAGE_ALIASES = {"/runs": "/", "/runs/": "/"}
+
+
 def _wants_html(headers: Headers) -> bool:
     return "text/html" in headers.get("accept", "")
 
@@ -100,6 +105,11 @@ class Gate:
             return
         if verdict is None:  # the token in the query: log in and come back without it
             await self._log_in(scope, receive, send, headers)
+            return
+        if scope["type"] == "http" and scope["path"] in PAGE_ALIASES:
+            query = scope.get("query_string", b"").decode("latin-1")
+            target = scope.get("root_path", "") + PAGE_ALIASES[scope["path"]] + (f"?{query}" if query else "")
+            await RedirectResponse(target, status_code=308, headers=_OWN_HEADERS)(scope, receive, send)
             return
         await self.app(scope, receive, send)
 

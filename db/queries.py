@@ -202,6 +202,7 @@ def attempts_of(session: Session, run_id: int) -> list[dict[str, Any]]:
             "reason": a.reason,
             "started_at": a.started_at,
             "first_step_at": a.first_step_at,
+            "phase": a.phase,
             "ended_at": a.ended_at,
             "last_step": a.last_step,
             "pid": a.pid,

@@ -56,12 +56,20 @@ class SignalSent(str, enum.Enum):
 
 
 class AttemptPhase(str, enum.Enum):
-    """What rank 0 says the attempt is doing (``attempts.phase``; NULL while it trains)."""
+    """What rank 0 says the attempt is doing (``attempts.phase``; NULL while it trains).
 
+    Before the first step: NULL while torchrun starts the ranks and they join (rendezvous),
+    then SETUP, then FIRST_STEP; the first completed step clears it."""
+
+    SETUP = "setup"  # the ranks joined: loading the data, building the model, restoring a checkpoint
+    FIRST_STEP = "first_step"  # the loop began: the first step (with torch.compile: compiling)
     FINISHING = "finishing"  # after the last step: the final save and the teardown
 
     def __str__(self) -> str:
         return self.value
+
+
+STARTUP_PHASES = frozenset({AttemptPhase.SETUP.value, AttemptPhase.FIRST_STEP.value})
 
 
 class AttemptStatus(str, enum.Enum):

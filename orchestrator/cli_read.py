@@ -27,7 +27,7 @@ from orchestrator.cli_base import (
     open_existing,
     resolve_ref,
 )
-from orchestrator.format import eta_text, step_text
+from orchestrator.format import eta_text, startup_text, step_text
 from orchestrator.script_supervision import script_facts
 
 
@@ -96,6 +96,8 @@ def _print_detail(d: dict[str, Any]) -> None:
     click.echo(f"  step {step_text(d['step'], d['max_steps'])}  elapsed {fmt_duration(d['elapsed_s'])}  "
                f"ends {ends}  cost ${d['cost_usd']:.4f} ({d['price_unit']})")
     click.echo(f"  dir {d['run_dir']}")
+    if starting := startup_text(d["status"], d["attempts"][-1] if d["attempts"] else None, d["config"]):
+        click.echo(f"  {starting}")
     for label, text in script_facts(d["config"], d["attempts"]):
         click.echo(f"  {label}: {text}")
     click.echo("  attempts:")

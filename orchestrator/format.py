@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 
-from db.states import TERMINAL, RunStatus
+from db.states import TERMINAL, AttemptPhase, RunStatus
 
 STATUS_BADGE = {
     "QUEUED": ("gray", ":material/schedule:"),
@@ -74,3 +74,34 @@ def eta_text(status: str, eta_s: float | None, eta_range_s: tuple[float, float] 
 def step_text(step: int, total: int | None, sep: str = "/") -> str:
     """``12/300``; just ``12`` when the total is not known (0: a script that gave none)."""
     return f"{step}{sep}{total}" if total else f"{step}"
+
+
+def startup_text(status: str, attempt: dict | None, config: dict, now: float | None = None) -> str | None:
+    """What a launched run does before its first step, in the words a person waiting for it
+    needs (``Launching: torchrun starts 2 ranks and they join each other (rendezvous), 4s``);
+    ``None`` once it trains, and before or after it runs.
+
+    Args:
+        status: the run's status.
+        attempt: its newest attempt (``db.queries.attempts_of``), or None.
+        config: the run's config (``RunConfig.as_dict()``).
+    """
+    if status not in (RunStatus.STARTING, RunStatus.RUNNING) or attempt is None or attempt["first_step_at"]:
+        return None
+    if attempt["ended_at"] or attempt["phase"] == AttemptPhase.FINISHING:
+        return None
+    now = time.time() if now is None else now
+    ranks = config.get("launch", {}).get("nproc_per_node") or 1
+    since = f" ({duration(now - attempt['started_at'])} since launch)" if attempt.get("started_at") else ""
+    if attempt["phase"] == AttemptPhase.SETUP:
+        restoring = f", restoring step {attempt['resume_step']}" if attempt.get("resume_step") else ""
+        return f"Setting up: loading the data and building the model{restoring}{since}"
+    if attempt["phase"] == AttemptPhase.FIRST_STEP:
+        if config.get("train", {}).get("compile"):
+            return f"Compiling: torch.compile traces the model during the first step (slow once){since}"
+        return f"First step: the ranks run it and report{since}"
+    if config.get("workload", {}).get("kind") == "script":
+        return (f"Launching: torchrun starts {ranks} rank(s) of the script; waiting for its first step "
+                f"or output{since}")
+    return (f"Launching: torchrun starts {ranks} rank(s), they import torch and join each other "
+            f"(rendezvous){since}")

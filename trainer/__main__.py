@@ -14,12 +14,14 @@ import argparse
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from db.config import config_from_json, deep_merge, parse_config
 from db.layout import RunPaths
+from db.states import AttemptPhase
 from trainer import pdeathsig
 from trainer.context import context_from_env
 
@@ -70,7 +72,11 @@ def main(argv: list[str] | None = None) -> int:
     logger.info("run %s attempt %s: rank %d/%d on %s (%s)",
                 ctx.run_id, ctx.attempt, run.rank, run.world_size, run.device, run.info.backend)
     try:
+        run.reporter.phase(AttemptPhase.SETUP)  # shown on the Run page until the first step
+        if delay := faults.setup_delay_s():
+            time.sleep(delay)
         workload.setup(run)
+        run.reporter.phase(AttemptPhase.FIRST_STEP)
         summary = workload.train(run)
     except BaseException:
         run.close()  # a checkpoint being written lands and the metrics are flushed; no notes

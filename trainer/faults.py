@@ -9,6 +9,8 @@ scheduler's environment, so a stray ``RUNYARD_FAULT_*`` left in a user's shell m
 real training. Only runyard's tests set the switch.
 
 - ``RUNYARD_FAULT_STEP_DELAY_S=0.02``: sleep this long after every step.
+- ``RUNYARD_FAULT_SETUP_DELAY_S=5``: every rank sleeps this long while setting up (a slow data
+  load, so a test can watch the start-up phases).
 - ``RUNYARD_FAULT_SAVE_DELAY=STEP:SECONDS``: the checkpoint writer sleeps before publishing the
   checkpoint of STEP (so a test can kill the ranks while that save is in flight).
 - ``RUNYARD_FAULT_SLOW_RANK=RANK:SECONDS``: RANK sleeps this long at the start of every step (a
@@ -47,6 +49,10 @@ def _spec(name: str) -> str:
 
 def step_delay_s() -> float:
     return float(_spec("RUNYARD_FAULT_STEP_DELAY_S") or 0.0)
+
+
+def setup_delay_s() -> float:
+    return float(_spec("RUNYARD_FAULT_SETUP_DELAY_S") or 0.0)
 
 
 def save_delay_s(step: int) -> float:

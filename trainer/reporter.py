@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy import Connection, insert
 
-from db.states import AttemptPhase
+from db.states import STARTUP_PHASES, AttemptPhase
 from trainer.context import RunContext
 
 logger = logging.getLogger(__name__)
@@ -64,6 +64,7 @@ class DatabaseWriter(threading.Thread):
         self._pending: dict[str, list[Any]] = {}
         self._progress: tuple[int | None, float, str | None] | None = None
         self._first_step_written = False
+        self._in_startup = False  # a start-up phase was queued and no step has come since
         self._failures = 0  # consecutive failed transactions
         self._failing_since: float | None = None
         self._failure_logged_at = 0.0
@@ -112,7 +113,12 @@ class DatabaseWriter(threading.Thread):
                 step, at, phase = payload
                 if step is None and self._progress is not None:  # keep the step already queued
                     step = self._progress[0]
-                self._progress = (step, at, phase or (self._progress[2] if self._progress else None))
+                held = self._progress[2] if self._progress else None
+                if phase in STARTUP_PHASES:
+                    self._in_startup = True
+                elif phase is None and step is not None and self._in_startup:
+                    phase, self._in_startup = "", False  # the first step clears a start-up phase ("" writes NULL)
+                self._progress = (step, at, phase if phase is not None else held)
                 if not self._first_step_written and step is not None and not self._failures:
                     return True  # the first step is news (STARTING -> RUNNING): write it now
             elif kind == "rows":
@@ -174,11 +180,13 @@ class DatabaseWriter(threading.Thread):
             write_points(conn, rows)
         if self._progress is not None:
             step, at, phase = self._progress
-            values: dict[str, Any] = {"progress_at": at}
+            # A start-up phase alone is no sign of life for the watchdog: it judges the start-up
+            # from the launch (and a script's from its output), as before the phase was reported.
+            values: dict[str, Any] = {} if step is None and phase in STARTUP_PHASES else {"progress_at": at}
             if step is not None:
                 values.update(last_step=step, first_step_at=func.coalesce(Attempt.first_step_at, at))
             if phase is not None:
-                values["phase"] = phase
+                values["phase"] = phase or None
             conn.execute(
                 update(Attempt).where(Attempt.run_id == self._run_id, Attempt.number == self._attempt).values(**values)
             )
@@ -308,6 +316,12 @@ class MetricReporter:
         """Cheap: rank 0 notes the newest completed step (heartbeat and ETA)."""
         if self.writer is not None:
             self.writer.put_progress(step)
+
+    def phase(self, phase: AttemptPhase) -> None:
+        """Rank 0: what the attempt does before its first step (SETUP, FIRST_STEP), shown on the
+        Run page while a person waits; the first step clears it."""
+        if self.writer is not None:
+            self.writer.put_progress(None, phase=phase.value)
 
     def finishing(self) -> None:
         """The loop is over: the final save and the teardown may take a while, and that is not a

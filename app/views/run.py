@@ -25,7 +25,7 @@ from app.system import latest_window, summary_line, system_panels
 from db.config import ConfigError
 from db.requests import RequestRefused
 from db.states import TERMINAL, RunStatus
-from orchestrator.format import badge, clock, duration, eta_text, step_text, usd
+from orchestrator.format import badge, clock, duration, eta_text, startup_text, step_text, usd
 from orchestrator.logs import launcher_log, rank_log_files, tail
 from orchestrator.script_supervision import script_facts
 
@@ -64,6 +64,8 @@ def header(d: dict) -> None:
     st.markdown(f"## #{d['id']} {d['name']} &nbsp; {badge(d['status'])}")
     if d["status_reason"]:
         st.caption(d["status_reason"])
+    if starting := startup_text(d["status"], d["attempts"][-1] if d["attempts"] else None, d["config"]):
+        st.caption(starting)
     st.progress(d["progress"], text=f"step {step_text(d['step'], d['max_steps'], ' / ')}")
     facts = script_facts(d["config"], d["attempts"])
     if facts:
@@ -172,8 +174,12 @@ def chart_options(run_id: int) -> charts.ChartOptions:
 
 def metric_charts(d: dict, series: dict[str, data.LiveSeries]) -> None:
     if not series:
-        st.info("Waiting for the first metrics from the ranks…" if d["status"] not in TERMINAL_VALUES
-                else "This run reported no metrics.")
+        if d["status"] in TERMINAL_VALUES:
+            st.info("This run reported no metrics.")
+        else:  # what it does meanwhile: queued for what, launching, setting up, compiling, first step
+            newest = d["attempts"][-1] if d["attempts"] else None
+            st.info(startup_text(d["status"], newest, d["config"]) or d["status_reason"]
+                    or "Waiting for the first metrics from the ranks…", icon=":material/hourglass_top:")
         return
     options = chart_options(d["id"])
     cutoffs = data.lineage_cutoffs(d["attempts"])

@@ -32,3 +32,11 @@ def test_the_pages_show_runyard_and_fetch_nothing_from_outside_the_machine(page:
         for words in ("Deploy", "Record a screencast", "Made with Streamlit", "Stop"):
             assert page.get_by_text(words, exact=True).filter(visible=True).count() == 0, (path, words)
     assert hosts and set(hosts) == {"127.0.0.1"}, sorted(set(hosts))
+
+
+def test_the_runs_page_answers_at_slash_runs_too(page: Any, runyard_up: Any) -> None:
+    """The Runs page is the default page, which Streamlit serves at "/" only: "/runs", the
+    address a person types after seeing "Runs" in the sidebar, answered "Page not found"."""
+    open_page(page, f"{runyard_up.url}/runs", "Runs")
+    assert urlsplit(page.url).path == "/"
+    assert page.get_by_text("Page not found").count() == 0

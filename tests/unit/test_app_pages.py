@@ -508,7 +508,8 @@ def test_new_run_form_shows_the_defaults(settings: Settings) -> None:
     no_exception(at)
     assert at.title[0].value == "New run"
     assert at.number_input(key="launch.nproc_per_node").value == 2
-    assert at.number_input(key="train.max_steps").value == 300
+    # The first run is one a person can watch (about a minute), not over 4 s after its first point.
+    assert at.number_input(key="train.max_steps").value == 3000
     assert at.number_input(key="train.lr").value == pytest.approx(0.001)
     assert not at.error
 
