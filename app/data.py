@@ -14,9 +14,11 @@ from typing import Any
 import streamlit as st
 from sqlalchemy.orm import Session, sessionmaker
 
-from db import queries
+from db import estimates, queries
 from db.config import RunConfig
+from db.cost import price_for
 from db.engine import make_engine, make_sessionmaker
+from db.estimates import StartEstimate
 from db.inventory import Inventory
 from db.metricstore import Series, choose_level, series
 from db.requests import (
@@ -306,6 +308,15 @@ def fork_run(run_id: int, step: int, overrides: list[str], checkpoint_id: int | 
                   checkpoint_id=checkpoint_id)
     _changed()
     return new_id
+
+
+def start_estimate(config: dict[str, Any]) -> StartEstimate:
+    """Time and cost of ``config`` (a run's config as a dict) before it starts: this machine's
+    price for its ranks, and the pace of the most alike earlier run (db/estimates.py)."""
+    nproc = int(config.get("launch", {}).get("nproc_per_node") or 1)
+    with sessions()() as s:
+        price = price_for(nproc, inventory(), queries.price_table(s))
+        return estimates.start_estimate(s, config, price)
 
 
 def prices() -> dict[str, float]:

@@ -12,6 +12,7 @@ import streamlit as st
 
 from app import data, form
 from db.config import ConfigError, RunConfig, deep_merge, field_of, parse_config, parse_toml, plausibility_warnings
+from orchestrator.format import estimate_text
 
 # Widgets per row in a section.
 COLUMNS = 3
@@ -162,7 +163,21 @@ with st.form("new_run"):
     if warned and not errors:
         st.warning("**Check before starting** (press Start again to start anyway):\n\n"
                    + "\n".join(f"- {w}" for w in warned[1]), icon=":material/warning:")
-    started = st.form_submit_button("Start", type="primary", icon=":material/play_arrow:")
+    # Time and cost before Start, for the values as last applied (a form sends its values on a
+    # button: "Update estimate" applies the edits without starting).
+    try:
+        as_applied = deep_merge(base, form.values_to_config(values, RunConfig))
+        estimate: str | None = estimate_text(data.start_estimate(as_applied))
+    except (TypeError, ValueError):  # a value the validation at Start will name
+        estimate = None
+    if estimate:
+        st.info(f"**Estimate**: {estimate}", icon=":material/calculate:")
+    buttons = st.columns([1, 1, 4])
+    with buttons[0]:
+        started = st.form_submit_button("Start", type="primary", icon=":material/play_arrow:")
+    with buttons[1]:
+        st.form_submit_button("Update estimate", icon=":material/calculate:",
+                              help="Apply the values above to the estimate without starting")
 
 if started:
     # Keys the form does not show (from an uploaded TOML) are kept; a table the form shows is

@@ -2,6 +2,7 @@
 shows "Launching" while torchrun starts the ranks and they join, then "Setting up" while they load
 the data, then the charts. The data load is made slow (RUNYARD_FAULT_SETUP_DELAY_S, a test hook:
 the real one takes a fraction of a second) so that a refresh every 2 s catches each phase.
+Then the New run page's estimate before Start (item 13) takes that run's pace.
 
     pytest -m browser tests/browser/test_phases_browser.py
 """
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.browser.test_resume_browser import submit
-from tests.browser.test_ui_browser import PAGE_TIMEOUT_MS, RUN_TIMEOUT_MS, expect
+from tests.browser.test_ui_browser import PAGE_TIMEOUT_MS, RUN_TIMEOUT_MS, expect, fill_number, open_page
 
 pytestmark = pytest.mark.browser
 SETUP_DELAY_S = 12
@@ -27,7 +28,7 @@ def slow_setup(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RUNYARD_FAULT_SETUP_DELAY_S", str(SETUP_DELAY_S))
 
 
-def test_the_run_page_names_each_start_up_phase_before_the_first_step(
+def test_the_run_page_names_each_start_up_phase_then_new_run_estimates_from_that_run(
         slow_setup: None, runyard_up: Any, page: Any) -> None:
     run_id = submit(runyard_up, "train.max_steps=200", "name=phases")
     page.goto(f"{runyard_up.url}/run?run={run_id}")
@@ -41,3 +42,16 @@ def test_the_run_page_names_each_start_up_phase_before_the_first_step(
     # Once it trained, no phase is shown any more, and the charts are there.
     expect(seen).to_have_count(0, timeout=PAGE_TIMEOUT_MS)
     expect(page.locator("[data-testid='stVegaLiteChart']").first).to_be_visible(timeout=PAGE_TIMEOUT_MS)
+
+    # Before the next Start, the New run page estimates time and cost from that run's pace.
+    open_page(page, f"{runyard_up.url}/new", "New run")
+    estimate = page.get_by_test_id("stAlert").filter(has_text="Estimate")
+    pace = re.compile(rf"About .+ and \$[\d.]+: 3,000 steps at [\d.]+ steps/s as run #{run_id} phases trained")
+    expect(estimate).to_contain_text(pace, timeout=PAGE_TIMEOUT_MS)
+    before = estimate.inner_text()
+    fill_number(page, "Max steps", "30000")
+    page.get_by_role("button", name="Update estimate").click()
+    expect(estimate).to_contain_text("30,000 steps", timeout=PAGE_TIMEOUT_MS)
+    assert estimate.inner_text() != before
+    expect(page.get_by_role("heading", name="New run", level=1)).to_be_visible()  # not started
+    assert len(runyard_up.cli("ls")) == 1

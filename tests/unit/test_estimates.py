@@ -1,0 +1,74 @@
+"""The New run page's estimate before Start: the pace of the most alike earlier run on this
+database, its start-up, the machine's price; rough when only the workload matches; none
+without an earlier run."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from db.config import RunConfig
+from db.estimates import start_estimate
+from db.models import Attempt
+from db.requests import Price, create_run
+from db.settings import Settings
+from orchestrator.format import estimate_text
+from tests.unit.test_app_pages import open_page
+
+PRICE = Price(usd_per_hour=0.36, unit="2/2 of a CPU node @ $0.36/h")
+
+
+def add_trained(session: Session, settings: Settings, steps_per_s: float, startup_s: float, **train: object) -> int:
+    """A run that trained 1,000 steps at ``steps_per_s`` after ``startup_s`` of start-up."""
+    config = RunConfig.model_validate({"name": f"past-{steps_per_s}", "train": {"max_steps": 1000, **train}})
+    run = create_run(session, config, settings.runs_dir, PRICE)
+    session.flush()
+    start = time.time() - 3600
+    run.started_at = start
+    first = start + startup_s
+    session.add(Attempt(run_id=run.id, number=1, status="SUCCEEDED", dir=str(Path(run.run_dir) / "1"),
+                        started_at=start, first_step_at=first, ended_at=first + 1000 / steps_per_s,
+                        last_step=1000, resume_step=0))
+    session.flush()
+    return run.id
+
+
+def test_the_pace_of_the_alike_run_gives_time_and_cost(settings: Settings, sessions: sessionmaker[Session]) -> None:
+    with sessions.begin() as s:
+        alike = add_trained(s, settings, steps_per_s=50.0, startup_s=12.0)
+        add_trained(s, settings, steps_per_s=5.0, startup_s=30.0, batch_size=512)  # newer, other batch size
+        e = start_estimate(s, RunConfig.model_validate({"train": {"max_steps": 3000}}).as_dict(), PRICE)
+    assert (e.like_run, e.exact) == (alike, True)
+    assert e.steps_per_s == pytest.approx(50.0)
+    assert e.seconds == pytest.approx(12.0 + 3000 / 50.0)
+    assert e.cost_usd == pytest.approx(72.0 * 0.36 / 3600)
+    assert estimate_text(e).startswith(f"About 1m 12s and $0.0072: 3,000 steps at 50 steps/s as run #{alike}")
+
+
+def test_another_batch_size_gives_a_rough_estimate_and_nothing_alike_gives_the_price_only(
+        settings: Settings, sessions: sessionmaker[Session]) -> None:
+    config = RunConfig.model_validate({"train": {"max_steps": 3000, "batch_size": 32}}).as_dict()
+    with sessions.begin() as s:
+        none = start_estimate(s, config, PRICE)
+        other = add_trained(s, settings, steps_per_s=40.0, startup_s=10.0)
+        rough = start_estimate(s, config, PRICE)
+        four_ranks = start_estimate(s, {**config, "launch": {"nproc_per_node": 4, "backend": "auto"}}, PRICE)
+    assert none.seconds is None
+    assert estimate_text(none) == ("no earlier run of this workload with these ranks has trained here, so no time "
+                                   "yet. It will cost $0.36 per hour (2/2 of a CPU node @ $0.36/h); the Run page "
+                                   "shows the ETA once it trains.")
+    assert (rough.like_run, rough.exact) == (other, False)
+    assert "(rough)" in estimate_text(rough)
+    assert four_ranks.like_run is None  # another number of ranks trains at another pace
+
+
+def test_the_new_run_page_shows_the_estimate_before_start(settings: Settings, sessions: sessionmaker[Session]) -> None:
+    with sessions.begin() as s:
+        past = add_trained(s, settings, steps_per_s=100.0, startup_s=15.0)
+    at = open_page("views/new_run.py")
+    shown = [i.value for i in at.info if i.value.startswith("**Estimate**")]
+    # The form's first run: 3,000 steps at the earlier run's 100 steps/s, plus its 15 s start-up.
+    assert shown and "About 45s and $" in shown[0] and f"run #{past}" in shown[0], shown
