@@ -11,6 +11,7 @@ from pathlib import Path
 import streamlit as st
 
 from app import data
+from app.style import page_css
 from orchestrator.format import duration, runyard_version
 
 VERSION = runyard_version()
@@ -19,6 +20,15 @@ ICON = Path(__file__).resolve().parent / "assets" / "icon.png"
 st.set_page_config(page_title="runyard", page_icon=str(ICON), layout="wide",
                    menu_items={"About": f"**runyard** {VERSION}: a dashboard and local job orchestrator for "
                                         "distributed PyTorch training."})
+
+
+def logo_svg(version: str) -> str:
+    """The product's name and version as an SVG the page draws itself (no font or image to fetch)."""
+    return (
+        '<svg xmlns="http://www.w3.org/2000/svg" width="150" height="28" viewBox="0 0 150 28">'
+        '<text x="0" y="20" font-family="sans-serif" font-size="18" font-weight="700" fill="#1f4e79">runyard</text>'
+        f'<text x="78" y="20" font-family="sans-serif" font-size="13" fill="#6b7280">{version}</text></svg>'
+    )
 
 
 def sso_configured() -> bool:
@@ -43,8 +53,11 @@ pages = [
     st.Page("views/compare.py", title="Compare", icon=":material/stacked_line_chart:", url_path="compare"),
     st.Page("views/settings.py", title="Settings", icon=":material/settings:", url_path="settings"),
 ]
-page = st.navigation(pages)
-st.sidebar.markdown(f"**runyard** {VERSION}")
+# Navigation across the top: the whole width is the page's (at 800 px a sidebar took 300 of it and
+# cut the headline numbers to "$…"), and narrow windows fold the links into a menu.
+page = st.navigation(pages, position="top")
+st.logo(logo_svg(VERSION), size="large", link=None)
+st.markdown(page_css(), unsafe_allow_html=True)
 
 
 @st.fragment(run_every=5)

@@ -172,10 +172,9 @@ with st.form("new_run"):
         estimate = None
     if estimate:
         st.info(f"**Estimate**: {estimate}", icon=":material/calculate:")
-    buttons = st.columns([1, 1, 4])
-    with buttons[0]:
+    # A row as wide as its buttons (fixed columns cut "Update estimate" at 800 px).
+    with st.container(horizontal=True):
         started = st.form_submit_button("Start", type="primary", icon=":material/play_arrow:")
-    with buttons[1]:
         st.form_submit_button("Update estimate", icon=":material/calculate:",
                               help="Apply the values above to the estimate without starting")
 

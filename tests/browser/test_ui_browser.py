@@ -126,7 +126,7 @@ def test_new_run_from_the_form_trains_to_succeeded_with_charts(page: Any, runyar
     # The Runs page opens a run in the same tab when its row is selected (the row-marker
     # checkbox: the grid is a canvas, so the click is by position: first column, first row).
     page.set_viewport_size({"width": 1400, "height": 1000})
-    page.get_by_test_id("stSidebarNav").get_by_role("link", name="Runs").click()
+    page.get_by_test_id("stTopNav").get_by_role("link", name="Runs").click()
     table = page.get_by_test_id("stDataFrame")
     expect(table).to_be_visible(timeout=PAGE_TIMEOUT_MS)
     expect(page.get_by_role("heading", name="Runs", level=1)).to_be_visible()
@@ -135,7 +135,7 @@ def test_new_run_from_the_form_trains_to_succeeded_with_charts(page: Any, runyar
     expect(header).to_contain_text("SUCCEEDED", timeout=PAGE_TIMEOUT_MS)
     expect(page.locator("[data-testid='stVegaLiteChart']").first).to_be_visible(timeout=PAGE_TIMEOUT_MS)
     # Back on the Runs page, the old selection does not send the person to the run again.
-    page.get_by_test_id("stSidebarNav").get_by_role("link", name="Runs").click()
+    page.get_by_test_id("stTopNav").get_by_role("link", name="Runs").click()
     expect(table).to_be_visible(timeout=PAGE_TIMEOUT_MS)
     page.wait_for_timeout(3_000)  # more than one refresh of the table (every 2 s)
     assert "/run?" not in page.url, page.url
