@@ -124,13 +124,15 @@ def test_new_run_from_the_form_trains_to_succeeded_with_charts(page: Any, runyar
         (run_id, "browser-digits", "SUCCEEDED", 300)]
 
     # The Runs page opens a run in the same tab when its row is selected (the row-marker
-    # checkbox: the grid is a canvas, so the click is by position: first column, first row).
+    # checkbox: the grid is a canvas, so the click is by position: first column, first row) and
+    # "Open run" pressed (a selection alone no longer opens it: rows are selected to compare too).
     page.set_viewport_size({"width": 1400, "height": 1000})
     page.get_by_test_id("stSidebarNav").get_by_role("link", name="Runs").click()
     table = page.get_by_test_id("stDataFrame")
     expect(table).to_be_visible(timeout=PAGE_TIMEOUT_MS)
     expect(page.get_by_role("heading", name="Runs", level=1)).to_be_visible()
     table.click(position={"x": 17, "y": 53})
+    page.get_by_role("button", name=f"Open run #{run_id}").click()
     page.wait_for_url(re.compile(rf"/run\?run={run_id}$"), timeout=PAGE_TIMEOUT_MS)
     expect(header).to_contain_text("SUCCEEDED", timeout=PAGE_TIMEOUT_MS)
     expect(page.locator("[data-testid='stVegaLiteChart']").first).to_be_visible(timeout=PAGE_TIMEOUT_MS)
