@@ -45,6 +45,13 @@ def number(value: float | None) -> str:
     return "NaN" if math.isnan(value) else f"{value:.4g}"
 
 
+def where(m: MetricSummary) -> str:
+    """Where the best value lies: its step, or for a long run the bucket of steps it is the mean of."""
+    if m.bucket_steps == 1 or m.best_last_step == m.best_step:
+        return str(m.best_step)
+    return f"{m.best_step}–{m.best_last_step}"
+
+
 def best_word(higher: bool) -> str:
     return "max" if higher else "min"
 
@@ -64,7 +71,7 @@ def summary_frame(runs: Sequence[Mapping[str, Any]], keys: Sequence[str],
             m = metrics.get((run["id"], key))
             row[f"{key} final"] = number(m.final) if m else MISSING
             best = f"{key} best ({best_word(higher_is_better(key))})"
-            row[best] = f"{number(m.best)} @ {m.best_step}" if m and m.best is not None else MISSING
+            row[best] = f"{number(m.best)} @ {where(m)}" if m and m.best is not None else MISSING
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -3,7 +3,9 @@
 - :func:`metric_summaries`: the final and the best value of some metrics of some runs, where a
   metric's value at a step is the mean over the ranks that logged it there (what the charts
   draw), along each run's lineage (steps an attempt logged after a later attempt's resume step
-  were abandoned and do not count). Two statements however many runs and metrics.
+  were abandoned and do not count), read at the Compare chart's resolution (a long run's
+  rollup buckets, never more than ``MAX_POINTS`` rows per rank). Three statements however many
+  runs and metrics, and a bounded read however long the runs.
 - :func:`compare_runs`: the runs' summaries (status, steps, wall time, cost: the Runs page's
   batched read) and their configs, in a fixed number of statements.
 - :func:`config_diff`: the config keys, flattened as ``section.key``, whose values differ.
@@ -21,11 +23,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Select, and_, case, func, literal, or_, select
+from sqlalchemy import Select, and_, case, func, literal, or_, select, union_all
 from sqlalchemy.orm import Session, aliased
 
 from db import queries
-from db.models import Attempt, MetricName, MetricPoint, Run
+from db.metricstore import BASE, LEVELS, choose_level
+from db.models import Attempt, MetricName, MetricPoint, MetricRollup, Run
 
 # Metric names (or their last ``/``- or ``.``-separated part) that are better when higher: the
 # words below as a whole word of the name (``eval_accuracy``, ``top1``, ``val/f1``,
@@ -38,6 +41,7 @@ _WORD = re.compile(r"[a-z0-9]+")
 # Config keys not diffed: the name is every run's own (it labels the run's column already).
 NOT_DIFFED = frozenset({"name"})
 ABSENT = "—"  # a key one run's config does not have
+MAX_POINTS = 1000  # the most steps per rank a summary reads of a series: the Compare chart's resolution
 
 
 class CompareError(ValueError):
@@ -59,12 +63,16 @@ class MetricSummary:
     """One metric of one run along its lineage (values are the mean over ranks at a step).
 
     Attributes:
-        final: The value at the last step (NaN when every rank logged NaN there).
-        final_step: That step.
-        best: The minimum, or the maximum for :func:`higher_is_better` keys, over the steps
-            whose value is not NaN; None when every one is NaN.
-        best_step: The step of ``best`` (the earliest one when several tie).
-        steps: How many steps logged the metric.
+        final: The mean over ranks of each rank's last value (NaN when every one is NaN).
+        final_step: The step of that value (the largest on the lineage).
+        best: The minimum, or the maximum for :func:`higher_is_better` keys, of the values the
+            Compare chart draws (NaN left out): the rank mean at each step, or for a run with
+            more than ``max_points`` logged steps the rank mean of each bucket of ``bucket_steps``
+            steps; None when every one is NaN.
+        best_step: The step of ``best`` (a bucket's first step; the earliest one when several tie).
+        best_last_step: ``best_step`` itself, or the bucket's last step.
+        points: How many values (steps, or buckets) ``best`` was chosen from.
+        bucket_steps: 1 for exact steps, else the bucket size (a power of 4).
         higher_is_better: Which way ``best`` was chosen.
     """
 
@@ -72,46 +80,89 @@ class MetricSummary:
     final_step: int
     best: float | None
     best_step: int | None
-    steps: int
+    best_last_step: int | None
+    points: int
+    bucket_steps: int
     higher_is_better: bool
 
 
-def _lineage_steps(run_ids: Sequence[int], name_ids: Sequence[int]) -> Select:
-    """Per (run, name, attempt, step) on the run's lineage, the mean over ranks: the points are
-    read in their primary key's order (run, name, attempt, step, rank), so the grouping is one
-    pass over each series. A step is on the lineage unless a later attempt resumed from an
-    earlier step (db.queries.lineage_cutoffs, here in SQL)."""
-    P = MetricPoint
+def _catalogue(session: Session, run_ids: Sequence[int], name_ids: Sequence[int]) -> dict[tuple[int, int], list]:
+    """(run, name) -> the metric store's catalogue of its series: (attempt, rank, first step,
+    last step, points) from the coarsest rollup level, every run and name in one statement."""
+    R = MetricRollup
+    rows = session.execute(
+        select(R.run_id, R.name_id, R.attempt, R.rank, func.min(R.first_step), func.max(R.last_step),
+               func.sum(R.count))
+        .where(R.run_id.in_(run_ids), R.name_id.in_(name_ids), R.level == LEVELS)
+        .group_by(R.run_id, R.name_id, R.attempt, R.rank)
+    ).all()
+    catalogue: dict[tuple[int, int], list] = {}
+    for run_id, name_id, *entry in rows:
+        catalogue.setdefault((run_id, name_id), []).append(tuple(entry))
+    return catalogue
+
+
+def _lineage_steps(levels: Mapping[tuple[int, int], int], run_ids: Sequence[int]) -> Select:
+    """Per (run, name, attempt, step) on the run's lineage: ``value``, the mean over ranks
+    (of each rank's value, or of its bucket's mean), ``last`` (the mean of the ranks' values at
+    their last step in the bucket), ``last_step`` and ``size`` (the bucket's steps). Series at
+    level 0 are read from the raw points, the others from their rollup level: at most about
+    ``max_points`` rows per rank either way, one index range each (an OR of equalities, which
+    SQLite turns into one index seek per term; a row-value IN scanned the table). A bucket is on the lineage
+    unless it starts after a later attempt's resume step (db.queries.lineage_cutoffs, in SQL,
+    and the rule the charts follow)."""
+    P, R = MetricPoint, MetricRollup
+    raw = [k for k, level in levels.items() if level == 0]
+    rolled = [(*k, level) for k, level in levels.items() if level > 0]
+    parts: list[Select] = []
+    if raw:
+        parts.append(
+            select(P.run_id, P.name_id, P.attempt, P.step, func.avg(P.value).label("value"),
+                   func.avg(P.value).label("last"), P.step.label("last_step"), literal(1).label("size"))
+            .where(or_(*(and_(P.run_id == r, P.name_id == n) for r, n in raw)))
+            .group_by(P.run_id, P.name_id, P.attempt, P.step))
+    if rolled:
+        size = _bucket_size(R.level)
+        mean = case((R.count > R.nan_count, R.sum_value / (R.count - R.nan_count)))
+        parts.append(
+            select(R.run_id, R.name_id, R.attempt, (R.bucket * size).label("step"), func.avg(mean).label("value"),
+                   func.avg(R.last_value).label("last"), func.max(R.last_step).label("last_step"),
+                   size.label("size"))
+            .where(or_(*(and_(R.run_id == r, R.name_id == n, R.level == lv) for r, n, lv in rolled)))
+            .group_by(R.run_id, R.name_id, R.level, R.attempt, R.bucket))
+    steps = (parts[0] if len(parts) == 1 else union_all(*parts)).subquery()
     later = aliased(Attempt)
     cutoff = (select(func.min(func.coalesce(later.resume_step, 0)))
               .where(later.run_id == Attempt.run_id, later.number > Attempt.number).scalar_subquery())
     cutoffs = (select(Attempt.run_id, Attempt.number, cutoff.label("cutoff"))
                .where(Attempt.run_id.in_(run_ids)).subquery())
-    per_step = (
-        select(P.run_id, P.name_id, P.attempt, P.step, func.avg(P.value).label("value"),
-               func.count(P.value).label("finite"))
-        .where(P.run_id.in_(run_ids), P.name_id.in_(name_ids))
-        .group_by(P.run_id, P.name_id, P.attempt, P.step)
-        .subquery()
-    )
     return (
-        select(per_step)
-        .select_from(per_step.outerjoin(
-            cutoffs, and_(cutoffs.c.run_id == per_step.c.run_id, cutoffs.c.number == per_step.c.attempt)))
-        .where(or_(cutoffs.c.cutoff.is_(None), per_step.c.step <= cutoffs.c.cutoff))
+        select(steps)
+        .select_from(steps.outerjoin(
+            cutoffs, and_(cutoffs.c.run_id == steps.c.run_id, cutoffs.c.number == steps.c.attempt)))
+        .where(or_(cutoffs.c.cutoff.is_(None), steps.c.step <= cutoffs.c.cutoff))
     )
 
 
-def metric_summaries(session: Session, run_ids: Sequence[int],
-                     keys: Sequence[str]) -> dict[tuple[int, str], MetricSummary]:
-    """The final and best value of each metric of each run, in two statements (the names' ids,
-    then one read that ranks each series' steps twice, newest first and best first, and keeps
-    the first of each).
+def _bucket_size(level: Any) -> Any:
+    """4**level in SQL without a power function (SQLite has none by default): a CASE over the
+    store's levels."""
+    return case(*((level == n, literal(BASE**n)) for n in range(1, LEVELS + 1)), else_=literal(1))
+
+
+def metric_summaries(session: Session, run_ids: Sequence[int], keys: Sequence[str],
+                     max_points: int = MAX_POINTS) -> dict[tuple[int, str], MetricSummary]:
+    """The final and best value of each metric of each run, in three statements however many
+    runs and metrics: the names' ids, the store's catalogue of their series (which level keeps
+    each at most ``max_points`` rows per rank: the level the Compare chart draws), and one read
+    at those levels that ranks each series' steps twice, newest first and best first, keeping
+    the first of each.
 
     Args:
         session: Where to read.
         run_ids: The runs.
         keys: The metric names.
+        max_points: The most steps (or buckets) per rank read for a series; the charts' value.
 
     Returns:
         ``{(run id, key): MetricSummary}``; a run that never logged a key has no entry.
@@ -121,36 +172,39 @@ def metric_summaries(session: Session, run_ids: Sequence[int],
     names = dict(session.execute(select(MetricName.id, MetricName.name).where(MetricName.name.in_(keys))).all())
     if not names:
         return {}
+    runs = sorted(set(run_ids))
+    levels = {k: choose_level(c, max_points) for k, c in _catalogue(session, runs, sorted(names)).items()}
+    if not levels:
+        return {}
     higher = sorted(i for i, n in names.items() if higher_is_better(n))
-    steps = _lineage_steps(sorted(set(run_ids)), sorted(names)).subquery()
+    steps = _lineage_steps(levels, runs).subquery()
     series = (steps.c.run_id, steps.c.name_id)
     # Best first: finite means before NaN ones (NULL), then the value (negated where higher is
     # better), then the earliest step.
     signed = case((steps.c.name_id.in_(higher or [-1]), -steps.c.value), else_=steps.c.value)
     ranked = select(
-        *series, steps.c.attempt, steps.c.step, steps.c.value,
+        *series, steps.c.step, steps.c.value, steps.c.last, steps.c.last_step, steps.c.size,
         func.row_number().over(partition_by=series, order_by=(steps.c.attempt.desc(), steps.c.step.desc()))
         .label("newest"),
         func.row_number().over(partition_by=series, order_by=(
             case((steps.c.value.is_(None), literal(1)), else_=literal(0)), signed, steps.c.attempt, steps.c.step))
         .label("best"),
-        func.count().over(partition_by=series).label("steps"),
+        func.count().over(partition_by=series).label("points"),
     ).subquery()
-    rows = session.execute(
-        select(ranked).where(or_(ranked.c.newest == 1, ranked.c.best == 1))
-    ).all()
-    final: dict[tuple[int, str], tuple[float, int, int]] = {}
-    best: dict[tuple[int, str], tuple[float | None, int | None]] = {}
-    for run_id, name_id, _, step, value, newest, first, count in rows:
+    rows = session.execute(select(ranked).where(or_(ranked.c.newest == 1, ranked.c.best == 1))).all()
+    final: dict[tuple[int, str], tuple[float, int, int, int]] = {}
+    best: dict[tuple[int, str], tuple[float | None, int | None, int | None]] = {}
+    for run_id, name_id, step, value, last, last_step, size, newest, first, count in rows:
         key = (run_id, names[name_id])
         if newest == 1:
-            final[key] = (math.nan if value is None else float(value), step, count)
+            final[key] = (math.nan if last is None else float(last), last_step, count, size)
         if first == 1:
-            best[key] = (None, None) if value is None else (float(value), step)
+            best[key] = (None, None, None) if value is None else (float(value), step, last_step)
     return {
-        key: MetricSummary(final=value, final_step=step, best=best[key][0], best_step=best[key][1], steps=count,
+        key: MetricSummary(final=value, final_step=step, best=best[key][0], best_step=best[key][1],
+                           best_last_step=best[key][2], points=count, bucket_steps=size,
                            higher_is_better=higher_is_better(key[1]))
-        for key, (value, step, count) in final.items()
+        for key, (value, step, count, size) in final.items()
     }
 
 

@@ -66,7 +66,8 @@ def summary(runs: list[dict[str, Any]], keys: list[str], colors: list[str]) -> N
     st.caption("Values are the mean over ranks at a step, along each run's lineage (steps abandoned by a resume "
                "do not count). Final: at the run's last step. Best: " +
                ", ".join(f"{k}: {cc.best_word(higher_is_better(k))}" for k in keys) +
-               ", with its step. Wall time: start to end (or now); cost: every attempt.")
+               ", with its step (for a run of more than 1,000 logged steps, the best mean of a bucket of steps, "
+               "as the chart draws it). Wall time: start to end (or now); cost: every attempt.")
 
 
 def differences(runs: list[dict[str, Any]]) -> None:

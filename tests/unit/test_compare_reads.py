@@ -80,9 +80,9 @@ def test_final_and_best_are_the_rank_mean_min_for_loss_max_for_accuracy(
         got = metric_summaries(s, [run], ["loss", "eval_accuracy"])
     loss, acc = got[(run, "loss")], got[(run, "eval_accuracy")]
     assert (loss.final, loss.final_step) == (pytest.approx(0.9), 40)
-    assert (loss.best, loss.best_step, loss.higher_is_better, loss.steps) == (pytest.approx(0.5), 20, False, 4)
+    assert (loss.best, loss.best_step, loss.higher_is_better, loss.points) == (pytest.approx(0.5), 20, False, 4)
     assert (acc.final, acc.final_step) == (pytest.approx(0.85), 40)
-    assert (acc.best, acc.best_step, acc.higher_is_better, acc.steps) == (pytest.approx(0.9), 30, True, 3)
+    assert (acc.best, acc.best_step, acc.higher_is_better, acc.points) == (pytest.approx(0.9), 30, True, 3)
 
 
 def test_nan_never_wins_and_a_nan_final_step_is_nan(settings: Settings, sessions: sessionmaker[Session]) -> None:
@@ -115,7 +115,35 @@ def test_steps_abandoned_by_a_resume_do_not_count(settings: Settings, sessions: 
         s.commit()
         got = metric_summaries(s, [run], ["loss"])[(run, "loss")]
     assert (got.final, got.final_step) == (pytest.approx(0.7), 30)
-    assert (got.best, got.best_step, got.steps) == (pytest.approx(0.7), 30, 3)
+    assert (got.best, got.best_step, got.points) == (pytest.approx(0.7), 30, 3)
+
+
+def test_a_long_run_is_summarised_at_the_charts_resolution(settings: Settings,
+                                                           sessions: sessionmaker[Session]) -> None:
+    """More logged steps than ``max_points``: best is the best rank mean of a rollup bucket (what
+    the chart draws), final still each rank's last value."""
+    values = {(1, step, rank): 10.0 - step / 10 + rank + (3.0 if step % 7 == 0 else 0.0) + (step > 40) * 5.0
+              for step in range(1, 49) for rank in (0, 1)}
+    with sessions() as s:
+        run = add_run(s, settings, "long")
+        add_attempt(s, run, 1, last_step=48)
+        points(s, run, "loss", values)
+        s.commit()
+        exact = metric_summaries(s, [run], ["loss"])[(run, "loss")]
+        coarse = metric_summaries(s, [run], ["loss"], max_points=8)[(run, "loss")]
+    per_step = {step: (values[(1, step, 0)] + values[(1, step, 1)]) / 2 for step in range(1, 49)}
+    assert (exact.best, exact.best_step, exact.bucket_steps, exact.points) == (
+        pytest.approx(min(per_step.values())), min(per_step, key=lambda k: per_step[k]), 1, 48)
+    # 48 steps in at most 8 buckets a rank: buckets of 16 steps (level 2), 0-15, 16-31, 32-47, 48.
+    buckets: dict[int, list[float]] = {}
+    for step, value in per_step.items():
+        buckets.setdefault(step // 16, []).append(value)
+    means = {b * 16: sum(v) / len(v) for b, v in buckets.items()}
+    assert (coarse.bucket_steps, coarse.points) == (16, 4)
+    assert (coarse.best, coarse.best_step) == (pytest.approx(min(means.values())), min(means, key=lambda k: means[k]))
+    assert coarse.best_last_step == coarse.best_step + 15
+    assert (coarse.final, coarse.final_step) == (pytest.approx(per_step[48]), 48)
+    assert (exact.final, exact.final_step) == (pytest.approx(per_step[48]), 48)
 
 
 def test_a_run_without_the_metric_has_no_entry(settings: Settings, sessions: sessionmaker[Session]) -> None:
