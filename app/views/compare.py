@@ -5,7 +5,8 @@ throughout.
 
 The choice lives in the URL (``/compare?runs=3,5&metrics=loss,eval_accuracy``) so a comparison
 can be linked; the Runs page's "Compare" button opens it that way. Each run's metric comes from
-the metric store already downsampled (at most MAX_POINTS buckets per rank).
+the metric store already downsampled (at most MAX_POINTS buckets per rank: the resolution the
+summary's best values are read at too).
 """
 
 from __future__ import annotations
@@ -17,9 +18,8 @@ import streamlit as st
 
 from app import compare_charts as cc
 from app import data
-from db.compare import config_diff, higher_is_better
+from db.compare import MAX_POINTS, config_diff, higher_is_better
 
-MAX_POINTS = 1000
 PREFERRED = ("loss", "eval_loss", "eval_accuracy")  # the metrics shown first when the URL names none
 
 
