@@ -17,13 +17,13 @@ import altair as alt
 import pandas as pd
 from pandas.io.formats.style import Styler
 
-from db.compare import ABSENT, MetricSummary, higher_is_better
+from db.compare import ABSENT, MAX_RUNS, MetricSummary, higher_is_better
 from orchestrator.format import duration, step_text, usd
 
 # Vega's category10 hues: blue, orange, green, red, purple, brown, pink, grey, olive, cyan.
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
            "#17becf")
-MAX_RUNS = len(PALETTE)
+assert len(PALETTE) >= MAX_RUNS, "one colour per run the Compare page takes"
 SWATCH = "●"
 MISSING = "—"  # a run without the metric
 

@@ -41,6 +41,7 @@ _WORD = re.compile(r"[a-z0-9]+")
 # Config keys not diffed: the name is every run's own (it labels the run's column already).
 NOT_DIFFED = frozenset({"name"})
 ABSENT = "—"  # a key one run's config does not have
+MAX_RUNS = 10  # the most runs the Compare page takes (each with its own colour: app/compare_charts.PALETTE)
 MAX_POINTS = 1000  # the most steps per rank a summary reads of a series: the Compare chart's resolution
 
 

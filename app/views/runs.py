@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from app import data
-from app.compare_charts import MAX_RUNS as MAX_COMPARED
+from db.compare import MAX_RUNS as MAX_COMPARED  # not app.compare_charts: the Runs page loads no Altair
 from db.states import RunStatus
 from orchestrator.format import STATUS_BADGE, duration, eta_text, step_text, usd
 

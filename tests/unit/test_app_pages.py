@@ -801,6 +801,14 @@ def test_compare_page_reads_its_runs_and_metrics_from_the_url(settings: Settings
     assert any("Pick two or more runs" in i.value for i in at.info)
 
 
+def test_compare_page_without_runs_says_how_to_get_some(settings: Settings) -> None:
+    at = open_page("views/compare.py")
+    no_exception(at)
+    assert [i.value for i in at.info if "No runs yet" in i.value] == [
+        "No runs yet. Start one on the **New run** page; once two have run, compare them here."]
+    assert not at.multiselect and not at.table
+
+
 # -- Settings page --------------------------------------------------------------------------
 
 
