@@ -14,7 +14,7 @@ from typing import Any
 import streamlit as st
 from sqlalchemy.orm import Session, sessionmaker
 
-from db import estimates, queries
+from db import compare, estimates, queries
 from db.config import RunConfig
 from db.cost import price_for
 from db.engine import make_engine, make_sessionmaker
@@ -333,3 +333,24 @@ def save_prices(table: dict[str, float]) -> str | None:
             return str(exc)
         s.commit()
     return None
+
+
+# -- the Compare page --------------------------------------------------------------------------
+
+
+@st.cache_data(ttl=2.0, show_spinner=False)
+def compare_runs(run_ids: tuple[int, ...]) -> list[dict[str, Any]] | str:
+    """Summary and config of each run, in the order given (db.compare.compare_runs); a sentence
+    saying which id is no run instead when one is not."""
+    with sessions()() as s:
+        try:
+            return compare.compare_runs(s, run_ids)
+        except compare.CompareError as exc:
+            return str(exc)
+
+
+@st.cache_data(ttl=2.0, show_spinner=False)
+def metric_summaries(run_ids: tuple[int, ...], keys: tuple[str, ...]) -> dict[tuple[int, str], compare.MetricSummary]:
+    """Final and best value of each metric of each run (db.compare.metric_summaries)."""
+    with sessions()() as s:
+        return compare.metric_summaries(s, run_ids, keys)

@@ -164,6 +164,15 @@ def _attempt_spans(attempts: list[AnyRow], written: dict[tuple[int, int], float]
     return spans
 
 
+RUN_COLUMNS = _RUN_COLUMNS  # what run_summaries reads of a run (db/compare.py selects them with more)
+
+
+def run_summaries(session: Session, runs: Sequence[RunLike], now: float) -> list[dict[str, Any]]:
+    """The summary of each of ``runs`` (rows of ``RUN_COLUMNS``) as :func:`list_runs` gives it,
+    in a fixed number of statements (see :func:`_run_summaries`)."""
+    return _run_summaries(session, runs, now)
+
+
 def list_runs(session: Session, statuses: list[str] | None = None, limit: int = 200,
               now: float | None = None) -> list[dict[str, Any]]:
     """The newest runs first, optionally filtered by status.

@@ -1,42 +1,132 @@
-"""Compare: overlay one metric of several runs (the mean over ranks, along each run's lineage).
+"""Compare: several runs side by side. A summary table (status, steps, wall time, cost, the final
+and best value of each chosen metric), the config keys that differ, and one chart per metric
+with the runs overlaid (the mean over ranks along each run's lineage), each run in one colour
+throughout.
 
-Each run's metric comes from the metric store already downsampled (at most MAX_POINTS buckets
-per rank), so a run of millions of points costs a few thousand rows here.
+The choice lives in the URL (``/compare?runs=3,5&metrics=loss,eval_accuracy``) so a comparison
+can be linked; the Runs page's "Compare" button opens it that way. Each run's metric comes from
+the metric store already downsampled (at most MAX_POINTS buckets per rank: the resolution the
+summary's best values are read at too).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 import streamlit as st
 
-from app import charts, data
+from app import compare_charts as cc
+from app import data
+from db.compare import MAX_POINTS, config_diff, higher_is_better
 
-MAX_POINTS = 1000
+PREFERRED = ("loss", "eval_loss", "eval_accuracy")  # the metrics shown first when the URL names none
+
+
+def ids_from_url(text: str | None) -> tuple[list[int], list[str]]:
+    """The run ids in ``?runs=3,5`` and the parts that are not ids."""
+    parts = [p.strip().lstrip("#") for p in (text or "").split(",") if p.strip()]
+    ids = [p for p in parts if p.isascii() and p.isdigit()]  # "²".isdigit() is true, int("²") an error
+    return [int(p) for p in ids], [p for p in parts if p not in ids]
+
+
+def pick_runs(runs: list[dict[str, Any]]) -> list[int]:
+    """The runs multiselect, from the URL's ``runs`` (else the two newest), kept in the URL."""
+    labels = {r["id"]: cc.run_label(r) for r in runs}
+    wanted, bad = ids_from_url(st.query_params.get("runs"))
+    unknown = [str(i) for i in wanted if i not in labels] + bad
+    if unknown:
+        st.warning(f"runs={st.query_params.get('runs')}: {', '.join(unknown)} is not one of the "
+                   f"{len(runs)} newest runs; pick runs below or on the Runs page.")
+    default = [i for i in wanted if i in labels][:cc.MAX_RUNS] if "runs" in st.query_params else sorted(
+        r["id"] for r in runs[:2])
+    chosen = st.multiselect("Runs", list(labels), default=default, format_func=lambda i: labels[i],
+                            max_selections=cc.MAX_RUNS, placeholder="pick two or more runs",
+                            help=f"Up to {cc.MAX_RUNS} runs; each keeps its colour on every chart and table.")
+    st.query_params["runs"] = ",".join(map(str, chosen))
+    return chosen
+
+
+def pick_metrics(keys: list[str]) -> list[str]:
+    """The metrics multiselect, from the URL's ``metrics`` (else loss and the eval metrics)."""
+    wanted = [k for k in (st.query_params.get("metrics") or "").split(",") if k in keys]
+    default = wanted if "metrics" in st.query_params else [k for k in PREFERRED if k in keys] or keys[:1]
+    chosen = st.multiselect("Metrics", keys, default=default, placeholder="pick metrics to chart",
+                            help="One chart and two table columns per metric. Best is the minimum, or the maximum "
+                                 "for accuracy-like names (acc, accuracy, top1, f1, auc, score, reward, mfu…) "
+                                 "and rates (…_per_s).")
+    st.query_params["metrics"] = ",".join(chosen)
+    return chosen
+
+
+def summary(runs: list[dict[str, Any]], keys: list[str], colors: list[str]) -> None:
+    st.subheader("Summary")
+    metrics = data.metric_summaries(tuple(r["id"] for r in runs), tuple(keys))
+    st.table(cc.styled_summary(cc.summary_frame(runs, keys, metrics), colors))
+    st.caption("Values are the mean over ranks at a step, along each run's lineage (steps abandoned by a resume "
+               "do not count). Final: at the run's last step. Best: " +
+               ", ".join(f"{k}: {cc.best_word(higher_is_better(k))}" for k in keys) +
+               ", with its step (for a run of more than 1,000 logged steps, the best mean of a bucket of steps, "
+               "as the chart draws it). Wall time: start to end (or now); cost: every attempt.")
+
+
+def differences(runs: list[dict[str, Any]]) -> None:
+    st.subheader("Config differences")
+    if len(runs) < 2:
+        st.info("One run: nothing to diff. Add another run above to see which settings differ.")
+        return
+    diff = config_diff([r["config"] for r in runs])
+    if not diff:
+        st.info("These runs have the same config (their names aside).")
+        return
+    st.table(cc.diff_frame(diff, [f"#{r['id']} {r['name']}" for r in runs]).style.hide(axis="index"))
+
+
+def chart_frame(run: dict[str, Any], key: str, label: str) -> pd.DataFrame:
+    series = data.metric_series_full(run["id"], key, MAX_POINTS)
+    mean = cc.rank_mean(series.rows, data.lineage_cutoffs(data.run_attempts(run["id"])))
+    return mean.assign(run=label)
+
+
+def charts(runs: list[dict[str, Any]], keys: list[str], colors: list[str]) -> None:
+    st.subheader("Charts")
+    labels = [cc.run_label(r) for r in runs]
+    st.markdown(cc.legend_html(labels, colors), unsafe_allow_html=True)
+    columns = st.columns(2)
+    for i, key in enumerate(keys):
+        with columns[i % 2]:
+            frames = [chart_frame(r, key, label) for r, label in zip(runs, labels, strict=True)]
+            lacking = [label for f, label in zip(frames, labels, strict=True) if f.empty]
+            log_y = st.toggle("Log y", key=f"compare-log-{key}", help=f"A log scale for the {key} chart only.")
+            st.altair_chart(cc.overlay_chart(pd.concat(frames), key, labels, colors, log_y=log_y), width="stretch")
+            if lacking:
+                st.caption(f"No {key} in {', '.join(lacking)}.")
+
 
 st.title("Compare runs")
-runs = data.list_runs()
-if len(runs) < 1:
-    st.info("No runs yet.")
+all_runs = data.list_runs()
+if not all_runs:
+    st.info("No runs yet. Start one on the **New run** page; once two have run, compare them here.")
+    st.page_link("views/new_run.py", label="New run", icon=":material/add_circle:")
     st.stop()
-labels = {r["id"]: f"#{r['id']} {r['name']} ({r['status']})" for r in runs}
-chosen = st.multiselect("Runs", list(labels), default=[r["id"] for r in runs[:2]], format_func=lambda i: labels[i])
+chosen = pick_runs(all_runs)
+if not chosen:
+    st.info("Pick two or more runs above, or select their rows on the **Runs** page and press **Compare**.")
+    st.stop()
+runs = data.compare_runs(tuple(chosen))
+if isinstance(runs, str):  # a run deleted since the list was read
+    st.error(runs)
+    st.stop()
 keys = sorted({k for run_id in chosen for k in data.metric_keys(run_id)})
-if not chosen or not keys:
-    st.info("Pick runs that have reported metrics.")
-    st.stop()
-key = st.selectbox("Metric", keys, index=keys.index("loss") if "loss" in keys else 0)
-if key is None:  # typed so for a select box without a choice; this one has keys and an index
-    st.stop()
-log_y = st.toggle("Log scale", value=False)
-
-frames = []
-for run_id in chosen:
-    series = data.metric_series_full(run_id, key, MAX_POINTS)
-    if not series.rows:
-        continue
-    mean = charts.rank_mean(series.rows, data.lineage_cutoffs(data.run_attempts(run_id)))
-    frames.append(mean.assign(run=labels[run_id]))
-if not frames:
-    st.info(f"None of these runs reported {key!r}.")
-    st.stop()
-st.altair_chart(charts.runs_overlay(pd.concat(frames), key, log_y=log_y), width="stretch")
+metrics = pick_metrics(keys) if keys else []
+if len(chosen) == 1:
+    st.info("One run chosen: add another above to compare. Its summary and charts are shown alone.")
+colors = [cc.run_colors(chosen)[i] for i in chosen]
+summary(runs, metrics, colors)
+differences(runs)
+if not keys:
+    st.info("None of these runs has reported a metric yet: the charts appear with the first points.")
+elif not metrics:
+    st.info("Pick one or more metrics above to chart them.")
+else:
+    charts(runs, metrics, colors)

@@ -6,10 +6,12 @@ import pandas as pd
 import streamlit as st
 
 from app import data
+from db.compare import MAX_RUNS as MAX_COMPARED  # not app.compare_charts: the Runs page loads no Altair
 from db.states import RunStatus
 from orchestrator.format import STATUS_BADGE, duration, eta_text, step_text, usd
 
 OPEN_RUN = "runs_open_run"
+COMPARE_RUNS = "runs_compare_ids"  # not a widget key: the Compare button is "runs_compare"
 # The status cell as a badge, in the Run page's badge colours: (background, text).
 BADGE_CSS = {"gray": ("#e8eaed", "#3c4043"), "blue": ("#d2e3fc", "#174ea6"), "orange": ("#feefc3", "#b06000"),
              "green": ("#ceead6", "#0d652d"), "red": ("#fad2cf", "#a50e0e"), "violet": ("#e9d7fe", "#5b2c99")}
@@ -22,6 +24,8 @@ def status_css(status: str) -> str:
 
 if (chosen := st.session_state.pop(OPEN_RUN, None)) is not None:
     st.switch_page("views/run.py", query_params={"run": str(chosen)})
+if (compared := st.session_state.pop(COMPARE_RUNS, None)) is not None:
+    st.switch_page("views/compare.py", query_params={"runs": ",".join(map(str, compared))})
 
 st.title("Runs")
 c1, c2 = st.columns(2)
@@ -63,15 +67,32 @@ def runs_table() -> None:
             "projected": st.column_config.TextColumn("projected", help="Cost so far + ETA x the run's price"),
         },
         on_select="rerun",
-        selection_mode="single-row",
+        selection_mode="multi-row",
         key="runs_table",
     )
-    st.caption("Select a row to open its run here; the link in the *run* column opens it in a new tab.")
-    if event.selection.rows:
-        # Opened in this browser session, the Run page draws without a new tab's start-up.
-        # st.switch_page does not leave a fragment: the whole page reruns and switches.
-        st.session_state[OPEN_RUN] = runs[event.selection.rows[0]]["id"]
+    selected = [runs[i]["id"] for i in event.selection.rows if i < len(runs)]
+    selection_actions(sorted(selected))
+
+
+def selection_actions(selected: list[int]) -> None:
+    """Open one selected run, or compare the selected ones (up to the Compare page's limit).
+
+    st.switch_page does not leave a fragment: the choice is kept in the session and the whole
+    page reruns and switches (opened in this browser session, the page draws without a new
+    tab's start-up)."""
+    c1, c2, c3 = st.columns([1, 1, 3], vertical_alignment="center")
+    if c1.button(f"Open run #{selected[0]}" if len(selected) == 1 else "Open run", disabled=len(selected) != 1,
+                 key="runs_open", icon=":material/open_in_browser:"):
+        st.session_state[OPEN_RUN] = selected[0]
         st.rerun(scope="app")
+    too_many = len(selected) > MAX_COMPARED
+    if c2.button(f"Compare {len(selected)} runs" if len(selected) > 1 else "Compare", type="primary",
+                 disabled=len(selected) < 2 or too_many, key="runs_compare", icon=":material/stacked_line_chart:"):
+        st.session_state[COMPARE_RUNS] = selected
+        st.rerun(scope="app")
+    c3.caption(f"Compare takes at most {MAX_COMPARED} runs: unselect {len(selected) - MAX_COMPARED}." if too_many
+               else "Select rows (the boxes on the left) to open one run or compare several; the link in the "
+                    "*run* column opens a run in a new tab.")
 
 
 runs_table()

@@ -124,18 +124,26 @@ def test_new_run_from_the_form_trains_to_succeeded_with_charts(page: Any, runyar
         (run_id, "browser-digits", "SUCCEEDED", 300)]
 
     # The Runs page opens a run in the same tab when its row is selected (the row-marker
-    # checkbox: the grid is a canvas, so the click is by position: first column, first row).
+    # checkbox: the grid is a canvas, so the click is by position: first column, first row) and
+    # "Open run" pressed (a selection alone no longer opens it: rows are selected to compare too).
     page.set_viewport_size({"width": 1400, "height": 1000})
     page.get_by_test_id("stTopNav").get_by_role("link", name="Runs").click()
+    # Streamlit leaves the Run page's elements (a table in an expander among them) until the Runs
+    # page has drawn: wait for its own button, then for them to go, before looking for the table.
+    expect(page.get_by_role("button", name="Open run")).to_be_visible(timeout=PAGE_TIMEOUT_MS)
+    expect(page.get_by_test_id("stExpanderDetails")).to_have_count(0, timeout=PAGE_TIMEOUT_MS)
     table = page.get_by_test_id("stDataFrame")
     expect(table).to_be_visible(timeout=PAGE_TIMEOUT_MS)
     expect(page.get_by_role("heading", name="Runs", level=1)).to_be_visible()
     table.click(position={"x": 17, "y": 53})
+    page.get_by_role("button", name=f"Open run #{run_id}").click()
     page.wait_for_url(re.compile(rf"/run\?run={run_id}$"), timeout=PAGE_TIMEOUT_MS)
     expect(header).to_contain_text("SUCCEEDED", timeout=PAGE_TIMEOUT_MS)
     expect(page.locator("[data-testid='stVegaLiteChart']").first).to_be_visible(timeout=PAGE_TIMEOUT_MS)
     # Back on the Runs page, the old selection does not send the person to the run again.
     page.get_by_test_id("stTopNav").get_by_role("link", name="Runs").click()
+    expect(page.get_by_role("button", name="Open run")).to_be_visible(timeout=PAGE_TIMEOUT_MS)
+    expect(page.get_by_test_id("stExpanderDetails")).to_have_count(0, timeout=PAGE_TIMEOUT_MS)
     expect(table).to_be_visible(timeout=PAGE_TIMEOUT_MS)
     page.wait_for_timeout(3_000)  # more than one refresh of the table (every 2 s)
     assert "/run?" not in page.url, page.url

@@ -753,21 +753,60 @@ def test_compare_page_overlays_the_rank_mean_of_two_runs(settings: Settings, ses
         first = add_run(s, settings, "lr-high", RunStatus.STARTING, RunStatus.RUNNING, RunStatus.SUCCEEDED)
         add_attempt(s, first, last_step=100)
         add_metrics(s, first, last_step=100)
-        second = add_run(s, settings, "lr-low", RunStatus.STARTING, RunStatus.RUNNING, RunStatus.SUCCEEDED)
+        second = add_run(s, settings, "lr-low", RunStatus.STARTING, RunStatus.RUNNING, RunStatus.SUCCEEDED,
+                         batch_size=32)
         add_attempt(s, second, last_step=50)
         add_metrics(s, second, last_step=50)
         s.commit()
     at = open_page("views/compare.py")
     no_exception(at)
     assert at.title[0].value == "Compare runs"
-    assert sorted(at.multiselect[0].value) == [first, second]  # the two newest by default
-    assert at.selectbox[0].value == "loss"
-    (chart,) = at.get("vega_lite_chart")
-    rows = chart_data(chart)
+    runs, metrics = at.multiselect
+    assert runs.value == [first, second]  # the two newest by default, oldest first
+    assert metrics.value == ["loss", "eval_accuracy"]  # loss and the eval metrics first
+    assert at.query_params["runs"] == f"{first},{second}"  # the choice is in the URL
+    charts = at.get("vega_lite_chart")
+    assert [chart_title(c) for c in charts] == ["loss", "eval_accuracy"]  # one chart per metric
+    rows = chart_data(charts[0])
     assert sorted(rows["run"].unique()) == [f"#{first} lr-high (SUCCEEDED)", f"#{second} lr-low (SUCCEEDED)"]
     high = rows[rows["run"].str.contains("lr-high")].sort_values("step")
     assert len(high) == 10 and len(rows) == 15  # one point per step, ranks averaged
     assert high["value"].iloc[0] == pytest.approx(2.0 / 10 + 0.005)  # mean of ranks 0 and 1
+    summary, diff = at.table
+    table = summary.value.set_index("run")
+    assert table.loc[f"#{first} lr-high", "loss final"] == f"{2.0 / 100 + 0.005:.4g}"  # step 100, two ranks
+    assert table.loc[f"#{second} lr-low", "loss best (min)"] == f"{2.0 / 50 + 0.005:.4g} @ 50"
+    assert table.loc[f"#{first} lr-high", "eval_accuracy best (max)"] == "0.875 @ 100"
+    assert table.loc[f"#{second} lr-low", "status"] == "SUCCEEDED"
+    assert diff.value["key"].tolist() == ["train.batch_size"]
+
+
+def test_compare_page_reads_its_runs_and_metrics_from_the_url(settings: Settings,
+                                                              sessions: sessionmaker[Session]) -> None:
+    with sessions() as s:
+        only = add_run(s, settings, "only", RunStatus.STARTING, RunStatus.RUNNING, RunStatus.SUCCEEDED)
+        add_attempt(s, only, last_step=30)
+        add_metrics(s, only, last_step=30)
+        add_run(s, settings, "newer")
+        s.commit()
+    at = open_page("views/compare.py", runs=f"{only},999", metrics="loss")
+    no_exception(at)
+    assert at.multiselect[0].value == [only] and at.multiselect[1].value == ["loss"]
+    assert any("999 is not one of the 2 newest runs" in w.value for w in at.warning)
+    infos = [i.value for i in at.info]
+    assert any(i.startswith("One run chosen") for i in infos) and any(i.startswith("One run: nothing to diff")
+                                                                     for i in infos)
+    assert [chart_title(c) for c in at.get("vega_lite_chart")] == ["loss"]
+    at.multiselect[0].set_value([]).run()
+    assert any("Pick two or more runs" in i.value for i in at.info)
+
+
+def test_compare_page_without_runs_says_how_to_get_some(settings: Settings) -> None:
+    at = open_page("views/compare.py")
+    no_exception(at)
+    assert [i.value for i in at.info if "No runs yet" in i.value] == [
+        "No runs yet. Start one on the **New run** page; once two have run, compare them here."]
+    assert not at.multiselect and not at.table
 
 
 # -- Settings page --------------------------------------------------------------------------

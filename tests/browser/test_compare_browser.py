@@ -1,0 +1,204 @@
+"""Compare in a real Chromium against the real product (`runyard up`).
+
+Three finished 2-rank runs that differ only in their learning rate are written into the data
+folder the way the product writes them (``db.requests.create_run``, ``db.states.transition``, an
+attempt row, and rank 0's ``db.metricstore.write_points``): loss on both ranks every step,
+eval_accuracy from rank 0 every 50 steps on two of them. A person selects the three rows in the
+Runs table, presses "Compare 3 runs", and on the Compare page (whose URL names the runs) checks:
+
+- the summary table's status, steps, cost and each metric's final and best value against the
+  database (read here with plain SQL: the mean over ranks per step);
+- the config diff lists exactly ``train.lr``, with each run's value;
+- two charts (loss, eval_accuracy) are drawn, each line in its run's colour: one colour per run,
+  the same on both charts, in the charts' one legend and on the table's swatches, every colour
+  different.
+
+    pytest -m browser tests/browser/test_compare_browser.py
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+PAGE_TIMEOUT_MS = 60_000
+STEPS = 200
+RANKS = 2
+LRS = (0.001, 0.01, 0.1)
+ROW_Y = (53, 35)  # the grid's first row (below its header) and row height, in CSS pixels
+CHARTS_DRAWN = """(n) => {
+    const charts = [...document.querySelectorAll("[data-testid='stVegaLiteChart']")];
+    return charts.length === n && charts.every(c => c.querySelector('svg.marks .mark-line path'));
+}"""  # SVG: Vega's renderer in Streamlit (the other browser tests read its legend and titles too)
+
+
+def expect(target: Any) -> Any:
+    from playwright.sync_api import expect as pw_expect
+
+    return pw_expect(target)
+
+
+def loss(run: int, rank: int, step: int) -> float:
+    """Falls with the run's pace, rises again over the last 30 steps (so best != final)."""
+    rise = 0.004 * max(0, step - (STEPS - 30))
+    return 2.0 * math.exp(-step / (40.0 * (run + 1))) + 0.1 + 0.03 * rank + rise
+
+
+def accuracy(run: int, step: int) -> float:
+    return 0.5 + 0.1 * run + 0.001 * step - (0.08 if step == STEPS else 0.0)  # its best before the end
+
+
+def seed_run(db_url: str, runs_dir: Path, index: int, with_accuracy: bool) -> int:
+    """A SUCCEEDED run with ``train.lr = LRS[index]``, written through the product's own writers."""
+    from db.config import RunConfig
+    from db.engine import make_engine, make_sessionmaker
+    from db.metricstore import write_points
+    from db.models import Attempt
+    from db.requests import Price, create_run
+    from db.states import RunStatus, transition
+
+    engine = make_engine(db_url)
+    end = time.time() - 30
+    start = end - 40.0 * (index + 1)
+    try:
+        with make_sessionmaker(engine)() as s:
+            config = RunConfig.model_validate({"name": f"lr-{LRS[index]}", "train": {"max_steps": STEPS,
+                                                                                     "lr": LRS[index]}})
+            run = create_run(s, config, runs_dir, Price(usd_per_hour=1.8, unit="cpu-hour"))
+            s.flush()
+            for status in (RunStatus.STARTING, RunStatus.RUNNING, RunStatus.SUCCEEDED):
+                assert transition(s, run.id, status, "seeded by the compare browser test")
+            run.nproc, run.started_at, run.ended_at = RANKS, start, end
+            s.add(Attempt(run_id=run.id, number=1, status="SUCCEEDED", dir=str(Path(run.run_dir) / "attempts" / "1"),
+                          started_at=start, ended_at=end, first_step_at=start + 3, progress_at=end,
+                          last_step=STEPS, resume_step=0))
+            points = [dict(run_id=run.id, attempt=1, rank=rank, step=step, key="loss", value=loss(index, rank, step),
+                           wall_time=start + step * 0.1) for step in range(1, STEPS + 1) for rank in range(RANKS)]
+            if with_accuracy:
+                points += [dict(run_id=run.id, attempt=1, rank=0, step=step, key="eval_accuracy",
+                                value=accuracy(index, step), wall_time=start + step * 0.1)
+                           for step in range(50, STEPS + 1, 50)]
+            s.flush()
+            write_points(s.connection(), points)
+            s.commit()
+            return run.id
+    finally:
+        engine.dispose()
+
+
+def expected_metric(db: Path, run_id: int, key: str, higher: bool) -> tuple[str, str]:
+    """The final and best cells, from the database with plain SQL: the mean over ranks per step."""
+    with sqlite3.connect(db) as conn:
+        per_step = conn.execute(
+            "SELECT p.step, AVG(p.value) FROM metric_points p JOIN metric_names n ON n.id = p.name_id "
+            "WHERE p.run_id = ? AND n.name = ? GROUP BY p.step ORDER BY p.step", (run_id, key)).fetchall()
+    if not per_step:
+        return "—", "—"
+    best_step, best = (max if higher else min)(per_step, key=lambda sv: sv[1])
+    return f"{per_step[-1][1]:.4g}", f"{best:.4g} @ {best_step}"
+
+
+def rgb_to_hex(css: str) -> str:
+    r, g, b = (int(x) for x in re.findall(r"\d+", css)[:3])
+    return f"#{r:02x}{g:02x}{b:02x}"
+
+
+def table_rows(table: Any) -> list[dict[str, str]]:
+    headers = [h.strip() for h in table.locator("thead th").all_inner_texts()]
+    return [dict(zip(headers, [c.strip() for c in row.locator("td, th").all_inner_texts()], strict=True))
+            for row in table.locator("tbody tr").all()]
+
+
+def line_colors(chart: Any) -> dict[str, str]:
+    """Run -> the stroke of its line in a Vega chart (SVG; the run is named in the line's
+    aria-label, which Vega writes from the data)."""
+    drawn = chart.locator("svg.marks .mark-line path").evaluate_all(
+        "paths => paths.map(p => [p.getAttribute('aria-label'), p.getAttribute('stroke')])")
+    lines = {re.search(r"run: (#\d+ [^;]+)", label).group(1): stroke.lower() for label, stroke in drawn}
+    assert len(lines) == len(drawn), drawn  # one line per run
+    return lines
+
+
+def legend(page: Any) -> dict[str, str]:
+    """The charts' one legend: run label -> its swatch's colour."""
+    items = page.locator(".runyard-legend .runyard-run")
+    return {item.inner_text().removeprefix("●").strip(): rgb_to_hex(item.locator("span").evaluate(
+        "s => getComputedStyle(s).color")) for item in items.all()}
+
+
+def test_select_three_runs_and_compare_them(page: Any, runyard_up: Any, tmp_path: Path) -> None:
+    db = runyard_up.home / "runyard.db"
+    ids = [seed_run(f"sqlite:///{db}", runyard_up.home / "runs", i, with_accuracy=i < 2) for i in range(3)]
+    listed = {r["id"]: r for r in runyard_up.cli("ls")}
+
+    # The Runs table, newest first: select the three rows by their row-marker boxes (the grid is
+    # a canvas: the clicks are by position, first column).
+    page.goto(runyard_up.url)
+    expect(page.get_by_role("heading", name="Runs", level=1)).to_be_visible(timeout=PAGE_TIMEOUT_MS)
+    grid = page.get_by_test_id("stDataFrame")
+    expect(grid).to_be_visible(timeout=PAGE_TIMEOUT_MS)
+    compare = page.get_by_role("button", name=re.compile(r"Compare"))
+    expect(compare).to_be_disabled()
+    for row in range(3):
+        grid.click(position={"x": 17, "y": ROW_Y[0] + ROW_Y[1] * row})
+        if row == 0:
+            expect(page.get_by_role("button", name=f"Open run #{ids[2]}")).to_be_enabled()
+    expect(page.get_by_role("button", name="Compare 3 runs")).to_be_enabled()
+    page.get_by_role("button", name="Compare 3 runs").click()
+
+    page.wait_for_url(re.compile(r"/compare\?runs="), timeout=PAGE_TIMEOUT_MS)
+    assert re.search(rf"runs={ids[0]}(,|%2C){ids[1]}(,|%2C){ids[2]}", page.url), page.url
+    expect(page.get_by_role("heading", name="Compare runs", level=1)).to_be_visible(timeout=PAGE_TIMEOUT_MS)
+    page.wait_for_function(CHARTS_DRAWN, arg=2, timeout=PAGE_TIMEOUT_MS)
+    expect(page.get_by_test_id("stException")).to_have_count(0)
+
+    # The summary table against the database.
+    tables = page.get_by_test_id("stTable")
+    expect(tables).to_have_count(2)
+    rows = table_rows(tables.nth(0))
+    assert [r["run"] for r in rows] == [f"#{i} lr-{lr}" for i, lr in zip(ids, LRS, strict=True)]
+    from orchestrator.format import usd
+
+    for run_id, row in zip(ids, rows, strict=True):
+        assert row["status"] == "SUCCEEDED"
+        assert row["steps"].replace(",", "").startswith(str(STEPS)), row["steps"]
+        assert row["cost"] == usd(listed[run_id]["cost_usd"])
+        assert (row["loss final"], row["loss best (min)"]) == expected_metric(db, run_id, "loss", higher=False)
+        assert (row["eval_accuracy final"], row["eval_accuracy best (max)"]) == expected_metric(
+            db, run_id, "eval_accuracy", higher=True)
+    assert rows[2]["eval_accuracy final"] == "—"  # the third run never logged it
+    assert rows[0]["loss best (min)"] != rows[0]["loss final"]  # the curve rose again at the end
+    assert not rows[0]["eval_accuracy best (max)"].startswith(rows[0]["eval_accuracy final"])
+
+    # The config diff: exactly the learning rate.
+    diff = table_rows(tables.nth(1))
+    assert [d["key"] for d in diff] == ["train.lr"]
+    assert [diff[0][f"#{i} lr-{lr}"] for i, lr in zip(ids, LRS, strict=True)] == [str(lr) for lr in LRS]
+
+    # Two charts, one colour per run, the same everywhere.
+    swatches = tables.nth(0).locator("tbody tr").evaluate_all(
+        "rows => rows.map(r => getComputedStyle(r.querySelectorAll('td, th')[0]).color)")
+    table_colors = [rgb_to_hex(c) for c in swatches]
+    assert len(set(table_colors)) == 3, table_colors
+    charts = page.get_by_test_id("stVegaLiteChart")
+    titles = [t.strip() for t in charts.locator(".role-title-text text").all_text_contents()]
+    assert titles == ["loss", "eval_accuracy"]
+    labels = [f"#{i} lr-{lr} (SUCCEEDED)" for i, lr in zip(ids, LRS, strict=True)]
+    assert legend(page) == dict(zip(labels, table_colors, strict=True))
+    assert line_colors(charts.nth(0)) == dict(zip(labels, table_colors, strict=True))
+    # The third run has no eval_accuracy: two lines, in the same colours as on the loss chart.
+    assert line_colors(charts.nth(1)) == dict(zip(labels[:2], table_colors[:2], strict=True))
+    expect(page.get_by_text("No eval_accuracy in")).to_contain_text(labels[2])
+
+    shot = tmp_path / "compare.png"
+    page.set_viewport_size({"width": 1400, "height": 2200})
+    page.screenshot(path=str(shot), full_page=True)
+    print(f"\nscreenshot of the Compare page: {shot}")
