@@ -1,7 +1,7 @@
 """The metric store on a real SQLite file and a real PostgreSQL database: rollups equal what
-their raw points give at every level, whatever the order and batching of the points; series() stays within
-max_points and
-since_step re-fetches exactly the newest buckets; NaN and infinities come back as written."""
+their raw points give at every level, whatever the order and batching of the points; series()
+stays within max_points and since_step re-fetches exactly the newest buckets; NaN and infinities
+come back as written."""
 
 from __future__ import annotations
 
