@@ -110,8 +110,6 @@ def db_url(db_dialect: str, tmp_path: Path, request: pytest.FixtureRequest) -> s
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not any("gpu" in item.keywords for item in items):
-        return  # no `import torch` (seconds on a loaded machine) when no GPU test was collected
     try:
         import torch
 
