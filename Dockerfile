@@ -14,7 +14,8 @@ COPY orchestrator ./orchestrator
 COPY trainer ./trainer
 COPY db ./db
 COPY examples ./examples
-RUN pip install ".[gpu,scripts]" && python -c "import torch; print('torch', torch.__version__)"
+# postgres: psycopg 3, so that RUNYARD_DB_URL=postgresql+psycopg://... works in the image (README, "PostgreSQL").
+RUN pip install ".[gpu,scripts,postgres]" && python -c "import torch; print('torch', torch.__version__)"
 
 VOLUME ["/data"]
 EXPOSE 8501

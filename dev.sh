@@ -2,7 +2,9 @@
 # runyard's two commands:
 #   ./dev.sh up [runyard up options]   set up .venv, start the scheduler + UI, print the URL to open (with its token)
 #   ./dev.sh test [pytest options]     set up .venv with the test tools (and Chromium) and run every test
-#                                      (without options: ruff and mypy first, at zero findings)
+#                                      (without options: ruff and mypy first, at zero findings); the
+#                                      both-database tests also run on PostgreSQL when
+#                                      RUNYARD_TEST_POSTGRES_URL is set (.ci/run starts one)
 #
 # A torch that already satisfies the range (for example a GPU workstation's CUDA build in the
 # system Python) is kept: the venv then sees the system packages. Otherwise torch is installed:
@@ -50,7 +52,10 @@ if ! "$VPY" -c "$TORCH_OK" 2>/dev/null; then
 fi
 
 extras="gpu,scripts,debug"
-[ "$cmd" = "test" ] && extras="gpu,scripts,debug,test"
+# PostgreSQL's driver where RUNYARD_DB_URL names PostgreSQL; the tests always get it (they run on
+# a PostgreSQL too where one is given: tests/databases.py).
+case "${RUNYARD_DB_URL:-}" in postgresql*|postgres:*) extras="$extras,postgres" ;; esac
+[ "$cmd" = "test" ] && extras="gpu,scripts,debug,postgres,test"
 stamp="$VENV/.runyard-installed"
 want="$(cat pyproject.toml | sha256sum | cut -c1-16)-$extras"
 if [ ! -f "$stamp" ] || ! grep -qx "$want" "$stamp" 2>/dev/null; then

@@ -2,6 +2,11 @@
 of 100k, 1M and 10M points (8 ranks x one metric).
 
     .venv/bin/python bench/bench_chart_query.py [--sizes 100000,1000000,10000000] [--repeats 21]
+        [--db-url postgresql+psycopg://runyard@127.0.0.1:55432/postgres]
+
+With ``--db-url`` (a PostgreSQL server; the user needs CREATEDB) every size is also seeded into
+a database of its own on that server (``runyard_bench_chart_8x<steps>``, kept for later runs;
+drop it to reseed), and SQLite and PostgreSQL take turns, so that load falls on both alike.
 
 Each size is one finished run seeded by bench/seed.py's ``seed_run`` (rank 0's write path,
 rollups included) into its own SQLite file cached under /tmp/runyard-bench-chart (seeding 10M
@@ -28,26 +33,69 @@ CACHE = Path("/tmp/runyard-bench-chart")
 RANKS = 8
 
 
-def seeded(points: int) -> tuple[str, int]:
-    """A database with one run of ``points`` loss points on 8 ranks, cached by size."""
+def seeded(points: int, server: str | None = None) -> tuple[str, int]:
+    """A database with one run of ``points`` loss points on 8 ranks, cached by size: a SQLite
+    file, or a database on the PostgreSQL ``server``."""
     from bench.seed import seed_run
     from db.engine import upgrade
 
     home = CACHE / f"{RANKS}x{points // RANKS}"
-    marker = home / "run_id"
-    db_url = f"sqlite:///{home / 'runyard.db'}"
-    if marker.is_file():
+    marker = home / ("run_id" if server is None else "run_id.postgres")
+    db_url = f"sqlite:///{home / 'runyard.db'}" if server is None else _server_database(server, home.name)
+    if marker.is_file() and (server is None or _has_run(db_url, int(marker.read_text()))):
         return db_url, int(marker.read_text())
     home.mkdir(parents=True, exist_ok=True)
-    for leftover in home.glob("runyard.db*"):
-        leftover.unlink()
+    if server is None:
+        for leftover in home.glob("runyard.db*"):
+            leftover.unlink()
     upgrade(db_url)
-    print(f"seeding {points:,} points into {home} (cached for later runs)...", flush=True)
+    print(f"seeding {points:,} points into {_shown(db_url)} (cached for later runs)...", flush=True)
     t0 = time.monotonic()
-    run_id = seed_run(db_url, ranks=RANKS, steps=points // RANKS, keys=("loss",), progress=True)
+    run_id = seed_run(db_url, ranks=RANKS, steps=points // RANKS, keys=("loss",), runs_dir=home / "runs",
+                      progress=True)
     print(f"seeded in {time.monotonic() - t0:.0f} s", flush=True)
     marker.write_text(str(run_id))
     return db_url, run_id
+
+
+def _shown(db_url: str) -> str:
+    from db.engine import safe_url
+
+    return safe_url(db_url)
+
+
+def _server_database(server: str, name: str) -> str:
+    """The URL of database ``runyard_bench_chart_<name>`` on ``server``, recreated empty unless
+    it holds a seeded run."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.pool import NullPool
+
+    database = f"runyard_bench_chart_{name}"
+    admin = create_engine(server, poolclass=NullPool, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            if not conn.execute(text("SELECT 1 FROM pg_database WHERE datname = :d"), {"d": database}).first():
+                conn.execute(text(f'CREATE DATABASE "{database}"'))
+    finally:
+        admin.dispose()
+    return make_url(server).set(database=database).render_as_string(hide_password=False)
+
+
+def _has_run(db_url: str, run_id: int) -> bool:
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.exc import SQLAlchemyError
+    from sqlalchemy.pool import NullPool
+
+    engine = create_engine(db_url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            return bool(conn.execute(text("SELECT count(*) FROM metric_points WHERE run_id = :r"), {"r": run_id})
+                        .scalar())
+    except SQLAlchemyError:
+        return False
+    finally:
+        engine.dispose()
 
 
 def time_once(engine, run_id: int) -> tuple[float, float, object, object]:  # type: ignore[no-untyped-def]
@@ -71,45 +119,54 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="100000,1000000,10000000")
     parser.add_argument("--repeats", type=int, default=21)
+    parser.add_argument("--db-url", help="a PostgreSQL server to measure beside SQLite (see the docstring)")
     args = parser.parse_args()
     from db.engine import make_engine
 
     sizes = [int(s) for s in args.sizes.split(",")]
+    backends: dict[str, str | None] = {"sqlite": None, **({"postgres": args.db_url} if args.db_url else {})}
+    cases = [(db, points) for points in sizes for db in backends]
     engines = {}
-    for points in sizes:
-        db_url, run_id = seeded(points)
-        engines[points] = (make_engine(db_url), run_id)
-    times: dict[int, list[float]] = {p: [] for p in sizes}
-    lives: dict[int, list[float]] = {p: [] for p in sizes}
-    shapes: dict[int, tuple] = {}
-    first: dict[int, float] = {}
-    for rep in range(args.repeats + 1):  # the sizes take turns, so that load falls on all alike
-        for points in sizes:
-            engine, run_id = engines[points]
+    for db, points in cases:
+        db_url, run_id = seeded(points, backends[db])
+        engines[(db, points)] = (make_engine(db_url), run_id)
+    times: dict[tuple, list[float]] = {c: [] for c in cases}
+    lives: dict[tuple, list[float]] = {c: [] for c in cases}
+    shapes: dict[tuple, tuple] = {}
+    first: dict[tuple, float] = {}
+    for rep in range(args.repeats + 1):  # the cases take turns, so that load falls on all alike
+        for case in cases:
+            engine, run_id = engines[case]
             full, live, got, newest = time_once(engine, run_id)
             if rep == 0:
-                first[points] = full * 1000
-                shapes[points] = (got.level, got.bucket_steps, len(got.rows), len(newest.rows))
+                first[case] = full * 1000
+                shapes[case] = (got.level, got.bucket_steps, len(got.rows), len(newest.rows))
             else:
-                times[points].append(full * 1000)
-                lives[points].append(live * 1000)
-    results = {}
-    for points in sizes:
-        level, bucket, rows, live_rows = shapes[points]
-        r = results[points] = {"median_ms": statistics.median(times[points]), "first_ms": first[points],
-                               "live_median_ms": statistics.median(lives[points]), "level": level,
-                               "bucket_steps": bucket, "rows": rows, "live_rows": live_rows}
-        print(f"{points:>11,} points: median {r['median_ms']:6.1f} ms (first {r['first_ms']:6.1f} ms), "
+                times[case].append(full * 1000)
+                lives[case].append(live * 1000)
+    results: dict[str, dict] = {}
+    for db, points in cases:
+        level, bucket, rows, live_rows = shapes[(db, points)]
+        r = results[f"{db} {points}"] = {
+            "median_ms": statistics.median(times[(db, points)]), "first_ms": first[(db, points)],
+            "live_median_ms": statistics.median(lives[(db, points)]), "level": level, "bucket_steps": bucket,
+            "rows": rows, "live_rows": live_rows}
+        print(f"{db:>8} {points:>11,} points: median {r['median_ms']:6.1f} ms (first {r['first_ms']:6.1f} ms), "
               f"level {level} ({bucket} steps a bucket), {rows} rows; "
               f"live re-fetch {r['live_median_ms']:.1f} ms, {live_rows} rows", flush=True)
     for engine, _ in engines.values():
         engine.dispose()
-    sizes = sorted(results)
-    if len(sizes) > 1:
-        print(f"largest / smallest: {results[sizes[-1]]['median_ms'] / results[sizes[0]]['median_ms']:.2f}x")
+    for db in backends:
+        if len(sizes) > 1:
+            big, small = results[f"{db} {max(sizes)}"], results[f"{db} {min(sizes)}"]
+            print(f"{db} largest / smallest: {big['median_ms'] / small['median_ms']:.2f}x")
+    if args.db_url:
+        for points in sizes:
+            pg, lite = results[f"postgres {points}"], results[f"sqlite {points}"]
+            print(f"{points:,} points, postgres / sqlite: chart {pg['median_ms'] / lite['median_ms']:.2f}x, "
+                  f"live re-fetch {pg['live_median_ms'] / lite['live_median_ms']:.2f}x")
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(json.dumps({"repeats": args.repeats, "results": results}))
-
 
 if __name__ == "__main__":
     main()

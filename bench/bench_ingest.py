@@ -1,7 +1,13 @@
 """Metric ingest: points per second through runyard's write path against MLflow's own
-SQLAlchemy tracking store, side by side, both on SQLite files in the same temp folder.
+SQLAlchemy tracking store, side by side, both on SQLite files in the same temp folder, and with
+``--db-url`` on a PostgreSQL server as well.
 
     .venv/bin/python bench/bench_ingest.py [--reps 3] [--steps 2500] [--mlflow-python /tmp/mlflow-bench/bin/python]
+        [--db-url postgresql+psycopg://runyard@127.0.0.1:55432/postgres]
+
+``--db-url`` names a PostgreSQL server (a database on it the user may connect to, with CREATEDB):
+each repetition then also writes the same points into a fresh database created on it for that
+side (dropped after), and prints PostgreSQL / SQLite per repetition.
 
 The points: 8 ranks x 10 metrics at every step (80 points a step). runyard gets them as rank 0's
 DatabaseWriter hands them over, one ``write_points`` transaction per flush (every second): ``--batch-steps``
@@ -51,16 +57,25 @@ def points(steps: int, batch_steps: int) -> Iterator[list[tuple[str, int, int, f
         ]
 
 
-def runyard_ingest(folder: Path, steps: int, batch_steps: int) -> dict[str, float]:
-    """Points/s through ``write_points``, one transaction per batch (as DatabaseWriter does)."""
+def runyard_ingest(folder: Path, steps: int, batch_steps: int, server: str | None = None) -> dict[str, float]:
+    """Points/s through ``write_points``, one transaction per batch (as DatabaseWriter does), into
+    a SQLite file in ``folder``, or into a fresh database on the PostgreSQL ``server``."""
     sys.path.insert(0, str(ROOT))
+    if server is None:
+        return _runyard_ingest(f"sqlite:///{folder / f'runyard-{batch_steps}.db'}", folder, steps, batch_steps)
+    from tests.databases import fresh_database
+
+    with fresh_database(server) as db_url:
+        return _runyard_ingest(db_url, folder, steps, batch_steps)
+
+
+def _runyard_ingest(db_url: str, folder: Path, steps: int, batch_steps: int) -> dict[str, float]:
     from bench.seed import create_finished_run
     from db.engine import make_engine, upgrade
     from db.metricstore import write_points
 
-    db_url = f"sqlite:///{folder / f'runyard-{batch_steps}.db'}"
     upgrade(db_url)
-    run_id = create_finished_run(db_url, "ingest", RANKS, steps)
+    run_id = create_finished_run(db_url, "ingest", RANKS, steps, runs_dir=folder / "runs")
     engine = make_engine(db_url, foreign_keys=False)  # as rank 0's DatabaseWriter makes it
     spent, count = 0.0, 0
     try:
@@ -77,8 +92,9 @@ def runyard_ingest(folder: Path, steps: int, batch_steps: int) -> dict[str, floa
     return {"points": count, "seconds": spent, "points_per_s": count / spent}
 
 
-def mlflow_ingest(folder: Path, steps: int) -> dict[str, float]:
-    """Points/s through MLflow's SqlAlchemyStore.log_batch (run in an interpreter with MLflow)."""
+def mlflow_ingest(folder: Path, steps: int, store_url: str | None = None) -> dict[str, float]:
+    """Points/s through MLflow's SqlAlchemyStore.log_batch (run in an interpreter with MLflow),
+    on a SQLite file in ``folder`` or on ``store_url``."""
     import logging
 
     logging.getLogger("mlflow").setLevel(logging.WARNING)
@@ -86,7 +102,7 @@ def mlflow_ingest(folder: Path, steps: int) -> dict[str, float]:
     from mlflow.entities import Metric
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
-    store = SqlAlchemyStore(f"sqlite:///{folder / 'mlflow.db'}", str(folder / "mlflow-artifacts"))
+    store = SqlAlchemyStore(store_url or f"sqlite:///{folder / 'mlflow.db'}", str(folder / "mlflow-artifacts"))
     experiment = store.create_experiment("ingest")
     run_id = store.create_run(experiment, "bench", int(time.time() * 1000), [], "ingest").info.run_id
     spent, count = 0.0, 0
@@ -99,15 +115,28 @@ def mlflow_ingest(folder: Path, steps: int) -> dict[str, float]:
     return {"points": count, "seconds": spent, "points_per_s": count / spent}
 
 
-def mlflow_side(folder: Path, steps: int, python: str | None) -> dict[str, float] | None:
-    """The MLflow measurement: here when MLflow imports, else in ``python``, else None."""
+def mlflow_side(folder: Path, steps: int, python: str | None, server: str | None = None) -> dict[str, float] | None:
+    """The MLflow measurement: here when MLflow imports, else in ``python``, else None; on SQLite,
+    or on a fresh database on the PostgreSQL ``server``."""
     if python is None:
         try:
             import mlflow  # noqa: F401
         except ImportError:
             return None
-        return mlflow_ingest(folder, steps)
-    out = subprocess.run([python, __file__, "--mlflow-worker", str(folder), "--steps", str(steps)],
+    if server is None:
+        return _mlflow_run(folder, steps, python, None)
+    sys.path.insert(0, str(ROOT))
+    from tests.databases import fresh_database
+
+    with fresh_database(server) as url:
+        return _mlflow_run(folder, steps, python, url)
+
+
+def _mlflow_run(folder: Path, steps: int, python: str | None, store_url: str | None) -> dict[str, float]:
+    if python is None:
+        return mlflow_ingest(folder, steps, store_url)
+    extra = ["--mlflow-store", store_url] if store_url else []
+    out = subprocess.run([python, __file__, "--mlflow-worker", str(folder), "--steps", str(steps), *extra],
                          check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -118,46 +147,60 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2500, help="steps per repetition (80 points a step)")
     parser.add_argument("--batch-steps", type=int, default=625)
     parser.add_argument("--mlflow-python", help="an interpreter that has MLflow (see the docstring)")
+    parser.add_argument("--db-url", help="a PostgreSQL server to measure as well (see the docstring)")
+    parser.add_argument("--no-mlflow", action="store_true", help="measure runyard only")
     parser.add_argument("--mlflow-worker", help=argparse.SUPPRESS)
+    parser.add_argument("--mlflow-store", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.mlflow_worker:
-        print(json.dumps(mlflow_ingest(Path(args.mlflow_worker), args.steps)))
+        print(json.dumps(mlflow_ingest(Path(args.mlflow_worker), args.steps, args.mlflow_store)))
         return
 
-    sides = {f"runyard, {args.batch_steps}-step batches": args.batch_steps, "runyard, 12-step batches": 12}
-    results: dict[str, list[float]] = {name: [] for name in [*sides, "mlflow"]}
+    servers: dict[str, str | None] = {"sqlite": None}
+    if args.db_url:
+        servers["postgres"] = args.db_url
+    sides = {f"runyard {db}, {b}-step batches": (b, server) for db, server in servers.items()
+             for b in (args.batch_steps, 12)}
+    mlflow_sides = {} if args.no_mlflow else {f"mlflow {db}": server for db, server in servers.items()}
+    results: dict[str, list[float]] = {name: [] for name in [*sides, *mlflow_sides]}
     mlflow_missing = False
     for rep in range(args.reps):
         with tempfile.TemporaryDirectory(prefix="runyard-ingest-") as tmp:
             folder = Path(tmp)
             line = []
-            for name, batch_steps in sides.items():
-                r = runyard_ingest(folder, args.steps, batch_steps)
+            for name, (batch_steps, server) in sides.items():
+                r = runyard_ingest(folder, args.steps, batch_steps, server)
                 results[name].append(r["points_per_s"])
                 line.append(f"{name} {r['points_per_s']:,.0f}/s")
-            m = None if mlflow_missing else mlflow_side(folder, args.steps, args.mlflow_python)
-            if m is None:
-                if not mlflow_missing:
-                    print("MLflow is not installed here: skipping the MLflow side (see BENCHMARKS.md for how to "
-                          "run it with --mlflow-python).", flush=True)
-                mlflow_missing = True
-            else:
-                results["mlflow"].append(m["points_per_s"])
-                line.append(f"mlflow {m['points_per_s']:,.0f}/s")
+            for name, server in mlflow_sides.items():
+                m = None if mlflow_missing else mlflow_side(folder, args.steps, args.mlflow_python, server)
+                if m is None:
+                    if not mlflow_missing:
+                        print("MLflow is not installed here: skipping the MLflow side (see BENCHMARKS.md for how "
+                              "to run it with --mlflow-python).", flush=True)
+                    mlflow_missing = True
+                else:
+                    results[name].append(m["points_per_s"])
+                    line.append(f"{name} {m['points_per_s']:,.0f}/s")
             print(f"rep {rep + 1} ({args.steps * 80:,} points each): " + ", ".join(line), flush=True)
     medians = {name: statistics.median(v) for name, v in results.items() if v}
     print("median points/s: " + ", ".join(f"{name} {v:,.0f}" for name, v in medians.items()))
     ratios = {}
-    if "mlflow" in medians:
-        for name in sides:
-            per_rep = [a / b for a, b in zip(results[name], results["mlflow"], strict=True)]
-            ratios[name] = statistics.median(per_rep)
-            print(f"{name} / mlflow: {ratios[name]:.1f}x (median of per-repetition ratios "
-                  f"{', '.join(f'{x:.1f}' for x in per_rep)})")
+    for name in sides:
+        db = name.split(",")[0].split()[-1]
+        other = f"mlflow {db}"
+        if medians.get(other):
+            per_rep = [a / b for a, b in zip(results[name], results[other], strict=True)]
+            ratios[f"{name} / {other}"] = statistics.median(per_rep)
+        if db == "postgres":
+            lite = name.replace("postgres", "sqlite")
+            per_rep = [a / b for a, b in zip(results[lite], results[name], strict=True)]
+            ratios[f"{lite} / {name}"] = statistics.median(per_rep)
+    for label, ratio in ratios.items():
+        print(f"{label}: {ratio:.2f}x (median of per-repetition ratios)")
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(json.dumps({"reps": args.reps, "points_per_rep": args.steps * 80, "median_points_per_s": medians,
-                      "ratio_to_mlflow": ratios}))
-
+                      "ratios": ratios}))
 
 if __name__ == "__main__":
     main()

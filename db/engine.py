@@ -2,7 +2,12 @@
 
 Migrations run once, under a lock: the scheduler, the UI and a `runyard submit` started together
 on a fresh data folder would otherwise all create the same tables at once (one of them died with
-a ``CircularDependencyError``). The first process migrates; the others wait and go on.
+a ``CircularDependencyError``). The first process migrates; the others wait and go on. The lock
+is a file lock beside a SQLite database and ``pg_advisory_lock`` on PostgreSQL.
+
+Connections are budgeted on a server database: each process's engine is a small pool
+(``POOL_SIZE`` kept, ``POOL_OVERFLOW`` more at peaks) checked with ``pool_pre_ping``; rank 0's
+writer asks for ``pool_size=1, max_overflow=0`` (one connection, opened at its first write).
 """
 
 from __future__ import annotations
@@ -29,6 +34,11 @@ from db.layout import MIGRATE_LOCK_FILE
 logger = logging.getLogger(__name__)
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
+# A process's pool on a server database: kept connections, and how many more it may open at a peak.
+POOL_SIZE = 2
+POOL_OVERFLOW = 3
+# pg_advisory_lock key of the migration lock (any fixed 64-bit number; "runyard" in ASCII).
+PG_MIGRATE_LOCK_KEY = 0x72756E79617264
 # A migration of a large metric table can take minutes; a lock held longer than this is stuck.
 MIGRATE_LOCK_TIMEOUT_S = 600.0
 
@@ -61,7 +71,8 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any, foreign_keys: bool = True) ->
     cur.close()
 
 
-def make_engine(url: str, foreign_keys: bool = True) -> Engine:
+def make_engine(url: str, foreign_keys: bool = True, pool_size: int = POOL_SIZE,
+                max_overflow: int = POOL_OVERFLOW) -> Engine:
     """Create an engine for ``url``; for SQLite, create the folder and set the pragmas.
 
     ``foreign_keys=False`` leaves SQLite's foreign-key enforcement off on this engine's
@@ -69,6 +80,10 @@ def make_engine(url: str, foreign_keys: bool = True) -> Engine:
     rank 0's metric writer asks for it: it inserts points under its own run and under metric
     ids it has just resolved, and checking the two keys of every point cost a tenth of the
     ingest time (BENCHMARKS.md). PostgreSQL always checks them.
+
+    ``pool_size`` and ``max_overflow`` bound the connections this engine holds on a server
+    database (SQLite opens one per thread and needs no budget); no connection is opened before
+    the first query.
     """
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
@@ -77,7 +92,7 @@ def make_engine(url: str, foreign_keys: bool = True) -> Engine:
         engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
         event.listen(engine, "connect", lambda conn, record: _sqlite_pragmas(conn, record, foreign_keys))
         return engine
-    return create_engine(url, pool_pre_ping=True)
+    return create_engine(url, pool_pre_ping=True, pool_size=pool_size, max_overflow=max_overflow)
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
@@ -114,17 +129,63 @@ def _flock(fd: int, path: Path, timeout_s: float) -> None:
         time.sleep(0.05)
 
 
+def _pg_lock(conn: Any, url: str, timeout_s: float) -> None:
+    """Take the advisory migration lock on ``conn``, waiting up to ``timeout_s``."""
+    from sqlalchemy import text
+
+    deadline = time.monotonic() + timeout_s
+    announced = False
+    while not conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": PG_MIGRATE_LOCK_KEY}).scalar_one():
+        if not announced:
+            logger.info("another process is migrating the database; waiting for it (%s)", safe_url(url))
+            announced = True
+        if time.monotonic() >= deadline:
+            holder = conn.execute(text(
+                "SELECT string_agg(pid::text, ',') FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+                "AND (classid::bigint << 32) + objid::bigint = :k"), {"k": PG_MIGRATE_LOCK_KEY}).scalar()
+            raise MigrationLockTimeout(
+                f"waited {timeout_s:.0f} s for the migration lock (pg_advisory_lock {PG_MIGRATE_LOCK_KEY}) of "
+                f"{safe_url(url)} (held by server pid {holder or 'unknown'}); if that process is stuck, "
+                "stop it (pg_terminate_backend) and try again"
+            )
+        time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def _pg_migration_lock(url: str, timeout_s: float) -> Iterator[None]:
+    """``pg_advisory_lock`` on a connection of its own, held for the block. The server drops the
+    lock with the connection, so a holder that dies never leaves it taken."""
+    from sqlalchemy import text
+    from sqlalchemy.pool import NullPool
+
+    engine = create_engine(url, poolclass=NullPool, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            _pg_lock(conn, url, timeout_s)
+            try:
+                yield
+            finally:
+                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": PG_MIGRATE_LOCK_KEY})
+    finally:
+        engine.dispose()
+
+
 @contextlib.contextmanager
 def migration_lock(url: str, timeout_s: float = MIGRATE_LOCK_TIMEOUT_S) -> Iterator[None]:
     """Hold the database's migration lock: one process migrates, the others wait for it.
 
     SQLite: an exclusive ``flock`` on ``migrate.lock`` beside the database file (released by
-    the kernel if the holder dies). Other databases take no lock yet; PostgreSQL's would be
-    ``pg_advisory_lock`` on a dedicated connection, taken and released here.
+    the kernel if the holder dies). PostgreSQL: ``pg_advisory_lock`` on a dedicated connection
+    (released by the server if the holder dies). Other databases take no lock.
 
     Raises:
         MigrationLockTimeout: the lock was not free within ``timeout_s``.
     """
+    if make_url(url).get_backend_name() == "postgresql":
+        with _pg_migration_lock(url, timeout_s):
+            yield
+        return
     db_file = sqlite_path(url)
     if db_file is None:
         yield
@@ -141,6 +202,14 @@ def migration_lock(url: str, timeout_s: float = MIGRATE_LOCK_TIMEOUT_S) -> Itera
         os.close(fd)  # releases the lock
 
 
+def safe_url(url: str) -> str:
+    """The database URL with any password hidden (for messages and logs)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - an unparsable URL is shown as given
+        return url
+
+
 def _check_known(url: str, current: str | None) -> None:
     from alembic.script import ScriptDirectory
     from alembic.util.exc import CommandError
@@ -151,7 +220,7 @@ def _check_known(url: str, current: str | None) -> None:
         ScriptDirectory.from_config(_alembic_config(url)).get_revision(current)
     except CommandError:
         raise SchemaUnknown(
-            f"database {url} is at schema revision {current!r}, which this runyard does not know "
+            f"database {safe_url(url)} is at schema revision {current!r}, which this runyard does not know "
             f"(its newest is {head_revision(url)!r}); a newer runyard wrote it: upgrade runyard"
         ) from None
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import repeat
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from sqlalchemy import case, func
@@ -148,8 +148,13 @@ def dialect_insert(dialect: str) -> Callable[..., sqlite.Insert | postgresql.Ins
 
 def rollup_upsert(dialect: str) -> sqlite.Insert | postgresql.Insert:
     """INSERT ... ON CONFLICT DO UPDATE that merges a partial into a stored bucket."""
+    return merge_rollups(dialect_insert(dialect)(MetricRollup.__table__), dialect)
+
+
+def merge_rollups(stmt: Any, dialect: str) -> Any:
+    """``stmt`` (the dialect's INSERT into metric_rollups, of VALUES or of a SELECT) with the
+    ON CONFLICT DO UPDATE that merges each new partial into its stored bucket."""
     t = MetricRollup.__table__
-    stmt = dialect_insert(dialect)(t)
     new = stmt.excluded
     # SQLite's two-argument min()/max() are NULL when either side is; PostgreSQL's least() and
     # greatest() skip NULLs. coalesce() makes both skip them.

@@ -152,6 +152,11 @@ def write_points(conn: Connection, rows: list[dict[str, Any]]) -> None:
         if not points:
             return
         batch = summarize(*zip(*points, strict=True))
+    if conn.dialect.name == "postgresql":
+        from db.metricbulk import write_batch
+
+        write_batch(conn, points, batch.rows)  # one statement per table (db/metricbulk.py)
+        return
     _executemany(conn, "points", _points_insert, _POINT_COLUMNS, points)
     _executemany(conn, "rollups", rollup_upsert, ROLLUP_COLUMNS, batch.rows)
 

@@ -67,8 +67,10 @@ def db_upgrade() -> None:
     from db.engine import upgrade
 
     settings = load_settings()
+    from orchestrator.cli_base import safe_url
+
     upgrade(settings.db_url)
-    click.echo(f"database at head: {settings.db_url}")
+    click.echo(f"database at head: {safe_url(settings.db_url)}")
 
 
 @cli.command()

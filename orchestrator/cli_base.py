@@ -17,7 +17,6 @@ import sys
 from typing import Any, NoReturn
 
 import click
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -44,10 +43,9 @@ def fail(message: str, code: int = EXIT_FAILURE) -> NoReturn:
 
 def safe_url(url: str) -> str:
     """The database URL with any password hidden."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - an unparsable URL is shown as given, minus nothing secret to hide
-        return url
+    from db.engine import safe_url as hide_password
+
+    return hide_password(url)
 
 
 def database_error_line(exc: SQLAlchemyError, settings: Settings) -> str:

@@ -1,4 +1,15 @@
-"""Shared fixtures: a real SQLite database in tmp_path, upgraded through the real migrations."""
+"""Shared fixtures: a real database upgraded through the real migrations: SQLite in tmp_path, and
+PostgreSQL for the tests that run on both (tests/databases.py says how the server is chosen).
+
+Database fixtures:
+
+- ``settings`` / ``sessions``: a migrated database, SQLite unless the test's module is marked
+  ``pytestmark = pytest.mark.both_dbs`` (then every test that uses them runs twice, ``[sqlite]``
+  and ``[postgres]``).
+- ``db_url``: the URL of an EMPTY database (no schema), parametrized ``[sqlite]``/``[postgres]``.
+- ``pg_url``: the URL of an EMPTY PostgreSQL database created for this test and dropped after.
+- ``db_dialect``: ``"sqlite"`` or ``"postgres"``, the dialect of the case being run.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +20,93 @@ from pathlib import Path
 
 import psutil
 import pytest
+from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.engine import make_engine, make_sessionmaker, upgrade
 from db.settings import Settings
+from tests import databases
+from tests.databases import CHOICE_ENV, CHOICES, DIALECTS, SERVER_ENV, PostgresUnavailable
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--db", choices=CHOICES, default=os.environ.get(CHOICE_ENV) or "auto",
+        help=f"which databases the both-dialect tests use (default ${CHOICE_ENV} or auto): auto = SQLite, "
+             f"and PostgreSQL when ${SERVER_ENV} is set; both/postgres = PostgreSQL required (its cases "
+             "fail without a server); sqlite = PostgreSQL cases skipped",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "both_dbs: the module's tests that use `settings`/`sessions` run on SQLite and on PostgreSQL")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Run each test that uses ``db_url``, or uses ``settings`` in a ``both_dbs`` module, once per
+    dialect."""
+    if "db_dialect" not in metafunc.fixturenames:
+        return
+    if "db_url" in metafunc.fixturenames or metafunc.definition.get_closest_marker("both_dbs"):
+        metafunc.parametrize("db_dialect", DIALECTS, indirect=True)
+
+
+@pytest.fixture(scope="session")
+def pg_server(pytestconfig: pytest.Config) -> str:
+    """The PostgreSQL server's URL; skips (only when not asked for) or fails without one."""
+    choice = pytestconfig.getoption("--db")
+    server = databases.server_url()
+    if choice == "sqlite":
+        pytest.skip("PostgreSQL case not run: --db=sqlite")
+    if server is None:
+        if choice in ("both", "postgres"):
+            pytest.fail(f"--db={choice} asks for PostgreSQL but ${SERVER_ENV} is not set "
+                        "(.ci/run starts a server; or point it at yours)", pytrace=False)
+        pytest.skip(f"PostgreSQL case not run: set ${SERVER_ENV} (or --db=both) to run it")
+    return server
+
+
+@pytest.fixture(scope="session")
+def pg_template(pg_server: str) -> Iterator[str]:
+    """The name of a database migrated to head once per session, which fresh migrated test
+    databases copy (CREATE DATABASE ... TEMPLATE is faster than running the migrations)."""
+    try:
+        url = databases.create_database(pg_server)
+    except PostgresUnavailable as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        upgrade(url)
+        yield str(make_url(url).database)
+    finally:
+        databases.drop_database(pg_server, url)
+
+
+@pytest.fixture
+def pg_url(pg_server: str) -> Iterator[str]:
+    """The URL of a fresh, empty PostgreSQL database for this test (dropped after it)."""
+    try:
+        with databases.fresh_database(pg_server) as url:
+            yield url
+    except PostgresUnavailable as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture
+def db_dialect(request: pytest.FixtureRequest) -> str:
+    """The dialect of this case: the parameter where the test runs on both, else SQLite."""
+    dialect = str(getattr(request, "param", "sqlite"))
+    if dialect == "sqlite" and hasattr(request, "param") and request.config.getoption("--db") == "postgres":
+        pytest.skip("SQLite case not run: --db=postgres")
+    return dialect
+
+
+@pytest.fixture
+def db_url(db_dialect: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    """The URL of an empty database of this case's dialect (no schema; ``upgrade`` it as needed)."""
+    if db_dialect == "postgres":
+        return str(request.getfixturevalue("pg_url"))
+    return f"sqlite:///{tmp_path / 'home' / 'runyard.db'}"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -29,13 +123,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture
-def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
+def migrated_url(db_dialect: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    """The URL of a database of this case's dialect at the newest schema."""
+    if db_dialect == "sqlite":
+        url = f"sqlite:///{tmp_path / 'home' / 'runyard.db'}"
+        upgrade(url)
+        yield url
+        return
+    server, template = request.getfixturevalue("pg_server"), request.getfixturevalue("pg_template")
+    with databases.fresh_database(server, template=template) as url:
+        yield url
+
+
+@pytest.fixture
+def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, migrated_url: str) -> Settings:
     home = tmp_path / "home"
-    url = f"sqlite:///{home / 'runyard.db'}"
+    home.mkdir(parents=True, exist_ok=True)
     monkeypatch.setenv("RUNYARD_HOME", str(home))
-    monkeypatch.setenv("RUNYARD_DB_URL", url)
-    upgrade(url)
-    return Settings(home=home, db_url=url)
+    monkeypatch.setenv("RUNYARD_DB_URL", migrated_url)
+    return Settings(home=home, db_url=migrated_url)
 
 
 @pytest.fixture

@@ -250,8 +250,9 @@ class DatabaseWriter(threading.Thread):
         from db.engine import make_engine
 
         # No foreign-key checks on this connection: it writes only this run's rows, under
-        # metric ids it has just resolved (db/engine.py; a tenth of the ingest time).
-        engine = make_engine(self._db_url, foreign_keys=False)
+        # metric ids it has just resolved (db/engine.py; a tenth of the ingest time). One
+        # connection at most, opened at the first write: the one a run adds to a server database.
+        engine = make_engine(self._db_url, foreign_keys=False, pool_size=1, max_overflow=0)
         running = True
         try:
             while running:

@@ -1,4 +1,6 @@
-"""Alembic environment: batch mode so ALTERs work on SQLite."""
+"""Alembic environment: batch mode so ALTERs work on SQLite; one transaction per migration, so
+that on PostgreSQL (transactional DDL) an interrupted upgrade leaves the schema at the last
+revision that completed, never half-way through one."""
 
 from alembic import context
 
@@ -22,7 +24,8 @@ def run_migrations_online() -> None:
         context.configure(
             connection=connection,
             target_metadata=Base.metadata,
-            render_as_batch=True,
+            render_as_batch=True,  # autogenerate writes ops that SQLite can run too
+            transaction_per_migration=True,
         )
         with context.begin_transaction():
             context.run_migrations()

@@ -91,3 +91,34 @@ def test_processes_started_together_on_a_fresh_home_all_succeed(tmp_path: Path, 
     url = f"sqlite:///{home / 'runyard.db'}"
     assert _query(home, "SELECT version_num FROM alembic_version") == [(head_revision(url),)]
     assert _query(home, "SELECT id, status FROM runs ORDER BY id") == [(1, "QUEUED"), (2, "QUEUED")]
+
+
+@pytest.mark.parametrize("round_", range(2))  # 3 racers a round; a round is ~30 s of imports under load
+def test_three_db_upgrades_on_an_empty_postgres_all_succeed(tmp_path: Path, pg_url: str, round_: int) -> None:
+    """Three `runyard db upgrade` started together on an empty PostgreSQL database: the first
+    takes the advisory lock and migrates, the others wait, find the work done and go on; the
+    schema is at head once, and no password or traceback is printed."""
+    from sqlalchemy import text
+
+    from db.engine import make_engine
+
+    env = _env(tmp_path / "home", 2)
+    env["RUNYARD_DB_URL"] = pg_url
+    procs = [subprocess.Popen([sys.executable, "-m", "orchestrator", "db", "upgrade"], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    try:
+        results = [(p.wait(TIMEOUT_S), *p.communicate()) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for i, (code, out, err) in enumerate(results):
+        assert code == 0 and "Traceback" not in err, f"upgrade {i} exited {code}: {out}{err}"
+        assert out.startswith("database at head: postgresql+psycopg://"), out
+    engine = make_engine(pg_url)
+    try:
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT version_num FROM alembic_version")).all() == [(head_revision(pg_url),)]
+            assert conn.execute(text("SELECT count(*) FROM runs")).scalar_one() == 0
+    finally:
+        engine.dispose()

@@ -1,4 +1,9 @@
-"""Real processes: the `runyard` CLI and scheduler as subprocesses, torchrun with 2 gloo ranks."""
+"""Real processes: the `runyard` CLI and scheduler as subprocesses, torchrun with 2 gloo ranks.
+
+``product`` is an installation on SQLite in tmp_path; ``any_product`` the same on the database of
+the case (``[sqlite]``/``[postgres]``, tests/databases.py), for the tests that run on both.
+Read the database through :meth:`Product.query` (SQLAlchemy), never sqlite3, in those.
+"""
 
 from __future__ import annotations
 
@@ -26,6 +31,24 @@ class Product:
     home: Path
     env: dict[str, str]
     procs: list[subprocess.Popen] = field(default_factory=list)
+
+    @property
+    def db_url(self) -> str:
+        """The database every process of this installation uses."""
+        return self.env.get("RUNYARD_DB_URL") or f"sqlite:///{self.home / 'runyard.db'}"
+
+    def query(self, sql: str, **params: object) -> list[tuple]:
+        """Rows of ``sql`` (named ``:params``) on this installation's database, on a connection
+        opened for the call and closed after it."""
+        from sqlalchemy import create_engine, text
+        from sqlalchemy.pool import NullPool
+
+        engine = create_engine(self.db_url, poolclass=NullPool)
+        try:
+            with engine.connect() as conn:
+                return [tuple(r) for r in conn.execute(text(sql), params)]
+        finally:
+            engine.dispose()
 
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         result = subprocess.run(
@@ -64,21 +87,17 @@ class Product:
 
     def wait_step(self, run_id: int, step: int, timeout: float = 120.0) -> int:
         """Poll the database directly (fast) until the newest attempt reports ``step``."""
-        import sqlite3
+        from sqlalchemy.exc import OperationalError, ProgrammingError
 
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            con = sqlite3.connect(self.home / "runyard.db")
             try:
-                row = con.execute(
-                    "SELECT last_step FROM attempts WHERE run_id = ? ORDER BY number DESC LIMIT 1", (run_id,)
-                ).fetchone()
-            except sqlite3.OperationalError:
-                row = None
-            finally:
-                con.close()
-            if row and row[0] is not None and row[0] >= step:
-                return int(row[0])
+                rows = self.query("SELECT last_step FROM attempts WHERE run_id = :run ORDER BY number DESC LIMIT 1",
+                                  run=run_id)
+            except (OperationalError, ProgrammingError):  # no database or no schema yet
+                rows = []
+            if rows and rows[0][0] is not None and rows[0][0] >= step:
+                return int(rows[0][0])
             time.sleep(0.05)
         raise AssertionError(f"run {run_id} did not reach step {step} in {timeout:.0f} s")
 
@@ -87,11 +106,14 @@ class Product:
 
 
 @contextlib.contextmanager
-def running_product(home: Path) -> Iterator[Product]:
-    """A runyard installation in ``home``; every scheduler it started is stopped on exit."""
+def running_product(home: Path, db_url: str | None = None) -> Iterator[Product]:
+    """A runyard installation in ``home`` (on ``db_url``, default its own SQLite file); every
+    scheduler it started is stopped on exit."""
     home.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     env.pop("RUNYARD_DB_URL", None)
+    if db_url is not None:
+        env["RUNYARD_DB_URL"] = db_url
     env["RUNYARD_HOME"] = str(home)
     env["RUNYARD_CPU_SLOTS"] = env.get("RUNYARD_CPU_SLOTS", "2")
     # A test installation: the fault hooks (trainer/faults.py) work here, and stay inert until a
@@ -113,4 +135,11 @@ def running_product(home: Path) -> Iterator[Product]:
 @pytest.fixture
 def product(tmp_path: Path) -> Iterator[Product]:
     with running_product(tmp_path / "home") as p:
+        yield p
+
+
+@pytest.fixture
+def any_product(tmp_path: Path, db_url: str) -> Iterator[Product]:
+    """``product`` on the case's database (SQLite or a fresh PostgreSQL database)."""
+    with running_product(tmp_path / "home", db_url) as p:
         yield p

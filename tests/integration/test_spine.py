@@ -1,10 +1,10 @@
 """The spine end to end: `runyard submit` a 2-rank mlp-digits run, the scheduler launches it
-with real torchrun (2 gloo ranks on CPU), and it succeeds with metrics from both ranks."""
+with real torchrun (2 gloo ranks on CPU), and it succeeds with metrics from both ranks (on SQLite
+and on PostgreSQL)."""
 
 from __future__ import annotations
 
 import signal
-import sqlite3
 
 import pytest
 
@@ -15,17 +15,13 @@ pytestmark = pytest.mark.slow
 
 
 def loss_curve(product: Product, run_id: int, rank: int) -> list[float]:
-    con = sqlite3.connect(product.home / "runyard.db")
-    try:
-        rows = con.execute(
-            "SELECT value FROM metrics WHERE run_id = ? AND key = 'loss' AND rank = ? ORDER BY step", (run_id, rank)
-        ).fetchall()
-    finally:
-        con.close()
+    rows = product.query("SELECT value FROM metrics WHERE run_id = :run AND key = 'loss' AND rank = :rank "
+                         "ORDER BY step", run=run_id, rank=rank)
     return [r[0] for r in rows]
 
 
-def test_submit_to_succeeded_with_metrics_from_every_rank(product: Product) -> None:
+def test_submit_to_succeeded_with_metrics_from_every_rank(any_product: Product) -> None:
+    product = any_product
     run_id = product.submit()
     product.start_scheduler()
     detail = product.wait_status(run_id, "SUCCEEDED", "FAILED", "CANCELLED")

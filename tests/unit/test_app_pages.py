@@ -47,11 +47,15 @@ TIMEOUT_S = 30
 
 
 @pytest.fixture
-def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Settings]:
-    """A fresh runyard home in tmp_path with the schema at head; Streamlit caches emptied so
+def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, db_dialect: str,
+             request: pytest.FixtureRequest) -> Iterator[Settings]:
+    """A fresh runyard home in tmp_path with the schema at head (its SQLite file, or for the
+    tests marked ``both_dbs`` also a fresh PostgreSQL database); Streamlit caches emptied so
     the app's cached settings and engine point at it."""
     monkeypatch.setenv("RUNYARD_HOME", str(tmp_path))
     monkeypatch.delenv("RUNYARD_DB_URL", raising=False)
+    if db_dialect == "postgres":
+        monkeypatch.setenv("RUNYARD_DB_URL", request.getfixturevalue("migrated_url"))
     monkeypatch.setenv("RUNYARD_CPU_SLOTS", "2")  # the same machine limits on every host
     monkeypatch.delenv("RUNYARD_SCRIPT_ROOTS", raising=False)  # the default roots: the cwd and tmp_path
     st.cache_resource.clear()
@@ -152,6 +156,7 @@ def chart_data(chart) -> pd.DataFrame:  # type: ignore[no-untyped-def]
 # -- Runs page ------------------------------------------------------------------------------
 
 
+@pytest.mark.both_dbs  # the UI's data layer (app/data.py) on PostgreSQL too
 def test_runs_page_lists_runs_with_status_and_step(seeded: dict[str, int]) -> None:
     at = app().run()
     no_exception(at)
@@ -219,6 +224,7 @@ def test_fresh_heartbeat_shows_no_banner(seeded: dict[str, int]) -> None:
 # -- Run page -------------------------------------------------------------------------------
 
 
+@pytest.mark.both_dbs  # the UI's data layer (app/data.py) on PostgreSQL too
 def test_run_page_shows_header_progress_attempts_and_metrics(seeded: dict[str, int]) -> None:
     run_id = seeded["running"]
     at = open_page("views/run.py", run=str(run_id))
@@ -357,6 +363,7 @@ def test_run_page_hides_superseded_steps_unless_asked(settings: Settings, sessio
     assert any(layer["mark"].get("strokeDash") for layer in chart_spec(loss)["layer"])
 
 
+@pytest.mark.both_dbs  # the UI's data layer (app/data.py) on PostgreSQL too
 def test_run_page_live_panel_fetches_only_new_buckets(seeded: dict[str, int], sessions: sessionmaker[Session]) -> None:
     run_id = seeded["running"]
     at = open_page("views/run.py", run=str(run_id))
@@ -375,6 +382,7 @@ def test_run_page_live_panel_fetches_only_new_buckets(seeded: dict[str, int], se
     assert len(loss) == 2 * 20 and loss["step"].max() == 200
 
 
+@pytest.mark.both_dbs  # the UI's data layer (app/data.py) on PostgreSQL too
 def test_run_page_badges_count_events_and_nan(seeded: dict[str, int], sessions: sessionmaker[Session]) -> None:
     run_id = seeded["running"]
     now = time.time()
@@ -457,6 +465,7 @@ def test_run_page_checkpoint_advice(seeded: dict[str, int], sessions: sessionmak
 # -- Cancel ---------------------------------------------------------------------------------
 
 
+@pytest.mark.both_dbs  # the UI's data layer (app/data.py) on PostgreSQL too
 def test_cancel_running_run_moves_it_to_cancelling(seeded: dict[str, int], sessions: sessionmaker[Session]) -> None:
     run_id = seeded["running"]
     at = open_page("views/run.py", run=str(run_id))
@@ -582,6 +591,7 @@ def test_every_problem_is_reported_at_once(settings: Settings, sessions: session
     assert queued_runs(sessions) == []
 
 
+@pytest.mark.both_dbs  # the UI's data layer (app/data.py) on PostgreSQL too
 def test_valid_form_queues_one_run_and_opens_it(settings: Settings, sessions: sessionmaker[Session]) -> None:
     at = open_page("views/new_run.py")
     at.text_input(key="name").set_value("form-run")
@@ -753,6 +763,7 @@ def test_fork_that_switches_to_a_script_outside_the_roots_is_refused(
 # -- Compare page ---------------------------------------------------------------------------
 
 
+@pytest.mark.both_dbs  # the UI's data layer (app/data.py) on PostgreSQL too
 def test_compare_page_overlays_the_rank_mean_of_two_runs(settings: Settings, sessions: sessionmaker[Session]) -> None:
     with sessions() as s:
         first = add_run(s, settings, "lr-high", RunStatus.STARTING, RunStatus.RUNNING, RunStatus.SUCCEEDED)
@@ -830,6 +841,7 @@ def test_settings_page_shows_the_price_table(settings: Settings, sessions: sessi
     assert [b.label for b in at.button] == ["Save prices"]
 
 
+@pytest.mark.both_dbs  # the UI's data layer (app/data.py) on PostgreSQL too
 def test_edited_prices_apply_to_new_runs_only(settings: Settings, sessions: sessionmaker[Session]) -> None:
     """The price is snapshotted at submit: editing the table (what the Settings page's Save
     does) changes new runs, not submitted ones. AppTest cannot edit a data_editor's cells, so
@@ -861,6 +873,7 @@ def test_negative_price_is_refused(sessions: sessionmaker[Session]) -> None:
         set_prices(s, {"cpu-node": -1.0})
 
 
+@pytest.mark.both_dbs  # the UI's data layer (app/data.py) on PostgreSQL too
 def test_runs_page_filters_by_tag(settings: Settings, sessions: sessionmaker[Session]) -> None:
     with sessions() as s:
         for name, tags in (("a", ["baseline"]), ("b", ["sweep", "lr"]), ("c", [])):
@@ -897,6 +910,7 @@ def test_without_oidc_the_pages_show_at_once(seeded: dict[str, int]) -> None:
     assert at.dataframe
 
 
+@pytest.mark.both_dbs  # the UI's data layer (app/data.py) on PostgreSQL too
 def test_the_pin_toggle_pins_once_and_a_refused_pin_springs_back(settings: Settings,
                                                                  sessions: sessionmaker[Session]) -> None:
     now = time.time()

@@ -3,7 +3,8 @@
 ``merge_series`` (app/data.py) is driven here against two stores: a small in-memory one that
 follows db.metricstore's contract to the letter (buckets of 4**L steps, the smallest level with
 at most ``max_points`` buckets per (attempt, rank), ``since_step``), and the real store on a real
-SQLite file. After every refresh the merged rows must be exactly the rows of a full fetch.
+SQLite file and a real PostgreSQL database. After every refresh the merged rows must be exactly
+the rows of a full fetch.
 
     pytest tests/unit/test_live_series.py
 """
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.data import LiveSeries, merge_series
@@ -26,6 +28,8 @@ from db import metricstore
 from db.config import RunConfig
 from db.metricstore import choose_level
 from db.requests import Price, create_run
+
+pytestmark = pytest.mark.both_dbs
 
 MAX_POINTS = 50
 

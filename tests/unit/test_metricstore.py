@@ -1,6 +1,7 @@
-"""The metric store on a real SQLite file: rollups equal what their raw points give at every
-level, whatever the order and batching of the points; series() stays within max_points and
-since_step re-fetches exactly the newest buckets; NaN and infinities come back as written."""
+"""The metric store on a real SQLite file and a real PostgreSQL database: rollups equal what
+their raw points give at every level, whatever the order and batching of the points; series()
+stays within max_points and since_step re-fetches exactly the newest buckets; NaN and infinities
+come back as written."""
 
 from __future__ import annotations
 
@@ -26,11 +27,12 @@ NAN, INF = float("nan"), float("inf")
 HYPOTHESIS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
+pytestmark = pytest.mark.both_dbs
+
+
 @pytest.fixture
-def engine(tmp_path: Path) -> Iterator[Engine]:
-    url = f"sqlite:///{tmp_path / 'metrics.db'}"
-    upgrade(url)
-    engine = make_engine(url)
+def engine(migrated_url: str) -> Iterator[Engine]:
+    engine = make_engine(migrated_url)
     yield engine
     engine.dispose()
 

@@ -34,6 +34,8 @@ from db.settings import Settings
 from db.states import TERMINAL, RunStatus, transition
 from orchestrator.cli import cli
 
+pytestmark = pytest.mark.both_dbs
+
 # --- the per-run computation list_runs used to do, one run at a time (3-4 statements a run) ----
 
 

@@ -13,6 +13,8 @@ from db.requests import Price, create_run, request_cancel
 from db.settings import Settings
 from db.states import ALLOWED, TERMINAL, RunStatus, TransitionError, transition
 
+pytestmark = pytest.mark.both_dbs
+
 
 def _queued(sessions: sessionmaker[Session], settings: Settings) -> int:
     with sessions() as s:

@@ -15,6 +15,8 @@ from db.settings import Settings
 from orchestrator.resources import detect_inventory
 from orchestrator.submission import submit, validate
 
+pytestmark = pytest.mark.both_dbs
+
 CPU2 = Inventory(kind="cpu", slots=2)
 # A GPU machine as NVML would describe it; CI has no GPU, so the inventory is constructed here.
 GPU1 = Inventory(kind="gpu", slots=1, gpu_names=("NVIDIA H100 80GB HBM3",))

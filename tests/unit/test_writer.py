@@ -2,8 +2,9 @@
 back, rows count only once committed, the pending batch is bounded (and says so when it drops),
 and retention deletes a checkpoint folder only after the commit that forgets it.
 
-The failures are real SQLite errors raised on the writer's own connection (a SQLAlchemy event on
-every engine, scoped to this test's database file), as a full disk raises them.
+The failures are the database's real errors raised on the writer's own connection (a SQLAlchemy
+event on every engine, scoped to this test's database), as a full disk raises them: SQLite's
+"database or disk is full", PostgreSQL's ``DiskFull``. Runs on both databases.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from sqlalchemy import Engine, event, func, select
+from sqlalchemy import Engine, event, func, select, text
+from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.config import CheckpointConfig
@@ -28,24 +30,41 @@ from trainer.reporter import DatabaseWriter
 RUN_ID, ATTEMPT = 1, 1
 
 
+pytestmark = pytest.mark.both_dbs
+
+
 class Outage:
     """While ``on``, every INSERT/UPDATE/DELETE on this database fails as on a full disk."""
 
-    def __init__(self, db_file: Path):
-        self.db_file = str(db_file)
+    def __init__(self, db_url: str):
+        self.database = make_url(db_url).database
         self.on = False
         self.refused = 0
 
     def __call__(self, conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
-        if self.on and conn.engine.url.database == self.db_file and \
+        if self.on and conn.engine.url.database == self.database and \
                 statement.lstrip().upper().startswith(("INSERT", "UPDATE", "DELETE")):
             self.refused += 1
+            if conn.dialect.name == "postgresql":
+                import psycopg.errors
+
+                raise psycopg.errors.DiskFull("could not extend file: No space left on device")
             raise sqlite3.OperationalError("database or disk is full")
+
+
+@pytest.fixture(autouse=True)
+def _run(sessions: sessionmaker[Session]) -> None:
+    """Run RUN_ID's row: PostgreSQL checks the points' key to it (SQLite's writer connection does not)."""
+    with sessions.begin() as s:
+        s.execute(text(
+            "INSERT INTO runs (id, name, status, config_json, config_hash, tags_json, max_steps, nproc, run_dir, "
+            "price_usd_per_hour, price_unit, created_at, updated_at) VALUES "
+            f"({RUN_ID}, 'r', 'RUNNING', '{{}}', 'h', '[]', 10, 2, '/x', 0.1, 'cpu', 1.0, 2.0)"))
 
 
 @pytest.fixture
 def outage(settings: Settings) -> Iterator[Outage]:
-    o = Outage(settings.home / "runyard.db")
+    o = Outage(settings.db_url)
     event.listen(Engine, "before_cursor_execute", o)
     yield o
     event.remove(Engine, "before_cursor_execute", o)
