@@ -328,16 +328,20 @@ def metric_view(rows: Sequence[Mapping[str, Any]], cutoffs: Mapping[int, float],
 
 
 def rank_legend(ranks: Sequence[str]) -> alt.Chart:
-    """The section's one legend: each rank in its hue. A click on a rank selects it in the
-    ``isolate`` parameter (shift-click adds one, double-click clears); the page reads the
-    selection (st.altair_chart on_select) and isolates the rank on every chart."""
-    pick = alt.selection_point(name="isolate", fields=["rank"], bind="legend")
-    data = pd.DataFrame({"rank": list(ranks)})
-    return alt.Chart(data).mark_point(filled=True, size=0).encode(
-        color=alt.Color("rank:N", scale=rank_scale(ranks), legend=alt.Legend(
-            title=None, orient="top", direction="horizontal", labelExpr="'rank ' + datum.label",
-            symbolType="stroke", symbolStrokeWidth=4, symbolSize=240, labelFontSize=13, columnPadding=14)),
-    ).add_params(pick).properties(height=1).configure_view(stroke=None).configure_axis(disable=True)
+    """The section's one legend: a strip of one bar per rank in its hue, labelled "rank N".
+    A click on a bar selects that rank in the ``isolate`` parameter (shift-click adds one,
+    double-click clears); the page reads the selection (st.altair_chart on_select) and isolates
+    the rank on every chart, so the choice holds across the live refreshes."""
+    scale = rank_scale(ranks)
+    pick = alt.selection_point(name="isolate", fields=["rank"], on="click", toggle="event.shiftKey", clear="dblclick")
+    return alt.Chart(pd.DataFrame({"rank": list(ranks)})).mark_rect(cornerRadius=3).encode(
+        x=alt.X("rank:N", title=None, scale=alt.Scale(domain=scale.domain, paddingInner=0.25),
+                axis=alt.Axis(orient="top", labelExpr="'rank ' + datum.label", labelAngle=0, ticks=False,
+                              domain=False, labelFontSize=13, labelPadding=4)),
+        color=alt.Color("rank:N", scale=scale, legend=None),
+        opacity=alt.condition(pick, alt.value(1.0), alt.value(0.25)),
+        tooltip=[alt.Tooltip("rank:N", title="rank")],
+    ).add_params(pick).properties(height=48).configure_view(stroke=None)  # labels included: 10 px of bar
 
 
 def attempt_timeline(attempts: pd.DataFrame) -> alt.Chart:

@@ -182,7 +182,7 @@ def isolated_ranks(run_id: int, nproc: int) -> tuple[str, ...]:
     """The section's one rank legend; the ranks clicked in it (none: all shown alike)."""
     if nproc < 2:
         return ()
-    st.caption("Click a rank to isolate it on every chart (shift-click adds one, double-click the legend "
+    st.caption("Click a rank to isolate it on every chart (shift-click adds one, double-click the strip "
                "shows all). Hover a chart for every rank's value at a step; scroll or pinch to zoom the x "
                "axis, drag to pan, double-click to reset.")
     event = st.altair_chart(charts.rank_legend([str(r) for r in range(nproc)]), on_select="rerun",

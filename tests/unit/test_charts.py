@@ -174,8 +174,8 @@ def test_titles_units_and_log_scale_come_from_the_registry() -> None:
     assert '"title": "my/metric"' in unknown
 
 
-def test_rank_legend_isolates_through_a_legend_bound_selection() -> None:
+def test_rank_legend_isolates_through_a_click_selection() -> None:
     spec = charts.rank_legend([str(r) for r in range(8)]).to_dict()
     (param,) = spec["params"]
-    assert param["name"] == "isolate" and param["bind"] == "legend" and param["select"]["fields"] == ["rank"]
+    assert param["name"] == "isolate" and param["select"]["fields"] == ["rank"] and param["select"]["on"] == "click"
     assert spec["encoding"]["color"]["scale"]["range"] == [charts.rank_color(str(r)) for r in range(8)]
