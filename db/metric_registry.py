@@ -64,6 +64,7 @@ def _registry() -> dict[str, MetricSpec]:
         "step_time": _ms("Step time"),
         "data_wait_s": _ms("Data wait per step"),
         "compute_s": _ms("Compute per step"),
+        "pre_sync_s": _ms("Time to gradient sync"),
         "samples_per_s": MetricSpec("Throughput", "samples/s"),
         "tokens_per_s": MetricSpec("Token throughput", "tokens/s"),
         "mfu": _share("MFU"),

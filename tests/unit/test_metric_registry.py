@@ -75,7 +75,7 @@ def test_registry_covers_every_key_runyard_reports() -> None:
     trainer = (root / "trainer" / "monitoring.py").read_text()
     sysmon = (root / "orchestrator" / "sysmon.py").read_text()
     reported = set(re.findall(r'"((?:mem|eval)_\w+|step_time|data_wait_s|compute_s|samples_per_s|tokens_per_s|'
-                              r'mfu|loss_scale|grad_norm|lr)"', trainer))
+                              r'mfu|loss_scale|grad_norm|lr|pre_sync_s)"', trainer))
     reported |= set(re.findall(r'"(\w+_(?:percent|bytes|bps|w|c|mhz))"', sysmon))
-    assert {"step_time", "mfu", "mem_rss_mib", "util_percent", "rss_bytes"} <= reported
+    assert {"step_time", "mfu", "mem_rss_mib", "pre_sync_s", "util_percent", "rss_bytes"} <= reported
     assert reported - set(registry.known_keys()) == set()
