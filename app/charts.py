@@ -194,27 +194,33 @@ def displayed(frame: pd.DataFrame, key: str) -> pd.DataFrame:
     return frame.assign(**{c: frame[c] * scale for c in ("value", "lo", "hi", "smooth")})
 
 
-def hover_frame(per_rank: pd.DataFrame, mean: pd.DataFrame | None = None) -> pd.DataFrame:
+def _by_rank(per_rank: pd.DataFrame) -> pd.DataFrame:
+    """The lineage's values, one row per step and one column per rank (one pivot, shared by the
+    hover read-out and the identical-ranks check)."""
+    lineage = per_rank[~per_rank["superseded"]].drop_duplicates(["step", "rank"], keep="last")
+    return lineage.pivot(index="step", columns="rank", values="value")
+
+
+def hover_frame(per_rank: pd.DataFrame, mean: pd.DataFrame | None = None,
+                wide: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per step of the lineage for the hover read-out: ``step``, ``x`` and each rank's
-    value as ``r<rank>`` (and ``mean``, ``min``, ``max`` from ``mean``, the rank-mean frame)."""
-    lineage = per_rank[~per_rank["superseded"]]
-    wide = lineage.pivot_table(index="step", columns="rank", values="value", aggfunc="last", dropna=False)
-    wide.columns = [f"r{r}" for r in wide.columns]
-    out = lineage.groupby("step")["x"].max().to_frame().join(wide)
+    value as ``r<rank>`` (and ``mean``, ``min``, ``max`` from ``mean``, the rank-mean frame);
+    ``wide`` is ``per_rank`` already pivoted, when the caller has it."""
+    wide = (_by_rank(per_rank) if wide is None else wide).rename(columns=lambda r: f"r{r}")
+    out = per_rank[~per_rank["superseded"]].groupby("step")["x"].max().to_frame().join(wide)
     if mean is not None and not mean.empty:
         m = mean[~mean["superseded"]].groupby("step").agg(mean=("value", "last"), min=("lo", "min"), max=("hi", "max"))
         out = out.join(m)
     return out.reset_index()
 
 
-def identical_ranks(per_rank: pd.DataFrame) -> list[list[str]]:
+def identical_ranks(per_rank: pd.DataFrame, wide: pd.DataFrame | None = None) -> list[list[str]]:
     """Groups of two or more ranks whose lines are the same at every step (one line hides the
     others), in rank order."""
-    lineage = per_rank[~per_rank["superseded"]]
-    groups: dict[tuple, list[str]] = {}
-    for rank, part in lineage.groupby("rank", sort=False):
-        groups.setdefault(tuple(part.sort_values("step")[["step", "value"]].itertuples(index=False)), []).append(
-            str(rank))
+    wide = _by_rank(per_rank) if wide is None else wide
+    groups: dict[bytes, list[str]] = {}
+    for rank in wide.columns:
+        groups.setdefault(wide[rank].to_numpy(dtype=float).tobytes(), []).append(str(rank))
     return sorted((sorted(g, key=int) for g in groups.values() if len(g) > 1 and all(r.isdigit() for r in g)),
                   key=lambda g: int(g[0]))
 
@@ -234,9 +240,9 @@ def _hover_layer(wide: pd.DataFrame, key: str, x: Any, ranks: Sequence[str]) -> 
     ).add_params(nearest, zoom)
 
 
-def _subtitle(per_rank: pd.DataFrame, mean: bool) -> str:
+def _subtitle(per_rank: pd.DataFrame, mean: bool, wide: pd.DataFrame) -> str:
     """What the chart does not show by itself: ranks whose lines coincide."""
-    same = identical_ranks(per_rank) if not mean else []
+    same = identical_ranks(per_rank, wide) if not mean else []
     if not same:
         return ""
     return "; ".join(f"ranks {', '.join(g)} identical (one line)" for g in same)
@@ -310,9 +316,10 @@ def metric_chart(frame: pd.DataFrame, key: str, options: ChartOptions, x_title: 
             step=("step", "min"), ranks=("rank", lambda r: ", ".join(sorted(set(r)))))
         layers.append(alt.Chart(marks).mark_rule(color=NAN_COLOR, strokeDash=[2, 2], opacity=0.7).encode(
             x=x, tooltip=[alt.Tooltip("step:Q", title="NaN at step"), alt.Tooltip("ranks:N", title="rank")]))
+    wide = _by_rank(per_rank)
     if not per_rank.empty:
-        layers.append(_hover_layer(hover_frame(per_rank, frame if mean else None), key, x, ranks))
-    subtitle = _subtitle(per_rank, mean)
+        layers.append(_hover_layer(hover_frame(per_rank, frame if mean else None, wide), key, x, ranks))
+    subtitle = _subtitle(per_rank, mean, wide)
     title = alt.Title(registry.label(key), subtitle=subtitle) if subtitle else registry.label(key)
     return alt.layer(*layers, title=title).properties(height=260)
 

@@ -216,10 +216,10 @@ def latest_table(latest: dict[str, dict[str, float | None]], keys: list[str]) ->
         return
     ranks = sorted({r for k in shown for r in latest[k]}, key=lambda r: int(r) if str(r).isdigit() else -1)
     st.markdown("**Latest value per rank**")
-    st.dataframe(pd.DataFrame(
+    st.table(pd.DataFrame(  # a static table: a few cells, cheaper for the browser than a data grid
         {f"rank {r}": [metric_registry.format_number(k, latest[k].get(r)) for k in shown] for r in ranks},
         index=pd.Index([metric_registry.axis_title(k) for k in shown], name="metric"),
-    ), width="stretch")
+    ))
 
 
 def attempts_table(d: dict) -> None:
