@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from app import charts, data
+from app import chart_widgets, charts, data
 from app.system import latest_window, summary_line, system_panels
 from db import metric_registry
 from db.config import ConfigError
@@ -178,18 +178,6 @@ def chart_options(run_id: int, nproc: int, keys: list[str]) -> charts.ChartOptio
     return saved[run_id]
 
 
-def isolated_ranks(run_id: int, nproc: int) -> tuple[str, ...]:
-    """The section's one rank legend; the ranks clicked in it (none: all shown alike)."""
-    if nproc < 2:
-        return ()
-    st.caption("Click a rank to isolate it on every chart (shift-click adds one, double-click the strip "
-               "shows all). Hover a chart for every rank's value at a step; scroll or pinch to zoom the x "
-               "axis, drag to pan, double-click to reset.")
-    event = st.altair_chart(charts.rank_legend([str(r) for r in range(nproc)]), on_select="rerun",
-                            selection_mode="isolate", key=f"rank-legend-{run_id}", width="stretch")
-    return tuple(str(p["rank"]) for p in event.selection.get("isolate", []) if "rank" in p)
-
-
 def metric_charts(d: dict, series: dict[str, data.LiveSeries]) -> None:
     if not series:
         if d["status"] in TERMINAL_VALUES:
@@ -199,27 +187,15 @@ def metric_charts(d: dict, series: dict[str, data.LiveSeries]) -> None:
             st.info(startup_text(d["status"], newest, d["config"]) or d["status_reason"]
                     or "Waiting for the first metrics from the ranks…", icon=":material/hourglass_top:")
         return
-    options = replace(chart_options(d["id"], d["nproc"], list(series)), isolated=isolated_ranks(d["id"], d["nproc"]))
+    options = replace(chart_options(d["id"], d["nproc"], list(series)),
+                      isolated=chart_widgets.isolated_ranks(d["id"], d["nproc"]))
     cutoffs = data.lineage_cutoffs(d["attempts"])
     cols = st.columns(2)
     for i, (key, s) in enumerate(series.items()):
         with cols[i % 2]:
             st.altair_chart(charts.metric_view(s.rows, cutoffs, options, key, d["started_at"], bucketed=s.level > 0),
                             width="stretch")
-    latest_table(d["metrics"], list(series))
-
-
-def latest_table(latest: dict[str, dict[str, float | None]], keys: list[str]) -> None:
-    """The newest value of each metric on each rank, with the metric's label, unit and format."""
-    shown = [k for k in keys if latest.get(k)]
-    if not shown:
-        return
-    ranks = sorted({r for k in shown for r in latest[k]}, key=lambda r: int(r) if str(r).isdigit() else -1)
-    st.markdown("**Latest value per rank**")
-    st.table(pd.DataFrame(  # a static table: a few cells, cheaper for the browser than a data grid
-        {f"rank {r}": [metric_registry.format_number(k, latest[k].get(r)) for k in shown] for r in ranks},
-        index=pd.Index([metric_registry.axis_title(k) for k in shown], name="metric"),
-    ))
+    chart_widgets.latest_table(d["metrics"], list(series))
 
 
 def attempts_table(d: dict) -> None:

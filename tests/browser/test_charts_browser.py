@@ -86,14 +86,14 @@ def test_big_run_charts_render_and_switch_options_then_compare(page: Any, runyar
     choose("radio", "per rank")
     loss_lines = page.get_by_test_id("stVegaLiteChart").filter(
         has=page.locator(".role-title-text text", has_text=re.compile("^Loss$"))).locator(".mark-line path")
-    expect(loss_lines).to_have_count(8)  # one line per rank
+    expect(loss_lines).to_have_count(8, timeout=PAGE_TIMEOUT_MS)  # one line per rank
     choose("radio", "mean + band")
-    expect(loss_lines).to_have_count(1)  # the mean
+    expect(loss_lines).to_have_count(1, timeout=PAGE_TIMEOUT_MS)  # the mean
     choose("radio", "wall time")
     expect(axis_title(page, "wall time").first).to_be_visible()
     page.get_by_test_id("stButtonGroup").get_by_role("button", name="Loss", exact=True).click()  # log scale, per chart
     settle()
-    expect(axis_title(page, "Loss, log scale").first).to_be_visible()
+    expect(axis_title(page, "Loss, log scale").first).to_be_visible(timeout=PAGE_TIMEOUT_MS)
     page.get_by_role("button", name=re.compile(r"Smoothing \(EMA\)")).click()  # the slider sits in a popover
     slider = page.get_by_role("slider").first
     slider.focus()
@@ -174,6 +174,10 @@ def test_eight_ranks_one_legend_distinct_hues_hover_zoom_isolate_and_units(page:
     for wanted in ("Loss", "Step time (ms)", "Learning rate", "Eval accuracy (%)"):
         assert wanted in titles, titles
     assert not {"step_time", "lr", "eval_accuracy"} & set(titles)
+    # ... and so does the table of the newest value per rank (lr in 1e-3 style).
+    table = page.get_by_test_id("stTable")
+    expect(table).to_contain_text("Step time (ms)")
+    expect(table.locator("tr").filter(has_text="Learning rate")).to_contain_text(re.compile(r"\de-1"))
 
     # Hover: a rule and a tooltip with the mean and every rank's value at the nearest step.
     loss = chart_titled(page, "Loss")
