@@ -25,6 +25,8 @@ PAGE_TIMEOUT_MS = 60_000
 RENDER_BUDGET_S = 30.0  # generous: a loaded 2-core test machine; bench/bench_render.py measures
 BIG = {"name": "big-8x100k", "ranks": 8, "steps": 100_000}
 SMALL = {"name": "small-2x3k", "ranks": 2, "steps": 3_000}
+SCRIPT_DONE = """() => document.querySelector("[data-testid='stApp']")
+    ?.getAttribute('data-test-script-state') === 'notRunning'"""
 ALL_CHARTS_DRAWN = """() => {
     const charts = [...document.querySelectorAll("[data-testid='stVegaLiteChart']")];
     return charts.length > 0 && charts.every(c => c.querySelector('svg.marks, canvas'));
@@ -77,6 +79,8 @@ def test_big_run_charts_render_and_switch_options_then_compare(page: Any, runyar
 
     def settle() -> None:
         page.wait_for_timeout(500)  # the fragment reruns; let the redraw start
+        # ... and wait for the rerun to end (the charts drawn before it count as drawn too).
+        page.wait_for_function(SCRIPT_DONE, timeout=PAGE_TIMEOUT_MS)
         wait_drawn(page)
 
     def choose(role: str, name: str) -> None:
