@@ -179,3 +179,20 @@ def test_rank_legend_isolates_through_a_click_selection() -> None:
     (param,) = spec["params"]
     assert param["name"] == "isolate" and param["select"]["fields"] == ["rank"] and param["select"]["on"] == "click"
     assert spec["encoding"]["color"]["scale"]["range"] == [charts.rank_color(str(r)) for r in range(8)]
+
+
+def test_system_chart_axes_are_titled_and_scaled_by_the_registry() -> None:
+    from app import system
+
+    rows = pd.DataFrame([{"at": 1000.0 + 10 * i, "host": "h", "device": "gpu0", "run_id": 1, "rank": 0, "key": key,
+                          "min": v, "mean": v, "max": v, "count": 5, "series": "gpu0", "what": what}
+                         for i in range(3) for key, v, what in (("mem_used_bytes", 2.0 * 2**30, "used"),
+                                                                ("util_percent", 90.0, ""))])
+    util = system.band_line(rows[rows["key"] == "util_percent"], "GPU utilization", "util_percent")
+    assert util is not None
+    assert '"title": "GPU utilization (%)"' in json.dumps(util.to_dict())
+    memory = system.used_vs_total(rows[rows["key"] == "mem_used_bytes"], "GPU memory", "mem_used_bytes", "Memory (GiB)")
+    assert memory is not None
+    spec = memory.to_dict()
+    assert spec["encoding"]["y"]["title"] == "Memory (GiB)"
+    assert {row["mean"] for data in spec["datasets"].values() for row in data} == {2.0}  # bytes shown in GiB
