@@ -4,19 +4,29 @@ A metric chart is drawn from the metric store's buckets (see db/metricstore.py):
 one (attempt, rank, bucket of steps) with its mean, min, max and NaN count, so a run of millions
 of points arrives as at most a few thousand rows per chart. ``series_frame`` shapes those rows
 for the options a person picked (per-rank lines or the rank mean with a band, the x axis,
-smoothing, log scale, the lineage), and ``metric_chart`` draws the frame.
+smoothing, log scale, the lineage), and ``metric_chart`` draws the frame with the metric's
+label, unit and number format from db/metric_registry.py.
+
+Ranks: each rank has one hue of ``PALETTE`` (strong, colour-blind-aware, no pairs, no pale
+yellow), the same on every chart and in the section's one legend (``rank_legend``), where a click
+isolates a rank on every chart. From ``MEAN_FROM_RANKS`` ranks the default is the rank mean with
+its min-max band. Every chart has a hover read-out (a vertical rule and a tooltip with every
+rank's value at the nearest step) and zooms on x (wheel or pinch, drag to pan, double-click to
+reset).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import altair as alt
 import numpy as np
 import pandas as pd
+
+from db import metric_registry as registry
 
 PER_RANK = "per rank"
 RANK_MEAN = "mean + band"
@@ -24,8 +34,16 @@ RANK_MODES = (PER_RANK, RANK_MEAN)
 X_STEP, X_WALL, X_RELATIVE = "step", "wall time", "relative time"
 X_AXES = (X_STEP, X_WALL, X_RELATIVE)
 NAN_COLOR = "#d62728"
-MEAN_COLOR = "#1f77b4"
+MEAN_COLOR = "#222222"  # near black: no rank's hue
 BAND_COLOR = "#7f7f7f"
+# One strong hue per rank, in an order that keeps neighbours apart: Okabe & Ito's colour-blind-safe
+# set without its yellow and black (yellow vanishes on white, black is the mean's), then Paul
+# Tol's indigo, wine, green, olive, purple and teal. No light/dark pairs (category20 suggested
+# pairs of ranks that do not exist). Ranks past 12 reuse hues; from 8 ranks the mean is the default.
+PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#332288", "#882255",
+           "#117733", "#999933", "#AA4499", "#44AA99")
+MEAN_FROM_RANKS = 8
+FADED_OPACITY = 0.12  # lines of the ranks not isolated
 POINTS_BELOW = 60  # draw point markers on lines with fewer rows than this
 
 
@@ -35,9 +53,30 @@ class ChartOptions:
 
     ranks: str = PER_RANK  # PER_RANK: one line per rank; RANK_MEAN: the mean, min/max band across ranks
     x: str = X_STEP  # X_STEP, X_WALL (clock time) or X_RELATIVE (since the run started)
-    log_y: bool = False
+    log_keys: frozenset[str] = field(default_factory=frozenset)  # the metrics drawn on a log y axis
     smoothing: float = 0.0  # EMA weight in [0, 1): 0 draws the values as they are
     show_superseded: bool = False  # what abandoned attempts logged after the resume step, faint
+    isolated: tuple[str, ...] = ()  # ranks picked in the legend: drawn strong, the others faint
+
+    def log_y(self, key: str) -> bool:
+        """Whether ``key``'s chart has a log y axis (never for a share such as accuracy)."""
+        return key in self.log_keys and registry.spec_for(key).log_ok
+
+
+def default_rank_mode(nproc: int) -> str:
+    """Per-rank lines up to 7 ranks; from ``MEAN_FROM_RANKS`` the mean with its band."""
+    return RANK_MEAN if nproc >= MEAN_FROM_RANKS else PER_RANK
+
+
+def rank_color(rank: str) -> str:
+    """The hue of ``rank`` ("0", "1", ...), the same on every chart; the mean's for "mean"."""
+    return PALETTE[int(rank) % len(PALETTE)] if rank.isdigit() else MEAN_COLOR
+
+
+def rank_scale(ranks: Sequence[str]) -> alt.Scale:
+    """The colour scale of ``ranks`` in numeric order, each in its own hue."""
+    ordered = sorted(ranks, key=lambda r: (not r.isdigit(), int(r) if r.isdigit() else 0, r))
+    return alt.Scale(domain=ordered, range=[rank_color(r) for r in ordered])
 
 
 # -- shaping ---------------------------------------------------------------------------------
@@ -67,6 +106,7 @@ def series_frame(
     cutoffs: Mapping[int, float],
     options: ChartOptions,
     started_at: float | None = None,
+    log_y: bool = False,
 ) -> tuple[pd.DataFrame, str]:
     """The rows of one metric shaped for ``metric_chart``, and the x axis title.
 
@@ -77,6 +117,7 @@ def series_frame(
             a bucket starting after it is superseded.
         options: what to draw.
         started_at: the run's start (epoch seconds), for the relative time axis.
+        log_y: for a log y axis: values of zero or less are left out (NaN).
 
     Returns:
         One row per line point with ``attempt``, ``rank`` (text, "mean" for the rank mean),
@@ -111,7 +152,7 @@ def series_frame(
         f.groupby("series", sort=False)["value"].transform(lambda v: ema(v, options.smoothing))
         if options.smoothing > 0 else np.nan
     )
-    if options.log_y:  # a log scale cannot show zero or less
+    if log_y:  # a log scale cannot show zero or less
         for col in ("value", "lo", "hi", "smooth"):
             f[col] = f[col].where(f[col] > 0)
     title = "step"
@@ -145,53 +186,169 @@ def _envelope(frame: pd.DataFrame) -> pd.DataFrame:
         x=("x", "max"), lo=("lo", "min"), hi=("hi", "max"))  # ranks' wall times differ a little
 
 
+def displayed(frame: pd.DataFrame, key: str) -> pd.DataFrame:
+    """``frame``'s values in the displayed unit of ``key`` (step_time in ms, mfu in percent)."""
+    scale = registry.spec_for(key).scale
+    if scale == 1.0 or frame.empty:
+        return frame
+    return frame.assign(**{c: frame[c] * scale for c in ("value", "lo", "hi", "smooth")})
+
+
+def _by_rank(per_rank: pd.DataFrame) -> pd.DataFrame:
+    """The lineage's values, one row per step and one column per rank (one pivot, shared by the
+    hover read-out and the identical-ranks check)."""
+    lineage = per_rank[~per_rank["superseded"]].drop_duplicates(["step", "rank"], keep="last")
+    return lineage.pivot(index="step", columns="rank", values="value")
+
+
+def hover_frame(per_rank: pd.DataFrame, mean: pd.DataFrame | None = None,
+                wide: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per step of the lineage for the hover read-out: ``step``, ``x`` and each rank's
+    value as ``r<rank>`` (and ``mean``, ``min``, ``max`` from ``mean``, the rank-mean frame);
+    ``wide`` is ``per_rank`` already pivoted, when the caller has it."""
+    wide = (_by_rank(per_rank) if wide is None else wide).rename(columns=lambda r: f"r{r}")
+    out = per_rank[~per_rank["superseded"]].groupby("step")["x"].max().to_frame().join(wide)
+    if mean is not None and not mean.empty:
+        m = mean[~mean["superseded"]].groupby("step").agg(mean=("value", "last"), min=("lo", "min"), max=("hi", "max"))
+        out = out.join(m)
+    return out.reset_index()
+
+
+def identical_ranks(per_rank: pd.DataFrame, wide: pd.DataFrame | None = None) -> list[list[str]]:
+    """Groups of two or more ranks whose lines are the same at every step (one line hides the
+    others), in rank order."""
+    wide = _by_rank(per_rank) if wide is None else wide
+    groups: dict[bytes, list[str]] = {}
+    for rank in wide.columns:
+        groups.setdefault(wide[rank].to_numpy(dtype=float).tobytes(), []).append(str(rank))
+    return sorted((sorted(g, key=int) for g in groups.values() if len(g) > 1 and all(r.isdigit() for r in g)),
+                  key=lambda g: int(g[0]))
+
+
+def _hover_layer(wide: pd.DataFrame, key: str, x: Any, ranks: Sequence[str]) -> alt.Chart:
+    """A vertical rule at the step nearest the pointer with a tooltip of every rank's value there
+    (Altair's multi-line tooltip), carrying the x zoom (wheel, drag to pan, double-click resets)."""
+    nearest = alt.selection_point(name="hover", nearest=True, on="pointerover", clear="pointerout",
+                                  fields=["x"], empty=False)
+    zoom = alt.selection_interval(name="zoom", bind="scales", encodings=["x"])
+    fmt = registry.d3_format(key)
+    tips = [alt.Tooltip("step:Q", title="step", format=",d")]
+    tips += [alt.Tooltip(f"{c}:Q", title=c, format=fmt) for c in ("mean", "min", "max") if c in wide]
+    tips += [alt.Tooltip(f"r{r}:Q", title=f"rank {r}", format=fmt) for r in ranks]
+    return alt.Chart(wide).mark_rule(color="#555555", strokeWidth=1).encode(
+        x=x, opacity=alt.condition(nearest, alt.value(0.8), alt.value(0.0)), tooltip=tips,
+    ).add_params(nearest, zoom)
+
+
+def _subtitle(per_rank: pd.DataFrame, mean: bool, wide: pd.DataFrame) -> str:
+    """What the chart does not show by itself: ranks whose lines coincide."""
+    same = identical_ranks(per_rank, wide) if not mean else []
+    if not same:
+        return ""
+    return "; ".join(f"ranks {', '.join(g)} identical (one line)" for g in same)
+
+
 def metric_chart(frame: pd.DataFrame, key: str, options: ChartOptions, x_title: str = "step",
-                 bucketed: bool = False) -> alt.LayerChart:
+                 bucketed: bool = False, per_rank: pd.DataFrame | None = None) -> alt.LayerChart:
     """One metric of one run: lines (per rank, or the rank mean), a faint band from the lowest
     to the highest value any rank logged in each bucket (for the rank mean, or when ``bucketed``:
     spikes survive the downsampling), the EMA strong over the faint values when smoothing,
-    superseded steps faint and dashed, and a red rule at every step that logged a NaN.
+    superseded steps faint and dashed, a red rule at every step that logged a NaN, and the hover
+    read-out of every rank's value (``per_rank``: the per-rank frame, when ``frame`` is the mean).
+    Titles, units and number formats come from the metric registry; ranks in
+    ``options.isolated`` are drawn strong and the others faint.
     """
+    frame = displayed(frame, key)
+    mean = options.ranks == RANK_MEAN
+    per_rank = displayed(per_rank, key) if per_rank is not None else frame
     temporal = options.x == X_WALL
     x = alt.X("x:T" if temporal else "x:Q", title=x_title,
               scale=alt.Scale(zero=False) if not temporal else alt.Undefined)
-    y_scale = alt.Scale(type="log") if options.log_y else alt.Scale(zero=False)
-    mean = options.ranks == RANK_MEAN
+    log_y = options.log_y(key)
+    y_scale = alt.Scale(type="log") if log_y else alt.Scale(zero=False)
+    y_title = registry.axis_title(key) + (", log scale" if log_y else "")
+    axis = alt.Axis(format=registry.axis_format(key) or alt.Undefined)
+
+    def y(field: str, titled: bool = True) -> alt.Y:
+        return alt.Y(f"{field}:Q", scale=y_scale, title=y_title if titled else None, axis=axis)
+
+    ranks = sorted({str(r) for r in per_rank["rank"]} - {"mean"}, key=lambda r: int(r) if r.isdigit() else -1)
+    colors = rank_scale(ranks or ["0"])
+
+    def color() -> Any:  # no legend on a chart: the section has one (rank_legend)
+        return alt.value(MEAN_COLOR) if mean else alt.Color("rank:N", scale=colors, legend=None)
+
     smoothing = options.smoothing > 0
-
-    def color(legend: bool) -> Any:  # one legend, from the strong line (not the faint layers)
-        if mean:
-            return alt.value(MEAN_COLOR)
-        return alt.Color("rank:N", title="rank", legend=alt.Legend() if legend else None)
-
-    # Few tooltip fields, unformatted: Vega evaluates them for every row when it draws.
-    tooltip = ["rank:N", "step:Q", "value:Q"]
-    # Separate data for the lineage and the superseded steps rather than filter transforms:
-    # Streamlit's Vega runs expressions through an interpreter, per row and per layer.
-    lineage = alt.Chart(frame[~frame["superseded"]]).encode(x=x, detail="series:N")
-
+    lineage_rows = frame[~frame["superseded"]]
+    # Few tooltip fields, unformatted: Vega evaluates them for every row when it draws (the hover
+    # rule's tooltip carries every rank's formatted value, one row per step).
+    tooltip = ["rank:N", "step:Q", alt.Tooltip("value:Q", format=registry.d3_format(key))]
     layers: list[alt.Chart] = []
     if bucketed or mean:
-        band = alt.Chart(_envelope(frame[~frame["superseded"]]))
-        layers.append(band.mark_area(opacity=0.15, color=BAND_COLOR if not mean else MEAN_COLOR).encode(
-            x=x, y=alt.Y("lo:Q", scale=y_scale, title=key), y2="hi:Q", detail="attempt:N"))
-    few = len(frame) < POINTS_BELOW
-    layers.append(lineage.mark_line(point=few and not smoothing, opacity=0.3 if smoothing else 1.0).encode(
-        y=alt.Y("value:Q", scale=y_scale, title=key), color=color(not smoothing), tooltip=tooltip))
+        layers.append(alt.Chart(_envelope(lineage_rows)).mark_area(
+            opacity=0.15, color=BAND_COLOR if not mean else MEAN_COLOR).encode(x=x, y=y("lo"), y2="hi:Q",
+                                                                              detail="attempt:N"))
+    isolated = set(options.isolated) & set(ranks)
+    # Separate data for strong and faint lines rather than conditions or filter transforms:
+    # Streamlit's Vega runs expressions through an interpreter, per row and per layer.
+    strong = lineage_rows if mean or not isolated else lineage_rows[lineage_rows["rank"].isin(isolated)]
+    if not mean and isolated:
+        layers.append(alt.Chart(lineage_rows[~lineage_rows["rank"].isin(isolated)]).mark_line(
+            opacity=FADED_OPACITY).encode(x=x, y=y("value"), color=color(), detail="series:N"))
+    few = len(strong) < POINTS_BELOW
+    base = alt.Chart(strong).encode(x=x, detail="series:N")
+    layers.append(base.mark_line(point=few and not smoothing, opacity=0.3 if smoothing else 1.0).encode(
+        y=y("value"), color=color(), tooltip=tooltip))
     if smoothing:
-        layers.append(lineage.mark_line(strokeWidth=2).encode(
-            y=alt.Y("smooth:Q", scale=y_scale, title=key), color=color(True),
-            tooltip=[*tooltip, alt.Tooltip("smooth:Q", title="smoothed")]))
+        layers.append(base.mark_line(strokeWidth=2).encode(
+            y=y("smooth"), color=color(), tooltip=[*tooltip, alt.Tooltip("smooth:Q", title="smoothed")]))
+    if mean and isolated:  # the picked ranks over the mean and its band
+        picked = per_rank[~per_rank["superseded"] & per_rank["rank"].isin(isolated)]
+        layers.append(alt.Chart(picked).mark_line(strokeWidth=1.5).encode(
+            x=x, y=y("smooth" if smoothing else "value"), detail="series:N",
+            color=alt.Color("rank:N", scale=colors, legend=None), tooltip=tooltip))
     if options.show_superseded and bool(frame["superseded"].any()):
         layers.append(alt.Chart(frame[frame["superseded"]]).mark_line(opacity=0.35, strokeDash=[4, 3]).encode(
-            x=x, y=alt.Y("value:Q", scale=y_scale), color=color(False), detail="series:N", tooltip=tooltip))
+            x=x, y=y("value"), color=color(), detail="series:N", tooltip=tooltip))
     nans = frame[frame["nan"] & (options.show_superseded | ~frame["superseded"])]
     if not nans.empty:
         marks = nans.groupby("x", as_index=False).agg(
             step=("step", "min"), ranks=("rank", lambda r: ", ".join(sorted(set(r)))))
         layers.append(alt.Chart(marks).mark_rule(color=NAN_COLOR, strokeDash=[2, 2], opacity=0.7).encode(
             x=x, tooltip=[alt.Tooltip("step:Q", title="NaN at step"), alt.Tooltip("ranks:N", title="rank")]))
-    return alt.layer(*layers, title=key).properties(height=260)
+    wide = _by_rank(per_rank)
+    if not per_rank.empty:
+        layers.append(_hover_layer(hover_frame(per_rank, frame if mean else None, wide), key, x, ranks))
+    subtitle = _subtitle(per_rank, mean, wide)
+    title = alt.Title(registry.label(key), subtitle=subtitle) if subtitle else registry.label(key)
+    return alt.layer(*layers, title=title).properties(height=260)
+
+
+def metric_view(rows: Sequence[Mapping[str, Any]], cutoffs: Mapping[int, float], options: ChartOptions, key: str,
+                started_at: float | None = None, bucketed: bool = False) -> alt.LayerChart:
+    """``series_frame`` and ``metric_chart`` for one metric: the chart of the Run page."""
+    log_y = options.log_y(key)
+    frame, x_title = series_frame(rows, cutoffs, options, started_at, log_y=log_y)
+    per_rank = frame if options.ranks == PER_RANK else series_frame(
+        rows, cutoffs, replace(options, ranks=PER_RANK), started_at, log_y=log_y)[0]
+    return metric_chart(frame, key, options, x_title, bucketed, per_rank=per_rank)
+
+
+def rank_legend(ranks: Sequence[str]) -> alt.Chart:
+    """The section's one legend: a strip of one bar per rank in its hue, labelled "rank N".
+    A click on a bar selects that rank in the ``isolate`` parameter (shift-click adds one,
+    double-click clears); the page reads the selection (st.altair_chart on_select) and isolates
+    the rank on every chart, so the choice holds across the live refreshes."""
+    scale = rank_scale(ranks)
+    pick = alt.selection_point(name="isolate", fields=["rank"], on="click", toggle="event.shiftKey", clear="dblclick")
+    return alt.Chart(pd.DataFrame({"rank": list(ranks)})).mark_rect(cornerRadius=3).encode(
+        x=alt.X("rank:N", title=None, scale=alt.Scale(domain=scale.domain, paddingInner=0.25),
+                axis=alt.Axis(orient="top", labelExpr="'rank ' + datum.label", labelAngle=0, ticks=False,
+                              domain=False, labelFontSize=13, labelPadding=4)),
+        color=alt.Color("rank:N", scale=scale, legend=None),
+        opacity=alt.condition(pick, alt.value(1.0), alt.value(0.25)),
+        tooltip=[alt.Tooltip("rank:N", title="rank")],
+    ).add_params(pick).properties(height=48).configure_view(stroke=None)  # labels included: 10 px of bar
 
 
 def attempt_timeline(attempts: pd.DataFrame) -> alt.Chart:

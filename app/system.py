@@ -2,7 +2,8 @@
 
 ``system_panels(run_id)`` draws it from the scheduler's 10-s aggregates (``system_metrics``,
 written by orchestrator/sysmon.py): each chart shows the mean as a line and the min-max range
-of each window as a band. Data comes through the cached functions below (plain DataFrames), the
+of each window as a band, its axis titled and scaled by the metric registry (db/metric_registry.py:
+"GPU utilization (%)", "Memory used (GiB)"). Data comes through the cached functions below (plain DataFrames), the
 charts from the plain builders below them; no SQL here.
 """
 
@@ -16,6 +17,7 @@ import pandas as pd
 import streamlit as st
 
 from app import data
+from db import metric_registry as registry
 from db import sysmetrics
 from orchestrator.format import clock
 
@@ -23,7 +25,6 @@ from orchestrator.format import clock
 # server (Altair refuses more than 5000 rows, and 16 series of memory used/total must fit).
 MAX_POINTS = 240
 GIB = 2**30
-MB = 1e6
 
 COLUMNS = ["at", "host", "device", "run_id", "rank", "key", "min", "mean", "max", "count"]
 
@@ -59,18 +60,22 @@ def system_frames(run_id: int) -> dict[str, Any]:
 # -- chart builders ---------------------------------------------------------------------------
 
 
-def _prepare(frame: pd.DataFrame, divisor: float) -> pd.DataFrame:
+def _prepare(frame: pd.DataFrame, key: str) -> pd.DataFrame:
+    """Rows with a ``time`` column and the values in the registry's displayed unit of ``key``."""
     out = frame.assign(time=pd.to_datetime(frame["at"], unit="s"))
     for column in ("min", "mean", "max"):
-        out[column] = out[column].astype(float) / divisor
+        out[column] = out[column].astype(float) * registry.spec_for(key).scale
     return out
 
 
-def band_line(frame: pd.DataFrame, title: str, y_title: str, divisor: float = 1.0) -> alt.LayerChart | None:
-    """One mean line per ``series`` with its min-max band, against time (None without rows)."""
+def band_line(frame: pd.DataFrame, title: str, key: str, y_title: str | None = None) -> alt.LayerChart | None:
+    """One mean line per ``series`` with its min-max band, against time (None without rows); the
+    y axis in ``key``'s unit and titled by the registry unless ``y_title`` is given."""
     if frame.empty:
         return None
-    df = _prepare(frame, divisor)
+    df = _prepare(frame, key)
+    y_title = y_title or registry.axis_title(key)
+    fmt = registry.d3_format(key)
     base = alt.Chart(df, title=title).encode(
         x=alt.X("time:T", title="time"),
         color=alt.Color("series:N", title=None),
@@ -79,18 +84,19 @@ def band_line(frame: pd.DataFrame, title: str, y_title: str, divisor: float = 1.
     line = base.mark_line().encode(
         y=alt.Y("mean:Q", title=y_title),
         tooltip=["series", alt.Tooltip("time:T", format="%H:%M:%S"),
-                 alt.Tooltip("mean:Q", format=".4g"), alt.Tooltip("min:Q", format=".4g"),
-                 alt.Tooltip("max:Q", format=".4g")],
+                 alt.Tooltip("mean:Q", format=fmt), alt.Tooltip("min:Q", format=fmt),
+                 alt.Tooltip("max:Q", format=fmt)],
     )
     return alt.layer(band, line).properties(height=220)
 
 
-def used_vs_total(frame: pd.DataFrame, title: str, y_title: str, divisor: float = 1.0) -> alt.Chart | None:
+def used_vs_total(frame: pd.DataFrame, title: str, key: str, y_title: str) -> alt.Chart | None:
     """Used against the total or limit (the mean of each window) per ``series``, one dash
-    style per ``what`` (None without rows)."""
+    style per ``what``, in ``key``'s unit (None without rows)."""
     if frame.empty:
         return None
-    df = _prepare(frame, divisor)
+    df = _prepare(frame, key)
+    fmt = registry.d3_format(key)
     return (
         alt.Chart(df, title=title)
         .mark_line()
@@ -101,7 +107,7 @@ def used_vs_total(frame: pd.DataFrame, title: str, y_title: str, divisor: float 
             strokeDash=alt.StrokeDash("what:N", title=None),
             detail="what:N",
             tooltip=["series", "what", alt.Tooltip("time:T", format="%H:%M:%S"),
-                     alt.Tooltip("mean:Q", format=".4g"), alt.Tooltip("max:Q", format=".4g")],
+                     alt.Tooltip("mean:Q", format=fmt), alt.Tooltip("max:Q", format=fmt)],
         )
         .properties(height=220)
     )
@@ -125,11 +131,13 @@ def gpu_panel(frame: pd.DataFrame, gpus: list[dict[str, Any]]) -> None:
     }
     df = frame.assign(series=[labels.get((h, d), d) for h, d in zip(frame["host"], frame["device"], strict=True)])
     _grid([
-        band_line(df[df["key"] == "util_percent"], "GPU utilization", "%"),
-        used_vs_total(_pair(df, "mem_used_bytes", "mem_total_bytes", "used", "total"), "GPU memory", "GiB", GIB),
-        used_vs_total(_pair(df, "power_w", "power_limit_w", "power", "limit"), "GPU power", "W"),
-        band_line(df[df["key"] == "temp_c"], "GPU temperature", "°C"),
-        band_line(df[df["key"] == "sm_clock_mhz"], "SM clock", "MHz"),
+        band_line(df[df["key"] == "util_percent"], "GPU utilization", "util_percent"),
+        used_vs_total(_pair(df, "mem_used_bytes", "mem_total_bytes", "used", "total"), "GPU memory",
+                      "mem_used_bytes", f"Memory ({registry.unit('mem_used_bytes')})"),
+        used_vs_total(_pair(df, "power_w", "power_limit_w", "power", "limit"), "GPU power", "power_w",
+                      registry.axis_title("power_w")),
+        band_line(df[df["key"] == "temp_c"], "GPU temperature", "temp_c"),
+        band_line(df[df["key"] == "sm_clock_mhz"], "SM clock", "sm_clock_mhz"),
     ])
     ecc = df[(df["key"] == "ecc_uncorrected") & (df["max"] > 0)]
     for series, errors in ecc.groupby("series")["max"].max().items():
@@ -145,8 +153,8 @@ def process_panel(frame: pd.DataFrame) -> None:
         return
     df = df.assign(series=["all processes" if pd.isna(r) else f"rank {int(r)}" for r in df["rank"]])
     _grid([
-        band_line(df[df["key"] == "cpu_percent"], "Process CPU", "% of one core"),
-        band_line(df[df["key"] == "rss_bytes"], "Process memory (RSS)", "GiB", GIB),
+        band_line(df[df["key"] == "cpu_percent"], "Process CPU", "cpu_percent", "CPU (% of one core)"),
+        band_line(df[df["key"] == "rss_bytes"], "Process memory (RSS)", "rss_bytes"),
     ])
 
 
@@ -163,10 +171,12 @@ def host_panel(frame: pd.DataFrame) -> None:
                            for k, h in zip(df["key"], df["host"], strict=True)])
     mem = _pair(df, "mem_used_bytes", "mem_total_bytes", "used", "total")
     _grid([
-        band_line(df[df["key"] == "cpu_percent"], "Host CPU", "%"),
-        used_vs_total(mem, "Host memory", "GiB", GIB),
-        band_line(df[df["key"].str.startswith("disk_")], "Disk", "MB/s", MB),
-        band_line(df[df["key"].str.startswith("net_")], "Network", "MB/s", MB),
+        band_line(df[df["key"] == "cpu_percent"], "Host CPU", "cpu_percent", "CPU (% of all cores)"),
+        used_vs_total(mem, "Host memory", "mem_used_bytes", f"Memory ({registry.unit('mem_used_bytes')})"),
+        band_line(df[df["key"].str.startswith("disk_")], "Disk", "disk_read_bps",
+                  f"Read / write ({registry.unit('disk_read_bps')})"),
+        band_line(df[df["key"].str.startswith("net_")], "Network", "net_sent_bps",
+                  f"Sent / received ({registry.unit('net_sent_bps')})"),
     ])
 
 

@@ -236,18 +236,26 @@ def logs(run: str, rank: int | None, attempt: int | None, follow: bool) -> None:
 @click.argument("run")
 @click.option("--csv", "as_csv", is_flag=True, help="Every raw point as CSV (the default).")
 def metrics(run: str, as_csv: bool) -> None:
-    """Export a run's raw metric points: attempt, rank, step, key, value, time, superseded."""
+    """Export a run's raw metric points: attempt, rank, step, key, value, time, superseded, and
+    the key's label from the metric registry. ``value`` stays as reported (step_time in seconds,
+    mfu a fraction); ``value x display_scale`` is in ``display_unit``, as the dashboard shows it."""
     import csv
 
+    from db import metric_registry
     from db.queries import iter_metric_rows
 
     sessions = existing_sessions(load_settings(), run)
     run_id = resolve_ref(sessions, run)
     out = csv.writer(sys.stdout, lineterminator="\n")
-    out.writerow(["attempt", "rank", "step", "key", "value", "time", "superseded"])
+    out.writerow(["attempt", "rank", "step", "key", "value", "time", "superseded", "label", "display_unit",
+                  "display_scale"])
+    specs: dict[str, tuple[str, str, str]] = {}
     with sessions() as session:
         for row in iter_metric_rows(session, run_id):
             attempt, rank, step, key, value, wall, superseded = row
+            if key not in specs:
+                spec = metric_registry.spec_for(key)
+                specs[key] = (spec.label, spec.unit, f"{spec.scale:g}")
             out.writerow([attempt, rank, step, key, "nan" if value is None else repr(value), f"{wall:.6f}",
-                          int(superseded)])
+                          int(superseded), *specs[key]])
 

@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
 import pandas as pd
 import streamlit as st
 
-from app import charts, data
+from app import chart_widgets, charts, data
 from app.system import latest_window, summary_line, system_panels
+from db import metric_registry
 from db.config import ConfigError
 from db.requests import RequestRefused
 from db.states import TERMINAL, RunStatus
@@ -153,21 +155,25 @@ def unmonitored(d: dict) -> bool:
             and all(a["first_step_at"] is None for a in d["attempts"]))
 
 
-def chart_options(run_id: int) -> charts.ChartOptions:
-    """The widgets above the charts; the choice is kept per run for this browser session."""
+def chart_options(run_id: int, nproc: int, keys: list[str]) -> charts.ChartOptions:
+    """The widgets above the charts; the choice is kept per run for this browser session. From
+    8 ranks the default is the rank mean with its band; a log y axis is chosen per chart."""
     saved: dict[int, charts.ChartOptions] = st.session_state.setdefault("chart-options", {})
-    o = saved.get(run_id, charts.ChartOptions())
-    c = st.columns([2.5, 3, 2, 1, 2.5])
+    o = saved.get(run_id, charts.ChartOptions(ranks=charts.default_rank_mode(nproc)))
+    c = st.columns([2.5, 3, 2, 2.5])
     ranks = c[0].segmented_control("Ranks", charts.RANK_MODES, default=o.ranks, key=f"ranks-{run_id}")
     x = c[1].segmented_control("X axis", charts.X_AXES, default=o.x, key=f"x-{run_id}")
     smoothing = c[2].popover("Smoothing (EMA)", icon=":material/tune:").slider(
         "EMA weight", 0.0, 0.99, o.smoothing, 0.01, key=f"ema-{run_id}",
         help="Weight of the running average: the smoothed line is drawn over the faint values")
-    log_y = c[3].toggle("Log y", value=o.log_y, key=f"log-{run_id}")
-    superseded = c[4].toggle("Show superseded steps", value=o.show_superseded, key=f"superseded-{run_id}",
+    superseded = c[3].toggle("Show superseded steps", value=o.show_superseded, key=f"superseded-{run_id}",
                              help="What abandoned attempts logged after the step the run was resumed from")
+    loggable = [k for k in keys if metric_registry.spec_for(k).log_ok]  # never accuracy or other shares
+    log_keys = st.pills("Log scale", loggable, selection_mode="multi", default=sorted(o.log_keys & set(loggable)),
+                        format_func=metric_registry.label, key=f"log-{run_id}",
+                        help="The charts drawn on a logarithmic y axis (values of zero or less are left out)")
     # A segmented control can be clicked off; keep the last choice then.
-    saved[run_id] = charts.ChartOptions(ranks=ranks or o.ranks, x=x or o.x, log_y=log_y,
+    saved[run_id] = charts.ChartOptions(ranks=ranks or o.ranks, x=x or o.x, log_keys=frozenset(log_keys or ()),
                                         smoothing=smoothing, show_superseded=superseded)
     return saved[run_id]
 
@@ -181,13 +187,15 @@ def metric_charts(d: dict, series: dict[str, data.LiveSeries]) -> None:
             st.info(startup_text(d["status"], newest, d["config"]) or d["status_reason"]
                     or "Waiting for the first metrics from the ranks…", icon=":material/hourglass_top:")
         return
-    options = chart_options(d["id"])
+    options = replace(chart_options(d["id"], d["nproc"], list(series)),
+                      isolated=chart_widgets.isolated_ranks(d["id"], d["nproc"]))
     cutoffs = data.lineage_cutoffs(d["attempts"])
     cols = st.columns(2)
     for i, (key, s) in enumerate(series.items()):
-        frame, x_title = charts.series_frame(s.rows, cutoffs, options, d["started_at"])
         with cols[i % 2]:
-            st.altair_chart(charts.metric_chart(frame, key, options, x_title, bucketed=s.level > 0), width="stretch")
+            st.altair_chart(charts.metric_view(s.rows, cutoffs, options, key, d["started_at"], bucketed=s.level > 0),
+                            width="stretch")
+    chart_widgets.latest_table(d["metrics"], list(series))
 
 
 def attempts_table(d: dict) -> None:

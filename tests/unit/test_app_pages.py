@@ -30,6 +30,7 @@ from pydantic import Field
 from sqlalchemy.orm import Session, sessionmaker
 from streamlit.testing.v1 import AppTest
 
+from app.charts import NAN_COLOR
 from db import queries
 from db.config import RunConfig, TrainConfig
 from db.engine import make_engine, make_sessionmaker, upgrade
@@ -148,6 +149,11 @@ def chart_title(chart) -> str:  # type: ignore[no-untyped-def]
     return spec.get("title") or next(layer["title"] for layer in spec.get("layer", []) if "title" in layer)
 
 
+def metric_chart_elements(at: AppTest) -> list:  # type: ignore[type-arg]
+    """The Run page's charts without the rank legend strip above them (a chart with a title)."""
+    return [c for c in at.get("vega_lite_chart") if json.loads(c.proto.spec).get("title")]
+
+
 def chart_data(chart) -> pd.DataFrame:  # type: ignore[no-untyped-def]
     """The rows an st.altair_chart element sends to the browser."""
     return pa.ipc.open_stream(io.BytesIO(chart.proto.datasets[0].data.data)).read_all().to_pandas()
@@ -250,9 +256,11 @@ def test_run_page_shows_header_progress_attempts_and_metrics(seeded: dict[str, i
 def test_run_page_draws_one_chart_per_metric_with_every_rank(seeded: dict[str, int]) -> None:
     at = open_page("views/run.py", run=str(seeded["running"]))
     no_exception(at)
-    charts = at.get("vega_lite_chart")
+    charts = metric_chart_elements(at)
     titles = [chart_title(c) for c in charts]
-    assert titles == ["loss", "eval_accuracy", "attempts"]  # metric charts, loss first, then the attempt timeline
+    # metric charts titled by the registry, loss first, then the attempt timeline
+    assert titles == ["Loss", "Eval accuracy", "attempts"]
+    assert len(at.get("vega_lite_chart")) == len(charts) + 1  # the rank legend strip above them
     loss = chart_data(charts[0])
     assert sorted(loss["rank"].unique()) == ["0", "1"]
     assert len(loss) == 2 * 12  # steps 10..120 on two ranks
@@ -316,11 +324,11 @@ def test_run_page_chart_options_mean_band_wall_time_log_and_ema(seeded: dict[str
     assert at.segmented_control(key=f"ranks-{run_id}").value == "per rank"
     at.segmented_control(key=f"ranks-{run_id}").set_value("mean + band")
     at.segmented_control(key=f"x-{run_id}").set_value("wall time")
-    at.toggle(key=f"log-{run_id}").set_value(True)
+    at.button_group(key=f"log-{run_id}").set_value(["loss"])  # the log scale is picked per chart
     at.slider(key=f"ema-{run_id}").set_value(0.6)
     at.run()
     no_exception(at)
-    loss = at.get("vega_lite_chart")[0]
+    loss = metric_chart_elements(at)[0]
     rows = chart_lines(loss)
     assert rows["rank"].unique().tolist() == ["mean"]
     assert len(rows) == 12  # one point per step: the mean of ranks 0 and 1
@@ -329,11 +337,13 @@ def test_run_page_chart_options_mean_band_wall_time_log_and_ema(seeded: dict[str
     assert rows["smooth"].notna().all()
     spec = json.dumps(chart_spec(loss))
     assert '"type": "log"' in spec and '"type": "temporal"' in spec
-    assert [layer["mark"]["type"] for layer in chart_spec(loss)["layer"]] == ["area", "line", "line"]
+    # band, faint mean, smoothed mean, the hover read-out
+    assert [layer["mark"]["type"] for layer in chart_spec(loss)["layer"]] == ["area", "line", "line", "rule"]
+    assert '"type": "log"' not in json.dumps(chart_spec(metric_chart_elements(at)[1]))  # eval_accuracy: linear
     # The choice is kept for this run across refreshes.
     at.run()
     assert at.segmented_control(key=f"ranks-{run_id}").value == "mean + band"
-    assert chart_lines(at.get("vega_lite_chart")[0])["rank"].unique().tolist() == ["mean"]
+    assert chart_lines(metric_chart_elements(at)[0])["rank"].unique().tolist() == ["mean"]
 
 
 def test_run_page_hides_superseded_steps_unless_asked(settings: Settings, sessions: sessionmaker[Session]) -> None:
@@ -350,13 +360,15 @@ def test_run_page_hides_superseded_steps_unless_asked(settings: Settings, sessio
         s.commit()
     at = open_page("views/run.py", run=str(run_id))
     no_exception(at)
-    lines = chart_lines(at.get("vega_lite_chart")[0])
+    lines = chart_lines(metric_chart_elements(at)[0])
     assert set(lines[lines["attempt"] == 1]["step"]) == {10, 20, 30, 40, 50}  # attempt 1 up to the resume step
     assert set(lines[lines["attempt"] == 2]["step"]) == {60, 70, 80}
-    assert len(at.get("vega_lite_chart")[0].proto.datasets) == 1
+    loss = metric_chart_elements(at)[0]
+    frames = [pa.ipc.open_stream(io.BytesIO(d.data.data)).read_all().to_pandas() for d in loss.proto.datasets]
+    assert not any("superseded" in f and f["superseded"].any() for f in frames)  # lines and hover: lineage only
     at.toggle(key=f"superseded-{run_id}").set_value(True).run()
     no_exception(at)
-    loss = at.get("vega_lite_chart")[0]
+    loss = metric_chart_elements(at)[0]
     frames = [pa.ipc.open_stream(io.BytesIO(d.data.data)).read_all().to_pandas() for d in loss.proto.datasets]
     old = next(f for f in frames if "superseded" in f and f["superseded"].all())
     assert set(old["step"]) == set(range(60, 121, 10)) and set(old["attempt"]) == {1}
@@ -378,7 +390,7 @@ def test_run_page_live_panel_fetches_only_new_buckets(seeded: dict[str, int], se
     no_exception(at)
     held = at.session_state[f"live-series/{run_id}/loss"]
     assert held.fetched == 2 * 9  # step 120 again (the last cached bucket) and the 8 new steps, on 2 ranks
-    loss = chart_lines(at.get("vega_lite_chart")[0])
+    loss = chart_lines(metric_chart_elements(at)[0])
     assert len(loss) == 2 * 20 and loss["step"].max() == 200
 
 
@@ -398,8 +410,9 @@ def test_run_page_badges_count_events_and_nan(seeded: dict[str, int], sessions: 
     assert "straggler × 2" in badges and "orange-badge" in badges
     assert "desync × 1" in badges and "NaN × 1" in badges  # no "nan" event: counted from the buckets
     assert "hang" not in badges
-    loss = at.get("vega_lite_chart")[0]
-    assert [layer["mark"]["type"] for layer in chart_spec(loss)["layer"]][-1] == "rule"  # the NaN is marked
+    loss = metric_chart_elements(at)[0]
+    marks = [(layer["mark"]["type"], layer["mark"].get("color")) for layer in chart_spec(loss)["layer"]]
+    assert ("rule", NAN_COLOR) in marks  # the NaN is marked
     events = at.dataframe[1].value
     assert sorted(events["kind"]) == ["desync", "straggler", "straggler"]
 

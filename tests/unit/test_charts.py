@@ -1,5 +1,6 @@
 """The Run page's chart shaping (app/charts.py): EMA through NaN gaps, the rank mean with its
-band, bucket min/max bands, lineage, x axes, log scale, and NaN markers.
+band, bucket min/max bands, lineage, x axes, log scale, and NaN markers; the rank palette, the
+isolation of ranks, the hover read-out, identical ranks, and the registry's titles and units.
 
     pytest tests/unit/test_charts.py
 """
@@ -65,7 +66,7 @@ def test_time_axes_and_log_scale() -> None:
     rows = [bucket(1, 0, s, v, t=5000.0 + 60 * s) for s, v in ((0, 0.0), (1, 1.0), (2, 2.0), (10, 4.0))]
     wall, title = charts.series_frame(rows, {}, ChartOptions(x=charts.X_WALL))
     assert title == "wall time" and wall["x"].tolist() == [5_000_000.0, 5_060_000.0, 5_120_000.0, 5_600_000.0]
-    rel, title = charts.series_frame(rows, {}, ChartOptions(x=charts.X_RELATIVE, log_y=True), started_at=4400.0)
+    rel, title = charts.series_frame(rows, {}, ChartOptions(x=charts.X_RELATIVE), started_at=4400.0, log_y=True)
     assert title == "time since start (min)"
     assert rel["x"].tolist() == [10.0, 11.0, 12.0, 20.0]
     assert math.isnan(rel["value"].iloc[0]) and rel["value"].iloc[1] == 1.0  # zero cannot be drawn on a log scale
@@ -82,12 +83,116 @@ def test_metric_chart_layers_follow_the_options() -> None:
     options = ChartOptions(smoothing=0.6)
     frame, title = charts.series_frame(rows, {}, options)
     chart = charts.metric_chart(frame, "loss", options, title, bucketed=True)
-    # bucket band, faint values, strong EMA, NaN rule
-    assert layer_marks(chart) == ["area", "line", "line", "rule"]
+    # bucket band, faint values, strong EMA, NaN rule, hover rule
+    assert layer_marks(chart) == ["area", "line", "line", "rule", "rule"]
     spec = chart.to_dict()
-    assert spec["title"] == "loss"
+    assert spec["title"] == {"text": "Loss", "subtitle": "ranks 0, 1 identical (one line)"}  # both ranks log 1.0
     assert spec["layer"][1]["mark"]["opacity"] < spec["layer"][2]["mark"].get("opacity", 1.0)
     raw = charts.metric_chart(charts.series_frame(rows[:2], {}, ChartOptions())[0], "loss", ChartOptions())
-    assert layer_marks(raw) == ["line"]
-    log = charts.metric_chart(frame, "loss", ChartOptions(log_y=True, x=charts.X_WALL), "wall time")
+    assert layer_marks(raw) == ["line", "rule"]  # the line and the hover read-out
+    log = charts.metric_chart(frame, "loss", ChartOptions(log_keys=frozenset({"loss"}), x=charts.X_WALL), "wall time")
     assert json.dumps(log.to_dict()).count('"type": "log"') >= 1
+
+
+def eight_ranks(key: str = "loss", steps: int = 20) -> list[dict]:
+    """8 ranks; ranks 5 and 6 log exactly the same values."""
+    return [bucket(1, r, s, 0.01 * s * (1 + (5 if r == 6 else r) / 10)) for r in range(8) for s in range(1, steps + 1)]
+
+
+def test_palette_gives_eight_ranks_eight_strong_distinct_hues() -> None:
+    import colorsys
+
+    colors = [charts.rank_color(str(r)) for r in range(8)]
+    assert len(set(colors)) == 8 and charts.MEAN_COLOR not in colors
+    rgb = [tuple(int(c[i:i + 2], 16) / 255 for i in (1, 3, 5)) for c in colors]
+    for r, g, b in rgb:  # strong: no pale colour (rank 7 was a pale yellow) on a white page
+        lightness = colorsys.rgb_to_hls(r, g, b)[1]
+        assert lightness < 0.75, (r, g, b)
+    assert charts.rank_color("12") == charts.rank_color("0")  # past the palette the hues repeat
+    scale = charts.rank_scale(["10", "2", "0"]).to_dict()
+    assert scale["domain"] == ["0", "2", "10"] and scale["range"][1] == charts.rank_color("2")
+
+
+def test_eight_ranks_default_to_the_mean_with_its_band() -> None:
+    assert charts.default_rank_mode(2) == charts.PER_RANK
+    assert charts.default_rank_mode(7) == charts.PER_RANK
+    assert charts.default_rank_mode(8) == charts.RANK_MEAN and charts.default_rank_mode(64) == charts.RANK_MEAN
+
+
+def test_hover_read_out_has_every_rank_at_each_step() -> None:
+    options = ChartOptions(ranks=charts.RANK_MEAN)
+    chart = charts.metric_view(eight_ranks(), {}, options, "loss").to_dict()
+    params = {p["name"]: p for p in chart["params"]}
+    assert set(params) == {"hover", "zoom"}
+    hover = next(layer for layer in chart["layer"] if layer.get("name") in params["hover"]["views"])
+    assert hover["mark"]["type"] == "rule" and params["hover"]["select"]["nearest"]
+    zoom = params["zoom"]
+    assert zoom["bind"] == "scales" and zoom["select"]["encodings"] == ["x"]
+    titles = [t["title"] for t in hover["encoding"]["tooltip"]]
+    assert titles == ["step", "mean", "min", "max", *[f"rank {r}" for r in range(8)]]
+    wide = charts.hover_frame(charts.series_frame(eight_ranks(), {}, ChartOptions())[0])
+    at_10 = wide[wide["step"] == 10].iloc[0]
+    assert at_10["r3"] == pytest.approx(0.1 * 1.3) and at_10["r6"] == at_10["r5"]
+    assert len(wide) == 20  # one row per step, not per rank
+
+
+def test_isolated_rank_is_strong_and_the_others_faint() -> None:
+    spec = charts.metric_view(eight_ranks(), {}, ChartOptions(isolated=("3",)), "loss").to_dict()
+    lines = [layer for layer in spec["layer"] if layer["mark"]["type"] == "line"]
+    faint, strong = lines
+    assert faint["mark"]["opacity"] == charts.FADED_OPACITY
+    datasets = spec["datasets"]
+    assert {row["rank"] for row in datasets[strong["data"]["name"]]} == {"3"}
+    assert {row["rank"] for row in datasets[faint["data"]["name"]]} == {"0", "1", "2", "4", "5", "6", "7"}
+    mean = charts.metric_view(eight_ranks(), {}, ChartOptions(ranks=charts.RANK_MEAN, isolated=("3",)), "loss")
+    mean_spec = mean.to_dict()
+    picked = [layer for layer in mean_spec["layer"] if layer["mark"]["type"] == "line"][-1]
+    assert {row["rank"] for row in mean_spec["datasets"][picked["data"]["name"]]} == {"3"}  # over the mean
+
+
+def test_identical_ranks_are_named_in_the_subtitle() -> None:
+    frame, _ = charts.series_frame(eight_ranks(), {}, ChartOptions())
+    assert charts.identical_ranks(frame) == [["5", "6"]]
+    spec = charts.metric_view(eight_ranks(), {}, ChartOptions(), "loss").to_dict()
+    assert spec["title"]["subtitle"] == "ranks 5, 6 identical (one line)"
+
+
+def test_titles_units_and_log_scale_come_from_the_registry() -> None:
+    rows = [bucket(1, r, s, 0.025) for r in (0, 1) for s in (1, 2, 3)]
+    spec = charts.metric_view(rows, {}, ChartOptions(log_keys=frozenset({"step_time", "eval_accuracy"})),
+                              "step_time").to_dict()
+    text = json.dumps(spec)
+    assert '"title": "Step time (ms), log scale"' in text and '"type": "log"' in text
+    values = {round(row["value"], 9) for data in spec["datasets"].values() for row in data if "value" in row}
+    assert values == {25.0}  # seconds shown in milliseconds
+    accuracy = charts.metric_view(rows, {}, ChartOptions(log_keys=frozenset({"eval_accuracy"})), "eval_accuracy")
+    text = json.dumps(accuracy.to_dict())
+    assert '"type": "log"' not in text and '"title": "Eval accuracy (%)"' in text  # never forced onto log
+    lr = json.dumps(charts.metric_view(rows, {}, ChartOptions(), "lr").to_dict())
+    assert '"format": "~e"' in lr  # 1e-3 style axis labels
+    unknown = json.dumps(charts.metric_view(rows, {}, ChartOptions(), "my/metric").to_dict())
+    assert '"title": "my/metric"' in unknown
+
+
+def test_rank_legend_isolates_through_a_click_selection() -> None:
+    spec = charts.rank_legend([str(r) for r in range(8)]).to_dict()
+    (param,) = spec["params"]
+    assert param["name"] == "isolate" and param["select"]["fields"] == ["rank"] and param["select"]["on"] == "click"
+    assert spec["encoding"]["color"]["scale"]["range"] == [charts.rank_color(str(r)) for r in range(8)]
+
+
+def test_system_chart_axes_are_titled_and_scaled_by_the_registry() -> None:
+    from app import system
+
+    rows = pd.DataFrame([{"at": 1000.0 + 10 * i, "host": "h", "device": "gpu0", "run_id": 1, "rank": 0, "key": key,
+                          "min": v, "mean": v, "max": v, "count": 5, "series": "gpu0", "what": what}
+                         for i in range(3) for key, v, what in (("mem_used_bytes", 2.0 * 2**30, "used"),
+                                                                ("util_percent", 90.0, ""))])
+    util = system.band_line(rows[rows["key"] == "util_percent"], "GPU utilization", "util_percent")
+    assert util is not None
+    assert '"title": "GPU utilization (%)"' in json.dumps(util.to_dict())
+    memory = system.used_vs_total(rows[rows["key"] == "mem_used_bytes"], "GPU memory", "mem_used_bytes", "Memory (GiB)")
+    assert memory is not None
+    spec = memory.to_dict()
+    assert spec["encoding"]["y"]["title"] == "Memory (GiB)"
+    assert {row["mean"] for data in spec["datasets"].values() for row in data} == {2.0}  # bytes shown in GiB

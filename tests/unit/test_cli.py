@@ -114,3 +114,34 @@ def test_show_json_reports_cost_fields(settings: Settings) -> None:
     detail = json.loads(run("show", "1", "--json")[1])
     for key in ("cost_usd", "cost_wasted_usd", "cost_projected_usd", "eta_s", "goodput"):
         assert key in detail
+
+
+def test_metrics_csv_names_each_key_with_its_label_and_display_unit(settings: Settings, sessions) -> None:
+    """The raw key and value stay machine-readable; label, display_unit and display_scale say how
+    the dashboard shows them (value x display_scale in display_unit)."""
+    import csv
+    import io
+    import time
+
+    from db.metricstore import write_points
+    from db.models import Attempt
+
+    run("submit", str(EXAMPLE))
+    with sessions() as s:
+        s.add(Attempt(run_id=1, number=1, status="SUCCEEDED", dir="/x", started_at=time.time()))
+        s.flush()
+        write_points(s.connection(), [dict(run_id=1, attempt=1, rank=0, step=10, key=k, value=v, wall_time=110.0)
+                                      for k, v in (("step_time", 0.0125), ("mfu", 0.45), ("my/metric", 3.0))])
+        s.commit()
+    code, out, _ = run("metrics", "1", "--csv")
+    assert code == 0
+    header = out.splitlines()[0].split(",")
+    assert header == ["attempt", "rank", "step", "key", "value", "time", "superseded", "label", "display_unit",
+                      "display_scale"]
+    rows = {r["key"]: r for r in csv.DictReader(io.StringIO(out))}
+    step_time = rows["step_time"]
+    assert (step_time["label"], step_time["display_unit"]) == ("Step time", "ms")
+    assert float(step_time["value"]) * float(step_time["display_scale"]) == 12.5  # seconds as stored, ms shown
+    assert (rows["mfu"]["label"], rows["mfu"]["display_unit"], rows["mfu"]["display_scale"]) == ("MFU", "%", "100")
+    assert (rows["my/metric"]["label"], rows["my/metric"]["display_unit"], rows["my/metric"]["display_scale"]) == (
+        "my/metric", "", "1")
