@@ -116,6 +116,10 @@ class Attempt(Base):
     detected_at: Mapped[float | None] = mapped_column(Float)
     hang_detected_at: Mapped[float | None] = mapped_column(Float)
     retry_counted: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
+    # The scheduler that launched it and supervises it (``scheduler_heartbeat.id``; no foreign key:
+    # heartbeat rows may be deleted by hand). Another scheduler takes it over only once that
+    # scheduler's lease has expired (db/lease.py). NULL for attempts from before leases.
+    scheduler_id: Mapped[int | None] = mapped_column(Integer, index=True)
 
     run: Mapped[Run] = relationship(back_populates="attempts")
 
@@ -232,7 +236,10 @@ class Event(Base):
 
 
 class SchedulerHeartbeat(Base):
-    """One row per scheduler process; the UI says "scheduler offline" when the newest is stale."""
+    """One row per scheduler process; the UI says "scheduler offline" when the newest is stale.
+
+    It is also the scheduler's lease on the attempts it launched (db/lease.py): a row whose
+    ``beat_at`` is older than the lease is a scheduler presumed dead."""
 
     __tablename__ = "scheduler_heartbeat"
 
@@ -241,6 +248,7 @@ class SchedulerHeartbeat(Base):
     pid: Mapped[int] = mapped_column(Integer)
     started_at: Mapped[float] = mapped_column(Float)
     beat_at: Mapped[float] = mapped_column(Float)
+    home: Mapped[str | None] = mapped_column(Text)  # its data folder (NULL in rows from before leases)
 
 
 class PriceEntry(Base):
