@@ -44,7 +44,7 @@ from db.models import Attempt, Checkpoint, Event, Run, SchedulerHeartbeat
 from db.requests import checkpoints_dir, newest_intact
 from db.scheduler_file import SchedulerFile
 from db.settings import Settings
-from db.states import ACTIVE, AttemptStatus, RunStatus, SignalSent, StopReason, attempt_transition, transition
+from db.states import ACTIVE, AttemptStatus, RunStatus, SignalSent, StopReason, attempt_transition, hold, transition
 from orchestrator import OrchestratorError, script_checkpoints, watchdog
 from orchestrator.failures import free_bytes, human_bytes
 from orchestrator.launcher import free_port, launch, script_env, torchrun_argv
@@ -393,7 +393,9 @@ class Scheduler:
         """Launch the run's next attempt, if this scheduler wins the run: the transition to
         STARTING is a conditional UPDATE, and only the scheduler whose UPDATE moved the run writes
         the attempt (owned by it) and launches it; another scheduler racing for it sees False."""
-        expect = RunStatus(run.status)
+        expect = RunStatus(run.status)  # read again if an earlier run's lost race rolled back (expired) it
+        if expect not in (RunStatus.QUEUED, RunStatus.RETRYING) or not hold(session, run.id, expect):
+            return  # another scheduler launched it meanwhile: its processes must not be swept below
         previous = self._current_attempt(session, run)
         number = (previous.number if previous else 0) + 1
         if previous is not None and not self.sweeper.swept(session, run, previous.number, None, None):
