@@ -13,14 +13,12 @@ from __future__ import annotations
 import os
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, select, text, update
+from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session, sessionmaker
-from sqlalchemy.pool import NullPool
 
 from db.config import RunConfig
 from db.engine import make_engine, make_sessionmaker, upgrade
@@ -30,32 +28,20 @@ from db.requests import request_cancel
 from db.settings import Settings
 from orchestrator.scheduler import Scheduler, SchedulerLocked, refuse_a_second_on_sqlite
 from tests.conftest import kill_processes_of
+from tests.pg_local import fresh_database
 from tests.unit.test_scheduler import CPU2, fake_command, queue, status, tick_until
 
-PG_SERVER_ENV = "RUNYARD_TEST_POSTGRES_URL"
 
-
-# -- a fresh PostgreSQL database per test: minimal local fixture, replaced by tests/conftest.py's on merge
+# -- local fixtures, replaced by tests/conftest.py's (branch pgcore) on merge
 @pytest.fixture
 def pg_url() -> Iterator[str]:
-    server = os.environ.get(PG_SERVER_ENV)
-    if not server:
-        pytest.skip(f"PostgreSQL cases need {PG_SERVER_ENV} (a server URL; the user needs CREATEDB)")
-    name = "runyard_test_" + uuid.uuid4().hex[:16]
-    admin = create_engine(server, isolation_level="AUTOCOMMIT", poolclass=NullPool)
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield admin.url.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with fresh_database() as url:
+        yield url
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """Both dialects (replaced by tests/conftest.py's on merge)."""
+    """Both dialects."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'home' / 'runyard.db'}"
     return str(request.getfixturevalue("pg_url"))
