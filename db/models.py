@@ -3,7 +3,19 @@ cost are plain arithmetic; the UI converts them to the person's clock."""
 
 from __future__ import annotations
 
-from sqlalchemy import Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint, false, true
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    false,
+    true,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 
@@ -197,7 +209,7 @@ class Checkpoint(Base):
     attempt: Mapped[int] = mapped_column(Integer)
     step: Mapped[int] = mapped_column(Integer)
     path: Mapped[str] = mapped_column(Text)
-    bytes: Mapped[int] = mapped_column(Integer)
+    bytes: Mapped[int] = mapped_column(BigInteger)  # checkpoints pass 2 GiB: PostgreSQL's INTEGER does not
     sha256: Mapped[str] = mapped_column(String(64))  # of the manifest
     params_digest: Mapped[str] = mapped_column(String(64))
     metrics_json: Mapped[str] = mapped_column(Text, default="{}")

@@ -20,18 +20,22 @@ def pg_url() -> Iterator[str]:
         yield url
 
 
-RUNS = 4
-
-
 def test_two_schedulers_on_one_postgres_launch_each_run_once(pg_url: str, tmp_path: Path) -> None:
+    """B launches the first two runs alone; then A starts beside B's live runs and two more are
+    queued for both of them to race for. A must leave B's attempts alone (B's lease is live: no
+    take-over) and no run may be launched twice."""
     with running_product(tmp_path / "node-a") as a, running_product(tmp_path / "node-b") as b:
         for p in (a, b):
             p.env["RUNYARD_DB_URL"] = pg_url
-        runs = [a.submit("launch.nproc_per_node=1", "train.max_steps=20", f"name=shared-{i}") for i in range(RUNS)]
-        a.start_scheduler()
+        one = ("launch.nproc_per_node=1", "train.max_steps=40")
+        first = [b.submit(*one, f"name=first-{i}") for i in range(2)]
         b.start_scheduler()
-        for run_id in runs:
-            assert b.wait_status(run_id, "SUCCEEDED", "FAILED", timeout=300)["status"] == "SUCCEEDED"
+        for run_id in first:
+            b.wait_status(run_id, "STARTING", "RUNNING", "SUCCEEDED", timeout=120)
+        a.start_scheduler()
+        later = [a.submit(*one, f"name=later-{i}") for i in range(2)]
+        for run_id in first + later:
+            assert a.wait_status(run_id, "SUCCEEDED", "FAILED", timeout=300)["status"] == "SUCCEEDED"
         assert all(p.poll() is None for p in a.procs + b.procs)  # neither scheduler was refused or died
         engine = create_engine(pg_url)
         try:
@@ -43,9 +47,11 @@ def test_two_schedulers_on_one_postgres_launch_each_run_once(pg_url: str, tmp_pa
                 homes = {h for (h,) in conn.execute(text("SELECT home FROM scheduler_heartbeat"))}
         finally:
             engine.dispose()
+    node_a, node_b = str(tmp_path / "node-a"), str(tmp_path / "node-b")
     # Exactly one attempt per run, each recorded with the scheduler (data folder) that launched it.
-    assert [(r, n, s) for r, n, s, _ in attempts] == [(r, 1, "SUCCEEDED") for r in runs]
-    assert {h for *_, h in attempts} <= {str(tmp_path / "node-a"), str(tmp_path / "node-b")}
-    assert homes == {str(tmp_path / "node-a"), str(tmp_path / "node-b")}  # both held a lease
+    assert [(r, n, s) for r, n, s, _ in attempts] == [(r, 1, "SUCCEEDED") for r in first + later]
+    assert [h for r, *_, h in attempts if r in first] == [node_b, node_b]
+    assert {h for r, *_, h in attempts if r in later} <= {node_a, node_b}
+    assert homes == {node_a, node_b}  # both held a lease
     assert takeovers == []
     print("launched by:", {h: sum(1 for *_, x in attempts if x == h) for h in homes})
