@@ -86,7 +86,8 @@ def export(engine: Engine, path: Path, schema: str | None, progress: Progress = 
     """
     rows: dict[str, int] = {}
     partial = path.with_name(path.name + ".partial")
-    with gzip.open(partial, "wt", encoding="utf-8", compresslevel=6) as out, engine.connect() as conn:
+    # Level 1: a third of level 6's time, and the file only about a quarter larger.
+    with gzip.open(partial, "wt", encoding="utf-8", compresslevel=1) as out, engine.connect() as conn:
         with conn.begin():
             out.write(_line({"format": FORMAT, "version": VERSION, "schema": schema,
                              "tables": [t.name for t in tables()]}))
@@ -102,21 +103,25 @@ def _export_table(conn: Connection, table: Table, out: IO[str], progress: Progre
     out.write(_line({"table": table.name, "columns": columns, "rows": total}))
     order = list(table.primary_key.columns) or list(table.columns)
     done = 0
+    encode = _encoder().encode
     result = conn.execution_options(stream_results=True, yield_per=BATCH_ROWS).execute(
         select(*table.columns).order_by(*order))
-    for row in result:
-        out.write(_line(list(row)))
-        done += 1
-        if done % BATCH_ROWS == 0:
-            progress(table.name, done, total)
+    for rows in result.partitions(BATCH_ROWS):
+        out.write("".join(encode(list(row)) + "\n" for row in rows))
+        done += len(rows)
+        progress(table.name, done, total)
     if done != total:
         raise TransferError(f"table {table.name}: counted {total} rows but read {done}; export again")
     progress(table.name, done, total)
     return done
 
 
+def _encoder() -> json.JSONEncoder:
+    return json.JSONEncoder(separators=(",", ":"), allow_nan=True)
+
+
 def _line(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), allow_nan=True) + "\n"
+    return _encoder().encode(value) + "\n"
 
 
 # -- import ------------------------------------------------------------------------------------
@@ -200,27 +205,46 @@ def _import_table(conn: Connection, table: Table, columns: list[str], total: int
                   later: list[str], progress: Progress) -> tuple[int, list[dict[str, Any]]]:
     """Insert a table's rows in batches; the ``later`` columns are inserted NULL and their values
     returned (with the primary key) for :func:`_fill_deferred`."""
-    keys = [c.name for c in table.primary_key.columns]
+    keys = [columns.index(c.name) for c in table.primary_key.columns]
+    late = [columns.index(c) for c in later]
     held: list[dict[str, Any]] = []
-    batch: list[dict[str, Any]] = []
+    batch: list[list[Any]] = []
     done = 0
     for line in lines:
         if not line:
             raise TransferError(f"table {table.name}: the file ends after {done} of {total} rows; nothing was imported")
-        row = dict(zip(columns, json.loads(line), strict=True))
-        if later and any(row[c] is not None for c in later):
-            held.append({**{k: row[k] for k in keys}, **{c: row[c] for c in later}})
-            row.update({c: None for c in later})
+        row = json.loads(line)
+        if len(row) != len(columns):
+            raise TransferError(f"table {table.name}: row {done + 1} has {len(row)} values for {len(columns)} columns; "
+                                "nothing was imported")
+        if late and any(row[i] is not None for i in late):
+            held.append({columns[i]: row[i] for i in keys + late})
+            for i in late:
+                row[i] = None
         batch.append(row)
         done += 1
         if len(batch) >= BATCH_ROWS:
-            conn.execute(table.insert(), batch)
+            _insert(conn, table, columns, batch)
             batch = []
             progress(table.name, done, total)
     if batch:
-        conn.execute(table.insert(), batch)
+        _insert(conn, table, columns, batch)
     progress(table.name, done, total)
     return done, held
+
+
+def _insert(conn: Connection, table: Table, columns: list[str], rows: list[list[Any]]) -> None:
+    """Insert rows given as value lists: PostgreSQL through COPY (several times faster than
+    INSERTs; it takes NaN, infinities and booleans as they are), others through executemany."""
+    if conn.dialect.name != "postgresql":
+        conn.execute(table.insert(), [dict(zip(columns, row, strict=True)) for row in rows])
+        return
+    quoted = ", ".join(f'"{c}"' for c in columns)
+    raw = conn.connection.driver_connection
+    assert raw is not None
+    with raw.cursor() as cursor, cursor.copy(f'COPY "{table.name}" ({quoted}) FROM STDIN') as copy:
+        for row in rows:
+            copy.write_row(row)
 
 
 def _fill_deferred(conn: Connection, table: Table, later: list[str], held: list[dict[str, Any]]) -> None:
