@@ -37,6 +37,10 @@ def test_two_schedulers_on_one_postgres_launch_each_run_once(pg_url: str, tmp_pa
         for run_id in first + later:
             assert a.wait_status(run_id, "SUCCEEDED", "FAILED", timeout=300)["status"] == "SUCCEEDED"
         assert all(p.poll() is None for p in a.procs + b.procs)  # neither scheduler was refused or died
+        # A second scheduler of the same data folder is still refused on PostgreSQL, as on SQLite.
+        refused = a.cli("scheduler", check=False)
+        assert refused.returncode == 1
+        assert f"another scheduler is already running on {tmp_path / 'node-a'}" in refused.stderr
         engine = create_engine(pg_url)
         try:
             with engine.connect() as conn:
