@@ -653,7 +653,9 @@ def add_jobs(aps: BaseScheduler, scheduler: Scheduler, monitor: SystemMonitor | 
     def guarded_lease() -> None:
         try:
             scheduler.renew_lease()
-        except Exception as exc:  # told by the tick's own heartbeat failing too
+        except OperationalError as exc:  # an unwritable database: the tick's heartbeat says so, once
+            logger.debug("lease not renewed: %s", exc)
+        except Exception as exc:
             errors.failed("lease", exc)
         else:
             errors.succeeded("lease")
