@@ -3,7 +3,19 @@ cost are plain arithmetic; the UI converts them to the person's clock."""
 
 from __future__ import annotations
 
-from sqlalchemy import Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint, false, true
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    false,
+    true,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 
@@ -116,6 +128,10 @@ class Attempt(Base):
     detected_at: Mapped[float | None] = mapped_column(Float)
     hang_detected_at: Mapped[float | None] = mapped_column(Float)
     retry_counted: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
+    # The scheduler that launched it and supervises it (``scheduler_heartbeat.id``; no foreign key:
+    # heartbeat rows may be deleted by hand). Another scheduler takes it over only once that
+    # scheduler's lease has expired (db/lease.py). NULL for attempts from before leases.
+    scheduler_id: Mapped[int | None] = mapped_column(Integer, index=True)
 
     run: Mapped[Run] = relationship(back_populates="attempts")
 
@@ -193,7 +209,7 @@ class Checkpoint(Base):
     attempt: Mapped[int] = mapped_column(Integer)
     step: Mapped[int] = mapped_column(Integer)
     path: Mapped[str] = mapped_column(Text)
-    bytes: Mapped[int] = mapped_column(Integer)
+    bytes: Mapped[int] = mapped_column(BigInteger)  # checkpoints pass 2 GiB: PostgreSQL's INTEGER does not
     sha256: Mapped[str] = mapped_column(String(64))  # of the manifest
     params_digest: Mapped[str] = mapped_column(String(64))
     metrics_json: Mapped[str] = mapped_column(Text, default="{}")
@@ -232,7 +248,10 @@ class Event(Base):
 
 
 class SchedulerHeartbeat(Base):
-    """One row per scheduler process; the UI says "scheduler offline" when the newest is stale."""
+    """One row per scheduler process; the UI says "scheduler offline" when the newest is stale.
+
+    It is also the scheduler's lease on the attempts it launched (db/lease.py): a row whose
+    ``beat_at`` is older than the lease is a scheduler presumed dead."""
 
     __tablename__ = "scheduler_heartbeat"
 
@@ -241,6 +260,7 @@ class SchedulerHeartbeat(Base):
     pid: Mapped[int] = mapped_column(Integer)
     started_at: Mapped[float] = mapped_column(Float)
     beat_at: Mapped[float] = mapped_column(Float)
+    home: Mapped[str | None] = mapped_column(Text)  # its data folder (NULL in rows from before leases)
 
 
 class PriceEntry(Base):

@@ -157,6 +157,25 @@ def allowed_from(target: RunStatus) -> frozenset[RunStatus]:
     return frozenset(s for s, targets in ALLOWED.items() if target in targets)
 
 
+def hold(session: Session, run_id: int, expect: RunStatus) -> bool:
+    """Lock a run's row for the rest of the transaction, if it is still in ``expect``.
+
+    The scheduler holds a queued run this way while it sweeps the run's leftover processes
+    before launching it: a second scheduler racing for the same run either sees it gone from
+    ``expect`` already, or waits here (PostgreSQL: the row lock; SQLite: the write lock) until the
+    first one's sweep is committed, so that no sweep ever runs after the winner's launch. The
+    UPDATE changes nothing (it rewrites ``status`` with itself); the caller commits to release.
+
+    Returns:
+        True when the run is in ``expect`` and now held; False when another process moved it.
+    """
+    result = cast(CursorResult[Any], session.execute(
+        update(Run).where(Run.id == run_id, Run.status == expect.value).values(status=Run.status)
+        .execution_options(synchronize_session=False)
+    ))
+    return result.rowcount == 1
+
+
 def transition(
     session: Session,
     run_id: int,

@@ -8,10 +8,11 @@
     runyard pause RUN | stacks RUN | metrics RUN --csv
     runyard import tensorboard LOGDIR [--name NAME]
     runyard scheduler | ui | token [--rotate] | db upgrade | info [--adopt-legacy] | config-reference
+    runyard db export FILE | db import FILE
 
 The verbs live by group: cli_requests.py (submit, cancel, pause, stacks, resume, rerun, fork, pin),
 cli_read.py (ls, show, logs, metrics), cli_import.py (import), cli_ui.py (up, ui, scheduler, token),
-cli_info.py (info);
+cli_info.py (info), cli_db.py (db export, db import);
 cli_base.py holds what they share (the data-folder check, one-line errors, run references).
 
 Data lives under $RUNYARD_HOME (default: the per-user data folder, ~/.local/share/runyard on
@@ -30,6 +31,7 @@ from orchestrator.cli_base import (
     RunyardGroup,
     json_safe,
 )
+from orchestrator.cli_db import db_export, db_import
 from orchestrator.cli_import import import_
 from orchestrator.cli_read import logs, ls, metrics, show
 from orchestrator.cli_requests import cancel, fork, pause, pin, rerun, resume, stacks, submit
@@ -71,6 +73,10 @@ def db_upgrade() -> None:
 
     upgrade(settings.db_url)
     click.echo(f"database at head: {safe_url(settings.db_url)}")
+
+
+db.add_command(db_export)
+db.add_command(db_import)
 
 
 @cli.command()

@@ -91,12 +91,13 @@ def child_env(settings: Settings) -> dict[str, str]:
 def scheduler() -> None:
     """Run the scheduler in the foreground (launches and supervises runs)."""
     from orchestrator.resources import detect_inventory
-    from orchestrator.scheduler import Scheduler, SchedulerLocked, acquire_lock, serve
+    from orchestrator.scheduler import Scheduler, SchedulerLocked, acquire_lock, refuse_a_second_on_sqlite, serve
 
     settings = load_settings()
     sessions = open_sessions(settings)
     try:
         lock = acquire_lock(settings.home)
+        refuse_a_second_on_sqlite(sessions, settings)
     except SchedulerLocked as exc:
         fail(str(exc))
     inventory = detect_inventory()

@@ -34,15 +34,17 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from db import lease
 from db.causes import Cause
 from db.config import RunConfig, config_from_json
 from db.inventory import Inventory
 from db.layout import SCHEDULER_LOCK_FILE, RunPaths
+from db.lease import Identity
 from db.models import Attempt, Checkpoint, Event, Run, SchedulerHeartbeat
 from db.requests import checkpoints_dir, newest_intact
 from db.scheduler_file import SchedulerFile
 from db.settings import Settings
-from db.states import ACTIVE, AttemptStatus, RunStatus, SignalSent, StopReason, attempt_transition, transition
+from db.states import ACTIVE, AttemptStatus, RunStatus, SignalSent, StopReason, attempt_transition, hold, transition
 from orchestrator import OrchestratorError, script_checkpoints, watchdog
 from orchestrator.failures import free_bytes, human_bytes
 from orchestrator.launcher import free_port, launch, script_env, torchrun_argv
@@ -103,8 +105,10 @@ class Scheduler:
         settings: Settings,
         inventory: Inventory,
         command: CommandFactory = torchrun_argv,
+        host: str | None = None,
     ):
         self.sessions = sessions
+        self.host = host or socket.gethostname()  # tests name another to act as a second node
         self.command = command
         self.settings = settings
         self.inventory = inventory
@@ -142,9 +146,12 @@ class Scheduler:
         db_errors: list[str] = []
         with self.sessions() as session:
             beat = self._guarded(session, "heartbeat", self._beat, db_errors)
-            for run_id in session.scalars(
-                select(Run.id).where(Run.status.in_([s.value for s in ACTIVE])).order_by(Run.id)
-            ).all():
+            me = self.identity()
+            if me is None:  # no lease row yet (its insert failed): nothing can be owned this tick
+                self._tell_ui(db_errors, wrote=False)
+                return
+            mine = self._guarded(session, "leases", partial(self._leases, me=me), db_errors)
+            for run_id in mine if isinstance(mine, list) else []:
                 if self._guarded(session, f"run {run_id}", partial(self._supervise_id, run_id=run_id),
                                  db_errors) is None:
                     # Rolled back: what the run's collectors read this tick was not stored.
@@ -171,6 +178,36 @@ class Scheduler:
             return None
         self._errors.succeeded(where)
         return result
+
+    def identity(self) -> Identity | None:
+        """This scheduler's lease identity; None until its heartbeat row exists."""
+        if self._heartbeat_id is None:
+            return None
+        return Identity(id=self._heartbeat_id, host=self.host, home=str(self.settings.home))
+
+    def _leases(self, session: Session, me: Identity) -> list[int]:
+        """The active runs this scheduler supervises: its own, and those of schedulers presumed
+        dead, taken over now (db/lease.py) and told in an event."""
+        mine, taken = lease.to_supervise(session, me)
+        now = time.time()
+        for run, owner in taken:
+            number = session.scalar(select(Attempt.number).where(Attempt.id == run.attempt_id))
+            message = (f"attempt {number} taken over by scheduler #{me.id} (pid {os.getpid()} on {me.host}) "
+                       f"from {owner}, presumed dead")
+            logger.warning("run %d: %s", run.run_id, message)
+            session.add(Event(run_id=run.run_id, attempt=number, at=now, level="warning", kind="scheduler",
+                              message=message))
+        return mine
+
+    def renew_lease(self) -> None:
+        """Keep this scheduler's lease live while a long tick (a large checkpoint copied) holds the
+        tick thread; writes nothing while the tick's own heartbeat keeps it fresh."""
+        scheduler_id = self._heartbeat_id
+        if scheduler_id is None or self._heartbeat_new:
+            return
+        with self.sessions() as session:
+            if lease.renew(session, scheduler_id, every_s=2 * BEAT_EVERY_S):
+                session.commit()
 
     def _supervise_id(self, session: Session, run_id: int) -> bool:
         run = session.get(Run, run_id)
@@ -221,8 +258,8 @@ class Scheduler:
         """
         now = time.time()
         if self._heartbeat_id is None:
-            hb = SchedulerHeartbeat(host=socket.gethostname(), pid=os.getpid(), started_at=self._started_at,
-                                    beat_at=now)
+            hb = SchedulerHeartbeat(host=self.host, pid=os.getpid(), started_at=self._started_at,
+                                    beat_at=now, home=str(self.settings.home))
             session.add(hb)
             session.flush()
             self._heartbeat_id, self._heartbeat_new = hb.id, True
@@ -276,7 +313,8 @@ class Scheduler:
         rows = session.execute(
             select(Run.nproc, Attempt.devices_json)
             .join(Attempt, Attempt.run_id == Run.id)
-            .where(Run.status.in_([s.value for s in ACTIVE]), Attempt.status == AttemptStatus.RUNNING.value)
+            .where(Run.status.in_([s.value for s in ACTIVE]), Attempt.status == AttemptStatus.RUNNING.value,
+                   lease.on_this_host(self.host))
         ).all()
         used_slots = sum(n for n, _ in rows)
         used_gpus = {int(d) for _, devs in rows for d in json.loads(devs or "[]")}
@@ -309,8 +347,11 @@ class Scheduler:
         """A queued run that cannot start says what it waits for: the devices held by the active
         runs, or the runs queued before it (no overtaking). Written only when it changes."""
         unit = "GPU(s)" if self.inventory.kind == "gpu" else "CPU slot(s)"
-        holders = session.scalars(select(Run.id).where(Run.status.in_([s.value for s in ACTIVE]))
-                                  .order_by(Run.id)).all()
+        holders = session.scalars(
+            select(Run.id).join(Attempt, Attempt.run_id == Run.id)
+            .where(Run.status.in_([s.value for s in ACTIVE]), Attempt.status == AttemptStatus.RUNNING.value,
+                   lease.on_this_host(self.host))
+            .distinct().order_by(Run.id)).all()
         held_by = f" by run(s) {', '.join(f'#{h}' for h in holders)}" if holders else ""
         for position, run in enumerate(waiting):
             if run.nproc > self.inventory.slots:
@@ -349,7 +390,12 @@ class Scheduler:
         return False
 
     def _start_attempt(self, session: Session, run: Run, devices: list[int]) -> None:
-        expect = RunStatus(run.status)
+        """Launch the run's next attempt, if this scheduler wins the run: the transition to
+        STARTING is a conditional UPDATE, and only the scheduler whose UPDATE moved the run writes
+        the attempt (owned by it) and launches it; another scheduler racing for it sees False."""
+        expect = RunStatus(run.status)  # read again if an earlier run's lost race rolled back (expired) it
+        if expect not in (RunStatus.QUEUED, RunStatus.RETRYING) or not hold(session, run.id, expect):
+            return  # another scheduler launched it meanwhile: its processes must not be swept below
         previous = self._current_attempt(session, run)
         number = (previous.number if previous else 0) + 1
         if previous is not None and not self.sweeper.swept(session, run, previous.number, None, None):
@@ -382,6 +428,7 @@ class Scheduler:
             resume_step=resume_step,
             resume_path=script_resume.path if script_resume is not None else None,
             overrides_json=json.dumps(overrides),
+            scheduler_id=self._heartbeat_id,
         )
         run.retry_at = None
         run.resume_checkpoint_id = None  # the request is consumed by this attempt
@@ -560,6 +607,26 @@ def acquire_lock(home: Path) -> int:
     return fd
 
 
+def refuse_a_second_on_sqlite(sessions: sessionmaker[Session], settings: Settings) -> None:
+    """On SQLite one scheduler serves one database: refuse to start beside a live scheduler of
+    another data folder that uses the same database file (PostgreSQL takes several, db/lease.py).
+
+    Raises:
+        SchedulerLocked: such a scheduler's lease is live.
+    """
+    if not settings.db_url.startswith("sqlite"):
+        return
+    me = Identity(id=0, host=socket.gethostname(), home=str(settings.home))
+    with sessions() as session:
+        other = lease.other_live_scheduler(session, me)
+    if other is not None:
+        raise SchedulerLocked(
+            f"another scheduler (pid {other.pid} on {other.host}, data folder {other.home}) already uses the "
+            f"SQLite database {settings.db_url}; SQLite takes one scheduler per database: stop that one, "
+            "or point RUNYARD_DB_URL at PostgreSQL to run several"
+        )
+
+
 def add_jobs(aps: BaseScheduler, scheduler: Scheduler, monitor: SystemMonitor | None, tick_s: float = TICK_S) -> None:
     """Register the jobs on ``aps``: ``tick``, and ``sysmon`` (system metrics) when ``monitor``.
 
@@ -582,6 +649,19 @@ def add_jobs(aps: BaseScheduler, scheduler: Scheduler, monitor: SystemMonitor | 
 
     aps.add_job(guarded_tick, "interval", seconds=tick_s, id="tick", max_instances=1, coalesce=True,
                 misfire_grace_time=None, next_run_time=datetime.now())
+
+    def guarded_lease() -> None:
+        try:
+            scheduler.renew_lease()
+        except OperationalError as exc:  # an unwritable database: the tick's heartbeat says so, once
+            logger.debug("lease not renewed: %s", exc)
+        except Exception as exc:
+            errors.failed("lease", exc)
+        else:
+            errors.succeeded("lease")
+
+    aps.add_job(guarded_lease, "interval", seconds=BEAT_EVERY_S, id="lease", max_instances=1, coalesce=True,
+                misfire_grace_time=None)
     if monitor is not None:
         aps.add_job(monitor.job, "interval", seconds=SAMPLE_S, id="sysmon", max_instances=1, coalesce=True,
                     misfire_grace_time=None)
