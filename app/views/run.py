@@ -3,7 +3,7 @@ actions (Resume ▾, Fork…, Pause, Cancel…), what it is doing (start-up phas
 top of a failed run), progress and the headline numbers. Below it one section at a time: Overview
 (event badges, latest values, warnings), Metrics (the charts), Checkpoints (with pins and the
 Young–Daly advice), Attempts & logs, System, Config. The section is a query parameter
-(``/run?run=3&section=metrics``), so a link opens it.
+(``/run?run=3&section=Metrics``), so a link opens it.
 
 Live without fade: Streamlit fades (opacity 0.33, ``data-stale``) what a fragment drew while the
 fragment runs again and has not yet redrawn it, once that takes over half a second. So the
@@ -11,8 +11,10 @@ header is its own fragment, cheap (one cached read of the run, no query per elem
 redraws in a few milliseconds. It reads the run once per refresh and keeps that snapshot in the
 session for the section below, so the badge, the actions and the numbers always agree (a
 SUCCEEDED badge never sits beside Cancel). The section is a second fragment that draws only the
-chosen section; the charts keep each metric's downsampled series in st.session_state and ask
-the metric store only for what is new every 2 s (app.data.merge_series).
+chosen section (a CSS rule keeps what a panel drew at full opacity while it redraws, for when a
+redraw takes longer than that half second: many charts, a loaded machine); the charts keep each
+metric's downsampled series in st.session_state and ask the metric store only for what is new
+every 2 s (app.data.merge_series).
 
 The first paint is kept cheap for the browser: Streamlit loads an element's code the first
 time one is drawn, and the code viewer, the JSON viewer and the slider each cost the browser a
@@ -48,13 +50,22 @@ EVENT_BADGES = {
     "nan": ("red", ":material/error:", "NaN"),
     "hang": ("red", ":material/hourglass_disabled:", "hang"),
 }
-# The sections, in order: query-parameter value -> label.
-SECTIONS = {"overview": "Overview", "metrics": "Metrics", "checkpoints": "Checkpoints",
-            "attempts": "Attempts & logs", "system": "System", "config": "Config"}
+# The sections, in order; the chosen one is the query parameter ``section`` (absent for Overview).
+SECTIONS = ["Overview", "Metrics", "Checkpoints", "Attempts & logs", "System", "Config"]
 # Seconds between refreshes: an active run moves every few seconds; a finished one only changes
 # when someone resumes it (rebuilding the charts costs the server some CPU on every refresh).
 ACTIVE_REFRESH_S, FINISHED_REFRESH_S = 2, 10
+# What a live panel drew stays as it is while the panel redraws: Streamlit would fade it to 0.33
+# once a redraw takes over half a second, which on a loaded machine (or with many charts) is every
+# refresh. The panels are cheap and redraw in place (see above); this holds when they are not.
+NO_STALE_FADE = """<style>
+[data-testid="stMain"] [data-stale="true"],
+[data-testid="stMain"] [data-testid="stVerticalBlock"],
+[data-testid="stMain"] [data-testid="stHorizontalBlock"],
+[data-testid="stMain"] [data-testid="stExpander"] details { opacity: 1 !important; transition: none !important; }
+</style>"""
 
+st.html(NO_STALE_FADE)
 runs = data.list_runs()
 if not runs:
     st.title("Run")
@@ -249,8 +260,8 @@ def config(d: dict) -> None:
     st.json(d["config"])
 
 
-DRAW = {"overview": overview, "metrics": metrics, "checkpoints": checkpoints, "attempts": attempts_and_logs,
-        "system": system, "config": config}
+DRAW = {"Overview": overview, "Metrics": metrics, "Checkpoints": checkpoints, "Attempts & logs": attempts_and_logs,
+        "System": system, "Config": config}
 _listed = next(r for r in runs if r["id"] == run_id)
 every = FINISHED_REFRESH_S if _listed["status"] in TERMINAL_VALUES else ACTIVE_REFRESH_S
 
@@ -274,11 +285,11 @@ def snapshot() -> dict[str, Any] | None:
 
 
 live_header()
-section = st.segmented_control("Section", list(SECTIONS), format_func=SECTIONS.__getitem__, default="overview",
-                               key="section", bind="query-params", label_visibility="collapsed") or "overview"
+section = st.segmented_control("Section", SECTIONS, default="Overview", key="section", bind="query-params",
+                               label_visibility="collapsed") or "Overview"
 
 
-@st.fragment(run_every=None if section == "config" else every)
+@st.fragment(run_every=None if section == "Config" else every)
 def live_section() -> None:
     d = snapshot()
     if d is not None:

@@ -135,8 +135,8 @@ def open_page(page: str, **query: str) -> AppTest:
 
 
 def show_section(at: AppTest, section: str) -> AppTest:
-    """Choose one of the Run page's sections (overview, metrics, checkpoints, attempts, system,
-    config): only the chosen one is drawn."""
+    """Choose one of the Run page's sections (Overview, Metrics, Checkpoints, Attempts & logs,
+    System, Config): only the chosen one is drawn."""
     at.segmented_control(key="section").set_value(section).run()
     no_exception(at)
     return at
@@ -245,7 +245,7 @@ def test_run_page_shows_header_progress_attempts_and_metrics(seeded: dict[str, i
     # The actions in the header, where they apply: no Resume or Fork without a checkpoint; Cancel
     # acts from the confirm button inside its popover.
     assert [b.label for b in at.button] == ["Pause", "Cancel run", "Dump stacks"]
-    show_section(at, "attempts")
+    show_section(at, "Attempts & logs")
     attempts = at.dataframe[0].value
     assert attempts["attempt"].tolist() == [1]
     assert attempts["status"].tolist() == ["RUNNING"]
@@ -253,7 +253,7 @@ def test_run_page_shows_header_progress_attempts_and_metrics(seeded: dict[str, i
 
 
 def test_run_page_draws_one_chart_per_metric_with_every_rank(seeded: dict[str, int]) -> None:
-    at = show_section(open_page("views/run.py", run=str(seeded["running"])), "metrics")
+    at = show_section(open_page("views/run.py", run=str(seeded["running"])), "Metrics")
     charts = at.get("vega_lite_chart")
     titles = [chart_title(c) for c in charts]
     assert titles == ["loss", "eval_accuracy"]  # metric charts, loss first
@@ -271,10 +271,10 @@ def test_run_page_query_param_selects_the_run(seeded: dict[str, int]) -> None:
     assert at.progress[0].proto.text == "step 0 / 300"
     reason = at.caption[0].value
     # Where the charts will be: what the run waits for (its status sentence), not a bare "waiting".
-    show_section(at, "metrics")
+    show_section(at, "Metrics")
     assert any(i.value == reason for i in at.info), (reason, [i.value for i in at.info])
     assert not at.get("vega_lite_chart")
-    show_section(at, "attempts")
+    show_section(at, "Attempts & logs")
     assert any(c.value == "Not launched yet." for c in at.caption)
 
 
@@ -317,7 +317,7 @@ def chart_lines(chart) -> pd.DataFrame:  # type: ignore[no-untyped-def]
 
 def test_run_page_chart_options_mean_band_wall_time_log_and_ema(seeded: dict[str, int]) -> None:
     run_id = seeded["running"]
-    at = show_section(open_page("views/run.py", run=str(run_id)), "metrics")
+    at = show_section(open_page("views/run.py", run=str(run_id)), "Metrics")
     assert at.segmented_control(key=f"ranks-{run_id}").value == "per rank"
     at.segmented_control(key=f"ranks-{run_id}").set_value("mean + band")
     at.segmented_control(key=f"x-{run_id}").set_value("wall time")
@@ -353,7 +353,7 @@ def test_run_page_hides_superseded_steps_unless_asked(settings: Settings, sessio
         write_points(s.connection(), [dict(run_id=run_id, attempt=2, rank=rank, step=step, key="loss", value=0.5,
                                            wall_time=now) for step in (60, 70, 80) for rank in (0, 1)])
         s.commit()
-    at = show_section(open_page("views/run.py", run=str(run_id)), "metrics")
+    at = show_section(open_page("views/run.py", run=str(run_id)), "Metrics")
     lines = chart_lines(at.get("vega_lite_chart")[0])
     assert set(lines[lines["attempt"] == 1]["step"]) == {10, 20, 30, 40, 50}  # attempt 1 up to the resume step
     assert set(lines[lines["attempt"] == 2]["step"]) == {60, 70, 80}
@@ -369,9 +369,12 @@ def test_run_page_hides_superseded_steps_unless_asked(settings: Settings, sessio
 
 def test_run_page_live_panel_fetches_only_new_buckets(seeded: dict[str, int], sessions: sessionmaker[Session]) -> None:
     run_id = seeded["running"]
-    at = show_section(open_page("views/run.py", run=str(run_id)), "metrics")
+    at = open_page("views/run.py", run=str(run_id))  # the Overview: its badges count NaNs in the series
     held = at.session_state[f"live-series/{run_id}/loss"]
     assert held.level == 0 and len(held.rows) == 24 and held.fetched == 24
+    show_section(at, "Metrics")
+    held = at.session_state[f"live-series/{run_id}/loss"]
+    assert len(held.rows) == 24 and held.fetched == 2  # only step 120 (the last cached bucket) again, on 2 ranks
     now = time.time()
     with sessions() as s:
         write_points(s.connection(), [dict(run_id=run_id, attempt=1, rank=rank, step=step, key="loss", value=0.01,
@@ -402,7 +405,7 @@ def test_run_page_badges_count_events_and_nan(seeded: dict[str, int], sessions: 
     assert "hang" not in badges
     events = next(d.value for d in at.dataframe if "kind" in d.value)
     assert sorted(events["kind"]) == ["desync", "straggler", "straggler"]
-    loss = show_section(at, "metrics").get("vega_lite_chart")[0]
+    loss = show_section(at, "Metrics").get("vega_lite_chart")[0]
     assert [layer["mark"]["type"] for layer in chart_spec(loss)["layer"]][-1] == "rule"  # the NaN is marked
 
 
@@ -441,7 +444,7 @@ def test_run_page_of_a_plain_script_says_nothing_was_checked(settings: Settings,
 
 def test_run_page_checkpoint_advice(seeded: dict[str, int], sessions: sessionmaker[Session]) -> None:
     run_id = seeded["running"]
-    at = show_section(open_page("views/run.py", run=str(run_id)), "checkpoints")
+    at = show_section(open_page("views/run.py", run=str(run_id)), "Checkpoints")
     advice = next(c.value for c in at.caption if "Young–Daly" in c.value)
     assert "not enough data yet" in advice and "no checkpoint written yet" in advice
     assert "configured: every 100 steps" in advice.lower()
@@ -942,7 +945,7 @@ def test_the_pin_toggle_pins_once_and_a_refused_pin_springs_back(settings: Setti
         s.add_all([ours, theirs])
         s.commit()
         ours_id, theirs_id = ours.id, theirs.id
-    at = show_section(open_page("views/run.py", run=str(run_id)), "checkpoints")
+    at = show_section(open_page("views/run.py", run=str(run_id)), "Checkpoints")
     at.toggle(key=f"pin-{ours_id}").set_value(True).run()
     no_exception(at)
     at.toggle(key=f"pin-{theirs_id}").set_value(True).run()
