@@ -86,9 +86,13 @@ SNAPSHOT_KEY = f"run-snapshot/{run_id}"
 
 
 def header(d: dict) -> None:
-    """Name and badge with the actions beside them, then what the run is doing now."""
-    st.markdown(f"## #{d['id']} {d['name']} &nbsp; {badge(d['status'])}")
-    actions(d)
+    """Name and badge with the actions beside them, then what the run is doing now. The actions
+    are sent before the badge: while the browser applies a refresh, a new badge never shows
+    beside the old actions (SUCCEEDED beside Cancel), at most the old badge beside the new ones."""
+    title, buttons = st.columns([3, 2], vertical_alignment="center")
+    with buttons:
+        actions(d)
+    title.markdown(f"## #{d['id']} {d['name']} &nbsp; {badge(d['status'])}")
     if d["status_reason"]:
         st.caption(d["status_reason"])
     if starting := startup_text(d["status"], d["attempts"][-1] if d["attempts"] else None, d["config"]):

@@ -39,30 +39,32 @@ pytestmark = pytest.mark.browser
 SAMPLE_EVERY_MS = 200
 FINISHED = re.compile(r"\b(SUCCEEDED|FAILED|CANCELLED|PAUSED)\b")
 
-# One sample of the page: every element shown in the main area whose computed opacity is below 1
-# (what Streamlit's stale style does: 0.33 after half a second), the header's text and which of
-# Cancel and Pause the header offers. Two opacities are the design, not a fade, and are left out:
-# a caption's text (0.6, every caption always) and a heading's link icon (0 until hovered).
+# One sample of the page: every Streamlit element and block shown in the main area (each node with
+# a data-testid: what Streamlit's stale style fades, to 0.33 after half a second, and what holds
+# everything drawn) whose computed opacity is below 1; the header's text, and which actions the
+# header offers. What is faded on purpose, always, is left out: a caption's text (0.6), and the
+# hover-only controls (a chart's toolbar, a heading's link icon: 0 until hovered). Inside a chart,
+# Vega hides overlapping axis labels with opacity 0: the chart's own SVG is not looked into.
 # Elements not shown (display: none, as an action's empty slot) cannot look faded. A skeleton (the
 # grey pulsing box Streamlit shows while an element drawn for the first time loads its code) is
-# counted apart: it is a placeholder, not a faded element.
+# counted apart: a placeholder.
 SAMPLE_JS = """() => {
   const main = document.querySelector('[data-testid="stMain"]');
   const faded = [];
   const skeletons = [...main.querySelectorAll('[data-testid="stSkeleton"]')].filter(e => e.checkVisibility()).length;
-  for (const el of main.querySelectorAll('*')) {
-    if (!el.checkVisibility() || el.closest('[data-testid="stSkeleton"]')) continue;
+  for (const el of main.querySelectorAll('[data-testid]')) {
+    if (!el.checkVisibility() || el.closest('svg') || el.closest('[data-testid="stSkeleton"]')) continue;
+    if (el.closest('[data-testid="stElementToolbar"]') || el.closest('h1, h2, h3, h4, h5, h6')) continue;
     const o = parseFloat(getComputedStyle(el).opacity);
     if (o >= 1) continue;
     if (el.dataset.testid === 'stCaptionContainer' && Math.abs(o - 0.6) < 1e-6) continue;
-    if (el.closest('h1, h2, h3, h4, h5, h6') && el.closest('a')) continue;
     const inner = el.querySelector('[data-testid]');
-    faded.push(`${el.dataset.testid || el.tagName}(${inner ? inner.dataset.testid : ''}) ${o.toFixed(2)} `
-               + `stale=${el.dataset.stale}`);
+    faded.push(`${el.dataset.testid}(${inner ? inner.dataset.testid : ''}) ${o.toFixed(2)} stale=${el.dataset.stale}`);
   }
   const h2 = main.querySelector('h2');
   const actions = main.querySelector("[class*='st-key-actions-']");
-  const labels = actions ? [...actions.querySelectorAll('button')].map(b => b.innerText) : [];
+  const labels = actions ? [...actions.querySelectorAll("button")].filter(b => b.checkVisibility())
+    .map(b => b.innerText) : [];
   return {faded, skeletons, header: h2 ? h2.innerText : '', actions: labels,
           waiting: main.innerText.includes('Waiting for the first metrics'),
           charts: main.querySelectorAll('[data-testid="stVegaLiteChart"]').length};
@@ -170,7 +172,7 @@ def test_fork_opens_the_new_run_form_filled_with_a_diff_and_start_queues_the_for
     expect(page).to_have_url(re.compile(rf"/new\?fork={parent}&checkpoint={step_200['id']}$"))
     expect(page.get_by_text(f"Fork of run #{parent} parent from its checkpoint at step 200")).to_be_visible()
     # The form holds the source run's values (not the form's defaults).
-    expect(page.get_by_label("Name", exact=True)).to_have_value("parent-fork")
+    expect(page.get_by_label("Name", exact=True)).to_have_value("parent-fork", timeout=PAGE_TIMEOUT_MS)
     expect(page.get_by_label("Max steps", exact=True)).to_have_value("300")
     expect(page.get_by_label("Learning rate", exact=True)).to_have_value("0.002")
     expect(page.get_by_label("Ranks on this machine (nproc_per_node)", exact=True)).to_have_value(
