@@ -367,6 +367,35 @@ def test_run_page_hides_superseded_steps_unless_asked(settings: Settings, sessio
     assert any(layer["mark"].get("strokeDash") for layer in chart_spec(loss)["layer"])
 
 
+def test_during_a_retry_the_first_attempts_curve_stays_whole_until_the_next_one_trains(
+        settings: Settings, sessions: sessionmaker[Session]) -> None:
+    # Attempt 1 logged up to step 120 and failed; attempt 2, from the checkpoint at step 50, is
+    # still starting (no step yet): nothing of attempt 1 is superseded yet.
+    now = time.time()
+    with sessions() as s:
+        run_id = add_run(s, settings, "retrying", RunStatus.STARTING, RunStatus.RUNNING)
+        add_attempt(s, run_id, last_step=120, status=AttemptStatus.FAILED)
+        s.add(Attempt(run_id=run_id, number=2, status="RUNNING", dir="/x", started_at=now - 2, resume_step=50))
+        add_metrics(s, run_id, last_step=120)
+        s.commit()
+    at = show_section(open_page("views/run.py", run=str(run_id)), "Metrics")
+    lines = chart_lines(at.get("vega_lite_chart")[0])
+    assert set(lines["step"]) == set(range(10, 121, 10)) and set(lines["attempt"]) == {1}
+    assert not [i.value for i in at.info if "Waiting for the first metrics" in i.value]
+    with sessions() as s:  # attempt 2 trains: what attempt 1 did after step 50 is superseded now
+        s.execute(Attempt.__table__.update().where(Attempt.run_id == run_id, Attempt.number == 2)
+                  .values(first_step_at=now, last_step=60))
+        write_points(s.connection(), [dict(run_id=run_id, attempt=2, rank=rank, step=60, key="loss", value=0.5,
+                                           wall_time=now) for rank in (0, 1)])
+        s.commit()
+    st.cache_data.clear()
+    at.run()
+    no_exception(at)
+    lines = chart_lines(at.get("vega_lite_chart")[0])
+    assert set(lines[lines["attempt"] == 1]["step"]) == {10, 20, 30, 40, 50}
+    assert set(lines[lines["attempt"] == 2]["step"]) == {60}
+
+
 def test_run_page_live_panel_fetches_only_new_buckets(seeded: dict[str, int], sessions: sessionmaker[Session]) -> None:
     run_id = seeded["running"]
     at = open_page("views/run.py", run=str(run_id))  # the Overview: its badges count NaNs in the series
