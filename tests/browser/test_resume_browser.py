@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from tests.browser.test_ui_browser import show_section
 from tests.conftest import training_processes
 
 pytestmark = pytest.mark.browser
@@ -94,13 +95,6 @@ def open_run_page(page: Any, url: str, run_id: int, name: str) -> Any:
         page.keyboard.press("Escape")
         expect(not_found).to_have_count(0)
     return header
-
-
-def show_section(page: Any, name: str) -> None:
-    """Choose a section of the Run page (the segmented control under the header)."""
-    choice = page.get_by_role("radiogroup", name="Section").get_by_role("radio", name=name, exact=True)
-    choice.click()
-    expect(choice).to_have_attribute("aria-checked", "true", timeout=PAGE_TIMEOUT_MS)
 
 
 def header_action(page: Any, name: str) -> Any:
@@ -179,8 +173,9 @@ def test_resume_a_finished_run_from_an_older_checkpoint(page: Any, runyard_up: A
     expect(page.get_by_text("step 300 / 300")).to_be_visible(timeout=PAGE_TIMEOUT_MS)
     attempts_metric = page.get_by_test_id("stMetric").filter(has_text="Attempts")
     expect(attempts_metric.get_by_test_id("stMetricValue")).to_have_text("2", timeout=PAGE_TIMEOUT_MS)
+    show_section(page, "Attempts & logs")
     table = attempts_table(page)
-    expect(table.locator("thead th").nth(0)).to_have_text("attempt")
+    expect(table.locator("thead th").nth(0)).to_have_text("attempt", timeout=PAGE_TIMEOUT_MS)
     expect(table.locator("thead th").nth(1)).to_have_text("status")
     expect(table.locator("tbody tr")).to_have_count(2, timeout=PAGE_TIMEOUT_MS)
     expect(table.locator("tbody td[aria-colindex='1']")).to_have_text(["1", "2"])
@@ -215,6 +210,7 @@ def test_resume_a_finished_run_from_an_older_checkpoint(page: Any, runyard_up: A
 
     # The page lists them too, newest first: attempt 2's 300 and 200 beside attempt 1's, now
     # marked superseded, then the 100 it resumed from.
+    show_section(page, "Checkpoints")
     expect(rows).to_have_count(5, timeout=PAGE_TIMEOUT_MS)
     assert [row_cells(rows.nth(i))[:2] for i in range(5)] == [
         ["300", "2"], ["300 (superseded)", "1"], ["200", "2"], ["200 (superseded)", "1"], ["100", "1"],
