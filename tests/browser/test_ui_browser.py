@@ -107,6 +107,9 @@ def test_new_run_from_the_form_trains_to_succeeded_with_charts(page: Any, runyar
     expect(charts.first.locator("canvas, svg").first).to_be_visible(timeout=PAGE_TIMEOUT_MS)
     assert charts.count() >= 2
     assert page.locator(".vega-embed canvas, .vega-embed svg.marks").count() >= 2
+    # Vega draws each chart once it is sent: wait for the last of them before reading the titles.
+    expect(page.locator("[data-testid='stVegaLiteChart'] .role-title-text text").filter(
+        has_text=re.compile(r"^samples_per_s$"))).to_have_count(1, timeout=PAGE_TIMEOUT_MS)
     titles = chart_titles(page)
     assert titles[0] == "loss", titles  # first chart, top left
     assert {"eval_accuracy", "samples_per_s"} <= set(titles), titles
