@@ -236,7 +236,10 @@ def overview(d: dict) -> None:
 
 
 def metrics(d: dict) -> None:
-    metric_charts(d, live_series(d))
+    """The charts, under the event badges (a NaN badge beside the curve it marks)."""
+    series = live_series(d)
+    event_badges(d, series)
+    metric_charts(d, series)
 
 
 def checkpoints(d: dict) -> None:
