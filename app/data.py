@@ -15,7 +15,7 @@ import streamlit as st
 from sqlalchemy.orm import Session, sessionmaker
 
 from db import compare, estimates, queries
-from db.config import RunConfig
+from db.config import RunConfig, deep_merge
 from db.cost import price_for
 from db.engine import make_engine, make_sessionmaker
 from db.estimates import StartEstimate
@@ -33,7 +33,7 @@ from db.requests import (
 from db.scheduler_file import read_scheduler_file
 from db.settings import Settings, load_settings
 from orchestrator.resources import detect_inventory
-from orchestrator.script_roots import ScriptRoots, script_roots
+from orchestrator.script_roots import ScriptRoots, changes_what_runs, script_roots
 from orchestrator.submission import fork, submit, validate
 
 
@@ -119,8 +119,11 @@ def run_attempts(run_id: int) -> list[dict[str, Any]]:
 
 
 def lineage_cutoffs(attempts: list[dict[str, Any]]) -> dict[int, float]:
-    """Per attempt, the last step still on the run's lineage (see db.queries.lineage_cutoffs)."""
-    return queries.lineage_cutoffs(attempts)
+    """Per attempt, the last step still on the run's lineage (see db.queries.lineage_cutoffs),
+    as the charts show it: an attempt that has not completed a step yet (a retry still starting)
+    supersedes nothing yet, so the earlier attempts' curves stay whole until it trains."""
+    return queries.lineage_cutoffs([a for a in attempts if a["first_step_at"] is not None
+                                    or (a["last_step"] or 0) > (a["resume_step"] or 0)])
 
 
 def metric_series(run_id: int, key: str, max_points: int, level: int | None = None,
@@ -308,6 +311,38 @@ def fork_run(run_id: int, step: int, overrides: list[str], checkpoint_id: int | 
                   checkpoint_id=checkpoint_id)
     _changed()
     return new_id
+
+
+def fork_source(run_id: int, checkpoint_id: int) -> dict[str, Any]:
+    """What a fork of ``run_id`` from ``checkpoint_id`` starts from, for the New run form:
+    ``{"run", "name", "checkpoint", "step", "base", "config"}``. ``base`` is the run's config as
+    the fork request reads it (its name with ``-fork``); ``config`` adds the changes the scheduler
+    made for the attempt that wrote the checkpoint (a halved micro-batch after an out-of-memory),
+    the config the run had at that checkpoint.
+
+    Raises:
+        RequestRefused: the run or the checkpoint does not exist, or the checkpoint cannot be
+            forked from (not verified, or deleted).
+    """
+    d = run_detail(run_id)
+    if d is None:
+        raise RequestRefused(f"fork={run_id}: no such run; open Fork… on an existing run's page")
+    checkpoint = next((c for c in d["checkpoints"] if c["id"] == checkpoint_id), None)
+    if checkpoint is None or not checkpoint["verified"] or checkpoint["deleted"]:
+        why = "no such checkpoint" if checkpoint is None else "deleted" if checkpoint["deleted"] else "not verified"
+        raise RequestRefused(f"checkpoint={checkpoint_id}: {why} in run {run_id}; choose a verified checkpoint in "
+                             "the run page's Fork… menu")
+    base = {**d["config"], "name": f"{d['name']}-fork"[:100]}
+    attempt = next((a for a in d["attempts"] if a["number"] == checkpoint["attempt"]), None)
+    config = deep_merge(base, attempt["overrides"]) if attempt and attempt["overrides"] else base
+    return {"run": run_id, "name": d["name"], "checkpoint": checkpoint_id, "step": checkpoint["step"],
+            "base": base, "config": config}
+
+
+def validate_fork(base: dict[str, Any], changed: dict[str, Any]) -> RunConfig:
+    """Validate a fork's config as the fork request will: held to :func:`launch_roots` only
+    when it changes what runs (the script, its arguments, the text)."""
+    return validate(changed, inventory(), roots=launch_roots() if changes_what_runs(base, changed) else None)
 
 
 def start_estimate(config: dict[str, Any]) -> StartEstimate:

@@ -11,7 +11,6 @@ from pathlib import Path
 import streamlit as st
 
 from app import data
-from app.style import page_css
 from orchestrator.format import duration, runyard_version
 
 VERSION = runyard_version()
@@ -57,7 +56,6 @@ pages = [
 # cut the headline numbers to "$…"), and narrow windows fold the links into a menu.
 page = st.navigation(pages, position="top")
 st.logo(logo_svg(VERSION), size="large", link=None)
-st.markdown(page_css(), unsafe_allow_html=True)
 
 
 @st.fragment(run_every=5)

@@ -1,11 +1,23 @@
 """The few CSS rules runyard lays over Streamlit's own, each with the reason it exists.
 
-Injected once per page run by app/main.py as a ``<style>`` block in Markdown (no script, nothing
-fetched; Streamlit 1.67 did not apply a style-only ``st.html`` under top navigation)."""
+Every page calls :func:`apply` first: a style-only ``st.html`` (no script, nothing fetched, no
+element in the page's flow). Sent from app/main.py instead, before ``page.run()``, it never reached
+the browser (Streamlit 1.67), and after it, it took the place of the page's toast."""
 
 from __future__ import annotations
 
+import streamlit as st
+
 RULES = {
+    # What a live panel drew stays as it is while the panel redraws: Streamlit fades it to 0.33
+    # once a redraw takes over half a second, which on a loaded machine (or with many charts) was
+    # most refreshes of the Run page (79% of samples). The panels redraw in place; this holds when
+    # they are slow.
+    "no stale fade": '[data-testid="stMain"] [data-stale="true"], '
+                     '[data-testid="stMain"] [data-testid="stVerticalBlock"], '
+                     '[data-testid="stMain"] [data-testid="stHorizontalBlock"], '
+                     '[data-testid="stMain"] [data-testid="stExpander"] details'
+                     " { opacity: 1 !important; transition: none !important; }",
     # The top bar's "N more" menu (the links that do not fit a narrow window) is measured a few
     # pixels short and clipped its own label ("1 mor"); the hidden links are moved out of the flow,
     # so letting the bar overflow shows nothing else.
@@ -21,3 +33,8 @@ RULES = {
 def page_css() -> str:
     """The ``<style>`` block for every page."""
     return "<style>\n" + "\n".join(RULES.values()) + "\n</style>"
+
+
+def apply() -> None:
+    """Send the rules with this page run."""
+    st.html(page_css())

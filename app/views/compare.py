@@ -17,8 +17,10 @@ import pandas as pd
 import streamlit as st
 
 from app import compare_charts as cc
-from app import data
+from app import data, style
 from db.compare import MAX_POINTS, config_diff, higher_is_better
+
+style.apply()
 
 PREFERRED = ("loss", "eval_loss", "eval_accuracy")  # the metrics shown first when the URL names none
 

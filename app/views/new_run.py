@@ -2,6 +2,10 @@
 
 The form is drawn from the config model (app/form.py): one widget per field of RunConfig, for
 the chosen workload kind. This page only draws what that describes.
+
+A fork opens this page as ``/new?fork=RUN&checkpoint=ID`` (the Run page's Fork…): the form holds
+that run's config at that checkpoint, the changes against it are listed above Start, and Start
+queues the fork (a new run that starts from the checkpoint) once those changes were shown.
 """
 
 from __future__ import annotations
@@ -10,9 +14,13 @@ from typing import Any
 
 import streamlit as st
 
-from app import data, form
+from app import data, form, style
+from app.fork_changes import config_changes, overrides_for
 from db.config import ConfigError, RunConfig, deep_merge, field_of, parse_config, parse_toml, plausibility_warnings
+from db.requests import RequestRefused
 from orchestrator.format import estimate_text
+
+style.apply()
 
 # Widgets per row in a section.
 COLUMNS = 3
@@ -25,6 +33,70 @@ every_field = form.form_fields(RunConfig)
 FIRST_RUN_STEPS = 3000
 DEFAULTS: dict[str, Any] = deep_merge(RunConfig().as_dict(), {"train": {"max_steps": FIRST_RUN_STEPS}})
 BASE_KEY, LOADED_KEY, ERRORS_KEY, WARNED_KEY = "new_run_base", "new_run_loaded", "new_run_errors", "new_run_warned"
+# The fork the form was filled for (app.data.fork_source), and the changes last shown for it.
+FORK_KEY, SHOWN_KEY = "new_run_fork", "new_run_fork_shown"
+
+
+def fill(base: dict[str, Any]) -> list[str]:
+    """Set every widget to ``base``'s value (in the session state, before the widgets are drawn:
+    a widget with a key ignores a new ``value=``); returns the notes on values no widget holds."""
+    values, notes = form.widget_values(base, every_field)
+    for key, value in values.items():
+        st.session_state[key] = value
+    st.session_state[BASE_KEY] = base
+    st.session_state[ERRORS_KEY] = {}
+    return notes
+
+
+def fork_of_query() -> dict[str, Any] | None:
+    """The fork this page was opened for (``?fork=RUN&checkpoint=ID``), filling the form the first
+    time; None without those parameters (a fork left behind is forgotten)."""
+    run, checkpoint = st.query_params.get("fork"), st.query_params.get("checkpoint")
+    held = st.session_state.get(FORK_KEY)
+    if not run or not checkpoint:
+        if held is not None:  # the person came back without the fork's address: a fresh form
+            forget_fork()
+        return None
+    if held is not None and (str(held["run"]), str(held["checkpoint"])) == (run, checkpoint):
+        return held
+    try:
+        if not (run.isdigit() and checkpoint.isdigit()):
+            raise RequestRefused(f"fork={run!r}, checkpoint={checkpoint!r}: both must be ids; open Fork… on a "
+                                 "run's page")
+        source = data.fork_source(int(run), int(checkpoint))
+    except RequestRefused as exc:
+        st.error(f"Not a fork: {exc}", icon=":material/error:")
+        return None
+    fill(source["config"])
+    st.session_state[FORK_KEY] = source
+    st.session_state.pop(SHOWN_KEY, None)
+    return source
+
+
+def forget_fork() -> None:
+    """Back to a fresh form: the fork's values, base and parameters dropped."""
+    for key in [FORK_KEY, SHOWN_KEY, BASE_KEY, ERRORS_KEY, *(spec.key for spec in every_field)]:
+        st.session_state.pop(key, None)
+    for param in ("fork", "checkpoint"):
+        st.query_params.pop(param, None)
+
+
+def show_fork_changes(source: dict[str, Any], applied: dict[str, Any]) -> list[str]:
+    """List what the form changes against the fork's source (above Start); returns the changes
+    as ``key=value`` overrides of the source run's config, [] when there are none yet."""
+    changes = config_changes(source["config"], applied)
+    if changes:
+        st.info(f"**Changes against run #{source['run']} at step {source['step']}** ({len(changes)}):\n\n"
+                + "\n".join(f"- `{key}`: `{old!r}` → `{new!r}`" for key, old, new in changes),
+                icon=":material/difference:")
+    else:
+        st.info(f"**No changes yet against run #{source['run']} at step {source['step']}**: change a value, then "
+                "press Update estimate (or Start) to see the changes listed here.", icon=":material/difference:")
+    try:
+        return overrides_for(source["base"], applied)
+    except ValueError as exc:
+        st.error(str(exc), icon=":material/error:")
+        return []
 
 
 def load_toml(text: str, name: str) -> None:
@@ -43,12 +115,8 @@ def load_toml(text: str, name: str) -> None:
         problems = list(exc.problems)
     # A file's missing keys take the config's defaults, as with `runyard submit` (not the form's first run's).
     base = deep_merge(RunConfig().as_dict(), raw)
-    values, notes = form.widget_values(base, every_field)
-    for key, value in values.items():
-        st.session_state[key] = value
-    st.session_state[BASE_KEY] = base
+    notes = fill(base)
     st.session_state[LOADED_KEY] = (name, problems + notes, True)
-    st.session_state[ERRORS_KEY] = {}
 
 
 def on_upload() -> None:
@@ -66,6 +134,14 @@ def on_upload() -> None:
 def on_paste() -> None:
     load_toml(st.session_state.get("new_run_pasted", ""), "the pasted TOML")
 
+
+fork = fork_of_query()
+if fork is not None:
+    st.info(f"**Fork of run #{fork['run']} {fork['name']} from its checkpoint at step {fork['step']}.** The form "
+            "holds that run's config at that checkpoint; change what you want, check the changes above Start, "
+            "then Start.", icon=":material/call_split:")
+    st.button("Discard the fork (a fresh form)", icon=":material/close:", on_click=forget_fork)
+previously_shown = st.session_state.get(SHOWN_KEY)
 
 upload, paste = st.columns(2)
 with upload:
@@ -165,18 +241,27 @@ with st.form("new_run"):
                    + "\n".join(f"- {w}" for w in warned[1]), icon=":material/warning:")
     # Time and cost before Start, for the values as last applied (a form sends its values on a
     # button: "Update estimate" applies the edits without starting).
+    as_applied: dict[str, Any] | None = None
+    estimate: str | None = None
     try:
         as_applied = deep_merge(base, form.values_to_config(values, RunConfig))
-        estimate: str | None = estimate_text(data.start_estimate(as_applied))
+        estimate = estimate_text(data.start_estimate(as_applied))
     except (TypeError, ValueError):  # a value the validation at Start will name
-        estimate = None
+        pass
     if estimate:
         st.info(f"**Estimate**: {estimate}", icon=":material/calculate:")
+    overrides: list[str] = []
+    if fork is not None and as_applied is not None:
+        overrides = show_fork_changes(fork, as_applied)
+        st.session_state[SHOWN_KEY] = overrides
+        if st.session_state.pop("new_run_fork_unseen", False):
+            st.warning("**Check the changes above**, then press Start again to fork.", icon=":material/warning:")
     # A row as wide as its buttons (fixed columns cut "Update estimate" at 800 px).
     with st.container(horizontal=True):
         started = st.form_submit_button("Start", type="primary", icon=":material/play_arrow:")
         st.form_submit_button("Update estimate", icon=":material/calculate:",
-                              help="Apply the values above to the estimate without starting")
+                              help="Apply the values above to the estimate" + (" and the changes" if fork else "")
+                                   + " without starting")
 
 if started:
     # Keys the form does not show (from an uploaded TOML) are kept; a table the form shows is
@@ -188,7 +273,7 @@ if started:
             table_section, table_key = spec.path
             config_data[table_section][table_key] = from_form[table_section][table_key]
     try:
-        config = data.validate_config(config_data)
+        config = data.validate_fork(fork["base"], config_data) if fork else data.validate_config(config_data)
     except ConfigError as exc:
         shown = {spec.key for s in sections for spec in s.fields} | {s.name for s in sections if s.name}
         grouped: dict[str, list[str]] = {}
@@ -203,7 +288,18 @@ if started:
     if warnings and (st.session_state.get(WARNED_KEY) or ("",))[0] != config.config_hash():
         st.session_state[WARNED_KEY] = (config.config_hash(), warnings)
         st.rerun()
+    if fork is not None and overrides != previously_shown:  # the changes as Start sent them, not seen yet
+        st.session_state["new_run_fork_unseen"] = True
+        st.rerun()
     st.session_state.pop(WARNED_KEY, None)
     st.session_state.pop(LOADED_KEY, None)
-    run_id = data.submit_run(config)
+    if fork is None:
+        run_id = data.submit_run(config)
+    else:
+        try:
+            run_id = data.fork_run(fork["run"], -1, overrides, checkpoint_id=fork["checkpoint"])
+        except (ConfigError, RequestRefused) as exc:
+            st.error(f"Not forked: {exc}", icon=":material/error:")
+            st.stop()
+        forget_fork()
     st.switch_page("views/run.py", query_params={"run": str(run_id)})

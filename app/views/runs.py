@@ -5,10 +5,12 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app import data
+from app import data, style
 from db.compare import MAX_RUNS as MAX_COMPARED  # not app.compare_charts: the Runs page loads no Altair
 from db.states import RunStatus
 from orchestrator.format import STATUS_BADGE, duration, eta_text, step_text, usd
+
+style.apply()
 
 OPEN_RUN = "runs_open_run"
 COMPARE_RUNS = "runs_compare_ids"  # not a widget key: the Compare button is "runs_compare"

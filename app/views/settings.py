@@ -6,8 +6,10 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app import data
+from app import data, style
 from db.cost import price_for
+
+style.apply()
 
 st.title("Settings")
 st.subheader("Prices (USD per hour)")

@@ -64,7 +64,7 @@ def test_big_run_charts_render_and_switch_options_then_compare(page: Any, runyar
     small = seed(runyard_up, SMALL)
 
     t0 = time.monotonic()
-    page.goto(f"{runyard_up.url}/run?run={big}")
+    page.goto(f"{runyard_up.url}/run?run={big}&section=Metrics")  # the Run page's charts
     header = page.get_by_role("heading", level=2).filter(has_text=f"#{big}")
     expect(header).to_contain_text("SUCCEEDED", timeout=PAGE_TIMEOUT_MS)
     wait_drawn(page)

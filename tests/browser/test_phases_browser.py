@@ -15,7 +15,14 @@ from typing import Any
 import pytest
 
 from tests.browser.test_resume_browser import submit
-from tests.browser.test_ui_browser import PAGE_TIMEOUT_MS, RUN_TIMEOUT_MS, expect, fill_number, open_page
+from tests.browser.test_ui_browser import (
+    PAGE_TIMEOUT_MS,
+    RUN_TIMEOUT_MS,
+    expect,
+    fill_number,
+    open_page,
+    show_section,
+)
 
 pytestmark = pytest.mark.browser
 SETUP_DELAY_S = 12
@@ -41,6 +48,7 @@ def test_the_run_page_names_each_start_up_phase_then_new_run_estimates_from_that
     expect(header).to_contain_text("SUCCEEDED", timeout=RUN_TIMEOUT_MS)
     # Once it trained, no phase is shown any more, and the charts are there.
     expect(seen).to_have_count(0, timeout=PAGE_TIMEOUT_MS)
+    show_section(page, "Metrics")
     expect(page.locator("[data-testid='stVegaLiteChart']").first).to_be_visible(timeout=PAGE_TIMEOUT_MS)
 
     # Before the next Start, the New run page estimates time and cost from that run's pace.

@@ -1,10 +1,11 @@
 """Resume from the Run page in a real Chromium against the real product (`runyard up`).
 
-A person opens a finished run, picks an older checkpoint in the Checkpoints section and presses
-"Resume from here": the run goes back through QUEUED / STARTING / RUNNING to SUCCEEDED, its
-second attempt starts after that checkpoint's step, and (the digits workload being deterministic
-on CPU for a given seed) ends with exactly the parameters of the first attempt. While a run is
-still active the Resume buttons are disabled; once it is cancelled they become usable.
+A person opens a finished run, opens Resume ▾ in the header, picks an older checkpoint and
+confirms: the run goes back through QUEUED / STARTING / RUNNING to SUCCEEDED, its second attempt
+starts after that checkpoint's step, and (the digits workload being deterministic on CPU for a
+given seed) ends with exactly the parameters of the first attempt. While a run is active Resume
+is not offered; Cancel asks for a confirmation (one click only opens it), and once the run is
+cancelled Resume is offered.
 
     pytest -m browser tests/browser        (needs Debian's chromium and pip's playwright)
 
@@ -26,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from tests.browser.test_ui_browser import show_section
 from tests.conftest import training_processes
 
 pytestmark = pytest.mark.browser
@@ -35,7 +37,7 @@ DIGITS = REPO / "examples" / "digits.toml"
 RUN_TIMEOUT_S = 120.0
 RUN_TIMEOUT_MS = 120_000
 PAGE_TIMEOUT_MS = 60_000
-RESUME = re.compile(r"Resume from here")
+PIN = "pin"
 NOT_TERMINAL = re.compile(r"\b(QUEUED|STARTING|RUNNING)\b")
 TERMINAL = re.compile(r"\b(SUCCEEDED|FAILED|CANCELLED)\b")
 
@@ -95,9 +97,14 @@ def open_run_page(page: Any, url: str, run_id: int, name: str) -> Any:
     return header
 
 
+def header_action(page: Any, name: str) -> Any:
+    """A button of the Run page's header actions (Resume, Fork…, Pause, Cancel…)."""
+    return page.locator("[class*='st-key-actions-']").get_by_role("button").filter(has_text=name)
+
+
 def checkpoint_rows(page: Any) -> Any:
-    """The Checkpoints section's rows: the column blocks that hold a Resume button."""
-    return page.get_by_test_id("stHorizontalBlock").filter(has=page.get_by_role("button", name=RESUME))
+    """The Checkpoints section's rows: the column blocks that hold a pin switch."""
+    return page.get_by_test_id("stHorizontalBlock").filter(has=page.get_by_role("switch", name=PIN))
 
 
 def row_cells(row: Any) -> list[str]:
@@ -140,6 +147,7 @@ def test_resume_a_finished_run_from_an_older_checkpoint(page: Any, runyard_up: A
 
     header = open_run_page(page, runyard_up.url, run_id, "resume-me")
     expect(header).to_contain_text("SUCCEEDED")
+    show_section(page, "Checkpoints")
     rows = checkpoint_rows(page)
     expect(rows).to_have_count(3, timeout=PAGE_TIMEOUT_MS)
     # Newest first; the first column is the step, the second the attempt that wrote it.
@@ -148,9 +156,13 @@ def test_resume_a_finished_run_from_an_older_checkpoint(page: Any, runyard_up: A
     expect(row_100).to_have_count(1)
     assert row_cells(row_100)[0] == "100"
     assert row_cells(row_100)[5] == "yes"  # verified
-    button = row_100.get_by_role("button", name=RESUME)
-    expect(button).to_be_enabled()
-    button.click()
+    # Resume ▾ in the header: the newest checkpoint preselected; step 100 chosen, then confirmed.
+    header_action(page, "Resume").click()
+    popover = page.get_by_test_id("stPopoverBody")
+    choose(popover, "From checkpoint", "step 100 · attempt 1")
+    expect(popover).to_contain_text("kept but marked superseded")
+    assert runyard_up.cli("show", str(run_id))["status"] == "SUCCEEDED"  # choosing acted on nothing
+    popover.get_by_role("button", name=re.compile("Resume from step 100")).click()
 
     # The live panel follows the run through a new attempt to the end.
     expect(header).to_contain_text(NOT_TERMINAL, timeout=30_000)
@@ -161,8 +173,9 @@ def test_resume_a_finished_run_from_an_older_checkpoint(page: Any, runyard_up: A
     expect(page.get_by_text("step 300 / 300")).to_be_visible(timeout=PAGE_TIMEOUT_MS)
     attempts_metric = page.get_by_test_id("stMetric").filter(has_text="Attempts")
     expect(attempts_metric.get_by_test_id("stMetricValue")).to_have_text("2", timeout=PAGE_TIMEOUT_MS)
+    show_section(page, "Attempts & logs")
     table = attempts_table(page)
-    expect(table.locator("thead th").nth(0)).to_have_text("attempt")
+    expect(table.locator("thead th").nth(0)).to_have_text("attempt", timeout=PAGE_TIMEOUT_MS)
     expect(table.locator("thead th").nth(1)).to_have_text("status")
     expect(table.locator("tbody tr")).to_have_count(2, timeout=PAGE_TIMEOUT_MS)
     expect(table.locator("tbody td[aria-colindex='1']")).to_have_text(["1", "2"])
@@ -197,6 +210,7 @@ def test_resume_a_finished_run_from_an_older_checkpoint(page: Any, runyard_up: A
 
     # The page lists them too, newest first: attempt 2's 300 and 200 beside attempt 1's, now
     # marked superseded, then the 100 it resumed from.
+    show_section(page, "Checkpoints")
     expect(rows).to_have_count(5, timeout=PAGE_TIMEOUT_MS)
     assert [row_cells(rows.nth(i))[:2] for i in range(5)] == [
         ["300", "2"], ["300 (superseded)", "1"], ["200", "2"], ["200 (superseded)", "1"], ["100", "1"],
@@ -209,7 +223,15 @@ def test_resume_a_finished_run_from_an_older_checkpoint(page: Any, runyard_up: A
     print(f"\nscreenshot of the resumed Run page: {shot}")
 
 
-def test_resume_buttons_are_disabled_while_the_run_is_active(page: Any, runyard_up: Any) -> None:
+def choose(scope: Any, label: str, option: str) -> None:
+    """Pick ``option`` in the select box labelled ``label`` (a list drawn outside ``scope``)."""
+    box = scope.get_by_test_id("stSelectbox").filter(has_text=label)
+    box.click()
+    scope.page.get_by_role("option", name=option).click()  # what it chose: checked by what follows
+
+
+def test_cancel_asks_for_a_confirmation_and_resume_is_offered_once_the_run_is_cancelled(
+        page: Any, runyard_up: Any) -> None:
     run_id = submit(runyard_up, "train.max_steps=100000", "checkpoint.every_steps=20", "name=long-run")
     wait_for(
         runyard_up, run_id,
@@ -219,23 +241,25 @@ def test_resume_buttons_are_disabled_while_the_run_is_active(page: Any, runyard_
 
     header = open_run_page(page, runyard_up.url, run_id, "long-run")
     expect(header).to_contain_text("RUNNING")
-    buttons = page.get_by_role("button", name=RESUME)
-    expect(buttons.first).to_be_visible(timeout=PAGE_TIMEOUT_MS)
-    expect(buttons.first).to_be_disabled()
-    # Every one of them (rows come and go while checkpoints are written and retention deletes).
-    states = buttons.evaluate_all("els => els.map(e => e.disabled)")
-    assert states and all(states), states
+    expect(header_action(page, "Pause")).to_be_visible(timeout=PAGE_TIMEOUT_MS)
+    expect(header_action(page, "Fork…")).to_be_visible()
+    expect(header_action(page, "Resume")).to_have_count(0)  # not while it runs
 
-    assert runyard_up.cli("cancel", str(run_id))["id"] == run_id
+    # One click on Cancel only opens its confirmation; the run goes on.
+    header_action(page, "Cancel").click()
+    popover = page.get_by_test_id("stPopoverBody")
+    expect(popover).to_contain_text(f"Cancel run #{run_id}?")
+    page.wait_for_timeout(3_000)  # more than one refresh of the page
+    assert runyard_up.cli("show", str(run_id))["status"] == "RUNNING"
+    expect(header).to_contain_text("RUNNING")
+    popover.get_by_role("button", name=re.compile("Cancel run$")).click()
     wait_for(runyard_up, run_id, lambda d: d["status"] == "CANCELLED", "CANCELLED", timeout_s=60.0)
 
-    # No reload: the live panel refreshes by itself and the buttons become usable.
+    # No reload: the live panel refreshes by itself; Resume is offered, Cancel and Pause are gone.
     expect(header).to_contain_text("CANCELLED", timeout=30_000)
-    rows = checkpoint_rows(page)
-    verified = rows.filter(has=page.get_by_text("yes", exact=True))
-    expect(verified.first.get_by_role("button", name=RESUME)).to_be_enabled(timeout=30_000)
-    for row in verified.all():
-        expect(row.get_by_role("button", name=RESUME)).to_be_enabled()
+    expect(header_action(page, "Resume")).to_be_visible(timeout=30_000)
+    expect(header_action(page, "Cancel")).to_have_count(0)
+    expect(header_action(page, "Pause")).to_have_count(0)
 
     # Nothing of the run is left running.
     deadline = time.monotonic() + 30

@@ -1,8 +1,9 @@
 """The dashboard in a real Chromium against the real product (`runyard up`: scheduler + UI).
 
 A person opens the New run page, fills the form, presses Start, lands on the Run page and
-watches a 2-rank run on CPU train to SUCCEEDED with live charts, then opens each rank's log tail
-and the run's config (drawn only on demand), and opens the run again from the Runs page. A bad
+watches a 2-rank run on CPU train to SUCCEEDED with live charts (the Metrics section), then opens
+each rank's log tail (Attempts & logs) and the run's config (Config): each section is drawn only
+when chosen. Then the run opens again from the Runs page. A bad
 value is refused on the form, naming the field, and nothing is queued.
 
     pytest -m browser tests/browser        (needs Debian's chromium and pip's playwright)
@@ -63,6 +64,13 @@ def toggle(page: Any, label: str) -> None:
     expect(page.get_by_role("switch", name=label)).to_be_checked()
 
 
+def show_section(page: Any, name: str) -> None:
+    """Choose a section of the Run page (the segmented control under the header)."""
+    choice = page.get_by_role("radiogroup", name="Section").get_by_role("radio", name=name, exact=True)
+    choice.click()
+    expect(choice).to_have_attribute("aria-checked", "true", timeout=PAGE_TIMEOUT_MS)
+
+
 def chart_titles(page: Any) -> list[str]:
     """The titles drawn in the Vega charts on the page (in DOM order: column by column)."""
     titles = page.locator("[data-testid='stVegaLiteChart'] .role-title-text text")
@@ -91,6 +99,7 @@ def test_new_run_from_the_form_trains_to_succeeded_with_charts(page: Any, runyar
     expect(page.get_by_text("step 300 / 300")).to_be_visible(timeout=PAGE_TIMEOUT_MS)
     accuracy = page.get_by_test_id("stMetric").filter(has_text="Eval accuracy")
     expect(accuracy.get_by_test_id("stMetricValue")).to_have_text(re.compile(r"^0\.\d{3}$"))
+    show_section(page, "Metrics")
 
     # Charts: one per metric, loss first, drawn by vega-embed (SVG or canvas).
     charts = page.locator("[data-testid='stVegaLiteChart']")
@@ -98,17 +107,20 @@ def test_new_run_from_the_form_trains_to_succeeded_with_charts(page: Any, runyar
     expect(charts.first.locator("canvas, svg").first).to_be_visible(timeout=PAGE_TIMEOUT_MS)
     assert charts.count() >= 2
     assert page.locator(".vega-embed canvas, .vega-embed svg.marks").count() >= 2
+    # Vega draws each chart once it is sent: wait for the last of them before reading the titles.
+    expect(page.locator("[data-testid='stVegaLiteChart'] .role-title-text text").filter(
+        has_text=re.compile(r"^samples_per_s$"))).to_have_count(1, timeout=PAGE_TIMEOUT_MS)
     titles = chart_titles(page)
     assert titles[0] == "loss", titles  # first chart, top left
     assert {"eval_accuracy", "samples_per_s"} <= set(titles), titles
 
-    # The log tails and the config are drawn on demand: one toggle each.
-    toggle(page, "Show logs (tail of each rank)")
+    # The log tails and the config are drawn on demand: one section each.
+    show_section(page, "Attempts & logs")
     expect(page.get_by_role("tab", name="rank 0")).to_be_visible(timeout=PAGE_TIMEOUT_MS)
     expect(page.get_by_role("tab", name="rank 1")).to_be_visible()
     expect(page.get_by_role("tab", name="launcher")).to_be_visible()
     expect(page.get_by_test_id("stCode").filter(has_text="rank0 INFO").first).to_be_visible()
-    toggle(page, "Show config")
+    show_section(page, "Config")
     config = page.get_by_test_id("stJson")
     expect(config).to_be_visible(timeout=PAGE_TIMEOUT_MS)
     expect(config).to_contain_text("browser-digits")
@@ -139,6 +151,7 @@ def test_new_run_from_the_form_trains_to_succeeded_with_charts(page: Any, runyar
     page.get_by_role("button", name=f"Open run #{run_id}").click()
     page.wait_for_url(re.compile(rf"/run\?run={run_id}$"), timeout=PAGE_TIMEOUT_MS)
     expect(header).to_contain_text("SUCCEEDED", timeout=PAGE_TIMEOUT_MS)
+    show_section(page, "Metrics")
     expect(page.locator("[data-testid='stVegaLiteChart']").first).to_be_visible(timeout=PAGE_TIMEOUT_MS)
     # Back on the Runs page, the old selection does not send the person to the run again.
     page.get_by_test_id("stTopNav").get_by_role("link", name="Runs").click()

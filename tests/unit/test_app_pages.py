@@ -139,6 +139,19 @@ def open_page(page: str, **query: str) -> AppTest:
     return at.run()
 
 
+def show_section(at: AppTest, section: str) -> AppTest:
+    """Choose one of the Run page's sections (Overview, Metrics, Checkpoints, Attempts & logs,
+    System, Config): only the chosen one is drawn."""
+    at.segmented_control(key="section").set_value(section).run()
+    no_exception(at)
+    return at
+
+
+def event_badges(at: AppTest) -> str:
+    """The Run page's row of event badges (the header's first markdown is the title)."""
+    return next(m.value for m in at.markdown[1:] if m.value.startswith(":") and "-badge[" in m.value)
+
+
 def no_exception(at: AppTest) -> None:
     assert not at.exception, [e.value for e in at.exception]
 
@@ -246,20 +259,21 @@ def test_run_page_shows_header_progress_attempts_and_metrics(seeded: dict[str, i
     assert metrics["Eval accuracy"] == "0.875"
     assert metrics["Attempts"] == "1"
     assert re.fullmatch(r"\d\d:\d\d", metrics["Ends at"])  # a running run with progress: the time it ends
+    # The actions in the header, where they apply: no Resume or Fork without a checkpoint; Cancel
+    # acts from the confirm button inside its popover.
+    assert [b.label for b in at.button] == ["Pause", "Cancel run", "Dump stacks"]
+    show_section(at, "Attempts & logs")
     attempts = at.dataframe[0].value
     assert attempts["attempt"].tolist() == [1]
     assert attempts["status"].tolist() == ["RUNNING"]
     assert attempts["last step"].tolist() == [120]
-    assert [b.label for b in at.button] == ["Cancel run", "Pause", "Dump stacks"]
 
 
 def test_run_page_draws_one_chart_per_metric_with_every_rank(seeded: dict[str, int]) -> None:
-    at = open_page("views/run.py", run=str(seeded["running"]))
-    no_exception(at)
+    at = show_section(open_page("views/run.py", run=str(seeded["running"])), "Metrics")
     charts = metric_chart_elements(at)
     titles = [chart_title(c) for c in charts]
-    # metric charts titled by the registry, loss first, then the attempt timeline
-    assert titles == ["Loss", "Eval accuracy", "attempts"]
+    assert titles == ["Loss", "Eval accuracy"]  # metric charts titled by the registry, loss first
     assert len(at.get("vega_lite_chart")) == len(charts) + 1  # the rank legend strip above them
     loss = chart_data(charts[0])
     assert sorted(loss["rank"].unique()) == ["0", "1"]
@@ -273,11 +287,13 @@ def test_run_page_query_param_selects_the_run(seeded: dict[str, int]) -> None:
     assert f"#{seeded['queued']} queued-one" in at.markdown[0].value
     assert "QUEUED" in at.markdown[0].value
     assert at.progress[0].proto.text == "step 0 / 300"
-    assert any(c.value == "Not launched yet." for c in at.caption)
-    # Where the charts will be: what the run waits for (its status sentence), not a bare "waiting".
     reason = at.caption[0].value
+    # Where the charts will be: what the run waits for (its status sentence), not a bare "waiting".
+    show_section(at, "Metrics")
     assert any(i.value == reason for i in at.info), (reason, [i.value for i in at.info])
     assert not at.get("vega_lite_chart")
+    show_section(at, "Attempts & logs")
+    assert any(c.value == "Not launched yet." for c in at.caption)
 
 
 def test_run_page_unknown_run_falls_back_to_newest(seeded: dict[str, int]) -> None:
@@ -319,8 +335,7 @@ def chart_lines(chart) -> pd.DataFrame:  # type: ignore[no-untyped-def]
 
 def test_run_page_chart_options_mean_band_wall_time_log_and_ema(seeded: dict[str, int]) -> None:
     run_id = seeded["running"]
-    at = open_page("views/run.py", run=str(run_id))
-    no_exception(at)
+    at = show_section(open_page("views/run.py", run=str(run_id)), "Metrics")
     assert at.segmented_control(key=f"ranks-{run_id}").value == "per rank"
     at.segmented_control(key=f"ranks-{run_id}").set_value("mean + band")
     at.segmented_control(key=f"x-{run_id}").set_value("wall time")
@@ -358,8 +373,7 @@ def test_run_page_hides_superseded_steps_unless_asked(settings: Settings, sessio
         write_points(s.connection(), [dict(run_id=run_id, attempt=2, rank=rank, step=step, key="loss", value=0.5,
                                            wall_time=now) for step in (60, 70, 80) for rank in (0, 1)])
         s.commit()
-    at = open_page("views/run.py", run=str(run_id))
-    no_exception(at)
+    at = show_section(open_page("views/run.py", run=str(run_id)), "Metrics")
     lines = chart_lines(metric_chart_elements(at)[0])
     assert set(lines[lines["attempt"] == 1]["step"]) == {10, 20, 30, 40, 50}  # attempt 1 up to the resume step
     assert set(lines[lines["attempt"] == 2]["step"]) == {60, 70, 80}
@@ -375,12 +389,44 @@ def test_run_page_hides_superseded_steps_unless_asked(settings: Settings, sessio
     assert any(layer["mark"].get("strokeDash") for layer in chart_spec(loss)["layer"])
 
 
+def test_during_a_retry_the_first_attempts_curve_stays_whole_until_the_next_one_trains(
+        settings: Settings, sessions: sessionmaker[Session]) -> None:
+    # Attempt 1 logged up to step 120 and failed; attempt 2, from the checkpoint at step 50, is
+    # still starting (no step yet): nothing of attempt 1 is superseded yet.
+    now = time.time()
+    with sessions() as s:
+        run_id = add_run(s, settings, "retrying", RunStatus.STARTING, RunStatus.RUNNING)
+        add_attempt(s, run_id, last_step=120, status=AttemptStatus.FAILED)
+        s.add(Attempt(run_id=run_id, number=2, status="RUNNING", dir="/x", started_at=now - 2, resume_step=50))
+        add_metrics(s, run_id, last_step=120)
+        s.commit()
+    at = show_section(open_page("views/run.py", run=str(run_id)), "Metrics")
+    lines = chart_lines(metric_chart_elements(at)[0])
+    assert set(lines["step"]) == set(range(10, 121, 10)) and set(lines["attempt"]) == {1}
+    assert not [i.value for i in at.info if "Waiting for the first metrics" in i.value]
+    with sessions() as s:  # attempt 2 trains: what attempt 1 did after step 50 is superseded now
+        s.execute(Attempt.__table__.update().where(Attempt.run_id == run_id, Attempt.number == 2)
+                  .values(first_step_at=now, last_step=60))
+        write_points(s.connection(), [dict(run_id=run_id, attempt=2, rank=rank, step=60, key="loss", value=0.5,
+                                           wall_time=now) for rank in (0, 1)])
+        s.commit()
+    st.cache_data.clear()
+    at.run()
+    no_exception(at)
+    lines = chart_lines(metric_chart_elements(at)[0])
+    assert set(lines[lines["attempt"] == 1]["step"]) == {10, 20, 30, 40, 50}
+    assert set(lines[lines["attempt"] == 2]["step"]) == {60}
+
+
 @pytest.mark.both_dbs  # the UI's data layer (app/data.py) on PostgreSQL too
 def test_run_page_live_panel_fetches_only_new_buckets(seeded: dict[str, int], sessions: sessionmaker[Session]) -> None:
     run_id = seeded["running"]
-    at = open_page("views/run.py", run=str(run_id))
+    at = open_page("views/run.py", run=str(run_id))  # the Overview: its badges count NaNs in the series
     held = at.session_state[f"live-series/{run_id}/loss"]
     assert held.level == 0 and len(held.rows) == 24 and held.fetched == 24
+    show_section(at, "Metrics")
+    held = at.session_state[f"live-series/{run_id}/loss"]
+    assert len(held.rows) == 24 and held.fetched == 2  # only step 120 (the last cached bucket) again, on 2 ranks
     now = time.time()
     with sessions() as s:
         write_points(s.connection(), [dict(run_id=run_id, attempt=1, rank=rank, step=step, key="loss", value=0.01,
@@ -406,20 +452,20 @@ def test_run_page_badges_count_events_and_nan(seeded: dict[str, int], sessions: 
         s.commit()
     at = open_page("views/run.py", run=str(run_id))
     no_exception(at)
-    badges = at.markdown[1].value
+    badges = event_badges(at)
     assert "straggler × 2" in badges and "orange-badge" in badges
     assert "desync × 1" in badges and "NaN × 1" in badges  # no "nan" event: counted from the buckets
     assert "hang" not in badges
-    loss = metric_chart_elements(at)[0]
+    events = next(d.value for d in at.dataframe if "kind" in d.value)
+    assert sorted(events["kind"]) == ["desync", "straggler", "straggler"]
+    loss = metric_chart_elements(show_section(at, "Metrics"))[0]
     marks = [(layer["mark"]["type"], layer["mark"].get("color")) for layer in chart_spec(loss)["layer"]]
     assert ("rule", NAN_COLOR) in marks  # the NaN is marked
-    events = at.dataframe[1].value
-    assert sorted(events["kind"]) == ["desync", "straggler", "straggler"]
 
 
 def test_run_page_without_events_says_so(seeded: dict[str, int]) -> None:
     at = open_page("views/run.py", run=str(seeded["running"]))
-    assert "no stragglers, desyncs, NaNs or hangs" in at.markdown[1].value
+    assert "no stragglers, desyncs, NaNs or hangs" in event_badges(at)
 
 
 def test_run_page_of_a_plain_script_says_nothing_was_checked(settings: Settings,
@@ -439,7 +485,7 @@ def test_run_page_of_a_plain_script_says_nothing_was_checked(settings: Settings,
         run_id = run.id
     at = open_page("views/run.py", run=str(run_id))
     no_exception(at)
-    badges = at.markdown[1].value
+    badges = event_badges(at)
     assert "not checked (the script does not use runyard's SDK)" in badges and "gray-badge" in badges
     assert "no stragglers" not in badges
     with sessions() as s:  # once its ranks report through the SDK, the checks run
@@ -447,12 +493,12 @@ def test_run_page_of_a_plain_script_says_nothing_was_checked(settings: Settings,
         s.commit()
     st.cache_data.clear()  # the page caches the run's detail for a few seconds
     at = open_page("views/run.py", run=str(run_id))
-    assert "no stragglers, desyncs, NaNs or hangs" in at.markdown[1].value
+    assert "no stragglers, desyncs, NaNs or hangs" in event_badges(at)
 
 
 def test_run_page_checkpoint_advice(seeded: dict[str, int], sessions: sessionmaker[Session]) -> None:
     run_id = seeded["running"]
-    at = open_page("views/run.py", run=str(run_id))
+    at = show_section(open_page("views/run.py", run=str(run_id)), "Checkpoints")
     advice = next(c.value for c in at.caption if "Young–Daly" in c.value)
     assert "not enough data yet" in advice and "no checkpoint written yet" in advice
     assert "configured: every 100 steps" in advice.lower()
@@ -755,22 +801,81 @@ def test_new_run_refuses_the_standard_library_with_a_command_in_its_arguments(
     assert queued_runs(sessions) == []
 
 
+def add_forkable(sessions: sessionmaker[Session], settings: Settings, name: str = "parent") -> tuple[int, int]:
+    """A cancelled run with one verified checkpoint at step 100; returns (run id, checkpoint id)."""
+    with sessions() as s:
+        parent = add_run(s, settings, name, RunStatus.CANCELLED, lr=0.001)
+        add_attempt(s, parent, 120, AttemptStatus.CANCELLED)
+        checkpoint = Checkpoint(run_id=parent, attempt=1, step=100, path="/c/step-100", bytes=10, sha256="0",
+                                params_digest="0", blocked_s=1.0, total_s=2.0, created_at=time.time())
+        s.add(checkpoint)
+        s.commit()
+        return parent, checkpoint.id
+
+
+def test_fork_opens_the_new_run_form_filled_shows_the_changes_then_queues_the_fork(
+        settings: Settings, sessions: sessionmaker[Session]) -> None:
+    parent, checkpoint = add_forkable(sessions, settings)
+    at = open_page("views/run.py", run=str(parent))
+    no_exception(at)
+    # Fork… in the header lists the checkpoint; its button opens the New run page for it.
+    assert at.selectbox(key=f"fork-from-{parent}").value == checkpoint
+    at.button(key=f"fork-open-{parent}").click().run()
+    no_exception(at)
+    assert at.query_params["fork"] == str(parent) and at.query_params["checkpoint"] == str(checkpoint)
+    assert at.text_input(key="name").value == "parent-fork"  # every value from the run's config
+    assert at.number_input(key="train.max_steps").value == 300
+    assert at.number_input(key="train.lr").value == pytest.approx(0.001)
+    assert any(f"No changes yet against run #{parent} at step 100" in i.value for i in at.info)
+    # AppTest reruns the page it was switched to last, not the one st.switch_page opened: open it.
+    at = open_page("views/new_run.py", fork=str(parent), checkpoint=str(checkpoint))
+    assert at.text_input(key="name").value == "parent-fork"
+    at.number_input(key="train.lr").set_value(0.0005)
+    start(at)
+    no_exception(at)
+    # The first Start shows the changes (not seen before) and asks again; nothing is queued yet.
+    changes = next(i.value for i in at.info if i.value.startswith("**Changes against"))
+    assert f"run #{parent} at step 100** (1)" in changes and "`train.lr`: `0.001` → `0.0005`" in changes
+    assert any("press Start again to fork" in w.value for w in at.warning)
+    assert [r["id"] for r in queued_runs(sessions)] == [parent]
+    start(at)
+    no_exception(at)
+    runs = queued_runs(sessions)
+    assert len(runs) == 2
+    with sessions() as s:
+        fork = s.get(Run, max(r["id"] for r in runs))
+        source = json.loads(s.get(Run, parent).config_json)
+        config = json.loads(fork.config_json)
+        assert config == {**source, "name": "parent-fork", "train": {**source["train"], "lr": 0.0005}}
+        assert (fork.parent_run_id, fork.parent_step) == (parent, 100)
+        assert s.get(Checkpoint, checkpoint).pinned  # the fork's origin is kept from retention
+        events = [e.message for e in s.query(Event).filter_by(run_id=fork.id, kind="fork")]
+        assert events == [f"forked from run {parent} at step 100 with train.lr=0.0005"]
+
+
 def test_fork_that_switches_to_a_script_outside_the_roots_is_refused(
         settings: Settings, sessions: sessionmaker[Session], tmp_path_factory: pytest.TempPathFactory) -> None:
     outside = tmp_path_factory.mktemp("elsewhere") / "train.py"
     outside.write_text("print('hello')\n")
-    with sessions() as s:
-        parent = add_run(s, settings, "parent", RunStatus.CANCELLED)
-        s.add(Checkpoint(run_id=parent, attempt=1, step=100, path="/c/step-100", bytes=10, sha256="0",
-                         params_digest="0", blocked_s=1.0, total_s=2.0, created_at=time.time()))
-        s.commit()
-    at = open_page("views/run.py", run=str(parent))
-    at.text_area(key=f"fork-set-{parent}").set_value(f'workload.kind="script"\nworkload.script="{outside}"')
-    next(b for b in at.button if b.label == "Fork").click().run()
+    parent, checkpoint = add_forkable(sessions, settings)
+    at = open_page("views/new_run.py", fork=str(parent), checkpoint=str(checkpoint))
     no_exception(at)
-    (error,) = refusals(at, summarised=False)
+    at.selectbox(key="workload.kind").set_value("script").run()
+    at.text_input(key="workload.script").set_value(str(outside))
+    start(at)
+    no_exception(at)
+    (error,) = refusals(at)
     assert f"workload.script = {str(outside)!r}: {outside.resolve()} is outside" in error
     assert [r["id"] for r in queued_runs(sessions)] == [parent]
+
+
+def test_a_fork_of_a_checkpoint_that_cannot_be_used_says_why_and_shows_a_fresh_form(
+        settings: Settings, sessions: sessionmaker[Session]) -> None:
+    parent, checkpoint = add_forkable(sessions, settings)
+    at = open_page("views/new_run.py", fork=str(parent), checkpoint=str(checkpoint + 1))
+    no_exception(at)
+    assert any(f"checkpoint={checkpoint + 1}: no such checkpoint in run {parent}" in e.value for e in at.error)
+    assert at.text_input(key="name").value != "parent-fork"
 
 
 # -- Compare page ---------------------------------------------------------------------------
@@ -939,7 +1044,7 @@ def test_the_pin_toggle_pins_once_and_a_refused_pin_springs_back(settings: Setti
         s.add_all([ours, theirs])
         s.commit()
         ours_id, theirs_id = ours.id, theirs.id
-    at = open_page("views/run.py", run=str(run_id))
+    at = show_section(open_page("views/run.py", run=str(run_id)), "Checkpoints")
     at.toggle(key=f"pin-{ours_id}").set_value(True).run()
     no_exception(at)
     at.toggle(key=f"pin-{theirs_id}").set_value(True).run()

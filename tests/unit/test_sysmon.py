@@ -610,6 +610,7 @@ def test_the_run_page_summarizes_the_newest_window_and_draws_charts_on_demand(
     assert not at.exception, [e.value for e in at.exception]
     assert any("GPU utilization 90%" in c.value for c in at.caption)
     assert not [t for t in _chart_titles(at) if t.startswith("GPU")]  # no system chart yet
+    at.segmented_control(key="section").set_value("System").run()  # the Run page's System section
     at.toggle(key=f"system-{run_id}").set_value(True).run()
     assert not at.exception, [e.value for e in at.exception]
     assert {"GPU utilization", "GPU memory", "Host CPU"} <= set(_chart_titles(at))

@@ -1,0 +1,65 @@
+"""What a fork changes: the settings that differ between the run it forks and the New run form's
+values, and the same as the ``key=value`` overrides a fork request takes (values written as TOML,
+read back by :func:`db.config.parse_override`). No Streamlit here."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from app.form import form_fields
+from db.config import RunConfig
+
+
+def toml_value(value: Any, key: str = "value") -> str:
+    """``value`` written as a TOML value, as a ``--set key=value`` override reads it back
+    (:func:`db.config.parse_override`).
+
+    Raises:
+        ValueError: for None (TOML has no null), naming ``key``.
+    """
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        return repr(value) if math.isfinite(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)  # a JSON string is a TOML basic string
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_value(item, key) for item in value) + "]"
+    if isinstance(value, Mapping):
+        pairs = (f"{json.dumps(str(k))} = {toml_value(v, f'{key}.{k}')}" for k, v in value.items())
+        return "{ " + ", ".join(pairs) + " }"
+    raise ValueError(f"{key}: {value!r} cannot be written as a TOML value; give it a value instead of leaving it empty")
+
+
+def config_changes(source: Mapping[str, Any], changed: Mapping[str, Any],
+                   prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """Every setting that differs between two config mappings, as (dotted key, source value,
+    changed value), in the order of ``changed``. A table the form shows as one box
+    (``launch.env``) is one setting; a key missing on one side reads as None there."""
+    tables = {spec.key for spec in form_fields(RunConfig) if spec.widget == "table"}
+    out: list[tuple[str, Any, Any]] = []
+    for name in [*changed, *(k for k in source if k not in changed)]:
+        key = f"{prefix}{name}"
+        old, new = source.get(name), changed.get(name)
+        if isinstance(old, Mapping) and isinstance(new, Mapping) and key not in tables:
+            out += config_changes(old, new, f"{key}.")
+        elif old != new:
+            out.append((key, old, new))
+    return out
+
+
+def overrides_for(source: Mapping[str, Any], changed: Mapping[str, Any]) -> list[str]:
+    """The ``key=value`` overrides that turn ``source`` into ``changed`` (what a fork request
+    takes), values written as TOML.
+
+    Raises:
+        ValueError: for a setting emptied (None), which an override cannot express.
+    """
+    return [f"{key}={toml_value(new, key)}" for key, _, new in config_changes(source, changed)]

@@ -1,0 +1,151 @@
+"""The Run page's actions, drawn in its header from one snapshot of the run: Resume ▾, Fork…,
+Pause, Cancel, Dump stacks and Rerun, each offered only when it applies to the run's status.
+
+Resume from a chosen checkpoint and Cancel act only from the confirm button inside their
+popover (one click opens the popover, a second one acts). Fork… opens the New run page filled
+from the run's config at the chosen checkpoint (``?fork=RUN&checkpoint=ID``).
+
+Every action has a fixed slot in one horizontal row: an action that does not apply draws an empty
+element in its slot, so that when the live panel redraws the row after a status change, a Cancel
+that no longer applies is replaced at once rather than left (stale) beside the new badge until the
+panel's redraw ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import streamlit as st
+
+from app import data
+from db.states import TERMINAL, RunStatus
+
+TERMINAL_VALUES = {s.value for s in TERMINAL}
+CANCELLABLE = {RunStatus.QUEUED, RunStatus.STARTING, RunStatus.RUNNING, RunStatus.RETRYING, RunStatus.PAUSED}
+PAUSABLE = {RunStatus.STARTING, RunStatus.RUNNING}
+NEW_RUN_PAGE = "views/new_run.py"
+
+
+def usable_checkpoints(d: dict[str, Any]) -> list[dict[str, Any]]:
+    """The verified, not deleted checkpoints of a run, newest first (by step, then by id: a
+    resumed attempt's checkpoint comes before the superseded one at the same step)."""
+    return sorted((c for c in d["checkpoints"] if c["verified"] and not c["deleted"]),
+                  key=lambda c: (c["step"], c["id"]), reverse=True)
+
+
+def is_superseded(checkpoint: dict[str, Any]) -> bool:
+    """Whether a later attempt resumed from an earlier step and so left this checkpoint off the
+    run's lineage (the scheduler moves such checkpoints under ``superseded/``)."""
+    return "/superseded/" in checkpoint["path"]
+
+
+def checkpoint_label(checkpoint: dict[str, Any], newest: bool) -> str:
+    """How a checkpoint reads in the Resume and Fork lists: its step, the attempt that wrote it,
+    and whether it is the newest or superseded."""
+    parts = [f"step {checkpoint['step']}", f"attempt {checkpoint['attempt']}"]
+    if checkpoint["source"] == "script":
+        parts.append(f"{checkpoint['origin']} #{checkpoint['id']}")
+    if newest:
+        parts.append("newest")
+    if is_superseded(checkpoint):
+        parts.append("superseded")
+    return " · ".join(parts)
+
+
+def choose_checkpoint(d: dict[str, Any], usable: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """A select box of the usable checkpoints (the newest preselected); returns the chosen one.
+    A choice that is no longer listed (deleted by retention meanwhile) falls back to the newest."""
+    labels = {c["id"]: checkpoint_label(c, i == 0) for i, c in enumerate(usable)}
+    if st.session_state.get(key) not in labels:
+        st.session_state.pop(key, None)
+    chosen = st.selectbox("From checkpoint", list(labels), format_func=labels.__getitem__, key=key)
+    return next(c for c in usable if c["id"] == chosen)
+
+
+def resume_menu(d: dict[str, Any]) -> None:
+    """Resume ▾: a new attempt from any verified checkpoint, after a confirm click."""
+    usable = usable_checkpoints(d)
+    with st.popover("Resume", icon=":material/replay:", key=f"resume-menu-{d['id']}",
+                    help="A new attempt of this run from one of its verified checkpoints"):
+        chosen = choose_checkpoint(d, usable, f"resume-from-{d['id']}")
+        if chosen is not usable[0]:
+            st.caption(f"What the run did after step {chosen['step']} is kept but marked superseded; "
+                       "the new attempt trains again from there.")
+        if st.button(f"Resume from step {chosen['step']}", type="primary", icon=":material/play_arrow:",
+                     key=f"resume-confirm-{d['id']}"):
+            st.toast(data.resume_run(d["id"], chosen["id"]))
+            st.rerun()
+
+
+def fork_menu(d: dict[str, Any]) -> None:
+    """Fork…: the New run form, filled from this run's config at the chosen checkpoint."""
+    usable = usable_checkpoints(d)
+    with st.popover("Fork…", icon=":material/call_split:", key=f"fork-menu-{d['id']}",
+                    help="A new run that starts from a checkpoint of this one, with settings you change"):
+        chosen = choose_checkpoint(d, usable, f"fork-from-{d['id']}")
+        st.caption("Opens the New run form filled with this run's config; what you change is shown "
+                   "against it before Start.")
+        if st.button("Open in the New run form", type="primary", icon=":material/edit_note:",
+                     key=f"fork-open-{d['id']}"):
+            st.switch_page(NEW_RUN_PAGE, query_params={"fork": str(d["id"]), "checkpoint": str(chosen["id"])})
+
+
+def pause_button(d: dict[str, Any]) -> None:
+    if st.button("Pause", icon=":material/pause:", key=f"pause-{d['id']}",
+                 help="Checkpoint, free the devices; Resume continues from that checkpoint"):
+        st.toast(data.cancel_run(d["id"], mode="pause"))
+        st.rerun()  # the new status now, not at the next refresh
+
+
+def cancel_menu(d: dict[str, Any]) -> None:
+    """Cancel: a popover that says what cancelling does, and the button that does it."""
+    queued = d["status"] in (RunStatus.QUEUED, RunStatus.RETRYING, RunStatus.PAUSED)
+    with st.popover("Cancel", icon=":material/stop:", key=f"cancel-menu-{d['id']}"):
+        st.markdown(f"Cancel run #{d['id']}? "
+                    + ("No process runs: it ends CANCELLED at once; its checkpoints stay." if queued else
+                       "SIGTERM: the ranks finish their step, save a checkpoint and exit; Resume can continue "
+                       "from it."))
+        if st.button("Cancel run", type="primary", icon=":material/stop:", key=f"cancel-{d['id']}"):
+            st.toast(data.cancel_run(d["id"]))
+            st.rerun()
+
+
+def stacks_button(d: dict[str, Any]) -> None:
+    if st.button("Dump stacks", icon=":material/stacks:", key=f"stacks-{d['id']}",
+                 help="Save every rank's Python stack into the attempt's folder; nothing is stopped"):
+        st.toast(data.dump_stacks(d["id"]))
+
+
+def rerun_button(d: dict[str, Any]) -> None:
+    if st.button("Rerun", icon=":material/restart_alt:", key=f"rerun-{d['id']}",
+                 help="A new attempt in the same folder without a checkpoint: for a script that keeps "
+                      "its own state there"):
+        st.toast(data.rerun_run(d["id"]))
+        st.rerun()
+
+
+def offered(d: dict[str, Any]) -> list[tuple[bool, Callable[[dict[str, Any]], None]]]:
+    """Each action in its slot's order, with whether it applies to the run as ``d`` shows it."""
+    status = d["status"]
+    terminal = status in TERMINAL_VALUES
+    usable = bool(usable_checkpoints(d))
+    script_rerun = terminal and d["config"]["workload"]["kind"] == "script" and not d["imported"]
+    return [
+        (terminal and usable, resume_menu),
+        (usable, fork_menu),
+        (status in PAUSABLE, pause_button),
+        (status in CANCELLABLE, cancel_menu),
+        (status in PAUSABLE, stacks_button),
+        (script_rerun, rerun_button),
+    ]
+
+
+def actions(d: dict[str, Any]) -> None:
+    """The header's row of actions for the run as ``d`` (one snapshot) shows it."""
+    with st.container(horizontal=True, key=f"actions-{d['id']}"):
+        for applies, draw in offered(d):
+            if applies:
+                draw(d)
+            else:
+                st.empty()

@@ -1,0 +1,195 @@
+"""The Run page's panels other than the charts: the failure summary at the top of a failed run,
+the checkpoint table with its pins and the Young–Daly advice, the attempts timeline and table,
+each rank's log tail, and the warnings and errors among the run's events.
+
+Each takes the run detail the live panel read once for this refresh (``data.run_detail``).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+
+from app import charts, data
+from app.run_actions import is_superseded
+from db.states import RunStatus
+from orchestrator.format import clock, duration
+from orchestrator.logs import launcher_log, rank_log_files, tail
+
+
+def attempts_table(d: dict) -> None:
+    """The attempts as a timeline: how each ended, on which rank, what it cost in steps and time."""
+    if not d["attempts"]:
+        st.caption("Not launched yet.")
+        return
+    now = time.time()
+    rows = []
+    for a in d["attempts"]:
+        outcome = "PREEMPTED" if a["cause"] == "PREEMPTED" else ("FAILED" if a["status"] == "CRASHED" else a["status"])
+        rows.append({
+            "attempt": a["number"], "outcome": outcome, "cause": a["cause"] or "",
+            "start": pd.to_datetime(a["started_at"], unit="s"), "end": pd.to_datetime(a["ended_at"] or now, unit="s"),
+            "steps": f"{a['resume_step'] or 0}–{a['last_step'] or a['resume_step'] or 0}", "reason": a["reason"] or "",
+        })
+    st.altair_chart(charts.attempt_timeline(pd.DataFrame(rows)), width="stretch")
+    st.dataframe(
+        pd.DataFrame(
+            [
+                {
+                    "attempt": a["number"], "status": a["status"], "cause": a["cause"], "rank": a["failed_rank"],
+                    "exception": a["exception"], "from step": a["resume_step"], "last step": a["last_step"],
+                    "steps lost": a["steps_lost"], "exit code": a["exit_code"],
+                    "started": clock(a["started_at"]), "first step": clock(a["first_step_at"]),
+                    "ended": clock(a["ended_at"]),
+                    "to detect": duration(a.get("detect_s")),
+                    "to first new step": duration(a.get("recovery_s")),
+                    "retry counted": a["retry_counted"] if a["cause"] else None,
+                    "changes": ", ".join(f"{k}={v}" for sec in a["overrides"].values() for k, v in sec.items()) or None,
+                }
+                for a in d["attempts"]
+            ]
+        ),
+        hide_index=True,
+    )
+
+
+def failed_attempt(d: dict) -> dict | None:
+    """The newest attempt when it ended in a failure (the run FAILED, or waits to retry)."""
+    if d["status"] not in (RunStatus.FAILED, RunStatus.RETRYING) or not d["attempts"]:
+        return None
+    newest = d["attempts"][-1]
+    return newest if newest["cause"] else None
+
+
+def first_error_line(text: str) -> str | None:
+    """The first line of a log that reads as the error (a traceback's start or an exception)."""
+    for line in text.splitlines():
+        stripped = line.split("]:", 1)[-1].strip() if line.startswith("[rank") else line.strip()
+        if stripped.startswith("Traceback") or re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b", stripped):
+            return stripped
+    return None
+
+
+def failure_summary(d: dict) -> None:
+    """A failed run says at the top which rank failed, with what, and the traceback runyard kept."""
+    a = failed_attempt(d)
+    if a is None:
+        return
+    rank = f"rank {a['failed_rank']}" if a["failed_rank"] is not None else "the attempt"
+    what = a["exception"] or a["reason"] or f"exit code {a['exit_code']}"
+    st.error(f"**Attempt {a['number']}: {rank} failed ({a['cause']})**: {what}", icon=":material/error:")
+    if a["log_tail"]:
+        with st.expander("Traceback and the log lines before it", expanded=d["status"] == RunStatus.FAILED):
+            if (line := first_error_line(a["log_tail"])) is not None:
+                st.caption(f"First error line: `{line[:200]}`")
+            st.code(a["log_tail"], language=None)
+
+
+def log_tails(d: dict) -> None:
+    """The log tail kept for each attempt that failed, then each rank's log of the newest attempt."""
+    if not d["attempts"]:
+        st.caption("Not launched yet: no logs.")
+        return
+    for a in d["attempts"]:
+        if a["log_tail"]:
+            with st.expander(f"Attempt {a['number']}: {a['reason']}"):
+                st.code(a["log_tail"], language=None)
+    attempt_dir = Path(d["attempts"][-1]["dir"])
+    files = rank_log_files(attempt_dir)
+    failed = failed_attempt(d)
+    # Opened on the failing rank (rank 0's log is often a red herring: it only saw the others stop).
+    opened = f"rank {failed['failed_rank']}" if failed and failed["failed_rank"] in files else None
+    tabs = st.tabs([f"rank {r}" for r in files] + ["launcher"], default=opened)
+    # One tab more than ranks: the launcher's, the last, filled below.
+    for tab, paths in zip(tabs, files.values(), strict=False):
+        with tab:
+            for path in paths:
+                st.caption(path.name)
+                st.code(tail(path, 6000) or "(empty)", language=None)
+    with tabs[-1]:
+        st.code(tail(launcher_log(attempt_dir), 6000) or "(empty)", language=None)
+
+
+def checkpoint_table(d: dict) -> None:
+    """The checkpoint history, newest first, with a pin toggle on each (Resume ▾ and Fork… in the
+    header act on a chosen one)."""
+    checkpoints = [c for c in d["checkpoints"] if not c["deleted"]]
+    deleted = len(d["checkpoints"]) - len(checkpoints)
+    if not checkpoints:
+        st.caption("No checkpoints yet." + (f" ({deleted} deleted by retention)" if deleted else ""))
+        return
+    head = st.columns([1, 1, 2, 1, 3, 2, 1])
+    for col, title in zip(head, ["step", "attempt", "written", "size", "metrics", "verified", "pinned"], strict=True):
+        col.markdown(f"**{title}**")
+    for c in reversed(checkpoints):
+        row = st.columns([1, 1, 2, 1, 3, 2, 1])
+        script = c["source"] == "script"
+        row[0].write(f"{c['step']}" + (" (superseded)" if is_superseded(c) else ""))
+        row[1].write(str(c["attempt"]))
+        row[2].write(clock(c["file_mtime"] if script else c["created_at"]))
+        row[3].write(f"{c['bytes'] / 1e6:.1f} MB")
+        if script:  # a file the script wrote itself: which one, and its hash
+            row[4].write(f"script's file `{c['origin']}`, sha256 {(c['sha256'] or 'pending')[:12]}"
+                         + (" (pinned copy)" if c["path"] != c["origin"] else ""))
+        else:
+            row[4].write(", ".join(f"{k} {v:.4g}" for k, v in c["metrics"].items() if v is not None) or "–")
+        row[5].write("yes" if c["verified"] else f"no: {c['refused_reason'] or 'being hashed'}")
+        row[6].toggle("pin", value=c["pinned"], key=f"pin-{c['id']}", on_change=pin_changed,
+                      args=(d["id"], c["id"], f"pin-{c['id']}"),
+                      help="Pinned checkpoints are never deleted" + (
+                          "; the script's file is copied into the run's folder, out of its reach" if script else ""))
+    refused = st.session_state.pop(f"pin-refused-{d['id']}", None)
+    if refused:
+        st.error(refused, icon=":material/error:")
+    if deleted:
+        st.caption(f"{deleted} older checkpoint(s) deleted by retention; `runyard show {d['id']}` lists them.")
+
+
+def pin_changed(run_id: int, checkpoint_id: int, key: str) -> None:
+    """The pin toggle moved: pin or unpin once; a refusal puts the toggle back (so the page does
+    not ask again on every refresh) and is shown once."""
+    refused = data.pin_checkpoint(run_id, checkpoint_id, bool(st.session_state[key]))
+    if refused:
+        st.session_state[key] = not st.session_state[key]
+        st.session_state[f"pin-refused-{run_id}"] = refused
+
+
+def checkpoint_advice(run_id: int) -> None:
+    """Young–Daly's interval from the measured save cost and this machine's MTBF."""
+    a = data.checkpoint_advice(run_id)
+    if a is None:
+        return
+    configured = ", ".join(
+        part for part in (f"every {a['every_steps']} steps" if a["every_steps"] else "",
+                          f"every {a['every_seconds']:g} s" if a["every_seconds"] else "") if part
+    ) or "only at the end"
+    if a["interval_s"] is None:
+        st.caption(f"Young–Daly checkpoint interval: not enough data yet: {'; '.join(a['missing'])}. "
+                   f"Configured: {configured}.")
+        return
+    every = (f"every ~{a['interval_steps']:,} steps ({duration(a['interval_s'])})" if a["interval_steps"]
+             else f"every ~{duration(a['interval_s'])} (the step time is not known yet)")
+    st.caption(
+        f"Young–Daly suggests {every} given save cost {a['checkpoint_cost_s']:.2g} s and MTBF "
+        f"{a['mtbf_s'] / 3600:.2g} h ({a['failures']} interruption(s) in {a['device_time_s'] / 3600:.2g} h of attempts "
+        f"on this machine); configured: {configured}.",
+        help="sqrt(2 x save cost x MTBF) minimises the time lost to saves plus the work redone after a failure. "
+             "Save cost: median time the training loop was blocked by the newest saves. Interruptions: attempts "
+             "killed, crashed, hung or cut off; not bugs or CUDA OOMs (they recur whatever the interval) "
+             "nor preemptions (they save first).",
+    )
+
+
+def events_list(d: dict) -> None:
+    events = [e for e in d["events"] if e["level"] in ("warning", "error")]
+    if not events:
+        return
+    with st.expander(f"Warnings and errors ({len(events)})"):
+        st.dataframe(pd.DataFrame([{"time": clock(e["at"]), "attempt #": e["attempt"], "level": e["level"],
+                                    "kind": e["kind"], "message": e["message"]} for e in events]),
+                     hide_index=True, width="stretch")
+
