@@ -25,8 +25,11 @@ RULES = {
                " { overflow: visible; }",
     # A checkbox's or toggle's label is cut with an ellipsis where its column is narrow ("Write in
     # the backgr…" at 800 px); text inputs' labels wrap, so these wrap too.
-    "wrapping labels": 'label[data-baseweb="checkbox"] [data-testid="stMarkdownContainer"]'
+    "wrapping labels": '[data-testid="stCheckbox"] [data-testid="stWidgetLabel"] *'
                        " { white-space: normal; overflow: visible; text-overflow: clip; }",
+    # The headline numbers (st.metric) are cut to "$…" in a sixth of an 800-px window at their
+    # fixed 2.25rem: they scale with the window instead, from 1.25rem up to that size.
+    "headline numbers": '[data-testid="stMetricValue"] { font-size: clamp(1.25rem, 2.4vw, 2.25rem); }',
 }
 
 
