@@ -28,7 +28,6 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
-import pandas as pd
 import streamlit as st
 
 from app import chart_widgets, charts, data, style
@@ -113,7 +112,7 @@ def headline(d: dict) -> None:
     c[2].metric("Cost so far", usd(d["cost_usd"]), help=d["price_unit"])
     c[3].metric("Attempts", d["attempt_count"])
     acc = d["metrics"].get("eval_accuracy", {}).get("0")
-    c[4].metric("Eval accuracy", f"{acc:.3f}" if acc is not None else "–")
+    c[4].metric(metric_registry.label("eval_accuracy"), metric_registry.format_value("eval_accuracy", acc))
     parts = d.get("goodput_parts") or {}
     named = {"startup": "start-up (launch to first step)", "checkpoints": "checkpoint saves",
              "failures": "failures (work redone, waits before retries)", "other": "evaluation, logging, slow steps"}
@@ -217,12 +216,10 @@ def metric_charts(d: dict, series: dict[str, data.LiveSeries]) -> None:
 
 
 def latest_values(d: dict) -> None:
-    """The newest value of each metric on each rank, one row per metric."""
-    if not d["metrics"]:
-        return
-    ranks = sorted({r for values in d["metrics"].values() for r in values}, key=int)
-    st.dataframe(pd.DataFrame([{"metric": key, **{f"rank {r}": values.get(r) for r in ranks}}
-                               for key, values in d["metrics"].items()]), hide_index=True)
+    """The newest value of each metric on each rank, one row per metric, labelled and formatted by
+    the metric registry (the Metrics section's table, every key)."""
+    keys = [k for k in CHART_ORDER if k in d["metrics"]] + sorted(k for k in d["metrics"] if k not in CHART_ORDER)
+    chart_widgets.latest_table(d["metrics"], keys)
 
 
 def overview(d: dict) -> None:

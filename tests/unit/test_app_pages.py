@@ -256,7 +256,7 @@ def test_run_page_shows_header_progress_attempts_and_metrics(seeded: dict[str, i
     assert at.progress[0].value == 40
     assert at.progress[0].proto.text == "step 120 / 300"
     metrics = {m.label: m.value for m in at.metric}
-    assert metrics["Eval accuracy"] == "0.875"
+    assert metrics["Eval accuracy"] == "87.5%"  # as the metric registry shows a share
     assert metrics["Attempts"] == "1"
     assert re.fullmatch(r"\d\d:\d\d", metrics["Ends at"])  # a running run with progress: the time it ends
     # The actions in the header, where they apply: no Resume or Fork without a checkpoint; Cancel
