@@ -154,11 +154,11 @@ def test_eight_ranks_one_legend_distinct_hues_hover_zoom_isolate_and_units(page:
 
     run_id = seed_run(f"sqlite:///{runyard_up.home / 'runyard.db'}", ranks=EIGHT["ranks"], steps=EIGHT["steps"],
                       keys=EIGHT_KEYS, name=EIGHT["name"], runs_dir=runyard_up.home / "runs")
-    page.goto(f"{runyard_up.url}/run?run={run_id}")
+    page.goto(f"{runyard_up.url}/run?run={run_id}&section=Metrics")  # the Run page's charts
     expect(page.get_by_role("heading", level=2).filter(has_text=f"#{run_id}")).to_contain_text(
         "SUCCEEDED", timeout=PAGE_TIMEOUT_MS)
-    # the legend, one chart per key and the attempts' timeline
-    expect(page.get_by_test_id("stVegaLiteChart")).to_have_count(2 + len(EIGHT_KEYS), timeout=PAGE_TIMEOUT_MS)
+    # the rank strip and one chart per key (the attempts' timeline is under Attempts & logs)
+    expect(page.get_by_test_id("stVegaLiteChart")).to_have_count(1 + len(EIGHT_KEYS), timeout=PAGE_TIMEOUT_MS)
     wait_drawn(page)
     expect(page.get_by_role("radio", name="mean + band", exact=True)).to_be_checked()  # the default from 8 ranks
 
