@@ -169,13 +169,6 @@ def series_frame(
     return f[columns], title
 
 
-def rank_mean(rows: Sequence[Mapping[str, Any]], cutoffs: Mapping[int, float]) -> pd.DataFrame:
-    """The mean over ranks of one metric along the run's lineage: ``step`` and ``value``."""
-    frame, _ = series_frame(rows, cutoffs, ChartOptions(ranks=RANK_MEAN))
-    lineage = frame[~frame["superseded"]]
-    return lineage.groupby("step", as_index=False)["value"].mean()
-
-
 # -- charts ----------------------------------------------------------------------------------
 
 
@@ -366,21 +359,4 @@ def attempt_timeline(attempts: pd.DataFrame) -> alt.Chart:
             tooltip=["attempt", "outcome", "cause", "steps", "reason"],
         )
         .properties(height=40 + 26 * len(attempts))
-    )
-
-
-def runs_overlay(frame: pd.DataFrame, key: str, log_y: bool = False) -> alt.Chart:
-    """One line per run (the mean over its ranks) of one metric against the step."""
-    scale = alt.Scale(type="log") if log_y else alt.Scale(zero=False)
-    data = frame[frame["value"] > 0] if log_y else frame
-    return (
-        alt.Chart(data, title=f"{key}, mean over ranks")
-        .mark_line()
-        .encode(
-            x=alt.X("step:Q", title="step"),
-            y=alt.Y("value:Q", title=key, scale=scale),
-            color=alt.Color("run:N", title="run", legend=alt.Legend(labelLimit=400)),  # whole run names
-            tooltip=["run", "step", alt.Tooltip("value:Q", format=".4~g")],
-        )
-        .properties(height=360)
     )
