@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from db import compare, estimates, queries
 from db.config import RunConfig, deep_merge
-from db.cost import price_for
+from db.cost import config_price
 from db.engine import make_engine, make_sessionmaker
 from db.estimates import StartEstimate
 from db.inventory import Inventory
@@ -348,9 +348,8 @@ def validate_fork(base: dict[str, Any], changed: dict[str, Any]) -> RunConfig:
 def start_estimate(config: dict[str, Any]) -> StartEstimate:
     """Time and cost of ``config`` (a run's config as a dict) before it starts: this machine's
     price for its ranks, and the pace of the most alike earlier run (db/estimates.py)."""
-    nproc = int(config.get("launch", {}).get("nproc_per_node") or 1)
     with sessions()() as s:
-        price = price_for(nproc, inventory(), queries.price_table(s))
+        price = config_price(config.get("launch", {}), config.get("slurm", {}), inventory(), queries.price_table(s))
         return estimates.start_estimate(s, config, price)
 
 

@@ -40,6 +40,9 @@ WidgetKind = Literal["int", "float", "bool", "choice", "text", "list", "table"]
 
 # The field whose value chooses the kind-specific fields; the page draws it before the others.
 KIND_KEY = "workload.kind"
+# Chosen outside the form like the kind: the [slurm] section is shown only for a Slurm run.
+EXECUTOR_KEY = "launch.executor"
+SLURM_SECTION = "slurm"
 
 # A browser's numbers are doubles: integers beyond 2**53 - 1 are not exact there, and Streamlit
 # refuses such bounds. Larger bounds (the 64-bit storage limit) are left to the validation.

@@ -23,6 +23,7 @@ class Cause(str, enum.Enum):
     VANISHED = "VANISHED"  # the launcher disappeared without an exit code
     LAUNCH_FAILED = "LAUNCH_FAILED"
     DISK = "DISK"  # a write failed for want of space or size (ENOSPC, EFBIG, EDQUOT) or with EIO
+    NODE_FAIL = "NODE_FAIL"  # Slurm lost a node of the job (NODE_FAIL, BOOT_FAIL)
     UNKNOWN = "UNKNOWN"
 
     def __str__(self) -> str:
@@ -33,4 +34,4 @@ class Cause(str, enum.Enum):
 # time between failures counts. Not a bug in the training code or a CUDA OOM (they recur and stop
 # the run whatever the interval), a preemption (it saves first) or a failed launch.
 INTERRUPTIONS = frozenset({Cause.SIGNAL, Cause.SEGFAULT, Cause.OOM_KILLED, Cause.COMM, Cause.HANG, Cause.VANISHED,
-                           Cause.UNKNOWN})
+                           Cause.UNKNOWN, Cause.NODE_FAIL})

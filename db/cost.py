@@ -30,12 +30,19 @@ DEFAULT_GPU_PRICE = 2.00
 CPU_NODE = "cpu-node"
 OTHER_GPU = "other GPU"
 DEFAULT_CPU_NODE_PRICE_USD_PER_HOUR = 0.10
+# A Slurm run's price: per GPU-hour of the allocation (a GPU job), per node-hour (a CPU job).
+# The cluster's GPU model is not known at submit time; these rows of the price table say what
+# an hour of the cluster costs (the Settings page edits them).
+SLURM_GPU = "slurm GPU"
+SLURM_NODE = "slurm node"
+DEFAULT_SLURM_NODE_PRICE_USD_PER_HOUR = 1.00
 
 
 def default_prices() -> dict[str, float]:
     """The built-in price table: USD per GPU-hour by model, per CPU-node-hour, and a fallback."""
     return {**DEFAULT_GPU_PRICES_USD_PER_HOUR, OTHER_GPU: DEFAULT_GPU_PRICE,
-            CPU_NODE: DEFAULT_CPU_NODE_PRICE_USD_PER_HOUR}
+            CPU_NODE: DEFAULT_CPU_NODE_PRICE_USD_PER_HOUR, SLURM_GPU: DEFAULT_GPU_PRICE,
+            SLURM_NODE: DEFAULT_SLURM_NODE_PRICE_USD_PER_HOUR}
 
 
 def gpu_price(name: str, table: Mapping[str, float] | None = None) -> float:
@@ -43,7 +50,8 @@ def gpu_price(name: str, table: Mapping[str, float] | None = None) -> float:
     name in the table wins: "A100" before "A10")."""
     prices = table or default_prices()
     upper = name.upper()
-    models = sorted((m for m in prices if m not in (CPU_NODE, OTHER_GPU)), key=len, reverse=True)
+    models = sorted((m for m in prices if m not in (CPU_NODE, OTHER_GPU, SLURM_GPU, SLURM_NODE)), key=len,
+                    reverse=True)
     for model in models:
         if model.upper() in upper:
             return prices[model]
@@ -59,6 +67,30 @@ def price_for(nproc: int, inventory: Inventory, table: Mapping[str, float] | Non
     node = prices.get(CPU_NODE, DEFAULT_CPU_NODE_PRICE_USD_PER_HOUR)
     return Price(usd_per_hour=node * nproc / inventory.slots,
                  unit=f"{nproc}/{inventory.slots} of a CPU node @ ${node}/h")
+
+
+def slurm_price(nnodes: int, gpus_per_node: int, table: Mapping[str, float] | None = None) -> Price:
+    """The hourly price of a Slurm allocation: its GPUs at the ``slurm GPU`` row of the price
+    table, or, for a job without GPUs, its nodes at the ``slurm node`` row."""
+    prices = table or default_prices()
+    if gpus_per_node > 0:
+        each = prices.get(SLURM_GPU, DEFAULT_GPU_PRICE)
+        gpus = nnodes * gpus_per_node
+        return Price(usd_per_hour=each * gpus, unit=f"{gpus} Slurm GPU(s) ({nnodes} x {gpus_per_node}) @ ${each}/h")
+    node = prices.get(SLURM_NODE, DEFAULT_SLURM_NODE_PRICE_USD_PER_HOUR)
+    return Price(usd_per_hour=node * nnodes, unit=f"{nnodes} Slurm node(s) @ ${node}/h")
+
+
+def config_price(launch: Mapping[str, object], slurm: Mapping[str, object], inventory: Inventory,
+                 table: Mapping[str, float] | None = None) -> Price:
+    """The hourly price of a run config's ``[launch]`` and ``[slurm]`` tables (plain data, as
+    stored): this machine's devices for a local run (every node's ranks run here), the Slurm
+    allocation for a Slurm run."""
+    nnodes = int(launch.get("nnodes") or 1)  # type: ignore[call-overload]
+    nproc = int(launch.get("nproc_per_node") or 1)  # type: ignore[call-overload]
+    if launch.get("executor") == "slurm":
+        return slurm_price(nnodes, int(slurm.get("gpus_per_node") or 0), table)  # type: ignore[call-overload]
+    return price_for(nnodes * nproc, inventory, table)
 
 
 def cost_usd(

@@ -22,9 +22,12 @@ from db.models import Attempt, Run
 from db.requests import Price
 
 # The settings, besides the whole workload section, that change how long a step takes.
-PACE_KEYS = (("launch", "nproc_per_node"), ("launch", "backend"), ("train", "batch_size"), ("train", "precision"),
-             ("train", "compile"), ("train", "activation_checkpointing"), ("train", "grad_accum"),
-             ("train", "log_every"), ("train", "eval_every"), ("parallel", "strategy"))
+PACE_KEYS = (("launch", "nproc_per_node"), ("launch", "nnodes"), ("launch", "executor"), ("launch", "backend"),
+             ("train", "batch_size"), ("train", "precision"), ("train", "compile"),
+             ("train", "activation_checkpointing"), ("train", "grad_accum"), ("train", "log_every"),
+             ("train", "eval_every"), ("parallel", "strategy"))
+# Keys added after runs were stored: a stored config without one had this value.
+PACE_DEFAULTS: dict[tuple[str, str], Any] = {("launch", "nnodes"): 1, ("launch", "executor"): "local"}
 # The workload keys that say what is trained, not for how long.
 NOT_PACE = frozenset({"max_steps", "hidden"})
 LOOK_BACK_RUNS = 200
@@ -54,7 +57,7 @@ class StartEstimate:
 def _pace_shape(config: Mapping[str, Any]) -> tuple[str, str]:
     """(the workload as text, the other pace settings as text): equal shapes train at one pace."""
     workload = {k: v for k, v in config.get("workload", {}).items() if k not in NOT_PACE}
-    rest = [config.get(section, {}).get(key) for section, key in PACE_KEYS]
+    rest = [config.get(section, {}).get(key, PACE_DEFAULTS.get((section, key))) for section, key in PACE_KEYS]
     return json.dumps(workload, sort_keys=True, default=str), json.dumps(rest, default=str)
 
 
@@ -87,7 +90,8 @@ def start_estimate(session: Session, config: Mapping[str, Any], price: Price) ->
     script = workload.get("kind") == "script"
     steps = int((workload.get("max_steps") if script else config.get("train", {}).get("max_steps")) or 0)
     base = StartEstimate(steps=steps, usd_per_hour=price.usd_per_hour, price_unit=price.unit)
-    nproc = config.get("launch", {}).get("nproc_per_node")
+    launch = config.get("launch", {})
+    nproc = int(launch.get("nproc_per_node") or 1) * int(launch.get("nnodes") or 1)  # Run.nproc: every rank
     shape = _pace_shape(config)
     runs = session.execute(
         select(Run.id, Run.name, Run.config_json).where(Run.nproc == nproc, Run.started_at.is_not(None))

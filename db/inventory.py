@@ -44,13 +44,21 @@ class Inventory:
 
 def check_fits(config: RunConfig, inventory: Inventory) -> list[str]:
     """Problems that would keep the run from ever being admitted on this machine."""
-    problems = []
-    n = config.launch.nproc_per_node
-    if n > inventory.slots:
+    problems: list[str] = []
+    launch = config.launch
+    if launch.executor == "slurm":
+        return problems  # Slurm admits it on its own nodes; this machine's devices say nothing of them
+    if launch.world_size > inventory.slots:
         what = f"{inventory.slots} GPU(s)" if inventory.kind == "gpu" else f"{inventory.slots} CPU slots"
-        problems.append(
-            f"launch.nproc_per_node = {n}: this machine has only {what}; use at most {inventory.slots}"
-        )
+        if launch.nnodes > 1:
+            problems.append(
+                f"launch.nnodes = {launch.nnodes} x launch.nproc_per_node = {launch.nproc_per_node}: "
+                f"{launch.world_size} ranks, and this machine (where every local node runs) has only {what}; "
+                f"use at most {inventory.slots} ranks in all, or launch.executor = 'slurm'")
+        else:
+            problems.append(
+                f"launch.nproc_per_node = {launch.nproc_per_node}: this machine has only {what}; "
+                f"use at most {inventory.slots}")
     if config.launch.backend == "nccl" and inventory.kind != "gpu":
         problems.append(
             "launch.backend = 'nccl': NCCL needs CUDA GPUs and this machine has none; use 'auto' or 'gloo'"

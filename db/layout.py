@@ -20,7 +20,9 @@ they agree because they take the names from here and nowhere else::
                 launch.json   the shim's pid and create time, then torchrun's (orchestrator/shim.py)
                 exit.json     torchrun's exit code, written by the shim when it ends
                 launcher.log  torchrun's own output (its failure summary is read from here)
-                ranks/        torchrun --log-dir: each rank's stdout/stderr and error file
+                ranks/        torchrun --log-dir: each rank's stdout/stderr and error file, and a
+                              ranks.json mapping local to global ranks (ranks/node-<n>/ per node
+                              when a local run has several nodes)
                 stopped.json  the ranks stopped gracefully (SIGTERM), with the step
                 finished/rank-<r>.json   rank r's work is durable (metrics flushed, last save done)
                 stacks/       stack dumps (SIGUSR1 faulthandler files rank-<r>.txt, py-spy output, or
@@ -61,6 +63,7 @@ LAUNCH_RECORD = "launch.json"
 EXIT_FILE = "exit.json"
 LAUNCHER_LOG = "launcher.log"
 RANK_LOG_DIR = "ranks"
+RANK_MAP_FILE = "ranks.json"  # beside torchrun's local-rank log folders: {"<local rank>": <global rank>}
 STOPPED_FILE = "stopped.json"
 FINISHED_DIR = "finished"
 STACKS_DIR = "stacks"

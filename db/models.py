@@ -132,6 +132,16 @@ class Attempt(Base):
     # heartbeat rows may be deleted by hand). Another scheduler takes it over only once that
     # scheduler's lease has expired (db/lease.py). NULL for attempts from before leases.
     scheduler_id: Mapped[int | None] = mapped_column(Integer, index=True)
+    # Where it runs (launch.executor): "local" (pid above) or "slurm" (the job below). Slurm's own
+    # view of the job, as the scheduler last read it (squeue, sacct): its state (PENDING,
+    # RUNNING, ... or UNKNOWN when it left the queue unaccounted for), the reason it pends
+    # (Resources, Priority), its nodes, and when that was read.
+    executor: Mapped[str] = mapped_column(String(16), default="local", server_default="local")
+    job_id: Mapped[str | None] = mapped_column(String(64))
+    job_state: Mapped[str | None] = mapped_column(String(32))
+    job_reason: Mapped[str | None] = mapped_column(Text)
+    job_nodes: Mapped[str | None] = mapped_column(Text)
+    job_state_at: Mapped[float | None] = mapped_column(Float)
 
     run: Mapped[Run] = relationship(back_populates="attempts")
 

@@ -299,6 +299,7 @@ def log_sources(session: Session, run_id: int) -> dict[str, Any]:
     return {
         "status": row.status,
         "nproc_per_node": int(launch.get("nproc_per_node", 0) or 0),
+        "world_size": int(launch.get("nproc_per_node", 0) or 0) * int(launch.get("nnodes", 1) or 1),
         "attempts": [{"number": number, "dir": folder} for number, folder in attempts],
     }
 

@@ -152,9 +152,10 @@ def _log_attempt(run_id: int, sources: dict[str, Any], status: str, attempt: int
         rank: ``--rank`` (None: every rank).
         follow: ``--follow``.
     """
-    ranks = sources["nproc_per_node"]
+    ranks = sources["world_size"]
     if rank is not None and ranks and rank >= ranks:
-        fail(f"--rank {rank}: run {run_id} has ranks 0 to {ranks - 1} (launch.nproc_per_node = {ranks})")
+        fail(f"--rank {rank}: run {run_id} has ranks 0 to {ranks - 1} (launch.nnodes x launch.nproc_per_node = "
+             f"{ranks})")
     attempts = sources["attempts"]
     if not attempts:
         if follow and status not in {s.value for s in TERMINAL}:

@@ -64,7 +64,7 @@ class RankFailure:
     pid: int | None
     message: str | None  # the exception line, from the error file
     traceback: str | None
-    local_rank: int | None = None  # the folder of its logs (ranks/.../<local_rank>/)
+    local_rank: int | None = None  # its rank on its node (torchrun names its log folder so)
     root: bool = False  # torchrun's "Root Cause (first observed failure)"
     location: str | None = None  # the innermost frame of the traceback: "train.py:50 in step"
 
@@ -225,13 +225,14 @@ def signal_name(code: int) -> str:
         return f"signal {-code}"
 
 
-def _stderr_path(attempt_dir: Path, local_rank: int | None) -> Path | None:
-    paths = rank_log_files(attempt_dir).get(local_rank, []) if local_rank is not None else []
+def _stderr_path(attempt_dir: Path, rank: int | None) -> Path | None:
+    """The stderr file of global rank ``rank`` (orchestrator/logs.py maps local-rank folders)."""
+    paths = rank_log_files(attempt_dir).get(rank, []) if rank is not None else []
     return next((p for p in paths if p.name == "stderr.log"), None)
 
 
-def _stderr_tail(attempt_dir: Path, local_rank: int | None, lines: int = 30) -> str:
-    source = _stderr_path(attempt_dir, local_rank) or launcher_log(attempt_dir)
+def _stderr_tail(attempt_dir: Path, rank: int | None, lines: int = 30) -> str:
+    source = _stderr_path(attempt_dir, rank) or launcher_log(attempt_dir)
     return "\n".join(tail(source, 16_000).splitlines()[-lines:])
 
 
@@ -251,7 +252,7 @@ def _with_stderr(attempt_dir: Path, failure: RankFailure) -> RankFailure:
     if failure.message is not None or (failure.exitcode is not None and failure.exitcode < 0
                                        and failure.exitcode not in _AFTER_AN_EXCEPTION):
         return failure  # a rank killed by a signal: the signal is its story, not an older traceback
-    path = _stderr_path(attempt_dir, failure.local_rank if failure.local_rank is not None else failure.rank)
+    path = _stderr_path(attempt_dir, failure.rank)
     raised = stderr_exception(path) if path is not None else None
     if raised is None:
         return failure
@@ -261,12 +262,12 @@ def _with_stderr(attempt_dir: Path, failure: RankFailure) -> RankFailure:
 def _from_stderr_only(attempt_dir: Path) -> list[RankFailure]:
     """Every rank whose stderr holds a traceback, when torchrun wrote no failure summary."""
     found = []
-    for local_rank, paths in rank_log_files(attempt_dir).items():
+    for rank, paths in rank_log_files(attempt_dir).items():
         stderr = next((p for p in paths if p.name == "stderr.log"), None)
         raised = stderr_exception(stderr) if stderr is not None else None
         if raised is not None:
-            found.append(RankFailure(rank=local_rank, exitcode=None, pid=None, message=raised.exception,
-                                     traceback=raised.traceback, local_rank=local_rank, location=raised.location))
+            found.append(RankFailure(rank=rank, exitcode=None, pid=None, message=raised.exception,
+                                     traceback=raised.traceback, location=raised.location))
     return found
 
 
@@ -319,7 +320,7 @@ def _root_cause(failures: list[RankFailure]) -> RankFailure | None:
 
 
 def _failure_of(attempt_dir: Path, f: RankFailure) -> Failure:
-    tail_of = _stderr_tail(attempt_dir, f.local_rank if f.local_rank is not None else f.rank)
+    tail_of = _stderr_tail(attempt_dir, f.rank)
     if f.message:
         return Failure(_cause_of_exception(f.message), f.rank, with_location(f.message, f.location), tail_of,
                        location=f.location)

@@ -95,7 +95,8 @@ def startup_text(status: str, attempt: dict | None, config: dict, now: float | N
     if attempt["ended_at"] or attempt["phase"] == AttemptPhase.FINISHING:
         return None
     now = time.time() if now is None else now
-    ranks = config.get("launch", {}).get("nproc_per_node") or 1
+    launch = config.get("launch", {})
+    ranks = (launch.get("nproc_per_node") or 1) * (launch.get("nnodes") or 1)
     since = f" ({duration(now - attempt['started_at'])} since launch)" if attempt.get("started_at") else ""
     if attempt["phase"] == AttemptPhase.SETUP:
         restoring = f", restoring step {attempt['resume_step']}" if attempt.get("resume_step") else ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -37,8 +38,8 @@ def free_port(host: str = LOOPBACK) -> int:
 
 
 def torchrun_argv(config: RunConfig, run_id: int, attempt: int, port: int, attempt_dir: Path, *,
-                  resuming: bool = False) -> list[str]:
-    """The torchrun command of one attempt.
+                  resuming: bool = False, node: int = 0) -> list[str]:
+    """The torchrun command of one attempt (of one of its nodes, when it has several).
 
     runyard owns retries (with backoff and failure classification), so torchrun's own restarts
     are off. Each rank's stdout/stderr goes to its own file under ``attempt_dir/ranks``, and
@@ -49,22 +50,55 @@ def torchrun_argv(config: RunConfig, run_id: int, attempt: int, port: int, attem
     another host. ``--local-addr`` is the address the workers are told to reach the agent's store
     at (MASTER_ADDR); by default torchrun would use the host's name, which may not be loopback.
 
+    A local run of several nodes (``launch.nnodes``) is one agent per node on this machine, all
+    on loopback: node 0 hosts the rendezvous store (``is_host=1``), the others join it, and each
+    node logs under ``ranks/node-<n>/``.
+
     Args:
         resuming: The attempt starts from one of the script's own checkpoints: its
             ``resume_args`` follow ``args`` (kind = "script").
+        node: Which node's agent (0 to nnodes - 1).
     """
+    return torchrun_command(nnodes=config.launch.nnodes, nproc_per_node=config.launch.nproc_per_node,
+                            endpoint=f"{LOOPBACK}:{port}", rdzv_id=rdzv_id(run_id, attempt), node=node,
+                            attempt_dir=attempt_dir, entry=entry_argv(config, resuming))
+
+
+def rdzv_id(run_id: int, attempt: int) -> str:
+    """The rendezvous id of one attempt (every node of it joins this one)."""
+    return f"runyard-{run_id}-{attempt}"
+
+
+def entry_argv(config: RunConfig, resuming: bool = False) -> list[str]:
+    """What torchrun starts in each rank: the built-in trainer, or the script's runner."""
+    return script_entry(config, resuming) if config.workload.kind == "script" else ["-m", "trainer"]
+
+
+def torchrun_command(*, nnodes: int, nproc_per_node: int, endpoint: str, rdzv_id: str, node: int,
+                     attempt_dir: Path, entry: list[str], loopback: bool = True) -> list[str]:
+    """torchrun's argv for one node's agent, through trainer/torchrun.py.
+
+    Args:
+        endpoint: ``host:port`` of the c10d rendezvous (node 0 hosts it).
+        loopback: Every node is on this machine (a local run, a one-node Slurm job): every socket
+            on loopback. False: a job across hosts, whose sockets must be reachable
+            (``--network=cluster``); the agents then tell the workers their host's name.
+    """
+    log_dir = attempt_dir / RANK_LOG_DIR if nnodes == 1 else attempt_dir / RANK_LOG_DIR / f"node-{node}"
     return [
         sys.executable, "-m", "trainer.torchrun",
-        "--nnodes=1",
-        f"--nproc-per-node={config.launch.nproc_per_node}",
+        *([] if loopback else ["--network=cluster"]),
+        f"--nnodes={nnodes}",
+        f"--nproc-per-node={nproc_per_node}",
         "--rdzv-backend=c10d",
-        f"--rdzv-endpoint={LOOPBACK}:{port}",
-        f"--local-addr={LOOPBACK}",
-        f"--rdzv-id=runyard-{run_id}-{attempt}",
+        f"--rdzv-endpoint={endpoint}",
+        *([f"--local-addr={LOOPBACK}"] if loopback else []),
+        f"--rdzv-id={rdzv_id}",
+        *([f"--rdzv-conf=is_host={1 if node == 0 else 0}"] if nnodes > 1 else []),
         "--max-restarts=0",
-        f"--log-dir={attempt_dir / RANK_LOG_DIR}",
+        f"--log-dir={log_dir}",
         "--redirects=3",
-        *(script_entry(config, resuming) if config.workload.kind == "script" else ["-m", "trainer"]),
+        *entry,
     ]
 
 
@@ -98,7 +132,9 @@ def script_env(config: RunConfig, environ: Mapping[str, str], cores: int | None 
     env = dict(workload.env)
     if "OMP_NUM_THREADS" not in env and "OMP_NUM_THREADS" not in environ:
         cores = cores if cores is not None else len(os.sched_getaffinity(0))
-        env["OMP_NUM_THREADS"] = str(max(1, cores // config.launch.nproc_per_node))
+        # Locally every node's ranks share this machine; on Slurm each node has its own cores.
+        here = config.launch.world_size if config.launch.executor == "local" else config.launch.nproc_per_node
+        env["OMP_NUM_THREADS"] = str(max(1, cores // here))
     if env.get(WANDB_SHIM_VAR, environ.get(WANDB_SHIM_VAR)) == "1":
         merged = with_wandb_shim({**environ, **env, WANDB_SHIM_VAR: "1"})
         env["PYTHONPATH"] = merged["PYTHONPATH"]
@@ -106,14 +142,23 @@ def script_env(config: RunConfig, environ: Mapping[str, str], cores: int | None 
 
 
 def launch(
-    argv: list[str], attempt_dir: Path, cwd: Path, env_extra: dict[str, str]
+    argv: list[str] | list[list[str]], attempt_dir: Path, cwd: Path, env_extra: dict[str, str], grace_s: float = 30.0
 ) -> Launched:
-    """Start ``argv`` under the exit-code shim in a new session; returns pid and create time."""
+    """Start ``argv`` under the exit-code shim in a new session; returns pid and create time.
+
+    ``argv`` is one command, or one per node (a local run of several nodes): the shim then starts
+    them all and ends the group when one fails, SIGKILL ``grace_s`` after SIGTERM
+    (orchestrator/shim.py).
+    """
     attempt_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     env.update(env_extra)
     env["PYTHONUNBUFFERED"] = "1"
-    shim = [sys.executable, "-m", "orchestrator.shim", "--exit-file", str(attempt_dir / EXIT_FILE), "--", *argv]
+    shim = [sys.executable, "-m", "orchestrator.shim", "--exit-file", str(attempt_dir / EXIT_FILE)]
+    if argv and isinstance(argv[0], list):
+        shim += ["--nodes-json", json.dumps(argv), "--grace-s", str(grace_s)]
+    else:
+        shim += ["--", *(str(a) for a in argv)]
     with open(attempt_dir / LAUNCHER_LOG, "ab") as log:
         popen = subprocess.Popen(
             shim,

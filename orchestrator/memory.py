@@ -81,7 +81,7 @@ def estimate(config: RunConfig) -> MemoryEstimate | None:
         activations = train.batch_size * (64 + 2 * config.workload.hidden) * 4  # the input, two ReLU outputs
     else:
         return None
-    shards = config.launch.nproc_per_node if config.parallel.strategy == "fsdp" else 1
+    shards = config.launch.world_size if config.parallel.strategy == "fsdp" else 1
     state = STATE_BYTES_PER_PARAM * params // shards
     return MemoryEstimate(parameters=params, state_bytes=state, activation_bytes=activations)
 
@@ -97,9 +97,9 @@ def _largest_field(config: RunConfig, est: MemoryEstimate) -> str:
 def check_memory(config: RunConfig, inventory: Inventory) -> list[str]:
     """Problems when the config's memory cannot fit on this machine (an empty list otherwise)."""
     est = estimate(config)
-    if est is None:
-        return []
-    ranks = config.launch.nproc_per_node
+    if est is None or config.launch.executor == "slurm":
+        return []  # a Slurm run's nodes are not this machine
+    ranks = config.launch.world_size  # every local node's ranks share this machine
     if inventory.kind == "gpu" and inventory.gpu_memory_bytes:
         need, limit = est.total_bytes, min(inventory.gpu_memory_bytes)
         where = f"the smallest GPU has {limit / GIB:.1f} GiB"

@@ -22,6 +22,7 @@ from db.layout import AttemptPaths
 from db.models import Attempt, Checkpoint, Event, Run
 from db.states import AttemptStatus, RunStatus, StopReason, attempt_transition, transition
 from orchestrator.failures import Failure, agent_killed, classify, rank_failures, signal_name
+from orchestrator.logs import tail
 from orchestrator.retry import AttemptOutcome, decide, halved_micro_batch
 
 logger = logging.getLogger(__name__)
@@ -140,7 +141,7 @@ def died_after_finishing(run: Run, attempt: Attempt) -> str | None:
     if attempt.stop_reason is not None:
         return None
     attempt_dir = Path(attempt.dir)
-    world_size = attempt_config(run, attempt).launch.nproc_per_node
+    world_size = attempt_config(run, attempt).launch.world_size
     if finished_ranks(attempt_dir) != set(range(world_size)):
         return None
     failures = rank_failures(attempt_dir)
@@ -166,13 +167,41 @@ def _diagnose(attempt: Attempt, exited: dict | None, stopped: dict | None, code:
         # preemption; a fault that repeats must not retry for ever.
         return agent_killed(Path(attempt.dir), code, exited.get("pid"))
     if stopped is not None:
+        who = ("Slurm's warning signal (time limit or preemption)" if exited and exited.get("warned")
+               else "SIGTERM from outside runyard")
         return Failure(Cause.PREEMPTED, None,
-                       f"SIGTERM from outside runyard at step {stopped.get('step')}; checkpoint at step "
-                       f"{stopped.get('checkpoint_step')}", "", "SIGTERM")
+                       f"{who} at step {stopped.get('step')}; checkpoint at step {stopped.get('checkpoint_step')}",
+                       "", "SIGTERM")
+    slurm_failure = _slurm_ended(attempt, exited)
+    if slurm_failure is not None:
+        return slurm_failure
     if exited is None:
         return Failure(Cause.VANISHED, None,
                        "the launcher vanished without an exit code (killed, or the host restarted)", "")
     return classify(Path(attempt.dir), code)
+
+
+# What Slurm's final job state means when the job left no exit marker (orchestrator/executors/slurm.py).
+_SLURM_CAUSES = {"PREEMPTED": Cause.PREEMPTED, "TIMEOUT": Cause.PREEMPTED, "NODE_FAIL": Cause.NODE_FAIL,
+                 "BOOT_FAIL": Cause.NODE_FAIL, "OUT_OF_MEMORY": Cause.OOM_KILLED}
+
+
+def _slurm_ended(attempt: Attempt, exited: dict | None) -> Failure | None:
+    """The failure Slurm's own word gives for a job that ended without writing its exit marker
+    (killed at the time limit, preempted, a node lost), or None."""
+    state = exited.get("slurm_state") if exited else None
+    cause = _SLURM_CAUSES.get(str(state))
+    if cause is None:
+        return None
+    job = f"Slurm job {attempt.job_id}"
+    if cause is Cause.PREEMPTED:
+        return Failure(cause, None, f"{job} ended {state} before its ranks could checkpoint; resuming from the newest "
+                                    "checkpoint", "")
+    return Failure(cause, None, f"{job} ended {state}", _log_tail(Path(attempt.dir)))
+
+
+def _log_tail(attempt_dir: Path) -> str:
+    return "\n".join(tail(AttemptPaths(attempt_dir).launcher_log, 16_000).splitlines()[-30:])
 
 
 def _apply_retry_policy(session: Session, run: Run, attempt: Attempt, failure: Failure, now: float) -> None:

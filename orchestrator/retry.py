@@ -78,13 +78,23 @@ def decide(
         train: the ``[train]`` settings the failed attempt ran with (after its overrides).
         rand: random source for the jitter (tests pass a seeded one).
     """
+    last = previous[-1] if previous else None
     if failed.cause is Cause.PREEMPTED:
+        if last is not None and last.cause is Cause.PREEMPTED and last.last_step == failed.last_step:
+            # Preempted again without a step of progress (a time limit shorter than the start-up
+            # and a save): resuming for free would loop for ever; this one counts.
+            if retries_used >= config.max_retries:
+                return Decision(False, f"preempted twice at step {failed.last_step} without progress in between, and "
+                                       f"the retries are spent (retry.max_retries = {config.max_retries}); give it "
+                                       "more time (slurm.time_limit) or fewer steps between checkpoints, then resume")
+            return Decision(True, f"preempted again at step {failed.last_step} with no progress since the last "
+                                  "preemption: resuming, and this one uses a retry", delay_s=backoff_s(retries_used,
+                                                                                                     config, rand))
         return Decision(True, "preempted (SIGTERM from outside): resuming; this does not use a retry",
                         delay_s=0.0, counted=False)
     if failed.cause is Cause.USER_ERROR and failed.last_step is None and failed.steps_known:
         return Decision(False, f"{failed.exception or 'an exception'} before the first step completed: "
                                "it would fail again; fix the code or the config, then resume")
-    last = previous[-1] if previous else None
     if (failed.cause in REPEAT_FAILS and last is not None and last.cause is failed.cause
             and same_exception(last.exception, failed.exception) and last.last_step == failed.last_step):
         if failed.cause is Cause.DISK:

@@ -22,13 +22,12 @@ import math
 import os
 import signal
 import socket
-import subprocess
 import time
 from collections.abc import Callable
 from datetime import datetime
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
@@ -36,7 +35,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from db import lease
 from db.causes import Cause
-from db.config import RunConfig, config_from_json
+from db.config import config_from_json
 from db.inventory import Inventory
 from db.layout import SCHEDULER_LOCK_FILE, RunPaths
 from db.lease import Identity
@@ -46,15 +45,14 @@ from db.scheduler_file import SchedulerFile
 from db.settings import Settings
 from db.states import ACTIVE, AttemptStatus, RunStatus, SignalSent, StopReason, attempt_transition, hold, transition
 from orchestrator import OrchestratorError, script_checkpoints, watchdog
+from orchestrator.executors import Executor, ExecutorError, LaunchRequest, Liveness, executor_for
+from orchestrator.executors.local import CommandFactory, LocalExecutor
 from orchestrator.failures import free_bytes, human_bytes
-from orchestrator.launcher import free_port, launch, script_env, torchrun_argv
-from orchestrator.outcomes import next_overrides, settle
+from orchestrator.launcher import free_port, script_env, torchrun_argv
+from orchestrator.outcomes import attempt_config, next_overrides, settle
 from orchestrator.repeats import RepeatedErrors, signature
 from orchestrator.script_supervision import ScriptWatch
 from orchestrator.stacks import StackDumps
-from orchestrator.supervision import end_processes, is_alive, rank_processes, read_exit, signal_attempt
-from orchestrator.sweeper import Sweeper
-from trainer import faults
 from trainer.context import RunContext
 
 if TYPE_CHECKING:
@@ -78,18 +76,30 @@ DISK_MIN_FREE_BYTES = 512 * 2**20
 DISK_RECHECK_S = 10.0
 
 
-class CommandFactory(Protocol):
-    """(config, run id, attempt number, rendezvous port, attempt dir, resuming) -> argv. torchrun
-    by default; tests pass a plain process here to exercise supervision without paying for torch."""
-
-    def __call__(self, config: RunConfig, run_id: int, attempt: int, port: int, attempt_dir: Path, *,
-                 resuming: bool = False) -> list[str]: ...
-
-
 def database_error(exc: OperationalError) -> str:
     """The sentence for a database that refused a write: the driver's own first line."""
     detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()
     return f"database not writable: {detail[0] if detail else type(exc).__name__}"
+
+
+# Jobs runyard keeps in the Slurm queue at most, pending or running (RUNYARD_SLURM_MAX_JOBS).
+DEFAULT_SLURM_MAX_JOBS = 16
+
+
+def slurm_max_jobs() -> int:
+    """RUNYARD_SLURM_MAX_JOBS, else DEFAULT_SLURM_MAX_JOBS (at least 1)."""
+    try:
+        return max(1, int(os.environ.get("RUNYARD_SLURM_MAX_JOBS", DEFAULT_SLURM_MAX_JOBS)))
+    except ValueError:
+        return DEFAULT_SLURM_MAX_JOBS
+
+
+def default_executors(command: CommandFactory, settings: Settings) -> dict[str, Executor]:
+    """The local executor, and the Slurm one (it runs no Slurm command until a Slurm run is
+    submitted; without Slurm's commands that submit fails with a sentence that says so)."""
+    from orchestrator.executors.slurm import SlurmExecutor
+
+    return {"local": LocalExecutor(command), "slurm": SlurmExecutor(home=str(settings.home))}
 
 
 class SchedulerLocked(OrchestratorError):
@@ -106,16 +116,22 @@ class Scheduler:
         inventory: Inventory,
         command: CommandFactory = torchrun_argv,
         host: str | None = None,
+        executors: dict[str, Executor] | None = None,
     ):
+        """
+        Args:
+            command: The local executor's command (tests: a plain process instead of torchrun).
+            host: This scheduler's host name (tests name another to act as a second node).
+            executors: By name (``launch.executor``); default: local, and Slurm when its commands
+                are installed (orchestrator/executors/slurm.py).
+        """
         self.sessions = sessions
-        self.host = host or socket.gethostname()  # tests name another to act as a second node
-        self.command = command
+        self.host = host or socket.gethostname()
         self.settings = settings
         self.inventory = inventory
-        self._children: dict[int, subprocess.Popen] = {}
+        self.executors = executors if executors is not None else default_executors(command, settings)
         self.dumps = StackDumps()
         self.scripts = ScriptWatch()
-        self.sweeper = Sweeper()
         self._heartbeat_id: int | None = None
         self._heartbeat_new = False  # the row was inserted by a commit still to come
         self._beat_at = -math.inf
@@ -142,7 +158,6 @@ class Scheduler:
         (orchestrator/repeats.py). Whether the database could be written is told to the UI
         through the heartbeat file, which works when the database does not.
         """
-        self._reap_children()
         db_errors: list[str] = []
         with self.sessions() as session:
             beat = self._guarded(session, "heartbeat", self._beat, db_errors)
@@ -151,6 +166,8 @@ class Scheduler:
                 self._tell_ui(db_errors, wrote=False)
                 return
             mine = self._guarded(session, "leases", partial(self._leases, me=me), db_errors)
+            self._guarded(session, "poll", partial(self._poll, run_ids=mine if isinstance(mine, list) else []),
+                          db_errors)
             for run_id in mine if isinstance(mine, list) else []:
                 if self._guarded(session, f"run {run_id}", partial(self._supervise_id, run_id=run_id),
                                  db_errors) is None:
@@ -301,20 +318,31 @@ class Scheduler:
                           "written_at": now, "db_writable": problem is None, "db_error": problem,
                           "db_error_since": self._db_problem_since, "inventory": self._published_inventory})
 
-    def _reap_children(self) -> None:
-        """Collect exit statuses of launchers this process started (no zombies)."""
-        for pid, popen in list(self._children.items()):
-            if popen.poll() is not None:
-                del self._children[pid]
+    def _poll(self, session: Session, run_ids: list[int]) -> None:
+        """One look per executor at every running attempt of the runs this scheduler supervises
+        (one ``squeue`` for all Slurm jobs), before each run is supervised from what it saw."""
+        attempts = session.scalars(
+            select(Attempt).where(Attempt.run_id.in_(run_ids), Attempt.status == AttemptStatus.RUNNING.value)
+        ).all() if run_ids else []
+        for name, executor in self.executors.items():
+            executor.poll([a for a in attempts if (a.executor or "local") == name])
+
+    def executor_of(self, attempt: Attempt | None, run: Run | None = None) -> Executor:
+        """The executor that runs ``attempt`` (or, before it exists, the one ``run`` asks for)."""
+        if attempt is not None:
+            return executor_for(self.executors, attempt.executor or "local")
+        assert run is not None
+        return executor_for(self.executors, config_from_json(run.config_json).launch.executor)
 
     # -- admission ------------------------------------------------------------------------
 
     def _used_devices(self, session: Session) -> tuple[int, set[int]]:
+        """(slots, GPU indices) held by running local attempts on this host."""
         rows = session.execute(
             select(Run.nproc, Attempt.devices_json)
             .join(Attempt, Attempt.run_id == Run.id)
             .where(Run.status.in_([s.value for s in ACTIVE]), Attempt.status == AttemptStatus.RUNNING.value,
-                   lease.on_this_host(self.host))
+                   func.coalesce(Attempt.executor, "local") == "local", lease.on_this_host(self.host))
         ).all()
         used_slots = sum(n for n, _ in rows)
         used_gpus = {int(d) for _, devs in rows for d in json.loads(devs or "[]")}
@@ -322,7 +350,12 @@ class Scheduler:
 
     def _admit(self, session: Session) -> None:
         """Launch runs while they fit: retries whose backoff is over first (they held devices
-        already), then queued runs oldest first (no overtaking: big runs don't starve)."""
+        already), then queued runs oldest first (no overtaking: big runs don't starve).
+
+        Local runs wait for this machine's devices; Slurm runs for room under runyard's cap on
+        its jobs in the cluster's queue (Slurm itself admits them to nodes). The two queues do
+        not block each other.
+        """
         now = time.time()
         retrying = session.execute(
             select(Run).where(Run.status == RunStatus.RETRYING.value, Run.retry_at <= now).order_by(Run.retry_at)
@@ -330,18 +363,47 @@ class Scheduler:
         queued = session.execute(
             select(Run).where(Run.status == RunStatus.QUEUED.value).order_by(Run.id)
         ).scalars().all()
+        local_blocked = slurm_blocked = False
         for i, run in enumerate([*retrying, *queued]):
             if run.status == RunStatus.RETRYING.value and not self._room_to_retry(session, run, now):
                 continue  # it waits for disk space without holding devices; others may go
+            if config_from_json(run.config_json).launch.executor == "slurm":
+                if slurm_blocked or not self._slurm_room(session, run):
+                    slurm_blocked = True
+                    continue
+                self._start_attempt(session, run, [])
+                continue
+            if local_blocked:
+                continue
             used_slots, used_gpus = self._used_devices(session)
             if used_slots + run.nproc > self.inventory.slots:
                 self._say_why_waiting(session, [r for r in [*retrying, *queued][i:]
-                                                if r.status == RunStatus.QUEUED.value], used_slots)
-                return
+                                                if r.status == RunStatus.QUEUED.value and r.nproc > 0
+                                                and config_from_json(r.config_json).launch.executor == "local"],
+                                      used_slots)
+                local_blocked = True
+                continue
             devices: list[int] = []
             if self.inventory.kind == "gpu":
                 devices = [i for i in range(self.inventory.slots) if i not in used_gpus][: run.nproc]
             self._start_attempt(session, run, devices)
+
+    def _slurm_room(self, session: Session, run: Run) -> bool:
+        """Whether runyard may put another job in the Slurm cluster's queue (RUNYARD_SLURM_MAX_JOBS
+        of its jobs at most, pending or running, across every scheduler of this database); a run
+        that must wait says so."""
+        cap = slurm_max_jobs()
+        active = session.scalar(
+            select(func.count()).select_from(Attempt).join(Run, Run.id == Attempt.run_id)
+            .where(Attempt.executor == "slurm", Attempt.status == AttemptStatus.RUNNING.value,
+                   Run.status.in_([s.value for s in ACTIVE]))) or 0
+        if active < cap:
+            return True
+        reason = (f"queued: runyard keeps at most {cap} job(s) in the Slurm queue ({active} there now; "
+                  "RUNYARD_SLURM_MAX_JOBS sets the cap)")
+        if run.status == RunStatus.QUEUED.value and run.status_reason != reason:
+            run.status_reason = reason
+        return False
 
     def _say_why_waiting(self, session: Session, waiting: list[Run], used_slots: int) -> None:
         """A queued run that cannot start says what it waits for: the devices held by the active
@@ -398,8 +460,13 @@ class Scheduler:
             return  # another scheduler launched it meanwhile: its processes must not be swept below
         previous = self._current_attempt(session, run)
         number = (previous.number if previous else 0) + 1
-        if previous is not None and not self.sweeper.swept(session, run, previous.number, None, None):
+        if previous is not None and not self.executor_of(previous).sweep(session, run, previous.number, None):
             return  # an earlier attempt's process outlived SIGKILL: the run waits (the event says so)
+        try:
+            executor = self.executor_of(None, run)
+        except ExecutorError as exc:
+            transition(session, run.id, RunStatus.FAILED, str(exc), expect=expect)
+            return
         overrides = next_overrides(run, previous)
         # The starting point first: placing a script's checkpoint copies files (gigabytes), and the
         # write lock must not be held meanwhile, so what was written so far is committed and the
@@ -414,7 +481,7 @@ class Scheduler:
             session.rollback()
             return
         attempt_dir = RunPaths(Path(run.run_dir)).attempt(number).root
-        port = free_port()
+        port = free_port() if executor.name == "local" else None
         attempt = Attempt(
             run_id=run.id,
             number=number,
@@ -422,7 +489,8 @@ class Scheduler:
             dir=str(attempt_dir),
             port=port,
             devices_json=json.dumps(devices),
-            device_kind=self.inventory.device_label,
+            device_kind=self.inventory.device_label if executor.name == "local" else "slurm",
+            executor=executor.name,
             started_at=time.time(),
             resume_dir=resume_dir,
             resume_step=resume_step,
@@ -438,29 +506,28 @@ class Scheduler:
         # and re-adopts the processes instead of launching the run a second time.
         session.commit()
 
-        config = config_from_json(run.config_json)
+        config = attempt_config(run, attempt)
         env = RunContext(
             run_id=run.id, attempt=number, db_url=self.settings.db_url, run_dir=Path(run.run_dir),
             attempt_dir=attempt_dir, resume_dir=Path(resume_dir) if resume_dir is not None else None,
             resume_step=resume_step, overrides=overrides,
             resume_path=Path(attempt.resume_path) if attempt.resume_path is not None else None,
         ).to_env()
-        if self.inventory.kind == "gpu":
+        if self.inventory.kind == "gpu" and executor.name == "local":  # Slurm gives its jobs their GPUs
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in devices)
         # A script's ranks move into workload.workdir themselves (trainer/script_runner.py): a
         # user's trainer.py there must not shadow runyard's packages in the shim and torchrun.
         cwd = Path(run.run_dir)
         if config.workload.kind == "script":
             env = {**script_env(config, os.environ), **env}
+        resuming = script_resume.with_args if script_resume is not None else attempt.resume_path is not None
+        longest_save = session.scalar(select(func.max(Checkpoint.total_s)).where(Checkpoint.run_id == run.id))
+        request = LaunchRequest(run_id=run.id, number=number, config=config, attempt_dir=attempt_dir, cwd=cwd,
+                                env=env, port=port or 0, resuming=resuming, devices=devices,
+                                checkpoint_s=float(longest_save) if longest_save is not None else None)
         try:
-            resuming = script_resume.with_args if script_resume is not None else attempt.resume_path is not None
-            argv = self.command(config, run.id, number, port, attempt_dir, resuming=resuming)
-            launched = launch(argv, attempt_dir, cwd, env)
-            if faults.exit_after_launch():
-                # Tests only: die where a crash leaves the attempt row with pid IS NULL.
-                logger.warning("RUNYARD_FAULT_EXIT_AFTER_LAUNCH: exiting before committing pid %d", launched.pid)
-                os._exit(70)
-        except OSError as exc:
+            what = executor.submit(request, attempt)
+        except (OSError, ExecutorError) as exc:
             logger.exception("run %d: launch failed", run.id)
             why = f"launch failed: {exc}"
             attempt.cause, attempt.exception = Cause.LAUNCH_FAILED.value, why
@@ -468,14 +535,10 @@ class Scheduler:
             transition(session, run.id, RunStatus.FAILED, why)
             session.commit()
             return
-        self._children[launched.pid] = launched.popen
-        attempt.pid = launched.pid
-        attempt.pid_create_time = launched.create_time
         session.add(Event(run_id=run.id, attempt=number, at=time.time(), kind="launch",
-                          message=f"attempt {number} launched: {config.launch.nproc_per_node} rank(s), port {port}"
-                          + (f", GPUs {devices}" if devices else "")))
+                          message=f"attempt {number} launched: {what}"))
         session.commit()
-        logger.info("run %d: attempt %d launched (pid %d)", run.id, number, launched.pid)
+        logger.info("run %d: attempt %d launched (%s)", run.id, number, what)
 
     @staticmethod
     def _resume_point(session: Session, run: Run, number: int) -> tuple[str | None, int | None]:
@@ -519,18 +582,17 @@ class Scheduler:
             # not, the database was edited by hand: end the run rather than guess.
             transition(session, run.id, RunStatus.FAILED, "no running attempt found for an active run")
             return
-        attempt_dir = Path(attempt.dir)
-        if attempt.pid is None:
-            self.sweeper.adopt_from_record(session, run, attempt)
-        exited = read_exit(attempt_dir)
-        if exited is None and not is_alive(attempt.pid, attempt.pid_create_time):
-            exited = read_exit(attempt_dir)  # it may have exited between the two looks
-            if exited is None and attempt.pid is None and time.time() - attempt.started_at < LAUNCH_LOST_S:
-                return  # being launched right now by this very tick, or a moment ago
-            self._settle(session, run, attempt, exited)
-            return
-        if exited is not None:
-            self._settle(session, run, attempt, exited)
+        executor = self.executor_of(attempt)
+        if not executor.has_handle(attempt):
+            executor.adopt(session, run, attempt)
+        seen = executor.observe(session, run, attempt)
+        if seen.liveness is Liveness.UNSETTLED:
+            return  # gone from Slurm's queue without a word yet: waits for the marker or accounting
+        if seen.liveness is Liveness.VANISHED and not executor.has_handle(attempt) \
+                and time.time() - attempt.started_at < LAUNCH_LOST_S:
+            return  # being launched right now by this very tick, or a moment ago
+        if seen.liveness is not Liveness.ALIVE:
+            self._settle(session, run, attempt, seen.exited)
             return
 
         # Alive.
@@ -539,8 +601,7 @@ class Scheduler:
         if status is RunStatus.STARTING and attempt.first_step_at is not None:
             transition(session, run.id, RunStatus.RUNNING, f"attempt {attempt.number}: first step completed",
                        expect=RunStatus.STARTING)
-        elif (status is RunStatus.STARTING and config.workload.kind == "script"
-              and rank_processes(run.run_dir, attempt.number, attempt.pid, attempt.pid_create_time, orphans=False)):
+        elif status is RunStatus.STARTING and config.workload.kind == "script" and executor.ranks_running(run, attempt):
             # A script need not report steps: its ranks running is all that can be seen.
             transition(session, run.id, RunStatus.RUNNING, f"attempt {attempt.number}: the script's ranks are running",
                        expect=RunStatus.STARTING)
@@ -551,13 +612,13 @@ class Scheduler:
             self._stop(session, run, attempt, config.supervision.grace_s)
         else:
             watchdog.check(session, run, attempt, config.supervision, script=config.workload.kind == "script",
-                           dumps=self.dumps)
+                           dumps=self.dumps, executor=executor)
         if run.dump_requested_at is not None:
-            watchdog.serve_dump_request(session, run, attempt, self.dumps)
+            watchdog.serve_dump_request(session, run, attempt, self.dumps, executor)
 
     def _settle(self, session: Session, run: Run, attempt: Attempt, exited: dict | None) -> None:
         """Settle an attempt whose launcher ended, once nothing of the run lives any more."""
-        if not self.sweeper.swept(session, run, attempt.number, attempt.pid, attempt.pid_create_time):
+        if not self.executor_of(attempt).sweep(session, run, attempt.number, attempt):
             return  # a process outlived SIGKILL: the attempt stays (and holds its devices) until it is gone
         for key in (watchdog.hang_key(run.id, attempt.number), watchdog.request_key(run.id, attempt.number)):
             self.dumps.discard(key)
@@ -571,11 +632,12 @@ class Scheduler:
     def _stop(self, session: Session, run: Run, attempt: Attempt, grace_s: float) -> None:
         """Cancel or pause: SIGTERM (the ranks finish the step and checkpoint), SIGKILL after grace."""
         now = time.time()
+        executor = self.executor_of(attempt)
         if attempt.signal_sent is None:
             # Every attempt of the run, not only the newest: an older one's orphan must not outlive
             # the cancel (none should exist; this makes sure).
-            end_processes(run.run_dir, spare_attempt=attempt.number, wait_s=0.0)
-            if not signal_attempt(run.run_dir, attempt.number, attempt.pid, attempt.pid_create_time, signal.SIGTERM):
+            executor.end_older(run, attempt)
+            if not executor.terminate(run, attempt):
                 return  # launched a moment ago and torchrun is not up yet: try again next tick
             attempt.signal_sent, attempt.signal_sent_at = SignalSent.SIGTERM.value, now
             attempt.stop_reason = StopReason(run.stop_mode or StopReason.CANCEL).value
@@ -583,8 +645,8 @@ class Scheduler:
                               message=f"{attempt.stop_reason}: SIGTERM sent; the ranks checkpoint and exit; "
                                       f"SIGKILL in {grace_s:.0f} s if still running"))
         elif attempt.signal_sent == SignalSent.SIGTERM and now - (attempt.signal_sent_at or now) > grace_s:
-            signal_attempt(run.run_dir, attempt.number, attempt.pid, attempt.pid_create_time, signal.SIGKILL)
-            end_processes(run.run_dir, spare_attempt=attempt.number, wait_s=0.0)
+            executor.kill(run, attempt)
+            executor.end_older(run, attempt)
             attempt.signal_sent, attempt.signal_sent_at = SignalSent.SIGKILL.value, now
             session.add(Event(run_id=run.id, attempt=attempt.number, at=now, level="warning", kind="signal",
                               message=f"still running {grace_s:.0f} s after SIGTERM: SIGKILL sent"))

@@ -122,7 +122,7 @@ class ScriptWatch:
         if not watched.pids_known and now - watched.pids_at >= PIDS_EVERY_S:
             watched.pids_at = now
             pid_ranks = _pid_ranks(run, attempt)
-            if len(pid_ranks) >= config.launch.nproc_per_node:
+            if len(pid_ranks) >= config.launch.world_size:
                 watched.pids_known = True
             if pid_ranks:
                 watched.collector.set_pid_ranks(pid_ranks)

@@ -1,7 +1,11 @@
 """A tiny launcher wrapper: ``python -m orchestrator.shim --exit-file F -- ARGV...``.
 
 The scheduler starts this in a new process session; it runs ARGV (torchrun) as its child,
-waits, and writes the exit code to F atomically. The exit code thus survives a scheduler
+waits, and writes the exit code to F atomically. A local run of several nodes gives one argv per
+node instead (``--nodes-json '[[...], [...]]' --grace-s S``): the shim starts every node's
+torchrun agent and ends the group as ``srun --kill-on-bad-exit`` would: when one agent fails,
+the others get SIGTERM and, ``S`` seconds later, SIGKILL; the exit code recorded is the first
+failure's. The exit code thus survives a scheduler
 restart (a restarted scheduler is not the parent and cannot ``wait()``), and "exited with a code"
 can be told apart from "vanished" (no exit file: killed with the whole group, or host reboot).
 
@@ -44,39 +48,103 @@ def write_atomic(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
-def write_launch_record(path: str, torchrun: psutil.Process | None = None) -> None:
-    """Record this shim's pid and create time, and torchrun's once it is started."""
+USAGE = ("usage: python -m orchestrator.shim --exit-file FILE -- ARGV...\n"
+         "       python -m orchestrator.shim --exit-file FILE --nodes-json JSON [--grace-s S]")
+# How often a group of nodes is looked at while every agent runs.
+POLL_S = 0.2
+
+
+def write_launch_record(path: str, torchrun: list[psutil.Process] | None = None) -> None:
+    """Record this shim's pid and create time, and each torchrun agent's once it is started
+    (``torchrun_pid`` is the first node's, ``node_pids`` every node's)."""
     me = psutil.Process()
-    record = {"shim_pid": me.pid, "shim_create_time": me.create_time(), "written_at": time.time(),
-              "torchrun_pid": None, "torchrun_create_time": None}
-    if torchrun is not None:
-        record.update(torchrun_pid=torchrun.pid, torchrun_create_time=torchrun.create_time())
+    record: dict[str, object] = {"shim_pid": me.pid, "shim_create_time": me.create_time(), "written_at": time.time(),
+                                 "torchrun_pid": None, "torchrun_create_time": None, "node_pids": []}
+    if torchrun:
+        record.update(torchrun_pid=torchrun[0].pid, torchrun_create_time=torchrun[0].create_time(),
+                      node_pids=[p.pid for p in torchrun])
     write_atomic(path, json.dumps(record))
 
 
+def parse_args(argv: list[str]) -> tuple[str, list[list[str]], float] | None:
+    """(exit file, one argv per node, grace seconds), or None when ``argv`` is not the usage."""
+    if len(argv) >= 4 and argv[0] == "--exit-file" and argv[2] == "--":
+        return argv[1], [argv[3:]], 0.0
+    if len(argv) in (4, 6) and argv[0] == "--exit-file" and argv[2] == "--nodes-json":
+        grace = 0.0
+        if len(argv) == 6:
+            if argv[4] != "--grace-s":
+                return None
+            try:
+                grace = float(argv[5])
+            except ValueError:
+                return None
+        try:
+            nodes = json.loads(argv[3])
+        except ValueError:
+            return None
+        if (isinstance(nodes, list) and nodes
+                and all(isinstance(n, list) and n and all(isinstance(a, str) for a in n) for n in nodes)):
+            return argv[1], nodes, grace
+    return None
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) < 4 or argv[0] != "--exit-file" or argv[2] != "--":
-        print("usage: python -m orchestrator.shim --exit-file FILE -- ARGV...", file=sys.stderr)
+    parsed = parse_args(argv)
+    if parsed is None:
+        print(USAGE, file=sys.stderr)
         return 2
-    exit_file, command = argv[1], argv[3:]
+    exit_file, commands, grace_s = parsed
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     record = str(Path(exit_file).parent / LAUNCH_RECORD)
     write_launch_record(record)
     started = time.time()
-    # The child gets default signal handling back (ignored dispositions would be inherited).
+    # Each child gets default signal handling back (ignored dispositions would be inherited).
     # preexec_fn is safe here: the shim has one thread.
-    child = subprocess.Popen(command, restore_signals=True, preexec_fn=_child_setup(os.getpid()))  # noqa: PLW1509
+    children = [subprocess.Popen(command, restore_signals=True, preexec_fn=_child_setup(os.getpid()))  # noqa: PLW1509
+                for command in commands]
     try:
-        write_launch_record(record, psutil.Process(child.pid))
+        write_launch_record(record, [psutil.Process(c.pid) for c in children])
     except psutil.NoSuchProcess:
-        pass  # torchrun already ended: the exit file below says how
-    code = child.wait()
-    write_atomic(
-        exit_file,
-        json.dumps({"exit_code": code, "pid": child.pid, "started_at": started, "ended_at": time.time()}),
-    )
+        pass  # an agent already ended: the exit file below says how
+    code, failed, nodes = wait_group(children, grace_s)
+    ended: dict[str, object] = {"exit_code": code, "pid": failed.pid, "started_at": started, "ended_at": time.time()}
+    if len(children) > 1:
+        ended["nodes"] = nodes
+    write_atomic(exit_file, json.dumps(ended))
     return code if code >= 0 else 128 - code
+
+
+def wait_group(children: list[subprocess.Popen], grace_s: float) -> tuple[int, subprocess.Popen, list[dict]]:
+    """Wait for every node's agent; the first failure ends the others (SIGTERM, then SIGKILL
+    after ``grace_s``: a node whose ranks are writing a checkpoint after a cancel gets to finish).
+
+    Returns:
+        The exit code to record (the first non-zero one, else 0), the agent it belongs to, and
+        ``{"node", "pid", "exit_code"}`` of every node.
+    """
+    if len(children) == 1:
+        code = children[0].wait()
+        return code, children[0], [{"node": 0, "pid": children[0].pid, "exit_code": code}]
+    first: subprocess.Popen | None = None
+    deadline: float | None = None
+    while any(c.returncode is None for c in children):
+        for child in children:
+            if child.poll() is not None and child.returncode != 0 and first is None:
+                first = child
+                deadline = time.monotonic() + grace_s
+                for other in children:
+                    if other.returncode is None:
+                        other.send_signal(signal.SIGTERM)
+        if deadline is not None and time.monotonic() >= deadline:
+            for other in children:
+                if other.poll() is None:
+                    other.kill()
+            deadline = None  # sent once; the loop waits for them to be reaped
+        time.sleep(POLL_S)
+    nodes = [{"node": i, "pid": c.pid, "exit_code": c.returncode} for i, c in enumerate(children)]
+    return (first.returncode, first, nodes) if first is not None else (0, children[0], nodes)
 
 
 def _child_setup(shim_pid: int) -> Callable[[], None]:

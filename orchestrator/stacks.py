@@ -24,7 +24,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -286,11 +286,11 @@ class StackDumps:
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="runyard-stacks")
         self._running: dict[Hashable, Future[StackDump]] = {}
 
-    def start(self, key: Hashable, run_dir: str, attempt: int, root_pid: int | None, root_create: float | None,
-              attempt_dir: Path) -> None:
-        """Begin a dump of one attempt's ranks unless one with this key is already running."""
+    def start(self, key: Hashable, job: Callable[[], StackDump]) -> None:
+        """Begin a dump (``job``: the executor's, e.g. :func:`dump_stacks` of a local attempt)
+        unless one with this key is already running."""
         if key not in self._running:
-            self._running[key] = self._pool.submit(dump_stacks, run_dir, attempt, root_pid, root_create, attempt_dir)
+            self._running[key] = self._pool.submit(job)
 
     def running(self, key: Hashable) -> bool:
         """True while the dump with this key has been started and its result not yet taken."""

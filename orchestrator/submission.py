@@ -11,17 +11,18 @@ import os
 import stat
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.config import ConfigError, LaunchConfig, RunConfig, apply_overrides, parse_config
-from db.cost import price_for
+from db.cost import config_price
 from db.inventory import Inventory, check_fits
 from db.models import Event, Run
 from db.queries import price_table
-from db.requests import RunNotFound, create_run, pin_script_copy, usable_checkpoint
+from db.requests import Price, RunNotFound, create_run, pin_script_copy, usable_checkpoint
 from db.settings import Settings
 from orchestrator.memory import check_memory
 from orchestrator.script_roots import (
@@ -246,6 +247,12 @@ def _probe(python: str, workdir: Path, module: str | None, *, check_torch: bool,
     return []
 
 
+def run_price(config: RunConfig, inventory: Inventory, table: Mapping[str, float]) -> Price:
+    """The hourly price snapshotted on a new run (db/cost.py's config_price)."""
+    data = config.as_dict()
+    return config_price(data["launch"], data["slurm"], inventory, table)
+
+
 def submit(sessions: sessionmaker[Session], settings: Settings, config: RunConfig, inventory: Inventory) -> int:
     """Queue a validated run and return its id.
 
@@ -256,7 +263,7 @@ def submit(sessions: sessionmaker[Session], settings: Settings, config: RunConfi
     if problems:
         raise ConfigError(problems)
     with sessions() as session:
-        price = price_for(config.launch.nproc_per_node, inventory, price_table(session))  # snapshotted on the run
+        price = run_price(config, inventory, price_table(session))  # snapshotted on the run
         run = create_run(session, config, settings.runs_dir, price)
         session.commit()
         return run.id
@@ -295,7 +302,7 @@ def fork(
         data["name"] = f"{parent.name}-fork"[:100]
         changed = apply_overrides(data, overrides)
         config = validate(changed, inventory, roots=roots if changes_what_runs(data, changed) else None)
-        price = price_for(config.launch.nproc_per_node, inventory, price_table(session))
+        price = run_price(config, inventory, price_table(session))
         # The copy (gigabytes) before the first write: the write lock is not held meanwhile. A
         # failure or a crash after it leaves at most an orphan copy in the parent's folder.
         pin_script_copy(session, checkpoint)

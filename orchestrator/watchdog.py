@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import logging
 import math
-import signal
 import statistics
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session
 
@@ -19,7 +19,9 @@ from db.config import SupervisionConfig
 from db.models import Attempt, Event, Run
 from db.states import AttemptPhase, SignalSent, StopReason
 from orchestrator.stacks import StackDump, StackDumps
-from orchestrator.supervision import signal_attempt
+
+if TYPE_CHECKING:
+    from orchestrator.executors import Executor
 
 logger = logging.getLogger(__name__)
 
@@ -55,11 +57,12 @@ def hang_threshold_s(session: Session, run_id: int, attempt: int, config: Superv
 
 
 def check(session: Session, run: Run, attempt: Attempt, config: SupervisionConfig, script: bool,
-          dumps: StackDumps, now: float | None = None) -> None:
+          dumps: StackDumps, executor: Executor, now: float | None = None) -> None:
     """Call for a live attempt on every tick: detects a hang, starts the stack dump, and kills
     once the dump is done (or has run out of time).
 
-    ``script``: the run is the user's own script, which may never report a step.
+    ``script``: the run is the user's own script, which may never report a step. ``executor``:
+    the one that runs the attempt (it takes the stacks and kills).
     """
     now = time.time() if now is None else now
     if attempt.hang_detected_at is None:
@@ -80,8 +83,7 @@ def check(session: Session, run: Run, attempt: Attempt, config: SupervisionConfi
             threshold = hang_threshold_s(session, run.id, attempt.number, config)
         if now - since <= threshold:
             return
-        dumps.start(hang_key(run.id, attempt.number), run.run_dir, attempt.number, attempt.pid,
-                    attempt.pid_create_time, Path(attempt.dir))
+        dumps.start(hang_key(run.id, attempt.number), executor.stack_dump(run, attempt))
         attempt.hang_detected_at = now
         attempt.stop_reason = StopReason.HANG.value
         what = ("no step completed" if attempt.first_step_at else
@@ -102,7 +104,7 @@ def check(session: Session, run: Run, attempt: Attempt, config: SupervisionConfi
                 return  # no dump of ours (restarted): give faulthandler its time
             dumps.discard(key)
         _record_dump(session, run, attempt, result, now)
-        signal_attempt(run.run_dir, attempt.number, attempt.pid, attempt.pid_create_time, signal.SIGKILL)
+        executor.kill(run, attempt)
         attempt.signal_sent, attempt.signal_sent_at = SignalSent.SIGKILL.value, now
 
 
@@ -122,7 +124,7 @@ def _record_dump(session: Session, run: Run, attempt: Attempt, result: StackDump
     session.add(Event(run_id=run.id, attempt=attempt.number, at=now, level="error", kind="stacks", message=message))
 
 
-def serve_dump_request(session: Session, run: Run, attempt: Attempt, dumps: StackDumps,
+def serve_dump_request(session: Session, run: Run, attempt: Attempt, dumps: StackDumps, executor: Executor,
                        now: float | None = None) -> None:
     """The UI's *Dump stacks* button: save every rank's stacks, kill nothing. Starts the dump on
     one tick and records it on a later one; the request stays until then (a scheduler restarted
@@ -130,7 +132,7 @@ def serve_dump_request(session: Session, run: Run, attempt: Attempt, dumps: Stac
     now = time.time() if now is None else now
     key = request_key(run.id, attempt.number)
     if not dumps.running(key):
-        dumps.start(key, run.run_dir, attempt.number, attempt.pid, attempt.pid_create_time, Path(attempt.dir))
+        dumps.start(key, executor.stack_dump(run, attempt))
         return
     result = dumps.take(key)
     if result is None:

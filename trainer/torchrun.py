@@ -1,7 +1,17 @@
 """torchrun for a run on this machine alone, with every socket it listens on bound to loopback.
 
 Run it exactly as torchrun: ``python -m trainer.torchrun --nnodes=1 ... -m trainer``. The
-scheduler launches every single-node attempt this way (orchestrator/launcher.py).
+scheduler launches every local attempt this way (orchestrator/launcher.py), and so does a Slurm
+job of one node (orchestrator/slurm_node.py). A local run of several nodes starts one such agent
+per node on this machine, all on loopback: the agent of node 0 hosts the rendezvous store
+(``--rdzv-conf=is_host=1``), the others join it as clients (``is_host=0``), never listening.
+
+``--network=cluster`` as the first argument (a Slurm job across hosts) keeps torchrun's own
+networking: its sockets must then be reachable from the other nodes of the allocation.
+
+Either way each rank's log folder is named by its local rank, as torchrun does, and a
+``ranks.json`` beside them maps local to global ranks (:class:`RankMapLogsSpecs`): with several
+nodes the two differ, and only the agent knows which global ranks it was given.
 
 Why: torchrun's c10d rendezvous store listens on every interface (``*:<port>``, dual stack) even
 when ``--rdzv-endpoint`` is ``127.0.0.1:PORT``, so does the second store that the agent shares
@@ -26,14 +36,16 @@ codes, ``--redirects``, ``--log-dir``, error files and torchrun's log format sta
 These override the environment the scheduler was started with: the guarantee must not depend on
 it.
 
-It refuses (exit 2, naming the option) a command line that is not one loopback node: several
-nodes, a rendezvous endpoint or ``--local-addr`` that is not a loopback address, or
-``--standalone``. A run across machines needs its sockets reachable and is launched otherwise.
+It refuses (exit 2, naming the option) a command line that is not on loopback: a rendezvous
+endpoint or ``--local-addr`` that is not a loopback address, an elastic node range, or
+``--standalone``. A run across machines needs its sockets reachable and is launched with
+``--network=cluster``.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import socket
 import sys
@@ -43,13 +55,17 @@ from typing import Any
 import psutil
 from torch.distributed import TCPStore, run
 from torch.distributed.elastic.events import NodeState, construct_and_record_rdzv_event
+from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, LogsDest, LogsSpecs
 from torch.distributed.elastic.rendezvous import RendezvousConnectionError, RendezvousParameters
 from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as c10d
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
+from db.layout import RANK_MAP_FILE
+
 # Where psutil finds no interface carrying 127.0.0.1 (it always exists on Linux).
 LOOPBACK_INTERFACE_FALLBACK = "lo"
+NETWORK_OPTION = "--network="
 
 
 class NotOneLoopbackNode(ValueError):
@@ -95,7 +111,8 @@ def loopback_address(value: str | None, option: str) -> str:
 
 
 def check_one_loopback_node(argv: list[str]) -> None:
-    """Refuse a torchrun command line that is not one node whose rendezvous stays on loopback.
+    """Refuse a torchrun command line whose rendezvous does not stay on loopback: every node of
+    the run is an agent on this machine.
 
     Raises:
         NotOneLoopbackNode: naming every option that is off, all at once.
@@ -104,8 +121,9 @@ def check_one_loopback_node(argv: list[str]) -> None:
     problems: list[str] = []
     if args.standalone:
         problems.append("--standalone chooses its own endpoint; give --rdzv-endpoint=127.0.0.1:PORT")
-    if run.parse_min_max_nnodes(args.nnodes)[1] != 1:
-        problems.append(f"--nnodes={args.nnodes!r}: only a single node stays on loopback")
+    low, high = run.parse_min_max_nnodes(args.nnodes)
+    if low != high:
+        problems.append(f"--nnodes={args.nnodes!r}: a fixed number of nodes, all on this machine")
     if args.rdzv_backend != "c10d":
         problems.append(f"--rdzv-backend={args.rdzv_backend!r}: only c10d is bound to loopback here")
     endpoint_host = parse_rendezvous_endpoint(args.rdzv_endpoint, default_port=0)[0] if args.rdzv_endpoint else None
@@ -154,15 +172,21 @@ def loopback_store(host: str, port: int, **options: Any) -> TCPStore:
 
 
 def rendezvous_store(params: RendezvousParameters) -> TCPStore:
-    """The c10d rendezvous store at ``--rdzv-endpoint``, hosted by this agent on loopback.
+    """The c10d rendezvous store at ``--rdzv-endpoint``, on loopback.
 
     Stands in for ``c10d_rendezvous_backend._create_tcp_store`` (same read timeout, same event
-    and log line); this agent is the only node, so it always hosts the store.
+    and log line). The agent hosts it unless ``--rdzv-conf=is_host=0`` says another agent of the
+    run on this machine does (several local nodes): then it connects as a client and listens on
+    nothing. Unlike torchrun it never falls back from host to client: a port already taken
+    belongs to a stranger.
     """
     host, port = parse_rendezvous_endpoint(params.endpoint, default_port=c10d.DEFAULT_PORT)
     read_timeout = params.get_as_int("read_timeout", 60)
     if read_timeout is None or read_timeout <= 0:
         raise ValueError("The read timeout must be a positive integer.")
+    if params.get_as_bool("is_host", True) is False:
+        return TCPStore(loopback_address(host, "store host"), port, is_master=False, multi_tenant=True,
+                        timeout=timedelta(seconds=read_timeout))
     store = loopback_store(host, port, timeout=timedelta(seconds=read_timeout))
     msg = f"Process {os.getpid()} hosts the TCP store for the C10d rendezvous backend."
     construct_and_record_rdzv_event(run_id=params.run_id, message=msg, node_state=NodeState.INIT)
@@ -190,20 +214,56 @@ def bind_stores_to_loopback() -> None:
     DynamicRendezvousHandler._create_tcp_store_server = shared_store  # type: ignore[method-assign, assignment]
 
 
+class RankMapLogsSpecs(DefaultLogsSpecs):
+    """torchrun's own log layout, plus ``ranks.json`` beside the local-rank folders: which global
+    rank each local rank is (orchestrator/logs.py reads it)."""
+
+    def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
+        dest = super().reify(envs)
+        folders = {local: os.path.dirname(path) for local, path in dest.error_files.items() if path != os.devnull}
+        if folders:
+            ranks = {str(local): int(envs[local]["RANK"]) for local in folders if "RANK" in envs[local]}
+            attempt_dir = os.path.dirname(next(iter(folders.values())))
+            tmp = os.path.join(attempt_dir, f".{RANK_MAP_FILE}.tmp")
+            with open(tmp, "w") as f:
+                json.dump(ranks, f)
+            os.replace(tmp, os.path.join(attempt_dir, RANK_MAP_FILE))
+        return dest
+
+
+def use_rank_map_logs() -> None:
+    """Make torchrun build its log destinations with :class:`RankMapLogsSpecs` (it looks the
+    class up by ``--logs-specs`` name at call time; runyard never passes that option)."""
+
+    def logs_specs_class(logs_specs_name: str | None) -> type[LogsSpecs]:
+        return RankMapLogsSpecs
+
+    run._get_logs_specs_class = logs_specs_class
+
+
 def main(argv: list[str]) -> None:
     """Check ``argv``, keep every socket on loopback, then run torchrun with ``argv`` unchanged.
 
+    With ``--network=cluster`` first, torchrun's networking is left as it is (a job across hosts).
     Exceptions from torchrun propagate as under ``python -m torch.distributed.run`` (its
     ``@record`` error summary, exit code 1).
     """
-    try:
-        check_one_loopback_node(argv)
-    except NotOneLoopbackNode as exc:
-        print(f"trainer.torchrun: not a single node on loopback: {exc}", file=sys.stderr)
+    network = "loopback"
+    if argv and argv[0].startswith(NETWORK_OPTION):
+        network, argv = argv[0].removeprefix(NETWORK_OPTION), argv[1:]
+    if network not in ("loopback", "cluster"):
+        print(f"trainer.torchrun: {NETWORK_OPTION}{network}: expected loopback or cluster", file=sys.stderr)
         sys.exit(2)
-    # The agent's workers inherit the agent's environment (plus torchrun's own variables).
-    os.environ.update(loopback_environment(loopback_interface()))
-    bind_stores_to_loopback()
+    use_rank_map_logs()
+    if network == "loopback":
+        try:
+            check_one_loopback_node(argv)
+        except NotOneLoopbackNode as exc:
+            print(f"trainer.torchrun: not on loopback: {exc}", file=sys.stderr)
+            sys.exit(2)
+        # The agent's workers inherit the agent's environment (plus torchrun's own variables).
+        os.environ.update(loopback_environment(loopback_interface()))
+        bind_stores_to_loopback()
     run.main(argv)
 
 

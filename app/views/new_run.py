@@ -204,14 +204,20 @@ for note in notes:
 # The kind is chosen outside the form: a change redraws the page at once with that kind's fields
 # (inside an st.form nothing reruns before Start).
 kind_spec = next(spec for spec in every_field if spec.key == form.KIND_KEY)
-kind = widget(kind_spec, initial[form.KIND_KEY])
-field_errors(form.KIND_KEY)
-sections = form.form_sections(RunConfig, kind)
+executor_spec = next(spec for spec in every_field if spec.key == form.EXECUTOR_KEY)
+kind_column, executor_column = st.columns(2)
+with kind_column:
+    kind = widget(kind_spec, initial[form.KIND_KEY])
+    field_errors(form.KIND_KEY)
+with executor_column:  # the [slurm] section is shown for a Slurm run only
+    executor = widget(executor_spec, initial[form.EXECUTOR_KEY])
+    field_errors(form.EXECUTOR_KEY)
+sections = [s for s in form.form_sections(RunConfig, kind) if s.name != form.SLURM_SECTION or executor == "slurm"]
 
 with st.form("new_run"):
-    values: dict[str, Any] = {form.KIND_KEY: kind}
+    values: dict[str, Any] = {form.KIND_KEY: kind, form.EXECUTOR_KEY: executor}
     for section in sections:
-        fields = [spec for spec in section.fields if spec.key != form.KIND_KEY]
+        fields = [spec for spec in section.fields if spec.key not in (form.KIND_KEY, form.EXECUTOR_KEY)]
         if not fields:
             continue
         # A folded section opens when one of its fields was refused, so the error is seen.

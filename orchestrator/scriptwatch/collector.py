@@ -113,8 +113,6 @@ class AttemptCollector:
         pid_ranks: ``{pid: rank}`` of the ranks' processes, for the rank of an event file.
         since: The attempt's start: event files last modified before it belong to earlier
             attempts and are not read.
-        rank_offset: Added to a log folder's local rank to make the global rank (a node's first
-            rank; 0 on one machine).
         max_bytes: The most bytes of logs one call reads (512 KiB at most per file).
         max_events: The most TensorBoard events one call reads.
         rescan_s: How often folders are searched for new log and event files.
@@ -123,7 +121,7 @@ class AttemptCollector:
 
     def __init__(self, run_id: int, attempt: int, attempt_dir: Path, workdir: Path, *,
                  stdout_metrics: Mapping[str, str] | None = None, tensorboard_dirs: Sequence[str] | None = None,
-                 pid_ranks: Mapping[int, int] | None = None, since: float | None = None, rank_offset: int = 0,
+                 pid_ranks: Mapping[int, int] | None = None, since: float | None = None,
                  max_bytes: int = 2 << 20, max_events: int = 5_000, rescan_s: float = 5.0,
                  clock: Callable[[], float] = time.monotonic):
         self.run_id = run_id
@@ -131,7 +129,6 @@ class AttemptCollector:
         self.attempt_dir = attempt_dir
         self.workdir = workdir
         self.patterns = compile_patterns(stdout_metrics)
-        self.rank_offset = rank_offset
         self.max_bytes = max_bytes
         self.rescan_s = rescan_s
         self._clock = clock
@@ -173,10 +170,10 @@ class AttemptCollector:
             return
         self._scanned_at = now
         per_file = min(512 << 10, self.max_bytes)
-        for local_rank, paths in rank_log_files(self.attempt_dir).items():
+        for rank, paths in rank_log_files(self.attempt_dir).items():  # global ranks, on every node
             for path in paths:
                 if path not in self._streams:
-                    self._streams[path] = _Stream(LineTailer(path, max_bytes=per_file), self.rank_offset + local_rank)
+                    self._streams[path] = _Stream(LineTailer(path, max_bytes=per_file), rank)
 
     def collect(self, final: bool = False) -> Collected:
         """What is new since the last call.

@@ -92,7 +92,7 @@ def test_each_kind_shows_its_own_workload_fields() -> None:
 def test_sections_are_the_sub_models_common_ones_open() -> None:
     sections = form_sections(RunConfig, "gpt-char")
     assert [s.name for s in sections] == ["", "workload", "launch", "train", "parallel", "checkpoint", "retry",
-                                          "supervision"]
+                                          "supervision", "slurm"]
     assert {s.name for s in sections if s.common} == {"", "workload", "launch", "train", "parallel"}
     train = next(s for s in sections if s.name == "train")
     assert (train.title, train.help) == ("Train", TrainConfig.__doc__)
@@ -123,7 +123,7 @@ def test_widgets_bounds_labels_and_help_come_from_the_model() -> None:
     assert (lr.widget, lr.label, lr.min_value, lr.default) == ("float", "Learning rate", None, 0.001)
     assert "Allowed: > 0." in lr.help and "Default: `0.001`." in lr.help  # gt on a float: the help says it
     assert specs["train.weight_decay"].min_value == 0.0 and isinstance(specs["train.weight_decay"].min_value, float)
-    assert specs["launch.nproc_per_node"].label == "Ranks on this machine (nproc_per_node)"
+    assert specs["launch.nproc_per_node"].label == "Ranks per node (nproc_per_node)"
     assert (specs["train.precision"].widget, specs["train.precision"].options) == ("choice", ("fp32", "bf16", "fp16"))
     assert specs[KIND_KEY].options == KINDS
     assert specs["train.compile"].widget == "bool"

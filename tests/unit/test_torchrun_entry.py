@@ -46,7 +46,6 @@ def test_the_ranks_environment_names_the_loopback_interface() -> None:
 
 
 @pytest.mark.parametrize(("argv", "expected"), [
-    (["--nnodes=2", "--rdzv-endpoint=127.0.0.1:1", "--local-addr=127.0.0.1"], "--nnodes='2'"),
     (["--nnodes=1:2", "--rdzv-endpoint=127.0.0.1:1", "--local-addr=127.0.0.1"], "--nnodes='1:2'"),
     (["--rdzv-endpoint=0.0.0.0:1", "--local-addr=127.0.0.1"], "--rdzv-endpoint='0.0.0.0'"),
     (["--rdzv-endpoint=localhost:1", "--local-addr=127.0.0.1"], "--rdzv-endpoint='localhost'"),
@@ -55,7 +54,7 @@ def test_the_ranks_environment_names_the_loopback_interface() -> None:
     (["--standalone", "--local-addr=127.0.0.1"], "--standalone"),
     (["--rdzv-backend=static", "--rdzv-endpoint=127.0.0.1:1", "--local-addr=127.0.0.1"], "--rdzv-backend='static'"),
 ])
-def test_anything_but_one_loopback_node_is_refused(argv: list[str], expected: str) -> None:
+def test_anything_off_loopback_is_refused(argv: list[str], expected: str) -> None:
     defaults = ["--rdzv-backend=c10d"] if not any(a.startswith("--rdzv-backend") for a in argv) else []
     with pytest.raises(torchrun.NotOneLoopbackNode, match=expected.replace("[", r"\[")):
         torchrun.check_one_loopback_node([*defaults, *argv, "-m", "trainer"])
@@ -63,17 +62,23 @@ def test_anything_but_one_loopback_node_is_refused(argv: list[str], expected: st
 
 def test_every_problem_is_named_at_once() -> None:
     with pytest.raises(torchrun.NotOneLoopbackNode) as caught:
-        torchrun.check_one_loopback_node(["--nnodes=2", "--rdzv-endpoint=10.0.0.1:1", "-m", "trainer"])
+        torchrun.check_one_loopback_node(["--nnodes=1:2", "--rdzv-endpoint=10.0.0.1:1", "-m", "trainer"])
     assert all(part in str(caught.value) for part in ("--nnodes", "--rdzv-endpoint", "--local-addr", "--rdzv-backend"))
 
 
+def test_several_nodes_all_on_loopback_are_accepted() -> None:
+    # A local rehearsal of a multi-node config: every agent on this machine, on loopback.
+    torchrun.check_one_loopback_node(["--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:1",
+                                      "--local-addr=127.0.0.1", "--rdzv-conf=is_host=0", "-m", "trainer"])
+
+
 def test_a_refused_command_line_exits_2_before_torchrun_starts() -> None:
-    result = subprocess.run([sys.executable, "-m", "trainer.torchrun", "--nnodes=2", "--rdzv-backend=c10d",
-                             "--rdzv-endpoint=127.0.0.1:1", "--local-addr=127.0.0.1", "-m", "trainer"],
+    result = subprocess.run([sys.executable, "-m", "trainer.torchrun", "--nnodes=1", "--rdzv-backend=c10d",
+                             "--rdzv-endpoint=127.0.0.1:1", "--local-addr=10.0.0.1", "-m", "trainer"],
                             capture_output=True, text=True, timeout=60, cwd=ROOT,
                             env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)
     assert result.returncode == 2
-    assert "not a single node on loopback" in result.stderr and "--nnodes='2'" in result.stderr
+    assert "not on loopback" in result.stderr and "--local-addr='10.0.0.1'" in result.stderr
 
 
 @pytest.mark.parametrize("port", ["fixed", "any"])

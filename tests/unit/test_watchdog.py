@@ -16,6 +16,7 @@ from db.requests import Price, create_run
 from db.settings import Settings
 from db.states import AttemptStatus
 from orchestrator import watchdog
+from orchestrator.executors.local import LocalExecutor
 from orchestrator.stacks import StackDumps
 
 
@@ -45,7 +46,7 @@ def check_at(sessions: sessionmaker[Session], ids: tuple[int, int], config: Supe
         now = time.time()
         attempt.progress_at = now - silent_s
         dumps = StackDumps()
-        watchdog.check(s, run, attempt, config, script=False, dumps=dumps, now=now)
+        watchdog.check(s, run, attempt, config, script=False, dumps=dumps, executor=LocalExecutor(), now=now)
         dumps.close()
         s.commit()
         return attempt
