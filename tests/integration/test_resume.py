@@ -142,3 +142,33 @@ def test_damaged_checkpoint_is_refused_and_resume_falls_back(product: Product, d
     assert expected_reason in refused[0]["message"]
     row = next(c for c in detail["checkpoints"] if c["step"] == 150 and c["attempt"] == 1)
     assert row["verified"] is False and row["refused_reason"]
+
+
+def test_two_local_nodes_retry_a_killed_rank_bit_for_bit(product: Product, reference: tuple[dict, dict]) -> None:
+    """``launch.nnodes = 2`` with one rank each: two torchrun agents on this machine (one per
+    node, the rendezvous on loopback) form the same 2-rank world as the reference run (one node,
+    two ranks). A rank killed on node 1 ends the attempt on both nodes, the retry resumes from
+    the newest checkpoint, and every loss after it and the final parameters equal the reference's
+    bit for bit. (Two physical nodes cannot be had here: the same command lines run on one host.)"""
+    product.env["RUNYARD_FAULT_STEP_DELAY_S"] = "0.05"
+    run_id = product.submit(*SETTINGS, "launch.nnodes=2", "launch.nproc_per_node=1", "retry.max_retries=1",
+                            "retry.backoff_s=0", "name=two-nodes")
+    product.start_scheduler()
+    product.wait_step(run_id, 118)
+    ranks = {p.environ().get("RANK"): p for p in training_processes(product.home) if "LOCAL_RANK" in p.environ()}
+    assert set(ranks) == {"0", "1"}, ranks
+    assert ranks["0"].environ()["GROUP_RANK"] != ranks["1"].environ()["GROUP_RANK"]  # one rank on each node
+    ranks["1"].send_signal(signal.SIGKILL)
+    detail = product.wait_status(run_id, "SUCCEEDED", "FAILED", timeout=240)
+    assert detail["status"] == "SUCCEEDED", detail["status_reason"]
+    first, second = detail["attempts"]
+    assert (first["cause"], first["failed_rank"]) == ("SIGNAL", 1), first
+    assert 118 <= first["last_step"] < 150 and second["resume_step"] == 100
+    ref_detail, ref_losses = reference
+    expected = {k: v for k, v in ref_losses.items() if k[1] > 100}
+    assert losses(product, run_id, 2) == expected  # bit-identical, both ranks, every step after the resume
+    assert final_digest(detail) == final_digest(ref_detail)
+    # Each node's ranks log in a folder of their own; `runyard logs` finds rank 1 on node 1.
+    attempt_dir = Path(second["dir"])
+    assert sorted(p.name for p in (attempt_dir / "ranks").iterdir()) == ["node-0", "node-1"]
+    assert "rank 1/2" in product.cli("logs", str(run_id), "--rank", "1").stdout
