@@ -9,6 +9,9 @@ Database fixtures:
 - ``db_url``: the URL of an EMPTY database (no schema), parametrized ``[sqlite]``/``[postgres]``.
 - ``pg_url``: the URL of an EMPTY PostgreSQL database created for this test and dropped after.
 - ``db_dialect``: ``"sqlite"`` or ``"postgres"``, the dialect of the case being run.
+
+Slurm: ``slurm`` (tests/slurm_cluster.py), a running test cluster named by ``$RUNYARD_TEST_SLURM``;
+skipped without one, failed where ``RUNYARD_TEST_SLURM_REQUIRED=1``.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from db.engine import make_engine, make_sessionmaker, upgrade
 from db.settings import Settings
 from tests import databases
 from tests.databases import CHOICE_ENV, CHOICES, DIALECTS, SERVER_ENV, PostgresUnavailable
+from tests.slurm_cluster import slurm  # noqa: F401  (the fixture, registered for every test)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
