@@ -233,6 +233,12 @@ def attempts_of(session: Session, run_id: int) -> list[dict[str, Any]]:
             "retry_counted": a.retry_counted,
             "watching": a.watching,
             "dir": a.dir,
+            "executor": a.executor or "local",
+            "job_id": a.job_id,
+            "job_state": a.job_state,
+            "job_reason": a.job_reason,
+            "job_nodes": a.job_nodes,
+            "job_state_at": a.job_state_at,
         }
         for a in rows
     ]

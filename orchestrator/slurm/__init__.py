@@ -112,15 +112,25 @@ def _text(value: object) -> str:
     return "" if value is None else str(value)
 
 
+def wait_status_code(status: int) -> int:
+    """A raw wait status (what squeue --json gives as a job's ``exit_code``) as an exit code:
+    the code, or minus the signal that killed it."""
+    return -(status & 0x7F) if status & 0x7F else status >> 8
+
+
 def parse_squeue_json(stdout: str) -> dict[str, JobStatus]:
-    """``squeue --json``'s jobs by id (Slurm 21.08 to 25.x shapes)."""
+    """``squeue --json``'s jobs by id (Slurm 21.08 to 25.x shapes). A finished job's
+    ``exit_code`` is the batch program's wait status; it is kept only for a finished job."""
     data = json.loads(stdout)
     jobs: dict[str, JobStatus] = {}
     for job in data.get("jobs", []):
         job_id = _text(job.get("job_id"))
         state = _text(job.get("job_state")).split(",")[0]
+        raw = _text(job.get("exit_code"))
+        code = wait_status_code(int(raw)) if raw.isdigit() and state not in ACTIVE_STATES else None
         jobs[job_id] = JobStatus(job_id=job_id, name=_text(job.get("name")), state=state,
-                                 reason=_text(job.get("state_reason")) or "None", nodes=_text(job.get("nodes")))
+                                 reason=_text(job.get("state_reason")) or "None", nodes=_text(job.get("nodes")),
+                                 exit_code=code)
     return jobs
 
 
@@ -150,8 +160,9 @@ class Slurm:
         return parse_job_id(run_command(["sbatch", "--parsable", *argv], env=env))
 
     def squeue(self, job_ids: Iterable[str] | None = None, name: str | None = None) -> dict[str, JobStatus]:
-        """This user's jobs in the queue (all of them, filtered here by ``job_ids``: asking
-        squeue for a job it has forgotten is an error on some versions), by id.
+        """This user's jobs the controller still holds, finished ones included (until
+        ``MinJobAge`` purges them), by id; filtered here by ``job_ids`` and ``name`` (asking squeue
+        for a job it has forgotten is an error, and ``--json`` ignores the filters anyway).
 
         Raises:
             SlurmError: squeue failed; nothing may be concluded about any job.
@@ -168,7 +179,11 @@ class Slurm:
                 logger.info("squeue --json not usable here (%s); using the plain format", exc)
                 self._json = False
         if jobs is None:
-            jobs = parse_squeue_plain(run_command([*base, "--noheader", f"--format={PLAIN_FORMAT}"], env=self.env))
+            jobs = parse_squeue_plain(run_command([*base, "--states=all", "--noheader", f"--format={PLAIN_FORMAT}"],
+                                                  env=self.env))
+        # squeue --json ignores its filters (22.05 prints every job it holds): filter here.
+        if name is not None:
+            jobs = {k: v for k, v in jobs.items() if v.name == name}
         if job_ids is None:
             return jobs
         wanted = set(job_ids)
