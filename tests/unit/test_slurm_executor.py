@@ -1,0 +1,208 @@
+"""The Slurm executor's reading of Slurm: squeue's two formats, wait statuses, sbatch's options, and
+what a job that left the queue means, on a real SQLite database with a fake ``Slurm`` (the
+command layer) that answers as Slurm 22.05 does (docs/SLURM_NOTES.md). The real cluster is
+tests/integration/test_slurm.py's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from db.causes import Cause
+from db.config import ConfigError, RunConfig, parse_config
+from db.models import Attempt, Event, Run
+from db.requests import Price, create_run
+from db.settings import Settings
+from db.states import AttemptStatus, RunStatus
+from orchestrator.executors import LaunchRequest, Liveness
+from orchestrator.executors import slurm as executor_module
+from orchestrator.executors.slurm import SlurmExecutor, sbatch_options, warning_lead_s
+from orchestrator.outcomes import settle
+from orchestrator.retry import AttemptOutcome, decide
+from orchestrator.slurm import (
+    JobStatus,
+    SlurmError,
+    parse_job_id,
+    parse_squeue_json,
+    parse_squeue_plain,
+    wait_status_code,
+)
+
+SQUEUE_22_05 = json.dumps({"meta": {}, "errors": [], "jobs": [
+    {"job_id": 21, "name": "runyard-r7-a1-abcdef", "job_state": "RUNNING", "state_reason": "None", "nodes": "localhost",
+     "exit_code": 0},
+    {"job_id": 22, "name": "other", "job_state": "PENDING", "state_reason": "Resources", "nodes": "", "exit_code": 0},
+    {"job_id": 20, "name": "old", "job_state": "FAILED", "state_reason": "NonZeroExitCode", "nodes": "localhost",
+     "exit_code": 768},
+]})
+# Newer Slurm wraps states in lists and numbers in {"set", "number"} objects.
+SQUEUE_24 = json.dumps({"jobs": [
+    {"job_id": 5, "name": "n", "job_state": ["PENDING"], "state_reason": "Priority", "nodes": "",
+     "exit_code": {"status": ["PENDING"], "return_code": {"set": False, "number": 0}}},
+]})
+
+
+def test_squeue_json_of_22_05_and_of_newer_slurm() -> None:
+    jobs = parse_squeue_json(SQUEUE_22_05)
+    assert jobs["21"] == JobStatus("21", "runyard-r7-a1-abcdef", "RUNNING", "None", "localhost", None)
+    assert (jobs["22"].state, jobs["22"].reason) == ("PENDING", "Resources")
+    assert jobs["20"].exit_code == 3  # the batch program's wait status 768 = exit 3
+    assert parse_squeue_json(SQUEUE_24)["5"] == JobStatus("5", "n", "PENDING", "Priority", "", None)
+
+
+def test_squeue_plain_format_and_sbatch_output() -> None:
+    jobs = parse_squeue_plain("21|runyard-r7-a1|RUNNING|None|localhost\n22|x|PENDING|Priority|\nnoise\n")
+    assert jobs["21"].nodes == "localhost" and jobs["22"].reason == "Priority" and len(jobs) == 2
+    assert parse_job_id("1234\n") == "1234" and parse_job_id("77;cluster\n") == "77"
+    with pytest.raises(SlurmError, match="no job id"):
+        parse_job_id("sbatch: error: Batch job submission failed\n")
+
+
+@pytest.mark.parametrize(("status", "code"), [(0, 0), (768, 3), (36608, 143), (9, -9), (15, -15)])
+def test_wait_status_as_exit_code(status: int, code: int) -> None:
+    assert wait_status_code(status) == code
+
+
+def test_sbatch_options_map_each_field_and_keep_runyard_s_own(tmp_path: Path) -> None:
+    config = parse_config({"launch": {"executor": "slurm", "nnodes": 2, "nproc_per_node": 4},
+                           "slurm": {"partition": "gpu", "account": "lab", "time_limit": "04:00:00",
+                                     "gpus_per_node": 4, "cpus_per_task": 32, "mem": "200G",
+                                     "sbatch_args": ["--qos=high", "--exclusive"]}})
+    request = LaunchRequest(run_id=7, number=2, config=config, attempt_dir=tmp_path / "a", cwd=tmp_path, env={},
+                            port=0, resuming=False)
+    argv = sbatch_options(request, "runyard-r7-a2-abcdef", warning_lead_s(45.0))
+    assert argv[:9] == ["--job-name=runyard-r7-a2-abcdef", f"--chdir={tmp_path}", f"--output={tmp_path}/a/launcher.log",
+                        "--open-mode=append", "--signal=B:USR2@90", "--nodes=2", "--ntasks-per-node=1", "--no-requeue",
+                        "--export=ALL"]
+    assert argv[9:] == ["--partition=gpu", "--account=lab", "--time=04:00:00", "--gpus-per-node=4",
+                        "--cpus-per-task=32", "--mem=200G", "--qos=high", "--exclusive"]
+    assert warning_lead_s(None) == 90 and warning_lead_s(300.0) == 330  # the measured save, plus 30 s
+
+
+def test_slurm_settings_are_refused_by_name() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config({"launch": {"executor": "slurm"},
+                      "slurm": {"sbatch_args": ["--output=/tmp/x", "-q", "a\nb"], "time_limit": "soon"}})
+    text = str(caught.value)
+    assert "slurm.time_limit = 'soon'" in text and "HH:MM:SS" in text
+    assert "--output is set by runyard itself" in text and "use the long form" in text and "line break" in text
+    with pytest.raises(ConfigError, match="slurm.partition is set but launch.executor = 'local'"):
+        parse_config({"slurm": {"partition": "gpu"}})
+
+
+class FakeSlurm:
+    """Answers as Slurm would: ``queue`` is what squeue shows, ``accounting`` what sacct knows
+    (None: accounting off); ``down`` makes squeue fail."""
+
+    def __init__(self) -> None:
+        self.queue: dict[str, JobStatus] = {}
+        self.accounting: dict[str, JobStatus] | None = None
+        self.down = False
+        self.cancelled: list[tuple[str, str | None]] = []
+
+    def squeue(self, job_ids: object = None, name: str | None = None) -> dict[str, JobStatus]:
+        if self.down:
+            raise SlurmError("squeue exited 1: slurm_load_jobs error: Unable to contact slurm controller")
+        return {k: v for k, v in self.queue.items() if name is None or v.name == name}
+
+    def sacct_state(self, job_id: str) -> JobStatus | None:
+        return None if self.accounting is None else self.accounting.get(job_id)
+
+    def scancel(self, job_id: str, signal_name: str | None = None, batch: bool = False, full: bool = False) -> None:
+        self.cancelled.append((job_id, signal_name))
+
+
+def slurm_attempt(sessions: sessionmaker[Session], settings: Settings) -> tuple[int, int]:
+    config = RunConfig.model_validate({"name": "s", "launch": {"executor": "slurm"}})
+    with sessions() as s:
+        run = create_run(s, config, settings.runs_dir, Price(usd_per_hour=1.0, unit="slurm"))
+        run.status = RunStatus.RUNNING.value
+        s.flush()
+        attempt = Attempt(run_id=run.id, number=1, status=AttemptStatus.RUNNING.value, executor="slurm", job_id="42",
+                          dir=str(Path(run.run_dir) / "attempts" / "1"), started_at=0.0, job_state="PENDING")
+        s.add(attempt)
+        s.commit()
+        return run.id, attempt.id
+
+
+def look(sessions: sessionmaker[Session], ids: tuple[int, int], executor: SlurmExecutor) -> Liveness:
+    with sessions() as s:
+        run, attempt = s.get(Run, ids[0]), s.get(Attempt, ids[1])
+        executor._tried_at = -1e18  # poll now
+        executor.poll([attempt])
+        seen = executor.observe(s, run, attempt)
+        s.commit()
+        return seen.liveness
+
+
+def test_a_job_in_the_queue_is_alive_and_its_state_kept(sessions: sessionmaker[Session], settings: Settings) -> None:
+    fake = FakeSlurm()
+    executor = SlurmExecutor(home=str(settings.home), slurm=fake)  # type: ignore[arg-type]
+    ids = slurm_attempt(sessions, settings)
+    fake.queue["42"] = JobStatus("42", "n", "PENDING", "Priority", "")
+    assert look(sessions, ids, executor) is Liveness.ALIVE
+    fake.queue["42"] = JobStatus("42", "n", "RUNNING", "None", "node[01-02]")
+    assert look(sessions, ids, executor) is Liveness.ALIVE
+    with sessions() as s:
+        attempt = s.get(Attempt, ids[1])
+        assert (attempt.job_state, attempt.job_nodes) == ("RUNNING", "node[01-02]") and attempt.job_state_at
+    fake.down = True  # the controller does not answer: nothing is concluded, the last state stays
+    assert look(sessions, ids, executor) is Liveness.ALIVE
+    with sessions() as s:
+        assert s.get(Attempt, ids[1]).job_state == "RUNNING"
+
+
+def test_a_job_gone_without_a_marker_is_unknown_not_failed(sessions: sessionmaker[Session], settings: Settings,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeSlurm()
+    executor = SlurmExecutor(home=str(settings.home), slurm=fake)  # type: ignore[arg-type]
+    ids = slurm_attempt(sessions, settings)
+    assert look(sessions, ids, executor) is Liveness.UNSETTLED  # not in the queue, no marker, no accounting
+    assert look(sessions, ids, executor) is Liveness.UNSETTLED
+    with sessions() as s:
+        assert s.get(Attempt, ids[1]).job_state == "UNKNOWN"
+        events = s.scalars(select(Event.message).where(Event.kind == "slurm")).all()
+    assert len(events) == 1 and "without an exit marker" in events[0]  # said once
+    # The marker appears (a shared filesystem showed it late): it settles the attempt.
+    with sessions() as s:
+        folder = Path(s.get(Attempt, ids[1]).dir)
+    folder.mkdir(parents=True)
+    (folder / "exit.json").write_text(json.dumps({"exit_code": 0, "ended_at": 1.0, "job_id": "42"}))
+    assert look(sessions, ids, executor) is Liveness.ENDED
+    (folder / "exit.json").unlink()
+    monkeypatch.setattr(executor_module, "UNKNOWN_GIVE_UP_S", 0.0)  # no word for too long: lost
+    assert look(sessions, ids, executor) is Liveness.VANISHED
+
+
+def test_accounting_settles_a_lost_node_as_a_node_failure(sessions: sessionmaker[Session], settings: Settings) -> None:
+    fake = FakeSlurm()
+    fake.accounting = {"42": JobStatus("42", "n", "NODE_FAIL", "None", "node02", exit_code=1)}
+    executor = SlurmExecutor(home=str(settings.home), slurm=fake)  # type: ignore[arg-type]
+    ids = slurm_attempt(sessions, settings)
+    with sessions() as s:
+        run, attempt = s.get(Run, ids[0]), s.get(Attempt, ids[1])
+        executor.poll([attempt])
+        seen = executor.observe(s, run, attempt)
+        assert seen.liveness is Liveness.ENDED and seen.exited and seen.exited["slurm_state"] == "NODE_FAIL"
+        settle(s, run, attempt, seen.exited)
+        s.commit()
+        assert attempt.cause == Cause.NODE_FAIL.value and "NODE_FAIL" in (attempt.reason or "")
+        assert run.status == RunStatus.RETRYING.value and attempt.retry_counted  # retried with backoff, counted
+
+
+def test_preempted_again_without_progress_spends_a_retry() -> None:
+    from db.config import RetryConfig
+
+    first = AttemptOutcome(1, Cause.PREEMPTED, None, 120)
+    free = decide(first, [], 0, RetryConfig(max_retries=1), {"batch_size": 8})
+    assert free.retry and not free.counted
+    again = decide(AttemptOutcome(2, Cause.PREEMPTED, None, 120), [first], 0, RetryConfig(max_retries=1),
+                   {"batch_size": 8})
+    assert again.retry and again.counted and "no progress" in again.reason
+    stop = decide(AttemptOutcome(3, Cause.PREEMPTED, None, 120), [first], 1, RetryConfig(max_retries=1),
+                  {"batch_size": 8})
+    assert not stop.retry and "slurm.time_limit" in stop.reason
