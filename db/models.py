@@ -36,7 +36,8 @@ class Run(Base):
     config_hash: Mapped[str] = mapped_column(String(64))
     tags_json: Mapped[str] = mapped_column(Text, default="[]")
     max_steps: Mapped[int] = mapped_column(Integer)
-    nproc: Mapped[int] = mapped_column(Integer)
+    nproc: Mapped[int] = mapped_column(Integer)  # every rank, on every node
+    executor: Mapped[str] = mapped_column(String(16), default="local", server_default="local")  # launch.executor
     run_dir: Mapped[str] = mapped_column(Text, default="")
     price_usd_per_hour: Mapped[float] = mapped_column(Float, default=0.0)
     price_unit: Mapped[str] = mapped_column(String(64), default="")

@@ -45,11 +45,11 @@ def resolve_run(session: Session, ref: str | int) -> int:
 _RUN_COLUMNS = (
     Run.id, Run.name, Run.status, Run.status_reason, Run.tags_json, Run.max_steps, Run.nproc, Run.created_at,
     Run.started_at, Run.ended_at, Run.price_usd_per_hour, Run.price_unit, Run.parent_run_id, Run.parent_step,
-    Run.resume_checkpoint_id, Run.retries_used, Run.retry_at,
+    Run.resume_checkpoint_id, Run.retries_used, Run.retry_at, Run.executor,
 )
 _ATTEMPT_COLUMNS = (
     Attempt.run_id, Attempt.number, Attempt.started_at, Attempt.ended_at, Attempt.first_step_at, Attempt.last_step,
-    Attempt.resume_step, Attempt.cause,
+    Attempt.resume_step, Attempt.cause, Attempt.job_id, Attempt.job_state,
 )
 ETA_POINTS = ETA_WINDOW  # rank 0's newest loss points the ETA is projected from
 
@@ -130,6 +130,9 @@ def _run_summary(run: RunLike, attempts: list[AnyRow], written: dict[tuple[int, 
         "max_steps": run.max_steps,
         "progress": min(1.0, step / run.max_steps) if run.max_steps else 0.0,
         "nproc": run.nproc,
+        "executor": run.executor or "local",
+        "job_id": attempts[-1].job_id if attempts else None,
+        "job_state": attempts[-1].job_state if attempts else None,
         "created_at": run.created_at,
         "started_at": run.started_at,
         "ended_at": run.ended_at,

@@ -77,6 +77,7 @@ def create_run(
         tags_json=json.dumps(list(config.tags)),
         max_steps=config.workload.max_steps if config.workload.kind == "script" else config.train.max_steps,
         nproc=config.launch.world_size,  # every rank, on all nodes
+        executor=config.launch.executor,
         price_usd_per_hour=price.usd_per_hour,
         price_unit=price.unit,
         created_at=now,

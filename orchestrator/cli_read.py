@@ -27,7 +27,7 @@ from orchestrator.cli_base import (
     open_existing,
     resolve_ref,
 )
-from orchestrator.format import eta_text, startup_text, step_text
+from orchestrator.format import eta_text, startup_text, step_text, where_short, where_text
 from orchestrator.script_supervision import script_facts
 
 
@@ -66,13 +66,14 @@ def ls(statuses: tuple[str, ...], as_json: bool) -> None:
         else:
             click.echo(f"no runs yet in {settings.home}; queue one with `runyard submit examples/digits.toml`")
         return
-    click.echo(f"{'ID':>5}  {'NAME':<20} {'STATUS':<10} {'STEP':>11} {'ELAPSED':>8} {'ENDS':>5} {'COST':>9}")
+    click.echo(f"{'ID':>5}  {'NAME':<20} {'STATUS':<10} {'STEP':>11} {'ELAPSED':>8} {'ENDS':>5} {'COST':>9}  WHERE")
     for r in runs:
         step = step_text(r["step"], r["max_steps"])
         ends = eta_text(r["status"], r["eta_s"], None).split(" (")[0]
         click.echo(
             f"{r['id']:>5}  {r['name'][:20]:<20} {r['status']:<10} {step:>11} "
-            f"{fmt_duration(r['elapsed_s']):>8} {ends:>5} ${r['cost_usd']:>8.4f}"
+            f"{fmt_duration(r['elapsed_s']):>8} {ends:>5} ${r['cost_usd']:>8.4f}  "
+            f"{where_short(r['executor'], r['job_id'], r['job_state'])}"
         )
 
 
@@ -98,12 +99,17 @@ def _print_detail(d: dict[str, Any]) -> None:
     click.echo(f"  dir {d['run_dir']}")
     if starting := startup_text(d["status"], d["attempts"][-1] if d["attempts"] else None, d["config"]):
         click.echo(f"  {starting}")
+    if where := where_text(d["config"], d["attempts"][-1] if d["attempts"] else None):
+        click.echo(f"  {where}")
     for label, text in script_facts(d["config"], d["attempts"]):
         click.echo(f"  {label}: {text}")
     click.echo("  attempts:")
     for a in d["attempts"]:
         click.echo(f"    #{a['number']} {a['status']:<9} exit {a['exit_code']!s:<4} "
                    f"{fmt_time(a['started_at'])} -> {fmt_time(a['ended_at'])}  {a['reason'] or ''}")
+        if a.get("job_id"):
+            click.echo(f"       Slurm job {a['job_id']} {a['job_state'] or ''}"
+                       + (f" on {a['job_nodes']}" if a.get("job_nodes") else ""))
         if a.get("resume_path"):
             click.echo(f"       started from {a['resume_path']} (step {a['resume_step']})")
         if a["cause"]:

@@ -128,3 +128,53 @@ def estimate_text(e: StartEstimate) -> str:
     start = f", plus {duration(e.startup_s)} to start" if e.startup_s else ""
     return (f"About {duration(e.seconds)} and {usd(e.cost_usd)}: {e.steps:,} steps at {e.steps_per_s:.3g} steps/s "
             f"{source}{start}; at {price}.")
+
+
+# Slurm's commonest reasons for a pending job, in words (others are shown as Slurm says them).
+_PENDING_REASONS = {
+    "Resources": "waiting for nodes to free up",
+    "Priority": "jobs of higher priority go first",
+    "BeginTime": "waiting for its start time",
+    "Dependency": "waiting for another job",
+    "QOSMaxJobsPerUserLimit": "your QOS allows no more running jobs",
+    "ReqNodeNotAvail": "a requested node is unavailable",
+}
+
+
+def where_short(executor: str, job_id: str | None, job_state: str | None) -> str:
+    """Where a run runs, for a table cell: ``local``, or ``slurm 42 RUNNING``."""
+    if executor != "slurm":
+        return "local"
+    return " ".join(p for p in ("slurm", job_id, job_state) if p)
+
+
+def where_text(config: dict, attempt: dict | None, now: float | None = None) -> str | None:
+    """Where a run runs, for the Run page and ``runyard show``: the Slurm job with its state, the
+    reason it waits, its nodes and how old that word is; or the local nodes of a multi-node
+    rehearsal. None for a plain local run (nothing to say)."""
+    launch = config.get("launch", {})
+    nnodes, nproc = int(launch.get("nnodes") or 1), int(launch.get("nproc_per_node") or 1)
+    shape = f"{nnodes} node(s) x {nproc} rank(s)"
+    if launch.get("executor") != "slurm":
+        if nnodes == 1:
+            return None
+        return (f"On this machine: {shape}, one torchrun agent per node on loopback (a rehearsal of a multi-node "
+                "run: the same world, one host)")
+    if attempt is None or not attempt.get("job_id"):
+        return f"On Slurm: {shape}; not submitted yet"
+    now = time.time() if now is None else now
+    state = attempt.get("job_state") or "?"
+    reason = attempt.get("job_reason")
+    parts = [f"On Slurm: job {attempt['job_id']}", shape]
+    if state == "PENDING" and reason and reason != "None":
+        parts.append(f"PENDING ({reason}: {_PENDING_REASONS[reason]})" if reason in _PENDING_REASONS
+                     else f"PENDING ({reason})")
+    elif state == "UNKNOWN" and reason:
+        parts.append(f"UNKNOWN: {reason}")
+    else:
+        parts.append(state)
+    if attempt.get("job_nodes"):
+        parts.append(f"nodes {attempt['job_nodes']}")
+    if attempt.get("job_state_at") and not attempt.get("ended_at"):
+        parts.append(f"status read {duration(now - attempt['job_state_at'])} ago")
+    return " · ".join(parts)

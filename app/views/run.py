@@ -36,7 +36,7 @@ from app.run_panels import attempts_table, checkpoint_advice, checkpoint_table, 
 from app.system import latest_window, summary_line, system_panels
 from db import metric_registry
 from db.states import TERMINAL, RunStatus
-from orchestrator.format import badge, clock, duration, eta_text, startup_text, step_text, usd
+from orchestrator.format import badge, clock, duration, eta_text, startup_text, step_text, usd, where_text
 from orchestrator.script_supervision import script_facts
 
 CHART_ORDER = ["loss", "eval_accuracy", "eval_loss", "samples_per_s", "step_time"]
@@ -88,6 +88,8 @@ def header(d: dict) -> None:
         st.caption(d["status_reason"])
     if starting := startup_text(d["status"], d["attempts"][-1] if d["attempts"] else None, d["config"]):
         st.caption(starting)
+    if where := where_text(d["config"], d["attempts"][-1] if d["attempts"] else None):
+        st.caption(where)
     st.progress(d["progress"], text=f"step {step_text(d['step'], d['max_steps'], ' / ')}")
     facts = script_facts(d["config"], d["attempts"])
     if facts:

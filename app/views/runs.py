@@ -8,7 +8,7 @@ import streamlit as st
 from app import data, style
 from db.compare import MAX_RUNS as MAX_COMPARED  # not app.compare_charts: the Runs page loads no Altair
 from db.states import RunStatus
-from orchestrator.format import STATUS_BADGE, duration, eta_text, step_text, usd
+from orchestrator.format import STATUS_BADGE, duration, eta_text, step_text, usd, where_short
 
 style.apply()
 
@@ -56,6 +56,7 @@ def runs_table() -> None:
             "cost": [usd(r["cost_usd"]) for r in runs],
             "projected": [usd(r["cost_projected_usd"]) for r in runs],
             "attempts": [r["attempt_count"] for r in runs],
+            "where": [where_short(r["executor"], r["job_id"], r["job_state"]) for r in runs],
             "tags": [", ".join(r["tags"]) for r in runs],
         }
     )

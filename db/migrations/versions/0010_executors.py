@@ -1,4 +1,4 @@
-"""executors: where an attempt runs (local or a Slurm job), and Slurm's view of its job
+"""executors: where a run and each attempt runs (local or a Slurm job), and Slurm's view of the job
 
 Revision ID: 0010
 Revises: 0009
@@ -14,6 +14,8 @@ depends_on = None
 
 
 def upgrade() -> None:
+    with op.batch_alter_table('runs') as batch:
+        batch.add_column(sa.Column('executor', sa.String(length=16), server_default='local', nullable=False))
     with op.batch_alter_table('attempts') as batch:
         batch.add_column(sa.Column('executor', sa.String(length=16), server_default='local', nullable=False))
         batch.add_column(sa.Column('job_id', sa.String(length=64), nullable=True))
@@ -27,3 +29,5 @@ def downgrade() -> None:
     with op.batch_alter_table('attempts') as batch:
         for name in ('job_state_at', 'job_nodes', 'job_reason', 'job_state', 'job_id', 'executor'):
             batch.drop_column(name)
+    with op.batch_alter_table('runs') as batch:
+        batch.drop_column('executor')
