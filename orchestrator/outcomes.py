@@ -190,6 +190,12 @@ def _slurm_ended(attempt: Attempt, exited: dict | None) -> Failure | None:
     """The failure Slurm's own word gives for a job that ended without writing its exit marker
     (killed at the time limit, preempted, a node lost), or None."""
     state = exited.get("slurm_state") if exited else None
+    if state == "PENDING" and exited:
+        reason = exited.get("slurm_reason")
+        return Failure(Cause.LAUNCH_FAILED, None, f"Slurm would never start job {attempt.job_id}: it pended with "
+                                                  f"reason {reason} (more nodes, time or resources than the partition "
+                                                  "allows, or an account or QOS not yours); cancelled. Change "
+                                                  "launch.nnodes or the [slurm] settings (sinfo shows the partitions)", "")
     cause = _SLURM_CAUSES.get(str(state))
     if cause is None:
         return None

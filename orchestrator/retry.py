@@ -92,6 +92,9 @@ def decide(
                                                                                                      config, rand))
         return Decision(True, "preempted (SIGTERM from outside): resuming; this does not use a retry",
                         delay_s=0.0, counted=False)
+    if failed.cause is Cause.LAUNCH_FAILED:
+        return Decision(False, "the launch itself was refused: it would be refused again; change the settings the "
+                               "reason names, then resume")
     if failed.cause is Cause.USER_ERROR and failed.last_step is None and failed.steps_known:
         return Decision(False, f"{failed.exception or 'an exception'} before the first step completed: "
                                "it would fail again; fix the code or the config, then resume")

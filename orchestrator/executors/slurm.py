@@ -31,7 +31,7 @@ from db.layout import LAUNCHER_LOG, AttemptPaths
 from db.models import Attempt, Event, Run
 from orchestrator.executors import ExecutorError, LaunchRequest, Liveness, Observation
 from orchestrator.launcher import entry_argv, rdzv_id
-from orchestrator.slurm import ACTIVE_STATES, JobStatus, Slurm, SlurmError
+from orchestrator.slurm import ACTIVE_STATES, NEVER_STARTS, JobStatus, Slurm, SlurmError
 from orchestrator.slurm.job import program
 from orchestrator.slurm.node import stacks_file
 from orchestrator.stacks import RankStack, StackDump
@@ -173,6 +173,8 @@ class SlurmExecutor:
             return Observation(Liveness.ENDED, marker)
         if attempt.job_id is None:
             return Observation(Liveness.VANISHED)
+        if fresh and job is not None and job.state == "PENDING" and job.reason in NEVER_STARTS:
+            return self._never_starts(session, run, attempt, job)
         if not fresh or (job is not None and job.state in ACTIVE_STATES):
             return Observation(Liveness.ALIVE)
         now = time.time()
@@ -195,6 +197,18 @@ class SlurmExecutor:
             return Observation(Liveness.UNSETTLED)
         self._gone_since.pop(attempt.job_id, None)
         return Observation(Liveness.VANISHED)
+
+    def _never_starts(self, session: Session, run: Run, attempt: Attempt, job: JobStatus) -> Observation:
+        """A job Slurm will never start as submitted (PartitionNodeLimit...): cancelled, and the
+        attempt ended as a failed launch that no retry can mend."""
+        try:
+            self.slurm.scancel(job.job_id)
+        except SlurmError as exc:
+            logger.warning("run %d: scancel of job %s failed: %s", run.id, job.job_id, exc)
+            return Observation(Liveness.ALIVE)  # try again next tick
+        return Observation(Liveness.ENDED, {
+            "exit_code": 1, "pid": None, "started_at": attempt.started_at, "ended_at": time.time(),
+            "job_id": job.job_id, "slurm_state": "PENDING", "slurm_reason": job.reason, "marker": False})
 
     def has_handle(self, attempt: Attempt) -> bool:
         return attempt.job_id is not None

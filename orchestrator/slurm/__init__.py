@@ -38,6 +38,14 @@ ACTIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "S
                            "RESV_DEL_HOLD", "SPECIAL_EXIT"})
 
 
+# Reasons a pending job gives when Slurm will never start it as submitted (it would pend for
+# ever): more nodes, time or resources than the partition allows, or an account or QOS it may
+# not use.
+NEVER_STARTS = frozenset({"PartitionNodeLimit", "PartitionTimeLimit", "BadConstraints", "InvalidAccount",
+                          "InvalidQOS", "AccountNotAllowed", "QOSMaxNodePerJobLimit", "QOSMaxWallDurationPerJobLimit",
+                          "QOSMaxGRESPerJob", "QOSMaxCpuPerJobLimit"})
+
+
 class SlurmError(RuntimeError):
     """A Slurm command failed; the message holds the command and what it printed."""
 

@@ -144,3 +144,17 @@ def test_with_accounting_off_a_job_forgotten_by_squeue_settles_from_its_exit_mar
     detail = on_slurm.wait_status(run_id, "SUCCEEDED", "FAILED", timeout=120)
     assert detail["status"] == "SUCCEEDED", detail["status_reason"]
     assert len(detail["attempts"]) == 1 and detail["step"] == 40
+
+
+def test_a_job_slurm_would_never_start_fails_with_the_reason(on_slurm: Product, slurm: SlurmCluster) -> None:
+    # Two nodes on a one-node cluster: Slurm accepts the job and lets it pend for ever
+    # (PartitionNodeLimit). runyard cancels it and says why instead of waiting.
+    run_id = on_slurm.submit(*ON_SLURM, "launch.nnodes=2", "name=slurm-too-big")
+    on_slurm.start_scheduler()
+    job = job_id_of(on_slurm, run_id)
+    detail = on_slurm.wait_status(run_id, "SUCCEEDED", "FAILED", timeout=120)
+    assert detail["status"] == "FAILED"
+    (attempt,) = detail["attempts"]  # not retried: it would pend again
+    assert attempt["cause"] == "LAUNCH_FAILED" and "PartitionNodeLimit" in attempt["reason"], attempt
+    assert "launch.nnodes" in attempt["reason"]
+    wait_gone(slurm, job)
