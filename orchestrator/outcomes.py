@@ -192,10 +192,10 @@ def _slurm_ended(attempt: Attempt, exited: dict | None) -> Failure | None:
     state = exited.get("slurm_state") if exited else None
     if state == "PENDING" and exited:
         reason = exited.get("slurm_reason")
-        return Failure(Cause.LAUNCH_FAILED, None, f"Slurm would never start job {attempt.job_id}: it pended with "
-                                                  f"reason {reason} (more nodes, time or resources than the partition "
-                                                  "allows, or an account or QOS not yours); cancelled. Change "
-                                                  "launch.nnodes or the [slurm] settings (sinfo shows the partitions)", "")
+        why = (f"Slurm would never start job {attempt.job_id}: it pended with reason {reason} (more nodes, time or "
+               "resources than the partition allows, or an account or QOS not yours); cancelled. Change launch.nnodes "
+               "or the [slurm] settings (sinfo shows the partitions)")
+        return Failure(Cause.LAUNCH_FAILED, None, why, "")
     cause = _SLURM_CAUSES.get(str(state))
     if cause is None:
         return None
