@@ -81,7 +81,7 @@ def test_new_run_from_the_form_trains_to_succeeded_with_charts(page: Any, runyar
     open_page(page, f"{runyard_up.url}/new", "New run")
     page.get_by_label("Name", exact=True).fill("browser-digits")
     # exact: every field has a help button, labelled "Help for <label>"
-    expect(page.get_by_label("Ranks on this machine (nproc_per_node)", exact=True)).to_have_value("2")
+    expect(page.get_by_label("Ranks per node (nproc_per_node)", exact=True)).to_have_value("2")
     fill_number(page, "Max steps", "300")
     start_button(page).click()
 
