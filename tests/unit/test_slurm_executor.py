@@ -206,3 +206,21 @@ def test_preempted_again_without_progress_spends_a_retry() -> None:
     stop = decide(AttemptOutcome(3, Cause.PREEMPTED, None, 120), [first], 1, RetryConfig(max_retries=1),
                   {"batch_size": 8})
     assert not stop.retry and "slurm.time_limit" in stop.reason
+
+
+def test_where_a_run_runs_in_words() -> None:
+    from orchestrator.format import where_short, where_text
+
+    slurm = {"launch": {"executor": "slurm", "nnodes": 2, "nproc_per_node": 4}}
+    pending = {"job_id": "42", "job_state": "PENDING", "job_reason": "Resources", "job_nodes": None,
+               "job_state_at": 100.0, "ended_at": None}
+    assert where_text(slurm, pending, now=112.0) == (
+        "On Slurm: job 42 · 2 node(s) x 4 rank(s) · PENDING (Resources: waiting for nodes to free up) · "
+        "status read 12s ago")
+    running = {**pending, "job_state": "RUNNING", "job_reason": "None", "job_nodes": "gpu[01-02]"}
+    assert where_text(slurm, running, now=101.0) == (
+        "On Slurm: job 42 · 2 node(s) x 4 rank(s) · RUNNING · nodes gpu[01-02] · status read 1s ago")
+    assert where_text(slurm, None) == "On Slurm: 2 node(s) x 4 rank(s); not submitted yet"
+    assert where_text({"launch": {"nproc_per_node": 2}}, None) is None  # a plain local run: nothing to say
+    assert "one torchrun agent per node on loopback" in (where_text({"launch": {"nnodes": 2}}, None) or "")
+    assert where_short("slurm", "42", "PENDING") == "slurm 42 PENDING" and where_short("local", None, None) == "local"
