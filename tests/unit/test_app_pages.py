@@ -27,6 +27,7 @@ import pyarrow as pa
 import pytest
 import streamlit as st
 from pydantic import Field
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 from streamlit.testing.v1 import AppTest
 
@@ -587,6 +588,25 @@ def test_new_run_form_shows_the_defaults(settings: Settings) -> None:
     assert at.number_input(key="train.max_steps").value == 3000
     assert at.number_input(key="train.lr").value == pytest.approx(0.001)
     assert not at.error
+
+
+def test_the_slurm_fields_appear_for_a_slurm_run_and_reach_its_config(settings: Settings,
+                                                                     sessions: sessionmaker[Session]) -> None:
+    at = open_page("views/new_run.py")
+    assert not [k for k in ("slurm.partition", "slurm.time_limit") if k in at.session_state]  # local: none shown
+    at.selectbox(key="launch.executor").set_value("slurm").run()
+    no_exception(at)
+    at.text_input(key="slurm.partition").set_value("gpu")
+    at.text_input(key="slurm.time_limit").set_value("01:30:00")
+    at.number_input(key="launch.nnodes").set_value(2)
+    start(at)
+    no_exception(at)
+    assert not refusals(at)
+    with sessions() as s:
+        (config_json,) = s.scalars(select(Run.config_json)).all()
+    config = json.loads(config_json)
+    assert config["launch"]["executor"] == "slurm" and config["launch"]["nnodes"] == 2
+    assert (config["slurm"]["partition"], config["slurm"]["time_limit"]) == ("gpu", "01:30:00")
 
 
 def test_negative_learning_rate_is_rejected_and_nothing_queued(settings: Settings,
