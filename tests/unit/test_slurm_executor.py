@@ -224,3 +224,46 @@ def test_where_a_run_runs_in_words() -> None:
     assert where_text({"launch": {"nproc_per_node": 2}}, None) is None  # a plain local run: nothing to say
     assert "one torchrun agent per node on loopback" in (where_text({"launch": {"nnodes": 2}}, None) or "")
     assert where_short("slurm", "42", "PENDING") == "slurm 42 PENDING" and where_short("local", None, None) == "local"
+
+
+class QueueingSlurm(FakeSlurm):
+    """A cluster that takes every job and keeps it pending."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.submitted: list[list[str]] = []
+
+    def sbatch(self, argv: list[str], env: dict[str, str]) -> str:
+        self.submitted.append(list(argv))
+        job_id = str(100 + len(self.submitted))
+        name = next(a.split("=", 1)[1] for a in argv if a.startswith("--job-name="))
+        self.queue[job_id] = JobStatus(job_id, name, "PENDING", "Priority", "")
+        return job_id
+
+
+def test_runyard_keeps_at_most_slurm_max_jobs_in_the_queue(sessions: sessionmaker[Session], settings: Settings,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.executors.local import LocalExecutor
+    from orchestrator.scheduler import Scheduler
+    from tests.unit.test_scheduler import CPU2
+
+    monkeypatch.setenv("RUNYARD_SLURM_MAX_JOBS", "2")
+    fake = QueueingSlurm()
+    executors = {"local": LocalExecutor(), "slurm": SlurmExecutor(home=str(settings.home), slurm=fake)}
+    config = RunConfig.model_validate({"name": "s", "launch": {"executor": "slurm", "nproc_per_node": 8}})
+    with sessions() as s:  # 8 ranks each: far more than this machine's 2 slots, which do not apply
+        ids = [create_run(s, config, settings.runs_dir, Price(usd_per_hour=1.0, unit="slurm")).id for _ in range(3)]
+        s.commit()
+    scheduler = Scheduler(sessions, settings, CPU2, executors=executors)  # type: ignore[arg-type]
+    try:
+        scheduler.tick()
+        scheduler.tick()
+    finally:
+        scheduler.close()
+    assert len(fake.submitted) == 2
+    with sessions() as s:
+        runs = [s.get(Run, i) for i in ids]
+        assert [r.status for r in runs] == ["STARTING", "STARTING", "QUEUED"]
+        assert "at most 2 job(s) in the Slurm queue" in (runs[2].status_reason or "")
+        attempt = s.scalar(select(Attempt).where(Attempt.run_id == ids[0]))
+        assert (attempt.executor, attempt.job_id, attempt.job_state) == ("slurm", "101", "PENDING")
