@@ -171,7 +171,8 @@ def test_resume_a_finished_run_from_an_older_checkpoint(page: Any, runyard_up: A
         d = runyard_up.cli("show", str(run_id))
         pytest.fail(f"the resumed run ended {d['status']}: {d['status_reason']} (logs: {d['attempts'][-1]['dir']})")
     expect(page.get_by_text("step 300 / 300")).to_be_visible(timeout=PAGE_TIMEOUT_MS)
-    attempts_metric = page.get_by_test_id("stMetric").filter(has_text="Attempts")
+    # Visible only: Streamlit keeps a replaced element hidden in the page while a fragment redraws.
+    attempts_metric = page.get_by_test_id("stMetric").filter(has_text="Attempts").filter(visible=True)
     expect(attempts_metric.get_by_test_id("stMetricValue")).to_have_text("2", timeout=PAGE_TIMEOUT_MS)
     show_section(page, "Attempts & logs")
     table = attempts_table(page)
