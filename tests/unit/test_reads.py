@@ -72,6 +72,8 @@ def reference_summary(session: Session, run: Run, now: float) -> dict[str, Any]:
         "id": run.id, "name": run.name, "status": run.status, "status_reason": run.status_reason,
         "tags": json.loads(run.tags_json or "[]"), "step": step, "max_steps": run.max_steps,
         "progress": min(1.0, step / run.max_steps) if run.max_steps else 0.0, "nproc": run.nproc,
+        "executor": run.executor, "job_id": attempts[-1].job_id if attempts else None,
+        "job_state": attempts[-1].job_state if attempts else None,
         "created_at": run.created_at, "started_at": run.started_at, "ended_at": run.ended_at,
         "elapsed_s": ((run.ended_at or now) - run.started_at) if run.started_at else None,
         "attempt_count": len(attempts), "cost_usd": round(cost, 6), "cost_wasted_usd": round(wasted, 6),

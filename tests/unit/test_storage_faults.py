@@ -3,7 +3,7 @@ that cannot write its database, and errors that repeat every tick.
 
 The scheduler tests call ``tick()`` directly with a small Python program as the workload (as in
 test_scheduler.py). A full disk cannot be made here (no small filesystem can be mounted), so the
-free space the scheduler sees is replaced where it is read (``orchestrator.scheduler.free_bytes``)
+free space the scheduler sees is replaced where it is read (``orchestrator.admission.free_bytes``)
 and a database that cannot grow is made with a real file-size limit in a subprocess
 (tests/faults/test_storage.py).
 """
@@ -26,6 +26,7 @@ from db.models import Attempt, Event, Run
 from db.queries import scheduler_status
 from db.scheduler_file import FILE_SIZE, SchedulerFile, read_scheduler_file
 from db.settings import Settings
+from orchestrator import admission
 from orchestrator import scheduler as scheduler_module
 from orchestrator.failures import classify, normalize_exception
 from orchestrator.repeats import RepeatedErrors
@@ -129,7 +130,7 @@ def test_a_disk_failure_is_not_retried_while_the_disk_is_still_full(
     tick_until(scheduler, lambda: status(sessions, run_id) == "RETRYING")
     _fail_with_disk(sessions, run_id)
     free = {"bytes": 10 * 2**20}
-    monkeypatch.setattr(scheduler_module, "free_bytes", lambda path: free["bytes"])
+    monkeypatch.setattr(admission, "free_bytes", lambda path: free["bytes"])
 
     for _ in range(5):
         scheduler.tick()
