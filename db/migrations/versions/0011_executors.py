@@ -1,14 +1,14 @@
 """executors: where a run and each attempt runs (local or a Slurm job), and Slurm's view of the job
 
-Revision ID: 0010
-Revises: 0009
+Revision ID: 0011
+Revises: 0010
 Create Date: 2026-11-26 08:00:00.000000
 """
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0010'
-down_revision = '0009'
+revision = '0011'
+down_revision = '0010'
 branch_labels = None
 depends_on = None
 
