@@ -222,13 +222,11 @@ class MetricRollup(Base):
     ``last_time`` belong to the point at ``last_step``, ``first_time`` to the one at
     ``first_step``. Clustered on the primary key on SQLite: one level of one metric is one
     contiguous range. The keys to ``runs`` and ``metric_names`` are SQLite's only, as for
-    :class:`MetricPoint`. On PostgreSQL its pages are filled to 70% (migration 0010): every batch
-    updates the coarse buckets again, and an update that finds room on its row's page is a HOT
-    update (no new index entry, the old version pruned in place); on full pages none was.
+    :class:`MetricPoint`.
     """
 
     __tablename__ = "metric_rollups"
-    __table_args__ = (*_metric_keys(), {"sqlite_with_rowid": False, "postgresql_with": {"fillfactor": 70}})
+    __table_args__ = (*_metric_keys(), {"sqlite_with_rowid": False})
 
     run_id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name_id: Mapped[int] = mapped_column(Integer, primary_key=True)

@@ -13,7 +13,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Connection, Engine, inspect, text
 
 from db.engine import _alembic_config, current_revision, head_revision, make_engine, upgrade
-from db.models import Base, MetricRollup, held_on, include_object
+from db.models import Base, held_on, include_object
 from tests import databases
 
 pytestmark = pytest.mark.both_dbs
@@ -41,11 +41,6 @@ def _run_triggers(conn: Connection) -> set[str]:
         "SELECT tgname FROM pg_trigger WHERE tgrelid = 'runs'::regclass AND NOT tgisinternal")).scalars())
 
 
-def _rollup_options(conn: Connection) -> list[str] | None:
-    """PostgreSQL's storage parameters of metric_rollups (the models ask for a fillfactor)."""
-    return conn.execute(text("SELECT reloptions FROM pg_class WHERE oid = 'metric_rollups'::regclass")).scalar()
-
-
 def test_upgraded_schema_matches_the_models(db_url: str, db_dialect: str) -> None:
     """SQLite's schema is exactly the models'. PostgreSQL's differs in exactly what migration
     0010 changed: the metric tables' keys are absent (the only difference found), and runs has
@@ -58,15 +53,12 @@ def test_upgraded_schema_matches_the_models(db_url: str, db_dialect: str) -> Non
         honoured = compare_metadata(MigrationContext.configure(
             conn, opts={"include_object": include_object(conn.dialect.name)}), Base.metadata)
         triggers = _run_triggers(conn) if db_dialect == "postgres" else set()
-        options = _rollup_options(conn) if db_dialect == "postgres" else None
     engine.dispose()
     if db_dialect == "sqlite":
         assert diff == []
     else:
         assert len(diff) == len(SQLITE_ONLY_KEYS) and _added_keys(diff) == SQLITE_ONLY_KEYS
         assert triggers == POSTGRES_RUN_TRIGGERS
-        # Autogenerate does not compare storage parameters: the models' one is checked here.
-        assert options == [f"{k}={v}" for k, v in MetricRollup.__table__.dialect_options["postgresql"]["with"].items()]
     assert honoured == []
 
 
@@ -199,10 +191,9 @@ def _metric_rows(engine: Engine) -> tuple[int, int]:
 
 def test_0010_goes_down_to_the_keys_and_up_again_keeping_the_points(db_url: str, db_dialect: str) -> None:
     """Down from 0010, PostgreSQL has its metric keys back under their original names (points of
-    a run that is gone, possible only without them, deleted as the cascade would have), no
-    triggers and the default fillfactor; up again, the keys go and the triggers and the
-    fillfactor come back. SQLite's schema stays as it was. The run's own points and rollups
-    survive both ways."""
+    a run that is gone, possible only without them, deleted as the cascade would have) and no
+    triggers; up again, the keys go and the triggers come back. SQLite's schema stays as it
+    was. The run's own points and rollups survive both ways."""
     from alembic import command
 
     from db.metricstore import write_points
@@ -230,14 +221,14 @@ def test_0010_goes_down_to_the_keys_and_up_again_keeping_the_points(db_url: str,
         if db_dialect == "postgres":
             assert {name for _table, name, *_rest in keys} == {f"{t}_{c}_fkey" for t, c, _r, _o in expected}
             with engine.connect() as conn:
-                assert (_run_triggers(conn), _rollup_options(conn)) == (set(), None)
+                assert _run_triggers(conn) == set()
         upgrade(db_url)
         assert current_revision(engine) == head_revision(db_url)
         assert _metric_rows(engine) == kept
         if db_dialect == "postgres":
             assert _metric_keys(engine) == set()
             with engine.connect() as conn:
-                assert (_run_triggers(conn), _rollup_options(conn)) == (POSTGRES_RUN_TRIGGERS, ["fillfactor=70"])
+                assert _run_triggers(conn) == POSTGRES_RUN_TRIGGERS
     finally:
         engine.dispose()
 

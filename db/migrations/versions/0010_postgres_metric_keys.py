@@ -1,5 +1,5 @@
-"""metric store on PostgreSQL: no foreign keys on metric_points and metric_rollups (a trigger on
-runs deletes a run's points and rollups instead); metric_rollups's pages filled to 70%
+"""metric store on PostgreSQL: no foreign keys on metric_points and metric_rollups; triggers on
+runs delete a run's points and rollups instead
 
 PostgreSQL checks a foreign key with a row-level trigger: one ``SELECT ... FOR KEY SHARE`` on
 ``runs`` and one on ``metric_names`` for every point and every rollup row written. That was most
@@ -9,12 +9,6 @@ written by a run's own rank 0, under its own run id and under name ids it has ju
 that writer now checks its batch's runs and names once a batch (db/metricbulk.py) instead of
 once a row. What the keys did that matters is kept: deleting a run (or emptying ``runs`` with
 TRUNCATE ... CASCADE) deletes its points and rollups, through the triggers made here.
-
-Also on PostgreSQL: metric_rollups's new pages are filled to 70% only. Every batch updates the
-coarse buckets it touches again; on a full page such an update must put the new row version on
-another page with a new index entry, while with room left it is a HOT update (no index entry,
-the dead version pruned in place). With 12-step batches no update was HOT before, nearly all
-after, and the table took half the space.
 
 SQLite keeps its schema: its writer connection already skips the checks (``PRAGMA
 foreign_keys=OFF`` on that connection only), and its other connections keep the cascade.
@@ -83,13 +77,11 @@ def upgrade() -> None:
     op.execute(TRUNCATE_FUNCTION)
     op.execute("CREATE TRIGGER runs_truncate_metrics AFTER TRUNCATE ON runs "
                "FOR EACH STATEMENT EXECUTE FUNCTION truncate_run_metrics()")
-    op.execute("ALTER TABLE metric_rollups SET (fillfactor = 70)")
 
 
 def downgrade() -> None:
     if not _postgres():
         return
-    op.execute("ALTER TABLE metric_rollups RESET (fillfactor)")
     op.execute("DROP TRIGGER runs_truncate_metrics ON runs")
     op.execute("DROP FUNCTION truncate_run_metrics()")
     op.execute("DROP TRIGGER runs_delete_metrics ON runs")
