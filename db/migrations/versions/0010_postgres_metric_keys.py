@@ -19,7 +19,7 @@ have deleted them, since the keys could not be created over them.
 
 Revision ID: 0010
 Revises: 0009
-Create Date: 2026-11-28 06:00:00.000000
+Create Date: 2026-11-26 06:20:00.000000
 """
 from alembic import op
 
