@@ -59,7 +59,7 @@ def _metric_keys() -> tuple[ForeignKeyConstraint, ForeignKeyConstraint]:
     """The run and name keys of metric_points and metric_rollups: SQLite only.
 
     PostgreSQL checks a foreign key with a trigger per row written (a ``SELECT ... FOR KEY
-    SHARE`` on the run and on the name), which made its ingest three to five times slower than
+    SHARE`` on the run and on the name), which made its ingest four to seven times slower than
     SQLite's (BENCHMARKS.md). These rows are written only by a run's own rank 0, under its run
     id and name ids it has just resolved, and that writer checks both once a batch
     (db/metricbulk.py); deleting a run deletes its rows through a trigger on ``runs``
