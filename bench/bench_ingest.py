@@ -16,7 +16,8 @@ steps a batch (625 steps = 50k points: what one flush holds at 100k points/s), a
 ``SqlAlchemyStore.log_batch`` in batches of 12 steps (960 metrics; MLflow refuses more than
 1000 a call), each rank's value as its own key ``<metric>/rank<r>`` (MLflow has no rank).
 Only the writes are timed (not building the rows, not creating the schema or the run). Each
-repetition uses a fresh folder; the three are interleaved so that load affects them alike.
+repetition uses a fresh folder; the sides take turns (SQLite and PostgreSQL of one batch size
+back to back) so that load affects them alike.
 
 MLflow is not a dependency of runyard: install it into a throwaway virtual environment and
 name its interpreter with ``--mlflow-python`` (the MLflow side then runs there, in a child
@@ -159,8 +160,10 @@ def main() -> None:
     servers: dict[str, str | None] = {"sqlite": None}
     if args.db_url:
         servers["postgres"] = args.db_url
-    sides = {f"runyard {db}, {b}-step batches": (b, server) for db, server in servers.items()
-             for b in (args.batch_steps, 12)}
+    # SQLite and PostgreSQL of one batch size run back to back, so that the two sides of each ratio
+    # meet about the same load.
+    sides = {f"runyard {db}, {b}-step batches": (b, server) for b in (args.batch_steps, 12)
+             for db, server in servers.items()}
     mlflow_sides = {} if args.no_mlflow else {f"mlflow {db}": server for db, server in servers.items()}
     results: dict[str, list[float]] = {name: [] for name in [*sides, *mlflow_sides]}
     mlflow_missing = False

@@ -1,56 +1,137 @@
-"""PostgreSQL's write path of the metric store: each batch through COPY.
+"""PostgreSQL's write path of the metric store: each batch through binary COPY.
 
 SQLite runs a batch's rows through the DBAPI's ``executemany`` (db/metricstore.py), one cheap
 in-process call a row. On PostgreSQL each row of an ``executemany`` is a statement the server
 parses, plans and answers, and a batch sent as arrays spends its time quoting them; either
 way ingest was five to eight times slower than SQLite's (BENCHMARKS.md). Here the points go in
-with ``COPY metric_points FROM STDIN`` (psycopg's C row writer), and the rollups are copied into
-a temporary table of the connection (emptied at each commit) and merged from there with one
-``INSERT ... SELECT ... ON CONFLICT DO UPDATE``, the same merge SQLite's upsert does
+with ``COPY metric_points FROM STDIN (FORMAT BINARY)`` (psycopg's C row writer; binary, because
+printing and parsing every float as text was half of the COPY's time), and the rollups are
+copied into a temporary table of the connection (emptied at each commit) and merged from there
+with one ``INSERT ... SELECT ... ON CONFLICT DO UPDATE``, the same merge SQLite's upsert does
 (db/metricrollups.py). Everything runs in the caller's transaction. ``None`` is NULL, which is
-NaN, as everywhere in the store; infinities are copied as ``Infinity``.
+NaN, as everywhere in the store; infinities are stored as such.
+
+PostgreSQL holds no foreign keys on these two tables (migration 0010: its per-row key checks
+were most of the server's ingest time). What they checked is checked here once a batch: the
+batch's runs and metric names are read ``FOR KEY SHARE`` before its rows go in, so that a batch
+for a run that is gone is refused, and a run deleted meanwhile waits for the batch's commit and
+then deletes its points too (the trigger of migration 0010).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import Connection, column, select, table
+from sqlalchemy import BigInteger, Connection, Float, Integer, Table, column, event, select, table
 from sqlalchemy.dialects import postgresql
 
-from db.metricrollups import ROLLUP_COLUMNS, merge_rollups
-from db.models import MetricRollup
+from db.metricrollups import ROLLUP_COLUMNS, BatchRollups, MetricStoreError, merge_rollups
+from db.models import MetricPoint, MetricRollup
 
 POINT_COLUMNS = ("run_id", "name_id", "attempt", "step", "rank", "value", "wall_time")
 BATCH_TABLE = "metric_rollups_batch"
-_MERGE = postgresql.insert(MetricRollup).from_select(
-    list(ROLLUP_COLUMNS), select(*[column(c) for c in ROLLUP_COLUMNS]).select_from(table(BATCH_TABLE)))
+# Connection.info key: the connection's temporary table exists (see _batch_table).
+_HAS_BATCH_TABLE = "runyard.metric_batch_table"
+_MERGE = merge_rollups(postgresql.insert(MetricRollup).from_select(
+    list(ROLLUP_COLUMNS), select(*[column(c) for c in ROLLUP_COLUMNS]).select_from(table(BATCH_TABLE))), "postgresql")
+# INTEGER's range: psycopg's binary writer wraps a larger Python int around instead of refusing it.
+INT4_MIN, INT4_MAX = -(2**31), 2**31 - 1
+# The batch's runs and names, each row locked as a foreign key's check would lock it.
+_HOLD_KEYS = (
+    "WITH runs_held AS (SELECT id FROM runs WHERE id = ANY(%(runs)s) FOR KEY SHARE), "
+    "names_held AS (SELECT id FROM metric_names WHERE id = ANY(%(names)s) FOR KEY SHARE) "
+    "SELECT ARRAY(SELECT id FROM runs_held), ARRAY(SELECT id FROM names_held)"
+)
 
 
-def _copy(conn: Connection, into: str, columns: tuple[str, ...], rows: list[tuple]) -> None:
+def copy_types(source: Table, columns: Iterable[str]) -> list[str]:
+    """The PostgreSQL type of each of ``source``'s ``columns``, as binary COPY must send it (the
+    server converts nothing: the bytes must be the column's own type)."""
+    types = []
+    for name in columns:
+        kind = source.c[name].type
+        if isinstance(kind, BigInteger):
+            types.append("int8")
+        elif isinstance(kind, Integer):
+            types.append("int4")
+        elif isinstance(kind, Float):
+            types.append("float8")
+        else:
+            raise MetricStoreError(f"column {source.name}.{name} has type {kind!r}, which the binary COPY "
+                                   "of the metric store does not write")
+    return types
+
+
+POINT_TYPES = copy_types(MetricPoint.__table__, POINT_COLUMNS)  # type: ignore[arg-type]
+ROLLUP_TYPES = copy_types(MetricRollup.__table__, ROLLUP_COLUMNS)  # type: ignore[arg-type]
+
+
+def _copy(conn: Connection, into: str, columns: tuple[str, ...], types: list[str], rows: list[tuple]) -> None:
     cursor: Any = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
     try:
-        with cursor.copy(f"COPY {into} ({', '.join(columns)}) FROM STDIN") as copy:
+        with cursor.copy(f"COPY {into} ({', '.join(columns)}) FROM STDIN (FORMAT BINARY)") as copy:
+            copy.set_types(types)
             for row in rows:
                 copy.write_row(row)
     finally:
         cursor.close()
 
 
+def check_ranges(batch: BatchRollups) -> None:
+    """Refuse a batch with a key that INTEGER cannot hold: binary COPY would store it wrapped
+    around (text COPY refused it on the server).
+
+    Raises:
+        MetricStoreError: naming the key and the value.
+    """
+    for key, (low, high) in batch.key_ranges.items():
+        for value in (low, high):
+            if not INT4_MIN <= value <= INT4_MAX:
+                raise MetricStoreError(f"metric point {key}={value} is outside PostgreSQL's INTEGER range "
+                                       f"[{INT4_MIN}, {INT4_MAX}]; nothing of this batch was written")
+
+
+def _hold_keys(conn: Connection, run_ids: set[int], name_ids: set[int]) -> None:
+    """Lock the batch's runs and names against deletion until commit, as a foreign key's check
+    does for each row; refuse the batch if one of them does not exist."""
+    runs, names = conn.exec_driver_sql(_HOLD_KEYS, {"runs": sorted(run_ids), "names": sorted(name_ids)}).one()
+    missing_runs, missing_names = sorted(run_ids - set(runs)), sorted(name_ids - set(names))
+    if missing_runs or missing_names:
+        raise MetricStoreError(f"metric points for run_id {missing_runs} / name_id {missing_names} that do not "
+                               "exist (deleted while the run was writing?); nothing of this batch was written")
+
+
 def _batch_table(conn: Connection) -> None:
-    """The connection's temporary table for a batch's rollups. Created by the first batch of a
-    connection, and again after a rollback took it away (one cheap statement a batch)."""
+    """The connection's temporary table for a batch's rollups: created by the first batch of a
+    connection, and again after a rollback (which may have taken it away)."""
+    if conn.info.get(_HAS_BATCH_TABLE):
+        return
     conn.exec_driver_sql(f"CREATE TEMPORARY TABLE IF NOT EXISTS {BATCH_TABLE} (LIKE metric_rollups) "
                          "ON COMMIT DELETE ROWS")
+    conn.info[_HAS_BATCH_TABLE] = True
+    event.listen(conn, "rollback", _forget_batch_table, once=True)
 
 
-def write_batch(conn: Connection, points: list[tuple], rollups: list[tuple]) -> None:
-    """Insert ``points`` (tuples in ``POINT_COLUMNS`` order, none stored yet) and merge
-    ``rollups`` (tuples in ``ROLLUP_COLUMNS`` order) into the stored buckets."""
-    if points:
-        _copy(conn, "metric_points", POINT_COLUMNS, points)
-    if rollups:
+def _forget_batch_table(conn: Connection) -> None:
+    conn.info.pop(_HAS_BATCH_TABLE, None)
+
+
+def write_batch(conn: Connection, points: list[tuple], batch: BatchRollups) -> None:
+    """Insert ``points`` (tuples in ``POINT_COLUMNS`` order, none stored yet) and merge the
+    batch's rollups (``batch.rows``, tuples in ``ROLLUP_COLUMNS`` order) into the stored buckets.
+
+    Raises:
+        MetricStoreError: a key is outside INTEGER, or a run or metric name of the batch does
+            not exist; nothing was written.
+    """
+    if not points:
+        return
+    check_ranges(batch)
+    _hold_keys(conn, {run for run, _attempt in batch.step_ranges}, {p[1] for p in points})
+    _copy(conn, "metric_points", POINT_COLUMNS, POINT_TYPES, points)
+    if batch.rows:
         _batch_table(conn)
-        _copy(conn, BATCH_TABLE, ROLLUP_COLUMNS, rollups)
-        conn.execute(merge_rollups(_MERGE, "postgresql"))
+        _copy(conn, BATCH_TABLE, ROLLUP_COLUMNS, ROLLUP_TYPES, batch.rows)
+        conn.execute(_MERGE)
         conn.exec_driver_sql(f"DELETE FROM {BATCH_TABLE}")  # the next batch of this transaction starts empty

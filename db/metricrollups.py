@@ -47,11 +47,15 @@ class BatchRollups:
         repeated: Some point (run, name, attempt, step, rank) appears more than once (the
             rows are then not to be used: drop the repeats and summarize again).
         step_ranges: (run, attempt) -> (smallest, largest) step of the batch.
+        key_ranges: (smallest, largest) value of each integer column of the points (``run_id``,
+            ``name_id``, ``attempt``, ``rank``, ``step``), for a database whose integers are
+            narrower than Python's.
     """
 
     rows: list[tuple]
     repeated: bool
     step_ranges: dict[tuple[int, int], tuple[int, int]]
+    key_ranges: dict[str, tuple[int, int]]
 
 
 def summarize(run: Sequence[int], name: Sequence[int], attempt: Sequence[int], step: Sequence[int],
@@ -85,7 +89,10 @@ def summarize(run: Sequence[int], name: Sequence[int], attempt: Sequence[int], s
         for number in range(1, LEVELS + 1):
             level = _coarser(level)
             rows.extend(_level_rows(number, level))
-    return BatchRollups(rows=rows, repeated=repeated, step_ranges=_step_ranges(run_a, attempt_a, step_a))
+    key_ranges = {key: (int(c.min()), int(c.max()))
+                  for key, c in zip(("run_id", "name_id", "attempt", "rank", "step"), cols, strict=True)}
+    return BatchRollups(rows=rows, repeated=repeated, step_ranges=_step_ranges(run_a, attempt_a, step_a),
+                        key_ranges=key_ranges)
 
 
 def _coarser(p: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -140,6 +140,10 @@ def write_points(conn: Connection, rows: list[dict[str, Any]]) -> None:
     )
     points: list[Point] = list(zip(*columns, strict=True))
     batch = summarize(*columns)
+    if conn.dialect.name == "postgresql":
+        from db.metricbulk import check_ranges
+
+        check_ranges(batch)  # before the first statement that binds a key
     if batch.repeated:  # a point repeated within the batch: keep its first value
         first: dict[tuple, Point] = {}
         for p in points:
@@ -155,7 +159,7 @@ def write_points(conn: Connection, rows: list[dict[str, Any]]) -> None:
     if conn.dialect.name == "postgresql":
         from db.metricbulk import write_batch
 
-        write_batch(conn, points, batch.rows)  # one statement per table (db/metricbulk.py)
+        write_batch(conn, points, batch)  # binary COPY, a merge, a key check a batch (db/metricbulk.py)
         return
     _executemany(conn, "points", _points_insert, _POINT_COLUMNS, points)
     _executemany(conn, "rollups", rollup_upsert, ROLLUP_COLUMNS, batch.rows)

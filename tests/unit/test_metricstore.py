@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, select, text
 from sqlalchemy.orm import Session
 
 from db import metricstore
 from db.engine import make_engine, upgrade
-from db.metricstore import BASE, LEVELS, series, write_points
+from db.metricstore import BASE, LEVELS, MetricStoreError, series, write_points
 from db.models import MetricRollup
 
 NAN, INF = float("nan"), float("inf")
@@ -336,3 +336,123 @@ def test_the_writers_connection_skips_key_checks_and_the_others_keep_them(tmp_pa
     finally:
         app.dispose()
         writer.dispose()
+
+
+def _rows_of(engine: Engine, run_id: int) -> tuple[int, int]:
+    """How many points and rollup rows ``run_id`` has."""
+    with engine.connect() as conn:
+        return tuple(conn.execute(text(  # type: ignore[return-value]
+            "SELECT (SELECT count(*) FROM metric_points WHERE run_id = :id), "
+            "(SELECT count(*) FROM metric_rollups WHERE run_id = :id)"), {"id": run_id}).one())
+
+
+def _points_of(run_id: int, steps: range) -> list[dict[str, Any]]:
+    return [{"run_id": run_id, "key": key, "attempt": 1, "rank": rank, "step": step, "value": 1.0 / (1 + step),
+             "wall_time": 100.0 + step} for step in steps for rank in (0, 1) for key in ("loss", "lr")]
+
+
+def test_deleting_a_run_deletes_its_points_and_rollups(migrated_url: str, db_dialect: str) -> None:
+    """What rank 0's writer wrote goes with its run, and no other run's: on SQLite through the
+    keys' cascade (from any connection but the writer's), on PostgreSQL, which has no keys on
+    the metric tables, through the triggers on runs (migration 0010), for DELETE and for
+    TRUNCATE ... CASCADE alike."""
+    app, writer = make_engine(migrated_url), make_engine(migrated_url, foreign_keys=False)
+    try:
+        gone, stays = new_run(app), new_run(app)
+        for run_id in (gone, stays):
+            with writer.begin() as conn:
+                write_points(conn, _points_of(run_id, range(50)))
+        kept = _rows_of(app, stays)
+        assert _rows_of(app, gone) == kept and kept[0] == 200 and kept[1] > 0
+        with app.begin() as conn:
+            conn.execute(text("DELETE FROM runs WHERE id = :id"), {"id": gone})
+        assert (_rows_of(app, gone), _rows_of(app, stays)) == ((0, 0), kept)
+        with app.begin() as conn:
+            conn.execute(text("TRUNCATE runs CASCADE" if db_dialect == "postgres" else "DELETE FROM runs"))
+        assert _rows_of(app, stays) == (0, 0)
+    finally:
+        app.dispose()
+        writer.dispose()
+
+
+def test_points_of_a_run_that_does_not_exist_are_refused(migrated_url: str, db_dialect: str) -> None:
+    """On PostgreSQL the writer's own check refuses the batch (naming the run), since no key
+    does; on SQLite the key does, on every connection but the writer's (see the test above)."""
+    import sqlalchemy.exc
+
+    engine = make_engine(migrated_url)
+    try:
+        run_id = new_run(engine)
+        refused: Any = (pytest.raises(MetricStoreError, match=rf"run_id \[{run_id + 100}\]")
+                        if db_dialect == "postgres" else pytest.raises(sqlalchemy.exc.IntegrityError))
+        with refused, engine.begin() as conn:
+            write_points(conn, _points_of(run_id, range(3)) + _points_of(run_id + 100, range(3)))
+        assert _rows_of(engine, run_id) == (0, 0)
+    finally:
+        engine.dispose()
+
+
+def test_a_run_deleted_during_a_batch_waits_for_it_and_takes_its_points(migrated_url: str,
+                                                                          db_dialect: str) -> None:
+    """DELETE of a run whose writer has a batch open waits until the batch commits, then deletes
+    the batch's points too: no point outlives its run. PostgreSQL: the writer's batch holds the
+    run FOR KEY SHARE, as a key's check would; SQLite: the writer holds the database's write
+    lock."""
+    import threading
+
+    app, writer = make_engine(migrated_url), make_engine(migrated_url, foreign_keys=False)
+    try:
+        run_id = new_run(app)
+
+        def delete_run() -> None:
+            with app.begin() as conn:
+                conn.execute(text("DELETE FROM runs WHERE id = :id"), {"id": run_id})
+
+        deleter = threading.Thread(target=delete_run)
+        with writer.begin() as conn:
+            write_points(conn, _points_of(run_id, range(20)))
+            deleter.start()
+            if db_dialect == "postgres":
+                assert _waits_on_a_lock(writer, "DELETE FROM runs")
+            deleter.join(0.5)
+            assert deleter.is_alive()  # waiting for this batch
+        deleter.join(20)
+        assert not deleter.is_alive()
+        assert _rows_of(app, run_id) == (0, 0)
+    finally:
+        app.dispose()
+        writer.dispose()
+
+
+def _waits_on_a_lock(engine: Engine, query: str, timeout_s: float = 10.0) -> bool:
+    """Whether a PostgreSQL backend running ``query`` waits on a lock within ``timeout_s``."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    with engine.connect() as conn:
+        while time.monotonic() < deadline:
+            if conn.execute(text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                 "AND query LIKE :q"), {"q": query + "%"}).scalar_one():
+                return True
+            time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("key", ["step", "rank"])
+def test_a_key_beyond_postgres_integer_is_refused_there_and_stored_on_sqlite(engine: Engine, db_dialect: str,
+                                                                             key: str) -> None:
+    """PostgreSQL's INTEGER stops at 2**31 - 1; a larger step or rank is refused by name (binary
+    COPY would store it wrapped around), never stored as another one. SQLite's integers are
+    64-bit."""
+    run_id = new_run(engine)
+    rows = [{**row, key: 2**31 + row["step"]} for row in _points_of(run_id, range(3))]
+    if db_dialect == "postgres":
+        with pytest.raises(MetricStoreError, match=rf"{key}=214748364[89] is outside PostgreSQL's INTEGER"), \
+                engine.begin() as conn:
+            write_points(conn, rows)
+        assert _rows_of(engine, run_id) == (0, 0)
+    else:
+        with engine.begin() as conn:
+            write_points(conn, rows)
+        with engine.connect() as conn:
+            assert conn.execute(text(f"SELECT max({key}) FROM metric_points")).scalar_one() == 2**31 + 2

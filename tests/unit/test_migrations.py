@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect, text
+from sqlalchemy import Connection, Engine, inspect, text
 
 from db.engine import _alembic_config, current_revision, head_revision, make_engine, upgrade
-from db.models import Base
+from db.models import Base, held_on, include_object
 from tests import databases
 
 pytestmark = pytest.mark.both_dbs
@@ -23,13 +23,53 @@ RUN = ("INSERT INTO runs (name, status, config_json, config_hash, tags_json, max
        "('old', 'SUCCEEDED', '{}', 'h', '[]', 10, 2, '/x', 0.1, 'cpu', 1.0, 2.0)")
 
 
-def test_upgraded_schema_matches_the_models(db_url: str) -> None:
+# The foreign keys that only SQLite holds (migration 0010): (table, column, referred table).
+SQLITE_ONLY_KEYS = {
+    ("metric_points", "run_id", "runs"), ("metric_points", "name_id", "metric_names"),
+    ("metric_rollups", "run_id", "runs"), ("metric_rollups", "name_id", "metric_names"),
+}
+# What deletes a run's points and rollups on PostgreSQL instead of those keys' cascade.
+POSTGRES_RUN_TRIGGERS = {"runs_delete_metrics", "runs_truncate_metrics"}
+
+
+def _added_keys(diff: list) -> set[tuple[str, ...]]:
+    return {(op[1].table.name, *op[1].column_keys, op[1].referred_table.name) for op in diff if op[0] == "add_fk"}
+
+
+def _run_triggers(conn: Connection) -> set[str]:
+    return set(conn.execute(text(
+        "SELECT tgname FROM pg_trigger WHERE tgrelid = 'runs'::regclass AND NOT tgisinternal")).scalars())
+
+
+def test_upgraded_schema_matches_the_models(db_url: str, db_dialect: str) -> None:
+    """SQLite's schema is exactly the models'. PostgreSQL's differs in exactly what migration
+    0010 changed: the metric tables' keys are absent (the only difference found), and runs has
+    the triggers that delete a run's points and rollups; the models say so (``held_on``), and
+    the comparison that honours it (autogenerate's, db/migrations/env.py) finds nothing."""
     upgrade(db_url)
     engine = make_engine(db_url)
     with engine.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+        honoured = compare_metadata(MigrationContext.configure(
+            conn, opts={"include_object": include_object(conn.dialect.name)}), Base.metadata)
+        triggers = _run_triggers(conn) if db_dialect == "postgres" else set()
     engine.dispose()
-    assert diff == []
+    if db_dialect == "sqlite":
+        assert diff == []
+    else:
+        assert len(diff) == len(SQLITE_ONLY_KEYS) and _added_keys(diff) == SQLITE_ONLY_KEYS
+        assert triggers == POSTGRES_RUN_TRIGGERS
+    assert honoured == []
+
+
+def test_only_the_metric_keys_are_sqlite_only() -> None:
+    """The models' dialect-only items are exactly those keys: every other constraint is held on
+    both databases."""
+    only_sqlite = {(t.name, *fk.column_keys, fk.referred_table.name)
+                   for t in Base.metadata.sorted_tables for fk in t.foreign_key_constraints
+                   if not held_on(fk, "postgresql")}
+    assert only_sqlite == SQLITE_ONLY_KEYS
+    assert all(held_on(c, "sqlite") for t in Base.metadata.sorted_tables for c in t.constraints)
 
 
 def test_downgrade_to_base_and_up_again(db_url: str) -> None:
@@ -133,6 +173,66 @@ def assert_rollups_match_the_store(fresh_url: str, engine) -> None:  # type: ign
         assert x[7] == pytest.approx(y[7]) if y[7] is not None else x[7] is None
 
 
+def _metric_keys(engine: Engine) -> set[tuple[str | None, ...]]:
+    """(table, name, column, referred table, ON DELETE) of each foreign key of the metric tables."""
+    found = set()
+    for name in ("metric_points", "metric_rollups"):
+        for fk in inspect(engine).get_foreign_keys(name):
+            found.add((name, fk["name"], *fk["constrained_columns"], fk["referred_table"],
+                       fk.get("options", {}).get("ondelete")))
+    return found
+
+
+def _metric_rows(engine: Engine) -> tuple[int, int]:
+    with engine.connect() as conn:
+        return (conn.execute(text("SELECT count(*) FROM metric_points")).scalar_one(),
+                conn.execute(text("SELECT count(*) FROM metric_rollups")).scalar_one())
+
+
+def test_0010_goes_down_to_the_keys_and_up_again_keeping_the_points(db_url: str, db_dialect: str) -> None:
+    """Down from 0010, PostgreSQL has its metric keys back under their original names (points of
+    a run that is gone, possible only without them, deleted as the cascade would have) and no
+    triggers; up again, the keys go and the triggers come back. SQLite's schema stays as it
+    was. The run's own points and rollups survive both ways."""
+    from alembic import command
+
+    from db.metricstore import write_points
+
+    upgrade(db_url)
+    engine = make_engine(db_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text(RUN))
+            write_points(conn, [{"run_id": 1, "attempt": 1, "rank": r, "step": s, "key": "loss", "value": 1.0 / s,
+                                 "wall_time": 100.0 + s} for s in range(1, 40) for r in (0, 1)])
+        kept = _metric_rows(engine)
+        if db_dialect == "postgres":
+            assert _metric_keys(engine) == set()
+            with engine.begin() as conn:  # a point of a run that does not exist: no key refuses it now
+                conn.execute(text("INSERT INTO metric_points SELECT 99, name_id, attempt, step, rank, value, wall_time "
+                                  "FROM metric_points"))
+        command.downgrade(_alembic_config(db_url), "0009")
+        assert current_revision(engine) == "0009"
+        assert _metric_rows(engine) == kept
+        expected = {(table, column, referred, "CASCADE" if column == "run_id" else None)
+                    for table, column, referred in SQLITE_ONLY_KEYS}
+        keys = _metric_keys(engine)
+        assert {(table, column, referred, ondelete) for table, _name, column, referred, ondelete in keys} == expected
+        if db_dialect == "postgres":
+            assert {name for _table, name, *_rest in keys} == {f"{t}_{c}_fkey" for t, c, _r, _o in expected}
+            with engine.connect() as conn:
+                assert _run_triggers(conn) == set()
+        upgrade(db_url)
+        assert current_revision(engine) == head_revision(db_url)
+        assert _metric_rows(engine) == kept
+        if db_dialect == "postgres":
+            assert _metric_keys(engine) == set()
+            with engine.connect() as conn:
+                assert _run_triggers(conn) == POSTGRES_RUN_TRIGGERS
+    finally:
+        engine.dispose()
+
+
 def _scripts_failing_in(tmp_path: Path, revision: str) -> Path:
     """A copy of the migrations in which ``revision`` raises after doing all its work."""
     src = Path(_alembic_config("sqlite://").get_main_option("script_location") or "")
@@ -167,6 +267,30 @@ def test_an_interrupted_upgrade_stops_at_the_last_completed_revision(db_url: str
             assert "metrics" in tables  # 0005 dropped it; the rollback brought it back
             upgrade(db_url)
             assert current_revision(engine) == head_revision(db_url)
+    finally:
+        engine.dispose()
+
+
+def test_an_interrupted_0010_leaves_the_metric_keys_in_place(db_url: str, db_dialect: str, tmp_path: Path) -> None:
+    """Migration 0010 fails after dropping the keys and creating the triggers: PostgreSQL rolls it
+    back whole (the database at 0009 with its four keys and no trigger), and a later upgrade with
+    the real scripts reaches head."""
+    from alembic import command
+
+    cfg = _alembic_config(db_url)
+    cfg.set_main_option("script_location", str(_scripts_failing_in(tmp_path, "0010")))
+    with pytest.raises(RuntimeError, match="interrupted inside the migration"):
+        command.upgrade(cfg, "head")
+    engine = make_engine(db_url)
+    try:
+        assert current_revision(engine) == "0009"
+        assert len(_metric_keys(engine)) == 4
+        if db_dialect == "postgres":
+            with engine.connect() as conn:
+                assert _run_triggers(conn) == set()
+        upgrade(db_url)
+        assert current_revision(engine) == head_revision(db_url)
+        assert len(_metric_keys(engine)) == (0 if db_dialect == "postgres" else 4)
     finally:
         engine.dispose()
 
