@@ -23,12 +23,24 @@ pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 ON_SLURM = ("launch.executor=slurm", "launch.nproc_per_node=2")
 
 
-@pytest.fixture
-def on_slurm(slurm: SlurmCluster, product: Product) -> Product:
-    """An installation whose scheduler reaches the test cluster, polling it every second."""
+def reaching(slurm: SlurmCluster, product: Product) -> Product:
+    """``product`` with its scheduler reaching the test cluster, polling it every second."""
     product.env["SLURM_CONF"] = str(slurm.conf)
     product.env["RUNYARD_SLURM_POLL_S"] = "1"
     return product
+
+
+@pytest.fixture
+def on_slurm(slurm: SlurmCluster, product: Product) -> Product:
+    """An installation on SQLite whose scheduler submits to the test cluster."""
+    return reaching(slurm, product)
+
+
+@pytest.fixture
+def on_slurm_any_db(slurm: SlurmCluster, any_product: Product) -> Product:
+    """The same on the case's database: on PostgreSQL, rank 0 in the Slurm job writes there, as it
+    would from a compute node."""
+    return reaching(slurm, any_product)
 
 
 def job_id_of(product: Product, run_id: int, attempt: int = -1, timeout: float = 60) -> int:
@@ -48,7 +60,8 @@ def wait_gone(slurm: SlurmCluster, job_id: int, timeout: float = 60) -> None:
                    in ("GONE", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT"), timeout)
 
 
-def test_a_two_rank_run_succeeds_with_per_rank_metrics_and_logs(on_slurm: Product, slurm: SlurmCluster) -> None:
+def test_a_two_rank_run_succeeds_with_per_rank_metrics_and_logs(on_slurm_any_db: Product, slurm: SlurmCluster) -> None:
+    on_slurm = on_slurm_any_db
     run_id = on_slurm.submit(*ON_SLURM, "train.max_steps=60", "checkpoint.every_steps=30", "name=slurm-ok")
     on_slurm.start_scheduler()
     detail = on_slurm.wait_status(run_id, "SUCCEEDED", "FAILED", timeout=180)
