@@ -98,6 +98,11 @@ def startup_text(status: str, attempt: dict | None, config: dict, now: float | N
     launch = config.get("launch", {})
     ranks = (launch.get("nproc_per_node") or 1) * (launch.get("nnodes") or 1)
     since = f" ({duration(now - attempt['started_at'])} since launch)" if attempt.get("started_at") else ""
+    if attempt.get("job_state") in QUEUED_JOB_STATES:
+        reason = attempt.get("job_reason")
+        why = f" ({reason})" if reason and reason != "None" else ""
+        return (f"Queued on Slurm: job {attempt.get('job_id')} waits for its allocation{why}; submitted "
+                f"{duration(now - attempt['started_at'])} ago")
     if attempt["phase"] == AttemptPhase.SETUP:
         restoring = f", restoring step {attempt['resume_step']}" if attempt.get("resume_step") else ""
         return f"Setting up: loading the data and building the model{restoring}{since}"
@@ -130,6 +135,8 @@ def estimate_text(e: StartEstimate) -> str:
             f"{source}{start}; at {price}.")
 
 
+# A Slurm job in these states has no process yet (orchestrator/executors/slurm.py).
+QUEUED_JOB_STATES = ("PENDING", "CONFIGURING")
 # Slurm's commonest reasons for a pending job, in words (others are shown as Slurm says them).
 _PENDING_REASONS = {
     "Resources": "waiting for nodes to free up",

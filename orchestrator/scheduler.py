@@ -477,7 +477,7 @@ class Scheduler(Admission):
                               partial(self.scripts.tick, session, run, attempt, config))
         if status is RunStatus.CANCELLING:
             self._stop(session, run, attempt, config.supervision.grace_s)
-        else:
+        elif not executor.queued(attempt):
             watchdog.check(session, run, attempt, config.supervision, script=config.workload.kind == "script",
                            dumps=self.dumps, executor=executor)
         if run.dump_requested_at is not None:

@@ -105,6 +105,11 @@ class Executor(Protocol):
         """Whether the attempt's ranks have started (a script that reports no step)."""
         ...
 
+    def queued(self, attempt: Attempt) -> bool:
+        """Whether the attempt still waits for its allocation (a pending Slurm job): no process
+        yet, so no hang to watch for and no start-up clock running."""
+        ...
+
     def terminate(self, run: Run, attempt: Attempt) -> bool:
         """SIGTERM to every rank (they checkpoint and exit); False when nothing could be reached
         yet (launched a moment ago): the caller tries again on the next tick."""

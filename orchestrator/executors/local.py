@@ -97,6 +97,9 @@ class LocalExecutor:
     def ranks_running(self, run: Run, attempt: Attempt) -> bool:
         return bool(rank_processes(run.run_dir, attempt.number, attempt.pid, attempt.pid_create_time, orphans=False))
 
+    def queued(self, attempt: Attempt) -> bool:
+        return False  # started at once
+
     def terminate(self, run: Run, attempt: Attempt) -> bool:
         return bool(signal_attempt(run.run_dir, attempt.number, attempt.pid, attempt.pid_create_time, signal.SIGTERM))
 

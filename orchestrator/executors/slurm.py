@@ -25,11 +25,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, object_session
 
 from db.layout import LAUNCHER_LOG, AttemptPaths
 from db.models import Attempt, Event, Run
 from orchestrator.executors import ExecutorError, LaunchRequest, Liveness, Observation
+from orchestrator.format import QUEUED_JOB_STATES
 from orchestrator.launcher import entry_argv, rdzv_id
 from orchestrator.slurm import ACTIVE_STATES, NEVER_STARTS, JobStatus, Slurm, SlurmError
 from orchestrator.slurm.job import program
@@ -161,9 +162,16 @@ class SlurmExecutor:
         self._polled_at = now
         for attempt in attempts:
             job = self._jobs.get(attempt.job_id or "")
-            if job is not None:
-                self._gone_since.pop(job.job_id, None)
-                _record(attempt, job.state, job.reason, job.nodes, now)
+            if job is None:
+                continue
+            self._gone_since.pop(job.job_id, None)
+            submitted = attempt.started_at
+            if _record(attempt, job.state, job.reason, job.nodes, now):
+                session = object_session(attempt)
+                if session is not None:
+                    session.add(Event(run_id=attempt.run_id, attempt=attempt.number, at=now, kind="slurm",
+                                      message=f"Slurm job {job.job_id} started on {job.nodes or 'its nodes'} after "
+                                              f"{now - submitted:.0f} s in the queue"))
 
     def observe(self, session: Session, run: Run, attempt: Attempt) -> Observation:
         marker = read_exit(Path(attempt.dir))
@@ -232,6 +240,9 @@ class SlurmExecutor:
 
     def ranks_running(self, run: Run, attempt: Attempt) -> bool:
         return attempt.job_state == "RUNNING"
+
+    def queued(self, attempt: Attempt) -> bool:
+        return attempt.job_state in QUEUED_JOB_STATES
 
     # -- stopping -------------------------------------------------------------------------
 
@@ -315,13 +326,23 @@ class SlurmExecutor:
         return dump
 
 
-def _record(attempt: Attempt, state: str, reason: str, nodes: str, now: float) -> None:
+def _record(attempt: Attempt, state: str, reason: str, nodes: str, now: float) -> bool:
     """Keep Slurm's view on the attempt row (the Run page shows it, with its age); written when
-    it changes, and refreshed at most every 30 s otherwise."""
+    it changes, and refreshed at most every 30 s otherwise.
+
+    When the job leaves the queue for its allocation, the attempt's start moves to that moment:
+    time waiting in the queue holds no allocation, so it is neither charged (cost), nor counted
+    against the start-up timeout (watchdog), nor in the run's goodput. Returns True then.
+    """
+    started = attempt.job_state in (*QUEUED_JOB_STATES, None) and state in ACTIVE_STATES \
+        and state not in QUEUED_JOB_STATES
+    if started:
+        attempt.started_at = now
     changed = (attempt.job_state, attempt.job_reason, attempt.job_nodes) != (state, reason, nodes or None)
     if changed or attempt.job_state_at is None or now - attempt.job_state_at >= 30.0:
         attempt.job_state, attempt.job_reason, attempt.job_nodes = state, reason, nodes or None
         attempt.job_state_at = now
+    return started
 
 
 def _from_slurm(job: JobStatus, attempt: Attempt) -> dict:

@@ -145,11 +145,17 @@ def test_a_job_in_the_queue_is_alive_and_its_state_kept(sessions: sessionmaker[S
     ids = slurm_attempt(sessions, settings)
     fake.queue["42"] = JobStatus("42", "n", "PENDING", "Priority", "")
     assert look(sessions, ids, executor) is Liveness.ALIVE
+    with sessions() as s:  # waiting for its allocation: no hang watch, no start-up clock, no cost yet
+        attempt = s.get(Attempt, ids[1])
+        assert executor.queued(attempt) and attempt.started_at == 0.0
     fake.queue["42"] = JobStatus("42", "n", "RUNNING", "None", "node[01-02]")
     assert look(sessions, ids, executor) is Liveness.ALIVE
     with sessions() as s:
         attempt = s.get(Attempt, ids[1])
         assert (attempt.job_state, attempt.job_nodes) == ("RUNNING", "node[01-02]") and attempt.job_state_at
+        assert not executor.queued(attempt) and attempt.started_at == attempt.job_state_at  # starts with its nodes
+        (started,) = s.scalars(select(Event.message).where(Event.kind == "slurm")).all()
+    assert started.startswith("Slurm job 42 started on node[01-02] after")
     fake.down = True  # the controller does not answer: nothing is concluded, the last state stays
     assert look(sessions, ids, executor) is Liveness.ALIVE
     with sessions() as s:
