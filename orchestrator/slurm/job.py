@@ -101,7 +101,7 @@ def main(args: dict[str, Any]) -> int:
     signal.signal(signal.SIGTERM, on_term)
     head = first_host()
     port = free_port(loopback=nnodes == 1)
-    where = f"{head}:{port}" if nnodes > 1 else f"loopback port {port} (one node: nothing of it reachable from elsewhere)"
+    where = f"{head}:{port}" if nnodes > 1 else f"loopback port {port} (one node: reachable from nowhere else)"
     print(f"[runyard] job {os.environ.get('SLURM_JOB_ID')}: {nnodes} node(s) ({os.environ.get('SLURM_JOB_NODELIST')}),"
           f" rendezvous on {where}", flush=True)
     srun = ["srun", f"--nodes={nnodes}", f"--ntasks={nnodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
