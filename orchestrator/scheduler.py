@@ -487,6 +487,8 @@ class Scheduler(Admission):
         """Settle an attempt whose launcher ended, once nothing of the run lives any more."""
         if not self.executor_of(attempt).sweep(session, run, attempt.number, attempt):
             return  # a process outlived SIGKILL: the attempt stays (and holds its devices) until it is gone
+        if not watchdog.hang_evidence_kept(session, run, attempt, self.dumps):
+            return  # it ended during its hang's stack dump: settled once the dump's evidence is recorded
         for key in (watchdog.hang_key(run.id, attempt.number), watchdog.request_key(run.id, attempt.number)):
             self.dumps.discard(key)
         config = config_from_json(run.config_json)

@@ -108,19 +108,38 @@ def check(session: Session, run: Run, attempt: Attempt, config: SupervisionConfi
         attempt.signal_sent, attempt.signal_sent_at = SignalSent.SIGKILL.value, now
 
 
+def hang_evidence_kept(session: Session, run: Run, attempt: Attempt, dumps: StackDumps,
+                       now: float | None = None) -> bool:
+    """For an attempt that ended on its own while its hang's stack dump ran (a rank crashed
+    meanwhile, seen once as a SIGSEGV in a rank stopped and woken for its stacks): record what
+    the dump found, as the kill would have, before the attempt is settled. False while the dump
+    still runs (at most DUMP_MAX_WAIT_S after the hang was detected): the caller settles later."""
+    key = hang_key(run.id, attempt.number)
+    if attempt.hang_detected_at is None or attempt.signal_sent == SignalSent.SIGKILL or not dumps.running(key):
+        return True
+    now = time.time() if now is None else now
+    result = dumps.take(key)
+    if result is None and now - attempt.hang_detected_at < DUMP_MAX_WAIT_S:
+        return False
+    dumps.discard(key)
+    _record_dump(session, run, attempt, result, now, ended=True)
+    return True
+
+
 def _record_dump(session: Session, run: Run, attempt: Attempt, result: StackDump | BaseException | None,
-                 now: float) -> None:
+                 now: float, ended: bool = False) -> None:
     """The hang's evidence as an event; the rank that alone stopped becomes the failing rank."""
+    then = "the attempt had ended meanwhile" if ended else "killing the attempt"
     if isinstance(result, StackDump):
         rank, why = result.culprit()
         attempt.failed_rank = rank
         found = f"; {why}" if rank is not None else "; the stacks do not single out one rank"
-        message = f"{result.summary()}{found}; killing the attempt"
+        message = f"{result.summary()}{found}; {then}"
     elif isinstance(result, BaseException):
-        message = f"the stack dump failed ({result}); killing the attempt"
+        message = f"the stack dump failed ({result}); {then}"
     else:
         waited = now - (attempt.hang_detected_at or now)
-        message = f"the stack dump did not finish in {waited:.0f} s; killing the attempt"
+        message = f"the stack dump did not finish in {waited:.0f} s; {then}"
     session.add(Event(run_id=run.id, attempt=attempt.number, at=now, level="error", kind="stacks", message=message))
 
 

@@ -5,6 +5,7 @@ nothing to signal; what is checked is when a hang is declared, and the event tha
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -69,3 +70,37 @@ def test_fast_steps_leave_hang_timeout_s_as_the_threshold(sessions: sessionmaker
     ids = running_attempt(sessions, settings, step_time_s=0.05)
     assert check_at(sessions, ids, config, silent_s=9).hang_detected_at is None
     assert check_at(sessions, ids, config, silent_s=11).hang_detected_at is not None
+
+
+def test_an_attempt_that_ends_during_its_hang_dump_keeps_the_evidence(sessions: sessionmaker[Session],
+                                                                      settings: Settings, tmp_path: Path) -> None:
+    # Seen in CI: a rank stopped with SIGSTOP and woken for its stacks died of SIGSEGV, and the
+    # attempt ended on its own while py-spy still ran; its dump was thrown away with the attempt.
+    import threading
+
+    from orchestrator.stacks import RankStack, StackDump
+
+    release = threading.Event()
+
+    def slow_dump() -> StackDump:
+        release.wait(10)
+        return StackDump(folder=tmp_path, files=[], ranks=[RankStack(0, 10, False, "x"), RankStack(1, 11, True, "y")])
+
+    run_id, attempt_id = running_attempt(sessions, settings, step_time_s=0.1)
+    dumps = StackDumps()
+    try:
+        with sessions() as s:
+            run, attempt = s.get(Run, run_id), s.get(Attempt, attempt_id)
+            attempt.hang_detected_at = time.time()
+            dumps.start(watchdog.hang_key(run_id, 1), slow_dump)
+            assert not watchdog.hang_evidence_kept(s, run, attempt, dumps)  # not settled while the dump runs
+            release.set()
+            deadline = time.monotonic() + 10
+            while not watchdog.hang_evidence_kept(s, run, attempt, dumps) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            s.commit()
+            (message,) = s.scalars(select(Event.message).where(Event.kind == "stacks")).all()
+            assert attempt.failed_rank == 1 and "the attempt had ended meanwhile" in message
+            assert "rank 1 was stopped" in message
+    finally:
+        dumps.close()
