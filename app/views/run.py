@@ -61,6 +61,15 @@ runs = data.list_runs()
 if not runs:
     st.title("Run")
     st.info("No runs yet. Start one on the **New run** page.")
+
+    @st.fragment(run_every=ACTIVE_REFRESH_S)
+    def wait_for_a_run() -> None:
+        """The page comes alive by itself once a run exists (submitted from elsewhere, or this
+        page opened a moment before the submit: the list it read then was empty)."""
+        if data.list_runs():
+            st.rerun(scope="app")
+
+    wait_for_a_run()
     st.stop()
 
 ids = [r["id"] for r in runs]

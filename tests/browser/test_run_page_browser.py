@@ -200,3 +200,14 @@ def test_fork_opens_the_new_run_form_filled_with_a_diff_and_start_queues_the_for
     assert (forked["parent_run_id"], forked["parent_step"]) == (parent, 200)
     assert forked["attempts"][0]["resume_step"] == 200
     assert forked["step"] == 400
+
+
+def test_the_run_page_opened_before_the_first_run_comes_alive_by_itself(page: Any, runyard_up: Any) -> None:
+    # Seen in CI: the page read the run list a moment before the submit, said "No runs yet" and
+    # kept saying it.
+    page.goto(f"{runyard_up.url}/run")
+    expect(page.get_by_text("No runs yet")).to_be_visible(timeout=PAGE_TIMEOUT_MS)
+    run_id = submit(runyard_up, "train.max_steps=20", "name=later")
+    header = page.get_by_role("heading", level=2).filter(has_text=f"#{run_id} later")
+    expect(header).to_be_visible(timeout=PAGE_TIMEOUT_MS)  # no reload
+    expect(page.get_by_text("No runs yet")).to_have_count(0)
