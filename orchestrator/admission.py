@@ -21,7 +21,6 @@ from sqlalchemy.orm import Session
 
 from db import lease
 from db.causes import Cause
-from db.config import config_from_json
 from db.inventory import Inventory
 from db.models import Attempt, Checkpoint, Event, Run
 from db.states import ACTIVE, AttemptStatus, RunStatus
@@ -63,7 +62,7 @@ class Admission:
             select(Run.nproc, Attempt.devices_json)
             .join(Attempt, Attempt.run_id == Run.id)
             .where(Run.status.in_([s.value for s in ACTIVE]), Attempt.status == AttemptStatus.RUNNING.value,
-                   func.coalesce(Attempt.executor, "local") == "local", lease.on_this_host(self.host))
+                   Attempt.executor == "local", lease.on_this_host(self.host))
         ).all()
         used_slots = sum(n for n, _ in rows)
         used_gpus = {int(d) for _, devs in rows for d in json.loads(devs or "[]")}
@@ -88,7 +87,7 @@ class Admission:
         for i, run in enumerate([*retrying, *queued]):
             if run.status == RunStatus.RETRYING.value and not self._room_to_retry(session, run, now):
                 continue  # it waits for disk space without holding devices; others may go
-            if config_from_json(run.config_json).launch.executor == "slurm":
+            if run.executor == "slurm":
                 if slurm_blocked or not self._slurm_room(session, run):
                     slurm_blocked = True
                     continue
@@ -100,7 +99,7 @@ class Admission:
             if used_slots + run.nproc > self.inventory.slots:
                 self._say_why_waiting(session, [r for r in [*retrying, *queued][i:]
                                                 if r.status == RunStatus.QUEUED.value and r.nproc > 0
-                                                and config_from_json(r.config_json).launch.executor == "local"],
+                                                and r.executor == "local"],
                                       used_slots)
                 local_blocked = True
                 continue

@@ -231,7 +231,8 @@ def _stderr_path(attempt_dir: Path, rank: int | None) -> Path | None:
     return next((p for p in paths if p.name == "stderr.log"), None)
 
 
-def _stderr_tail(attempt_dir: Path, rank: int | None, lines: int = 30) -> str:
+def stderr_tail(attempt_dir: Path, rank: int | None, lines: int = 30) -> str:
+    """The last lines of rank ``rank``'s stderr, or of the launcher log (``rank`` None, or no file)."""
     source = _stderr_path(attempt_dir, rank) or launcher_log(attempt_dir)
     return "\n".join(tail(source, 16_000).splitlines()[-lines:])
 
@@ -293,7 +294,7 @@ def agent_killed(attempt_dir: Path, exit_code: int, agent_pid: int | None) -> Fa
     else:
         cause = Cause.SIGNAL
     who = f"the torchrun agent (pid {agent_pid})" if agent_pid else "the torchrun agent"
-    return Failure(cause, None, f"{who} was killed by {name}", _stderr_tail(attempt_dir, None), name)
+    return Failure(cause, None, f"{who} was killed by {name}", stderr_tail(attempt_dir, None), name)
 
 
 def _root_cause(failures: list[RankFailure]) -> RankFailure | None:
@@ -320,7 +321,7 @@ def _root_cause(failures: list[RankFailure]) -> RankFailure | None:
 
 
 def _failure_of(attempt_dir: Path, f: RankFailure) -> Failure:
-    tail_of = _stderr_tail(attempt_dir, f.rank)
+    tail_of = stderr_tail(attempt_dir, f.rank)
     if f.message:
         return Failure(_cause_of_exception(f.message), f.rank, with_location(f.message, f.location), tail_of,
                        location=f.location)
@@ -355,8 +356,8 @@ def _classify(attempt_dir: Path, exit_code: int | None) -> Failure:
         return _failure_of(attempt_dir, chosen)
     if exit_code is not None and exit_code < 0:
         name = signal_name(exit_code)
-        return Failure(Cause.SIGNAL, None, f"launcher killed by {name}", _stderr_tail(attempt_dir, None), name)
-    return Failure(Cause.UNKNOWN, None, f"exit code {exit_code}", _stderr_tail(attempt_dir, None))
+        return Failure(Cause.SIGNAL, None, f"launcher killed by {name}", stderr_tail(attempt_dir, None), name)
+    return Failure(Cause.UNKNOWN, None, f"exit code {exit_code}", stderr_tail(attempt_dir, None))
 
 
 # Parts of an exception message that differ between two occurrences of the same error: the

@@ -21,8 +21,7 @@ from db.config import RunConfig, config_from_json, deep_merge
 from db.layout import AttemptPaths
 from db.models import Attempt, Checkpoint, Event, Run
 from db.states import AttemptStatus, RunStatus, StopReason, attempt_transition, transition
-from orchestrator.failures import Failure, agent_killed, classify, rank_failures, signal_name
-from orchestrator.logs import tail
+from orchestrator.failures import Failure, agent_killed, classify, rank_failures, signal_name, stderr_tail
 from orchestrator.retry import AttemptOutcome, decide, halved_micro_batch
 
 logger = logging.getLogger(__name__)
@@ -203,11 +202,7 @@ def _slurm_ended(attempt: Attempt, exited: dict | None) -> Failure | None:
     if cause is Cause.PREEMPTED:
         return Failure(cause, None, f"{job} ended {state} before its ranks could checkpoint; resuming from the newest "
                                     "checkpoint", "")
-    return Failure(cause, None, f"{job} ended {state}", _log_tail(Path(attempt.dir)))
-
-
-def _log_tail(attempt_dir: Path) -> str:
-    return "\n".join(tail(AttemptPaths(attempt_dir).launcher_log, 16_000).splitlines()[-30:])
+    return Failure(cause, None, f"{job} ended {state}", stderr_tail(Path(attempt.dir), None))
 
 
 def _apply_retry_policy(session: Session, run: Run, attempt: Attempt, failure: Failure, now: float) -> None:

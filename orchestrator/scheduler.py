@@ -303,20 +303,23 @@ class Scheduler(Admission):
                           "db_error_since": self._db_problem_since, "inventory": self._published_inventory})
 
     def _poll(self, session: Session, run_ids: list[int]) -> None:
-        """One look per executor at every running attempt of the runs this scheduler supervises
-        (one ``squeue`` for all Slurm jobs), before each run is supervised from what it saw."""
+        """One look per executor at the running attempts of the runs this scheduler supervises
+        (one ``squeue`` for all Slurm jobs), before each run is supervised from what it saw. The
+        local executor looks at each process when it is supervised: only the others' attempts are
+        read here."""
         attempts = session.scalars(
-            select(Attempt).where(Attempt.run_id.in_(run_ids), Attempt.status == AttemptStatus.RUNNING.value)
+            select(Attempt).where(Attempt.run_id.in_(run_ids), Attempt.status == AttemptStatus.RUNNING.value,
+                                  Attempt.executor != "local")
         ).all() if run_ids else []
         for name, executor in self.executors.items():
-            executor.poll([a for a in attempts if (a.executor or "local") == name])
+            executor.poll([a for a in attempts if a.executor == name])
 
     def executor_of(self, attempt: Attempt | None, run: Run | None = None) -> Executor:
         """The executor that runs ``attempt`` (or, before it exists, the one ``run`` asks for)."""
         if attempt is not None:
-            return executor_for(self.executors, attempt.executor or "local")
+            return executor_for(self.executors, attempt.executor)
         assert run is not None
-        return executor_for(self.executors, config_from_json(run.config_json).launch.executor)
+        return executor_for(self.executors, run.executor)
 
     def _start_attempt(self, session: Session, run: Run, devices: list[int]) -> None:
         """Launch the run's next attempt, if this scheduler wins the run: the transition to

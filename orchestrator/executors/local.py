@@ -70,8 +70,9 @@ class LocalExecutor:
         return f"{ranks}, port {request.port}" + (f", GPUs {request.devices}" if request.devices else "")
 
     def poll(self, attempts: Sequence[Attempt]) -> None:
-        """Collect the exit status of launchers this process started (no zombies); a process is
-        looked at directly by :meth:`observe`, which costs less than keeping a table."""
+        """Collect the exit status of launchers this process started (no zombies). ``attempts``
+        is not needed (the scheduler passes none): a process is looked at directly by
+        :meth:`observe`, which costs less than keeping a table."""
         for pid, popen in list(self._children.items()):
             if popen.poll() is not None:
                 del self._children[pid]

@@ -85,18 +85,10 @@ def sbatch_options(request: LaunchRequest, name: str, lead_s: int) -> list[str]:
             f"--output={request.attempt_dir / LAUNCHER_LOG}", "--open-mode=append",
             f"--signal=B:USR2@{lead_s}", f"--nodes={launch.nnodes}", "--ntasks-per-node=1", "--no-requeue",
             "--export=ALL"]
-    if slurm.partition:
-        argv.append(f"--partition={slurm.partition}")
-    if slurm.account:
-        argv.append(f"--account={slurm.account}")
-    if slurm.time_limit:
-        argv.append(f"--time={slurm.time_limit}")
-    if slurm.gpus_per_node:
-        argv.append(f"--gpus-per-node={slurm.gpus_per_node}")
-    if slurm.cpus_per_task:
-        argv.append(f"--cpus-per-task={slurm.cpus_per_task}")
-    if slurm.mem:
-        argv.append(f"--mem={slurm.mem}")
+    fields = (("--partition", slurm.partition), ("--account", slurm.account), ("--time", slurm.time_limit),
+              ("--gpus-per-node", slurm.gpus_per_node), ("--cpus-per-task", slurm.cpus_per_task),
+              ("--mem", slurm.mem))
+    argv += [f"{option}={value}" for option, value in fields if value]  # unset or 0: the partition's default
     return [*argv, *slurm.sbatch_args]
 
 
@@ -126,7 +118,7 @@ class SlurmExecutor:
                 "nproc_per_node": config.launch.nproc_per_node, "rdzv_id": rdzv_id(request.run_id, request.number),
                 "entry": entry_argv(config, request.resuming)}
         batch = request.attempt_dir / "job.py"
-        batch.write_text(program(args, os.environ.get("RUNYARD_SLURM_PYTHON") or _python()))
+        batch.write_text(program(args, os.environ.get("RUNYARD_SLURM_PYTHON") or sys.executable))
         batch.chmod(0o700)
         lead = warning_lead_s(request.checkpoint_s)
         name = job_name(request.run_id, request.number, self.home)
@@ -366,6 +358,3 @@ def _nnodes(run: Run) -> int:
     except ValueError:
         return 1
 
-
-def _python() -> str:
-    return sys.executable
