@@ -171,9 +171,11 @@ def test_resume_a_finished_run_from_an_older_checkpoint(page: Any, runyard_up: A
         d = runyard_up.cli("show", str(run_id))
         pytest.fail(f"the resumed run ended {d['status']}: {d['status_reason']} (logs: {d['attempts'][-1]['dir']})")
     expect(page.get_by_text("step 300 / 300")).to_be_visible(timeout=PAGE_TIMEOUT_MS)
-    # Visible only: Streamlit keeps a replaced element hidden in the page while a fragment redraws.
+    # Visible only, and as a list: while a fragment redraws Streamlit can keep the replaced element in
+    # the page (hidden, or for a moment still shown beside the new one). The list form waits until
+    # exactly one visible "Attempts" reads 2 instead of failing on the moment two exist.
     attempts_metric = page.get_by_test_id("stMetric").filter(has_text="Attempts").filter(visible=True)
-    expect(attempts_metric.get_by_test_id("stMetricValue")).to_have_text("2", timeout=PAGE_TIMEOUT_MS)
+    expect(attempts_metric.get_by_test_id("stMetricValue")).to_have_text(["2"], timeout=PAGE_TIMEOUT_MS)
     show_section(page, "Attempts & logs")
     table = attempts_table(page)
     expect(table.locator("thead th").nth(0)).to_have_text("attempt", timeout=PAGE_TIMEOUT_MS)

@@ -97,8 +97,9 @@ def test_new_run_from_the_form_trains_to_succeeded_with_charts(page: Any, runyar
     # The live panel refreshes every 2 s: QUEUED -> STARTING -> RUNNING -> SUCCEEDED.
     expect(header).to_contain_text("SUCCEEDED", timeout=RUN_TIMEOUT_MS)
     expect(page.get_by_text("step 300 / 300")).to_be_visible(timeout=PAGE_TIMEOUT_MS)
-    accuracy = page.get_by_test_id("stMetric").filter(has_text="Eval accuracy")
-    expect(accuracy.get_by_test_id("stMetricValue")).to_have_text(re.compile(r"^\d{1,3}(\.\d)?%$"))  # a share
+    # Visible only and as a list (one element): a fragment redraw can leave the replaced one for a moment.
+    accuracy = page.get_by_test_id("stMetric").filter(has_text="Eval accuracy").filter(visible=True)
+    expect(accuracy.get_by_test_id("stMetricValue")).to_have_text([re.compile(r"^\d{1,3}(\.\d)?%$")])  # a share
     show_section(page, "Metrics")
 
     # Charts: one per metric, loss first, drawn by vega-embed (SVG or canvas).
