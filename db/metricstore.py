@@ -150,7 +150,12 @@ def write_points(conn: Connection, rows: list[dict[str, Any]]) -> None:
             first.setdefault(p[:5], p)
         points = list(first.values())
         batch = summarize(*zip(*points, strict=True))
-    stored = _already_stored(conn, batch.step_ranges, set(ids.values()))
+    if conn.dialect.name == "postgresql":
+        from db.metricbulk import hold_and_find_stored
+
+        stored = hold_and_find_stored(conn, batch.step_ranges, set(ids.values()))
+    else:
+        stored = _already_stored(conn, batch.step_ranges, set(ids.values()))
     if stored:
         points = [p for p in points if p[:5] not in stored]
         if not points:
@@ -159,7 +164,7 @@ def write_points(conn: Connection, rows: list[dict[str, Any]]) -> None:
     if conn.dialect.name == "postgresql":
         from db.metricbulk import write_batch
 
-        write_batch(conn, points, batch)  # binary COPY, a merge, a key check a batch (db/metricbulk.py)
+        write_batch(conn, points, batch)  # binary COPY and a merge (db/metricbulk.py)
         return
     _executemany(conn, "points", _points_insert, _POINT_COLUMNS, points)
     _executemany(conn, "rollups", rollup_upsert, ROLLUP_COLUMNS, batch.rows)

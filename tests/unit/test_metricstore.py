@@ -46,8 +46,13 @@ def new_run(engine: Engine) -> int:
         ).scalar_one()
 
 
-def write_in_batches(engine: Engine, rows: list[dict], cuts: list[int]) -> None:
+def write_in_batches(engine: Engine, rows: list[dict], cuts: list[int], *, one_transaction: bool = False) -> None:
     edges = [0, *sorted(c % (len(rows) + 1) for c in cuts), len(rows)]
+    if one_transaction:
+        with engine.begin() as conn:
+            for lo, hi in pairwise(edges):
+                write_points(conn, rows[lo:hi])
+        return
     for lo, hi in pairwise(edges):
         with engine.begin() as conn:
             write_points(conn, rows[lo:hi])
@@ -166,17 +171,19 @@ def test_batches_and_order_give_the_rollups_of_one_batch(engine: Engine, points:
                                                          seed: int) -> None:
     # Distinct points, so that "first write wins" does not depend on the order.
     unique = list({(k, a, r, s): (k, a, r, s, v) for k, a, r, s, v in points}.values())
-    one, many = new_run(engine), new_run(engine)
+    one, many, together = new_run(engine), new_run(engine), new_run(engine)
     write_in_batches(engine, to_rows(one, unique), [])
-    shuffled = to_rows(many, unique)
-    random.Random(seed).shuffle(shuffled)
-    write_in_batches(engine, shuffled, cuts)
-    a, b = rollup_table(engine, one), rollup_table(engine, many)
-    assert len(a) == len(b)
+    for run_id, one_transaction in ((many, False), (together, True)):  # a batch per transaction, or all in one
+        shuffled = to_rows(run_id, unique)
+        random.Random(seed).shuffle(shuffled)
+        write_in_batches(engine, shuffled, cuts, one_transaction=one_transaction)
+    a = rollup_table(engine, one)
     sum_at = list(MetricRollup.__table__.columns.keys()).index("sum_value") - 1
-    for x, y in zip(a, b, strict=True):
-        assert x[:sum_at] == y[:sum_at] and x[sum_at + 1:] == y[sum_at + 1:]
-        assert (x[sum_at] is None and y[sum_at] is None) or close(x[sum_at], y[sum_at])
+    for b in (rollup_table(engine, many), rollup_table(engine, together)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            assert x[:sum_at] == y[:sum_at] and x[sum_at + 1:] == y[sum_at + 1:]
+            assert (x[sum_at] is None and y[sum_at] is None) or close(x[sum_at], y[sum_at])
 
 
 @HYPOTHESIS
@@ -269,6 +276,30 @@ def test_a_point_written_twice_keeps_its_first_value(engine: Engine) -> None:
         assert [r["value"] for r in series(s, run_id, "loss", level=0).rows] == [1.0, 4.0]
         (bucket,) = series(s, run_id, "loss", level=2).rows
         assert (bucket["count"], bucket["value"], bucket["last"]) == (2, 2.5, 4.0)
+
+
+def test_a_batch_over_two_runs_and_attempts_drops_only_the_points_already_stored(engine: Engine) -> None:
+    runs = new_run(engine), new_run(engine)
+
+    def row(run_id: int, attempt: int, step: int, value: float) -> dict[str, Any]:
+        return {"run_id": run_id, "key": "loss", "attempt": attempt, "rank": 0, "step": step, "value": value,
+                "wall_time": float(step)}
+
+    with engine.begin() as conn:
+        write_points(conn, [row(runs[0], 1, 4, 1.0), row(runs[1], 2, 9, 1.0), row(runs[1], 2, 10, 1.0)])
+    # One batch: each (run, attempt) has a step range, and in each one points are already stored
+    # (at its ends too).
+    with engine.begin() as conn:
+        write_points(conn, [row(runs[0], 1, step, 2.0) for step in (4, 5, 6)]
+                     + [row(runs[1], 2, step, 2.0) for step in (8, 9, 10)] + [row(runs[1], 1, 9, 2.0)])
+    with Session(engine) as s:
+        first = series(s, runs[0], "loss", level=0).rows
+        assert [(r["step"], r["value"]) for r in first] == [(4, 1.0), (5, 2.0), (6, 2.0)]
+        second = series(s, runs[1], "loss", level=0).rows
+        assert [(r["attempt"], r["step"], r["value"]) for r in second] == [(1, 9, 2.0), (2, 8, 2.0), (2, 9, 1.0),
+                                                                          (2, 10, 1.0)]
+        (bucket,) = [r for r in series(s, runs[1], "loss", level=LEVELS).rows if r["attempt"] == 2]
+        assert (bucket["count"], bucket["value"]) == (3, 4.0 / 3)
 
 
 def test_names_created_in_a_rolled_back_transaction_are_not_reused(engine: Engine) -> None:
