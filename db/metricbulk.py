@@ -152,14 +152,10 @@ def _forget_batch_rows(conn: Connection) -> None:
 def write_batch(conn: Connection, points: list[tuple], batch: BatchRollups) -> None:
     """Insert ``points`` (tuples in ``POINT_COLUMNS`` order, none stored yet) and merge the
     batch's rollups (``batch.rows``, tuples in ``ROLLUP_COLUMNS`` order) into the stored buckets,
-    after :func:`hold_and_find_stored` in the same transaction.
-
-    Raises:
-        MetricStoreError: a key is outside INTEGER; nothing was written.
+    after :func:`check_ranges` and :func:`hold_and_find_stored` in the same transaction.
     """
     if not points:
         return
-    check_ranges(batch)
     _copy(conn, "metric_points", POINT_COLUMNS, POINT_TYPES, points)
     if batch.rows:
         _batch_table(conn)

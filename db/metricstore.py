@@ -140,8 +140,9 @@ def write_points(conn: Connection, rows: list[dict[str, Any]]) -> None:
     )
     points: list[Point] = list(zip(*columns, strict=True))
     batch = summarize(*columns)
-    if conn.dialect.name == "postgresql":
-        from db.metricbulk import check_ranges
+    postgres = conn.dialect.name == "postgresql"
+    if postgres:  # PostgreSQL's write path, binary COPY (imported here: ~45 ms that SQLite need not pay)
+        from db.metricbulk import check_ranges, hold_and_find_stored, write_batch
 
         check_ranges(batch)  # before the first statement that binds a key
     if batch.repeated:  # a point repeated within the batch: keep its first value
@@ -150,9 +151,7 @@ def write_points(conn: Connection, rows: list[dict[str, Any]]) -> None:
             first.setdefault(p[:5], p)
         points = list(first.values())
         batch = summarize(*zip(*points, strict=True))
-    if conn.dialect.name == "postgresql":
-        from db.metricbulk import hold_and_find_stored
-
+    if postgres:
         stored = hold_and_find_stored(conn, batch.step_ranges, set(ids.values()))
     else:
         stored = _already_stored(conn, batch.step_ranges, set(ids.values()))
@@ -161,10 +160,8 @@ def write_points(conn: Connection, rows: list[dict[str, Any]]) -> None:
         if not points:
             return
         batch = summarize(*zip(*points, strict=True))
-    if conn.dialect.name == "postgresql":
-        from db.metricbulk import write_batch
-
-        write_batch(conn, points, batch)  # binary COPY and a merge (db/metricbulk.py)
+    if postgres:
+        write_batch(conn, points, batch)  # binary COPY and a merge
         return
     _executemany(conn, "points", _points_insert, _POINT_COLUMNS, points)
     _executemany(conn, "rollups", rollup_upsert, ROLLUP_COLUMNS, batch.rows)
