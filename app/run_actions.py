@@ -25,6 +25,16 @@ TERMINAL_VALUES = {s.value for s in TERMINAL}
 CANCELLABLE = {RunStatus.QUEUED, RunStatus.STARTING, RunStatus.RUNNING, RunStatus.RETRYING, RunStatus.PAUSED}
 PAUSABLE = {RunStatus.STARTING, RunStatus.RUNNING}
 NEW_RUN_PAGE = "views/new_run.py"
+RUN_PAGE = "views/run.py"
+SECTION_KEY = "section"  # the Run page's section control (bound to ``?section=``)
+
+
+def open_run(run_id: int) -> None:
+    """Open run ``run_id``'s page on its Overview. The section control is bound to the URL, and
+    Streamlit keeps a bound widget's last value across pages: without forgetting it, a run opened
+    from the Runs list or from Start would show whatever section the previous run was left on."""
+    st.session_state.pop(SECTION_KEY, None)
+    st.switch_page(RUN_PAGE, query_params={"run": str(run_id)})
 
 
 def usable_checkpoints(d: dict[str, Any]) -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ from typing import Any
 
 import streamlit as st
 
-from app import data, form, style
+from app import data, form, run_actions, style
 from app.fork_changes import config_changes, overrides_for
 from db.config import ConfigError, RunConfig, deep_merge, field_of, parse_config, parse_toml, plausibility_warnings
 from db.requests import RequestRefused
@@ -308,4 +308,4 @@ if started:
             st.error(f"Not forked: {exc}", icon=":material/error:")
             st.stop()
         forget_fork()
-    st.switch_page("views/run.py", query_params={"run": str(run_id)})
+    run_actions.open_run(run_id)

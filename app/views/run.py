@@ -31,7 +31,7 @@ from typing import Any
 import streamlit as st
 
 from app import chart_widgets, charts, data, style
-from app.run_actions import actions
+from app.run_actions import SECTION_KEY, actions
 from app.run_panels import attempts_table, checkpoint_advice, checkpoint_table, events_list, failure_summary, log_tails
 from app.system import latest_window, summary_line, system_panels
 from db import metric_registry
@@ -298,7 +298,7 @@ def snapshot() -> dict[str, Any] | None:
 
 
 live_header()
-section = st.segmented_control("Section", SECTIONS, default="Overview", key="section", bind="query-params",
+section = st.segmented_control("Section", SECTIONS, default="Overview", key=SECTION_KEY, bind="query-params",
                                label_visibility="collapsed") or "Overview"
 
 

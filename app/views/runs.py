@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app import data, style
+from app import data, run_actions, style
 from db.compare import MAX_RUNS as MAX_COMPARED  # not app.compare_charts: the Runs page loads no Altair
 from db.states import RunStatus
 from orchestrator.format import STATUS_BADGE, duration, eta_text, step_text, usd, where_short
@@ -25,7 +25,7 @@ def status_css(status: str) -> str:
 
 
 if (chosen := st.session_state.pop(OPEN_RUN, None)) is not None:
-    st.switch_page("views/run.py", query_params={"run": str(chosen)})
+    run_actions.open_run(chosen)
 if (compared := st.session_state.pop(COMPARE_RUNS, None)) is not None:
     st.switch_page("views/compare.py", query_params={"runs": ",".join(map(str, compared))})
 

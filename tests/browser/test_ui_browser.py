@@ -150,8 +150,12 @@ def test_new_run_from_the_form_trains_to_succeeded_with_charts(page: Any, runyar
     expect(page.get_by_role("heading", name="Runs", level=1)).to_be_visible()
     table.click(position={"x": 17, "y": 53})
     page.get_by_role("button", name=f"Open run #{run_id}").click()
+    # On its Overview, not on the Config section this run was left on (Streamlit keeps a
+    # URL-bound widget's value across pages: CI once saw "/run?run=1&section=Config" here).
     page.wait_for_url(re.compile(rf"/run\?run={run_id}$"), timeout=PAGE_TIMEOUT_MS)
     expect(header).to_contain_text("SUCCEEDED", timeout=PAGE_TIMEOUT_MS)
+    expect(page.get_by_role("radiogroup", name="Section").get_by_role("radio", name="Overview", exact=True)
+           ).to_have_attribute("aria-checked", "true")
     show_section(page, "Metrics")
     expect(page.locator("[data-testid='stVegaLiteChart']").first).to_be_visible(timeout=PAGE_TIMEOUT_MS)
     # Back on the Runs page, the old selection does not send the person to the run again.
