@@ -5,6 +5,8 @@ Resume from a chosen checkpoint and Cancel act only from the confirm button insi
 popover (one click opens the popover, a second one acts). Fork… opens the New run page filled
 from the run's config at the chosen checkpoint (``?fork=RUN&checkpoint=ID``).
 
+:func:`open_run` is how the other pages open a run's page (on its Overview).
+
 Every action has a fixed slot in one horizontal row: an action that does not apply draws an empty
 element in its slot, so that when the live panel redraws the row after a status change, a Cancel
 that no longer applies is replaced at once rather than left (stale) beside the new badge until the
