@@ -125,7 +125,7 @@ def rank1_killed_at_step_150(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_retry_keeps_the_previous_attempts_curves_while_the_next_attempt_starts(
         rank1_killed_at_step_150: None, runyard_up: Any, page: Any) -> None:
     run_id = submit(runyard_up, "train.max_steps=3000", "checkpoint.every_steps=50", "retry.max_retries=1",
-                    "retry.backoff_s=8", "name=retry")  # RETRYING for 4-8 s (jitter): a sample sees it
+                    "retry.backoff_s=4", "name=retry")
     open_run_page(page, runyard_up.url, run_id, "retry")
     show_section(page, "Metrics")
     charts = page.locator("[data-testid='stVegaLiteChart']")
