@@ -151,7 +151,9 @@ def test_a_retry_keeps_the_previous_attempts_curves_while_the_next_attempt_start
     gone = [s["header"] for s in samples if s["charts"] == 0 or s["waiting"]]
     assert not gone, f"the charts went away or 'Waiting for the first metrics' came back: {gone[:3]}"
     # Every chart stayed (which points they draw is checked in tests/unit/test_app_pages.py).
-    assert all(s["charts"] == max(x["charts"] for x in samples) for s in retrying + starting)
+    most = max(x["charts"] for x in samples)
+    assert all(s["charts"] == most for s in retrying + starting), (
+        most, [(s["header"], s["charts"]) for s in samples if s["charts"] != most][:10])
 
 
 def test_fork_opens_the_new_run_form_filled_with_a_diff_and_start_queues_the_fork(
