@@ -54,6 +54,7 @@ from orchestrator.repeats import RepeatedErrors, signature
 from orchestrator.script_supervision import ScriptWatch
 from orchestrator.stacks import StackDumps
 from trainer.context import RunContext
+from trainer.store_secret import SECRET_VAR, new_secret
 
 if TYPE_CHECKING:
     from apscheduler.schedulers.base import BaseScheduler
@@ -383,6 +384,10 @@ class Scheduler(Admission):
             resume_step=resume_step, overrides=overrides,
             resume_path=Path(attempt.resume_path) if attempt.resume_path is not None else None,
         ).to_env()
+        # A fresh secret per attempt, under which every key of its stores lies: another local
+        # account can reach the stores' loopback ports, but cannot name a key (trainer/store_secret.py).
+        # It travels in the environment only (owner-readable), never on a command line.
+        env[SECRET_VAR] = new_secret()
         if self.inventory.kind == "gpu" and executor.name == "local":  # Slurm gives its jobs their GPUs
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in devices)
         # A script's ranks move into workload.workdir themselves (trainer/script_runner.py): a

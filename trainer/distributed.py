@@ -9,6 +9,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from trainer.store_secret import key_prefix, secret_from_env
+
 
 @dataclass(frozen=True)
 class DistInfo:
@@ -56,7 +58,11 @@ def setup(requested_backend: str, timeout_s: float = 600.0) -> DistInfo:
         is_master=os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" and rank == 0,
         timeout=timeout,
     )
-    store = dist.PrefixStore(f"runyard/attempt_{restart}", store)
+    # Under the attempt's secret too, as every key of the agent's stores (trainer/store_secret.py):
+    # another local account that connects to the store cannot name one of them.
+    secret = secret_from_env()
+    base = f"{key_prefix(secret)}/attempt_{restart}" if secret else f"runyard/attempt_{restart}"
+    store = dist.PrefixStore(base, store)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
     return DistInfo(rank=rank, local_rank=local_rank, world_size=world_size, backend=backend, device=device)
 

@@ -10,7 +10,8 @@ a MODULE as ``python -m MODULE ARGS...`` would, with the working directory first
 
 Under another interpreter (``workload.python``) this file is started by its path, in an
 environment that need not have runyard installed: it then imports nothing of runyard's but
-``pdeathsig`` (standard library only), loaded from beside this file.
+``pdeathsig`` and ``store_secret`` (standard library only; torch where the run has a secret),
+loaded from beside this file.
 """
 
 from __future__ import annotations
@@ -23,13 +24,13 @@ import sys
 from types import ModuleType
 
 
-def _pdeathsig() -> ModuleType:
-    """runyard's ``trainer.pdeathsig``: by its package when runyard is importable, else by location."""
+def _sibling(name: str) -> ModuleType:
+    """runyard's ``trainer.<name>`` (standard library only): by its package when runyard is
+    importable, else by location."""
     if __package__:
-        from trainer import pdeathsig
-        return pdeathsig
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pdeathsig.py")
-    spec = importlib.util.spec_from_file_location("_runyard_pdeathsig", path)
+        return importlib.import_module(f"trainer.{name}")
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"_runyard_{name}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -74,7 +75,10 @@ def main(argv: list[str]) -> None:
     if not argv or (argv[0] == "-m" and len(argv) < 2):
         print(USAGE, file=sys.stderr)
         sys.exit(2)
-    _pdeathsig().arm_under_agent()
+    _sibling("pdeathsig").arm_under_agent()
+    # The script's init_process_group() joins the agent's store under the attempt's secret, as
+    # runyard's own trainer does (trainer/store_secret.py).
+    _sibling("store_secret").guard_worker_store()
     if argv[0] == "-m":
         module = argv[1]
         sys.argv = [module, *argv[2:]]  # runpy puts the module's file in argv[0]

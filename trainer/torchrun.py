@@ -62,6 +62,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRende
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
 from db.layout import RANK_MAP_FILE
+from trainer.store_secret import MissingSecret, ensure_secret, guard_rendezvous_unpickling, prefixed
 
 # Where psutil finds no interface carrying 127.0.0.1 (it always exists on Linux).
 LOOPBACK_INTERFACE_FALLBACK = "lo"
@@ -241,12 +242,30 @@ def use_rank_map_logs() -> None:
     run._get_logs_specs_class = logs_specs_class
 
 
-def main(argv: list[str]) -> None:
-    """Check ``argv``, keep every socket on loopback, then run torchrun with ``argv`` unchanged.
+def guard_stores(nnodes: int) -> None:
+    """Put every key of the rendezvous store under the attempt's secret, and unpickle the
+    rendezvous state with an unpickler that builds nothing else (trainer/store_secret.py says
+    why: another local account can reach a loopback port).
 
-    With ``--network=cluster`` first, torchrun's networking is left as it is (a job across hosts).
-    Exceptions from torchrun propagate as under ``python -m torch.distributed.run`` (its
-    ``@record`` error summary, exit code 1).
+    Called after :func:`bind_stores_to_loopback` where the run is on loopback: it wraps whichever
+    factory torchrun will call. The ranks put their own keys under the same prefix
+    (trainer/distributed.py, trainer/script_runner.py).
+
+    Raises:
+        MissingSecret: several nodes and no secret in the environment.
+    """
+    secret = ensure_secret(nnodes)
+    guard_rendezvous_unpickling()
+    c10d._create_tcp_store = prefixed(c10d._create_tcp_store, secret)
+
+
+def main(argv: list[str]) -> None:
+    """Check ``argv``, keep every socket on loopback, put every store key under the attempt's
+    secret, then run torchrun with ``argv`` unchanged.
+
+    With ``--network=cluster`` first, torchrun's networking is left as it is (a job across hosts);
+    the secret guards its stores all the same. Exceptions from torchrun propagate as under
+    ``python -m torch.distributed.run`` (its ``@record`` error summary, exit code 1).
     """
     network = "loopback"
     if argv and argv[0].startswith(NETWORK_OPTION):
@@ -264,6 +283,11 @@ def main(argv: list[str]) -> None:
         # The agent's workers inherit the agent's environment (plus torchrun's own variables).
         os.environ.update(loopback_environment(loopback_interface()))
         bind_stores_to_loopback()
+    try:
+        guard_stores(run.parse_min_max_nnodes(run.parse_args(argv).nnodes)[1])
+    except MissingSecret as exc:
+        print(f"trainer.torchrun: {exc}", file=sys.stderr)
+        sys.exit(2)
     run.main(argv)
 
 
