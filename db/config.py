@@ -184,7 +184,9 @@ class WorkloadConfig(_Section):
         json_schema_extra={"kinds": ["script"], "pattern_help": "a dotted module name such as pkg.train"},
     )
     """Instead of `script`: a module to run as `python -m MODULE` (e.g. `pkg.train`), found
-    from `workdir` first, then the interpreter's own path (kind = "script")."""
+    from `workdir` first, then the interpreter's own path (kind = "script"). Submitted from the
+    UI, every file that could provide it must be a `.py` under the allowed roots, none in the
+    standard library, site-packages or runyard's packages (so not `timeit`, `runpy`, `torch.*`)."""
 
     args: tuple[str, ...] = Field(
         default=(), strict=False, title="Script arguments",
@@ -209,7 +211,8 @@ class WorkloadConfig(_Section):
     python: str | None = Field(default=None, title="Python interpreter", json_schema_extra={"kinds": ["script"]})
     """The interpreter the ranks run (kind = "script"): a `python` executable or a virtual
     environment's folder (its `bin/python`), so a script with its own dependencies runs with
-    them. It must have torch. Default: runyard's own interpreter."""
+    them. It must have torch. Default: runyard's own interpreter. Submitted from the UI, it must
+    lie under the allowed roots and be an interpreter (`python`, `python3`, `python3.X`)."""
 
     max_steps: int = Field(default=0, ge=0, le=INT64_MAX, title="Total steps",
                            json_schema_extra={"kinds": ["script"]})
@@ -387,7 +390,8 @@ class SlurmConfig(_Section):
     sbatch_args: tuple[str, ...] = Field(default=(), strict=False, title="More sbatch options")
     """More `sbatch` options, one argv word each (`["--qos=high", "--exclusive"]`), never shell
     text. Options runyard sets itself (job name, output, signal, nodes and the fields above) are
-    refused."""
+    refused. Submitted from the UI, only scheduling options that name no file or program
+    (`--qos=high`, `--constraint=a100`, `--exclusive`, ...), each with its value after `=`."""
 
     @field_validator("sbatch_args")
     @classmethod

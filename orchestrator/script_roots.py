@@ -1,11 +1,11 @@
 """What a UI user may launch: the files a run config names must lie under allowed roots.
 
 The web UI is a launcher: whoever reaches it can queue a run, and a run config names files
-that runyard runs (``workload.script``, with any ``workload.args``) or reads on every rank
-(``workload.text``). Without a limit a UI user could run the standard library's ``timeit.py``
-with a shell command in its arguments, or train on ``/etc/shadow``. So a config submitted
-through the UI is accepted only when each such file, resolved after symlinks, lies under an
-allowed root: the folders in ``RUNYARD_SCRIPT_ROOTS`` (separated by ``os.pathsep``) when it is
+that runyard runs (``workload.script`` or ``workload.module``, with any ``workload.args``)
+or reads on every rank (``workload.text``). Without a limit a UI user could run the standard
+library's ``timeit`` with a shell command in its arguments, or train on ``/etc/shadow``. So a
+config submitted through the UI is accepted only when each such file, resolved after symlinks,
+lies under an allowed root: the folders in ``RUNYARD_SCRIPT_ROOTS`` (separated by ``os.pathsep``) when it is
 set, else the folder the UI was started in and the data folder.
 
 Some folders are refused even under a root: the Python installation that runs runyard (its
@@ -17,6 +17,10 @@ checkout that holds ``.venv/`` and runyard's code.
 
 The CLI is the user's own shell and keeps full freedom: ``runyard submit`` never applies these
 roots. Only the UI's submit paths pass them to :func:`orchestrator.submission.validate`.
+
+Every field of the run config is listed here, in :data:`GUARDED_FIELDS` with the rule the UI
+applies to it or in :data:`INERT_FIELDS` with why it needs none; README's "## Security" lists
+the same, field by field.
 """
 
 from __future__ import annotations
@@ -35,18 +39,83 @@ from db.config import RunConfig, relative_path_problem
 
 ROOTS_ENV = "RUNYARD_SCRIPT_ROOTS"
 
-# Every run config field that names a file or folder runyard runs or reads, as "section.key"; a
-# new path-valued field belongs here. (workload.python is judged apart: an interpreter of a
-# virtual environment is a symlink to the system's Python, see :func:`refused_python`.)
+# Every field of RunConfig, by what a UI submission may put in it ("section.key", TOML keys).
+# GUARDED_FIELDS name something the ranks or runyard run or read, each with the rule the UI
+# applies; INERT_FIELDS cannot name one, each with the reason. A new field belongs in exactly
+# one of the two: tests/unit/test_roots_fields.py walks the model and fails otherwise.
+GUARDED_FIELDS: dict[str, str] = {
+    "workload.script": "a file under the roots, resolved after symlinks and `..`",
+    "workload.module": ("every file and folder that could provide it (each package's `__init__.py`, the "
+                        "module's `.py` or a package's `__main__.py`), searched without importing anything in "
+                        "`workdir`, `PYTHONPATH` and the ranks' interpreter's path, a `.py` file (or folder) under "
+                        "the roots; a module built into or frozen in the interpreter (`runpy`, `os`) is refused"),
+    "workload.workdir": ("a folder under the roots; unset, its default too (the script's folder, or for a module "
+                         "the folder `runyard up` started in)"),
+    "workload.python": ("the path as given under the roots (a virtual environment's `bin/python` is a symlink), "
+                        "and resolved, an interpreter named `python`, `python3` or `python3.X`, not a program "
+                        "installed beside it (`.venv/bin/torchrun`)"),
+    "workload.text": "a file under the roots, resolved after symlinks and `..`",
+    "workload.env": "only thread, logging and debugging variables (`OMP_*`, `NCCL_DEBUG`, `TORCH_LOGS`, ...)",
+    "workload.tensorboard_dir": "relative to `workdir`, without `..`",
+    "workload.checkpoint_glob": "relative to `workdir`, without `..` (for the CLI too)",
+    "slurm.sbatch_args": ("`--option` or `--option=value` words, with options that name no file or program "
+                          "(`--qos`, `--constraint`, `--exclusive`, ...; not `--container`, `--input`, `--bbf`)"),
+}
+
+_NUMBER_OR_CHOICE = "a number, a flag or a fixed choice"
+INERT_FIELDS: dict[str, str] = {
+    "name": "text matching a pattern; shown only",
+    "tags": "labels; shown only",
+    "workload.kind": "one of three names; a script run's target is guarded by script or module",
+    "workload.args": ("words after the script or module in the ranks' argv, never an option of python or "
+                      "torchrun: what they can make the target do is bounded by the target's rule"),
+    "workload.resume_args": "like args",
+    "workload.stdout_metrics": "regular expressions over printed lines (checked for their groups)",
+    "workload.max_steps": _NUMBER_OR_CHOICE,
+    "checkpoint.best_metric": "a metric name; compared only",
+    **dict.fromkeys((
+        "workload.hidden", "workload.n_layer", "workload.n_head", "workload.n_embd", "workload.block_size",
+        "launch.executor", "launch.nnodes", "launch.nproc_per_node", "launch.backend",
+        "train.max_steps", "train.batch_size", "train.lr", "train.weight_decay", "train.warmup_steps",
+        "train.lr_schedule", "train.min_lr", "train.clip_grad_norm", "train.precision", "train.compile",
+        "train.activation_checkpointing", "train.grad_accum", "train.seed", "train.log_every", "train.eval_every",
+        "train.deterministic", "parallel.strategy",
+        "checkpoint.every_steps", "checkpoint.every_seconds", "checkpoint.keep_last", "checkpoint.keep_best",
+        "checkpoint.best_mode", "checkpoint.async",
+        "retry.max_retries", "retry.backoff_s", "retry.backoff_max_s",
+        "supervision.hang_timeout_s", "supervision.hang_step_factor", "supervision.startup_timeout_s",
+        "supervision.grace_s", "supervision.straggler_ratio", "supervision.straggler_window_steps",
+        "supervision.desync_check_every",
+        "slurm.gpus_per_node", "slurm.cpus_per_task"), _NUMBER_OR_CHOICE),
+    **dict.fromkeys(("slurm.partition", "slurm.account", "slurm.time_limit", "slurm.mem"),
+                    "a name, time or size matching a pattern; one sbatch option each"),
+}
+
+# The path-valued fields judged by :func:`refused_paths`. (workload.python is judged apart: an
+# interpreter of a virtual environment is a symlink to the system's Python, see
+# :func:`refused_python`; workload.module by :func:`refused_module`, on what the probe found.)
 PATH_FIELDS: tuple[str, ...] = ("workload.script", "workload.text", "workload.workdir")
 
 # Fields that decide what a run executes. A UI fork that changes none of them runs what its
 # parent already ran; new arguments count, since they turn an accepted script into a new command.
-LAUNCH_FIELDS: tuple[str, ...] = (
-    "workload.kind", "workload.script", "workload.module", "workload.args", "workload.resume_args",
-    "workload.text", "workload.workdir", "workload.python", "workload.env", "workload.tensorboard_dir",
-    "workload.checkpoint_glob",
-)
+LAUNCH_FIELDS: tuple[str, ...] = ("workload.kind", "workload.args", "workload.resume_args", *GUARDED_FIELDS)
+
+# What a UI user's workload.python must resolve to: the interpreter itself.
+PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?$")
+
+# The sbatch options a UI submission may give: scheduling and placement that name no file or
+# program. Anything else (--container, --input, --bbf, --nodefile, --export-file, --get-user-env,
+# ...) needs the CLI. An allowlist, as for the environment.
+UI_SBATCH_OPTIONS = frozenset({
+    "--qos", "--constraint", "--prefer", "--exclusive", "--gres", "--gres-flags", "--gpus", "--gpus-per-task",
+    "--gpus-per-socket", "--gpu-bind", "--gpu-freq", "--cpus-per-gpu", "--mem-per-cpu", "--mem-per-gpu",
+    "--mincpus", "--nodelist", "--exclude", "--reservation", "--nice", "--priority", "--comment", "--mail-type",
+    "--mail-user", "--begin", "--deadline", "--dependency", "--hold", "--licenses", "--wckey", "--switches",
+    "--tmp", "--threads-per-core", "--cores-per-socket", "--sockets-per-node", "--ntasks-per-core", "--hint",
+    "--distribution", "--contiguous", "--oversubscribe", "--overcommit", "--spread-job", "--use-min-nodes",
+    "--time-min", "--core-spec", "--thread-spec", "--network", "--cpu-freq", "--clusters", "--cluster-constraint",
+    "--tres-per-task", "--mem-bind", "--no-kill", "--immediate", "--quiet", "--verbose", "--reboot",
+})
 
 # The variables a UI submission may set for the ranks: tuning and logging knobs that load no
 # code. Anything else (LD_PRELOAD, PYTHONPATH, NCCL_NET_PLUGIN, TORCHINDUCTOR_CACHE_DIR, HOME,
@@ -172,7 +241,8 @@ def refused_paths(config: RunConfig, roots: ScriptRoots, base: Path) -> dict[str
     Each field in :data:`PATH_FIELDS` that is set is joined to ``base`` (a relative path is
     resolved against it, as :func:`orchestrator.submission.resolve_script` does), resolved
     after symlinks and ``..``, and accepted only when it lies under one of ``roots.allowed``
-    and under none of ``roots.excluded`` or a ``site-packages`` folder. A path that does not
+    and under none of ``roots.excluded`` or a ``site-packages`` folder. An unset
+    ``workload.workdir`` of a module run is judged as ``base``, where the module then runs. A path that does not
     exist is judged by where it would be; the submission's own checks then say it is missing.
 
     Args:
@@ -187,6 +257,8 @@ def refused_paths(config: RunConfig, roots: ScriptRoots, base: Path) -> dict[str
     problems: dict[str, str] = {}
     for field in PATH_FIELDS:
         raw = _field_value(config, field)
+        if raw is None and field == "workload.workdir" and config.workload.module is not None:
+            raw = "."  # a module runs, and is searched for, in the folder the UI started in
         if raw is None:
             continue
         try:
@@ -205,7 +277,9 @@ def refused_paths(config: RunConfig, roots: ScriptRoots, base: Path) -> dict[str
 def refused_python(config: RunConfig, roots: ScriptRoots, base: Path) -> str | None:
     """Why a UI user may not name ``workload.python``, or None. The path as given (a virtual
     environment's ``bin/python`` is a symlink to the system's interpreter) must lie under an
-    allowed root; the submission then checks that it is a Python that imports torch."""
+    allowed root, and what it resolves to must be named like an interpreter (:data:`PYTHON_NAME`):
+    a virtual environment's ``bin/`` also holds programs that run whatever their arguments name
+    (``torchrun``). The submission then checks that it is a Python that imports torch."""
     raw = config.workload.python
     if raw is None:
         return None
@@ -213,7 +287,74 @@ def refused_python(config: RunConfig, roots: ScriptRoots, base: Path) -> str | N
     if not any(given.is_relative_to(root) for root in roots.allowed):
         return (f"workload.python = {raw!r}: {given} is outside {_roots_named(roots)}. To allow it, set "
                 f"{ROOTS_ENV} to include it before starting `runyard up`, or {CLI_WAY}")
+    executable = given / "bin" / "python" if given.is_dir() else given
+    real = _resolved(executable)
+    if not PYTHON_NAME.match(real.name):
+        shown = f"{executable} resolves to {real}" if real != executable else str(executable)
+        return (f"workload.python = {raw!r}: {shown}, which is not a Python interpreter (python, python3, "
+                f"python3.X); from the UI the ranks' interpreter must be one, or a virtual environment's "
+                f"folder. To run another program, {CLI_WAY}")
     return None
+
+
+@dataclass(frozen=True)
+class ModuleFound:
+    """Where the ranks' interpreter could find ``workload.module`` (the submission's probe,
+    which searches without importing anything).
+
+    Attributes:
+        files: Every file that could provide the module or one of its packages: each package's
+            ``__init__.py``, the module's own file, a package's ``__main__.py``, from every place
+            on the ranks' path (``workdir``, ``PYTHONPATH``, the interpreter's path) and every
+            other finder of the interpreter (an editable install's).
+        folders: The folders of namespace packages among them.
+        builtin: The top-level name is built into or frozen in the interpreter, which then runs
+            its own copy whatever lies in ``workdir``.
+    """
+
+    files: tuple[str, ...] = ()
+    folders: tuple[str, ...] = ()
+    builtin: bool = False
+
+
+def refused_module(module: str, found: ModuleFound, roots: ScriptRoots) -> str | None:
+    """Why a UI user may not run ``workload.module`` (as ``python -m``), or None.
+
+    Accepted only when every file and folder that could provide it lies under the roots and
+    outside the refused folders (the rule of :func:`refused_paths`), each file a ``.py``: a name
+    that the standard library, site-packages or runyard's packages also provide could be loaded
+    from there (a module the interpreter imported before the script starts wins over
+    ``workdir``), so it is refused even when ``workdir`` holds one of that name.
+    """
+    field = "workload.module"
+    if found.builtin:
+        return (f"{field} = {module!r}: {module.split('.')[0]!r} is built into the interpreter, which runs its own "
+                f"copy whatever lies in workload.workdir; from the UI a module must be a .py file under "
+                f"{_roots_named(roots)}. To run it anyway, {CLI_WAY}")
+    for raw in (*found.files, *found.folders):
+        given = Path(os.path.abspath(raw))
+        path = _resolved(given)
+        problem = _refusal(field, module, path, given, roots)
+        if problem is not None:
+            return problem.replace(f"{field} = {module!r}: ", f"{field} = {module!r}: found at ", 1)
+        if raw in found.files and not (path.suffix == ".py" and path.is_file()):
+            return (f"{field} = {module!r}: found at {path}, which is not a Python source file (.py); from the UI "
+                    f"a module must be one, under {_roots_named(roots)}. To run it anyway, {CLI_WAY}")
+    return None
+
+
+def refused_sbatch_args(config: RunConfig) -> list[str]:
+    """``slurm.sbatch_args`` a UI user may not give: any but ``--option`` or ``--option=value``
+    words with an option of :data:`UI_SBATCH_OPTIONS` (``--container``, ``--input``, ``--bbf``
+    ... name a program or a file; a bare word would be taken for the batch script)."""
+    problems = []
+    for arg in config.slurm.sbatch_args:
+        option = arg.split("=", 1)[0]
+        if option not in UI_SBATCH_OPTIONS:
+            problems.append(f"slurm.sbatch_args = {arg!r}: from the UI only scheduling options that name no file or "
+                            f"program (--qos=..., --constraint=..., --exclusive, ...), each as one word with its "
+                            f"value after '='; {CLI_WAY}")
+    return problems
 
 
 def refused_env(config: RunConfig) -> list[str]:
