@@ -119,9 +119,12 @@ class Gate:
         """ALLOW, a refusal, or ``None`` for "a login with ``?token=``: answer with the cookie"."""
         policy = self.policy
         host = headers.get("host")
-        for verdict in (policy.check_host(host), policy.check_origin(headers.get("origin"), host)):
+        scheme = "https" if scope.get("scheme") in ("https", "wss") else "http"
+        for verdict in (policy.check_host(host), policy.check_origin(headers.get("origin"), host, scheme)):
             if not verdict.allowed:
                 return verdict
+        if headers.get("sec-fetch-site", "").lower() == "cross-site":
+            return Verdict(False, 403, "requests sent by pages of other sites are refused")
         if scope["type"] == "http" and scope["path"] == HEALTH_PATH:
             return Verdict(True)
         if policy.mode == "none":
