@@ -52,6 +52,21 @@ _OWN_HEADERS = {
     "Referrer-Policy": "no-referrer",
     "X-Frame-Options": "DENY",
     "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+}
+
+# Headers on every answer that passes through to Streamlit: its page may load code, styles, fonts,
+# images and connections from its own origin only (data:/blob: where Streamlit and Vega draw), so
+# text a run controls that slipped into markup still cannot fetch from elsewhere; never framed.
+_PAGE_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self' 'unsafe-inline'; "
+        "style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; font-src 'self' data:; "
+        "connect-src 'self'; worker-src 'self' blob:; frame-src 'self'; object-src 'none'; "
+        "base-uri 'self'; form-action 'self'; frame-ancestors 'none'"),
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "X-Content-Type-Options": "nosniff",
 }
 
 _PAGE = """<!doctype html>
@@ -111,6 +126,8 @@ class Gate:
             target = scope.get("root_path", "") + PAGE_ALIASES[scope["path"]] + (f"?{query}" if query else "")
             await RedirectResponse(target, status_code=308, headers=_OWN_HEADERS)(scope, receive, send)
             return
+        if scope["type"] == "http":
+            send = _with_headers(send, _PAGE_HEADERS)
         await self.app(scope, receive, send)
 
     # -- decisions ---------------------------------------------------------------------------
@@ -119,9 +136,12 @@ class Gate:
         """ALLOW, a refusal, or ``None`` for "a login with ``?token=``: answer with the cookie"."""
         policy = self.policy
         host = headers.get("host")
-        for verdict in (policy.check_host(host), policy.check_origin(headers.get("origin"), host)):
+        scheme = "https" if scope.get("scheme") in ("https", "wss") else "http"
+        for verdict in (policy.check_host(host), policy.check_origin(headers.get("origin"), host, scheme)):
             if not verdict.allowed:
                 return verdict
+        if headers.get("sec-fetch-site", "").lower() == "cross-site":
+            return Verdict(False, 403, "requests sent by pages of other sites are refused")
         if scope["type"] == "http" and scope["path"] == HEALTH_PATH:
             return Verdict(True)
         if policy.mode == "none":
@@ -176,6 +196,20 @@ class Gate:
         )
         logger.info("logged in a browser from %s", (scope.get("client") or ("?",))[0])
         await response(scope, receive, send)
+
+
+def _with_headers(send: Send, extra: dict[str, str]) -> Send:
+    """``send`` that adds ``extra`` to the response's headers, replacing any of the same name."""
+    names = {name.lower().encode("latin-1") for name in extra}
+    encoded = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in extra.items()]
+
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            kept = [(k, v) for k, v in message.get("headers", []) if k.lower() not in names]
+            message = {**message, "headers": kept + encoded}
+        await send(message)
+
+    return sending
 
 
 def _query_token(scope: Scope) -> str | None:

@@ -41,3 +41,26 @@ def page_css() -> str:
 def apply() -> None:
     """Send the rules with this page run."""
     st.html(page_css())
+
+
+# Characters Markdown, Streamlit's directives (`:red[..]`), LaTeX (`$..$`) or HTML give a meaning.
+_MARKUP_SPECIALS = frozenset("\\`*_{}[]()<>#!|$~:&")
+
+
+def plain(text: object) -> str:
+    """``text`` that a run controls (a name, an exception, a log line), escaped so that
+    ``st.markdown``/``st.caption``/``st.info`` show it as written: no image is fetched, nothing
+    turns bold, into LaTeX or into HTML. The one owner of this escaping; newlines stay."""
+    out = []
+    for char in str(text):
+        if char == "<":
+            out.append("&lt;")
+        elif char == ">":
+            out.append("&gt;")
+        elif char == "&":
+            out.append("&amp;")
+        elif char in _MARKUP_SPECIALS:
+            out.append("\\" + char)
+        else:
+            out.append(char)
+    return "".join(out)

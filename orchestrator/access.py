@@ -312,14 +312,19 @@ class AccessPolicy:
     def check_host(self, host_header: str | None) -> Verdict:
         """Refuse a request whose Host this UI does not serve (DNS rebinding)."""
         parsed = split_host(host_header or "")
-        if parsed is None or parsed[0] not in self.served:
+        if parsed is None or not parsed[0] or parsed[0] not in self.served:
             return Verdict(False, 403, (
                 f"this runyard UI does not answer to the host {host_header or '(none)'!r}; it serves "
                 f"{self.hosts_sentence()}. To reach it under another name, start it with "
                 "--allowed-host NAME (or set RUNYARD_ALLOWED_HOSTS)."))
+        # A loopback name reaches this UI directly, so a port in Host must be the one it serves.
+        if parsed[1] is not None and parsed[0] in LOOPBACK_NAMES and parsed[1] != self.port:
+            return Verdict(False, 403, (
+                f"this runyard UI listens on port {self.port}, not on the port of the host "
+                f"{host_header!r}; open http://127.0.0.1:{self.port}/"))
         return ALLOW
 
-    def check_origin(self, origin: str | None, host_header: str | None) -> Verdict:
+    def check_origin(self, origin: str | None, host_header: str | None, scheme: str | None = None) -> Verdict:
         """Refuse a browser request sent from a page of another origin than the UI's own.
 
         Browsers send ``Origin`` on every WebSocket handshake and every cross-origin or
@@ -347,6 +352,9 @@ class AccessPolicy:
             return refused
         # Without a port in Host (a reverse proxy on 80/443), the origin's default port stands for it.
         if host[1] is not None and origin_port != host[1]:
+            return refused
+        # Reached directly on its own port, the UI's origin has the scheme it is served with.
+        if scheme is not None and host[1] == self.port and parts.scheme != scheme:
             return refused
         return ALLOW
 

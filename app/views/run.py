@@ -92,9 +92,9 @@ def header(d: dict) -> None:
     title, buttons = st.columns([3, 2], vertical_alignment="center")
     with buttons:
         actions(d)
-    title.markdown(f"## #{d['id']} {d['name']} &nbsp; {badge(d['status'])}")
+    title.markdown(f"## #{d['id']} {style.plain(d['name'])} &nbsp; {badge(d['status'])}")
     if d["status_reason"]:
-        st.caption(d["status_reason"])
+        st.caption(style.plain(d["status_reason"]))
     if starting := startup_text(d["status"], d["attempts"][-1] if d["attempts"] else None, d["config"]):
         st.caption(starting)
     if where := where_text(d["config"], d["attempts"][-1] if d["attempts"] else None):
@@ -212,7 +212,7 @@ def metric_charts(d: dict, series: dict[str, data.LiveSeries]) -> None:
             st.info("This run reported no metrics.")
         else:  # what it does meanwhile: queued for what, launching, setting up, compiling, first step
             newest = d["attempts"][-1] if d["attempts"] else None
-            st.info(startup_text(d["status"], newest, d["config"]) or d["status_reason"]
+            st.info(startup_text(d["status"], newest, d["config"]) or style.plain(d["status_reason"])
                     or "Waiting for the first metrics from the ranks…", icon=":material/hourglass_top:")
         return
     options = replace(chart_options(d["id"], d["nproc"], list(series)),

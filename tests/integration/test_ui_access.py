@@ -206,6 +206,38 @@ def test_a_page_of_another_origin_is_refused(up: UI) -> None:
         assert up.request("/_stcore/health", headers).status == 403, origin
 
 
+def test_gate_corners_are_refused_with_the_cookie(up: UI) -> None:
+    """Issue 25 item 3: an empty Host, a loopback Host on a port the UI does not serve, an Origin
+    of the wrong scheme and a cross-site fetch all passed the gate before."""
+    cookie = up.log_in()
+    assert up.request("/_stcore/health", {"Cookie": cookie}).status == 200  # the control
+    for host in ("", "[::1]:1"):
+        assert up.request("/_stcore/health", {"Cookie": cookie, "Host": host}).status == 403, host
+    wrong_scheme = {"Cookie": cookie, "Origin": f"https://127.0.0.1:{up.port}"}
+    assert up.websocket(wrong_scheme) == 403
+    assert up.request("/_stcore/health", wrong_scheme).status == 403
+    for method in ("GET", "POST", "HEAD", "OPTIONS"):
+        response = up.request("/_stcore/health", {"Cookie": cookie, "Sec-Fetch-Site": "cross-site"}, method)
+        assert response.status == 403, method
+    assert up.websocket({"Cookie": cookie, "Origin": f"http://127.0.0.1:{up.port}",
+                         "Sec-Fetch-Site": "cross-site"}) == 403
+    assert up.request("/_stcore/health", {"Cookie": cookie, "Sec-Fetch-Site": "same-origin"}).status == 200
+
+
+def test_every_answer_carries_the_security_headers(up: UI) -> None:
+    """Issue 25 item 2's defence in depth: Streamlit's own page and files, the gate's refusals."""
+    cookie = up.log_in()
+    for path, headers in (("/", {"Cookie": cookie}), ("/_stcore/health", {"Cookie": cookie}), ("/", {})):
+        response = up.request(path, headers)
+        csp = response.getheader("Content-Security-Policy") or ""
+        assert "frame-ancestors 'none'" in csp, (path, csp)
+        assert "default-src 'self'" in csp or "default-src 'none'" in csp, (path, csp)
+        assert "img-src" not in csp or "http:" not in csp.split("img-src", 1)[1].split(";", 1)[0]
+        assert response.getheader("X-Frame-Options") == "DENY", path
+        assert response.getheader("Referrer-Policy") == "no-referrer", path
+        assert response.getheader("X-Content-Type-Options") == "nosniff", path
+
+
 def test_a_wrong_token_or_a_forged_cookie_is_refused(up: UI) -> None:
     wrong = up.request("/?token=" + "A" * 43)
     assert wrong.status == 403

@@ -122,3 +122,15 @@ def test_binds_and_modes() -> None:
     with pytest.raises(AccessError, match="not a host name"):
         parse_allowed_hosts(["https://ws.lan"])
     assert parse_allowed_hosts(["A.lan, b.lan", "", "[fe80::1]"]) == {"a.lan", "b.lan", "fe80::1"}
+
+
+def test_gate_corners_empty_host_foreign_port_and_wrong_scheme_are_refused() -> None:
+    """Issue 25 item 3: these three passed before."""
+    policy = AccessPolicy(mode="token", port=8501, allowed_hosts=parse_allowed_hosts(["ws.lan"]))
+    assert not policy.check_host("").allowed
+    assert not policy.check_host("[::1]:1").allowed
+    assert not policy.check_host("127.0.0.1:8502").allowed
+    assert policy.check_host("localhost").allowed  # no port: the default stands
+    assert not policy.check_origin("https://127.0.0.1:8501", "127.0.0.1:8501", "http").allowed
+    assert policy.check_origin("http://127.0.0.1:8501", "127.0.0.1:8501", "http").allowed
+    assert policy.check_origin("https://ws.lan", "ws.lan", "http").allowed  # TLS proxy in front

@@ -1096,3 +1096,21 @@ def test_a_failed_run_names_the_failing_rank_and_its_exception_at_the_top(
     assert first.startswith("**Attempt 1: rank 1 failed (USER_ERROR)**: ValueError: bad batch at step 50"), first
     assert "First error line: `Traceback (most recent call last):`" in [c.value for c in at.caption]
     assert tail.strip() in [c.value for c in at.code]
+
+
+def test_a_failure_message_with_markup_shows_as_written(settings: Settings, sessions: sessionmaker[Session]) -> None:
+    """Issue 25 item 2: a rank's exception carrying an image link, bold, LaTeX and HTML reached the
+    Run page's header as Markdown (the viewer's browser fetched the image)."""
+    evil = r"![b](http://127.0.0.1:9/beacon.png) **x** $\frac12$ <img src=x>"
+    with sessions() as s:
+        run_id = add_run(s, settings, "evil", RunStatus.STARTING, RunStatus.RUNNING)
+        assert transition(s, run_id, RunStatus.FAILED, evil)
+        s.commit()
+    at = open_page("views/run.py", run=str(run_id))
+    no_exception(at)
+    caption = next(c.value for c in at.caption if "beacon" in c.value)
+    # Every markup character is escaped: Markdown shows each as itself, nothing is interpreted.
+    for special in ("![", "](", "**", "<img"):
+        assert special not in caption, (special, caption)
+    assert caption.count("$") == caption.count("\\$") == 2, caption  # LaTeX needs a bare $
+    assert caption.replace("\\", "").replace("&lt;", "<").replace("&gt;", ">") == evil.replace("\\", "")
