@@ -378,3 +378,15 @@ def test_a_damaged_database_file_is_one_sentence_naming_it(tmp_path: Path) -> No
         line = one_error_line(result)
         assert result.returncode == 1 and f"database sqlite:///{home / 'runyard.db'}" in line, args
         assert "file is not a database" in line
+
+
+def test_a_run_paused_while_queued_is_resumed_from_the_start_by_the_cli(tmp_path: Path) -> None:
+    """Issue 25 item 6, through the real CLI (no scheduler runs, so the run stays queued):
+    pause holds it, resume queues it again instead of refusing for want of a checkpoint."""
+    cli = make_cli(tmp_path, tmp_path / "home")
+    assert cli("submit", str(EXAMPLE)).stdout.strip() == "1"
+    assert cli("pause", "1").returncode == 0
+    result = cli("resume", "1")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "run 1 queued again from the start"
+    assert "Traceback" not in result.stderr
