@@ -277,7 +277,7 @@ def resume_run(run_id: int, checkpoint_id: int | None = None) -> str:
             return str(exc)
         s.commit()
     _changed()
-    return f"Run {run_id} queued to resume from step {step}."
+    return f"Run {run_id} queued to resume from step {step}." if step else f"Run {run_id} queued again from the start."
 
 
 def rerun_run(run_id: int) -> str:

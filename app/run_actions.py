@@ -137,6 +137,14 @@ def rerun_button(d: dict[str, Any]) -> None:
         st.rerun()
 
 
+def resume_held_button(d: dict[str, Any]) -> None:
+    """Resume for a run paused before it started: it is queued again from the start."""
+    if st.button("Resume", icon=":material/play_arrow:", key=f"resume-held-{d['id']}",
+                 help="Paused before it started: Resume queues it again; it starts when a slot frees"):
+        st.toast(data.resume_run(d["id"]))
+        st.rerun()
+
+
 def offered(d: dict[str, Any]) -> list[tuple[bool, Callable[[dict[str, Any]], None]]]:
     """Each action in its slot's order, with whether it applies to the run as ``d`` shows it."""
     status = d["status"]
@@ -145,6 +153,7 @@ def offered(d: dict[str, Any]) -> list[tuple[bool, Callable[[dict[str, Any]], No
     script_rerun = terminal and d["config"]["workload"]["kind"] == "script" and not d["imported"]
     return [
         (terminal and usable, resume_menu),
+        (status == "PAUSED" and not d["attempts"], resume_held_button),
         (usable, fork_menu),
         (status in PAUSABLE, pause_button),
         (status in CANCELLABLE, cancel_menu),

@@ -26,6 +26,7 @@ plus this declarative metadata, so a new field needs no UI edit:
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import re
@@ -672,6 +673,7 @@ def parse_config(data: dict[str, Any]) -> RunConfig:
         ConfigError: listing every problem, each with the field and the value, including the
             settings that do not apply to the run's workload kind (:func:`kind_problems`).
     """
+    check_plain(data)
     try:
         config = RunConfig.model_validate(data)
     except ValidationError as exc:
@@ -682,27 +684,94 @@ def parse_config(data: dict[str, Any]) -> RunConfig:
     return config
 
 
-def parse_toml(text: str) -> dict[str, Any]:
-    """Parse TOML text into a mapping, turning syntax errors into a ConfigError."""
+MAX_CONFIG_DEPTH = 32
+"""Deepest nesting of tables and arrays a config may have; a real one is three or four deep."""
+
+MAX_INT_DIGITS = 40
+"""Most digits an integer in a config may have; any real setting fits in 20."""
+
+
+def _shorten(text: str, limit: int = 40) -> str:
+    """``text`` cut to ``limit`` characters, saying how long it was."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def check_plain(data: Any, where: str = "") -> None:
+    """Refuse what parsed TOML may hold but a run config cannot store: nesting deeper than
+    :data:`MAX_CONFIG_DEPTH`, integers longer than :data:`MAX_INT_DIGITS` digits and TOML
+    dates/times (a config is stored as JSON). Walks without recursion, so depth itself is safe.
+
+    Raises:
+        ConfigError: naming the key and the (shortened) value.
+    """
+    stack: list[tuple[str, Any, int]] = [(where, data, 0)]
+    while stack:
+        key, value, depth = stack.pop()
+        name = key or "(top level)"
+        if depth > MAX_CONFIG_DEPTH:
+            raise ConfigError([f"{name}: nested more than {MAX_CONFIG_DEPTH} deep; "
+                               "a run config is a few levels of tables"])
+        if isinstance(value, dict):
+            stack.extend((f"{key}.{k}" if key else str(k), v, depth + 1) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((f"{key}[{i}]", v, depth + 1) for i, v in enumerate(value))
+        elif isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
+            raise ConfigError([f"{name} = {_shorten(value.isoformat())}: a TOML date/time is not a "
+                               "setting runyard knows; quote it to make it a string"])
+        elif isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**MAX_INT_DIGITS:
+            raise ConfigError([f"{name}: an integer of more than {MAX_INT_DIGITS} digits; "
+                               "use a number the setting can take"])
+
+
+def _deep_key(text: str) -> str:
+    """The key of the first ``key = value`` line whose brackets nest past :data:`MAX_CONFIG_DEPTH`,
+    or "" (to name the key when tomllib itself ran out of stack)."""
+    for line in text.splitlines():
+        key, eq, value = line.partition("=")
+        if eq and value.count("[") + value.count("{") > MAX_CONFIG_DEPTH:
+            return key.strip()
+    return ""
+
+
+def _loads(text: str, what: str) -> dict[str, Any]:
+    """``tomllib.loads`` with the failures that are not TOMLDecodeError turned into ConfigError."""
     try:
         return tomllib.loads(text)
+    except RecursionError:
+        raise ConfigError([f"{_deep_key(text) or what}: nested more than {MAX_CONFIG_DEPTH} deep; "
+                           "a run config is a few levels of tables"]) from None
+    except ValueError as exc:  # TOMLDecodeError, or int() past sys.get_int_max_str_digits()
+        if isinstance(exc, tomllib.TOMLDecodeError):
+            raise
+        raise ConfigError([f"{what}: an integer of more than {MAX_INT_DIGITS} digits; "
+                           "use a number the setting can take"]) from None
+
+
+def parse_toml(text: str) -> dict[str, Any]:
+    """Parse TOML text into a mapping, turning syntax errors, too-deep nesting, overlong
+    integers and dates/times into a ConfigError."""
+    try:
+        data = _loads(text, "config")
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([f"not valid TOML: {exc}"]) from None
+    check_plain(data)
+    return data
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
     """Parse one ``--set key.path=value`` override; the value is read as a TOML value, or as a
     plain string when it is not one."""
     if "=" not in item:
-        raise ConfigError([f"--set {item!r}: expected key=value, for example train.lr=0.0005"])
+        raise ConfigError([f"--set {_shorten(item)!r}: expected key=value, for example train.lr=0.0005"])
     key, raw = item.split("=", 1)
     key = key.strip()
     if not key or any(not part for part in key.split(".")):
-        raise ConfigError([f"--set {item!r}: empty key"])
+        raise ConfigError([f"--set {_shorten(item)!r}: empty key"])
     try:
-        value = tomllib.loads(f"v = {raw}")["v"]
+        value = _loads(f"v = {raw}", f"--set {key}={_shorten(raw)}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw
+    check_plain(value, f"--set {key}")
     return key.split("."), value
 
 

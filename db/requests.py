@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from db import DatabaseError
 from db.config import RunConfig, config_from_json
 from db.layout import RunPaths, run_dir_name
-from db.models import Checkpoint, Event, PriceEntry, Run, RunStatusHistory
+from db.models import Attempt, Checkpoint, Event, PriceEntry, Run, RunStatusHistory
 from db.scriptfiles import CopyRefused, copy_verified, is_version
 from db.states import ACTIVE, TERMINAL, RunStatus, transition
 
@@ -234,6 +234,16 @@ def request_resume(
         raise RequestRefused(
             f"run {run_id} is {status.value}; cancel it first (`runyard cancel {run_id}`), then resume"
         )
+    never_started = session.scalar(select(Attempt.id).where(Attempt.run_id == run_id).limit(1)) is None
+    if status == RunStatus.PAUSED and never_started and step is None and checkpoint_id is None:
+        # paused while QUEUED: held back, now let go; it starts as it would have (a fork from its origin)
+        run.resume_checkpoint_id = None
+        run.retries_used = 0
+        if not transition(session, run_id, RunStatus.QUEUED, f"resume of a run paused before it started, by {who}"):
+            raise RequestRefused(f"run {run_id} changed status meanwhile; try again")
+        session.add(Event(run_id=run_id, at=time.time(), kind="resume",
+                          message=f"queued again from the start by {who} (it was paused before it started)"))
+        return 0
     checkpoint = usable_checkpoint(session, run_id, step, checkpoint_id)
     run.resume_checkpoint_id = checkpoint.id
     run.start_fresh = False

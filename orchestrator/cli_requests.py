@@ -116,7 +116,8 @@ def resume(run: str, step: int | None, checkpoint_id: int | None, as_json: bool)
     if as_json:
         click.echo(json.dumps({"id": run_id, "step": chosen}))
     else:
-        click.echo(f"run {run_id} queued to resume from step {chosen}")
+        click.echo(f"run {run_id} queued to resume from step {chosen}" if chosen
+                   else f"run {run_id} queued again from the start")
 
 
 @click.command(cls=RunyardCommand)

@@ -202,6 +202,16 @@ SUBMIT_CASES = [
      ["train.deterministic = 'yes'"]),
     ("max_steps=1e3", lambda t: [str(EXAMPLE), "--set", "train.max_steps=1e3"],
      ["train.max_steps = 1000.0", "whole number"]),
+    ("5,000-digit integer by --set", lambda t: [str(EXAMPLE), "--set", "train.max_steps=" + "9" * 5000],
+     ["train.max_steps=99999", "(5000 characters)", "more than 40 digits"]),
+    ("array nested 5,000 deep", lambda t: [_write(t, "c.toml", b"[train]\nx = " + b"[" * 5000 + b"]" * 5000)],
+     ["x: nested more than 32 deep"]),
+    ("table nested 2,000 deep", lambda t: [_write(t, "c.toml", ("[" + ".".join(["t"] * 2000) + "]\nx = 1\n").encode())],
+     ["t.t.t.t", "nested more than 32 deep"]),
+    ("TOML datetime in the file", lambda t: [_write(t, "c.toml", b"name = 1979-05-27T07:32:00Z\n")],
+     ["name = 1979-05-27T07:32:00+00:00", "date/time", "quote it"]),
+    ("TOML date by --set", lambda t: [str(EXAMPLE), "--set", "name=1979-05-27"],
+     ["--set name = 1979-05-27", "date/time"]),
     ("a model no machine holds", lambda t: [str(EXAMPLE), *_gpt("workload.n_layer=96", "workload.n_embd=16384",
                                                                 "workload.n_head=128", "launch.nproc_per_node=1")],
      ["workload.n_embd = 16384", "GiB", "AdamW"]),
@@ -368,3 +378,15 @@ def test_a_damaged_database_file_is_one_sentence_naming_it(tmp_path: Path) -> No
         line = one_error_line(result)
         assert result.returncode == 1 and f"database sqlite:///{home / 'runyard.db'}" in line, args
         assert "file is not a database" in line
+
+
+def test_a_run_paused_while_queued_is_resumed_from_the_start_by_the_cli(tmp_path: Path) -> None:
+    """Issue 25 item 6, through the real CLI (no scheduler runs, so the run stays queued):
+    pause holds it, resume queues it again instead of refusing for want of a checkpoint."""
+    cli = make_cli(tmp_path, tmp_path / "home")
+    assert cli("submit", str(EXAMPLE)).stdout.strip() == "1"
+    assert cli("pause", "1").returncode == 0
+    result = cli("resume", "1")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "run 1 queued again from the start"
+    assert "Traceback" not in result.stderr

@@ -167,3 +167,24 @@ def test_the_refusal_and_the_form_read_the_same_metadata() -> None:
             kinds = field_kinds(model, name)
             assert (kinds is None or "script" in kinds) == (key in shown), key
     assert kind_problems(RunConfig()) == []
+
+
+def test_a_mapping_from_the_ui_with_a_date_or_deep_nesting_is_refused_naming_the_key() -> None:
+    """The New run page hands validate() a mapping (its upload through parse_toml, its form as a
+    dict): a date or a 2,000-deep table there is one ConfigError naming the key, not a TypeError
+    or RecursionError later when the config is stored as JSON."""
+    import datetime
+
+    from db.config import ConfigError, parse_config, parse_toml
+
+    with pytest.raises(ConfigError, match=r"name = 1979-05-27: a TOML date/time"):
+        parse_config({"name": datetime.date(1979, 5, 27)})
+    deep: dict = {}
+    node = deep
+    for _ in range(2000):
+        node["t"] = {}
+        node = node["t"]
+    with pytest.raises(ConfigError, match=r"t\.t\.t.*nested more than 32 deep"):
+        parse_config({"workload": deep})
+    with pytest.raises(ConfigError, match=r"^invalid run config:\n  - x: nested more than 32 deep"):
+        parse_toml("x = " + "[" * 5000 + "]" * 5000)

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from db.config import RunConfig, parse_config
 from db.inventory import Inventory
 from db.models import Attempt, Run, SchedulerHeartbeat
-from db.requests import request_cancel
+from db.requests import request_cancel, request_resume
 from db.settings import Settings
 from orchestrator.scheduler import Scheduler, SchedulerLocked, acquire_lock
 from orchestrator.submission import submit
@@ -332,3 +332,23 @@ def test_one_broken_run_does_not_stop_the_others(sessions: sessionmaker[Session]
         s.commit()
     tick_until(scheduler, lambda: status(sessions, healthy) == "SUCCEEDED")
     assert status(sessions, broken) == "STARTING"
+
+
+def test_a_run_paused_while_queued_is_held_and_resume_queues_it_from_the_start(
+        sessions: sessionmaker[Session], settings: Settings) -> None:
+    """Issue 25 item 6: pausing a QUEUED run held it as PAUSED at step 0, and resume then refused
+    ("no verified checkpoint to start from"): a dead end. Now resume lets it go from scratch."""
+    run_id = queue(sessions, settings, "quick")
+    with sessions() as s:
+        assert request_cancel(s, run_id, mode="pause") == f"run {run_id}: pause requested"
+        s.commit()
+    scheduler = make_scheduler(sessions, settings)
+    scheduler.tick()
+    assert status(sessions, run_id) == "PAUSED" and attempts(sessions, run_id) == []  # held back
+    with sessions() as s:
+        assert request_resume(s, run_id, who="test") == 0
+        s.commit()
+    assert status(sessions, run_id) == "QUEUED"
+    tick_until(scheduler, lambda: status(sessions, run_id) == "SUCCEEDED")
+    (attempt,) = attempts(sessions, run_id)
+    assert attempt.number == 1
