@@ -112,6 +112,11 @@ def settle(session: Session, run: Run, attempt: Attempt, exited: dict | None, no
         _event(session, run, attempt, "info", f"attempt {attempt.number} succeeded")
         return
 
+    # Before the failure's causes: the ranks' checkpoint at its SIGTERM must not read as a preemption.
+    by_person = cancelled_in_slurm(exited) if attempt.stop_reason is None else None
+    if by_person is not None:
+        _cancelled_outside(session, run, attempt, by_person, stopped)
+        return
     failure = _diagnose(attempt, exited, stopped, code)
     attempt_transition(attempt, AttemptStatus.CRASHED if failure.cause is Cause.VANISHED else AttemptStatus.FAILED)
     attempt.cause = failure.cause.value
@@ -123,6 +128,45 @@ def settle(session: Session, run: Run, attempt: Attempt, exited: dict | None, no
         transition(session, run.id, RunStatus.CANCELLED, f"cancelled; the attempt ended {attempt.reason}")
         return
     _apply_retry_policy(session, run, attempt, failure, now)
+
+
+def cancelled_in_slurm(exited: dict | None) -> str | None:
+    """How a person cancelled the attempt's Slurm job, in words, or None when no one did.
+
+    A plain ``scancel`` of the job (by its owner or an administrator) sends the batch program
+    and every rank SIGTERM, as Slurm's time limit and preemption do; slurmstepd's line in the
+    job's output tells them apart (orchestrator/slurm/job.py's ``stop_line``: no ``DUE TO``), and
+    Slurm's final state does when the job left no marker (``CANCELLED``, where a time limit is
+    ``TIMEOUT`` and a preemption ``PREEMPTED``). Asked only of an attempt runyard did not stop
+    itself (no stop reason: its cancel, pause and hang kill also end in ``scancel``); the warning
+    signal (USR2) is never a cancel.
+    """
+    if not exited:
+        return None
+    stop = exited.get("slurm_stop")
+    by = exited.get("cancelled_by")
+    who = f" by {by}" if by else ""
+    job = f"Slurm job {exited.get('job_id')}" if exited.get("job_id") else "the Slurm job"
+    if isinstance(stop, dict) and exited.get("terminated") and not stop.get("due_to"):
+        return f"{job} was cancelled with scancel{who} at {stop.get('at')} (on {stop.get('node')})"
+    if exited.get("marker") is False and exited.get("slurm_state") == "CANCELLED":
+        return f"{job} ended CANCELLED in Slurm{who} (a scancel outside runyard)"
+    return None
+
+
+def _cancelled_outside(session: Session, run: Run, attempt: Attempt, how: str, stopped: dict | None) -> None:
+    """A person cancelled the run's Slurm job: the run ends CANCELLED, not resubmitted as a
+    preemption would be, and says who and when where Slurm told."""
+    attempt_transition(attempt, AttemptStatus.CANCELLED)
+    ckpt = (f"last checkpoint at step {attempt.last_checkpoint_step}" if attempt.last_checkpoint_step
+            else "no checkpoint")
+    saved = " (the ranks saved one at the stop)" if stopped else ""
+    attempt.reason = (f"cancelled outside runyard: {how}, at step {attempt.last_step or 0}; {ckpt}{saved}; not "
+                      f"resubmitted (a person's scancel is not a preemption): `runyard resume {run.id}` continues")
+    # The state machine reaches CANCELLED through CANCELLING; both in this one commit.
+    transition(session, run.id, RunStatus.CANCELLING, f"cancelled outside runyard: {how}")
+    transition(session, run.id, RunStatus.CANCELLED, attempt.reason)
+    _event(session, run, attempt, "warning", attempt.reason)
 
 
 def finished_ranks(attempt_dir: Path) -> set[int]:
