@@ -21,8 +21,17 @@ from db.config import RunConfig, config_from_json, deep_merge
 from db.layout import AttemptPaths
 from db.models import Attempt, Checkpoint, Event, Run
 from db.states import AttemptStatus, RunStatus, StopReason, attempt_transition, transition
-from orchestrator.failures import Failure, agent_killed, classify, rank_failures, signal_name, stderr_tail
+from orchestrator.failures import (
+    Failure,
+    agent_killed,
+    classify,
+    disk_detail,
+    rank_failures,
+    signal_name,
+    stderr_tail,
+)
 from orchestrator.retry import AttemptOutcome, decide, halved_micro_batch
+from orchestrator.storage import deleted_message, run_dir_deleted, storage_fault, writable_problem
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +127,7 @@ def settle(session: Session, run: Run, attempt: Attempt, exited: dict | None, no
         _cancelled_outside(session, run, attempt, by_person, stopped)
         return
     failure = _diagnose(attempt, exited, stopped, code)
+    failure = _storage_failure(run, attempt, exited, failure) or failure
     attempt_transition(attempt, AttemptStatus.CRASHED if failure.cause is Cause.VANISHED else AttemptStatus.FAILED)
     attempt.cause = failure.cause.value
     attempt.failed_rank = failure.rank
@@ -128,6 +138,52 @@ def settle(session: Session, run: Run, attempt: Attempt, exited: dict | None, no
         transition(session, run.id, RunStatus.CANCELLED, f"cancelled; the attempt ended {attempt.reason}")
         return
     _apply_retry_policy(session, run, attempt, failure, now)
+
+
+# Diagnoses a storage fault at the attempt's end explains better: the ranks' own evidence (their
+# logs, their error files) was lost with the writes that failed.
+_STORAGE_EXPLAINS = frozenset({Cause.UNKNOWN, Cause.USER_ERROR, Cause.SIGNAL, Cause.VANISHED})
+
+
+def _storage_failure(run: Run, attempt: Attempt, exited: dict | None, diagnosed: Failure) -> Failure | None:
+    """The storage's part in the attempt's end, or None: the run folder deleted under it
+    (``RUN_DIR_DELETED``, never retried), or a ``DISK`` failure when the launcher could not write
+    its exit file (it says so in the record it wrote late, or there is no record and the attempt's
+    folder cannot be written now), naming the path and the errno."""
+    run_dir = Path(run.run_dir)
+    if run_dir_deleted(run_dir):
+        return Failure(Cause.RUN_DIR_DELETED, None, deleted_message(run_dir), "")
+    if diagnosed.cause not in _STORAGE_EXPLAINS or attempt.stop_reason is not None:
+        return None
+    error = exited.get("storage_error") if exited else None
+    if isinstance(error, dict):
+        text = f"the launcher could not write its exit file for a while: {error.get('message')}"
+    elif exited is None and (problem := writable_problem(Path(attempt.dir))) is not None:
+        text = f"the launcher ended without an exit file: [Errno {problem.errno}] {problem.strerror}: '{problem.path}'"
+    else:
+        return None
+    return Failure(Cause.DISK, None, text, diagnosed.log_tail, detail=disk_detail(text, Path(attempt.dir)))
+
+
+def launch_failed_on_storage(session: Session, run: Run, attempt: Attempt, exc: OSError, now: float) -> bool:
+    """A launch that failed because the storage refused a write (a read-only or full run folder)
+    is a ``DISK`` failure of the attempt, handed to the retry policy like any other (the retry
+    waits until the folder is writable: orchestrator/admission.py); a deleted run folder ends the
+    run. Returns False when ``exc`` is not a storage fault (the caller fails the launch)."""
+    run_dir = Path(run.run_dir)
+    fault = storage_fault(exc, attempt.dir)
+    if fault is None and not run_dir_deleted(run_dir):
+        return False
+    _record(session, attempt, None, now)
+    if fault is None:
+        failure = Failure(Cause.RUN_DIR_DELETED, None, deleted_message(run_dir), "")
+    else:
+        text = f"launch failed: [Errno {fault.errno}] {fault.strerror}: '{fault.path}'"
+        failure = Failure(Cause.DISK, None, text, "", detail=disk_detail(text, Path(attempt.dir)))
+    attempt_transition(attempt, AttemptStatus.FAILED)
+    attempt.cause, attempt.exception, attempt.reason = failure.cause.value, failure.exception, failure.summary()
+    _apply_retry_policy(session, run, attempt, failure, now)
+    return True
 
 
 def cancelled_in_slurm(exited: dict | None) -> str | None:
