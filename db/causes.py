@@ -22,7 +22,8 @@ class Cause(str, enum.Enum):
     PREEMPTED = "PREEMPTED"  # SIGTERM that runyard did not send; stopped with a checkpoint
     VANISHED = "VANISHED"  # the launcher disappeared without an exit code
     LAUNCH_FAILED = "LAUNCH_FAILED"
-    DISK = "DISK"  # a write failed for want of space or size (ENOSPC, EFBIG, EDQUOT) or with EIO
+    DISK = "DISK"  # a write failed: no space, a size limit, a quota, a read-only filesystem or EIO
+    RUN_DIR_DELETED = "RUN_DIR_DELETED"  # the run's folder was deleted under it (not retried)
     NODE_FAIL = "NODE_FAIL"  # Slurm lost a node of the job (NODE_FAIL, BOOT_FAIL)
     UNKNOWN = "UNKNOWN"
 

@@ -10,6 +10,7 @@ Part of :class:`~orchestrator.scheduler.Scheduler` (its tick calls ``_admit``).
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -25,6 +26,7 @@ from db.inventory import Inventory
 from db.models import Attempt, Checkpoint, Event, Run
 from db.states import ACTIVE, AttemptStatus, RunStatus
 from orchestrator.failures import free_bytes, human_bytes
+from orchestrator.storage import errno_in, writable_problem
 
 logger = logging.getLogger(__name__)
 
@@ -149,12 +151,20 @@ class Admission:
                 run.status_reason = reason
 
     def _room_to_retry(self, session: Session, run: Run, now: float) -> bool:
-        """After a DISK failure, retry only when the run's filesystem has room for a checkpoint
-        again: max(DISK_MIN_FREE_BYTES, twice the run's largest checkpoint). Until then the run
-        stays RETRYING, says what it waits for, and looks again every DISK_RECHECK_S."""
+        """After a DISK failure, retry only when the run's folder can be written (a read-only
+        mount) and its filesystem has room for a checkpoint again: max(DISK_MIN_FREE_BYTES, twice
+        the run's largest checkpoint). Until then the run stays RETRYING, says what it waits for,
+        and looks again every DISK_RECHECK_S."""
         previous = self._current_attempt(session, run)
         if previous is None or previous.cause != Cause.DISK.value:
             return True
+        problem = writable_problem(Path(run.run_dir))
+        if problem is not None:
+            reason = (f"waiting for the run folder to be writable again: {problem.describe()}; the retry starts "
+                      f"once it is (checked every {DISK_RECHECK_S:.0f} s)")
+            return self._wait_for_storage(session, run, previous, reason, now)
+        if errno_in(previous.exception) == errno.EROFS:
+            return True  # a mount that was read-only says nothing about the room on it
         largest = session.scalar(select(func.max(Checkpoint.bytes)).where(Checkpoint.run_id == run.id)) or 0
         need = max(DISK_MIN_FREE_BYTES, 2 * int(largest))
         free = free_bytes(Path(run.run_dir))
@@ -163,7 +173,13 @@ class Admission:
         reason = (f"waiting for disk space: {human_bytes(free)} free on the filesystem of {run.run_dir}, "
                   f"{human_bytes(need)} needed (twice the largest checkpoint, at least "
                   f"{human_bytes(DISK_MIN_FREE_BYTES)}); the retry starts once there is room")
-        if not (run.status_reason or "").startswith("waiting for disk space"):
+        return self._wait_for_storage(session, run, previous, reason, now)
+
+    @staticmethod
+    def _wait_for_storage(session: Session, run: Run, previous: Attempt, reason: str, now: float) -> bool:
+        """Keep the run RETRYING with ``reason``, said once (an event and a log line) and looked
+        at again in DISK_RECHECK_S. Returns False (not yet)."""
+        if (run.status_reason or "").split(":")[0] != reason.split(":")[0]:
             session.add(Event(run_id=run.id, attempt=previous.number, at=now, level="warning", kind="disk",
                               message=reason))
             logger.warning("run %d: %s", run.id, reason)

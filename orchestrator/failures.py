@@ -16,6 +16,7 @@ policy compares ``Failure.exception``) means the same exception raised at the sa
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import logging
 import re
@@ -27,6 +28,7 @@ from pathlib import Path
 
 from db.causes import Cause
 from orchestrator.logs import launcher_log, rank_log_files, tail
+from orchestrator.storage import errno_in, writable_problem
 
 logger = logging.getLogger(__name__)
 
@@ -39,11 +41,13 @@ COMM_PATTERNS = re.compile(
     r"DistBackendError|DistNetworkError|Broken pipe|ProcessGroup.*timed? ?out|Watchdog caught collective",
 )
 CUDA_OOM_PATTERNS = re.compile(r"OutOfMemoryError|CUDA out of memory")
-# What a failed write says when the disk is full, a file-size limit is hit, a quota is exceeded or
-# the device fails: errno text as Python prints it, and SQLite's own words.
+# What a failed write says when the disk is full, a file-size limit is hit, a quota is exceeded,
+# the filesystem is read-only or the device fails: errno text as Python prints it, and SQLite's
+# own words (orchestrator/storage.py's STORAGE_ERRNOS).
 DISK_PATTERNS = re.compile(
-    r"\[Errno (?:28|27|122|5)\]|No space left on device|File too large|Disk quota exceeded|"
-    r"Input/output error|database or disk is full|disk I/O error|PytorchStreamWriter failed writing",
+    r"\[Errno (?:28|27|122|5|30)\]|No space left on device|File too large|Disk quota exceeded|"
+    r"Input/output error|Read-only file system|database or disk is full|disk I/O error|"
+    r"attempt to write a readonly database|PytorchStreamWriter failed writing",
 )
 _EXCEPTION_LINE = re.compile(r"^\w+(\.\w+)*(Error|Exception|Interrupt|Exit)\b")
 # torchrun's prefix on each line of a rank's stderr ("[rank1]: ..."), or of its console copy
@@ -412,10 +416,17 @@ def human_bytes(n: float) -> str:
 
 
 def disk_detail(message: str, attempt_dir: Path) -> str:
-    """Where a failed write went and how much room is there now: the first absolute path in the
-    message (else the run's folder), and the free space on its filesystem."""
+    """Where a failed write went, with which errno, how much room is there now and whether its
+    folder can be written now: the first absolute path in the message (else the run's folder),
+    and the free space on its filesystem."""
     found = _PATH.search(message)
     path = Path(found.group(1)) if found else attempt_dir.parent.parent
     free = free_bytes(path)
     room = f"{human_bytes(free)} free on its filesystem now" if free is not None else "free space unknown"
-    return f"writing {path}; {room}"
+    code = errno_in(message)
+    name = f"{errno.errorcode[code]}: " if code is not None and code in errno.errorcode else ""
+    folder = nearest_existing(path.parent)
+    # Only the run's own folders are probed (a path in the message may be anywhere).
+    problem = writable_problem(folder) if folder.is_relative_to(attempt_dir.parent.parent) else None
+    now = f"; still not writable ({problem.name})" if problem is not None else ""
+    return f"{name}writing {path}; {room}{now}"

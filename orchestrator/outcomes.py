@@ -21,8 +21,17 @@ from db.config import RunConfig, config_from_json, deep_merge
 from db.layout import AttemptPaths
 from db.models import Attempt, Checkpoint, Event, Run
 from db.states import AttemptStatus, RunStatus, StopReason, attempt_transition, transition
-from orchestrator.failures import Failure, agent_killed, classify, rank_failures, signal_name, stderr_tail
+from orchestrator.failures import (
+    Failure,
+    agent_killed,
+    classify,
+    disk_detail,
+    rank_failures,
+    signal_name,
+    stderr_tail,
+)
 from orchestrator.retry import AttemptOutcome, decide, halved_micro_batch
+from orchestrator.storage import deleted_message, run_dir_deleted, storage_fault, writable_problem
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +121,13 @@ def settle(session: Session, run: Run, attempt: Attempt, exited: dict | None, no
         _event(session, run, attempt, "info", f"attempt {attempt.number} succeeded")
         return
 
+    # Before the failure's causes: the ranks' checkpoint at its SIGTERM must not read as a preemption.
+    by_person = cancelled_in_slurm(exited) if attempt.stop_reason is None else None
+    if by_person is not None:
+        _cancelled_outside(session, run, attempt, by_person, stopped)
+        return
     failure = _diagnose(attempt, exited, stopped, code)
+    failure = _storage_failure(run, attempt, exited, failure) or failure
     attempt_transition(attempt, AttemptStatus.CRASHED if failure.cause is Cause.VANISHED else AttemptStatus.FAILED)
     attempt.cause = failure.cause.value
     attempt.failed_rank = failure.rank
@@ -123,6 +138,91 @@ def settle(session: Session, run: Run, attempt: Attempt, exited: dict | None, no
         transition(session, run.id, RunStatus.CANCELLED, f"cancelled; the attempt ended {attempt.reason}")
         return
     _apply_retry_policy(session, run, attempt, failure, now)
+
+
+# Diagnoses a storage fault at the attempt's end explains better: the ranks' own evidence (their
+# logs, their error files) was lost with the writes that failed.
+_STORAGE_EXPLAINS = frozenset({Cause.UNKNOWN, Cause.USER_ERROR, Cause.SIGNAL, Cause.VANISHED})
+
+
+def _storage_failure(run: Run, attempt: Attempt, exited: dict | None, diagnosed: Failure) -> Failure | None:
+    """The storage's part in the attempt's end, or None: the run folder deleted under it
+    (``RUN_DIR_DELETED``, never retried), or a ``DISK`` failure when the launcher could not write
+    its exit file (it says so in the record it wrote late, or there is no record and the attempt's
+    folder cannot be written now), naming the path and the errno."""
+    run_dir = Path(run.run_dir)
+    if run_dir_deleted(run_dir):
+        return Failure(Cause.RUN_DIR_DELETED, None, deleted_message(run_dir), "")
+    if diagnosed.cause not in _STORAGE_EXPLAINS or attempt.stop_reason is not None:
+        return None
+    error = exited.get("storage_error") if exited else None
+    if isinstance(error, dict):
+        text = f"the launcher could not write its exit file for a while: {error.get('message')}"
+    elif exited is None and (problem := writable_problem(Path(attempt.dir))) is not None:
+        text = f"the launcher ended without an exit file: [Errno {problem.errno}] {problem.strerror}: '{problem.path}'"
+    else:
+        return None
+    return Failure(Cause.DISK, None, text, diagnosed.log_tail, detail=disk_detail(text, Path(attempt.dir)))
+
+
+def launch_failed_on_storage(session: Session, run: Run, attempt: Attempt, exc: OSError, now: float) -> bool:
+    """A launch that failed because the storage refused a write (a read-only or full run folder)
+    is a ``DISK`` failure of the attempt, handed to the retry policy like any other (the retry
+    waits until the folder is writable: orchestrator/admission.py); a deleted run folder ends the
+    run. Returns False when ``exc`` is not a storage fault (the caller fails the launch)."""
+    run_dir = Path(run.run_dir)
+    fault = storage_fault(exc, attempt.dir)
+    if fault is None and not run_dir_deleted(run_dir):
+        return False
+    _record(session, attempt, None, now)
+    if fault is None:
+        failure = Failure(Cause.RUN_DIR_DELETED, None, deleted_message(run_dir), "")
+    else:
+        text = f"launch failed: [Errno {fault.errno}] {fault.strerror}: '{fault.path}'"
+        failure = Failure(Cause.DISK, None, text, "", detail=disk_detail(text, Path(attempt.dir)))
+    attempt_transition(attempt, AttemptStatus.FAILED)
+    attempt.cause, attempt.exception, attempt.reason = failure.cause.value, failure.exception, failure.summary()
+    _apply_retry_policy(session, run, attempt, failure, now)
+    return True
+
+
+def cancelled_in_slurm(exited: dict | None) -> str | None:
+    """How a person cancelled the attempt's Slurm job, in words, or None when no one did.
+
+    A plain ``scancel`` of the job (by its owner or an administrator) sends the batch program
+    and every rank SIGTERM, as Slurm's time limit and preemption do; slurmstepd's line in the
+    job's output tells them apart (orchestrator/slurm/job.py's ``stop_line``: no ``DUE TO``), and
+    Slurm's final state does when the job left no marker (``CANCELLED``, where a time limit is
+    ``TIMEOUT`` and a preemption ``PREEMPTED``). Asked only of an attempt runyard did not stop
+    itself (no stop reason: its cancel, pause and hang kill also end in ``scancel``); the warning
+    signal (USR2) is never a cancel.
+    """
+    if not exited:
+        return None
+    stop = exited.get("slurm_stop")
+    by = exited.get("cancelled_by")
+    who = f" by {by}" if by else ""
+    job = f"Slurm job {exited.get('job_id')}" if exited.get("job_id") else "the Slurm job"
+    if isinstance(stop, dict) and exited.get("terminated") and not stop.get("due_to"):
+        return f"{job} was cancelled with scancel{who} at {stop.get('at')} (on {stop.get('node')})"
+    if exited.get("marker") is False and exited.get("slurm_state") == "CANCELLED":
+        return f"{job} ended CANCELLED in Slurm{who} (a scancel outside runyard)"
+    return None
+
+
+def _cancelled_outside(session: Session, run: Run, attempt: Attempt, how: str, stopped: dict | None) -> None:
+    """A person cancelled the run's Slurm job: the run ends CANCELLED, not resubmitted as a
+    preemption would be, and says who and when where Slurm told."""
+    attempt_transition(attempt, AttemptStatus.CANCELLED)
+    ckpt = (f"last checkpoint at step {attempt.last_checkpoint_step}" if attempt.last_checkpoint_step
+            else "no checkpoint")
+    saved = " (the ranks saved one at the stop)" if stopped else ""
+    attempt.reason = (f"cancelled outside runyard: {how}, at step {attempt.last_step or 0}; {ckpt}{saved}; not "
+                      f"resubmitted (a person's scancel is not a preemption): `runyard resume {run.id}` continues")
+    # The state machine reaches CANCELLED through CANCELLING; both in this one commit.
+    transition(session, run.id, RunStatus.CANCELLING, f"cancelled outside runyard: {how}")
+    transition(session, run.id, RunStatus.CANCELLED, attempt.reason)
+    _event(session, run, attempt, "warning", attempt.reason)
 
 
 def finished_ranks(attempt_dir: Path) -> set[int]:

@@ -8,6 +8,7 @@ the effective batch is unchanged.
 
 from __future__ import annotations
 
+import errno
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 from db.causes import Cause
 from db.config import RetryConfig
 from orchestrator.failures import normalize_exception
+from orchestrator.storage import errno_in
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,8 @@ def decide(
                                                                                                      config, rand))
         return Decision(True, "preempted (SIGTERM from outside): resuming; this does not use a retry",
                         delay_s=0.0, counted=False)
+    if failed.cause is Cause.RUN_DIR_DELETED:
+        return Decision(False, f"{failed.exception}")
     if failed.cause is Cause.LAUNCH_FAILED:
         return Decision(False, "the launch itself was refused: it would be refused again; change the settings the "
                                "reason names, then resume")
@@ -99,7 +103,8 @@ def decide(
         return Decision(False, f"{failed.exception or 'an exception'} before the first step completed: "
                                "it would fail again; fix the code or the config, then resume")
     if (failed.cause in REPEAT_FAILS and last is not None and last.cause is failed.cause
-            and same_exception(last.exception, failed.exception) and last.last_step == failed.last_step):
+            and same_exception(last.exception, failed.exception) and last.last_step == failed.last_step
+            and errno_in(failed.exception) != errno.EROFS):  # a mount read-only again is no size limit
         if failed.cause is Cause.DISK:
             return Decision(False, f"the same disk error at the same step twice ({failed.exception} after step "
                                    f"{failed.last_step}) although there was room: a size limit or a quota; "
@@ -119,6 +124,7 @@ def decide(
     delay = backoff_s(retries_used, config, rand)
     what = " with half the micro-batch and twice the accumulation" if failed.cause is Cause.CUDA_OOM else ""
     if failed.cause is Cause.DISK:
-        what = " once the disk has room again (the scheduler checks the free space first)"
+        what = (" once the disk has room again and the run folder is writable (the scheduler checks both "
+                "first)")
     return Decision(True, f"{failed.cause.value}: retry {retries_used + 1} of {config.max_retries} in "
                           f"{delay:.0f} s{what}", delay_s=delay)

@@ -49,7 +49,7 @@ from orchestrator.admission import Admission
 from orchestrator.executors import Executor, ExecutorError, LaunchRequest, Liveness, executor_for
 from orchestrator.executors.local import CommandFactory, LocalExecutor
 from orchestrator.launcher import free_port, script_env, torchrun_argv
-from orchestrator.outcomes import attempt_config, next_overrides, settle
+from orchestrator.outcomes import attempt_config, launch_failed_on_storage, next_overrides, settle
 from orchestrator.repeats import RepeatedErrors, signature
 from orchestrator.script_supervision import ScriptWatch
 from orchestrator.stacks import StackDumps
@@ -403,6 +403,11 @@ class Scheduler(Admission):
         try:
             what = executor.submit(request, attempt)
         except (OSError, ExecutorError) as exc:
+            if isinstance(exc, OSError) and launch_failed_on_storage(session, run, attempt, exc, time.time()):
+                # The storage, not runyard: one line, no traceback; the retry policy has the run.
+                logger.warning("run %d: attempt %d: %s", run.id, number, attempt.reason)
+                session.commit()
+                return
             logger.exception("run %d: launch failed", run.id)
             why = f"launch failed: {exc}"
             attempt.cause, attempt.exception = Cause.LAUNCH_FAILED.value, why

@@ -14,6 +14,15 @@ and rewrites it with torchrun's right after the spawn. A scheduler that died bet
 the shim and committing its pid to the database adopts the attempt from that record instead of
 calling it vanished and launching the run a second time.
 
+The exit file survives storage faults where it can: its temporary file is written at the start
+(a page of spaces) and overwritten in place at the end, which needs no new block on a full disk;
+a write that still fails (a read-only mount, a deleted folder) is tried again every second for
+``RUNYARD_EXIT_RETRY_S`` seconds (default 30), and the record then carries the first error
+(``storage_error``: path, errno, message), so a folder read-only for a moment ends as a ``DISK``
+failure naming it instead of a vanished launcher. A shim that never could write exits 75
+(EX_TEMPFAIL); the scheduler, finding no exit file, probes the folder itself
+(orchestrator/outcomes.py).
+
 It ignores SIGTERM/SIGINT/SIGHUP so that a signal to the process group reaches torchrun, which
 forwards it to the ranks, while the shim stays to record how torchrun ended. torchrun gets
 SIGKILL from the kernel if the shim dies (``PR_SET_PDEATHSIG``), and its ranks in turn die with
@@ -46,6 +55,80 @@ def write_atomic(path: str, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def reserve(path: str, size: int = 4096) -> None:
+    """Write ``path``'s temporary file now (``size`` spaces), so that :func:`write_reserved` can
+    overwrite it in place later, on a disk that may be full by then. A failure is left to that
+    later write."""
+    try:
+        with open(f"{path}.tmp", "wb") as f:
+            f.write(b" " * size)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError:
+        pass
+
+
+def write_reserved(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` atomically, into the temporary file :func:`reserve` made when
+    it is there and large enough (padded with spaces, which JSON ignores), else a new one."""
+    tmp = f"{path}.tmp"
+    data = text.encode()
+    try:
+        size = os.path.getsize(tmp)
+    except OSError:
+        size = -1
+    if size < len(data):
+        write_atomic(path, text)
+        return
+    with open(tmp, "r+b") as f:
+        f.write(data + b" " * (size - len(data)))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+EXIT_RETRY_VAR = "RUNYARD_EXIT_RETRY_S"
+EXIT_RETRY_S = 30.0
+# The exit code of a shim that could not write its exit file (sysexits' EX_TEMPFAIL).
+EXIT_UNWRITTEN = 75
+
+
+def exit_retry_s() -> float:
+    """How long a failing exit-file write is retried: RUNYARD_EXIT_RETRY_S, else EXIT_RETRY_S."""
+    try:
+        return max(0.0, float(os.environ.get(EXIT_RETRY_VAR, EXIT_RETRY_S)))
+    except ValueError:
+        return EXIT_RETRY_S
+
+
+def write_exit(path: str, record: dict[str, object], retry_s: float) -> bool:
+    """Write the exit record, trying again every second for ``retry_s`` seconds while the storage
+    refuses it; once a try failed, the record says so (``storage_error``). False when it never
+    could."""
+    deadline = time.monotonic() + retry_s
+    while True:
+        try:
+            write_reserved(path, json.dumps(record))
+            return True
+        except OSError as exc:
+            if "storage_error" not in record:
+                record["storage_error"] = {"path": exc.filename or path, "errno": exc.errno,
+                                           "message": str(exc), "at": time.time()}
+                _say(f"[runyard shim] cannot write the exit file {path}: {exc}; trying again for {retry_s:.0f} s")
+            if isinstance(exc, FileNotFoundError) or time.monotonic() >= deadline:  # a deleted folder stays so
+                _say(f"[runyard shim] gave up writing the exit file {path}: {exc}")
+                return False
+        time.sleep(1.0)
+
+
+def _say(line: str) -> None:
+    """One line on stderr (the launcher log), which may fail too on the same storage."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass
 
 
 USAGE = ("usage: python -m orchestrator.shim --exit-file FILE -- ARGV...\n"
@@ -99,6 +182,7 @@ def main(argv: list[str]) -> int:
         signal.signal(sig, signal.SIG_IGN)
     record = str(Path(exit_file).parent / LAUNCH_RECORD)
     write_launch_record(record)
+    reserve(exit_file)
     started = time.time()
     # Each child gets default signal handling back (ignored dispositions would be inherited).
     # preexec_fn is safe here: the shim has one thread.
@@ -112,7 +196,8 @@ def main(argv: list[str]) -> int:
     ended: dict[str, object] = {"exit_code": code, "pid": failed.pid, "started_at": started, "ended_at": time.time()}
     if len(children) > 1:
         ended["nodes"] = nodes
-    write_atomic(exit_file, json.dumps(ended))
+    if not write_exit(exit_file, ended, exit_retry_s()):
+        return EXIT_UNWRITTEN
     return code if code >= 0 else 128 - code
 
 

@@ -32,6 +32,7 @@ from db.models import Attempt, Event, Run
 from orchestrator.executors import ExecutorError, LaunchRequest, Liveness, Observation
 from orchestrator.format import QUEUED_JOB_STATES
 from orchestrator.launcher import entry_argv, rdzv_id
+from orchestrator.outcomes import cancelled_in_slurm
 from orchestrator.slurm import ACTIVE_STATES, NEVER_STARTS, JobStatus, Slurm, SlurmError
 from orchestrator.slurm.job import program
 from orchestrator.slurm.node import stacks_file
@@ -170,7 +171,7 @@ class SlurmExecutor:
         job = self._jobs.get(attempt.job_id or "")
         fresh = self._polled_at is not None and self._polled_at > attempt.started_at
         if marker is not None and (job is None or job.state not in ACTIVE_STATES or job.state == "COMPLETING"):
-            return Observation(Liveness.ENDED, marker)
+            return Observation(Liveness.ENDED, self._with_canceller(marker, attempt))
         if attempt.job_id is None:
             return Observation(Liveness.VANISHED)
         if fresh and job is not None and job.state == "PENDING" and job.reason in NEVER_STARTS:
@@ -182,7 +183,7 @@ class SlurmExecutor:
         if job is not None:  # squeue still shows it finished (MinJobAge): the marker should follow
             if now - since < MARKER_WAIT_S:
                 return Observation(Liveness.UNSETTLED)
-            return Observation(Liveness.ENDED, _from_slurm(job, attempt))
+            return Observation(Liveness.ENDED, self._with_canceller(_from_slurm(job, attempt), attempt))
         accounted = self.slurm.sacct_state(attempt.job_id)
         if accounted is not None and accounted.state not in ACTIVE_STATES:
             _record(attempt, accounted.state, accounted.reason, accounted.nodes, now)
@@ -197,6 +198,16 @@ class SlurmExecutor:
             return Observation(Liveness.UNSETTLED)
         self._gone_since.pop(attempt.job_id, None)
         return Observation(Liveness.VANISHED)
+
+    def _with_canceller(self, record: dict, attempt: Attempt) -> dict:
+        """``record`` with who cancelled the job (``cancelled_by``), asked of accounting once, when
+        the job was cancelled by a person (a plain ``scancel``: orchestrator/outcomes.py's
+        ``cancelled_in_slurm``) and accounting runs; unchanged otherwise."""
+        if (cancelled_in_slurm(record) is None or "cancelled_by" in record or attempt.job_id is None
+                or attempt.stop_reason is not None):
+            return record
+        accounted = self.slurm.sacct_state(attempt.job_id)
+        return {**record, "cancelled_by": accounted.cancelled_by if accounted is not None else None}
 
     def _never_starts(self, session: Session, run: Run, attempt: Attempt, job: JobStatus) -> Observation:
         """A job Slurm will never start as submitted (PartitionNodeLimit...): cancelled, and the
@@ -338,10 +349,14 @@ def _record(attempt: Attempt, state: str, reason: str, nodes: str, now: float) -
 
 
 def _from_slurm(job: JobStatus, attempt: Attempt) -> dict:
-    """An exit record made from Slurm's word alone (no marker): its state and exit code."""
+    """An exit record made from Slurm's word alone (no marker): its state and exit code (and who
+    cancelled it, where accounting says)."""
     code = job.exit_code if job.exit_code is not None else (0 if job.state == "COMPLETED" else 1)
-    return {"exit_code": code, "pid": None, "started_at": attempt.started_at, "ended_at": time.time(),
-            "job_id": job.job_id, "slurm_state": job.state, "marker": False}
+    record = {"exit_code": code, "pid": None, "started_at": attempt.started_at, "ended_at": time.time(),
+              "job_id": job.job_id, "slurm_state": job.state, "marker": False}
+    if job.cancelled_by is not None:
+        record["cancelled_by"] = job.cancelled_by
+    return record
 
 
 def _read_json(path: Path) -> dict | None:

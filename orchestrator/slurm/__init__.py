@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pwd
 import re
 import shutil
 import subprocess
@@ -60,6 +61,7 @@ class JobStatus:
     reason: str  # why it pends (Resources, Priority), or "None"
     nodes: str  # the node list ("" while pending)
     exit_code: int | None = None  # sacct's, when it knows
+    cancelled_by: str | None = None  # who cancelled it, where accounting says ("CANCELLED by 1000")
 
 
 def command_path(name: str) -> str:
@@ -142,6 +144,18 @@ def parse_squeue_json(stdout: str) -> dict[str, JobStatus]:
     return jobs
 
 
+def canceller(state: str) -> str | None:
+    """Who cancelled a job, from sacct's State (``CANCELLED by 1000``): the user's name where this
+    machine knows the uid, else ``uid 1000``; None when the state names no one."""
+    m = re.fullmatch(r"CANCELLED by (\d+)", state.strip())
+    if m is None:
+        return None
+    try:
+        return f"{pwd.getpwuid(int(m.group(1))).pw_name} (uid {m.group(1)})"
+    except KeyError:
+        return f"uid {m.group(1)}"
+
+
 def parse_squeue_plain(stdout: str) -> dict[str, JobStatus]:
     """``squeue --noheader --format=%i|%j|%T|%r|%N``'s jobs by id."""
     jobs: dict[str, JobStatus] = {}
@@ -216,7 +230,8 @@ class Slurm:
                 state = parts[2].split()[0] if parts[2] else ""
                 code = parts[5].split(":")[0] if parts[5] else ""
                 return JobStatus(job_id=job_id, name=parts[1], state=state, reason=parts[3], nodes=parts[4],
-                                 exit_code=int(code) if code.isdigit() else None)
+                                 exit_code=int(code) if code.isdigit() else None,
+                                 cancelled_by=canceller(parts[2]))
         return None
 
     def scancel(self, job_id: str, signal_name: str | None = None, batch: bool = False, full: bool = False) -> None:

@@ -13,12 +13,21 @@ its arguments (JSON, no shell anywhere) and submits it with ``sbatch``
 4. writes the exit marker ``exit.json`` (the first failing node's exit code, whether the warning
    came) when srun ends: with accounting off, this file is how the scheduler learns how the job
    ended.
+
+A SIGTERM to this program says only that Slurm is ending the job: a plain ``scancel``, the time
+limit and a preemption all send it (then SIGKILL). Which one it was, slurmstepd writes into the
+job's output (our launcher log) just before: ``*** JOB 12 ON node1 CANCELLED AT <time> ***`` for
+a ``scancel``, the same line ending ``DUE TO TIME LIMIT`` (``PREEMPTION``, ``JOB REQUEUE``, ...)
+for Slurm's own stops (docs/SLURM_NOTES.md, "Signals"). The marker keeps that line's words
+(``slurm_stop``), so the scheduler ends a run a person cancelled instead of resubmitting it.
+runyard's own stops (``scancel --signal=TERM``, to the steps only) never reach this program.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -27,11 +36,33 @@ import time
 from pathlib import Path
 from typing import Any
 
-from db.layout import EXIT_FILE
+from db.layout import EXIT_FILE, LAUNCHER_LOG
 from orchestrator.shim import write_atomic
 from orchestrator.slurm.node import NODES_DIR
 
 POLL_S = 0.5
+# slurmstepd's line in the batch output when it stops the batch program (see the module's docstring).
+_STOP_LINE = re.compile(r"\*\*\* JOB (?P<job>\d+) ON (?P<node>\S+) CANCELLED AT (?P<at>\S+)"
+                        r"(?: DUE TO (?P<due_to>[^*]+?))? \*\*\*")
+# How much of the end of the batch output is searched for it.
+STOP_LINE_WINDOW = 256 * 1024
+
+
+def stop_line(output: Path, job_id: str | None) -> dict[str, str | None] | None:
+    """slurmstepd's last word on stopping job ``job_id``, from the end of its output file:
+    ``{"at", "node", "due_to"}`` (``due_to`` None: a plain ``scancel``; else ``TIME LIMIT``,
+    ``PREEMPTION``, ...), or None when it wrote none."""
+    try:
+        with open(output, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - STOP_LINE_WINDOW))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    found = [m for m in _STOP_LINE.finditer(text) if job_id is None or m["job"] == job_id]
+    if not found:
+        return None
+    last = found[-1]
+    return {"at": last["at"], "node": last["node"], "due_to": last["due_to"].strip() if last["due_to"] else None}
 
 
 def first_host() -> str:
@@ -121,6 +152,8 @@ def main(args: dict[str, Any]) -> int:
         time.sleep(POLL_S)
     record = exit_record(child.returncode, node_records(attempt_dir), nnodes, started, events["warned"],
                          events["terminated"])
+    if events["terminated"]:
+        record["slurm_stop"] = stop_line(attempt_dir / LAUNCHER_LOG, os.environ.get("SLURM_JOB_ID"))
     write_atomic(str(attempt_dir / EXIT_FILE), json.dumps(record))
     print(f"[runyard] srun ended with {child.returncode}; attempt exit code {record['exit_code']}", flush=True)
     return 0 if record["exit_code"] == 0 else 1

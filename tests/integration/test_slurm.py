@@ -112,6 +112,25 @@ def test_the_warning_signal_resubmits_from_the_new_checkpoint_without_a_retry(
     assert second["resume_step"] == stop_step and second["job_id"] != first["job_id"]  # a new job
 
 
+def test_a_person_s_scancel_ends_the_run_cancelled_and_is_not_resubmitted(
+        on_slurm: Product, slurm: SlurmCluster) -> None:
+    on_slurm.env["RUNYARD_FAULT_STEP_DELAY_S"] = "0.05"
+    run_id = on_slurm.submit(*ON_SLURM, "train.max_steps=3000", "checkpoint.every_steps=1000", "name=slurm-scancel")
+    on_slurm.start_scheduler()
+    job = job_id_of(on_slurm, run_id)
+    on_slurm.wait_step(run_id, 40)
+    # A person's plain scancel: SIGTERM to the batch program and every rank, as the time limit and
+    # a preemption send, then SIGKILL after KillWait; slurmstepd's line in the output says which.
+    slurm.run("scancel", str(job))
+    detail = on_slurm.wait_status(run_id, "CANCELLED", "FAILED", "SUCCEEDED", "RETRYING", timeout=120)
+    wait_gone(slurm, job)
+    assert detail["status"] == "CANCELLED", detail["status_reason"]
+    (attempt,) = on_slurm.show(run_id)["attempts"]  # not resubmitted as a preemption would be
+    assert attempt["status"] == "CANCELLED" and attempt["cause"] is None, attempt
+    assert attempt["reason"].startswith(f"cancelled outside runyard: Slurm job {job} "), attempt["reason"]
+    assert "scancel" in attempt["reason"]
+
+
 def test_a_rank_that_raises_fails_the_run_at_once(on_slurm: Product) -> None:
     on_slurm.env["RUNYARD_FAULT_RAISE"] = "1:1"
     run_id = on_slurm.submit(*ON_SLURM, "retry.max_retries=5", "retry.backoff_s=0.5", "name=slurm-raises")

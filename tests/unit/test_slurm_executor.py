@@ -273,3 +273,141 @@ def test_runyard_keeps_at_most_slurm_max_jobs_in_the_queue(sessions: sessionmake
         assert "at most 2 job(s) in the Slurm queue" in (runs[2].status_reason or "")
         attempt = s.scalar(select(Attempt).where(Attempt.run_id == ids[0]))
         assert (attempt.executor, attempt.job_id, attempt.job_state) == ("slurm", "101", "PENDING")
+
+
+# -- a person's scancel is a cancel, not a preemption (issue 25, item 8) --------------------------
+
+# What slurmstepd writes into the batch output (our launcher log) as it stops the batch program,
+# as Slurm 22.05's src/slurmd/slurmstepd/req.c words it; the STEP line comes from runyard's own
+# `scancel --signal=TERM` to the steps and must be ignored.
+STEP_LINE = "slurmstepd-localhost: error: *** STEP 42.0 ON localhost CANCELLED AT 2026-11-26T20:59:58 ***\n"
+CANCEL_LINES = {
+    "scancel": "slurmstepd-localhost: error: *** JOB 42 ON localhost CANCELLED AT 2026-11-26T21:00:01 ***\n",
+    "time limit": ("slurmstepd-localhost: error: *** JOB 42 ON localhost CANCELLED AT 2026-11-26T21:00:01 DUE TO "
+                   "TIME LIMIT ***\n"),
+    "preemption": ("slurmstepd-localhost: error: *** JOB 42 ON localhost CANCELLED AT 2026-11-26T21:00:01 DUE TO "
+                   "PREEMPTION ***\n"),
+}
+
+
+def test_the_batch_program_reads_slurmstepd_s_stop_line_for_its_own_job(tmp_path: Path) -> None:
+    from orchestrator.slurm.job import stop_line
+
+    log = tmp_path / "launcher.log"
+    log.write_text("[runyard] job 42: 1 node(s)\n" + STEP_LINE + "srun: Job step aborted\n")
+    assert stop_line(log, "42") is None  # runyard's own SIGTERM to the steps: no JOB line
+    log.write_text(log.read_text() + CANCEL_LINES["scancel"])
+    assert stop_line(log, "42") == {"at": "2026-11-26T21:00:01", "node": "localhost", "due_to": None}
+    assert stop_line(log, "43") is None  # another job's line (a requeued id's old output) is not ours
+    log.write_text(CANCEL_LINES["time limit"])
+    assert stop_line(log, "42") == {"at": "2026-11-26T21:00:01", "node": "localhost", "due_to": "TIME LIMIT"}
+    assert stop_line(tmp_path / "missing.log", "42") is None
+
+
+def _ended_by_sigterm(sessions: sessionmaker[Session], ids: tuple[int, int], stop: str | None,
+                      warned: bool = False) -> Path:
+    """The attempt's folder as job.py leaves it after SIGTERM: the ranks saved at step 57 and wrote
+    ``stopped.json``, the launcher log holds slurmstepd's line, the marker what job.py saw."""
+    from orchestrator.slurm.job import stop_line
+
+    with sessions() as s:
+        attempt = s.get(Attempt, ids[1])
+        attempt.last_step, attempt.job_state = 57, "RUNNING"
+        folder = Path(attempt.dir)
+        s.commit()
+    folder.mkdir(parents=True)
+    (folder / "stopped.json").write_text(json.dumps({"step": 57, "checkpoint_step": 57}))
+    (folder / "launcher.log").write_text(STEP_LINE + (CANCEL_LINES[stop] if stop else ""))
+    marker = {"exit_code": 0, "pid": None, "started_at": 0.0, "ended_at": 1.0, "job_id": "42", "warned": warned,
+              "terminated": stop is not None, "slurm_stop": stop_line(folder / "launcher.log", "42")}
+    (folder / "exit.json").write_text(json.dumps(marker))
+    return folder
+
+
+def _settle_seen(sessions: sessionmaker[Session], ids: tuple[int, int], executor: SlurmExecutor) -> tuple[Run, Attempt]:
+    with sessions() as s:
+        run, attempt = s.get(Run, ids[0]), s.get(Attempt, ids[1])
+        executor._tried_at = -1e18
+        executor.poll([attempt])
+        seen = executor.observe(s, run, attempt)
+        assert seen.liveness is Liveness.ENDED
+        settle(s, run, attempt, seen.exited)
+        s.commit()
+    with sessions() as s:
+        run, attempt = s.get(Run, ids[0]), s.get(Attempt, ids[1])
+        s.expunge_all()
+        return run, attempt
+
+
+def test_a_person_s_scancel_ends_the_run_cancelled_with_who_and_when(sessions: sessionmaker[Session],
+                                                                    settings: Settings) -> None:
+    fake = FakeSlurm()
+    fake.accounting = {"42": JobStatus("42", "n", "CANCELLED", "None", "localhost", 0, cancelled_by="alice (uid 1000)")}
+    executor = SlurmExecutor(home=str(settings.home), slurm=fake)  # type: ignore[arg-type]
+    ids = slurm_attempt(sessions, settings)
+    _ended_by_sigterm(sessions, ids, "scancel")
+
+    run, attempt = _settle_seen(sessions, ids, executor)
+
+    assert run.status == RunStatus.CANCELLED.value  # not RETRYING: nothing is resubmitted
+    assert attempt.status == AttemptStatus.CANCELLED.value and attempt.cause is None
+    assert "cancelled outside runyard: Slurm job 42 was cancelled with scancel by alice (uid 1000) at " \
+           "2026-11-26T21:00:01" in attempt.reason
+    assert "at step 57" in attempt.reason and f"runyard resume {run.id}" in attempt.reason
+    assert not fake.cancelled  # runyard sent nothing itself
+
+
+def test_without_accounting_the_scancel_is_still_a_cancel_with_its_time(sessions: sessionmaker[Session],
+                                                                       settings: Settings) -> None:
+    executor = SlurmExecutor(home=str(settings.home), slurm=FakeSlurm())  # type: ignore[arg-type]
+    ids = slurm_attempt(sessions, settings)
+    _ended_by_sigterm(sessions, ids, "scancel")
+
+    run, attempt = _settle_seen(sessions, ids, executor)
+
+    assert run.status == RunStatus.CANCELLED.value
+    assert "cancelled with scancel at 2026-11-26T21:00:01 (on localhost)" in attempt.reason
+
+
+@pytest.mark.parametrize(("stop", "warned", "said"), [
+    ("time limit", True, "Slurm's warning signal"),  # USR2 came first, then the limit's SIGTERM
+    ("preemption", False, "SIGTERM from outside runyard"),
+    (None, True, "Slurm's warning signal"),  # USR2 alone: job.py forwarded SIGTERM to the steps
+])
+def test_slurm_s_own_stops_still_resubmit_without_a_retry(sessions: sessionmaker[Session], settings: Settings,
+                                                          stop: str | None, warned: bool, said: str) -> None:
+    executor = SlurmExecutor(home=str(settings.home), slurm=FakeSlurm())  # type: ignore[arg-type]
+    ids = slurm_attempt(sessions, settings)
+    _ended_by_sigterm(sessions, ids, stop, warned=warned)
+
+    run, attempt = _settle_seen(sessions, ids, executor)
+
+    assert run.status == RunStatus.RETRYING.value and attempt.cause == Cause.PREEMPTED.value
+    assert said in attempt.reason and not attempt.retry_counted
+
+
+def test_a_job_that_left_no_marker_and_ended_cancelled_is_a_person_s_cancel(
+        sessions: sessionmaker[Session], settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    # KillWait's SIGKILL can end job.py before it writes the marker; squeue still shows the state
+    # (the wait for a late marker is cut to nothing here).
+    monkeypatch.setattr(executor_module, "MARKER_WAIT_S", 0.0)
+    fake = FakeSlurm()
+    fake.queue["42"] = JobStatus("42", "n", "CANCELLED", "None", "localhost", exit_code=-15)
+    executor = SlurmExecutor(home=str(settings.home), slurm=fake)  # type: ignore[arg-type]
+    ids = slurm_attempt(sessions, settings)
+    with sessions() as s:
+        s.get(Attempt, ids[1]).job_state = "RUNNING"
+        s.commit()
+
+    run, attempt = _settle_seen(sessions, ids, executor)
+
+    assert run.status == RunStatus.CANCELLED.value
+    assert "Slurm job 42 ended CANCELLED in Slurm (a scancel outside runyard)" in attempt.reason
+
+
+def test_sacct_s_state_names_who_cancelled() -> None:
+    from orchestrator.slurm import canceller
+
+    assert canceller("CANCELLED by 0") == "root (uid 0)"
+    assert canceller("CANCELLED by 4000000") == "uid 4000000"
+    assert canceller("CANCELLED") is None and canceller("TIMEOUT") is None

@@ -10,9 +10,16 @@ and a database that cannot grow is made with a real file-size limit in a subproc
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
+import os
+import shutil
+import subprocess
+import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -21,7 +28,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.causes import Cause
-from db.config import RetryConfig
+from db.config import RetryConfig, RunConfig
 from db.models import Attempt, Event, Run
 from db.queries import scheduler_status
 from db.scheduler_file import FILE_SIZE, SchedulerFile, read_scheduler_file
@@ -31,7 +38,7 @@ from orchestrator import scheduler as scheduler_module
 from orchestrator.failures import classify, normalize_exception
 from orchestrator.repeats import RepeatedErrors
 from orchestrator.retry import AttemptOutcome, decide
-from tests.unit.test_scheduler import attempts, make_scheduler, queue, status, tick_until
+from tests.unit.test_scheduler import CPU2, attempts, make_scheduler, queue, status, tick_until
 
 TRAIN = {"batch_size": 8, "grad_accum": 1}
 EXC = ("CheckpointError: writing checkpoint step 20 to /data/runs/run-000001/checkpoints/.tmp-step-20-{} "
@@ -60,6 +67,7 @@ def _attempt_dir_with_error(tmp_path: Path, message: str) -> Path:
     "RuntimeError: [enforce fail at inline_container.cc:664] . PytorchStreamWriter failed writing file data/0: "
     "file write failed",
     "sqlalchemy.exc.OperationalError: (sqlite3.OperationalError) database or disk is full",
+    "OSError: [Errno 30] Read-only file system: '/data/runs/run-000001/checkpoints/.tmp-step-5-0011'",
 ])
 def test_a_failed_write_for_want_of_space_is_a_disk_failure_naming_the_path_and_the_free_space(
     tmp_path: Path, message: str
@@ -228,3 +236,221 @@ def test_repeated_errors_are_logged_once_then_counted(caplog: pytest.LogCaptureF
     counts = [ln for ln in lines if "the same error" in ln]
     assert 7 <= len(counts) <= 9  # one a minute
     assert "works again after failing 1000 time(s)" in lines[-1]
+
+
+# -- read-only, full and deleted folders under real processes (issue 25, item 7) ----------------
+#
+# Real tmpfs mounts (this needs root and mount(8); the tests skip with the reason elsewhere). A
+# mount cannot be remounted read-only while a file on it is open for writing (EBUSY), and the
+# shim's launcher log stays open for the attempt's life: where a running attempt's folder must
+# turn read-only, a read-only tmpfs is mounted over it instead, which is what every new open of
+# a path there then meets (EROFS), the stand-in named in those tests.
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, options: str = "size=16m") -> Iterator[Path]:
+    """A tmpfs mounted at ``path`` for the test's length; unmounted in ``finally``."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root and mount(8)")
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True,
+                          text=True, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def remount(path: Path, mode: str) -> None:
+    subprocess.run(["mount", "-o", f"remount,{mode}", str(path)], check=True, capture_output=True)
+
+
+# Waits for a file to appear (argv[1]), then exits with argv[2]; no fixed sleep in the tests.
+WAITER = """
+import os, sys, time
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.02)
+sys.exit(int(sys.argv[2]))
+"""
+
+
+def _wait_for(what: str, done: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, f"{what}: not in {timeout:.0f} s"
+        time.sleep(0.02)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def _shim(exit_file: Path, go: Path, code: int, log: Path, retry_s: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "RUNYARD_EXIT_RETRY_S": retry_s}
+    with open(log, "ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "orchestrator.shim", "--exit-file", str(exit_file), "--",
+                                 sys.executable, "-c", WAITER, str(go), str(code)], stdout=out, stderr=out, env=env)
+
+
+def test_a_shim_whose_folder_turns_read_only_writes_its_exit_file_once_it_can_naming_the_error(
+    tmp_path: Path,
+) -> None:
+    with tmpfs(tmp_path / "mnt") as mnt:
+        attempt = mnt / "attempts" / "1"
+        attempt.mkdir(parents=True)
+        log, go = tmp_path / "shim.log", tmp_path / "go"
+        shim = _shim(attempt / "exit.json", go, 3, log, retry_s="20")
+        try:
+            _wait_for("the shim's launch record names torchrun's stand-in",
+                      lambda: '"node_pids": [' in _read(attempt / "launch.json")
+                      and '"node_pids": []' not in _read(attempt / "launch.json"))
+            remount(mnt, "ro")  # a real read-only filesystem: the shim keeps no file open on it
+            go.touch()
+            _wait_for("the shim says it cannot write", lambda: "cannot write the exit file" in _read(log))
+            assert not (attempt / "exit.json").exists()
+            remount(mnt, "rw")
+            assert shim.wait(timeout=10) == 3
+        finally:
+            go.touch()
+            shim.kill()
+        record = json.loads((attempt / "exit.json").read_text())
+    assert record["exit_code"] == 3
+    assert record["storage_error"]["errno"] == errno.EROFS
+    assert "Read-only file system" in record["storage_error"]["message"]
+    assert str(attempt) in record["storage_error"]["path"]
+
+
+def test_on_a_full_disk_the_shim_still_writes_its_exit_file(tmp_path: Path) -> None:
+    with tmpfs(tmp_path / "mnt", "size=1m") as mnt:
+        attempt = mnt / "attempts" / "1"
+        attempt.mkdir(parents=True)
+        log, go = tmp_path / "shim.log", tmp_path / "go"
+        shim = _shim(attempt / "exit.json", go, 1, log, retry_s="0")
+        try:
+            _wait_for("the shim's launch record", lambda: (attempt / "launch.json").exists())
+            with pytest.raises(OSError) as full, open(mnt / "filler", "wb") as filler:
+                while True:  # fill the filesystem to the last page
+                    filler.write(b"\0" * 65536)
+                    filler.flush()
+            assert full.value.errno == errno.ENOSPC
+            go.touch()
+            assert shim.wait(timeout=10) == 1
+        finally:
+            go.touch()
+            shim.kill()
+        record = json.loads((attempt / "exit.json").read_text())  # written into the page reserved at launch
+    assert record["exit_code"] == 1 and "storage_error" not in record
+
+
+def _waiter_scheduler(sessions: sessionmaker[Session], settings: Settings, go: Path) -> scheduler_module.Scheduler:
+    def command(config: RunConfig, run_id: int, attempt: int, port: int, attempt_dir: Path,
+                **_: object) -> list[str]:
+        return [sys.executable, "-c", WAITER, str(go), "0"]
+
+    return scheduler_module.Scheduler(sessions, settings, CPU2, command=command)
+
+
+def _due_now(sessions: sessionmaker[Session], run_id: int) -> None:
+    """The run's next look is due (DISK_RECHECK_S or the backoff later, in real time)."""
+    with sessions() as s:
+        s.get(Run, run_id).retry_at = time.time() - 1
+        s.commit()
+
+
+def test_a_launch_on_a_read_only_run_folder_is_retried_once_it_is_writable_again(
+    sessions: sessionmaker[Session], settings: Settings, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    go = tmp_path / "go"
+    go.touch()  # the workload ends at once
+    with tmpfs(settings.runs_dir):
+        scheduler = _waiter_scheduler(sessions, settings, go)
+        run_id = queue(sessions, settings, "quick", retry={"max_retries": 2, "backoff_s": 60.0})
+        remount(settings.runs_dir, "ro")
+        caplog.set_level(logging.WARNING)
+        scheduler.tick()
+
+        assert status(sessions, run_id) == "RETRYING"  # not FAILED with its retries unspent
+        (first,) = attempts(sessions, run_id)
+        assert first.cause == Cause.DISK.value
+        assert first.exception.startswith("launch failed: [Errno 30] Read-only file system: ")
+        assert str(settings.runs_dir) in first.exception
+        assert "EROFS: writing " in first.reason
+        assert not [r for r in caplog.records if r.exc_info]  # one line, no traceback
+        assert sum("launch failed: [Errno 30]" in r.getMessage() for r in caplog.records) == 1
+
+        _due_now(sessions, run_id)
+        for _ in range(3):
+            scheduler.tick()
+        assert len(attempts(sessions, run_id)) == 1  # still read-only: the retry waits
+        with sessions() as s:
+            reason = s.get(Run, run_id).status_reason
+            waits = s.scalars(select(Event).where(Event.run_id == run_id, Event.kind == "disk")).all()
+        assert reason.startswith("waiting for the run folder to be writable again: EROFS (Read-only file system)")
+        assert len(waits) == 1
+
+        remount(settings.runs_dir, "rw")
+        _due_now(sessions, run_id)
+        tick_until(scheduler, lambda: status(sessions, run_id) == "SUCCEEDED")
+        assert len(attempts(sessions, run_id)) == 2
+
+
+def test_an_exit_file_that_cannot_be_written_is_a_disk_failure_not_a_vanished_launcher(
+    sessions: sessionmaker[Session], settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("RUNYARD_EXIT_RETRY_S", "0")  # the shim gives up at once
+    go = tmp_path / "go"
+    scheduler = _waiter_scheduler(sessions, settings, go)
+    run_id = queue(sessions, settings, "quick", retry={"max_retries": 2, "backoff_s": 60.0})
+    tick_until(scheduler, lambda: len(attempts(sessions, run_id)) == 1)
+    (attempt,) = attempts(sessions, run_id)
+    # The stand-in: a read-only tmpfs over the running attempt's folder (see the section's note).
+    with tmpfs(Path(attempt.dir), "ro,size=1m"):
+        go.touch()
+        tick_until(scheduler, lambda: status(sessions, run_id) != "RUNNING" and status(sessions, run_id)
+                   != "STARTING")
+        (attempt,) = attempts(sessions, run_id)
+
+    assert attempt.cause == Cause.DISK.value and attempt.status == "FAILED"  # not CRASHED/VANISHED
+    assert "the launcher ended without an exit file: [Errno 30] Read-only file system" in attempt.exception
+    assert attempt.dir in attempt.exception
+    assert status(sessions, run_id) == "RETRYING"
+
+
+def test_a_run_folder_deleted_under_a_running_run_is_named_and_not_retried(
+    sessions: sessionmaker[Session], settings: Settings, tmp_path: Path,
+) -> None:
+    go = tmp_path / "go"
+    scheduler = _waiter_scheduler(sessions, settings, go)
+    run_id = queue(sessions, settings, "quick", retry={"max_retries": 3, "backoff_s": 0.1})
+    tick_until(scheduler, lambda: len(attempts(sessions, run_id)) == 1)
+    with sessions() as s:
+        run_dir = Path(s.get(Run, run_id).run_dir)
+    shutil.rmtree(run_dir)
+    go.touch()
+    tick_until(scheduler, lambda: status(sessions, run_id) in ("FAILED", "RETRYING", "SUCCEEDED"))
+
+    assert status(sessions, run_id) == "FAILED"
+    (attempt,) = attempts(sessions, run_id)
+    assert attempt.cause == Cause.RUN_DIR_DELETED.value
+    with sessions() as s:
+        reason = s.get(Run, run_id).status_reason
+    assert f"the run folder {run_dir} was deleted while the run was running" in reason
+    assert "fix the code" not in reason
+
+
+def test_a_read_only_mount_again_is_retried_not_taken_for_a_size_limit() -> None:
+    text = "OSError: [Errno 30] Read-only file system: '/data/runs/run-000001/checkpoints/.tmp-step-20-{}'"
+    first = AttemptOutcome(1, Cause.DISK, text.format("ab12"), 25)
+    again = AttemptOutcome(2, Cause.DISK, text.format("cd34"), 25)
+
+    decision = decide(again, [first], 1, RetryConfig(max_retries=3), TRAIN)
+
+    assert decision.retry and "the run folder is writable" in decision.reason
+    gone = decide(AttemptOutcome(1, Cause.RUN_DIR_DELETED, "the run folder /x was deleted while the run was running",
+                                 5), [], 0, RetryConfig(max_retries=3), TRAIN)
+    assert not gone.retry and "was deleted" in gone.reason
