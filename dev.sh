@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # runyard's two commands:
 #   ./dev.sh up [runyard up options]   set up .venv, start the scheduler + UI, print the URL to open (with its token)
-#   ./dev.sh test [pytest options]     set up .venv with the test tools (and Chromium) and run every test
-#                                      (without options: ruff and mypy first, at zero findings); the
+#   ./dev.sh test [pytest options]     set up .venv with the test tools (and Chromium) and run the tests:
+#                                      with options, plain `pytest OPTIONS`; without (as CI): ruff and
+#                                      mypy at zero findings, then the tiers tests/unit, tests/faults +
+#                                      tests/integration, tests/browser, each its own pytest run with
+#                                      --durations=25 and a JUnit XML in $RUNYARD_TEST_REPORTS (default
+#                                      .test-reports/), a failing tier stopping the later ones; the
 #                                      both-database tests also run on PostgreSQL when
 #                                      RUNYARD_TEST_POSTGRES_URL is set (.ci/run starts one)
 #
@@ -84,6 +88,22 @@ case "$cmd" in
       "$VPY" -m ruff check
       log "mypy"
       "$VPY" -m mypy
+      # Then the tiers, cheapest first, each its own pytest run with its 25 slowest tests and a
+      # JUnit XML file under $RUNYARD_TEST_REPORTS (default .test-reports/); a tier that fails
+      # (exit code 5, nothing collected, counts as a failure) stops the later ones. pytest's own
+      # closing line of the last tier stays the last line of output.
+      reports="${RUNYARD_TEST_REPORTS:-.test-reports}"
+      mkdir -p "$reports"
+      for tier in unit "faults integration" browser; do
+        name="${tier// /+}"
+        paths=(); for t in $tier; do paths+=("tests/$t"); done
+        # Nothing is printed after pytest, so its closing line stays the last line CI reads.
+        echo "===== tier: $name (${paths[*]}; JUnit XML: $reports/$name.xml; a failure stops the later tiers) ====="
+        rc=0
+        "$VPY" -m pytest "${paths[@]}" --durations=25 --junitxml="$reports/$name.xml" || rc=$?
+        [ "$rc" -eq 0 ] || exit "$rc"
+      done
+      exit 0
     fi
     exec "$VPY" -m pytest "$@"
     ;;
