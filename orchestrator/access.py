@@ -321,7 +321,8 @@ class AccessPolicy:
         if parsed[1] is not None and parsed[0] in LOOPBACK_NAMES and parsed[1] != self.port:
             return Verdict(False, 403, (
                 f"this runyard UI listens on port {self.port}, not on the port of the host "
-                f"{host_header!r}; open http://127.0.0.1:{self.port}/"))
+                f"{host_header!r}; open http://127.0.0.1:{self.port}/ (through an SSH tunnel, forward the "
+                f"same port: ssh -L {self.port}:127.0.0.1:{self.port} HOST)"))
         return ALLOW
 
     def check_origin(self, origin: str | None, host_header: str | None, scheme: str | None = None) -> Verdict:
