@@ -101,7 +101,7 @@ def build_app(policy: AccessPolicy) -> object:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from db.home import HomeUnusable, check_home
+    from db.home import PRIVATE_UMASK, HomeUnusable, check_home, make_private
     from db.settings import load_settings
 
     args = parse_args(argv)
@@ -116,8 +116,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {problem}", file=sys.stderr)
         return EXIT_USAGE
     settings = load_settings()
+    os.umask(PRIVATE_UMASK)  # before anything is created: the home itself too
     try:
         check_home(settings, create=True)
+        if tightened := make_private(settings.home):
+            logger.warning("made %d paths under %s private to you (they were readable by other accounts)",
+                           tightened, settings.home)
     except HomeUnusable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -12,6 +12,7 @@ import fcntl
 import logging
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 
@@ -134,6 +135,45 @@ def check_home(settings: Settings, create: bool) -> None:
         check_folder(db_file.parent, f"database folder {db_file.parent} (RUNYARD_DB_URL)", create)
     if db_file is not None and db_file.exists() and not db_file.is_file():
         raise HomeUnusable(f"database {db_file} is not a file; remove it or set RUNYARD_DB_URL to another database")
+
+
+# What runyard creates under the data folder is its owner's alone: folders 0700, files 0600. Runs'
+# configs, logs, metrics, checkpoints and the database would otherwise be readable by every
+# account of a shared workstation (the usual umask 022).
+PRIVATE_UMASK = 0o077
+
+
+def make_private(folder: Path) -> int:
+    """Set this process's umask to :data:`PRIVATE_UMASK` (every process it starts inherits it:
+    the scheduler's shim, torchrun, the ranks, the UI server) and, when ``folder`` is open to
+    others, take the group and other bits off everything of this user's under it.
+
+    Symlinks are not followed, and paths of other owners are left alone. A private folder is not
+    walked again, so the check costs one ``stat`` once the home has been tightened.
+
+    Returns:
+        How many paths were tightened (0 when the folder was already private or is missing).
+    """
+    os.umask(PRIVATE_UMASK)
+    try:
+        if not os.lstat(folder).st_mode & 0o077:
+            return 0
+    except OSError:
+        return 0
+    tightened = 0
+    uid = os.getuid()
+    paths: list[str] = [str(folder)]
+    for root, dirs, files in os.walk(folder):  # symlinked folders are listed, not entered
+        paths += [os.path.join(root, n) for n in (*dirs, *files)]
+    for name in paths:
+        try:
+            st = os.lstat(name)
+            if st.st_uid == uid and not stat.S_ISLNK(st.st_mode) and st.st_mode & 0o077:
+                os.chmod(name, stat.S_IMODE(st.st_mode) & ~0o077)
+                tightened += 1
+        except OSError:
+            continue
+    return tightened
 
 
 def has_database(settings: Settings) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import math
+import os
 import sys
 from typing import Any, NoReturn
 
@@ -21,7 +22,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from db import DatabaseError
-from db.home import check_home, has_database, legacy_warning
+from db.home import PRIVATE_UMASK, check_home, has_database, legacy_warning, make_private
 from db.settings import Settings, load_settings
 from orchestrator import OrchestratorError
 
@@ -61,8 +62,13 @@ class RunyardCommand(click.Command):
         if self.name in NO_DATA_COMMANDS:
             return super().invoke(ctx)
         settings = load_settings()
+        os.umask(PRIVATE_UMASK)  # before anything is created: the home itself too
         try:
             check_home(settings, create=self.name not in READ_ONLY_COMMANDS)
+            tightened = make_private(settings.home)
+            if tightened:
+                click.echo(f"runyard: made {tightened} paths under {settings.home} private to you (they were "
+                           "readable by other accounts of this machine)", err=True)
             warning = legacy_warning(settings)
             if warning and self.name != "info":  # info shows it in its own listing
                 click.echo(warning, err=True)
