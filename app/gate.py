@@ -24,13 +24,15 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
+from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 from starlette.requests import cookie_parser
-from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
 
 from orchestrator.access import (
     SESSION_MAX_AGE_S,
     AccessPolicy,
+    FailedLogins,
     Verdict,
     session_valid,
     sign_session,
@@ -103,11 +105,15 @@ class Gate:
     Args:
         app: Streamlit's ASGI app (``st.App``).
         policy: What this UI accepts (orchestrator/access.py).
+        health: What ``/healthz`` answers, as JSON (a blocking read, run in a worker thread);
+            without it, ``{"status": "ok"}``.
     """
 
-    def __init__(self, app: ASGIApp, policy: AccessPolicy) -> None:
+    def __init__(self, app: ASGIApp, policy: AccessPolicy, health: Callable[[], dict[str, Any]] | None = None) -> None:
         self.app = app
         self.policy = policy
+        self.health = health
+        self.failed_logins = FailedLogins()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -120,6 +126,10 @@ class Gate:
             return
         if verdict is None:  # the token in the query: log in and come back without it
             await self._log_in(scope, receive, send, headers)
+            return
+        if scope["type"] == "http" and scope["path"] == HEALTH_PATH:
+            body = await run_in_threadpool(self.health) if self.health is not None else {"status": "ok"}
+            await JSONResponse(body, headers={**_OWN_HEADERS, "Cache-Control": "no-store"})(scope, receive, send)
             return
         if scope["type"] == "http" and scope["path"] in PAGE_ALIASES:
             query = scope.get("query_string", b"").decode("latin-1")
@@ -150,14 +160,23 @@ class Gate:
             return policy.check_proxy(headers)
         token = policy.token.current() if policy.token is not None else None
         supplied = _query_token(scope)
+        offered = _authorization_token(headers)
+        client = (scope.get("client") or ("?",))[0]
+        if (supplied is not None and scope["type"] == "http") or offered is not None:
+            wait_s = self.failed_logins.blocked_for(client)
+            if wait_s > 0:
+                return Verdict(False, 429, f"too many wrong tokens from {client}; try again in {wait_s:.0f} s")
         if supplied is not None and scope["type"] == "http":
             if token_matches(token, supplied):
                 return None
+            self.failed_logins.failed(client)
             return Verdict(False, 403, "wrong token")
         if session_valid(token, cookie_parser(headers.get("cookie", "")).get(policy.cookie)):
             return Verdict(True)
-        if token_matches(token, _authorization_token(headers)):
-            return Verdict(True)
+        if offered is not None:
+            if token_matches(token, offered):
+                return Verdict(True)
+            self.failed_logins.failed(client)
         return Verdict(False, 401, "no valid session")
 
     # -- answers -----------------------------------------------------------------------------

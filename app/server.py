@@ -18,9 +18,12 @@ import logging
 import os
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from db.layout import UI_FILE
+from db.settings import Settings
 from orchestrator.access import (
     ALLOWED_HOSTS_ENV,
     AUTH_MODES,
@@ -87,7 +90,39 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def build_app(policy: AccessPolicy) -> object:
+def health_reader(settings: Settings) -> Callable[[], dict[str, Any]]:
+    """What ``/healthz`` answers (JSON, without login): the UI's status, runyard's version and
+    whether the scheduler is alive (its heartbeat, as the pages' banner reads it). It names no
+    host, pid, path or run. ``status`` is ``degraded`` when the database cannot be read."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from db import queries
+    from db.engine import make_engine, make_sessionmaker, sqlite_path
+    from orchestrator.format import runyard_version
+
+    version = runyard_version()
+    sessions = make_sessionmaker(make_engine(settings.db_url))
+    db_file = sqlite_path(settings.db_url)
+
+    def health() -> dict[str, Any]:
+        body: dict[str, Any] = {"status": "ok", "version": version, "scheduler_alive": False}
+        if db_file is not None and not db_file.exists():
+            return body  # nothing has created the database yet: reading would create an empty file
+        try:
+            with sessions() as session:
+                status = queries.scheduler_status(session, heartbeat_file=settings.scheduler_file)
+        except SQLAlchemyError as exc:
+            logger.warning("healthz: the database cannot be read: %s", str(exc).splitlines()[0])
+            return {**body, "status": "degraded", "scheduler_alive": None}
+        body["scheduler_alive"] = bool(status["online"])
+        if status["age_s"] is not None:
+            body["scheduler_heartbeat_age_s"] = round(float(status["age_s"]), 1)
+        return body
+
+    return health
+
+
+def build_app(policy: AccessPolicy, settings: Settings) -> object:
     """Streamlit's ASGI app for app/main.py behind the gate."""
     import streamlit as st
     from streamlit import config as streamlit_config
@@ -97,7 +132,7 @@ def build_app(policy: AccessPolicy) -> object:
 
     streamlit_config._main_script_path = str(MAIN_SCRIPT)
     bootstrap.load_config_options({key.replace(".", "_"): value for key, value in STREAMLIT_OPTIONS.items()})
-    return Gate(st.App(MAIN_SCRIPT), policy)
+    return Gate(st.App(MAIN_SCRIPT), policy, health=health_reader(settings))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         why = "is in use by another program" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc.strerror})"
         print(f"error: port {args.port} on {args.host} {why}; choose another with --port", file=sys.stderr)
         return 1
-    return serve(sock, build_app(policy), settings.home, args, token)
+    return serve(sock, build_app(policy, settings), settings.home, args, token)
 
 
 def serve(sock: socket.socket, app: object, home: Path, args: argparse.Namespace, token: str | None) -> int:

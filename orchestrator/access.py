@@ -17,6 +17,7 @@ WebSocket handshake before Streamlit sees it.
 from __future__ import annotations
 
 import base64
+import collections
 import hashlib
 import hmac
 import ipaddress
@@ -25,7 +26,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -276,6 +277,50 @@ class Verdict:
 
 
 ALLOW = Verdict(True)
+
+
+# A client that sent this many wrong tokens within the window is refused (429) until the oldest
+# of them is older than the window. A token is 256 bits, so this is not what stops guessing; it
+# keeps a script that tries from flooding the log and the CPU.
+FAILED_LOGINS_ALLOWED = 10
+FAILED_LOGINS_WINDOW_S = 60.0
+
+
+class FailedLogins:
+    """Wrong tokens per client address in a sliding window (the gate's login rate limit).
+
+    Only requests that offer a token (``?token=`` or ``Authorization``) are counted and limited:
+    a browser that holds a valid session cookie is never locked out by someone else's guesses.
+    """
+
+    def __init__(self, allowed: int = FAILED_LOGINS_ALLOWED, window_s: float = FAILED_LOGINS_WINDOW_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.allowed = allowed
+        self.window_s = window_s
+        self.clock = clock
+        self._failures: dict[str, collections.deque[float]] = {}
+
+    def _recent(self, client: str) -> collections.deque[float]:
+        failures = self._failures.setdefault(client, collections.deque())
+        now = self.clock()
+        while failures and now - failures[0] > self.window_s:
+            failures.popleft()
+        if not failures:
+            del self._failures[client]  # no entry kept for a client without recent failures
+            return collections.deque()
+        return failures
+
+    def blocked_for(self, client: str) -> float:
+        """Seconds until ``client`` may offer a token again; 0 when it may now."""
+        failures = self._recent(client)
+        if len(failures) < self.allowed:
+            return 0.0
+        return max(0.0, self.window_s - (self.clock() - failures[0]))
+
+    def failed(self, client: str) -> None:
+        """Count one wrong token from ``client``."""
+        self._recent(client)
+        self._failures.setdefault(client, collections.deque()).append(self.clock())
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ starts.
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import re
 import signal
@@ -178,6 +179,29 @@ def test_without_the_cookie_nothing_but_the_health_check_answers(up: UI) -> None
     assert page.status == 401
 
 
+def health(up: UI) -> tuple[int, str, dict]:
+    conn = http.client.HTTPConnection("127.0.0.1", up.port, timeout=15)
+    try:
+        conn.request("GET", "/healthz", headers={"Host": f"127.0.0.1:{up.port}"})
+        response = conn.getresponse()
+        return response.status, response.getheader("Content-Type") or "", json.loads(response.read())
+    finally:
+        conn.close()
+
+
+def test_healthz_answers_json_with_the_version_and_the_scheduler_without_login(up: UI) -> None:
+    deadline = time.monotonic() + 60
+    status, kind, body = health(up)
+    while not body.get("scheduler_alive") and time.monotonic() < deadline:  # its first heartbeat
+        time.sleep(0.5)
+        status, kind, body = health(up)
+    assert status == 200 and kind.startswith("application/json"), (status, kind)
+    assert body["status"] == "ok" and body["scheduler_alive"] is True, body
+    assert body["version"] == json.loads(up.cli("info", "--json").stdout)["version"]
+    # Nothing else leaks to whoever asks without a login: no host, pid, path or run.
+    assert set(body) <= {"status", "version", "scheduler_alive", "scheduler_heartbeat_age_s"}, body
+
+
 def test_with_the_cookie_the_page_and_the_stream_answer(up: UI) -> None:
     cookie = up.log_in()
     assert up.request("/_stcore/health", {"Cookie": cookie}).status == 200
@@ -222,6 +246,22 @@ def test_gate_corners_are_refused_with_the_cookie(up: UI) -> None:
     assert up.websocket({"Cookie": cookie, "Origin": f"http://127.0.0.1:{up.port}",
                          "Sec-Fetch-Site": "cross-site"}) == 403
     assert up.request("/_stcore/health", {"Cookie": cookie, "Sec-Fetch-Site": "same-origin"}).status == 200
+
+
+def test_wrong_tokens_are_rate_limited_but_a_logged_in_browser_is_not(tmp_path: Path) -> None:
+    ui = _start(tmp_path / "home", tmp_path / "ui.log", "ui")
+    try:
+        cookie = ui.log_in()
+        statuses = [ui.request("/?token=wrong").status for _ in range(12)]
+        assert statuses[:10] == [403] * 10 and statuses[10:] == [429, 429], statuses
+        # Even the right token waits now (it could be the 11th guess) ...
+        token = ui.printed_url().rsplit("=", 1)[1]
+        assert ui.request(f"/?token={token}").status == 429
+        assert ui.request("/_stcore/health", {"Authorization": f"token {token}"}).status == 429
+        # ... but the browser that already holds its session is never locked out.
+        assert ui.request("/_stcore/health", {"Cookie": cookie}).status == 200
+    finally:
+        _stop(ui)
 
 
 def test_every_answer_carries_the_security_headers(up: UI) -> None:

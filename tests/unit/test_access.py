@@ -134,3 +134,39 @@ def test_gate_corners_empty_host_foreign_port_and_wrong_scheme_are_refused() -> 
     assert not policy.check_origin("https://127.0.0.1:8501", "127.0.0.1:8501", "http").allowed
     assert policy.check_origin("http://127.0.0.1:8501", "127.0.0.1:8501", "http").allowed
     assert policy.check_origin("https://ws.lan", "ws.lan", "http").allowed  # TLS proxy in front
+
+
+def test_wrong_tokens_lock_out_their_client_for_the_window_and_no_one_else() -> None:
+    from orchestrator.access import FailedLogins
+
+    now = [1000.0]
+    limit = FailedLogins(allowed=3, window_s=60, clock=lambda: now[0])
+    for _ in range(3):
+        assert limit.blocked_for("10.0.0.9") == 0
+        limit.failed("10.0.0.9")
+    assert limit.blocked_for("10.0.0.9") == pytest.approx(60)
+    assert limit.blocked_for("127.0.0.1") == 0  # another client is not held up
+    now[0] += 59
+    assert limit.blocked_for("10.0.0.9") == pytest.approx(1)
+    now[0] += 2
+    assert limit.blocked_for("10.0.0.9") == 0  # the oldest failure left the window
+    assert limit._failures == {}  # nothing kept for a client without recent failures
+
+
+def test_tokens_and_sessions_are_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    import hmac
+
+    from orchestrator import access
+
+    calls: list[tuple[object, object]] = []
+    real = hmac.compare_digest
+
+    def spy(a: object, b: object) -> bool:
+        calls.append((a, b))
+        return real(a, b)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(access.hmac, "compare_digest", spy)
+    token = access.new_token()
+    assert access.token_matches(token, token) and not access.token_matches(token, "x" * len(token))
+    assert access.session_valid(token, access.sign_session(token))
+    assert len(calls) >= 3  # every comparison went through hmac.compare_digest
