@@ -64,7 +64,7 @@ _PAGE_HEADERS = {
     "Content-Security-Policy": (
         "default-src 'self'; script-src 'self' 'unsafe-inline'; "
         "style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; font-src 'self' data:; "
-        "connect-src 'self'; worker-src 'self' blob:; frame-src 'self'; object-src 'none'; "
+        "connect-src 'self' data: blob:; worker-src 'self' blob:; frame-src 'self'; object-src 'none'; "
         "base-uri 'self'; form-action 'self'; frame-ancestors 'none'"),
     "X-Frame-Options": "DENY",
     "Referrer-Policy": "no-referrer",

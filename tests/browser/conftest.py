@@ -143,16 +143,25 @@ def runyard_up(tmp_path: Path) -> Iterator[Runyard]:
         print(f"\nrunyard up log: {log}")
 
 
+def _missing(why: str) -> None:
+    """Skip for want of ``why``; fail instead where RUNYARD_TEST_BROWSER_REQUIRED=1 (.ci/run sets
+    it: there a missing browser must not pass as skipped tests)."""
+    if os.environ.get("RUNYARD_TEST_BROWSER_REQUIRED") == "1":
+        pytest.fail(f"RUNYARD_TEST_BROWSER_REQUIRED=1 but {why}", pytrace=False)
+    pytest.skip(why)
+
+
 @pytest.fixture(scope="session")
 def browser() -> Iterator[Any]:
     chromium = _chromium()
     if chromium is None:
-        pytest.skip("browser tests need Chromium (Debian: apt-get install -y chromium)")
+        _missing("browser tests need Chromium (Debian: apt-get install -y chromium)")
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        pytest.skip("browser tests need Playwright (pip install playwright; no browser download needed)")
+        _missing("browser tests need Playwright (pip install playwright; no browser download needed)")
     with sync_playwright() as pw:
+        assert chromium is not None
         b = pw.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
         yield b
         b.close()
