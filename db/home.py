@@ -72,7 +72,7 @@ def _existing_ancestor(path: Path) -> Path:
     return Path(path.anchor or "/")
 
 
-READ_ONLY_HINT = "`runyard ls`, `show`, `logs`, `metrics` and `info` still read it"
+READ_ONLY_HINT = "`runyard ls`, `show`, `logs`, `metrics`, `info` and `db export` still read it"
 
 
 def check_folder(folder: Path, what: str, create: bool, write: bool = True) -> bool:

@@ -30,8 +30,10 @@ logger = logging.getLogger(__name__)
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
-# Commands that only read: they never create the data folder or a database.
-READ_ONLY_COMMANDS = frozenset({"ls", "show", "logs", "metrics", "info"})
+# Commands that only read: they never create the data folder or a database, and they read a data
+# folder that cannot be written (an archived copy, a read-only mount). ``export`` is `runyard db
+# export`, which writes only the file it is given.
+READ_ONLY_COMMANDS = frozenset({"ls", "show", "logs", "metrics", "info", "export"})
 # Commands that need no data folder at all.
 NO_DATA_COMMANDS = frozenset({"config-reference"})
 

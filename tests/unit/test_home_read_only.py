@@ -1,5 +1,5 @@
 """A data folder that cannot be written (an archived copy, a snapshot, a read-only mount) is still
-read: `runyard ls`, `show`, `logs`, `metrics` and `info` work on it, and every command that writes
+read: `runyard ls`, `show`, `logs`, `metrics`, `info` and `db export` work on it, and every command that writes
 refuses with one line naming the folder.
 
 The folder is made read-only for real: the tests run as root, which ``chmod`` does not stop, so
@@ -108,6 +108,8 @@ def test_reads_work_and_writes_refuse_on_a_read_only_home(tmp_path: Path) -> Non
         assert metrics.returncode == 0 and "1,1,20,loss,0.11" in metrics.stdout, metrics.stderr
         info = runyard(home, "info")
         assert info.returncode == 0 and "schema     0011 (newest 0011)" in info.stdout, info.stderr
+        exported = runyard(home, "db", "export", str(tmp_path / "archive.jsonl.gz"))
+        assert exported.returncode == 0 and "exported" in exported.stdout, exported.stderr
         for write in (["submit", str(EXAMPLE)], ["cancel", str(running)], ["db", "upgrade"]):
             refused = runyard(home, *write)
             assert refused.returncode == 1, (write, refused.stdout, refused.stderr)
