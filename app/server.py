@@ -35,6 +35,7 @@ from orchestrator.access import (
     login_url,
     open_bind_warning,
     parse_allowed_hosts,
+    read_token,
     read_ui_file,
     url_host,
     write_ui_file,
@@ -118,16 +119,27 @@ def main(argv: list[str] | None = None) -> int:
     settings = load_settings()
     os.umask(PRIVATE_UMASK)  # before anything is created: the home itself too
     try:
-        check_home(settings, create=True)
-        if tightened := make_private(settings.home):
+        # A home that exists but cannot be written (an archived copy, a read-only mount) is shown
+        # as a viewer: every action disabled and a banner saying why (app.data.read_only_reason).
+        writable = check_home(settings, create=True, write=False)
+        if writable and (tightened := make_private(settings.home)):
             logger.warning("made %d paths under %s private to you (they were readable by other accounts)",
                            tightened, settings.home)
     except HomeUnusable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    if not writable:
+        if args.auth == "token" and read_token(settings.token_file) is None:
+            print(f"error: data folder {settings.home} is not writable and holds no token file "
+                  f"({settings.token_file}) to open the UI with; copy the folder somewhere writable and set "
+                  "RUNYARD_HOME to the copy", file=sys.stderr)
+            return 1
+        print(f"runyard: {settings.home} cannot be written; the UI only shows it (every action is disabled)",
+              file=sys.stderr)
     if not is_wildcard(args.host):
         allowed |= parse_allowed_hosts([url_host(args.host)])  # the address it was asked to bind
-    token = ensure_token(settings.token_file) if args.auth == "token" else None
+    token = (ensure_token(settings.token_file) if writable else read_token(settings.token_file)) \
+        if args.auth == "token" else None
     policy = AccessPolicy(
         mode=args.auth, port=args.port, allowed_hosts=allowed,
         token=TokenSource(settings.token_file) if args.auth == "token" else None,
@@ -139,16 +151,20 @@ def main(argv: list[str] | None = None) -> int:
         why = "is in use by another program" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc.strerror})"
         print(f"error: port {args.port} on {args.host} {why}; choose another with --port", file=sys.stderr)
         return 1
-    return serve(sock, build_app(policy), settings.home, args, token)
+    return serve(sock, build_app(policy), settings.home, args, token, record=writable)
 
 
-def serve(sock: socket.socket, app: object, home: Path, args: argparse.Namespace, token: str | None) -> int:
+def serve(sock: socket.socket, app: object, home: Path, args: argparse.Namespace, token: str | None,
+          record: bool = True) -> int:
+    """Serve ``app`` on ``sock``; ``record`` writes where it listens into the home (not on a
+    read-only one)."""
     import uvicorn
 
     warning = open_bind_warning(args.host)
     if warning:
         print(warning, file=sys.stderr)
-    write_ui_file(home, args.host, args.port, args.auth)
+    if record:
+        write_ui_file(home, args.host, args.port, args.auth)
     base = f"http://{url_host(args.host)}:{args.port}"
     if token is not None:
         print(f"runyard UI on {base} (data in {home}). Open this URL; it holds the access token "

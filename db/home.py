@@ -72,7 +72,7 @@ def _existing_ancestor(path: Path) -> Path:
     return Path(path.anchor or "/")
 
 
-READ_ONLY_HINT = "`runyard ls`, `show`, `logs`, `metrics`, `info` and `db export` still read it"
+READ_ONLY_HINT = "`runyard ls`, `show`, `logs`, `metrics`, `info`, `db export` and `ui` (as a viewer) still read it"
 
 
 def check_folder(folder: Path, what: str, create: bool, write: bool = True) -> bool:
@@ -160,6 +160,11 @@ def check_home(settings: Settings, create: bool, write: bool = True) -> bool:
     if db_file is not None and db_file.exists() and not db_file.is_file():
         raise HomeUnusable(f"database {db_file} is not a file; remove it or set RUNYARD_DB_URL to another database")
     return writable
+
+
+def home_writable(settings: Settings) -> bool:
+    """Whether the data folder and the SQLite database's folder can both be written."""
+    return (not settings.home.is_dir() or _probe(settings.home) is None) and database_writable(settings)
 
 
 def database_writable(settings: Settings) -> bool:

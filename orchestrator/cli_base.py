@@ -34,6 +34,9 @@ EXIT_USAGE = 2
 # folder that cannot be written (an archived copy, a read-only mount). ``export`` is `runyard db
 # export`, which writes only the file it is given.
 READ_ONLY_COMMANDS = frozenset({"ls", "show", "logs", "metrics", "info", "export"})
+# Commands that create a missing data folder but show one that cannot be written instead of
+# refusing it: the UI opens as a viewer there (every action disabled, a banner saying why).
+VIEWER_COMMANDS = frozenset({"ui"})
 # Commands that need no data folder at all.
 NO_DATA_COMMANDS = frozenset({"config-reference"})
 
@@ -67,9 +70,10 @@ class RunyardCommand(click.Command):
         os.umask(PRIVATE_UMASK)  # before anything is created: the home itself too
         try:
             reads_only = self.name in READ_ONLY_COMMANDS
-            writable = check_home(settings, create=not reads_only, write=not reads_only)
+            writable = check_home(settings, create=not reads_only,
+                                  write=not reads_only and self.name not in VIEWER_COMMANDS)
             tightened = make_private(settings.home) if writable else 0
-            if not writable and settings.home.is_dir():
+            if not writable and reads_only and settings.home.is_dir():
                 click.echo(f"runyard: {settings.home} cannot be written; reading it as it is", err=True)
             if tightened:
                 click.echo(f"runyard: made {tightened} paths under {settings.home} private to you (they were "

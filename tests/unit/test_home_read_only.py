@@ -16,13 +16,17 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import streamlit as st
+from streamlit.testing.v1 import AppTest
 
 from bench.bench_runs_list import seed_runs
 from db.engine import make_engine, make_sessionmaker, upgrade
@@ -155,3 +159,83 @@ def test_an_older_schema_on_a_read_only_home_says_to_upgrade_a_writable_copy(tmp
             f"error: this read-only database sqlite:///{home / 'runyard.db'} is at revision 0010 (this runyard "
             "reads 0011); upgrade a writable copy: copy the data folder, set RUNYARD_HOME to it and run "
             "`runyard db upgrade`"), ls.stderr
+
+
+# -- the UI as a viewer ----------------------------------------------------------------------
+# Streamlit's AppTest runs app/main.py in this process (its SQLite handles keep the mount busy,
+# so the mount is then detached lazily).
+
+
+def _app(page: str, **query: str) -> AppTest:
+    at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=30).run()
+    at.switch_page(page)
+    for key, value in query.items():
+        at.query_params[key] = value
+    return at.run()
+
+
+def test_the_ui_on_a_read_only_home_shows_everything_and_disables_every_action(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    running, _ = make_home(home)
+    monkeypatch.setenv("RUNYARD_HOME", str(home))
+    monkeypatch.delenv("RUNYARD_DB_URL", raising=False)
+    monkeypatch.setenv("RUNYARD_CPU_SLOTS", "2")
+    st.cache_resource.clear()
+    st.cache_data.clear()
+    try:
+        with read_only(home):
+            run_page = _app("views/run.py", run=str(running))
+            assert not run_page.exception, run_page.exception
+            banner = [i.value for i in run_page.info if "Viewing only" in i.value]
+            assert banner and f"the data folder {home} cannot be written" in banner[0], [i.value for i in run_page.info]
+            assert "running-0" in run_page.markdown[0].value
+            shown = {b.key: b for b in run_page.button}
+            for action in ("pause_button", "cancel_menu", "stacks_button"):  # what a running run offers
+                button = shown[f"viewing-{action}-{running}"]
+                assert button.disabled and "cannot be written" in (button.help or ""), action
+            assert all(b.disabled for b in run_page.button), [(b.key, b.disabled) for b in run_page.button]
+            new_run = _app("views/new_run.py")
+            assert not new_run.exception, new_run.exception
+            start = [b for b in new_run.button if b.label == "Start"]
+            assert start and start[0].disabled
+    finally:
+        st.cache_resource.clear()
+        st.cache_data.clear()
+
+
+def test_runyard_ui_serves_a_read_only_home_with_its_token_and_refuses_one_without(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    make_home(home)
+    with read_only(home) as how:
+        refused = runyard(home, "ui", "--port", "1")  # no token file: nothing to open the UI with
+        assert refused.returncode == 1, (how, refused.stdout, refused.stderr)
+        assert refused.stderr.strip().splitlines() == [
+            f"error: data folder {home} is not writable and holds no token file ({home / 'token'}) to open the UI "
+            "with; copy the folder somewhere writable and set RUNYARD_HOME to the copy"]
+    (home / "token").write_text("t0ken-of-the-archive\n")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with read_only(home):
+        env = {**os.environ, "RUNYARD_HOME": str(home), "PYTHONPATH": str(ROOT)}
+        env.pop("RUNYARD_DB_URL", None)
+        ui = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "ui", "--port", str(port)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stuck = threading.Timer(60, ui.kill)  # a UI that never prints ends the read below, not the suite
+        stuck.start()
+        try:
+            assert ui.stdout is not None
+            first = ui.stdout.readline()  # printed once the socket is bound, before serving
+            assert first.startswith(f"runyard UI on http://127.0.0.1:{port} (data in {home})"), first
+            assert ui.stdout.readline().strip().endswith("t0ken-of-the-archive")  # the archive's own token
+            assert ui.poll() is None
+        finally:
+            stuck.cancel()
+            ui.terminate()
+            _, err = ui.communicate(timeout=30)
+        assert f"runyard: {home} cannot be written; the UI only shows it (every action is disabled)" in err, err
+        assert "Traceback" not in err, err
+        assert not (home / "ui.json").exists()
