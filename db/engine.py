@@ -131,7 +131,10 @@ def read_only_url(url: str) -> str:
 
 def make_read_only_engine(url: str) -> Engine:
     """An engine that only reads ``url``'s SQLite file (:func:`read_only_url`): no folder is
-    made, no WAL switch is tried, and ``query_only`` refuses any write."""
+    made, no WAL switch is tried, and ``query_only`` refuses any write. A server database (whose
+    files are not in a folder of ours) gets the usual engine; its callers only read."""
+    if sqlite_path(url) is None:
+        return make_engine(url)
     engine = create_engine(read_only_url(url), connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
 
     def pragmas(dbapi_conn: Any, _record: Any) -> None:

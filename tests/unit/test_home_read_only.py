@@ -239,3 +239,17 @@ def test_runyard_ui_serves_a_read_only_home_with_its_token_and_refuses_one_witho
         assert f"runyard: {home} cannot be written; the UI only shows it (every action is disabled)" in err, err
         assert "Traceback" not in err, err
         assert not (home / "ui.json").exists()
+
+
+def test_a_server_database_is_opened_as_usual_by_the_read_only_engine() -> None:
+    """A viewer on a read-only home with PostgreSQL: no SQLite pragma may be sent to the server
+    (no server runs here: the URL is only parsed, nothing connects)."""
+    from db.engine import POOL_SIZE, make_read_only_engine, read_only_url
+
+    url = "postgresql+psycopg://u:p@db.example/runyard"
+    assert read_only_url(url) == url
+    engine = make_read_only_engine(url)
+    try:  # make_engine's budgeted pool, not a SQLite engine with its pragma listener
+        assert engine.dialect.name == "postgresql" and engine.pool.size() == POOL_SIZE  # type: ignore[attr-defined]
+    finally:
+        engine.dispose()
