@@ -17,8 +17,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from db import compare, estimates, queries
 from db.config import RunConfig, deep_merge
 from db.cost import config_price
-from db.engine import make_engine, make_sessionmaker
+from db.engine import make_engine, make_read_only_engine, make_sessionmaker
 from db.estimates import StartEstimate
+from db.home import home_writable
 from db.inventory import Inventory
 from db.metricstore import Series, choose_level, series
 from db.requests import (
@@ -43,7 +44,20 @@ def settings() -> Settings:
 
 
 @st.cache_resource
+def read_only_reason() -> str | None:
+    """Why this UI can only show its data folder (it cannot be written: an archived copy, a
+    read-only mount); ``None`` when it can be written. Every action is then disabled."""
+    if home_writable(settings()):
+        return None
+    return (f"the data folder {settings().home} cannot be written (a read-only mount or an archived copy), so "
+            "runs can be looked at but not started, changed or cancelled here; to act on them, copy the folder "
+            "somewhere writable and start `runyard ui` with RUNYARD_HOME set to the copy")
+
+
+@st.cache_resource
 def sessions() -> sessionmaker[Session]:
+    if read_only_reason() is not None:
+        return make_sessionmaker(make_read_only_engine(settings().db_url))
     return make_sessionmaker(make_engine(settings().db_url))
 
 

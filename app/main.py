@@ -60,6 +60,9 @@ st.logo(logo_svg(VERSION), size="large", link=None)
 
 @st.fragment(run_every=5)
 def scheduler_banner() -> None:
+    if viewing := data.read_only_reason():
+        st.info(f"**Viewing only**: {viewing}.", icon=":material/visibility:")
+        return  # no scheduler writes here: its state does not matter
     status = data.scheduler_status()
     if status["online"] and status.get("db_error"):
         since = f" for {duration(time.time() - status['db_error_since'])}" if status.get("db_error_since") else ""

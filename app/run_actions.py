@@ -162,11 +162,22 @@ def offered(d: dict[str, Any]) -> list[tuple[bool, Callable[[dict[str, Any]], No
     ]
 
 
+# What each action is called on its button, for the disabled row of a read-only data folder.
+LABELS: dict[Callable[[dict[str, Any]], None], str] = {
+    resume_menu: "Resume", resume_held_button: "Resume", fork_menu: "Fork…", pause_button: "Pause",
+    cancel_menu: "Cancel", stacks_button: "Dump stacks", rerun_button: "Rerun",
+}
+
+
 def actions(d: dict[str, Any]) -> None:
-    """The header's row of actions for the run as ``d`` (one snapshot) shows it."""
+    """The header's row of actions for the run as ``d`` (one snapshot) shows it; on a data folder
+    that cannot be written, the same actions shown disabled, saying why."""
+    viewing = data.read_only_reason()
     with st.container(horizontal=True, key=f"actions-{d['id']}"):
         for applies, draw in offered(d):
-            if applies:
+            if applies and viewing is not None:
+                st.button(LABELS[draw], key=f"viewing-{draw.__name__}-{d['id']}", disabled=True, help=viewing)
+            elif applies:
                 draw(d)
             else:
                 st.empty()

@@ -38,6 +38,7 @@ from orchestrator.access import (
     login_url,
     open_bind_warning,
     parse_allowed_hosts,
+    read_token,
     read_ui_file,
     url_host,
     write_ui_file,
@@ -90,28 +91,35 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def health_reader(settings: Settings) -> Callable[[], dict[str, Any]]:
+def health_reader(settings: Settings, writable: bool = True) -> Callable[[], dict[str, Any]]:
     """What ``/healthz`` answers (JSON, without login): the UI's status, runyard's version and
     whether the scheduler is alive (its heartbeat, as the pages' banner reads it). It names no
     host, pid, path or run. ``status`` is ``degraded`` when the database cannot be read."""
     from sqlalchemy.exc import SQLAlchemyError
+    from sqlalchemy.orm import Session, sessionmaker
 
-    from db import queries
-    from db.engine import make_engine, make_sessionmaker, sqlite_path
+    from db import DatabaseError, queries
+    from db.engine import make_engine, make_read_only_engine, make_sessionmaker, sqlite_path
     from orchestrator.format import runyard_version
 
     version = runyard_version()
-    sessions = make_sessionmaker(make_engine(settings.db_url))
     db_file = sqlite_path(settings.db_url)
+    made: list[sessionmaker[Session]] = []  # the one engine, made at the first answer that reads
+
+    def sessions() -> sessionmaker[Session]:
+        if not made:
+            # A data folder that cannot be written is read as it is (the UI is a viewer there).
+            made.append(make_sessionmaker((make_engine if writable else make_read_only_engine)(settings.db_url)))
+        return made[0]
 
     def health() -> dict[str, Any]:
         body: dict[str, Any] = {"status": "ok", "version": version, "scheduler_alive": False}
         if db_file is not None and not db_file.exists():
             return body  # nothing has created the database yet: reading would create an empty file
         try:
-            with sessions() as session:
+            with sessions()() as session:
                 status = queries.scheduler_status(session, heartbeat_file=settings.scheduler_file)
-        except SQLAlchemyError as exc:
+        except (SQLAlchemyError, DatabaseError) as exc:
             logger.warning("healthz: the database cannot be read: %s", str(exc).splitlines()[0])
             return {**body, "status": "degraded", "scheduler_alive": None}
         body["scheduler_alive"] = bool(status["online"])
@@ -122,7 +130,7 @@ def health_reader(settings: Settings) -> Callable[[], dict[str, Any]]:
     return health
 
 
-def build_app(policy: AccessPolicy, settings: Settings) -> object:
+def build_app(policy: AccessPolicy, settings: Settings, writable: bool = True) -> object:
     """Streamlit's ASGI app for app/main.py behind the gate."""
     import streamlit as st
     from streamlit import config as streamlit_config
@@ -132,7 +140,7 @@ def build_app(policy: AccessPolicy, settings: Settings) -> object:
 
     streamlit_config._main_script_path = str(MAIN_SCRIPT)
     bootstrap.load_config_options({key.replace(".", "_"): value for key, value in STREAMLIT_OPTIONS.items()})
-    return Gate(st.App(MAIN_SCRIPT), policy, health=health_reader(settings))
+    return Gate(st.App(MAIN_SCRIPT), policy, health=health_reader(settings, writable))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,16 +161,27 @@ def main(argv: list[str] | None = None) -> int:
     settings = load_settings()
     os.umask(PRIVATE_UMASK)  # before anything is created: the home itself too
     try:
-        check_home(settings, create=True)
-        if tightened := make_private(settings.home):
+        # A home that exists but cannot be written (an archived copy, a read-only mount) is shown
+        # as a viewer: every action disabled and a banner saying why (app.data.read_only_reason).
+        writable = check_home(settings, create=True, write=False)
+        if writable and (tightened := make_private(settings.home)):
             logger.warning("made %d paths under %s private to you (they were readable by other accounts)",
                            tightened, settings.home)
     except HomeUnusable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    if not writable:
+        if args.auth == "token" and read_token(settings.token_file) is None:
+            print(f"error: data folder {settings.home} is not writable and holds no token file "
+                  f"({settings.token_file}) to open the UI with; copy the folder somewhere writable and set "
+                  "RUNYARD_HOME to the copy", file=sys.stderr)
+            return 1
+        print(f"runyard: {settings.home} cannot be written; the UI only shows it (every action is disabled)",
+              file=sys.stderr)
     if not is_wildcard(args.host):
         allowed |= parse_allowed_hosts([url_host(args.host)])  # the address it was asked to bind
-    token = ensure_token(settings.token_file) if args.auth == "token" else None
+    token = (ensure_token(settings.token_file) if writable else read_token(settings.token_file)) \
+        if args.auth == "token" else None
     policy = AccessPolicy(
         mode=args.auth, port=args.port, allowed_hosts=allowed,
         token=TokenSource(settings.token_file) if args.auth == "token" else None,
@@ -174,16 +193,20 @@ def main(argv: list[str] | None = None) -> int:
         why = "is in use by another program" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc.strerror})"
         print(f"error: port {args.port} on {args.host} {why}; choose another with --port", file=sys.stderr)
         return 1
-    return serve(sock, build_app(policy, settings), settings.home, args, token)
+    return serve(sock, build_app(policy, settings, writable), settings.home, args, token, record=writable)
 
 
-def serve(sock: socket.socket, app: object, home: Path, args: argparse.Namespace, token: str | None) -> int:
+def serve(sock: socket.socket, app: object, home: Path, args: argparse.Namespace, token: str | None,
+          record: bool = True) -> int:
+    """Serve ``app`` on ``sock``; ``record`` writes where it listens into the home (not on a
+    read-only one)."""
     import uvicorn
 
     warning = open_bind_warning(args.host)
     if warning:
         print(warning, file=sys.stderr)
-    write_ui_file(home, args.host, args.port, args.auth)
+    if record:
+        write_ui_file(home, args.host, args.port, args.auth)
     base = f"http://{url_host(args.host)}:{args.port}"
     if token is not None:
         print(f"runyard UI on {base} (data in {home}). Open this URL; it holds the access token "

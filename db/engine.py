@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
@@ -45,6 +46,11 @@ MIGRATE_LOCK_TIMEOUT_S = 600.0
 
 class MigrationLockTimeout(DatabaseError):
     """Another process held the migration lock for longer than the timeout."""
+
+
+class SchemaOutdated(DatabaseError):
+    """A database that cannot be written is at an older schema than this runyard's; it cannot
+    be migrated where it lies."""
 
 
 class SchemaUnknown(DatabaseError):
@@ -94,6 +100,51 @@ def make_engine(url: str, foreign_keys: bool = True, pool_size: int = POOL_SIZE,
         event.listen(engine, "connect", lambda conn, record: _sqlite_pragmas(conn, record, foreign_keys))
         return engine
     return create_engine(url, pool_pre_ping=True, pool_size=pool_size, max_overflow=max_overflow)
+
+
+def read_only_url(url: str) -> str:
+    """The SQLite URL that opens ``url``'s file read-only, for a folder that cannot be written.
+
+    A WAL database needs its ``-shm`` to be read: with a ``-wal`` that holds commits (the
+    database was copied or frozen while a process had it open) both are read as they are
+    (``mode=ro``); without one the file is complete and is opened ``immutable=1`` (no ``-shm``
+    made, no locks taken). Other URLs are returned unchanged.
+
+    Raises:
+        DatabaseError: a ``-wal`` with commits but no ``-shm``: SQLite cannot read that read-only.
+    """
+    db_file = sqlite_path(url)
+    if db_file is None:
+        return url
+    wal, shm = Path(f"{db_file}-wal"), Path(f"{db_file}-shm")
+    try:
+        pending = wal.stat().st_size > 0
+    except OSError:
+        pending = False
+    if pending and not shm.exists():
+        raise DatabaseError(
+            f"database {db_file} is read-only and its {wal.name} holds commits but {shm.name} is missing, so "
+            "SQLite cannot read it here; copy the folder somewhere writable and set RUNYARD_HOME to the copy")
+    mode = "mode=ro" if pending else "mode=ro&immutable=1"
+    return f"sqlite:///file:{quote(str(db_file), safe='/')}?{mode}&uri=true"
+
+
+def make_read_only_engine(url: str) -> Engine:
+    """An engine that only reads ``url``'s SQLite file (:func:`read_only_url`): no folder is
+    made, no WAL switch is tried, and ``query_only`` refuses any write. A server database (whose
+    files are not in a folder of ours) gets the usual engine; its callers only read."""
+    if sqlite_path(url) is None:
+        return make_engine(url)
+    engine = create_engine(read_only_url(url), connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+
+    def pragmas(dbapi_conn: Any, _record: Any) -> None:
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA query_only=ON")
+        cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cur.close()
+
+    event.listen(engine, "connect", pragmas)
+    return engine
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
@@ -270,6 +321,28 @@ def ensure_schema(engine: Engine, url: str, create: bool = True, timeout_s: floa
             _check_known(url, current)
             command.upgrade(_alembic_config(url), "head")
     return True
+
+
+def check_read_only_schema(engine: Engine, url: str) -> bool:
+    """Whether a database opened read-only has a schema this runyard reads (never migrates).
+
+    Returns:
+        ``False`` when it has no schema at all (nothing to read); ``True`` at the newest.
+
+    Raises:
+        SchemaOutdated: it is at an older revision (upgrading needs a writable copy).
+        SchemaUnknown: a newer runyard wrote it.
+    """
+    current = current_revision(engine)
+    if current is None:
+        return False
+    head = head_revision(url)
+    if current == head:
+        return True
+    _check_known(url, current)
+    raise SchemaOutdated(
+        f"this read-only database {safe_url(url)} is at revision {current} (this runyard reads {head}); "
+        "upgrade a writable copy: copy the data folder, set RUNYARD_HOME to it and run `runyard db upgrade`")
 
 
 def current_revision(engine: Engine) -> str | None:

@@ -3,7 +3,9 @@
 Every command checks its data folder before it opens the database, so that a folder that is a
 file, lies under a file, cannot be created or cannot be written ends in one sentence naming the
 folder and what is wrong with it, not in a SQLAlchemy traceback. Writability is checked by
-creating a file: ``os.access`` answers yes for root on read-only and immutable folders.
+creating a file: ``os.access`` answers yes for root on read-only and immutable folders. The
+commands that only read accept an existing folder that cannot be written (an archived copy, a
+read-only mount) and open its database read-only (db.engine.make_read_only_engine).
 """
 
 from __future__ import annotations
@@ -70,8 +72,11 @@ def _existing_ancestor(path: Path) -> Path:
     return Path(path.anchor or "/")
 
 
-def check_folder(folder: Path, what: str, create: bool) -> None:
-    """Make sure ``folder`` is a folder this process can write, creating it when ``create``.
+READ_ONLY_HINT = "`runyard ls`, `show`, `logs`, `metrics`, `info`, `db export` and `ui` (as a viewer) still read it"
+
+
+def check_folder(folder: Path, what: str, create: bool, write: bool = True) -> bool:
+    """Make sure ``folder`` is a folder this process can use, creating it when ``create``.
 
     Without ``create`` a missing folder is fine as long as it could be created (its nearest
     existing ancestor is writable): read-only commands never create anything.
@@ -80,6 +85,12 @@ def check_folder(folder: Path, what: str, create: bool) -> None:
         folder: The folder.
         what: How messages name it, e.g. ``data folder /x (RUNYARD_HOME)``.
         create: Whether to create a missing folder.
+        write: Whether the caller must write in it. ``False`` (the commands that only read)
+            accepts an existing folder that cannot be written: an archived copy, a read-only
+            mount, a snapshot.
+
+    Returns:
+        Whether the folder can be written (a missing one: whether it could be created).
 
     Raises:
         HomeUnusable: naming the folder and what is wrong with it.
@@ -99,10 +110,15 @@ def check_folder(folder: Path, what: str, create: bool) -> None:
         if not os.path.isdir(folder):
             raise HomeUnusable(f"{what} is a file, not a folder; {hint}")
         failure = _probe(folder)
-        if failure is not None:
-            raise HomeUnusable(f"{what} is not writable: creating a file in it failed: "
-                               f"{failure.strerror or failure}; {hint}")
-        return
+        if failure is None:
+            return True
+        if not write:
+            if not os.access(folder, os.R_OK | os.X_OK):
+                raise HomeUnusable(f"{what} cannot be read: permission denied; {hint}")
+            logger.debug("%s is read-only (%s): reading it as it is", folder, failure)
+            return False
+        raise HomeUnusable(f"{what} is not writable: creating a file in it failed: "
+                           f"{failure.strerror or failure}; {hint}; {READ_ONLY_HINT}")
     blocker = _file_ancestor(folder)
     if blocker is not None:
         raise HomeUnusable(f"{what} cannot be created: {blocker} is a file, not a folder; {hint}")
@@ -113,28 +129,49 @@ def check_folder(folder: Path, what: str, create: bool) -> None:
             made = exc.filename or folder
             raise HomeUnusable(
                 f"{what} cannot be created: making {made} failed: {exc.strerror or exc}; {hint}") from None
-        check_folder(folder, what, create=False)
-        return
+        return check_folder(folder, what, create=False)
     ancestor = _existing_ancestor(folder)
     failure = _probe(ancestor)
     if failure is not None:
         raise HomeUnusable(f"{what} cannot be created: creating anything in {ancestor} failed: "
                            f"{failure.strerror or failure}; {hint}")
+    return True
 
 
-def check_home(settings: Settings, create: bool) -> None:
+def check_home(settings: Settings, create: bool, write: bool = True) -> bool:
     """Check the data folder and, for a SQLite database elsewhere, the database's folder.
+
+    Args:
+        create: Whether to create missing folders.
+        write: Whether the caller writes (see :func:`check_folder`); ``False`` accepts a
+            read-only home.
+
+    Returns:
+        Whether both can be written (always ``True`` when ``write``).
 
     Raises:
         HomeUnusable: one sentence naming the folder and what is wrong with it.
     """
     source = "RUNYARD_HOME" if settings.home_from_env else "the default; RUNYARD_HOME overrides it"
-    check_folder(settings.home, f"data folder {settings.home} ({source})", create)
+    writable = check_folder(settings.home, f"data folder {settings.home} ({source})", create, write)
     db_file = sqlite_path(settings.db_url)
     if db_file is not None and db_file.parent != settings.home:
-        check_folder(db_file.parent, f"database folder {db_file.parent} (RUNYARD_DB_URL)", create)
+        writable &= check_folder(db_file.parent, f"database folder {db_file.parent} (RUNYARD_DB_URL)", create, write)
     if db_file is not None and db_file.exists() and not db_file.is_file():
         raise HomeUnusable(f"database {db_file} is not a file; remove it or set RUNYARD_DB_URL to another database")
+    return writable
+
+
+def home_writable(settings: Settings) -> bool:
+    """Whether the data folder and the SQLite database's folder can both be written."""
+    return (not settings.home.is_dir() or _probe(settings.home) is None) and database_writable(settings)
+
+
+def database_writable(settings: Settings) -> bool:
+    """Whether the folder of a SQLite database can be written (SQLite writes its ``-wal``,
+    ``-shm`` and journal there, even to read a WAL database); ``True`` for a server database."""
+    db_file = sqlite_path(settings.db_url)
+    return db_file is None or not db_file.parent.is_dir() or _probe(db_file.parent) is None
 
 
 # What runyard creates under the data folder is its owner's alone: folders 0700, files 0600. Runs'

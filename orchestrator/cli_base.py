@@ -22,7 +22,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from db import DatabaseError
-from db.home import PRIVATE_UMASK, check_home, has_database, legacy_warning, make_private
+from db.home import PRIVATE_UMASK, check_home, database_writable, has_database, legacy_warning, make_private
 from db.settings import Settings, load_settings
 from orchestrator import OrchestratorError
 
@@ -30,8 +30,13 @@ logger = logging.getLogger(__name__)
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
-# Commands that only read: they never create the data folder or a database.
-READ_ONLY_COMMANDS = frozenset({"ls", "show", "logs", "metrics", "info"})
+# Commands that only read: they never create the data folder or a database, and they read a data
+# folder that cannot be written (an archived copy, a read-only mount). ``export`` is `runyard db
+# export`, which writes only the file it is given.
+READ_ONLY_COMMANDS = frozenset({"ls", "show", "logs", "metrics", "info", "export"})
+# Commands that create a missing data folder but show one that cannot be written instead of
+# refusing it: the UI opens as a viewer there (every action disabled, a banner saying why).
+VIEWER_COMMANDS = frozenset({"ui"})
 # Commands that need no data folder at all.
 NO_DATA_COMMANDS = frozenset({"config-reference"})
 
@@ -64,8 +69,12 @@ class RunyardCommand(click.Command):
         settings = load_settings()
         os.umask(PRIVATE_UMASK)  # before anything is created: the home itself too
         try:
-            check_home(settings, create=self.name not in READ_ONLY_COMMANDS)
-            tightened = make_private(settings.home)
+            reads_only = self.name in READ_ONLY_COMMANDS
+            writable = check_home(settings, create=not reads_only,
+                                  write=not reads_only and self.name not in VIEWER_COMMANDS)
+            tightened = make_private(settings.home) if writable else 0
+            if not writable and reads_only and settings.home.is_dir():
+                click.echo(f"runyard: {settings.home} cannot be written; reading it as it is", err=True)
             if tightened:
                 click.echo(f"runyard: made {tightened} paths under {settings.home} private to you (they were "
                            "readable by other accounts of this machine)", err=True)
@@ -99,13 +108,19 @@ def open_sessions(settings: Settings) -> sessionmaker[Session]:
 
 def open_existing(settings: Settings) -> sessionmaker[Session] | None:
     """A sessionmaker on the database if there is one (brought to the newest schema); ``None``
-    when there is none yet. Never creates a database: read-only commands use this."""
-    from db.engine import ensure_schema, make_engine, make_sessionmaker
+    when there is none yet. Never creates a database: read-only commands use this. A SQLite
+    database in a folder that cannot be written is opened read-only and never migrated."""
+    from db.engine import check_read_only_schema, ensure_schema, make_engine, make_read_only_engine, make_sessionmaker
 
     if not has_database(settings):
         return None
-    engine = make_engine(settings.db_url)
-    if not ensure_schema(engine, settings.db_url, create=False):
+    if not database_writable(settings):  # an archived copy, a read-only mount: read it as it is
+        engine = make_read_only_engine(settings.db_url)
+        has_schema = check_read_only_schema(engine, settings.db_url)
+    else:
+        engine = make_engine(settings.db_url)
+        has_schema = ensure_schema(engine, settings.db_url, create=False)
+    if not has_schema:
         engine.dispose()
         return None
     return make_sessionmaker(engine)

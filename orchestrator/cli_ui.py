@@ -36,7 +36,7 @@ from orchestrator.access import (
     read_ui_file,
     rotate_token,
 )
-from orchestrator.cli_base import EXIT_USAGE, RunyardCommand, fail, open_sessions
+from orchestrator.cli_base import EXIT_USAGE, RunyardCommand, fail, open_existing, open_sessions
 from trainer import pdeathsig
 
 HOST_HELP = ("Address to bind. Beyond loopback the token still guards the UI, over plain HTTP: "
@@ -114,9 +114,14 @@ def scheduler() -> None:
 @ui_options
 def ui(host: str, port: int, auth: str, no_auth: bool, allowed_hosts: tuple[str, ...], proxy_user_header: str) -> None:
     """Run the web UI in the foreground; it prints the URL to open (with the access token)."""
+    from db.home import home_writable
+
     argv = server_argv(host, port, "none" if no_auth else auth, allowed_hosts, proxy_user_header)
     settings = load_settings()
-    open_sessions(settings)
+    if home_writable(settings):
+        open_sessions(settings)
+    else:
+        open_existing(settings)  # a viewer: the schema is checked, never migrated
     os.execve(sys.executable, argv, child_env(settings))
 
 

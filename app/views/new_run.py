@@ -264,7 +264,8 @@ with st.form("new_run"):
             st.warning("**Check the changes above**, then press Start again to fork.", icon=":material/warning:")
     # A row as wide as its buttons (fixed columns cut "Update estimate" at 800 px).
     with st.container(horizontal=True):
-        started = st.form_submit_button("Start", type="primary", icon=":material/play_arrow:")
+        started = st.form_submit_button("Start", type="primary", icon=":material/play_arrow:",
+                                        disabled=data.read_only_reason() is not None, help=data.read_only_reason())
         st.form_submit_button("Update estimate", icon=":material/calculate:",
                               help="Apply the values above to the estimate" + (" and the changes" if fork else "")
                                    + " without starting")

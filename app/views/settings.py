@@ -30,7 +30,8 @@ edited = st.data_editor(
     table, num_rows="dynamic", hide_index=True, key="prices", height=35 * (len(table) + 2) + 3,
     column_config={"usd_per_hour": st.column_config.NumberColumn("USD per hour", min_value=0.0, format="%.2f")},
 )
-if st.button("Save prices", type="primary", icon=":material/save:"):
+if st.button("Save prices", type="primary", icon=":material/save:", disabled=data.read_only_reason() is not None,
+             help=data.read_only_reason()):
     rows = edited.dropna(subset=["device"])
     message = data.save_prices({str(d): float(p) for d, p in zip(rows["device"], rows["usd_per_hour"], strict=True)})
     if message:
