@@ -388,7 +388,7 @@ def test_a_cpu_slot_count_that_is_not_a_number_is_named(tmp_path: Path) -> None:
 
 def test_a_damaged_database_file_is_one_sentence_naming_it(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    home.mkdir()
+    home.mkdir(mode=0o700)  # private, as runyard makes it (a home open to others adds a line saying it was tightened)
     (home / "runyard.db").write_bytes(b"this is not SQLite\n" * 400)
     cli = make_cli(tmp_path, home)
     for args in (["ls"], ["submit", str(EXAMPLE)], ["show", "1"]):
