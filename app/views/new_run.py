@@ -203,7 +203,7 @@ def widget(spec: form.FieldSpec, value: Any) -> Any:
 
 initial, notes = form.widget_values(base, every_field)
 for note in notes:
-    st.warning(note, icon=":material/warning:")
+    st.warning(style.plain(note), icon=":material/warning:")
 
 # The kind is chosen outside the form: a change redraws the page at once with that kind's fields
 # (inside an st.form nothing reruns before Start).

@@ -119,7 +119,7 @@ def headline(d: dict) -> None:
     ends = eta_text(d["status"], d["eta_s"], d["eta_range_s"])
     c[1].metric("Ends at", ends.split(" (")[0], help=f"At the recent pace: {ends}; evaluations and saves included"
                 if ends != "–" else "Shown once the run has a pace and a total number of steps")
-    c[2].metric("Cost so far", usd(d["cost_usd"]), help=d["price_unit"])
+    c[2].metric("Cost so far", usd(d["cost_usd"]), help=style.plain(d["price_unit"]))
     c[3].metric("Attempts", d["attempt_count"])
     acc = d["metrics"].get("eval_accuracy", {}).get("0")
     c[4].metric(metric_registry.label("eval_accuracy"), metric_registry.format_value("eval_accuracy", acc))
