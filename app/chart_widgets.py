@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app import charts
+from app import charts, style
 from db import metric_registry
 
 
@@ -30,7 +30,7 @@ def latest_table(latest: dict[str, dict[str, float | None]], keys: list[str]) ->
         return
     ranks = sorted({r for k in shown for r in latest[k]}, key=lambda r: int(r) if str(r).isdigit() else -1)
     st.markdown("**Latest value per rank**")
-    st.table(pd.DataFrame(  # a static table: a few cells, cheaper for the browser than a data grid
+    st.table(style.plain_frame(pd.DataFrame(  # a static table: cheaper for the browser than a data grid; Markdown
         {f"rank {r}": [metric_registry.format_number(k, latest[k].get(r)) for k in shown] for r in ranks},
         index=pd.Index([metric_registry.axis_title(k) for k in shown], name="metric"),
-    ))
+    )))

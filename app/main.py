@@ -10,7 +10,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from app import data
+from app import data, style
 from orchestrator.format import duration, runyard_version
 
 VERSION = runyard_version()
@@ -67,7 +67,8 @@ def scheduler_banner() -> None:
     if status["online"] and status.get("db_error"):
         since = f" for {duration(time.time() - status['db_error_since'])}" if status.get("db_error_since") else ""
         st.error(
-            f"**The scheduler cannot write the database**{since} ({status['db_error']}): runs are not being "
+            f"**The scheduler cannot write the database**{since} ({style.plain(status['db_error'])}): runs are "
+            "not being "
             "updated and no run starts. Free space on the disk that holds the data folder (a full disk is the "
             "usual cause); the scheduler goes on by itself once it can write again.",
             icon=":material/database_off:",

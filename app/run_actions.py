@@ -20,7 +20,7 @@ from typing import Any
 
 import streamlit as st
 
-from app import data
+from app import data, style
 from db.states import TERMINAL, RunStatus
 
 TERMINAL_VALUES = {s.value for s in TERMINAL}
@@ -86,7 +86,7 @@ def resume_menu(d: dict[str, Any]) -> None:
                        "the new attempt trains again from there.")
         if st.button(f"Resume from step {chosen['step']}", type="primary", icon=":material/play_arrow:",
                      key=f"resume-confirm-{d['id']}"):
-            st.toast(data.resume_run(d["id"], chosen["id"]))
+            st.toast(style.plain(data.resume_run(d["id"], chosen["id"])))
             st.rerun()
 
 
@@ -106,7 +106,7 @@ def fork_menu(d: dict[str, Any]) -> None:
 def pause_button(d: dict[str, Any]) -> None:
     if st.button("Pause", icon=":material/pause:", key=f"pause-{d['id']}",
                  help="Checkpoint, free the devices; Resume continues from that checkpoint"):
-        st.toast(data.cancel_run(d["id"], mode="pause"))
+        st.toast(style.plain(data.cancel_run(d["id"], mode="pause")))
         st.rerun()  # the new status now, not at the next refresh
 
 
@@ -119,21 +119,21 @@ def cancel_menu(d: dict[str, Any]) -> None:
                        "SIGTERM: the ranks finish their step, save a checkpoint and exit; Resume can continue "
                        "from it."))
         if st.button("Cancel run", type="primary", icon=":material/stop:", key=f"cancel-{d['id']}"):
-            st.toast(data.cancel_run(d["id"]))
+            st.toast(style.plain(data.cancel_run(d["id"])))
             st.rerun()
 
 
 def stacks_button(d: dict[str, Any]) -> None:
     if st.button("Dump stacks", icon=":material/stacks:", key=f"stacks-{d['id']}",
                  help="Save every rank's Python stack into the attempt's folder; nothing is stopped"):
-        st.toast(data.dump_stacks(d["id"]))
+        st.toast(style.plain(data.dump_stacks(d["id"])))
 
 
 def rerun_button(d: dict[str, Any]) -> None:
     if st.button("Rerun", icon=":material/restart_alt:", key=f"rerun-{d['id']}",
                  help="A new attempt in the same folder without a checkpoint: for a script that keeps "
                       "its own state there"):
-        st.toast(data.rerun_run(d["id"]))
+        st.toast(style.plain(data.rerun_run(d["id"])))
         st.rerun()
 
 
@@ -141,7 +141,7 @@ def resume_held_button(d: dict[str, Any]) -> None:
     """Resume for a run paused before it started: it is queued again from the start."""
     if st.button("Resume", icon=":material/play_arrow:", key=f"resume-held-{d['id']}",
                  help="Paused before it started: Resume queues it again; it starts when a slot frees"):
-        st.toast(data.resume_run(d["id"]))
+        st.toast(style.plain(data.resume_run(d["id"])))
         st.rerun()
 
 

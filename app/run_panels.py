@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from app import charts, data
+from app import charts, data, style
 from app.run_actions import is_superseded
 from db.states import RunStatus
 from orchestrator.format import clock, duration
@@ -81,11 +81,11 @@ def failure_summary(d: dict) -> None:
         return
     rank = f"rank {a['failed_rank']}" if a["failed_rank"] is not None else "the attempt"
     what = a["exception"] or a["reason"] or f"exit code {a['exit_code']}"
-    st.error(f"**Attempt {a['number']}: {rank} failed ({a['cause']})**: {what}", icon=":material/error:")
+    st.error(f"**Attempt {a['number']}: {rank} failed ({a['cause']})**: {style.plain(what)}", icon=":material/error:")
     if a["log_tail"]:
         with st.expander("Traceback and the log lines before it", expanded=d["status"] == RunStatus.FAILED):
             if (line := first_error_line(a["log_tail"])) is not None:
-                st.caption(f"First error line: `{line[:200]}`")
+                st.caption(f"First error line: {style.plain(line[:200])}")
             st.code(a["log_tail"], language=None)
 
 
@@ -96,7 +96,7 @@ def log_tails(d: dict) -> None:
         return
     for a in d["attempts"]:
         if a["log_tail"]:
-            with st.expander(f"Attempt {a['number']}: {a['reason']}"):
+            with st.expander(f"Attempt {a['number']}: {style.plain(a['reason'])}"):
                 st.code(a["log_tail"], language=None)
     attempt_dir = Path(d["attempts"][-1]["dir"])
     files = rank_log_files(attempt_dir)
@@ -108,7 +108,7 @@ def log_tails(d: dict) -> None:
     for tab, paths in zip(tabs, files.values(), strict=False):
         with tab:
             for path in paths:
-                st.caption(path.name)
+                st.caption(style.plain(path.name))
                 st.code(tail(path, 6000) or "(empty)", language=None)
     with tabs[-1]:
         st.code(tail(launcher_log(attempt_dir), 6000) or "(empty)", language=None)
@@ -133,18 +133,19 @@ def checkpoint_table(d: dict) -> None:
         row[2].write(clock(c["file_mtime"] if script else c["created_at"]))
         row[3].write(f"{c['bytes'] / 1e6:.1f} MB")
         if script:  # a file the script wrote itself: which one, and its hash
-            row[4].write(f"script's file `{c['origin']}`, sha256 {(c['sha256'] or 'pending')[:12]}"
+            row[4].write(f"script's file {style.plain(c['origin'])}, sha256 {(c['sha256'] or 'pending')[:12]}"
                          + (" (pinned copy)" if c["path"] != c["origin"] else ""))
         else:
-            row[4].write(", ".join(f"{k} {v:.4g}" for k, v in c["metrics"].items() if v is not None) or "–")
-        row[5].write("yes" if c["verified"] else f"no: {c['refused_reason'] or 'being hashed'}")
+            row[4].write(", ".join(f"{style.plain(k)} {v:.4g}" for k, v in c["metrics"].items() if v is not None)
+                         or "–")
+        row[5].write("yes" if c["verified"] else f"no: {style.plain(c['refused_reason'] or 'being hashed')}")
         row[6].toggle("pin", value=c["pinned"], key=f"pin-{c['id']}", on_change=pin_changed,
                       args=(d["id"], c["id"], f"pin-{c['id']}"),
                       help="Pinned checkpoints are never deleted" + (
                           "; the script's file is copied into the run's folder, out of its reach" if script else ""))
     refused = st.session_state.pop(f"pin-refused-{d['id']}", None)
     if refused:
-        st.error(refused, icon=":material/error:")
+        st.error(style.plain(refused), icon=":material/error:")
     if deleted:
         st.caption(f"{deleted} older checkpoint(s) deleted by retention; `runyard show {d['id']}` lists them.")
 
@@ -168,7 +169,7 @@ def checkpoint_advice(run_id: int) -> None:
                           f"every {a['every_seconds']:g} s" if a["every_seconds"] else "") if part
     ) or "only at the end"
     if a["interval_s"] is None:
-        st.caption(f"Young–Daly checkpoint interval: not enough data yet: {'; '.join(a['missing'])}. "
+        st.caption(f"Young–Daly checkpoint interval: not enough data yet: {style.plain('; '.join(a['missing']))}. "
                    f"Configured: {configured}.")
         return
     every = (f"every ~{a['interval_steps']:,} steps ({duration(a['interval_s'])})" if a["interval_steps"]

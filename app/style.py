@@ -6,6 +6,7 @@ the browser (Streamlit 1.67), and after it, it took the place of the page's toas
 
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
 RULES = {
@@ -64,3 +65,15 @@ def plain(text: object) -> str:
         else:
             out.append(char)
     return "".join(out)
+
+
+def plain_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` for ``st.table``, which reads its cells, column names and index as Markdown: every
+    text in it passed through :func:`plain` (numbers and other values stay as they are)."""
+    def text(value: object) -> object:
+        return plain(value) if isinstance(value, str) else value
+
+    out = frame.map(text)
+    out.columns = pd.Index([text(c) for c in frame.columns], name=frame.columns.name)
+    out.index = pd.Index([text(i) for i in frame.index], name=frame.index.name)
+    return out

@@ -16,7 +16,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from app import data
+from app import data, style
 from db import metric_registry as registry
 from db import sysmetrics
 from orchestrator.format import clock
@@ -141,7 +141,7 @@ def gpu_panel(frame: pd.DataFrame, gpus: list[dict[str, Any]]) -> None:
     ])
     ecc = df[(df["key"] == "ecc_uncorrected") & (df["max"] > 0)]
     for series, errors in ecc.groupby("series")["max"].max().items():
-        st.warning(f"{series}: {errors:.0f} volatile uncorrected ECC error(s) since the driver loaded.",
+        st.warning(f"{style.plain(series)}: {errors:.0f} volatile uncorrected ECC error(s) since the driver loaded.",
                    icon=":material/memory:")
 
 

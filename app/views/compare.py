@@ -38,7 +38,8 @@ def pick_runs(runs: list[dict[str, Any]]) -> list[int]:
     wanted, bad = ids_from_url(st.query_params.get("runs"))
     unknown = [str(i) for i in wanted if i not in labels] + bad
     if unknown:
-        st.warning(f"runs={st.query_params.get('runs')}: {', '.join(unknown)} is not one of the "
+        st.warning(f"runs={style.plain(st.query_params.get('runs'))}: {style.plain(', '.join(unknown))} is not "
+                   "one of the "
                    f"{len(runs)} newest runs; pick runs below or on the Runs page.")
     default = [i for i in wanted if i in labels][:cc.MAX_RUNS] if "runs" in st.query_params else sorted(
         r["id"] for r in runs[:2])
@@ -64,7 +65,7 @@ def pick_metrics(keys: list[str]) -> list[str]:
 def summary(runs: list[dict[str, Any]], keys: list[str], colors: list[str]) -> None:
     st.subheader("Summary")
     metrics = data.metric_summaries(tuple(r["id"] for r in runs), tuple(keys))
-    st.table(cc.styled_summary(cc.summary_frame(runs, keys, metrics), colors))
+    st.table(cc.styled_summary(style.plain_frame(cc.summary_frame(runs, keys, metrics)), colors))
     st.caption("Values are the mean over ranks at a step, along each run's lineage (steps abandoned by a resume "
                "do not count). Final: at the run's last step. Best: " +
                ", ".join(f"{k}: {cc.best_word(higher_is_better(k))}" for k in keys) +
@@ -81,7 +82,7 @@ def differences(runs: list[dict[str, Any]]) -> None:
     if not diff:
         st.info("These runs have the same config (their names aside).")
         return
-    st.table(cc.diff_frame(diff, [f"#{r['id']} {r['name']}" for r in runs]).style.hide(axis="index"))
+    st.table(style.plain_frame(cc.diff_frame(diff, [f"#{r['id']} {r['name']}" for r in runs])).style.hide(axis="index"))
 
 
 def chart_frame(run: dict[str, Any], key: str, label: str) -> pd.DataFrame:
@@ -99,10 +100,11 @@ def charts(runs: list[dict[str, Any]], keys: list[str], colors: list[str]) -> No
         with columns[i % 2]:
             frames = [chart_frame(r, key, label) for r, label in zip(runs, labels, strict=True)]
             lacking = [label for f, label in zip(frames, labels, strict=True) if f.empty]
-            log_y = st.toggle("Log y", key=f"compare-log-{key}", help=f"A log scale for the {key} chart only.")
+            log_y = st.toggle("Log y", key=f"compare-log-{key}",
+                              help=f"A log scale for the {style.plain(key)} chart only.")
             st.altair_chart(cc.overlay_chart(pd.concat(frames), key, labels, colors, log_y=log_y), width="stretch")
             if lacking:
-                st.caption(f"No {key} in {', '.join(lacking)}.")
+                st.caption(f"No {style.plain(key)} in {style.plain(', '.join(lacking))}.")
 
 
 st.title("Compare runs")
@@ -117,7 +119,7 @@ if not chosen:
     st.stop()
 runs = data.compare_runs(tuple(chosen))
 if isinstance(runs, str):  # a run deleted since the list was read
-    st.error(runs)
+    st.error(style.plain(runs))
     st.stop()
 keys = sorted({k for run_id in chosen for k in data.metric_keys(run_id)})
 metrics = pick_metrics(keys) if keys else []

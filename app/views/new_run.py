@@ -65,7 +65,7 @@ def fork_of_query() -> dict[str, Any] | None:
                                  "run's page")
         source = data.fork_source(int(run), int(checkpoint))
     except RequestRefused as exc:
-        st.error(f"Not a fork: {exc}", icon=":material/error:")
+        st.error(f"Not a fork: {style.plain(exc)}", icon=":material/error:")
         return None
     fill(source["config"])
     st.session_state[FORK_KEY] = source
@@ -87,7 +87,8 @@ def show_fork_changes(source: dict[str, Any], applied: dict[str, Any]) -> list[s
     changes = config_changes(source["config"], applied)
     if changes:
         st.info(f"**Changes against run #{source['run']} at step {source['step']}** ({len(changes)}):\n\n"
-                + "\n".join(f"- `{key}`: `{old!r}` → `{new!r}`" for key, old, new in changes),
+                + "\n".join(f"- {style.plain(key)}: {style.plain(repr(old))} → {style.plain(repr(new))}"
+                            for key, old, new in changes),
                 icon=":material/difference:")
     else:
         st.info(f"**No changes yet against run #{source['run']} at step {source['step']}**: change a value, then "
@@ -95,7 +96,7 @@ def show_fork_changes(source: dict[str, Any], applied: dict[str, Any]) -> list[s
     try:
         return overrides_for(source["base"], applied)
     except ValueError as exc:
-        st.error(str(exc), icon=":material/error:")
+        st.error(style.plain(exc), icon=":material/error:")
         return []
 
 
@@ -137,7 +138,8 @@ def on_paste() -> None:
 
 fork = fork_of_query()
 if fork is not None:
-    st.info(f"**Fork of run #{fork['run']} {fork['name']} from its checkpoint at step {fork['step']}.** The form "
+    st.info(f"**Fork of run #{fork['run']} {style.plain(fork['name'])} from its checkpoint at step {fork['step']}.** "
+            "The form "
             "holds that run's config at that checkpoint; change what you want, check the changes above Start, "
             "then Start.", icon=":material/call_split:")
     st.button("Discard the fork (a fresh form)", icon=":material/close:", on_click=forget_fork)
@@ -156,12 +158,14 @@ loaded = st.session_state.get(LOADED_KEY)
 if loaded is not None:
     name, problems, filled = loaded
     if filled and not problems:
-        st.success(f"Form filled from {name}; change anything before starting.", icon=":material/check:")
+        st.success(f"Form filled from {style.plain(name)}; change anything before starting.", icon=":material/check:")
     elif filled:
-        st.warning(f"Form filled from {name}, with {len(problems)} problem(s) to fix before Start:\n\n"
-                   + "\n".join(f"- {p}" for p in problems), icon=":material/warning:")
+        st.warning(f"Form filled from {style.plain(name)}, with {len(problems)} problem(s) to fix before "
+                   "Start:\n\n"
+                   + "\n".join(f"- {style.plain(p)}" for p in problems), icon=":material/warning:")
     else:
-        st.error(f"{name} was not loaded:\n\n" + "\n".join(f"- {p}" for p in problems), icon=":material/error:")
+        st.error(f"{style.plain(name)} was not loaded:\n\n"
+                 + "\n".join(f"- {style.plain(p)}" for p in problems), icon=":material/error:")
 base: dict[str, Any] = st.session_state.get(BASE_KEY, DEFAULTS)
 
 # The refusals of the last Start, each with the value it refused: one whose field now holds
@@ -174,7 +178,7 @@ errors: dict[str, list[str]] = {
 
 def field_errors(field: str) -> None:
     for message in errors.get(field, []):
-        st.error(message, icon=":material/error:")
+        st.error(style.plain(message), icon=":material/error:")
 
 
 def widget(spec: form.FieldSpec, value: Any) -> Any:
@@ -199,7 +203,7 @@ def widget(spec: form.FieldSpec, value: Any) -> Any:
 
 initial, notes = form.widget_values(base, every_field)
 for note in notes:
-    st.warning(note, icon=":material/warning:")
+    st.warning(style.plain(note), icon=":material/warning:")
 
 # The kind is chosen outside the form: a change redraws the page at once with that kind's fields
 # (inside an st.form nothing reruns before Start).
@@ -240,11 +244,12 @@ with st.form("new_run"):
     if errors:
         count = sum(len(m) for m in errors.values())
         st.error(f"**Not started: {count} problem(s).**\n\n"
-                 + "\n".join(f"- {m}" for messages in errors.values() for m in messages), icon=":material/error:")
+                 + "\n".join(f"- {style.plain(m)}" for messages in errors.values() for m in messages),
+                 icon=":material/error:")
     warned = st.session_state.get(WARNED_KEY)
     if warned and not errors:
         st.warning("**Check before starting** (press Start again to start anyway):\n\n"
-                   + "\n".join(f"- {w}" for w in warned[1]), icon=":material/warning:")
+                   + "\n".join(f"- {style.plain(w)}" for w in warned[1]), icon=":material/warning:")
     # Time and cost before Start, for the values as last applied (a form sends its values on a
     # button: "Update estimate" applies the edits without starting).
     as_applied: dict[str, Any] | None = None
@@ -255,7 +260,7 @@ with st.form("new_run"):
     except (TypeError, ValueError):  # a value the validation at Start will name
         pass
     if estimate:
-        st.info(f"**Estimate**: {estimate}", icon=":material/calculate:")
+        st.info(f"**Estimate**: {style.plain(estimate)}", icon=":material/calculate:")
     overrides: list[str] = []
     if fork is not None and as_applied is not None:
         overrides = show_fork_changes(fork, as_applied)
@@ -306,7 +311,7 @@ if started:
         try:
             run_id = data.fork_run(fork["run"], -1, overrides, checkpoint_id=fork["checkpoint"])
         except (ConfigError, RequestRefused) as exc:
-            st.error(f"Not forked: {exc}", icon=":material/error:")
+            st.error(f"Not forked: {style.plain(exc)}", icon=":material/error:")
             st.stop()
         forget_fork()
     run_actions.open_run(run_id)

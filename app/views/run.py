@@ -96,15 +96,14 @@ def header(d: dict) -> None:
     if d["status_reason"]:
         st.caption(style.plain(d["status_reason"]))
     if starting := startup_text(d["status"], d["attempts"][-1] if d["attempts"] else None, d["config"]):
-        st.caption(starting)
+        st.caption(style.plain(starting))
     if where := where_text(d["config"], d["attempts"][-1] if d["attempts"] else None):
-        st.caption(where)
+        st.caption(style.plain(where))
     st.progress(d["progress"], text=f"step {step_text(d['step'], d['max_steps'], ' / ')}")
     facts = script_facts(d["config"], d["attempts"])
     if facts:
-        # Paths as code (they may hold characters Markdown would read); the watchdog's sentence as text.
-        st.caption(" · ".join(f"**{label.capitalize()}**: "
-                              + (text if label == "hang watchdog watches" else f"`{text}`") for label, text in facts))
+        # Paths and the watchdog's sentence escaped: a path may hold characters Markdown would read.
+        st.caption(" · ".join(f"**{label.capitalize()}**: {style.plain(text)}" for label, text in facts))
     if d["status"] == RunStatus.RETRYING and d["retry_at"]:
         st.warning(f"Retrying: next attempt at {clock(d['retry_at'])} (retries used: {d['retries_used']}).",
                    icon=":material/refresh:")
@@ -120,7 +119,7 @@ def headline(d: dict) -> None:
     ends = eta_text(d["status"], d["eta_s"], d["eta_range_s"])
     c[1].metric("Ends at", ends.split(" (")[0], help=f"At the recent pace: {ends}; evaluations and saves included"
                 if ends != "–" else "Shown once the run has a pace and a total number of steps")
-    c[2].metric("Cost so far", usd(d["cost_usd"]), help=d["price_unit"])
+    c[2].metric("Cost so far", usd(d["cost_usd"]), help=style.plain(d["price_unit"]))
     c[3].metric("Attempts", d["attempt_count"])
     acc = d["metrics"].get("eval_accuracy", {}).get("0")
     c[4].metric(metric_registry.label("eval_accuracy"), metric_registry.format_value("eval_accuracy", acc))
@@ -212,7 +211,7 @@ def metric_charts(d: dict, series: dict[str, data.LiveSeries]) -> None:
             st.info("This run reported no metrics.")
         else:  # what it does meanwhile: queued for what, launching, setting up, compiling, first step
             newest = d["attempts"][-1] if d["attempts"] else None
-            st.info(startup_text(d["status"], newest, d["config"]) or style.plain(d["status_reason"])
+            st.info(style.plain(startup_text(d["status"], newest, d["config"]) or d["status_reason"] or "")
                     or "Waiting for the first metrics from the ranks…", icon=":material/hourglass_top:")
         return
     options = replace(chart_options(d["id"], d["nproc"], list(series)),

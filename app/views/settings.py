@@ -35,6 +35,6 @@ if st.button("Save prices", type="primary", icon=":material/save:", disabled=dat
     rows = edited.dropna(subset=["device"])
     message = data.save_prices({str(d): float(p) for d, p in zip(rows["device"], rows["usd_per_hour"], strict=True)})
     if message:
-        st.error(message)
+        st.error(style.plain(message))
     else:
         st.success("Saved. New runs use these prices; submitted runs keep theirs.")

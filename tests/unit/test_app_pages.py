@@ -568,10 +568,22 @@ def start(at: AppTest) -> AppTest:
 SUMMARY = "**Not started:"
 
 
+def as_read(text: str) -> str:
+    """Markdown that ``app.style.plain`` escaped, as a person reads it on the page."""
+    return re.sub(r"\\(.)", r"\1", text).replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+
+
+def as_read_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """An ``st.table`` frame (``app.style.plain_frame``) as a person reads it."""
+    out = frame.map(lambda v: as_read(v) if isinstance(v, str) else v)
+    out.columns = [as_read(str(c)) for c in frame.columns]
+    return out
+
+
 def refusals(at: AppTest, summarised: bool = True) -> list[str]:
     """The errors shown under the fields, after checking that the summary above Start (on the
-    New run page: ``summarised``) lists every one of them."""
-    shown = [e.value for e in at.error]
+    New run page: ``summarised``) lists every one of them; as a person reads them."""
+    shown = [as_read(e.value) for e in at.error]
     summaries = [e for e in shown if e.startswith(SUMMARY)]
     rest = [e for e in shown if not e.startswith(SUMMARY)]
     if rest and summarised:
@@ -628,7 +640,7 @@ def test_an_implausible_value_is_asked_about_once_then_started(settings: Setting
     at.number_input(key="train.lr").set_value(50.0)
     start(at)
     no_exception(at)
-    (warning,) = [w.value for w in at.warning if "Check before starting" in w.value]
+    (warning,) = [as_read(w.value) for w in at.warning if "Check before starting" in w.value]
     assert "press Start again" in warning and "train.lr = 50.0: a learning rate above 1 usually diverges" in warning
     assert queued_runs(sessions) == []
     start(at)
@@ -854,8 +866,8 @@ def test_fork_opens_the_new_run_form_filled_shows_the_changes_then_queues_the_fo
     start(at)
     no_exception(at)
     # The first Start shows the changes (not seen before) and asks again; nothing is queued yet.
-    changes = next(i.value for i in at.info if i.value.startswith("**Changes against"))
-    assert f"run #{parent} at step 100** (1)" in changes and "`train.lr`: `0.001` → `0.0005`" in changes
+    changes = next(as_read(i.value) for i in at.info if i.value.startswith("**Changes against"))
+    assert f"run #{parent} at step 100** (1)" in changes and "train.lr: 0.001 → 0.0005" in changes
     assert any("press Start again to fork" in w.value for w in at.warning)
     assert [r["id"] for r in queued_runs(sessions)] == [parent]
     start(at)
@@ -894,7 +906,8 @@ def test_a_fork_of_a_checkpoint_that_cannot_be_used_says_why_and_shows_a_fresh_f
     parent, checkpoint = add_forkable(sessions, settings)
     at = open_page("views/new_run.py", fork=str(parent), checkpoint=str(checkpoint + 1))
     no_exception(at)
-    assert any(f"checkpoint={checkpoint + 1}: no such checkpoint in run {parent}" in e.value for e in at.error)
+    assert any(f"checkpoint={checkpoint + 1}: no such checkpoint in run {parent}" in as_read(e.value)
+               for e in at.error)
     assert at.text_input(key="name").value != "parent-fork"
 
 
@@ -927,12 +940,12 @@ def test_compare_page_overlays_the_rank_mean_of_two_runs(settings: Settings, ses
     assert len(high) == 10 and len(rows) == 15  # one point per step, ranks averaged
     assert high["value"].iloc[0] == pytest.approx(2.0 / 10 + 0.005)  # mean of ranks 0 and 1
     summary, diff = at.table
-    table = summary.value.set_index("run")
+    table = as_read_frame(summary.value).set_index("run")
     assert table.loc[f"#{first} lr-high", "loss final"] == f"{2.0 / 100 + 0.005:.4g}"  # step 100, two ranks
     assert table.loc[f"#{second} lr-low", "loss best (min)"] == f"{2.0 / 50 + 0.005:.4g} @ 50"
     assert table.loc[f"#{first} lr-high", "eval_accuracy best (max)"] == "0.875 @ 100"
     assert table.loc[f"#{second} lr-low", "status"] == "SUCCEEDED"
-    assert diff.value["key"].tolist() == ["train.batch_size"]
+    assert as_read_frame(diff.value)["key"].tolist() == ["train.batch_size"]
 
 
 def test_compare_page_reads_its_runs_and_metrics_from_the_url(settings: Settings,
@@ -1093,8 +1106,8 @@ def test_a_failed_run_names_the_failing_rank_and_its_exception_at_the_top(
     at = open_page("views/run.py", run=str(run_id))
     no_exception(at)
     first = at.error[0].value
-    assert first.startswith("**Attempt 1: rank 1 failed (USER_ERROR)**: ValueError: bad batch at step 50"), first
-    assert "First error line: `Traceback (most recent call last):`" in [c.value for c in at.caption]
+    assert first.startswith(r"**Attempt 1: rank 1 failed (USER_ERROR)**: ValueError\: bad batch at step 50"), first
+    assert r"First error line: Traceback \(most recent call last\)\:" in [c.value for c in at.caption]
     assert tail.strip() in [c.value for c in at.code]
 
 
@@ -1114,3 +1127,117 @@ def test_a_failure_message_with_markup_shows_as_written(settings: Settings, sess
         assert special not in caption, (special, caption)
     assert caption.count("$") == caption.count("\\$") == 2, caption  # LaTeX needs a bare $
     assert caption.replace("\\", "").replace("&lt;", "<").replace("&gt;", ">") == evil.replace("\\", "")
+
+
+# -- text a run controls reaches the page as text (issue 25 item 2) ---------------------------
+
+EVIL = r"![b](http://127.0.0.1:9/beacon.png) **x** $\frac12$ <img src=x>"
+
+
+def page_texts(at: AppTest) -> list[str]:
+    """Every text the page hands Streamlit's Markdown renderer: markdown, captions, alerts,
+    expander labels and the cells, columns and index of static tables (``st.table``)."""
+    texts = [e.value for kind in ("markdown", "caption", "error", "warning", "info", "success")
+             for e in getattr(at, kind)]
+    texts += [e.label for e in at.expander]
+    for table in at.table:
+        frame = table.value
+        texts += [str(v) for v in frame.to_numpy().ravel()] + [str(c) for c in frame.columns]
+        texts += [str(i) for i in frame.index]
+    return texts
+
+
+def assert_inert(at: AppTest, needle: str = "beacon") -> list[str]:
+    """The texts carrying ``EVIL`` (at least one) show it as written: no image link, bold or HTML
+    tag left for Markdown to read, every ``$`` escaped (LaTeX needs a bare one)."""
+    hits = [t for t in page_texts(at) if needle in t]
+    assert hits, page_texts(at)
+    for text in hits:
+        for special in ("![", "](", "**x", "<img"):
+            assert special not in text, (special, text)
+        assert text.count("$") == text.count("\\$"), text
+    return hits
+
+
+def test_a_run_name_with_markup_shows_as_text_on_the_run_and_fork_pages(
+        settings: Settings, sessions: sessionmaker[Session]) -> None:
+    """A run's name (stored by an older version, or through the database) with markup: the Run
+    page's title and the New run page's fork banner show it as written."""
+    parent, checkpoint = add_forkable(sessions, settings)
+    with sessions() as s:
+        s.get(Run, parent).name = EVIL
+        s.commit()
+    at = open_page("views/run.py", run=str(parent))
+    no_exception(at)
+    assert_inert(at)
+    at = open_page("views/new_run.py", fork=str(parent), checkpoint=str(checkpoint))
+    no_exception(at)
+    assert any(t.startswith(f"**Fork of run #{parent} ") for t in assert_inert(at))
+
+
+def test_a_failing_attempts_exception_with_markup_shows_as_text(settings: Settings,
+                                                                sessions: sessionmaker[Session]) -> None:
+    """The exception of a failed attempt, its reason and its first error line: at the top of the
+    Run page and in Attempts & logs, as written."""
+    tail = f"[rank1]: Traceback (most recent call last):\n[rank1]: ValueError: {EVIL}\n"
+    with sessions() as s:
+        run_id = add_run(s, settings, "broken", RunStatus.STARTING, RunStatus.RUNNING, RunStatus.FAILED)
+        add_attempt(s, run_id, 49, AttemptStatus.FAILED)
+        s.flush()
+        attempt = s.query(Attempt).filter_by(run_id=run_id).one()
+        attempt.cause, attempt.failed_rank, attempt.exit_code = "USER_ERROR", 1, 1
+        attempt.exception, attempt.reason, attempt.log_tail = f"ValueError: {EVIL}", f"crashed: {EVIL}", tail
+        s.commit()
+    at = open_page("views/run.py", run=str(run_id))
+    no_exception(at)
+    assert any(t.startswith(r"**Attempt 1: rank 1 failed (USER_ERROR)**: ValueError\: ") for t in assert_inert(at))
+    logs = assert_inert(show_section(at, "Attempts & logs"))
+    assert any(t.startswith(r"Attempt 1: crashed\: ") for t in logs), logs  # the log tail's expander
+    assert tail.strip() in [c.value for c in at.code]  # the log itself as a code block, verbatim
+
+
+def test_an_event_message_with_markup_shows_as_text(seeded: dict[str, int], sessions: sessionmaker[Session]) -> None:
+    """An event's message (a rank's warning) is a cell of the events grid, verbatim, and reaches no
+    Markdown."""
+    with sessions() as s:
+        s.add(Event(run_id=seeded["running"], attempt=1, at=time.time(), level="warning", kind="straggler",
+                    message=EVIL))
+        s.commit()
+    at = open_page("views/run.py", run=str(seeded["running"]))
+    no_exception(at)
+    events = next(d.value for d in at.dataframe if "message" in d.value)
+    assert list(events["message"]) == [EVIL]
+    assert not any("beacon" in t for t in page_texts(at))
+
+
+def test_a_metric_key_with_markup_shows_as_text(seeded: dict[str, int], sessions: sessionmaker[Session]) -> None:
+    """A metric key a script chose: the latest-values table (``st.table`` reads Markdown) and the
+    checkpoint table's metrics show it as written."""
+    run_id = seeded["running"]
+    with sessions() as s:
+        write_points(s.connection(), [dict(run_id=run_id, attempt=1, rank=0, step=120, key=EVIL, value=1.5,
+                                           wall_time=time.time())])
+        s.add(Checkpoint(run_id=run_id, attempt=1, step=100, path="/c/step-100", bytes=10, sha256="0",
+                         params_digest="0", blocked_s=1.0, total_s=2.0, created_at=time.time(),
+                         metrics_json=json.dumps({EVIL: 1.5})))
+        s.commit()
+    at = open_page("views/run.py", run=str(run_id))
+    no_exception(at)
+    assert_inert(at)
+    assert any("beacon" in t for t in assert_inert(show_section(at, "Checkpoints")))
+
+
+def test_a_run_name_with_markup_shows_as_text_on_the_compare_page(settings: Settings,
+                                                                  sessions: sessionmaker[Session]) -> None:
+    """Compare's legend (HTML that st.markdown still reads as Markdown) and its tables."""
+    with sessions() as s:
+        ids = [add_run(s, settings, name, RunStatus.STARTING, RunStatus.RUNNING) for name in ("a", "b")]
+        for run_id in ids:
+            add_attempt(s, run_id, last_step=30)
+            add_metrics(s, run_id, last_step=30)
+        s.get(Run, ids[0]).name = EVIL
+        s.commit()
+    at = open_page("views/compare.py", runs=",".join(map(str, ids)))
+    no_exception(at)
+    hits = assert_inert(at)
+    assert any('class="runyard-legend"' in t for t in hits), hits
