@@ -181,8 +181,10 @@ def main(argv: list[str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     record = str(Path(exit_file).parent / LAUNCH_RECORD)
-    write_launch_record(record)
+    # The exit file's page first: once the launch record exists (what the scheduler and the
+    # tests wait for), the page is already taken, whatever fills the disk after.
     reserve(exit_file)
+    write_launch_record(record)
     started = time.time()
     # Each child gets default signal handling back (ignored dispositions would be inherited).
     # preexec_fn is safe here: the shim has one thread.

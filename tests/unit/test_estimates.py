@@ -16,7 +16,7 @@ from db.models import Attempt
 from db.requests import Price, create_run
 from db.settings import Settings
 from orchestrator.format import estimate_text
-from tests.unit.test_app_pages import open_page
+from tests.unit.test_app_pages import as_read, open_page
 
 PRICE = Price(usd_per_hour=0.36, unit="2/2 of a CPU node @ $0.36/h")
 
@@ -69,6 +69,6 @@ def test_the_new_run_page_shows_the_estimate_before_start(settings: Settings, se
     with sessions.begin() as s:
         past = add_trained(s, settings, steps_per_s=100.0, startup_s=15.0)
     at = open_page("views/new_run.py")
-    shown = [i.value for i in at.info if i.value.startswith("**Estimate**")]
+    shown = [as_read(i.value) for i in at.info if i.value.startswith("**Estimate**")]  # escaped Markdown, as read
     # The form's first run: 3,000 steps at the earlier run's 100 steps/s, plus its 15 s start-up.
     assert shown and "About 45s and $" in shown[0] and f"run #{past}" in shown[0], shown
