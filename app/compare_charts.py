@@ -7,6 +7,7 @@ chosen list (``PALETTE``, ten hues apart from each other, none pale; the page al
 
 from __future__ import annotations
 
+import html
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -16,7 +17,6 @@ import altair as alt
 import pandas as pd
 from pandas.io.formats.style import Styler
 
-from app import style
 from db.compare import ABSENT, MAX_RUNS, MetricSummary, higher_is_better
 from orchestrator.format import duration, step_text, usd
 
@@ -109,10 +109,10 @@ def rank_mean(rows: Sequence[Mapping[str, Any]], cutoffs: Mapping[int, float]) -
 
 def legend_html(labels: Sequence[str], colors: Sequence[str]) -> str:
     """One legend for all the charts: a swatch in each run's colour before its label (escaped for
-    HTML and for the Markdown that st.markdown still reads around it: a run's name is the person's
-    text)."""
+    HTML: a run's name is the person's text; Markdown is not read inside this HTML block, so
+    Markdown escapes would show as typed)."""
     items = [f'<span class="runyard-run" style="white-space: nowrap; margin-right: 1.2em">'
-             f'<span style="color: {color}; font-size: 1.3em">{SWATCH}</span> {style.plain(label)}</span>'
+             f'<span style="color: {color}; font-size: 1.3em">{SWATCH}</span> {html.escape(label)}</span>'
              for label, color in zip(labels, colors, strict=True)]
     return '<div class="runyard-legend">' + " ".join(items) + "</div>"
 

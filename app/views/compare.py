@@ -65,7 +65,7 @@ def pick_metrics(keys: list[str]) -> list[str]:
 def summary(runs: list[dict[str, Any]], keys: list[str], colors: list[str]) -> None:
     st.subheader("Summary")
     metrics = data.metric_summaries(tuple(r["id"] for r in runs), tuple(keys))
-    st.table(cc.styled_summary(style.plain_frame(cc.summary_frame(runs, keys, metrics)), colors))
+    st.table(cc.styled_summary(cc.summary_frame(runs, keys, metrics), colors))
     st.caption("Values are the mean over ranks at a step, along each run's lineage (steps abandoned by a resume "
                "do not count). Final: at the run's last step. Best: " +
                ", ".join(f"{k}: {cc.best_word(higher_is_better(k))}" for k in keys) +

@@ -1227,17 +1227,3 @@ def test_a_metric_key_with_markup_shows_as_text(seeded: dict[str, int], sessions
     assert any("beacon" in t for t in assert_inert(show_section(at, "Checkpoints")))
 
 
-def test_a_run_name_with_markup_shows_as_text_on_the_compare_page(settings: Settings,
-                                                                  sessions: sessionmaker[Session]) -> None:
-    """Compare's legend (HTML that st.markdown still reads as Markdown) and its tables."""
-    with sessions() as s:
-        ids = [add_run(s, settings, name, RunStatus.STARTING, RunStatus.RUNNING) for name in ("a", "b")]
-        for run_id in ids:
-            add_attempt(s, run_id, last_step=30)
-            add_metrics(s, run_id, last_step=30)
-        s.get(Run, ids[0]).name = EVIL
-        s.commit()
-    at = open_page("views/compare.py", runs=",".join(map(str, ids)))
-    no_exception(at)
-    hits = assert_inert(at)
-    assert any('class="runyard-legend"' in t for t in hits), hits
