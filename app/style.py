@@ -75,5 +75,6 @@ def plain_frame(frame: pd.DataFrame) -> pd.DataFrame:
 
     out = frame.map(text)
     out.columns = pd.Index([text(c) for c in frame.columns], name=frame.columns.name)
-    out.index = pd.Index([text(i) for i in frame.index], name=frame.index.name)
+    if not isinstance(frame.index, pd.RangeIndex):  # Streamlit hides a RangeIndex, and only that
+        out.index = pd.Index([text(i) for i in frame.index], name=frame.index.name)
     return out

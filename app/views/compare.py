@@ -65,10 +65,10 @@ def pick_metrics(keys: list[str]) -> list[str]:
 def summary(runs: list[dict[str, Any]], keys: list[str], colors: list[str]) -> None:
     st.subheader("Summary")
     metrics = data.metric_summaries(tuple(r["id"] for r in runs), tuple(keys))
-    st.table(cc.styled_summary(cc.summary_frame(runs, keys, metrics), colors))
+    st.table(cc.styled_summary(style.plain_frame(cc.summary_frame(runs, keys, metrics)), colors))
     st.caption("Values are the mean over ranks at a step, along each run's lineage (steps abandoned by a resume "
                "do not count). Final: at the run's last step. Best: " +
-               ", ".join(f"{k}: {cc.best_word(higher_is_better(k))}" for k in keys) +
+               ", ".join(f"{style.plain(k)}: {cc.best_word(higher_is_better(k))}" for k in keys) +
                ", with its step (for a run of more than 1,000 logged steps, the best mean of a bucket of steps, "
                "as the chart draws it). Wall time: start to end (or now); cost: every attempt.")
 

@@ -1,19 +1,27 @@
 """The dashboard is runyard's, not a Streamlit demo's: the product's name and version at the
 top, no Deploy button, no Stop/Running widget, no "Record screen" or "Made with Streamlit"
 menu, and not a single request leaves 127.0.0.1 (a GPU workstation may be offline, and a page
-that fetches from elsewhere tells elsewhere it is open).
+that fetches from elsewhere tells elsewhere it is open). Text that runs write (a run's name, a
+script's exception) is shown as typed: Markdown, images and HTML in it are neither drawn nor
+fetched, on the Runs, Run and Compare pages.
 
     pytest -m browser tests/browser/test_chrome_browser.py
 """
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import subprocess
+import sys
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import pytest
 
 from orchestrator.format import runyard_version
+from tests.browser.test_resume_browser import REPO, open_run_page, wait_for
 from tests.browser.test_ui_browser import PAGE_TIMEOUT_MS, expect, open_page
 
 pytestmark = pytest.mark.browser
@@ -44,3 +52,51 @@ def test_the_runs_page_answers_at_slash_runs_too(page: Any, runyard_up: Any) -> 
     open_page(page, f"{runyard_up.url}/runs", "Runs")
     assert urlsplit(page.url).path == "/"
     assert page.get_by_text("Page not found").count() == 0
+
+
+# Markdown that would fetch an image, an HTML image and bold text: from an address outside the
+# machine (TEST-NET-2, which nothing answers), so that drawing any of it shows as a request. Run
+# names are letters, digits, '.', '_' and '-' only; a script's exception and its metric names are
+# whatever the script says.
+BEACON = "198.51.100.7"
+MARKUP = f"**loud** ![md](http://{BEACON}/md.png) <img src='http://{BEACON}/html.png'> <b>tag</b>"
+METRIC = "**loss** <b>x</b>"
+SCRIPT = f"""import runyard
+run = runyard.init()
+for step in (1, 2, 3):
+    run.log(step, **{{{METRIC!r}: 1.0 / step}})
+run.close()  # the metrics written, as after any failure
+raise RuntimeError({MARKUP!r})
+"""
+
+
+def test_a_failing_scripts_markup_is_shown_as_typed_and_fetches_nothing(page: Any, runyard_up: Any) -> None:
+    hosts: list[str] = []
+    page.on("request", lambda request: hosts.append(urlsplit(request.url).hostname or request.url))
+    script = runyard_up.home / "fails.py"  # the data folder: under the allowed roots
+    script.write_text(SCRIPT)
+    config = runyard_up.home / "fails.toml"
+    config.write_text(f'name = "markup"\n[workload]\nkind = "script"\nscript = {json.dumps(str(script))}\n')
+    env = {**os.environ, "RUNYARD_HOME": str(runyard_up.home)}
+    env.pop("RUNYARD_DB_URL", None)
+    out = subprocess.run([sys.executable, "-m", "orchestrator", "submit", str(config)], env=env, cwd=REPO,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    run_id = int(out.stdout.strip().splitlines()[-1])
+    detail = wait_for(runyard_up, run_id, lambda d: d["status"] == "FAILED", "the script to fail")
+    assert MARKUP in detail["attempts"][0]["exception"], detail["attempts"][0]
+
+    def drew_nothing(where: str) -> None:
+        assert page.locator(f"img[src*='{BEACON}']").count() == 0, where
+        drawn = page.locator("b, strong").filter(has_text=re.compile(r"^(tag|loud|loss|x)$"))
+        assert drawn.count() == 0, (where, [drawn.nth(i).locator("xpath=../..").evaluate("e => e.outerHTML")[:400]
+                                            for i in range(drawn.count())])
+
+    open_run_page(page, runyard_up.url, run_id, "markup")
+    expect(page.get_by_text("RuntimeError: " + MARKUP).first).to_be_visible(timeout=PAGE_TIMEOUT_MS)
+    drew_nothing("Run")
+    open_page(page, f"{runyard_up.url}/compare?runs={run_id}&metrics={quote(METRIC)}", "Compare")
+    summary = page.locator("table").filter(has_text=f"#{run_id} markup")
+    expect(summary).to_contain_text(f"{METRIC} final", timeout=PAGE_TIMEOUT_MS)
+    drew_nothing("Compare")
+    assert hosts and set(hosts) == {"127.0.0.1"}, sorted(set(hosts))

@@ -1227,3 +1227,20 @@ def test_a_metric_key_with_markup_shows_as_text(seeded: dict[str, int], sessions
     assert any("beacon" in t for t in assert_inert(show_section(at, "Checkpoints")))
 
 
+
+
+def test_a_metric_key_with_markup_shows_as_text_on_the_compare_page(seeded: dict[str, int],
+                                                                    sessions: sessionmaker[Session]) -> None:
+    """The Compare summary (``st.table`` of a Styler) and its caption name the key as written, and
+    the table keeps the plain row numbers hidden (Streamlit hides only a RangeIndex)."""
+    run_id = seeded["running"]
+    with sessions() as s:
+        write_points(s.connection(), [dict(run_id=run_id, attempt=1, rank=0, step=120, key=EVIL, value=1.5,
+                                           wall_time=time.time())])
+        s.commit()
+    at = open_page("views/compare.py", runs=str(run_id), metrics=EVIL)
+    no_exception(at)
+    assert_inert(at)
+    (table,) = at.table
+    assert isinstance(table.value.index, pd.RangeIndex)
+    assert f"{EVIL} final" in as_read_frame(table.value).columns
