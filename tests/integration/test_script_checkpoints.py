@@ -15,6 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.conftest import training_processes
 from tests.integration.conftest import ROOT, Product
 
 pytestmark = pytest.mark.slow
@@ -48,9 +49,10 @@ def live_script_checkpoints(detail: dict) -> list[dict]:
     return [c for c in detail["checkpoints"] if c["source"] == "script" and not c["deleted"]]
 
 
-def kill_rank(run_id: int, attempt: int, rank: int) -> None:
-    """SIGKILL one rank of a run's attempt, found by the environment runyard and torchrun gave it."""
-    for proc in psutil.process_iter(["pid"]):
+def kill_rank(product: Product, run_id: int, attempt: int, rank: int) -> None:
+    """SIGKILL one rank of a run's attempt, found by the environment runyard and torchrun gave it.
+    Only under this product's home: the tests beside it (pytest-xdist) have a run 1 too."""
+    for proc in training_processes(product.home):
         try:
             env = proc.environ()
         except (psutil.Error, OSError):
@@ -82,7 +84,7 @@ def test_ddp_tutorial_snapshots_are_listed_and_a_killed_rank_resumes_from_the_ne
     # The tutorial saves snapshot.pt every 3 epochs: wait until runyard verified one past epoch 3.
     detail = product.wait_for(run_id, lambda d: any(c["verified"] and c["step"] >= 4
                                                     for c in live_script_checkpoints(d)))
-    kill_rank(run_id, 1, 1)
+    kill_rank(product, run_id, 1, 1)
     detail = product.wait_status(run_id, "SUCCEEDED", "FAILED", "CANCELLED")
     first, second = detail["attempts"][:2]
     assert first["status"] in ("FAILED", "CRASHED") and first["cause"], first
@@ -122,7 +124,7 @@ def test_nanogpt_retry_resume_pin_and_fork_use_its_own_checkpoint(product: Produ
                     f"[workload.stdout_metrics]\nloss = '{NANOGPT_LINE}'")
     product.start_scheduler()
     product.wait_for(run_id, lambda d: any(c["verified"] and c["step"] >= 40 for c in live_script_checkpoints(d)))
-    kill_rank(run_id, 1, 1)
+    kill_rank(product, run_id, 1, 1)
     detail = product.wait_status(run_id, "SUCCEEDED", "FAILED", "CANCELLED")
     assert detail["status"] == "SUCCEEDED", detail["status_reason"]
     second = detail["attempts"][1]
