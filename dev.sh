@@ -4,7 +4,8 @@
 #   ./dev.sh test [pytest options]     set up .venv with the test tools (and Chromium) and run the tests:
 #                                      with options, plain `pytest OPTIONS`; without (as CI): ruff and
 #                                      mypy at zero findings, then the tiers tests/unit, tests/faults +
-#                                      tests/integration, tests/browser, each its own pytest run with
+#                                      tests/integration, tests/browser, each its own pytest run (on
+#                                      2, 3 and 1 pytest-xdist workers) with
 #                                      --durations=25 and a JUnit XML in $RUNYARD_TEST_REPORTS (default
 #                                      .test-reports/), a failing tier stopping the later ones; the
 #                                      both-database tests also run on PostgreSQL when
@@ -94,13 +95,20 @@ case "$cmd" in
       # closing line of the last tier stays the last line of output.
       reports="${RUNYARD_TEST_REPORTS:-.test-reports}"
       mkdir -p "$reports"
-      for tier in unit "faults integration" browser; do
+      # Each tier on its own number of pytest-xdist workers (BENCHMARKS.md, "The test suite", has
+      # the measurements): the unit tests keep two cores busy; the slow tiers' tests mostly wait
+      # on the runs they start (about 0.8 of a core each), so three of them share two cores; the
+      # browser tests (Chromium, Streamlit and a run each) fill the cores alone, so one at a time.
+      # tests/conftest.py keeps the Slurm tests on one worker. RUNYARD_TEST_WORKERS overrides all.
+      for tier in "unit 2" "faults integration 3" "browser 1"; do
+        workers="${RUNYARD_TEST_WORKERS:-${tier##* }}"; tier="${tier% *}"
         name="${tier// /+}"
         paths=(); for t in $tier; do paths+=("tests/$t"); done
+        xdist=(); [ "$workers" -gt 1 ] && xdist=(-n "$workers" --dist loadgroup)
         # Nothing is printed after pytest, so its closing line stays the last line CI reads.
-        echo "===== tier: $name (${paths[*]}; JUnit XML: $reports/$name.xml; a failure stops the later tiers) ====="
+        echo "===== tier: $name (${paths[*]}, $workers worker(s); JUnit XML: $reports/$name.xml; a failure stops the later tiers) ====="
         rc=0
-        "$VPY" -m pytest "${paths[@]}" --durations=25 --junitxml="$reports/$name.xml" || rc=$?
+        "$VPY" -m pytest "${paths[@]}" "${xdist[@]}" --durations=25 --junitxml="$reports/$name.xml" || rc=$?
         [ "$rc" -eq 0 ] || exit "$rc"
       done
       exit 0

@@ -16,15 +16,18 @@ skipped without one, failed where ``RUNYARD_TEST_SLURM_REQUIRED=1``.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, TypeVar
 
 import psutil
 import pytest
+from filelock import FileLock
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -115,6 +118,27 @@ def db_url(db_dialect: str, tmp_path: Path, request: pytest.FixtureRequest) -> s
     return f"sqlite:///{tmp_path / 'home' / 'runyard.db'}"
 
 
+SLURM_GROUP = "slurm"
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, which a run may go without
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under pytest-xdist (``./dev.sh test`` runs each tier with ``-n 2``): the tests of the one
+    single-node Slurm cluster (those of a module named ``*slurm*``) run on one worker, one after
+    another, since two at once queue each other's jobs behind the node's two CPUs; every other
+    test is its own unit of work. The group is read from the path: xdist's ``xdist_group`` mark
+    renames ``item._nodeid``, which pytest 9 no longer reads."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class SlurmTogether(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return SLURM_GROUP if SLURM_GROUP in nodeid.split("::")[0].rsplit("/", 1)[-1] else nodeid
+
+    return SlurmTogether(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     try:
         import torch
@@ -126,6 +150,31 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords and not has_cuda:
             item.add_marker(skip_gpu)
+        if "slurm" in getattr(item, "fixturenames", ()) and SLURM_GROUP not in item.path.name:
+            raise pytest.UsageError(f"{item.nodeid} uses the Slurm cluster: put it in a module whose name has "
+                                    f"{SLURM_GROUP!r} in it, so it runs after the others of the cluster "
+                                    "(pytest_xdist_make_scheduler)")
+
+
+T = TypeVar("T")
+
+
+def shared_result(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[], T]) -> T:
+    """``make()`` once for the whole test session, also under pytest-xdist: the first worker that
+    asks makes it (the others wait on a lock) and leaves it as JSON in the session's temp folder,
+    which every worker shares. For the reference runs that several tests compare against (a module
+    fixture alone would run one per worker). ``make`` returns JSON-safe data (floats round-trip
+    exactly)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return make()
+    root = tmp_path_factory.getbasetemp().parent  # the folder above every worker's own
+    path = root / f"shared-{name}.json"
+    with FileLock(f"{path}.lock"):
+        if path.is_file():
+            return json.loads(path.read_text())  # type: ignore[no-any-return]
+        result = make()
+        path.write_text(json.dumps(result))
+        return result
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import training_processes
+from tests.conftest import shared_result, training_processes
 from tests.integration.conftest import Product, running_product
 
 pytestmark = pytest.mark.slow
@@ -44,12 +44,15 @@ def final_digest(detail: dict) -> str:
 
 @pytest.fixture(scope="module")
 def reference_digest(tmp_path_factory: pytest.TempPathFactory) -> str:
-    with running_product(tmp_path_factory.mktemp("ref") / "home") as product:
-        run_id = product.submit(*DETERMINISTIC, "name=reference")
-        product.start_scheduler()
-        detail = product.wait_status(run_id, "SUCCEEDED", "FAILED")
-        assert detail["status"] == "SUCCEEDED"
-        return final_digest(detail)
+    def run() -> str:
+        with running_product(tmp_path_factory.mktemp("ref") / "home") as product:
+            run_id = product.submit(*DETERMINISTIC, "name=reference")
+            product.start_scheduler()
+            detail = product.wait_status(run_id, "SUCCEEDED", "FAILED")
+            assert detail["status"] == "SUCCEEDED"
+            return final_digest(detail)
+
+    return shared_result(tmp_path_factory, "test_failures-reference", run)
 
 
 @pytest.mark.parametrize("seed", [1, 2])

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import training_processes
+from tests.conftest import shared_result, training_processes
 from tests.integration.conftest import Product, running_product
 
 pytestmark = pytest.mark.slow
@@ -45,13 +45,17 @@ def final_digest(detail: dict) -> str:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict[tuple[int, int], float]]:
-    """The uninterrupted run, once for the module."""
-    with running_product(tmp_path_factory.mktemp("reference") / "home") as product:
-        run_id = product.submit(*SETTINGS, "name=reference")
-        product.start_scheduler()
-        detail = product.wait_status(run_id, "SUCCEEDED", "FAILED")
-        assert detail["status"] == "SUCCEEDED", detail["status_reason"]
-        return detail, losses(product, run_id, 1)
+    """The uninterrupted run, once for the session (every xdist worker reads the same one)."""
+    def run() -> tuple[dict, list[tuple[int, int, float]]]:
+        with running_product(tmp_path_factory.mktemp("reference") / "home") as product:
+            run_id = product.submit(*SETTINGS, "name=reference")
+            product.start_scheduler()
+            detail = product.wait_status(run_id, "SUCCEEDED", "FAILED")
+            assert detail["status"] == "SUCCEEDED", detail["status_reason"]
+            return detail, [(rank, step, value) for (rank, step), value in losses(product, run_id, 1).items()]
+
+    detail, rows = shared_result(tmp_path_factory, "test_resume-reference", run)
+    return detail, {(rank, step): value for rank, step, value in rows}
 
 
 def kill_attempt(product: Product) -> None:

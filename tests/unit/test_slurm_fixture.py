@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _pytest(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    case = tmp_path / "test_case.py"
+    case = tmp_path / "test_slurm_case.py"  # a Slurm test lives in a module named *slurm* (tests/conftest.py)
     case.write_text("def test_x(slurm):\n    assert slurm\n")
     base = {k: v for k, v in os.environ.items()
             if k not in ("RUNYARD_TEST_SLURM", "RUNYARD_TEST_SLURM_REQUIRED", "SLURM_CONF")}
