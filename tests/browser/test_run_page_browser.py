@@ -67,7 +67,7 @@ SAMPLE_JS = """() => {
     .map(b => b.innerText) : [];
   return {faded, skeletons, header: h2 ? h2.innerText : '', actions: labels,
           waiting: main.innerText.includes('Waiting for the first metrics'),
-          charts: main.querySelectorAll('[data-testid="stVegaLiteChart"]').length};
+          charts: [...main.querySelectorAll('[data-testid="stVegaLiteChart"]')].filter(e => e.checkVisibility()).length};
 }"""
 
 
@@ -150,10 +150,14 @@ def test_a_retry_keeps_the_previous_attempts_curves_while_the_next_attempt_start
     assert retrying and starting, "the samples missed the wait before the retry or its start-up"
     gone = [s["header"] for s in samples if s["charts"] == 0 or s["waiting"]]
     assert not gone, f"the charts went away or 'Waiting for the first metrics' came back: {gone[:3]}"
-    # Every chart stayed (which points they draw is checked in tests/unit/test_app_pages.py).
-    most = max(x["charts"] for x in samples)
-    assert all(s["charts"] == most for s in retrying + starting), (
-        most, [(s["header"], s["charts"]) for s in samples if s["charts"] != most][:10])
+    # Every chart the first attempt drew stayed (which points they draw is checked in
+    # tests/unit/test_app_pages.py). Counted among the visible charts only, against the last sample
+    # before the wait: while a fragment redraws, Streamlit keeps the replaced chart hidden beside
+    # the new one: one sample that counted such hidden copies raised the former bar ("as many as
+    # the most ever counted") above every other sample, the likely cause of its failures in CI.
+    before = samples[samples.index(retrying[0]) - 1]["charts"]
+    assert before > 0 and all(s["charts"] >= before for s in retrying + starting), (
+        before, [(s["header"], s["charts"]) for s in retrying + starting if s["charts"] < before][:10])
 
 
 def test_fork_opens_the_new_run_form_filled_with_a_diff_and_start_queues_the_fork(
