@@ -54,7 +54,9 @@ def test_an_uploaded_toml_fills_the_form_and_start_queues_exactly_it(page: Any, 
     start_button(page).click()
     header = page.get_by_role("heading", level=2).filter(has_text=re.compile(r"#\d+ from-file-2"))
     expect(header).to_be_visible(timeout=RUN_TIMEOUT_MS)
-    run_id = int(re.search(r"#(\d+)", header.inner_text()).group(1))  # type: ignore[union-attr]
+    # all_inner_texts, not inner_text: during a fragment redraw the replaced header can still be
+    # shown beside the new one, and inner_text() in strict mode fails on two matches.
+    run_id = int(re.search(r"#(\d+)", " ".join(header.all_inner_texts())).group(1))  # type: ignore[union-attr]
     queued = runyard_up.cli("show", str(run_id))["config"]
     assert queued["name"] == "from-file-2" and queued["tags"] == ["upload"]
     assert (queued["workload"]["kind"], queued["workload"]["n_layer"], queued["workload"]["n_embd"]) == (

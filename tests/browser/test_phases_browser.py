@@ -56,10 +56,10 @@ def test_the_run_page_names_each_start_up_phase_then_new_run_estimates_from_that
     estimate = page.get_by_test_id("stAlert").filter(has_text="Estimate")
     pace = re.compile(rf"About .+ and \$[\d.]+: 3,000 steps at [\d.]+ steps/s as run #{run_id} phases trained")
     expect(estimate).to_contain_text(pace, timeout=PAGE_TIMEOUT_MS)
-    before = estimate.inner_text()
+    before = estimate.all_inner_texts()  # no strict-mode read while a fragment redraws
     fill_number(page, "Max steps", "30000")
     page.get_by_role("button", name="Update estimate").click()
     expect(estimate).to_contain_text("30,000 steps", timeout=PAGE_TIMEOUT_MS)
-    assert estimate.inner_text() != before
+    assert estimate.all_inner_texts() != before
     expect(page.get_by_role("heading", name="New run", level=1)).to_be_visible()  # not started
     assert len(runyard_up.cli("ls")) == 1
