@@ -169,6 +169,13 @@ def test_two_local_nodes_retry_a_killed_rank_bit_for_bit(product: Product, refer
     assert (first["cause"], first["failed_rank"]) == ("SIGNAL", 1), first
     assert 118 <= first["last_step"] < 150 and second["resume_step"] == 100
     ref_detail, ref_losses = reference
+    # The two layouts agree before the kill too: a failure here is the layout's arithmetic, not the
+    # resume's. (Seen once, in a clean-clone CI run with three test workers: the two-node ranks
+    # differed from the reference in the last bits from step 7 on, checkpoints included; not
+    # reproduced since. Kept failing, not loosened, until its cause is found.)
+    before = {k: v for k, v in losses(product, run_id, 1).items() if k[1] <= 100}
+    differ = sorted((k for k, v in before.items() if ref_losses.get(k) != v), key=lambda k: k[1])
+    assert not differ, f"{len(differ)} of {len(before)} losses before the kill differ from the reference: {differ[:4]}"
     expected = {k: v for k, v in ref_losses.items() if k[1] > 100}
     assert losses(product, run_id, 2) == expected  # bit-identical, both ranks, every step after the resume
     assert final_digest(detail) == final_digest(ref_detail)
