@@ -123,7 +123,7 @@ SLURM_GROUP = "slurm"
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, which a run may go without
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Under pytest-xdist (``./dev.sh test`` runs each tier with ``-n 2``): the tests of the one
+    """Under pytest-xdist (``./dev.sh test`` runs each tier on several workers): the tests of the one
     single-node Slurm cluster (those of a module named ``*slurm*``) run on one worker, one after
     another, since two at once queue each other's jobs behind the node's two CPUs; every other
     test is its own unit of work. The group is read from the path: xdist's ``xdist_group`` mark
@@ -166,15 +166,15 @@ def shared_result(tmp_path_factory: pytest.TempPathFactory, name: str, make: Cal
     fixture alone would run one per worker). ``make`` returns JSON-safe data (floats round-trip
     exactly)."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
-        return make()
+        return json.loads(json.dumps(make()))  # type: ignore[no-any-return]  # as the workers see it
     root = tmp_path_factory.getbasetemp().parent  # the folder above every worker's own
     path = root / f"shared-{name}.json"
     with FileLock(f"{path}.lock"):
         if path.is_file():
             return json.loads(path.read_text())  # type: ignore[no-any-return]
-        result = make()
-        path.write_text(json.dumps(result))
-        return result
+        text = json.dumps(make())
+        path.write_text(text)
+        return json.loads(text)  # type: ignore[no-any-return]  # what every other worker reads
 
 
 @pytest.fixture(scope="session")

@@ -82,6 +82,11 @@ def test_a_file_with_problems_lists_each_with_its_key_and_a_folded_refusal_is_su
         'name = "fold"\n[supervision]\nstraggler_ratio = 0.5\n')
     page.get_by_role("button", name="Fill the form").click()
     expect(page.get_by_text("Form filled from the pasted TOML")).to_be_visible(timeout=PAGE_TIMEOUT_MS)
+    # Start once the form shows what was pasted, as a person would: the message comes first in the
+    # rerun that fills the form, and a click while that rerun still streams the fields below sends
+    # their old values (seen in CI under load: a valid run was queued and the refusal never came).
+    expect(page.get_by_label("Name", exact=True)).to_have_value("fold", timeout=PAGE_TIMEOUT_MS)
+    expect(page.get_by_label("Straggler ratio", exact=True)).to_have_value(re.compile(r"^0\.50*$"))
     start_button(page).click()
     summary = page.get_by_test_id("stAlert").filter(has_text="Not started: 1 problem(s)")
     expect(summary).to_be_visible(timeout=PAGE_TIMEOUT_MS)
