@@ -68,9 +68,8 @@ def scheduler_banner() -> None:
         since = f" for {duration(time.time() - status['db_error_since'])}" if status.get("db_error_since") else ""
         st.error(
             f"**The scheduler cannot write the database**{since} ({style.plain(status['db_error'])}): runs are "
-            "not being "
-            "updated and no run starts. Free space on the disk that holds the data folder (a full disk is the "
-            "usual cause); the scheduler goes on by itself once it can write again.",
+            "not being updated and no run starts. Free space on the disk that holds the data folder (a full disk "
+            "is the usual cause); the scheduler goes on by itself once it can write again.",
             icon=":material/database_off:",
         )
     elif not status["online"]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import functools
 import logging
 import os
 import socket
@@ -104,13 +105,11 @@ def health_reader(settings: Settings, writable: bool = True) -> Callable[[], dic
 
     version = runyard_version()
     db_file = sqlite_path(settings.db_url)
-    made: list[sessionmaker[Session]] = []  # the one engine, made at the first answer that reads
 
+    @functools.cache  # the one engine, made at the first answer that reads
     def sessions() -> sessionmaker[Session]:
-        if not made:
-            # A data folder that cannot be written is read as it is (the UI is a viewer there).
-            made.append(make_sessionmaker((make_engine if writable else make_read_only_engine)(settings.db_url)))
-        return made[0]
+        # A data folder that cannot be written is read as it is (the UI is a viewer there).
+        return make_sessionmaker((make_engine if writable else make_read_only_engine)(settings.db_url))
 
     def health() -> dict[str, Any]:
         body: dict[str, Any] = {"status": "ok", "version": version, "scheduler_alive": False}

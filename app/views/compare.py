@@ -39,8 +39,7 @@ def pick_runs(runs: list[dict[str, Any]]) -> list[int]:
     unknown = [str(i) for i in wanted if i not in labels] + bad
     if unknown:
         st.warning(f"runs={style.plain(st.query_params.get('runs'))}: {style.plain(', '.join(unknown))} is not "
-                   "one of the "
-                   f"{len(runs)} newest runs; pick runs below or on the Runs page.")
+                   f"one of the {len(runs)} newest runs; pick runs below or on the Runs page.")
     default = [i for i in wanted if i in labels][:cc.MAX_RUNS] if "runs" in st.query_params else sorted(
         r["id"] for r in runs[:2])
     chosen = st.multiselect("Runs", list(labels), default=default, format_func=lambda i: labels[i],

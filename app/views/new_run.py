@@ -139,8 +139,7 @@ def on_paste() -> None:
 fork = fork_of_query()
 if fork is not None:
     st.info(f"**Fork of run #{fork['run']} {style.plain(fork['name'])} from its checkpoint at step {fork['step']}.** "
-            "The form "
-            "holds that run's config at that checkpoint; change what you want, check the changes above Start, "
+            "The form holds that run's config at that checkpoint; change what you want, check the changes above Start, "
             "then Start.", icon=":material/call_split:")
     st.button("Discard the fork (a fresh form)", icon=":material/close:", on_click=forget_fork)
 previously_shown = st.session_state.get(SHOWN_KEY)
@@ -160,8 +159,8 @@ if loaded is not None:
     if filled and not problems:
         st.success(f"Form filled from {style.plain(name)}; change anything before starting.", icon=":material/check:")
     elif filled:
-        st.warning(f"Form filled from {style.plain(name)}, with {len(problems)} problem(s) to fix before "
-                   "Start:\n\n"
+        st.warning(f"Form filled from {style.plain(name)}, with {len(problems)} problem(s) to fix "
+                   "before Start:\n\n"
                    + "\n".join(f"- {style.plain(p)}" for p in problems), icon=":material/warning:")
     else:
         st.error(f"{style.plain(name)} was not loaded:\n\n"
