@@ -97,6 +97,21 @@ def add_attempt(session: Session, run_id: int, last_step: int, status: AttemptSt
     )
 
 
+def add_failed_run(sessions: sessionmaker[Session], settings: Settings, exception: str, log_tail: str,
+                   reason: str | None = None) -> int:
+    """A FAILED run named "broken" whose one attempt failed on rank 1 (USER_ERROR, exit code 1) at
+    step 49 with ``exception``, ``log_tail`` and ``reason``; its id."""
+    with sessions() as s:
+        run_id = add_run(s, settings, "broken", RunStatus.STARTING, RunStatus.RUNNING, RunStatus.FAILED)
+        add_attempt(s, run_id, 49, AttemptStatus.FAILED)
+        s.flush()
+        attempt = s.query(Attempt).filter_by(run_id=run_id).one()
+        attempt.cause, attempt.failed_rank, attempt.exit_code = "USER_ERROR", 1, 1
+        attempt.exception, attempt.reason, attempt.log_tail = exception, reason, log_tail
+        s.commit()
+    return run_id
+
+
 def add_metrics(session: Session, run_id: int, last_step: int, ranks: tuple[int, ...] = (0, 1)) -> None:
     """Loss every 10 steps on each rank, and one eval accuracy from rank 0."""
     now = time.time()
@@ -1095,14 +1110,8 @@ def test_a_failed_run_names_the_failing_rank_and_its_exception_at_the_top(
         settings: Settings, sessions: sessionmaker[Session]) -> None:
     tail = ("[rank1]: Traceback (most recent call last):\n[rank1]:   File \"train.py\", line 74, in _run_batch\n"
             "[rank1]: ValueError: bad batch at step 50\n")
-    with sessions() as s:
-        run_id = add_run(s, settings, "broken", RunStatus.STARTING, RunStatus.RUNNING, RunStatus.FAILED)
-        add_attempt(s, run_id, 49, AttemptStatus.FAILED)
-        s.flush()
-        attempt = s.query(Attempt).filter_by(run_id=run_id).one()
-        attempt.cause, attempt.failed_rank, attempt.exit_code = "USER_ERROR", 1, 1
-        attempt.exception, attempt.log_tail = "ValueError: bad batch at step 50 (at train.py:74 in _run_batch)", tail
-        s.commit()
+    run_id = add_failed_run(sessions, settings, "ValueError: bad batch at step 50 (at train.py:74 in _run_batch)",
+                            tail)
     at = open_page("views/run.py", run=str(run_id))
     no_exception(at)
     first = at.error[0].value
@@ -1180,14 +1189,7 @@ def test_a_failing_attempts_exception_with_markup_shows_as_text(settings: Settin
     """The exception of a failed attempt, its reason and its first error line: at the top of the
     Run page and in Attempts & logs, as written."""
     tail = f"[rank1]: Traceback (most recent call last):\n[rank1]: ValueError: {EVIL}\n"
-    with sessions() as s:
-        run_id = add_run(s, settings, "broken", RunStatus.STARTING, RunStatus.RUNNING, RunStatus.FAILED)
-        add_attempt(s, run_id, 49, AttemptStatus.FAILED)
-        s.flush()
-        attempt = s.query(Attempt).filter_by(run_id=run_id).one()
-        attempt.cause, attempt.failed_rank, attempt.exit_code = "USER_ERROR", 1, 1
-        attempt.exception, attempt.reason, attempt.log_tail = f"ValueError: {EVIL}", f"crashed: {EVIL}", tail
-        s.commit()
+    run_id = add_failed_run(sessions, settings, f"ValueError: {EVIL}", tail, reason=f"crashed: {EVIL}")
     at = open_page("views/run.py", run=str(run_id))
     no_exception(at)
     assert any(t.startswith(r"**Attempt 1: rank 1 failed (USER_ERROR)**: ValueError\: ") for t in assert_inert(at))
