@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import itertools
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ from trainer import techniques
 from trainer.workloads import gpt_char
 
 CPU = torch.device("cpu")
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def tc(**kw: object) -> TrainConfig:
@@ -197,3 +200,16 @@ def test_corpus_split_and_vocab(tmp_path: Path) -> None:
     assert corpus.vocab == "abc"
     assert len(corpus.val) == 10 and len(corpus.train) == 90
     assert corpus.train[:5].tolist() == [0, 1, 2, 0, 1]
+
+
+@pytest.mark.parametrize("compile_", [False, True])
+def test_deterministic_kernels_without_importing_inductor_unless_compiling(compile_: bool) -> None:
+    """``train.deterministic`` turns torch's flag on in a fresh rank; only a compiled model pays
+    for importing Inductor (0.7-0.8 s of CPU a rank), whose own deterministic flag it reads."""
+    code = ("import sys, torch\nfrom db.config import TrainConfig\nfrom trainer import techniques\n"
+            f"techniques.use_deterministic_algorithms(TrainConfig(deterministic=True, compile={compile_}))\n"
+            "inductor = sys.modules.get('torch._inductor.config')\n"
+            "print(torch.are_deterministic_algorithms_enabled(), inductor is not None,"
+            " inductor is not None and inductor.deterministic)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.split() == ["True", str(compile_), str(compile_)]

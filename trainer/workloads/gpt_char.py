@@ -346,8 +346,7 @@ class GPTChar:
         tc, wc, info = self.config.train, self.config.workload, run.info
         torch.manual_seed(tc.seed)  # every rank builds the same initial model
         if tc.deterministic:
-            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-            torch.use_deterministic_algorithms(True)
+            techniques.use_deterministic_algorithms(tc)
         self.corpus = load_corpus(wc.text)
         self.model = GPT(len(self.corpus.vocab), wc.n_layer, wc.n_head, wc.n_embd, wc.block_size,
                          activation_checkpointing=tc.activation_checkpointing).to(info.device)

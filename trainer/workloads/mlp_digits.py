@@ -102,7 +102,7 @@ class MLPDigits:
         tc, info = self.config.train, run.info
         seed_everything(tc.seed)
         if tc.deterministic:
-            torch.use_deterministic_algorithms(True)
+            techniques.use_deterministic_algorithms(tc)
         self.train_set, self.test_set = load_digits_split()
         # The sampler shards and shuffles; its order depends only on (seed, epoch), so a resumed
         # run rebuilds it and continues at the exact sample where the checkpoint was taken (also
