@@ -121,21 +121,25 @@ def script_entry(config: RunConfig, resuming: bool = False) -> list[str]:
     return ["-m", "trainer.script_runner", *args]
 
 
-def script_env(config: RunConfig, environ: Mapping[str, str], cores: int | None = None) -> dict[str, str]:
-    """The variables a script's ranks get beyond the launcher's own environment.
+def rank_env(config: RunConfig, environ: Mapping[str, str], cores: int | None = None) -> dict[str, str]:
+    """The variables a run's ranks get beyond the launcher's own environment.
 
-    ``workload.env``; ``OMP_NUM_THREADS`` as the machine's cores divided by the ranks unless the
-    config or the environment sets it (torchrun would set 1, which starves a CPU run); and,
-    with ``RUNYARD_WANDB_SHIM=1``, the ``wandb`` stand-in first on ``PYTHONPATH``.
+    ``OMP_NUM_THREADS``: the machine's cores divided by its ranks, unless the config (a script's
+    ``workload.env``) or the environment sets it. torchrun would set 1 where a node has several
+    ranks (which starves a CPU script) and nothing where it has one, so a 2-node local run of one
+    rank each got all the cores per rank (oversubscribed) and other arithmetic than the same
+    world on one node: its losses differed from the 1-node run's in the last bits under load.
+    For a script also ``workload.env`` and, with ``RUNYARD_WANDB_SHIM=1``, the ``wandb``
+    stand-in first on ``PYTHONPATH``.
     """
     workload = config.workload
-    env = dict(workload.env)
+    env = dict(workload.env)  # empty but for a script (db/config.py refuses it elsewhere)
     if "OMP_NUM_THREADS" not in env and "OMP_NUM_THREADS" not in environ:
         cores = cores if cores is not None else len(os.sched_getaffinity(0))
         # Locally every node's ranks share this machine; on Slurm each node has its own cores.
         here = config.launch.world_size if config.launch.executor == "local" else config.launch.nproc_per_node
         env["OMP_NUM_THREADS"] = str(max(1, cores // here))
-    if env.get(WANDB_SHIM_VAR, environ.get(WANDB_SHIM_VAR)) == "1":
+    if workload.kind == "script" and env.get(WANDB_SHIM_VAR, environ.get(WANDB_SHIM_VAR)) == "1":
         merged = with_wandb_shim({**environ, **env, WANDB_SHIM_VAR: "1"})
         env["PYTHONPATH"] = merged["PYTHONPATH"]
     return env

@@ -48,7 +48,7 @@ from orchestrator import OrchestratorError, script_checkpoints, watchdog
 from orchestrator.admission import Admission
 from orchestrator.executors import Executor, ExecutorError, LaunchRequest, Liveness, executor_for
 from orchestrator.executors.local import CommandFactory, LocalExecutor
-from orchestrator.launcher import free_port, script_env, torchrun_argv
+from orchestrator.launcher import free_port, rank_env, torchrun_argv
 from orchestrator.outcomes import attempt_config, launch_failed_on_storage, next_overrides, settle
 from orchestrator.repeats import RepeatedErrors, signature
 from orchestrator.script_supervision import ScriptWatch
@@ -393,8 +393,7 @@ class Scheduler(Admission):
         # A script's ranks move into workload.workdir themselves (trainer/script_runner.py): a
         # user's trainer.py there must not shadow runyard's packages in the shim and torchrun.
         cwd = Path(run.run_dir)
-        if config.workload.kind == "script":
-            env = {**script_env(config, os.environ), **env}
+        env = {**rank_env(config, os.environ), **env}
         resuming = script_resume.with_args if script_resume is not None else attempt.resume_path is not None
         longest_save = session.scalar(select(func.max(Checkpoint.total_s)).where(Checkpoint.run_id == run.id))
         request = LaunchRequest(run_id=run.id, number=number, config=config, attempt_dir=attempt_dir, cwd=cwd,

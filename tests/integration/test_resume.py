@@ -162,6 +162,9 @@ def test_two_local_nodes_retry_a_killed_rank_bit_for_bit(product: Product, refer
     ranks = {p.environ().get("RANK"): p for p in training_processes(product.home) if "LOCAL_RANK" in p.environ()}
     assert set(ranks) == {"0", "1"}, ranks
     assert ranks["0"].environ()["GROUP_RANK"] != ranks["1"].environ()["GROUP_RANK"]  # one rank on each node
+    # The reference's ranks have one thread each (two ranks on two cores); so must these, whose
+    # nodes have one rank each (torchrun would leave them every core, and other arithmetic).
+    assert [p.environ()["OMP_NUM_THREADS"] for p in ranks.values()] == ["1", "1"]
     ranks["1"].send_signal(signal.SIGKILL)
     detail = product.wait_status(run_id, "SUCCEEDED", "FAILED", timeout=240)
     assert detail["status"] == "SUCCEEDED", detail["status_reason"]
@@ -170,9 +173,8 @@ def test_two_local_nodes_retry_a_killed_rank_bit_for_bit(product: Product, refer
     assert 118 <= first["last_step"] < 150 and second["resume_step"] == 100
     ref_detail, ref_losses = reference
     # The two layouts agree before the kill too: a failure here is the layout's arithmetic, not the
-    # resume's. (Seen once, in a clean-clone CI run with three test workers: the two-node ranks
-    # differed from the reference in the last bits from step 7 on, checkpoints included; not
-    # reproduced since. Kept failing, not loosened, until its cause is found.)
+    # resume's. (It failed so in CI under load while these ranks had two threads each and the
+    # reference's one: orchestrator/launcher.py's rank_env now gives both layouts the same.)
     before = {k: v for k, v in losses(product, run_id, 1).items() if k[1] <= 100}
     differ = sorted((k for k, v in before.items() if ref_losses.get(k) != v), key=lambda k: k[1])
     assert not differ, f"{len(differ)} of {len(before)} losses before the kill differ from the reference: {differ[:4]}"
