@@ -22,7 +22,7 @@ def home_info(settings: Settings) -> dict[str, Any]:
         "home_source": "RUNYARD_HOME" if settings.home_from_env else "default",
         "database_url": safe_url(settings.db_url),
         "schema_revision": None,
-        "schema_head": head_revision(settings.db_url),
+        "schema_head": head_revision(),
         "scheduler": None,
         "token_file": str(settings.token_file) if settings.token_file.is_file() else None,
         "legacy_home": str(settings.legacy_home) if settings.legacy_home else None,

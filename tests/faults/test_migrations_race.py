@@ -88,8 +88,7 @@ def test_processes_started_together_on_a_fresh_home_all_succeed(tmp_path: Path, 
                 scheduler.kill()
     assert "Traceback" not in sched_log.read_text()
     assert sorted(int(results[n][1]) for n in ("submit-1", "submit-2")) == [1, 2]
-    url = f"sqlite:///{home / 'runyard.db'}"
-    assert _query(home, "SELECT version_num FROM alembic_version") == [(head_revision(url),)]
+    assert _query(home, "SELECT version_num FROM alembic_version") == [(head_revision(),)]
     assert _query(home, "SELECT id, status FROM runs ORDER BY id") == [(1, "QUEUED"), (2, "QUEUED")]
 
 
@@ -118,7 +117,7 @@ def test_three_db_upgrades_on_an_empty_postgres_all_succeed(tmp_path: Path, pg_u
     engine = make_engine(pg_url)
     try:
         with engine.connect() as conn:
-            assert conn.execute(text("SELECT version_num FROM alembic_version")).all() == [(head_revision(pg_url),)]
+            assert conn.execute(text("SELECT version_num FROM alembic_version")).all() == [(head_revision(),)]
             assert conn.execute(text("SELECT count(*) FROM runs")).scalar_one() == 0
     finally:
         engine.dispose()

@@ -127,7 +127,7 @@ def test_a_waiting_process_goes_on_once_the_migration_is_done(tmp_path: Path) ->
     waiter.join(60)
     assert result == [True]
     with engine.connect() as conn:
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all() == [head_revision(url)]
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all() == [head_revision()]
 
 
 def test_ensure_schema_without_create_leaves_an_empty_database_empty(tmp_path: Path) -> None:

@@ -223,7 +223,7 @@ def test_0010_goes_down_to_the_keys_and_up_again_keeping_the_points(db_url: str,
             with engine.connect() as conn:
                 assert _run_triggers(conn) == set()
         upgrade(db_url)
-        assert current_revision(engine) == head_revision(db_url)
+        assert current_revision(engine) == head_revision()
         assert _metric_rows(engine) == kept
         if db_dialect == "postgres":
             assert _metric_keys(engine) == set()
@@ -266,7 +266,7 @@ def test_an_interrupted_upgrade_stops_at_the_last_completed_revision(db_url: str
             assert not tables & {"metric_names", "metric_points", "metric_rollups"}
             assert "metrics" in tables  # 0005 dropped it; the rollback brought it back
             upgrade(db_url)
-            assert current_revision(engine) == head_revision(db_url)
+            assert current_revision(engine) == head_revision()
     finally:
         engine.dispose()
 
@@ -289,7 +289,7 @@ def test_an_interrupted_0010_leaves_the_metric_keys_in_place(db_url: str, db_dia
             with engine.connect() as conn:
                 assert _run_triggers(conn) == set()
         upgrade(db_url)
-        assert current_revision(engine) == head_revision(db_url)
+        assert current_revision(engine) == head_revision()
         assert len(_metric_keys(engine)) == (0 if db_dialect == "postgres" else 4)
     finally:
         engine.dispose()
@@ -306,5 +306,22 @@ def test_a_postgres_migration_lock_waiter_goes_on_after_the_holder(pg_url: str) 
         assert "held by server pid" in str(info.value)
     upgrade(pg_url)
     engine = make_engine(pg_url)
-    assert current_revision(engine) == head_revision(pg_url)
+    assert current_revision(engine) == head_revision()
     engine.dispose()
+
+
+def test_the_schema_head_runyard_checks_without_alembic_is_alembics_newest_migration(tmp_path: Path) -> None:
+    """db/engine.py's SCHEMA_HEAD (read by every command instead of importing Alembic) names the
+    newest migration: adding one without moving it fails here."""
+    from alembic.script import ScriptDirectory
+
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    assert head_revision() == ScriptDirectory.from_config(_alembic_config(url)).get_current_head()
+    engine = make_engine(url)
+    try:
+        assert current_revision(engine) is None  # no schema yet
+        upgrade(url, "0004")
+        with engine.connect() as conn:
+            assert current_revision(engine) == MigrationContext.configure(conn).get_current_revision() == "0004"
+    finally:
+        engine.dispose()
