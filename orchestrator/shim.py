@@ -135,6 +135,8 @@ USAGE = ("usage: python -m orchestrator.shim --exit-file FILE -- ARGV...\n"
          "       python -m orchestrator.shim --exit-file FILE --nodes-json JSON [--grace-s S]")
 # How often a group of nodes is looked at while every agent runs.
 POLL_S = 0.2
+# What the shim ignores so that a signal to the process group reaches torchrun, not it.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def write_launch_record(path: str, torchrun: list[psutil.Process] | None = None) -> None:
@@ -178,7 +180,7 @@ def main(argv: list[str]) -> int:
         print(USAGE, file=sys.stderr)
         return 2
     exit_file, commands, grace_s = parsed
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     record = str(Path(exit_file).parent / LAUNCH_RECORD)
     # The exit file's page first: once the launch record exists (what the scheduler and the
@@ -186,10 +188,7 @@ def main(argv: list[str]) -> int:
     reserve(exit_file)
     write_launch_record(record)
     started = time.time()
-    # Each child gets default signal handling back (ignored dispositions would be inherited).
-    # preexec_fn is safe here: the shim has one thread.
-    children = [subprocess.Popen(command, restore_signals=True, preexec_fn=_child_setup(os.getpid()))  # noqa: PLW1509
-                for command in commands]
+    children = start_children(commands)
     try:
         write_launch_record(record, [psutil.Process(c.pid) for c in children])
     except psutil.NoSuchProcess:
@@ -234,16 +233,37 @@ def wait_group(children: list[subprocess.Popen], grace_s: float) -> tuple[int, s
     return (first.returncode, first, nodes) if first is not None else (0, children[0], nodes)
 
 
+def start_children(commands: list[list[str]]) -> list[subprocess.Popen]:
+    """Start every node's agent with default handling of the stop signals, which the shim ignores.
+
+    A child starts with the shim's ignored dispositions until its set-up restores them, and a
+    SIGTERM that reached it in between (a cancel just after the launch, under load) was lost: the
+    run stayed CANCELLING until the grace period's SIGKILL. The stop signals stay blocked from
+    before the fork until the child's set-up has restored them, so such a signal waits and ends it
+    (a blocked signal is never discarded, even while ignored); the shim then unblocks its own and
+    drops them, as it ignores them.
+    """
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        # preexec_fn is safe here: the shim has one thread.
+        return [subprocess.Popen(command, restore_signals=True, preexec_fn=_child_setup(os.getpid()))  # noqa: PLW1509
+                for command in commands]
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
 def _child_setup(shim_pid: int) -> Callable[[], None]:
-    """What runs in torchrun's process between fork and exec: default signal handling, and
-    SIGKILL when the shim dies. Everything it calls is looked up before the fork."""
+    """What runs in torchrun's process between fork and exec: default signal handling (then the
+    stop signals unblocked: one that came since the fork ends the child here), and SIGKILL when
+    the shim dies. Everything it calls is looked up before the fork."""
     prctl = pdeathsig.prctl_function()
 
     def setup() -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_DFL)
         if pdeathsig.set_pdeathsig(signal.SIGKILL, prctl) and os.getppid() != shim_pid:
             os._exit(1)  # the shim died before the signal was armed: torchrun must not start
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
     return setup
 

@@ -267,3 +267,14 @@ def _private_user_data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     """A test that forgets RUNYARD_HOME writes into tmp_path, never into the user's own data
     folder (~/.local/share/runyard, runyard's default home)."""
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg-data"))
+
+
+@pytest.fixture(autouse=True)
+def _umask_restored() -> Iterator[None]:
+    """A CLI command run in-process (click's CliRunner) sets runyard's private umask for the whole
+    process; restored after each test, so no test sees a umask an earlier one left (a home
+    created private or not, and the CLI's "made N paths private" line, depended on test order)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    yield
+    os.umask(mask)

@@ -112,6 +112,35 @@ def test_the_shim_records_itself_and_torchrun_and_takes_torchrun_with_it(tmp_pat
         end_processes(str(tmp_path), launched.pid, launched.create_time)
 
 
+def test_a_cancel_that_reaches_torchrun_before_its_exec_still_ends_it() -> None:
+    """The shim ignores SIGTERM, and its child holds that disposition from the fork until its
+    set-up restores the default. A SIGTERM in between (a cancel just after the launch; seen under
+    load in test_devices_are_counted_per_host, which then stayed CANCELLING for the 30 s grace) was
+    lost. Here the child signals itself at that very moment; it must die of it, not run on."""
+    program = textwrap.dedent("""
+        import os, signal, sys
+        from orchestrator import shim
+        for sig in shim.STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)  # as shim.main does
+        real = shim._child_setup
+
+        def cancelled_before_setup(shim_pid):
+            setup = real(shim_pid)
+            def run():
+                os.kill(os.getpid(), signal.SIGTERM)  # the scheduler's SIGTERM lands between fork and exec
+                setup()
+            return run
+
+        shim._child_setup = cancelled_before_setup
+        (child,) = shim.start_children([[sys.executable, "-c", "import time; time.sleep(15)"]])
+        print(child.wait(timeout=60))
+    """)
+    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=90,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(-signal.SIGTERM)  # ended by the SIGTERM, at once
+
+
 def test_a_launch_record_that_is_missing_or_damaged_is_none(tmp_path: Path) -> None:
     assert read_launch_record(tmp_path) is None
     (tmp_path / "launch.json").write_text('{"shim_pid": "12')

@@ -40,7 +40,7 @@ def write_logdir(root: Path) -> Path:
 def invoke(*args: str) -> str:
     result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
     assert result.exit_code == 0, result.output
-    return result.output
+    return result.stdout  # what a script reads (notes go to stderr)
 
 
 def test_import_makes_a_finished_run_with_every_tag_on_its_own_steps(settings: Settings, tmp_path: Path) -> None:
