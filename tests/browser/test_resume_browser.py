@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from tests import databases
 from tests.browser.test_ui_browser import show_section
 from tests.conftest import training_processes
 
@@ -61,12 +62,13 @@ def submit(runyard: Any, *overrides: str) -> int:
 
 
 def wait_for(runyard: Any, run_id: int, ok: Any, what: str, timeout_s: float = RUN_TIMEOUT_S) -> dict:
-    """Poll `runyard show RUN --json` until ``ok(detail)``; fail early on an unexpected end."""
+    """Poll the run's detail (`runyard show RUN --json`'s answer, read in-process) until
+    ``ok(detail)``; fail early on an unexpected end."""
     deadline = time.monotonic() + timeout_s
     ended_at: float | None = None
     detail: dict = {}
     while time.monotonic() < deadline:
-        detail = runyard.cli("show", str(run_id))
+        detail = databases.run_detail(f"sqlite:///{runyard.home / 'runyard.db'}", run_id)
         if ok(detail):
             return detail
         if detail["status"] in {"FAILED", "CANCELLED", "SUCCEEDED"}:

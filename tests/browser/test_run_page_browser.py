@@ -125,8 +125,11 @@ def rank1_killed_at_step_150(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_a_retry_keeps_the_previous_attempts_curves_while_the_next_attempt_starts(
         rank1_killed_at_step_150: None, runyard_up: Any, page: Any) -> None:
+    # The wait before the retry must span several of the live panel's refreshes even under load:
+    # with 4 s (RETRYING for 2.8 s, the backoff counted from the failure) a run on three test
+    # workers showed no sample of it.
     run_id = submit(runyard_up, "train.max_steps=3000", "checkpoint.every_steps=50", "retry.max_retries=1",
-                    "retry.backoff_s=4", "name=retry")
+                    "retry.backoff_s=10", "name=retry")
     open_run_page(page, runyard_up.url, run_id, "retry")
     show_section(page, "Metrics")
     charts = page.locator("[data-testid='stVegaLiteChart']")

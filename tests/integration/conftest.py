@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import databases
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "digits.toml"
 
@@ -75,22 +77,8 @@ class Product:
         return proc
 
     def detail(self, run_id: int) -> dict:
-        """What ``runyard show RUN --json`` prints, read in this process on a connection opened
-        for the call: polling through the CLI cost 0.7 s of CPU a call, taken from the ranks the
-        test waits for on two cores. ``show`` still runs the real CLI where a test reads its output."""
-        from sqlalchemy import create_engine
-        from sqlalchemy.orm import Session
-        from sqlalchemy.pool import NullPool
-
-        from db.queries import run_detail
-        from orchestrator.cli_base import json_safe
-
-        engine = create_engine(self.db_url, poolclass=NullPool)
-        try:
-            with Session(engine) as session:
-                return json.loads(json.dumps(json_safe(run_detail(session, run_id))))
-        finally:
-            engine.dispose()
+        """What ``runyard show RUN --json`` prints, read in-process (tests/databases.py)."""
+        return databases.run_detail(self.db_url, run_id)
 
     def wait_for(self, run_id: int, done: Callable[[dict], bool], timeout: float = 180.0) -> dict:
         """Poll :meth:`detail` (``runyard show --json``'s answer, in-process) until ``done``."""
