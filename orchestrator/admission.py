@@ -5,7 +5,8 @@ Local runs wait for this machine's devices (CPU slots or GPUs, counted over the 
 attempts on this host), first come first served: a big run is not overtaken. Slurm runs wait
 only for room under runyard's cap on its jobs in the cluster's queue (``RUNYARD_SLURM_MAX_JOBS``);
 Slurm itself admits them to nodes. A retry after a full disk waits for room on its filesystem.
-Part of :class:`~orchestrator.scheduler.Scheduler` (its tick calls ``_admit``).
+A collaborator of :class:`~orchestrator.scheduler.Scheduler`: its tick calls :meth:`Admission.admit`,
+which hands each run that may start to the scheduler's launch.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from sqlalchemy import func, select
@@ -46,19 +48,27 @@ def slurm_max_jobs() -> int:
         return DEFAULT_SLURM_MAX_JOBS
 
 
+# Launches a run's next attempt on the given GPU indices (none: CPU slots, or Slurm's own).
+Launch = Callable[[Session, Run, list[int]], None]
+
+
+def current_attempt(session: Session, run: Run) -> Attempt | None:
+    """The run's newest attempt, or None before its first."""
+    return session.execute(
+        select(Attempt).where(Attempt.run_id == run.id).order_by(Attempt.number.desc()).limit(1)
+    ).scalar_one_or_none()
+
+
 class Admission:
-    """The scheduler's admission steps (a part of :class:`~orchestrator.scheduler.Scheduler`)."""
+    """Which runs start now, and what a run that must wait says; each one that may start goes to
+    ``launch`` (the scheduler's), which may still lose it to another scheduler."""
 
-    inventory: Inventory
-    host: str
+    def __init__(self, inventory: Inventory, host: str, launch: Launch) -> None:
+        self.inventory = inventory
+        self.host = host
+        self.launch = launch
 
-    def _start_attempt(self, session: Session, run: Run, devices: list[int]) -> None:
-        raise NotImplementedError
-
-    def _current_attempt(self, session: Session, run: Run) -> Attempt | None:
-        raise NotImplementedError
-
-    def _used_devices(self, session: Session) -> tuple[int, set[int]]:
+    def used_devices(self, session: Session) -> tuple[int, set[int]]:
         """(slots, GPU indices) held by running local attempts on this host."""
         rows = session.execute(
             select(Run.nproc, Attempt.devices_json)
@@ -70,7 +80,7 @@ class Admission:
         used_gpus = {int(d) for _, devs in rows for d in json.loads(devs or "[]")}
         return used_slots, used_gpus
 
-    def _admit(self, session: Session) -> None:
+    def admit(self, session: Session) -> None:
         """Launch runs while they fit: retries whose backoff is over first (they held devices
         already), then queued runs oldest first (no overtaking: big runs don't starve).
 
@@ -93,11 +103,11 @@ class Admission:
                 if slurm_blocked or not self._slurm_room(session, run):
                     slurm_blocked = True
                     continue
-                self._start_attempt(session, run, [])
+                self.launch(session, run, [])
                 continue
             if local_blocked:
                 continue
-            used_slots, used_gpus = self._used_devices(session)
+            used_slots, used_gpus = self.used_devices(session)
             if used_slots + run.nproc > self.inventory.slots:
                 self._say_why_waiting(session, [r for r in [*retrying, *queued][i:]
                                                 if r.status == RunStatus.QUEUED.value and r.nproc > 0
@@ -108,7 +118,7 @@ class Admission:
             devices: list[int] = []
             if self.inventory.kind == "gpu":
                 devices = [i for i in range(self.inventory.slots) if i not in used_gpus][: run.nproc]
-            self._start_attempt(session, run, devices)
+            self.launch(session, run, devices)
 
     def _slurm_room(self, session: Session, run: Run) -> bool:
         """Whether runyard may put another job in the Slurm cluster's queue (RUNYARD_SLURM_MAX_JOBS
@@ -155,7 +165,7 @@ class Admission:
         mount) and its filesystem has room for a checkpoint again: max(DISK_MIN_FREE_BYTES, twice
         the run's largest checkpoint). Until then the run stays RETRYING, says what it waits for,
         and looks again every DISK_RECHECK_S."""
-        previous = self._current_attempt(session, run)
+        previous = current_attempt(session, run)
         if previous is None or previous.cause != Cause.DISK.value:
             return True
         problem = writable_problem(Path(run.run_dir))

@@ -45,7 +45,7 @@ from db.scheduler_file import SchedulerFile
 from db.settings import Settings
 from db.states import ACTIVE, AttemptStatus, RunStatus, SignalSent, StopReason, attempt_transition, hold, transition
 from orchestrator import OrchestratorError, script_checkpoints, watchdog
-from orchestrator.admission import Admission
+from orchestrator.admission import Admission, current_attempt
 from orchestrator.executors import Executor, ExecutorError, LaunchRequest, Liveness, executor_for
 from orchestrator.executors.local import CommandFactory, LocalExecutor
 from orchestrator.launcher import free_port, rank_env, torchrun_argv
@@ -91,7 +91,7 @@ class SchedulerLocked(OrchestratorError):
     """Another scheduler already runs on this data folder."""
 
 
-class Scheduler(Admission):
+class Scheduler:
     """The reconcile loop. ``tick()`` is safe to call directly (the tests do)."""
 
     def __init__(
@@ -114,6 +114,7 @@ class Scheduler(Admission):
         self.host = host or socket.gethostname()
         self.settings = settings
         self.inventory = inventory
+        self.admission = Admission(inventory, self.host, self._start_attempt)
         self.executors = executors if executors is not None else default_executors(command, settings)
         self.dumps = StackDumps()
         self.scripts = ScriptWatch()
@@ -160,7 +161,7 @@ class Scheduler(Admission):
                     self.scripts.forget_run(run_id)
             if self.scripts.live():
                 self._guarded(session, "script watchers", self._prune_script_watchers, db_errors)
-            self._guarded(session, "admission", self._admit, db_errors)
+            self._guarded(session, "admission", self.admission.admit, db_errors)
         self._tell_ui(db_errors, wrote=bool(beat))
 
     def _guarded(self, session: Session, where: str, step: Callable[[Session], object],
@@ -170,7 +171,7 @@ class Scheduler(Admission):
         try:
             result = step(session)
             session.commit()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - one part's failure must not stop the tick
             session.rollback()
             self._errors.failed(where, exc)
             if isinstance(exc, OperationalError):
@@ -329,7 +330,7 @@ class Scheduler(Admission):
         expect = RunStatus(run.status)  # read again if an earlier run's lost race rolled back (expired) it
         if expect not in (RunStatus.QUEUED, RunStatus.RETRYING) or not hold(session, run.id, expect):
             return  # another scheduler launched it meanwhile: its processes must not be swept below
-        previous = self._current_attempt(session, run)
+        previous = current_attempt(session, run)
         number = (previous.number if previous else 0) + 1
         if previous is not None and not self.executor_of(previous).sweep(session, run, previous.number, None):
             return  # an earlier attempt's process outlived SIGKILL: the run waits (the event says so)
@@ -449,13 +450,8 @@ class Scheduler(Admission):
 
     # -- supervision ----------------------------------------------------------------------
 
-    def _current_attempt(self, session: Session, run: Run) -> Attempt | None:
-        return session.execute(
-            select(Attempt).where(Attempt.run_id == run.id).order_by(Attempt.number.desc()).limit(1)
-        ).scalar_one_or_none()
-
     def _supervise(self, session: Session, run: Run) -> None:
-        attempt = self._current_attempt(session, run)
+        attempt = current_attempt(session, run)
         if attempt is None or attempt.status != AttemptStatus.RUNNING.value:
             # An active run always has a running attempt (both are written in one commit); if
             # not, the database was edited by hand: end the run rather than guess.
@@ -583,7 +579,7 @@ def add_jobs(aps: BaseScheduler, scheduler: Scheduler, monitor: SystemMonitor | 
     def guarded_tick() -> None:
         try:
             scheduler.tick()
-        except Exception as exc:  # the database could not even be read
+        except Exception as exc:  # noqa: BLE001 - the loop boundary; the database could not even be read
             errors.failed("tick", exc)
             if isinstance(exc, OperationalError):
                 scheduler._tell_ui([database_error(exc)], wrote=False)
@@ -598,7 +594,7 @@ def add_jobs(aps: BaseScheduler, scheduler: Scheduler, monitor: SystemMonitor | 
             scheduler.renew_lease()
         except OperationalError as exc:  # an unwritable database: the tick's heartbeat says so, once
             logger.debug("lease not renewed: %s", exc)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the lease job's loop boundary
             errors.failed("lease", exc)
         else:
             errors.succeeded("lease")
