@@ -4,12 +4,13 @@
 
     run = runyard.init()          # after init_process_group; a trainer.sdk.Run
 
-The SDK lives in runyard's ``trainer`` package (trainer/sdk.py), and ``import trainer`` keeps
-working for existing scripts. But ``trainer`` is a common name: a script may keep its own
-``trainer.py`` beside it (minGPT does), and with the script's folder first on ``sys.path`` that
-file wins the name. This module therefore reaches runyard's ``trainer`` package by its location
-(the folder beside this file), never through the name's search on ``sys.path``, and leaves the
-name ``trainer`` to whoever held it before.
+The SDK lives in runyard's ``trainer`` package (trainer/sdk.py) and uses its ``db`` package, and
+``import trainer`` keeps working for existing scripts. But ``trainer`` and ``db`` are common
+names: a script may keep its own ``trainer.py`` (minGPT does) or ``db.py`` beside it, and with the
+script's folder first on ``sys.path`` those files win the names. This module therefore loads
+runyard's packages by their location (the folders beside this file), never through a search on
+``sys.path``, imports every module the SDK will ever need while they hold the names, and then
+gives the names back to whoever held them before: the script's own files stay its own.
 
 Importing this module is cheap and does not import torch: the SDK is loaded on first use of
 ``init`` or ``Run``.
@@ -29,58 +30,75 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # for type checkers and editors; at run time, __getattr__ below
     from trainer.sdk import Run, init
 
-__all__ = ["init", "Run"]
+__all__ = ["Run", "init"]
 
-# runyard's own trainer package: the folder beside this file (a checkout or site-packages).
-_TRAINER_DIR = os.path.join(os.path.dirname(os.path.realpath(__file__)), "trainer")
+_ROOT = os.path.dirname(os.path.realpath(__file__))
+# runyard's packages that the SDK uses, loaded from the folders beside this file.
+_PACKAGES = ("trainer", "db")
+# Every runyard module the SDK imports, when it loads or later inside a function:
+# tests/unit/test_runyard_import.py checks the list against the source. All load while runyard's
+# packages hold their names, so none is looked up by name later, when a script's own file may.
+_SDK_MODULES = (
+    "db.config", "db.engine", "db.layout", "db.metricbulk", "db.metricrollups", "db.metricstore", "db.models",
+    "db.requests", "db.scriptfiles", "db.states", "trainer.checkpoint", "trainer.checkpoint.checkpointer",
+    "trainer.checkpoint.history", "trainer.checkpoint.io", "trainer.checkpoint.manager",
+    "trainer.checkpoint.retention", "trainer.context", "trainer.control", "trainer.distributed", "trainer.faults",
+    "trainer.health", "trainer.lifecycle", "trainer.monitoring", "trainer.pdeathsig", "trainer.reporter",
+    "trainer.rng", "trainer.sdk", "trainer.store_secret",
+)
 _lock = threading.Lock()
 
 
-def _in_our_package(path: str | None) -> bool:
-    return path is not None and os.path.dirname(os.path.realpath(path)) == _TRAINER_DIR
+def _in_our_package(path: str | None, package: str) -> bool:
+    if path is None:
+        return False
+    folder = os.path.join(_ROOT, package)
+    return os.path.realpath(path).startswith(folder + os.sep)
 
 
-def _is_ours(module: ModuleType | None) -> bool:
-    """Whether ``module`` (``trainer`` or one of its submodules) is runyard's own."""
-    return _in_our_package(getattr(module, "__file__", None))
+def _is_ours(module: ModuleType | None, package: str) -> bool:
+    """Whether ``module`` (``package`` or one of its submodules) is runyard's own."""
+    return _in_our_package(getattr(module, "__file__", None), package)
 
 
-def _is_ours_spec(spec: importlib.machinery.ModuleSpec | None) -> bool:
-    return spec is not None and _in_our_package(spec.origin)
+def _load_package(package: str) -> None:
+    """Put runyard's ``package``, loaded from its folder, in ``sys.modules`` under its name."""
+    folder = os.path.join(_ROOT, package)
+    spec = importlib.util.spec_from_file_location(package, os.path.join(folder, "__init__.py"),
+                                                  submodule_search_locations=[folder])
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[package] = module
+    spec.loader.exec_module(module)
 
 
 def _load_sdk() -> ModuleType:
-    """runyard's ``trainer.sdk``, whatever the name ``trainer`` resolves to on ``sys.path``."""
+    """runyard's ``trainer.sdk``, whatever the names ``trainer`` and ``db`` resolve to on ``sys.path``."""
     with _lock:
         sdk = sys.modules.get("trainer.sdk")
-        if _is_ours(sdk):
+        if _is_ours(sdk, "trainer"):
             assert sdk is not None
             return sdk
-        current = sys.modules.get("trainer")
-        if _is_ours(current):
-            return importlib.import_module("trainer.sdk")
-        # The name is free or held by another module (a user's trainer.py): put runyard's
-        # package under it, loaded from its own folder, while the SDK and the modules it
-        # imports load; then give the name back. The SDK's modules keep their references to
-        # each other, and stay in sys.modules as trainer.<name>.
+        # Modules of another's under our packages' names (a user's trainer.py, db.py): set aside
+        # while ours load, then given back. Ours stay in sys.modules as trainer.<name>, db.<name>.
         others = {name: module for name, module in sys.modules.items()
-                  if (name == "trainer" or name.startswith("trainer.")) and not _is_ours(module)}
-        # With the name free, ours keeps it when a search would find ours anyway.
-        keep = current is None and _is_ours_spec(importlib.util.find_spec("trainer"))
+                  if name.split(".")[0] in _PACKAGES and not _is_ours(module, name.split(".")[0])}
+        # A name free now stays ours where a search would find ours anyway; one ours already stays.
+        keep = {p for p in _PACKAGES if _is_ours(sys.modules.get(p), p) or (
+            p not in sys.modules and _in_our_package(getattr(importlib.util.find_spec(p), "origin", None), p))}
         for name in others:
             del sys.modules[name]
         try:
-            spec = importlib.util.spec_from_file_location(
-                "trainer", os.path.join(_TRAINER_DIR, "__init__.py"),
-                submodule_search_locations=[_TRAINER_DIR])
-            assert spec is not None and spec.loader is not None
-            package = importlib.util.module_from_spec(spec)
-            sys.modules["trainer"] = package
-            spec.loader.exec_module(package)
-            return importlib.import_module("trainer.sdk")
+            for package in _PACKAGES:
+                if not _is_ours(sys.modules.get(package), package):
+                    _load_package(package)
+            for name in _SDK_MODULES:
+                importlib.import_module(name)
+            return sys.modules["trainer.sdk"]
         finally:
-            if not keep:
-                sys.modules.pop("trainer", None)
+            for package in _PACKAGES:
+                if package not in keep:
+                    sys.modules.pop(package, None)
             sys.modules.update(others)
 
 

@@ -133,3 +133,69 @@ def test_readme_stop_pattern_saves_the_step_it_pauses_at(product: Product) -> No
     assert any(c["step"] == stop_step and c["verified"] for c in detail["checkpoints"]), detail["checkpoints"]
     # Rank 0's own metric: written for rank 0 alone, no NaN rows for the others.
     assert set(detail["metrics"]["eval_loss"]) == {"0"}, detail["metrics"]["eval_loss"]
+
+
+# A script folder that holds modules named like runyard's four packages (issue 27, item 7).
+OWN_MODULES = ("app", "db", "trainer", "orchestrator")
+CHECK_OWN = """
+import app, db, orchestrator, trainer
+mine = [m.MINE for m in (app, db, orchestrator, trainer)]
+assert mine == ["app", "db", "orchestrator", "trainer"], mine
+"""
+SDK_WITH_OWN_MODULES = CHECK_OWN + """
+import torch
+import torch.distributed as dist
+
+import runyard
+
+dist.init_process_group("gloo")
+run = runyard.init()
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(1, 21):
+    loss = model(torch.ones(8, 4)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    run.log(step, loss=loss.detach())
+run.save_checkpoint(20, {"model": model, "optimizer": opt})
+run.finish()
+""" + CHECK_OWN + """
+import db as again
+assert again is db and again.MINE == "db"
+print("own modules stayed its own", flush=True)
+dist.destroy_process_group()
+"""
+PLAIN_WITH_OWN_MODULES = CHECK_OWN + """
+import torch.distributed as dist
+dist.init_process_group("gloo")
+dist.barrier()
+print("own modules stayed its own", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_a_scripts_own_app_db_trainer_and_orchestrator_stay_its_own_and_runyards_work(product: Product) -> None:
+    """A real 2-rank run of an SDK script and of a plain one, each beside its own app.py, db.py,
+    trainer.py and orchestrator.py: the scripts get their own modules (before and after the SDK
+    loads), and runyard's SDK still reports metrics and a verified checkpoint. Before the fix the
+    SDK's ``from db.config import ...`` found the script's db.py and the rank died."""
+    folder = product.home / "own"
+    folder.mkdir()
+    for name in OWN_MODULES:
+        (folder / f"{name}.py").write_text(f"MINE = {name!r}\n")
+    runs = {}
+    for kind, text in (("sdk", SDK_WITH_OWN_MODULES), ("plain", PLAIN_WITH_OWN_MODULES)):
+        (folder / f"{kind}.py").write_text(text)
+        config = product.home / f"{kind}.toml"
+        config.write_text(f'name = "own-{kind}"\n[workload]\nkind = "script"\nscript = "{folder / kind}.py"\n')
+        runs[kind] = int(product.cli("submit", str(config), "--set", "checkpoint.keep_last=0").stdout.strip())
+    product.start_scheduler()
+    for kind, run_id in runs.items():
+        detail = product.wait_status(run_id, "SUCCEEDED", "FAILED", "CANCELLED")
+        assert detail["status"] == "SUCCEEDED", (kind, detail["status_reason"])
+        for rank in ("0", "1"):
+            assert "own modules stayed its own" in product.cli("logs", str(run_id), "--rank", rank).stdout, (kind, rank)
+    sdk = product.detail(runs["sdk"])
+    assert set(sdk["metrics"]["loss"]) == {"0", "1"}
+    assert [(c["step"], c["verified"]) for c in sdk["checkpoints"]] == [(20, True)]

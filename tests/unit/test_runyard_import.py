@@ -65,3 +65,35 @@ def test_a_scripts_own_trainer_py_does_not_shadow_the_sdk(tmp_path: Path, text: 
                else [sys.executable, str(script)])
     out = subprocess.run(command, cwd=ROOT, env=_env(), capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_the_sdk_loads_every_module_it_will_ever_import_while_its_packages_hold_their_names() -> None:
+    """runyard.py imports the SDK's whole closure up front (it then gives the names ``trainer``
+    and ``db`` back to a script's own files), so the list must be the closure read from the
+    source, function-level imports included."""
+    import runyard
+    from tests.unit.test_imports import _graph
+
+    graph = _graph()
+    closure: set[str] = set()
+    todo = ["trainer.sdk"]
+    while todo:
+        module = todo.pop()
+        if module not in closure:
+            closure.add(module)
+            todo.extend(graph.get(module, ()))
+    assert set(runyard._SDK_MODULES) == closure
+    assert {m.split(".")[0] for m in closure} <= set(runyard._PACKAGES)
+
+
+def test_a_scripts_own_db_py_does_not_shadow_the_sdk_nor_the_sdk_it(tmp_path: Path) -> None:
+    """The same for ``db``: the SDK's modules import runyard's db package, the script its db.py."""
+    (tmp_path / "db.py").write_text('MINE = "user"\n')
+    script = tmp_path / "train.py"
+    script.write_text("import db\nassert db.MINE == 'user'\nimport runyard\nrun = runyard.Run\n"
+                      "import db as again\nassert again.MINE == 'user' and again is db\n"
+                      f"assert sys.modules['db.config'].__file__.startswith({str(ROOT)!r})\nprint('ok')\n"
+                      .replace("import db\n", "import sys\nimport db\n", 1))
+    out = subprocess.run([sys.executable, "-m", "trainer.script_runner", str(script)], cwd=ROOT, env=_env(),
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
