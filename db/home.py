@@ -1,4 +1,4 @@
-"""The data folder: whether it can be used, and moving a legacy ``./.runyard`` into it.
+"""The data folder: whether it can be used.
 
 Every command checks its data folder before it opens the database, so that a folder that is a
 file, lies under a file, cannot be created or cannot be written ends in one sentence naming the
@@ -10,20 +10,15 @@ read-only mount) and open its database read-only (db.engine.make_read_only_engin
 
 from __future__ import annotations
 
-import fcntl
+import contextlib
 import logging
 import os
-import shutil
 import stat
 import tempfile
 from pathlib import Path
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session, sessionmaker
-
 from db import DatabaseError
 from db.engine import sqlite_path
-from db.layout import DB_FILE, SCHEDULER_LOCK_FILE
 from db.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -32,10 +27,6 @@ logger = logging.getLogger(__name__)
 class HomeUnusable(DatabaseError):
     """The data folder (or the SQLite database's folder) cannot be used; the message names it
     and says what is wrong with it."""
-
-
-class AdoptRefused(DatabaseError):
-    """A legacy data folder cannot be moved now; the message says why and what to do."""
 
 
 def _probe(folder: Path) -> OSError | None:
@@ -50,10 +41,8 @@ def _probe(folder: Path) -> OSError | None:
         return exc
     finally:
         os.close(fd)
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(name)
-        except OSError:
-            pass
     return None
 
 
@@ -223,122 +212,3 @@ def has_database(settings: Settings) -> bool:
         return db_file.stat().st_size > 0
     except OSError:
         return False
-
-
-# -- the legacy ./.runyard -----------------------------------------------------------------------
-
-
-def legacy_warning(settings: Settings) -> str | None:
-    """The line that offers to move a legacy ``./.runyard``, or ``None`` without one."""
-    if settings.legacy_home is None:
-        return None
-    return (f"warning: {settings.legacy_home} holds an older runyard database; runyard now keeps its data in "
-            f"{settings.home}. Move it there with `runyard info --adopt-legacy`, or keep using it with "
-            f"RUNYARD_HOME={settings.legacy_home}")
-
-
-def _hold_scheduler_lock(folder: Path) -> int | None:
-    """Take ``folder/scheduler.lock`` (so no scheduler starts meanwhile); ``None`` without one.
-
-    Raises:
-        AdoptRefused: a scheduler holds it.
-    """
-    path = folder / SCHEDULER_LOCK_FILE
-    if not path.exists():
-        return None
-    fd = os.open(path, os.O_RDWR)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise AdoptRefused(f"a scheduler is running on {folder}; stop it first, then move the folder") from None
-    return fd
-
-
-def _active_runs(sessions: sessionmaker[Session]) -> list[int]:
-    from db.models import Run
-    from db.states import ACTIVE
-
-    with sessions() as session:
-        return list(session.scalars(select(Run.id).where(Run.status.in_([s.value for s in ACTIVE]))))
-
-
-def _rebase(value: str | None, old: Path, new: Path) -> str | None:
-    if not value:
-        return value
-    path = Path(value)
-    if path == old or old in path.parents:
-        return str(new / path.relative_to(old))
-    return value
-
-
-def rebase_paths(session: Session, old: Path, new: Path) -> int:
-    """Point every stored path under ``old`` (run, attempt and checkpoint folders) at ``new``;
-    the caller commits. Returns how many values changed."""
-    from db.models import Attempt, Checkpoint, Run
-
-    changed = 0
-    for model, columns in ((Run, ("run_dir",)), (Attempt, ("dir", "resume_dir")), (Checkpoint, ("path",))):
-        for row in session.scalars(select(model)):
-            for column in columns:
-                before = getattr(row, column)
-                after = _rebase(before, old, new)
-                if after != before:
-                    setattr(row, column, after)
-                    changed += 1
-    return changed
-
-
-def adopt_legacy(settings: Settings) -> str:
-    """Move the legacy ``./.runyard`` to the per-user home and rewrite the folders stored in
-    its database; nothing is lost when a step fails (the move is undone).
-
-    Returns:
-        A sentence saying what was moved where.
-
-    Raises:
-        AdoptRefused: there is nothing to move, or it cannot be moved now (the message says why).
-    """
-    from db.engine import make_engine, make_sessionmaker, upgrade
-
-    legacy, target = settings.legacy_home, settings.home
-    if legacy is None:
-        raise AdoptRefused(f"there is no older ./.runyard with a {DB_FILE} in {Path.cwd()} to move")
-    if settings.home_from_env or settings.db_url != f"sqlite:///{target / DB_FILE}":
-        raise AdoptRefused("RUNYARD_HOME or RUNYARD_DB_URL is set; unset them to move ./.runyard to the default home")
-    if target.exists() and any(target.iterdir()):
-        raise AdoptRefused(f"{target} is not empty; move the runs by hand, or keep using the old folder with "
-                           f"RUNYARD_HOME={legacy}")
-    lock = _hold_scheduler_lock(legacy)
-    try:
-        legacy_url = f"sqlite:///{legacy / DB_FILE}"
-        upgrade(legacy_url)
-        engine = make_engine(legacy_url)
-        try:
-            active = _active_runs(make_sessionmaker(engine))
-        finally:
-            engine.dispose()
-        if active:
-            raise AdoptRefused(f"runs {', '.join(map(str, active))} of {legacy} are still running; "
-                               "move the folder once they have ended")
-        check_folder(target.parent, "parent of the data folder", create=True)
-        if target.exists():
-            target.rmdir()  # empty (checked above): the move below makes it again
-        shutil.move(str(legacy), str(target))
-        try:
-            engine = make_engine(settings.db_url)
-            try:
-                with make_sessionmaker(engine)() as session:
-                    changed = rebase_paths(session, legacy, target)
-                    session.commit()
-            finally:
-                engine.dispose()
-        except Exception:
-            shutil.move(str(target), str(legacy))  # undo: the database still names the old folders
-            raise
-    finally:
-        if lock is not None:
-            os.close(lock)
-    logger.debug("moved %s to %s (%d stored paths rewritten)", legacy, target, changed)
-    return f"moved {legacy} to {target}; {changed} stored folder path(s) now point there"
-

@@ -1,10 +1,6 @@
 """Where runyard keeps its data: the data folder (``RUNYARD_HOME``, by default one per user in
 the platform's user data directory) and the database URL (``RUNYARD_DB_URL``, default a SQLite
 file in the data folder).
-
-The default used to be ``./.runyard`` relative to the current directory, so each folder a person
-happened to run ``runyard`` in got a database of its own. Such a legacy folder is still found
-(:attr:`Settings.legacy_home`) so that the CLI can offer to move it; it is never used silently.
 """
 
 from __future__ import annotations
@@ -17,7 +13,6 @@ from pathlib import Path
 from db.layout import DB_FILE, RUNS_DIR, SCHEDULER_FILE, TOKEN_FILE, run_dir_name
 
 APP_NAME = "runyard"
-LEGACY_HOME = ".runyard"
 
 
 @dataclass(frozen=True)
@@ -28,14 +23,11 @@ class Settings:
         home: The data folder (runs, logs, checkpoints, the SQLite database).
         db_url: The SQLAlchemy URL of the database.
         home_from_env: Whether ``RUNYARD_HOME`` chose the home (else it is the per-user default).
-        legacy_home: An older ``./.runyard`` data folder found in the current directory while
-            the default home is used; ``None`` when there is none (or RUNYARD_HOME is set).
     """
 
     home: Path
     db_url: str
     home_from_env: bool = True
-    legacy_home: Path | None = None
 
     @property
     def runs_dir(self) -> Path:
@@ -88,14 +80,6 @@ def _absolute(path: Path) -> Path:
         return Path(os.path.abspath(path))
 
 
-def _legacy_home(cwd: Path) -> Path | None:
-    candidate = cwd / LEGACY_HOME
-    try:
-        return candidate.resolve() if (candidate / DB_FILE).is_file() else None
-    except OSError:  # an unreadable cwd: nothing to offer
-        return None
-
-
 def load_settings(environ: os._Environ[str] | dict[str, str] | None = None, cwd: Path | None = None) -> Settings:
     """Read the settings from the environment.
 
@@ -108,8 +92,5 @@ def load_settings(environ: os._Environ[str] | dict[str, str] | None = None, cwd:
     from_env = bool(raw)
     home = Path(raw).expanduser() if from_env else user_data_dir(env)
     home = _absolute(home if home.is_absolute() else (cwd or Path.cwd()) / home)
-    legacy = None if from_env else _legacy_home(cwd or Path.cwd())
-    if legacy == home:
-        legacy = None
     url = env.get("RUNYARD_DB_URL") or f"sqlite:///{home / DB_FILE}"
-    return Settings(home=home, db_url=url, home_from_env=from_env, legacy_home=legacy)
+    return Settings(home=home, db_url=url, home_from_env=from_env)

@@ -7,7 +7,7 @@
     runyard pin RUN (--step N|--checkpoint ID)
     runyard pause RUN | stacks RUN | metrics RUN --csv
     runyard import tensorboard LOGDIR [--name NAME]
-    runyard scheduler | ui | token [--rotate] | db upgrade | info [--adopt-legacy] | config-reference
+    runyard scheduler | ui | token [--rotate] | db upgrade | info | config-reference
     runyard db export FILE | db import FILE
 
 The verbs live by group: cli_requests.py (submit, cancel, pause, stacks, resume, rerun, fork, pin),
@@ -94,18 +94,11 @@ db.add_command(db_import)
 
 @cli.command()
 @click.option("--json", "as_json", is_flag=True)
-@click.option("--adopt-legacy", is_flag=True,
-              help="Move an older ./.runyard data folder of this directory to the per-user home.")
-def info(as_json: bool, adopt_legacy: bool) -> None:
+def info(as_json: bool) -> None:
     """Say where runyard keeps its data: home, database, schema, scheduler, token, version."""
-    from db.home import adopt_legacy as adopt
     from orchestrator.cli_info import home_info, print_info
 
-    settings = load_settings()
-    if adopt_legacy:
-        click.echo(adopt(settings))
-        settings = load_settings()
-    details = home_info(settings)
+    details = home_info(load_settings())
     if as_json:
         click.echo(json.dumps(json_safe(details), indent=2))
     else:

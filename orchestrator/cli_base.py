@@ -22,7 +22,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from db import DatabaseError
-from db.home import PRIVATE_UMASK, check_home, database_writable, has_database, legacy_warning, make_private
+from db.home import PRIVATE_UMASK, check_home, database_writable, has_database, make_private
 from db.settings import Settings, load_settings
 from orchestrator import OrchestratorError
 
@@ -78,9 +78,6 @@ class RunyardCommand(click.Command):
             if tightened:
                 click.echo(f"runyard: made {tightened} paths under {settings.home} private to you (they were "
                            "readable by other accounts of this machine)", err=True)
-            warning = legacy_warning(settings)
-            if warning and self.name != "info":  # info shows it in its own listing
-                click.echo(warning, err=True)
             return super().invoke(ctx)
         except (DatabaseError, OrchestratorError) as exc:  # an unusable folder, a lock timeout, a bad env var
             fail(str(exc))

@@ -25,7 +25,6 @@ def home_info(settings: Settings) -> dict[str, Any]:
         "schema_head": head_revision(),
         "scheduler": None,
         "token_file": str(settings.token_file) if settings.token_file.is_file() else None,
-        "legacy_home": str(settings.legacy_home) if settings.legacy_home else None,
         "version": version,
     }
     sessions = open_existing(settings)
@@ -56,6 +55,3 @@ def print_info(info: dict[str, Any]) -> None:
             click.echo(f"           cannot write the database: {sched['db_error']}")
     click.echo(f"token      {info['token_file'] or 'none'}")
     click.echo(f"version    {info['version']}")
-    if info["legacy_home"]:
-        click.echo(f"legacy     {info['legacy_home']} holds an older database; "
-                   "`runyard info --adopt-legacy` moves it to the home above")

@@ -328,7 +328,7 @@ def test_logs_of_a_finished_run_refuse_a_wrong_rank_or_attempt(tmp_path: Path) -
         assert result.returncode == 1 and expected in one_error_line(result)
 
 
-# -- item 10: one home per user; read-only verbs create nothing; a legacy ./.runyard ----------
+# -- item 10: one home per user; read-only verbs create nothing ------------------------------
 
 
 def test_read_only_commands_on_a_fresh_default_home_create_nothing(tmp_path: Path) -> None:
@@ -355,27 +355,6 @@ def test_the_default_home_is_the_same_from_every_folder(tmp_path: Path) -> None:
     assert info["home"] == str(tmp_path / "xdg" / "runyard") and info["home_source"] == "default"
     assert info["schema_revision"] == info["schema_head"] is not None
     assert not (tmp_path / "a" / ".runyard").exists() and not (tmp_path / "b" / ".runyard").exists()
-
-
-def test_a_legacy_dot_runyard_is_offered_never_moved_silently_and_moved_whole(tmp_path: Path) -> None:
-    project = tmp_path / "project"
-    project.mkdir()
-    old = make_cli(tmp_path, Path(".runyard"), cwd=project)  # what the old default did
-    assert old("submit", str(EXAMPLE)).stdout.strip() == "1"
-    legacy = project / ".runyard"
-    cli = make_cli(tmp_path, None, cwd=project)
-    result = cli("ls")
-    assert result.returncode == 0
-    assert str(legacy) in result.stderr and "runyard info --adopt-legacy" in result.stderr
-    assert (legacy / "runyard.db").is_file() and runs_in(legacy) == 1  # offered, not moved
-    moved = cli("info", "--adopt-legacy")
-    home = tmp_path / "xdg" / "runyard"
-    assert moved.returncode == 0 and f"moved {legacy} to {home}" in moved.stdout, moved.stderr
-    assert not legacy.exists()
-    detail = json.loads(cli("show", "1", "--json").stdout)
-    assert detail["run_dir"].startswith(str(home)) and (Path(detail["run_dir"]) / "config.json").is_file()
-    again = cli("info", "--adopt-legacy")
-    assert again.returncode == 1 and "no older ./.runyard" in one_error_line(again)
 
 
 def test_a_cpu_slot_count_that_is_not_a_number_is_named(tmp_path: Path) -> None:

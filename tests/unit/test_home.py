@@ -1,4 +1,4 @@
-"""The data folder: the per-user default, the usability check, the legacy ./.runyard and the
+"""The data folder: the per-user default, the usability check and the
 migration lock. Real folders and real SQLite files in tmp_path; tests run as root here, so an
 unwritable folder is made with what stops root (a path under a file, /proc, an immutable folder)."""
 
@@ -19,12 +19,10 @@ from db.engine import (
     ensure_schema,
     head_revision,
     make_engine,
-    make_sessionmaker,
     migration_lock,
     upgrade,
 )
-from db.home import AdoptRefused, HomeUnusable, adopt_legacy, check_folder, check_home, rebase_paths
-from db.models import Attempt, Checkpoint, Run
+from db.home import HomeUnusable, check_folder, check_home
 from db.settings import load_settings, user_data_dir
 
 # -- where the home is -----------------------------------------------------------------------
@@ -46,16 +44,6 @@ def test_default_home_is_per_user_and_not_the_cwd(tmp_path: Path) -> None:
 def test_runyard_home_overrides_and_a_relative_one_is_resolved_against_the_cwd(tmp_path: Path) -> None:
     settings = load_settings({"RUNYARD_HOME": "data", "XDG_DATA_HOME": "/nowhere"}, cwd=tmp_path)
     assert settings.home == tmp_path / "data" and settings.home_from_env
-    assert settings.legacy_home is None
-
-
-def test_a_legacy_dot_runyard_is_found_only_with_a_database_and_the_default_home(tmp_path: Path) -> None:
-    env = {"XDG_DATA_HOME": str(tmp_path / "xdg")}
-    (tmp_path / ".runyard").mkdir()
-    assert load_settings(env, cwd=tmp_path).legacy_home is None  # an empty folder is nothing to offer
-    (tmp_path / ".runyard" / "runyard.db").write_bytes(b"")
-    assert load_settings(env, cwd=tmp_path).legacy_home == tmp_path / ".runyard"
-    assert load_settings({**env, "RUNYARD_HOME": str(tmp_path / "h")}, cwd=tmp_path).legacy_home is None
 
 
 # -- is it usable ----------------------------------------------------------------------------
@@ -143,97 +131,5 @@ def test_a_database_from_a_newer_runyard_is_named(tmp_path: Path) -> None:
     engine = make_engine(url)
     with engine.begin() as conn:
         conn.execute(text("UPDATE alembic_version SET version_num = '9999_future'"))
-    with pytest.raises(SchemaUnknown, match="'9999_future'.*newer runyard"):
+    with pytest.raises(SchemaUnknown, match=r"'9999_future'.*newer runyard"):
         ensure_schema(engine, url)
-
-
-# -- moving a legacy ./.runyard --------------------------------------------------------------
-
-
-def _legacy_with_a_run(cwd: Path) -> tuple[Path, int]:
-    from db.inventory import Inventory
-    from orchestrator.submission import submit, validate
-
-    legacy = cwd / ".runyard"
-    settings = load_settings({"RUNYARD_HOME": str(legacy)})
-    upgrade(settings.db_url)
-    sessions = make_sessionmaker(make_engine(settings.db_url))
-    cpu = Inventory(kind="cpu", slots=2)
-    run_id = submit(sessions, settings, validate({"name": "old"}, cpu), cpu)
-    with sessions() as session:
-        run_dir = Path(session.get(Run, run_id).run_dir)
-        session.add(Attempt(run_id=run_id, number=1, status="SUCCEEDED", dir=str(run_dir / "attempts" / "1"),
-                            started_at=1.0))
-        session.add(Checkpoint(run_id=run_id, attempt=1, step=10, path=str(run_dir / "checkpoints" / "step-10"),
-                               bytes=1, sha256="0" * 64, params_digest="0" * 64, blocked_s=0.0, total_s=0.0,
-                               created_at=1.0))
-        session.commit()
-    return legacy, run_id
-
-
-def test_adopt_moves_the_legacy_folder_and_rewrites_the_stored_folders(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    legacy, run_id = _legacy_with_a_run(tmp_path)
-    settings = load_settings({"XDG_DATA_HOME": str(tmp_path / "xdg")})
-    assert settings.legacy_home == legacy
-    message = adopt_legacy(settings)
-    assert str(legacy) in message and str(settings.home) in message
-    assert not legacy.exists() and (settings.home / "runyard.db").is_file()
-    sessions = make_sessionmaker(make_engine(settings.db_url))
-    with sessions() as session:
-        run = session.get(Run, run_id)
-        paths = [run.run_dir, *session.scalars(Attempt.__table__.select().with_only_columns(Attempt.dir)),
-                 *session.scalars(Checkpoint.__table__.select().with_only_columns(Checkpoint.path))]
-    assert len(paths) == 3 and all(p.startswith(str(settings.home) + "/runs/") for p in paths)
-    assert (Path(run.run_dir) / "config.json").is_file()
-
-
-def test_adopt_refuses_a_non_empty_home_and_a_running_run(tmp_path: Path, monkeypatch) -> None:
-    from db.states import RunStatus, transition
-
-    monkeypatch.chdir(tmp_path)
-    legacy, run_id = _legacy_with_a_run(tmp_path)
-    settings = load_settings({"XDG_DATA_HOME": str(tmp_path / "xdg")})
-    settings.home.mkdir(parents=True)
-    (settings.home / "something").write_text("mine")
-    with pytest.raises(AdoptRefused, match="is not empty"):
-        adopt_legacy(settings)
-    (settings.home / "something").unlink()
-    sessions = make_sessionmaker(make_engine(f"sqlite:///{legacy / 'runyard.db'}"))
-    with sessions() as session:
-        assert transition(session, run_id, RunStatus.STARTING, "test: launched")
-        session.commit()
-    with pytest.raises(AdoptRefused, match=f"runs {run_id} of .* are still running"):
-        adopt_legacy(settings)
-    assert (legacy / "runyard.db").is_file()  # nothing moved
-
-
-def test_adopt_refuses_while_a_scheduler_holds_the_legacy_folder(tmp_path: Path, monkeypatch) -> None:
-    from orchestrator.scheduler import acquire_lock
-
-    monkeypatch.chdir(tmp_path)
-    legacy, _ = _legacy_with_a_run(tmp_path)
-    lock = acquire_lock(legacy)
-    try:
-        with pytest.raises(AdoptRefused, match="a scheduler is running"):
-            adopt_legacy(load_settings({"XDG_DATA_HOME": str(tmp_path / "xdg")}))
-    finally:
-        os.close(lock)
-    assert (legacy / "runyard.db").is_file()
-
-
-def test_rebase_paths_leaves_paths_outside_the_old_folder_alone(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'r.db'}"
-    upgrade(url)
-    sessions = make_sessionmaker(make_engine(url))
-    with sessions() as session:
-        session.add_all([
-            Run(name="a", status="QUEUED", config_json="{}", config_hash="", max_steps=1, nproc=1,
-                run_dir="/old/runs/run-1", created_at=1.0, updated_at=1.0),
-            Run(name="b", status="QUEUED", config_json="{}", config_hash="", max_steps=1, nproc=1,
-                run_dir="/older/runs/run-2", created_at=1.0, updated_at=1.0),
-        ])
-        session.flush()
-        assert rebase_paths(session, Path("/old"), Path("/new")) == 1
-        assert sorted(session.scalars(Run.__table__.select().with_only_columns(Run.run_dir))) == [
-            "/new/runs/run-1", "/older/runs/run-2"]
