@@ -133,8 +133,8 @@ def series_frame(
     f["value"] = f["value"].astype(float)
     f["lo"] = f["min"].astype(float).fillna(f["value"]) if "min" in f else f["value"]
     f["hi"] = f["max"].astype(float).fillna(f["value"]) if "max" in f else f["value"]
-    f["count"] = f["count"] if "count" in f else 1
-    nan_count = f["nan_count"] if "nan_count" in f else 0
+    f["count"] = f.get("count", 1)
+    nan_count = f.get("nan_count", 0)
     f["nan"] = (nan_count > 0) | f["value"].isna()
     f["superseded"] = f["step"] > f["attempt"].map(lambda a: cutoffs.get(a, math.inf))
     if options.ranks == RANK_MEAN:

@@ -40,7 +40,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.checkpoint import CheckpointManager  # noqa: E402
+from trainer.checkpoint import CheckpointManager
 
 _CHUNK = 8 << 20
 _PARAM_NUMEL = 1 << 20  # 4 MB float32 tensors, like a mid-size transformer's matrices
@@ -176,7 +176,7 @@ def busy_cpu_s() -> float | None:
         fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
     except OSError:
         return None
-    user, nice, system, idle, iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 

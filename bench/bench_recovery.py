@@ -43,6 +43,7 @@ with SIGTERM, then every process whose environment has RUNYARD_RUN_DIR under the
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -118,7 +119,7 @@ class Product:
         for item in (*OVERRIDES, *overrides):
             args += ["--set", item]
         run_id = int(self.cli(*args).strip())
-        self._log = open(self.home / "scheduler.log", "ab")
+        self._log = open(self.home / "scheduler.log", "ab")  # noqa: SIM115 - the scheduler's log, open for its life
         self.scheduler = subprocess.Popen([sys.executable, "-m", "orchestrator", "scheduler"], env=self.env,
                                           stdout=self._log, stderr=subprocess.STDOUT)
         return run_id
@@ -161,10 +162,8 @@ class Product:
                 self.scheduler.wait(10)
         left = self.training_processes()
         for proc in left:
-            try:
+            with contextlib.suppress(psutil.Error):
                 proc.send_signal(signal.SIGKILL)
-            except psutil.Error:
-                pass
         psutil.wait_procs(left, timeout=10)
         if self._log is not None:
             self._log.close()

@@ -42,7 +42,7 @@ DB_FILE = "runyard.db"
 MIGRATE_LOCK_FILE = "migrate.lock"
 SCHEDULER_LOCK_FILE = "scheduler.lock"
 SCHEDULER_FILE = "scheduler.json"
-TOKEN_FILE = "token"
+TOKEN_FILE = "token"  # noqa: S105 - the token file's name, not a secret
 UI_FILE = "ui.json"
 RUNS_DIR = "runs"
 

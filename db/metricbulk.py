@@ -160,7 +160,7 @@ def write_batch(conn: Connection, points: list[tuple], batch: BatchRollups) -> N
     if batch.rows:
         _batch_table(conn)
         if conn.info.get(_BATCH_TABLE_ROWS):  # a second batch in one transaction: start empty
-            conn.exec_driver_sql(f"DELETE FROM {BATCH_TABLE}")
+            conn.exec_driver_sql(f"DELETE FROM {BATCH_TABLE}")  # noqa: S608 - a constant table name
         _copy(conn, BATCH_TABLE, ROLLUP_COLUMNS, ROLLUP_TYPES, batch.rows)
         conn.execute(_MERGE)
         # The commit empties the table (ON COMMIT DELETE ROWS), a rollback takes the rows back.

@@ -89,12 +89,11 @@ def export(engine: Engine, path: Path, schema: str | None, progress: Progress = 
     rows: dict[str, int] = {}
     partial = path.with_name(path.name + ".partial")
     # Level 1: a third of level 6's time, and the file only about a quarter larger.
-    with gzip.open(partial, "wt", encoding="utf-8", compresslevel=1) as out, engine.connect() as conn:
-        with conn.begin():
-            out.write(_line({"format": FORMAT, "version": VERSION, "schema": schema,
-                             "tables": [t.name for t in tables()]}))
-            for table in tables():
-                rows[table.name] = _export_table(conn, table, out, progress)
+    with gzip.open(partial, "wt", encoding="utf-8", compresslevel=1) as out, engine.connect() as conn, conn.begin():
+        out.write(_line({"format": FORMAT, "version": VERSION, "schema": schema,
+                         "tables": [t.name for t in tables()]}))
+        for table in tables():
+            rows[table.name] = _export_table(conn, table, out, progress)
     partial.replace(path)  # a file named FILE is always a whole export
     return Summary(schema, rows)
 

@@ -40,9 +40,9 @@ SESSION_MAX_AGE_S = 30 * 24 * 3600
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 AUTH_MODES = ("token", "proxy", "none")
 ALLOWED_HOSTS_ENV = "RUNYARD_ALLOWED_HOSTS"
-PROXY_SECRET_ENV = "RUNYARD_PROXY_SECRET"
+PROXY_SECRET_ENV = "RUNYARD_PROXY_SECRET"  # noqa: S105 - a variable's name, not a secret
 DEFAULT_PROXY_USER_HEADER = "X-Forwarded-User"
-PROXY_SECRET_HEADER = "X-Runyard-Proxy-Secret"
+PROXY_SECRET_HEADER = "X-Runyard-Proxy-Secret"  # noqa: S105 - a header's name, not a secret
 _SESSION_CONTEXT = b"runyard-ui-session-v1"
 
 

@@ -122,7 +122,7 @@ def ui(host: str, port: int, auth: str, no_auth: bool, allowed_hosts: tuple[str,
         open_sessions(settings)
     else:
         open_existing(settings)  # a viewer: the schema is checked, never migrated
-    os.execve(sys.executable, argv, child_env(settings))
+    os.execve(sys.executable, argv, child_env(settings))  # noqa: S606 - becomes the UI server (an argv list)
 
 
 def _die_with_parent(parent: int) -> Callable[[], None]:

@@ -217,7 +217,7 @@ def _oom_killed_pids() -> set[int]:
     if not shutil.which("dmesg"):
         return set()
     try:
-        out = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=2).stdout
+        out = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=2).stdout  # noqa: S607 - the system's dmesg, found by shutil.which above
     except (OSError, subprocess.SubprocessError):
         return set()
     return {int(p) for p in re.findall(r"Killed process (\d+)", out)}
@@ -375,7 +375,7 @@ _VOLATILE = [
     (re.compile(r"\b(pid|PID|process)\s*[:=]?\s*\d+"), r"\1 *"),
     # Addresses with a port, never "train.py:50" (a place in the code is part of the error).
     (re.compile(r"\b(?:\d{1,3}(?:\.\d{1,3}){3}|localhost|\[[0-9a-fA-F:]+\]):\d{2,5}\b"), "*:*"),
-    (re.compile(r"/tmp/[^\s'\":,)]+"), "/tmp/*"),
+    (re.compile(r"/tmp/[^\s'\":,)]+"), "/tmp/*"),  # noqa: S108 - recognises /tmp paths in messages
 ]
 
 

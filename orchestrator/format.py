@@ -27,7 +27,7 @@ STATUS_BADGE = {
 def duration(seconds: float | None) -> str:
     if seconds is None:
         return "–"
-    seconds = int(round(seconds))
+    seconds = round(seconds)
     h, rem = divmod(seconds, 3600)
     m, s = divmod(rem, 60)
     return f"{h}h {m:02d}m" if h else (f"{m}m {s:02d}s" if m else f"{s}s")

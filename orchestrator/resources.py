@@ -23,7 +23,7 @@ def _nvml_gpus() -> tuple[tuple[str, ...], tuple[int, ...]]:
         return (), ()
     try:
         pynvml.nvmlInit()
-    except Exception as exc:  # NVMLError_LibraryNotFound on machines without a driver
+    except Exception as exc:  # noqa: BLE001 - NVMLError_LibraryNotFound on machines without a driver
         logger.debug("NVML unavailable: %s", exc)
         return (), ()
     try:

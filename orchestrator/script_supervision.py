@@ -212,7 +212,7 @@ def _pid_ranks(run: Run, attempt: Attempt) -> dict[int, int]:
     for proc in rank_processes(run.run_dir, attempt.number, attempt.pid, attempt.pid_create_time, orphans=False):
         try:
             rank = proc.environ().get("RANK")
-        except Exception:  # noqa: BLE001 - psutil.Error, OSError: the process is gone
+        except Exception:  # noqa: BLE001, S112 - psutil.Error, OSError: the process is gone
             continue
         if rank is not None and rank.isdigit():
             out[proc.pid] = int(rank)

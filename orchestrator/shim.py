@@ -32,6 +32,7 @@ training unsupervised.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -125,10 +126,8 @@ def write_exit(path: str, record: dict[str, object], retry_s: float) -> bool:
 
 def _say(line: str) -> None:
     """One line on stderr (the launcher log), which may fail too on the same storage."""
-    try:
+    with contextlib.suppress(OSError):
         print(line, file=sys.stderr, flush=True)
-    except OSError:
-        pass
 
 
 USAGE = ("usage: python -m orchestrator.shim --exit-file FILE -- ARGV...\n"
@@ -189,10 +188,8 @@ def main(argv: list[str]) -> int:
     write_launch_record(record)
     started = time.time()
     children = start_children(commands)
-    try:
+    with contextlib.suppress(psutil.NoSuchProcess):  # an agent already ended: the exit file below says how
         write_launch_record(record, [psutil.Process(c.pid) for c in children])
-    except psutil.NoSuchProcess:
-        pass  # an agent already ended: the exit file below says how
     code, failed, nodes = wait_group(children, grace_s)
     ended: dict[str, object] = {"exit_code": code, "pid": failed.pid, "started_at": started, "ended_at": time.time()}
     if len(children) > 1:

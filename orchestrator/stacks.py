@@ -17,6 +17,7 @@ wait inside one.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import shutil
@@ -203,10 +204,8 @@ def _faulthandler(procs: dict[int, psutil.Process], folder: Path) -> tuple[dict[
     time.sleep(0.1)  # a dump that just began is finished by now (it is a few kB written at once)
     for rank in (r for r, was in stopped.items() if was):
         # Back as it was found: the dump must not let a stopped rank train on until the kill.
-        try:
+        with contextlib.suppress(psutil.Error):
             procs[rank].send_signal(signal.SIGSTOP)
-        except psutil.Error:
-            pass
     return stopped, {rank: _new_text(folder / f"rank-{rank}.txt", offsets[rank]) for rank in procs}
 
 

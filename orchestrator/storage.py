@@ -10,6 +10,7 @@ back.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -77,10 +78,8 @@ def writable_problem(folder: Path) -> StorageFault | None:
         fault = storage_fault(exc)
         return StorageFault(str(folder), fault.errno, fault.strerror) if fault is not None else None
     finally:
-        try:
+        with contextlib.suppress(OSError):
             probe.unlink()
-        except OSError:
-            pass
     return None
 
 

@@ -61,7 +61,7 @@ def validate(data: dict[str, Any], inventory: Inventory, *, roots: ScriptRoots |
             try:  # still say "too many ranks" when another field is wrong too
                 partial = RunConfig(launch=LaunchConfig.model_validate(launch))
                 problems += check_fits(partial, inventory)
-            except Exception:  # noqa: BLE001 - the schema errors above already cover it
+            except Exception:  # noqa: BLE001, S110 - the schema errors above already cover it
                 pass
         raise ConfigError(problems) from None
     problems = check_fits(config, inventory) + check_memory(config, inventory)
@@ -179,9 +179,9 @@ def resolve_script(config: RunConfig, base: Path | None = None, *,
         probe_problems, found = _probe(python, workdir, workload.module, check_torch=workload.python is not None,
                                        given=workload.python)
         problems += probe_problems
-        if roots is not None and found is not None and workload.module is not None:
-            if (module_refused := refused_module(workload.module, found, roots)) is not None:
-                problems.append(module_refused)
+        if roots is not None and found is not None and workload.module is not None and (
+                module_refused := refused_module(workload.module, found, roots)) is not None:
+            problems.append(module_refused)
     problems += check_patterns(workload.stdout_metrics)
     return config.model_copy(update={"workload": workload.model_copy(update=update)}), problems
 
@@ -278,7 +278,7 @@ def _probe(python: str, workdir: Path, module: str | None, *, check_torch: bool,
         return [f"workload.python = {shown}{where}: could not run it ({exc})"], None
     out = done.stdout.strip().splitlines()
     last = out[-1] if out else ""
-    if done.returncode != 0 or not out and module:
+    if done.returncode != 0 or (not out and module):
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
         return [f"{field}: {python} did not run as a Python interpreter (exit {done.returncode}: {tail})"], None
     if last.startswith("torch: "):

@@ -192,7 +192,7 @@ class SystemMonitor:
                 session.commit()
         except IntegrityError as exc:  # a run deleted since the sample: these rows can never go in
             logger.warning("dropped %d system metric rows: %s", len(self._pending), exc)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the rows are dropped, the monitor goes on
             del self._pending[:-PENDING_MAX_ROWS]
             logger.warning("could not write %d system metric rows (kept for the next window): %s",
                            len(self._pending), exc)
@@ -219,7 +219,7 @@ class SystemMonitor:
             if self._gpu_handles and self._nvml is not None:
                 try:
                     self._nvml.nvmlShutdown()
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - shutting down: nothing to do about it
                     logger.debug("nvmlShutdown: %s", exc)
             self._gpu_handles = []
 
@@ -383,12 +383,12 @@ class SystemMonitor:
         nvml = self._nvml
         try:
             nvml.nvmlInit()
-        except Exception as exc:  # NVMLError_LibraryNotFound on machines without a driver
+        except Exception as exc:  # noqa: BLE001 - NVMLError_LibraryNotFound on machines without a driver
             logger.info("system monitor: NVML unavailable (%s); no GPU metrics", exc)
             return None
         try:
             self._gpu_handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any NVML error: no GPU metrics
             logger.warning("system monitor: NVML lists no GPUs (%s); no GPU metrics", exc)
             nvml.nvmlShutdown()
             return None

@@ -224,7 +224,7 @@ class DatabaseWriter(threading.Thread):
         for action in actions:
             try:
                 action()
-            except Exception:  # noqa: BLE001 - the rows are committed; a file left behind is only space
+            except Exception:
                 logger.exception("after-commit action failed")
         return True
 

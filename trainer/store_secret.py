@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 # The environment variable that carries an attempt's secret to its agents and ranks.
-SECRET_VAR = "RUNYARD_RDZV_SECRET"
+SECRET_VAR = "RUNYARD_RDZV_SECRET"  # noqa: S105 - a variable's name, not a secret
 # 32 random bytes, hex: 64 characters.
 SECRET_BYTES = 32
 RENDEZVOUS_MODULE = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"

@@ -148,11 +148,10 @@ upload, paste = st.columns(2)
 with upload:
     st.file_uploader("Start from a TOML config (optional)", type=["toml"], key="new_run_upload",
                      on_change=on_upload)
-with paste:
-    with st.expander("…or paste TOML"):
-        st.text_area("TOML", key="new_run_pasted", height=160, label_visibility="collapsed",
-                     placeholder='name = "gpt"\n[workload]\nkind = "gpt-char"')
-        st.button("Fill the form", on_click=on_paste)
+with paste, st.expander("…or paste TOML"):
+    st.text_area("TOML", key="new_run_pasted", height=160, label_visibility="collapsed",
+                 placeholder='name = "gpt"\n[workload]\nkind = "gpt-char"')
+    st.button("Fill the form", on_click=on_paste)
 loaded = st.session_state.get(LOADED_KEY)
 if loaded is not None:
     name, problems, filled = loaded

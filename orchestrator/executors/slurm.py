@@ -295,7 +295,7 @@ class SlurmExecutor:
             logger.warning("run %d: squeue failed while making sure job %s ended: %s", run.id, attempt.job_id, exc)
             return False
         job = jobs.get(attempt.job_id)
-        if job is None or job.state not in ACTIVE_STATES or job.state == "COMPLETING" and not job.nodes:
+        if job is None or job.state not in ACTIVE_STATES or (job.state == "COMPLETING" and not job.nodes):
             self._lingering.discard(attempt.job_id)
             return True
         self.kill(run, attempt)

@@ -105,7 +105,7 @@ def exit_record(srun_code: int, nodes: list[dict[str, Any]], nnodes: int, starte
     node left no record (it never started, or died before it could write)."""
     failed = sorted((n for n in nodes if n.get("exit_code")), key=lambda n: float(n.get("ended_at", 0)))
     first = failed[0] if failed else None
-    if first is not None:
+    if first is not None:  # noqa: SIM108 - three cases read better as a block
         code = int(first["exit_code"])
     else:
         code = 0 if len(nodes) >= nnodes else (srun_code or 1)

@@ -103,8 +103,8 @@ def main(argv: list[str]) -> int:
     dump_wanted = threading.Event()
     signal.signal(signal.SIGUSR1, lambda *_: dump_wanted.set())
     started = time.time()
-    child = subprocess.Popen(command(args, node), restore_signals=True,  # noqa: PLW1509
-                             preexec_fn=_child_setup(os.getpid()))
+    child = subprocess.Popen(command(args, node), restore_signals=True,
+                             preexec_fn=_child_setup(os.getpid()))  # noqa: PLW1509 - the node program has one thread
     create_time = _create_time(child.pid)
     while child.poll() is None:
         if dump_wanted.wait(0.5):

@@ -10,6 +10,7 @@ browser here); the tests skip with a clear message when either is missing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -98,10 +99,8 @@ def _stop(proc: subprocess.Popen, home: Path) -> None:
             proc.wait(10)
     leftovers += [p for p in _processes_of(home) if p.pid != os.getpid()]
     for p in leftovers:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
-        except psutil.NoSuchProcess:
-            pass
     psutil.wait_procs(leftovers, timeout=10)
 
 

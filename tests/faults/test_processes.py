@@ -280,7 +280,7 @@ def test_watcher_sees_two_attempts_together(tmp_path: Path) -> None:
             deadline = time.monotonic() + 10
             while not w.overlaps() and time.monotonic() < deadline:
                 time.sleep(0.05)
-        with pytest.raises(AssertionError, match="attempt 1: pids .*attempt 2: pids"):
+        with pytest.raises(AssertionError, match=r"attempt 1: pids .*attempt 2: pids"):
             w.assert_never_together()
         assert w.attempts_seen(run_dir) == {1, 2}
     finally:

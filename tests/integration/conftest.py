@@ -70,7 +70,7 @@ class Product:
         return int(self.cli(*args).stdout.strip())
 
     def start_scheduler(self) -> subprocess.Popen:
-        log = open(self.home / f"scheduler-{len(self.procs)}.log", "ab")
+        log = open(self.home / f"scheduler-{len(self.procs)}.log", "ab")  # noqa: SIM115 - the scheduler's log, open for its life
         proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "scheduler"], env=self.env, stdout=log,
                                 stderr=subprocess.STDOUT)
         self.procs.append(proc)

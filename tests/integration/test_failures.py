@@ -135,7 +135,7 @@ def test_crash_loop_stops_after_max_retries_with_backoff(product: Product) -> No
     attempts = detail["attempts"]
     assert len(attempts) == 3 and all(a["cause"] == "SIGNAL" for a in attempts)
     gaps = [b["started_at"] - a["failed_at"] for a, b in pairwise(attempts)]
-    assert 1.0 <= gaps[0] and 2.0 <= gaps[1], gaps  # 2 s then 4 s, jitter in [0.5, 1]
+    assert gaps[0] >= 1.0 and gaps[1] >= 2.0, gaps  # 2 s then 4 s, jitter in [0.5, 1]
     assert "gave up after 2 retries" in detail["status_reason"]
 
 

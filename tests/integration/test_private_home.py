@@ -21,9 +21,9 @@ pytestmark = pytest.mark.slow
 def test_a_real_run_writes_nothing_others_can_read(product: Product) -> None:
     run_id = product.submit("train.max_steps=40", "train.log_every=5", "train.eval_every=20",
                             "checkpoint.every_steps=20", "name=private")
-    log = open(product.home.parent / "scheduler-private.log", "ab")  # the test's, outside the home
+    log = open(product.home.parent / "scheduler-private.log", "ab")  # the test's, outside the home  # noqa: SIM115 - the scheduler's log, open for its life
     proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "scheduler"], env=product.env, stdout=log,
-                            stderr=subprocess.STDOUT, preexec_fn=lambda: os.umask(0o022))
+                            stderr=subprocess.STDOUT, preexec_fn=lambda: os.umask(0o022))  # noqa: PLW1509 - the test's thread alone forks here
     product.procs.append(proc)
     detail = product.wait_status(run_id, "SUCCEEDED", "FAILED", timeout=180)
     assert detail["status"] == "SUCCEEDED", detail

@@ -10,6 +10,7 @@ starts.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -133,10 +134,8 @@ def _stop(ui: UI) -> None:
         except subprocess.TimeoutExpired:
             ui.proc.kill()
     for p in family:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
-        except psutil.NoSuchProcess:
-            pass
 
 
 @pytest.fixture(scope="module")
@@ -313,7 +312,7 @@ def test_a_rotated_token_locks_out_the_old_cookie_and_the_old_url(up: UI) -> Non
     assert up.request("/", {"Cookie": new_cookie}).status == 200
 
 
-@pytest.mark.parametrize("args, says", [
+@pytest.mark.parametrize(("args", "says"), [
     (["up", "--host", "0.0.0.0", "--no-auth"], "--no-auth is refused with --host 0.0.0.0"),
     (["ui", "--host", "192.0.2.1", "--auth", "none"], "--no-auth is refused with --host 192.0.2.1"),
     (["up", "--auth", "proxy"], "RUNYARD_PROXY_SECRET"),

@@ -73,7 +73,7 @@ def test_a_session_cookie_is_bound_to_the_token_and_expires() -> None:
     assert not session_valid(None, cookie, now=1_000_010)
 
 
-@pytest.mark.parametrize("header, parsed", [
+@pytest.mark.parametrize(("header", "parsed"), [
     ("127.0.0.1:8501", ("127.0.0.1", 8501)),
     ("LOCALHOST.", ("localhost", None)),
     ("[::1]:8501", ("::1", 8501)),

@@ -369,7 +369,7 @@ def test_writer_failing_midway_leaves_no_step_and_surfaces_the_error(
 
     monkeypatch.setattr(checkpoint_io._HashingFile, "_write_all", failing_write_all)
     manager.save(2, {"model": {"w": torch.randn(512, 1024)}, "opt": {"m": torch.randn(512, 1024)}})
-    with pytest.raises(CheckpointError, match="step 2.*No space left") as info:
+    with pytest.raises(CheckpointError, match=r"step 2.*No space left") as info:
         manager.wait()
     assert isinstance(info.value.__cause__, OSError)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-1"]

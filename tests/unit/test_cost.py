@@ -96,9 +96,9 @@ def test_young_daly_is_the_square_root_of_twice_cost_times_mtbf() -> None:
     assert young_daly_interval_s(8.0, 14400.0) == pytest.approx(2 * young_daly_interval_s(2.0, 14400.0))
 
 
-@pytest.mark.parametrize("cost, mtbf", [(-1.0, 10.0), (1.0, -5.0), (math.nan, 10.0), (1.0, math.inf)])
+@pytest.mark.parametrize(("cost", "mtbf"), [(-1.0, 10.0), (1.0, -5.0), (math.nan, 10.0), (1.0, math.inf)])
 def test_young_daly_refuses_impossible_inputs_naming_them(cost: float, mtbf: float) -> None:
-    with pytest.raises(ValueError, match="checkpoint_cost_s|mtbf_s"):
+    with pytest.raises(ValueError, match=r"checkpoint_cost_s|mtbf_s"):
         young_daly_interval_s(cost, mtbf)
 
 

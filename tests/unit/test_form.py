@@ -283,5 +283,5 @@ def test_tables_are_written_one_name_a_line_and_read_back() -> None:
     assert parse_config(values_to_config(values)).workload.stdout_metrics == data["workload"]["stdout_metrics"]
     assert table_value("A = 1\n\n  B=x=y  \n") == {"A": "1", "B": "x=y"}
     # A line without "=" goes to the validation as text, which names the field.
-    with pytest.raises(ConfigError, match="workload.env"):
+    with pytest.raises(ConfigError, match=r"workload\.env"):
         parse_config(values_to_config({**values, "workload.env": "OMP_NUM_THREADS 4"}))

@@ -119,7 +119,7 @@ def test_params_checksum_is_exact_and_independent_of_order() -> None:
     assert value == int(value) and 0 <= value < 2**52
     copies[0][17, 3] = torch.nextafter(copies[0][17, 3], torch.tensor(math.inf))  # one ulp
     assert params_checksum(copies) != value
-    assert params_checksum(params[:1] + [params[1].t()] + params[2:]) == value  # views: no copy needed
+    assert params_checksum([*params[:1], params[1].t(), *params[2:]]) == value  # views: no copy needed
     assert params_checksum([]) == 0.0
 
 

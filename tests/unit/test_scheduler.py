@@ -316,7 +316,7 @@ def test_failures_are_retried_with_backoff_until_the_budget_is_spent(sessions: s
     assert [a.number for a in tries] == [1, 2, 3]
     gaps = [b.started_at - a.ended_at for a, b in pairwise(tries)]
     # backoff 0.5 s then 1 s, each with jitter in [0.5, 1.0]
-    assert 0.25 <= gaps[0] and 0.5 <= gaps[1], gaps
+    assert gaps[0] >= 0.25 and gaps[1] >= 0.5, gaps
     with sessions() as s:
         run = s.get(Run, run_id)
         assert run.retries_used == 2 and "gave up after 2 retries" in run.status_reason

@@ -227,7 +227,7 @@ def test_pause_of_a_plain_script_without_a_checkpoint_source_is_refused(
         for run_id in (plain, with_glob):
             transition(s, run_id, RunStatus.STARTING, "t")
             transition(s, run_id, RunStatus.RUNNING, "t")
-        with pytest.raises(RequestRefused, match="no checkpoint source.*workload.checkpoint_glob.*SDK"):
+        with pytest.raises(RequestRefused, match=r"no checkpoint source.*workload\.checkpoint_glob.*SDK"):
             request_cancel(s, plain, mode="pause")
         assert s.get(Run, plain).status == "RUNNING"
         message = request_cancel(s, with_glob, mode="pause")

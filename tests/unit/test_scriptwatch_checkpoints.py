@@ -113,6 +113,6 @@ def test_a_symlink_out_of_the_workdir_is_left_out(tmp_path: Path) -> None:
 def test_bad_patterns_name_the_field_and_the_value(pattern: object, problem: str, tmp_path: Path) -> None:
     found = check_glob(pattern)
     assert found is not None and problem in found
-    with pytest.raises(CheckpointGlobError, match="workload.checkpoint_glob"):
+    with pytest.raises(CheckpointGlobError, match=r"workload\.checkpoint_glob"):
         CheckpointFiles(tmp_path, [pattern])  # type: ignore[list-item]
     assert check_glob("checkpoints/**/*.pt") is None

@@ -164,7 +164,7 @@ def test_write_stores_points_per_rank_and_moves_progress_forward(attempt_dir: Pa
         assert first_at is not None and progress_at == max(p["wall_time"] for p in got.points)
     # The same points read again (a restarted scheduler) and an older one change nothing.
     with engine.begin() as conn:
-        write(conn, run_id, 1, got.points + [{**got.points[0], "step": 5, "wall_time": 1.0}])
+        write(conn, run_id, 1, [*got.points, {**got.points[0], "step": 5, "wall_time": 1.0}])
     with engine.begin() as conn:
         write(conn, run_id, 1, [], at=progress_at + 30)  # activity alone moves progress_at
     with Session(engine) as s:

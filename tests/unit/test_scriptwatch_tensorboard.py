@@ -13,10 +13,10 @@ import pytest
 
 pytest.importorskip("tensorboard")  # the `scripts` extra; ./dev.sh installs it
 
-from torch.utils.tensorboard import SummaryWriter  # noqa: E402
+from torch.utils.tensorboard import SummaryWriter
 
-from orchestrator.scriptwatch import Sample  # noqa: E402
-from orchestrator.scriptwatch.tensorboard import (  # noqa: E402
+from orchestrator.scriptwatch import Sample
+from orchestrator.scriptwatch.tensorboard import (
     EventFiles,
     default_dirs,
     find_event_files,

@@ -90,7 +90,7 @@ def test_slurm_settings_are_refused_by_name() -> None:
     text = str(caught.value)
     assert "slurm.time_limit = 'soon'" in text and "HH:MM:SS" in text
     assert "--output is set by runyard itself" in text and "use the long form" in text and "line break" in text
-    with pytest.raises(ConfigError, match="slurm.partition is set but launch.executor = 'local'"):
+    with pytest.raises(ConfigError, match=r"slurm\.partition is set but launch\.executor = 'local'"):
         parse_config({"slurm": {"partition": "gpu"}})
 
 

@@ -131,4 +131,4 @@ def test_the_attempt_vocabulary_is_the_stored_strings() -> None:
     assert [r.value for r in StopReason] == ["cancel", "pause", "hang"]
     assert [s.value for s in SignalSent] == ["SIGTERM", "SIGKILL"]
     assert AttemptPhase.FINISHING == "finishing"  # what rank 0 writes, what the watchdog compares
-    assert StopReason("pause") is StopReason.PAUSE and "pause" == StopReason.PAUSE
+    assert StopReason("pause") is StopReason.PAUSE and StopReason.PAUSE == "pause"

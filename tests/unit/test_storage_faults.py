@@ -333,7 +333,7 @@ def test_on_a_full_disk_the_shim_still_writes_its_exit_file(tmp_path: Path) -> N
         shim = _shim(attempt / "exit.json", go, 1, log, retry_s="0")
         try:
             _wait_for("the shim's launch record", lambda: (attempt / "launch.json").exists())
-            with pytest.raises(OSError) as full, open(mnt / "filler", "wb") as filler:
+            with pytest.raises(OSError) as full, open(mnt / "filler", "wb") as filler:  # noqa: PT011, PT012 - fills the disk to ENOSPC
                 while True:  # fill the filesystem to the last page
                     filler.write(b"\0" * 65536)
                     filler.flush()

@@ -39,7 +39,7 @@ def test_a_real_rendezvous_state_loads_and_a_forged_one_runs_nothing(tmp_path: P
     assert loaded.participants == {node: 0} and loaded.deadline == state.deadline
 
     marker = tmp_path / "ran"
-    with pytest.raises(pickle.UnpicklingError, match="posix.system|os.system"):
+    with pytest.raises(pickle.UnpicklingError, match=r"posix\.system|os\.system"):
         store_secret.load_rendezvous_state(pickle.dumps(Payload(marker)))
     assert not marker.exists()
 

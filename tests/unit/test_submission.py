@@ -84,7 +84,7 @@ def test_text_is_made_absolute_against_the_submit_directory(tmp_path: Path, monk
     assert validate(_gpt("corpus.txt"), CPU2).workload.text == str(tmp_path / "corpus.txt")
 
 
-@pytest.mark.parametrize("case, expected", [
+@pytest.mark.parametrize(("case", "expected"), [
     ("missing", "no such file"),
     ("directory", "is a directory"),
     ("/dev/zero", "is not a regular file"),

@@ -12,6 +12,7 @@ runs and ranks is what is checked), and the "no NVML" paths are the real ones.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import subprocess
@@ -127,10 +128,8 @@ def trees() -> Iterator[list[Tree]]:
     yield started
     for tree in started:
         for proc in tree.ranks:
-            try:
+            with contextlib.suppress(psutil.Error):
                 proc.kill()
-            except psutil.Error:
-                pass
         tree.parent.kill()
         tree.parent.wait()
 
@@ -178,7 +177,7 @@ def test_host_and_rank_aggregates_from_a_real_process_tree(
     assert {"cpu_percent", "mem_used_bytes", "mem_total_bytes"} <= host.keys()
     assert host["mem_used_bytes"]["count"] == 5
     assert host["cpu_percent"]["count"] >= 4  # measured between readings: none right after start
-    assert 0 <= host["cpu_percent"]["min"] and host["cpu_percent"]["max"] <= 100
+    assert host["cpu_percent"]["min"] >= 0 and host["cpu_percent"]["max"] <= 100
     assert 0 < host["mem_used_bytes"]["max"] <= host["mem_total_bytes"]["min"]
     assert host["mem_total_bytes"]["min"] == psutil.virtual_memory().total
     if psutil.net_io_counters() is not None:
@@ -299,11 +298,11 @@ class NVMLError(Exception):
     pass
 
 
-class NVMLError_NotSupported(NVMLError):  # noqa: N801 (pynvml's name)
+class NVMLError_NotSupported(NVMLError):
     pass
 
 
-class NVMLError_LibraryNotFound(NVMLError):  # noqa: N801
+class NVMLError_LibraryNotFound(NVMLError):
     pass
 
 

@@ -113,7 +113,7 @@ def test_a_store_port_already_taken_is_an_error_not_a_stranger_s_store() -> None
 
 
 def test_a_store_on_a_network_address_is_refused() -> None:
-    with pytest.raises(torchrun.NotOneLoopbackNode, match="0.0.0.0"):
+    with pytest.raises(torchrun.NotOneLoopbackNode, match=r"0\.0\.0\.0"):
         torchrun.loopback_store("0.0.0.0", 0)
 
 

@@ -81,7 +81,7 @@ def test_finish_commits_what_is_pending(wandb: ModuleType, capsys: pytest.Captur
     assert wandb.run is None
     run.log({"loss": 0.5})  # after finish: ignored
     assert capsys.readouterr().out == ""
-    with pytest.raises(wandb.Error, match="wandb.init"):
+    with pytest.raises(wandb.Error, match=r"wandb\.init"):
         wandb.log({"loss": 1.0})
 
 

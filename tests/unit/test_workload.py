@@ -127,7 +127,7 @@ def test_a_workload_runs_on_one_process_and_resumes_bit_for_bit(tmp_path: Path) 
     assert drive(first, tiny_run(context(tmp_path))) == {"step": MAX_STEPS}
     checkpoints = CheckpointManager(tmp_path / "checkpoints", is_writer=False)
     assert checkpoints.verified_steps() == [5, 10, 12]  # every 5 steps, and the last
-    step, saved = checkpoints.load(5)
+    _step, saved = checkpoints.load(5)
     assert saved["data"] == {"seen": 40} and len(saved["rng"]) == 1 and saved["world_size"] == 1
 
     again = Tiny(parse_config({"name": "tiny"}))

@@ -306,7 +306,7 @@ summary = Summary()
 
 
 def init(project: str | None = None, entity: str | None = None, name: str | None = None, config: Any = None,
-         id: str | None = None, reinit: Any = None, **kwargs: Any) -> Run:  # noqa: A002 - wandb's name
+         id: str | None = None, reinit: Any = None, **kwargs: Any) -> Run:
     """Start the run (or return the current one, as wandb does without ``reinit``)."""
     global run, summary
     module = sys.modules[__name__]
