@@ -29,6 +29,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+import os
 import re
 import sys
 from pathlib import Path, PurePosixPath
@@ -833,6 +834,15 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
 def config_from_json(text: str) -> RunConfig:
     """Load a config stored by :meth:`RunConfig.to_json`."""
     return RunConfig.model_validate_json(text)
+
+
+def write_config_file(path: Path, config: RunConfig) -> None:
+    """Write ``config`` as indented JSON to ``path``, whole or not at all (a file beside it,
+    renamed over it): what :func:`config_from_json` reads back."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(config.as_dict(), indent=2))
+    os.replace(tmp, path)
 
 
 def _constraint_text(meta: Any) -> str:

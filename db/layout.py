@@ -11,12 +11,14 @@ they agree because they take the names from here and nowhere else::
         token                 the UI's access token, mode 0600 (orchestrator/access.py)
         ui.json               where the running UI listens (for `runyard token`)
         runs/run-000042/
-            config.json       the run config the ranks read
+            config.json       the run config as submitted
             checkpoints/step-<N>/{state.pt, manifest.json}
             checkpoints/superseded/attempt-<n>/step-<N>/   a lineage abandoned by a resume
             checkpoints/script/<id>/<file>   a copy of a script's own checkpoint file (pinned, or
                               kept aside before runyard put an older version back for a resume)
             attempts/<n>/
+                config.json   the attempt's effective config (the run's, plus its overrides): what
+                              its ranks read
                 launch.json   the shim's pid and create time, then torchrun's (orchestrator/shim.py)
                 exit.json     torchrun's exit code, written by the shim when it ends
                 launcher.log  torchrun's own output (its failure summary is read from here)
@@ -112,6 +114,10 @@ class AttemptPaths:
     """The files of one attempt, under ``root`` (``runs/run-000042/attempts/3``)."""
 
     root: Path
+
+    @property
+    def config(self) -> Path:
+        return self.root / CONFIG_FILE
 
     @property
     def launch_record(self) -> Path:

@@ -12,7 +12,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from db import DatabaseError
-from db.config import RunConfig, config_from_json
+from db.config import RunConfig, config_from_json, write_config_file
 from db.layout import RunPaths, run_dir_name
 from db.models import Attempt, Checkpoint, Event, PriceEntry, Run, RunStatusHistory
 from db.scriptfiles import CopyRefused, copy_verified, is_version
@@ -95,7 +95,7 @@ def create_run(
         RunStatusHistory(run_id=run.id, from_status=None, to_status=run.status, reason="submitted", at=now)
     )
     run_dir.mkdir(parents=True, exist_ok=True)
-    RunPaths(run_dir).config.write_text(json.dumps(config.as_dict(), indent=2))
+    write_config_file(RunPaths(run_dir).config, config)
     return run
 
 

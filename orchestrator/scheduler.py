@@ -35,7 +35,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from db import lease
 from db.causes import Cause
-from db.config import config_from_json
+from db.config import config_from_json, write_config_file
 from db.inventory import Inventory
 from db.layout import SCHEDULER_LOCK_FILE, RunPaths
 from db.lease import Identity
@@ -382,7 +382,7 @@ class Scheduler:
         env = RunContext(
             run_id=run.id, attempt=number, db_url=self.settings.db_url, run_dir=Path(run.run_dir),
             attempt_dir=attempt_dir, resume_dir=Path(resume_dir) if resume_dir is not None else None,
-            resume_step=resume_step, overrides=overrides,
+            resume_step=resume_step,
             resume_path=Path(attempt.resume_path) if attempt.resume_path is not None else None,
         ).to_env()
         # A fresh secret per attempt, under which every key of its stores lies: another local
@@ -401,6 +401,8 @@ class Scheduler:
                                 env=env, port=port or 0, resuming=resuming, devices=devices,
                                 checkpoint_s=float(longest_save) if longest_save is not None else None)
         try:
+            # The attempt's effective config, written once: its ranks read this file (trainer/context.py).
+            write_config_file(RunPaths(Path(run.run_dir)).attempt(number).config, config)
             what = executor.submit(request, attempt)
         except (OSError, ExecutorError) as exc:
             if isinstance(exc, OSError) and launch_failed_on_storage(session, run, attempt, exc, time.time()):

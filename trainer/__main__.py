@@ -19,8 +19,7 @@ from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from db.config import config_from_json, deep_merge, parse_config
-from db.layout import RunPaths
+from db.config import config_from_json
 from db.states import AttemptPhase
 from trainer import pdeathsig
 from trainer.context import context_from_env
@@ -30,7 +29,7 @@ logger = logging.getLogger("trainer")
 
 def _parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m trainer")
-    parser.add_argument("--config", type=Path, help="run config JSON (default: $RUNYARD_RUN_DIR/config.json)")
+    parser.add_argument("--config", type=Path, help="run config JSON (default: $RUNYARD_ATTEMPT_DIR/config.json)")
     return parser.parse_args(argv)
 
 
@@ -47,11 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s",
         stream=sys.stdout,
     )
-    config_path = args.config or RunPaths(ctx.run_dir).config
-    config = config_from_json(config_path.read_text())
-    if ctx.overrides:  # set by the scheduler for this attempt, e.g. half the micro-batch after an OOM
-        config = parse_config(deep_merge(config.as_dict(), ctx.overrides))
-        logger.info("attempt overrides: %s", ctx.overrides)
+    config = config_from_json((args.config or ctx.config_file).read_text())
 
     # Imported here so that `--help` and config errors do not pay for torch.
     from trainer import distributed, faults

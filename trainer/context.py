@@ -4,12 +4,11 @@ back with :func:`context_from_env`. This module must not import torch (the sched
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from db.layout import RunPaths
+from db.layout import AttemptPaths, RunPaths
 
 
 @dataclass(frozen=True)
@@ -26,7 +25,6 @@ class RunContext:
     attempt_dir: Path
     resume_dir: Path | None = None
     resume_step: int | None = None
-    overrides: dict = field(default_factory=dict)
     # A file the script saved itself (workload.checkpoint_glob, or adopted through the SDK) that
     # this attempt starts from; resume_step is then the step runyard recorded for it.
     resume_path: Path | None = None
@@ -34,6 +32,14 @@ class RunContext:
     @property
     def checkpoint_dir(self) -> Path:
         return RunPaths(self.run_dir).checkpoints
+
+    @property
+    def config_file(self) -> Path:
+        """The config this attempt runs with: the one the scheduler wrote to the attempt's folder
+        (the run's plus the attempt's overrides, such as half the micro-batch after an OOM), else
+        the run's own (a folder written before attempts had one)."""
+        attempt = AttemptPaths(self.attempt_dir).config
+        return attempt if attempt.is_file() else RunPaths(self.run_dir).config
 
     @property
     def managed(self) -> bool:
@@ -52,8 +58,6 @@ class RunContext:
             env["RUNYARD_RUN_ID"] = str(self.run_id)
         if self.db_url is not None:
             env["RUNYARD_DB_URL"] = self.db_url
-        if self.overrides:
-            env["RUNYARD_CONFIG_OVERRIDES"] = json.dumps(self.overrides)
         if self.resume_dir is not None and self.resume_step is not None:
             env["RUNYARD_RESUME_DIR"] = str(self.resume_dir)
             env["RUNYARD_RESUME_STEP"] = str(self.resume_step)
@@ -76,6 +80,5 @@ def context_from_env(environ: dict[str, str] | None = None) -> RunContext:
         attempt_dir=Path(env.get("RUNYARD_ATTEMPT_DIR") or run_dir),
         resume_dir=Path(env["RUNYARD_RESUME_DIR"]) if env.get("RUNYARD_RESUME_DIR") else None,
         resume_step=int(env["RUNYARD_RESUME_STEP"]) if env.get("RUNYARD_RESUME_STEP") else None,
-        overrides=json.loads(env.get("RUNYARD_CONFIG_OVERRIDES") or "{}"),
         resume_path=Path(env["RUNYARD_RESUME_PATH"]) if env.get("RUNYARD_RESUME_PATH") else None,
     )

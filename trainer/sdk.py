@@ -40,7 +40,6 @@ import torch
 import torch.distributed as dist
 
 from db.config import CheckpointConfig, RunConfig, SupervisionConfig, config_from_json
-from db.layout import RunPaths
 from trainer import distributed, pdeathsig
 from trainer.checkpoint import Checkpointer
 from trainer.context import RunContext, context_from_env
@@ -348,7 +347,7 @@ def init(backend: str = "auto", *, config: RunConfig | None = None) -> Run:
                          attempt_dir=Path.cwd() / "runyard-logs")
     if "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1 and not dist.is_initialized():
         distributed.setup(backend)
-    config_file = RunPaths(ctx.run_dir).config
+    config_file = ctx.config_file
     if config is None and ctx.managed and config_file.exists():
         config = config_from_json(config_file.read_text())
     checkpoint_config = config.checkpoint if config is not None else CheckpointConfig()

@@ -3,6 +3,7 @@ stops when it does not, and keeps the evidence (cause, rank, exception, stacks).
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import signal
@@ -165,6 +166,11 @@ def test_cuda_oom_retries_with_half_the_micro_batch(product: Product) -> None:
     first, second = detail["attempts"]
     assert first["cause"] == "CUDA_OOM"
     assert second["overrides"] == {"train": {"batch_size": 32, "grad_accum": 2}}
+    # The attempt's effective config, written once to its folder, is what its ranks read (the
+    # second attempt would have hit the same OOM with the run's 64).
+    effective = json.loads((Path(second["dir"]) / "config.json").read_text())["train"]
+    assert (effective["batch_size"], effective["grad_accum"]) == (32, 2)
+    assert json.loads((Path(first["dir"]) / "config.json").read_text())["train"]["batch_size"] == 64
     assert second["resume_step"] == 50
     assert detail["metrics"]["eval_accuracy"]["0"] >= 0.9
 
