@@ -14,7 +14,8 @@ COPY orchestrator ./orchestrator
 COPY trainer ./trainer
 COPY db ./db
 COPY examples ./examples
-# postgres: psycopg 3, so that RUNYARD_DB_URL=postgresql+psycopg://... works in the image (README, "PostgreSQL").
+# postgres: psycopg 3, so that RUNYARD_DB_URL=postgresql+psycopg://... works in the image
+# (docs/OPERATIONS.md, "PostgreSQL").
 RUN pip install ".[gpu,scripts,postgres]" && python -c "import torch; print('torch', torch.__version__)"
 
 VOLUME ["/data"]

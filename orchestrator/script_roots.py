@@ -19,7 +19,7 @@ The CLI is the user's own shell and keeps full freedom: ``runyard submit`` never
 roots. Only the UI's submit paths pass them to :func:`orchestrator.submission.validate`.
 
 Every field of the run config is listed here, in :data:`GUARDED_FIELDS` with the rule the UI
-applies to it or in :data:`INERT_FIELDS` with why it needs none; README's "## Security" lists
+applies to it or in :data:`INERT_FIELDS` with why it needs none; docs/SECURITY.md lists
 the same, field by field.
 """
 

@@ -74,7 +74,7 @@ class Interval:
     def report(self, lr: float, samples_per_step: int, flops_per_sample: float, peak_flops: float | None,
                scaler: torch.amp.GradScaler | None = None, tokens_per_sample: int | None = None
                ) -> dict[str, float | torch.Tensor]:
-        """One rank's training metrics for the interval (see README's metric table); ``loss``
+        """One rank's training metrics for the interval (see the metric table in docs/HOW_IT_WORKS.md); ``loss``
         and ``grad_norm`` are 0-d tensors where the training computed them.
 
         ``step_time`` is the wall time per step since the last report, less ``excluded`` time

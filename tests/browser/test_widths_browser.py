@@ -5,7 +5,7 @@ across two lines ("checkp/oint"). Canvas and SVG (the charts and the tables' gri
 text and are not inspected here.
 
 The screenshots land in the test's folder; with RUNYARD_SCREENSHOTS=DIR they are also kept there
-(README's tour is taken this way).
+(docs/UI.md's tour is taken this way).
 
     pytest -m browser tests/browser/test_widths_browser.py
 """

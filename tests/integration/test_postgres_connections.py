@@ -1,6 +1,6 @@
 """The connections a run adds to a PostgreSQL server, read from ``pg_stat_activity`` while a real
 2-rank torchrun run trains: rank 0 holds at most one, no other rank and not torchrun's agent hold
-any, and none is left once the run has ended (README, "PostgreSQL")."""
+any, and none is left once the run has ended (docs/OPERATIONS.md, "PostgreSQL")."""
 
 from __future__ import annotations
 

@@ -81,7 +81,7 @@ def test_missing_script_is_refused_at_submit(product: Product) -> None:
     assert product.cli("ls", "--json").stdout.strip() == "[]"
 
 
-# README's stop pattern, exactly: should_stop() asked twice a step.
+# docs/SCRIPTS.md's stop pattern, exactly: should_stop() asked twice a step.
 README_PATTERN_SCRIPT = """
 import time
 

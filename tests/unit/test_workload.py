@@ -183,7 +183,7 @@ def test_the_time_based_save_is_agreed_on_the_channel(tmp_path: Path) -> None:
 
 
 def test_should_stop_gives_one_answer_per_step_so_the_readme_pattern_saves_the_stop_step(tmp_path: Path) -> None:
-    """README's loop asks should_stop() twice a step: ``if step % 100 == 0 or should_stop(): save``
+    """docs/SCRIPTS.md's loop asks should_stop() twice a step: ``if step % 100 == 0 or should_stop(): save``
     then ``if should_stop(): break``. A SIGTERM heard between the two calls must not make the
     second one true (it would break without the save); the next step answers true twice."""
     run = tiny_run(context(tmp_path))

@@ -1,5 +1,5 @@
 """A project laid out like minGPT's: its own ``trainer.py`` beside the script, so ``import trainer``
-must find that file, and runyard's SDK comes in as ``import runyard`` with README's stop pattern
+must find that file, and runyard's SDK comes in as ``import runyard`` with docs/SCRIPTS.md's stop pattern
 (``should_stop()`` asked both in the save condition and the break). With ``--sleep`` long, a
 pause or a cancel reaches it mid-run: it must end with a checkpoint at the step it stopped at.
 
