@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_a_real_run_writes_nothing_others_can_read(product: Product) -> None:
-    run_id = product.submit("train.max_steps=40", "train.log_every=5", "train.eval_every=20",
+    run_id = product.cli_submit("train.max_steps=40", "train.log_every=5", "train.eval_every=20",
                             "checkpoint.every_steps=20", "name=private")
     log = open(product.home.parent / "scheduler-private.log", "ab")  # the test's, outside the home  # noqa: SIM115 - the scheduler's log, open for its life
     proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "scheduler"], env=product.env, stdout=log,

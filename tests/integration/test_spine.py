@@ -22,7 +22,7 @@ def loss_curve(product: Product, run_id: int, rank: int) -> list[float]:
 
 def test_submit_to_succeeded_with_metrics_from_every_rank(any_product: Product) -> None:
     product = any_product
-    run_id = product.submit()
+    run_id = product.cli_submit()  # the real CLI, end to end
     product.start_scheduler()
     detail = product.wait_status(run_id, "SUCCEEDED", "FAILED", "CANCELLED")
     assert detail["status"] == "SUCCEEDED", detail["status_reason"]
