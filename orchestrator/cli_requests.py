@@ -29,16 +29,15 @@ from orchestrator.cli_base import (
 @click.option("--json", "as_json", is_flag=True, help="Print {\"id\": N} as JSON.")
 def submit(config_file: Path, overrides: tuple[str, ...], as_json: bool) -> None:
     """Queue a run from a TOML config; prints the new run's id."""
-    from db.config import ConfigError, apply_overrides, parse_toml, plausibility_warnings, read_config_text
+    from db.config import ConfigError, plausibility_warnings
     from orchestrator.resources import detect_inventory
     from orchestrator.submission import submit as submit_run
-    from orchestrator.submission import validate
+    from orchestrator.submission import validate_file
 
     settings = load_settings()
     try:
-        text = read_config_text(config_file)
         inventory = detect_inventory()
-        config = validate(apply_overrides(parse_toml(text), list(overrides)), inventory)
+        config = validate_file(config_file, list(overrides), inventory)
         for warning in plausibility_warnings(config):  # queued all the same: the shell has no "are you sure"
             click.echo(f"warning: {config_file}: {warning}", err=True)
         run_id = submit_run(open_sessions(settings), settings, config, inventory)

@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.config import ConfigError, LaunchConfig, RunConfig, apply_overrides, parse_config
+from db.config import ConfigError, LaunchConfig, RunConfig, apply_overrides, parse_config, parse_toml, read_config_text
 from db.cost import config_price
 from db.inventory import Inventory, check_fits
 from db.models import Event, Run
@@ -91,6 +91,16 @@ def validate(data: dict[str, Any], inventory: Inventory, *, roots: ScriptRoots |
 MAX_TEXT_BYTES = 256 * 1024**2
 # gpt-char keeps the last 10% of the text for validation and draws windows of block_size + 1.
 VAL_FRACTION = 0.1
+
+
+def validate_file(path: str | Path, overrides: list[str], inventory: Inventory) -> RunConfig:
+    """A TOML run config file with ``--set`` overrides, validated for this machine: what
+    `runyard submit` queues.
+
+    Raises:
+        ConfigError: the file cannot be read or parsed, or the config is refused (:func:`validate`).
+    """
+    return validate(apply_overrides(parse_toml(read_config_text(path)), overrides), inventory)
 
 
 def _text_problem(raw: str, path: Path, block_size: int) -> str | None:

@@ -83,12 +83,11 @@ class Product:
         check, private umask, validation and queueing), in this process: a CLI process costs
         0.6 s of CPU, taken from the ranks of the tests beside it on two cores. The real CLI
         submits in :meth:`cli_submit` (test_spine, test_private_home, tests/faults/test_bad_input)."""
-        from db.config import apply_overrides, parse_toml, read_config_text
         from db.home import PRIVATE_UMASK, check_home, make_private
         from db.settings import load_settings
         from orchestrator.cli_base import open_sessions
         from orchestrator.resources import detect_inventory
-        from orchestrator.submission import submit, validate
+        from orchestrator.submission import submit, validate_file
 
         settings = load_settings(self.env)
         inventory = detect_inventory(self.env)
@@ -96,7 +95,7 @@ class Product:
         try:
             check_home(settings, create=True)
             make_private(settings.home)
-            config = validate(apply_overrides(parse_toml(read_config_text(EXAMPLE)), list(overrides)), inventory)
+            config = validate_file(EXAMPLE, list(overrides), inventory)
             sessions = open_sessions(settings)
             try:
                 return submit(sessions, settings, config, inventory)
