@@ -58,12 +58,12 @@ def write_atomic(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
-def reserve(path: str, size: int = 4096) -> None:
-    """Write ``path``'s temporary file now (``size`` spaces), so that :func:`write_reserved` can
-    overwrite it in place later, on a disk that may be full by then. A failure is left to that
-    later write."""
+def reserve(path: str, size: int = 4096, suffix: str = ".tmp") -> None:
+    """Write ``path``'s temporary file (``path`` + ``suffix``) now, ``size`` spaces, so that
+    :func:`write_reserved` can overwrite it in place later, on a disk that may be full by then.
+    A failure is left to that later write."""
     try:
-        with open(f"{path}.tmp", "wb") as f:
+        with open(f"{path}{suffix}", "wb") as f:
             f.write(b" " * size)
             f.flush()
             os.fsync(f.fileno())
@@ -71,10 +71,10 @@ def reserve(path: str, size: int = 4096) -> None:
         pass
 
 
-def write_reserved(path: str, text: str) -> None:
+def write_reserved(path: str, text: str, suffix: str = ".tmp") -> None:
     """Write ``text`` to ``path`` atomically, into the temporary file :func:`reserve` made when
     it is there and large enough (padded with spaces, which JSON ignores), else a new one."""
-    tmp = f"{path}.tmp"
+    tmp = f"{path}{suffix}"
     data = text.encode()
     try:
         size = os.path.getsize(tmp)
@@ -138,16 +138,24 @@ POLL_S = 0.2
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
+# The launch record's second version (with torchrun's pids) goes into a page of its own, taken
+# before the first version is written: the disk may be full by the time torchrun has started.
+LAUNCH_RESERVE = ".next"
+
+
 def write_launch_record(path: str, torchrun: list[psutil.Process] | None = None) -> None:
     """Record this shim's pid and create time, and each torchrun agent's once it is started
-    (``torchrun_pid`` is the first node's, ``node_pids`` every node's)."""
+    (``torchrun_pid`` is the first node's, ``node_pids`` every node's), the latter into the page
+    reserved under LAUNCH_RESERVE."""
     me = psutil.Process()
     record: dict[str, object] = {"shim_pid": me.pid, "shim_create_time": me.create_time(), "written_at": time.time(),
                                  "torchrun_pid": None, "torchrun_create_time": None, "node_pids": []}
     if torchrun:
         record.update(torchrun_pid=torchrun[0].pid, torchrun_create_time=torchrun[0].create_time(),
                       node_pids=[p.pid for p in torchrun])
-    write_atomic(path, json.dumps(record))
+        write_reserved(path, json.dumps(record), LAUNCH_RESERVE)
+    else:
+        write_atomic(path, json.dumps(record))
 
 
 def parse_args(argv: list[str]) -> tuple[str, list[list[str]], float] | None:
@@ -182,14 +190,20 @@ def main(argv: list[str]) -> int:
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     record = str(Path(exit_file).parent / LAUNCH_RECORD)
-    # The exit file's page first: once the launch record exists (what the scheduler and the
-    # tests wait for), the page is already taken, whatever fills the disk after.
+    # The pages of the exit file and of the launch record's second version first: once the
+    # launch record exists (what the scheduler and the tests wait for), they are already taken,
+    # whatever fills the disk after.
     reserve(exit_file)
+    reserve(record, suffix=LAUNCH_RESERVE)
     write_launch_record(record)
     started = time.time()
     children = start_children(commands)
-    with contextlib.suppress(psutil.NoSuchProcess):  # an agent already ended: the exit file below says how
+    try:
         write_launch_record(record, [psutil.Process(c.pid) for c in children])
+    except psutil.NoSuchProcess:  # an agent already ended: the exit file below says how
+        pass
+    except OSError as exc:  # the storage failed past the reserved page: the shim's own pid is on record
+        _say(f"[runyard shim] cannot record torchrun's pid in {record}: {exc}; the shim's pid stands for it")
     code, failed, nodes = wait_group(children, grace_s)
     ended: dict[str, object] = {"exit_code": code, "pid": failed.pid, "started_at": started, "ended_at": time.time()}
     if len(children) > 1:

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from sqlalchemy import event, select
 from sqlalchemy.exc import OperationalError
@@ -35,6 +36,7 @@ from db.scheduler_file import FILE_SIZE, SchedulerFile, read_scheduler_file
 from db.settings import Settings
 from orchestrator import admission
 from orchestrator import scheduler as scheduler_module
+from orchestrator import shim as shim_module
 from orchestrator.failures import classify, normalize_exception
 from orchestrator.repeats import RepeatedErrors
 from orchestrator.retry import AttemptOutcome, decide
@@ -330,7 +332,7 @@ def test_on_a_full_disk_the_shim_still_writes_its_exit_file(tmp_path: Path) -> N
         attempt = mnt / "attempts" / "1"
         attempt.mkdir(parents=True)
         log, go = tmp_path / "shim.log", tmp_path / "go"
-        shim = _shim(attempt / "exit.json", go, 1, log, retry_s="0")
+        shim = _shim(attempt / "exit.json", go, 4, log, retry_s="0")  # not 1, which a crashed shim exits with
         try:
             _wait_for("the shim's launch record", lambda: (attempt / "launch.json").exists())
             with pytest.raises(OSError) as full, open(mnt / "filler", "wb") as filler:  # noqa: PT011, PT012 - fills the disk to ENOSPC
@@ -339,12 +341,31 @@ def test_on_a_full_disk_the_shim_still_writes_its_exit_file(tmp_path: Path) -> N
                     filler.flush()
             assert full.value.errno == errno.ENOSPC
             go.touch()
-            assert shim.wait(timeout=10) == 1
+            assert shim.wait(timeout=10) == 4, _read(log)
         finally:
             go.touch()
             shim.kill()
         record = json.loads((attempt / "exit.json").read_text())  # written into the page reserved at launch
-    assert record["exit_code"] == 1 and "storage_error" not in record
+        launch = json.loads((attempt / "launch.json").read_text())
+    assert record["exit_code"] == 4 and "storage_error" not in record
+    assert launch["torchrun_pid"] == launch["node_pids"][0] > 0  # the second version had its page too
+
+
+def test_the_launch_record_s_second_version_is_written_on_a_disk_filled_after_the_first(tmp_path: Path) -> None:
+    """The order the shim keeps, made deterministic: the disk fills between the two versions
+    (the race that once crashed the shim before it could write its exit file)."""
+    with tmpfs(tmp_path / "mnt", "size=1m") as mnt:
+        record = str(mnt / "launch.json")
+        shim_module.reserve(record, suffix=shim_module.LAUNCH_RESERVE)
+        shim_module.write_launch_record(record)
+        with pytest.raises(OSError) as full, open(mnt / "filler", "wb") as filler:  # noqa: PT011, PT012 - fills the disk to ENOSPC
+            while True:
+                filler.write(b"\0" * 65536)
+                filler.flush()
+        assert full.value.errno == errno.ENOSPC
+        shim_module.write_launch_record(record, [psutil.Process()])
+        written = json.loads(Path(record).read_text())
+    assert written["torchrun_pid"] == os.getpid() and written["node_pids"] == [os.getpid()]
 
 
 def _waiter_scheduler(sessions: sessionmaker[Session], settings: Settings, go: Path) -> scheduler_module.Scheduler:
