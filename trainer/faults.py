@@ -6,7 +6,9 @@ a kill at a known step); they never change what is computed.
 
 Every hook is inert unless ``RUNYARD_FAULTS=1`` is set as well: the ranks inherit the
 scheduler's environment, so a stray ``RUNYARD_FAULT_*`` left in a user's shell must not reach
-real training. Only runyard's tests set the switch.
+real training. Only runyard's tests set the switch. The training loop's hooks are one object,
+:class:`StepFaults`, which the loop gets only under the switch (:meth:`StepFaults.installed`):
+real training checks one ``None`` a step and calls nothing here.
 
 - ``RUNYARD_FAULT_STEP_DELAY_S=0.02``: sleep this long after every step.
 - ``RUNYARD_FAULT_SETUP_DELAY_S=5``: every rank sleeps this long while setting up (a slow data
@@ -179,13 +181,22 @@ def maybe_abort_at_exit(rank: int) -> None:
 
 class StepFaults:
     """One rank's per-step injections, for a training loop: :meth:`before` a step (raise, CUDA
-    OOM, SIGKILL, the straggler's sleep), :meth:`after` it (the step delay)."""
+    OOM, SIGKILL, stall, file-size limit, the straggler's sleep), :meth:`after_update` its
+    optimizer step (the perturbation), :meth:`after` it (the step delay).
+
+    A loop gets one from :meth:`installed`, which is None unless the switch is on: real training
+    checks one ``None`` per step and calls nothing here."""
 
     def __init__(self, rank: int, attempt: int):
         self.rank = rank
         self.attempt = attempt
         self.slow_s = slow_rank_s(rank)
         self.delay_s = step_delay_s()
+
+    @classmethod
+    def installed(cls, rank: int, attempt: int) -> StepFaults | None:
+        """The hooks of ``rank`` in ``attempt`` when ``RUNYARD_FAULTS=1``; None otherwise."""
+        return cls(rank, attempt) if enabled() else None
 
     def before(self, step: int, batch_size: int) -> None:
         """Before STEP (1-based) with micro-batch ``batch_size``."""
@@ -196,6 +207,10 @@ class StepFaults:
         maybe_limit_file_size(step, self.rank, self.attempt)
         if self.slow_s:
             time.sleep(self.slow_s)
+
+    def after_update(self, step: int, params: Iterable[Any]) -> None:
+        """After the optimizer step of STEP, on the model's ``params``."""
+        maybe_perturb(step, self.rank, params)
 
     def after(self) -> None:
         if self.delay_s:

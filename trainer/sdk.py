@@ -90,6 +90,7 @@ class Run:
         # the step moved on, so every call within a step gets the same answer.
         self._read_at: dict[str, int] = {}
         self._steps_reported = False
+        self._progress_step = 0  # the step the progress mark was last moved to
         self._finished = False
 
     @property
@@ -131,7 +132,6 @@ class Run:
         :meth:`log_rank0`.
         """
         self._monitor.log(step, metrics, then=None if self.managed else self._print)
-        self.reporter.progress(step)
         self._step_reported(step)
 
     def log_rank0(self, step: int, **metrics: float | torch.Tensor) -> None:
@@ -273,6 +273,12 @@ class Run:
         return self._stopping
 
     def _step_reported(self, step: int) -> None:
+        """The script says ``step`` is done: the scheduler's progress mark (heartbeat, ETA) moves
+        to it, once a step whichever call says it first (a step number that goes back, as an
+        epoch-local one does, moves it too)."""
+        if step != self._progress_step:
+            self._progress_step = step
+            self.reporter.progress(step)
         self._last_step = max(self._last_step, step)
         self._steps_reported = True
 

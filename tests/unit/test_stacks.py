@@ -20,6 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import torch
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -259,3 +260,19 @@ def test_fault_hooks_do_nothing_without_the_switch(monkeypatch: pytest.MonkeyPat
         faults.maybe_raise(1, 0, 1)
     monkeypatch.setenv("RUNYARD_FAULTS", "yes")  # only "1" turns them on
     assert not faults.enabled()
+
+
+def test_the_training_loop_gets_its_fault_hooks_only_under_the_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The built-in loop asks for one hook object: None in real training (nothing is called),
+    the hooks in runyard's tests, where the perturbation lands after the optimizer step it names."""
+    monkeypatch.setenv("RUNYARD_FAULT_PERTURB", "3:0")
+    monkeypatch.delenv("RUNYARD_FAULTS", raising=False)
+    assert faults.StepFaults.installed(rank=0, attempt=1) is None
+    monkeypatch.setenv("RUNYARD_FAULTS", "1")
+    hooks = faults.StepFaults.installed(rank=0, attempt=1)
+    assert hooks is not None
+    param = torch.zeros(2)
+    hooks.after_update(2, [param])
+    assert param.tolist() == [0.0, 0.0]
+    hooks.after_update(3, [param])
+    assert param[0].item() == pytest.approx(1e-3) and param[1].item() == 0.0

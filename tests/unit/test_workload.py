@@ -206,6 +206,25 @@ def test_should_stop_gives_one_answer_per_step_so_the_readme_pattern_saves_the_s
     assert CheckpointManager(tmp_path / "checkpoints", is_writer=False).verified_steps() == [5]
 
 
+def test_each_step_moves_the_progress_mark_once_whichever_call_reports_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scheduler's heartbeat and ETA follow the progress mark: a step logged, or only asked
+    about (a loop that logs every N steps), moves it once; an epoch-local step that goes back
+    moves it too."""
+    run = tiny_run(context(tmp_path))
+    marks: list[int] = []
+    monkeypatch.setattr(run.reporter, "progress", marks.append)
+    run.log(1, loss=1.0)
+    run.should_stop(1)
+    run.checkpoint_due(1)
+    run.checkpoint_due(2)  # no log at step 2
+    run.should_stop()
+    run.log(1, loss=0.5)  # a new epoch's step 1
+    run.finish()
+    assert marks == [1, 2, 1]
+
+
 def test_without_step_reports_each_should_stop_call_asks_anew(tmp_path: Path) -> None:
     run = tiny_run(context(tmp_path))
     assert not run.should_stop()

@@ -1,8 +1,10 @@
 """Built-in workloads, run by ``python -m trainer`` on the SDK's ``Run`` as your own script would be.
 
 Each is a class that follows :class:`Workload` (torchtune's recipe idea: a protocol, no base
-class to inherit from), built from the run's config by :func:`build_workload`. Importing this
-package does not import torch; :func:`build_workload` imports the workload's module.
+class to inherit from), built from the run's config by :func:`build_workload`. Both train in the
+one loop of :mod:`trainer.workloads.loop`, nanoGPT's, to which each hands its batches, loss,
+evaluation and checkpoint state. Importing this package does not import torch;
+:func:`build_workload` imports the workload's module.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ class Workload(Protocol):
     :meth:`setup`, :meth:`train` and ``run.finish()`` (``run.close()`` instead after a failure).
 
     Everything that outlives one step (checkpoints and resume, RNG states, the stop signal,
-    metrics and health checks, the notes for the scheduler) is the ``Run``'s: a workload holds
-    only its data, model and loop.
+    metrics and health checks, the notes for the scheduler) is the ``Run``'s, and the step loop
+    is :func:`trainer.workloads.loop.train`'s: a workload holds only its data, model and loss.
     """
 
     def setup(self, run: Run) -> None:

@@ -1,7 +1,8 @@
 """gpt-char: a character-level, decoder-only transformer (nanoGPT-like) on a text file.
 
-Reads top to bottom: data, model, parallelism, loop (:meth:`GPTChar.setup` builds and resumes,
-:meth:`GPTChar.train` loops; the SDK's ``Run`` does checkpoints, stops and metrics). The default
+Reads top to bottom: data, model, parallelism, and the hooks of the shared training loop
+(:meth:`GPTChar.setup` builds and resumes, :func:`trainer.workloads.loop.train` trains; the SDK's
+``Run`` does checkpoints, stops and metrics). The default
 text is the Python standard library's own sources on this machine (no download). Batches are
 windows of ``block_size + 1`` characters at positions drawn from a generator seeded with (seed,
 step, rank): they depend only on the step, so a resumed run repeats the uninterrupted one's
@@ -18,7 +19,6 @@ import hashlib
 import logging
 import math
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -32,10 +32,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.checkpoint import checkpoint
 
 from db.config import RunConfig
-from trainer import faults, techniques
+from trainer import techniques
 from trainer.checkpoint import Stateful
 from trainer.distributed import DistInfo
-from trainer.monitoring import Interval
+from trainer.workloads import loop
 
 if TYPE_CHECKING:
     from trainer.sdk import Run
@@ -320,7 +320,8 @@ def evaluate(runner: nn.Module, val: torch.Tensor, config: RunConfig, info: Dist
 
 
 class GPTChar:
-    """The gpt-char workload (:class:`~trainer.workloads.Workload`).
+    """The gpt-char workload (:class:`~trainer.workloads.Workload`), trained by the shared loop
+    (:class:`~trainer.workloads.loop.Recipe`).
 
     Args:
         config: The run's config (``[workload]`` model and text, ``[train]``, ``[parallel]``).
@@ -332,6 +333,7 @@ class GPTChar:
     def __init__(self, config: RunConfig) -> None:
         check_supported(config)
         self.config = config
+        self.tokens_per_sample: int | None = config.workload.block_size
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint holds besides the step and the RNG states (the Run adds those): the
@@ -344,17 +346,19 @@ class GPTChar:
 
     def setup(self, run: Run) -> None:
         tc, wc, info = self.config.train, self.config.workload, run.info
+        self.info = info
         torch.manual_seed(tc.seed)  # every rank builds the same initial model
         if tc.deterministic:
             techniques.use_deterministic_algorithms(tc)
         self.corpus = load_corpus(wc.text)
         self.model = GPT(len(self.corpus.vocab), wc.n_layer, wc.n_head, wc.n_embd, wc.block_size,
                          activation_checkpointing=tc.activation_checkpointing).to(info.device)
-        self.peak = techniques.peak_flops(info.device)
+        self.flops_per_sample = flops_per_token(self.model, wc.n_layer, wc.n_embd, wc.block_size) * wc.block_size
+        self.peak_flops = techniques.peak_flops(info.device)
         if info.is_main:
             logger.info("gpt-char: vocab %d, train %d chars, %.2fM non-embedding params, peak %s FLOP/s",
                         len(self.corpus.vocab), len(self.corpus.train), self.model.non_embedding_params() / 1e6,
-                        f"{self.peak:.3g}" if self.peak else "unknown")
+                        f"{self.peak_flops:.3g}" if self.peak_flops else "unknown")
 
         self.runner, self.forward = parallelize(self.model, self.config, info)
         self.optimizer = techniques.build_optimizer(self.model, tc, info.device)
@@ -367,68 +371,24 @@ class GPTChar:
 
     def train(self, run: Run) -> dict[str, float]:
         """Train to ``train.max_steps`` (or a stop request); returns the final step and eval loss."""
-        tc, wc, info = self.config.train, self.config.workload, run.info
-        model, runner, forward, optimizer, scaler = self.model, self.runner, self.forward, self.optimizer, self.scaler
-        samples_per_step = tc.batch_size * tc.grad_accum
-        flops_per_sample = flops_per_token(model, wc.n_layer, wc.n_embd, wc.block_size) * wc.block_size
-        step = self.step
+        return loop.train(run, self, self.config.train)
 
-        iv = Interval()
-        latest: dict[str, float | torch.Tensor] = {}  # the loss stays on the device until a save
-        injected = faults.StepFaults(info.rank, run.ctx.attempt)
-        first_step = step + 1
-        while step < tc.max_steps:
-            injected.before(step + 1, tc.batch_size)
+    def batches(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The step's windows (drawn from a generator seeded by seed, step and rank), split into
+        ``grad_accum`` micro-batches."""
+        tc, device = self.config.train, self.info.device
+        gen = window_generator(tc.seed, "train", step, self.info.rank)
+        xs, ys = get_batch(self.corpus.train, self.config.workload.block_size, tc.batch_size * tc.grad_accum, gen)
+        if device.type == "cuda":  # from pinned memory the copy really does not block
+            xs, ys = xs.pin_memory(), ys.pin_memory()
+        xs, ys = xs.to(device, non_blocking=True), ys.to(device, non_blocking=True)
+        return list(zip(xs.split(tc.batch_size), ys.split(tc.batch_size), strict=True))
 
-            t0 = time.perf_counter()
-            gen = window_generator(tc.seed, "train", step, info.rank)
-            xs, ys = get_batch(self.corpus.train, wc.block_size, tc.batch_size * tc.grad_accum, gen)
-            if info.device.type == "cuda":  # from pinned memory the copy really does not block
-                xs, ys = xs.pin_memory(), ys.pin_memory()
-            xs, ys = xs.to(info.device, non_blocking=True), ys.to(info.device, non_blocking=True)
-            iv.data_wait += time.perf_counter() - t0
+    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return cross_entropy(self.forward(x), y)
 
-            lr = techniques.lr_at(step, tc)
-            techniques.set_lr(optimizer, lr)
-            optimizer.zero_grad(set_to_none=True)
-            for micro, (x, y) in enumerate(zip(xs.split(tc.batch_size), ys.split(tc.batch_size), strict=True)):
-                # Gradients are all-reduced (or reduce-scattered) once, on the last micro-batch.
-                with techniques.micro_step(runner, final=micro == tc.grad_accum - 1):
-                    with techniques.autocast(tc.precision, info.device):
-                        loss = cross_entropy(forward(x), y) / tc.grad_accum
-                    (scaler.scale(loss) if scaler is not None else loss).backward()
-                iv.loss = iv.loss + loss.detach()
-            run.before_update()  # the previous step's checkpoint snapshot is taken by now
-            iv.grad_norm = iv.grad_norm + techniques.optimizer_update(model, optimizer, scaler, tc.clip_grad_norm)
-            faults.maybe_perturb(step + 1, info.rank, model.parameters())
-            step += 1
-            iv.steps += 1
-            run.reporter.progress(step)
-            if step == first_step:  # the optimizer's state exists now: ready the checkpoint's buffers
-                run.prepare_checkpoint(self.state())
+    def evaluate(self) -> dict[str, float]:
+        return {"eval_loss": evaluate(self.runner, self.corpus.val, self.config, self.info)}
 
-            last = step == tc.max_steps
-            if step % tc.log_every == 0 or last:
-                metrics = iv.report(lr, samples_per_step, flops_per_sample, self.peak, scaler,
-                                    tokens_per_sample=wc.block_size)
-                latest["loss"] = metrics["loss"]
-                run.log(step, **metrics)
-                iv = iv.next()  # what follows (evaluation aside) counts as the next steps'
-            if (tc.eval_every and step % tc.eval_every == 0) or last:
-                t_eval = time.perf_counter()
-                eval_loss = evaluate(runner, self.corpus.val, self.config, info)
-                latest["eval_loss"] = eval_loss
-                iv.excluded += time.perf_counter() - t_eval  # evaluation is not part of a step
-                run.reporter.log_main(step, eval_loss=eval_loss)
-                if info.is_main:
-                    logger.info("step %d: eval loss %.4f", step, latest["eval_loss"])
-            # Save when the schedule says so or when any rank got SIGTERM; one agreement of the
-            # ranks per step answers both, the same on every rank.
-            stopping = run.should_stop()
-            if stopping or run.checkpoint_due(step, last=last):
-                run.save_checkpoint(step, self.state(), metrics=latest, defer_snapshot=True)
-            if stopping:
-                logger.info("SIGTERM: stopped after step %d with a checkpoint", step)
-                break
-            injected.after()
-        return {"step": step, "eval_loss": float(latest.get("eval_loss", float("nan")))}
+    def extra_metrics(self) -> dict[str, float]:
+        return {}
