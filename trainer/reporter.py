@@ -48,6 +48,11 @@ class DatabaseWriter(threading.Thread):
     interval is written in one transaction. A failed transaction loses nothing: its records stay
     pending, the records that arrive meanwhile join them, and the whole batch is tried again
     with a growing wait. Rows count as written only once committed (:attr:`rows_written`).
+
+    The thread sleeps between flushes: records only join its queue, and only the first step and
+    :meth:`close` wake it early. A thread woken by every record (a few a step) would take the
+    GIL from the training thread a few times a step; on a busy machine the training thread then
+    waits until this one is scheduled again.
     """
 
     def __init__(self, db_url: str, run_id: int, attempt: int, flush_interval_s: float = 1.0,
@@ -60,10 +65,11 @@ class DatabaseWriter(threading.Thread):
         self._max_rows = max_pending_rows
         self._close_timeout_s = close_timeout_s
         self._queue: queue.SimpleQueue[tuple[str, Any] | None] = queue.SimpleQueue()
+        self._wake = threading.Event()  # flush now: the first step (STARTING -> RUNNING), or close()
+        self._first_step_queued = False
         self._handlers: dict[str, Handler] = {"event": self._write_events}
         self._pending: dict[str, list[Any]] = {}
         self._progress: tuple[int | None, float, str | None] | None = None
-        self._first_step_written = False
         self._in_startup = False  # a start-up phase was queued and no step has come since
         self._failures = 0  # consecutive failed transactions
         self._failing_since: float | None = None
@@ -86,11 +92,15 @@ class DatabaseWriter(threading.Thread):
     def put_progress(self, step: int | None, phase: str | None = None) -> None:
         """The newest completed step (or None: only the phase changed)."""
         self._queue.put(("progress", (step, time.time(), phase)))
+        if step is not None and not self._first_step_queued:  # news (STARTING -> RUNNING): write it now
+            self._first_step_queued = True
+            self._wake.set()
 
     def close(self, timeout_s: float = 60.0) -> None:
         """Flush everything queued and stop the thread (a failing database gets the writer's
         ``close_timeout_s`` more tries; what still could not be written is logged)."""
         self._queue.put(None)
+        self._wake.set()
         self.join(timeout_s)
         if self.is_alive():
             logger.error("database writer did not finish within %.0f s; %s are not written", timeout_s,
@@ -99,11 +109,13 @@ class DatabaseWriter(threading.Thread):
     # -- collecting -----------------------------------------------------------------------
 
     def _drain(self, wait_s: float) -> bool:
-        """Collect what arrives within ``wait_s``; False once close() was called."""
-        deadline = time.monotonic() + wait_s
+        """Sleep ``wait_s`` (less when woken: the first step, close), then collect everything
+        queued; False once close() was called."""
+        self._wake.wait(wait_s)
+        self._wake.clear()
         while True:
             try:
-                item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+                item = self._queue.get_nowait()
             except queue.Empty:
                 return True
             if item is None:
@@ -119,8 +131,6 @@ class DatabaseWriter(threading.Thread):
                 elif phase is None and step is not None and self._in_startup:
                     phase, self._in_startup = "", False  # the first step clears a start-up phase ("" writes NULL)
                 self._progress = (step, at, phase if phase is not None else held)
-                if not self._first_step_written and step is not None and not self._failures:
-                    return True  # the first step is news (STARTING -> RUNNING): write it now
             elif kind == "rows":
                 rows = self._pending.setdefault("rows", [])
                 rows.extend(payload)
@@ -214,7 +224,6 @@ class DatabaseWriter(threading.Thread):
             self._failed(exc)
             return False
         self.rows_written += len(self._pending.get("rows", []))
-        self._first_step_written |= self._progress is not None and self._progress[0] is not None
         self._pending, self._progress = {}, None
         self._dropped_rows, self._dropped_steps = 0, None
         if self._failures:
