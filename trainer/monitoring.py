@@ -71,6 +71,12 @@ class Interval:
         the step times add up to the wall time."""
         return Interval(started=self.reported_at if self.reported_at is not None else time.perf_counter())
 
+    def _mean(self, total: torch.Tensor | float) -> torch.Tensor:
+        """A per-step mean (no tensor operation when the interval is one step, as at
+        ``log_every = 1``)."""
+        total = torch.as_tensor(total)
+        return total if self.steps == 1 else total / self.steps
+
     def report(self, lr: float, samples_per_step: int, flops_per_sample: float, peak_flops: float | None,
                scaler: torch.amp.GradScaler | None = None, tokens_per_sample: int | None = None
                ) -> dict[str, float | torch.Tensor]:
@@ -86,8 +92,7 @@ class Interval:
         data_wait = self.data_wait / self.steps
         samples_per_s = samples_per_step / step_time
         metrics: dict[str, float | torch.Tensor] = {
-            "loss": torch.as_tensor(self.loss) / self.steps, "lr": lr,
-            "grad_norm": torch.as_tensor(self.grad_norm) / self.steps,
+            "loss": self._mean(self.loss), "lr": lr, "grad_norm": self._mean(self.grad_norm),
             "step_time": step_time, "data_wait_s": data_wait, "compute_s": step_time - data_wait,
             "samples_per_s": samples_per_s,
         }
