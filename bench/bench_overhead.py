@@ -1,6 +1,6 @@
 """Steps/s of gpt-char under runyard against hand-written DDP loops of the same model and data.
 
-    .venv/bin/python bench/bench_overhead.py [--reps 7] [--steps 300] [--warmup 50]
+    .venv/bin/python bench/bench_overhead.py [--reps 7] [--steps 300] [--warmup 50] [--baseline DIR]
 
 runyard side: a fresh data folder, a real `runyard scheduler`, `runyard submit` of a 2-rank
 gpt-char run with metrics every step (log_every = 1), gradient clipping at 1.0 and checkpoints
@@ -16,7 +16,10 @@ steps with ``time.time()``.
 - ``bare``: forward, backward, step; nothing else. No loop anyone runs looks like this; it is
   the floor.
 
-The three take turns, ``reps`` times each; printed: each repetition's numbers, the ratios of the
+``--baseline DIR`` adds a fourth side: runyard from another checkout (``git worktree add DIR
+COMMIT``, or ``git archive COMMIT | tar -x -C DIR``), its scheduler and ranks importing DIR
+(on ``PYTHONPATH``) with this interpreter: a change against the code before it, under the same
+load. The sides take turns, ``reps`` times each; printed: each repetition's numbers, the ratios of the
 medians to each hand-written loop (target >= 0.98 against ``nanogpt``), the medians of the
 per-repetition ratios (less sensitive to the machine drifting between repetitions), and the
 scheduler process's CPU share while a run trains.
@@ -51,27 +54,29 @@ HAND_LOG_EVERY = 10
 SCHEDULER_CPU: list[float] = []  # scheduler process CPU seconds per wall second, one per managed run
 
 
-def bench_env(home: Path | None = None) -> dict[str, str]:
+def bench_env(home: Path | None = None, tree: Path | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("RUNYARD_DB_URL", None)
     env.pop("OMP_NUM_THREADS", None)  # both sides get torchrun's default
     if home is not None:
         env["RUNYARD_HOME"] = str(home)
+    if tree is not None:  # its packages come before this checkout's editable install
+        env["PYTHONPATH"] = str(tree)
     return env
 
 
-def runyard_steps_per_s(steps: int, warmup: int) -> float:
+def runyard_steps_per_s(steps: int, warmup: int, tree: Path | None = None) -> float:
     """One managed 2-rank run on CPU; steps/s between step ``warmup`` and ``steps``."""
     sets = [f"workload.{k}={v}" for k, v in MODEL.items()] + [
         "workload.kind=gpt-char", "name=bench-overhead", f"train.batch_size={BATCH}", f"train.lr={LR}",
         f"train.max_steps={steps}", "train.log_every=1", "train.eval_every=0", f"train.clip_grad_norm={CLIP}",
         "train.lr_schedule=cosine", f"checkpoint.every_steps={SAVE_EVERY}", "supervision.startup_timeout_s=600",
     ]
-    return managed_run(sets, steps, warmup)["steps_per_s"]
+    return managed_run(sets, steps, warmup, tree=tree)["steps_per_s"]
 
 
 def managed_run(sets: list[str], steps: int, warmup: int, keys: tuple[str, ...] = (),
-                series: str | None = None) -> dict[str, Any]:
+                series: str | None = None, tree: Path | None = None) -> dict[str, Any]:
     """One run through the product: a fresh data folder, a real `runyard scheduler`, `runyard
     submit` of examples/digits.toml with ``sets`` (``--set`` items) to ``steps`` steps.
 
@@ -80,20 +85,22 @@ def managed_run(sets: list[str], steps: int, warmup: int, keys: tuple[str, ...] 
         metric rows (start-up, compilation and the final evaluation are left out), and for each
         of ``keys`` the median of rank 0's values of that metric after step ``warmup``; with
         ``series``, that metric's (step, value) pairs of rank 0 under ``"series"``. The
-        scheduler's CPU share while the run trains is appended to SCHEDULER_CPU.
+        scheduler's CPU share while the run trains is appended to SCHEDULER_CPU. With
+        ``tree``, the scheduler and the ranks run that checkout's code (see ``--baseline``).
     """
     with tempfile.TemporaryDirectory(prefix="runyard-bench-") as tmp:
         home = Path(tmp)
-        env = bench_env(home)
+        env = bench_env(home, tree)
         runyard = [sys.executable, "-m", "orchestrator"]
-        subprocess.run([*runyard, "db", "upgrade"], env=env, check=True, capture_output=True)
+        subprocess.run([*runyard, "db", "upgrade"], env=env, check=True, capture_output=True, cwd=tree)
         sched = subprocess.Popen([*runyard, "scheduler"], env=env, stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.DEVNULL)
+                                 stderr=subprocess.DEVNULL, cwd=tree)
         try:
             args = [*runyard, "submit", str(ROOT / "examples" / "digits.toml")]
             for item in sets:
                 args += ["--set", item]
-            run_id = int(subprocess.run(args, env=env, check=True, capture_output=True, text=True).stdout.strip())
+            run_id = int(subprocess.run(args, env=env, check=True, capture_output=True, text=True,
+                                        cwd=tree).stdout.strip())
             ps = psutil.Process(sched.pid)
             wait_step(home, run_id, warmup)  # the scheduler's start-up and the launch are left out
             cpu0, t0 = sum(ps.cpu_times()[:2]), time.monotonic()
@@ -217,6 +224,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=50, help="steps left out at the start")
+    parser.add_argument("--baseline", type=Path, help="also time runyard from this checkout (the code before a change)")
     parser.add_argument("--hand-loop", choices=["nanogpt", "bare"], help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -226,9 +234,13 @@ def main() -> None:
     print(f"gpt-char {MODEL}, batch {BATCH} per rank, 2 ranks on CPU, {args.steps} steps "
           f"(timed from step {args.warmup}), {args.reps} alternating repetitions", flush=True)
     results: dict[str, list[float]] = {"nanogpt": [], "bare": [], "runyard": []}
+    if args.baseline:
+        results["baseline"] = []
     for i in range(args.reps):
         for kind in ("nanogpt", "bare"):
             results[kind].append(hand_steps_per_s(args.steps, args.warmup, kind))
+        if args.baseline:
+            results["baseline"].append(runyard_steps_per_s(args.steps, args.warmup, args.baseline.resolve()))
         results["runyard"].append(runyard_steps_per_s(args.steps, args.warmup))
         print(f"rep {i + 1}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in results.items()) + " steps/s; runyard / "
               f"nanogpt {results['runyard'][-1] / results['nanogpt'][-1]:.3f}, runyard / bare "
@@ -238,7 +250,7 @@ def main() -> None:
     print(f"scheduler process (supervision, system metrics): {statistics.median(SCHEDULER_CPU) * 100:.1f}% "
           "of one core while a run trains (median)")
     print("median steps/s: " + ", ".join(f"{k} {v:.2f}" for k, v in med.items()))
-    for base in ("nanogpt", "bare"):
+    for base in ("nanogpt", "bare", *(["baseline"] if args.baseline else [])):
         ratio = med["runyard"] / med[base]
         pairs = [r / h for r, h in zip(results["runyard"], results[base], strict=True)]
         target = " (target >= 0.98)" if base == "nanogpt" else ""
@@ -246,6 +258,12 @@ def main() -> None:
               f"{statistics.median(pairs):.3f} (range {min(pairs):.2f}-{max(pairs):.2f})")
         summary[f"ratio_to_{base}"] = ratio
         summary[f"median_pair_ratio_to_{base}"] = statistics.median(pairs)
+    if args.baseline:
+        pairs = [b / h for b, h in zip(results["baseline"], results["nanogpt"], strict=True)]
+        ratio = med["baseline"] / med["nanogpt"]
+        print(f"baseline / nanogpt: ratio of medians {ratio:.3f}; median of the per-repetition ratios "
+              f"{statistics.median(pairs):.3f} (range {min(pairs):.2f}-{max(pairs):.2f})")
+        summary["baseline_ratio_to_nanogpt"] = ratio
     summary["scheduler_cpu_fraction"] = SCHEDULER_CPU
     print(json.dumps(summary))
 
