@@ -27,6 +27,7 @@ import torch
 from sqlalchemy import Connection, insert
 from torch import nn
 
+from db.checks import CHECKS_EVENT, checks_message
 from trainer.health import DesyncCheck, Finding, PreSyncClock, StragglerCheck, params_checksum, timed_allreduce
 
 if TYPE_CHECKING:
@@ -176,9 +177,28 @@ class Monitor:
         channel.add_wait_guard(self.outside_step)
         channel.add_before_agree(self._agreeing)
         self._pending: _PendingLog | None = None  # a log whose device values are on their way
+        # Why the straggler and desync checks do not run, until watch() says otherwise; rank 0
+        # records which checks run at its first log (a "checks" event), so that the Run page
+        # says "not checked" instead of "none found" where they did not.
+        self._unchecked: dict[str, str] = (
+            {"stragglers": "one rank, nothing to compare", "desyncs": "one rank, nothing to compare"}
+            if world_size == 1 else
+            {"stragglers": "the script did not call run.watch(model)",
+             "desyncs": "the script did not call run.watch(model)"})
+        if not self.straggler_ratio and world_size > 1:
+            self._unchecked["stragglers"] = "supervision.straggler_ratio is 0"
+        if not supervision.desync_check_every and world_size > 1:
+            self._unchecked["desyncs"] = "supervision.desync_check_every is 0"
+        self._checks_recorded = rank != 0
         writer = reporter.writer
         if writer is not None and reporter.ctx.run_id is not None:
             writer.register(EVENT_RECORD, self._write_findings)
+
+    @property
+    def checks(self) -> str:
+        """Which of the straggler and desync checks run (db/checks.py's message), as rank 0
+        records it at the first log."""
+        return checks_message(self._unchecked)
 
     def watch(self, runner: nn.Module) -> None:
         """Measure ``runner`` (what runs forward: DDP, FSDP or plain), before its first step.
@@ -196,16 +216,24 @@ class Monitor:
         if any(_is_sharded(p) for p in params):
             if self.rank == 0:
                 logger.info("straggler and desync checks are off: the parameters are sharded (FSDP)")
+            self._unchecked = {k: "the parameters are sharded (FSDP)" for k in ("stragglers", "desyncs")}
             return
         self._params = params
-        if isinstance(runner, nn.parallel.DistributedDataParallel) and self.straggler_ratio:
+        if self._desync.every:
+            self._unchecked.pop("desyncs", None)
+        if not isinstance(runner, nn.parallel.DistributedDataParallel):
+            if self.straggler_ratio:
+                self._unchecked["stragglers"] = "the model is not wrapped in DistributedDataParallel"
+        elif self.straggler_ratio:
             clock = PreSyncClock(self.device)
             try:
                 runner.register_comm_hook((clock, runner.process_group), timed_allreduce)
             except RuntimeError as exc:  # the script registered its own hook
                 logger.warning("straggler check off: %s", exc)
+                self._unchecked["stragglers"] = "the script registered its own DDP communication hook"
                 return
             self.clock = clock
+            self._unchecked.pop("stragglers", None)
 
     def begin(self, step: int) -> None:
         """The loop starts after ``step`` (0, or the resumed checkpoint's)."""
@@ -243,6 +271,9 @@ class Monitor:
         the exchange is launched then. So a metric every step costs no device synchronisation.
         """
         self._launch_pending()  # at most one log waits for its values
+        if not self._checks_recorded:
+            self._checks_recorded = True
+            self._record(Finding("info", CHECKS_EVENT, self.checks))
         values: dict[str, float] = {}
         tensors: dict[str, torch.Tensor] = {}
         for key, value in metrics.items():

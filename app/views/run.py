@@ -156,8 +156,10 @@ def live_series(d: dict) -> dict[str, data.LiveSeries]:
 
 
 def event_badges(d: dict, series: dict[str, data.LiveSeries]) -> None:
-    """A row of badges with counts: stragglers, desyncs, NaNs, hangs. Without a "nan" event
-    from the trainer, NaNs are counted from the charts' buckets."""
+    """A row of badges: what the checks found, with counts (stragglers, desyncs, NaNs, hangs);
+    a green one for the checks that ran and found nothing; a grey one for each check that did
+    not run, saying why (:func:`health_checks`). Without a "nan" event from the trainer, NaNs
+    are counted from the charts' buckets."""
     counts = dict(data.event_counts(d["id"]))
     if not counts.get("nan"):
         cutoffs = data.lineage_cutoffs(d["attempts"])
@@ -165,21 +167,52 @@ def event_badges(d: dict, series: dict[str, data.LiveSeries]) -> None:
                             if r["step"] <= cutoffs.get(r["attempt"], float("inf")))
     shown = [f":{color}-badge[{icon} {label} × {counts[kind]}]"
              for kind, (color, icon, label) in EVENT_BADGES.items() if counts.get(kind)]
-    if shown:
-        st.markdown(" ".join(shown))
-    elif unmonitored(d):
-        st.markdown(":gray-badge[:material/help: stragglers, desyncs, NaNs and hangs not checked "
-                    "(the script does not use runyard's SDK)]")
+    unchecked = health_checks(d, has_metrics=any(s.rows for s in series.values()))
+    found = {"stragglers": "straggler", "desyncs": "desync", "nans": "nan", "hangs": "hang"}
+    clean = [CHECK_LABELS[c] for c in CHECK_LABELS if c not in unchecked and not counts.get(found[c])]
+    if clean:
+        shown.append(f":green-badge[:material/check: no {_and(clean)}]")
+    by_reason: dict[str, list[str]] = {}
+    for check, why in unchecked.items():
+        by_reason.setdefault(why, []).append(CHECK_LABELS[check])
+    shown += [f":gray-badge[:material/help: {_and(labels)} not checked ({why})]" for why, labels in by_reason.items()]
+    st.markdown(" ".join(shown))
+
+
+CHECK_LABELS = {"stragglers": "stragglers", "desyncs": "desyncs", "nans": "NaNs", "hangs": "hangs"}
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} or {items[-1]}"
+
+
+def health_checks(d: dict, has_metrics: bool) -> dict[str, str]:
+    """{check: why it has not run} for the run's newest attempt; a check missing from the
+    result ran (and its findings, if any, are the event counts).
+
+    - hangs: the scheduler's watchdog judges every live attempt from its launch on, except a
+      plain script before its first line of output (nothing to measure progress by);
+    - NaNs: judged on the stored metrics, so from the first one;
+    - stragglers and desyncs: rank 0's ``checks`` event says whether they run (db/checks.py);
+      a script that never reported through runyard's SDK has none.
+    """
+    if not d["attempts"]:
+        return dict.fromkeys(CHECK_LABELS, "the run has not started")
+    newest = d["attempts"][-1]
+    script = d["config"]["workload"]["kind"] == "script"
+    out: dict[str, str] = {}
+    if script and newest["first_step_at"] is None and newest.get("progress_at") is None:
+        out["hangs"] = "the script has printed nothing yet"
+    if not has_metrics:
+        out["nans"] = "no metric recorded yet"
+    checks = d.get("rank_checks")
+    if checks is None:
+        why = ("the script has not reported through runyard's SDK" if script
+               else "no metrics logged" if d["status"] in TERMINAL_VALUES else "no metrics logged yet")
+        out.update(stragglers=why, desyncs=why)
     else:
-        st.markdown(":green-badge[:material/check: no stragglers, desyncs, NaNs or hangs]")
-
-
-def unmonitored(d: dict) -> bool:
-    """True for a script run whose ranks never reported to runyard (no attempt completed a step
-    through the SDK): the straggler, desync, NaN and hang checks all read those reports, so
-    none of them ran, and "none found" would be a claim nobody checked."""
-    return (d["config"]["workload"]["kind"] == "script" and bool(d["attempts"])
-            and all(a["first_step_at"] is None for a in d["attempts"]))
+        out.update({check: why for check, why in checks.items() if why is not None})
+    return out
 
 
 def chart_options(run_id: int, nproc: int, keys: list[str]) -> charts.ChartOptions:

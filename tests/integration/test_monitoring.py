@@ -64,6 +64,7 @@ def test_a_perturbed_replica_is_reported_as_desync_and_a_normal_run_has_no_strag
     assert desync["level"] == "error"
     assert "at step 80: rank 1 differs from rank 0" in desync["message"]
     assert events(detail, "straggler") == []
+    assert detail["rank_checks"] == {"stragglers": None, "desyncs": None}  # what the Run page says ran
 
     series = points(product, run_id)
     for rank in (0, 1):

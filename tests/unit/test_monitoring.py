@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from db.checks import parse_checks
 from db.config import ConfigError, SupervisionConfig, parse_config
 from trainer.context import RunContext
 from trainer.control import ControlChannel
@@ -197,6 +198,38 @@ def test_a_report_carries_memory_and_reaches_rank_0_with_its_step(tmp_path: Path
     [(step, per_rank)] = got
     assert step == 10 and list(per_rank) == [0]
     assert per_rank[0]["loss"] == 2.5 and per_rank[0]["mem_rss_mib"] > 0
+
+
+def test_rank_0_records_at_its_first_log_which_checks_run_on_one_rank(tmp_path: Path,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    monitor = Monitor(SupervisionConfig(), 0, 1, CPU, MetricReporter(unmanaged(tmp_path), 0, 1), ControlChannel())
+    monitor.watch(nn.Linear(2, 1))
+    with caplog.at_level("INFO", logger="trainer.monitoring"):
+        monitor.log(10, {"loss": 2.5})
+        monitor.log(20, {"loss": 2.0})
+        monitor.close()
+    recorded = [r.getMessage() for r in caplog.records if r.getMessage().startswith("checks: ")]
+    assert recorded == ["checks: stragglers not checked: one rank, nothing to compare; "
+                        "desyncs not checked: one rank, nothing to compare"]  # once, at the first log
+    assert parse_checks(recorded[0].removeprefix("checks: ")) == {
+        "stragglers": "one rank, nothing to compare", "desyncs": "one rank, nothing to compare"}
+
+
+@pytest.mark.parametrize(("supervision", "wrap", "expected"), [
+    ({}, None, {"stragglers": "the script did not call run.watch(model)",
+                "desyncs": "the script did not call run.watch(model)"}),
+    ({}, "plain", {"stragglers": "the model is not wrapped in DistributedDataParallel", "desyncs": None}),
+    ({"straggler_ratio": 0, "desync_check_every": 0}, "plain",
+     {"stragglers": "supervision.straggler_ratio is 0", "desyncs": "supervision.desync_check_every is 0"}),
+])
+def test_which_checks_run_on_two_ranks_says_why_not(tmp_path: Path, supervision: dict, wrap: str | None,
+                                                    expected: dict) -> None:
+    """Without a process group (DDP itself is tried in tests/integration/test_monitoring.py)."""
+    monitor = Monitor(SupervisionConfig(**supervision), 0, 2, CPU, MetricReporter(unmanaged(tmp_path), 0, 2),
+                      ControlChannel())
+    if wrap == "plain":
+        monitor.watch(nn.Linear(2, 1))
+    assert parse_checks(monitor.checks) == expected
 
 
 def test_tensor_values_are_not_waited_for_and_reach_rank_0_a_step_later(tmp_path: Path) -> None:
