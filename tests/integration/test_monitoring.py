@@ -80,3 +80,7 @@ def test_a_perturbed_replica_is_reported_as_desync_and_a_normal_run_has_no_strag
             series[(rank, "step_time")], series[(rank, "data_wait_s")], series[(rank, "compute_s")], strict=True))
         assert set(series[(rank, "lr")]) == {0.001}
         assert all(v > 0 for v in series[(rank, "grad_norm")])
+    # MFU against one peak on every rank (rank 0 measures it): MFU per sample/s is the same.
+    per_throughput = {rank: [m / t for m, t in zip(series[(rank, "mfu")], series[(rank, "samples_per_s")],
+                                                    strict=True)] for rank in (0, 1)}
+    assert per_throughput[0] == pytest.approx(per_throughput[1], rel=1e-9)
