@@ -544,11 +544,16 @@ class SupervisionConfig(_Section):
     """A rank whose time to the gradient sync (its own work between two DDP gradient all-reduces:
     data wait, optimizer, forward, backward up to the first gradient bucket) stays above this
     multiple of the other ranks' median (and by 5 ms or more) over `straggler_window_steps`
-    steps, and for that many steps again, is reported once as a straggler (a warning event).
-    0: off; otherwise above 1. Not measured under FSDP."""
+    steps, and for that many steps again and `straggler_sustain_s` seconds, is reported once as a
+    straggler (a warning event). 0: off; otherwise above 1. Not measured under FSDP."""
 
     straggler_window_steps: int = Field(default=20, ge=1, le=INT64_MAX)
-    """Steps the straggler check takes medians over, and how long a rank must stay slow."""
+    """Steps the straggler check takes medians over, and how many steps a rank must stay slow."""
+
+    straggler_sustain_s: float = Field(default=30.0, ge=0, allow_inf_nan=False)
+    """Seconds a rank must also stay slow before it is called a straggler (and fine again before
+    the episode ends). On a busy machine which rank is slow moves every few seconds; a slow device
+    or a rank's slow data loader stays."""
 
     desync_check_every: int = Field(default=100, ge=0, le=INT64_MAX)
     """Every this many steps the ranks compare a checksum of their parameters (exact: the raw

@@ -85,7 +85,7 @@ INERT_FIELDS: dict[str, str] = {
         "retry.max_retries", "retry.backoff_s", "retry.backoff_max_s",
         "supervision.hang_timeout_s", "supervision.hang_step_factor", "supervision.startup_timeout_s",
         "supervision.grace_s", "supervision.straggler_ratio", "supervision.straggler_window_steps",
-        "supervision.desync_check_every",
+        "supervision.straggler_sustain_s", "supervision.desync_check_every",
         "slurm.gpus_per_node", "slurm.cpus_per_task"), _NUMBER_OR_CHOICE),
     **dict.fromkeys(("slurm.partition", "slurm.account", "slurm.time_limit", "slurm.mem"),
                     "a name, time or size matching a pattern; one sbatch option each"),

@@ -166,8 +166,9 @@ class Monitor:
         self.device = device
         self.reporter = reporter
         self.straggler_ratio = supervision.straggler_ratio if world_size > 1 else 0.0
-        self._straggler = StragglerCheck(world_size, supervision.straggler_ratio, supervision.straggler_window_steps) \
-            if rank == 0 and self.straggler_ratio else None
+        sv = supervision
+        self._straggler = None if rank != 0 or not self.straggler_ratio else StragglerCheck(
+            world_size, sv.straggler_ratio, sv.straggler_window_steps, sv.straggler_sustain_s)
         self._desync = DesyncCheck(supervision.desync_check_every if world_size > 1 else 0)
         self._process = psutil.Process()
         self._params: list[torch.Tensor] = []
@@ -325,7 +326,7 @@ class Monitor:
                 # Each row ends with the checksum, which zip leaves out.
                 per_rank = {r: dict(zip(keys, got, strict=False)) for r, got in enumerate(table)}
                 checksums = [got[-1] for got in table] if log.checksum is not None else None
-                self._check(log.step, log.steps, per_rank, checksums)
+                self._check(log.step, log.steps, per_rank, checksums, log.at)
                 self.reporter.write(log.step, per_rank, log.at)
                 if log.then is not None:
                     log.then(log.step, per_rank)
@@ -333,11 +334,11 @@ class Monitor:
         self.channel.gather(row, received)
 
     def _check(self, step: int, steps: int, per_rank: dict[int, dict[str, float]],
-               checksums: list[float] | None) -> None:
+               checksums: list[float] | None, at: float) -> None:
         """Rank 0: the straggler and desync checks on what the ranks reported."""
         findings: list[Finding] = []
         if self._straggler is not None and "pre_sync_s" in per_rank[0]:
-            findings += self._straggler.update(step, steps, [per_rank[r]["pre_sync_s"] for r in sorted(per_rank)])
+            findings += self._straggler.update(step, steps, [per_rank[r]["pre_sync_s"] for r in sorted(per_rank)], at)
         if checksums is not None:
             found = self._desync.compare(step, checksums)
             findings += [found] if found is not None else []

@@ -39,7 +39,8 @@ def points(product: Product, run_id: int) -> dict[tuple[int, str], list[float]]:
 
 def test_a_slow_rank_is_reported_once_as_a_straggler(product: Product) -> None:
     product.env["RUNYARD_FAULT_SLOW_RANK"] = "1:0.03"
-    run_id = product.submit(*COMMON, "name=straggler")
+    # 1 s instead of the default 30 s that a rank must stay slow: this run lasts a few seconds.
+    run_id = product.submit(*COMMON, "supervision.straggler_sustain_s=1", "name=straggler")
     product.start_scheduler()
     detail = finished(product, run_id)
 
