@@ -286,6 +286,24 @@ def test_run_page_shows_header_progress_attempts_and_metrics(seeded: dict[str, i
     assert attempts["last step"].tolist() == [120]
 
 
+def test_the_run_page_opens_on_its_main_curves_and_a_person_pins_others(seeded: dict[str, int],
+                                                                        sessions: sessionmaker[Session]) -> None:
+    run_id = seeded["running"]
+    with sessions() as s:  # a third metric, not shown on the Overview unless pinned
+        write_points(s.connection(), [dict(run_id=run_id, attempt=1, rank=0, step=step, key="lr", value=0.001,
+                                           wall_time=time.time()) for step in (10, 20)])
+        s.commit()
+    at = open_page("views/run.py", run=str(run_id))  # the page a Start lands on: Overview
+    assert [chart_title(c) for c in metric_chart_elements(at)] == ["Loss", "Eval accuracy"]
+    assert len(chart_data(metric_chart_elements(at)[0])) == 2 * 12  # every step on both ranks
+    at.button_group(key=f"pin-{run_id}").set_value(["loss", "lr"]).run()
+    no_exception(at)
+    assert [chart_title(c) for c in metric_chart_elements(at)] == ["Loss", "Learning rate"]
+    show_section(at, "Metrics")  # every curve is still on the Metrics section
+    assert sorted(chart_title(c) for c in metric_chart_elements(at)) == ["Eval accuracy", "Learning rate", "Loss"]
+    assert [chart_title(c) for c in metric_chart_elements(show_section(at, "Overview"))] == ["Loss", "Learning rate"]
+
+
 def test_run_page_draws_one_chart_per_metric_with_every_rank(seeded: dict[str, int]) -> None:
     at = show_section(open_page("views/run.py", run=str(seeded["running"])), "Metrics")
     charts = metric_chart_elements(at)
