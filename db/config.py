@@ -69,7 +69,8 @@ ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # What runyard and torchrun set for the ranks themselves: a script's env table must not change it.
 RESERVED_ENV = frozenset({
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE",
-    "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME",
+    "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "GLOO_SOCKET_IFNAME",
+    "NCCL_SOCKET_IFNAME",
     "PYTHONUNBUFFERED",
 })
 RESERVED_ENV_PREFIXES = ("RUNYARD_", "TORCHELASTIC_", "TORCH_ELASTIC_")

@@ -391,6 +391,9 @@ class Scheduler:
         env[SECRET_VAR] = new_secret()
         if self.inventory.kind == "gpu" and executor.name == "local":  # Slurm gives its jobs their GPUs
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in devices)
+            # The devices are NVML's indices (orchestrator/resources.py), which follow the PCI bus;
+            # CUDA's own default order puts the fastest first, another order on mixed GPUs.
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         # A script's ranks move into workload.workdir themselves (trainer/script_runner.py): a
         # user's trainer.py there must not shadow runyard's packages in the shim and torchrun.
         cwd = Path(run.run_dir)
