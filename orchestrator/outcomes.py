@@ -91,6 +91,16 @@ def settle(session: Session, run: Run, attempt: Attempt, exited: dict | None, no
     _record(session, attempt, exited, now)
     code = attempt.exit_code
 
+    if (attempt.stop_reason in (StopReason.CANCEL, StopReason.PAUSE) and code == 0 and stopped is None
+            and run.max_steps and (attempt.last_step or 0) >= run.max_steps):
+        # The ranks had trained every step and were finishing (the final save, the teardown)
+        # when the cancel or pause arrived: they ended on their own, and the run is done.
+        asked = "pause" if attempt.stop_reason == StopReason.PAUSE else "cancel"
+        finished = f"all ranks finished (step {attempt.last_step}/{run.max_steps}) before the {asked} took effect"
+        attempt_transition(attempt, AttemptStatus.SUCCEEDED, finished)
+        transition(session, run.id, RunStatus.SUCCEEDED, finished)
+        _event(session, run, attempt, "info", finished)
+        return
     if attempt.stop_reason in (StopReason.CANCEL, StopReason.PAUSE) or (
             RunStatus(run.status) is RunStatus.CANCELLING and exited is None):
         mode = StopReason(attempt.stop_reason or StopReason.CANCEL)

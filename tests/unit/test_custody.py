@@ -422,3 +422,34 @@ def test_a_preemption_the_agent_survived_is_still_free(
     attempt, run = settle_it(sessions, ended_attempt(sessions, settings, tmp_path, code=1, stopped=True))
     assert attempt.cause == "PREEMPTED" and attempt.retry_counted is False
     assert run.status == "RETRYING" and run.retries_used == 0
+
+
+@pytest.mark.parametrize("asked", ["cancel", "pause"])
+def test_a_cancel_that_arrives_as_the_run_finishes_leaves_it_succeeded(
+    sessions: sessionmaker[Session], settings: Settings, tmp_path: Path, asked: str
+) -> None:
+    """Step 50 of 50 done, the final save under way, then Cancel (or Pause): the ranks end on
+    their own with 0 and no stop record. A finished run must not read CANCELLED at 50/50."""
+    ids = ended_attempt(sessions, settings, tmp_path, code=0, stopped=False)
+    with sessions() as s:
+        run = s.get(Run, ids[0])
+        run.max_steps, run.status, run.stop_mode = 50, RunStatus.CANCELLING.value, asked
+        s.get(Attempt, ids[1]).stop_reason = asked
+        s.commit()
+    attempt, run = settle_it(sessions, ids)
+    assert (run.status, attempt.status) == ("SUCCEEDED", "SUCCEEDED")
+    assert run.status_reason == f"all ranks finished (step 50/50) before the {asked} took effect"
+
+
+def test_a_cancel_that_stops_the_ranks_before_the_last_step_cancels(
+    sessions: sessionmaker[Session], settings: Settings, tmp_path: Path
+) -> None:
+    ids = ended_attempt(sessions, settings, tmp_path, code=0, stopped=True)  # stopped at 50 with a checkpoint
+    with sessions() as s:
+        run = s.get(Run, ids[0])
+        run.max_steps, run.status, run.stop_mode = 300, RunStatus.CANCELLING.value, "cancel"
+        s.get(Attempt, ids[1]).stop_reason = "cancel"
+        s.commit()
+    attempt, run = settle_it(sessions, ids)
+    assert (run.status, attempt.status) == ("CANCELLED", "CANCELLED")
+    assert run.status_reason.startswith("cancelled at step 50 (with a checkpoint)")
