@@ -9,6 +9,7 @@ they agree because they take the names from here and nowhere else::
         scheduler.lock        held by the one running scheduler
         scheduler.json        the scheduler's heartbeat file, inventory included (db/scheduler_file.py)
         token                 the UI's access token, mode 0600 (orchestrator/access.py)
+        scrape_token          the read-only token of GET /metrics, mode 0600 (app/prometheus.py)
         ui.json               where the running UI listens (for `runyard token`)
         runs/run-000042/
             config.json       the run config as submitted
@@ -45,6 +46,7 @@ MIGRATE_LOCK_FILE = "migrate.lock"
 SCHEDULER_LOCK_FILE = "scheduler.lock"
 SCHEDULER_FILE = "scheduler.json"
 TOKEN_FILE = "token"  # noqa: S105 - the token file's name, not a secret
+SCRAPE_TOKEN_FILE = "scrape_token"  # noqa: S105 - the file's name, not a secret
 UI_FILE = "ui.json"
 RUNS_DIR = "runs"
 

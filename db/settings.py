@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from db.layout import DB_FILE, RUNS_DIR, SCHEDULER_FILE, TOKEN_FILE, run_dir_name
+from db.layout import DB_FILE, RUNS_DIR, SCHEDULER_FILE, SCRAPE_TOKEN_FILE, TOKEN_FILE, run_dir_name
 
 APP_NAME = "runyard"
 
@@ -40,6 +40,11 @@ class Settings:
     def token_file(self) -> Path:
         """Where the UI's access token is kept."""
         return self.home / TOKEN_FILE
+
+    @property
+    def scrape_token_file(self) -> Path:
+        """Where the read-only token of ``GET /metrics`` (Prometheus) is kept."""
+        return self.home / SCRAPE_TOKEN_FILE
 
     @property
     def scheduler_file(self) -> Path:

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import click
 import psutil
@@ -184,9 +185,15 @@ def up(host: str, port: int, auth: str, no_auth: bool, allowed_hosts: tuple[str,
 @click.command(cls=RunyardCommand)
 @click.option("--rotate", is_flag=True,
               help="Replace the token: every browser logged in with the old one is logged out.")
-def token(rotate: bool) -> None:
+@click.option("--scrape", is_flag=True,
+              help="Print the read-only token of GET /metrics (Prometheus) instead; with --rotate, replace it "
+                   "(the UI's token stays).")
+def token(rotate: bool, scrape: bool) -> None:
     """Print the URL that logs a browser into the UI (it holds the access token)."""
     settings = load_settings()
+    if scrape:
+        scrape_token(settings.scrape_token_file, rotate)
+        return
     value = rotate_token(settings.token_file) if rotate else ensure_token(settings.token_file)
     recorded = read_ui_file(settings.home) or {}
     host, port = str(recorded.get("host") or "127.0.0.1"), recorded.get("port")
@@ -202,3 +209,13 @@ def token(rotate: bool) -> None:
     if recorded.get("auth") not in (None, "token"):
         click.echo(f"note: the UI last ran with --auth {recorded.get('auth')}, which does not use the token", err=True)
     click.echo(login_url(host, port, value))
+
+
+def scrape_token(path: Path, rotate: bool) -> None:
+    """Print (created on first use, or replaced) the token Prometheus sends as ``Authorization:
+    Bearer TOKEN`` to ``GET /metrics``. It opens nothing else and expires only when rotated."""
+    value = rotate_token(path) if rotate else ensure_token(path)
+    if rotate:
+        click.echo("the scrape token was replaced: Prometheus must send the new one (the UI's token is unchanged)",
+                   err=True)
+    click.echo(value)

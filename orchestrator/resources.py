@@ -15,25 +15,27 @@ from orchestrator import OrchestratorError
 logger = logging.getLogger(__name__)
 
 
-def _nvml_gpus() -> tuple[tuple[str, ...], tuple[int, ...]]:
-    """Each GPU's name and total memory in bytes (empty without NVML or GPUs)."""
+def _nvml_gpus() -> tuple[tuple[str, ...], tuple[int, ...], tuple[str, ...]]:
+    """Each GPU's name, total memory in bytes and UUID (empty without NVML or GPUs)."""
     try:
         import pynvml  # nvidia-ml-py, the [gpu] extra
     except ImportError:
-        return (), ()
+        return (), (), ()
     try:
         pynvml.nvmlInit()
     except Exception as exc:  # noqa: BLE001 - NVMLError_LibraryNotFound on machines without a driver
         logger.debug("NVML unavailable: %s", exc)
-        return (), ()
+        return (), (), ()
     try:
-        names, memory = [], []
+        names, memory, uuids = [], [], []
         for i in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(i)
             name = pynvml.nvmlDeviceGetName(handle)
             names.append(name.decode() if isinstance(name, bytes) else str(name))
             memory.append(int(pynvml.nvmlDeviceGetMemoryInfo(handle).total))
-        return tuple(names), tuple(memory)
+            uuid = pynvml.nvmlDeviceGetUUID(handle)
+            uuids.append(uuid.decode() if isinstance(uuid, bytes) else str(uuid))
+        return tuple(names), tuple(memory), tuple(uuids)
     finally:
         pynvml.nvmlShutdown()
 
@@ -51,9 +53,10 @@ def detect_inventory(environ: dict[str, str] | None = None, nvml: bool = True) -
 
     env = os.environ if environ is None else environ
     ram = int(psutil.virtual_memory().total)
-    gpus, gpu_memory = _nvml_gpus() if nvml else ((), ())
+    gpus, gpu_memory, uuids = _nvml_gpus() if nvml else ((), (), ())
     if gpus:
-        return Inventory(kind="gpu", slots=len(gpus), gpu_names=gpus, gpu_memory_bytes=gpu_memory, memory_bytes=ram)
+        return Inventory(kind="gpu", slots=len(gpus), gpu_names=gpus, gpu_memory_bytes=gpu_memory, memory_bytes=ram,
+                         gpu_uuids=uuids)
     raw = env.get("RUNYARD_CPU_SLOTS") or ""
     try:
         slots = int(raw) if raw else os.cpu_count() or 1
