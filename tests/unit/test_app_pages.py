@@ -1010,7 +1010,7 @@ def test_compare_page_overlays_the_rank_mean_of_two_runs(settings: Settings, ses
     assert metrics.value == ["loss", "eval_accuracy"]  # loss and the eval metrics first
     assert at.query_params["runs"] == f"{first},{second}"  # the choice is in the URL
     charts = at.get("vega_lite_chart")
-    assert [chart_title(c) for c in charts] == ["loss", "eval_accuracy"]  # one chart per metric
+    assert [chart_title(c) for c in charts] == ["Loss", "Eval accuracy"]  # one chart per metric, the registry's labels
     rows = chart_data(charts[0])
     assert sorted(rows["run"].unique()) == [f"#{first} lr-high (SUCCEEDED)", f"#{second} lr-low (SUCCEEDED)"]
     high = rows[rows["run"].str.contains("lr-high")].sort_values("step")
@@ -1018,9 +1018,9 @@ def test_compare_page_overlays_the_rank_mean_of_two_runs(settings: Settings, ses
     assert high["value"].iloc[0] == pytest.approx(2.0 / 10 + 0.005)  # mean of ranks 0 and 1
     summary, diff = at.table
     table = as_read_frame(summary.value).set_index("run")
-    assert table.loc[f"#{first} lr-high", "loss final"] == f"{2.0 / 100 + 0.005:.4g}"  # step 100, two ranks
-    assert table.loc[f"#{second} lr-low", "loss best (min)"] == f"{2.0 / 50 + 0.005:.4g} @ 50"
-    assert table.loc[f"#{first} lr-high", "eval_accuracy best (max)"] == "0.875 @ 100"
+    assert table.loc[f"#{first} lr-high", "Loss final"] == f"{2.0 / 100 + 0.005:.4g}"  # step 100, two ranks
+    assert table.loc[f"#{second} lr-low", "Loss best (min)"] == f"{2.0 / 50 + 0.005:.4g} @ 50"
+    assert table.loc[f"#{first} lr-high", "Eval accuracy (%) best (max)"] == "87.5 @ 100"  # as the Run page says
     assert table.loc[f"#{second} lr-low", "status"] == "SUCCEEDED"
     assert as_read_frame(diff.value)["key"].tolist() == ["train.batch_size"]
 
@@ -1040,7 +1040,7 @@ def test_compare_page_reads_its_runs_and_metrics_from_the_url(settings: Settings
     infos = [i.value for i in at.info]
     assert any(i.startswith("One run chosen") for i in infos) and any(i.startswith("One run: nothing to diff")
                                                                      for i in infos)
-    assert [chart_title(c) for c in at.get("vega_lite_chart")] == ["loss"]
+    assert [chart_title(c) for c in at.get("vega_lite_chart")] == ["Loss"]
     at.multiselect[0].set_value([]).run()
     assert any("Pick two or more runs" in i.value for i in at.info)
 
