@@ -107,7 +107,7 @@ def scheduler() -> None:
     try:
         serve(Scheduler(sessions, settings, inventory))
     finally:
-        os.close(lock)
+        lock.release()
 
 
 @click.command(cls=RunyardCommand)
