@@ -26,10 +26,8 @@ from typing import Any
 from db.layout import UI_FILE
 from db.settings import Settings
 from orchestrator.access import (
-    ALLOWED_HOSTS_ENV,
     AUTH_MODES,
     DEFAULT_PROXY_USER_HEADER,
-    PROXY_SECRET_ENV,
     AccessError,
     AccessPolicy,
     TokenSource,
@@ -144,14 +142,19 @@ def build_app(policy: AccessPolicy, settings: Settings, writable: bool = True) -
 
 def main(argv: list[str] | None = None) -> int:
     from db.home import PRIVATE_UMASK, HomeUnusable, check_home, make_private
-    from db.settings import load_settings
+    from db.settings import EnvSettings, SettingsError, load_settings
 
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    proxy_secret = os.environ.get(PROXY_SECRET_ENV) or None
+    try:
+        variables = EnvSettings.from_env()
+    except SettingsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    proxy_secret = variables.proxy_secret_text
     problem = check_bind(args.host, args.auth, proxy_secret)
     try:
-        allowed = parse_allowed_hosts([*args.allowed_host, os.environ.get(ALLOWED_HOSTS_ENV, "")])
+        allowed = parse_allowed_hosts([*args.allowed_host, variables.allowed_hosts])
     except AccessError as exc:
         problem = problem or str(exc)
     if problem:
