@@ -38,8 +38,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import math
-import os
 import socket
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -63,7 +61,7 @@ from db.inventory import Inventory
 from db.lease import on_this_host
 from db.models import Attempt, Run
 from db.scheduler_file import read_scheduler_file
-from db.settings import Settings
+from db.settings import EnvSettings, Settings
 from db.states import TERMINAL, AttemptStatus, RunStatus
 from orchestrator.access import AccessPolicy, FailedLogins, TokenSource, Verdict, token_matches
 
@@ -77,22 +75,12 @@ _HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
 
 def recent_window_s(environ: Mapping[str, str] | None = None) -> float:
     """How long after it ended a run keeps its series: ``RUNYARD_METRICS_RECENT_S`` seconds
-    (default 3600).
+    (default 3600), one of db/settings.py's variables.
 
     Raises:
-        ValueError: the variable is not a number of seconds >= 0, naming it and its value.
+        SettingsError: the variable is not a number of seconds >= 0, naming it and its value.
     """
-    raw = (os.environ if environ is None else environ).get(RECENT_ENV, "").strip()
-    if not raw:
-        return DEFAULT_RECENT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{RECENT_ENV} = {raw!r}: expected a number of seconds >= 0 (how long an ended run "
-                         "keeps its series on /metrics; default 3600)")
-    return value
+    return EnvSettings.from_env(environ).metrics_recent_s
 
 
 def firing_alerts(session: Session) -> dict[str, int]:

@@ -27,10 +27,8 @@ from typing import Any
 from db.layout import UI_FILE
 from db.settings import Settings
 from orchestrator.access import (
-    ALLOWED_HOSTS_ENV,
     AUTH_MODES,
     DEFAULT_PROXY_USER_HEADER,
-    PROXY_SECRET_ENV,
     AccessError,
     AccessPolicy,
     TokenSource,
@@ -149,22 +147,23 @@ def build_app(policy: AccessPolicy, settings: Settings, writable: bool = True,
 
 
 def main(argv: list[str] | None = None) -> int:
-    from app.prometheus import recent_window_s
     from db.home import PRIVATE_UMASK, HomeUnusable, check_home, make_private
-    from db.settings import load_settings
+    from db.settings import EnvSettings, SettingsError, load_settings
 
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    proxy_secret = os.environ.get(PROXY_SECRET_ENV) or None
+    try:
+        variables = EnvSettings.from_env()
+    except SettingsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    proxy_secret = variables.proxy_secret_text
     problem = check_bind(args.host, args.auth, proxy_secret)
     try:
-        allowed = parse_allowed_hosts([*args.allowed_host, os.environ.get(ALLOWED_HOSTS_ENV, "")])
+        allowed = parse_allowed_hosts([*args.allowed_host, variables.allowed_hosts])
     except AccessError as exc:
         problem = problem or str(exc)
-    try:
-        metrics_recent_s = recent_window_s()
-    except ValueError as exc:
-        problem = problem or str(exc)
+    metrics_recent_s = variables.metrics_recent_s  # checked with the other variables above
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return EXIT_USAGE

@@ -9,14 +9,13 @@ same host and port.
 
 This module holds the rules as plain functions (no web framework, no torch): the token file in
 the data folder (mode 0600, created on first use, replaced by ``runyard token --rotate``), the
-signed session cookie a valid token is exchanged for (keyed by the token, so a rotation ends every
-session), and the Host/Origin checks. ``app/gate.py`` applies them to every HTTP request and
-WebSocket handshake before Streamlit sees it.
+signed session cookie a valid token is exchanged for (itsdangerous' ``TimestampSigner``, keyed by
+the token, so a rotation ends every session), and the Host/Origin checks. ``app/gate.py``
+applies them to every HTTP request and WebSocket handshake before Streamlit sees it.
 """
 
 from __future__ import annotations
 
-import base64
 import collections
 import hashlib
 import hmac
@@ -31,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from itsdangerous import BadSignature, TimestampSigner
+
 from db.layout import UI_FILE
 from orchestrator import OrchestratorError
 
@@ -44,6 +45,8 @@ PROXY_SECRET_ENV = "RUNYARD_PROXY_SECRET"  # noqa: S105 - a variable's name, not
 DEFAULT_PROXY_USER_HEADER = "X-Forwarded-User"
 PROXY_SECRET_HEADER = "X-Runyard-Proxy-Secret"  # noqa: S105 - a header's name, not a secret
 _SESSION_CONTEXT = b"runyard-ui-session-v1"
+_SESSION_VALUE = b"session"
+_CLOCK_SKEW_S = 60
 
 
 class AccessError(OrchestratorError):
@@ -148,30 +151,34 @@ def token_matches(token: str | None, supplied: str | None) -> bool:
 # -- the session cookie ----------------------------------------------------------------------
 
 
-def _mac(token: str, issued: int) -> str:
-    key = hashlib.sha256(_SESSION_CONTEXT + token.encode()).digest()
-    digest = hmac.new(key, str(issued).encode(), hashlib.sha256).digest()
-    return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+class _SessionSigner(TimestampSigner):
+    """itsdangerous' timestamp signer, keyed by the token, with the clock given (tests, ``issued``)."""
+
+    def __init__(self, token: str, now: float | None = None) -> None:
+        super().__init__(token, salt=_SESSION_CONTEXT, key_derivation="hmac", digest_method=hashlib.sha256)
+        self._now = now
+
+    def get_timestamp(self) -> int:
+        return int(time.time() if self._now is None else self._now)
 
 
 def sign_session(token: str, issued: int | None = None) -> str:
     """A session cookie value issued now (or at ``issued``), signed with a key drawn from ``token``."""
-    issued = int(time.time()) if issued is None else issued
-    return f"{issued}.{_mac(token, issued)}"
+    return _SessionSigner(token, issued).sign(_SESSION_VALUE).decode("ascii")
 
 
 def session_valid(token: str | None, value: str | None, now: float | None = None) -> bool:
     """Whether ``value`` is a session cookie signed with ``token`` and not older than a month."""
-    if not token or not value or "." not in value:
+    if not token or not value:
         return False
-    issued_text, mac = value.split(".", 1)
-    if not issued_text.isdigit() or len(issued_text) > 12:
-        return False
-    issued = int(issued_text)
     now = time.time() if now is None else now
-    if not issued - 60 <= now <= issued + SESSION_MAX_AGE_S:
+    # A cookie issued up to a minute "in the future" (the clock stepped back) is still good: seen
+    # from a minute later, its age lies in [0, max age + 1 minute] exactly when it is valid.
+    signer = _SessionSigner(token, now + _CLOCK_SKEW_S)
+    try:
+        return signer.unsign(value, max_age=SESSION_MAX_AGE_S + _CLOCK_SKEW_S) == _SESSION_VALUE
+    except BadSignature:  # also SignatureExpired, and a value that is no signed cookie at all
         return False
-    return hmac.compare_digest(mac.encode(), _mac(token, issued).encode())
 
 
 def cookie_name(port: int) -> str:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import errno
 import json
 import logging
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +25,7 @@ from db import lease
 from db.causes import Cause
 from db.inventory import Inventory
 from db.models import Attempt, Checkpoint, Event, Run
+from db.settings import EnvSettings
 from db.states import ACTIVE, AttemptStatus, RunStatus
 from orchestrator.failures import free_bytes, human_bytes
 from orchestrator.storage import errno_in, writable_problem
@@ -36,16 +36,12 @@ logger = logging.getLogger(__name__)
 # (or twice its largest checkpoint, if more); it looks again this often.
 DISK_MIN_FREE_BYTES = 512 * 2**20
 DISK_RECHECK_S = 10.0
-# Jobs runyard keeps in the Slurm queue at most, pending or running (RUNYARD_SLURM_MAX_JOBS).
-DEFAULT_SLURM_MAX_JOBS = 16
 
 
 def slurm_max_jobs() -> int:
-    """RUNYARD_SLURM_MAX_JOBS, else DEFAULT_SLURM_MAX_JOBS (at least 1)."""
-    try:
-        return max(1, int(os.environ.get("RUNYARD_SLURM_MAX_JOBS", DEFAULT_SLURM_MAX_JOBS)))
-    except ValueError:
-        return DEFAULT_SLURM_MAX_JOBS
+    """Jobs runyard keeps in the Slurm queue at most, pending or running: RUNYARD_SLURM_MAX_JOBS
+    (db/settings.py, default 16; the scheduler checked it when it started)."""
+    return EnvSettings.from_env().slurm_max_jobs
 
 
 # Launches a run's next attempt on the given GPU indices (none: CPU slots, or Slurm's own).

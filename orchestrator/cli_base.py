@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from db import DatabaseError
 from db.home import PRIVATE_UMASK, check_home, database_writable, has_database, make_private
-from db.settings import Settings, load_settings
+from db.settings import Settings, SettingsError, load_settings
 from orchestrator import OrchestratorError
 
 logger = logging.getLogger(__name__)
@@ -66,7 +66,10 @@ class RunyardCommand(click.Command):
     def invoke(self, ctx: click.Context) -> Any:
         if self.name in NO_DATA_COMMANDS:
             return super().invoke(ctx)
-        settings = load_settings()
+        try:
+            settings = load_settings()  # every RUNYARD_* variable checked: a bad one ends here, in one line
+        except SettingsError as exc:
+            fail(str(exc))
         os.umask(PRIVATE_UMASK)  # before anything is created: the home itself too
         try:
             reads_only = self.name in READ_ONLY_COMMANDS

@@ -23,7 +23,7 @@ from pathlib import Path
 import click
 import psutil
 
-from db.settings import Settings, load_settings
+from db.settings import EnvSettings, Settings, load_settings
 from orchestrator.access import (
     ALLOWED_HOSTS_ENV,
     AUTH_MODES,
@@ -66,10 +66,11 @@ def ui_options(func: Callable[..., None]) -> Callable[..., None]:
 
 def server_argv(host: str, port: int, auth: str, allowed_hosts: tuple[str, ...], proxy_user_header: str) -> list[str]:
     """The UI server's command line, checked: exit code 2 on a refused combination."""
-    problem = check_bind(host, auth, os.environ.get(PROXY_SECRET_ENV) or None)
+    variables = EnvSettings.from_env()
+    problem = check_bind(host, auth, variables.proxy_secret_text)
     if problem is None:
         try:
-            parse_allowed_hosts([*allowed_hosts, os.environ.get(ALLOWED_HOSTS_ENV, "")])
+            parse_allowed_hosts([*allowed_hosts, variables.allowed_hosts])
         except AccessError as exc:
             problem = str(exc)
     if problem:
@@ -108,7 +109,7 @@ def scheduler() -> None:
     try:
         serve(Scheduler(sessions, settings, inventory))
     finally:
-        os.close(lock)
+        lock.release()
 
 
 @click.command(cls=RunyardCommand)

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 
 from db.inventory import Inventory
-from orchestrator import OrchestratorError
 
 logger = logging.getLogger(__name__)
 
@@ -40,16 +40,18 @@ def _nvml_gpus() -> tuple[tuple[str, ...], tuple[int, ...], tuple[str, ...]]:
         pynvml.nvmlShutdown()
 
 
-def detect_inventory(environ: dict[str, str] | None = None, nvml: bool = True) -> Inventory:
+def detect_inventory(environ: Mapping[str, str] | None = None, nvml: bool = True) -> Inventory:
     """Count the machine's devices.
 
     ``RUNYARD_CPU_SLOTS`` overrides the CPU slot count (default: the number of cores). With
     ``nvml=False`` GPUs are not looked for (the UI's fallback when no scheduler published one).
 
     Raises:
-        OrchestratorError: ``RUNYARD_CPU_SLOTS`` is not a whole number.
+        SettingsError: ``RUNYARD_CPU_SLOTS`` (or another ``RUNYARD_*`` variable) is not usable.
     """
     import psutil
+
+    from db.settings import EnvSettings
 
     env = os.environ if environ is None else environ
     ram = int(psutil.virtual_memory().total)
@@ -57,9 +59,5 @@ def detect_inventory(environ: dict[str, str] | None = None, nvml: bool = True) -
     if gpus:
         return Inventory(kind="gpu", slots=len(gpus), gpu_names=gpus, gpu_memory_bytes=gpu_memory, memory_bytes=ram,
                          gpu_uuids=uuids)
-    raw = env.get("RUNYARD_CPU_SLOTS") or ""
-    try:
-        slots = int(raw) if raw else os.cpu_count() or 1
-    except ValueError:
-        raise OrchestratorError(f"RUNYARD_CPU_SLOTS = {raw!r}: expected a whole number of CPU slots") from None
-    return Inventory(kind="cpu", slots=max(1, slots), memory_bytes=ram)
+    slots = EnvSettings.from_env(env).cpu_slots or os.cpu_count() or 1
+    return Inventory(kind="cpu", slots=slots, memory_bytes=ram)

@@ -15,7 +15,6 @@ after the same sweep. Stack dumps run on the scheduler's own small thread pool, 
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import math
@@ -29,6 +28,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from filelock import FileLock, Timeout
 from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
@@ -534,21 +534,24 @@ class Scheduler:
                               message=f"still running {grace_s:.0f} s after SIGTERM: SIGKILL sent"))
 
 
-def acquire_lock(home: Path) -> int:
-    """Hold an exclusive lock on ``home/scheduler.lock`` for the life of the process."""
+def acquire_lock(home: Path) -> FileLock:
+    """Hold an exclusive lock on ``home/scheduler.lock`` for the life of the process (or until
+    the caller releases the returned lock)."""
     home.mkdir(parents=True, exist_ok=True)
-    fd = os.open(home / SCHEDULER_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    lock = FileLock(home / SCHEDULER_LOCK_FILE, on_acquired=_record_pid)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
+        lock.acquire(blocking=False)
+    except Timeout:
         raise SchedulerLocked(
             f"another scheduler is already running on {home} (lock {home / SCHEDULER_LOCK_FILE}); "
             "stop it first, or set RUNYARD_HOME to another folder"
         ) from None
+    return lock
+
+
+def _record_pid(fd: int) -> None:
     os.ftruncate(fd, 0)
-    os.write(fd, str(os.getpid()).encode())
-    return fd
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
 
 
 def refuse_a_second_on_sqlite(sessions: sessionmaker[Session], settings: Settings) -> None:

@@ -36,8 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from db.config import RunConfig, relative_path_problem
+from db.settings import EnvSettings
 
-ROOTS_ENV = "RUNYARD_SCRIPT_ROOTS"
+ROOTS_ENV = EnvSettings.variable("script_roots")
 
 # Every field of RunConfig, by what a UI submission may put in it ("section.key", TOML keys).
 # GUARDED_FIELDS name something the ranks or runyard run or read, each with the rule the UI
@@ -195,7 +196,7 @@ def script_roots(environ: Mapping[str, str], cwd: Path, home: Path) -> ScriptRoo
     Returns:
         The allowed roots, each resolved after symlinks, and the folders always refused.
     """
-    entries = [e for e in environ.get(ROOTS_ENV, "").split(os.pathsep) if e.strip()]
+    entries = [e for e in EnvSettings.from_env(environ).script_roots.split(os.pathsep) if e.strip()]
     if entries:
         allowed = _unique(_resolved(cwd / Path(e.strip()).expanduser()) for e in entries)
         source = ROOTS_ENV

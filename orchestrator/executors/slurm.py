@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session, object_session
 
 from db.layout import LAUNCHER_LOG, AttemptPaths
 from db.models import Attempt, Event, Run
+from db.settings import EnvSettings
 from orchestrator.executors import ExecutorError, LaunchRequest, Liveness, Observation
 from orchestrator.format import QUEUED_JOB_STATES
 from orchestrator.launcher import entry_argv, rdzv_id
@@ -41,8 +42,6 @@ from orchestrator.supervision import read_exit
 
 logger = logging.getLogger(__name__)
 
-# squeue at most this often (the controller serves everyone on the cluster).
-DEFAULT_POLL_S = 5.0
 # A job shown finished by squeue but without its exit marker yet: the marker is waited for this
 # long (the batch program writes it last; a shared filesystem may show it late).
 MARKER_WAIT_S = 30.0
@@ -57,11 +56,8 @@ STACKS_WAIT_S = 20.0
 
 
 def poll_interval_s() -> float:
-    """RUNYARD_SLURM_POLL_S, else DEFAULT_POLL_S."""
-    try:
-        return max(0.2, float(os.environ.get("RUNYARD_SLURM_POLL_S", DEFAULT_POLL_S)))
-    except ValueError:
-        return DEFAULT_POLL_S
+    """RUNYARD_SLURM_POLL_S (db/settings.py, default 5 s; the scheduler checked it when it started)."""
+    return EnvSettings.from_env().slurm_poll_s
 
 
 def warning_lead_s(checkpoint_s: float | None) -> int:
@@ -119,7 +115,7 @@ class SlurmExecutor:
                 "nproc_per_node": config.launch.nproc_per_node, "rdzv_id": rdzv_id(request.run_id, request.number),
                 "entry": entry_argv(config, request.resuming)}
         batch = request.attempt_dir / "job.py"
-        batch.write_text(program(args, os.environ.get("RUNYARD_SLURM_PYTHON") or sys.executable))
+        batch.write_text(program(args, EnvSettings.from_env().slurm_python or sys.executable))
         batch.chmod(0o700)
         lead = warning_lead_s(request.checkpoint_s)
         name = job_name(request.run_id, request.number, self.home)

@@ -66,8 +66,10 @@ def test_a_session_cookie_is_bound_to_the_token_and_expires() -> None:
     assert not session_valid(other, cookie, now=1_000_010)  # a rotated token ends it
     assert not session_valid(token, cookie, now=1_000_000 + SESSION_MAX_AGE_S + 1)
     assert not session_valid(token, cookie, now=1_000_000 - 3600)  # issued in the future
-    issued, mac = cookie.split(".")
-    assert not session_valid(token, f"{int(issued) + 1}.{mac}", now=1_000_010)
+    value, _, mac = cookie.split(".")
+    later = sign_session(token, issued=1_000_001).split(".")[1]
+    assert not session_valid(token, f"{value}.{later}.{mac}", now=1_000_010)  # its time altered
+    assert session_valid(token, sign_session(token, issued=1_000_030), now=1_000_000)  # a clock stepped back
     for bad in ("", ".", "abc", "1.", "99999999999999.x", None):
         assert not session_valid(token, bad, now=1_000_010)
     assert not session_valid(None, cookie, now=1_000_010)

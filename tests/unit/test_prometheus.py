@@ -30,7 +30,7 @@ from db.metricstore import write_points
 from db.models import Attempt, SchedulerHeartbeat
 from db.requests import Price, create_run
 from db.scheduler_file import SchedulerFile
-from db.settings import Settings
+from db.settings import Settings, SettingsError
 from db.states import RunStatus, transition
 from orchestrator.cli import cli
 from orchestrator.resources import detect_inventory
@@ -258,7 +258,7 @@ def test_the_window_comes_from_the_environment_and_a_bad_value_is_named() -> Non
     assert recent_window_s({}) == DEFAULT_RECENT_S
     assert recent_window_s({RECENT_ENV: "600"}) == 600
     for bad in ("soon", "-5", "inf", "nan"):
-        with pytest.raises(ValueError, match=f"{RECENT_ENV} = '{bad}'"):
+        with pytest.raises(SettingsError, match=f"{RECENT_ENV} = '{bad}'"):
             recent_window_s({RECENT_ENV: bad})
 
 

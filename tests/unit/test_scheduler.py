@@ -265,14 +265,13 @@ def test_heartbeat_is_rewritten_every_few_ticks(
 
 
 def test_one_scheduler_per_data_folder(settings: Settings) -> None:
-    fd = acquire_lock(settings.home)
+    lock = acquire_lock(settings.home)
     try:
         with pytest.raises(SchedulerLocked, match="already running"):
             acquire_lock(settings.home)
     finally:
-        import os
-
-        os.close(fd)
+        lock.release()
+    acquire_lock(settings.home).release()  # released: the next scheduler may start
 
 
 def test_cancel_never_touches_another_data_folders_run(sessions: sessionmaker[Session], settings: Settings,
