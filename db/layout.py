@@ -19,7 +19,7 @@ they agree because they take the names from here and nowhere else::
             attempts/<n>/
                 config.json   the attempt's effective config (the run's, plus its overrides): what
                               its ranks read
-                launch.json   the shim's pid and create time, then torchrun's (orchestrator/shim.py)
+                launch.json   the shim's pid and create time, then torchrun's (orchestrator/executors/shim.py)
                 exit.json     torchrun's exit code, written by the shim when it ends
                 launcher.log  torchrun's own output (its failure summary is read from here)
                 ranks/        torchrun --log-dir: each rank's stdout/stderr and error file, and a

@@ -186,7 +186,7 @@ def logs(run: str, rank: int | None, attempt: int | None, follow: bool) -> None:
     """Print the ranks' stdout/stderr of a run's attempt."""
     from db.queries import log_sources, run_status
     from db.states import TERMINAL, RunStatus
-    from orchestrator.logs import launcher_log, rank_log_files
+    from orchestrator.executors.logs import launcher_log, rank_log_files
 
     sessions = existing_sessions(load_settings(), run)
     run_id = resolve_ref(sessions, run)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from db.causes import Cause
-from orchestrator.logs import launcher_log, rank_log_files, tail
+from orchestrator.executors.logs import launcher_log, rank_log_files, tail
 from orchestrator.storage import STORAGE_ERRNOS, errno_in, writable_problem
 
 logger = logging.getLogger(__name__)
@@ -231,7 +231,7 @@ def signal_name(code: int) -> str:
 
 
 def _stderr_path(attempt_dir: Path, rank: int | None) -> Path | None:
-    """The stderr file of global rank ``rank`` (orchestrator/logs.py maps local-rank folders)."""
+    """The stderr file of global rank ``rank`` (orchestrator/executors/logs.py maps local-rank folders)."""
     paths = rank_log_files(attempt_dir).get(rank, []) if rank is not None else []
     return next((p for p in paths if p.name == "stderr.log"), None)
 

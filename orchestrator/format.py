@@ -7,6 +7,7 @@ import time
 from typing import TYPE_CHECKING
 
 from db.states import TERMINAL, AttemptPhase, RunStatus
+from orchestrator.executors.slurm.commands import QUEUED_JOB_STATES
 
 if TYPE_CHECKING:
     from db.estimates import StartEstimate
@@ -135,8 +136,6 @@ def estimate_text(e: StartEstimate) -> str:
             f"{source}{start}; at {price}.")
 
 
-# A Slurm job in these states has no process yet (orchestrator/executors/slurm.py).
-QUEUED_JOB_STATES = ("PENDING", "CONFIGURING")
 # Slurm's commonest reasons for a pending job, in words (others are shown as Slurm says them).
 _PENDING_REASONS = {
     "Resources": "waiting for nodes to free up",

@@ -21,6 +21,7 @@ from db.config import RunConfig, config_from_json, deep_merge
 from db.layout import AttemptPaths
 from db.models import Attempt, Checkpoint, Event, Run
 from db.states import AttemptStatus, RunStatus, StopReason, attempt_transition, transition
+from orchestrator.executors.slurm.executor import cancelled_in_slurm
 from orchestrator.failures import (
     Failure,
     agent_killed,
@@ -186,29 +187,6 @@ def launch_failed_on_storage(session: Session, run: Run, attempt: Attempt, exc: 
     return True
 
 
-def cancelled_in_slurm(exited: dict | None) -> str | None:
-    """How a person cancelled the attempt's Slurm job, in words, or None when no one did.
-
-    A plain ``scancel`` of the job (by its owner or an administrator) sends the batch program
-    and every rank SIGTERM, as Slurm's time limit and preemption do; slurmstepd's line in the
-    job's output tells them apart (orchestrator/slurm/job.py's ``stop_line``: no ``DUE TO``), and
-    Slurm's final state does when the job left no marker (``CANCELLED``, where a time limit is
-    ``TIMEOUT`` and a preemption ``PREEMPTED``). Asked only of an attempt runyard did not stop
-    itself (no stop reason: its cancel, pause and hang kill also end in ``scancel``); the warning
-    signal (USR2) is never a cancel.
-    """
-    if not exited:
-        return None
-    stop = exited.get("slurm_stop")
-    by = exited.get("cancelled_by")
-    who = f" by {by}" if by else ""
-    job = f"Slurm job {exited.get('job_id')}" if exited.get("job_id") else "the Slurm job"
-    if isinstance(stop, dict) and exited.get("terminated") and not stop.get("due_to"):
-        return f"{job} was cancelled with scancel{who} at {stop.get('at')} (on {stop.get('node')})"
-    if exited.get("marker") is False and exited.get("slurm_state") == "CANCELLED":
-        return f"{job} ended CANCELLED in Slurm{who} (a scancel outside runyard)"
-    return None
-
 
 def _cancelled_outside(session: Session, run: Run, attempt: Attempt, how: str, stopped: dict | None) -> None:
     """A person cancelled the run's Slurm job: the run ends CANCELLED, not resubmitted as a
@@ -280,7 +258,7 @@ def _diagnose(attempt: Attempt, exited: dict | None, stopped: dict | None, code:
     return classify(Path(attempt.dir), code)
 
 
-# What Slurm's final job state means when the job left no exit marker (orchestrator/executors/slurm.py).
+# What Slurm's final job state means when the job left no exit marker (orchestrator/executors/slurm/executor.py).
 _SLURM_CAUSES = {"PREEMPTED": Cause.PREEMPTED, "TIMEOUT": Cause.PREEMPTED, "NODE_FAIL": Cause.NODE_FAIL,
                  "BOOT_FAIL": Cause.NODE_FAIL, "OUT_OF_MEMORY": Cause.OOM_KILLED}
 

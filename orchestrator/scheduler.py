@@ -46,13 +46,13 @@ from db.settings import Settings
 from db.states import ACTIVE, AttemptStatus, RunStatus, SignalSent, StopReason, attempt_transition, hold, transition
 from orchestrator import OrchestratorError, script_checkpoints, watchdog
 from orchestrator.admission import Admission, current_attempt
-from orchestrator.executors import Executor, ExecutorError, LaunchRequest, Liveness, executor_for
+from orchestrator.executors.base import Executor, ExecutorError, LaunchRequest, Liveness, executor_for
+from orchestrator.executors.launcher import free_port, rank_env, torchrun_argv
 from orchestrator.executors.local import CommandFactory, LocalExecutor
-from orchestrator.launcher import free_port, rank_env, torchrun_argv
+from orchestrator.executors.stacks import StackDumps
 from orchestrator.outcomes import attempt_config, launch_failed_on_storage, next_overrides, settle
 from orchestrator.repeats import RepeatedErrors, signature
 from orchestrator.script_supervision import ScriptWatch
-from orchestrator.stacks import StackDumps
 from trainer.context import RunContext
 from trainer.store_secret import SECRET_VAR, new_secret
 
@@ -82,7 +82,7 @@ def database_error(exc: OperationalError) -> str:
 def default_executors(command: CommandFactory, settings: Settings) -> dict[str, Executor]:
     """The local executor, and the Slurm one (it runs no Slurm command until a Slurm run is
     submitted; without Slurm's commands that submit fails with a sentence that says so)."""
-    from orchestrator.executors.slurm import SlurmExecutor
+    from orchestrator.executors.slurm.executor import SlurmExecutor
 
     return {"local": LocalExecutor(command), "slurm": SlurmExecutor(home=str(settings.home))}
 
@@ -108,7 +108,7 @@ class Scheduler:
             command: The local executor's command (tests: a plain process instead of torchrun).
             host: This scheduler's host name (tests name another to act as a second node).
             executors: By name (``launch.executor``); default: local, and Slurm when its commands
-                are installed (orchestrator/executors/slurm.py).
+                are installed (orchestrator/executors/slurm/executor.py).
         """
         self.sessions = sessions
         self.host = host or socket.gethostname()

@@ -32,10 +32,10 @@ from sqlalchemy.orm import Session
 from db.config import RunConfig
 from db.models import Attempt, Event, Run
 from db.requests import workdir_of
+from orchestrator.executors.processes import rank_processes
 from orchestrator.script_checkpoints import record_versions
 from orchestrator.scriptwatch.checkpoints import CheckpointFiles
 from orchestrator.scriptwatch.collector import AttemptCollector, Collected, write
-from orchestrator.supervision import rank_processes
 
 logger = logging.getLogger(__name__)
 

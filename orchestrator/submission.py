@@ -24,6 +24,7 @@ from db.models import Event, Run
 from db.queries import price_table
 from db.requests import Price, RunNotFound, create_run, pin_script_copy, usable_checkpoint
 from db.settings import Settings
+from orchestrator.executors.launcher import SHIMS_DIR
 from orchestrator.memory import check_memory
 from orchestrator.script_roots import (
     ModuleFound,
@@ -36,7 +37,6 @@ from orchestrator.script_roots import (
     refused_sbatch_args,
     refused_tensorboard_dir,
 )
-from orchestrator.scriptwatch import SHIMS_DIR
 from orchestrator.scriptwatch.lines import check_patterns
 
 

@@ -38,7 +38,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from db.models import Attempt, Run, SystemMetric
 from db.states import AttemptStatus
-from orchestrator.supervision import attempt_processes
+from orchestrator.executors.processes import attempt_processes
 
 logger = logging.getLogger(__name__)
 

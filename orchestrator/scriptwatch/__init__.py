@@ -6,7 +6,8 @@ The pieces, each usable alone:
   incremental tailer of the ranks' log files.
 - ``tensorboard``: TensorBoard event files tailed live (``SummaryWriter``, tensorboardX,
   Lightning), each tag on its own step counter, and ``import_logdir`` for past runs.
-- ``shims/wandb``: a ``wandb`` module for the ranks that prints the line protocol.
+- ``shims/wandb``: a ``wandb`` module for the ranks that prints the line protocol (the launcher
+  puts it first on their path: ``with_wandb_shim`` in orchestrator/executors/launcher.py).
 - ``checkpoints``: the script's own checkpoint files, with size, time and sha256.
 - ``collector``: one object per attempt that the scheduler polls, and ``write`` into the
   metric store.
@@ -17,14 +18,7 @@ attempt into the rows ``db.metricstore.write_points`` takes.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
-from pathlib import Path
 from typing import NamedTuple
-
-# The folder that holds the ``wandb`` stand-in (shims/wandb/): put first on the ranks' path.
-SHIMS_DIR = Path(__file__).resolve().parent / "shims"
-WANDB_SHIM_VAR = "RUNYARD_WANDB_SHIM"
 
 
 class ScriptWatchError(Exception):
@@ -54,12 +48,3 @@ def to_rows(samples: list[Sample], run_id: int, attempt: int) -> list[dict]:
     return [{"run_id": run_id, "attempt": attempt, "rank": s.rank, "step": s.step, "key": s.key, "value": s.value,
              "wall_time": s.wall_time} for s in samples]
 
-
-def with_wandb_shim(env: Mapping[str, str]) -> dict[str, str]:
-    """The ranks' environment: when ``RUNYARD_WANDB_SHIM=1`` in it, ``SHIMS_DIR`` first on
-    ``PYTHONPATH`` so that ``import wandb`` finds the stand-in; otherwise unchanged."""
-    out = dict(env)
-    if out.get(WANDB_SHIM_VAR) == "1":
-        rest = out.get("PYTHONPATH")
-        out["PYTHONPATH"] = os.pathsep.join([str(SHIMS_DIR), *([rest] if rest else [])])
-    return out

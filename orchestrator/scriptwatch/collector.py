@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 
 from db.metricstore import write_points
 from db.models import Attempt
-from orchestrator.logs import rank_log_files
+from orchestrator.executors.logs import rank_log_files
 from orchestrator.scriptwatch import Sample, to_rows
 from orchestrator.scriptwatch.lines import LineTailer, compile_patterns, parse_lines
 

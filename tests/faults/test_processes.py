@@ -53,7 +53,8 @@ def agent_of(run_dir: str, attempt: int) -> psutil.Process:
     for proc in run_processes(run_dir, attempt):
         try:
             argv = proc.cmdline()
-            if "trainer.torchrun" in argv and "orchestrator.shim" not in argv and "LOCAL_RANK" not in proc.environ():
+            if ("trainer.torchrun" in argv and "orchestrator.executors.shim" not in argv
+                    and "LOCAL_RANK" not in proc.environ()):
                 return proc
         except psutil.Error:
             continue
@@ -224,7 +225,7 @@ def slow_py_spy(folder: Path) -> tuple[Path, Path]:
 
 
 def test_a_slow_stack_dump_does_not_hold_up_another_run(product: Product, tmp_path: Path) -> None:
-    from orchestrator.stacks import PY_SPY_TIMEOUT_S
+    from orchestrator.executors.stacks import PY_SPY_TIMEOUT_S
 
     folder, notes = slow_py_spy(tmp_path / "bin")
     product.env["PATH"] = f"{folder}{os.pathsep}{product.env['PATH']}"

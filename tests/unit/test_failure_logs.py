@@ -17,8 +17,8 @@ import pytest
 
 from db.causes import Cause
 from db.config import RetryConfig
+from orchestrator.executors.logs import launcher_log, rank_log_files
 from orchestrator.failures import classify, parse_traceback, rank_failures, strip_rank_prefix
-from orchestrator.logs import launcher_log, rank_log_files
 from orchestrator.retry import AttemptOutcome, decide
 from tests.fixtures.torchrun.capture import HERE, materialize
 

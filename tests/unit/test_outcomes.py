@@ -7,7 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from db.config import parse_config
-from orchestrator.logs import launcher_log
+from orchestrator.executors.logs import launcher_log
 from orchestrator.outcomes import died_after_finishing
 from trainer.lifecycle import write_finished
 

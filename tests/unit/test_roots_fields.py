@@ -34,7 +34,7 @@ from db.queries import list_runs, run_detail
 from db.requests import Price, create_run
 from db.settings import Settings
 from orchestrator.cli import cli
-from orchestrator.launcher import script_entry
+from orchestrator.executors.launcher import script_entry
 from orchestrator.script_roots import GUARDED_FIELDS, INERT_FIELDS, LAUNCH_FIELDS, ROOTS_ENV, script_roots
 from orchestrator.submission import validate
 from tests.unit.test_script_roots import CPU2, script_at

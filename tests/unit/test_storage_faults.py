@@ -36,7 +36,7 @@ from db.scheduler_file import FILE_SIZE, SchedulerFile, read_scheduler_file
 from db.settings import Settings
 from orchestrator import admission
 from orchestrator import scheduler as scheduler_module
-from orchestrator import shim as shim_module
+from orchestrator.executors import shim as shim_module
 from orchestrator.failures import classify, normalize_exception
 from orchestrator.repeats import RepeatedErrors
 from orchestrator.retry import AttemptOutcome, decide
@@ -295,8 +295,9 @@ def _read(path: Path) -> str:
 def _shim(exit_file: Path, go: Path, code: int, log: Path, retry_s: str) -> subprocess.Popen[bytes]:
     env = {**os.environ, "RUNYARD_EXIT_RETRY_S": retry_s}
     with open(log, "ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "orchestrator.shim", "--exit-file", str(exit_file), "--",
-                                 sys.executable, "-c", WAITER, str(go), str(code)], stdout=out, stderr=out, env=env)
+        return subprocess.Popen([sys.executable, "-m", "orchestrator.executors.shim", "--exit-file", str(exit_file),
+                                 "--", sys.executable, "-c", WAITER, str(go), str(code)],
+                                stdout=out, stderr=out, env=env)
 
 
 def test_a_shim_whose_folder_turns_read_only_writes_its_exit_file_once_it_can_naming_the_error(

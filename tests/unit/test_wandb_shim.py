@@ -15,7 +15,8 @@ from types import ModuleType
 
 import pytest
 
-from orchestrator.scriptwatch import SHIMS_DIR, Sample, with_wandb_shim
+from orchestrator.executors.launcher import SHIMS_DIR, with_wandb_shim
+from orchestrator.scriptwatch import Sample
 from orchestrator.scriptwatch.lines import parse_lines
 
 SHIM = SHIMS_DIR / "wandb" / "__init__.py"

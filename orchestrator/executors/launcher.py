@@ -15,12 +15,15 @@ import psutil
 
 from db.config import RunConfig
 from db.layout import EXIT_FILE, LAUNCHER_LOG, RANK_LOG_DIR
-from orchestrator.scriptwatch import WANDB_SHIM_VAR, with_wandb_shim
 
 # Every socket of a run on this machine listens here (trainer/torchrun.py).
 LOOPBACK = "127.0.0.1"
 # The runner of a script under another interpreter (workload.python), started by its path.
-SCRIPT_RUNNER = Path(__file__).resolve().parent.parent / "trainer" / "script_runner.py"
+SCRIPT_RUNNER = Path(__file__).resolve().parents[2] / "trainer" / "script_runner.py"
+# The folder that holds the ``wandb`` stand-in of plain-script support (shims/wandb/): put first on
+# the ranks' path. A folder on PYTHONPATH, never imported here: executors import nothing of scripts.
+SHIMS_DIR = Path(__file__).resolve().parents[1] / "scriptwatch" / "shims"
+WANDB_SHIM_VAR = "RUNYARD_WANDB_SHIM"
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,16 @@ def script_entry(config: RunConfig, resuming: bool = False) -> list[str]:
     return ["-m", "trainer.script_runner", *args]
 
 
+def with_wandb_shim(env: Mapping[str, str]) -> dict[str, str]:
+    """The ranks' environment: when ``RUNYARD_WANDB_SHIM=1`` in it, ``SHIMS_DIR`` first on
+    ``PYTHONPATH`` so that ``import wandb`` finds the stand-in; otherwise unchanged."""
+    out = dict(env)
+    if out.get(WANDB_SHIM_VAR) == "1":
+        rest = out.get("PYTHONPATH")
+        out["PYTHONPATH"] = os.pathsep.join([str(SHIMS_DIR), *([rest] if rest else [])])
+    return out
+
+
 def rank_env(config: RunConfig, environ: Mapping[str, str], cores: int | None = None) -> dict[str, str]:
     """The variables a run's ranks get beyond the launcher's own environment.
 
@@ -152,13 +165,13 @@ def launch(
 
     ``argv`` is one command, or one per node (a local run of several nodes): the shim then starts
     them all and ends the group when one fails, SIGKILL ``grace_s`` after SIGTERM
-    (orchestrator/shim.py).
+    (orchestrator/executors/shim.py).
     """
     attempt_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     env.update(env_extra)
     env["PYTHONUNBUFFERED"] = "1"
-    shim = [sys.executable, "-m", "orchestrator.shim", "--exit-file", str(attempt_dir / EXIT_FILE)]
+    shim = [sys.executable, "-m", "orchestrator.executors.shim", "--exit-file", str(attempt_dir / EXIT_FILE)]
     if argv and isinstance(argv[0], list):
         shim += ["--nodes-json", json.dumps(argv), "--grace-s", str(grace_s)]
     else:

@@ -1,4 +1,4 @@
-"""A tiny launcher wrapper: ``python -m orchestrator.shim --exit-file F -- ARGV...``.
+"""A tiny launcher wrapper: ``python -m orchestrator.executors.shim --exit-file F -- ARGV...``.
 
 The scheduler starts this in a new process session; it runs ARGV (torchrun) as its child,
 waits, and writes the exit code to F atomically. A local run of several nodes gives one argv per
@@ -130,8 +130,8 @@ def _say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
-USAGE = ("usage: python -m orchestrator.shim --exit-file FILE -- ARGV...\n"
-         "       python -m orchestrator.shim --exit-file FILE --nodes-json JSON [--grace-s S]")
+USAGE = ("usage: python -m orchestrator.executors.shim --exit-file FILE -- ARGV...\n"
+         "       python -m orchestrator.executors.shim --exit-file FILE --nodes-json JSON [--grace-s S]")
 # How often a group of nodes is looked at while every agent runs.
 POLL_S = 0.2
 # What the shim ignores so that a signal to the process group reaches torchrun, not it.

@@ -33,6 +33,8 @@ COMMAND_TIMEOUT_S = 30.0
 PLAIN_FORMAT = "%i|%j|%T|%r|%N"
 # A job id as sbatch --parsable prints it ("1234" or "1234;cluster").
 _JOB_ID = re.compile(r"^(\d+)(?:;\S+)?$")
+# A job in these states has no process yet: it waits for its allocation.
+QUEUED_JOB_STATES = ("PENDING", "CONFIGURING")
 # States in which a job holds or waits for an allocation (squeue's long names).
 ACTIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
                            "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED",

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from db.layout import LAUNCH_RECORD
 from db.models import Attempt, Event, Run
-from orchestrator.supervision import end_processes, is_alive, read_launch_record
+from orchestrator.executors.processes import end_processes, is_alive, read_launch_record
 
 logger = logging.getLogger(__name__)
 

@@ -1,10 +1,10 @@
 """One node of a Slurm attempt: ``srun`` starts this once per node, and it runs that node's
-torchrun agent. Run by orchestrator/slurm/job.py, never by hand::
+torchrun agent. Run by orchestrator/executors/slurm/job.py, never by hand::
 
-    python -m orchestrator.slurm.node --attempt-dir DIR --head HOST --port PORT --nnodes N \\
+    python -m orchestrator.executors.slurm.node --attempt-dir DIR --head HOST --port PORT --nnodes N \\
         --nproc-per-node P --rdzv-id ID -- ENTRY...
 
-It plays the shim's part on a compute node (orchestrator/shim.py): it starts torchrun as its
+It plays the shim's part on a compute node (orchestrator/executors/shim.py): it starts torchrun as its
 child (SIGKILL to torchrun if this process dies, and the ranks die with torchrun), waits, and
 writes how this node ended to ``DIR/nodes/<node>.json`` on the shared filesystem.
 
@@ -14,7 +14,7 @@ on one machine: the ranks checkpoint and exit, torchrun ends. This process only 
 ignores SIGTERM, SIGINT, SIGHUP and SIGUSR2). SIGUSR1 asks for stacks: torchrun is started with
 SIGUSR1 ignored (inherited by a plain script's ranks, which it would otherwise kill; runyard's
 own ranks install their faulthandler over it), and this process saves every rank's stacks of
-this node into ``DIR/stacks`` (orchestrator/stacks.py), then ``stacks/node-<node>.json``.
+this node into ``DIR/stacks`` (orchestrator/executors/stacks.py), then ``stacks/node-<node>.json``.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 from db.layout import AttemptPaths
-from orchestrator.launcher import LOOPBACK, torchrun_command
-from orchestrator.shim import write_atomic
-from orchestrator.stacks import dump_stacks
+from orchestrator.executors.launcher import LOOPBACK, torchrun_command
+from orchestrator.executors.shim import write_atomic
+from orchestrator.executors.stacks import dump_stacks
 from trainer import pdeathsig
 
 NODES_DIR = "nodes"
@@ -52,7 +52,7 @@ def stacks_file(attempt_dir: Path, node: int) -> Path:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.slurm.node")
+    parser = argparse.ArgumentParser(prog="python -m orchestrator.executors.slurm.node")
     parser.add_argument("--attempt-dir", required=True, type=Path)
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--attempt", required=True, type=int)

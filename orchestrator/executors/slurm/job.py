@@ -2,11 +2,11 @@
 
 The scheduler writes a tiny ``job.py`` into the attempt's folder that calls :func:`main` with
 its arguments (JSON, no shell anywhere) and submits it with ``sbatch``
-(orchestrator/executors/slurm.py). It:
+(orchestrator/executors/slurm/executor.py). It:
 
 1. finds the allocation's first host (``scontrol show hostnames``: never the login node's
    address) and a free port there for torchrun's c10d rendezvous;
-2. runs ``srun`` with one task per node (orchestrator/slurm/node.py), each running torchrun;
+2. runs ``srun`` with one task per node (orchestrator/executors/slurm/node.py), each running torchrun;
 3. on Slurm's warning signal (``--signal=B:USR2@<lead>``, sent only to this program), sends
    SIGTERM to every process of the job's steps (``scancel --signal=TERM``): the ranks checkpoint
    and exit, as on a spot preemption on one machine;
@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from db.layout import EXIT_FILE, LAUNCHER_LOG
-from orchestrator.shim import write_atomic
-from orchestrator.slurm.node import NODES_DIR
+from orchestrator.executors.shim import write_atomic
+from orchestrator.executors.slurm.node import NODES_DIR
 
 POLL_S = 0.5
 # slurmstepd's line in the batch output when it stops the batch program (see the module's docstring).
@@ -136,7 +136,7 @@ def main(args: dict[str, Any]) -> int:
     print(f"[runyard] job {os.environ.get('SLURM_JOB_ID')}: {nnodes} node(s) ({os.environ.get('SLURM_JOB_NODELIST')}),"
           f" rendezvous on {where}", flush=True)
     srun = ["srun", f"--nodes={nnodes}", f"--ntasks={nnodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
-            sys.executable, "-m", "orchestrator.slurm.node", f"--attempt-dir={attempt_dir}",
+            sys.executable, "-m", "orchestrator.executors.slurm.node", f"--attempt-dir={attempt_dir}",
             f"--run-dir={args['run_dir']}", f"--attempt={args['attempt']}", f"--head={head}", f"--port={port}",
             f"--nnodes={nnodes}", f"--nproc-per-node={args['nproc_per_node']}", f"--rdzv-id={args['rdzv_id']}",
             "--", *args["entry"]]
@@ -163,7 +163,7 @@ def program(args: dict[str, Any], python: str) -> str:
     """The text of ``job.py``: the interpreter that runs runyard, and the arguments as JSON."""
     return (f"#!{python}\n"
             f"# runyard: run {args['run_id']}, attempt {args['attempt']}. Written by the scheduler; Slurm runs it\n"
-            "# on the first node of the allocation (orchestrator/slurm/job.py).\n"
+            "# on the first node of the allocation (orchestrator/executors/slurm/job.py).\n"
             "import json, sys\n"
-            "from orchestrator.slurm.job import main\n"
+            "from orchestrator.executors.slurm.job import main\n"
             f"sys.exit(main(json.loads({json.dumps(json.dumps(args))})))\n")

@@ -2,7 +2,7 @@
 
 runyard, not Slurm, decides retries by cause: jobs are submitted with ``--no-requeue``, and a
 preempted, timed-out or failed attempt becomes a new job (a new attempt, its own logs) chosen by
-the scheduler's retry policy. The job's batch program (orchestrator/slurm/job.py) writes the
+the scheduler's retry policy. The job's batch program (orchestrator/executors/slurm/job.py) writes the
 exit marker; the run's folder must be on a filesystem the compute nodes share with the
 scheduler's machine.
 
@@ -29,15 +29,20 @@ from sqlalchemy.orm import Session, object_session
 
 from db.layout import LAUNCHER_LOG, AttemptPaths
 from db.models import Attempt, Event, Run
-from orchestrator.executors import ExecutorError, LaunchRequest, Liveness, Observation
-from orchestrator.format import QUEUED_JOB_STATES
-from orchestrator.launcher import entry_argv, rdzv_id
-from orchestrator.outcomes import cancelled_in_slurm
-from orchestrator.slurm import ACTIVE_STATES, NEVER_STARTS, JobStatus, Slurm, SlurmError
-from orchestrator.slurm.job import program
-from orchestrator.slurm.node import stacks_file
-from orchestrator.stacks import RankStack, StackDump
-from orchestrator.supervision import read_exit
+from orchestrator.executors.base import ExecutorError, LaunchRequest, Liveness, Observation
+from orchestrator.executors.launcher import entry_argv, rdzv_id
+from orchestrator.executors.processes import read_exit
+from orchestrator.executors.slurm.commands import (
+    ACTIVE_STATES,
+    NEVER_STARTS,
+    QUEUED_JOB_STATES,
+    JobStatus,
+    Slurm,
+    SlurmError,
+)
+from orchestrator.executors.slurm.job import program
+from orchestrator.executors.slurm.node import stacks_file
+from orchestrator.executors.stacks import RankStack, StackDump
 
 logger = logging.getLogger(__name__)
 
@@ -373,3 +378,25 @@ def _nnodes(run: Run) -> int:
     except ValueError:
         return 1
 
+def cancelled_in_slurm(exited: dict | None) -> str | None:
+    """How a person cancelled the attempt's Slurm job, in words, or None when no one did.
+
+    A plain ``scancel`` of the job (by its owner or an administrator) sends the batch program
+    and every rank SIGTERM, as Slurm's time limit and preemption do; slurmstepd's line in the
+    job's output tells them apart (orchestrator/executors/slurm/job.py's ``stop_line``: no ``DUE TO``), and
+    Slurm's final state does when the job left no marker (``CANCELLED``, where a time limit is
+    ``TIMEOUT`` and a preemption ``PREEMPTED``). Asked only of an attempt runyard did not stop
+    itself (no stop reason: its cancel, pause and hang kill also end in ``scancel``); the warning
+    signal (USR2) is never a cancel.
+    """
+    if not exited:
+        return None
+    stop = exited.get("slurm_stop")
+    by = exited.get("cancelled_by")
+    who = f" by {by}" if by else ""
+    job = f"Slurm job {exited.get('job_id')}" if exited.get("job_id") else "the Slurm job"
+    if isinstance(stop, dict) and exited.get("terminated") and not stop.get("due_to"):
+        return f"{job} was cancelled with scancel{who} at {stop.get('at')} (on {stop.get('node')})"
+    if exited.get("marker") is False and exited.get("slurm_state") == "CANCELLED":
+        return f"{job} ended CANCELLED in Slurm{who} (a scancel outside runyard)"
+    return None
