@@ -30,7 +30,7 @@ from orchestrator.cli_base import (
 def submit(config_file: Path, overrides: tuple[str, ...], as_json: bool) -> None:
     """Queue a run from a TOML config; prints the new run's id."""
     from db.config import ConfigError, plausibility_warnings
-    from orchestrator.resources import detect_inventory
+    from orchestrator.scheduler.resources import detect_inventory
     from orchestrator.submission import submit as submit_run
     from orchestrator.submission import validate_file
 
@@ -148,7 +148,7 @@ def fork(run: str, step: int | None, checkpoint_id: int | None, overrides: tuple
     """Start a new run from a checkpoint of RUN with changed settings; prints the new id."""
     from db.config import ConfigError
     from db.requests import RequestRefused
-    from orchestrator.resources import detect_inventory
+    from orchestrator.scheduler.resources import detect_inventory
     from orchestrator.submission import fork as fork_run
 
     settings = load_settings()

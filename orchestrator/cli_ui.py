@@ -90,8 +90,8 @@ def child_env(settings: Settings) -> dict[str, str]:
 @click.command(cls=RunyardCommand)
 def scheduler() -> None:
     """Run the scheduler in the foreground (launches and supervises runs)."""
-    from orchestrator.resources import detect_inventory
-    from orchestrator.scheduler import Scheduler, SchedulerLocked, acquire_lock, refuse_a_second_on_sqlite, serve
+    from orchestrator.scheduler.loop import Scheduler, SchedulerLocked, acquire_lock, refuse_a_second_on_sqlite, serve
+    from orchestrator.scheduler.resources import detect_inventory
 
     settings = load_settings()
     sessions = open_sessions(settings)

@@ -21,7 +21,7 @@ a write that still fails (a read-only mount, a deleted folder) is tried again ev
 (``storage_error``: path, errno, message), so a folder read-only for a moment ends as a ``DISK``
 failure naming it instead of a vanished launcher. A shim that never could write exits 75
 (EX_TEMPFAIL); the scheduler, finding no exit file, probes the folder itself
-(orchestrator/outcomes.py).
+(orchestrator/scheduler/outcomes.py).
 
 It ignores SIGTERM/SIGINT/SIGHUP so that a signal to the process group reaches torchrun, which
 forwards it to the ranks, while the shim stays to record how torchrun ended. torchrun gets

@@ -1,7 +1,7 @@
 """Keeping custody of a run's processes: adoption of a launch whose pid was never committed, and
 the sweep that makes sure no two attempts of a run ever live together.
 
-Two rules, applied by the scheduler (orchestrator/scheduler.py):
+Two rules, applied by the scheduler (orchestrator/scheduler/loop.py):
 
 - An attempt whose launcher ended is settled only when nothing of its run lives any more: every
   process carrying the run's RUNYARD_RUN_DIR (ranks orphaned by a killed agent, a script's own

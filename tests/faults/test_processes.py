@@ -163,7 +163,7 @@ def test_killed_shim_takes_the_attempt_with_it(product: Product, watcher: Attemp
 def test_scheduler_dead_before_committing_the_pid_adopts_from_the_launch_record(
     product: Product, watcher: AttemptWatcher
 ) -> None:
-    from orchestrator.scheduler import LAUNCH_LOST_S
+    from orchestrator.scheduler.loop import LAUNCH_LOST_S
 
     product.env["RUNYARD_FAULT_STEP_DELAY_S"] = "0.05"
     run_id = product.submit(*LONG, "name=pid-lost")

@@ -86,7 +86,7 @@ class Product:
         from db.home import PRIVATE_UMASK, check_home, make_private
         from db.settings import load_settings
         from orchestrator.cli_base import open_sessions
-        from orchestrator.resources import detect_inventory
+        from orchestrator.scheduler.resources import detect_inventory
         from orchestrator.submission import submit, validate_file
 
         settings = load_settings(self.env)

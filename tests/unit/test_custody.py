@@ -32,8 +32,8 @@ from db.states import AttemptStatus, RunStatus
 from orchestrator.executors import sweeper as sweeper_module
 from orchestrator.executors.launcher import launch
 from orchestrator.executors.processes import Sweep, end_processes, read_launch_record
-from orchestrator.outcomes import settle
-from orchestrator.scheduler import LAUNCH_LOST_S, Scheduler
+from orchestrator.scheduler.loop import LAUNCH_LOST_S, Scheduler
+from orchestrator.scheduler.outcomes import settle
 from tests.unit.test_scheduler import CPU2, attempts, queue, status, tick_until
 
 # Attempt N of a run named NAME does what BEHAVIOUR[NAME][N - 1] says (the last entry for later

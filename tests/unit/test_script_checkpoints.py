@@ -372,7 +372,7 @@ def test_a_retry_of_a_fork_before_its_own_save_starts_from_the_forks_origin(
 def test_a_retry_of_a_fork_of_runyards_own_checkpoint_starts_from_it(
         sessions: sessionmaker[Session], settings: Settings, workdir: Path) -> None:
     from db.requests import checkpoints_dir
-    from orchestrator.scheduler import Scheduler
+    from orchestrator.scheduler.loop import Scheduler
 
     parent_id = script_run(sessions, settings, workdir)
     child_id = script_run(sessions, settings, workdir)
@@ -432,9 +432,9 @@ def test_an_unrecorded_file_moved_aside_never_replaces_an_earlier_one(
 
 def test_the_starting_point_is_placed_before_the_attempts_rows_are_written(
         sessions: sessionmaker[Session], settings: Settings, workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import orchestrator.scheduler as scheduler_module
+    import orchestrator.scheduler.loop as scheduler_module
     import orchestrator.submission as submission
-    from orchestrator.scheduler import Scheduler
+    from orchestrator.scheduler.loop import Scheduler
 
     def no_launch(*_: object, **__: object) -> list[str]:
         raise OSError("not launched in this test")

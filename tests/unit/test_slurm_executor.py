@@ -29,8 +29,8 @@ from orchestrator.executors.slurm.commands import (
     wait_status_code,
 )
 from orchestrator.executors.slurm.executor import SlurmExecutor, sbatch_options, warning_lead_s
-from orchestrator.outcomes import settle
-from orchestrator.retry import AttemptOutcome, decide
+from orchestrator.scheduler.outcomes import settle
+from orchestrator.scheduler.retry import AttemptOutcome, decide
 
 SQUEUE_22_05 = json.dumps({"meta": {}, "errors": [], "jobs": [
     {"job_id": 21, "name": "runyard-r7-a1-abcdef", "job_state": "RUNNING", "state_reason": "None", "nodes": "localhost",
@@ -250,7 +250,7 @@ class QueueingSlurm(FakeSlurm):
 def test_runyard_keeps_at_most_slurm_max_jobs_in_the_queue(sessions: sessionmaker[Session], settings: Settings,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     from orchestrator.executors.local import LocalExecutor
-    from orchestrator.scheduler import Scheduler
+    from orchestrator.scheduler.loop import Scheduler
     from tests.unit.test_scheduler import CPU2
 
     monkeypatch.setenv("RUNYARD_SLURM_MAX_JOBS", "2")

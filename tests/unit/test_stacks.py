@@ -29,7 +29,7 @@ from db.settings import Settings
 from orchestrator.executors import stacks
 from orchestrator.executors.processes import rank_processes
 from orchestrator.executors.stacks import RankStack, culprit
-from orchestrator.scheduler import Scheduler
+from orchestrator.scheduler.loop import Scheduler
 from tests.unit.test_scheduler import CPU2, attempts, queue, status, tick_until
 from trainer import faults
 

@@ -16,9 +16,9 @@ from db.models import Attempt, Event, Run
 from db.requests import Price, create_run
 from db.settings import Settings
 from db.states import AttemptStatus
-from orchestrator import watchdog
 from orchestrator.executors.local import LocalExecutor
 from orchestrator.executors.stacks import StackDumps
+from orchestrator.scheduler import watchdog
 
 
 def running_attempt(sessions: sessionmaker[Session], settings: Settings, step_time_s: float) -> tuple[int, int]:

@@ -206,7 +206,7 @@ class SlurmExecutor:
 
     def _with_canceller(self, record: dict, attempt: Attempt) -> dict:
         """``record`` with who cancelled the job (``cancelled_by``), asked of accounting once, when
-        the job was cancelled by a person (a plain ``scancel``: orchestrator/outcomes.py's
+        the job was cancelled by a person (a plain ``scancel``: orchestrator/scheduler/outcomes.py's
         ``cancelled_in_slurm``) and accounting runs; unchanged otherwise."""
         if (cancelled_in_slurm(record) is None or "cancelled_by" in record or attempt.job_id is None
                 or attempt.stop_reason is not None):

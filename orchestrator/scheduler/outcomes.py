@@ -22,7 +22,7 @@ from db.layout import AttemptPaths
 from db.models import Attempt, Checkpoint, Event, Run
 from db.states import AttemptStatus, RunStatus, StopReason, attempt_transition, transition
 from orchestrator.executors.slurm.executor import cancelled_in_slurm
-from orchestrator.failures import (
+from orchestrator.scheduler.failures import (
     Failure,
     agent_killed,
     classify,
@@ -31,8 +31,8 @@ from orchestrator.failures import (
     signal_name,
     stderr_tail,
 )
-from orchestrator.retry import AttemptOutcome, decide, halved_micro_batch
-from orchestrator.storage import deleted_message, run_dir_deleted, storage_fault, writable_problem
+from orchestrator.scheduler.retry import AttemptOutcome, decide, halved_micro_batch
+from orchestrator.scheduler.storage import deleted_message, run_dir_deleted, storage_fault, writable_problem
 
 logger = logging.getLogger(__name__)
 
@@ -169,7 +169,7 @@ def _storage_failure(run: Run, attempt: Attempt, exited: dict | None, diagnosed:
 def launch_failed_on_storage(session: Session, run: Run, attempt: Attempt, exc: OSError, now: float) -> bool:
     """A launch that failed because the storage refused a write (a read-only or full run folder)
     is a ``DISK`` failure of the attempt, handed to the retry policy like any other (the retry
-    waits until the folder is writable: orchestrator/admission.py); a deleted run folder ends the
+    waits until the folder is writable: orchestrator/scheduler/admission.py); a deleted run folder ends the
     run. Returns False when ``exc`` is not a storage fault (the caller fails the launch)."""
     run_dir = Path(run.run_dir)
     fault = storage_fault(exc, attempt.dir)
@@ -232,7 +232,7 @@ def died_after_finishing(run: Run, attempt: Attempt) -> str | None:
 def _diagnose(attempt: Attempt, exited: dict | None, stopped: dict | None, code: int | None) -> Failure:
     if attempt.stop_reason == StopReason.HANG:
         # runyard killed every rank, so the exit codes say nothing about which one hung: the rank
-        # is the one the stacks named when the hang was detected (orchestrator/watchdog.py).
+        # is the one the stacks named when the hang was detected (orchestrator/scheduler/watchdog.py).
         base = classify(Path(attempt.dir), code) if exited else None
         return Failure(Cause.HANG, attempt.failed_rank,
                        f"no progress after step {attempt.last_step or 0}; stacks in {Path(attempt.dir) / 'stacks'}",

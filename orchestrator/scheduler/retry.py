@@ -15,8 +15,8 @@ from typing import Any
 
 from db.causes import Cause
 from db.config import RetryConfig
-from orchestrator.failures import normalize_exception
-from orchestrator.storage import errno_in
+from orchestrator.scheduler.failures import normalize_exception
+from orchestrator.scheduler.storage import errno_in
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ REPEAT_FAILS = frozenset({Cause.USER_ERROR, Cause.DISK})
 
 def same_exception(a: str | None, b: str | None) -> bool:
     """Whether two exception lines are the same error, ignoring their volatile parts (temporary
-    names, addresses, pids, ports: orchestrator/failures.py ``normalize_exception``)."""
+    names, addresses, pids, ports: orchestrator/scheduler/failures.py ``normalize_exception``)."""
     return a is not None and normalize_exception(a) == normalize_exception(b)
 
 
@@ -115,7 +115,7 @@ def decide(
         return Decision(False, f"the same exception at the same step twice ({failed.exception} after step "
                                f"{failed.last_step}): retrying cannot help")
     # The next attempt's halved micro-batch is derived from this cause when it starts
-    # (orchestrator/outcomes.py's next_overrides): the one place it is computed.
+    # (orchestrator/scheduler/outcomes.py's next_overrides): the one place it is computed.
     if failed.cause is Cause.CUDA_OOM and int(train["batch_size"]) <= 1:
         return Decision(False, "CUDA out of memory with a micro-batch of 1: lower the model size")
     if retries_used >= config.max_retries:

@@ -5,7 +5,7 @@ Local runs wait for this machine's devices (CPU slots or GPUs, counted over the 
 attempts on this host), first come first served: a big run is not overtaken. Slurm runs wait
 only for room under runyard's cap on its jobs in the cluster's queue (``RUNYARD_SLURM_MAX_JOBS``);
 Slurm itself admits them to nodes. A retry after a full disk waits for room on its filesystem.
-A collaborator of :class:`~orchestrator.scheduler.Scheduler`: its tick calls :meth:`Admission.admit`,
+A collaborator of :class:`~orchestrator.scheduler.loop.Scheduler`: its tick calls :meth:`Admission.admit`,
 which hands each run that may start to the scheduler's launch.
 """
 
@@ -27,8 +27,8 @@ from db.causes import Cause
 from db.inventory import Inventory
 from db.models import Attempt, Checkpoint, Event, Run
 from db.states import ACTIVE, AttemptStatus, RunStatus
-from orchestrator.failures import free_bytes, human_bytes
-from orchestrator.storage import errno_in, writable_problem
+from orchestrator.scheduler.failures import free_bytes, human_bytes
+from orchestrator.scheduler.storage import errno_in, writable_problem
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from orchestrator.failures import normalize_exception
+from orchestrator.scheduler.failures import normalize_exception
 
 SUMMARY_EVERY_S = 60.0
 

@@ -3,7 +3,7 @@ whether a folder can be written now, and a run folder deleted under a running ru
 
 A read-only mount (EROFS), a full disk (ENOSPC), a quota (EDQUOT), a size limit (EFBIG) and a
 failing device (EIO) pass by themselves or by a person's hand; they are ``DISK`` failures, retried
-once the folder is writable and has room again (orchestrator/admission.py). A run folder that no
+once the folder is writable and has room again (orchestrator/scheduler/admission.py). A run folder that no
 longer exists is neither: its config, logs and checkpoints are gone, and no retry can bring them
 back.
 """

@@ -6,7 +6,7 @@ database wants, look at what the machine has, make them agree. Every step is ide
 killing and restarting the scheduler at any moment converges: live attempts are re-adopted by
 pid and create time (from the launcher's own record when the scheduler died before committing
 the pid), vanished ones are recorded as crashed. A second job, ``sysmon``, samples the host, the
-runs' processes and the GPUs every 2 s (orchestrator/sysmon.py).
+runs' processes and the GPUs every 2 s (orchestrator/scheduler/sysmon.py).
 
 No run trains twice: an attempt is settled only once every process of the run is gone (found by
 the environment runyard gave it, not only by the process tree), and the next attempt starts only
@@ -44,14 +44,15 @@ from db.requests import checkpoints_dir, newest_intact
 from db.scheduler_file import SchedulerFile
 from db.settings import Settings
 from db.states import ACTIVE, AttemptStatus, RunStatus, SignalSent, StopReason, attempt_transition, hold, transition
-from orchestrator import OrchestratorError, script_checkpoints, watchdog
-from orchestrator.admission import Admission, current_attempt
+from orchestrator import OrchestratorError, script_checkpoints
 from orchestrator.executors.base import Executor, ExecutorError, LaunchRequest, Liveness, executor_for
 from orchestrator.executors.launcher import free_port, rank_env, torchrun_argv
 from orchestrator.executors.local import CommandFactory, LocalExecutor
 from orchestrator.executors.stacks import StackDumps
-from orchestrator.outcomes import attempt_config, launch_failed_on_storage, next_overrides, settle
-from orchestrator.repeats import RepeatedErrors, signature
+from orchestrator.scheduler import watchdog
+from orchestrator.scheduler.admission import Admission, current_attempt
+from orchestrator.scheduler.outcomes import attempt_config, launch_failed_on_storage, next_overrides, settle
+from orchestrator.scheduler.repeats import RepeatedErrors, signature
 from orchestrator.script_supervision import ScriptWatch
 from trainer.context import RunContext
 from trainer.store_secret import SECRET_VAR, new_secret
@@ -59,7 +60,7 @@ from trainer.store_secret import SECRET_VAR, new_secret
 if TYPE_CHECKING:
     from apscheduler.schedulers.base import BaseScheduler
 
-    from orchestrator.sysmon import SystemMonitor
+    from orchestrator.scheduler.sysmon import SystemMonitor
 
 logger = logging.getLogger(__name__)
 
@@ -141,7 +142,7 @@ class Scheduler:
 
         Each part commits on its own and one part's failure does not stop the others (one run's
         corrupt row, a full disk). A failure is logged once with its traceback, then counted
-        (orchestrator/repeats.py). Whether the database could be written is told to the UI
+        (orchestrator/scheduler/repeats.py). Whether the database could be written is told to the UI
         through the heartbeat file, which works when the database does not.
         """
         db_errors: list[str] = []
@@ -574,7 +575,7 @@ def add_jobs(aps: BaseScheduler, scheduler: Scheduler, monitor: SystemMonitor | 
     Each is its own job (``max_instances=1``, ``coalesce=True``) on APScheduler's thread pool,
     so a slow system sample never delays a tick; both catch and log their errors.
     """
-    from orchestrator.sysmon import SAMPLE_S
+    from orchestrator.scheduler.sysmon import SAMPLE_S
 
     errors = RepeatedErrors(logger)
 
@@ -615,7 +616,7 @@ def serve(scheduler: Scheduler, tick_s: float = TICK_S, monitor: SystemMonitor |
     """
     from apscheduler.schedulers.blocking import BlockingScheduler
 
-    from orchestrator.sysmon import SystemMonitor
+    from orchestrator.scheduler.sysmon import SystemMonitor
 
     aps = BlockingScheduler()
     monitor = monitor or SystemMonitor(scheduler.sessions)

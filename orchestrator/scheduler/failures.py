@@ -28,7 +28,7 @@ from pathlib import Path
 
 from db.causes import Cause
 from orchestrator.executors.logs import launcher_log, rank_log_files, tail
-from orchestrator.storage import STORAGE_ERRNOS, errno_in, writable_problem
+from orchestrator.scheduler.storage import STORAGE_ERRNOS, errno_in, writable_problem
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ COMM_PATTERNS = re.compile(
 CUDA_OOM_PATTERNS = re.compile(r"OutOfMemoryError|CUDA out of memory")
 # What a failed write says when the disk is full, a file-size limit is hit, a quota is exceeded,
 # the filesystem is read-only or the device fails: errno text as Python prints it, and SQLite's
-# own words. The errnos are orchestrator/storage.py's STORAGE_ERRNOS, its one list.
+# own words. The errnos are orchestrator/scheduler/storage.py's STORAGE_ERRNOS, its one list.
 DISK_PATTERNS = re.compile(
     rf"\[Errno (?:{'|'.join(str(code) for code in sorted(STORAGE_ERRNOS))})\]|"
     r"No space left on device|File too large|Disk quota exceeded|"
