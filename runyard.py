@@ -40,7 +40,7 @@ _PACKAGES = ("trainer", "db")
 # packages hold their names, so none is looked up by name later, when a script's own file may.
 _SDK_MODULES = (
     "db.config", "db.engine", "db.layout", "db.metricbulk", "db.metricrollups", "db.metricstore", "db.models",
-    "db.requests", "db.scriptfiles", "db.states", "trainer.checkpoint", "trainer.checkpoint.checkpointer",
+    "db.requests", "db.file_versions", "db.states", "trainer.checkpoint", "trainer.checkpoint.checkpointer",
     "trainer.checkpoint.history", "trainer.checkpoint.io", "trainer.checkpoint.manager",
     "trainer.checkpoint.retention", "trainer.context", "trainer.control", "trainer.distributed", "trainer.faults",
     "trainer.health", "trainer.lifecycle", "trainer.monitoring", "trainer.pdeathsig", "trainer.reporter",

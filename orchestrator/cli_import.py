@@ -1,5 +1,5 @@
 """The CLI's import verbs: ``runyard import tensorboard LOGDIR [--name NAME]`` makes a finished
-run of a past run's TensorBoard scalars (orchestrator/imported_runs.py) and prints its id."""
+run of a past run's TensorBoard scalars (orchestrator/scripts/imported_runs.py) and prints its id."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def import_() -> None:
 def tensorboard(logdir: Path, name: str | None, as_json: bool) -> None:
     """Import the scalars of a TensorBoard log folder as a SUCCEEDED run; prints its id."""
     from db.config import ConfigError
-    from orchestrator.imported_runs import LogdirError, import_tensorboard
+    from orchestrator.scripts.imported_runs import LogdirError, import_tensorboard
 
     settings = load_settings()
     try:

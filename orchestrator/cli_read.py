@@ -28,7 +28,7 @@ from orchestrator.cli_base import (
     resolve_ref,
 )
 from orchestrator.format import eta_text, startup_text, step_text, where_short, where_text
-from orchestrator.script_supervision import script_facts
+from orchestrator.scripts.attempt_watch import script_facts
 
 
 def _status_filter(statuses: tuple[str, ...]) -> list[str]:

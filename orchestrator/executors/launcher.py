@@ -22,7 +22,7 @@ LOOPBACK = "127.0.0.1"
 SCRIPT_RUNNER = Path(__file__).resolve().parents[2] / "trainer" / "script_runner.py"
 # The folder that holds the ``wandb`` stand-in of plain-script support (shims/wandb/): put first on
 # the ranks' path. A folder on PYTHONPATH, never imported here: executors import nothing of scripts.
-SHIMS_DIR = Path(__file__).resolve().parents[1] / "scriptwatch" / "shims"
+SHIMS_DIR = Path(__file__).resolve().parents[1] / "scripts" / "shims"
 WANDB_SHIM_VAR = "RUNYARD_WANDB_SHIM"
 
 

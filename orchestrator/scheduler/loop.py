@@ -44,7 +44,7 @@ from db.requests import checkpoints_dir, newest_intact
 from db.scheduler_file import SchedulerFile
 from db.settings import Settings
 from db.states import ACTIVE, AttemptStatus, RunStatus, SignalSent, StopReason, attempt_transition, hold, transition
-from orchestrator import OrchestratorError, script_checkpoints
+from orchestrator import OrchestratorError
 from orchestrator.executors.base import Executor, ExecutorError, LaunchRequest, Liveness, executor_for
 from orchestrator.executors.launcher import free_port, rank_env, torchrun_argv
 from orchestrator.executors.local import CommandFactory, LocalExecutor
@@ -53,7 +53,8 @@ from orchestrator.scheduler import watchdog
 from orchestrator.scheduler.admission import Admission, current_attempt
 from orchestrator.scheduler.outcomes import attempt_config, launch_failed_on_storage, next_overrides, settle
 from orchestrator.scheduler.repeats import RepeatedErrors, signature
-from orchestrator.script_supervision import ScriptWatch
+from orchestrator.scripts import checkpoint_custody
+from orchestrator.scripts.attempt_watch import ScriptWatch
 from trainer.context import RunContext
 from trainer.store_secret import SECRET_VAR, new_secret
 
@@ -344,10 +345,10 @@ class Scheduler:
         # The starting point first: placing a script's checkpoint copies files (gigabytes), and the
         # write lock must not be held meanwhile, so what was written so far is committed and the
         # run's rows are written after. A crash or a refused transition after a copy leaves at most
-        # an orphan copy or a file moved aside (script_checkpoints' docstring).
+        # an orphan copy or a file moved aside (checkpoint_custody's docstring).
         session.commit()
         resume_dir, resume_step = self._resume_point(session, run, number)
-        script_resume = script_checkpoints.resume_point(session, run, number) if resume_dir is None else None
+        script_resume = checkpoint_custody.resume_point(session, run, number) if resume_dir is None else None
         if script_resume is not None:
             resume_step = script_resume.step
         if not transition(session, run.id, RunStatus.STARTING, f"launching attempt {number}", expect=expect):
@@ -447,8 +448,8 @@ class Scheduler:
                 chosen = session.get(Checkpoint, run.parent_checkpoint_id)  # a fork's retry before its own save
         elif run.parent_checkpoint_id is not None:
             chosen = session.get(Checkpoint, run.parent_checkpoint_id)
-        if chosen is None or chosen.source == script_checkpoints.SCRIPT:
-            return None, None  # a script's own file: script_checkpoints.resume_point
+        if chosen is None or chosen.source == checkpoint_custody.SCRIPT:
+            return None, None  # a script's own file: checkpoint_custody.resume_point
         return str(Path(chosen.path).parent), chosen.step
 
     # -- supervision ----------------------------------------------------------------------

@@ -67,7 +67,7 @@ def check(session: Session, run: Run, attempt: Attempt, config: SupervisionConfi
     now = time.time() if now is None else now
     if attempt.hang_detected_at is None:
         if attempt.first_step_at is None and script:
-            # A script that reports no step is watched by its output (orchestrator/script_supervision.py
+            # A script that reports no step is watched by its output (orchestrator/scripts/attempt_watch.py
             # moves progress_at as its logs and event files grow); before any output, nothing is judged.
             if attempt.progress_at is None:
                 return

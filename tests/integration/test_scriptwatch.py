@@ -20,7 +20,7 @@ from db.layout import RANK_LOG_DIR
 from db.metricstore import metric_keys, series
 from db.models import Attempt, Run
 from orchestrator.executors.launcher import free_port
-from orchestrator.scriptwatch.collector import AttemptCollector, write
+from orchestrator.scripts.metric_collector import AttemptCollector, write
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("tensorboard")

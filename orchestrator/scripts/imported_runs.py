@@ -5,7 +5,7 @@ a TensorBoard log folder's scalars, so a run trained before runyard (or elsewher
 The new run is a ``kind = "script"`` run with one attempt, SUCCEEDED with the reason "imported
 from LOGDIR"; its time span is the scalars' own wall times, it costs nothing (runyard did not
 run it), and every tag keeps its own steps, each event file's rank as
-:func:`orchestrator.scriptwatch.tensorboard.rank_of_file` says.
+:func:`orchestrator.scripts.tensorboard_events.rank_of_file` says.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from db.models import Attempt, Event
 from db.requests import IMPORTED_TAG, Price, create_run
 from db.states import AttemptStatus, RunStatus, attempt_transition, transition
 from orchestrator import OrchestratorError
-from orchestrator.scriptwatch import to_rows
-from orchestrator.scriptwatch.collector import write
-from orchestrator.scriptwatch.tensorboard import find_event_files, import_logdir
+from orchestrator.scripts import to_rows
+from orchestrator.scripts.metric_collector import write
+from orchestrator.scripts.tensorboard_events import find_event_files, import_logdir
 
 # Points written per statement batch: the import holds no more than this in memory.
 BATCH = 10_000

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from db.config import relative_path_problem
-from orchestrator.scriptwatch import ScriptWatchError
+from orchestrator.scripts import ScriptWatchError
 
 GLOB_FIELD = "workload.checkpoint_glob"
 MAX_MATCHES = 1000  # files one pattern may match; more is a pattern that is too wide

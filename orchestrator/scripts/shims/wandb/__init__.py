@@ -29,7 +29,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 __version__ = "0.0.0+runyard"
-PROTOCOL_PREFIX = "RUNYARD "  # orchestrator/scriptwatch/lines.py reads these lines
+PROTOCOL_PREFIX = "RUNYARD "  # orchestrator/scripts/log_lines.py reads these lines
 _RESERVED = ("step", "rank", "total")
 
 __all__ = ["Api", "Artifact", "Audio", "Config", "Error", "Histogram", "Html", "Image", "Object3D", "Run", "Settings",

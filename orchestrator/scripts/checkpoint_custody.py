@@ -1,7 +1,7 @@
 """A script's own checkpoint files as checkpoint rows, and the one the next attempt starts from.
 
 While an attempt of a script run with ``[workload] checkpoint_glob`` runs (and once more when it
-ends), the scheduler lists the matching files (orchestrator/scriptwatch/checkpoints.py) and
+ends), the scheduler lists the matching files (orchestrator/scripts/checkpoint_finder.py) and
 records each *version* of each file as a ``Checkpoint`` row with ``source = "script"``: a file
 is recorded once it is stable (unchanged at two looks in a row), and verified once its sha256 is
 known. A file the script rewrites in place (nanoGPT's ``out/ckpt.pt``) is a new version: a new
@@ -49,10 +49,10 @@ from pathlib import Path
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from db.file_versions import CopyRefused, copy_verified, is_version
 from db.models import Attempt, Checkpoint, Event, MetricPoint, Run
 from db.requests import PREEXISTING, SCRIPT_SOURCE, checkpoints_dir, keep_copy, newest_intact, workdir_of
-from db.scriptfiles import CopyRefused, copy_verified, is_version
-from orchestrator.scriptwatch.checkpoints import CheckpointFile
+from orchestrator.scripts.checkpoint_finder import CheckpointFile
 
 logger = logging.getLogger(__name__)
 

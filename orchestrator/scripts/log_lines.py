@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.scriptwatch import Sample, ScriptWatchError
+from orchestrator.scripts import Sample, ScriptWatchError
 
 PREFIX = "RUNYARD "
 PATTERNS_FIELD = "workload.stdout_metrics"

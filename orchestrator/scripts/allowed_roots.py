@@ -179,7 +179,7 @@ def python_installation() -> tuple[Path, ...]:
 
 def runyard_packages() -> tuple[Path, ...]:
     """The folders of runyard's own packages, wherever runyard is installed or checked out."""
-    top = Path(__file__).resolve().parents[1]
+    top = Path(__file__).resolve().parents[2]
     return tuple(top / name for name in RUNYARD_PACKAGES)
 
 

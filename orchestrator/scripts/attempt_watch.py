@@ -1,12 +1,12 @@
 """What the scheduler watches of a script run (kind = "script") while it runs and when it ends.
 
 One :class:`ScriptWatch` lives in the scheduler. For every live attempt of a script run it keeps
-an :class:`~orchestrator.scriptwatch.collector.AttemptCollector`: on each tick the new metric
+an :class:`~orchestrator.scripts.metric_collector.AttemptCollector`: on each tick the new metric
 points (``RUNYARD`` lines, ``[workload.stdout_metrics]``, TensorBoard scalars, the wandb
 stand-in) go into the metric store and move the attempt's progress, and the script's output
 activity becomes what the hang watchdog watches for a script that reports no step. With
 ``[workload] checkpoint_glob``, the script's own checkpoint files are listed too and recorded as
-checkpoint rows (orchestrator/script_checkpoints.py). When the attempt ends, its logs are read to
+checkpoint rows (orchestrator/scripts/checkpoint_custody.py). When the attempt ends, its logs are read to
 the end and its files looked at until they are hashed (to completion, whatever their size) before
 the outcome is settled, so an attempt's last steps and last checkpoint count.
 
@@ -33,9 +33,9 @@ from db.config import RunConfig
 from db.models import Attempt, Event, Run
 from db.requests import workdir_of
 from orchestrator.executors.processes import rank_processes
-from orchestrator.script_checkpoints import record_versions
-from orchestrator.scriptwatch.checkpoints import CheckpointFiles
-from orchestrator.scriptwatch.collector import AttemptCollector, Collected, write
+from orchestrator.scripts.checkpoint_custody import record_versions
+from orchestrator.scripts.checkpoint_finder import CheckpointFiles
+from orchestrator.scripts.metric_collector import AttemptCollector, Collected, write
 
 logger = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from tensorboard.backend.event_processing.event_file_loader import LegacyEventFi
 from tensorboard.compat.proto import summary_pb2
 from tensorboard.util import tensor_util
 
-from orchestrator.scriptwatch import Sample
+from orchestrator.scripts import Sample
 
 logger = logging.getLogger(__name__)
 

@@ -26,11 +26,11 @@ from sqlalchemy.orm import Session
 from db.metricstore import write_points
 from db.models import Attempt
 from orchestrator.executors.logs import rank_log_files
-from orchestrator.scriptwatch import Sample, to_rows
-from orchestrator.scriptwatch.lines import LineTailer, compile_patterns, parse_lines
+from orchestrator.scripts import Sample, to_rows
+from orchestrator.scripts.log_lines import LineTailer, compile_patterns, parse_lines
 
 if TYPE_CHECKING:  # tensorboard is an optional extra: imported when event files are watched
-    from orchestrator.scriptwatch.tensorboard import EventFiles
+    from orchestrator.scripts.tensorboard_events import EventFiles
 
 logger = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ class AttemptCollector:
         if dirs is not None and not dirs:
             return None
         try:
-            from orchestrator.scriptwatch.tensorboard import EventFiles, default_dirs
+            from orchestrator.scripts.tensorboard_events import EventFiles, default_dirs
         except ImportError as exc:
             self._tensorboard_missing = (f"TensorBoard event files are not read: the tensorboard package is not "
                                          f"installed ({exc}); pip install 'runyard[scripts]'")
