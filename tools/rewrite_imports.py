@@ -157,6 +157,11 @@ def _rewrite_from(moves: Moves, match: re.Match[str]) -> str:
     groups: dict[str, list[str]] = {}
     for name, alias in names:
         full = f"{module}.{name}"
+        if module in moves.modules and full not in moves.modules and full in moves.new_modules:
+            # ``from old.module import X`` where old.module is now a package with a module X: the
+            # name cannot tell which was meant. MOVES.txt should not make such a pair.
+            print(f"ambiguous: from {module} import {name} (a name of the old module, or the new module {full}?)",
+                  file=sys.stderr)
         if moves.is_module(full):  # ``from pkg import module``
             new_full = moves.dotted(full)
             target, _, new_name = new_full.rpartition(".")
@@ -204,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             text = path.read_text()
         except (UnicodeDecodeError, IsADirectoryError):
+            continue  # not a text file
+        except FileNotFoundError:
+            print(f"no such file: {path}", file=sys.stderr)
             continue
         new = rewrite(moves, text)
         if new != text:

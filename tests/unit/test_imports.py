@@ -109,7 +109,7 @@ def test_the_graph_sees_real_arrows() -> None:
 
 def test_the_scheduler_the_ui_and_the_cli_never_load_torch() -> None:
     # torch costs the scheduler ~1.7 s and ~230 MiB; only the ranks need it.
-    code = ("import sys, orchestrator.scheduler.loop, orchestrator.cli, app.data, app.gate, app.server;"
+    code = ("import sys, orchestrator.scheduler.loop, orchestrator.cli.group, app.data, app.gate, app.server;"
             "loaded = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'));"
             "print(loaded[:5]); sys.exit(1 if loaded else 0)")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

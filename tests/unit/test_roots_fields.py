@@ -33,7 +33,7 @@ from db.models import Checkpoint
 from db.queries import list_runs, run_detail
 from db.requests import Price, create_run
 from db.settings import Settings
-from orchestrator.cli import cli
+from orchestrator.cli.group import cli
 from orchestrator.executors.launcher import script_entry
 from orchestrator.scripts.allowed_roots import GUARDED_FIELDS, INERT_FIELDS, LAUNCH_FIELDS, ROOTS_ENV, script_roots
 from orchestrator.submission import validate

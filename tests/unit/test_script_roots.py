@@ -25,7 +25,7 @@ from db.models import Checkpoint
 from db.queries import list_runs, run_detail
 from db.requests import Price, create_run
 from db.settings import Settings
-from orchestrator.cli import cli
+from orchestrator.cli.group import cli
 from orchestrator.scripts.allowed_roots import ROOTS_ENV, ScriptRoots, changes_what_runs, refused_paths, script_roots
 from orchestrator.submission import fork, validate
 

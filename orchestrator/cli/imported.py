@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from db.settings import load_settings
-from orchestrator.cli_base import EXIT_USAGE, RunyardCommand, fail, open_sessions
+from orchestrator.cli.base import EXIT_USAGE, RunyardCommand, fail, open_sessions
 
 
 @click.group("import")

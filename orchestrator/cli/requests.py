@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from db.settings import load_settings
-from orchestrator.cli_base import (
+from orchestrator.cli.base import (
     COUNT,
     EXIT_USAGE,
     RunyardCommand,

@@ -36,7 +36,7 @@ from orchestrator.access import (
     read_ui_file,
     rotate_token,
 )
-from orchestrator.cli_base import EXIT_USAGE, RunyardCommand, fail, open_existing, open_sessions
+from orchestrator.cli.base import EXIT_USAGE, RunyardCommand, fail, open_existing, open_sessions
 from trainer import pdeathsig
 
 HOST_HELP = ("Address to bind. Beyond loopback the token still guards the UI, over plain HTTP: "

@@ -14,7 +14,7 @@ import click
 
 from db.settings import load_settings
 from db.states import TERMINAL
-from orchestrator.cli_base import (
+from orchestrator.cli.base import (
     COUNT,
     EXIT_USAGE,
     INT64_MAX,
