@@ -23,15 +23,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from app.access import (
+    AccessPolicy,
+)
 from db.layout import UI_FILE
 from db.settings import Settings
-from orchestrator.access import (
+from orchestrator.ui_access import (
     ALLOWED_HOSTS_ENV,
     AUTH_MODES,
     DEFAULT_PROXY_USER_HEADER,
     PROXY_SECRET_ENV,
     AccessError,
-    AccessPolicy,
     TokenSource,
     check_bind,
     ensure_token,

@@ -8,7 +8,7 @@ they agree because they take the names from here and nowhere else::
         migrate.lock          held while migrations run (db/engine.py)
         scheduler.lock        held by the one running scheduler
         scheduler.json        the scheduler's heartbeat file, inventory included (db/scheduler_file.py)
-        token                 the UI's access token, mode 0600 (orchestrator/access.py)
+        token                 the UI's access token, mode 0600 (orchestrator/ui_access.py)
         ui.json               where the running UI listens (for `runyard token`)
         runs/run-000042/
             config.json       the run config as submitted

@@ -23,7 +23,8 @@ import click
 import psutil
 
 from db.settings import Settings, load_settings
-from orchestrator.access import (
+from orchestrator.cli.base import EXIT_USAGE, RunyardCommand, fail, open_existing, open_sessions
+from orchestrator.ui_access import (
     ALLOWED_HOSTS_ENV,
     AUTH_MODES,
     DEFAULT_PROXY_USER_HEADER,
@@ -36,7 +37,6 @@ from orchestrator.access import (
     read_ui_file,
     rotate_token,
 )
-from orchestrator.cli.base import EXIT_USAGE, RunyardCommand, fail, open_existing, open_sessions
 from trainer import pdeathsig
 
 HOST_HELP = ("Address to bind. Beyond loopback the token still guards the UI, over plain HTTP: "

@@ -103,7 +103,7 @@ def test_the_graph_sees_real_arrows() -> None:
     # The checks above would pass on an empty graph: make sure they look at the real one.
     graph = _graph()
     assert "db.models" in graph["orchestrator.scheduler.loop"]
-    assert "orchestrator.access" in graph["app.gate"]
+    assert "app.access" in graph["app.gate"]
     assert "db.layout" in graph["trainer.checkpoint.manager"]
 
 
