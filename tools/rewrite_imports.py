@@ -20,7 +20,10 @@ What is rewritten, in any text file (code, TOML, Markdown, Dockerfile):
 - slash paths: ``pkg/mod.py`` and ``pkg/dir/`` (pyproject globs, docs, docstrings).
 
 A name that already starts with a new module (longer than any old one it starts with) is left
-alone, so running the tool twice changes nothing the second time. Reports each changed file;
+alone, so running the tool twice changes nothing the second time. So ``from pkg import X``, where
+``pkg`` was a module and is now a package holding a module ``X``, reads as the new module: MOVES.txt
+must not give a package a module named like a name of the module it replaces (why cli.py became
+cli/group.py, not cli/main.py: ``from orchestrator.cli import main`` imported the function). Reports each changed file;
 with ``--check`` writes nothing and exits 1 when a file would change.
 """
 
@@ -157,11 +160,6 @@ def _rewrite_from(moves: Moves, match: re.Match[str]) -> str:
     groups: dict[str, list[str]] = {}
     for name, alias in names:
         full = f"{module}.{name}"
-        if module in moves.modules and full not in moves.modules and full in moves.new_modules:
-            # ``from old.module import X`` where old.module is now a package with a module X: the
-            # name cannot tell which was meant. MOVES.txt should not make such a pair.
-            print(f"ambiguous: from {module} import {name} (a name of the old module, or the new module {full}?)",
-                  file=sys.stderr)
         if moves.is_module(full):  # ``from pkg import module``
             new_full = moves.dotted(full)
             target, _, new_name = new_full.rpartition(".")

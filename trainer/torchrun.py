@@ -2,7 +2,7 @@
 
 Run it exactly as torchrun: ``python -m trainer.torchrun --nnodes=1 ... -m trainer``. The
 scheduler launches every local attempt this way (orchestrator/executors/launcher.py), and so does a Slurm
-job of one node (orchestrator/slurm_node.py). A local run of several nodes starts one such agent
+job of one node (orchestrator/executors/slurm/node.py). A local run of several nodes starts one such agent
 per node on this machine, all on loopback: the agent of node 0 hosts the rendezvous store
 (``--rdzv-conf=is_host=1``), the others join it as clients (``is_host=0``), never listening.
 
