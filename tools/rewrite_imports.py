@@ -20,11 +20,17 @@ What is rewritten, in any text file (code, TOML, Markdown, Dockerfile):
 - slash paths: ``pkg/mod.py`` and ``pkg/dir/`` (pyproject globs, docs, docstrings).
 
 A name that already starts with a new module (longer than any old one it starts with) is left
-alone, so running the tool twice changes nothing the second time. So ``from pkg import X``, where
-``pkg`` was a module and is now a package holding a module ``X``, reads as the new module: MOVES.txt
-must not give a package a module named like a name of the module it replaces (why cli.py became
-cli/group.py, not cli/main.py: ``from orchestrator.cli import main`` imported the function). Reports each changed file;
-with ``--check`` writes nothing and exits 1 when a file would change.
+alone, so running the tool twice changes nothing the second time. Two readings it cannot tell
+apart:
+
+- a bare package name that was a module before (``orchestrator.scheduler``) reads as the old
+  module: a line that means the package says ``rewrite-imports: keep`` and is left alone;
+- ``from pkg import X``, where ``pkg`` was a module and is now a package with a module ``X``,
+  reads as the new module: MOVES.txt must not give a package a module named like a name of the
+  module it replaces (why cli.py became cli/group.py, not cli/main.py: ``from orchestrator.cli
+  import main`` imported the function).
+
+Reports each changed file; with ``--check`` writes nothing and exits 1 when a file would change.
 """
 
 from __future__ import annotations
@@ -178,8 +184,25 @@ def _rewrite_from(moves: Moves, match: re.Match[str]) -> str:
     return "\n".join(statements)
 
 
+KEEP = "rewrite-imports: keep"
+
+
 def rewrite(moves: Moves, text: str) -> str:
-    """``text`` with every moved import, dotted name and slash path rewritten."""
+    """``text`` with every moved import, dotted name and slash path rewritten, but on the lines
+    that say ``rewrite-imports: keep``."""
+    lines = text.split("\n")
+    kept = {}
+    for i, line in enumerate(lines):
+        if KEEP in line:
+            kept[f"\0kept{i}\0"] = line
+            lines[i] = f"\0kept{i}\0"
+    out = _rewrite("\n".join(lines), moves)
+    for token, line in kept.items():
+        out = out.replace(token, line, 1)
+    return out
+
+
+def _rewrite(text: str, moves: Moves) -> str:
     pieces: list[str] = []
     last = 0
     for match in _FROM.finditer(text):

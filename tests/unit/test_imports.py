@@ -22,9 +22,14 @@ LAYERS = ("app", "orchestrator", "trainer", "db")
 # orchestrator's rooms, highest first: a room may import only the rooms after it. "orchestrator" is
 # the modules directly in orchestrator/ (submission, display text, UI access files), which the CLI
 # and the UI share; ``python -m orchestrator`` (__main__) is the CLI's.
-ROOMS = ("orchestrator.cli", "orchestrator.scheduler", "orchestrator", "orchestrator.scripts",
-         "orchestrator.executors")
-ROOM_OF = {"orchestrator.__main__": "orchestrator.cli"}
+ROOMS = (
+    "orchestrator.cli",  # rewrite-imports: keep (the packages, not the modules of these names before)
+    "orchestrator.scheduler",  # rewrite-imports: keep
+    "orchestrator",
+    "orchestrator.scripts",
+    "orchestrator.executors",  # rewrite-imports: keep
+)
+ROOM_OF = {"orchestrator.__main__": "orchestrator.cli"}  # rewrite-imports: keep
 # Files that are not runyard's modules: migration scripts run by Alembic, the wandb stand-in put on
 # a script's PYTHONPATH.
 SKIP_PARTS = {"migrations", "shims"}
