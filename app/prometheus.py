@@ -55,6 +55,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 from starlette.responses import PlainTextResponse, Response
 
+from app.access import AccessPolicy, FailedLogins, Verdict, token_matches
 from db import DatabaseError, metricstore, queries
 from db.cost import recent_pace
 from db.inventory import Inventory
@@ -63,7 +64,7 @@ from db.models import Attempt, Run
 from db.scheduler_file import read_scheduler_file
 from db.settings import EnvSettings, Settings
 from db.states import TERMINAL, AttemptStatus, RunStatus
-from orchestrator.access import AccessPolicy, FailedLogins, TokenSource, Verdict, token_matches
+from orchestrator.ui_access import TokenSource
 
 logger = logging.getLogger(__name__)
 

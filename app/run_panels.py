@@ -18,8 +18,8 @@ from app import charts, data, style
 from app.run_actions import is_superseded
 from db import metric_registry
 from db.states import RunStatus
+from orchestrator.executors.logs import launcher_log, rank_log_files, tail
 from orchestrator.format import clock, duration
-from orchestrator.logs import launcher_log, rank_log_files, tail
 
 
 def attempts_table(d: dict) -> None:

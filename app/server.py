@@ -24,13 +24,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from app.access import (
+    AccessPolicy,
+)
 from db.layout import UI_FILE
 from db.settings import Settings
-from orchestrator.access import (
+from orchestrator.ui_access import (
     AUTH_MODES,
     DEFAULT_PROXY_USER_HEADER,
     AccessError,
-    AccessPolicy,
     TokenSource,
     check_bind,
     ensure_token,

@@ -1,5 +1,5 @@
 """What a machine has to run on, as every process sees it: the scheduler detects it
-(orchestrator/resources.py, through NVML) and publishes it on its heartbeat; the UI and the CLI
+(orchestrator/scheduler/resources.py, through NVML) and publishes it on its heartbeat; the UI and the CLI
 judge submissions against it without touching a GPU.
 """
 

@@ -183,7 +183,7 @@ def test_sigterm_from_outside_checkpoints_and_does_not_spend_a_retry(product: Pr
     product.wait_step(run_id, 130)
     for proc in training_processes(product.home):  # the spot instance is going away: everyone gets SIGTERM
         try:
-            if "orchestrator.shim" not in " ".join(proc.cmdline()):
+            if "orchestrator.executors.shim" not in " ".join(proc.cmdline()):
                 proc.send_signal(signal.SIGTERM)
         except psutil.Error:
             pass

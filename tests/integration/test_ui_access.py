@@ -30,7 +30,7 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from orchestrator.access import sign_session
+from app.access import sign_session
 
 URL_LINE = re.compile(r"^http://127\.0\.0\.1:(\d+)/\?token=([A-Za-z0-9_-]{43})$", re.MULTILINE)
 STARTUP_TIMEOUT_S = 60.0

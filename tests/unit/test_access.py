@@ -1,4 +1,4 @@
-"""The UI's access rules (orchestrator/access.py): the token file, the session cookie, Host and
+"""The UI's access rules (app/access.py, orchestrator/ui_access.py): the token file, the session cookie, Host and
 Origin. The same rules are tried end to end against the real `runyard up` in
 tests/integration/test_ui_access.py."""
 
@@ -11,10 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.access import (
+from app.access import (
     SESSION_MAX_AGE_S,
-    AccessError,
     AccessPolicy,
+    session_valid,
+    sign_session,
+    split_host,
+)
+from orchestrator.ui_access import (
+    AccessError,
     TokenSource,
     check_bind,
     ensure_token,
@@ -22,9 +27,6 @@ from orchestrator.access import (
     login_url,
     parse_allowed_hosts,
     rotate_token,
-    session_valid,
-    sign_session,
-    split_host,
 )
 
 
@@ -139,7 +141,7 @@ def test_gate_corners_empty_host_foreign_port_and_wrong_scheme_are_refused() -> 
 
 
 def test_wrong_tokens_lock_out_their_client_for_the_window_and_no_one_else() -> None:
-    from orchestrator.access import FailedLogins
+    from app.access import FailedLogins
 
     now = [1000.0]
     limit = FailedLogins(allowed=3, window_s=60, clock=lambda: now[0])
@@ -158,7 +160,8 @@ def test_wrong_tokens_lock_out_their_client_for_the_window_and_no_one_else() -> 
 def test_tokens_and_sessions_are_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch) -> None:
     import hmac
 
-    from orchestrator import access
+    from app import access
+    from orchestrator.ui_access import new_token
 
     calls: list[tuple[object, object]] = []
     real = hmac.compare_digest
@@ -168,7 +171,7 @@ def test_tokens_and_sessions_are_compared_in_constant_time(monkeypatch: pytest.M
         return real(a, b)  # type: ignore[arg-type]
 
     monkeypatch.setattr(access.hmac, "compare_digest", spy)
-    token = access.new_token()
+    token = new_token()
     assert access.token_matches(token, token) and not access.token_matches(token, "x" * len(token))
     assert access.session_valid(token, access.sign_session(token))
     assert len(calls) >= 3  # every comparison went through hmac.compare_digest

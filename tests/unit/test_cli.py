@@ -8,7 +8,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from db.settings import Settings
-from orchestrator.cli import cli
+from orchestrator.cli.group import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "digits.toml"

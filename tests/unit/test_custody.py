@@ -29,11 +29,11 @@ from db.models import Attempt, Event, Run
 from db.requests import Price, create_run, request_cancel
 from db.settings import Settings
 from db.states import AttemptStatus, RunStatus
-from orchestrator import sweeper as sweeper_module
-from orchestrator.launcher import launch
-from orchestrator.outcomes import settle
-from orchestrator.scheduler import LAUNCH_LOST_S, Scheduler
-from orchestrator.supervision import Sweep, end_processes, read_launch_record
+from orchestrator.executors import sweeper as sweeper_module
+from orchestrator.executors.launcher import launch
+from orchestrator.executors.processes import Sweep, end_processes, read_launch_record
+from orchestrator.scheduler.loop import LAUNCH_LOST_S, Scheduler
+from orchestrator.scheduler.outcomes import settle
 from tests.unit.test_scheduler import CPU2, attempts, queue, status, tick_until
 
 # Attempt N of a run named NAME does what BEHAVIOUR[NAME][N - 1] says (the last entry for later
@@ -119,7 +119,7 @@ def test_a_cancel_that_reaches_torchrun_before_its_exec_still_ends_it() -> None:
     lost. Here the child signals itself at that very moment; it must die of it, not run on."""
     program = textwrap.dedent("""
         import os, signal, sys
-        from orchestrator import shim
+        from orchestrator.executors import shim
         for sig in shim.STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)  # as shim.main does
         real = shim._child_setup
@@ -363,7 +363,7 @@ def test_the_script_entry_moves_into_the_workdir_after_runyards_imports(tmp_path
 
 def test_a_script_launch_goes_through_the_entry_module() -> None:
     from db.config import parse_config
-    from orchestrator.launcher import torchrun_argv
+    from orchestrator.executors.launcher import torchrun_argv
 
     config = parse_config({"workload": {"kind": "script", "script": "/abs/train.py", "args": ["--lr", "1"]}})
     argv = torchrun_argv(config, 1, 1, 29500, Path("/tmp/a"))

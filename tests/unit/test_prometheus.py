@@ -32,8 +32,8 @@ from db.requests import Price, create_run
 from db.scheduler_file import SchedulerFile
 from db.settings import Settings, SettingsError
 from db.states import RunStatus, transition
-from orchestrator.cli import cli
-from orchestrator.resources import detect_inventory
+from orchestrator.cli.group import cli
+from orchestrator.scheduler.resources import detect_inventory
 
 pytestmark = pytest.mark.both_dbs
 

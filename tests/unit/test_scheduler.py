@@ -24,7 +24,7 @@ from db.inventory import Inventory
 from db.models import Attempt, Run, SchedulerHeartbeat
 from db.requests import request_cancel, request_resume
 from db.settings import Settings
-from orchestrator.scheduler import Scheduler, SchedulerLocked, acquire_lock
+from orchestrator.scheduler.loop import Scheduler, SchedulerLocked, acquire_lock
 from orchestrator.submission import submit
 
 CPU2 = Inventory(kind="cpu", slots=2)
@@ -246,7 +246,7 @@ def test_heartbeat_is_rewritten_every_few_ticks(
     sessions: sessionmaker[Session], settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from db.queries import HEARTBEAT_STALE_S
-    from orchestrator import scheduler as scheduler_module
+    from orchestrator.scheduler import loop as scheduler_module
 
     assert scheduler_module.BEAT_EVERY_S * 3 <= HEARTBEAT_STALE_S  # a live scheduler never looks stale
     scheduler = make_scheduler(sessions, settings)

@@ -14,14 +14,14 @@ from click.testing import CliRunner
 
 from db.settings import EnvSettings, FaultEnv, RankEnv, Settings, SettingsError, load_settings
 from db.settings_doc import DOCS, TABLES, main, with_table
-from orchestrator import shim
-from orchestrator.cli import cli
+from orchestrator.cli.group import cli
+from orchestrator.executors import shim
 from trainer import faults
 from trainer.context import RunContext, context_from_env
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("app", "orchestrator", "trainer", "db")
-# Names that look like a variable but are not one: a Python constant (orchestrator/script_roots.py),
+# Names that look like a variable but are not one: a Python constant (orchestrator/scripts/allowed_roots.py),
 # the family name in trainer/faults.py's prose.
 NOT_VARIABLES = frozenset({"RUNYARD_PACKAGES", "RUNYARD_FAULT"})
 
@@ -149,7 +149,8 @@ def test_fault_hooks_read_nothing_but_the_switch_until_it_is_on(monkeypatch) -> 
 def test_the_processes_that_start_by_the_dozen_never_load_pydantic_settings() -> None:
     """A plain script's runner, the attempt's shim, the torchrun wrapper and the fault hooks (switch
     off) start once per rank or attempt: they read their variables without the settings models."""
-    code = ("import sys, trainer.script_runner, trainer.torchrun, trainer.context, trainer.faults, orchestrator.shim\n"
+    code = ("import sys, trainer.script_runner, trainer.torchrun, trainer.context, trainer.faults\n"
+            "import orchestrator.executors.shim\n"
             "trainer.faults.step_delay_s()\n"
             "print(sorted(m for m in ('pydantic_settings', 'db.settings') if m in sys.modules))")
     env = {k: v for k, v in os.environ.items() if k != "RUNYARD_FAULTS"}
