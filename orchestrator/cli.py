@@ -9,10 +9,11 @@
     runyard import tensorboard LOGDIR [--name NAME]
     runyard scheduler | ui | token [--rotate] | db upgrade | info | config-reference
     runyard db export FILE | db import FILE
+    runyard alerts add URL [--on TRIGGER] | ls | rm ID | test [ID] | history [RUN] [--json] | defaults
 
 The verbs live by group: cli_requests.py (submit, cancel, pause, stacks, resume, rerun, fork, pin),
 cli_read.py (ls, show, logs, metrics), cli_import.py (import), cli_ui.py (up, ui, scheduler, token),
-cli_info.py (info), cli_db.py (db export, db import);
+cli_info.py (info), cli_db.py (db export, db import), alerts/cli.py (alerts);
 cli_base.py holds what they share (the data-folder check, one-line errors, run references).
 
 Data lives under $RUNYARD_HOME (default: the per-user data folder, ~/.local/share/runyard on
@@ -43,6 +44,7 @@ LAZY_COMMANDS = {
                     "orchestrator.cli_requests"),
     **dict.fromkeys(("ls", "show", "logs", "metrics"), "orchestrator.cli_read"),
     "import": "orchestrator.cli_import",
+    "alerts": "orchestrator.alerts.cli",
 }
 
 
