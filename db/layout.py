@@ -10,6 +10,7 @@ they agree because they take the names from here and nowhere else::
         scheduler.json        the scheduler's heartbeat file, inventory included (db/scheduler_file.py)
         token                 the UI's access token, mode 0600 (orchestrator/access.py)
         ui.json               where the running UI listens (for `runyard token`)
+        alerts.json           alert channels (URLs, webhook secrets) and defaults, mode 0600 (orchestrator/alerts)
         runs/run-000042/
             config.json       the run config as submitted
             checkpoints/step-<N>/{state.pt, manifest.json}
@@ -46,6 +47,7 @@ SCHEDULER_LOCK_FILE = "scheduler.lock"
 SCHEDULER_FILE = "scheduler.json"
 TOKEN_FILE = "token"  # noqa: S105 - the token file's name, not a secret
 UI_FILE = "ui.json"
+ALERTS_FILE = "alerts.json"
 RUNS_DIR = "runs"
 
 # -- a run's folder --------------------------------------------------------------------------

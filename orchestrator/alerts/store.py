@@ -23,9 +23,9 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from db.config import DEFAULT_TRIGGERS, trigger_problem
+from db.layout import ALERTS_FILE
 from orchestrator.alerts import AlertsError
 
-ALERTS_FILE = "alerts.json"
 SIGNED_SCHEMES = ("runyard+http", "runyard+https")
 QUIET_HOURS = re.compile(r"^([01][0-9]|2[0-3]):([0-5][0-9])-([01][0-9]|2[0-3]):([0-5][0-9])$")
 
