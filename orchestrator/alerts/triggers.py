@@ -136,15 +136,16 @@ class Evaluator:
     def failed(self, open_runs: set[int]) -> list[Finding]:
         """A run that ended FAILED: found while it stays FAILED (its alert stays open)."""
         out = []
-        runs = self.session.scalars(select(Run).where(Run.status == RunStatus.FAILED.value)).all()
+        recent = (func.coalesce(Run.ended_at, Run.updated_at) >= self.horizon) | Run.id.in_(sorted(open_runs))
+        runs = self.session.scalars(select(Run).where(Run.status == RunStatus.FAILED.value, recent)).all()
         for run in runs:
-            if not ((run.ended_at or run.updated_at) >= self.horizon or run.id in open_runs):
-                continue
             if not self.wants(run, "failed"):
                 continue
             attempt = _attempt_at(self.session, run.id, self.now)
             number = attempt.number if attempt else 0
             did = run.status_reason or "not retried"
+            if attempt is not None and attempt.cause and did.startswith(f"{attempt.cause}: "):
+                did = did[len(attempt.cause) + 2:]  # the cause is said already
             config = config_from_json(run.config_json)
             out.append(Finding(
                 key=f"run:{run.id}:failed:{number}", trigger="failed", run_id=run.id,

@@ -413,3 +413,68 @@ def test_the_alert_job_runs_beside_the_tick(sessions: sessionmaker[Session], set
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_finished_is_off_by_default_and_says_the_final_metrics_when_on(sessions: sessionmaker[Session],
+                                                                       settings: Settings) -> None:
+    quiet = queue(sessions, settings, "quick")
+    told = queue(sessions, settings, "quick", alerts={"on": ["finished"]})
+    scheduler = make_scheduler(sessions, settings)
+    tick_until(scheduler, lambda: status(sessions, quiet) == status(sessions, told) == "SUCCEEDED")
+    with sessions() as s:
+        write_points(s.connection(), [dict(run_id=told, attempt=1, rank=0, step=300, key="loss", value=0.125,
+                                           wall_time=time.time())])
+        s.commit()
+    engine, _ = engine_and_worker(sessions, settings)
+    (alert,) = engine.evaluate()
+    assert (alert.run_id, alert.trigger, alert.state) == (told, "finished", "closed")
+    assert f"run {told} (quick) SUCCEEDED after" in alert.message and "1 attempt(s)" in alert.message
+    assert "final loss 0.125" in alert.message
+    assert engine.evaluate() == []
+
+
+def test_the_scheduler_coming_back_is_told_when_that_trigger_is_on(sessions: sessionmaker[Session],
+                                                                   settings: Settings) -> None:
+    from db.models import SchedulerHeartbeat
+
+    AlertStore(settings.home).set_defaults(triggers=["failed", "scheduler"])
+    now = time.time()
+    with sessions() as s:
+        s.add(SchedulerHeartbeat(host="node-a", pid=1, started_at=now - 7200, beat_at=now - 1800, home="/h"))
+        me = SchedulerHeartbeat(host="node-a", pid=2, started_at=now, beat_at=now, home="/h")
+        s.add(me)
+        s.commit()
+        me_id = me.id
+    queue(sessions, settings, "long")
+    engine = AlertEngine(sessions, settings.home, identity=lambda: me_id, host="node-a", started_at=now)
+    (alert,) = engine.evaluate()
+    assert alert.trigger == "scheduler" and alert.run_id is None
+    assert "scheduler on node-a is back after 30 min down" in alert.message
+    assert "0 active run(s) re-adopted or settled, 1 queued" in alert.message
+    assert engine.evaluate() == []
+
+
+def test_eta_slip_fires_when_the_pace_falls_behind_the_first_steady_eta(sessions: sessionmaker[Session],
+                                                                        settings: Settings) -> None:
+    run_id, scheduler = running_attempt(sessions, settings, alerts={"on": ["eta_slip"], "eta_slip_ratio": 0.25})
+    engine, _ = engine_and_worker(sessions, settings)
+    now = time.time()
+    start = now - 200
+    with sessions() as s:
+        run = s.get(Run, run_id)
+        run.status, run.started_at, run.max_steps = "RUNNING", start, 2000  # type: ignore[union-attr]
+        # 10 steps a second for the first 60 points (steps 10..600, 60 s): 2000 steps planned in ~200 s.
+        points = [(step, start + step / 10) for step in range(10, 610, 10)]
+        write_points(s.connection(), [dict(run_id=run_id, attempt=1, rank=0, step=st, key="loss", value=1.0,
+                                           wall_time=t) for st, t in points])
+        s.commit()
+    assert engine.evaluate(start + 61) == []  # on pace
+    with sessions() as s:
+        # Then 1 step a second: 1390 steps left at that pace end far later than planned.
+        slow = [(step, start + 60 + (step - 600)) for step in range(610, 660, 10)]
+        write_points(s.connection(), [dict(run_id=run_id, attempt=1, rank=0, step=st, key="loss", value=1.0,
+                                           wall_time=t) for st, t in slow])
+        s.commit()
+    (alert,) = engine.evaluate(start + 110)
+    assert alert.trigger == "eta_slip" and "later than its first steady ETA" in alert.message
+    cancel(sessions, scheduler, run_id)
