@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from urllib.parse import parse_qsl, urlsplit
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.models import AlertDelivery
@@ -28,6 +28,8 @@ logger = logging.getLogger(__name__)
 # Waits before the 2nd, 3rd, 4th try; after the last one fails the delivery is ``failed``.
 BACKOFF_S = (5.0, 30.0, 120.0)
 PENDING, DELIVERED, FAILED = "pending", "delivered", "failed"
+# A claimed delivery is due again after this long if its sender never recorded an outcome.
+CLAIM_S = 120.0
 
 
 def scrub(text: str, url: str) -> str:
@@ -122,6 +124,16 @@ class DeliveryWorker:
                 raise AlertsError(f"delivery {delivery_id} is not pending")
             note = note_of(row, self.payloads(session, row))
             channel_id, tries = row.channel_id, row.tries + 1
+            # Claim it (several schedulers on one database each run a worker): the one whose
+            # UPDATE moves next_at sends; a sender that dies leaves it due again after CLAIM_S.
+            claimed = session.execute(update(AlertDelivery).where(
+                AlertDelivery.id == delivery_id, AlertDelivery.status == PENDING,
+                AlertDelivery.next_at == row.next_at).values(next_at=time.time() + CLAIM_S))
+            session.commit()
+            if getattr(claimed, "rowcount", 1) != 1:
+                session.refresh(row)
+                session.expunge(row)
+                return row  # another worker took it
         url = ""
         error: str | None = None
         gone = False

@@ -496,3 +496,27 @@ def test_the_days_budget_counts_every_run_since_midnight(sessions: sessionmaker[
     (last,) = engine.evaluate(at + 2)  # 11 s
     assert last.key == f"day:{day}:budget:100" and "cost $11.00 today" in last.message
     cancel(sessions, scheduler, run_id)
+
+
+def test_two_workers_on_one_database_send_a_delivery_once(sessions: sessionmaker[Session],
+                                                          settings: Settings) -> None:
+    from orchestrator.alerts.engine import queue as queue_delivery
+
+    with http_receiver(delay_s=1.0) as receiver:
+        channel = AlertStore(settings.home).add(receiver.url("runyard+http", "/hook"))
+        with sessions() as s:
+            (row,) = queue_delivery(s, None, [channel], "test", "test", "hello", None, time.time())
+            s.commit()
+            delivery_id = row.id
+        workers = [engine_and_worker(sessions, settings)[1] for _ in range(2)]
+        threads = [threading.Thread(target=w.run_due) for w in workers]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(15)
+        time.sleep(0.5)
+        posts = len(receiver.posts)
+    assert posts == 1
+    with sessions() as s:
+        stored = s.get(AlertDelivery, delivery_id)
+        assert stored is not None and (stored.status, stored.tries) == ("delivered", 1)
