@@ -26,14 +26,21 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.config import config_from_json
 from db.models import Alert, AlertDelivery, Run
 from db.requests import request_cancel
 from db.states import ACTIVE, RunStatus
 from orchestrator.access import read_ui_file, url_host
 from orchestrator.alerts.delivery import PENDING, DeliveryWorker
 from orchestrator.alerts.store import AlertSettings, AlertStore, Channel, Defaults
-from orchestrator.alerts.triggers import RESOLVABLE, Evaluator, Finding, RunRules, rules_for, run_label
+from orchestrator.alerts.triggers import (
+    RESOLVABLE,
+    Evaluator,
+    Finding,
+    RunRules,
+    alerts_config,
+    rules_for,
+    run_label,
+)
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -104,6 +111,7 @@ class AlertEngine:
         self.host = host or socket.gethostname()
         self.started_at = time.time() if started_at is None else started_at
         self._horizon = self.started_at - LOOKBACK_S
+        self._rules_cache: dict[tuple[str, tuple[str, ...]], RunRules] = {}  # by config hash
 
     def payload(self, session: Session, row: AlertDelivery) -> dict:
         """The signed webhook's JSON for a delivery (also the Apprise title)."""
@@ -118,7 +126,12 @@ class AlertEngine:
 
     def _rules(self, defaults: Defaults) -> Callable[[Run], RunRules]:
         def rules(run: Run) -> RunRules:
-            return rules_for(config_from_json(run.config_json), defaults.triggers)
+            key = (run.config_hash, defaults.triggers)
+            if key not in self._rules_cache:
+                if len(self._rules_cache) > 10_000:
+                    self._rules_cache.clear()
+                self._rules_cache[key] = rules_for(alerts_config(run), defaults.triggers)
+            return self._rules_cache[key]
         return rules
 
     def evaluate(self, now: float | None = None) -> list[Alert]:
@@ -162,7 +175,7 @@ class AlertEngine:
         chosen = list(settings.channels)
         if run_id is not None:
             run = session.get(Run, run_id)
-            wanted = config_from_json(run.config_json).alerts.channels if run is not None else ()
+            wanted = alerts_config(run).channels if run is not None else ()
             if wanted:
                 chosen = [c for c in chosen if str(c.id) in wanted]
         return [c for c in chosen if c.takes(trigger)]
@@ -201,7 +214,7 @@ class AlertEngine:
         if alert.run_id is not None:
             run = session.get(Run, alert.run_id)
             if run is not None:
-                repeat_s = config_from_json(run.config_json).alerts.repeat_s
+                repeat_s = alerts_config(run).repeat_s
         if repeat_s <= 0 or now - (alert.sent_at or alert.opened_at) < repeat_s:
             return False
         alert.sent_at, alert.repeats, alert.message = now, alert.repeats + 1, finding.message

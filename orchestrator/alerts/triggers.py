@@ -16,6 +16,7 @@ makes each fire once. Condition triggers (``nonfinite``, ``stalled``, ``eta_slip
 from __future__ import annotations
 
 import datetime
+import json
 import math
 import re
 import statistics
@@ -23,12 +24,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from db import metricstore
-from db.config import AlertsConfig, RunConfig, config_from_json
+from db.config import AlertsConfig, RetryConfig, RunConfig, SupervisionConfig
 from db.cost import ETA_WINDOW, cost_usd, eta_estimate
 from db.models import Attempt, Event, MetricName, MetricPoint, Run, RunStatusHistory, SchedulerHeartbeat, SystemMetric
 from db.requests import newest_intact
@@ -65,8 +67,19 @@ class RunRules:
     config: AlertsConfig
 
 
-def rules_for(config: RunConfig, default_triggers: tuple[str, ...]) -> RunRules:
-    cfg = config.alerts
+def section(run: Run, name: str) -> dict[str, Any]:
+    """One section of the run's stored config, as stored (the whole config is not validated:
+    that costs ~0.7 ms a run, every pass)."""
+    value = json.loads(run.config_json).get(name)
+    return value if isinstance(value, dict) else {}
+
+
+def alerts_config(run: Run) -> AlertsConfig:
+    return AlertsConfig.model_validate(section(run, "alerts"))
+
+
+def rules_for(config: RunConfig | AlertsConfig, default_triggers: tuple[str, ...]) -> RunRules:
+    cfg = config.alerts if isinstance(config, RunConfig) else config
     on = frozenset() if not cfg.enabled else (frozenset(default_triggers) | set(cfg.on)) - set(cfg.off)
     return RunRules(triggers=frozenset(on), config=cfg)
 
@@ -146,12 +159,12 @@ class Evaluator:
             did = run.status_reason or "not retried"
             if attempt is not None and attempt.cause and did.startswith(f"{attempt.cause}: "):
                 did = did[len(attempt.cause) + 2:]  # the cause is said already
-            config = config_from_json(run.config_json)
+            max_retries = RetryConfig.model_validate(section(run, "retry")).max_retries
             out.append(Finding(
                 key=f"run:{run.id}:failed:{number}", trigger="failed", run_id=run.id,
                 title=f"runyard: {run_label(run)} failed",
                 message=f"{run_label(run)} failed: {_failure(attempt)}; runyard stopped it after attempt {number} "
-                        f"(retries used {run.retries_used} of {config.retry.max_retries}; {did})"))
+                        f"(retries used {run.retries_used} of {max_retries}; {did})"))
         return out
 
     def retrying(self) -> list[Finding]:
@@ -162,7 +175,7 @@ class Evaluator:
             attempt = _attempt_at(self.session, run.id, row.at)
             if attempt is None:
                 continue
-            config = config_from_json(run.config_json)
+            max_retries = RetryConfig.model_validate(section(run, "retry")).max_retries
             checkpoint = newest_intact(self.session, run.id)
             start = f"from the checkpoint of step {checkpoint.step}" if checkpoint else "from the start (no checkpoint)"
             used = self.session.scalar(select(func.count()).select_from(RunStatusHistory).where(
@@ -174,7 +187,7 @@ class Evaluator:
                 ongoing=run.status == RunStatus.RETRYING.value and newest == attempt.number,
                 title=f"runyard: {run_label(run)} retrying",
                 message=f"{run_label(run)} attempt {attempt.number} failed: {_failure(attempt)}; runyard retries it "
-                        f"(retry {used} of {config.retry.max_retries}) {start}"))
+                        f"(retry {used} of {max_retries}) {start}"))
         return out
 
     def finished(self) -> list[Finding]:
@@ -277,7 +290,7 @@ class Evaluator:
                 else cfg.stalled_min_s
             if self.now - since <= threshold:
                 continue
-            hang_s = config_from_json(run.config_json).supervision.hang_timeout_s
+            hang_s = SupervisionConfig.model_validate(section(run, "supervision")).hang_timeout_s
             out.append(Finding(
                 key=f"run:{run.id}:stalled:{attempt.number}", trigger="stalled", run_id=run.id,
                 title=f"runyard: {run_label(run)} stalled",
