@@ -73,7 +73,7 @@ RESERVED_ENV = frozenset({
     "PYTHONUNBUFFERED",
 })
 RESERVED_ENV_PREFIXES = ("RUNYARD_", "TORCHELASTIC_", "TORCH_ELASTIC_")
-# The RUNYARD_* variable a script's env table may set: the wandb stand-in (orchestrator/scriptwatch).
+# The RUNYARD_* variable a script's env table may set: the wandb stand-in (orchestrator/scripts).
 USER_RUNYARD_ENV = frozenset({"RUNYARD_WANDB_SHIM"})
 
 

@@ -8,7 +8,7 @@ they agree because they take the names from here and nowhere else::
         migrate.lock          held while migrations run (db/engine.py)
         scheduler.lock        held by the one running scheduler
         scheduler.json        the scheduler's heartbeat file, inventory included (db/scheduler_file.py)
-        token                 the UI's access token, mode 0600 (orchestrator/access.py)
+        token                 the UI's access token, mode 0600 (app/access.py)
         ui.json               where the running UI listens (for `runyard token`)
         alerts.json           alert channels (URLs, webhook secrets) and defaults, mode 0600 (orchestrator/alerts)
         runs/run-000042/
@@ -20,7 +20,7 @@ they agree because they take the names from here and nowhere else::
             attempts/<n>/
                 config.json   the attempt's effective config (the run's, plus its overrides): what
                               its ranks read
-                launch.json   the shim's pid and create time, then torchrun's (orchestrator/shim.py)
+                launch.json   the shim's pid and create time, then torchrun's (orchestrator/executors/shim.py)
                 exit.json     torchrun's exit code, written by the shim when it ends
                 launcher.log  torchrun's own output (its failure summary is read from here)
                 ranks/        torchrun --log-dir: each rank's stdout/stderr and error file, and a

@@ -29,21 +29,21 @@ import logging
 import click
 
 from db.settings import load_settings
-from orchestrator.cli_base import (
+from orchestrator.cli.base import (
     RunyardGroup,
     json_safe,
 )
-from orchestrator.cli_db import db_export, db_import
+from orchestrator.cli.database import db_export, db_import
 
 # The verbs by group, each module imported only when one of its verbs runs (or --help lists
 # them): `runyard submit` need not import what `show` reads with (numpy, the scripts' metric
 # collector), which took it from 0.45 to 0.75 s of CPU, paid by every script that calls it.
 LAZY_COMMANDS = {
-    **dict.fromkeys(("scheduler", "ui", "up", "token"), "orchestrator.cli_ui"),
+    **dict.fromkeys(("scheduler", "ui", "up", "token"), "orchestrator.cli.ui"),
     **dict.fromkeys(("submit", "cancel", "pause", "stacks", "resume", "rerun", "fork", "pin"),
-                    "orchestrator.cli_requests"),
-    **dict.fromkeys(("ls", "show", "logs", "metrics"), "orchestrator.cli_read"),
-    "import": "orchestrator.cli_import",
+                    "orchestrator.cli.requests"),
+    **dict.fromkeys(("ls", "show", "logs", "metrics"), "orchestrator.cli.read"),
+    "import": "orchestrator.cli.imported",
     "alerts": "orchestrator.alerts.cli",
 }
 
@@ -84,7 +84,7 @@ def db_upgrade() -> None:
     from db.engine import upgrade
 
     settings = load_settings()
-    from orchestrator.cli_base import safe_url
+    from orchestrator.cli.base import safe_url
 
     upgrade(settings.db_url)
     click.echo(f"database at head: {safe_url(settings.db_url)}")
@@ -98,7 +98,7 @@ db.add_command(db_import)
 @click.option("--json", "as_json", is_flag=True)
 def info(as_json: bool) -> None:
     """Say where runyard keeps its data: home, database, schema, scheduler, token, version."""
-    from orchestrator.cli_info import home_info, print_info
+    from orchestrator.cli.info import home_info, print_info
 
     details = home_info(load_settings())
     if as_json:

@@ -6,7 +6,7 @@ database wants, look at what the machine has, make them agree. Every step is ide
 killing and restarting the scheduler at any moment converges: live attempts are re-adopted by
 pid and create time (from the launcher's own record when the scheduler died before committing
 the pid), vanished ones are recorded as crashed. A second job, ``sysmon``, samples the host, the
-runs' processes and the GPUs every 2 s (orchestrator/sysmon.py).
+runs' processes and the GPUs every 2 s (orchestrator/scheduler/sysmon.py).
 
 No run trains twice: an attempt is settled only once every process of the run is gone (found by
 the environment runyard gave it, not only by the process tree), and the next attempt starts only
@@ -44,22 +44,24 @@ from db.requests import checkpoints_dir, newest_intact
 from db.scheduler_file import SchedulerFile
 from db.settings import Settings
 from db.states import ACTIVE, AttemptStatus, RunStatus, SignalSent, StopReason, attempt_transition, hold, transition
-from orchestrator import OrchestratorError, script_checkpoints, watchdog
-from orchestrator.admission import Admission, current_attempt
-from orchestrator.executors import Executor, ExecutorError, LaunchRequest, Liveness, executor_for
+from orchestrator import OrchestratorError
+from orchestrator.scripts import checkpoint_custody as script_checkpoints
+from orchestrator.scheduler import watchdog
+from orchestrator.scheduler.admission import Admission, current_attempt
+from orchestrator.executors.base import Executor, ExecutorError, LaunchRequest, Liveness, executor_for
 from orchestrator.executors.local import CommandFactory, LocalExecutor
-from orchestrator.launcher import free_port, rank_env, torchrun_argv
-from orchestrator.outcomes import attempt_config, launch_failed_on_storage, next_overrides, settle
-from orchestrator.repeats import RepeatedErrors, signature
-from orchestrator.script_supervision import ScriptWatch
-from orchestrator.stacks import StackDumps
+from orchestrator.executors.launcher import free_port, rank_env, torchrun_argv
+from orchestrator.scheduler.outcomes import attempt_config, launch_failed_on_storage, next_overrides, settle
+from orchestrator.scheduler.repeats import RepeatedErrors, signature
+from orchestrator.scripts.attempt_watch import ScriptWatch
+from orchestrator.executors.stacks import StackDumps
 from trainer.context import RunContext
 from trainer.store_secret import SECRET_VAR, new_secret
 
 if TYPE_CHECKING:
     from apscheduler.schedulers.base import BaseScheduler
 
-    from orchestrator.sysmon import SystemMonitor
+    from orchestrator.scheduler.sysmon import SystemMonitor
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +84,7 @@ def database_error(exc: OperationalError) -> str:
 def default_executors(command: CommandFactory, settings: Settings) -> dict[str, Executor]:
     """The local executor, and the Slurm one (it runs no Slurm command until a Slurm run is
     submitted; without Slurm's commands that submit fails with a sentence that says so)."""
-    from orchestrator.executors.slurm import SlurmExecutor
+    from orchestrator.executors.slurm.executor import SlurmExecutor
 
     return {"local": LocalExecutor(command), "slurm": SlurmExecutor(home=str(settings.home))}
 
@@ -108,7 +110,7 @@ class Scheduler:
             command: The local executor's command (tests: a plain process instead of torchrun).
             host: This scheduler's host name (tests name another to act as a second node).
             executors: By name (``launch.executor``); default: local, and Slurm when its commands
-                are installed (orchestrator/executors/slurm.py).
+                are installed (orchestrator/executors/slurm/executor.py).
         """
         self.sessions = sessions
         self.host = host or socket.gethostname()
@@ -141,7 +143,7 @@ class Scheduler:
 
         Each part commits on its own and one part's failure does not stop the others (one run's
         corrupt row, a full disk). A failure is logged once with its traceback, then counted
-        (orchestrator/repeats.py). Whether the database could be written is told to the UI
+        (orchestrator/scheduler/repeats.py). Whether the database could be written is told to the UI
         through the heartbeat file, which works when the database does not.
         """
         db_errors: list[str] = []
@@ -574,7 +576,7 @@ def add_jobs(aps: BaseScheduler, scheduler: Scheduler, monitor: SystemMonitor | 
     Each is its own job (``max_instances=1``, ``coalesce=True``) on APScheduler's thread pool,
     so a slow system sample never delays a tick; both catch and log their errors.
     """
-    from orchestrator.sysmon import SAMPLE_S
+    from orchestrator.scheduler.sysmon import SAMPLE_S
 
     errors = RepeatedErrors(logger)
 
@@ -616,7 +618,7 @@ def serve(scheduler: Scheduler, tick_s: float = TICK_S, monitor: SystemMonitor |
     from apscheduler.schedulers.blocking import BlockingScheduler
 
     from orchestrator.alerts.engine import add_alert_jobs
-    from orchestrator.sysmon import SystemMonitor
+    from orchestrator.scheduler.sysmon import SystemMonitor
 
     aps = BlockingScheduler()
     monitor = monitor or SystemMonitor(scheduler.sessions)

@@ -33,7 +33,7 @@ from pathlib import Path
 import psutil
 
 from db.layout import AttemptPaths
-from orchestrator.supervision import rank_processes
+from orchestrator.executors.processes import rank_processes
 
 logger = logging.getLogger(__name__)
 

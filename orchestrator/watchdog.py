@@ -1,5 +1,5 @@
 """The hang watchdog: an attempt with no completed step for too long is hung. Evidence first
-(every rank's stacks, taken off the tick by orchestrator/stacks.py), then the kill, then the
+(every rank's stacks, taken off the tick by orchestrator/executors/stacks.py), then the kill, then the
 retry policy. When one rank alone stopped, the stacks name it and the attempt records it as the
 failing rank."""
 
@@ -18,10 +18,10 @@ from db import metricstore
 from db.config import SupervisionConfig
 from db.models import Attempt, Event, Run
 from db.states import AttemptPhase, SignalSent, StopReason
-from orchestrator.stacks import StackDump, StackDumps, stack_frames
+from orchestrator.executors.stacks import StackDump, StackDumps, stack_frames
 
 if TYPE_CHECKING:
-    from orchestrator.executors import Executor
+    from orchestrator.executors.base import Executor
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ DUMP_MAX_WAIT_S = 30.0
 
 
 def hang_key(run_id: int, attempt: int) -> tuple[str, int, int]:
-    """The key of an attempt's hang dump in :class:`~orchestrator.stacks.StackDumps`."""
+    """The key of an attempt's hang dump in :class:`~orchestrator.executors.stacks.StackDumps`."""
     return ("hang", run_id, attempt)
 
 
@@ -67,7 +67,7 @@ def check(session: Session, run: Run, attempt: Attempt, config: SupervisionConfi
     now = time.time() if now is None else now
     if attempt.hang_detected_at is None:
         if attempt.first_step_at is None and script:
-            # A script that reports no step is watched by its output (orchestrator/script_supervision.py
+            # A script that reports no step is watched by its output (orchestrator/scripts/attempt_watch.py
             # moves progress_at as its logs and event files grow); before any output, nothing is judged.
             if attempt.progress_at is None:
                 return

@@ -37,8 +37,9 @@ from app.run_panels import attempts_table, checkpoint_advice, checkpoint_table, 
 from app.system import latest_window, summary_line, system_panels
 from db import metric_registry
 from db.states import TERMINAL, RunStatus
-from orchestrator.format import badge, clock, duration, eta_text, startup_text, step_text, usd, where_text
-from orchestrator.script_supervision import script_facts
+from app.style import badge
+from orchestrator.format import clock, duration, eta_text, startup_text, step_text, usd, where_text
+from orchestrator.scripts.attempt_watch import script_facts
 
 CHART_ORDER = ["loss", "eval_accuracy", "eval_loss", "samples_per_s", "step_time"]
 TERMINAL_VALUES = {s.value for s in TERMINAL}

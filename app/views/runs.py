@@ -9,7 +9,8 @@ from app import data, run_actions, style
 from app.alerts_panel import alert_mark, open_alerts
 from db.compare import MAX_RUNS as MAX_COMPARED  # not app.compare_charts: the Runs page loads no Altair
 from db.states import RunStatus
-from orchestrator.format import STATUS_BADGE, duration, eta_text, step_text, usd, where_short
+from app.style import STATUS_BADGE
+from orchestrator.format import duration, eta_text, step_text, usd, where_short
 
 style.apply()
 

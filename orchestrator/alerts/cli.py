@@ -21,7 +21,7 @@ from db.config import TRIGGERS
 from db.settings import load_settings
 from orchestrator.alerts import AlertsError
 from orchestrator.alerts.store import AlertStore
-from orchestrator.cli_base import RunyardGroup, fail, fmt_time, json_safe, open_existing, open_sessions, resolve_ref
+from orchestrator.cli.base import RunyardGroup, fail, fmt_time, json_safe, open_existing, open_sessions, resolve_ref
 
 TRIGGER = click.Choice(TRIGGERS)
 

@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from db.models import Alert, AlertDelivery, Run
 from db.requests import request_cancel
 from db.states import ACTIVE, RunStatus
-from orchestrator.access import read_ui_file, url_host
+from orchestrator.ui_access import read_ui_file, url_host
 from orchestrator.alerts.delivery import PENDING, DeliveryWorker
 from orchestrator.alerts.store import AlertSettings, AlertStore, Channel, Defaults
 from orchestrator.alerts.triggers import (
@@ -244,7 +244,7 @@ class AlertEngine:
 
 
 class SchedulerLike(Protocol):
-    """What the alert job needs of orchestrator.scheduler.Scheduler (not imported: it imports this)."""
+    """What the alert job needs of orchestrator.scheduler.loop.Scheduler (not imported: it imports this)."""
 
     sessions: sessionmaker[Session]
     settings: Settings
@@ -256,7 +256,7 @@ class SchedulerLike(Protocol):
 def add_alert_jobs(aps: BaseScheduler, scheduler: SchedulerLike) -> DeliveryWorker:
     """Register the ``alerts`` job beside ``tick`` and start the delivery worker (the caller
     closes it). The job catches and logs its own errors; it never runs on the tick's thread."""
-    from orchestrator.repeats import RepeatedErrors
+    from orchestrator.scheduler.repeats import RepeatedErrors
 
     holder: dict[str, AlertEngine] = {}
     worker = DeliveryWorker(scheduler.sessions, AlertStore(scheduler.settings.home),

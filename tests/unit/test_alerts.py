@@ -31,9 +31,9 @@ from orchestrator.alerts.channels import DeliveryError, Note, resolve, send_sign
 from orchestrator.alerts.delivery import DeliveryWorker
 from orchestrator.alerts.engine import AlertEngine, history, in_quiet_hours, open_alert_runs, send_test
 from orchestrator.alerts.store import AlertStore, Channel, mask_url
-from orchestrator.cli import cli
-from orchestrator.stacks import RankStack, StackDump
-from orchestrator.watchdog import top_frames_of
+from orchestrator.cli.group import cli
+from orchestrator.executors.stacks import RankStack, StackDump
+from orchestrator.scheduler.watchdog import top_frames_of
 from tests.alert_receivers import http_receiver, smtp_receiver
 from tests.unit.test_scheduler import make_scheduler, queue, status, tick_until
 

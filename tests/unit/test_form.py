@@ -28,7 +28,7 @@ from app.form import (
     workload_kinds,
 )
 from db.config import SEED_MAX, ConfigError, RunConfig, TrainConfig, WorkloadConfig, parse_config
-from orchestrator.resources import Inventory
+from orchestrator.scheduler.resources import Inventory
 from orchestrator.submission import validate
 
 CPU = Inventory(kind="cpu", slots=2, memory_bytes=16 * 1024**3)

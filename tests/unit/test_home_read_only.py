@@ -71,7 +71,7 @@ def runyard(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """``runyard ARGS`` as its own process on the data folder ``home``."""
     env = {**os.environ, "RUNYARD_HOME": str(home), "PYTHONPATH": str(ROOT)}
     env.pop("RUNYARD_DB_URL", None)
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli.group", *args], capture_output=True, text=True,
                           env=env, timeout=60, check=False)
 
 
@@ -222,7 +222,7 @@ def test_runyard_ui_serves_a_read_only_home_with_its_token_and_refuses_one_witho
     with read_only(home):
         env = {**os.environ, "RUNYARD_HOME": str(home), "PYTHONPATH": str(ROOT)}
         env.pop("RUNYARD_DB_URL", None)
-        ui = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "ui", "--port", str(port)], env=env,
+        ui = subprocess.Popen([sys.executable, "-m", "orchestrator.cli.group", "ui", "--port", str(port)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         stuck = threading.Timer(60, ui.kill)  # a UI that never prints ends the read below, not the suite
         stuck.start()

@@ -186,7 +186,7 @@ def test_another_schema_revision_and_a_file_that_is_not_an_export_are_refused(tm
 
 
 def test_the_cli_exports_and_imports_with_progress(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrator.cli import cli
+    from orchestrator.cli.group import cli
 
     source_url, target_url = sqlite_url(tmp_path, "a"), sqlite_url(tmp_path, "b")
     fill(engine_at(source_url))
