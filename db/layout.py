@@ -11,6 +11,7 @@ they agree because they take the names from here and nowhere else::
         token                 the UI's access token, mode 0600 (orchestrator/ui_access.py)
         scrape_token          the read-only token of GET /metrics, mode 0600 (app/prometheus.py)
         ui.json               where the running UI listens (for `runyard token`)
+        alerts.json           alert channels (URLs, webhook secrets) and defaults, mode 0600 (orchestrator/alerts)
         runs/run-000042/
             config.json       the run config as submitted
             checkpoints/step-<N>/{state.pt, manifest.json}
@@ -48,6 +49,7 @@ SCHEDULER_FILE = "scheduler.json"
 TOKEN_FILE = "token"  # noqa: S105 - the token file's name, not a secret
 SCRAPE_TOKEN_FILE = "scrape_token"  # noqa: S105 - the file's name, not a secret
 UI_FILE = "ui.json"
+ALERTS_FILE = "alerts.json"
 RUNS_DIR = "runs"
 
 # -- a run's folder --------------------------------------------------------------------------

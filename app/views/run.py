@@ -31,6 +31,7 @@ from typing import Any
 import streamlit as st
 
 from app import chart_widgets, charts, data, style
+from app.alerts_panel import run_alerts
 from app.run_actions import SECTION_KEY, actions
 from app.run_panels import attempts_table, checkpoint_advice, checkpoint_table, events_list, failure_summary, log_tails
 from app.style import badge
@@ -331,6 +332,7 @@ def overview(d: dict) -> None:
     latest_values(d)
     st.caption(summary_line(latest_window(d["id"])))
     events_list(d)
+    run_alerts(d["id"])  # alerts (app/alerts_panel.py)
 
 
 def metrics(d: dict) -> None:
@@ -349,6 +351,7 @@ def checkpoints(d: dict) -> None:
 def attempts_and_logs(d: dict) -> None:
     attempts_table(d)
     events_list(d)
+    run_alerts(d["id"])
     st.subheader("Logs")
     log_tails(d)
 

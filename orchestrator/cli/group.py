@@ -9,11 +9,12 @@
     runyard import tensorboard LOGDIR [--name NAME]
     runyard scheduler | ui | token [--rotate] | db upgrade | info | config-reference
     runyard db export FILE | db import FILE
+    runyard alerts add URL [--on TRIGGER] | ls | rm ID | test [ID] | history [RUN] [--json] | defaults
 
 The verbs live by group in this package: requests.py (submit, cancel, pause, stacks, resume, rerun,
 fork, pin), read.py (ls, show, logs, metrics), imported.py (import), ui.py (up, ui, scheduler, token),
-info.py (info), database.py (db export, db import); base.py holds what they share (the data-folder
-check, one-line errors, run references).
+info.py (info), database.py (db export, db import), and orchestrator/alerts/cli.py (alerts); base.py
+holds what they share (the data-folder check, one-line errors, run references).
 
 Data lives under $RUNYARD_HOME (default: the per-user data folder, ~/.local/share/runyard on
 Linux); $RUNYARD_DB_URL overrides the database. `runyard info` says which ones a command uses.
@@ -43,6 +44,7 @@ LAZY_COMMANDS = {
                     "orchestrator.cli.requests"),
     **dict.fromkeys(("ls", "show", "logs", "metrics"), "orchestrator.cli.read"),
     "import": "orchestrator.cli.imported",
+    "alerts": "orchestrator.alerts.cli",
 }
 
 

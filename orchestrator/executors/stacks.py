@@ -121,6 +121,26 @@ def _top_frame(text: str) -> str:
     return "its stack"
 
 
+def stack_frames(text: str) -> list[str]:
+    """The frames of the main thread of a faulthandler or py-spy dump (faulthandler's "Current
+    thread", py-spy's "MainThread"; else the first thread), innermost first (``func at file.py:line``)."""
+    blocks: list[tuple[str, list[str]]] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith(("Thread ", "Current thread ")):
+            blocks.append((line, []))
+            continue
+        m = re.match(r'File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)', line)
+        if m is None:
+            m = re.match(r"(?P<func>\S+) \((?P<path>.+):(?P<line>\d+)\)$", line)  # py-spy: func (path:line)
+        if m is not None:
+            if not blocks:
+                blocks.append(("", []))
+            blocks[-1][1].append(f"{m['func']} at {Path(m['path']).name}:{m['line']}")
+    main = [frames for header, frames in blocks if frames and ("Current thread" in header or "MainThread" in header)]
+    return main[-1] if main else next((frames for _, frames in blocks if frames), [])
+
+
 def py_spy_path() -> str | None:
     """py-spy on PATH, or beside this interpreter (installed into the same virtual environment)."""
     found = shutil.which("py-spy")

@@ -623,11 +623,13 @@ def serve(scheduler: Scheduler, tick_s: float = TICK_S, monitor: SystemMonitor |
     """
     from apscheduler.schedulers.blocking import BlockingScheduler
 
+    from orchestrator.alerts.engine import add_alert_jobs
     from orchestrator.scheduler.sysmon import SystemMonitor
 
     aps = BlockingScheduler()
     monitor = monitor or SystemMonitor(scheduler.sessions)
     add_jobs(aps, scheduler, monitor, tick_s)
+    alerts = add_alert_jobs(aps, scheduler)  # alerts: a job beside the tick and a delivery thread (orchestrator/alerts)
 
     def stop(signum: int, _frame: object) -> None:
         logger.info("received %s; scheduler stopping (training keeps running)", signal.Signals(signum).name)
@@ -640,4 +642,5 @@ def serve(scheduler: Scheduler, tick_s: float = TICK_S, monitor: SystemMonitor |
         aps.start()
     finally:
         monitor.close()  # the open window's aggregates
+        alerts.close()
         scheduler.close()

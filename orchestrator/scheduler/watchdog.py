@@ -18,7 +18,7 @@ from db import metricstore
 from db.config import SupervisionConfig
 from db.models import Attempt, Event, Run
 from db.states import AttemptPhase, SignalSent, StopReason
-from orchestrator.executors.stacks import StackDump, StackDumps
+from orchestrator.executors.stacks import StackDump, StackDumps, stack_frames
 
 if TYPE_CHECKING:
     from orchestrator.executors.base import Executor
@@ -134,6 +134,7 @@ def _record_dump(session: Session, run: Run, attempt: Attempt, result: StackDump
         rank, why = result.culprit()
         attempt.failed_rank = rank
         found = f"; {why}" if rank is not None else "; the stacks do not single out one rank"
+        found += top_frames_of(result, rank)  # alerts: the hang alert carries these (orchestrator/alerts)
         message = f"{result.summary()}{found}; {then}"
     elif isinstance(result, BaseException):
         message = f"the stack dump failed ({result}); {then}"
@@ -141,6 +142,14 @@ def _record_dump(session: Session, run: Run, attempt: Attempt, result: StackDump
         waited = now - (attempt.hang_detected_at or now)
         message = f"the stack dump did not finish in {waited:.0f} s; {then}"
     session.add(Event(run_id=run.id, attempt=attempt.number, at=now, level="error", kind="stacks", message=message))
+
+
+def top_frames_of(result: StackDump, rank: int | None, count: int = 3) -> str:
+    """``"; top of rank R's stack: f at a.py:1 < g at b.py:2"`` for the named rank (its innermost
+    frames first), or empty when no rank is named or its stack has no frame."""
+    text = next((r.text for r in result.ranks if r.rank == rank), "") if rank is not None else ""
+    frames = stack_frames(text)[:count]
+    return f"; top of rank {rank}'s stack: {' < '.join(frames)}" if frames else ""
 
 
 def serve_dump_request(session: Session, run: Run, attempt: Attempt, dumps: StackDumps, executor: Executor,

@@ -90,6 +90,13 @@ INERT_FIELDS: dict[str, str] = {
         "slurm.gpus_per_node", "slurm.cpus_per_task"), _NUMBER_OR_CHOICE),
     **dict.fromkeys(("slurm.partition", "slurm.account", "slurm.time_limit", "slurm.mem"),
                     "a name, time or size matching a pattern; one sbatch option each"),
+    # Alerts (orchestrator/alerts): read by the scheduler's alert job only, never by the ranks.
+    **dict.fromkeys(("alerts.enabled", "alerts.repeat_s", "alerts.stalled_factor", "alerts.stalled_min_s",
+                     "alerts.eta_slip_ratio", "alerts.gpu_idle_percent", "alerts.gpu_idle_s", "alerts.budget_usd",
+                     "alerts.budget_pause"), _NUMBER_OR_CHOICE),
+    **dict.fromkeys(("alerts.on", "alerts.off"), "trigger names from a fixed list; which alerts are sent"),
+    "alerts.channels": "ids of channels set up by the machine's owner (`runyard alerts add`); names no URL",
+    "alerts.nonfinite_metrics": "metric names compared with the reported ones; names no file",
 }
 
 # The path-valued fields judged by :func:`refused_paths`. (workload.python is judged apart: an
