@@ -5,7 +5,7 @@
 - :mod:`.triggers`: what is true of the runs now, read from the database (status history,
   attempts, events, metrics, system metrics, cost): one :class:`~.triggers.Finding` per alert key.
 - :mod:`.engine`: findings into alerts (fire once, repeat after an interval, resolve) and
-  deliveries; :func:`.engine.add_alert_jobs` registers it on the scheduler beside the tick.
+  deliveries; orchestrator/scheduler/alert_job.py registers it on the scheduler beside the tick.
 - :mod:`.channels`: sending one message: Apprise URLs, and runyard's signed webhook (the target
   resolved once, the connection pinned to that address, link-local and metadata addresses refused).
 - :mod:`.delivery`: the worker thread that sends queued deliveries, retries with backoff and

@@ -114,9 +114,10 @@ class DeliveryWorker:
                                       .order_by(AlertDelivery.next_at).limit(1)).first()
         return 30.0 if soonest is None else min(30.0, max(0.05, soonest - time.time()))
 
-    def deliver(self, delivery_id: int, settings: AlertSettings | None = None) -> AlertDelivery:
+    def deliver(self, delivery_id: int, settings: AlertSettings | None = None, now: bool = False) -> AlertDelivery:
         """One try of one delivery, its outcome committed. No transaction is open while it sends
-        (a slow channel must not hold a lock that the tick waits for)."""
+        (a slow channel must not hold a lock that the tick waits for). ``now``: send it whether it
+        is due or not (a test message, queued for no worker to pick up)."""
         settings = settings or self.store.load()
         with self.sessions() as session:
             row = session.get(AlertDelivery, delivery_id)
@@ -125,10 +126,14 @@ class DeliveryWorker:
             note = note_of(row, self.payloads(session, row))
             channel_id, tries = row.channel_id, row.tries + 1
             # Claim it (several schedulers on one database each run a worker): the one whose
-            # UPDATE moves next_at sends; a sender that dies leaves it due again after CLAIM_S.
+            # UPDATE moves a due next_at into the future sends; a sender that dies leaves it due
+            # again after CLAIM_S. "Due" is in the UPDATE itself: a worker that read the row after
+            # another's claim sees that claim's next_at, which is not due.
+            claim_at = time.time()
+            ready = AlertDelivery.next_at == row.next_at if now else AlertDelivery.next_at <= claim_at
             claimed = session.execute(update(AlertDelivery).where(
-                AlertDelivery.id == delivery_id, AlertDelivery.status == PENDING,
-                AlertDelivery.next_at == row.next_at).values(next_at=time.time() + CLAIM_S))
+                AlertDelivery.id == delivery_id, AlertDelivery.status == PENDING, ready)
+                .values(next_at=claim_at + CLAIM_S))
             session.commit()
             if getattr(claimed, "rowcount", 1) != 1:
                 session.refresh(row)

@@ -20,7 +20,7 @@ import logging
 import socket
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -45,10 +45,6 @@ from orchestrator.ui_access import read_ui_file, url_host
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from apscheduler.schedulers.base import BaseScheduler
-
-    from db.lease import Identity
-    from db.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -243,47 +239,6 @@ class AlertEngine:
               message, run.id, now, self._not_before(settings, alert.trigger, now))
 
 
-class SchedulerLike(Protocol):
-    """What the alert job needs of orchestrator.scheduler.loop.Scheduler (not imported: it imports this)."""
-
-    sessions: sessionmaker[Session]
-    settings: Settings
-    host: str
-
-    def identity(self) -> Identity | None: ...
-
-
-def add_alert_jobs(aps: BaseScheduler, scheduler: SchedulerLike) -> DeliveryWorker:
-    """Register the ``alerts`` job beside ``tick`` and start the delivery worker (the caller
-    closes it). The job catches and logs its own errors; it never runs on the tick's thread."""
-    from orchestrator.scheduler.repeats import RepeatedErrors
-
-    holder: dict[str, AlertEngine] = {}
-    worker = DeliveryWorker(scheduler.sessions, AlertStore(scheduler.settings.home),
-                            payloads=lambda session, row: holder["engine"].payload(session, row))
-
-    def identity() -> int | None:
-        me = scheduler.identity()
-        return me.id if me is not None else None
-
-    engine = AlertEngine(scheduler.sessions, scheduler.settings.home, worker, identity=identity, host=scheduler.host)
-    holder["engine"] = engine
-    errors = RepeatedErrors(logger)
-
-    def guarded() -> None:
-        try:
-            engine.evaluate()
-        except Exception as exc:  # noqa: BLE001 - the alert job's loop boundary
-            errors.failed("alerts", exc)
-        else:
-            errors.succeeded("alerts")
-
-    worker.start()
-    aps.add_job(guarded, "interval", seconds=EVERY_S, id="alerts", max_instances=1, coalesce=True,
-                misfire_grace_time=None)
-    return worker
-
-
 def history(session: Session, run_id: int | None = None, limit: int = 200) -> list[dict]:
     """The newest alerts (of one run, or all) with each delivery's outcome, newest first."""
     query = select(Alert).order_by(Alert.id.desc()).limit(limit)
@@ -332,5 +287,5 @@ def send_test(sessions: sessionmaker[Session], home: Path, channel_ids: list[int
                      f"runyard test message: this channel works - {base}/runs", None, now, not_before=now + 1e9)
         session.commit()
         ids = [r.id for r in rows]
-    return [worker.deliver(i, settings) for i in ids]
+    return [worker.deliver(i, settings, now=True) for i in ids]
 

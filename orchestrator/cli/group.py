@@ -13,7 +13,7 @@
 
 The verbs live by group in this package: requests.py (submit, cancel, pause, stacks, resume, rerun,
 fork, pin), read.py (ls, show, logs, metrics), imported.py (import), ui.py (up, ui, scheduler, token),
-info.py (info), database.py (db export, db import), and orchestrator/alerts/cli.py (alerts); base.py
+info.py (info), database.py (db export, db import), alerts.py (alerts); base.py
 holds what they share (the data-folder check, one-line errors, run references).
 
 Data lives under $RUNYARD_HOME (default: the per-user data folder, ~/.local/share/runyard on
@@ -44,7 +44,7 @@ LAZY_COMMANDS = {
                     "orchestrator.cli.requests"),
     **dict.fromkeys(("ls", "show", "logs", "metrics"), "orchestrator.cli.read"),
     "import": "orchestrator.cli.imported",
-    "alerts": "orchestrator.alerts.cli",
+    "alerts": "orchestrator.cli.alerts",
 }
 
 

@@ -623,7 +623,7 @@ def serve(scheduler: Scheduler, tick_s: float = TICK_S, monitor: SystemMonitor |
     """
     from apscheduler.schedulers.blocking import BlockingScheduler
 
-    from orchestrator.alerts.engine import add_alert_jobs
+    from orchestrator.scheduler.alert_job import add_alert_jobs
     from orchestrator.scheduler.sysmon import SystemMonitor
 
     aps = BlockingScheduler()

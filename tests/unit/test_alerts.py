@@ -398,11 +398,11 @@ def test_webhook_target_resolved_once_pinned_and_metadata_refused(monkeypatch: p
 def test_the_alert_job_runs_beside_the_tick(sessions: sessionmaker[Session], settings: Settings) -> None:
     from apscheduler.schedulers.background import BackgroundScheduler
 
-    from orchestrator.alerts import engine as engine_module
+    from orchestrator.scheduler.alert_job import add_alert_jobs
 
     aps = BackgroundScheduler()
     scheduler = make_scheduler(sessions, settings)
-    worker = engine_module.add_alert_jobs(aps, scheduler)
+    worker = add_alert_jobs(aps, scheduler)
     try:
         job = aps.get_job("alerts")
         assert job is not None and job.max_instances == 1 and job.coalesce

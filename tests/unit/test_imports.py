@@ -25,6 +25,7 @@ LAYERS = ("app", "orchestrator", "trainer", "db")
 ROOMS = (
     "orchestrator.cli",  # rewrite-imports: keep (the packages, not the modules of these names before)
     "orchestrator.scheduler",  # rewrite-imports: keep
+    "orchestrator.alerts",
     "orchestrator",
     "orchestrator.scripts",
     "orchestrator.executors",  # rewrite-imports: keep
