@@ -60,7 +60,7 @@ from db import DatabaseError, metricstore, queries
 from db.cost import recent_pace
 from db.inventory import Inventory
 from db.lease import on_this_host
-from db.models import Attempt, Run
+from db.models import ALERT_OPEN, Alert, Attempt, Run
 from db.scheduler_file import read_scheduler_file
 from db.settings import EnvSettings, Settings
 from db.states import TERMINAL, AttemptStatus, RunStatus
@@ -85,14 +85,11 @@ def recent_window_s(environ: Mapping[str, str] | None = None) -> float:
 
 
 def firing_alerts(session: Session) -> dict[str, int]:
-    """The alerts open now, counted by trigger (``{"hang": 1}``): ``runyard_alerts_firing``.
-
-    TODO(issue 28, items 1-4): alerts are being built beside this (their triggers, rules and
-    deliveries); until they are stored, nothing fires and this returns an empty mapping. Count
-    the open alerts (fired, not resolved) by trigger here, in the session of the scrape.
-    """
-    del session
-    return {}
+    """The alerts open now (fired, not resolved nor closed), counted by trigger (``{"hang": 1}``):
+    ``runyard_alerts_firing``; runyard's own alerts (the scheduler's) count too."""
+    rows = session.execute(select(Alert.trigger, func.count()).where(Alert.state == ALERT_OPEN)
+                           .group_by(Alert.trigger)).all()
+    return {trigger: int(n) for trigger, n in rows}
 
 
 def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:

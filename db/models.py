@@ -364,6 +364,10 @@ class SystemMetric(Base):
 # -- alerts (issue 28; orchestrator/alerts/) ------------------------------------------------
 
 
+# An alert's states (see Alert).
+ALERT_OPEN, ALERT_RESOLVED, ALERT_CLOSED = "open", "resolved", "closed"
+
+
 class Alert(Base):
     """One alert: a condition of a run (or of runyard itself) that people were told about.
 

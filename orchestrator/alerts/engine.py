@@ -26,7 +26,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.models import Alert, AlertDelivery, Run
+from db.models import ALERT_CLOSED, ALERT_OPEN, ALERT_RESOLVED, Alert, AlertDelivery, Run
 from db.requests import request_cancel
 from db.states import ACTIVE, RunStatus
 from orchestrator.alerts.delivery import PENDING, DeliveryWorker
@@ -52,7 +52,7 @@ EVERY_S = 5.0
 # On its first pass the job looks back this far (a scheduler restarted soon after a failure
 # still tells it once; the alert key keeps it from being told twice).
 LOOKBACK_S = 600.0
-OPEN, RESOLVED, CLOSED = "open", "resolved", "closed"
+OPEN, RESOLVED, CLOSED = ALERT_OPEN, ALERT_RESOLVED, ALERT_CLOSED
 
 
 def ui_base(home: Path, defaults: Defaults) -> str:

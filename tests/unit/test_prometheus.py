@@ -27,7 +27,7 @@ from db import queries
 from db.config import RunConfig
 from db.inventory import Inventory
 from db.metricstore import write_points
-from db.models import Attempt, SchedulerHeartbeat
+from db.models import Alert, Attempt, SchedulerHeartbeat
 from db.requests import Price, create_run
 from db.scheduler_file import SchedulerFile
 from db.settings import Settings, SettingsError
@@ -241,11 +241,22 @@ def test_gpus_are_named_by_uuid_for_the_running_attempts_of_this_host(
     }  # not the GPU the finished run held, nor the other node's
 
 
-def test_alerts_firing_is_exposed_and_empty_until_alerts_are_stored(
+def test_alerts_firing_counts_the_open_alerts_by_trigger(
         settings: Settings, sessions: sessionmaker[Session], seeded: dict[str, int]) -> None:
     got = scrape(collector(sessions, settings))
     assert got.types["runyard_alerts_firing"] == "gauge"
-    assert got.samples.get("runyard_alerts_firing", {}) == {}
+    assert got.samples.get("runyard_alerts_firing", {}) == {}  # none yet
+    now = time.time()
+    with sessions() as s:
+        for key, run, trigger, state in ((f"run:{seeded['live']}:hang:1", seeded["live"], "hang", "open"),
+                                         (f"run:{seeded['retried']}:hang:1", seeded["retried"], "hang", "open"),
+                                         (f"run:{seeded['live']}:stalled", seeded["live"], "stalled", "resolved"),
+                                         ("scheduler:7", None, "scheduler", "open")):
+            s.add(Alert(key=key, run_id=run, trigger=trigger, state=state, message="m", opened_at=now))
+        s.commit()
+    got = scrape(collector(sessions, settings))
+    assert got.samples["runyard_alerts_firing"] == {frozenset({("trigger", "hang")}): 2,
+                                                    frozenset({("trigger", "scheduler")}): 1}  # not the resolved one
 
 
 def test_before_the_database_exists_only_the_queue_answers_with_zeros(settings: Settings) -> None:
