@@ -88,16 +88,11 @@ def alerts_settings() -> None:
                "in alerts.json (mode 0600) and shown masked. See docs/ALERTS.md.")
     readonly = data.read_only_reason()
     try:
-        settings = store().load()
+        store().load()
     except AlertsError as exc:
         st.error(style.plain(str(exc)))
         return
-    if settings.channels:
-        st.dataframe(pd.DataFrame([{"id": c.id, "channel": c.masked, "on": ", ".join(c.on) or "every enabled trigger",
-                                    "signed": c.signed} for c in settings.channels]),
-                     hide_index=True, width="stretch", key="alert_channels")
-    else:
-        st.info("No channels yet: add one below.")
+    listing = st.container()  # filled below the form, so that a channel just added is listed
     with st.form("alert_add", clear_on_submit=True, border=False):
         c1, c2 = st.columns([3, 2])
         url = c1.text_input("Channel URL", placeholder="ntfy://ntfy.sh/my-runs", key="alert_url", type="password")
@@ -112,6 +107,15 @@ def alerts_settings() -> None:
                 if channel.signed:
                     st.code(channel.secret or "", language=None)
                     st.caption("The webhook's signing secret (shown once here; `runyard alerts ls` masks it).")
+    settings = store().load()  # with the channel the form may just have added: Test it at once
+    with listing:
+        if settings.channels:
+            st.dataframe(pd.DataFrame([{"id": c.id, "channel": c.masked,
+                                        "on": ", ".join(c.on) or "every enabled trigger", "signed": c.signed}
+                                       for c in settings.channels]),
+                         hide_index=True, width="stretch", key="alert_channels")
+        else:
+            st.info("No channels yet: add one below.")
     if settings.channels:
         c1, c2, c3 = st.columns([2, 1, 1], vertical_alignment="bottom")
         chosen = int(c1.selectbox("Channel", [c.id for c in settings.channels], key="alert_channel",
