@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from db import metric_registry
 from db.settings import load_settings
 from db.states import TERMINAL
 from orchestrator.cli.base import (
@@ -122,10 +123,13 @@ def _print_detail(d: dict[str, Any]) -> None:
         for c in d["checkpoints"]:
             click.echo(checkpoint_line(c))
     if d["metrics"]:
+        # As the Run page shows them: the registry's label, unit and format ("Step time (ms)  r0=12.3").
         click.echo("  latest metrics:")
+        titles = {key: metric_registry.axis_title(key) for key in d["metrics"]}
+        width = max(16, *(len(t) for t in titles.values()))
         for key, ranks in d["metrics"].items():
-            vals = "  ".join(f"r{r}={v:.4g}" if v is not None else f"r{r}=nan" for r, v in ranks.items())
-            click.echo(f"    {key:<16} {vals}")
+            vals = "  ".join(f"r{r}={metric_registry.format_number(key, v)}" for r, v in ranks.items())
+            click.echo(f"    {titles[key]:<{width}} {vals}")
 
 
 @click.command(cls=RunyardCommand)
