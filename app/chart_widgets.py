@@ -12,12 +12,10 @@ from db import metric_registry
 
 
 def isolated_ranks(run_id: int, nproc: int) -> tuple[str, ...]:
-    """The section's one rank legend; the ranks clicked in it (none: all shown alike)."""
+    """The section's one rank legend; the ranks clicked in it (none: all shown alike). How to use
+    it is the help of the Ranks control above it (app/views/run.py's RANKS_HELP)."""
     if nproc < 2:
         return ()
-    st.caption("Click a rank to isolate it on every chart (shift-click adds one, double-click the strip "
-               "shows all). Hover a chart for every rank's value at a step; scroll or pinch to zoom the x "
-               "axis, drag to pan, double-click to reset.")
     event = st.altair_chart(charts.rank_legend([str(r) for r in range(nproc)]), on_select="rerun",
                             selection_mode="isolate", key=f"rank-legend-{run_id}", width="stretch")
     return tuple(str(p["rank"]) for p in event.selection.get("isolate", []) if "rank" in p)

@@ -17,6 +17,7 @@ import altair as alt
 import pandas as pd
 from pandas.io.formats.style import Styler
 
+from db import metric_registry
 from db.compare import ABSENT, MAX_RUNS, MetricSummary, higher_is_better
 from orchestrator.format import duration, step_text, usd
 
@@ -38,13 +39,6 @@ def run_colors(run_ids: Sequence[int]) -> dict[int, str]:
     return {run_id: PALETTE[i % len(PALETTE)] for i, run_id in enumerate(run_ids)}
 
 
-def number(value: float | None) -> str:
-    """A metric value in four significant digits; NaN as ``NaN``, none as ``MISSING``."""
-    if value is None:
-        return MISSING
-    return "NaN" if math.isnan(value) else f"{value:.4g}"
-
-
 def where(m: MetricSummary) -> str:
     """Where the best value lies: its step, or for a long run the bucket of steps it is the mean of."""
     if m.bucket_steps == 1 or m.best_last_step == m.best_step:
@@ -59,7 +53,8 @@ def best_word(higher: bool) -> str:
 def summary_frame(runs: Sequence[Mapping[str, Any]], keys: Sequence[str],
                   metrics: Mapping[tuple[int, str], MetricSummary]) -> pd.DataFrame:
     """One row per run: its swatch, label, status, steps, wall time, cost, and per metric the
-    final value and the best (``min`` or ``max`` in the column name) with its step."""
+    final value and the best (``min`` or ``max`` in the column name) with its step, titled and
+    formatted by the metric registry (``Eval accuracy (%) final``: ``87.5``)."""
     rows = []
     for run in runs:
         row: dict[str, Any] = {
@@ -69,9 +64,11 @@ def summary_frame(runs: Sequence[Mapping[str, Any]], keys: Sequence[str],
         }
         for key in keys:
             m = metrics.get((run["id"], key))
-            row[f"{key} final"] = number(m.final) if m else MISSING
-            best = f"{key} best ({best_word(higher_is_better(key))})"
-            row[best] = f"{number(m.best)} @ {where(m)}" if m and m.best is not None else MISSING
+            title = metric_registry.axis_title(key)
+            row[f"{title} final"] = metric_registry.format_number(key, m.final) if m else MISSING
+            best = f"{title} best ({best_word(higher_is_better(key))})"
+            row[best] = (f"{metric_registry.format_number(key, m.best)} @ {where(m)}" if m and m.best is not None
+                         else MISSING)
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -123,12 +120,13 @@ def overlay_chart(frame: pd.DataFrame, key: str, labels: Sequence[str], colors: 
     its run's colour whichever runs have the metric (the scale lists every chosen run)."""
     scale = alt.Scale(type="log") if log_y else alt.Scale(zero=False)
     data = frame[frame["value"] > 0] if log_y else frame  # a log scale cannot show zero or less
+    data = data.assign(value=data["value"] * metric_registry.scaled(key, 1.0))  # in its displayed unit
     return (
-        alt.Chart(data, title=key)
+        alt.Chart(data, title=metric_registry.label(key))
         .mark_line(point=len(data) < 60)
         .encode(
             x=alt.X("step:Q", title="step"),
-            y=alt.Y("value:Q", title=f"{key} (mean over ranks)", scale=scale),
+            y=alt.Y("value:Q", title=f"{metric_registry.axis_title(key)}, mean over ranks", scale=scale),
             # No legend on each chart: one for the section (legend_html) leaves every plot its
             # whole width and height, however narrow the column.
             color=alt.Color("run:N", scale=alt.Scale(domain=list(labels), range=list(colors)), legend=None),

@@ -33,8 +33,8 @@ from db.requests import (
 )
 from db.scheduler_file import read_scheduler_file
 from db.settings import Settings, load_settings
-from orchestrator.resources import detect_inventory
-from orchestrator.script_roots import ScriptRoots, changes_what_runs, script_roots
+from orchestrator.scheduler.resources import detect_inventory
+from orchestrator.scripts.allowed_roots import ScriptRoots, changes_what_runs, script_roots
 from orchestrator.submission import fork, submit, validate
 
 

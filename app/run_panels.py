@@ -16,9 +16,10 @@ import streamlit as st
 
 from app import charts, data, style
 from app.run_actions import is_superseded
+from db import metric_registry
 from db.states import RunStatus
+from orchestrator.executors.logs import launcher_log, rank_log_files, tail
 from orchestrator.format import clock, duration
-from orchestrator.logs import launcher_log, rank_log_files, tail
 
 
 def attempts_table(d: dict) -> None:
@@ -136,8 +137,8 @@ def checkpoint_table(d: dict) -> None:
             row[4].write(f"script's file {style.plain(c['origin'])}, sha256 {(c['sha256'] or 'pending')[:12]}"
                          + (" (pinned copy)" if c["path"] != c["origin"] else ""))
         else:
-            row[4].write(", ".join(f"{style.plain(k)} {v:.4g}" for k, v in c["metrics"].items() if v is not None)
-                         or "–")
+            row[4].write(", ".join(f"{style.plain(metric_registry.label(k))} {metric_registry.format_value(k, v)}"
+                                   for k, v in c["metrics"].items() if v is not None) or "–")
         row[5].write("yes" if c["verified"] else f"no: {style.plain(c['refused_reason'] or 'being hashed')}")
         row[6].toggle("pin", value=c["pinned"], key=f"pin-{c['id']}", on_change=pin_changed,
                       args=(d["id"], c["id"], f"pin-{c['id']}"),

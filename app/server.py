@@ -7,7 +7,8 @@
 uvicorn on a socket this module binds itself: Streamlit never listens on anything, so no request
 reaches it without passing the gate. Once the socket is bound, the URL to open is printed on a
 line of its own (``http://127.0.0.1:PORT/?token=TOKEN``) and recorded in the data folder's
-``ui.json`` for ``runyard token``.
+``ui.json`` for ``runyard token``. ``GET /metrics`` (Prometheus) is answered in front of the gate,
+with its own scrape token (app/prometheus.py).
 """
 
 from __future__ import annotations
@@ -23,15 +24,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from app.access import (
+    AccessPolicy,
+)
 from db.layout import UI_FILE
 from db.settings import Settings
-from orchestrator.access import (
-    ALLOWED_HOSTS_ENV,
+from orchestrator.ui_access import (
     AUTH_MODES,
     DEFAULT_PROXY_USER_HEADER,
-    PROXY_SECRET_ENV,
     AccessError,
-    AccessPolicy,
     TokenSource,
     check_bind,
     ensure_token,
@@ -129,31 +130,42 @@ def health_reader(settings: Settings, writable: bool = True) -> Callable[[], dic
     return health
 
 
-def build_app(policy: AccessPolicy, settings: Settings, writable: bool = True) -> object:
-    """Streamlit's ASGI app for app/main.py behind the gate."""
+def build_app(policy: AccessPolicy, settings: Settings, writable: bool = True,
+              metrics_recent_s: float | None = None) -> object:
+    """Streamlit's ASGI app for app/main.py behind the gate, with ``GET /metrics`` (Prometheus,
+    its own scrape token: app/prometheus.py) answered before the gate."""
     import streamlit as st
     from streamlit import config as streamlit_config
     from streamlit.web import bootstrap
 
     from app.gate import Gate
+    from app.prometheus import DEFAULT_RECENT_S, metrics_route
 
     streamlit_config._main_script_path = str(MAIN_SCRIPT)
     bootstrap.load_config_options({key.replace(".", "_"): value for key, value in STREAMLIT_OPTIONS.items()})
-    return Gate(st.App(MAIN_SCRIPT), policy, health=health_reader(settings, writable))
+    gate = Gate(st.App(MAIN_SCRIPT), policy, health=health_reader(settings, writable))
+    return metrics_route(gate, policy, settings, writable,
+                         DEFAULT_RECENT_S if metrics_recent_s is None else metrics_recent_s)
 
 
 def main(argv: list[str] | None = None) -> int:
     from db.home import PRIVATE_UMASK, HomeUnusable, check_home, make_private
-    from db.settings import load_settings
+    from db.settings import EnvSettings, SettingsError, load_settings
 
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    proxy_secret = os.environ.get(PROXY_SECRET_ENV) or None
+    try:
+        variables = EnvSettings.from_env()
+    except SettingsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    proxy_secret = variables.proxy_secret_text
     problem = check_bind(args.host, args.auth, proxy_secret)
     try:
-        allowed = parse_allowed_hosts([*args.allowed_host, os.environ.get(ALLOWED_HOSTS_ENV, "")])
+        allowed = parse_allowed_hosts([*args.allowed_host, variables.allowed_hosts])
     except AccessError as exc:
         problem = problem or str(exc)
+    metrics_recent_s = variables.metrics_recent_s  # checked with the other variables above
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return EXIT_USAGE
@@ -192,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         why = "is in use by another program" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc.strerror})"
         print(f"error: port {args.port} on {args.host} {why}; choose another with --port", file=sys.stderr)
         return 1
-    return serve(sock, build_app(policy, settings, writable), settings.home, args, token, record=writable)
+    return serve(sock, build_app(policy, settings, writable, metrics_recent_s), settings.home, args, token,
+                 record=writable)
 
 
 def serve(sock: socket.socket, app: object, home: Path, args: argparse.Namespace, token: str | None,

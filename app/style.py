@@ -1,4 +1,5 @@
-"""The few CSS rules runyard lays over Streamlit's own, each with the reason it exists.
+"""How runyard's pages look: the few CSS rules it lays over Streamlit's own (each with the reason
+it exists), plain-text escaping, and the run status badges.
 
 Every page calls :func:`apply` first: a style-only ``st.html`` (no script, nothing fetched, no
 element in the page's flow). Sent from app/main.py instead, before ``page.run()``, it never reached
@@ -78,3 +79,23 @@ def plain_frame(frame: pd.DataFrame) -> pd.DataFrame:
     if not isinstance(frame.index, pd.RangeIndex):  # Streamlit hides a RangeIndex, and only that
         out.index = pd.Index([text(i) for i in frame.index], name=frame.index.name)
     return out
+
+
+# A run status as a Streamlit badge: its colour and icon.
+STATUS_BADGE = {
+    "QUEUED": ("gray", ":material/schedule:"),
+    "STARTING": ("blue", ":material/rocket_launch:"),
+    "RUNNING": ("blue", ":material/play_arrow:"),
+    "RETRYING": ("orange", ":material/refresh:"),
+    "CANCELLING": ("orange", ":material/stop_circle:"),
+    "SUCCEEDED": ("green", ":material/check_circle:"),
+    "FAILED": ("red", ":material/error:"),
+    "CANCELLED": ("gray", ":material/cancel:"),
+    "PAUSED": ("violet", ":material/pause_circle:"),
+}
+
+
+def badge(status: str) -> str:
+    """``status`` as Streamlit badge markup (``:color-badge[icon STATUS]``)."""
+    color, icon = STATUS_BADGE.get(status, ("gray", ""))
+    return f":{color}-badge[{icon} {status}]"

@@ -1,7 +1,7 @@
 """The Run page's system section: GPUs, the run's processes per rank, and the host.
 
 ``system_panels(run_id)`` draws it from the scheduler's 10-s aggregates (``system_metrics``,
-written by orchestrator/sysmon.py): each chart shows the mean as a line and the min-max range
+written by orchestrator/scheduler/sysmon.py): each chart shows the mean as a line and the min-max range
 of each window as a band, its axis titled and scaled by the metric registry (db/metric_registry.py:
 "GPU utilization (%)", "Memory used (GiB)"). Data comes through the cached functions below (plain DataFrames), the
 charts from the plain builders below them; no SQL here.

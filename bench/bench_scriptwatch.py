@@ -23,8 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.scriptwatch.checkpoints import CheckpointFiles  # noqa: E402
-from orchestrator.scriptwatch.collector import AttemptCollector  # noqa: E402
+from orchestrator.scripts.checkpoint_finder import CheckpointFiles  # noqa: E402
+from orchestrator.scripts.metric_collector import AttemptCollector  # noqa: E402
 
 
 def logs(folder: Path, lines: int) -> Path:
@@ -60,7 +60,7 @@ def bench_logs(folder: Path, lines: int) -> None:
 def bench_events(folder: Path, events: int) -> None:
     from torch.utils.tensorboard import SummaryWriter
 
-    from orchestrator.scriptwatch.tensorboard import EventFiles
+    from orchestrator.scripts.tensorboard_events import EventFiles
 
     writer = SummaryWriter(str(folder / "runs" / "exp"), max_queue=10_000)
     for step in range(events):

@@ -1,6 +1,6 @@
 """Why an attempt ended: the vocabulary of ``attempts.cause``, shared by every process.
 
-The scheduler classifies failures into these causes (orchestrator/failures.py reads the evidence),
+The scheduler classifies failures into these causes (orchestrator/scheduler/failures.py reads the evidence),
 the retry policy decides by them, and the UI and the CLI count and show them (goodput, the mean
 time between interruptions): the vocabulary is stored in the database, so it lives here, below
 all of them.

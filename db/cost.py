@@ -144,6 +144,19 @@ ETA_WINDOW = 60
 ETA_PARTS = 4
 
 
+def recent_pace(points: Sequence[tuple[int, float]]) -> float | None:
+    """Steps per second over the newest :data:`ETA_WINDOW` of (step, wall_time) points: the pace
+    :func:`eta_estimate` projects with (evaluations and saves included). None until there are
+    two points with progress between them."""
+    if len(points) < 2:
+        return None
+    pts = sorted(points)[-ETA_WINDOW:]
+    (s0, t0), (s1, t1) = pts[0], pts[-1]
+    if s1 <= s0 or t1 <= t0:
+        return None
+    return (s1 - s0) / (t1 - t0)
+
+
 def eta_estimate(points: Sequence[tuple[int, float]], max_steps: int) -> Eta | None:
     """Seconds until ``max_steps`` from recent (step, wall_time) points of the current attempt.
 
@@ -153,14 +166,12 @@ def eta_estimate(points: Sequence[tuple[int, float]], max_steps: int) -> Eta | N
     slowest of :data:`ETA_PARTS` consecutive parts of that window. None until there are two
     points with progress between them.
     """
-    if len(points) < 2:
+    pace = recent_pace(points)
+    if pace is None:
         return None
     pts = sorted(points)[-ETA_WINDOW:]
-    (s0, t0), (s1, t1) = pts[0], pts[-1]
-    if s1 <= s0 or t1 <= t0:
-        return None
-    left = max(0, max_steps - s1)
-    eta = left / ((s1 - s0) / (t1 - t0))
+    left = max(0, max_steps - pts[-1][0])
+    eta = left / pace
     rates = []
     size = max(1, (len(pts) - 1) // ETA_PARTS)
     for i in range(0, len(pts) - 1, size):

@@ -13,7 +13,6 @@ writer asks for ``pool_size=1, max_overflow=0`` (one connection, opened at its f
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import time
@@ -160,25 +159,37 @@ def _alembic_config(url: str) -> Config:
     return cfg
 
 
-def _flock(fd: int, path: Path, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    announced = False
-    while True:
+def _record_holder(fd: int) -> None:
+    """Write this process's pid into the lock file it now holds (for a waiter's timeout message)."""
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+
+
+@contextlib.contextmanager
+def _file_migration_lock(path: Path, timeout_s: float) -> Iterator[None]:
+    """An exclusive ``flock`` on ``path`` (filelock's native Unix lock), held for the block."""
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(path, on_acquired=_record_holder)
+    try:
+        lock.acquire(blocking=False)
+    except Timeout:
+        logger.info("another process is migrating the database; waiting for it (%s)", path)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            pass
-        if not announced:
-            logger.info("another process is migrating the database; waiting for it (%s)", path)
-            announced = True
-        if time.monotonic() >= deadline:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            lock.acquire(timeout=timeout_s, poll_interval=0.05)
+        except Timeout:
+            try:
+                holder = path.read_text(errors="replace")[:64].strip()
+            except OSError:
+                holder = ""
             raise MigrationLockTimeout(
-                f"waited {timeout_s:.0f} s for the migration lock {path} (held by pid {holder}); "
+                f"waited {timeout_s:.0f} s for the migration lock {path} (held by pid {holder or 'unknown'}); "
                 "if that process is stuck, stop it and try again"
-            )
-        time.sleep(0.05)
+            ) from None
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _pg_lock(conn: Any, url: str, timeout_s: float) -> None:
@@ -227,8 +238,8 @@ def _pg_migration_lock(url: str, timeout_s: float) -> Iterator[None]:
 def migration_lock(url: str, timeout_s: float = MIGRATE_LOCK_TIMEOUT_S) -> Iterator[None]:
     """Hold the database's migration lock: one process migrates, the others wait for it.
 
-    SQLite: an exclusive ``flock`` on ``migrate.lock`` beside the database file (released by
-    the kernel if the holder dies). PostgreSQL: ``pg_advisory_lock`` on a dedicated connection
+    SQLite: an exclusive ``flock`` (filelock) on ``migrate.lock`` beside the database file
+    (released by the kernel if the holder dies). PostgreSQL: ``pg_advisory_lock`` on a dedicated connection
     (released by the server if the holder dies). Other databases take no lock.
 
     Raises:
@@ -244,14 +255,8 @@ def migration_lock(url: str, timeout_s: float = MIGRATE_LOCK_TIMEOUT_S) -> Itera
         return
     path = db_file.parent / MIGRATE_LOCK_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        _flock(fd, path, timeout_s)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)  # who holds it, for the timeout message
+    with _file_migration_lock(path, timeout_s):
         yield
-    finally:
-        os.close(fd)  # releases the lock
 
 
 def safe_url(url: str) -> str:
@@ -363,7 +368,7 @@ def current_revision(engine: Engine) -> str | None:
 # The newest migration's revision (db/migrations/versions/); tests/unit/test_migrations.py checks it
 # against Alembic's own head, so adding a migration without moving it fails there. Read here
 # without Alembic, which a command at head need not import.
-SCHEMA_HEAD = "0011"
+SCHEMA_HEAD = "0012"
 
 
 def head_revision() -> str:

@@ -1,5 +1,5 @@
 """What a machine has to run on, as every process sees it: the scheduler detects it
-(orchestrator/resources.py, through NVML) and publishes it on its heartbeat; the UI and the CLI
+(orchestrator/scheduler/resources.py, through NVML) and publishes it on its heartbeat; the UI and the CLI
 judge submissions against it without touching a GPU.
 """
 
@@ -20,6 +20,9 @@ class Inventory:
     gpu_names: tuple[str, ...] = field(default_factory=tuple)
     gpu_memory_bytes: tuple[int, ...] = field(default_factory=tuple)  # total memory of each GPU
     memory_bytes: int = 0  # the host's RAM; 0 when unknown
+    # Each GPU's NVML UUID (``GPU-...``) by index: what DCGM-exporter labels its series with, so
+    # /metrics can say which run holds which GPU (app/prometheus.py). Empty when unknown.
+    gpu_uuids: tuple[str, ...] = field(default_factory=tuple)
 
     @property
     def device_label(self) -> str:
@@ -39,6 +42,7 @@ class Inventory:
             gpu_names=tuple(str(n) for n in data.get("gpu_names", ())),
             gpu_memory_bytes=tuple(int(m) for m in data.get("gpu_memory_bytes", ())),
             memory_bytes=int(data.get("memory_bytes", 0)),
+            gpu_uuids=tuple(str(u) for u in data.get("gpu_uuids", ())),
         )
 
 

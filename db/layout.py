@@ -8,8 +8,10 @@ they agree because they take the names from here and nowhere else::
         migrate.lock          held while migrations run (db/engine.py)
         scheduler.lock        held by the one running scheduler
         scheduler.json        the scheduler's heartbeat file, inventory included (db/scheduler_file.py)
-        token                 the UI's access token, mode 0600 (orchestrator/access.py)
+        token                 the UI's access token, mode 0600 (orchestrator/ui_access.py)
+        scrape_token          the read-only token of GET /metrics, mode 0600 (app/prometheus.py)
         ui.json               where the running UI listens (for `runyard token`)
+        alerts.json           alert channels (URLs, webhook secrets) and defaults, mode 0600 (orchestrator/alerts)
         runs/run-000042/
             config.json       the run config as submitted
             checkpoints/step-<N>/{state.pt, manifest.json}
@@ -19,7 +21,7 @@ they agree because they take the names from here and nowhere else::
             attempts/<n>/
                 config.json   the attempt's effective config (the run's, plus its overrides): what
                               its ranks read
-                launch.json   the shim's pid and create time, then torchrun's (orchestrator/shim.py)
+                launch.json   the shim's pid and create time, then torchrun's (orchestrator/executors/shim.py)
                 exit.json     torchrun's exit code, written by the shim when it ends
                 launcher.log  torchrun's own output (its failure summary is read from here)
                 ranks/        torchrun --log-dir: each rank's stdout/stderr and error file, and a
@@ -45,7 +47,9 @@ MIGRATE_LOCK_FILE = "migrate.lock"
 SCHEDULER_LOCK_FILE = "scheduler.lock"
 SCHEDULER_FILE = "scheduler.json"
 TOKEN_FILE = "token"  # noqa: S105 - the token file's name, not a secret
+SCRAPE_TOKEN_FILE = "scrape_token"  # noqa: S105 - the file's name, not a secret
 UI_FILE = "ui.json"
+ALERTS_FILE = "alerts.json"
 RUNS_DIR = "runs"
 
 # -- a run's folder --------------------------------------------------------------------------

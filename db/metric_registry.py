@@ -53,7 +53,7 @@ def _share(label: str, scale: float = 100.0) -> MetricSpec:
 
 def _registry() -> dict[str, MetricSpec]:
     """Every key runyard itself reports: trainer/monitoring.py, the built-in workloads'
-    evaluations, and orchestrator/sysmon.py's system series (keyed by their own names)."""
+    evaluations, and orchestrator/scheduler/sysmon.py's system series (keyed by their own names)."""
     return {
         # training (trainer/monitoring.py Interval.report, memory_metrics; workloads' evaluation)
         "loss": MetricSpec("Loss"),
@@ -74,7 +74,7 @@ def _registry() -> dict[str, MetricSpec]:
         "mem_peak_mib": _mib("GPU memory peak"),
         "mem_rss_mib": _mib("Process RSS"),
         "epoch": MetricSpec("Epoch"),
-        # system (orchestrator/sysmon.py): GPUs, the run's processes, the host
+        # system (orchestrator/scheduler/sysmon.py): GPUs, the run's processes, the host
         "util_percent": _share("GPU utilization", 1.0),
         "mem_used_bytes": _gib("Memory used"),
         "mem_total_bytes": _gib("Memory total"),

@@ -359,3 +359,57 @@ class SystemMetric(Base):
     mean: Mapped[float] = mapped_column(Float)
     max: Mapped[float] = mapped_column(Float)
     count: Mapped[int] = mapped_column(Integer)
+
+
+# -- alerts (issue 28; orchestrator/alerts/) ------------------------------------------------
+
+
+# An alert's states (see Alert).
+ALERT_OPEN, ALERT_RESOLVED, ALERT_CLOSED = "open", "resolved", "closed"
+
+
+class Alert(Base):
+    """One alert: a condition of a run (or of runyard itself) that people were told about.
+
+    ``key`` is unique: ``run:<id>:<trigger>[:<what>]`` (``what``: the attempt for per-attempt
+    triggers, the share for budget crossings), ``day:<date>:budget:<share>`` or
+    ``scheduler:<heartbeat id>``. ``state`` is ``open`` while the condition holds, ``resolved``
+    once it stopped holding (a message says so), ``closed`` when its subject ended without
+    resolving (no message). ``sent_at`` is when it was last sent (first fire or a repeat)."""
+
+    __tablename__ = "alerts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    key: Mapped[str] = mapped_column(String(200), unique=True)
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    trigger: Mapped[str] = mapped_column(String(16))
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    message: Mapped[str] = mapped_column(Text)
+    opened_at: Mapped[float] = mapped_column(Float)
+    sent_at: Mapped[float | None] = mapped_column(Float)
+    repeats: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    resolved_at: Mapped[float | None] = mapped_column(Float)
+
+
+class AlertDelivery(Base):
+    """One message to one channel, and its outcome: ``pending`` (queued or between tries, next
+    at ``next_at``), ``delivered``, or ``failed`` (every try failed; ``error`` says the last
+    one). ``kind``: ``fire``, ``repeat``, ``resolved`` or ``test``. ``channel`` is the channel's
+    masked URL, as it was when the message was queued (no secret is stored here)."""
+
+    __tablename__ = "alert_deliveries"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    alert_id: Mapped[int | None] = mapped_column(ForeignKey("alerts.id", ondelete="CASCADE"), index=True)
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    channel_id: Mapped[int] = mapped_column(Integer)
+    channel: Mapped[str] = mapped_column(Text)
+    kind: Mapped[str] = mapped_column(String(16))
+    trigger: Mapped[str] = mapped_column(String(16))
+    message: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    tries: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[float] = mapped_column(Float)
+    next_at: Mapped[float] = mapped_column(Float)
+    done_at: Mapped[float | None] = mapped_column(Float)

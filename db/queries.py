@@ -16,6 +16,7 @@ from typing_extensions import Unpack
 
 from db import metricstore
 from db.causes import INTERRUPTIONS, Cause
+from db.checks import CHECKS_EVENT, parse_checks
 from db.cost import ETA_WINDOW, AttemptSpan, Eta, cost_usd, default_prices, eta_estimate, wasted_seconds
 from db.models import Attempt, Checkpoint, Event, PriceEntry, Run, RunStatusHistory, SchedulerHeartbeat
 from db.requests import RunNotFound, imported
@@ -214,6 +215,7 @@ def attempts_of(session: Session, run_id: int) -> list[dict[str, Any]]:
             "reason": a.reason,
             "started_at": a.started_at,
             "first_step_at": a.first_step_at,
+            "progress_at": a.progress_at,
             "phase": a.phase,
             "ended_at": a.ended_at,
             "last_step": a.last_step,
@@ -285,7 +287,18 @@ def run_detail(session: Session, run_id: int) -> dict[str, Any]:
     detail["checkpoints"] = checkpoints_of(session, run_id)
     detail["history"] = status_history(session, run_id)
     detail["events"] = events_of(session, run_id)
+    detail["rank_checks"] = rank_checks(session, run_id)
     return detail
+
+
+def rank_checks(session: Session, run_id: int) -> dict[str, str | None] | None:
+    """The newest attempt's ``checks`` event (db/checks.py): {check: None where it runs, else why
+    not}; None before any rank reported through runyard (or never, for a plain script)."""
+    message = session.execute(
+        select(Event.message).where(Event.run_id == run_id, Event.kind == CHECKS_EVENT)
+        .order_by(Event.id.desc()).limit(1)
+    ).scalar()
+    return parse_checks(message) if message is not None else None
 
 
 def log_sources(session: Session, run_id: int) -> dict[str, Any]:

@@ -13,9 +13,9 @@ from sqlalchemy.orm import Session
 
 from db import DatabaseError
 from db.config import RunConfig, config_from_json, write_config_file
+from db.file_versions import CopyRefused, copy_verified, is_version
 from db.layout import RunPaths, run_dir_name
 from db.models import Attempt, Checkpoint, Event, PriceEntry, Run, RunStatusHistory
-from db.scriptfiles import CopyRefused, copy_verified, is_version
 from db.states import ACTIVE, TERMINAL, RunStatus, transition
 
 

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from db.models import SystemMetric
 
-WINDOW_S = 10.0  # the monitor's aggregation window (orchestrator.sysmon.WINDOW_S)
+WINDOW_S = 10.0  # the monitor's aggregation window (orchestrator.scheduler.sysmon.WINDOW_S)
 
 _COLUMNS = ("at", "host", "device", "run_id", "rank", "key", "min", "mean", "max", "count")
 

@@ -1,3 +1,3 @@
-from orchestrator.cli import main
+from orchestrator.cli.group import main
 
 main()

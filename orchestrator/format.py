@@ -1,4 +1,5 @@
-"""Small formatting helpers shared by the pages."""
+"""Text for people: durations, money, steps, ETAs and a run's whereabouts, shared by the CLI and
+the UI (the UI's own Streamlit markup, such as status badges, is app/style.py)."""
 
 from __future__ import annotations
 
@@ -7,22 +8,10 @@ import time
 from typing import TYPE_CHECKING
 
 from db.states import TERMINAL, AttemptPhase, RunStatus
+from orchestrator.executors.slurm.commands import QUEUED_JOB_STATES
 
 if TYPE_CHECKING:
     from db.estimates import StartEstimate
-
-STATUS_BADGE = {
-    "QUEUED": ("gray", ":material/schedule:"),
-    "STARTING": ("blue", ":material/rocket_launch:"),
-    "RUNNING": ("blue", ":material/play_arrow:"),
-    "RETRYING": ("orange", ":material/refresh:"),
-    "CANCELLING": ("orange", ":material/stop_circle:"),
-    "SUCCEEDED": ("green", ":material/check_circle:"),
-    "FAILED": ("red", ":material/error:"),
-    "CANCELLED": ("gray", ":material/cancel:"),
-    "PAUSED": ("violet", ":material/pause_circle:"),
-}
-
 
 def duration(seconds: float | None) -> str:
     if seconds is None:
@@ -35,11 +24,6 @@ def duration(seconds: float | None) -> str:
 
 def clock(ts: float | None) -> str:
     return dt.datetime.fromtimestamp(ts).strftime("%H:%M:%S") if ts else "–"
-
-
-def badge(status: str) -> str:
-    color, icon = STATUS_BADGE.get(status, ("gray", ""))
-    return f":{color}-badge[{icon} {status}]"
 
 
 def usd(x: float | None) -> str:
@@ -135,8 +119,6 @@ def estimate_text(e: StartEstimate) -> str:
             f"{source}{start}; at {price}.")
 
 
-# A Slurm job in these states has no process yet (orchestrator/executors/slurm.py).
-QUEUED_JOB_STATES = ("PENDING", "CONFIGURING")
 # Slurm's commonest reasons for a pending job, in words (others are shown as Slurm says them).
 _PENDING_REASONS = {
     "Resources": "waiting for nodes to free up",

@@ -24,8 +24,9 @@ from db.models import Event, Run
 from db.queries import price_table
 from db.requests import Price, RunNotFound, create_run, pin_script_copy, usable_checkpoint
 from db.settings import Settings
+from orchestrator.executors.launcher import SHIMS_DIR
 from orchestrator.memory import check_memory
-from orchestrator.script_roots import (
+from orchestrator.scripts.allowed_roots import (
     ModuleFound,
     ScriptRoots,
     changes_what_runs,
@@ -36,8 +37,7 @@ from orchestrator.script_roots import (
     refused_sbatch_args,
     refused_tensorboard_dir,
 )
-from orchestrator.scriptwatch import SHIMS_DIR
-from orchestrator.scriptwatch.lines import check_patterns
+from orchestrator.scripts.log_lines import check_patterns
 
 
 def validate(data: dict[str, Any], inventory: Inventory, *, roots: ScriptRoots | None = None) -> RunConfig:
@@ -47,7 +47,7 @@ def validate(data: dict[str, Any], inventory: Inventory, *, roots: ScriptRoots |
         data: The config as a mapping (parsed TOML, the UI's form).
         inventory: This machine's devices.
         roots: For a submission through the UI, the folders its files must lie under
-            (:mod:`orchestrator.script_roots`); ``None`` (the CLI) applies no roots.
+            (:mod:`orchestrator.scripts.allowed_roots`); ``None`` (the CLI) applies no roots.
 
     Raises:
         ConfigError: with the schema, machine and path problems together.

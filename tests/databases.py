@@ -111,7 +111,7 @@ def run_detail(url: str, run_id: int) -> dict:
     from sqlalchemy.orm import Session
 
     from db.queries import run_detail as detail
-    from orchestrator.cli_base import json_safe
+    from orchestrator.cli.base import json_safe
 
     engine = create_engine(url, poolclass=NullPool)
     try:

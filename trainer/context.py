@@ -1,10 +1,11 @@
-"""What the scheduler passes to the ranks, through environment variables: the whole contract on
-one page. The scheduler builds the environment with :meth:`RunContext.to_env`; every rank reads it
-back with :func:`context_from_env`. This module must not import torch (the scheduler imports it)."""
+"""What the scheduler passes to the ranks, through environment variables. The scheduler builds the
+environment with :meth:`RunContext.to_env`; every rank reads it back with :func:`context_from_env`,
+through :class:`db.settings.RankEnv`, the variables' typed and documented list. This module must
+not import torch (the scheduler imports it)."""
 
 from __future__ import annotations
 
-import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,17 +69,24 @@ class RunContext:
         return env
 
 
-def context_from_env(environ: dict[str, str] | None = None) -> RunContext:
-    env = os.environ if environ is None else environ
-    run_dir = Path(env.get("RUNYARD_RUN_DIR") or ".")
-    run_id = env.get("RUNYARD_RUN_ID")
+def context_from_env(environ: Mapping[str, str] | None = None) -> RunContext:
+    """The context the scheduler passed in ``environ`` (default ``os.environ``), read through
+    :class:`db.settings.RankEnv` (a bad value stops the rank with a sentence naming it).
+
+    Raises:
+        db.settings.SettingsError: a ``RUNYARD_*`` variable of the protocol holds a value of the wrong kind.
+    """
+    from db.settings import RankEnv  # pydantic-settings: only a process that reads its context pays for it
+
+    env = RankEnv.from_env(environ)
+    run_dir = env.run_dir or Path(".")
     return RunContext(
-        run_id=int(run_id) if run_id else None,
-        attempt=int(env.get("RUNYARD_ATTEMPT") or 1),
-        db_url=env.get("RUNYARD_DB_URL"),
+        run_id=env.run_id,
+        attempt=env.attempt,
+        db_url=env.db_url,
         run_dir=run_dir,
-        attempt_dir=Path(env.get("RUNYARD_ATTEMPT_DIR") or run_dir),
-        resume_dir=Path(env["RUNYARD_RESUME_DIR"]) if env.get("RUNYARD_RESUME_DIR") else None,
-        resume_step=int(env["RUNYARD_RESUME_STEP"]) if env.get("RUNYARD_RESUME_STEP") else None,
-        resume_path=Path(env["RUNYARD_RESUME_PATH"]) if env.get("RUNYARD_RESUME_PATH") else None,
+        attempt_dir=env.attempt_dir or run_dir,
+        resume_dir=env.resume_dir,
+        resume_step=env.resume_step,
+        resume_path=env.resume_path,
     )

@@ -4,7 +4,8 @@ one hook, of the scheduler).
 These make timing-dependent failures reproducible (a kill while a checkpoint is being written,
 a kill at a known step); they never change what is computed.
 
-Every hook is inert unless ``RUNYARD_FAULTS=1`` is set as well: the ranks inherit the
+The variables are typed and documented in ``db/settings.py`` (:class:`db.settings.FaultEnv`,
+docs/DEVELOPMENT.md). Every hook is inert unless ``RUNYARD_FAULTS=1`` is set as well: the ranks inherit the
 scheduler's environment, so a stray ``RUNYARD_FAULT_*`` left in a user's shell must not reach
 real training. Only runyard's tests set the switch. The training loop's hooks are one object,
 :class:`StepFaults`, which the loop gets only under the switch (:meth:`StepFaults.installed`):
@@ -45,8 +46,13 @@ def enabled() -> bool:
 
 
 def _spec(name: str) -> str:
-    """The value of the hook ``name``, or "" when it is unset or the switch is off."""
-    return (os.environ.get(name) or "") if enabled() else ""
+    """The value of the hook ``name``, or "" when it is unset or the switch is off (then nothing
+    but the switch is read: a rank of a real run never loads the settings model)."""
+    if not enabled():
+        return ""
+    from db.settings import FaultEnv
+
+    return FaultEnv.from_env().spec(name)
 
 
 def step_delay_s() -> float:

@@ -177,31 +177,42 @@ class StragglerCheck:
     cover ``window_steps`` steps, a rank is *slow* when the lower median of its values is above
     ``ratio`` times the median of the other ranks' (and above it by at least
     ``STRAGGLER_MIN_EXCESS_S``). A rank slow at every report for ``window_steps`` more steps is
-    a straggler: one warning, then nothing until it has not been slow for ``window_steps``
-    steps (an info finding closes the episode). Medians make one long step (a checkpoint, an
-    evaluation, a hiccup) irrelevant.
+    a straggler, provided it also stayed slow for ``sustain_s`` seconds: one warning, then
+    nothing until it has not been slow for as long (an info finding closes the episode). Medians
+    make one long step (a checkpoint, an evaluation, a hiccup) irrelevant; the seconds make a
+    busy machine's noise irrelevant: on a CPU host running other work, which rank is slow moves
+    every few seconds (2-rank and 4-rank digits runs of 3,000 steps beside other jobs had 14 and
+    13 episodes of 30-100 steps each with a 40-step rule, every one a different moment and most
+    a different rank), while a slow device, a throttled GPU or a rank's slow data loader stays.
 
     Args:
         world_size: Number of ranks.
         ratio: The threshold, above 1.
-        window_steps: The window, and how long the condition must hold.
+        window_steps: The window, and how many steps the condition must hold.
+        sustain_s: How many seconds the condition must hold too (0: steps alone).
     """
 
-    def __init__(self, world_size: int, ratio: float, window_steps: int):
+    def __init__(self, world_size: int, ratio: float, window_steps: int, sustain_s: float = 0.0):
         self.world_size = world_size
         self.ratio = ratio
         self.window_steps = window_steps
+        self.sustain_s = sustain_s
         self._window: deque[tuple[int, list[float]]] = deque()
         self._covered = 0  # steps the window holds
-        self._slow_since: dict[int, int] = {}
-        self._fine_since: dict[int, int] = {}
+        self._slow_since: dict[int, tuple[int, float]] = {}  # rank -> (step, seconds)
+        self._fine_since: dict[int, tuple[int, float]] = {}
         self.stragglers: set[int] = set()
 
-    def update(self, step: int, steps: int, times: list[float]) -> list[Finding]:
+    def _held(self, since: tuple[int, float], step: int, now: float) -> bool:
+        return step - since[0] >= self.window_steps and now - since[1] >= self.sustain_s
+
+    def update(self, step: int, steps: int, times: list[float], now: float | None = None) -> list[Finding]:
         """Add one report: ``times[r]`` is rank r's median time to the sync over the ``steps``
-        steps before ``step`` (NaN when it measured none)."""
+        steps before ``step`` (NaN when it measured none), reported at ``now`` (seconds on any
+        clock; default the monotonic clock)."""
         if steps <= 0:
             return []
+        now = time.monotonic() if now is None else now
         self._window.append((steps, times))
         self._covered += steps
         while self._covered - self._window[0][0] >= self.window_steps:
@@ -217,8 +228,8 @@ class StragglerCheck:
             base = statistics.median(others)
             if base > 0 and own > self.ratio * base and own - base >= STRAGGLER_MIN_EXCESS_S:
                 self._fine_since.pop(rank, None)
-                since = self._slow_since.setdefault(rank, step)
-                if rank not in self.stragglers and step - since >= self.window_steps:
+                since = self._slow_since.setdefault(rank, (step, now))
+                if rank not in self.stragglers and self._held(since, step, now):
                     self.stragglers.add(rank)
                     findings.append(Finding("warning", "straggler", (
                         f"rank {rank} is a straggler: {own / base:.2f}x the median of the other ranks' "
@@ -227,8 +238,8 @@ class StragglerCheck:
             else:
                 self._slow_since.pop(rank, None)
                 if rank in self.stragglers:
-                    since = self._fine_since.setdefault(rank, step)
-                    if step - since >= self.window_steps:
+                    since = self._fine_since.setdefault(rank, (step, now))
+                    if self._held(since, step, now):
                         self.stragglers.discard(rank)
                         del self._fine_since[rank]
                         findings.append(Finding("info", "straggler_end", (

@@ -27,6 +27,7 @@ import torch
 from sqlalchemy import Connection, insert
 from torch import nn
 
+from db.checks import CHECKS_EVENT, checks_message
 from trainer.health import DesyncCheck, Finding, PreSyncClock, StragglerCheck, params_checksum, timed_allreduce
 
 if TYPE_CHECKING:
@@ -170,8 +171,9 @@ class Monitor:
         self.device = device
         self.reporter = reporter
         self.straggler_ratio = supervision.straggler_ratio if world_size > 1 else 0.0
-        self._straggler = StragglerCheck(world_size, supervision.straggler_ratio, supervision.straggler_window_steps) \
-            if rank == 0 and self.straggler_ratio else None
+        sv = supervision
+        self._straggler = None if rank != 0 or not self.straggler_ratio else StragglerCheck(
+            world_size, sv.straggler_ratio, sv.straggler_window_steps, sv.straggler_sustain_s)
         self._desync = DesyncCheck(supervision.desync_check_every if world_size > 1 else 0)
         self._process = psutil.Process()
         self._params: list[torch.Tensor] = []
@@ -181,9 +183,28 @@ class Monitor:
         channel.add_wait_guard(self.outside_step)
         channel.add_before_agree(self._agreeing)
         self._pending: _PendingLog | None = None  # a log whose device values are on their way
+        # Why the straggler and desync checks do not run, until watch() says otherwise; rank 0
+        # records which checks run at its first log (a "checks" event), so that the Run page
+        # says "not checked" instead of "none found" where they did not.
+        self._unchecked: dict[str, str] = (
+            {"stragglers": "one rank, nothing to compare", "desyncs": "one rank, nothing to compare"}
+            if world_size == 1 else
+            {"stragglers": "the script did not call run.watch(model)",
+             "desyncs": "the script did not call run.watch(model)"})
+        if not self.straggler_ratio and world_size > 1:
+            self._unchecked["stragglers"] = "supervision.straggler_ratio is 0"
+        if not supervision.desync_check_every and world_size > 1:
+            self._unchecked["desyncs"] = "supervision.desync_check_every is 0"
+        self._checks_recorded = rank != 0
         writer = reporter.writer
         if writer is not None and reporter.ctx.run_id is not None:
             writer.register(EVENT_RECORD, self._write_findings)
+
+    @property
+    def checks(self) -> str:
+        """Which of the straggler and desync checks run (db/checks.py's message), as rank 0
+        records it at the first log."""
+        return checks_message(self._unchecked)
 
     def watch(self, runner: nn.Module) -> None:
         """Measure ``runner`` (what runs forward: DDP, FSDP or plain), before its first step.
@@ -201,16 +222,24 @@ class Monitor:
         if any(_is_sharded(p) for p in params):
             if self.rank == 0:
                 logger.info("straggler and desync checks are off: the parameters are sharded (FSDP)")
+            self._unchecked = {k: "the parameters are sharded (FSDP)" for k in ("stragglers", "desyncs")}
             return
         self._params = params
-        if isinstance(runner, nn.parallel.DistributedDataParallel) and self.straggler_ratio:
+        if self._desync.every:
+            self._unchecked.pop("desyncs", None)
+        if not isinstance(runner, nn.parallel.DistributedDataParallel):
+            if self.straggler_ratio:
+                self._unchecked["stragglers"] = "the model is not wrapped in DistributedDataParallel"
+        elif self.straggler_ratio:
             clock = PreSyncClock(self.device)
             try:
                 runner.register_comm_hook((clock, runner.process_group), timed_allreduce)
             except RuntimeError as exc:  # the script registered its own hook
                 logger.warning("straggler check off: %s", exc)
+                self._unchecked["stragglers"] = "the script registered its own DDP communication hook"
                 return
             self.clock = clock
+            self._unchecked.pop("stragglers", None)
 
     def begin(self, step: int) -> None:
         """The loop starts after ``step`` (0, or the resumed checkpoint's)."""
@@ -248,6 +277,9 @@ class Monitor:
         the exchange is launched then. So a metric every step costs no device synchronisation.
         """
         self._launch_pending()  # at most one log waits for its values
+        if not self._checks_recorded:
+            self._checks_recorded = True
+            self._record(Finding("info", CHECKS_EVENT, self.checks))
         values: dict[str, float] = {}
         tensors: dict[str, torch.Tensor] = {}
         for key, value in metrics.items():
@@ -299,7 +331,7 @@ class Monitor:
                 # Each row ends with the checksum, which zip leaves out.
                 per_rank = {r: dict(zip(keys, got, strict=False)) for r, got in enumerate(table)}
                 checksums = [got[-1] for got in table] if log.checksum is not None else None
-                self._check(log.step, log.steps, per_rank, checksums)
+                self._check(log.step, log.steps, per_rank, checksums, log.at)
                 self.reporter.write(log.step, per_rank, log.at)
                 if log.then is not None:
                     log.then(log.step, per_rank)
@@ -307,11 +339,11 @@ class Monitor:
         self.channel.gather(row, received)
 
     def _check(self, step: int, steps: int, per_rank: dict[int, dict[str, float]],
-               checksums: list[float] | None) -> None:
+               checksums: list[float] | None, at: float) -> None:
         """Rank 0: the straggler and desync checks on what the ranks reported."""
         findings: list[Finding] = []
         if self._straggler is not None and "pre_sync_s" in per_rank[0]:
-            findings += self._straggler.update(step, steps, [per_rank[r]["pre_sync_s"] for r in sorted(per_rank)])
+            findings += self._straggler.update(step, steps, [per_rank[r]["pre_sync_s"] for r in sorted(per_rank)], at)
         if checksums is not None:
             found = self._desync.compare(step, checksums)
             findings += [found] if found is not None else []

@@ -9,7 +9,7 @@ The signal fires when the *thread* that created the process exits; torchrun and 
 their children from their main thread, whose end is the process's end.
 
 Where the kernel does not offer it (not Linux, no libc), :func:`arm` returns False and the
-scheduler's sweep by environment (orchestrator/supervision.py) still finds the orphans.
+scheduler's sweep by environment (orchestrator/executors/processes.py) still finds the orphans.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """torchrun for a run on this machine alone, with every socket it listens on bound to loopback.
 
 Run it exactly as torchrun: ``python -m trainer.torchrun --nnodes=1 ... -m trainer``. The
-scheduler launches every local attempt this way (orchestrator/launcher.py), and so does a Slurm
-job of one node (orchestrator/slurm_node.py). A local run of several nodes starts one such agent
+scheduler launches every local attempt this way (orchestrator/executors/launcher.py), and so does a Slurm
+job of one node (orchestrator/executors/slurm/node.py). A local run of several nodes starts one such agent
 per node on this machine, all on loopback: the agent of node 0 hosts the rendezvous store
 (``--rdzv-conf=is_host=1``), the others join it as clients (``is_host=0``), never listening.
 
@@ -217,7 +217,7 @@ def bind_stores_to_loopback() -> None:
 
 class RankMapLogsSpecs(DefaultLogsSpecs):
     """torchrun's own log layout, plus ``ranks.json`` beside the local-rank folders: which global
-    rank each local rank is (orchestrator/logs.py reads it)."""
+    rank each local rank is (orchestrator/executors/logs.py reads it)."""
 
     def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
         dest = super().reify(envs)

@@ -18,6 +18,7 @@ import streamlit as st
 
 from app import compare_charts as cc
 from app import data, style
+from db import metric_registry
 from db.compare import MAX_POINTS, config_diff, higher_is_better
 
 style.apply()
@@ -54,6 +55,7 @@ def pick_metrics(keys: list[str]) -> list[str]:
     wanted = [k for k in (st.query_params.get("metrics") or "").split(",") if k in keys]
     default = wanted if "metrics" in st.query_params else [k for k in PREFERRED if k in keys] or keys[:1]
     chosen = st.multiselect("Metrics", keys, default=default, placeholder="pick metrics to chart",
+                            format_func=metric_registry.label,
                             help="One chart and two table columns per metric. Best is the minimum, or the maximum "
                                  "for accuracy-like names (acc, accuracy, top1, f1, auc, score, reward, mfu…) "
                                  "and rates (…_per_s).")
@@ -67,7 +69,8 @@ def summary(runs: list[dict[str, Any]], keys: list[str], colors: list[str]) -> N
     st.table(cc.styled_summary(style.plain_frame(cc.summary_frame(runs, keys, metrics)), colors))
     st.caption("Values are the mean over ranks at a step, along each run's lineage (steps abandoned by a resume "
                "do not count). Final: at the run's last step. Best: " +
-               ", ".join(f"{style.plain(k)}: {cc.best_word(higher_is_better(k))}" for k in keys) +
+               ", ".join(f"{style.plain(metric_registry.label(k))}: {cc.best_word(higher_is_better(k))}"
+                         for k in keys) +
                ", with its step (for a run of more than 1,000 logged steps, the best mean of a bucket of steps, "
                "as the chart draws it). Wall time: start to end (or now); cost: every attempt.")
 
@@ -100,10 +103,10 @@ def charts(runs: list[dict[str, Any]], keys: list[str], colors: list[str]) -> No
             frames = [chart_frame(r, key, label) for r, label in zip(runs, labels, strict=True)]
             lacking = [label for f, label in zip(frames, labels, strict=True) if f.empty]
             log_y = st.toggle("Log y", key=f"compare-log-{key}",
-                              help=f"A log scale for the {style.plain(key)} chart only.")
+                              help=f"A log scale for the {style.plain(metric_registry.label(key))} chart only.")
             st.altair_chart(cc.overlay_chart(pd.concat(frames), key, labels, colors, log_y=log_y), width="stretch")
             if lacking:
-                st.caption(f"No {style.plain(key)} in {style.plain(', '.join(lacking))}.")
+                st.caption(f"No {style.plain(metric_registry.label(key))} in {style.plain(', '.join(lacking))}.")
 
 
 st.title("Compare runs")

@@ -31,13 +31,15 @@ from typing import Any
 import streamlit as st
 
 from app import chart_widgets, charts, data, style
+from app.alerts_panel import run_alerts
 from app.run_actions import SECTION_KEY, actions
 from app.run_panels import attempts_table, checkpoint_advice, checkpoint_table, events_list, failure_summary, log_tails
+from app.style import badge
 from app.system import latest_window, summary_line, system_panels
 from db import metric_registry
 from db.states import TERMINAL, RunStatus
-from orchestrator.format import badge, clock, duration, eta_text, startup_text, step_text, usd, where_text
-from orchestrator.script_supervision import script_facts
+from orchestrator.format import clock, duration, eta_text, startup_text, step_text, usd, where_text
+from orchestrator.scripts.attempt_watch import script_facts
 
 CHART_ORDER = ["loss", "eval_accuracy", "eval_loss", "samples_per_s", "step_time"]
 TERMINAL_VALUES = {s.value for s in TERMINAL}
@@ -156,8 +158,10 @@ def live_series(d: dict) -> dict[str, data.LiveSeries]:
 
 
 def event_badges(d: dict, series: dict[str, data.LiveSeries]) -> None:
-    """A row of badges with counts: stragglers, desyncs, NaNs, hangs. Without a "nan" event
-    from the trainer, NaNs are counted from the charts' buckets."""
+    """A row of badges: what the checks found, with counts (stragglers, desyncs, NaNs, hangs);
+    a green one for the checks that ran and found nothing; a grey one for each check that did
+    not run, saying why (:func:`health_checks`). Without a "nan" event from the trainer, NaNs
+    are counted from the charts' buckets."""
     counts = dict(data.event_counts(d["id"]))
     if not counts.get("nan"):
         cutoffs = data.lineage_cutoffs(d["attempts"])
@@ -165,21 +169,57 @@ def event_badges(d: dict, series: dict[str, data.LiveSeries]) -> None:
                             if r["step"] <= cutoffs.get(r["attempt"], float("inf")))
     shown = [f":{color}-badge[{icon} {label} × {counts[kind]}]"
              for kind, (color, icon, label) in EVENT_BADGES.items() if counts.get(kind)]
-    if shown:
-        st.markdown(" ".join(shown))
-    elif unmonitored(d):
-        st.markdown(":gray-badge[:material/help: stragglers, desyncs, NaNs and hangs not checked "
-                    "(the script does not use runyard's SDK)]")
+    unchecked = health_checks(d, has_metrics=any(s.rows for s in series.values()))
+    found = {"stragglers": "straggler", "desyncs": "desync", "nans": "nan", "hangs": "hang"}
+    clean = [CHECK_LABELS[c] for c in CHECK_LABELS if c not in unchecked and not counts.get(found[c])]
+    if clean:
+        shown.append(f":green-badge[:material/check: no {_and(clean)}]")
+    by_reason: dict[str, list[str]] = {}
+    for check, why in unchecked.items():
+        by_reason.setdefault(why, []).append(CHECK_LABELS[check])
+    shown += [f":gray-badge[:material/help: {_and(labels)} not checked ({why})]" for why, labels in by_reason.items()]
+    st.markdown(" ".join(shown))
+
+
+CHECK_LABELS = {"stragglers": "stragglers", "desyncs": "desyncs", "nans": "NaNs", "hangs": "hangs"}
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} or {items[-1]}"
+
+
+def health_checks(d: dict, has_metrics: bool) -> dict[str, str]:
+    """{check: why it has not run} for the run's newest attempt; a check missing from the
+    result ran (and its findings, if any, are the event counts).
+
+    - hangs: the scheduler's watchdog judges every live attempt from its launch on, except a
+      plain script before its first line of output (nothing to measure progress by);
+    - NaNs: judged on the stored metrics, so from the first one;
+    - stragglers and desyncs: rank 0's ``checks`` event says whether they run (db/checks.py);
+      a script that never reported through runyard's SDK has none.
+    """
+    if not d["attempts"]:
+        return dict.fromkeys(CHECK_LABELS, "the run has not started")
+    newest = d["attempts"][-1]
+    script = d["config"]["workload"]["kind"] == "script"
+    out: dict[str, str] = {}
+    if script and newest["first_step_at"] is None and newest.get("progress_at") is None:
+        out["hangs"] = "the script has printed nothing yet"
+    if not has_metrics:
+        out["nans"] = "no metric recorded yet"
+    checks = d.get("rank_checks")
+    if checks is None:
+        why = ("the script has not reported through runyard's SDK" if script
+               else "no metrics logged" if d["status"] in TERMINAL_VALUES else "no metrics logged yet")
+        out.update(stragglers=why, desyncs=why)
     else:
-        st.markdown(":green-badge[:material/check: no stragglers, desyncs, NaNs or hangs]")
+        out.update({check: why for check, why in checks.items() if why is not None})
+    return out
 
 
-def unmonitored(d: dict) -> bool:
-    """True for a script run whose ranks never reported to runyard (no attempt completed a step
-    through the SDK): the straggler, desync, NaN and hang checks all read those reports, so
-    none of them ran, and "none found" would be a claim nobody checked."""
-    return (d["config"]["workload"]["kind"] == "script" and bool(d["attempts"])
-            and all(a["first_step_at"] is None for a in d["attempts"]))
+RANKS_HELP = ("Per rank: a line per rank; mean: the ranks' mean with its min-max band. Click a rank in the strip "
+              "below to isolate it on every chart (shift-click adds one, double-click shows all). Hover a chart for "
+              "every rank's value at a step; scroll or pinch to zoom the x axis, drag to pan, double-click to reset.")
 
 
 def chart_options(run_id: int, nproc: int, keys: list[str]) -> charts.ChartOptions:
@@ -187,18 +227,22 @@ def chart_options(run_id: int, nproc: int, keys: list[str]) -> charts.ChartOptio
     8 ranks the default is the rank mean with its band; a log y axis is chosen per chart."""
     saved: dict[int, charts.ChartOptions] = st.session_state.setdefault("chart-options", {})
     o = saved.get(run_id, charts.ChartOptions(ranks=charts.default_rank_mode(nproc)))
-    c = st.columns([2.5, 3, 2, 2.5])
-    ranks = c[0].segmented_control("Ranks", charts.RANK_MODES, default=o.ranks, key=f"ranks-{run_id}")
+    # One row: the two choices a person makes often as buttons, the rest in popovers (drawn
+    # when opened), so that the first chart starts right under it.
+    c = st.columns([2.2, 3.2, 1.7, 1.7, 2.2], vertical_alignment="bottom")
+    ranks = c[0].segmented_control("Ranks", charts.RANK_MODES, default=o.ranks, key=f"ranks-{run_id}",
+                                   help=RANKS_HELP if nproc > 1 else None)
     x = c[1].segmented_control("X axis", charts.X_AXES, default=o.x, key=f"x-{run_id}")
-    smoothing = c[2].popover("Smoothing (EMA)", icon=":material/tune:").slider(
+    smoothing = c[2].popover("Smoothing", icon=":material/tune:").slider(
         "EMA weight", 0.0, 0.99, o.smoothing, 0.01, key=f"ema-{run_id}",
         help="Weight of the running average: the smoothed line is drawn over the faint values")
-    superseded = c[3].toggle("Show superseded steps", value=o.show_superseded, key=f"superseded-{run_id}",
-                             help="What abandoned attempts logged after the step the run was resumed from")
     loggable = [k for k in keys if metric_registry.spec_for(k).log_ok]  # never accuracy or other shares
-    log_keys = st.pills("Log scale", loggable, selection_mode="multi", default=sorted(o.log_keys & set(loggable)),
-                        format_func=metric_registry.label, key=f"log-{run_id}",
-                        help="The charts drawn on a logarithmic y axis (values of zero or less are left out)")
+    log_keys = c[3].popover("Log scale", icon=":material/show_chart:").pills(
+        "Charts on a log scale", loggable, selection_mode="multi", default=sorted(o.log_keys & set(loggable)),
+        format_func=metric_registry.label, key=f"log-{run_id}",
+        help="The charts drawn on a logarithmic y axis (values of zero or less are left out)")
+    superseded = c[4].toggle("Superseded steps", value=o.show_superseded, key=f"superseded-{run_id}",
+                             help="Show what abandoned attempts logged after the step the run was resumed from")
     # A segmented control can be clicked off; keep the last choice then.
     saved[run_id] = charts.ChartOptions(ranks=ranks or o.ranks, x=x or o.x, log_keys=frozenset(log_keys or ()),
                                         smoothing=smoothing, show_superseded=superseded)
@@ -232,12 +276,63 @@ def latest_values(d: dict) -> None:
     chart_widgets.latest_table(d["metrics"], keys)
 
 
+# The curves the Overview opens with: the loss and the workload's headline metric (the first of
+# these the run has); a person pins others under them.
+HEADLINE_ORDER = ["eval_accuracy", "accuracy", "eval_loss", "val_loss", "perplexity", "tokens_per_s", "samples_per_s"]
+
+
+def overview_keys(run_id: int, keys: list[str]) -> list[str]:
+    """The curves on this run's Overview: the ones pinned in this session, else the loss and the
+    headline metric (a script's first two metrics when it names neither)."""
+    # What the person pinned, copied from the pills when they changed them (Streamlit forgets a
+    # widget's value on a run that does not draw it, and until then the pills hold the default,
+    # which moves as metrics arrive: the headline appears with the first evaluation).
+    pinned = st.session_state.get(f"pinned-{run_id}")
+    if pinned is not None:
+        return [k for k in keys if k in pinned]
+    loss = next((k for k in ("loss", "train_loss", "train/loss") if k in keys), None)
+    headline = next((k for k in HEADLINE_ORDER if k in keys and k != loss), None)
+    chosen = [k for k in (loss, headline) if k is not None]
+    return chosen or keys[:2]
+
+
+def overview_charts(d: dict, series: dict[str, data.LiveSeries]) -> None:
+    """The main curves, side by side under the badges, drawn as the Metrics section draws them
+    (its chosen options for this run, if any); "Pin curves" picks which."""
+    if not series:
+        metric_charts(d, series)  # what the run is doing until its first metrics
+        return
+    keys = list(series)
+    shown = overview_keys(d["id"], keys)
+    saved = st.session_state.get("chart-options", {}).get(d["id"])
+    options = saved or charts.ChartOptions(ranks=charts.default_rank_mode(d["nproc"]))
+    cutoffs = data.lineage_cutoffs(d["attempts"])
+    cols = st.columns(2)
+    for i, key in enumerate(shown):
+        s = series[key]
+        with cols[i % 2]:
+            st.altair_chart(charts.metric_view(s.rows, cutoffs, options, key, d["started_at"], bucketed=s.level > 0),
+                            width="stretch")
+    widget = f"pin-{d['id']}"
+
+    def pin() -> None:
+        st.session_state[f"pinned-{d['id']}"] = list(st.session_state.get(widget) or [])
+
+    st.popover("Pin curves", icon=":material/push_pin:").pills(
+        "Curves on the Overview", keys, selection_mode="multi", default=shown, format_func=metric_registry.label,
+        key=widget, on_change=pin, help="Every curve is on the Metrics section; these are the ones shown here")
+
+
 def overview(d: dict) -> None:
-    """The run at a glance: checks found, newest values, the system's newest window, warnings."""
-    event_badges(d, live_series(d))
+    """The run at a glance: checks found, the main curves, newest values, the system's newest
+    window, warnings."""
+    series = live_series(d)
+    event_badges(d, series)
+    overview_charts(d, series)
     latest_values(d)
     st.caption(summary_line(latest_window(d["id"])))
     events_list(d)
+    run_alerts(d["id"])  # alerts (app/alerts_panel.py)
 
 
 def metrics(d: dict) -> None:
@@ -256,6 +351,7 @@ def checkpoints(d: dict) -> None:
 def attempts_and_logs(d: dict) -> None:
     attempts_table(d)
     events_list(d)
+    run_alerts(d["id"])
     st.subheader("Logs")
     log_tails(d)
 

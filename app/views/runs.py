@@ -6,9 +6,11 @@ import pandas as pd
 import streamlit as st
 
 from app import data, run_actions, style
+from app.alerts_panel import alert_mark, open_alerts
+from app.style import STATUS_BADGE
 from db.compare import MAX_RUNS as MAX_COMPARED  # not app.compare_charts: the Runs page loads no Altair
 from db.states import RunStatus
-from orchestrator.format import STATUS_BADGE, duration, eta_text, step_text, usd, where_short
+from orchestrator.format import duration, eta_text, step_text, usd, where_short
 
 style.apply()
 
@@ -43,12 +45,14 @@ def runs_table() -> None:
         st.info("No runs yet. Start one on the **New run** page, or `runyard submit examples/digits.toml`.")
         st.page_link("views/new_run.py", label="New run", icon=":material/add_circle:")
         return
+    marks = open_alerts()
     frame = pd.DataFrame(
         {
             "run": [f"run?run={r['id']}" for r in runs],
             "id": [r["id"] for r in runs],
             "name": [r["name"] for r in runs],
             "status": [r["status"] for r in runs],
+            "alert": [alert_mark(r["id"], marks) for r in runs],
             "progress": [r["progress"] for r in runs],
             "step": [step_text(r["step"], r["max_steps"]) for r in runs],
             "elapsed": [duration(r["elapsed_s"]) for r in runs],
@@ -68,6 +72,7 @@ def runs_table() -> None:
             "progress": st.column_config.ProgressColumn("progress", min_value=0.0, max_value=1.0, format="percent"),
             "cost": st.column_config.TextColumn("cost", help="So far, every attempt included"),
             "projected": st.column_config.TextColumn("projected", help="Cost so far + ETA x the run's price"),
+            "alert": st.column_config.TextColumn("alert", help="An open alert (docs/ALERTS.md): its triggers"),
         },
         on_select="rerun",
         selection_mode="multi-row",

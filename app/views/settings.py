@@ -1,5 +1,5 @@
-"""Settings: the price table that cost estimates use. A run keeps the price it was submitted
-with, so editing here does not rewrite the cost of past runs."""
+"""Settings: the price table that cost estimates use (a run keeps the price it was submitted
+with, so editing here does not rewrite the cost of past runs), and the alert channels and defaults."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from app import data, style
+from app.alerts_panel import alerts_settings
 from db.cost import price_for
 
 style.apply()
@@ -38,3 +39,5 @@ if st.button("Save prices", type="primary", icon=":material/save:", disabled=dat
         st.error(style.plain(message))
     else:
         st.success("Saved. New runs use these prices; submitted runs keep theirs.")
+
+alerts_settings()  # alerts (app/alerts_panel.py)

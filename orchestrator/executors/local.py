@@ -3,7 +3,7 @@
 Custody by pid and process create time (never a recycled pid); the exit code from the shim's
 exit file, so that it survives a scheduler restart; processes found by the launcher's tree and
 by the run directory in their environment (ranks orphaned by a killed agent). A run of several
-nodes is one torchrun agent per node, all on this machine under one shim (orchestrator/shim.py).
+nodes is one torchrun agent per node, all on this machine under one shim (orchestrator/executors/shim.py).
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from sqlalchemy.orm import Session
 
 from db.config import RunConfig
 from db.models import Attempt, Run
-from orchestrator.executors import LaunchRequest, Liveness, Observation
-from orchestrator.launcher import launch, torchrun_argv
-from orchestrator.stacks import StackDump, dump_stacks
-from orchestrator.supervision import end_processes, is_alive, rank_processes, read_exit, signal_attempt
-from orchestrator.sweeper import Sweeper
+from orchestrator.executors.base import LaunchRequest, Liveness, Observation
+from orchestrator.executors.launcher import launch, torchrun_argv
+from orchestrator.executors.processes import end_processes, is_alive, rank_processes, read_exit, signal_attempt
+from orchestrator.executors.stacks import StackDump, dump_stacks
+from orchestrator.executors.sweeper import Sweeper
 from trainer import faults
 
 logger = logging.getLogger(__name__)

@@ -101,10 +101,12 @@ def test_big_run_charts_render_and_switch_options_then_compare(page: Any, runyar
     expect(loss_lines).to_have_count(1, timeout=PAGE_TIMEOUT_MS)  # the mean
     choose("radio", "wall time")
     expect(axis_title(page, "wall time").first).to_be_visible()
+    page.get_by_role("button", name=re.compile("Log scale")).click()  # the controls fold into popovers
     page.get_by_test_id("stButtonGroup").get_by_role("button", name="Loss", exact=True).click()  # log scale, per chart
+    page.keyboard.press("Escape")
     settle()
     expect(axis_title(page, "Loss, log scale").first).to_be_visible(timeout=PAGE_TIMEOUT_MS)
-    page.get_by_role("button", name=re.compile(r"Smoothing \(EMA\)")).click()  # the slider sits in a popover
+    page.get_by_role("button", name=re.compile("Smoothing")).click()  # the slider sits in a popover
     slider = page.get_by_role("slider").first
     slider.focus()
     slider.press("End")  # the strongest smoothing
@@ -238,6 +240,7 @@ def test_eight_ranks_one_legend_distinct_hues_hover_zoom_isolate_and_units(page:
     assert strong == {rank3} and len(faint) == 7 and rank3 not in faint, lines
 
     # Log scale per chart: accuracy is not offered; picking Loss puts only Loss on a log axis.
+    page.get_by_role("button", name=re.compile("Log scale")).click()  # its pills sit in a popover
     pills = page.get_by_test_id("stButtonGroup").filter(has_text="Learning rate")
     expect(pills.get_by_role("button", name="Eval accuracy")).to_have_count(0)
     pills.get_by_role("button", name="Loss", exact=True).click()

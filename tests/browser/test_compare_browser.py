@@ -27,6 +27,8 @@ from typing import Any
 
 import pytest
 
+from db.metric_registry import format_number
+
 pytestmark = pytest.mark.browser
 
 PAGE_TIMEOUT_MS = 60_000
@@ -103,7 +105,8 @@ def expected_metric(db: Path, run_id: int, key: str, higher: bool) -> tuple[str,
     if not per_step:
         return "—", "—"
     best_step, best = (max if higher else min)(per_step, key=lambda sv: sv[1])
-    return f"{per_step[-1][1]:.4g}", f"{best:.4g} @ {best_step}"
+    # In the metric's displayed unit and format, as every page shows it (accuracy in %).
+    return format_number(key, per_step[-1][1]), f"{format_number(key, best)} @ {best_step}"
 
 
 def rgb_to_hex(css: str) -> str:
@@ -171,12 +174,12 @@ def test_select_three_runs_and_compare_them(page: Any, runyard_up: Any, tmp_path
         assert row["status"] == "SUCCEEDED"
         assert row["steps"].replace(",", "").startswith(str(STEPS)), row["steps"]
         assert row["cost"] == usd(listed[run_id]["cost_usd"])
-        assert (row["loss final"], row["loss best (min)"]) == expected_metric(db, run_id, "loss", higher=False)
-        assert (row["eval_accuracy final"], row["eval_accuracy best (max)"]) == expected_metric(
+        assert (row["Loss final"], row["Loss best (min)"]) == expected_metric(db, run_id, "loss", higher=False)
+        assert (row["Eval accuracy (%) final"], row["Eval accuracy (%) best (max)"]) == expected_metric(
             db, run_id, "eval_accuracy", higher=True)
-    assert rows[2]["eval_accuracy final"] == "—"  # the third run never logged it
-    assert rows[0]["loss best (min)"] != rows[0]["loss final"]  # the curve rose again at the end
-    assert not rows[0]["eval_accuracy best (max)"].startswith(rows[0]["eval_accuracy final"])
+    assert rows[2]["Eval accuracy (%) final"] == "—"  # the third run never logged it
+    assert rows[0]["Loss best (min)"] != rows[0]["Loss final"]  # the curve rose again at the end
+    assert not rows[0]["Eval accuracy (%) best (max)"].startswith(rows[0]["Eval accuracy (%) final"])
 
     # The config diff: exactly the learning rate.
     diff = table_rows(tables.nth(1))
@@ -190,13 +193,13 @@ def test_select_three_runs_and_compare_them(page: Any, runyard_up: Any, tmp_path
     assert len(set(table_colors)) == 3, table_colors
     charts = page.get_by_test_id("stVegaLiteChart")
     titles = [t.strip() for t in charts.locator(".role-title-text text").all_text_contents()]
-    assert titles == ["loss", "eval_accuracy"]
+    assert titles == ["Loss", "Eval accuracy"]  # the labels of the Run page and the Checkpoints table
     labels = [f"#{i} lr-{lr} (SUCCEEDED)" for i, lr in zip(ids, LRS, strict=True)]
     assert legend(page) == dict(zip(labels, table_colors, strict=True))
     assert line_colors(charts.nth(0)) == dict(zip(labels, table_colors, strict=True))
     # The third run has no eval_accuracy: two lines, in the same colours as on the loss chart.
     assert line_colors(charts.nth(1)) == dict(zip(labels[:2], table_colors[:2], strict=True))
-    expect(page.get_by_text("No eval_accuracy in")).to_contain_text(labels[2])
+    expect(page.get_by_text("No Eval accuracy in")).to_contain_text(labels[2])
 
     shot = tmp_path / "compare.png"
     page.set_viewport_size({"width": 1400, "height": 2200})

@@ -100,6 +100,16 @@ def test_new_run_from_the_form_trains_to_succeeded_with_charts(page: Any, runyar
     # Visible only and as a list (one element): a fragment redraw can leave the replaced one for a moment.
     accuracy = page.get_by_test_id("stMetric").filter(has_text="Eval accuracy").filter(visible=True)
     expect(accuracy.get_by_test_id("stMetricValue")).to_have_text([re.compile(r"^\d{1,3}(\.\d)?%$")])  # a share
+    # The page a Start lands on shows the curves: the loss and the headline metric, side by side,
+    # in the first screen of a 1280x800 window, without scrolling.
+    page.set_viewport_size({"width": 1280, "height": 800})
+    for title in ("Loss", "Eval accuracy"):
+        chart = page.get_by_test_id("stVegaLiteChart").filter(
+            has=page.locator(".role-title-text text", has_text=re.compile(f"^{title}$"))).filter(visible=True)
+        expect(chart).to_have_count(1, timeout=PAGE_TIMEOUT_MS)
+        box = chart.bounding_box()
+        assert box is not None and box["y"] + box["height"] * 0.75 <= 800, (title, box)  # three quarters at least
+    page.set_viewport_size({"width": 1400, "height": 1000})
     show_section(page, "Metrics")
 
     # Charts: one per metric, loss first, drawn by vega-embed (SVG or canvas).

@@ -53,7 +53,8 @@ def agent_of(run_dir: str, attempt: int) -> psutil.Process:
     for proc in run_processes(run_dir, attempt):
         try:
             argv = proc.cmdline()
-            if "trainer.torchrun" in argv and "orchestrator.shim" not in argv and "LOCAL_RANK" not in proc.environ():
+            if ("trainer.torchrun" in argv and "orchestrator.executors.shim" not in argv
+                    and "LOCAL_RANK" not in proc.environ()):
                 return proc
         except psutil.Error:
             continue
@@ -162,7 +163,7 @@ def test_killed_shim_takes_the_attempt_with_it(product: Product, watcher: Attemp
 def test_scheduler_dead_before_committing_the_pid_adopts_from_the_launch_record(
     product: Product, watcher: AttemptWatcher
 ) -> None:
-    from orchestrator.scheduler import LAUNCH_LOST_S
+    from orchestrator.scheduler.loop import LAUNCH_LOST_S
 
     product.env["RUNYARD_FAULT_STEP_DELAY_S"] = "0.05"
     run_id = product.submit(*LONG, "name=pid-lost")
@@ -224,7 +225,7 @@ def slow_py_spy(folder: Path) -> tuple[Path, Path]:
 
 
 def test_a_slow_stack_dump_does_not_hold_up_another_run(product: Product, tmp_path: Path) -> None:
-    from orchestrator.stacks import PY_SPY_TIMEOUT_S
+    from orchestrator.executors.stacks import PY_SPY_TIMEOUT_S
 
     folder, notes = slow_py_spy(tmp_path / "bin")
     product.env["PATH"] = f"{folder}{os.pathsep}{product.env['PATH']}"

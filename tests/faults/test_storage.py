@@ -32,8 +32,10 @@ from tests.integration.conftest import Product
 
 pytestmark = pytest.mark.slow
 
+# One rank: what is on trial is the scheduler's reading of a checkpoint or a disk error, which
+# rank 0 alone writes; several ranks' checkpoints are tested in tests/integration/test_resume.py.
 QUICK = ("train.max_steps=40", "train.eval_every=20", "checkpoint.every_steps=10", "checkpoint.keep_last=0",
-         "retry.backoff_s=0.2")
+         "retry.backoff_s=0.2", "launch.nproc_per_node=1")
 # A checkpoint of this model is about 13 MB: over the limit below, while the database, its WAL and
 # the logs stay under it.
 BIG = ("workload.hidden=1024",)

@@ -85,8 +85,8 @@ class Product:
         submits in :meth:`cli_submit` (test_spine, test_private_home, tests/faults/test_bad_input)."""
         from db.home import PRIVATE_UMASK, check_home, make_private
         from db.settings import load_settings
-        from orchestrator.cli_base import open_sessions
-        from orchestrator.resources import detect_inventory
+        from orchestrator.cli.base import open_sessions
+        from orchestrator.scheduler.resources import detect_inventory
         from orchestrator.submission import submit, validate_file
 
         settings = load_settings(self.env)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.failures import classify
+from orchestrator.scheduler.failures import classify
 from tests.fixtures.torchrun.capture import HERE, materialize, run_case
 
 pytestmark = pytest.mark.slow

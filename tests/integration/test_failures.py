@@ -101,7 +101,7 @@ def test_sigstop_is_a_hang_with_every_ranks_stack_saved(product: Product) -> Non
 
 def test_exception_before_the_first_step_fails_at_once(product: Product) -> None:
     product.env["RUNYARD_FAULT_RAISE"] = "1"
-    run_id = product.submit("retry.max_retries=5", "retry.backoff_s=0.5", "name=broken")
+    run_id = product.submit("retry.max_retries=5", "retry.backoff_s=0.5", "launch.nproc_per_node=1", "name=broken")
     product.start_scheduler()
     detail = product.wait_status(run_id, "SUCCEEDED", "FAILED", timeout=120)
     assert detail["status"] == "FAILED"
@@ -127,9 +127,9 @@ def test_same_exception_at_the_same_step_twice_stops(product: Product) -> None:
 
 
 def test_crash_loop_stops_after_max_retries_with_backoff(product: Product) -> None:
-    product.env["RUNYARD_FAULT_SIGKILL"] = "60:1"
+    product.env["RUNYARD_FAULT_SIGKILL"] = "60:0"  # one rank: the retry policy is on trial, not the ranks
     run_id = product.submit("retry.max_retries=2", "retry.backoff_s=2", "retry.backoff_max_s=60",
-                            "checkpoint.every_steps=50", "name=loop")
+                            "checkpoint.every_steps=50", "launch.nproc_per_node=1", "name=loop")
     product.start_scheduler()
     detail = product.wait_status(run_id, "SUCCEEDED", "FAILED", timeout=240)
     assert detail["status"] == "FAILED"
@@ -159,7 +159,8 @@ def test_a_rank_that_aborts_in_shutdown_after_finishing_is_not_a_failure(product
 def test_cuda_oom_retries_with_half_the_micro_batch(product: Product) -> None:
     # CI has no GPU: the trainer raises torch.cuda.OutOfMemoryError while the micro-batch is > 32.
     product.env["RUNYARD_FAULT_CUDA_OOM"] = "60:32"
-    run_id = product.submit("train.batch_size=64", "checkpoint.every_steps=50", "retry.backoff_s=0.5", "name=oom")
+    run_id = product.submit("train.batch_size=64", "checkpoint.every_steps=50", "retry.backoff_s=0.5",
+                            "launch.nproc_per_node=1", "name=oom")
     product.start_scheduler()
     detail = product.wait_status(run_id, "SUCCEEDED", "FAILED", timeout=180)
     assert detail["status"] == "SUCCEEDED", detail["status_reason"]
@@ -182,7 +183,7 @@ def test_sigterm_from_outside_checkpoints_and_does_not_spend_a_retry(product: Pr
     product.wait_step(run_id, 130)
     for proc in training_processes(product.home):  # the spot instance is going away: everyone gets SIGTERM
         try:
-            if "orchestrator.shim" not in " ".join(proc.cmdline()):
+            if "orchestrator.executors.shim" not in " ".join(proc.cmdline()):
                 proc.send_signal(signal.SIGTERM)
         except psutil.Error:
             pass
@@ -198,10 +199,11 @@ def test_sigterm_from_outside_checkpoints_and_does_not_spend_a_retry(product: Pr
 
 
 def test_scheduler_sigkill_during_two_runs(product: Product) -> None:
-    product.env["RUNYARD_CPU_SLOTS"] = "4"
     product.env["RUNYARD_FAULT_STEP_DELAY_S"] = "0.02"
-    a = product.submit("name=one")
-    b = product.submit("name=two")
+    # One rank each, on the two CPU slots: the re-adoption of two runs is on trial (test_spine
+    # re-adopts a 2-rank run).
+    a = product.submit("name=one", "launch.nproc_per_node=1")
+    b = product.submit("name=two", "launch.nproc_per_node=1")
     first = product.start_scheduler()
     product.wait_step(a, 50)
     product.wait_step(b, 50)

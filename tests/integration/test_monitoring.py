@@ -39,7 +39,8 @@ def points(product: Product, run_id: int) -> dict[tuple[int, str], list[float]]:
 
 def test_a_slow_rank_is_reported_once_as_a_straggler(product: Product) -> None:
     product.env["RUNYARD_FAULT_SLOW_RANK"] = "1:0.03"
-    run_id = product.submit(*COMMON, "name=straggler")
+    # 1 s instead of the default 30 s that a rank must stay slow: this run lasts a few seconds.
+    run_id = product.submit(*COMMON, "supervision.straggler_sustain_s=1", "name=straggler")
     product.start_scheduler()
     detail = finished(product, run_id)
 
@@ -64,6 +65,7 @@ def test_a_perturbed_replica_is_reported_as_desync_and_a_normal_run_has_no_strag
     assert desync["level"] == "error"
     assert "at step 80: rank 1 differs from rank 0" in desync["message"]
     assert events(detail, "straggler") == []
+    assert detail["rank_checks"] == {"stragglers": None, "desyncs": None}  # what the Run page says ran
 
     series = points(product, run_id)
     for rank in (0, 1):
@@ -79,3 +81,7 @@ def test_a_perturbed_replica_is_reported_as_desync_and_a_normal_run_has_no_strag
             series[(rank, "step_time")], series[(rank, "data_wait_s")], series[(rank, "compute_s")], strict=True))
         assert set(series[(rank, "lr")]) == {0.001}
         assert all(v > 0 for v in series[(rank, "grad_norm")])
+    # MFU against one peak on every rank (rank 0 measures it): MFU per sample/s is the same.
+    per_throughput = {rank: [m / t for m, t in zip(series[(rank, "mfu")], series[(rank, "samples_per_s")],
+                                                    strict=True)] for rank in (0, 1)}
+    assert per_throughput[0] == pytest.approx(per_throughput[1], rel=1e-9)

@@ -120,8 +120,9 @@ def test_sigkill_during_an_in_flight_save(product: Product, reference: tuple[dic
 
 @pytest.mark.parametrize("damage", ["truncate", "flip-byte", "delete-manifest"])
 def test_damaged_checkpoint_is_refused_and_resume_falls_back(product: Product, damage: str) -> None:
+    # One rank: the verification of rank 0's files is on trial (the kills above use two).
     run_id = product.submit("train.max_steps=200", "checkpoint.every_steps=50", "checkpoint.keep_last=0",
-                            f"name={damage}")
+                            "launch.nproc_per_node=1", f"name={damage}")
     product.start_scheduler()
     detail = product.wait_status(run_id, "SUCCEEDED", "FAILED")
     assert detail["status"] == "SUCCEEDED"
@@ -174,7 +175,7 @@ def test_two_local_nodes_retry_a_killed_rank_bit_for_bit(product: Product, refer
     ref_detail, ref_losses = reference
     # The two layouts agree before the kill too: a failure here is the layout's arithmetic, not the
     # resume's. (It failed so in CI under load while these ranks had two threads each and the
-    # reference's one: orchestrator/launcher.py's rank_env now gives both layouts the same.)
+    # reference's one: orchestrator/executors/launcher.py's rank_env now gives both layouts the same.)
     before = {k: v for k, v in losses(product, run_id, 1).items() if k[1] <= 100}
     differ = sorted((k for k, v in before.items() if ref_losses.get(k) != v), key=lambda k: k[1])
     assert not differ, f"{len(differ)} of {len(before)} losses before the kill differ from the reference: {differ[:4]}"

@@ -19,8 +19,8 @@ from db.engine import make_engine, upgrade
 from db.layout import RANK_LOG_DIR
 from db.metricstore import metric_keys, series
 from db.models import Attempt, Run
-from orchestrator.launcher import free_port
-from orchestrator.scriptwatch.collector import AttemptCollector, write
+from orchestrator.executors.launcher import free_port
+from orchestrator.scripts.metric_collector import AttemptCollector, write
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("tensorboard")

@@ -30,6 +30,8 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
+from app.access import sign_session
+
 URL_LINE = re.compile(r"^http://127\.0\.0\.1:(\d+)/\?token=([A-Za-z0-9_-]{43})$", re.MULTILINE)
 STARTUP_TIMEOUT_S = 60.0
 
@@ -284,8 +286,9 @@ def test_a_wrong_token_or_a_forged_cookie_is_refused(up: UI) -> None:
     assert up.request("/", {"Authorization": "token " + "A" * 43}).status == 401
     good = up.log_in()
     name, value = good.split("=", 1)
-    issued, mac = value.split(".", 1)
-    for forged in (f"{int(issued) + 3600}.{mac}", f"{issued}.{mac[:-2]}AA", "", "1.x"):
+    payload, issued, mac = value.split(".")  # itsdangerous' TimestampSigner: value.timestamp.signature
+    later = sign_session("any-key", issued=int(time.time()) + 3600).split(".")[1]  # a timestamp, any key
+    for forged in (f"{payload}.{later}.{mac}", f"{payload}.{issued}.{mac[:-2]}AA", "", "1.x"):
         assert up.request("/", {"Cookie": f"{name}={forged}"}).status == 401, forged
     # Another port's cookie is another UI's session.
     assert up.request("/", {"Cookie": f"runyard-session-{up.port + 1}={value}"}).status == 401

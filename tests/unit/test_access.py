@@ -1,4 +1,4 @@
-"""The UI's access rules (orchestrator/access.py): the token file, the session cookie, Host and
+"""The UI's access rules (app/access.py, orchestrator/ui_access.py): the token file, the session cookie, Host and
 Origin. The same rules are tried end to end against the real `runyard up` in
 tests/integration/test_ui_access.py."""
 
@@ -11,10 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.access import (
+from app.access import (
     SESSION_MAX_AGE_S,
-    AccessError,
     AccessPolicy,
+    session_valid,
+    sign_session,
+    split_host,
+)
+from orchestrator.ui_access import (
+    AccessError,
     TokenSource,
     check_bind,
     ensure_token,
@@ -22,9 +27,6 @@ from orchestrator.access import (
     login_url,
     parse_allowed_hosts,
     rotate_token,
-    session_valid,
-    sign_session,
-    split_host,
 )
 
 
@@ -66,8 +68,10 @@ def test_a_session_cookie_is_bound_to_the_token_and_expires() -> None:
     assert not session_valid(other, cookie, now=1_000_010)  # a rotated token ends it
     assert not session_valid(token, cookie, now=1_000_000 + SESSION_MAX_AGE_S + 1)
     assert not session_valid(token, cookie, now=1_000_000 - 3600)  # issued in the future
-    issued, mac = cookie.split(".")
-    assert not session_valid(token, f"{int(issued) + 1}.{mac}", now=1_000_010)
+    value, _, mac = cookie.split(".")
+    later = sign_session(token, issued=1_000_001).split(".")[1]
+    assert not session_valid(token, f"{value}.{later}.{mac}", now=1_000_010)  # its time altered
+    assert session_valid(token, sign_session(token, issued=1_000_030), now=1_000_000)  # a clock stepped back
     for bad in ("", ".", "abc", "1.", "99999999999999.x", None):
         assert not session_valid(token, bad, now=1_000_010)
     assert not session_valid(None, cookie, now=1_000_010)
@@ -137,7 +141,7 @@ def test_gate_corners_empty_host_foreign_port_and_wrong_scheme_are_refused() -> 
 
 
 def test_wrong_tokens_lock_out_their_client_for_the_window_and_no_one_else() -> None:
-    from orchestrator.access import FailedLogins
+    from app.access import FailedLogins
 
     now = [1000.0]
     limit = FailedLogins(allowed=3, window_s=60, clock=lambda: now[0])
@@ -156,7 +160,8 @@ def test_wrong_tokens_lock_out_their_client_for_the_window_and_no_one_else() -> 
 def test_tokens_and_sessions_are_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch) -> None:
     import hmac
 
-    from orchestrator import access
+    from app import access
+    from orchestrator.ui_access import new_token
 
     calls: list[tuple[object, object]] = []
     real = hmac.compare_digest
@@ -166,7 +171,7 @@ def test_tokens_and_sessions_are_compared_in_constant_time(monkeypatch: pytest.M
         return real(a, b)  # type: ignore[arg-type]
 
     monkeypatch.setattr(access.hmac, "compare_digest", spy)
-    token = access.new_token()
+    token = new_token()
     assert access.token_matches(token, token) and not access.token_matches(token, "x" * len(token))
     assert access.session_valid(token, access.sign_session(token))
     assert len(calls) >= 3  # every comparison went through hmac.compare_digest

@@ -33,6 +33,7 @@ from streamlit.testing.v1 import AppTest
 
 from app.charts import NAN_COLOR
 from db import queries
+from db.checks import CHECKS_EVENT, checks_message
 from db.config import RunConfig, TrainConfig
 from db.engine import make_engine, make_sessionmaker, upgrade
 from db.metricstore import write_points
@@ -285,6 +286,24 @@ def test_run_page_shows_header_progress_attempts_and_metrics(seeded: dict[str, i
     assert attempts["last step"].tolist() == [120]
 
 
+def test_the_run_page_opens_on_its_main_curves_and_a_person_pins_others(seeded: dict[str, int],
+                                                                        sessions: sessionmaker[Session]) -> None:
+    run_id = seeded["running"]
+    with sessions() as s:  # a third metric, not shown on the Overview unless pinned
+        write_points(s.connection(), [dict(run_id=run_id, attempt=1, rank=0, step=step, key="lr", value=0.001,
+                                           wall_time=time.time()) for step in (10, 20)])
+        s.commit()
+    at = open_page("views/run.py", run=str(run_id))  # the page a Start lands on: Overview
+    assert [chart_title(c) for c in metric_chart_elements(at)] == ["Loss", "Eval accuracy"]
+    assert len(chart_data(metric_chart_elements(at)[0])) == 2 * 12  # every step on both ranks
+    at.button_group(key=f"pin-{run_id}").set_value(["loss", "lr"]).run()
+    no_exception(at)
+    assert [chart_title(c) for c in metric_chart_elements(at)] == ["Loss", "Learning rate"]
+    show_section(at, "Metrics")  # every curve is still on the Metrics section
+    assert sorted(chart_title(c) for c in metric_chart_elements(at)) == ["Eval accuracy", "Learning rate", "Loss"]
+    assert [chart_title(c) for c in metric_chart_elements(show_section(at, "Overview"))] == ["Loss", "Learning rate"]
+
+
 def test_run_page_draws_one_chart_per_metric_with_every_rank(seeded: dict[str, int]) -> None:
     at = show_section(open_page("views/run.py", run=str(seeded["running"])), "Metrics")
     charts = metric_chart_elements(at)
@@ -461,6 +480,7 @@ def test_run_page_badges_count_events_and_nan(seeded: dict[str, int], sessions: 
     run_id = seeded["running"]
     now = time.time()
     with sessions() as s:
+        s.add(Event(run_id=run_id, attempt=1, at=now, level="info", kind=CHECKS_EVENT, message=checks_message({})))
         for kind, level in (("straggler", "warning"), ("straggler", "warning"), ("desync", "error")):
             s.add(Event(run_id=run_id, attempt=1, at=now, level=level, kind=kind, message=f"{kind} on rank 1"))
         write_points(s.connection(), [dict(run_id=run_id, attempt=1, rank=1, step=130, key="loss",
@@ -471,7 +491,8 @@ def test_run_page_badges_count_events_and_nan(seeded: dict[str, int], sessions: 
     badges = event_badges(at)
     assert "straggler × 2" in badges and "orange-badge" in badges
     assert "desync × 1" in badges and "NaN × 1" in badges  # no "nan" event: counted from the buckets
-    assert "hang" not in badges
+    assert "hang ×" not in badges and ":green-badge[:material/check: no hangs]" in badges
+    assert "not checked" not in badges
     events = next(d.value for d in at.dataframe if "kind" in d.value)
     assert sorted(events["kind"]) == ["desync", "straggler", "straggler"]
     loss = metric_chart_elements(show_section(at, "Metrics"))[0]
@@ -479,15 +500,44 @@ def test_run_page_badges_count_events_and_nan(seeded: dict[str, int], sessions: 
     assert ("rule", NAN_COLOR) in marks  # the NaN is marked
 
 
-def test_run_page_without_events_says_so(seeded: dict[str, int]) -> None:
-    at = open_page("views/run.py", run=str(seeded["running"]))
-    assert "no stragglers, desyncs, NaNs or hangs" in event_badges(at)
+def test_run_page_without_findings_says_so_for_the_checks_that_ran(seeded: dict[str, int],
+                                                                   sessions: sessionmaker[Session]) -> None:
+    run_id = seeded["running"]
+    at = open_page("views/run.py", run=str(run_id))  # no rank said yet which checks it runs
+    badges = event_badges(at)
+    assert ":green-badge[:material/check: no NaNs or hangs]" in badges
+    assert ":gray-badge[:material/help: stragglers or desyncs not checked (no metrics logged yet)]" in badges
+    with sessions() as s:
+        s.add(Event(run_id=run_id, attempt=1, at=time.time(), level="info", kind=CHECKS_EVENT,
+                    message=checks_message({})))
+        s.commit()
+    st.cache_data.clear()  # the page caches the run's detail for a few seconds
+    badges = event_badges(open_page("views/run.py", run=str(run_id)))
+    assert "no stragglers, desyncs, NaNs or hangs" in badges and "not checked" not in badges
+
+
+def test_run_page_of_a_queued_run_or_one_rank_says_what_was_not_checked(seeded: dict[str, int],
+                                                                       sessions: sessionmaker[Session]) -> None:
+    badges = event_badges(open_page("views/run.py", run=str(seeded["queued"])))
+    assert badges == (":gray-badge[:material/help: stragglers, desyncs, NaNs or hangs not checked "
+                      "(the run has not started)]")  # no green check for a run that never ran
+    run_id = seeded["running"]
+    with sessions() as s:
+        s.add(Event(run_id=run_id, attempt=1, at=time.time(), level="info", kind=CHECKS_EVENT,
+                    message=checks_message({"stragglers": "one rank, nothing to compare",
+                                            "desyncs": "one rank, nothing to compare"})))
+        s.commit()
+    badges = event_badges(open_page("views/run.py", run=str(run_id)))
+    assert ":green-badge[:material/check: no NaNs or hangs]" in badges
+    assert "stragglers or desyncs not checked (one rank, nothing to compare)" in badges
 
 
 def test_run_page_of_a_plain_script_says_nothing_was_checked(settings: Settings,
                                                             sessions: sessionmaker[Session]) -> None:
-    """A script that never imports the SDK reports no steps: no straggler, desync, NaN or hang
-    check ran, so the page must not say that none was found."""
+    """A script that never imports the SDK: no straggler or desync check runs, and before its
+    first output and metric neither does the hang or the NaN check, so the page must not say
+    that none was found; its steps read from stdout make the hang and NaN checks run, the SDK's
+    report the other two."""
     with sessions() as s:
         config = RunConfig.model_validate({"name": "plain", "workload": {"kind": "script", "script": "/p/train.py"}})
         run = create_run(s, config, settings.runs_dir, Price(usd_per_hour=1.0, unit="cpu-hour"))
@@ -502,14 +552,26 @@ def test_run_page_of_a_plain_script_says_nothing_was_checked(settings: Settings,
     at = open_page("views/run.py", run=str(run_id))
     no_exception(at)
     badges = event_badges(at)
-    assert "not checked (the script does not use runyard's SDK)" in badges and "gray-badge" in badges
-    assert "no stragglers" not in badges
-    with sessions() as s:  # once its ranks report through the SDK, the checks run
-        s.execute(Attempt.__table__.update().where(Attempt.run_id == run_id).values(first_step_at=time.time()))
+    assert "green-badge" not in badges
+    assert "stragglers or desyncs not checked (the script has not reported through runyard's SDK)" in badges
+    assert "hangs not checked (the script has printed nothing yet)" in badges
+    assert "NaNs not checked (no metric recorded yet)" in badges
+    with sessions() as s:  # its loss lines on stdout: steps and a metric, still no SDK
+        now = time.time()
+        s.execute(Attempt.__table__.update().where(Attempt.run_id == run_id).values(first_step_at=now))
+        write_points(s.connection(), [dict(run_id=run_id, attempt=1, rank=0, step=10, key="loss", value=2.0,
+                                           wall_time=now)])
         s.commit()
     st.cache_data.clear()  # the page caches the run's detail for a few seconds
-    at = open_page("views/run.py", run=str(run_id))
-    assert "no stragglers, desyncs, NaNs or hangs" in event_badges(at)
+    badges = event_badges(open_page("views/run.py", run=str(run_id)))
+    assert ":green-badge[:material/check: no NaNs or hangs]" in badges
+    assert "stragglers or desyncs not checked (the script has not reported through runyard's SDK)" in badges
+    with sessions() as s:  # once its ranks report through the SDK, rank 0 says which checks run
+        s.add(Event(run_id=run_id, attempt=1, at=time.time(), level="info", kind=CHECKS_EVENT,
+                    message=checks_message({})))
+        s.commit()
+    st.cache_data.clear()
+    assert "no stragglers, desyncs, NaNs or hangs" in event_badges(open_page("views/run.py", run=str(run_id)))
 
 
 def test_run_page_checkpoint_advice(seeded: dict[str, int], sessions: sessionmaker[Session]) -> None:
@@ -948,7 +1010,7 @@ def test_compare_page_overlays_the_rank_mean_of_two_runs(settings: Settings, ses
     assert metrics.value == ["loss", "eval_accuracy"]  # loss and the eval metrics first
     assert at.query_params["runs"] == f"{first},{second}"  # the choice is in the URL
     charts = at.get("vega_lite_chart")
-    assert [chart_title(c) for c in charts] == ["loss", "eval_accuracy"]  # one chart per metric
+    assert [chart_title(c) for c in charts] == ["Loss", "Eval accuracy"]  # one chart per metric, the registry's labels
     rows = chart_data(charts[0])
     assert sorted(rows["run"].unique()) == [f"#{first} lr-high (SUCCEEDED)", f"#{second} lr-low (SUCCEEDED)"]
     high = rows[rows["run"].str.contains("lr-high")].sort_values("step")
@@ -956,9 +1018,9 @@ def test_compare_page_overlays_the_rank_mean_of_two_runs(settings: Settings, ses
     assert high["value"].iloc[0] == pytest.approx(2.0 / 10 + 0.005)  # mean of ranks 0 and 1
     summary, diff = at.table
     table = as_read_frame(summary.value).set_index("run")
-    assert table.loc[f"#{first} lr-high", "loss final"] == f"{2.0 / 100 + 0.005:.4g}"  # step 100, two ranks
-    assert table.loc[f"#{second} lr-low", "loss best (min)"] == f"{2.0 / 50 + 0.005:.4g} @ 50"
-    assert table.loc[f"#{first} lr-high", "eval_accuracy best (max)"] == "0.875 @ 100"
+    assert table.loc[f"#{first} lr-high", "Loss final"] == f"{2.0 / 100 + 0.005:.4g}"  # step 100, two ranks
+    assert table.loc[f"#{second} lr-low", "Loss best (min)"] == f"{2.0 / 50 + 0.005:.4g} @ 50"
+    assert table.loc[f"#{first} lr-high", "Eval accuracy (%) best (max)"] == "87.5 @ 100"  # as the Run page says
     assert table.loc[f"#{second} lr-low", "status"] == "SUCCEEDED"
     assert as_read_frame(diff.value)["key"].tolist() == ["train.batch_size"]
 
@@ -978,7 +1040,7 @@ def test_compare_page_reads_its_runs_and_metrics_from_the_url(settings: Settings
     infos = [i.value for i in at.info]
     assert any(i.startswith("One run chosen") for i in infos) and any(i.startswith("One run: nothing to diff")
                                                                      for i in infos)
-    assert [chart_title(c) for c in at.get("vega_lite_chart")] == ["loss"]
+    assert [chart_title(c) for c in at.get("vega_lite_chart")] == ["Loss"]
     at.multiselect[0].set_value([]).run()
     assert any("Pick two or more runs" in i.value for i in at.info)
 
@@ -1004,7 +1066,7 @@ def test_settings_page_shows_the_price_table(settings: Settings, sessions: sessi
     no_exception(at)
     table = at.dataframe[0].value
     assert dict(zip(table["device"], table["usd_per_hour"], strict=True)) == {"H100": 3.5, "cpu-node": 0.5}
-    assert [b.label for b in at.button] == ["Save prices"]
+    assert [b.label for b in at.button][:1] == ["Save prices"]
 
 
 @pytest.mark.both_dbs  # the UI's data layer (app/data.py) on PostgreSQL too

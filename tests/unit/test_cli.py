@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from click.testing import CliRunner
 
+from db.engine import make_engine, make_sessionmaker
+from db.metricstore import write_points
 from db.settings import Settings
-from orchestrator.cli import cli
+from orchestrator.cli.group import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "digits.toml"
@@ -145,3 +148,22 @@ def test_metrics_csv_names_each_key_with_its_label_and_display_unit(settings: Se
     assert (rows["mfu"]["label"], rows["mfu"]["display_unit"], rows["mfu"]["display_scale"]) == ("MFU", "%", "100")
     assert (rows["my/metric"]["label"], rows["my/metric"]["display_unit"], rows["my/metric"]["display_scale"]) == (
         "my/metric", "", "1")
+
+
+def test_show_prints_the_latest_metrics_as_the_run_page_does(settings: Settings) -> None:
+    """The metric registry's labels, units and formats, not raw keys and stored values."""
+    run("submit", str(EXAMPLE))
+    engine = make_engine(settings.db_url)
+    try:
+        with make_sessionmaker(engine)() as s:
+            write_points(s.connection(), [
+                dict(run_id=1, attempt=1, rank=rank, step=10, key=key, value=value, wall_time=time.time())
+                for rank in (0, 1) for key, value in (("step_time", 0.0123), ("eval_accuracy", 0.875))])
+            s.commit()
+    finally:
+        engine.dispose()
+    code, out, _ = run("show", "1")
+    assert code == 0
+    lines = out[out.index("latest metrics:"):].splitlines()[1:]
+    assert any(line.split() == ["Step", "time", "(ms)", "r0=12.3", "r1=12.3"] for line in lines), lines
+    assert any(line.split() == ["Eval", "accuracy", "(%)", "r0=87.5", "r1=87.5"] for line in lines), lines

@@ -29,7 +29,7 @@ from db.config import ConfigError, RunConfig, apply_overrides, config_from_json,
 from db.inventory import Inventory
 from db.models import Run
 from db.settings import Settings
-from orchestrator.cli import cli
+from orchestrator.cli.group import cli
 from orchestrator.submission import submit, validate
 
 CPU = Inventory(kind="cpu", slots=2, memory_bytes=16 * 1024**3)

@@ -29,11 +29,11 @@ from db.models import Attempt, Event, Run
 from db.requests import Price, create_run, request_cancel
 from db.settings import Settings
 from db.states import AttemptStatus, RunStatus
-from orchestrator import sweeper as sweeper_module
-from orchestrator.launcher import launch
-from orchestrator.outcomes import settle
-from orchestrator.scheduler import LAUNCH_LOST_S, Scheduler
-from orchestrator.supervision import Sweep, end_processes, read_launch_record
+from orchestrator.executors import sweeper as sweeper_module
+from orchestrator.executors.launcher import launch
+from orchestrator.executors.processes import Sweep, end_processes, read_launch_record
+from orchestrator.scheduler.loop import LAUNCH_LOST_S, Scheduler
+from orchestrator.scheduler.outcomes import settle
 from tests.unit.test_scheduler import CPU2, attempts, queue, status, tick_until
 
 # Attempt N of a run named NAME does what BEHAVIOUR[NAME][N - 1] says (the last entry for later
@@ -119,7 +119,7 @@ def test_a_cancel_that_reaches_torchrun_before_its_exec_still_ends_it() -> None:
     lost. Here the child signals itself at that very moment; it must die of it, not run on."""
     program = textwrap.dedent("""
         import os, signal, sys
-        from orchestrator import shim
+        from orchestrator.executors import shim
         for sig in shim.STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)  # as shim.main does
         real = shim._child_setup
@@ -363,7 +363,7 @@ def test_the_script_entry_moves_into_the_workdir_after_runyards_imports(tmp_path
 
 def test_a_script_launch_goes_through_the_entry_module() -> None:
     from db.config import parse_config
-    from orchestrator.launcher import torchrun_argv
+    from orchestrator.executors.launcher import torchrun_argv
 
     config = parse_config({"workload": {"kind": "script", "script": "/abs/train.py", "args": ["--lr", "1"]}})
     argv = torchrun_argv(config, 1, 1, 29500, Path("/tmp/a"))
@@ -422,3 +422,34 @@ def test_a_preemption_the_agent_survived_is_still_free(
     attempt, run = settle_it(sessions, ended_attempt(sessions, settings, tmp_path, code=1, stopped=True))
     assert attempt.cause == "PREEMPTED" and attempt.retry_counted is False
     assert run.status == "RETRYING" and run.retries_used == 0
+
+
+@pytest.mark.parametrize("asked", ["cancel", "pause"])
+def test_a_cancel_that_arrives_as_the_run_finishes_leaves_it_succeeded(
+    sessions: sessionmaker[Session], settings: Settings, tmp_path: Path, asked: str
+) -> None:
+    """Step 50 of 50 done, the final save under way, then Cancel (or Pause): the ranks end on
+    their own with 0 and no stop record. A finished run must not read CANCELLED at 50/50."""
+    ids = ended_attempt(sessions, settings, tmp_path, code=0, stopped=False)
+    with sessions() as s:
+        run = s.get(Run, ids[0])
+        run.max_steps, run.status, run.stop_mode = 50, RunStatus.CANCELLING.value, asked
+        s.get(Attempt, ids[1]).stop_reason = asked
+        s.commit()
+    attempt, run = settle_it(sessions, ids)
+    assert (run.status, attempt.status) == ("SUCCEEDED", "SUCCEEDED")
+    assert run.status_reason == f"all ranks finished (step 50/50) before the {asked} took effect"
+
+
+def test_a_cancel_that_stops_the_ranks_before_the_last_step_cancels(
+    sessions: sessionmaker[Session], settings: Settings, tmp_path: Path
+) -> None:
+    ids = ended_attempt(sessions, settings, tmp_path, code=0, stopped=True)  # stopped at 50 with a checkpoint
+    with sessions() as s:
+        run = s.get(Run, ids[0])
+        run.max_steps, run.status, run.stop_mode = 300, RunStatus.CANCELLING.value, "cancel"
+        s.get(Attempt, ids[1]).stop_reason = "cancel"
+        s.commit()
+    attempt, run = settle_it(sessions, ids)
+    assert (run.status, attempt.status) == ("CANCELLED", "CANCELLED")
+    assert run.status_reason.startswith("cancelled at step 50 (with a checkpoint)")

@@ -1,4 +1,4 @@
-"""orchestrator/failures.py over captured torchrun logs: a plain script's exception survives the
+"""orchestrator/scheduler/failures.py over captured torchrun logs: a plain script's exception survives the
 ``[rankN]:`` prefix, torchrun's failure summary and ``@record`` error files, names the rank and
 the place, and "the same exception at the same place twice" stops the retries.
 
@@ -17,9 +17,9 @@ import pytest
 
 from db.causes import Cause
 from db.config import RetryConfig
-from orchestrator.failures import classify, parse_traceback, rank_failures, strip_rank_prefix
-from orchestrator.logs import launcher_log, rank_log_files
-from orchestrator.retry import AttemptOutcome, decide
+from orchestrator.executors.logs import launcher_log, rank_log_files
+from orchestrator.scheduler.failures import classify, parse_traceback, rank_failures, strip_rank_prefix
+from orchestrator.scheduler.retry import AttemptOutcome, decide
 from tests.fixtures.torchrun.capture import HERE, materialize
 
 RAISED = "ValueError: loss went NaN at step 50"

@@ -28,7 +28,7 @@ from app.form import (
     workload_kinds,
 )
 from db.config import SEED_MAX, ConfigError, RunConfig, TrainConfig, WorkloadConfig, parse_config
-from orchestrator.resources import Inventory
+from orchestrator.scheduler.resources import Inventory
 from orchestrator.submission import validate
 
 CPU = Inventory(kind="cpu", slots=2, memory_bytes=16 * 1024**3)
@@ -92,7 +92,7 @@ def test_each_kind_shows_its_own_workload_fields() -> None:
 def test_sections_are_the_sub_models_common_ones_open() -> None:
     sections = form_sections(RunConfig, "gpt-char")
     assert [s.name for s in sections] == ["", "workload", "launch", "train", "parallel", "checkpoint", "retry",
-                                          "supervision", "slurm"]
+                                          "supervision", "slurm", "alerts"]
     assert {s.name for s in sections if s.common} == {"", "workload", "launch", "train", "parallel"}
     train = next(s for s in sections if s.name == "train")
     assert (train.title, train.help) == ("Train", TrainConfig.__doc__)

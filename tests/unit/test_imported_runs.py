@@ -17,9 +17,9 @@ import pytest
 from click.testing import CliRunner
 
 from db.settings import Settings
-from orchestrator.cli import cli
+from orchestrator.cli.group import cli
 from orchestrator.format import step_text
-from orchestrator.script_supervision import script_facts
+from orchestrator.scripts.attempt_watch import script_facts
 
 tensorboard = pytest.importorskip("torch.utils.tensorboard")
 

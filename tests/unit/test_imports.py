@@ -1,5 +1,7 @@
-"""The house's shape, checked: imports point one way (app -> orchestrator -> trainer -> db), no
-module imports itself through others, and the processes that never train never load torch.
+"""The house's shape, checked: imports point one way (app -> orchestrator -> trainer -> db), and
+inside orchestrator/ from room to room (cli -> scheduler -> its own modules -> scripts ->
+executors), no module imports itself through others, and the processes that never train never load
+torch.
 
 The arrows are read from the source (every ``import`` and ``from ... import``, at module level or
 inside a function, since a lazy import is still a dependency), not from what one run happens to
@@ -17,6 +19,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 # Lower layers first: a package may import only the packages after it.
 LAYERS = ("app", "orchestrator", "trainer", "db")
+# orchestrator's rooms, highest first: a room may import only the rooms after it. "orchestrator" is
+# the modules directly in orchestrator/ (submission, display text, UI access files), which the CLI
+# and the UI share; ``python -m orchestrator`` (__main__) is the CLI's.
+ROOMS = (
+    "orchestrator.cli",  # rewrite-imports: keep (the packages, not the modules of these names before)
+    "orchestrator.scheduler",  # rewrite-imports: keep
+    "orchestrator.alerts",
+    "orchestrator",
+    "orchestrator.scripts",
+    "orchestrator.executors",  # rewrite-imports: keep
+)
+ROOM_OF = {"orchestrator.__main__": "orchestrator.cli"}  # rewrite-imports: keep
 # Files that are not runyard's modules: migration scripts run by Alembic, the wandb stand-in put on
 # a script's PYTHONPATH.
 SKIP_PARTS = {"migrations", "shims"}
@@ -62,9 +76,33 @@ def _layer(module: str) -> int:
     return LAYERS.index(module.split(".")[0])
 
 
+def _room(module: str) -> int:
+    if module in ROOM_OF:
+        return ROOMS.index(ROOM_OF[module])
+    # The longest room that holds the module: orchestrator.scripts.log_lines is in scripts, not in
+    # the room of orchestrator's own modules.
+    holding = [room for room in ROOMS if module == room or module.startswith(f"{room}.")]
+    return ROOMS.index(max(holding, key=len))
+
+
 def test_imports_point_down_the_layers() -> None:
     upward = sorted(f"{src} -> {dst}" for src, dsts in _graph().items() for dst in dsts if _layer(dst) < _layer(src))
     assert not upward, "imports must point app -> orchestrator -> trainer -> db:\n" + "\n".join(upward)
+
+
+def test_inside_orchestrator_imports_point_down_the_rooms() -> None:
+    # The loop decides, an executor does: executors know nothing of scripts or of the scheduler;
+    # plain-script support knows nothing of the scheduler; nothing below the CLI imports it.
+    upward = sorted(f"{src} -> {dst}" for src, dsts in _graph().items() if src.startswith("orchestrator.")
+                    for dst in dsts if dst.startswith("orchestrator.") and _room(dst) < _room(src))
+    assert not upward, f"imports must point {' -> '.join(ROOMS)}:\n" + "\n".join(upward)
+
+
+def test_every_package_of_orchestrator_is_a_room() -> None:
+    # A new subpackage must take its place in ROOMS (and in docs/DESIGN.md's table of rooms).
+    packages = {".".join(m.split(".")[:2]) for m in _modules() if m.count(".") >= 2 and m.startswith("orchestrator.")}
+    assert packages <= set(ROOMS), f"orchestrator packages not in ROOMS: {sorted(packages - set(ROOMS))}"
+    assert {ROOMS[_room(m)] for m in _modules() if m.startswith("orchestrator.")} == set(ROOMS)
 
 
 def test_no_module_imports_itself_through_others() -> None:
@@ -102,14 +140,17 @@ def test_no_module_imports_itself_through_others() -> None:
 def test_the_graph_sees_real_arrows() -> None:
     # The checks above would pass on an empty graph: make sure they look at the real one.
     graph = _graph()
-    assert "db.models" in graph["orchestrator.scheduler"]
-    assert "orchestrator.access" in graph["app.gate"]
+    assert "db.models" in graph["orchestrator.scheduler.loop"]
+    assert "orchestrator.executors.launcher" in graph["orchestrator.scheduler.loop"]
+    assert "orchestrator.scripts.attempt_watch" in graph["orchestrator.scheduler.loop"]
+    assert "orchestrator.executors.processes" in graph["orchestrator.scripts.attempt_watch"]
+    assert "app.access" in graph["app.gate"]
     assert "db.layout" in graph["trainer.checkpoint.manager"]
 
 
 def test_the_scheduler_the_ui_and_the_cli_never_load_torch() -> None:
     # torch costs the scheduler ~1.7 s and ~230 MiB; only the ranks need it.
-    code = ("import sys, orchestrator.scheduler, orchestrator.cli, app.data, app.gate, app.server;"
+    code = ("import sys, orchestrator.scheduler.loop, orchestrator.cli.group, app.data, app.gate, app.server;"
             "loaded = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'));"
             "print(loaded[:5]); sys.exit(1 if loaded else 0)")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -1,4 +1,4 @@
-"""orchestrator/outcomes.py: a rank that dies by a signal after every rank finished its work is
+"""orchestrator/scheduler/outcomes.py: a rank that dies by a signal after every rank finished its work is
 not a failure; any other death is."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from db.config import parse_config
-from orchestrator.logs import launcher_log
-from orchestrator.outcomes import died_after_finishing
+from orchestrator.executors.logs import launcher_log
+from orchestrator.scheduler.outcomes import died_after_finishing
 from trainer.lifecycle import write_finished
 
 SUMMARY = """\

@@ -32,7 +32,7 @@ from db.models import Attempt, Checkpoint, Run
 from db.requests import Price, create_run
 from db.settings import Settings
 from db.states import TERMINAL, RunStatus, transition
-from orchestrator.cli import cli
+from orchestrator.cli.group import cli
 
 pytestmark = pytest.mark.both_dbs
 
@@ -233,7 +233,7 @@ def test_logs_follow_reads_only_the_status_each_poll(
     def no_detail(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("runyard logs --follow read the whole run detail")
 
-    monkeypatch.setattr("orchestrator.cli_read.time.sleep", sleep)
+    monkeypatch.setattr("orchestrator.cli.read.time.sleep", sleep)
     monkeypatch.setattr(queries, "run_detail", no_detail)
     result = CliRunner().invoke(cli, ["logs", str(run_id), "--follow"])
     assert result.exit_code == 0, result.output

@@ -11,7 +11,7 @@ import pytest
 
 from db.causes import Cause
 from db.config import RetryConfig
-from orchestrator.retry import AttemptOutcome, backoff_s, decide, halved_micro_batch
+from orchestrator.scheduler.retry import AttemptOutcome, backoff_s, decide, halved_micro_batch
 
 RAISED = "ValueError: loss went NaN (at train.py:24 in step)"
 DISK_ERROR = "OSError: [Errno 28] No space left on device: '/data/run/checkpoints/.tmp-step-40-{}'"

@@ -1,6 +1,6 @@
 """Every field of the run config is either held to the UI's roots or inert, and each rule holds.
 
-The table (orchestrator/script_roots.py: GUARDED_FIELDS, INERT_FIELDS) is checked against a
+The table (orchestrator/scripts/allowed_roots.py: GUARDED_FIELDS, INERT_FIELDS) is checked against a
 walk of RunConfig, so a new field that names something to run or read cannot arrive without a
 rule. Then, per guarded field, the UI's ``validate`` refuses a value outside the roots and
 accepts one inside; the reported ``workload.module`` attacks go through the New run page's
@@ -33,9 +33,9 @@ from db.models import Checkpoint
 from db.queries import list_runs, run_detail
 from db.requests import Price, create_run
 from db.settings import Settings
-from orchestrator.cli import cli
-from orchestrator.launcher import script_entry
-from orchestrator.script_roots import GUARDED_FIELDS, INERT_FIELDS, LAUNCH_FIELDS, ROOTS_ENV, script_roots
+from orchestrator.cli.group import cli
+from orchestrator.executors.launcher import script_entry
+from orchestrator.scripts.allowed_roots import GUARDED_FIELDS, INERT_FIELDS, LAUNCH_FIELDS, ROOTS_ENV, script_roots
 from orchestrator.submission import validate
 from tests.unit.test_script_roots import CPU2, script_at
 
@@ -73,7 +73,7 @@ def test_every_field_of_the_run_config_is_guarded_or_inert() -> None:
     missing = unclassified()
     assert not missing, (f"{sorted(missing)}: new run config fields; put each in GUARDED_FIELDS (with the rule "
                          "the UI applies, and a case below) or INERT_FIELDS (with why it names nothing to run or "
-                         "read) in orchestrator/script_roots.py")
+                         "read) in orchestrator/scripts/allowed_roots.py")
     assert not GUARDED_FIELDS.keys() & INERT_FIELDS.keys()
     assert GUARDED_FIELDS.keys() | INERT_FIELDS.keys() == config_fields(), "a listed field the config no longer has"
     # Every kind's fields are in WorkloadConfig, which the walk covers whole.

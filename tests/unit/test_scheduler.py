@@ -7,6 +7,7 @@ second or two. The real torchrun path is covered in tests/integration.
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections.abc import Callable
@@ -23,7 +24,7 @@ from db.inventory import Inventory
 from db.models import Attempt, Run, SchedulerHeartbeat
 from db.requests import request_cancel, request_resume
 from db.settings import Settings
-from orchestrator.scheduler import Scheduler, SchedulerLocked, acquire_lock
+from orchestrator.scheduler.loop import Scheduler, SchedulerLocked, acquire_lock
 from orchestrator.submission import submit
 
 CPU2 = Inventory(kind="cpu", slots=2)
@@ -245,7 +246,7 @@ def test_heartbeat_is_rewritten_every_few_ticks(
     sessions: sessionmaker[Session], settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from db.queries import HEARTBEAT_STALE_S
-    from orchestrator import scheduler as scheduler_module
+    from orchestrator.scheduler import loop as scheduler_module
 
     assert scheduler_module.BEAT_EVERY_S * 3 <= HEARTBEAT_STALE_S  # a live scheduler never looks stale
     scheduler = make_scheduler(sessions, settings)
@@ -264,14 +265,13 @@ def test_heartbeat_is_rewritten_every_few_ticks(
 
 
 def test_one_scheduler_per_data_folder(settings: Settings) -> None:
-    fd = acquire_lock(settings.home)
+    lock = acquire_lock(settings.home)
     try:
         with pytest.raises(SchedulerLocked, match="already running"):
             acquire_lock(settings.home)
     finally:
-        import os
-
-        os.close(fd)
+        lock.release()
+    acquire_lock(settings.home).release()  # released: the next scheduler may start
 
 
 def test_cancel_never_touches_another_data_folders_run(sessions: sessionmaker[Session], settings: Settings,
@@ -352,3 +352,23 @@ def test_a_run_paused_while_queued_is_held_and_resume_queues_it_from_the_start(
     tick_until(scheduler, lambda: status(sessions, run_id) == "SUCCEEDED")
     (attempt,) = attempts(sessions, run_id)
     assert attempt.number == 1
+
+
+ENV_PROBE = "import json, os, sys; json.dump({k: os.environ.get(k) for k in sys.argv[2:]}, open(sys.argv[1], 'w'))"
+
+
+def test_a_local_gpu_run_gets_its_devices_in_nvml_order(sessions: sessionmaker[Session], settings: Settings,
+                                                       tmp_path: Path) -> None:
+    """The devices are NVML's indices, so CUDA must count them in the same (PCI bus) order. No GPU
+    here: the inventory says two H100s, and the launched command only reports its environment."""
+    gpus = Inventory(kind="gpu", slots=2, gpu_names=("NVIDIA H100 80GB HBM3",) * 2)
+    probe = tmp_path / "env.json"
+
+    def command(config: RunConfig, run_id: int, attempt: int, port: int, attempt_dir: Path,
+                **_: object) -> list[str]:
+        return [sys.executable, "-c", ENV_PROBE, str(probe), "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"]
+
+    run_id = submit(sessions, settings, parse_config({"name": "gpu", "launch": {"nproc_per_node": 2}}), gpus)
+    scheduler = Scheduler(sessions, settings, gpus, command=command)
+    tick_until(scheduler, lambda: status(sessions, run_id) in ("SUCCEEDED", "FAILED"))
+    assert json.loads(probe.read_text()) == {"CUDA_VISIBLE_DEVICES": "0,1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}

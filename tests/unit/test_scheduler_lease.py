@@ -26,7 +26,7 @@ from db.lease import LEASE_S
 from db.models import Attempt, Event, Run, SchedulerHeartbeat
 from db.requests import request_cancel
 from db.settings import Settings
-from orchestrator.scheduler import Scheduler, SchedulerLocked, refuse_a_second_on_sqlite
+from orchestrator.scheduler.loop import Scheduler, SchedulerLocked, refuse_a_second_on_sqlite
 from tests.conftest import kill_processes_of
 from tests.unit.test_scheduler import CPU2, fake_command, queue, status, tick_until
 

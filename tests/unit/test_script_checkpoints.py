@@ -12,15 +12,15 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.config import parse_config
+from db.file_versions import sha256_of
 from db.inventory import Inventory
 from db.metricstore import write_points
 from db.models import Attempt, Checkpoint, Event, Run
 from db.requests import PREEXISTING, RequestRefused, request_cancel, request_rerun, request_resume, set_pinned
-from db.scriptfiles import sha256_of
 from db.settings import Settings
 from db.states import AttemptStatus, RunStatus, transition
-from orchestrator.script_checkpoints import TRUNCATED, Known, plan_versions, record_versions, resume_point
-from orchestrator.scriptwatch.checkpoints import CheckpointFile
+from orchestrator.scripts.checkpoint_custody import TRUNCATED, Known, plan_versions, record_versions, resume_point
+from orchestrator.scripts.checkpoint_finder import CheckpointFile
 from orchestrator.submission import submit
 
 CPU2 = Inventory(kind="cpu", slots=2)
@@ -343,7 +343,7 @@ def test_a_truncated_zip_is_refused_and_not_handed_over(
 
 
 def truncated_zip_of(path: Path, data: bytes) -> bool:
-    from orchestrator.script_checkpoints import truncated_zip
+    from orchestrator.scripts.checkpoint_custody import truncated_zip
 
     path.write_bytes(data)
     return truncated_zip(path)
@@ -372,7 +372,7 @@ def test_a_retry_of_a_fork_before_its_own_save_starts_from_the_forks_origin(
 def test_a_retry_of_a_fork_of_runyards_own_checkpoint_starts_from_it(
         sessions: sessionmaker[Session], settings: Settings, workdir: Path) -> None:
     from db.requests import checkpoints_dir
-    from orchestrator.scheduler import Scheduler
+    from orchestrator.scheduler.loop import Scheduler
 
     parent_id = script_run(sessions, settings, workdir)
     child_id = script_run(sessions, settings, workdir)
@@ -390,7 +390,7 @@ def test_a_retry_of_a_fork_of_runyards_own_checkpoint_starts_from_it(
 
 def test_when_the_chosen_version_cannot_be_put_in_place_the_resume_args_are_left_out(
         sessions: sessionmaker[Session], settings: Settings, workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import orchestrator.script_checkpoints as sc
+    import orchestrator.scripts.checkpoint_custody as sc
 
     run_id = script_run(sessions, settings, workdir, checkpoint_glob="out/ckpt.pt", resume_args=["--resume"])
     ckpt = workdir / "out" / "ckpt.pt"
@@ -417,7 +417,7 @@ def test_when_the_chosen_version_cannot_be_put_in_place_the_resume_args_are_left
 
 def test_an_unrecorded_file_moved_aside_never_replaces_an_earlier_one(
         sessions: sessionmaker[Session], settings: Settings, workdir: Path) -> None:
-    from orchestrator.script_checkpoints import _keep_aside
+    from orchestrator.scripts.checkpoint_custody import _keep_aside
 
     run_id = script_run(sessions, settings, workdir, checkpoint_glob="out/ckpt.pt")
     ckpt = workdir / "out" / "ckpt.pt"
@@ -432,9 +432,9 @@ def test_an_unrecorded_file_moved_aside_never_replaces_an_earlier_one(
 
 def test_the_starting_point_is_placed_before_the_attempts_rows_are_written(
         sessions: sessionmaker[Session], settings: Settings, workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import orchestrator.scheduler as scheduler_module
+    import orchestrator.scheduler.loop as scheduler_module
     import orchestrator.submission as submission
-    from orchestrator.scheduler import Scheduler
+    from orchestrator.scheduler.loop import Scheduler
 
     def no_launch(*_: object, **__: object) -> list[str]:
         raise OSError("not launched in this test")
@@ -447,8 +447,8 @@ def test_the_starting_point_is_placed_before_the_attempts_rows_are_written(
             return real(*args, **kwargs)  # type: ignore[operator]
         return wrapped
 
-    monkeypatch.setattr(scheduler_module.script_checkpoints, "resume_point",
-                        spy("resume_point", scheduler_module.script_checkpoints.resume_point))
+    monkeypatch.setattr(scheduler_module.checkpoint_custody, "resume_point",
+                        spy("resume_point", scheduler_module.checkpoint_custody.resume_point))
     monkeypatch.setattr(scheduler_module, "transition", spy("transition", scheduler_module.transition))
     run_id = script_run(sessions, settings, workdir, checkpoint_glob="out/ckpt.pt")
     with sessions() as s:

@@ -1,6 +1,6 @@
 """What a UI user may launch: scripts and text files under allowed roots, resolved after symlinks.
 
-The rule (orchestrator/script_roots.py) on real files in tmp_path, through the same
+The rule (orchestrator/scripts/allowed_roots.py) on real files in tmp_path, through the same
 ``validate`` the UI calls, the UI's fork path on a real SQLite database, and the CLI, which
 keeps full freedom.
 
@@ -25,8 +25,8 @@ from db.models import Checkpoint
 from db.queries import list_runs, run_detail
 from db.requests import Price, create_run
 from db.settings import Settings
-from orchestrator.cli import cli
-from orchestrator.script_roots import ROOTS_ENV, ScriptRoots, changes_what_runs, refused_paths, script_roots
+from orchestrator.cli.group import cli
+from orchestrator.scripts.allowed_roots import ROOTS_ENV, ScriptRoots, changes_what_runs, refused_paths, script_roots
 from orchestrator.submission import fork, validate
 
 CPU2 = Inventory(kind="cpu", slots=2)

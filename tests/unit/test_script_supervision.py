@@ -12,12 +12,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.config import config_from_json, parse_config
+from db.file_versions import sha256_of
 from db.models import Attempt, Checkpoint, Event, Run
 from db.requests import request_cancel
-from db.scriptfiles import sha256_of
 from db.settings import Settings
-from orchestrator import script_supervision
-from orchestrator.script_supervision import ScriptWatch
+from orchestrator.scripts import attempt_watch as script_supervision
+from orchestrator.scripts.attempt_watch import ScriptWatch
 from orchestrator.submission import submit
 from tests.unit.test_scheduler import CPU2, attempts, make_scheduler, status, tick_until
 

@@ -1,4 +1,4 @@
-"""orchestrator/scriptwatch/checkpoints.py: the script's own checkpoint files, listed with size,
+"""orchestrator/scripts/checkpoint_finder.py: the script's own checkpoint files, listed with size,
 time and sha256; a file still being written is never hashed, a big file is hashed over several
 scans and not again, and patterns stay inside the working directory."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.scriptwatch.checkpoints import CheckpointFiles, CheckpointGlobError, check_glob
+from orchestrator.scripts.checkpoint_finder import CheckpointFiles, CheckpointGlobError, check_glob
 
 
 def sha(path: Path) -> str:

@@ -1,4 +1,4 @@
-"""orchestrator/scriptwatch/collector.py: one attempt's points from the ranks' logs (protocol
+"""orchestrator/scripts/metric_collector.py: one attempt's points from the ranks' logs (protocol
 lines, regexes) and TensorBoard files, only the new ones each call and a bounded amount, with the
 activity a hang watchdog reads; write() stores them in a real SQLite metric store and moves the
 attempt's progress forward, never back."""
@@ -18,8 +18,8 @@ from sqlalchemy.orm import Session
 from db.engine import make_engine, upgrade
 from db.metricstore import series
 from db.models import Attempt, Run
-from orchestrator.scriptwatch.collector import AttemptCollector, write
-from orchestrator.scriptwatch.lines import PatternError
+from orchestrator.scripts.log_lines import PatternError
+from orchestrator.scripts.metric_collector import AttemptCollector, write
 
 LOSS = r"iter (?P<step>\d+): loss (?P<value>[\d.]+)"
 
@@ -175,7 +175,7 @@ def test_write_stores_points_per_rank_and_moves_progress_forward(attempt_dir: Pa
 
 def test_without_tensorboard_installed_the_logs_are_still_read(attempt_dir: Path, tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "orchestrator.scriptwatch.tensorboard", None)  # import fails
+    monkeypatch.setitem(sys.modules, "orchestrator.scripts.tensorboard_events", None)  # import fails
     append(rank_dir(attempt_dir, 0) / "stdout.log", 'RUNYARD {"step": 1, "loss": 1.0}\n')
     c = collector(attempt_dir, tmp_path, tensorboard_dirs=None)
     got = c.collect()

@@ -1,4 +1,4 @@
-"""orchestrator/scriptwatch/lines.py: the RUNYARD line protocol (strict, with torchrun's rank
+"""orchestrator/scripts/log_lines.py: the RUNYARD line protocol (strict, with torchrun's rank
 prefix), the config's stdout regexes and their submit-time check, and the incremental tailer of
 a growing log file (partial lines, truncation, replacement, a bounded read per call)."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.scriptwatch import Sample
-from orchestrator.scriptwatch.lines import (
+from orchestrator.scripts import Sample
+from orchestrator.scripts.log_lines import (
     LineError,
     LineTailer,
     PatternError,

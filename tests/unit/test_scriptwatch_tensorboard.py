@@ -1,4 +1,4 @@
-"""orchestrator/scriptwatch/tensorboard.py over event files that torch's real SummaryWriter
+"""orchestrator/scripts/tensorboard_events.py over event files that torch's real SummaryWriter
 writes: each tag keeps its own steps, reading is incremental across calls and new files, the rank
 comes from the writer's pid or a rank folder, and past logdirs import whole."""
 
@@ -15,8 +15,8 @@ pytest.importorskip("tensorboard")  # the `scripts` extra; ./dev.sh installs it
 
 from torch.utils.tensorboard import SummaryWriter
 
-from orchestrator.scriptwatch import Sample
-from orchestrator.scriptwatch.tensorboard import (
+from orchestrator.scripts import Sample
+from orchestrator.scripts.tensorboard_events import (
     EventFiles,
     default_dirs,
     find_event_files,

@@ -18,12 +18,9 @@ from db.models import Attempt, Event, Run
 from db.requests import Price, create_run
 from db.settings import Settings
 from db.states import AttemptStatus, RunStatus
-from orchestrator.executors import LaunchRequest, Liveness
-from orchestrator.executors import slurm as executor_module
-from orchestrator.executors.slurm import SlurmExecutor, sbatch_options, warning_lead_s
-from orchestrator.outcomes import settle
-from orchestrator.retry import AttemptOutcome, decide
-from orchestrator.slurm import (
+from orchestrator.executors.base import LaunchRequest, Liveness
+from orchestrator.executors.slurm import executor as executor_module
+from orchestrator.executors.slurm.commands import (
     JobStatus,
     SlurmError,
     parse_job_id,
@@ -31,6 +28,9 @@ from orchestrator.slurm import (
     parse_squeue_plain,
     wait_status_code,
 )
+from orchestrator.executors.slurm.executor import SlurmExecutor, sbatch_options, warning_lead_s
+from orchestrator.scheduler.outcomes import settle
+from orchestrator.scheduler.retry import AttemptOutcome, decide
 
 SQUEUE_22_05 = json.dumps({"meta": {}, "errors": [], "jobs": [
     {"job_id": 21, "name": "runyard-r7-a1-abcdef", "job_state": "RUNNING", "state_reason": "None", "nodes": "localhost",
@@ -250,7 +250,7 @@ class QueueingSlurm(FakeSlurm):
 def test_runyard_keeps_at_most_slurm_max_jobs_in_the_queue(sessions: sessionmaker[Session], settings: Settings,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     from orchestrator.executors.local import LocalExecutor
-    from orchestrator.scheduler import Scheduler
+    from orchestrator.scheduler.loop import Scheduler
     from tests.unit.test_scheduler import CPU2
 
     monkeypatch.setenv("RUNYARD_SLURM_MAX_JOBS", "2")
@@ -291,7 +291,7 @@ CANCEL_LINES = {
 
 
 def test_the_batch_program_reads_slurmstepd_s_stop_line_for_its_own_job(tmp_path: Path) -> None:
-    from orchestrator.slurm.job import stop_line
+    from orchestrator.executors.slurm.job import stop_line
 
     log = tmp_path / "launcher.log"
     log.write_text("[runyard] job 42: 1 node(s)\n" + STEP_LINE + "srun: Job step aborted\n")
@@ -308,7 +308,7 @@ def _ended_by_sigterm(sessions: sessionmaker[Session], ids: tuple[int, int], sto
                       warned: bool = False) -> Path:
     """The attempt's folder as job.py leaves it after SIGTERM: the ranks saved at step 57 and wrote
     ``stopped.json``, the launcher log holds slurmstepd's line, the marker what job.py saw."""
-    from orchestrator.slurm.job import stop_line
+    from orchestrator.executors.slurm.job import stop_line
 
     with sessions() as s:
         attempt = s.get(Attempt, ids[1])
@@ -406,7 +406,7 @@ def test_a_job_that_left_no_marker_and_ended_cancelled_is_a_person_s_cancel(
 
 
 def test_sacct_s_state_names_who_cancelled() -> None:
-    from orchestrator.slurm import canceller
+    from orchestrator.executors.slurm.commands import canceller
 
     assert canceller("CANCELLED by 0") == "root (uid 0)"
     assert canceller("CANCELLED by 4000000") == "uid 4000000"

@@ -1,4 +1,4 @@
-"""Stack dumps off the tick (orchestrator/stacks.py), the rank a hang is blamed on, and the fault
+"""Stack dumps off the tick (orchestrator/executors/stacks.py), the rank a hang is blamed on, and the fault
 hooks' switch (trainer/faults.py).
 
 The dump test launches a small stand-in for torchrun through ``Scheduler(command=...)``: it
@@ -27,10 +27,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from db.config import RunConfig
 from db.models import Attempt, Event
 from db.settings import Settings
-from orchestrator import stacks
-from orchestrator.scheduler import Scheduler
-from orchestrator.stacks import RankStack, culprit
-from orchestrator.supervision import rank_processes
+from orchestrator.executors import stacks
+from orchestrator.executors.processes import rank_processes
+from orchestrator.executors.stacks import RankStack, culprit
+from orchestrator.scheduler.loop import Scheduler
 from tests.unit.test_scheduler import CPU2, attempts, queue, status, tick_until
 from trainer import faults
 

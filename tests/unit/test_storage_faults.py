@@ -3,7 +3,7 @@ that cannot write its database, and errors that repeat every tick.
 
 The scheduler tests call ``tick()`` directly with a small Python program as the workload (as in
 test_scheduler.py). A full disk cannot be made here (no small filesystem can be mounted), so the
-free space the scheduler sees is replaced where it is read (``orchestrator.admission.free_bytes``)
+free space the scheduler sees is replaced where it is read (``orchestrator.scheduler.admission.free_bytes``)
 and a database that cannot grow is made with a real file-size limit in a subprocess
 (tests/faults/test_storage.py).
 """
@@ -34,12 +34,12 @@ from db.models import Attempt, Event, Run
 from db.queries import scheduler_status
 from db.scheduler_file import FILE_SIZE, SchedulerFile, read_scheduler_file
 from db.settings import Settings
-from orchestrator import admission
-from orchestrator import scheduler as scheduler_module
-from orchestrator import shim as shim_module
-from orchestrator.failures import classify, normalize_exception
-from orchestrator.repeats import RepeatedErrors
-from orchestrator.retry import AttemptOutcome, decide
+from orchestrator.executors import shim as shim_module
+from orchestrator.scheduler import admission
+from orchestrator.scheduler import loop as scheduler_module
+from orchestrator.scheduler.failures import classify, normalize_exception
+from orchestrator.scheduler.repeats import RepeatedErrors
+from orchestrator.scheduler.retry import AttemptOutcome, decide
 from tests.unit.test_scheduler import CPU2, attempts, make_scheduler, queue, status, tick_until
 
 TRAIN = {"batch_size": 8, "grad_accum": 1}
@@ -199,7 +199,7 @@ def test_a_scheduler_that_cannot_write_says_so_logs_once_and_catches_up(
     refuse = {"on": True}
     _refuse_writes(sessions.kw["bind"], refuse)
 
-    caplog.set_level(logging.ERROR, logger="orchestrator.scheduler")
+    caplog.set_level(logging.ERROR, logger="orchestrator.scheduler.loop")
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:  # the program ends after 0.3 s; its end cannot be recorded
         scheduler.tick()
@@ -295,8 +295,9 @@ def _read(path: Path) -> str:
 def _shim(exit_file: Path, go: Path, code: int, log: Path, retry_s: str) -> subprocess.Popen[bytes]:
     env = {**os.environ, "RUNYARD_EXIT_RETRY_S": retry_s}
     with open(log, "ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "orchestrator.shim", "--exit-file", str(exit_file), "--",
-                                 sys.executable, "-c", WAITER, str(go), str(code)], stdout=out, stderr=out, env=env)
+        return subprocess.Popen([sys.executable, "-m", "orchestrator.executors.shim", "--exit-file", str(exit_file),
+                                 "--", sys.executable, "-c", WAITER, str(go), str(code)],
+                                stdout=out, stderr=out, env=env)
 
 
 def test_a_shim_whose_folder_turns_read_only_writes_its_exit_file_once_it_can_naming_the_error(

@@ -12,7 +12,7 @@ from db.config import ConfigError, field_of, parse_config
 from db.inventory import Inventory, check_fits
 from db.queries import list_runs
 from db.settings import Settings
-from orchestrator.resources import detect_inventory
+from orchestrator.scheduler.resources import detect_inventory
 from orchestrator.submission import submit, validate
 
 pytestmark = pytest.mark.both_dbs

@@ -40,8 +40,8 @@ from db.requests import Price, create_run
 from db.settings import Settings
 from db.states import AttemptStatus, RunStatus, transition
 from db.sysmetrics import gpu_devices, latest_window, run_span, system_series
-from orchestrator.scheduler import Scheduler, add_jobs
-from orchestrator.sysmon import SAMPLE_S, SystemMonitor
+from orchestrator.scheduler.loop import Scheduler, add_jobs
+from orchestrator.scheduler.sysmon import SAMPLE_S, SystemMonitor
 
 START = 1_000_000.0  # a window boundary: samples at START, +2, ... +8 fall in one window
 
@@ -210,7 +210,7 @@ def test_host_and_rank_aggregates_from_a_real_process_tree(
 def test_the_process_tree_is_walked_again_when_a_rank_ends_not_on_every_sample(
     sessions: sessionmaker[Session], settings: Settings, trees: list[Tree], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from orchestrator import sysmon
+    from orchestrator.scheduler import sysmon
 
     no_nvml(monkeypatch)
     walks: list[int] = []

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from db.config import parse_config
-from orchestrator.launcher import free_port, torchrun_argv
+from orchestrator.executors.launcher import free_port, torchrun_argv
 from trainer import torchrun
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -166,7 +166,7 @@ def test_a_module_and_another_interpreter_are_started_as_python_would() -> None:
 
 
 def test_omp_threads_default_to_the_cores_per_rank_unless_set() -> None:
-    from orchestrator.launcher import rank_env
+    from orchestrator.executors.launcher import rank_env
     assert rank_env(script_config(script="/w/t.py"), {}, cores=16)["OMP_NUM_THREADS"] == "8"
     assert rank_env(script_config(script="/w/t.py"), {}, cores=1)["OMP_NUM_THREADS"] == "1"
     assert "OMP_NUM_THREADS" not in rank_env(script_config(script="/w/t.py"), {"OMP_NUM_THREADS": "3"}, cores=16)
@@ -179,7 +179,7 @@ def test_built_in_ranks_get_the_same_threads_on_one_node_or_two() -> None:
     one rank each got every core per rank (oversubscribed), and arithmetic other than the same
     world on one node (its losses differed in the last bits under load). runyard sets it for every
     workload, from the ranks that share this machine."""
-    from orchestrator.launcher import rank_env
+    from orchestrator.executors.launcher import rank_env
     one_node = parse_config({"launch": {"nproc_per_node": 2}})
     two_nodes = parse_config({"launch": {"nnodes": 2, "nproc_per_node": 1}})
     assert rank_env(one_node, {}, cores=2) == rank_env(two_nodes, {}, cores=2) == {"OMP_NUM_THREADS": "1"}
@@ -188,8 +188,7 @@ def test_built_in_ranks_get_the_same_threads_on_one_node_or_two() -> None:
 
 
 def test_the_wandb_stand_in_goes_first_on_the_ranks_path_when_asked() -> None:
-    from orchestrator.launcher import rank_env
-    from orchestrator.scriptwatch import SHIMS_DIR
+    from orchestrator.executors.launcher import SHIMS_DIR, rank_env
     env = rank_env(script_config(script="/w/t.py", env={"RUNYARD_WANDB_SHIM": "1"}), {"PYTHONPATH": "/mine"},
                      cores=2)
     assert env["PYTHONPATH"].split(os.pathsep) == [str(SHIMS_DIR), "/mine"]

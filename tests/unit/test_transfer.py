@@ -17,6 +17,8 @@ from sqlalchemy import Engine, func, select
 
 from db.engine import current_revision, make_engine, make_sessionmaker, upgrade
 from db.models import (
+    Alert,
+    AlertDelivery,
     Attempt,
     Checkpoint,
     Event,
@@ -83,6 +85,14 @@ def fill(engine: Engine) -> None:
         s.add(PriceEntry(device="H100", usd_per_hour=3.99, updated_at=NOW))
         s.add(SystemMetric(at=NOW, host="node-a", device="gpu0", run_id=parent.id, rank=0, key="util_percent",
                            min=0.0, mean=50.5, max=100.0, count=5))
+        alert = Alert(key=f"run:{parent.id}:failed:1", run_id=parent.id, trigger="failed", state="open",
+                      message="run 1 failed: SIGNAL", opened_at=NOW, sent_at=NOW, repeats=0)
+        s.add(alert)
+        s.flush()
+        for kind in ("fire", "repeat", "resolved"):
+            s.add(AlertDelivery(alert_id=alert.id, run_id=parent.id, channel_id=1, channel="json://h/***", kind=kind,
+                                trigger="failed", message="ünï failed", status="failed", tries=4, error="HTTP 500",
+                                created_at=NOW, next_at=NOW + 0.5, done_at=NOW + 1))
         s.commit()
 
 
@@ -176,7 +186,7 @@ def test_another_schema_revision_and_a_file_that_is_not_an_export_are_refused(tm
 
 
 def test_the_cli_exports_and_imports_with_progress(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrator.cli import cli
+    from orchestrator.cli.group import cli
 
     source_url, target_url = sqlite_url(tmp_path, "a"), sqlite_url(tmp_path, "b")
     fill(engine_at(source_url))
@@ -186,11 +196,11 @@ def test_the_cli_exports_and_imports_with_progress(tmp_path: Path, monkeypatch: 
     result = CliRunner().invoke(cli, ["db", "export", str(path)])
     assert result.exit_code == 0, result.output
     assert "exported metric_points: 6 of 6 rows (100%)" in result.output
-    assert f"exported 18 rows of 11 tables from {source_url} to {path}" in result.output
+    assert f"exported 22 rows of 13 tables from {source_url} to {path}" in result.output
     monkeypatch.setenv("RUNYARD_HOME", str(tmp_path / "b"))
     monkeypatch.setenv("RUNYARD_DB_URL", target_url)
     result = CliRunner().invoke(cli, ["db", "import", str(path)])
     assert result.exit_code == 0, result.output
-    assert f"imported 18 rows of 11 tables from {path} into {target_url}" in result.output
+    assert f"imported 22 rows of 13 tables from {path} into {target_url}" in result.output
     result = CliRunner().invoke(cli, ["db", "import", str(path)])
     assert result.exit_code == 1 and "error: the database" in result.output and "nothing was imported" in result.output

@@ -1,4 +1,4 @@
-"""orchestrator/scriptwatch/shims/wandb: a script's wandb calls become RUNYARD protocol lines with
+"""orchestrator/scripts/shims/wandb: a script's wandb calls become RUNYARD protocol lines with
 wandb's step rules, and a real subprocess with RUNYARD_WANDB_SHIM=1 imports the stand-in."""
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from types import ModuleType
 
 import pytest
 
-from orchestrator.scriptwatch import SHIMS_DIR, Sample, with_wandb_shim
-from orchestrator.scriptwatch.lines import parse_lines
+from orchestrator.executors.launcher import SHIMS_DIR, with_wandb_shim
+from orchestrator.scripts import Sample
+from orchestrator.scripts.log_lines import parse_lines
 
 SHIM = SHIMS_DIR / "wandb" / "__init__.py"
 

@@ -16,9 +16,9 @@ from db.models import Attempt, Event, Run
 from db.requests import Price, create_run
 from db.settings import Settings
 from db.states import AttemptStatus
-from orchestrator import watchdog
 from orchestrator.executors.local import LocalExecutor
-from orchestrator.stacks import StackDumps
+from orchestrator.executors.stacks import StackDumps
+from orchestrator.scheduler import watchdog
 
 
 def running_attempt(sessions: sessionmaker[Session], settings: Settings, step_time_s: float) -> tuple[int, int]:
@@ -78,7 +78,7 @@ def test_an_attempt_that_ends_during_its_hang_dump_keeps_the_evidence(sessions: 
     # attempt ended on its own while py-spy still ran; its dump was thrown away with the attempt.
     import threading
 
-    from orchestrator.stacks import RankStack, StackDump
+    from orchestrator.executors.stacks import RankStack, StackDump
 
     release = threading.Event()
 

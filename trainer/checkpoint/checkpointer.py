@@ -22,8 +22,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.optim import Optimizer
 
+from db.file_versions import sha256_of
 from db.layout import step_dir_name, superseded_dir
-from db.scriptfiles import sha256_of
 from trainer import rng
 from trainer.checkpoint.history import AdoptedFile, CheckpointHistory, event
 from trainer.checkpoint.io import CheckpointError

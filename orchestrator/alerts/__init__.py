@@ -1,0 +1,21 @@
+"""Alerts: runyard tells people about their runs where they already look (docs/ALERTS.md).
+
+- :mod:`.store`: the channels and the global defaults, in ``alerts.json`` (mode 0600) in the
+  data folder; secrets never leave it (shown masked everywhere else).
+- :mod:`.triggers`: what is true of the runs now, read from the database (status history,
+  attempts, events, metrics, system metrics, cost): one :class:`~.triggers.Finding` per alert key.
+- :mod:`.engine`: findings into alerts (fire once, repeat after an interval, resolve) and
+  deliveries; orchestrator/scheduler/alert_job.py registers it on the scheduler beside the tick.
+- :mod:`.channels`: sending one message: Apprise URLs, and runyard's signed webhook (the target
+  resolved once, the connection pinned to that address, link-local and metadata addresses refused).
+- :mod:`.delivery`: the worker thread that sends queued deliveries, retries with backoff and
+  records every outcome; the scheduler's tick never waits for it.
+"""
+
+from __future__ import annotations
+
+from orchestrator import OrchestratorError
+
+
+class AlertsError(OrchestratorError):
+    """A channel, a rule or a delivery that cannot be accepted; the message names the value."""

@@ -1,0 +1,169 @@
+"""Sending one message to one channel.
+
+Apprise sends to every service it knows (Slack, Discord, Teams, Matrix, Telegram, ntfy, email
+over SMTP, generic JSON/form webhooks). runyard's own signed webhook is for programs: a POST of
+``{"run", "trigger", "kind", "message", "link", ...}`` with the header
+``X-Runyard-Signature: sha256=<hex HMAC-SHA256 of the body under the channel's secret>``.
+
+The webhook's host is resolved once per delivery; every address it resolves to is checked, and
+the connection goes to that address (TLS still verifies the certificate for the name), so a DNS
+answer that changes between the check and the connect (rebinding) cannot send the request
+elsewhere. Link-local addresses (169.254.0.0/16, fe80::/10) and the cloud metadata endpoints
+are refused unless the channel allows the host by name (``--allow HOST``). For Apprise URLs the
+same addresses are refused before the send, but Apprise resolves again by itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import http.client
+import ipaddress
+import json
+import re
+import socket
+import ssl
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from orchestrator.alerts import AlertsError
+from orchestrator.alerts.store import Channel
+
+SIGNATURE_HEADER = "X-Runyard-Signature"
+TIMEOUT_S = 10.0
+# Cloud metadata services (AWS, GCP, Azure, OpenStack: 169.254.169.254; AWS IPv6; ECS; Alibaba).
+METADATA = frozenset(ipaddress.ip_address(a) for a in (
+    "169.254.169.254", "fd00:ec2::254", "169.254.170.2", "100.100.100.200"))
+METADATA_NAMES = frozenset({"metadata.google.internal", "metadata", "instance-data"})
+
+
+class DeliveryError(AlertsError):
+    """A message that did not reach its channel; the message says why (no secret in it)."""
+
+
+@dataclass(frozen=True)
+class Note:
+    """One message: the title, the one-line body, and the fields of the signed webhook's JSON."""
+
+    title: str
+    body: str
+    payload: dict[str, Any] = field(default_factory=dict)
+
+
+def sign(secret: str, body: bytes) -> str:
+    """The header value for ``body``: ``sha256=<hex HMAC-SHA256>``."""
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def refused(address: str) -> str | None:
+    """Why an alert may not be sent to ``address``, or None."""
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip in METADATA:
+        return "a cloud metadata address"
+    if ip.is_link_local:
+        return "a link-local address"
+    return None
+
+
+def resolve(host: str, port: int, allow: tuple[str, ...] = ()) -> str:
+    """Resolve ``host`` once and return the address to connect to.
+
+    Raises:
+        DeliveryError: it does not resolve, or to a refused address, and is not allowed by name.
+    """
+    if host.lower() in METADATA_NAMES and host.lower() not in {a.lower() for a in allow}:
+        raise DeliveryError(f"{host} is a cloud metadata name; refused (allow it by name with --allow {host})")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise DeliveryError(f"{host} does not resolve: {exc}") from None
+    addresses = [str(info[4][0]) for info in infos]
+    if host.lower() not in {a.lower() for a in allow}:
+        for address in addresses:
+            why = refused(address)
+            if why:
+                raise DeliveryError(f"{host} resolves to {address}, {why}; refused (allow it by name with "
+                                    f"--allow {host})")
+    return addresses[0]
+
+
+class _PinnedHTTPS(http.client.HTTPSConnection):
+    """HTTPS to a fixed address, with SNI and certificate checks for the host name."""
+
+    def __init__(self, host: str, address: str, port: int, timeout: float):
+        super().__init__(host, port, timeout=timeout, context=ssl.create_default_context())
+        self._address = address
+
+    def connect(self) -> None:
+        sock = socket.create_connection((self._address, self.port), self.timeout)
+        self.sock = self._context.wrap_socket(sock, server_hostname=self.host)  # type: ignore[attr-defined]
+
+
+class _PinnedHTTP(http.client.HTTPConnection):
+    def __init__(self, host: str, address: str, port: int, timeout: float):
+        super().__init__(host, port, timeout=timeout)
+        self._address = address
+
+    def connect(self) -> None:
+        self.sock = socket.create_connection((self._address, self.port), self.timeout)
+
+
+def send_signed(channel: Channel, note: Note, timeout: float = TIMEOUT_S) -> None:
+    """POST the signed JSON body to the channel's webhook, pinned to the address resolved once."""
+    parts = urlsplit(channel.url)
+    tls = parts.scheme == "runyard+https"
+    host = parts.hostname or ""
+    port = parts.port or (443 if tls else 80)
+    address = resolve(host, port, channel.allow)
+    body = json.dumps(note.payload, sort_keys=True).encode()
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    conn: http.client.HTTPConnection = (_PinnedHTTPS if tls else _PinnedHTTP)(host, address, port, timeout)
+    try:
+        conn.request("POST", path, body=body, headers={
+            "Content-Type": "application/json", "User-Agent": "runyard-alerts",
+            SIGNATURE_HEADER: sign(channel.secret or "", body)})
+        response = conn.getresponse()
+        response.read(4096)
+    except (OSError, http.client.HTTPException) as exc:
+        raise DeliveryError(f"{channel.masked}: {type(exc).__name__}: {exc}") from None
+    finally:
+        conn.close()
+    if not 200 <= response.status < 300:
+        raise DeliveryError(f"{channel.masked}: HTTP {response.status} {response.reason}")
+
+
+def send_apprise(channel: Channel, note: Note) -> None:
+    """Send through Apprise; its own log lines say why a send failed."""
+    import apprise
+
+    parts = urlsplit(channel.url)
+    if (parts.hostname and "." in parts.hostname) or parts.hostname in ("localhost",):
+        try:
+            resolve(parts.hostname or "", parts.port or 0, channel.allow)
+        except DeliveryError as exc:
+            if "does not resolve" not in str(exc):  # a token in the host's place: Apprise knows
+                raise
+    sender = apprise.Apprise()
+    if not sender.add(channel.url):
+        raise DeliveryError(f"{channel.masked}: Apprise does not understand this URL")
+    with apprise.LogCapture(level=apprise.logging.WARNING) as log:
+        ok = sender.notify(body=note.body, title=note.title)
+        said = log.getvalue().strip() if hasattr(log, "getvalue") else ""
+    if not ok:
+        lines = [re.sub(r"^[0-9-]+ [0-9:,]+ - [A-Z]+ - ", "", line) for line in said.splitlines() if line.strip()]
+        raise DeliveryError(f"{channel.masked}: {lines[-1] if lines else 'Apprise could not deliver it'}"[:500])
+
+
+def send(channel: Channel, note: Note) -> None:
+    """Deliver ``note`` to ``channel``.
+
+    Raises:
+        DeliveryError: it was not delivered (the message names the channel masked, and why).
+    """
+    if channel.signed:
+        send_signed(channel, note)
+    else:
+        send_apprise(channel, note)

@@ -1,0 +1,239 @@
+"""The alert channels and the global defaults: ``alerts.json`` in the data folder, mode 0600.
+
+A channel is an Apprise URL (``json://``, ``mailto://``, ``slack://``, ``ntfy://``...) or
+runyard's own signed webhook (``runyard+https://HOST/PATH``, ``runyard+http://...``) with a
+per-channel secret. The file holds the URLs and secrets; the database only ever holds a
+channel's masked URL (:func:`mask_url`), which is also what the UI, the CLI and the logs show.
+Writers take an exclusive lock on the file and replace it whole.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import secrets
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+from db.config import DEFAULT_TRIGGERS, trigger_problem
+from db.layout import ALERTS_FILE
+from orchestrator.alerts import AlertsError
+
+SIGNED_SCHEMES = ("runyard+http", "runyard+https")
+QUIET_HOURS = re.compile(r"^([01][0-9]|2[0-3]):([0-5][0-9])-([01][0-9]|2[0-3]):([0-5][0-9])$")
+
+
+@dataclass(frozen=True)
+class Channel:
+    """One place alerts go.
+
+    Attributes:
+        id: Its number (``runyard alerts rm ID``).
+        url: The Apprise URL or the signed webhook's URL, secrets included.
+        on: The triggers it takes; empty: every trigger enabled for the run.
+        secret: The signed webhook's HMAC key (None for Apprise channels).
+        allow: Host names whose link-local or metadata addresses this channel may reach.
+    """
+
+    id: int
+    url: str
+    on: tuple[str, ...] = ()
+    secret: str | None = None
+    allow: tuple[str, ...] = ()
+    created_at: float = 0.0
+
+    @property
+    def signed(self) -> bool:
+        return urlsplit(self.url).scheme in SIGNED_SCHEMES
+
+    @property
+    def masked(self) -> str:
+        return mask_url(self.url)
+
+    def takes(self, trigger: str) -> bool:
+        return not self.on or trigger in self.on
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """The global rules (a run's ``[alerts]`` changes them for that run).
+
+    Attributes:
+        triggers: The triggers on by default.
+        repeat_s: Default repeat interval of a still-true alert (a run's ``alerts.repeat_s`` wins).
+        quiet_hours: ``"22:00-07:00"`` (local time) or empty: during them only ``urgent``
+            triggers are delivered; the others wait for the end of the quiet hours.
+        urgent: The triggers delivered during quiet hours.
+        day_budget_usd: ``budget`` also fires when the day's cost over every run passes
+            50/80/100% of this (0: none).
+        ui_url: The UI's address for the links in messages (default: where the UI last
+            listened, from ``ui.json``).
+    """
+
+    triggers: tuple[str, ...] = DEFAULT_TRIGGERS
+    repeat_s: float = 3600.0
+    quiet_hours: str = ""
+    urgent: tuple[str, ...] = ("failed", "hang")
+    day_budget_usd: float = 0.0
+    ui_url: str = ""
+
+
+@dataclass(frozen=True)
+class AlertSettings:
+    channels: tuple[Channel, ...] = ()
+    defaults: Defaults = field(default_factory=Defaults)
+
+    def channel(self, channel_id: int) -> Channel:
+        for c in self.channels:
+            if c.id == channel_id:
+                return c
+        raise AlertsError(f"channel {channel_id} does not exist (runyard alerts ls lists them)")
+
+
+def mask_url(url: str) -> str:
+    """The URL with its secrets replaced by ``***``: the password, every path segment, every
+    query value; the host kept when it looks like one (a token in the host's place is masked)."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return "***"
+    if not re.fullmatch(r"[0-9.]+|localhost|[0-9a-f:]+|[a-z0-9-]+(\.[a-z0-9-]+)+", host):
+        host = (host[:3] + "***") if host else ""
+    user = f"{parts.username}:***@" if parts.username and parts.password else (
+        f"{parts.username}@" if parts.username else "")
+    text = f"{parts.scheme}://{user}{host}{f':{port}' if port else ''}"
+    if parts.path.strip("/"):
+        text += "/***"
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    if query:
+        text += "?" + "&".join(f"{k}=***" for k, _ in query)
+    return text
+
+
+def quiet_problem(text: str) -> str | None:
+    """Why ``text`` is not quiet hours (``HH:MM-HH:MM``, or empty for none), or None."""
+    if not text or QUIET_HOURS.match(text):
+        return None
+    return f"quiet_hours = {text!r}: expected HH:MM-HH:MM (24-hour local time, e.g. 22:00-07:00) or empty"
+
+
+def check_url(url: str) -> None:
+    """Refuse a channel URL that cannot work, naming it (masked)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:
+        raise AlertsError(f"channel URL {mask_url(url)}: {exc}") from None
+    if not parts.scheme:
+        raise AlertsError(f"channel URL {mask_url(url)}: no scheme; an Apprise URL (json://, mailto://, slack://, "
+                          "ntfy://...) or runyard+https://HOST/PATH for runyard's signed webhook")
+    if parts.scheme in SIGNED_SCHEMES:
+        if not parts.hostname:
+            raise AlertsError(f"channel URL {mask_url(url)}: no host")
+        return
+    import apprise
+
+    if apprise.Apprise.instantiate(url) is None:
+        raise AlertsError(f"channel URL {mask_url(url)}: Apprise does not understand it (see "
+                          "https://github.com/caronc/apprise/wiki for the URL of each service)")
+
+
+class AlertStore:
+    """Read and change ``alerts.json`` in ``home``."""
+
+    def __init__(self, home: Path):
+        self.path = Path(home) / ALERTS_FILE
+
+    def load(self) -> AlertSettings:
+        """The channels and defaults; none and the built-in defaults when the file is absent."""
+        try:
+            data = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return AlertSettings()
+        except (OSError, ValueError) as exc:
+            raise AlertsError(f"{self.path} cannot be read: {exc}") from None
+        channels = tuple(Channel(id=int(c["id"]), url=str(c["url"]), on=tuple(c.get("on") or ()),
+                                 secret=c.get("secret"), allow=tuple(c.get("allow") or ()),
+                                 created_at=float(c.get("created_at") or 0.0))
+                         for c in data.get("channels") or [])
+        raw = data.get("defaults") or {}
+        known = {k: v for k, v in raw.items() if k in Defaults.__dataclass_fields__}
+        for key in ("triggers", "urgent"):
+            if key in known:
+                known[key] = tuple(known[key])
+        return AlertSettings(channels=channels, defaults=Defaults(**known))
+
+    @contextmanager
+    def _locked(self) -> Iterator[AlertSettings]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path.with_name(f".{ALERTS_FILE}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield self.load()
+        finally:
+            os.close(fd)
+
+    def _save(self, settings: AlertSettings) -> None:
+        data: dict[str, Any] = {"channels": [asdict(c) for c in settings.channels],
+                                "defaults": asdict(settings.defaults)}
+        tmp = self.path.with_name(f".{ALERTS_FILE}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2)
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, self.path)
+
+    def add(self, url: str, on: tuple[str, ...] = (), secret: str | None = None,
+            allow: tuple[str, ...] = ()) -> Channel:
+        """Add a channel (a signed webhook gets a new secret unless one is given)."""
+        check_url(url)
+        for name in on:
+            problem = trigger_problem(name)
+            if problem:
+                raise AlertsError(f"--on {name!r}: {problem}")
+        with self._locked() as settings:
+            signed = urlsplit(url).scheme in SIGNED_SCHEMES
+            if secret is not None and not signed:
+                raise AlertsError("--secret is for runyard+https:// (runyard's signed webhook) channels only")
+            channel = Channel(id=max((c.id for c in settings.channels), default=0) + 1, url=url, on=tuple(on),
+                              secret=(secret or secrets.token_hex(32)) if signed else None, allow=tuple(allow),
+                              created_at=time.time())
+            self._save(replace(settings, channels=(*settings.channels, channel)))
+        return channel
+
+    def remove(self, channel_id: int) -> Channel:
+        with self._locked() as settings:
+            gone = settings.channel(channel_id)
+            self._save(replace(settings, channels=tuple(c for c in settings.channels if c.id != channel_id)))
+        return gone
+
+    def set_defaults(self, **changes: Any) -> Defaults:
+        """Change the global defaults; every value is checked and a bad one named."""
+        for key in changes:
+            if key not in Defaults.__dataclass_fields__:
+                raise AlertsError(f"{key}: not an alert default (one of {', '.join(Defaults.__dataclass_fields__)})")
+        for key in ("triggers", "urgent"):
+            if key in changes:
+                changes[key] = tuple(changes[key])
+                for name in changes[key]:
+                    problem = trigger_problem(name)
+                    if problem:
+                        raise AlertsError(f"{key}: {name!r}: {problem}")
+        problem = quiet_problem(changes.get("quiet_hours", ""))
+        if problem:
+            raise AlertsError(problem)
+        for key in ("repeat_s", "day_budget_usd"):
+            if key in changes and not (isinstance(changes[key], (int, float)) and 0 <= changes[key] < float("inf")):
+                raise AlertsError(f"{key} = {changes[key]!r}: must be a number >= 0")
+        with self._locked() as settings:
+            defaults = replace(settings.defaults, **changes)
+            self._save(replace(settings, defaults=defaults))
+        return defaults

@@ -1,0 +1,190 @@
+"""The CLI's request verbs: ``submit``, ``cancel``, ``pause``, ``stacks``, ``resume``, ``rerun``,
+``fork``, ``pin``. Each validates, writes a request into the database and prints what it did; the scheduler
+carries it out (the CLI never starts or signals a training process).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from db.settings import load_settings
+from orchestrator.cli.base import (
+    COUNT,
+    EXIT_USAGE,
+    RunyardCommand,
+    fail,
+    open_sessions,
+    resolve_ref,
+)
+
+
+@click.command(cls=RunyardCommand)
+@click.argument("config_file", type=click.Path(path_type=Path))  # read_config_text says what is wrong with it
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a config key, e.g. train.lr=0.0005.")
+@click.option("--json", "as_json", is_flag=True, help="Print {\"id\": N} as JSON.")
+def submit(config_file: Path, overrides: tuple[str, ...], as_json: bool) -> None:
+    """Queue a run from a TOML config; prints the new run's id."""
+    from db.config import ConfigError, plausibility_warnings
+    from orchestrator.scheduler.resources import detect_inventory
+    from orchestrator.submission import submit as submit_run
+    from orchestrator.submission import validate_file
+
+    settings = load_settings()
+    try:
+        inventory = detect_inventory()
+        config = validate_file(config_file, list(overrides), inventory)
+        for warning in plausibility_warnings(config):  # queued all the same: the shell has no "are you sure"
+            click.echo(f"warning: {config_file}: {warning}", err=True)
+        run_id = submit_run(open_sessions(settings), settings, config, inventory)
+    except ConfigError as exc:
+        click.echo(f"error: {config_file}: {exc}\nnothing was queued.", err=True)
+        sys.exit(EXIT_USAGE)
+    click.echo(json.dumps({"id": run_id}) if as_json else str(run_id))
+
+
+def _stop_run(run: str, as_json: bool, mode: str) -> None:
+    from db.requests import RequestRefused, request_cancel
+
+    sessions = open_sessions(load_settings())
+    run_id = resolve_ref(sessions, run)
+    with sessions() as session:
+        try:
+            message = request_cancel(session, run_id, who="cli", mode=mode)
+        except RequestRefused as exc:
+            fail(str(exc))
+        session.commit()
+    click.echo(json.dumps({"id": run_id, "message": message}) if as_json else message)
+
+
+@click.command(cls=RunyardCommand)
+@click.argument("run")
+@click.option("--json", "as_json", is_flag=True)
+def cancel(run: str, as_json: bool) -> None:
+    """Cancel a run: SIGTERM (the ranks checkpoint and exit), SIGKILL after supervision.grace_s."""
+    _stop_run(run, as_json, "cancel")
+
+
+@click.command(cls=RunyardCommand)
+@click.argument("run")
+@click.option("--json", "as_json", is_flag=True)
+def pause(run: str, as_json: bool) -> None:
+    """Pause a run: it checkpoints, frees its devices, and `runyard resume RUN` continues it."""
+    _stop_run(run, as_json, "pause")
+
+
+@click.command(cls=RunyardCommand)
+@click.argument("run")
+def stacks(run: str) -> None:
+    """Save every rank's Python stack of a running run (nothing is stopped)."""
+    from db.requests import RequestRefused, request_stack_dump
+
+    sessions = open_sessions(load_settings())
+    run_id = resolve_ref(sessions, run)
+    with sessions() as session:
+        try:
+            message = request_stack_dump(session, run_id)
+        except RequestRefused as exc:
+            fail(str(exc))
+        session.commit()
+    click.echo(message)
+
+
+@click.command(cls=RunyardCommand)
+@click.argument("run")
+@click.option("--step", type=COUNT, default=None, help="Checkpoint step (default: the newest verified one).")
+@click.option("--checkpoint", "checkpoint_id", type=COUNT, default=None,
+              help="Checkpoint id (`runyard show RUN` lists them): a script's own file may have several at a step.")
+@click.option("--json", "as_json", is_flag=True)
+def resume(run: str, step: int | None, checkpoint_id: int | None, as_json: bool) -> None:
+    """Resume a finished run from one of its checkpoints (a new attempt of the same run)."""
+    from db.requests import RequestRefused, request_resume
+
+    sessions = open_sessions(load_settings())
+    run_id = resolve_ref(sessions, run)
+    with sessions() as session:
+        try:
+            chosen = request_resume(session, run_id, step, who="cli", checkpoint_id=checkpoint_id)
+        except RequestRefused as exc:
+            fail(str(exc))
+        session.commit()
+    if as_json:
+        click.echo(json.dumps({"id": run_id, "step": chosen}))
+    else:
+        click.echo(f"run {run_id} queued to resume from step {chosen}" if chosen
+                   else f"run {run_id} queued again from the start")
+
+
+@click.command(cls=RunyardCommand)
+@click.argument("run")
+@click.option("--json", "as_json", is_flag=True)
+def rerun(run: str, as_json: bool) -> None:
+    """Run a finished script run again in its working directory, without a checkpoint (for a
+    script that keeps its own state there)."""
+    from db.requests import RequestRefused, request_rerun
+
+    sessions = open_sessions(load_settings())
+    run_id = resolve_ref(sessions, run)
+    with sessions() as session:
+        try:
+            message = request_rerun(session, run_id, who="cli")
+        except RequestRefused as exc:
+            fail(str(exc))
+        session.commit()
+    click.echo(json.dumps({"id": run_id, "message": message}) if as_json else message)
+
+
+@click.command(cls=RunyardCommand)
+@click.argument("run")
+@click.option("--step", type=COUNT, default=None, help="Checkpoint step of RUN (default: the newest verified one).")
+@click.option("--checkpoint", "checkpoint_id", type=COUNT, default=None, help="Checkpoint id of RUN instead of a step.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Changed setting, e.g. train.lr=0.0001.")
+@click.option("--json", "as_json", is_flag=True)
+def fork(run: str, step: int | None, checkpoint_id: int | None, overrides: tuple[str, ...], as_json: bool) -> None:
+    """Start a new run from a checkpoint of RUN with changed settings; prints the new id."""
+    from db.config import ConfigError
+    from db.requests import RequestRefused
+    from orchestrator.scheduler.resources import detect_inventory
+    from orchestrator.submission import fork as fork_run
+
+    settings = load_settings()
+    sessions = open_sessions(settings)
+    parent = resolve_ref(sessions, run)
+    try:
+        new_id = fork_run(sessions, settings, parent, step, list(overrides), detect_inventory(),
+                          checkpoint_id=checkpoint_id)
+    except ConfigError as exc:
+        click.echo(f"error: {exc}\nnothing was queued.", err=True)
+        sys.exit(EXIT_USAGE)
+    except RequestRefused as exc:
+        fail(str(exc))
+    click.echo(json.dumps({"id": new_id, "parent": parent}) if as_json else str(new_id))
+
+
+@click.command(cls=RunyardCommand)
+@click.argument("run")
+@click.option("--step", type=COUNT, default=None, help="Checkpoint step.")
+@click.option("--checkpoint", "checkpoint_id", type=COUNT, default=None, help="Checkpoint id instead of a step.")
+@click.option("--unpin", is_flag=True, help="Remove the pin instead.")
+def pin(run: str, step: int | None, checkpoint_id: int | None, unpin: bool) -> None:
+    """Pin a checkpoint so that retention never deletes it (or --unpin). A script's own checkpoint
+    file is copied into the run's folder, where the script cannot overwrite it."""
+    from db.requests import RequestRefused, set_pinned
+
+    if step is None and checkpoint_id is None:
+        fail("name the checkpoint: --step N or --checkpoint ID (`runyard show RUN` lists them)")
+    sessions = open_sessions(load_settings())
+    run_id = resolve_ref(sessions, run)
+    with sessions() as session:
+        try:
+            set_pinned(session, run_id, step or 0, not unpin, checkpoint_id=checkpoint_id)
+        except RequestRefused as exc:
+            fail(str(exc))
+        session.commit()
+    what = f"checkpoint {checkpoint_id}" if checkpoint_id is not None else f"step {step}"
+    click.echo(f"run {run_id} {what}: {'unpinned' if unpin else 'pinned'}")
+

@@ -1,0 +1,334 @@
+"""Stack dumps of a running attempt, taken off the scheduler's tick, and what they say about a
+hang.
+
+A dump asks every rank for its Python stacks: SIGUSR1 (the trainer's faulthandler appends them
+to ``stacks/rank-<r>.txt``), then ``py-spy dump`` of each rank when py-spy is installed. SIGUSR1
+goes only to a rank that registered runyard's faulthandler (:func:`has_stack_handler`): a plain
+script never did, and SIGUSR1's default action would kill it. Such a rank gets py-spy alone, or,
+without py-spy, a note in ``stacks/`` that says why its stack could not be taken. py-spy
+can take seconds per process (ptrace, a large heap), so dumps run on a small thread pool
+(:class:`StackDumps`, owned by the scheduler): the tick starts one and reads its result on a
+later tick, and no run's supervision waits for another run's dump.
+
+When one rank alone stopped, the dump names it (:func:`culprit`): the rank that was stopped
+(state T, e.g. SIGSTOP), or the only rank whose stack is outside a collective while the others
+wait inside one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Hashable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from db.layout import AttemptPaths
+from orchestrator.executors.processes import rank_processes
+
+logger = logging.getLogger(__name__)
+
+# How long the ranks get to write their faulthandler stacks after SIGUSR1.
+FAULTHANDLER_WAIT_S = 2.0
+# One ``py-spy dump`` may take this long; the ranks are dumped in parallel.
+PY_SPY_TIMEOUT_S = 10.0
+
+# A frame that waits for the other ranks: torch.distributed's collectives (any backend, FSDP's
+# hooks; not torchrun's elastic package, whose @record wraps every rank's main), runyard's
+# control channel, and autograd's backward, which under DDP ends by waiting for the gradient
+# all-reduce.
+_COLLECTIVE = re.compile(r"torch/distributed/(?!elastic/)|trainer/control\.py|_engine_run_backward")
+
+
+@dataclass(frozen=True)
+class RankStack:
+    """One rank at the moment of the dump."""
+
+    rank: int
+    pid: int
+    stopped: bool  # in state T (SIGSTOP, a debugger) when the dump began
+    text: str  # its newest stacks: what faulthandler appended, else py-spy's output
+    note: str = ""  # why no stack could be taken, when none was (empty otherwise)
+
+    @property
+    def in_collective(self) -> bool:
+        return bool(_COLLECTIVE.search(self.text))
+
+
+@dataclass(frozen=True)
+class StackDump:
+    """The result of one dump: the files in the attempt's ``stacks/`` folder and each rank's
+    stacks, with the rank that alone stopped when the evidence names one."""
+
+    folder: Path
+    files: list[Path]
+    ranks: list[RankStack] = field(default_factory=list)
+
+    def culprit(self) -> tuple[int | None, str]:
+        """See :func:`culprit`."""
+        return culprit(self.ranks)
+
+    def summary(self) -> str:
+        """What the dump saved, for the run's event: the folder, the file count, and each rank
+        whose stack could not be taken (with why)."""
+        text = f"stacks saved in {self.folder} ({len(self.files)} file(s))"
+        missing = [r for r in self.ranks if r.note]
+        if missing:
+            text += "; " + "; ".join(r.note for r in missing)
+        return text
+
+
+def culprit(ranks: list[RankStack]) -> tuple[int | None, str]:
+    """The rank that alone stopped, and why it is named; ``(None, "")`` when the stacks do not
+    single one out (every rank waits, or several are outside a collective).
+
+    First a rank that was stopped (state T) while the others were not; then the one rank whose
+    stacks show no collective while every other rank waits in one.
+    """
+    if len(ranks) < 2:
+        return None, ""
+    stopped = [r for r in ranks if r.stopped]
+    if len(stopped) == 1:
+        return stopped[0].rank, f"rank {stopped[0].rank} was stopped (process state T) while the others ran"
+    known = [r for r in ranks if r.text.strip()]
+    outside = [r for r in known if not r.in_collective]
+    if len(outside) == 1 and len(known) == len(ranks):
+        where = _top_frame(outside[0].text)
+        return outside[0].rank, (f"rank {outside[0].rank} is outside any collective ({where}) while the other "
+                                 "ranks wait in one")
+    return None, ""
+
+
+def _top_frame(text: str) -> str:
+    """The innermost frame of the first thread in a faulthandler or py-spy dump."""
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("File "):  # faulthandler: File "path", line N in func
+            m = re.match(r'File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)', line)
+            if m:
+                return f"{m['func']} at {Path(m['path']).name}:{m['line']}"
+        elif re.match(r"\S+ \(.+:\d+\)$", line):  # py-spy: func (path:line)
+            return line
+    return "its stack"
+
+
+def stack_frames(text: str) -> list[str]:
+    """The frames of the main thread of a faulthandler or py-spy dump (faulthandler's "Current
+    thread", py-spy's "MainThread"; else the first thread), innermost first (``func at file.py:line``)."""
+    blocks: list[tuple[str, list[str]]] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith(("Thread ", "Current thread ")):
+            blocks.append((line, []))
+            continue
+        m = re.match(r'File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)', line)
+        if m is None:
+            m = re.match(r"(?P<func>\S+) \((?P<path>.+):(?P<line>\d+)\)$", line)  # py-spy: func (path:line)
+        if m is not None:
+            if not blocks:
+                blocks.append(("", []))
+            blocks[-1][1].append(f"{m['func']} at {Path(m['path']).name}:{m['line']}")
+    main = [frames for header, frames in blocks if frames and ("Current thread" in header or "MainThread" in header)]
+    return main[-1] if main else next((frames for _, frames in blocks if frames), [])
+
+
+def py_spy_path() -> str | None:
+    """py-spy on PATH, or beside this interpreter (installed into the same virtual environment)."""
+    found = shutil.which("py-spy")
+    if found:
+        return found
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if beside.is_file() else None
+
+
+def _rank_of(proc: psutil.Process) -> int | None:
+    try:
+        env = proc.environ()
+        return int(env.get("RANK", env.get("LOCAL_RANK", "")))
+    except (psutil.Error, OSError, ValueError):
+        return None
+
+
+def _new_text(path: Path, offset: int) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            f.seek(offset)
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _catches_sigusr1(pid: int) -> bool | None:
+    """Whether the process has a handler for SIGUSR1 (the SigCgt mask in ``/proc/<pid>/status``,
+    bit ``SIGUSR1 - 1``); None where there is no /proc to read (not Linux, or the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signal.SIGUSR1 - 1) & 1)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def has_stack_handler(pid: int, rank: int, folder: Path) -> bool:
+    """True when the rank registered runyard's faulthandler on SIGUSR1, so that SIGUSR1 writes its
+    stacks instead of killing it (SIGUSR1's default action: a plain script dies of it).
+
+    Registering (trainer/lifecycle.py ``register_stack_dumps``) creates ``stacks/rank-<r>.txt``;
+    on Linux the process must also catch SIGUSR1 right now (``/proc``'s SigCgt), which tells a
+    rank that restarted and has not registered yet from one that did, and a script's own SIGUSR1
+    handler from runyard's. Without /proc the file alone decides.
+    """
+    if not (folder / f"rank-{rank}.txt").is_file():
+        return False
+    catches = _catches_sigusr1(pid)
+    return catches is None or catches
+
+
+def _faulthandler(procs: dict[int, psutil.Process], folder: Path) -> tuple[dict[int, bool], dict[int, str]]:
+    """SIGUSR1 to every rank in ``procs`` (each registered the handler; SIGCONT after it to a
+    stopped one, so it can write, and SIGSTOP again once it has); waits until each rank's file
+    grew, at most FAULTHANDLER_WAIT_S. Returns who was stopped and the new text."""
+    stopped: dict[int, bool] = {}
+    offsets = {rank: _size(folder / f"rank-{rank}.txt") for rank in procs}
+    for rank, proc in procs.items():
+        try:
+            stopped[rank] = proc.status() == psutil.STATUS_STOPPED
+            proc.send_signal(signal.SIGUSR1)
+            if stopped[rank]:
+                proc.send_signal(signal.SIGCONT)
+        except psutil.Error:
+            stopped[rank] = False
+    deadline = time.monotonic() + FAULTHANDLER_WAIT_S
+    waiting = set(procs)
+    while waiting and time.monotonic() < deadline:
+        time.sleep(0.05)
+        waiting = {r for r in waiting if _size(folder / f"rank-{r}.txt") == offsets[r]}
+    time.sleep(0.1)  # a dump that just began is finished by now (it is a few kB written at once)
+    for rank in (r for r, was in stopped.items() if was):
+        # Back as it was found: the dump must not let a stopped rank train on until the kill.
+        with contextlib.suppress(psutil.Error):
+            procs[rank].send_signal(signal.SIGSTOP)
+    return stopped, {rank: _new_text(folder / f"rank-{rank}.txt", offsets[rank]) for rank in procs}
+
+
+def _py_spy(py_spy: str, procs: dict[int, psutil.Process], folder: Path) -> dict[int, str]:
+    """``py-spy dump`` of every rank at once; each is ended after PY_SPY_TIMEOUT_S."""
+    running: dict[int, tuple[psutil.Process, subprocess.Popen]] = {}
+    for rank, proc in procs.items():
+        try:
+            running[rank] = (proc, subprocess.Popen([py_spy, "dump", "--pid", str(proc.pid)], stdout=subprocess.PIPE,
+                                                    stderr=subprocess.STDOUT, text=True))
+        except OSError as exc:
+            logger.warning("py-spy dump of %d could not start: %s", proc.pid, exc)
+    deadline = time.monotonic() + PY_SPY_TIMEOUT_S
+    texts: dict[int, str] = {}
+    for rank, (proc, child) in running.items():
+        try:
+            out, _ = child.communicate(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.kill()
+            out, _ = child.communicate()
+            out = f"{out or ''}\npy-spy dump timed out after {PY_SPY_TIMEOUT_S:.0f} s\n"
+            logger.warning("py-spy dump of %d timed out after %.0f s", proc.pid, PY_SPY_TIMEOUT_S)
+        texts[rank] = out or ""
+        (folder / f"py-spy-{proc.pid}.txt").write_text(texts[rank])
+    return texts
+
+
+def dump_stacks(
+    run_dir: str, attempt: int, root_pid: int | None, root_create: float | None, attempt_dir: Path
+) -> StackDump:
+    """Save every rank's Python stacks into ``attempt_dir/stacks`` (blocking: up to
+    FAULTHANDLER_WAIT_S plus PY_SPY_TIMEOUT_S; run it through :class:`StackDumps`).
+
+    A rank stopped with SIGSTOP cannot run its handler: it gets SIGCONT right after SIGUSR1, so
+    it writes its stack, and is stopped again after (its stopped state is part of the result).
+    """
+    folder = AttemptPaths(attempt_dir).stacks
+    folder.mkdir(parents=True, exist_ok=True)
+    procs: dict[int, psutil.Process] = {}
+    for proc in rank_processes(run_dir, attempt, root_pid, root_create):
+        rank = _rank_of(proc)
+        if rank is not None:
+            procs[rank] = proc
+    # Only a rank with runyard's handler gets SIGUSR1; a plain script's rank would die of it.
+    handled = {rank: proc for rank, proc in procs.items() if has_stack_handler(proc.pid, rank, folder)}
+    unhandled = sorted(procs.keys() - handled.keys())
+    stopped, texts = _faulthandler(handled, folder)
+    for rank in unhandled:
+        try:
+            stopped[rank] = procs[rank].status() == psutil.STATUS_STOPPED
+        except psutil.Error:
+            stopped[rank] = False
+    py_spy = py_spy_path()
+    spied = _py_spy(py_spy, procs, folder) if py_spy and procs else {}
+    notes: dict[int, str] = {}
+    for rank in unhandled:
+        if py_spy is None:
+            notes[rank] = (f"rank {rank}'s stack could not be taken: it does not use runyard's SDK (no stack "
+                           "handler, and a signal would kill it) and py-spy is not installed (pip install py-spy)")
+            (folder / f"rank-{rank}-not-taken.txt").write_text(notes[rank] + "\n")
+    ranks = [RankStack(rank, procs[rank].pid, stopped.get(rank, False), texts.get(rank, "").strip()
+                       or spied.get(rank, ""), notes.get(rank, ""))
+             for rank in sorted(procs)]
+    return StackDump(folder=folder, files=sorted(folder.iterdir()), ranks=ranks)
+
+
+class StackDumps:
+    """The scheduler's stack dumps in flight, on a small thread pool of their own.
+
+    Keyed by whatever the caller chooses (the scheduler uses ``(run id, attempt, purpose)``).
+    :meth:`start` is a no-op while a dump of that key runs; :meth:`take` hands a finished
+    dump's result over once. Nothing here touches the database: the tick records what a dump
+    found.
+    """
+
+    def __init__(self, workers: int = 2):
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="runyard-stacks")
+        self._running: dict[Hashable, Future[StackDump]] = {}
+
+    def start(self, key: Hashable, job: Callable[[], StackDump]) -> None:
+        """Begin a dump (``job``: the executor's, e.g. :func:`dump_stacks` of a local attempt)
+        unless one with this key is already running."""
+        if key not in self._running:
+            self._running[key] = self._pool.submit(job)
+
+    def running(self, key: Hashable) -> bool:
+        """True while the dump with this key has been started and its result not yet taken."""
+        return key in self._running
+
+    def take(self, key: Hashable) -> StackDump | BaseException | None:
+        """The finished dump's result (or the exception it raised), removed; None while it is
+        still running or when none was started."""
+        future = self._running.get(key)
+        if future is None or not future.done():
+            return None
+        del self._running[key]
+        error = future.exception()
+        return error if error is not None else future.result()
+
+    def discard(self, key: Hashable) -> None:
+        """Forget a dump whose result nobody will read (it still runs to its end)."""
+        self._running.pop(key, None)
+
+    def close(self) -> None:
+        """Stop taking dumps; those in flight finish in the background."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
