@@ -182,6 +182,10 @@ def running_product(home: Path, db_url: str | None = None) -> Iterator[Product]:
     # A test installation: the fault hooks (trainer/faults.py) work here, and stay inert until a
     # test sets one of the RUNYARD_FAULT_* variables. Real installations never set the switch.
     env["RUNYARD_FAULTS"] = "1"
+    # Its own TorchInductor cache: the default (/tmp/torchinductor_<user>) is shared by every test
+    # and every session on the machine, and a compile killed half-way (a test's timeout) once left
+    # a truncated .so there that failed the next compiled run.
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(home / "inductor-cache")
     p = Product(home=home, env=env)
     try:
         yield p
