@@ -15,6 +15,7 @@ same addresses are refused before the send, but Apprise resolves again by itself
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import http.client
@@ -23,6 +24,8 @@ import json
 import re
 import socket
 import ssl
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -135,21 +138,67 @@ def send_signed(channel: Channel, note: Note, timeout: float = TIMEOUT_S) -> Non
         raise DeliveryError(f"{channel.masked}: HTTP {response.status} {response.reason}")
 
 
+# Names pinned to an address while a send to them runs (:func:`pinned`): what Apprise's HTTP
+# client (requests, urllib3) resolves, in whichever of Apprise's threads it runs. {name: [address,
+# sends in flight]}, under the lock.
+_PINS: dict[str, list[Any]] = {}
+_PINS_LOCK = threading.Lock()
+
+
+def _pinning(resolver: Any) -> Any:
+    def getaddrinfo(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(host, str):
+            with _PINS_LOCK:
+                pin = _PINS.get(host.lower())
+            if pin is not None:
+                host = pin[0]
+        return resolver(host, port, *args, **kwargs)
+
+    getaddrinfo.runyard_pinning = True  # type: ignore[attr-defined]
+    return getaddrinfo
+
+
+@contextlib.contextmanager
+def pinned(host: str, address: str) -> Iterator[None]:
+    """While the block runs, lookups of ``host`` in this process give ``address`` (the one that
+    :func:`resolve` checked): a name re-pointed between the check and the connection (DNS
+    rebinding) cannot move the send. Apprise sends from a thread of its own, so the pin is the
+    process's, for as long as a send to that name runs; other names resolve as before. The
+    certificate is still checked against ``host`` (the client keeps the name for SNI)."""
+    key = host.lower()
+    with _PINS_LOCK:
+        if not getattr(socket.getaddrinfo, "runyard_pinning", False):
+            socket.getaddrinfo = _pinning(socket.getaddrinfo)  # once, around whatever resolver is there
+        pin = _PINS.setdefault(key, [address, 0])
+        pin[1] += 1
+    try:
+        yield
+    finally:
+        with _PINS_LOCK:
+            pin[1] -= 1
+            if pin[1] == 0:
+                del _PINS[key]
+
+
 def send_apprise(channel: Channel, note: Note) -> None:
-    """Send through Apprise; its own log lines say why a send failed."""
+    """Send through Apprise; its own log lines say why a send failed. A host name in the URL is
+    resolved once, checked (:func:`resolve`) and pinned for the send (:func:`pinned`)."""
     import apprise
 
     parts = urlsplit(channel.url)
+    pin: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
     if (parts.hostname and "." in parts.hostname) or parts.hostname in ("localhost",):
         try:
-            resolve(parts.hostname or "", parts.port or 0, channel.allow)
+            address = resolve(parts.hostname or "", parts.port or 0, channel.allow)
         except DeliveryError as exc:
             if "does not resolve" not in str(exc):  # a token in the host's place: Apprise knows
                 raise
+        else:
+            pin = pinned(parts.hostname or "", address)
     sender = apprise.Apprise()
     if not sender.add(channel.url):
         raise DeliveryError(f"{channel.masked}: Apprise does not understand this URL")
-    with apprise.LogCapture(level=apprise.logging.WARNING) as log:
+    with pin, apprise.LogCapture(level=apprise.logging.WARNING) as log:
         ok = sender.notify(body=note.body, title=note.title)
         said = log.getvalue().strip() if hasattr(log, "getvalue") else ""
     if not ok:

@@ -27,7 +27,7 @@ from db.metricstore import write_points
 from db.models import Alert, AlertDelivery, Attempt, Event, Run, SystemMetric
 from db.settings import Settings
 from orchestrator.alerts import AlertsError
-from orchestrator.alerts.channels import DeliveryError, Note, resolve, send_signed
+from orchestrator.alerts.channels import DeliveryError, Note, resolve, send, send_signed
 from orchestrator.alerts.delivery import DeliveryWorker
 from orchestrator.alerts.engine import AlertEngine, history, in_quiet_hours, open_alert_runs, send_test
 from orchestrator.alerts.store import AlertStore, Channel, mask_url
@@ -393,6 +393,32 @@ def test_webhook_target_resolved_once_pinned_and_metadata_refused(monkeypatch: p
     assert calls == ["hooks.rebind.test"]  # resolved once; the connection went to that address
     with pytest.raises(DeliveryError, match="cloud metadata address"):
         send_signed(channel, Note("t", "b", {}))
+
+
+def test_an_apprise_webhook_is_pinned_to_the_address_it_was_checked_at(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Apprise's generic webhooks (json://, form://, xml://) re-resolve the name in their own HTTP
+    client, from a thread of Apprise's; the send pins it to the address the check saw. The same
+    stand-in resolver as above: 127.0.0.1 first, the metadata address after that."""
+    real = socket.getaddrinfo
+    calls = []
+
+    def rebinding(host: str, port: object, *args: object, **kwargs: object) -> list:
+        if host != "hooks.rebind.test":
+            return real(host, port, *args, **kwargs)  # type: ignore[arg-type]
+        calls.append(host)
+        address = "127.0.0.1" if len(calls) == 1 else "169.254.169.254"
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", rebinding)
+    with http_receiver() as receiver:
+        channel = Channel(id=1, url=f"json://hooks.rebind.test:{receiver.port}/hook")
+        send(channel, Note("title", "body", {}))
+        assert len(receiver.posts) == 1 and receiver.posts[0].headers["Host"].startswith("hooks.rebind.test")
+        assert receiver.posts[0].json["message"] == "body"
+    assert calls == ["hooks.rebind.test"]  # resolved once, by the check; the send went to that address
+    assert socket.getaddrinfo("localhost", 80) == real("localhost", 80)  # outside a send, lookups as before
+    with pytest.raises(DeliveryError, match="cloud metadata address"):  # the next send's check sees the rebind
+        send(channel, Note("title", "body", {}))
 
 
 def test_the_alert_job_runs_beside_the_tick(sessions: sessionmaker[Session], settings: Settings) -> None:
