@@ -69,19 +69,9 @@ from orchestrator.ui_access import TokenSource
 logger = logging.getLogger(__name__)
 
 METRICS_PATH = "/metrics"
-RECENT_ENV = "RUNYARD_METRICS_RECENT_S"
-DEFAULT_RECENT_S = 3600.0
+# How long after it ended a run keeps its series: RUNYARD_METRICS_RECENT_S (db/settings.py).
+DEFAULT_RECENT_S: float = EnvSettings.model_fields["metrics_recent_s"].default
 _HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
-
-
-def recent_window_s(environ: Mapping[str, str] | None = None) -> float:
-    """How long after it ended a run keeps its series: ``RUNYARD_METRICS_RECENT_S`` seconds
-    (default 3600), one of db/settings.py's variables.
-
-    Raises:
-        SettingsError: the variable is not a number of seconds >= 0, naming it and its value.
-    """
-    return EnvSettings.from_env(environ).metrics_recent_s
 
 
 def firing_alerts(session: Session) -> dict[str, int]:

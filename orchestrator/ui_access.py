@@ -65,11 +65,7 @@ def ensure_token(path: Path) -> str:
     if token is None:
         candidate = new_token()
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.new")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="ascii") as f:
-            f.write(candidate + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        _write_private(tmp, candidate)
         try:
             os.link(tmp, path)
         except FileExistsError:
@@ -89,13 +85,18 @@ def rotate_token(path: Path) -> str:
     """Replace the token in ``path`` with a new one (atomically); every old session ends."""
     token = new_token()
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    _write_private(tmp, token)
+    os.replace(tmp, path)
+    return token
+
+
+def _write_private(path: Path, token: str) -> None:
+    """``token`` and a newline into a new file readable by its owner only, synced to disk."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="ascii") as f:
         f.write(token + "\n")
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return token
 
 
 class TokenSource:

@@ -364,18 +364,12 @@ def test_cli_add_test_history_and_rm(sessions: sessionmaker[Session], settings: 
         assert history(s, run_id)[0]["deliveries"][0]["channel"].startswith("runyard+http://127.0.0.1:")
 
 
-def test_webhook_target_resolved_once_pinned_and_metadata_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(DeliveryError, match="cloud metadata address"):
-        resolve("169.254.169.254", 80)
-    with pytest.raises(DeliveryError, match="link-local"):
-        resolve("169.254.10.1", 80)
-    with pytest.raises(DeliveryError, match="link-local"):
-        resolve("fe80::1", 80)
-    assert resolve("169.254.169.254", 80, allow=("169.254.169.254",)) == "169.254.169.254"
-    # DNS rebinding cannot be staged here without a resolver of our own: the name's lookups are
-    # answered by a stand-in that gives 127.0.0.1 first and the metadata address after that.
+def rebinding_dns(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """DNS rebinding cannot be staged here without a resolver of our own: lookups of
+    ``hooks.rebind.test`` are answered by a stand-in that gives 127.0.0.1 first and the metadata
+    address after that (other names resolve as before). Returns the list of its lookups."""
     real = socket.getaddrinfo
-    calls = []
+    calls: list[str] = []
 
     def rebinding(host: str, port: object, *args: object, **kwargs: object) -> list:
         if host != "hooks.rebind.test":
@@ -385,6 +379,18 @@ def test_webhook_target_resolved_once_pinned_and_metadata_refused(monkeypatch: p
         return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port))]
 
     monkeypatch.setattr(socket, "getaddrinfo", rebinding)
+    return calls
+
+
+def test_webhook_target_resolved_once_pinned_and_metadata_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(DeliveryError, match="cloud metadata address"):
+        resolve("169.254.169.254", 80)
+    with pytest.raises(DeliveryError, match="link-local"):
+        resolve("169.254.10.1", 80)
+    with pytest.raises(DeliveryError, match="link-local"):
+        resolve("fe80::1", 80)
+    assert resolve("169.254.169.254", 80, allow=("169.254.169.254",)) == "169.254.169.254"
+    calls = rebinding_dns(monkeypatch)
     with http_receiver() as receiver:
         url = f"runyard+http://hooks.rebind.test:{receiver.port}/hook"
         channel = Channel(id=1, url=url, secret="k")  # noqa: S106 - a test key
@@ -397,19 +403,9 @@ def test_webhook_target_resolved_once_pinned_and_metadata_refused(monkeypatch: p
 
 def test_an_apprise_webhook_is_pinned_to_the_address_it_was_checked_at(monkeypatch: pytest.MonkeyPatch) -> None:
     """Apprise's generic webhooks (json://, form://, xml://) re-resolve the name in their own HTTP
-    client, from a thread of Apprise's; the send pins it to the address the check saw. The same
-    stand-in resolver as above: 127.0.0.1 first, the metadata address after that."""
+    client, from a thread of Apprise's; the send pins it to the address the check saw."""
     real = socket.getaddrinfo
-    calls = []
-
-    def rebinding(host: str, port: object, *args: object, **kwargs: object) -> list:
-        if host != "hooks.rebind.test":
-            return real(host, port, *args, **kwargs)  # type: ignore[arg-type]
-        calls.append(host)
-        address = "127.0.0.1" if len(calls) == 1 else "169.254.169.254"
-        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port))]
-
-    monkeypatch.setattr(socket, "getaddrinfo", rebinding)
+    calls = rebinding_dns(monkeypatch)
     with http_receiver() as receiver:
         channel = Channel(id=1, url=f"json://hooks.rebind.test:{receiver.port}/hook")
         send(channel, Note("title", "body", {}))

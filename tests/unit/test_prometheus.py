@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.prometheus import DEFAULT_RECENT_S, RECENT_ENV, RunyardCollector, recent_window_s
+from app.prometheus import DEFAULT_RECENT_S, RunyardCollector
 from db import queries
 from db.config import RunConfig
 from db.inventory import Inventory
@@ -30,7 +30,7 @@ from db.metricstore import write_points
 from db.models import Alert, Attempt, SchedulerHeartbeat
 from db.requests import Price, create_run
 from db.scheduler_file import SchedulerFile
-from db.settings import Settings, SettingsError
+from db.settings import EnvSettings, Settings, SettingsError
 from db.states import RunStatus, transition
 from orchestrator.cli.group import cli
 from orchestrator.scheduler.resources import detect_inventory
@@ -38,6 +38,7 @@ from orchestrator.scheduler.resources import detect_inventory
 pytestmark = pytest.mark.both_dbs
 
 HOST = "this-node"
+RECENT_ENV = "RUNYARD_METRICS_RECENT_S"
 UUIDS = ("GPU-00000000-aaaa-0000-0000-000000000000", "GPU-11111111-bbbb-1111-1111-111111111111",
          "GPU-22222222-cccc-2222-2222-222222222222")
 
@@ -266,11 +267,11 @@ def test_before_the_database_exists_only_the_queue_answers_with_zeros(settings: 
 
 
 def test_the_window_comes_from_the_environment_and_a_bad_value_is_named() -> None:
-    assert recent_window_s({}) == DEFAULT_RECENT_S
-    assert recent_window_s({RECENT_ENV: "600"}) == 600
+    assert EnvSettings.from_env({}).metrics_recent_s == DEFAULT_RECENT_S == 3600
+    assert EnvSettings.from_env({RECENT_ENV: "600"}).metrics_recent_s == 600
     for bad in ("soon", "-5", "inf", "nan"):
         with pytest.raises(SettingsError, match=f"{RECENT_ENV} = '{bad}'"):
-            recent_window_s({RECENT_ENV: bad})
+            EnvSettings.from_env({RECENT_ENV: bad})
 
 
 def test_runyard_token_scrape_prints_its_own_token_and_rotates_it_alone(settings: Settings) -> None:
