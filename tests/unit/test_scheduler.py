@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from db.config import RunConfig, parse_config
 from db.inventory import Inventory
-from db.models import Attempt, Run, SchedulerHeartbeat
+from db.models import Attempt, Run, RunStatusHistory, SchedulerHeartbeat
 from db.requests import request_cancel, request_resume
 from db.settings import Settings
 from orchestrator.scheduler.loop import Scheduler, SchedulerLocked, acquire_lock
@@ -302,16 +302,11 @@ def test_failures_are_retried_with_backoff_until_the_budget_is_spent(sessions: s
                                                                       settings: Settings) -> None:
     run_id = queue(sessions, settings, "fails", retry={"max_retries": 2, "backoff_s": 0.5, "backoff_max_s": 5})
     scheduler = make_scheduler(sessions, settings)
-    seen_retrying = False
-
-    def done() -> bool:
-        nonlocal seen_retrying
-        current = status(sessions, run_id)
-        seen_retrying |= current == "RETRYING"
-        return current == "FAILED"
-
-    tick_until(scheduler, done, timeout=30)
-    assert seen_retrying
+    tick_until(scheduler, lambda: status(sessions, run_id) == "FAILED", timeout=30)
+    with sessions() as s:  # RETRYING between the attempts (one tick can settle and relaunch under load)
+        moves = s.scalars(select(RunStatusHistory.to_status).where(RunStatusHistory.run_id == run_id)
+                          .order_by(RunStatusHistory.id)).all()
+    assert moves == ["QUEUED", *["STARTING", "RETRYING"] * 2, "STARTING", "FAILED"]
     tries = attempts(sessions, run_id)
     assert [a.number for a in tries] == [1, 2, 3]
     gaps = [b.started_at - a.ended_at for a, b in pairwise(tries)]
