@@ -24,7 +24,8 @@ from app import data, style
 from db.states import TERMINAL, RunStatus
 
 TERMINAL_VALUES = {s.value for s in TERMINAL}
-CANCELLABLE = {RunStatus.QUEUED, RunStatus.STARTING, RunStatus.RUNNING, RunStatus.RETRYING, RunStatus.PAUSED}
+CANCELLABLE = {RunStatus.QUEUED, RunStatus.STARTING, RunStatus.RUNNING, RunStatus.RETRYING, RunStatus.PAUSED,
+               RunStatus.PAUSING}
 PAUSABLE = {RunStatus.STARTING, RunStatus.RUNNING}
 NEW_RUN_PAGE = "views/new_run.py"
 RUN_PAGE = "views/run.py"
