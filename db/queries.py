@@ -89,31 +89,63 @@ def _run_summaries(session: Session, runs: Sequence[RunLike], now: float) -> lis
             .group_by(Checkpoint.run_id, Checkpoint.attempt)
         )
         written = {(run_id, attempt): at for run_id, attempt, at in rows}
-    # Only a run that is still going has an ETA to project, from its newest attempt's rank 0.
+    # Only a run that is still going has an ETA to project, from its newest attempt's rank 0; a
+    # run queued to resume has none until its new attempt trains (its old pace ended elsewhere).
     live = [(r.id, attempts[r.id][-1].number, 0) for r in runs
-            if attempts[r.id] and RunStatus(r.status) not in TERMINAL]
+            if attempts[r.id] and RunStatus(r.status) not in TERMINAL and RunStatus(r.status) is not RunStatus.QUEUED]
     points = metricstore.recent_many(session, "loss", live, limit=ETA_POINTS)
+    # A run queued to resume from a checkpoint is at that checkpoint's step, not where it stopped.
+    resumes = {r.resume_checkpoint_id for r in runs if r.resume_checkpoint_id is not None}
+    resume_steps: dict[int, int] = dict(session.execute(
+        select(Checkpoint.id, Checkpoint.step).where(Checkpoint.id.in_(resumes))).all()) if resumes else {}
     return [
         _run_summary(r, attempts[r.id], written,
-                     points.get((r.id, attempts[r.id][-1].number, 0), []) if attempts[r.id] else [], now)
+                     points.get((r.id, attempts[r.id][-1].number, 0), []) if attempts[r.id] else [], now,
+                     resume_steps.get(r.resume_checkpoint_id) if r.resume_checkpoint_id is not None else None)
         for r in runs
     ]
 
 
+def lineage_step(status: RunStatus, attempts: Sequence[Any], resume_step: int | None,
+                 parent_step: int | None) -> int:
+    """The step a run is at on its lineage: the step its pending resume starts from (a run queued
+    to resume from step 5000 is at 5000, not at the 10000 it had reached); else its newest
+    attempt's (an older one may have got further before the run was resumed from an earlier
+    checkpoint); else, for a fork that has not started, its parent's step; else 0."""
+    if status is RunStatus.QUEUED and resume_step is not None:
+        return resume_step
+    if attempts:
+        return attempts[-1].last_step or attempts[-1].resume_step or 0
+    return parent_step or 0
+
+
+def elapsed_s(run: RunLike, attempts: Sequence[Any], now: float) -> float | None:
+    """How long the run has been at work: its attempts' time (launch to end, or to ``now``) plus
+    the waits before retries (the backoff after a failure, the current one included), never the
+    time it sat paused, cancelled or finished before a person resumed it. None before it started."""
+    if not attempts:
+        return ((run.ended_at or now) - run.started_at) if run.started_at else None
+    held = sum((a.ended_at or now) - a.started_at for a in attempts)
+    waits = sum(b.started_at - (a.ended_at or b.started_at) for a, b in pairwise(attempts) if a.cause)
+    last = attempts[-1]
+    if RunStatus(run.status) is RunStatus.RETRYING and last.ended_at is not None:
+        waits += max(0.0, now - last.ended_at)
+    return held + waits
+
+
 def _run_summary(run: RunLike, attempts: list[AnyRow], written: dict[tuple[int, int], float],
-                 recent_loss: list[tuple[int, float, float]], now: float) -> dict[str, Any]:
+                 recent_loss: list[tuple[int, float, float]], now: float,
+                 resume_step: int | None = None) -> dict[str, Any]:
     """One run's summary from what :func:`_run_summaries` read: its attempts (oldest first), the
-    newest checkpoint time per (run, attempt), and rank 0's newest loss points of its newest
-    attempt (newest first)."""
-    # The newest attempt is the run's current lineage (an older one may have got further
-    # before the run was resumed from an earlier checkpoint).
-    step = (attempts[-1].last_step or attempts[-1].resume_step or 0) if attempts else 0
+    newest checkpoint time per (run, attempt), rank 0's newest loss points of its newest attempt
+    (newest first), and the step of the checkpoint a pending resume starts from."""
     status = RunStatus(run.status)
+    step = lineage_step(status, attempts, resume_step, run.parent_step)
     eta: float | None
     estimate: Eta | None = None
     if status is RunStatus.SUCCEEDED:
         eta = 0.0
-    elif status in TERMINAL or not attempts or not run.max_steps:
+    elif status in TERMINAL or status is RunStatus.QUEUED or not attempts or not run.max_steps:
         eta = None
     else:
         estimate = eta_estimate([(int(s), float(t)) for s, _, t in recent_loss], run.max_steps)
@@ -138,7 +170,7 @@ def _run_summary(run: RunLike, attempts: list[AnyRow], written: dict[tuple[int, 
         "created_at": run.created_at,
         "started_at": run.started_at,
         "ended_at": run.ended_at,
-        "elapsed_s": ((run.ended_at or now) - run.started_at) if run.started_at else None,
+        "elapsed_s": elapsed_s(run, attempts, now),
         "attempt_count": len(attempts),
         "cost_usd": round(cost, 6),
         "cost_wasted_usd": round(wasted, 6),
@@ -346,10 +378,13 @@ def run_tags(session: Session) -> list[str]:
     return sorted(tags)
 
 
-def latest_metrics(session: Session, run_id: int) -> dict[str, dict[str, float]]:
-    """The newest value of each metric on each rank (the newest attempt's largest step):
-    ``{"loss": {"0": 0.41, "1": 0.43}}``; NaN is ``float("nan")``."""
-    return metricstore.latest(session, run_id)
+def latest_metrics(session: Session, run_id: int,
+                   attempts: list[dict[str, Any]] | None = None) -> dict[str, dict[str, float]]:
+    """The newest value of each metric on each rank along the run's lineage (what an attempt
+    logged after a later attempt's resume step is left out; ``attempts`` as :func:`attempts_of`
+    gives them, read when None): ``{"loss": {"0": 0.41, "1": 0.43}}``; NaN is ``float("nan")``."""
+    attempts = attempts_of(session, run_id) if attempts is None else attempts
+    return metricstore.latest(session, run_id, lineage_cutoffs(attempts))
 
 
 def attempts_of(session: Session, run_id: int) -> list[dict[str, Any]]:
@@ -432,7 +467,11 @@ def run_detail(session: Session, run_id: int) -> dict[str, Any]:
         a["recovery_s"] = (b["first_step_at"] - a["failed_at"]) if b["first_step_at"] and a["failed_at"] else None
     detail["goodput"] = goodput(session, run, attempts)
     detail["goodput_parts"] = goodput_parts(session, run, attempts) if detail["goodput"] is not None else None
-    detail["metrics"] = latest_metrics(session, run_id)
+    pending = detail["step"] if run.resume_checkpoint_id is not None and run.status == RunStatus.QUEUED else None
+    # A resume already asked for abandons what came after its step, as its attempt will.
+    lineage = attempts + ([{"number": attempts[-1]["number"] + 1, "resume_step": pending}]
+                          if attempts and pending is not None else [])
+    detail["metrics"] = latest_metrics(session, run_id, lineage)
     detail["checkpoints"] = checkpoints_of(session, run_id)
     detail["history"] = status_history(session, run_id)
     detail["events"] = events_of(session, run_id)

@@ -182,3 +182,40 @@ def test_delete_is_refused_while_a_fork_may_still_start_from_its_checkpoint(
         assert deletion_plan(s, parent).refused == (
             f"run {fork} (QUEUED) was forked from run {parent} and may still start from its checkpoint: let it "
             "finish or cancel it first")
+
+
+def test_a_run_queued_to_resume_shows_the_resume_step_no_eta_no_abandoned_eval_and_no_paused_time(
+        sessions: sessionmaker[Session], settings: Settings) -> None:
+    """Issue 29 item 4: a run that reached step 10 (eval at 9), was paused for an hour, then queued
+    to resume from its checkpoint at step 5: the page's numbers are the lineage's. Step 5 (not
+    10), no ETA, no eval from step 9 (abandoned by the resume), elapsed the attempt's 100 s."""
+    from db.requests import request_resume
+
+    with sessions() as s:
+        run_id = _run(s, settings, "paused", ends=RunStatus.RUNNING)
+        s.add(Attempt(run_id=run_id, number=1, status="PAUSED", dir="/nowhere", started_at=1000.0, ended_at=1100.0,
+                      first_step_at=1001.0, last_step=10))
+        s.add(Checkpoint(run_id=run_id, attempt=1, step=5, path="/c/5", bytes=1, sha256="0", params_digest="0",
+                         blocked_s=0.1, total_s=0.2, created_at=1050.0))
+        s.flush()
+        write_points(s.connection(), [
+            *({"run_id": run_id, "attempt": 1, "rank": 0, "step": i, "key": "loss", "value": 1.0 / i,
+               "wall_time": 1000.0 + i} for i in range(1, 11)),
+            {"run_id": run_id, "attempt": 1, "rank": 0, "step": 4, "key": "eval_accuracy", "value": 0.5,
+             "wall_time": 1004.0},
+            {"run_id": run_id, "attempt": 1, "rank": 0, "step": 9, "key": "eval_accuracy", "value": 0.9,
+             "wall_time": 1009.0}])
+        assert transition(s, run_id, RunStatus.PAUSING, "test")
+        assert transition(s, run_id, RunStatus.PAUSED, "test", now=1100.0)
+        s.commit()
+        assert run_detail(s, run_id)["metrics"]["eval_accuracy"] == {"0": 0.9}  # paused at 10: step 9 is on it
+        assert request_resume(s, run_id, step=5) == 5
+        s.commit()
+        detail = run_detail(s, run_id)
+        assert (detail["status"], detail["step"], detail["progress"]) == ("QUEUED", 5, 0.05)
+        assert detail["eta_s"] is None and detail["eta_range_s"] is None
+        assert detail["elapsed_s"] == 100.0  # the hour it sat paused is not work
+        assert detail["metrics"]["eval_accuracy"] == {"0": 0.5}  # step 4's, not the abandoned step 9's
+        assert detail["metrics"]["loss"] == {"0": 1.0 / 5}
+        (listed,) = list_runs(s)
+        assert (listed["step"], listed["elapsed_s"]) == (5, 100.0)
