@@ -78,3 +78,19 @@ def test_edit_on_the_run_page_renames_tags_and_notes_and_keeps_each_change(
     at.text_input(key=f"edit-name-{run_id}").input("bad name")
     next(b for b in at.button if b.label == "Save").click().run()
     assert "name 'bad name': use letters, digits" in at.toast[0].value.replace("\\", "")  # Markdown-escaped
+
+
+def test_compare_shows_each_runs_tags_and_the_first_line_of_its_note(
+        settings: Settings, sessions: sessionmaker[Session]) -> None:
+    from orchestrator.run_edits import edit_run
+
+    with sessions() as s:
+        first = add_run(s, settings, "first")
+        second = add_run(s, settings, "second")
+        edit_run(s, first, add_tags=["baseline"], note="warmup 100 steps\nthen cosine")
+        s.commit()
+    at = open_page("views/compare.py", runs=f"{first},{second}")
+    no_exception(at)
+    summary = at.table[0].value.set_index("run")  # Markdown-escaped cells: \#1
+    assert summary.loc["\\#1 first", "tags"] == "baseline" and summary.loc["\\#2 second", "tags"] == "—"
+    assert summary.loc["\\#1 first", "note"] == "warmup 100 steps…"  # the rest is on the Run page
