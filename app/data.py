@@ -33,6 +33,7 @@ from db.requests import (
 )
 from db.scheduler_file import read_scheduler_file
 from db.settings import Settings, load_settings
+from orchestrator import run_edits
 from orchestrator.scheduler.resources import detect_inventory
 from orchestrator.scripts.allowed_roots import ScriptRoots, changes_what_runs, script_roots
 from orchestrator.submission import fork, submit, validate
@@ -89,8 +90,10 @@ def scheduler_status() -> dict[str, Any]:
 
 @st.cache_data(ttl=1.0, show_spinner=False)
 def list_runs(statuses: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """Every run, archived ones too (the Run and Compare pages' pickers: a link to an archived run
+    opens it); the Runs page's list is :func:`runs_list`."""
     with sessions()() as s:
-        return queries.list_runs(s, list(statuses) or None)
+        return queries.list_runs(s, list(statuses) or None, where=queries.RunFilter(archived=True))
 
 
 @st.cache_data(ttl=1.0, show_spinner=False)
@@ -402,3 +405,75 @@ def metric_summaries(run_ids: tuple[int, ...], keys: tuple[str, ...]) -> dict[tu
     """Final and best value of each metric of each run (db.compare.metric_summaries)."""
     with sessions()() as s:
         return compare.metric_summaries(s, run_ids, keys)
+
+
+# -- the Runs list as a workspace, and a run's name, tags and note (orchestrator/run_edits.py) ----
+
+
+@st.cache_data(ttl=1.0, show_spinner=False)
+def runs_list(statuses: tuple[str, ...] = (), search: str = "", tags: tuple[str, ...] = (), starred: bool = False,
+              archived: bool = False, sort: str = "id", descending: bool = True) -> list[dict[str, Any]]:
+    """The Runs page's list (db.compare.runs_list): filtered, with its summary metric columns, sorted."""
+    where = queries.RunFilter(statuses=statuses, search=search, tags=tags, starred=starred, archived=archived)
+    with sessions()() as s:
+        return compare.runs_list(s, where, sort, descending)
+
+
+@st.cache_data(ttl=5.0, show_spinner=False)
+def run_tags() -> list[str]:
+    with sessions()() as s:
+        return queries.run_tags(s)
+
+
+def _edits_changed() -> None:
+    _changed()
+    runs_list.clear()
+    run_tags.clear()
+    compare_runs.clear()
+
+
+def edit_run(run_id: int, *, name: str | None = None, add_tags: tuple[str, ...] = (),
+             remove_tags: tuple[str, ...] = (), note: str | None = None) -> tuple[bool, str]:
+    """Rename, retag, annotate a run: (done, a sentence saying what changed or why nothing did)."""
+    with sessions()() as s:
+        try:
+            done = run_edits.edit_run(s, run_id, name=name, add_tags=add_tags, remove_tags=remove_tags, note=note,
+                                      who="ui")
+        except RequestRefused as exc:
+            return False, str(exc)
+        s.commit()
+    _edits_changed()
+    return True, (f"Run {run_id}: " + "; ".join(done) + ".") if done else f"Run {run_id}: nothing changed."
+
+
+def mark_runs(run_ids: list[int], *, starred: bool | None = None, archived: bool | None = None) -> str:
+    """Star/unstar or archive/unarchive runs; a sentence per run (a refusal says why)."""
+    said = []
+    with sessions()() as s:
+        for run_id in run_ids:
+            try:
+                if starred is not None:
+                    said.append(run_edits.set_starred(s, run_id, starred, who="ui"))
+                if archived is not None:
+                    said.append(run_edits.set_archived(s, run_id, archived, who="ui"))
+            except RequestRefused as exc:
+                said.append(str(exc))
+        s.commit()
+    _edits_changed()
+    return "; ".join(said)
+
+
+def deletion_plan(run_id: int) -> run_edits.DeletionPlan:
+    with sessions()() as s:
+        return run_edits.deletion_plan(s, run_id)
+
+
+def delete_run(run_id: int) -> str:
+    """Delete a finished run with its folder; a sentence (what went, or why not)."""
+    with sessions()() as s:
+        try:
+            message = run_edits.delete_run(s, run_id, settings().runs_dir, who="ui")
+        except RequestRefused as exc:
+            return str(exc)
+    _edits_changed()
+    return message

@@ -1,5 +1,9 @@
 """The Run page's actions, drawn in its header from one snapshot of the run: Resume ▾, Fork…,
-Pause, Cancel, Dump stacks and Rerun, each offered only when it applies to the run's status.
+Pause, Cancel, Dump stacks and Rerun, each offered only when it applies to the run's status, and
+Edit… (name, tags, note: the same validation and ``edit`` events as ``runyard edit``,
+orchestrator/run_edits.py; its inputs sit in a form, so that the header's refresh every few
+seconds never submits or loses what a person is typing). :func:`metadata_line` shows the tags and
+the note under the title.
 
 Resume from a chosen checkpoint and Cancel act only from the confirm button inside their
 popover (one click opens the popover, a second one acts). Fork… opens the New run page filled
@@ -24,7 +28,8 @@ from app import data, style
 from db.states import TERMINAL, RunStatus
 
 TERMINAL_VALUES = {s.value for s in TERMINAL}
-CANCELLABLE = {RunStatus.QUEUED, RunStatus.STARTING, RunStatus.RUNNING, RunStatus.RETRYING, RunStatus.PAUSED}
+CANCELLABLE = {RunStatus.QUEUED, RunStatus.STARTING, RunStatus.RUNNING, RunStatus.RETRYING, RunStatus.PAUSED,
+               RunStatus.PAUSING}
 PAUSABLE = {RunStatus.STARTING, RunStatus.RUNNING}
 NEW_RUN_PAGE = "views/new_run.py"
 RUN_PAGE = "views/run.py"
@@ -145,6 +150,40 @@ def resume_held_button(d: dict[str, Any]) -> None:
         st.rerun()
 
 
+def metadata_line(d: dict[str, Any]) -> None:
+    """Tags as badges and the note under the run's title (nothing when it has neither)."""
+    parts = [" ".join(f":gray-badge[{style.plain(t)}]" for t in d["tags"])] if d["tags"] else []
+    if d.get("note"):
+        parts.append(f":material/sticky_note_2: {style.plain(d['note'])}")
+    if parts:
+        st.markdown(" &nbsp; ".join(parts))
+
+
+def edit_menu(d: dict[str, Any]) -> None:
+    """Edit…: the run's name, tags (pick existing ones or type new ones) and note, saved together."""
+    run_id = d["id"]
+    with (st.popover("Edit…", icon=":material/edit:", key=f"edit-menu-{run_id}",
+                     help="Rename the run, change its tags, write a note; each change is kept in its events"),
+          st.form(f"edit-form-{run_id}", border=False)):
+        name = st.text_input("Name", value=d["name"], key=f"edit-name-{run_id}", max_chars=100,
+                             help="Letters, digits, '.', '_' and '-', starting with a letter or digit")
+        known = sorted({*d["tags"], *data.run_tags()})
+        tags = st.multiselect("Tags", known, default=d["tags"], key=f"edit-tags-{run_id}",
+                              accept_new_options=True, placeholder="add a tag",
+                              help="Letters, digits and . _ : / + = -, at most 40 characters; type a new one")
+        note = st.text_area("Note", value=d.get("note") or "", key=f"edit-note-{run_id}", max_chars=4000,
+                            placeholder="what you tried, what you saw")
+        if st.form_submit_button("Save", type="primary", icon=":material/save:"):
+            ok, said = data.edit_run(
+                run_id, name=name.strip() if name.strip() != d["name"] else None,
+                add_tags=tuple(t for t in tags if t not in d["tags"]),
+                remove_tags=tuple(t for t in d["tags"] if t not in tags),
+                note=note if note.strip() != (d.get("note") or "") else None)
+            st.toast(style.plain(said), icon=None if ok else ":material/error:")
+            if ok:
+                st.rerun()
+
+
 def offered(d: dict[str, Any]) -> list[tuple[bool, Callable[[dict[str, Any]], None]]]:
     """Each action in its slot's order, with whether it applies to the run as ``d`` shows it."""
     status = d["status"]
@@ -159,13 +198,14 @@ def offered(d: dict[str, Any]) -> list[tuple[bool, Callable[[dict[str, Any]], No
         (status in CANCELLABLE, cancel_menu),
         (status in PAUSABLE, stacks_button),
         (script_rerun, rerun_button),
+        (True, edit_menu),
     ]
 
 
 # What each action is called on its button, for the disabled row of a read-only data folder.
 LABELS: dict[Callable[[dict[str, Any]], None], str] = {
     resume_menu: "Resume", resume_held_button: "Resume", fork_menu: "Fork…", pause_button: "Pause",
-    cancel_menu: "Cancel", stacks_button: "Dump stacks", rerun_button: "Rerun",
+    cancel_menu: "Cancel", stacks_button: "Dump stacks", rerun_button: "Rerun", edit_menu: "Edit…",
 }
 
 

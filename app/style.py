@@ -88,6 +88,7 @@ STATUS_BADGE = {
     "RUNNING": ("blue", ":material/play_arrow:"),
     "RETRYING": ("orange", ":material/refresh:"),
     "CANCELLING": ("orange", ":material/stop_circle:"),
+    "PAUSING": ("violet", ":material/pause:"),
     "SUCCEEDED": ("green", ":material/check_circle:"),
     "FAILED": ("red", ":material/error:"),
     "CANCELLED": ("gray", ":material/cancel:"),

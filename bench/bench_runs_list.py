@@ -1,7 +1,11 @@
 """What one Runs-page refresh costs the database: SQL statements and milliseconds per
 ``db.queries.list_runs`` call, for databases of 1, 10 and 200 runs.
 
-    .venv/bin/python bench/bench_runs_list.py [--runs 1,10,200] [--repeats 21]
+    .venv/bin/python bench/bench_runs_list.py [--runs 1,10,200] [--repeats 21] [--call plain|page|search]
+
+``--call`` picks the call: ``plain`` is ``list_runs(s)`` (``runyard ls``); ``page`` is what the Runs
+page asks every 2 s, ``db.compare.runs_list`` (the summary metric columns too, sorted by best loss);
+``search`` is the page's call with a search that matches a sixth of the runs by name.
 
 Each size is seeded by :func:`seed_runs` into its own temporary SQLite file (removed at the end)
 through the real writers (``create_run``, ``transition``, Attempt and Checkpoint rows,
@@ -9,7 +13,8 @@ through the real writers (``create_run``, ``transition``, Attempt and Checkpoint
 runs, with per-rank loss points on the live ones. Statements are counted with a
 ``before_cursor_execute`` listener on the engine; each call opens a new session (as the UI's
 cached ``data.list_runs`` does every second). Prints the statements and the median and first
-milliseconds per call, the load average, and one JSON line.
+milliseconds per call (wall, and this process's CPU time, which SQLite's work is part of and
+which a loaded machine disturbs less), the load average, and one JSON line.
 """
 
 from __future__ import annotations
@@ -118,10 +123,26 @@ def count_statements(engine: Engine) -> list[str]:
     return statements
 
 
-def measure(count: int, repeats: int, workdir: Path) -> dict[str, Any]:
+def _call(call: str) -> Any:
+    """The ``list_runs`` call that ``--call`` names, as a function of a session, and the number of
+    runs it lists of ``count`` (None: every one)."""
+    from db.queries import list_runs
+
+    if call == "plain":
+        return lambda s: list_runs(s)
+    from db.compare import runs_list
+    from db.queries import RunFilter
+
+    if call == "page":
+        return lambda s: runs_list(s, sort="best_loss", descending=False)
+    return lambda s: runs_list(s, where=RunFilter(search="retried"), sort="best_loss", descending=False)
+
+
+def measure(count: int, repeats: int, workdir: Path, call: str = "plain") -> dict[str, Any]:
     """Seed ``count`` runs into a new database under ``workdir`` and time ``list_runs`` on it."""
     from db.engine import make_engine, make_sessionmaker, upgrade
-    from db.queries import list_runs
+
+    list_runs = _call(call)
 
     home = workdir / f"runs-{count}"
     url = f"sqlite:///{home / 'runyard.db'}"
@@ -133,36 +154,40 @@ def measure(count: int, repeats: int, workdir: Path) -> dict[str, Any]:
         seed_runs(s, home / "runs", count)
         s.commit()
     statements = count_statements(engine)
-    times, counts = [], []
+    times, cpu, counts = [], [], []
     for _ in range(repeats + 1):
         statements.clear()
         with sessions() as s:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             runs = list_runs(s)
             times.append((time.perf_counter() - t0) * 1000)
+            cpu.append((time.process_time() - c0) * 1000)
         counts.append(len(statements))
-        assert len(runs) == count
+        assert len(runs) == count if call != "search" else all(r["name"].startswith("retried") for r in runs)
     engine.dispose()
-    return {"runs": count, "statements": max(counts), "first_ms": times[0], "median_ms": statistics.median(times[1:])}
+    return {"runs": count, "statements": max(counts), "first_ms": times[0], "median_ms": statistics.median(times[1:]),
+            "median_cpu_ms": statistics.median(cpu[1:])}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", default="1,10,200", help="comma-separated numbers of runs")
     parser.add_argument("--repeats", type=int, default=21, help="timed calls per size after the first")
+    parser.add_argument("--call", choices=("plain", "page", "search"), default="plain", help="which call (see above)")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="runyard-bench-runs-list-"))
     try:
         results = []
         for count in (int(n) for n in args.runs.split(",")):
-            r = measure(count, args.repeats, workdir)
+            r = measure(count, args.repeats, workdir, args.call)
             results.append(r)
             print(f"{count:>4} runs: {r['statements']:>4} statements a call, median {r['median_ms']:7.2f} ms "
-                  f"(first {r['first_ms']:7.2f} ms) over {args.repeats} calls", flush=True)
+                  f"(CPU {r['median_cpu_ms']:7.2f} ms; first {r['first_ms']:7.2f} ms) over {args.repeats} calls",
+                  flush=True)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print(json.dumps({"repeats": args.repeats, "results": results}))
+    print(json.dumps({"repeats": args.repeats, "call": args.call, "results": results}))
 
 
 if __name__ == "__main__":

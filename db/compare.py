@@ -26,9 +26,10 @@ from typing import Any
 from sqlalchemy import Select, and_, case, func, literal, or_, select, union_all
 from sqlalchemy.orm import Session, aliased
 
-from db import queries
+from db import metric_registry, queries
 from db.metricstore import BASE, LEVELS, choose_level
 from db.models import Attempt, MetricName, MetricPoint, MetricRollup, Run
+from db.queries import flatten
 
 # Metric names (or their last ``/``- or ``.``-separated part) that are better when higher: the
 # words below as a whole word of the name (``eval_accuracy``, ``top1``, ``val/f1``,
@@ -42,6 +43,8 @@ _WORD = re.compile(r"[a-z0-9]+")
 NOT_DIFFED = frozenset({"name"})
 ABSENT = "—"  # a key one run's config does not have
 MAX_RUNS = 10  # the most runs the Compare page takes (each with its own colour: app/compare_charts.PALETTE)
+# Steps (or rollup buckets) per rank a Runs-list summary reads of a series: coarser than Compare's.
+LIST_METRIC_POINTS = 100
 MAX_POINTS = 1000  # the most steps per rank a summary reads of a series: the Compare chart's resolution
 
 
@@ -230,19 +233,6 @@ def compare_runs(session: Session, run_ids: Sequence[int], now: float | None = N
     return summaries
 
 
-def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """A nested config as ``{"section.key": value}``; a value that is not a dict (a list, an
-    empty dict) is kept whole."""
-    flat: dict[str, Any] = {}
-    for key, value in config.items():
-        path = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            flat.update(flatten(value, f"{path}."))
-        else:
-            flat[path] = value
-    return flat
-
-
 def config_diff(configs: Sequence[Mapping[str, Any]]) -> list[tuple[str, list[Any]]]:
     """The flattened keys whose value is not the same in every config, sorted, each with one
     value per config (``ABSENT`` where that config lacks the key). ``NOT_DIFFED`` keys are left
@@ -257,3 +247,27 @@ def config_diff(configs: Sequence[Mapping[str, Any]]) -> list[tuple[str, list[An
         if any(v != values[0] or (key in f) != (key in flat[0]) for v, f in zip(values, flat, strict=True)):
             diff.append((key, values))
     return diff
+
+
+def runs_list(session: Session, where: queries.RunFilter | None = None, sort: str = "id", descending: bool = True,
+              limit: int = 200, now: float | None = None) -> list[dict[str, Any]]:
+    """The Runs page's list: :func:`db.queries.list_runs` with each run's summary metric columns
+    (``best_loss``: the best of its loss along its lineage, and ``headline_key`` /
+    ``headline_value``: the final value of the workload's headline metric,
+    db.metric_registry.HEADLINE_KEYS), sorted by any of db.queries.LIST_SORTS. Three statements
+    more than ``list_runs`` for all the runs, each series read at ``LIST_METRIC_POINTS`` steps
+    (or rollup buckets) per rank at most, so a long run costs no more than a short one.
+
+    The newest ``limit`` runs that match ``where`` are listed, then sorted.
+    """
+    runs = queries.list_runs(session, limit=limit, now=now, where=where)
+    keys = [*metric_registry.LOSS_KEYS, *metric_registry.HEADLINE_KEYS]
+    found = metric_summaries(session, [r["id"] for r in runs], keys, max_points=LIST_METRIC_POINTS)
+    for r in runs:
+        logged = {key for run_id, key in found if run_id == r["id"]}
+        loss, headline = metric_registry.loss_key(logged), metric_registry.headline_key(logged)
+        final = found[(r["id"], headline)].final if headline else None
+        r["best_loss"] = found[(r["id"], loss)].best if loss else None
+        r["headline_key"] = headline
+        r["headline_value"] = None if final is None or math.isnan(final) else final
+    return queries.sort_runs(runs, sort, descending)

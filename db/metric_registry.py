@@ -13,6 +13,7 @@ shown as itself, without a unit and unscaled.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass
 
 NUMBER, SCIENTIFIC, PERCENT = "number", "scientific", "percent"
@@ -90,6 +91,25 @@ def _registry() -> dict[str, MetricSpec]:
         "net_sent_bps": _mbps("Network sent"),
         "net_recv_bps": _mbps("Network received"),
     }
+
+
+# A run's loss, under the names runyard and common scripts log it, first found first.
+LOSS_KEYS = ("loss", "train_loss", "train/loss")
+# A workload's headline metric: the first of these a run logged (the Run page's Overview curve
+# beside the loss, the Runs list's "headline" column).
+HEADLINE_KEYS = ("eval_accuracy", "accuracy", "eval_loss", "val_loss", "perplexity", "tokens_per_s", "samples_per_s")
+
+
+def loss_key(keys: Collection[str]) -> str | None:
+    """The run's loss among the metric keys it logged (:data:`LOSS_KEYS`), or None."""
+    return next((k for k in LOSS_KEYS if k in keys), None)
+
+
+def headline_key(keys: Collection[str]) -> str | None:
+    """The run's headline metric among the keys it logged (:data:`HEADLINE_KEYS`, never its
+    loss), or None."""
+    loss = loss_key(keys)
+    return next((k for k in HEADLINE_KEYS if k in keys and k != loss), None)
 
 
 def known_keys() -> list[str]:

@@ -51,6 +51,7 @@ from sqlalchemy import (
     Insert,
     Integer,
     Select,
+    and_,
     bindparam,
     case,
     event,
@@ -395,27 +396,63 @@ def metric_keys(session: Session, run_id: int) -> list[str]:
     return list(session.scalars(select(N.name).where(has_points).order_by(N.name)))
 
 
-def latest(session: Session, run_id: int) -> dict[str, dict[str, float]]:
-    """The newest value of each metric on each rank (the newest attempt's largest step):
-    ``{"loss": {"0": 0.41, "1": 0.43}}``, keys and ranks sorted."""
+def latest(session: Session, run_id: int, cutoffs: dict[int, float] | None = None) -> dict[str, dict[str, float]]:
+    """The newest value of each metric on each rank (the newest attempt's largest step) along the
+    run's lineage: ``{"loss": {"0": 0.41, "1": 0.43}}``, keys and ranks sorted.
+
+    Args:
+        session: Where to read.
+        run_id: The run.
+        cutoffs: Per attempt, the last step still on the run's lineage (db.queries.lineage_cutoffs):
+            what an attempt logged after a later attempt's resume step was abandoned and is never
+            the newest value (an eval from step 9000 of an attempt resumed from 5000). A coarse
+            bucket that spans a cutoff is read from the raw points up to it.
+    """
     R, N = MetricRollup, MetricName
     names = dict(session.execute(
         select(N.id, N.name).where(select(R.run_id).where(R.run_id == run_id, R.name_id == N.id).exists())
     ).all())
     if not names:
         return {}
+    cutoffs = cutoffs or {}
     newest: dict[tuple[int, int], tuple[int, int, float | None]] = {}
-    for name_id, attempt, rank, last_step, last in session.execute(
-        select(R.name_id, R.attempt, R.rank, R.last_step, R.last_value)
+    spanning: dict[int, set[int]] = {}  # attempt -> names with a bucket across the attempt's cutoff
+    for name_id, attempt, rank, first_step, last_step, last in session.execute(
+        select(R.name_id, R.attempt, R.rank, R.first_step, R.last_step, R.last_value)
         .where(R.run_id == run_id, R.name_id.in_(sorted(names)), R.level == LEVELS)
     ):
+        cut = cutoffs.get(attempt, math.inf)
+        if last_step > cut:
+            if first_step <= cut:
+                spanning.setdefault(attempt, set()).add(name_id)
+            continue
         seen = newest.get((name_id, rank))
         if seen is None or (attempt, last_step) > seen[:2]:
             newest[(name_id, rank)] = (attempt, last_step, last)
+    for attempt, name_ids in spanning.items():
+        for name_id, rank, step, value in _newest_points(session, run_id, attempt, name_ids, int(cutoffs[attempt])):
+            seen = newest.get((name_id, rank))
+            if seen is None or (attempt, step) > seen[:2]:
+                newest[(name_id, rank)] = (attempt, step, value)
     out: dict[str, dict[str, float]] = {}
     for (name_id, rank), (_, _, last) in sorted(newest.items(), key=lambda kv: (names[kv[0][0]], kv[0][1])):
         out.setdefault(names[name_id], {})[str(rank)] = _nan(last)
     return out
+
+
+def _newest_points(session: Session, run_id: int, attempt: int, name_ids: set[int],
+                   max_step: int) -> Sequence[tuple[int, int, int, float | None]]:
+    """Per (name, rank) of one attempt, its newest raw point at or before ``max_step``:
+    (name id, rank, step, value)."""
+    P = MetricPoint
+    scope = (P.run_id == run_id, P.attempt == attempt, P.name_id.in_(sorted(name_ids)))
+    last = (select(P.name_id, P.rank, func.max(P.step).label("step")).where(*scope, P.step <= max_step)
+            .group_by(P.name_id, P.rank).subquery())
+    rows = session.execute(
+        select(P.name_id, P.rank, P.step, P.value)
+        .join(last, and_(last.c.name_id == P.name_id, last.c.rank == P.rank, last.c.step == P.step))
+        .where(*scope))
+    return [(name_id, rank, step, value) for name_id, rank, step, value in rows]
 
 
 def recent(session: Session, run_id: int, key: str, *, attempt: int, rank: int,

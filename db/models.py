@@ -109,6 +109,11 @@ class Run(Base):
     )
     # A pending rerun request (`runyard rerun`): the next attempt starts without a checkpoint.
     start_fresh: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # What a person keeps about the run after submit (orchestrator/run_edits.py): a star, the
+    # archive mark (hidden from the Runs list and `runyard ls` unless asked for), a free-text note.
+    starred: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    archived: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    note: Mapped[str | None] = mapped_column(Text)
 
     attempts: Mapped[list[Attempt]] = relationship(
         back_populates="run", order_by="Attempt.number", cascade="all, delete-orphan"

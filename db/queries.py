@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Row, func, select
+from sqlalchemy import Row, func, or_, select
 from sqlalchemy.orm import Session
 from typing_extensions import Unpack
 
@@ -46,7 +47,7 @@ def resolve_run(session: Session, ref: str | int) -> int:
 _RUN_COLUMNS = (
     Run.id, Run.name, Run.status, Run.status_reason, Run.tags_json, Run.max_steps, Run.nproc, Run.created_at,
     Run.started_at, Run.ended_at, Run.price_usd_per_hour, Run.price_unit, Run.parent_run_id, Run.parent_step,
-    Run.resume_checkpoint_id, Run.retries_used, Run.retry_at, Run.executor,
+    Run.resume_checkpoint_id, Run.retries_used, Run.retry_at, Run.executor, Run.starred, Run.archived, Run.note,
 )
 _ATTEMPT_COLUMNS = (
     Attempt.run_id, Attempt.number, Attempt.started_at, Attempt.ended_at, Attempt.first_step_at, Attempt.last_step,
@@ -88,31 +89,63 @@ def _run_summaries(session: Session, runs: Sequence[RunLike], now: float) -> lis
             .group_by(Checkpoint.run_id, Checkpoint.attempt)
         )
         written = {(run_id, attempt): at for run_id, attempt, at in rows}
-    # Only a run that is still going has an ETA to project, from its newest attempt's rank 0.
+    # Only a run that is still going has an ETA to project, from its newest attempt's rank 0; a
+    # run queued to resume has none until its new attempt trains (its old pace ended elsewhere).
     live = [(r.id, attempts[r.id][-1].number, 0) for r in runs
-            if attempts[r.id] and RunStatus(r.status) not in TERMINAL]
+            if attempts[r.id] and RunStatus(r.status) not in TERMINAL and RunStatus(r.status) is not RunStatus.QUEUED]
     points = metricstore.recent_many(session, "loss", live, limit=ETA_POINTS)
+    # A run queued to resume from a checkpoint is at that checkpoint's step, not where it stopped.
+    resumes = {r.resume_checkpoint_id for r in runs if r.resume_checkpoint_id is not None}
+    resume_steps: dict[int, int] = dict(session.execute(
+        select(Checkpoint.id, Checkpoint.step).where(Checkpoint.id.in_(resumes))).all()) if resumes else {}
     return [
         _run_summary(r, attempts[r.id], written,
-                     points.get((r.id, attempts[r.id][-1].number, 0), []) if attempts[r.id] else [], now)
+                     points.get((r.id, attempts[r.id][-1].number, 0), []) if attempts[r.id] else [], now,
+                     resume_steps.get(r.resume_checkpoint_id) if r.resume_checkpoint_id is not None else None)
         for r in runs
     ]
 
 
+def lineage_step(status: RunStatus, attempts: Sequence[Any], resume_step: int | None,
+                 parent_step: int | None) -> int:
+    """The step a run is at on its lineage: the step its pending resume starts from (a run queued
+    to resume from step 5000 is at 5000, not at the 10000 it had reached); else its newest
+    attempt's (an older one may have got further before the run was resumed from an earlier
+    checkpoint); else, for a fork that has not started, its parent's step; else 0."""
+    if status is RunStatus.QUEUED and resume_step is not None:
+        return resume_step
+    if attempts:
+        return attempts[-1].last_step or attempts[-1].resume_step or 0
+    return parent_step or 0
+
+
+def elapsed_s(run: RunLike, attempts: Sequence[Any], now: float) -> float | None:
+    """How long the run has been at work: its attempts' time (launch to end, or to ``now``) plus
+    the waits before retries (the backoff after a failure, the current one included), never the
+    time it sat paused, cancelled or finished before a person resumed it. None before it started."""
+    if not attempts:
+        return ((run.ended_at or now) - run.started_at) if run.started_at else None
+    held = sum((a.ended_at or now) - a.started_at for a in attempts)
+    waits = sum(b.started_at - (a.ended_at or b.started_at) for a, b in pairwise(attempts) if a.cause)
+    last = attempts[-1]
+    if RunStatus(run.status) is RunStatus.RETRYING and last.ended_at is not None:
+        waits += max(0.0, now - last.ended_at)
+    return held + waits
+
+
 def _run_summary(run: RunLike, attempts: list[AnyRow], written: dict[tuple[int, int], float],
-                 recent_loss: list[tuple[int, float, float]], now: float) -> dict[str, Any]:
+                 recent_loss: list[tuple[int, float, float]], now: float,
+                 resume_step: int | None = None) -> dict[str, Any]:
     """One run's summary from what :func:`_run_summaries` read: its attempts (oldest first), the
-    newest checkpoint time per (run, attempt), and rank 0's newest loss points of its newest
-    attempt (newest first)."""
-    # The newest attempt is the run's current lineage (an older one may have got further
-    # before the run was resumed from an earlier checkpoint).
-    step = (attempts[-1].last_step or attempts[-1].resume_step or 0) if attempts else 0
+    newest checkpoint time per (run, attempt), rank 0's newest loss points of its newest attempt
+    (newest first), and the step of the checkpoint a pending resume starts from."""
     status = RunStatus(run.status)
+    step = lineage_step(status, attempts, resume_step, run.parent_step)
     eta: float | None
     estimate: Eta | None = None
     if status is RunStatus.SUCCEEDED:
         eta = 0.0
-    elif status in TERMINAL or not attempts or not run.max_steps:
+    elif status in TERMINAL or status is RunStatus.QUEUED or not attempts or not run.max_steps:
         eta = None
     else:
         estimate = eta_estimate([(int(s), float(t)) for s, _, t in recent_loss], run.max_steps)
@@ -137,7 +170,7 @@ def _run_summary(run: RunLike, attempts: list[AnyRow], written: dict[tuple[int, 
         "created_at": run.created_at,
         "started_at": run.started_at,
         "ended_at": run.ended_at,
-        "elapsed_s": ((run.ended_at or now) - run.started_at) if run.started_at else None,
+        "elapsed_s": elapsed_s(run, attempts, now),
         "attempt_count": len(attempts),
         "cost_usd": round(cost, 6),
         "cost_wasted_usd": round(wasted, 6),
@@ -151,6 +184,9 @@ def _run_summary(run: RunLike, attempts: list[AnyRow], written: dict[tuple[int, 
         "resume_checkpoint_id": run.resume_checkpoint_id,
         "retries_used": run.retries_used,
         "retry_at": run.retry_at,
+        "starred": bool(run.starred),
+        "archived": bool(run.archived),
+        "note": run.note,
     }
 
 
@@ -177,30 +213,178 @@ def run_summaries(session: Session, runs: Sequence[RunLike], now: float) -> list
     return _run_summaries(session, runs, now)
 
 
+# What the Runs list and `runyard ls --sort` order by: a name -> the summary field it reads.
+LIST_SORTS: dict[str, str] = {
+    "id": "id", "name": "name", "status": "status", "created": "created_at", "step": "step",
+    "progress": "progress", "elapsed": "elapsed_s", "cost": "cost_usd", "projected": "cost_projected_usd",
+    "attempts": "attempt_count", "best_loss": "best_loss", "headline": "headline_value", "starred": "starred",
+}
+@dataclass(frozen=True)
+class RunFilter:
+    """Which runs a list shows.
+
+    Attributes:
+        statuses: Only these statuses (all when empty).
+        search: Words that must all match (case-insensitive): each a part of the run's name, one
+            of its tags, its note or a config value; ``key=value`` matches a config value exactly
+            (``train.lr=0.001``, or the last part of the key alone: ``lr=0.001``).
+        tags: Only runs with at least one of these tags (all when empty).
+        starred: Only starred runs.
+        archived: Show archived runs too (hidden otherwise).
+    """
+
+    statuses: tuple[str, ...] = ()
+    search: str = ""
+    tags: tuple[str, ...] = ()
+    starred: bool = False
+    archived: bool = False
+
+
+def _like(text: str) -> str:
+    """``text`` as a LIKE pattern that matches it anywhere, its wildcards escaped."""
+    return "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
+def _search_terms(search: str) -> list[tuple[str | None, str]]:
+    """The search words as (config key or None, text), lower case."""
+    terms: list[tuple[str | None, str]] = []
+    for word in search.split():
+        key, eq, value = word.partition("=")
+        terms.append((key.lower(), value.lower()) if eq and key and value else (None, word.lower()))
+    return terms
+
+
+def _matches(row: AnyRow, terms: list[tuple[str | None, str]]) -> bool:
+    """Whether the run ``row`` (with its config_json) matches every search term."""
+    config = {k.lower(): v for k, v in flatten(json.loads(row.config_json)).items()}
+    values = [str(v).lower() for v in config.values()]
+    tags = [str(t).lower() for t in json.loads(row.tags_json or "[]")]
+    for key, text in terms:
+        if key is not None:
+            found = [v for k, v in config.items() if k == key or k.endswith("." + key)]
+            if not any(_equal(v, text) for v in found):
+                return False
+        elif not (text in row.name.lower() or any(text in t for t in tags) or text in (row.note or "").lower()
+                  or any(text in v for v in values)):
+            return False
+    return True
+
+
+def _equal(value: Any, text: str) -> bool:
+    """A config value equals a search's text: as text, or as a number (``1e-3`` = ``0.001``), or
+    one element of a list."""
+    if isinstance(value, list):
+        return any(_equal(v, text) for v in value)
+    if str(value).lower() == text:
+        return True
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            return float(text) == float(value)
+        except ValueError:
+            return False
+    return False
+
+
+def sort_runs(runs: list[dict[str, Any]], sort: str, descending: bool) -> list[dict[str, Any]]:
+    """``runs`` (summaries) ordered by ``LIST_SORTS[sort]``, those without a value last either
+    way, ties newest first.
+
+    Raises:
+        ValueError: ``sort`` is not a key of :data:`LIST_SORTS` (the message lists them).
+    """
+    if sort not in LIST_SORTS:
+        raise ValueError(f"sort {sort!r}: use one of {', '.join(LIST_SORTS)}")
+    field = LIST_SORTS[sort]
+    with_value = [r for r in runs if r.get(field) is not None and r.get(field) == r.get(field)]  # NaN: no value
+    without = [r for r in runs if r not in with_value]
+
+    def key(r: dict[str, Any]) -> Any:
+        value = r[field]
+        return value.lower() if isinstance(value, str) else value
+
+    ordered = sorted(sorted(with_value, key=lambda r: -r["id"]), key=key, reverse=descending)
+    return ordered + without
+
+
 def list_runs(session: Session, statuses: list[str] | None = None, limit: int = 200,
-              now: float | None = None) -> list[dict[str, Any]]:
-    """The newest runs first, optionally filtered by status.
+              now: float | None = None, *, where: RunFilter | None = None, sort: str = "id",
+              descending: bool = True) -> list[dict[str, Any]]:
+    """The newest matching runs, ordered as asked (db.compare.runs_list adds the summary metric
+    columns, and sorts by them too).
 
     Reads a fixed number of statements whatever the number of runs (see :func:`_run_summaries`):
     the Runs page calls this every two seconds per open tab.
 
     Args:
         session: Where to read.
-        statuses: Only runs in these statuses (all when None or empty).
-        limit: The most runs.
+        statuses: Only runs in these statuses (all when None or empty); added to ``where``'s.
+        limit: The most runs: the newest ``limit`` that match, then sorted.
         now: The time running attempts are counted up to (default: the wall clock).
+        where: Which runs (:class:`RunFilter`; default: every run not archived).
+        sort: A key of :data:`LIST_SORTS` (``best_loss`` and ``headline`` need db.compare.runs_list).
+        descending: Largest first (newest first for ``id``).
+
+    Raises:
+        ValueError: ``sort`` is not a key of :data:`LIST_SORTS` (the message lists them).
     """
-    q = select(*_RUN_COLUMNS).order_by(Run.id.desc()).limit(limit)
-    if statuses:
-        q = q.where(Run.status.in_(statuses))
+    where = where or RunFilter()
+    wanted = [*where.statuses, *(statuses or [])]
+    terms = _search_terms(where.search)
+    columns = (*_RUN_COLUMNS, Run.config_json) if terms else _RUN_COLUMNS
+    q = select(*columns).order_by(Run.id.desc())
+    if wanted:
+        q = q.where(Run.status.in_(wanted))
+    if not where.archived:
+        q = q.where(Run.archived.is_(False))
+    if where.starred:
+        q = q.where(Run.starred.is_(True))
+    if where.tags:
+        q = q.where(or_(*(Run.tags_json.like(_like(json.dumps(t)), escape="\\") for t in where.tags)))
+    for key, text in terms:  # narrowed in SQL; exactly (values only, not keys) below
+        pattern = _like(text if key is None else json.dumps(key.rsplit(".", 1)[-1]) + ":")  # a key as JSON spells it
+        q = q.where(Run.config_json.ilike(pattern, escape="\\") if key is not None else or_(
+            Run.name.ilike(pattern, escape="\\"), Run.tags_json.ilike(pattern, escape="\\"),
+            Run.note.ilike(pattern, escape="\\"), Run.config_json.ilike(pattern, escape="\\")))
+    rows: Sequence[AnyRow]
+    if terms or where.tags:
+        rows = [r for r in session.execute(q).all()
+                if (not terms or _matches(r, terms))
+                and (not where.tags or set(where.tags) & set(json.loads(r.tags_json or "[]")))][:limit]
+    else:
+        rows = session.execute(q.limit(limit)).all()
     now = time.time() if now is None else now
-    return _run_summaries(session, session.execute(q).all(), now)
+    summaries = _run_summaries(session, rows, now)
+    return summaries if sort == "id" and descending else sort_runs(summaries, sort, descending)
 
 
-def latest_metrics(session: Session, run_id: int) -> dict[str, dict[str, float]]:
-    """The newest value of each metric on each rank (the newest attempt's largest step):
-    ``{"loss": {"0": 0.41, "1": 0.43}}``; NaN is ``float("nan")``."""
-    return metricstore.latest(session, run_id)
+def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config as ``{"section.key": value}``; a value that is not a dict (a list, an
+    empty dict) is kept whole."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten(value, f"{path}."))
+        else:
+            flat[path] = value
+    return flat
+
+
+def run_tags(session: Session) -> list[str]:
+    """Every tag some run has, sorted (the Runs list's tag filter)."""
+    tags: set[str] = set()
+    for (text,) in session.execute(select(Run.tags_json).distinct()):
+        tags.update(json.loads(text or "[]"))
+    return sorted(tags)
+
+
+def latest_metrics(session: Session, run_id: int,
+                   attempts: list[dict[str, Any]] | None = None) -> dict[str, dict[str, float]]:
+    """The newest value of each metric on each rank along the run's lineage (what an attempt
+    logged after a later attempt's resume step is left out; ``attempts`` as :func:`attempts_of`
+    gives them, read when None): ``{"loss": {"0": 0.41, "1": 0.43}}``; NaN is ``float("nan")``."""
+    attempts = attempts_of(session, run_id) if attempts is None else attempts
+    return metricstore.latest(session, run_id, lineage_cutoffs(attempts))
 
 
 def attempts_of(session: Session, run_id: int) -> list[dict[str, Any]]:
@@ -283,7 +467,11 @@ def run_detail(session: Session, run_id: int) -> dict[str, Any]:
         a["recovery_s"] = (b["first_step_at"] - a["failed_at"]) if b["first_step_at"] and a["failed_at"] else None
     detail["goodput"] = goodput(session, run, attempts)
     detail["goodput_parts"] = goodput_parts(session, run, attempts) if detail["goodput"] is not None else None
-    detail["metrics"] = latest_metrics(session, run_id)
+    pending = detail["step"] if run.resume_checkpoint_id is not None and run.status == RunStatus.QUEUED else None
+    # A resume already asked for abandons what came after its step, as its attempt will.
+    lineage = attempts + ([{"number": attempts[-1]["number"] + 1, "resume_step": pending}]
+                          if attempts and pending is not None else [])
+    detail["metrics"] = latest_metrics(session, run_id, lineage)
     detail["checkpoints"] = checkpoints_of(session, run_id)
     detail["history"] = status_history(session, run_id)
     detail["events"] = events_of(session, run_id)

@@ -16,7 +16,7 @@ from db.config import RunConfig, config_from_json, write_config_file
 from db.file_versions import CopyRefused, copy_verified, is_version
 from db.layout import RunPaths, run_dir_name
 from db.models import Attempt, Checkpoint, Event, PriceEntry, Run, RunStatusHistory
-from db.states import ACTIVE, TERMINAL, RunStatus, transition
+from db.states import ACTIVE, STOPPING, TERMINAL, RunStatus, transition
 
 
 class RunNotFound(DatabaseError):
@@ -103,7 +103,7 @@ def request_cancel(session: Session, run_id: int, who: str = "user", mode: str =
     """Ask for a run to be cancelled (or paused); the caller commits.
 
     A queued or retrying run is cancelled at once (no process to stop); an active one moves to
-    CANCELLING and the scheduler stops its processes: SIGTERM, the ranks finish the step and
+    CANCELLING (PAUSING for a pause) and the scheduler stops its processes: SIGTERM, the ranks finish the step and
     write a checkpoint, SIGKILL after the grace period. A paused run ends PAUSED with that
     checkpoint, and Resume continues from it; cancelling a PAUSED run ends it CANCELLED.
 
@@ -122,16 +122,25 @@ def request_cancel(session: Session, run_id: int, who: str = "user", mode: str =
         return f"run {run_id} cancelled (it was paused; it can still be resumed from its checkpoints)"
     if status in TERMINAL:
         return f"run {run_id} is already {status.value}; nothing to {mode}"
-    resume_from = pause_resume_point(session, run) if mode == "pause" and status is not RunStatus.CANCELLING else ""
+    if status is RunStatus.PAUSING and mode == "cancel":
+        # A cancel while the pause is carried out: the same stop, ending CANCELLED instead of PAUSED.
+        run.stop_mode = mode
+        if not transition(session, run_id, RunStatus.CANCELLING, f"cancel requested by {who} while pausing",
+                          expect=RunStatus.PAUSING):
+            return f"run {run_id} changed status meanwhile; look again with `runyard show {run_id}`"
+        session.add(Event(run_id=run_id, at=time.time(), kind=mode, message=f"cancel requested by {who} while pausing"))
+        return f"run {run_id}: cancel requested (it was pausing; it ends CANCELLED instead of PAUSED)"
+    resume_from = pause_resume_point(session, run) if mode == "pause" and status not in STOPPING else ""
     if status in (RunStatus.QUEUED, RunStatus.RETRYING):
         word = "paused" if mode == "pause" else "cancelled"
         moved = transition(session, run_id, RunStatus.PAUSED if mode == "pause" else RunStatus.CANCELLED,
                            f"{word} by {who} before launch")
-    elif status in ACTIVE and status is not RunStatus.CANCELLING:
+    elif status in ACTIVE and status not in STOPPING:
         run.stop_mode = mode
-        moved = transition(session, run_id, RunStatus.CANCELLING, f"{mode} requested by {who}")
+        moved = transition(session, run_id, RunStatus.PAUSING if mode == "pause" else RunStatus.CANCELLING,
+                           f"{mode} requested by {who}")
     else:
-        return f"run {run_id} is already being stopped"
+        return f"run {run_id} is already being stopped ({status.value})"
     if not moved:
         return f"run {run_id} changed status meanwhile; look again with `runyard show {run_id}`"
     session.add(Event(run_id=run_id, at=time.time(), kind=mode, message=f"{mode} requested by {who}"))
@@ -226,9 +235,9 @@ def request_resume(
     if run is None:
         raise RunNotFound(f"run {run_id} does not exist")
     status = RunStatus(run.status)
-    if status == RunStatus.CANCELLING:
+    if status in STOPPING:
         raise RequestRefused(
-            f"run {run_id} is being stopped (CANCELLING); wait until it is PAUSED or CANCELLED, then resume"
+            f"run {run_id} is being stopped ({status.value}); wait until it is PAUSED or CANCELLED, then resume"
         )
     if status not in TERMINAL:
         raise RequestRefused(

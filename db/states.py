@@ -24,6 +24,7 @@ class RunStatus(str, enum.Enum):
     RUNNING = "RUNNING"  # at least one step completed in the current attempt
     RETRYING = "RETRYING"  # waiting out a backoff before the next attempt
     CANCELLING = "CANCELLING"  # cancel requested; processes being stopped
+    PAUSING = "PAUSING"  # pause requested; the ranks checkpoint and stop, then it is PAUSED
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
@@ -88,21 +89,28 @@ TERMINAL: frozenset[RunStatus] = frozenset(
     {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.PAUSED}
 )
 ACTIVE: frozenset[RunStatus] = frozenset(
-    {RunStatus.STARTING, RunStatus.RUNNING, RunStatus.CANCELLING}
+    {RunStatus.STARTING, RunStatus.RUNNING, RunStatus.CANCELLING, RunStatus.PAUSING}
 )
+# Being stopped by a person: the scheduler sends SIGTERM, then SIGKILL after the grace period.
+STOPPING: frozenset[RunStatus] = frozenset({RunStatus.CANCELLING, RunStatus.PAUSING})
 
 ALLOWED: dict[RunStatus, frozenset[RunStatus]] = {
     RunStatus.QUEUED: frozenset({RunStatus.STARTING, RunStatus.CANCELLED, RunStatus.PAUSED}),
     RunStatus.STARTING: frozenset(
         {RunStatus.RUNNING, RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.RETRYING,
-         RunStatus.CANCELLING}
+         RunStatus.CANCELLING, RunStatus.PAUSING}
     ),
     RunStatus.RUNNING: frozenset(
-        {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.RETRYING, RunStatus.CANCELLING}
+        {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.RETRYING, RunStatus.CANCELLING, RunStatus.PAUSING}
     ),
     RunStatus.RETRYING: frozenset({RunStatus.STARTING, RunStatus.CANCELLED, RunStatus.PAUSED}),
     RunStatus.CANCELLING: frozenset(
         {RunStatus.CANCELLED, RunStatus.PAUSED, RunStatus.SUCCEEDED, RunStatus.FAILED}
+    ),
+    # A pause being carried out ends PAUSED (or SUCCEEDED when the ranks had finished every step);
+    # a cancel asked for meanwhile turns it into a cancel.
+    RunStatus.PAUSING: frozenset(
+        {RunStatus.PAUSED, RunStatus.CANCELLING, RunStatus.CANCELLED, RunStatus.SUCCEEDED, RunStatus.FAILED}
     ),
     # A finished run can be resumed from one of its checkpoints: it is queued again and its
     # next attempt starts from that checkpoint.

@@ -32,6 +32,19 @@ def usd(x: float | None) -> str:
     return f"${x:,.4f}" if x < 1 else f"${x:,.2f}"
 
 
+NOTE_CHARS = 80  # a note's first characters in a table cell or a list line; the Run page shows it whole
+
+
+def note_line(note: str | None) -> str:
+    """A run's note for a table cell: its first line, cut at ``NOTE_CHARS`` with an ellipsis where
+    there is more; "" without a note."""
+    if not note:
+        return ""
+    line = note.strip().splitlines()[0]
+    more = len(line) > NOTE_CHARS or len(note.strip().splitlines()) > 1
+    return line[:NOTE_CHARS].rstrip() + "…" if more else line
+
+
 def runyard_version() -> str:
     """The installed runyard's version, or a sentence saying it is not installed."""
     from importlib.metadata import PackageNotFoundError, version

@@ -32,7 +32,7 @@ import streamlit as st
 
 from app import chart_widgets, charts, data, style
 from app.alerts_panel import run_alerts
-from app.run_actions import SECTION_KEY, actions
+from app.run_actions import SECTION_KEY, actions, metadata_line
 from app.run_panels import attempts_table, checkpoint_advice, checkpoint_table, events_list, failure_summary, log_tails
 from app.style import badge
 from app.system import latest_window, summary_line, system_panels
@@ -94,7 +94,10 @@ def header(d: dict) -> None:
     title, buttons = st.columns([3, 2], vertical_alignment="center")
     with buttons:
         actions(d)
-    title.markdown(f"## #{d['id']} {style.plain(d['name'])} &nbsp; {badge(d['status'])}")
+    star = " ★" if d["starred"] else ""
+    title.markdown(f"## #{d['id']} {style.plain(d['name'])}{star} &nbsp; {badge(d['status'])}"
+                   + (" :gray-badge[archived]" if d["archived"] else ""))
+    metadata_line(d)
     if d["status_reason"]:
         st.caption(style.plain(d["status_reason"]))
     if starting := startup_text(d["status"], d["attempts"][-1] if d["attempts"] else None, d["config"]):
@@ -278,7 +281,7 @@ def latest_values(d: dict) -> None:
 
 # The curves the Overview opens with: the loss and the workload's headline metric (the first of
 # these the run has); a person pins others under them.
-HEADLINE_ORDER = ["eval_accuracy", "accuracy", "eval_loss", "val_loss", "perplexity", "tokens_per_s", "samples_per_s"]
+HEADLINE_ORDER = list(metric_registry.HEADLINE_KEYS)
 
 
 def overview_keys(run_id: int, keys: list[str]) -> list[str]:

@@ -5,6 +5,8 @@
     runyard ls | show RUN | logs RUN | cancel RUN
     runyard resume RUN [--step N|--checkpoint ID] | rerun RUN | fork RUN [--step N|--checkpoint ID] [--set k=v]
     runyard pin RUN (--step N|--checkpoint ID)
+    runyard edit RUN [--name NAME] [--add-tag T] [--remove-tag T] [--note TEXT]
+    runyard star RUN [--unstar] | archive RUN [--unarchive] | rm RUN [--yes]
     runyard pause RUN | stacks RUN | metrics RUN --csv
     runyard import tensorboard LOGDIR [--name NAME]
     runyard scheduler | ui | token [--rotate] | db upgrade | info | config-reference
@@ -12,7 +14,8 @@
     runyard alerts add URL [--on TRIGGER] | ls | rm ID | test [ID] | history [RUN] [--json] | defaults
 
 The verbs live by group in this package: requests.py (submit, cancel, pause, stacks, resume, rerun,
-fork, pin), read.py (ls, show, logs, metrics), imported.py (import), ui.py (up, ui, scheduler, token),
+fork, pin), edits.py (edit, star, archive, rm), read.py (ls, show, logs, metrics), imported.py
+(import), ui.py (up, ui, scheduler, token),
 info.py (info), database.py (db export, db import), alerts.py (alerts); base.py
 holds what they share (the data-folder check, one-line errors, run references).
 
@@ -43,6 +46,7 @@ LAZY_COMMANDS = {
     **dict.fromkeys(("submit", "cancel", "pause", "stacks", "resume", "rerun", "fork", "pin"),
                     "orchestrator.cli.requests"),
     **dict.fromkeys(("ls", "show", "logs", "metrics"), "orchestrator.cli.read"),
+    **dict.fromkeys(("edit", "star", "archive", "rm"), "orchestrator.cli.edits"),
     "import": "orchestrator.cli.imported",
     "alerts": "orchestrator.cli.alerts",
 }

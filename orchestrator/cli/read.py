@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from db import metric_registry
+from db.queries import LIST_SORTS
 from db.settings import load_settings
 from db.states import TERMINAL
 from orchestrator.cli.base import (
@@ -31,6 +32,10 @@ from orchestrator.cli.base import (
 from orchestrator.format import eta_text, startup_text, step_text, where_short, where_text
 from orchestrator.scripts.attempt_watch import script_facts
 
+# Sorted smallest first unless --reverse; every other column largest (newest) first.
+ASCENDING_FIRST = frozenset({"name", "best_loss", "status"})
+METRIC_SORTS = frozenset({"best_loss", "headline"})  # read by db.compare.runs_list
+
 
 def _status_filter(statuses: tuple[str, ...]) -> list[str]:
     """The ``--status`` values in upper case; exit 2 naming an unknown one and the valid ones."""
@@ -46,36 +51,74 @@ def _status_filter(statuses: tuple[str, ...]) -> list[str]:
 
 @click.command("ls", cls=RunyardCommand)
 @click.option("--status", "statuses", multiple=True, help="Only runs in this status (repeatable).")
+@click.option("--search", default="", metavar="WORDS",
+              help="Only runs whose name, tags, note or config values hold every word; key=value matches a config "
+                   "value (train.lr=0.001, or lr=0.001).")
+@click.option("--tag", "tags", multiple=True, help="Only runs with this tag (repeatable: any of them).")
+@click.option("--starred", is_flag=True, help="Only starred runs.")
+@click.option("--archived", is_flag=True, help="Archived runs too (hidden otherwise).")
+@click.option("--sort", type=click.Choice(sorted(LIST_SORTS)), default="id", show_default=True,
+              help="Order by this column: largest first, except name and best_loss (smallest first).")
+@click.option("--reverse", is_flag=True, help="The other way round.")
 @click.option("--json", "as_json", is_flag=True)
-def ls(statuses: tuple[str, ...], as_json: bool) -> None:
-    """List runs, newest first."""
-    from db.queries import list_runs
+def ls(statuses: tuple[str, ...], search: str, tags: tuple[str, ...], starred: bool, archived: bool, sort: str,
+       reverse: bool, as_json: bool) -> None:
+    """List runs, newest first (archived ones only with --archived)."""
+    from db.compare import runs_list
+    from db.queries import RunFilter, list_runs
 
     wanted = _status_filter(statuses)
+    where = RunFilter(statuses=tuple(wanted), search=search, tags=tags, starred=starred, archived=archived)
+    descending = (sort not in ASCENDING_FIRST) != reverse
     settings = load_settings()
     sessions = open_existing(settings)
     runs: list[dict[str, Any]] = []
     if sessions is not None:
         with sessions() as session:
-            runs = list_runs(session, wanted or None)
+            runs = (runs_list(session, where, sort, descending) if sort in METRIC_SORTS
+                    else list_runs(session, where=where, sort=sort, descending=descending))
     if as_json:
         click.echo(json.dumps(json_safe(runs), indent=2))
         return
     if not runs:
-        if wanted:
-            click.echo(f"no runs with status {' or '.join(wanted)} in {settings.home}")
+        if where != RunFilter():
+            click.echo(f"no runs match ({_filter_words(where)}) in {settings.home}")
         else:
             click.echo(f"no runs yet in {settings.home}; queue one with `runyard submit examples/digits.toml`")
         return
-    click.echo(f"{'ID':>5}  {'NAME':<20} {'STATUS':<10} {'STEP':>11} {'ELAPSED':>8} {'ENDS':>5} {'COST':>9}  WHERE")
+    metric = sort in METRIC_SORTS
+    extra = f" {'BEST LOSS' if sort == 'best_loss' else 'HEADLINE':>10}" if metric else ""
+    click.echo(f"{'ID':>5}  {'NAME':<20} {'STATUS':<10} {'STEP':>11} {'ELAPSED':>8} {'ENDS':>5} {'COST':>9}{extra}  "
+               "WHERE  TAGS")
     for r in runs:
         step = step_text(r["step"], r["max_steps"])
         ends = eta_text(r["status"], r["eta_s"], None).split(" (")[0]
+        value = ""
+        if metric:
+            key = "loss" if sort == "best_loss" else r["headline_key"] or "loss"
+            number = r["best_loss"] if sort == "best_loss" else r["headline_value"]
+            value = f" {metric_registry.format_value(key, number):>10}"
         click.echo(
-            f"{r['id']:>5}  {r['name'][:20]:<20} {r['status']:<10} {step:>11} "
-            f"{fmt_duration(r['elapsed_s']):>8} {ends:>5} ${r['cost_usd']:>8.4f}  "
-            f"{where_short(r['executor'], r['job_id'], r['job_state'])}"
+            f"{r['id']:>4}{'*' if r['starred'] else ' '}  {r['name'][:20]:<20} {r['status']:<10} {step:>11} "
+            f"{fmt_duration(r['elapsed_s']):>8} {ends:>5} ${r['cost_usd']:>8.4f}{value}  "
+            f"{where_short(r['executor'], r['job_id'], r['job_state'])}  {','.join(r['tags'])}".rstrip()
         )
+
+
+def _filter_words(where: Any) -> str:
+    """What a list was narrowed by, in words."""
+    parts = []
+    if where.statuses:
+        parts.append(f"status {' or '.join(where.statuses)}")
+    if where.search:
+        parts.append(f"search {where.search!r}")
+    if where.tags:
+        parts.append(f"tag {' or '.join(where.tags)}")
+    if where.starred:
+        parts.append("starred")
+    if where.archived:
+        parts.append("archived included")
+    return ", ".join(parts)
 
 
 def checkpoint_line(c: dict[str, Any]) -> str:
@@ -93,7 +136,12 @@ def checkpoint_line(c: dict[str, Any]) -> str:
 
 
 def _print_detail(d: dict[str, Any]) -> None:
-    click.echo(f"run {d['id']}  {d['name']}  {d['status']}  ({d['status_reason']})")
+    marks = "".join((" *starred*" if d["starred"] else "", " (archived)" if d["archived"] else ""))
+    click.echo(f"run {d['id']}  {d['name']}  {d['status']}  ({d['status_reason']}){marks}")
+    if d["tags"]:
+        click.echo(f"  tags {', '.join(d['tags'])}")
+    if d["note"]:
+        click.echo(f"  note {d['note']}")
     ends = eta_text(d["status"], d["eta_s"], d.get("eta_range_s"))
     click.echo(f"  step {step_text(d['step'], d['max_steps'])}  elapsed {fmt_duration(d['elapsed_s'])}  "
                f"ends {ends}  cost ${d['cost_usd']:.4f} ({d['price_unit']})")

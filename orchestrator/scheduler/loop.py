@@ -43,7 +43,17 @@ from db.models import Attempt, Checkpoint, Event, Run, SchedulerHeartbeat
 from db.requests import checkpoints_dir, newest_intact
 from db.scheduler_file import SchedulerFile
 from db.settings import Settings
-from db.states import ACTIVE, AttemptStatus, RunStatus, SignalSent, StopReason, attempt_transition, hold, transition
+from db.states import (
+    ACTIVE,
+    STOPPING,
+    AttemptStatus,
+    RunStatus,
+    SignalSent,
+    StopReason,
+    attempt_transition,
+    hold,
+    transition,
+)
 from orchestrator import OrchestratorError
 from orchestrator.executors.base import Executor, ExecutorError, LaunchRequest, Liveness, executor_for
 from orchestrator.executors.launcher import free_port, rank_env, torchrun_argv
@@ -490,7 +500,7 @@ class Scheduler:
         if config.workload.kind == "script":
             self._script_step(session, run, attempt, "tick",
                               partial(self.scripts.tick, session, run, attempt, config))
-        if status is RunStatus.CANCELLING:
+        if status in STOPPING:
             self._stop(session, run, attempt, config.supervision.grace_s)
         elif not executor.queued(attempt):
             watchdog.check(session, run, attempt, config.supervision, script=config.workload.kind == "script",

@@ -20,7 +20,7 @@ from db.causes import Cause
 from db.config import RunConfig, config_from_json, deep_merge
 from db.layout import AttemptPaths
 from db.models import Attempt, Checkpoint, Event, Run
-from db.states import AttemptStatus, RunStatus, StopReason, attempt_transition, transition
+from db.states import STOPPING, AttemptStatus, RunStatus, StopReason, attempt_transition, transition
 from orchestrator.executors.slurm.executor import cancelled_in_slurm
 from orchestrator.scheduler.failures import (
     Failure,
@@ -84,6 +84,18 @@ def _event(session: Session, run: Run, attempt: Attempt, level: str, message: st
     logger.info("run %d attempt %d: %s", run.id, attempt.number, message)
 
 
+def stop_mode(run: Run, attempt: Attempt) -> StopReason:
+    """How a stopped attempt's run ends: PAUSING pauses; CANCELLING ends as its request says (a
+    cancel asked for while pausing turns ``runs.stop_mode`` into a cancel after the attempt's
+    SIGTERM was sent as a pause); otherwise the reason the attempt was stopped for."""
+    status = RunStatus(run.status)
+    if status is RunStatus.PAUSING:
+        return StopReason.PAUSE
+    if status is RunStatus.CANCELLING and run.stop_mode:
+        return StopReason(run.stop_mode)
+    return StopReason(attempt.stop_reason or StopReason.CANCEL)
+
+
 def settle(session: Session, run: Run, attempt: Attempt, exited: dict | None, now: float | None = None) -> None:
     """The attempt's processes are gone: record how it ended and move the run on."""
     now = time.time() if now is None else now
@@ -103,8 +115,8 @@ def settle(session: Session, run: Run, attempt: Attempt, exited: dict | None, no
         _event(session, run, attempt, "info", finished)
         return
     if attempt.stop_reason in (StopReason.CANCEL, StopReason.PAUSE) or (
-            RunStatus(run.status) is RunStatus.CANCELLING and exited is None):
-        mode = StopReason(attempt.stop_reason or StopReason.CANCEL)
+            RunStatus(run.status) in STOPPING and exited is None):
+        mode = stop_mode(run, attempt)
         attempt_transition(attempt, AttemptStatus.PAUSED if mode is StopReason.PAUSE else AttemptStatus.CANCELLED)
         ckpt = (f"last checkpoint at step {attempt.last_checkpoint_step}" if attempt.last_checkpoint_step
                 else "no checkpoint")
@@ -145,6 +157,9 @@ def settle(session: Session, run: Run, attempt: Attempt, exited: dict | None, no
     attempt.exception = failure.exception
     attempt.log_tail = failure.log_tail[-8000:]
     attempt.reason = failure.summary()
+    if RunStatus(run.status) is RunStatus.PAUSING:
+        transition(session, run.id, RunStatus.PAUSED, f"paused; the attempt ended {attempt.reason}")
+        return
     if RunStatus(run.status) is RunStatus.CANCELLING:
         transition(session, run.id, RunStatus.CANCELLED, f"cancelled; the attempt ended {attempt.reason}")
         return

@@ -67,7 +67,7 @@ def test_metrics_answer_the_scrape_token_in_the_exposition_format(up: UI) -> Non
     assert headers["cache-control"] == "no-store"
     queue = samples(body)["runyard_queue_runs"]
     assert {dict(key)["state"] for key in queue} == {"QUEUED", "STARTING", "RUNNING", "RETRYING", "CANCELLING",
-                                                     "SUCCEEDED", "FAILED", "CANCELLED", "PAUSED"}
+                                                     "PAUSING", "SUCCEEDED", "FAILED", "CANCELLED", "PAUSED"}
     for family in ("# TYPE runyard_run_info gauge", "# TYPE runyard_run_restarts_total counter",
                    "# TYPE runyard_gpu_assigned_info gauge", "# TYPE runyard_alerts_firing gauge"):
         assert family in body, family

@@ -278,7 +278,7 @@ def test_run_page_shows_header_progress_attempts_and_metrics(seeded: dict[str, i
     assert re.fullmatch(r"\d\d:\d\d", metrics["Ends at"])  # a running run with progress: the time it ends
     # The actions in the header, where they apply: no Resume or Fork without a checkpoint; Cancel
     # acts from the confirm button inside its popover.
-    assert [b.label for b in at.button] == ["Pause", "Cancel run", "Dump stacks"]
+    assert [b.label for b in at.button] == ["Pause", "Cancel run", "Dump stacks", "Save"]  # Save: Edit…'s form
     show_section(at, "Attempts & logs")
     attempts = at.dataframe[0].value
     assert attempts["attempt"].tolist() == [1]
@@ -355,7 +355,7 @@ def test_finished_run_has_no_cancel_button(settings: Settings, sessions: session
     assert "SUCCEEDED" in at.markdown[0].value
     assert at.progress[0].value == 100
     assert {m.label: m.value for m in at.metric}["Ends at"] == "–"  # finished: nothing to project
-    assert not at.button
+    assert [b.label for b in at.button] == ["Save"]  # Edit…'s form alone: no Cancel
 
 
 def chart_spec(chart) -> dict:  # type: ignore[no-untyped-def]
@@ -617,7 +617,7 @@ def test_cancel_running_run_moves_it_to_cancelling(seeded: dict[str, int], sessi
     # fragment reruns every 2 s) shows the new status, and no Cancel button any more.
     at.run()
     assert "CANCELLING" in at.markdown[0].value
-    assert not at.button
+    assert [b.label for b in at.button] == ["Save"]  # Edit…'s form alone: no Cancel, no Pause
 
 
 def test_cancel_queued_run_cancels_it_at_once(seeded: dict[str, int], sessions: sessionmaker[Session]) -> None:

@@ -439,7 +439,8 @@ def test_a_cancel_that_arrives_as_the_run_finishes_leaves_it_succeeded(
     ids = ended_attempt(sessions, settings, tmp_path, code=0, stopped=False)
     with sessions() as s:
         run = s.get(Run, ids[0])
-        run.max_steps, run.status, run.stop_mode = 50, RunStatus.CANCELLING.value, asked
+        stopping = RunStatus.PAUSING if asked == "pause" else RunStatus.CANCELLING
+        run.max_steps, run.status, run.stop_mode = 50, stopping.value, asked
         s.get(Attempt, ids[1]).stop_reason = asked
         s.commit()
     attempt, run = settle_it(sessions, ids)
@@ -459,3 +460,21 @@ def test_a_cancel_that_stops_the_ranks_before_the_last_step_cancels(
     attempt, run = settle_it(sessions, ids)
     assert (run.status, attempt.status) == ("CANCELLED", "CANCELLED")
     assert run.status_reason.startswith("cancelled at step 50 (with a checkpoint)")
+
+
+@pytest.mark.parametrize(("status", "stop_mode", "ends"), [
+    ("PAUSING", "pause", "PAUSED"),  # a pause carried out
+    ("CANCELLING", "cancel", "CANCELLED"),  # a Cancel clicked while it was PAUSING: the SIGTERM went as a pause
+])
+def test_a_stopped_attempt_ends_the_run_as_the_last_request_says(
+    sessions: sessionmaker[Session], settings: Settings, tmp_path: Path, status: str, stop_mode: str, ends: str
+) -> None:
+    ids = ended_attempt(sessions, settings, tmp_path, code=0, stopped=True)  # stopped at 50 with a checkpoint
+    with sessions() as s:
+        run = s.get(Run, ids[0])
+        run.max_steps, run.status, run.stop_mode = 300, status, stop_mode
+        s.get(Attempt, ids[1]).stop_reason = "pause"
+        s.commit()
+    attempt, run = settle_it(sessions, ids)
+    assert (run.status, attempt.status) == (ends, ends)
+    assert run.status_reason.startswith(f"{ends.lower()} at step 50 (with a checkpoint)")

@@ -44,13 +44,14 @@ def reference_summary(session: Session, run: Run, now: float) -> dict[str, Any]:
     attempts = session.execute(
         select(Attempt).where(Attempt.run_id == run.id).order_by(Attempt.number)
     ).scalars().all()
-    step = (attempts[-1].last_step or attempts[-1].resume_step or 0) if attempts else 0
     status = RunStatus(run.status)
+    resume = session.get(Checkpoint, run.resume_checkpoint_id) if run.resume_checkpoint_id is not None else None
+    step = queries.lineage_step(status, attempts, resume.step if resume else None, run.parent_step)
     eta: float | None
     estimate = None
     if status is RunStatus.SUCCEEDED:
         eta = 0.0
-    elif status in TERMINAL or not attempts or not run.max_steps:
+    elif status in TERMINAL or status is RunStatus.QUEUED or not attempts or not run.max_steps:
         eta = None
     else:
         rows = metricstore.recent(session, run.id, "loss", attempt=attempts[-1].number, rank=0, limit=ETA_WINDOW)
@@ -75,13 +76,14 @@ def reference_summary(session: Session, run: Run, now: float) -> dict[str, Any]:
         "executor": run.executor, "job_id": attempts[-1].job_id if attempts else None,
         "job_state": attempts[-1].job_state if attempts else None,
         "created_at": run.created_at, "started_at": run.started_at, "ended_at": run.ended_at,
-        "elapsed_s": ((run.ended_at or now) - run.started_at) if run.started_at else None,
+        "elapsed_s": queries.elapsed_s(run, attempts, now),
         "attempt_count": len(attempts), "cost_usd": round(cost, 6), "cost_wasted_usd": round(wasted, 6),
         "cost_projected_usd": round(projected, 6), "price_usd_per_hour": run.price_usd_per_hour,
         "price_unit": run.price_unit, "eta_s": eta,
         "eta_range_s": (estimate.low, estimate.high) if estimate else None, "parent_run_id": run.parent_run_id,
         "parent_step": run.parent_step, "resume_checkpoint_id": run.resume_checkpoint_id,
-        "retries_used": run.retries_used, "retry_at": run.retry_at,
+        "retries_used": run.retries_used, "retry_at": run.retry_at, "starred": run.starred,
+        "archived": run.archived, "note": run.note,
     }
 
 

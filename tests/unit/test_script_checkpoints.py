@@ -231,7 +231,7 @@ def test_pause_of_a_plain_script_without_a_checkpoint_source_is_refused(
             request_cancel(s, plain, mode="pause")
         assert s.get(Run, plain).status == "RUNNING"
         message = request_cancel(s, with_glob, mode="pause")
-        assert "snapshot.pt" in message and s.get(Run, with_glob).status == "CANCELLING"
+        assert "snapshot.pt" in message and s.get(Run, with_glob).status == "PAUSING"
         assert "cancel requested" in request_cancel(s, plain)  # cancel stays possible
 
 

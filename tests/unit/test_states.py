@@ -25,7 +25,8 @@ def _queued(sessions: sessionmaker[Session], settings: Settings) -> int:
 
 def test_status_names_are_the_documented_ones() -> None:
     assert [s.value for s in RunStatus] == [
-        "QUEUED", "STARTING", "RUNNING", "RETRYING", "CANCELLING", "SUCCEEDED", "FAILED", "CANCELLED", "PAUSED",
+        "QUEUED", "STARTING", "RUNNING", "RETRYING", "CANCELLING", "PAUSING", "SUCCEEDED", "FAILED", "CANCELLED",
+        "PAUSED",
     ]
     # Only a resume leaves a finished run; a paused one may also be cancelled for good.
     assert all(ALLOWED[s] == {RunStatus.QUEUED} for s in TERMINAL if s is not RunStatus.PAUSED)
@@ -108,6 +109,33 @@ def test_cancel_request_depends_on_status(sessions: sessionmaker[Session], setti
         assert s.get(Run, queued).status == "CANCELLED"  # nothing to stop
         assert s.get(Run, running).status == "CANCELLING"  # the scheduler stops the processes
         assert "already" in request_cancel(s, queued)
+
+
+def test_pause_shows_pausing_never_cancelling_and_a_cancel_then_wins(
+        sessions: sessionmaker[Session], settings: Settings) -> None:
+    """Issue 29 item 4: Pause moves an active run to PAUSING (not CANCELLING); a second Pause says
+    it is already being stopped; Resume is refused until it is PAUSED; a Cancel meanwhile turns
+    the stop into a cancel (CANCELLING, stop_mode cancel), recorded in the history."""
+    from db.requests import RequestRefused, request_resume
+
+    run_id = _queued(sessions, settings)
+    with sessions() as s:
+        transition(s, run_id, RunStatus.STARTING, "l")
+        transition(s, run_id, RunStatus.RUNNING, "r")
+        assert request_cancel(s, run_id, mode="pause") == f"run {run_id}: pause requested"
+        s.commit()
+        run = s.get(Run, run_id)
+        assert (run.status, run.stop_mode) == ("PAUSING", "pause")
+        assert "already being stopped (PAUSING)" in request_cancel(s, run_id, mode="pause")
+        with pytest.raises(RequestRefused, match=r"being stopped \(PAUSING\); wait until it is PAUSED"):
+            request_resume(s, run_id)
+        assert "ends CANCELLED instead of PAUSED" in request_cancel(s, run_id)
+        s.commit()
+        s.refresh(run)
+        assert (run.status, run.stop_mode) == ("CANCELLING", "cancel")
+        moves = [(h.from_status, h.to_status) for h in s.query(RunStatusHistory).filter_by(run_id=run_id)
+                 .order_by(RunStatusHistory.id)]
+        assert moves[-2:] == [("RUNNING", "PAUSING"), ("PAUSING", "CANCELLING")]
 
 
 def test_an_attempt_ends_once_through_attempt_transition(sessions: sessionmaker[Session], settings: Settings) -> None:

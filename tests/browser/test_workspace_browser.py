@@ -1,0 +1,78 @@
+"""The Runs list as a workspace and a run's metadata, in a real Chromium against `runyard up`
+(issue 29, items 4, 7 and 8): what a person sees.
+
+One test, one server, the fewest steps (this tier is slow): a long run and a second one; the
+person tags the first on its page (Edit…), pauses it and watches the badge go PAUSING, then
+PAUSED, never CANCELLING; then on the Runs list sees the tag and the list narrowed by a search;
+`runyard show` reports the same tag.
+
+    pytest -m browser tests/browser/test_workspace_browser.py
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+import pytest
+
+from tests.browser.test_resume_browser import (
+    PAGE_TIMEOUT_MS,
+    expect,
+    header_action,
+    open_run_page,
+    submit,
+    wait_for,
+)
+
+pytestmark = pytest.mark.browser
+
+
+def grid_rows(page: Any) -> Any:
+    """The Runs table's rows: st.dataframe draws on a canvas; glide-data-grid keeps an accessible
+    copy of the visible cells as a <table role="grid"> inside it."""
+    return page.get_by_test_id("stDataFrame").locator("table[role='grid'] tbody tr")
+
+
+def test_tag_pause_and_search_as_a_person_sees_them(page: Any, runyard_up: Any) -> None:
+    long_run = submit(runyard_up, "train.max_steps=100000", "checkpoint.every_steps=20", "name=alpha")
+    submit(runyard_up, "name=beta")  # RUNYARD_CPU_SLOTS=2: waits for alpha's two slots
+    wait_for(runyard_up, long_run,
+             lambda d: d["status"] == "RUNNING" and any(c["verified"] and not c["deleted"] for c in d["checkpoints"]),
+             "RUNNING with a checkpoint", timeout_s=90.0)
+
+    # Edit…: a new tag, saved; shown under the title, and by `runyard show`.
+    header = open_run_page(page, runyard_up.url, long_run, "alpha")
+    header_action(page, "Edit…").click()
+    popover = page.get_by_test_id("stPopoverBody")
+    tags = popover.get_by_test_id("stMultiSelect").locator("input")
+    tags.fill("sweep-3")
+    tags.press("Enter")
+    popover.get_by_role("button").filter(has_text="Save").click()
+    expect(page.get_by_test_id("stMarkdown").filter(has_text=re.compile(r"^sweep-3$"))).to_be_visible(
+        timeout=PAGE_TIMEOUT_MS)
+    assert runyard_up.cli("show", "alpha")["tags"] == ["sweep-3"]
+
+    # Pause: PAUSING at once, then PAUSED; never CANCELLING (sampled every 0.1 s).
+    header_action(page, "Pause").click()
+    seen: list[str] = []
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and (not seen or "PAUSED" not in seen[-1]):
+        seen.append(header.inner_text())
+        page.wait_for_timeout(100)
+    statuses = [m.group(0) for text in seen if (m := re.search(r"\b[A-Z]{6,}\b", text))]
+    assert "PAUSING" in statuses and statuses[-1] == "PAUSED", statuses[-20:]
+    assert "CANCELLING" not in statuses
+    assert statuses.index("PAUSING") < statuses.index("PAUSED")
+
+    # The Runs list: both runs, alpha with its tag; a search for the tag narrows it to alpha.
+    page.goto(runyard_up.url)
+    rows = grid_rows(page)
+    expect(rows).to_have_count(2, timeout=PAGE_TIMEOUT_MS)
+    expect(rows.filter(has_text="alpha")).to_contain_text("sweep-3")
+    search = page.get_by_test_id("stTextInput").filter(has_text="Search").locator("input")
+    search.fill("sweep")
+    search.press("Enter")
+    expect(rows).to_have_count(1, timeout=PAGE_TIMEOUT_MS)
+    expect(rows.first).to_contain_text("alpha")
