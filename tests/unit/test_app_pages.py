@@ -1308,3 +1308,41 @@ def test_a_metric_key_with_markup_shows_as_text_on_the_compare_page(seeded: dict
     (table,) = at.table
     assert isinstance(table.value.index, pd.RangeIndex)
     assert f"{EVIL} final" in as_read_frame(table.value).columns
+
+
+def test_a_submit_answers_once_with_every_refusal_and_the_warnings(
+        settings: Settings, sessions: sessionmaker[Session], tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Issue 29, item 11: the model's checks across fields (all of them, not the first), the refused
+    path and the learning-rate warning come in the one answer to Start; once the refusals are fixed,
+    the next Start queues the run (the warning was seen beside them, and is not asked again)."""
+    outside = tmp_path_factory.mktemp("elsewhere") / "input.txt"  # beside the home, not in it
+    outside.write_text("to be or not to be\n" * 1000)
+    at = open_page("views/new_run.py")
+    at.selectbox(key="workload.kind").set_value("gpt-char").run()
+    at.number_input(key="workload.n_embd").set_value(100)
+    at.number_input(key="workload.n_head").set_value(3)
+    at.text_input(key="workload.text").input(str(outside))
+    at.number_input(key="train.lr").set_value(50.0)
+    at.selectbox(key="parallel.strategy").set_value("fsdp")
+    at.selectbox(key="train.precision").set_value("fp16")
+    start(at)
+    no_exception(at)
+    errors = refusals(at)
+    joined = " | ".join(errors)
+    assert "workload.n_embd = 100 must be a multiple of workload.n_head = 3" in joined
+    assert "train.precision = 'fp16' with parallel.strategy = 'fsdp' is not supported" in joined
+    assert f"workload.text = {str(outside)!r}: {outside.resolve()} is outside" in joined
+    (warning,) = [as_read(w.value) for w in at.warning if "train.lr" in w.value]
+    assert "Also check" in warning and "train.lr = 50.0: a learning rate above 1 usually diverges" in warning
+    assert queued_runs(sessions) == []
+
+    inside = settings.home / "input.txt"
+    inside.write_text(outside.read_text())
+    at.number_input(key="workload.n_head").set_value(4)
+    at.text_input(key="workload.text").input(str(inside))
+    at.selectbox(key="train.precision").set_value("bf16")
+    at.selectbox(key="parallel.strategy").set_value("ddp")
+    start(at)
+    no_exception(at)
+    assert not refusals(at)
+    assert [r["name"] for r in queued_runs(sessions)] == ["run"]  # one Start, no second question about lr
