@@ -1346,3 +1346,42 @@ def test_a_submit_answers_once_with_every_refusal_and_the_warnings(
     no_exception(at)
     assert not refusals(at)
     assert [r["name"] for r in queued_runs(sessions)] == ["run"]  # one Start, no second question about lr
+
+
+def test_a_ranks_log_is_searched_highlighted_opened_at_its_first_error_and_downloadable(
+        settings: Settings, sessions: sessionmaker[Session]) -> None:
+    """Issue 29, item 9, on the page: Attempts & logs opens on the failing rank's log, read from the
+    run's folder, its markup shown as text; a search lists the matching lines with the matches
+    marked; First error shows the log from the traceback; the rank's log and all of them download."""
+    run_id = add_failed_run(sessions, settings, "ValueError: boom", "[rank1]: ValueError: boom\n")
+    with sessions() as s:
+        attempt_dir = Path(s.query(Attempt).filter_by(run_id=run_id).one().dir)
+    body = "".join(f"step {i} loss {1 / i:.3f}\n" for i in range(1, 400))
+    for rank in (0, 1):
+        folder = attempt_dir / "ranks" / "abc_1" / "attempt_0" / str(rank)
+        folder.mkdir(parents=True)
+        (folder / "stdout.log").write_text(body if rank == 1 else "rank 0 waits\n")
+        (folder / "stderr.log").write_text(f"[rank1]: Traceback (most recent call last):\n[rank1]: ValueError: {EVIL}\n"
+                                           if rank == 1 else "")
+    at = show_section(open_page("views/run.py", run=str(run_id)), "Attempts & logs")
+    no_exception(at)
+    assert at.selectbox(key=f"log-source-{run_id}").value == "rank 1"  # the failing rank
+    logs = [h.proto.body for h in at.html if "runyard-log" in h.proto.body and "<pre>" in h.proto.body]
+    stderr, stdout = logs  # in the files' order
+    assert "step 399 loss" in stdout and "step 99 loss" not in stdout  # its end (the last 300 lines)
+    assert "<img" not in stderr and "&lt;img src=x&gt;" in stderr
+    assert "runyard-log-follow" not in stdout  # a finished run's log is not followed
+
+    at.text_input(key=f"log-search-{run_id}").input("loss 0.5").run()
+    stdout = [h.proto.body for h in at.html if "<pre>" in h.proto.body][1]
+    assert stdout.count("<mark>loss 0.5</mark>") == 1 and "step 2 " in stdout  # "step 2 loss 0.500"
+    assert any(as_read(c.value).startswith("stdout.log: 1 line(s) with") for c in at.caption)
+
+    at.text_input(key=f"log-search-{run_id}").input("").run()
+    at.button(key=f"log-error-button-{run_id}").click().run()
+    assert any(as_read(c.value) == "stderr.log: from the first error, line 1" for c in at.caption)
+    error_log = next(h.proto.body for h in at.html if "runyard-log-error" in h.proto.body)
+    assert "Traceback" in error_log
+    at.button(key=f"log-prepare-zip-{run_id}").click().run()
+    (save,) = at.get("download_button")
+    assert save.proto.label.startswith(f"Save run-{run_id}-logs.zip")
