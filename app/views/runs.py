@@ -70,6 +70,8 @@ def runs_table() -> None:
         column_config={
             "run": st.column_config.LinkColumn("run", display_text=r"run\?run=(\d+)"),
             "progress": st.column_config.ProgressColumn("progress", min_value=0.0, max_value=1.0, format="percent"),
+            # Wide enough for "17:40 (in 1h 2m 3s)": the automatic width cut it at every width (issue 29).
+            "ends at": st.column_config.TextColumn("ends at", width="medium"),
             "cost": st.column_config.TextColumn("cost", help="So far, every attempt included"),
             "projected": st.column_config.TextColumn("projected", help="Cost so far + ETA x the run's price"),
             "alert": st.column_config.TextColumn("alert", help="An open alert (docs/ALERTS.md): its triggers"),

@@ -1385,3 +1385,31 @@ def test_a_ranks_log_is_searched_highlighted_opened_at_its_first_error_and_downl
     at.button(key=f"log-prepare-zip-{run_id}").click().run()
     (save,) = at.get("download_button")
     assert save.proto.label.startswith(f"Save run-{run_id}-logs.zip")
+
+
+def test_a_loss_spanning_more_than_two_decades_opens_on_a_log_axis_until_a_person_chooses(
+        settings: Settings, sessions: sessionmaker[Session]) -> None:
+    """Issue 29, item 6: on the Overview and the Metrics section; unpicked, it stays linear."""
+    with sessions() as s:
+        run_id = add_run(s, settings, "decades", RunStatus.STARTING, RunStatus.RUNNING)
+        add_attempt(s, run_id, 2000)
+        s.flush()
+        write_points(s.connection(), [dict(run_id=run_id, attempt=1, rank=0, step=step, key=key, value=value,
+                                           wall_time=1000.0 + step)
+                                      for step in range(10, 2001, 10)
+                                      for key, value in (("loss", 10.0 / step), ("step_time", 0.05 + step * 1e-6))])
+        s.commit()
+
+    def log_axes(at: AppTest) -> dict[str, bool]:
+        return {chart_title(c): '"type": "log"' in json.dumps(chart_spec(c)) for c in metric_chart_elements(at)}
+
+    at = open_page("views/run.py", run=str(run_id))
+    no_exception(at)
+    assert log_axes(at)["Loss"] is True  # the Overview: 1 down to 0.005
+    at = show_section(at, "Metrics")
+    assert log_axes(at) == {"Loss": True, "Step time": False}  # 50 to 52 ms: linear
+    assert at.button_group(key=f"log-{run_id}").value == ["loss"]
+    at.button_group(key=f"log-{run_id}").set_value([]).run()
+    assert log_axes(at)["Loss"] is False
+    at.run()  # a live refresh keeps the person's choice
+    assert log_axes(at)["Loss"] is False
