@@ -36,6 +36,7 @@ X_AXES = (X_STEP, X_WALL, X_RELATIVE)
 NAN_COLOR = "#d62728"
 MEAN_COLOR = "#6b7280"  # slate grey: no rank's hue, and read on the light and the dark theme alike
 BAND_COLOR = "#7f7f7f"
+RULE_COLOR = "#8a8a8a"  # the hover rule: a contrast over 3 on the light and the dark theme (#555555: 2.4 on dark)
 # One strong hue per rank, in an order that keeps neighbours apart: Okabe & Ito's colour-blind-safe
 # set without its yellow and black (yellow vanishes on white, black on the dark theme), then Paul
 # Tol's indigo and wine lightened (his own vanished on the dark theme's background: contrast 1.6
@@ -297,7 +298,7 @@ def _hover_layer(wide: pd.DataFrame, key: str, x: Any, ranks: Sequence[str]) -> 
     tips = [alt.Tooltip("step:Q", title="step", format=",d")]
     tips += [alt.Tooltip(f"{c}:Q", title=c, format=fmt) for c in ("mean", "min", "max") if c in wide]
     tips += [alt.Tooltip(f"r{r}:Q", title=f"rank {r}", format=fmt) for r in ranks]
-    return alt.Chart(wide).mark_rule(clip=True, color="#555555", strokeWidth=1).encode(
+    return alt.Chart(wide).mark_rule(clip=True, color=RULE_COLOR, strokeWidth=1).encode(
         x=x, opacity=alt.condition(nearest, alt.value(0.8), alt.value(0.0)), tooltip=tips,
     ).add_params(nearest, zoom)
 
