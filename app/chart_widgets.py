@@ -1,14 +1,24 @@
 """The Run page's metric section around the charts: the rank legend strip that isolates ranks,
-and the table of each metric's newest value per rank. Plain functions called inside the page's
-live fragment (app/views/run.py's ``metric_charts``)."""
+the charts with the box zoom they share, and the table of each metric's newest value per rank.
+Plain functions called inside the page's live fragment (app/views/run.py's ``metric_charts``).
+
+The box zoom: a drag on a chart draws a box (its ``box`` selection, sent back through
+st.altair_chart's on_select); the box becomes the section's zoom (``charts.Zoom``), kept in the
+session so that it holds across the live refreshes, and every chart of the section is drawn
+with its x range, the y axis fitted to what lies in it (the chart the box was drawn on shows the
+box's y range). A double-click on a chart, or Reset zoom, clears it."""
 
 from __future__ import annotations
 
+from functools import partial
+
+import altair as alt
 import pandas as pd
 import streamlit as st
 
 from app import charts, style
 from db import metric_registry
+from orchestrator.format import clock
 
 
 def isolated_ranks(run_id: int, nproc: int) -> tuple[str, ...]:
@@ -32,3 +42,37 @@ def latest_table(latest: dict[str, dict[str, float | None]], keys: list[str]) ->
         {f"rank {r}": [metric_registry.format_number(k, latest[k].get(r)) for k in shown] for r in ranks},
         index=pd.Index([metric_registry.axis_title(k) for k in shown], name="metric"),
     )))
+
+
+def zoom_of(run_id: int) -> charts.Zoom | None:
+    """The section's box zoom for this run, if a person drew one."""
+    zoom = st.session_state.get(f"zoom-{run_id}")
+    return zoom if isinstance(zoom, charts.Zoom) else None
+
+
+def _boxed(run_id: int, key: str, chart_key: str, x_axis: str) -> None:
+    """A box was drawn on (or cleared from, by a double-click) the chart of ``key``."""
+    event = st.session_state.get(chart_key)
+    box = (event.get("selection") or {}).get("box") if event else None
+    st.session_state[f"zoom-{run_id}"] = charts.Zoom.from_selection(box or {}, key, x_axis)
+
+
+def zoomable_chart(run_id: int, key: str, chart: alt.LayerChart, x_axis: str, where: str) -> None:
+    """One metric chart whose drawn box zooms every chart of the section."""
+    chart_key = f"chart-{where}-{run_id}-{key}"
+    st.altair_chart(chart, width="stretch", key=chart_key, selection_mode="box",
+                    on_select=partial(_boxed, run_id, key, chart_key, x_axis))
+
+
+def zoom_note(run_id: int, x_title: str) -> None:
+    """While the section is zoomed: to which range, and a button that resets it."""
+    zoom = zoom_of(run_id)
+    if zoom is None:
+        return
+    text, button = st.columns([5, 1], vertical_alignment="center")
+    ends = [clock(v / 1000.0) if x_title == charts.X_WALL else f"{v:,.6g}" for v in zoom.x]  # wall time: epoch ms
+    text.caption(f"Zoomed to {x_title} {ends[0]}–{ends[1]} (the box drawn on "
+                 f"{style.plain(metric_registry.label(zoom.key))}); double-click a chart to reset.")
+    if button.button("Reset zoom", key=f"zoom-reset-{run_id}", icon=":material/zoom_out_map:"):
+        st.session_state[f"zoom-{run_id}"] = None
+        st.rerun(scope="fragment")

@@ -34,17 +34,56 @@ RANK_MODES = (PER_RANK, RANK_MEAN)
 X_STEP, X_WALL, X_RELATIVE = "step", "wall time", "relative time"
 X_AXES = (X_STEP, X_WALL, X_RELATIVE)
 NAN_COLOR = "#d62728"
-MEAN_COLOR = "#222222"  # near black: no rank's hue
+MEAN_COLOR = "#6b7280"  # slate grey: no rank's hue, and read on the light and the dark theme alike
 BAND_COLOR = "#7f7f7f"
+RULE_COLOR = "#8a8a8a"  # the hover rule: a contrast over 3 on the light and the dark theme (#555555: 2.4 on dark)
 # One strong hue per rank, in an order that keeps neighbours apart: Okabe & Ito's colour-blind-safe
-# set without its yellow and black (yellow vanishes on white, black is the mean's), then Paul
-# Tol's indigo, wine, green, olive, purple and teal. No light/dark pairs (category20 suggested
+# set without its yellow and black (yellow vanishes on white, black on the dark theme), then Paul
+# Tol's indigo and wine lightened (his own vanished on the dark theme's background: contrast 1.6
+# and 2.2), green, olive, purple and teal. Every hue has a contrast of at least 2.2 on white and
+# on the dark theme's #0e1117 (tests/unit/test_charts.py). No light/dark pairs (category20 suggested
 # pairs of ranks that do not exist). Ranks past 12 reuse hues; from 8 ranks the mean is the default.
-PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#332288", "#882255",
+PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#7A6FD0", "#B5457E",
            "#117733", "#999933", "#AA4499", "#44AA99")
 MEAN_FROM_RANKS = 8
 FADED_OPACITY = 0.12  # lines of the ranks not isolated
 POINTS_BELOW = 60  # draw point markers on lines with fewer rows than this
+
+
+@dataclass(frozen=True)
+class Zoom:
+    """A box zoom, shared by the charts of a section: the x range of the box drawn on the chart of
+    ``key`` (in the x axis's values), and its y range (in that metric's displayed unit). That chart
+    shows the box; every other chart shows the x range with its y axis fitted to what lies in it."""
+
+    x: tuple[float, float]
+    y: tuple[float, float]
+    key: str
+    x_axis: str  # the X axis the box was drawn on (a box on steps means nothing on wall time)
+
+    @staticmethod
+    def from_selection(box: Mapping[str, Any], key: str, x_axis: str) -> Zoom | None:
+        """The zoom a chart's ``box`` selection (Vega-Lite's ``{"x": [..], "value": [..]}``) asks for."""
+        xs, ys = box.get("x"), box.get("value")
+        if not xs or not ys or len(xs) != 2 or len(ys) != 2:
+            return None
+        x0, x1 = sorted(float(v) for v in xs)
+        y0, y1 = sorted(float(v) for v in ys)
+        return Zoom((x0, x1), (y0, y1), key, x_axis) if x1 > x0 and y1 > y0 else None
+
+
+def fitted_y(frame: pd.DataFrame, x: tuple[float, float], log_y: bool) -> tuple[float, float] | None:
+    """The y range of what ``frame`` (displayed values) holds between ``x``, with a little room."""
+    inside = frame[(frame["x"] >= x[0]) & (frame["x"] <= x[1])]
+    values = pd.concat([inside[c] for c in ("value", "lo", "hi") if c in inside]).to_numpy(dtype=float)
+    values = values[np.isfinite(values) & ((values > 0) if log_y else True)]
+    if values.size == 0:
+        return None
+    lo, hi = float(values.min()), float(values.max())
+    if log_y:
+        return lo / 1.1, hi * 1.1
+    pad = (hi - lo) * 0.05 or abs(hi) * 0.05 or 1.0
+    return lo - pad, hi + pad
 
 
 @dataclass(frozen=True)
@@ -57,10 +96,29 @@ class ChartOptions:
     smoothing: float = 0.0  # EMA weight in [0, 1): 0 draws the values as they are
     show_superseded: bool = False  # what abandoned attempts logged after the resume step, faint
     isolated: tuple[str, ...] = ()  # ranks picked in the legend: drawn strong, the others faint
+    zoom: Zoom | None = None  # the box a person drew on one chart of the section: every chart shows its x range
 
     def log_y(self, key: str) -> bool:
         """Whether ``key``'s chart has a log y axis (never for a share such as accuracy)."""
         return key in self.log_keys and registry.spec_for(key).log_ok
+
+
+LOG_FROM_DECADES = 2.0  # a metric whose values span more than this many decades opens on a log axis
+
+
+def spans_decades(rows: Sequence[Mapping[str, Any]], decades: float = LOG_FROM_DECADES) -> bool:
+    """Whether the positive finite values of ``rows`` (a metric's buckets: ``value``) span more than
+    ``decades`` powers of ten: a loss from 10 to 0.01 is a flat line after its first steps on a
+    linear axis."""
+    values = np.array([r["value"] for r in rows if r.get("value") is not None], dtype=float)
+    values = values[np.isfinite(values) & (values > 0)]
+    return values.size > 1 and math.log10(float(values.max()) / float(values.min())) > decades
+
+
+def auto_log_keys(series: Mapping[str, Sequence[Mapping[str, Any]]]) -> frozenset[str]:
+    """The metrics drawn on a log y axis until a person chooses: those a log axis suits
+    (never a share such as accuracy) whose values span more than ``LOG_FROM_DECADES`` decades."""
+    return frozenset(k for k, rows in series.items() if registry.spec_for(k).log_ok and spans_decades(rows))
 
 
 def default_rank_mode(nproc: int) -> str:
@@ -218,17 +276,29 @@ def identical_ranks(per_rank: pd.DataFrame, wide: pd.DataFrame | None = None) ->
                   key=lambda g: int(g[0]))
 
 
+BOX_DRAG = "[pointerdown[!event.shiftKey], window:pointerup] > window:pointermove!"
+PAN_DRAG = "[pointerdown[event.shiftKey], window:pointerup] > window:pointermove!"
+
+
+def box_param() -> Any:
+    """The box zoom: a drag draws a box (x and y); the page reads it (st.altair_chart on_select)
+    and zooms every chart of the section to it; a double-click clears it."""
+    return alt.selection_interval(name="box", encodings=["x", "y"], on=BOX_DRAG, translate=False, zoom=False,
+                                  clear="dblclick")
+
+
 def _hover_layer(wide: pd.DataFrame, key: str, x: Any, ranks: Sequence[str]) -> alt.Chart:
     """A vertical rule at the step nearest the pointer with a tooltip of every rank's value there
-    (Altair's multi-line tooltip), carrying the x zoom (wheel, drag to pan, double-click resets)."""
+    (Altair's multi-line tooltip), carrying the x zoom of this chart (wheel; shift-drag pans;
+    double-click resets)."""
     nearest = alt.selection_point(name="hover", nearest=True, on="pointerover", clear="pointerout",
                                   fields=["x"], empty=False)
-    zoom = alt.selection_interval(name="zoom", bind="scales", encodings=["x"])
+    zoom = alt.selection_interval(name="zoom", bind="scales", encodings=["x"], translate=PAN_DRAG)
     fmt = registry.d3_format(key)
     tips = [alt.Tooltip("step:Q", title="step", format=",d")]
     tips += [alt.Tooltip(f"{c}:Q", title=c, format=fmt) for c in ("mean", "min", "max") if c in wide]
     tips += [alt.Tooltip(f"r{r}:Q", title=f"rank {r}", format=fmt) for r in ranks]
-    return alt.Chart(wide).mark_rule(color="#555555", strokeWidth=1).encode(
+    return alt.Chart(wide).mark_rule(clip=True, color=RULE_COLOR, strokeWidth=1).encode(
         x=x, opacity=alt.condition(nearest, alt.value(0.8), alt.value(0.0)), tooltip=tips,
     ).add_params(nearest, zoom)
 
@@ -255,10 +325,16 @@ def metric_chart(frame: pd.DataFrame, key: str, options: ChartOptions, x_title: 
     mean = options.ranks == RANK_MEAN
     per_rank = displayed(per_rank, key) if per_rank is not None else frame
     temporal = options.x == X_WALL
-    x = alt.X("x:T" if temporal else "x:Q", title=x_title,
-              scale=alt.Scale(zero=False) if not temporal else alt.Undefined)
     log_y = options.log_y(key)
-    y_scale = alt.Scale(type="log") if log_y else alt.Scale(zero=False)
+    zoom = options.zoom if options.zoom is not None and options.zoom.x_axis == options.x else None
+    x_domain: Any = list(zoom.x) if zoom else alt.Undefined
+    x = alt.X("x:T" if temporal else "x:Q", title=x_title,
+              scale=alt.Scale(zero=False, domain=x_domain) if not temporal else alt.Scale(domain=x_domain))
+    y_domain: Any = alt.Undefined
+    if zoom is not None:
+        fitted = zoom.y if zoom.key == key else fitted_y(per_rank if not mean else frame, zoom.x, log_y)
+        y_domain = list(fitted) if fitted else alt.Undefined
+    y_scale = alt.Scale(type="log", domain=y_domain) if log_y else alt.Scale(zero=False, domain=y_domain)
     y_title = registry.axis_title(key) + (", log scale" if log_y else "")
     axis = alt.Axis(format=registry.axis_format(key) or alt.Undefined)
 
@@ -278,7 +354,7 @@ def metric_chart(frame: pd.DataFrame, key: str, options: ChartOptions, x_title: 
     tooltip = ["rank:N", "step:Q", alt.Tooltip("value:Q", format=registry.d3_format(key))]
     layers: list[alt.Chart] = []
     if bucketed or mean:
-        layers.append(alt.Chart(_envelope(lineage_rows)).mark_area(
+        layers.append(alt.Chart(_envelope(lineage_rows)).mark_area(clip=True,
             opacity=0.15, color=BAND_COLOR if not mean else MEAN_COLOR).encode(x=x, y=y("lo"), y2="hi:Q",
                                                                               detail="attempt:N"))
     isolated = set(options.isolated) & set(ranks)
@@ -286,28 +362,29 @@ def metric_chart(frame: pd.DataFrame, key: str, options: ChartOptions, x_title: 
     # Streamlit's Vega runs expressions through an interpreter, per row and per layer.
     strong = lineage_rows if mean or not isolated else lineage_rows[lineage_rows["rank"].isin(isolated)]
     if not mean and isolated:
-        layers.append(alt.Chart(lineage_rows[~lineage_rows["rank"].isin(isolated)]).mark_line(
+        layers.append(alt.Chart(lineage_rows[~lineage_rows["rank"].isin(isolated)]).mark_line(clip=True,
             opacity=FADED_OPACITY).encode(x=x, y=y("value"), color=color(), detail="series:N"))
     few = len(strong) < POINTS_BELOW
     base = alt.Chart(strong).encode(x=x, detail="series:N")
-    layers.append(base.mark_line(point=few and not smoothing, opacity=0.3 if smoothing else 1.0).encode(
-        y=y("value"), color=color(), tooltip=tooltip))
+    layers.append(base.mark_line(point=few and not smoothing, opacity=0.3 if smoothing else 1.0, clip=True).encode(
+        y=y("value"), color=color(), tooltip=tooltip).add_params(box_param()))
     if smoothing:
-        layers.append(base.mark_line(strokeWidth=2).encode(
+        layers.append(base.mark_line(clip=True, strokeWidth=2).encode(
             y=y("smooth"), color=color(), tooltip=[*tooltip, alt.Tooltip("smooth:Q", title="smoothed")]))
     if mean and isolated:  # the picked ranks over the mean and its band
         picked = per_rank[~per_rank["superseded"] & per_rank["rank"].isin(isolated)]
-        layers.append(alt.Chart(picked).mark_line(strokeWidth=1.5).encode(
+        layers.append(alt.Chart(picked).mark_line(clip=True, strokeWidth=1.5).encode(
             x=x, y=y("smooth" if smoothing else "value"), detail="series:N",
             color=alt.Color("rank:N", scale=colors, legend=None), tooltip=tooltip))
     if options.show_superseded and bool(frame["superseded"].any()):
-        layers.append(alt.Chart(frame[frame["superseded"]]).mark_line(opacity=0.35, strokeDash=[4, 3]).encode(
+        layers.append(alt.Chart(frame[frame["superseded"]]).mark_line(
+            clip=True, opacity=0.35, strokeDash=[4, 3]).encode(
             x=x, y=y("value"), color=color(), detail="series:N", tooltip=tooltip))
     nans = frame[frame["nan"] & (options.show_superseded | ~frame["superseded"])]
     if not nans.empty:
         marks = nans.groupby("x", as_index=False).agg(
             step=("step", "min"), ranks=("rank", lambda r: ", ".join(sorted(set(r)))))
-        layers.append(alt.Chart(marks).mark_rule(color=NAN_COLOR, strokeDash=[2, 2], opacity=0.7).encode(
+        layers.append(alt.Chart(marks).mark_rule(clip=True, color=NAN_COLOR, strokeDash=[2, 2], opacity=0.7).encode(
             x=x, tooltip=[alt.Tooltip("step:Q", title="NaN at step"), alt.Tooltip("ranks:N", title="rank")]))
     wide = _by_rank(per_rank)
     if not per_rank.empty:
@@ -327,21 +404,31 @@ def metric_view(rows: Sequence[Mapping[str, Any]], cutoffs: Mapping[int, float],
     return metric_chart(frame, key, options, x_title, bucketed, per_rank=per_rank)
 
 
-def rank_legend(ranks: Sequence[str]) -> alt.Chart:
-    """The section's one legend: a strip of one bar per rank in its hue, labelled "rank N".
-    A click on a bar selects that rank in the ``isolate`` parameter (shift-click adds one,
-    double-click clears); the page reads the selection (st.altair_chart on_select) and isolates
-    the rank on every chart, so the choice holds across the live refreshes."""
+LEGEND_HEIGHT = 26  # px: the rank strip's buttons, each with its label inside
+
+
+def rank_legend(ranks: Sequence[str]) -> alt.LayerChart:
+    """The section's one legend: a strip of one button per rank in its hue, labelled "rank N"
+    inside it. A click on a button (its label included) selects that rank in the ``isolate``
+    parameter (shift-click adds one, double-click clears);
+    the page reads the selection (st.altair_chart on_select) and isolates the rank on every
+    chart, so the choice holds across the live refreshes. The labels were once an axis above
+    10-px bars: a click on a label, where people click, selected nothing."""
     scale = rank_scale(ranks)
     pick = alt.selection_point(name="isolate", fields=["rank"], on="click", toggle="event.shiftKey", clear="dblclick")
-    return alt.Chart(pd.DataFrame({"rank": list(ranks)})).mark_rect(cornerRadius=3).encode(
-        x=alt.X("rank:N", title=None, scale=alt.Scale(domain=scale.domain, paddingInner=0.25),
-                axis=alt.Axis(orient="top", labelExpr="'rank ' + datum.label", labelAngle=0, ticks=False,
-                              domain=False, labelFontSize=13, labelPadding=4)),
-        color=alt.Color("rank:N", scale=scale, legend=None),
-        opacity=alt.condition(pick, alt.value(1.0), alt.value(0.25)),
-        tooltip=[alt.Tooltip("rank:N", title="rank")],
-    ).add_params(pick).properties(height=48).configure_view(stroke=None)  # labels included: 10 px of bar
+    frame = pd.DataFrame({"rank": list(ranks), "label": [f"rank {r}" for r in ranks]})
+    x = alt.X("rank:N", title=None, axis=None, scale=alt.Scale(domain=scale.domain, paddingInner=0.15))
+    buttons = alt.Chart(frame).mark_rect(cornerRadius=4, cursor="pointer").encode(
+        x=x, y=alt.value(0), y2=alt.value(LEGEND_HEIGHT), color=alt.Color("rank:N", scale=scale, legend=None),
+        opacity=alt.condition(pick, alt.value(1.0), alt.value(0.3)),
+        tooltip=[alt.Tooltip("label:N", title="click to isolate")],
+    ).add_params(pick)
+    # White on every hue of PALETTE (all strong). A label's datum is its rank's row, so a click on it
+    # selects the rank as a click on the button does (Vega-Lite's point selection takes the datum
+    # under the pointer, whichever layer drew it; an axis label's datum holds no rank).
+    labels = alt.Chart(frame).mark_text(color="white", fontSize=13, fontWeight="bold", cursor="pointer",
+                                        baseline="middle").encode(x=x, y=alt.value(LEGEND_HEIGHT / 2), text="label:N")
+    return alt.layer(buttons, labels).properties(height=LEGEND_HEIGHT).configure_view(stroke=None)
 
 
 def attempt_timeline(attempts: pd.DataFrame) -> alt.Chart:

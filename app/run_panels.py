@@ -7,19 +7,19 @@ Each takes the run detail the live panel read once for this refresh (``data.run_
 
 from __future__ import annotations
 
-import re
 import time
-from pathlib import Path
 
 import pandas as pd
 import streamlit as st
 
 from app import charts, data, style
+from app.log_view import first_error, log_panel
 from app.run_actions import is_superseded
 from db import metric_registry
-from db.states import RunStatus
-from orchestrator.executors.logs import launcher_log, rank_log_files, tail
+from db.states import TERMINAL, RunStatus
 from orchestrator.format import clock, duration
+
+TERMINAL_VALUES = {s.value for s in TERMINAL}
 
 
 def attempts_table(d: dict) -> None:
@@ -68,11 +68,12 @@ def failed_attempt(d: dict) -> dict | None:
 
 def first_error_line(text: str) -> str | None:
     """The first line of a log that reads as the error (a traceback's start or an exception)."""
-    for line in text.splitlines():
-        stripped = line.split("]:", 1)[-1].strip() if line.startswith("[rank") else line.strip()
-        if stripped.startswith("Traceback") or re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b", stripped):
-            return stripped
-    return None
+    lines = text.splitlines()
+    found = first_error(lines)
+    if found is None:
+        return None
+    line = lines[found]
+    return (line.split("]:", 1)[-1] if line.startswith("[rank") else line).strip()
 
 
 def failure_summary(d: dict) -> None:
@@ -91,7 +92,8 @@ def failure_summary(d: dict) -> None:
 
 
 def log_tails(d: dict) -> None:
-    """The log tail kept for each attempt that failed, then each rank's log of the newest attempt."""
+    """The log tail kept for each attempt that failed, then the rank logs (app/log_view.py),
+    opened on the failing rank (rank 0's log is often a red herring: it only saw the others stop)."""
     if not d["attempts"]:
         st.caption("Not launched yet: no logs.")
         return
@@ -99,20 +101,9 @@ def log_tails(d: dict) -> None:
         if a["log_tail"]:
             with st.expander(f"Attempt {a['number']}: {style.plain(a['reason'])}"):
                 st.code(a["log_tail"], language=None)
-    attempt_dir = Path(d["attempts"][-1]["dir"])
-    files = rank_log_files(attempt_dir)
     failed = failed_attempt(d)
-    # Opened on the failing rank (rank 0's log is often a red herring: it only saw the others stop).
-    opened = f"rank {failed['failed_rank']}" if failed and failed["failed_rank"] in files else None
-    tabs = st.tabs([f"rank {r}" for r in files] + ["launcher"], default=opened)
-    # One tab more than ranks: the launcher's, the last, filled below.
-    for tab, paths in zip(tabs, files.values(), strict=False):
-        with tab:
-            for path in paths:
-                st.caption(style.plain(path.name))
-                st.code(tail(path, 6000) or "(empty)", language=None)
-    with tabs[-1]:
-        st.code(tail(launcher_log(attempt_dir), 6000) or "(empty)", language=None)
+    opened = f"rank {failed['failed_rank']}" if failed and failed["failed_rank"] is not None else None
+    log_panel(d["id"], d["attempts"], active=d["status"] not in TERMINAL_VALUES, opened=opened)
 
 
 def checkpoint_table(d: dict) -> None:

@@ -65,8 +65,11 @@ STREAMLIT_OPTIONS: dict[str, object] = {
     "client.showErrorLinks": False,
     # Nothing embeds runyard: no other origin may postMessage into the page.
     "client.allowedOrigins": [],
-    # Blue, not Streamlit's red (which reads as danger on Start and on progress bars).
-    "theme.primaryColor": "#1f6feb",
+    # Blue, not Streamlit's red (which reads as danger on Start and on progress bars). Set per theme,
+    # and no theme.base: the page follows the system's light or dark preference (a plain
+    # theme.primaryColor made a custom theme on the light base, whatever the system said).
+    "theme.light.primaryColor": "#1f6feb",
+    "theme.dark.primaryColor": "#4d8ff0",
 }
 
 

@@ -32,6 +32,22 @@ RULES = {
     # The headline numbers (st.metric) are cut to "$…" in a sixth of an 800-px window at their
     # fixed 2.25rem: they scale with the window instead, from 1.25rem up to that size.
     "headline numbers": '[data-testid="stMetricValue"] { font-size: clamp(1.25rem, 2.4vw, 2.25rem); }',
+    # Vega's tooltip is one element of the page that a chart redrawn under the pointer (every live
+    # refresh) never hides again: it stayed over the page, stuck. It shows only while a chart is hovered.
+    "tooltip": 'body:not(:has([data-testid="stVegaLiteChart"]:hover)) #vg-tooltip-element'
+               " { visibility: hidden !important; }",
+    # A rank's log (app/log_view.py): a box that scrolls (lines are not wrapped: a traceback reads as
+    # written), kept at its end while it follows the log (a reversed flex column starts scrolled to
+    # its end, no script needed); colours that read on the light and the dark theme alike.
+    "log box": ".runyard-log { max-height: 30rem; overflow: auto; border: 1px solid rgba(128, 128, 128, 0.35);"
+               " border-radius: 0.5rem; background: rgba(128, 128, 128, 0.07); }"
+               " .runyard-log-follow { display: flex; flex-direction: column-reverse; }"
+               " .runyard-log pre { margin: 0; padding: 0.5rem 0.75rem; font-size: 0.8rem; line-height: 1.45;"
+               " white-space: pre; background: transparent; color: inherit; }"
+               " .runyard-log-no { display: inline-block; min-width: 3.5em; margin-right: 1em; text-align: right;"
+               " opacity: 0.55; user-select: none; }"
+               " .runyard-log-error { background: rgba(214, 39, 40, 0.22); }"
+               " .runyard-log mark { background: #ffd54f; color: #111111; border-radius: 2px; }",
 }
 
 

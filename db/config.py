@@ -26,6 +26,7 @@ plus this declarative metadata, so a new field needs no UI edit:
 
 from __future__ import annotations
 
+import copy
 import datetime
 import functools
 import hashlib
@@ -36,7 +37,7 @@ import sys
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import ErrorDetails
 
 if sys.version_info >= (3, 11):
@@ -47,11 +48,26 @@ else:  # pragma: no cover
 
 class ConfigError(ValueError):
     """A run config that cannot be accepted. ``problems`` lists every problem, each naming the
-    field and the value."""
+    field and the value; ``warnings`` the settings that are valid but rarely meant
+    (:func:`plausibility_warnings`) among the fields that were judged, so that a form shows
+    everything about a submit at once."""
 
-    def __init__(self, problems: list[str]):
+    def __init__(self, problems: list[str], warnings: list[str] | None = None):
         self.problems = problems
+        self.warnings = list(warnings or [])
         super().__init__("invalid run config:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+# A model validator that finds several problems raises them as one ValueError, one per line
+# (pydantic keeps one error per validator); :func:`parse_config` lists them one by one.
+PROBLEM_SEPARATOR = "\n"
+# The validation context under which the checks across fields are skipped (:func:`lenient_config`).
+LENIENT = "runyard-lenient"
+
+
+def lenient(info: ValidationInfo) -> bool:
+    """Whether a validator runs for :func:`lenient_config` (its checks across fields skipped)."""
+    return isinstance(info.context, dict) and bool(info.context.get(LENIENT))
 
 
 # Integers are stored as 64-bit columns; a larger one could not even be inserted.
@@ -281,29 +297,36 @@ class WorkloadConfig(_Section):
     """gpt-char: context length in characters."""
 
     @model_validator(mode="after")
-    def _kind_fields(self) -> WorkloadConfig:
-        if self.kind == "script" and not (self.script or self.module):
-            raise ValueError("workload.script (or workload.module) is required when workload.kind = 'script'")
-        if self.script and self.module:
-            raise ValueError(f"workload.script = {self.script!r} and workload.module = {self.module!r}: "
-                             "give one of them")
-        if self.kind != "script":
-            for name, info in type(self).model_fields.items():
-                if field_kinds(type(self), name) == ["script"] and getattr(self, name) != info.get_default(
-                        call_default_factory=True):
-                    raise ValueError(f"workload.{name} is only for kind = 'script' (kind is {self.kind!r})")
-        if self.resume_args and not self.checkpoint_glob:
-            raise ValueError(f"workload.resume_args = {list(self.resume_args)!r} needs workload.checkpoint_glob "
-                             "(the files a resume starts from)")
-        for name, value in self.env.items():
-            if problem := env_name_problem(name):
-                raise ValueError(f"workload.env.{name} = {value!r}: {problem}")
-        if self.checkpoint_glob is not None and (problem := relative_path_problem(
-                "workload.checkpoint_glob", self.checkpoint_glob)):
-            raise ValueError(problem)
-        if self.n_embd % self.n_head:
-            raise ValueError(f"workload.n_embd = {self.n_embd} must be a multiple of workload.n_head = {self.n_head}")
+    def _kind_fields(self, info: ValidationInfo) -> WorkloadConfig:
+        if not lenient(info) and (problems := workload_problems(self)):
+            raise ValueError(PROBLEM_SEPARATOR.join(problems))
         return self
+
+
+def workload_problems(w: WorkloadConfig) -> list[str]:
+    """The [workload] settings that contradict each other, every one of them (a form answers once)."""
+    problems: list[str] = []
+    if w.kind == "script" and not (w.script or w.module):
+        problems.append("workload.script (or workload.module) is required when workload.kind = 'script'")
+    if w.script and w.module:
+        problems.append(f"workload.script = {w.script!r} and workload.module = {w.module!r}: give one of them")
+    if w.kind != "script":
+        for name, info in type(w).model_fields.items():
+            if field_kinds(type(w), name) == ["script"] and getattr(w, name) != info.get_default(
+                    call_default_factory=True):
+                problems.append(f"workload.{name} is only for kind = 'script' (kind is {w.kind!r})")
+    if w.resume_args and not w.checkpoint_glob:
+        problems.append(f"workload.resume_args = {list(w.resume_args)!r} needs workload.checkpoint_glob "
+                        "(the files a resume starts from)")
+    for name, value in w.env.items():
+        if problem := env_name_problem(name):
+            problems.append(f"workload.env.{name} = {value!r}: {problem}")
+    if w.checkpoint_glob is not None and (problem := relative_path_problem(
+            "workload.checkpoint_glob", w.checkpoint_glob)):
+        problems.append(problem)
+    if w.n_embd % w.n_head:
+        problems.append(f"workload.n_embd = {w.n_embd} must be a multiple of workload.n_head = {w.n_head}")
+    return problems
 
 
 class LaunchConfig(_Section):
@@ -650,19 +673,10 @@ class RunConfig(_Section):
     """A training run."""
 
     @model_validator(mode="after")
-    def _compatible(self) -> RunConfig:
-        """Options a workload cannot honour are refused up front, not ignored."""
-        kind = self.workload.kind
-        if kind == "mlp-digits" and self.train.activation_checkpointing:
-            raise ValueError("train.activation_checkpointing = true is for gpt-char; mlp-digits has no blocks")
-        if kind != "gpt-char" and self.parallel.strategy == "fsdp":
-            raise ValueError(f"parallel.strategy = 'fsdp' is supported by gpt-char, not {kind!r}")
-        if self.parallel.strategy == "fsdp" and self.train.precision == "fp16":
-            raise ValueError("train.precision = 'fp16' with parallel.strategy = 'fsdp' is not supported; use 'bf16'")
-        if self.launch.executor != "slurm" and self.slurm != SlurmConfig():
-            changed = sorted(self.slurm.model_dump(exclude_defaults=True))
-            raise ValueError(f"slurm.{changed[0]} is set but launch.executor = {self.launch.executor!r}: the [slurm] "
-                             "settings apply to launch.executor = 'slurm' only")
+    def _compatible(self, info: ValidationInfo) -> RunConfig:
+        """Options a workload cannot honour are refused up front, not ignored (all of them at once)."""
+        if not lenient(info) and (problems := compatibility_problems(self)):
+            raise ValueError(PROBLEM_SEPARATOR.join(problems))
         return self
 
     name: str = Field(
@@ -699,6 +713,23 @@ class RunConfig(_Section):
         return hashlib.sha256(self.to_json().encode()).hexdigest()
 
 
+def compatibility_problems(c: RunConfig) -> list[str]:
+    """The options of different sections that cannot go together, every one of them."""
+    kind = c.workload.kind
+    problems: list[str] = []
+    if kind == "mlp-digits" and c.train.activation_checkpointing:
+        problems.append("train.activation_checkpointing = true is for gpt-char; mlp-digits has no blocks")
+    if kind != "gpt-char" and c.parallel.strategy == "fsdp":
+        problems.append(f"parallel.strategy = 'fsdp' is supported by gpt-char, not {kind!r}")
+    if c.parallel.strategy == "fsdp" and c.train.precision == "fp16":
+        problems.append("train.precision = 'fp16' with parallel.strategy = 'fsdp' is not supported; use 'bf16'")
+    if c.launch.executor != "slurm" and c.slurm != SlurmConfig():
+        changed = sorted(c.slurm.model_dump(exclude_defaults=True))
+        problems.append(f"slurm.{changed[0]} is set but launch.executor = {c.launch.executor!r}: the [slurm] "
+                        "settings apply to launch.executor = 'slurm' only")
+    return problems
+
+
 def _location(loc: tuple[Any, ...]) -> str:
     return ".".join(str(part) for part in loc) or "(top level)"
 
@@ -711,17 +742,21 @@ _STRICT_HINTS = {
 }
 
 
-def _describe(err: ErrorDetails) -> str:
+def _describe(err: ErrorDetails) -> list[str]:
     field = _location(err["loc"])
-    if err["type"] == "value_error" and isinstance(err["input"], dict):  # a check across fields
-        message = err["msg"].removeprefix("Value error, ")
-        return f"{field}: {message}" if err["loc"] else message
+    if err["type"] == "value_error" and isinstance(err["input"], dict):  # checks across fields, one per line
+        messages = err["msg"].removeprefix("Value error, ").split(PROBLEM_SEPARATOR)
+        return [f"{field}: {message}" if err["loc"] else message for message in messages]
     if err["type"] == "extra_forbidden":
-        return f"{field}: unknown key (value {err['input']!r}); check the spelling against docs/CONFIG.md"
+        return [f"{field}: unknown key (value {err['input']!r}); check the spelling against docs/CONFIG.md"]
     if err["type"] == "string_pattern_mismatch" and (hint := _pattern_help(err["loc"])):
-        return f"{field} = {err['input']!r}: use {hint}"
+        return [f"{field} = {err['input']!r}: use {hint}"]
     message = err["msg"].removeprefix("Value error, ")
-    return f"{field} = {err['input']!r}: {message}{_STRICT_HINTS.get(err['type'], '')}"
+    return [f"{field} = {err['input']!r}: {message}{_STRICT_HINTS.get(err['type'], '')}"]
+
+
+def _problems(exc: ValidationError) -> list[str]:
+    return [problem for err in exc.errors() for problem in _describe(err)]
 
 
 def kind_problems(config: RunConfig) -> list[str]:
@@ -761,11 +796,62 @@ def parse_config(data: dict[str, Any]) -> RunConfig:
     try:
         config = RunConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError([_describe(e) for e in exc.errors()]) from None
+        raise ConfigError(_problems(exc) + _beyond_the_first_failure(data, _problems(exc))) from None
     problems = kind_problems(config)
     if problems:
         raise ConfigError(problems)
     return config
+
+
+def _beyond_the_first_failure(data: dict[str, Any], found: list[str]) -> list[str]:
+    """The checks across fields that pydantic did not reach (a section that failed hides the
+    checks of the config around it), judged on :func:`lenient_config`; a problem that names a key
+    replaced by its default is left out (it would judge the default, not the person's value)."""
+    judged = lenient_config(data)
+    if judged is None:
+        return []
+    config, dropped = judged
+    candidates = [f"workload: {p}" for p in workload_problems(config.workload)]
+    candidates += compatibility_problems(config) + kind_problems(config)
+    return [p for p in candidates if p not in found and not any(key in p for key in dropped)]
+
+
+def _drop(data: dict[str, Any], loc: tuple[Any, ...]) -> str | None:
+    """Remove the key ``loc`` names from ``data`` (in the deepest table on its path); the dotted
+    key removed, or None."""
+    node: Any = data
+    for i, part in enumerate(loc):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        if i == len(loc) - 1 or not isinstance(node[part], dict):
+            del node[part]
+            return _location(loc[:i + 1])
+        node = node[part]
+    return None
+
+
+def lenient_config(data: dict[str, Any]) -> tuple[RunConfig, set[str]] | None:
+    """``data`` as a config as far as it can be judged when :func:`parse_config` refused it: the
+    checks across fields skipped, and every key that is wrong on its own (or unknown) replaced by
+    its default. The caller judges what this config still says (its paths, the machine's limits,
+    the plausibility warnings) so that a submit gets every problem in one answer rather than the
+    schema's first and the rest on the next try.
+
+    Returns:
+        The config and the dotted keys that were replaced; None when even that does not validate.
+    """
+    current = copy.deepcopy(data)  # the caller's data stays as it is
+    dropped: set[str] = set()
+    for _ in range(4):  # a key dropped can only uncover errors in a key above it
+        try:
+            return RunConfig.model_validate(current, context={LENIENT: True}), dropped
+        except ValidationError as exc:
+            locs = [tuple(err["loc"]) for err in exc.errors()]
+        removed = {key for loc in locs if (key := _drop(current, loc)) is not None}
+        if not removed:
+            return None
+        dropped |= removed
+    return None
 
 
 MAX_CONFIG_DEPTH = 32

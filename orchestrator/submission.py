@@ -17,7 +17,19 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.config import ConfigError, LaunchConfig, RunConfig, apply_overrides, parse_config, parse_toml, read_config_text
+from db.config import (
+    ConfigError,
+    RunConfig,
+    apply_overrides,
+    check_plain,
+    field_of,
+    kind_problems,
+    lenient_config,
+    parse_config,
+    parse_toml,
+    plausibility_warnings,
+    read_config_text,
+)
 from db.cost import config_price
 from db.inventory import Inventory, check_fits
 from db.models import Event, Run
@@ -50,21 +62,24 @@ def validate(data: dict[str, Any], inventory: Inventory, *, roots: ScriptRoots |
             (:mod:`orchestrator.scripts.allowed_roots`); ``None`` (the CLI) applies no roots.
 
     Raises:
-        ConfigError: with the schema, machine and path problems together.
+        ConfigError: with the schema, machine and path problems together, and the plausibility
+            warnings of the fields that could be judged (its ``warnings``): one answer for a submit.
     """
     try:
         config = parse_config(data)
     except ConfigError as exc:
-        problems = list(exc.problems)
-        launch = data.get("launch") if isinstance(data, dict) else None
-        if isinstance(launch, dict):
-            try:  # still say "too many ranks" when another field is wrong too
-                partial = RunConfig(launch=LaunchConfig.model_validate(launch))
-                problems += check_fits(partial, inventory)
-            except Exception:  # noqa: BLE001, S110 - the schema errors above already cover it
-                pass
-        raise ConfigError(problems) from None
-    problems = check_fits(config, inventory) + check_memory(config, inventory)
+        raise ConfigError(*_everything_else(data, list(exc.problems), inventory, roots)) from None
+    config, problems = _machine_problems(config, inventory, roots)
+    if problems:
+        raise ConfigError(problems, plausibility_warnings(config))
+    return config
+
+
+def _machine_problems(config: RunConfig, inventory: Inventory, roots: ScriptRoots | None,
+                      memory: bool = True) -> tuple[RunConfig, list[str]]:
+    """What this machine and the roots refuse in a config the schema accepted (``memory``: the
+    memory check too), and the config with its script and text resolved."""
+    problems = check_fits(config, inventory) + (check_memory(config, inventory) if memory else [])
     # A refused path is not looked at further: "no such file" would tell a UI user what exists
     # outside the roots.
     refused = refused_paths(config, roots, Path.cwd()) if roots is not None else {}
@@ -82,9 +97,28 @@ def validate(data: dict[str, Any], inventory: Inventory, *, roots: ScriptRoots |
     if "workload.text" not in refused:
         config, text_problems = resolve_text(config)
         problems += text_problems
-    if problems:
-        raise ConfigError(problems)
-    return config
+    return config, problems
+
+
+def _everything_else(data: dict[str, Any], problems: list[str], inventory: Inventory,
+                     roots: ScriptRoots | None) -> tuple[list[str], list[str]]:
+    """The schema's ``problems`` and what else the config would be refused or warned about, in one
+    answer: the paths, the roots and the machine judged on what the schema accepted
+    (``db.config.lenient_config``: each wrong key at its default, the checks across fields
+    skipped), the memory check only when no key was wrong (else it would judge a default in the
+    person's place), and the plausibility warnings of the keys that were right."""
+    try:
+        check_plain(data)
+        judged = lenient_config(data) if isinstance(data, dict) else None
+    except ConfigError:  # not plain data: the schema's problems say so
+        judged = None
+    if judged is None:
+        return problems, []
+    config, dropped = judged
+    config, more = _machine_problems(config, inventory, roots, memory=not dropped)
+    more += kind_problems(config)
+    warnings = [w for w in plausibility_warnings(config) if field_of(w) not in dropped]
+    return problems + [p for p in more if p not in problems], warnings
 
 
 # Every rank reads the whole text into memory (about 30 bytes per character once encoded).

@@ -244,10 +244,14 @@ with st.form("new_run"):
         st.error(f"**Not started: {count} problem(s).**\n\n"
                  + "\n".join(f"- {style.plain(m)}" for messages in errors.values() for m in messages),
                  icon=":material/error:")
-    warned = st.session_state.get(WARNED_KEY)
-    if warned and not errors:
-        st.warning("**Check before starting** (press Start again to start anyway):\n\n"
-                   + "\n".join(f"- {style.plain(w)}" for w in warned[1]), icon=":material/warning:")
+    # The warnings of the last Start, shown with its refusals: a person fixes everything in one go,
+    # and a warning seen beside the refusals is not asked about again once they are fixed.
+    warned = [text for text, value in st.session_state.get(WARNED_KEY, [])
+              if (key := field_of(text)) not in st.session_state or st.session_state[key] == value]
+    if warned:
+        st.warning(("**Also check** (the refusals above first):\n\n" if errors else
+                    "**Check before starting** (press Start again to start anyway):\n\n")
+                   + "\n".join(f"- {style.plain(w)}" for w in warned), icon=":material/warning:")
     # Time and cost before Start, for the values as last applied (a form sends its values on a
     # button: "Update estimate" applies the edits without starting).
     as_applied: dict[str, Any] | None = None
@@ -291,12 +295,14 @@ if started:
             field = field_of(problem)
             grouped.setdefault(field if field in shown else "", []).append(problem)
         st.session_state[ERRORS_KEY] = {field: (messages, values.get(field)) for field, messages in grouped.items()}
+        st.session_state[WARNED_KEY] = [(w, values.get(field_of(w))) for w in exc.warnings]
         st.rerun()
     st.session_state[ERRORS_KEY] = {}
-    # Valid but rarely meant (lr = 50): asked once for this exact config.
+    # Valid but rarely meant (lr = 50): asked once (each warning names its field and value, so the
+    # same list is the same question; one already shown beside refusals is not asked again).
     warnings = plausibility_warnings(config)
-    if warnings and (st.session_state.get(WARNED_KEY) or ("",))[0] != config.config_hash():
-        st.session_state[WARNED_KEY] = (config.config_hash(), warnings)
+    if warnings and [text for text, _ in st.session_state.get(WARNED_KEY, [])] != warnings:
+        st.session_state[WARNED_KEY] = [(w, values.get(field_of(w))) for w in warnings]
         st.rerun()
     if fork is not None and overrides != previously_shown:  # the changes as Start sent them, not seen yet
         st.session_state["new_run_fork_unseen"] = True

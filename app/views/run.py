@@ -225,31 +225,42 @@ RANKS_HELP = ("Per rank: a line per rank; mean: the ranks' mean with its min-max
               "every rank's value at a step; scroll or pinch to zoom the x axis, drag to pan, double-click to reset.")
 
 
-def chart_options(run_id: int, nproc: int, keys: list[str]) -> charts.ChartOptions:
+def chart_options(run_id: int, nproc: int, series: dict[str, data.LiveSeries]) -> charts.ChartOptions:
     """The widgets above the charts; the choice is kept per run for this browser session. From
-    8 ranks the default is the rank mean with its band; a log y axis is chosen per chart."""
+    8 ranks the default is the rank mean with its band; a log y axis is chosen per chart, and
+    until a person chooses, every metric whose values span more than two decades has one."""
+    keys = list(series)
     saved: dict[int, charts.ChartOptions] = st.session_state.setdefault("chart-options", {})
     o = saved.get(run_id, charts.ChartOptions(ranks=charts.default_rank_mode(nproc)))
     # One row: the two choices a person makes often as buttons, the rest in popovers (drawn
-    # when opened), so that the first chart starts right under it.
-    c = st.columns([2.2, 3.2, 1.7, 1.7, 2.2], vertical_alignment="bottom")
-    ranks = c[0].segmented_control("Ranks", charts.RANK_MODES, default=o.ranks, key=f"ranks-{run_id}",
+    # when opened), so that the first chart starts right under it. A row that wraps, each control
+    # as wide as itself: fixed columns cut "relative time" and the popovers' labels at 800 px.
+    row = st.container(horizontal=True, vertical_alignment="bottom", gap="medium")
+    ranks = row.segmented_control("Ranks", charts.RANK_MODES, default=o.ranks, key=f"ranks-{run_id}",
                                    help=RANKS_HELP if nproc > 1 else None)
-    x = c[1].segmented_control("X axis", charts.X_AXES, default=o.x, key=f"x-{run_id}")
-    smoothing = c[2].popover("Smoothing", icon=":material/tune:").slider(
+    x = row.segmented_control("X axis", charts.X_AXES, default=o.x, key=f"x-{run_id}")
+    smoothing = row.popover("Smoothing", icon=":material/tune:").slider(
         "EMA weight", 0.0, 0.99, o.smoothing, 0.01, key=f"ema-{run_id}",
         help="Weight of the running average: the smoothed line is drawn over the faint values")
     loggable = [k for k in keys if metric_registry.spec_for(k).log_ok]  # never accuracy or other shares
-    log_keys = c[3].popover("Log scale", icon=":material/show_chart:").pills(
-        "Charts on a log scale", loggable, selection_mode="multi", default=sorted(o.log_keys & set(loggable)),
-        format_func=metric_registry.label, key=f"log-{run_id}",
-        help="The charts drawn on a logarithmic y axis (values of zero or less are left out)")
-    superseded = c[4].toggle("Superseded steps", value=o.show_superseded, key=f"superseded-{run_id}",
+    log_widget, chosen = f"log-{run_id}", f"log-chosen-{run_id}"
+    if not st.session_state.get(chosen):  # not chosen yet: the wide-ranging metrics, as they become so
+        st.session_state[log_widget] = sorted(log_defaults(series) & set(loggable))
+    log_keys = row.popover("Log scale", icon=":material/show_chart:").pills(
+        "Charts on a log scale", loggable, selection_mode="multi", format_func=metric_registry.label, key=log_widget,
+        on_change=st.session_state.__setitem__, args=(chosen, True),
+        help="The charts drawn on a logarithmic y axis (values of zero or less are left out); until you choose, "
+             "those whose values span more than two decades")
+    superseded = row.toggle("Superseded steps", value=o.show_superseded, key=f"superseded-{run_id}",
                              help="Show what abandoned attempts logged after the step the run was resumed from")
     # A segmented control can be clicked off; keep the last choice then.
     saved[run_id] = charts.ChartOptions(ranks=ranks or o.ranks, x=x or o.x, log_keys=frozenset(log_keys or ()),
                                         smoothing=smoothing, show_superseded=superseded)
     return saved[run_id]
+
+
+def log_defaults(series: dict[str, data.LiveSeries]) -> frozenset[str]:
+    return charts.auto_log_keys({k: s.rows for k, s in series.items()})
 
 
 def metric_charts(d: dict, series: dict[str, data.LiveSeries]) -> None:
@@ -261,14 +272,15 @@ def metric_charts(d: dict, series: dict[str, data.LiveSeries]) -> None:
             st.info(style.plain(startup_text(d["status"], newest, d["config"]) or d["status_reason"] or "")
                     or "Waiting for the first metrics from the ranks…", icon=":material/hourglass_top:")
         return
-    options = replace(chart_options(d["id"], d["nproc"], list(series)),
-                      isolated=chart_widgets.isolated_ranks(d["id"], d["nproc"]))
+    options = replace(chart_options(d["id"], d["nproc"], series),
+                      isolated=chart_widgets.isolated_ranks(d["id"], d["nproc"]), zoom=chart_widgets.zoom_of(d["id"]))
+    chart_widgets.zoom_note(d["id"], options.x)
     cutoffs = data.lineage_cutoffs(d["attempts"])
     cols = st.columns(2)
     for i, (key, s) in enumerate(series.items()):
         with cols[i % 2]:
-            st.altair_chart(charts.metric_view(s.rows, cutoffs, options, key, d["started_at"], bucketed=s.level > 0),
-                            width="stretch")
+            chart_widgets.zoomable_chart(d["id"], key, charts.metric_view(
+                s.rows, cutoffs, options, key, d["started_at"], bucketed=s.level > 0), options.x, "metrics")
     chart_widgets.latest_table(d["metrics"], list(series))
 
 
@@ -309,13 +321,17 @@ def overview_charts(d: dict, series: dict[str, data.LiveSeries]) -> None:
     shown = overview_keys(d["id"], keys)
     saved = st.session_state.get("chart-options", {}).get(d["id"])
     options = saved or charts.ChartOptions(ranks=charts.default_rank_mode(d["nproc"]))
+    if not st.session_state.get(f"log-chosen-{d['id']}"):  # the log axes as the Metrics section has them
+        options = replace(options, log_keys=log_defaults(series))
+    options = replace(options, zoom=chart_widgets.zoom_of(d["id"]))
+    chart_widgets.zoom_note(d["id"], options.x)
     cutoffs = data.lineage_cutoffs(d["attempts"])
     cols = st.columns(2)
     for i, key in enumerate(shown):
         s = series[key]
         with cols[i % 2]:
-            st.altair_chart(charts.metric_view(s.rows, cutoffs, options, key, d["started_at"], bucketed=s.level > 0),
-                            width="stretch")
+            chart_widgets.zoomable_chart(d["id"], key, charts.metric_view(
+                s.rows, cutoffs, options, key, d["started_at"], bucketed=s.level > 0), options.x, "overview")
     widget = f"pin-{d['id']}"
 
     def pin() -> None:

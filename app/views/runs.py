@@ -125,6 +125,8 @@ def runs_table() -> None:
             "★": st.column_config.TextColumn("★", help="Starred (select the row, then Star)", width=40),
             "progress": st.column_config.ProgressColumn("progress", min_value=0.0, max_value=1.0, format="percent"),
             "waiting for": st.column_config.TextColumn("waiting for", help="Why a queued or retrying run waits"),
+            # Wide enough for "17:40 (in 1h 2m 3s)": the automatic width cut it at every width (issue 29).
+            "ends at": st.column_config.TextColumn("ends at", width="medium"),
             "cost": st.column_config.TextColumn("cost", help="So far, every attempt included"),
             "projected": st.column_config.TextColumn("projected", help="Cost so far + ETA x the run's price"),
             "best loss": st.column_config.NumberColumn(

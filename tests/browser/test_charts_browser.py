@@ -79,7 +79,7 @@ def test_big_run_charts_render_and_switch_options_then_compare(page: Any, runyar
     assert first_render_s < RENDER_BUDGET_S
     expect(page.get_by_text("NaN × 1")).to_be_visible()  # rank 3's NaN, as a badge
     # The section's legend: one strip, ranks 0-7 in order.
-    strip = page.locator("[data-testid='stVegaLiteChart'] .role-axis-label text").filter(
+    strip = page.locator("[data-testid='stVegaLiteChart'] .mark-text text").filter(
         has_text=re.compile(r"^rank"))  # as startswith("rank")
     expect(strip).to_have_text([f"rank {r}" for r in range(8)], timeout=PAGE_TIMEOUT_MS)
 
@@ -132,7 +132,7 @@ EIGHT = {"name": "eight-ranks", "ranks": 8, "steps": 3_000}
 EIGHT_KEYS = ("loss", "step_time", "lr", "eval_accuracy")
 LEGEND_FILLS = """() => {
     const legend = [...document.querySelectorAll("[data-testid='stVegaLiteChart']")].find(
-        c => [...c.querySelectorAll('.role-axis-label text')].some(t => t.textContent === 'rank 0'));
+        c => [...c.querySelectorAll('.mark-text text')].some(t => t.textContent === 'rank 0'));
     return [...legend.querySelectorAll('.mark-rect path')].map(p => getComputedStyle(p).fill);
 }"""
 LINE_STROKES = """(title) => {
@@ -141,6 +141,31 @@ LINE_STROKES = """(title) => {
     return [...chart.querySelectorAll('.mark-line path')].map(p => ({
         stroke: getComputedStyle(p).stroke, opacity: parseFloat(p.getAttribute('opacity') ?? '1')}));
 }"""
+
+
+# The page background's luminance and the contrast of every chart line and axis label against it.
+CONTRASTS = """() => {
+    const rgb = (c) => (c.match(/[\\d.]+/g) || []).slice(0, 3).map(Number);
+    const lum = ([r, g, b]) => {
+        const f = (x) => { x /= 255; return x <= 0.03928 ? x / 12.92 : ((x + 0.055) / 1.055) ** 2.4; };
+        return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b);
+    };
+    const bg = lum(rgb(getComputedStyle(document.querySelector("[data-testid='stApp']")).backgroundColor));
+    const ratio = (c) => { const l = lum(rgb(c)); return (Math.max(l, bg) + 0.05) / (Math.min(l, bg) + 0.05); };
+    const charts = "[data-testid='stVegaLiteChart']";
+    const lines = [...document.querySelectorAll(`${charts} .mark-line path`)]
+        .filter(p => parseFloat(p.getAttribute('opacity') ?? '1') > 0.5).map(p => ratio(getComputedStyle(p).stroke));
+    const labels = [...document.querySelectorAll(`${charts} .role-axis-label text`)]
+        .map(t => ratio(getComputedStyle(t).fill));
+    return {background: bg, lines, labels};
+}"""
+
+
+def settle_charts(page: Any) -> None:
+    """The rerun a selection asked for is over and every chart is drawn again."""
+    page.wait_for_timeout(500)
+    page.wait_for_function(SCRIPT_DONE, timeout=PAGE_TIMEOUT_MS)
+    wait_drawn(page)
 
 
 def chart_titled(page: Any, title: str) -> Any:
@@ -178,7 +203,7 @@ def test_eight_ranks_one_legend_distinct_hues_hover_zoom_isolate_and_units(page:
     for title in ("Loss", "Step time", "Learning rate", "Eval accuracy"):
         expect(chart_titled(page, title)).to_have_count(1)
         expect(chart_titled(page, title).locator(".role-legend")).to_have_count(0)
-    labels = page.locator("[data-testid='stVegaLiteChart'] .role-axis-label text").filter(
+    labels = page.locator("[data-testid='stVegaLiteChart'] .mark-text text").filter(
         has_text=re.compile(r"^rank"))  # as startswith("rank")
     expect(labels).to_have_text([f"rank {r}" for r in range(8)])  # once, not per chart
     fills = page.evaluate(LEGEND_FILLS)
@@ -205,7 +230,7 @@ def test_eight_ranks_one_legend_distinct_hues_hover_zoom_isolate_and_units(page:
         expect(tooltip).to_contain_text(f"rank {r}")
     expect(tooltip).to_contain_text("mean")
 
-    # Zoom on x: the wheel narrows the axis, a drag pans it, a double-click puts it back.
+    # Zoom on x: the wheel narrows the axis, a shift-drag pans it, a double-click puts it back.
     before = x_tick_labels(loss)
     centre = (box["x"] + box["width"] * 0.5, box["y"] + box["height"] * 0.5)
     page.mouse.move(*centre)
@@ -214,19 +239,42 @@ def test_eight_ranks_one_legend_distinct_hues_hover_zoom_isolate_and_units(page:
     zoomed = x_tick_labels(loss)
     assert sorted(zoomed) != sorted(before), (before, zoomed)
     page.mouse.move(*centre)
+    page.keyboard.down("Shift")
     page.mouse.down()
     page.mouse.move(centre[0] + 120, centre[1], steps=8)
     page.mouse.up()
+    page.keyboard.up("Shift")
     page.wait_for_timeout(300)
     assert sorted(x_tick_labels(loss)) != sorted(zoomed)
     page.mouse.dblclick(*centre)
     page.wait_for_timeout(300)
     assert sorted(x_tick_labels(loss)) == sorted(before)  # Vega reuses label nodes: compare as sets
 
-    # Click rank 3 in the legend: it is drawn over the mean on every chart, in its hue.
+    # Issue 29, item 6. The tooltip goes when the pointer leaves the charts (it stuck over the page
+    # when a live refresh redrew the chart under it).
+    page.mouse.move(*centre)
+    expect(tooltip).to_be_visible()
+    page.mouse.move(5, 5)
+    expect(tooltip).to_be_hidden()
+    # A box drawn on Loss zooms every chart of the section to its steps: Step time's x axis too.
+    step_time = chart_titled(page, "Step time")
+    step_time_before = x_tick_labels(step_time)
+    page.mouse.move(box["x"] + box["width"] * 0.3, box["y"] + box["height"] * 0.2)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * 0.5, box["y"] + box["height"] * 0.8, steps=8)
+    page.mouse.up()
+    expect(page.get_by_text(re.compile(r"^Zoomed to step"))).to_be_visible(timeout=PAGE_TIMEOUT_MS)
+    settle_charts(page)
+    assert sorted(x_tick_labels(chart_titled(page, "Step time"))) != sorted(step_time_before)
+    page.get_by_role("button", name="Reset zoom").click()
+    expect(page.get_by_text(re.compile(r"^Zoomed to step"))).to_have_count(0, timeout=PAGE_TIMEOUT_MS)
+
+    # Click rank 3's label in the strip (where people click; it selected nothing when the labels were
+    # an axis): rank 3 is drawn over the mean on every chart, in its hue.
     rank3 = fills[3]
-    strip = page.get_by_test_id("stVegaLiteChart").filter(has=page.locator(".role-axis-label text", has_text="rank 3"))
-    strip.locator(".mark-rect path").nth(3).click()
+    label = page.locator("[data-testid='stVegaLiteChart'] .mark-text text").filter(has_text=re.compile("^rank 3$"))
+    where = label.bounding_box()
+    page.mouse.click(where["x"] + where["width"] / 2, where["y"] + where["height"] / 2)  # on the label's letters
     for title in ("Loss", "Step time"):
         page.wait_for_function(f"() => ({LINE_STROKES})({title!r}).some(l => l.stroke === {rank3!r})",
                                timeout=PAGE_TIMEOUT_MS)
@@ -247,3 +295,20 @@ def test_eight_ranks_one_legend_distinct_hues_hover_zoom_isolate_and_units(page:
     expect(axis_title(page, "Loss, log scale").first).to_be_visible(timeout=PAGE_TIMEOUT_MS)
     expect(axis_title(page, "Step time (ms), log scale")).to_have_count(0)
     page.screenshot(path=str(runyard_up.home.parent / "eight-ranks.png"), full_page=True)
+
+    # Issue 29, item 12: a system that prefers dark gets the dark theme, and every line (per rank
+    # and the mean) and the axis labels read on its background.
+    dark = page.context.browser.new_context(viewport={"width": 1280, "height": 900}, color_scheme="dark")
+    try:
+        night = dark.new_page()
+        night.goto(runyard_up.login_url)
+        night.goto(f"{runyard_up.url}/run?run={run_id}&section=Metrics")
+        expect(chart_titled(night, "Loss")).to_have_count(1, timeout=PAGE_TIMEOUT_MS)
+        wait_drawn(night)
+        seen = night.evaluate(CONTRASTS)
+        assert seen["background"] < 0.05, seen  # dark
+        assert seen["lines"] and min(seen["lines"]) >= 2.2, seen
+        assert seen["labels"] and min(seen["labels"]) >= 4.5, seen
+        night.screenshot(path=str(runyard_up.home.parent / "eight-ranks-dark.png"), full_page=True)
+    finally:
+        dark.close()

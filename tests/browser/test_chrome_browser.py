@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+import zipfile
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -22,7 +23,7 @@ import pytest
 
 from orchestrator.format import runyard_version
 from tests.browser.test_resume_browser import REPO, open_run_page, wait_for
-from tests.browser.test_ui_browser import PAGE_TIMEOUT_MS, expect, open_page
+from tests.browser.test_ui_browser import PAGE_TIMEOUT_MS, expect, open_page, show_section
 
 pytestmark = pytest.mark.browser
 
@@ -95,6 +96,22 @@ def test_a_failing_scripts_markup_is_shown_as_typed_and_fetches_nothing(page: An
     open_run_page(page, runyard_up.url, run_id, "markup")
     expect(page.get_by_text("RuntimeError: " + MARKUP).first).to_be_visible(timeout=PAGE_TIMEOUT_MS)
     drew_nothing("Run")
+    # The rank's log (issue 29, item 9): searched, the matches marked, the markup as text; every
+    # log downloads as one zip.
+    show_section(page, "Attempts & logs")
+    search = page.get_by_role("textbox", name="Search this log")
+    search.fill("loud")
+    search.press("Enter")
+    marks = page.locator(".runyard-log mark")
+    expect(marks.first).to_have_text("loud", timeout=PAGE_TIMEOUT_MS)
+    shown = "\n".join(page.locator(".runyard-log").all_inner_texts())
+    assert "RuntimeError: " + MARKUP in shown, shown[-2000:]
+    drew_nothing("Attempts & logs")
+    page.get_by_role("button", name="Download all logs (zip)").click()
+    with page.expect_download() as download:
+        page.get_by_role("button", name=re.compile(f"Save run-{run_id}-logs.zip")).click()
+    names = zipfile.ZipFile(download.value.path()).namelist()
+    assert {"attempt-1/rank-0/stderr.log", "attempt-1/rank-1/stderr.log", "attempt-1/launcher.log"} <= set(names)
     open_page(page, f"{runyard_up.url}/compare?runs={run_id}&metrics={quote(METRIC)}", "Compare")
     summary = page.locator("table").filter(has_text=f"#{run_id} markup")
     expect(summary).to_contain_text(f"{METRIC} final", timeout=PAGE_TIMEOUT_MS)

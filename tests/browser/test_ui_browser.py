@@ -127,10 +127,12 @@ def test_new_run_from_the_form_trains_to_succeeded_with_charts(page: Any, runyar
 
     # The log tails and the config are drawn on demand: one section each.
     show_section(page, "Attempts & logs")
-    expect(page.get_by_role("tab", name="rank 0")).to_be_visible(timeout=PAGE_TIMEOUT_MS)
-    expect(page.get_by_role("tab", name="rank 1")).to_be_visible()
-    expect(page.get_by_role("tab", name="launcher")).to_be_visible()
-    expect(page.get_by_test_id("stCode").filter(has_text="rank0 INFO").first).to_be_visible()
+    logs = page.get_by_test_id("stSelectbox").filter(has_text="Log")  # one log at a time: rank 0's first
+    expect(page.locator(".runyard-log").filter(has_text="rank0 INFO").first).to_be_visible(timeout=PAGE_TIMEOUT_MS)
+    logs.click()
+    for name in ("rank 0", "rank 1", "launcher"):
+        expect(page.get_by_role("option", name=name, exact=True)).to_be_visible()
+    page.keyboard.press("Escape")
     show_section(page, "Config")
     config = page.get_by_test_id("stJson")
     expect(config).to_be_visible(timeout=PAGE_TIMEOUT_MS)

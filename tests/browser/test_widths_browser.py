@@ -93,6 +93,8 @@ def test_no_text_is_cut_at_1440_1280_and_800_px(runyard_up: Any, trained: int, p
         "runs": ("/", page.get_by_role("heading", name="Runs", level=1)),
         "new-run": ("/new", page.get_by_role("heading", name="New run", level=1)),
         "run": (f"/run?run={trained}", page.get_by_role("heading", level=2).filter(has_text="SUCCEEDED")),
+        # The Metrics section's controls (issue 29 item 10: cut at 800 px).
+        "run-metrics": (f"/run?run={trained}&section=Metrics", page.get_by_role("radio", name="per rank", exact=True)),
         "compare": (f"/compare?runs={trained}", page.get_by_role("heading", name="Compare", level=1)),
         "settings": ("/settings", page.get_by_role("heading", name="Settings", level=1)),
     }

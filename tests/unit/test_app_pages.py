@@ -1308,3 +1308,108 @@ def test_a_metric_key_with_markup_shows_as_text_on_the_compare_page(seeded: dict
     (table,) = at.table
     assert isinstance(table.value.index, pd.RangeIndex)
     assert f"{EVIL} final" in as_read_frame(table.value).columns
+
+
+def test_a_submit_answers_once_with_every_refusal_and_the_warnings(
+        settings: Settings, sessions: sessionmaker[Session], tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Issue 29, item 11: the model's checks across fields (all of them, not the first), the refused
+    path and the learning-rate warning come in the one answer to Start; once the refusals are fixed,
+    the next Start queues the run (the warning was seen beside them, and is not asked again)."""
+    outside = tmp_path_factory.mktemp("elsewhere") / "input.txt"  # beside the home, not in it
+    outside.write_text("to be or not to be\n" * 1000)
+    at = open_page("views/new_run.py")
+    at.selectbox(key="workload.kind").set_value("gpt-char").run()
+    at.number_input(key="workload.n_embd").set_value(100)
+    at.number_input(key="workload.n_head").set_value(3)
+    at.text_input(key="workload.text").input(str(outside))
+    at.number_input(key="train.lr").set_value(50.0)
+    at.selectbox(key="parallel.strategy").set_value("fsdp")
+    at.selectbox(key="train.precision").set_value("fp16")
+    start(at)
+    no_exception(at)
+    errors = refusals(at)
+    joined = " | ".join(errors)
+    assert "workload.n_embd = 100 must be a multiple of workload.n_head = 3" in joined
+    assert "train.precision = 'fp16' with parallel.strategy = 'fsdp' is not supported" in joined
+    assert f"workload.text = {str(outside)!r}: {outside.resolve()} is outside" in joined
+    (warning,) = [as_read(w.value) for w in at.warning if "train.lr" in w.value]
+    assert "Also check" in warning and "train.lr = 50.0: a learning rate above 1 usually diverges" in warning
+    assert queued_runs(sessions) == []
+
+    inside = settings.home / "input.txt"
+    inside.write_text(outside.read_text())
+    at.number_input(key="workload.n_head").set_value(4)
+    at.text_input(key="workload.text").input(str(inside))
+    at.selectbox(key="train.precision").set_value("bf16")
+    at.selectbox(key="parallel.strategy").set_value("ddp")
+    start(at)
+    no_exception(at)
+    assert not refusals(at)
+    assert [r["name"] for r in queued_runs(sessions)] == ["run"]  # one Start, no second question about lr
+
+
+def test_a_ranks_log_is_searched_highlighted_opened_at_its_first_error_and_downloadable(
+        settings: Settings, sessions: sessionmaker[Session]) -> None:
+    """Issue 29, item 9, on the page: Attempts & logs opens on the failing rank's log, read from the
+    run's folder, its markup shown as text; a search lists the matching lines with the matches
+    marked; First error shows the log from the traceback; the rank's log and all of them download."""
+    run_id = add_failed_run(sessions, settings, "ValueError: boom", "[rank1]: ValueError: boom\n")
+    with sessions() as s:
+        attempt_dir = Path(s.query(Attempt).filter_by(run_id=run_id).one().dir)
+    body = "".join(f"step {i} loss {1 / i:.3f}\n" for i in range(1, 400))
+    for rank in (0, 1):
+        folder = attempt_dir / "ranks" / "abc_1" / "attempt_0" / str(rank)
+        folder.mkdir(parents=True)
+        (folder / "stdout.log").write_text(body if rank == 1 else "rank 0 waits\n")
+        (folder / "stderr.log").write_text(f"[rank1]: Traceback (most recent call last):\n[rank1]: ValueError: {EVIL}\n"
+                                           if rank == 1 else "")
+    at = show_section(open_page("views/run.py", run=str(run_id)), "Attempts & logs")
+    no_exception(at)
+    assert at.selectbox(key=f"log-source-{run_id}").value == "rank 1"  # the failing rank
+    logs = [h.proto.body for h in at.html if "runyard-log" in h.proto.body and "<pre>" in h.proto.body]
+    stderr, stdout = logs  # in the files' order
+    assert "step 399 loss" in stdout and "step 99 loss" not in stdout  # its end (the last 300 lines)
+    assert "<img" not in stderr and "&lt;img src=x&gt;" in stderr
+    assert "runyard-log-follow" not in stdout  # a finished run's log is not followed
+
+    at.text_input(key=f"log-search-{run_id}").input("loss 0.5").run()
+    stdout = [h.proto.body for h in at.html if "<pre>" in h.proto.body][1]
+    assert stdout.count("<mark>loss 0.5</mark>") == 1 and "step 2 " in stdout  # "step 2 loss 0.500"
+    assert any(as_read(c.value).startswith("stdout.log: 1 line(s) with") for c in at.caption)
+
+    at.text_input(key=f"log-search-{run_id}").input("").run()
+    at.button(key=f"log-error-button-{run_id}").click().run()
+    assert any(as_read(c.value) == "stderr.log: from the first error, line 1" for c in at.caption)
+    error_log = next(h.proto.body for h in at.html if "runyard-log-error" in h.proto.body)
+    assert "Traceback" in error_log
+    at.button(key=f"log-prepare-zip-{run_id}").click().run()
+    (save,) = at.get("download_button")
+    assert save.proto.label.startswith(f"Save run-{run_id}-logs.zip")
+
+
+def test_a_loss_spanning_more_than_two_decades_opens_on_a_log_axis_until_a_person_chooses(
+        settings: Settings, sessions: sessionmaker[Session]) -> None:
+    """Issue 29, item 6: on the Overview and the Metrics section; unpicked, it stays linear."""
+    with sessions() as s:
+        run_id = add_run(s, settings, "decades", RunStatus.STARTING, RunStatus.RUNNING)
+        add_attempt(s, run_id, 2000)
+        s.flush()
+        write_points(s.connection(), [dict(run_id=run_id, attempt=1, rank=0, step=step, key=key, value=value,
+                                           wall_time=1000.0 + step)
+                                      for step in range(10, 2001, 10)
+                                      for key, value in (("loss", 10.0 / step), ("step_time", 0.05 + step * 1e-6))])
+        s.commit()
+
+    def log_axes(at: AppTest) -> dict[str, bool]:
+        return {chart_title(c): '"type": "log"' in json.dumps(chart_spec(c)) for c in metric_chart_elements(at)}
+
+    at = open_page("views/run.py", run=str(run_id))
+    no_exception(at)
+    assert log_axes(at)["Loss"] is True  # the Overview: 1 down to 0.005
+    at = show_section(at, "Metrics")
+    assert log_axes(at) == {"Loss": True, "Step time": False}  # 50 to 52 ms: linear
+    assert at.button_group(key=f"log-{run_id}").value == ["loss"]
+    at.button_group(key=f"log-{run_id}").set_value([]).run()
+    assert log_axes(at)["Loss"] is False
+    at.run()  # a live refresh keeps the person's choice
+    assert log_axes(at)["Loss"] is False

@@ -123,7 +123,7 @@ def test_hover_read_out_has_every_rank_at_each_step() -> None:
     options = ChartOptions(ranks=charts.RANK_MEAN)
     chart = charts.metric_view(eight_ranks(), {}, options, "loss").to_dict()
     params = {p["name"]: p for p in chart["params"]}
-    assert set(params) == {"hover", "zoom"}
+    assert set(params) == {"hover", "zoom", "box"}
     hover = next(layer for layer in chart["layer"] if layer.get("name") in params["hover"]["views"])
     assert hover["mark"]["type"] == "rule" and params["hover"]["select"]["nearest"]
     zoom = params["zoom"]
@@ -174,11 +174,16 @@ def test_titles_units_and_log_scale_come_from_the_registry() -> None:
     assert '"title": "my/metric"' in unknown
 
 
-def test_rank_legend_isolates_through_a_click_selection() -> None:
+def test_rank_legend_isolates_through_a_click_selection_its_labels_included() -> None:
     spec = charts.rank_legend([str(r) for r in range(8)]).to_dict()
     (param,) = spec["params"]
     assert param["name"] == "isolate" and param["select"]["fields"] == ["rank"] and param["select"]["on"] == "click"
-    assert spec["encoding"]["color"]["scale"]["range"] == [charts.rank_color(str(r)) for r in range(8)]
+    buttons, labels = spec["layer"]
+    assert buttons["encoding"]["color"]["scale"]["range"] == [charts.rank_color(str(r)) for r in range(8)]
+    assert buttons["mark"]["cursor"] == "pointer"
+    # The label sits on its button, its datum the rank's (issue 29: clicks on axis labels did nothing).
+    assert labels["mark"]["type"] == "text" and labels["encoding"]["text"]["field"] == "label"
+    assert labels["encoding"]["x"] == buttons["encoding"]["x"] and "data" not in labels  # the strip's rows
 
 
 def test_system_chart_axes_are_titled_and_scaled_by_the_registry() -> None:
@@ -196,3 +201,57 @@ def test_system_chart_axes_are_titled_and_scaled_by_the_registry() -> None:
     spec = memory.to_dict()
     assert spec["encoding"]["y"]["title"] == "Memory (GiB)"
     assert {row["mean"] for data in spec["datasets"].values() for row in data} == {2.0}  # bytes shown in GiB
+
+
+def contrast(a: str, b: str) -> float:
+    """WCAG contrast ratio of two ``#rrggbb`` colours."""
+    def luminance(c: str) -> float:
+        rgb = [int(c[i:i + 2], 16) / 255 for i in (1, 3, 5)]
+        lin = [x / 12.92 if x <= 0.03928 else ((x + 0.055) / 1.055) ** 2.4 for x in rgb]
+        return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+    hi, lo = sorted((luminance(a), luminance(b)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+def test_every_rank_hue_and_the_mean_read_on_the_light_and_the_dark_theme() -> None:
+    """Issue 29, item 12: Streamlit's light background (white) and dark one (#0e1117)."""
+    for color in (*charts.PALETTE, charts.MEAN_COLOR):
+        for background in ("#ffffff", "#0e1117"):
+            assert contrast(color, background) >= 2.2, (color, background)
+
+
+def test_a_metric_spanning_more_than_two_decades_opens_on_a_log_axis() -> None:
+    """Issue 29, item 6: a live loss from 10 to 0.01 was a flat line after its first steps."""
+    wide = [bucket(1, 0, s, 10.0 / s) for s in range(1, 2001, 10)]  # 10 down to ~0.005
+    narrow = [bucket(1, 0, s, 2.0 + 1.0 / s) for s in range(1, 2001, 10)]
+    share = [bucket(1, 0, s, 0.001 * s) for s in range(1, 2001, 10)]  # an accuracy is never on a log axis
+    assert charts.spans_decades(wide) and not charts.spans_decades(narrow)
+    assert not charts.spans_decades([bucket(1, 0, 1, 0.0), bucket(1, 0, 2, -5.0), bucket(1, 0, 3, 1.0)])
+    assert charts.auto_log_keys({"loss": wide, "eval_loss": narrow, "eval_accuracy": share}) == {"loss"}
+
+
+def test_a_box_zooms_its_chart_to_the_box_and_the_others_to_its_x_range_with_y_fitted() -> None:
+    """Issue 29, item 6: the box drawn on one chart (Vega-Lite's interval selection on x and
+    value) zooms every chart of the section; the others fit y to what lies in the x range."""
+    zoom = charts.Zoom.from_selection({"x": [500, 100], "value": [0.2, 0.9]}, "loss", charts.X_STEP)
+    assert zoom == charts.Zoom((100.0, 500.0), (0.2, 0.9), "loss", charts.X_STEP)
+    assert charts.Zoom.from_selection({}, "loss", charts.X_STEP) is None  # a double-click cleared it
+    options = ChartOptions(zoom=zoom)
+    rows = [bucket(1, r, s, 1000.0 / s + r) for r in (0, 1) for s in range(1, 1001)]
+
+    def scales(key: str) -> tuple[list[float], list[float]]:
+        spec = charts.metric_view(rows, {}, options, key).to_dict()
+        (box,) = [p for p in spec["params"] if p["name"] == "box"]
+        assert box["select"]["encodings"] == ["x", "y"]
+        line = next(layer for layer in spec["layer"] if layer.get("name") in box["views"])  # the layer with the box
+        return line["encoding"]["x"]["scale"]["domain"], line["encoding"]["y"]["scale"]["domain"]
+
+    x, y = scales("loss")
+    assert x == [100.0, 500.0] and y == [0.2, 0.9]  # the box itself
+    x, y = scales("step_time")
+    assert x == [100.0, 500.0]
+    inside = [1000.0 / s + r for r in (0, 1) for s in range(100, 501)]
+    # step_time is shown in ms (x1000): y spans what lies between steps 100 and 500, with room
+    assert y[0] < min(inside) * 1000 < max(inside) * 1000 < y[1] and y[1] - y[0] < (max(inside) - min(inside)) * 1200
+    wall = charts.metric_view(rows, {}, ChartOptions(zoom=zoom, x=charts.X_WALL), "loss").to_dict()
+    assert "domain" not in json.dumps(wall["layer"][0]["encoding"]["x"])  # a box on steps means nothing on time

@@ -188,3 +188,26 @@ def test_a_mapping_from_the_ui_with_a_date_or_deep_nesting_is_refused_naming_the
         parse_config({"workload": deep})
     with pytest.raises(ConfigError, match=r"^invalid run config:\n  - x: nested more than 32 deep"):
         parse_toml("x = " + "[" * 5000 + "]" * 5000)
+
+
+def test_every_problem_of_a_config_comes_in_one_answer() -> None:
+    """Issue 29, item 11: a section that fails no longer hides the checks around it, and a check
+    across fields lists every contradiction, not the first."""
+    with pytest.raises(ConfigError) as exc:
+        parse_config({"workload": {"kind": "mlp-digits", "n_embd": 100, "n_head": 3},
+                      "parallel": {"strategy": "fsdp"}, "train": {"precision": "fp16", "lr": -1.0,
+                                                                   "activation_checkpointing": True}})
+    problems = exc.value.problems
+    assert problems[0] == "workload: workload.n_embd = 100 must be a multiple of workload.n_head = 3"
+    assert any(p.startswith("train.lr = -1.0") for p in problems)
+    for contradiction in ("train.activation_checkpointing = true is for gpt-char",
+                          "parallel.strategy = 'fsdp' is supported by gpt-char, not 'mlp-digits'",
+                          "train.precision = 'fp16' with parallel.strategy = 'fsdp' is not supported"):
+        assert sum(contradiction in p for p in problems) == 1, (contradiction, problems)
+
+
+def test_a_check_across_fields_does_not_judge_a_default_in_place_of_a_wrong_value() -> None:
+    """n_head is wrong on its own: n_embd is not judged against n_head's default instead."""
+    with pytest.raises(ConfigError) as exc:
+        parse_config({"workload": {"kind": "gpt-char", "n_embd": 102, "n_head": "three"}})  # 102 % 4 (the default)
+    assert len(exc.value.problems) == 1 and exc.value.problems[0].startswith("workload.n_head = 'three'")
