@@ -494,9 +494,10 @@ class CheckpointConfig(_Section):
     """Whether a lower (`min`) or higher (`max`) `best_metric` is better."""
 
     async_save: bool = Field(default=True, alias="async", title="Write in the background (async)")
-    """Write in a background thread, which also copies the state to CPU memory while the next
+    """Save with DCP's `async_save`: each rank's shard is copied to CPU memory while the next
     step's forward and backward run (the loop waits only if the copy is not done by the next
-    optimizer step); `false` writes synchronously, for debugging. Key: `async`."""
+    optimizer step) and written in a background thread; `false` writes synchronously, for
+    debugging. Key: `async`."""
 
 
 class ParallelConfig(_Section):
@@ -504,7 +505,8 @@ class ParallelConfig(_Section):
 
     strategy: Literal["ddp", "fsdp"] = Field(default="ddp", json_schema_extra={"kinds": ["gpt-char"]})
     """`ddp`: every rank holds the whole model. `fsdp`: FSDP2 (`fully_shard` per block, then the
-    root) with sharded checkpoints (gpt-char)."""
+    root) with sharded checkpoints: every rank writes only its own shard, and a checkpoint saved
+    on N ranks resumes on M (gpt-char)."""
 
 
 class RetryConfig(_Section):
