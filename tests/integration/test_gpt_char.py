@@ -145,8 +145,10 @@ def test_fsdp_on_4_ranks_matches_ddp_forks_onto_2_and_resumes_after_sigkill(prod
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0x01
     shard.write_bytes(bytes(data))
-    fork = int(product.cli("fork", str(fsdp), "--step", "20", "--set", "launch.nproc_per_node=2",
-                           "--set", "train.max_steps=25").stdout.strip())
+    forking = product.cli("fork", str(fsdp), "--step", "20", "--set", "launch.nproc_per_node=2",
+                          "--set", "train.max_steps=25")
+    assert "effective batch" in forking.stderr and "4 x 8 x 1 = 32 to 2 x 8 x 1 = 16" in forking.stderr
+    fork = int(forking.stdout.strip())
     forked = succeed(product, fork)
     assert forked["attempts"][0]["resume_step"] == 15  # fell back past the damaged one
     refused = [e["message"] for e in forked["events"] if e["kind"] == "checkpoint_refused"]
