@@ -284,8 +284,9 @@ class CheckpointManager:
 
     def _group(self) -> dist.ProcessGroup | None:
         """The background saves' gloo group (torchtitan does the same): DCP's collectives then run
-        in the save thread without mixing with training's on the default group."""
-        if self._pg is None and dist.is_initialized() and dist.get_world_size() > 1:
+        in the save thread without mixing with training's on the default group. Made under NCCL
+        even for one rank: ``async_save`` refuses a group without a CPU backend."""
+        if self._pg is None and dist.is_initialized():
             self._pg = dist.new_group(backend="gloo")
         return self._pg
 
