@@ -14,7 +14,7 @@ they agree because they take the names from here and nowhere else::
         alerts.json           alert channels (URLs, webhook secrets) and defaults, mode 0600 (orchestrator/alerts)
         runs/run-000042/
             config.json       the run config as submitted
-            checkpoints/step-<N>/{__<rank>_0.distcp, .metadata, extra.pt, manifest.json}
+            checkpoints/step-<N>/{state.pt, manifest.json}
             checkpoints/superseded/attempt-<n>/step-<N>/   a lineage abandoned by a resume
             checkpoints/script/<id>/<file>   a copy of a script's own checkpoint file (pinned, or
                               kept aside before runyard put an older version back for a resume)
@@ -60,6 +60,7 @@ SCRIPT_COPIES_DIR = "script"
 ATTEMPTS_DIR = "attempts"
 
 # -- a checkpoint's folder -------------------------------------------------------------------
+STATE_FILE = "state.pt"
 MANIFEST_FILE = "manifest.json"
 STEP_DIR = re.compile(r"step-(0|[1-9][0-9]*)")
 

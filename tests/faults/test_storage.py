@@ -1,7 +1,7 @@
 """Nothing lost, nothing misread (issue 14, items 2, 3 and 9), with real torchrun ranks.
 
 - A checkpoint that matches its manifest but cannot be loaded (a manifest rewritten over a
-  truncated ``extra.pt``, a payload ``weights_only=True`` refuses) is refused like an
+  truncated ``state.pt``, a payload ``weights_only=True`` refuses) is refused like an
   unverified one, with its reason and an event, and the older checkpoint is used.
 - A full disk: no small filesystem can be mounted here, so rank 0 gets a file-size limit
   (``RLIMIT_FSIZE``, the ``RUNYARD_FAULT_FSIZE`` hook) and its checkpoint write fails with EFBIG
@@ -44,7 +44,7 @@ LIMIT = 8 * 2**20
 
 def _forge(step_dir: Path, forgery: str) -> None:
     """Make ``step_dir`` unloadable while its manifest still matches (sizes and hash)."""
-    state = step_dir / "extra.pt"  # rank 0's plain data (step, RNG states), torch.save'd
+    state = step_dir / "state.pt"
     if forgery == "truncated":
         data = state.read_bytes()[: state.stat().st_size // 3]
     else:  # a type outside weights_only's allow-list, as a torch upgrade can also produce
@@ -53,7 +53,7 @@ def _forge(step_dir: Path, forgery: str) -> None:
         data = buf.getvalue()
     state.write_bytes(data)
     manifest = json.loads((step_dir / "manifest.json").read_text())
-    manifest["files"]["extra.pt"] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    manifest["files"]["state.pt"] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     (step_dir / "manifest.json").write_text(json.dumps(manifest))
 
 

@@ -127,7 +127,7 @@ def test_damaged_checkpoint_is_refused_and_resume_falls_back(product: Product, d
     detail = product.wait_status(run_id, "SUCCEEDED", "FAILED")
     assert detail["status"] == "SUCCEEDED"
     step_dir = Path(product.show(run_id)["run_dir"]) / "checkpoints" / "step-150"
-    state = step_dir / "__0_0.distcp"  # the rank's shard (DCP)
+    state = step_dir / "state.pt"
     if damage == "truncate":
         state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])
     elif damage == "flip-byte":

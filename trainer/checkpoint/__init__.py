@@ -1,11 +1,9 @@
-"""Checkpoints: sharded (every rank writes its own part, through PyTorch Distributed
-Checkpoint), asynchronous, atomic, verified saves of the training state, and a run's
+"""Checkpoints: asynchronous, atomic, verified saves of the whole training state, and a run's
 resume from them.
 
 - ``manager``: :class:`CheckpointManager` saves, verifies, loads and deletes the checkpoints
   under one folder (a step counts only when its manifest matches).
-- ``io``: what it reads besides DCP's own work (restricted readers of ``.metadata`` and of
-  non-tensor values, file hashes, the parameters digest).
+- ``io``: the byte-level tools it uses (staging snapshot, hashing writer, parameters digest).
 - ``retention``: which checkpoints to keep (:func:`select_kept`).
 - ``history``: a managed run's checkpoint records in the database, with retention applied.
 - ``checkpointer``: :class:`Checkpointer`, a run's checkpoints as the SDK's ``Run`` uses them:
@@ -16,7 +14,7 @@ This package imports torch: the scheduler and the UI never import it.
 
 from trainer.checkpoint.checkpointer import Checkpointer, Stateful, supersede_after
 from trainer.checkpoint.history import CheckpointHistory, event
-from trainer.checkpoint.io import CheckpointError, params_digest, shards_digest
+from trainer.checkpoint.io import CheckpointError, params_digest
 from trainer.checkpoint.manager import FORMAT_VERSION, CheckpointManager, SaveResult
 from trainer.checkpoint.retention import CheckpointInfo, select_kept
 
@@ -32,6 +30,5 @@ __all__ = [
     "event",
     "params_digest",
     "select_kept",
-    "shards_digest",
     "supersede_after",
 ]

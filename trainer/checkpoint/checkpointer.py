@@ -49,6 +49,16 @@ class Stateful(Protocol):
     def load_state_dict(self, state_dict: dict[str, Any], /) -> Any: ...
 
 
+def as_state(value: Any) -> Any:
+    """Modules, optimizers, schedulers and adapters become their state dicts (a DDP model its
+    module's, so that the keys do not depend on the wrapper); plain values are kept."""
+    if isinstance(value, nn.parallel.DistributedDataParallel):
+        value = value.module
+    if hasattr(value, "state_dict") and callable(value.state_dict):
+        return value.state_dict()
+    return value
+
+
 def load_into(target: Any, saved: Any) -> None:
     """Put ``saved`` back into ``target``: ``load_state_dict`` where it has one, else a dict is
     updated in place (plain numbers such as a data position travel in a dict)."""
@@ -58,74 +68,6 @@ def load_into(target: Any, saved: Any) -> None:
         target.load_state_dict(saved)
     elif isinstance(target, dict):
         target.update(saved)
-
-
-def _model_of(state: Mapping[str, Any]) -> nn.Module | None:
-    """The model an optimizer in ``state`` belongs to: ``state["model"]``, else the only module."""
-    if isinstance(state.get("model"), nn.Module):
-        return state["model"]
-    modules = [v for v in state.values() if isinstance(v, nn.Module)]
-    return modules[0] if len(modules) == 1 else None
-
-
-def sharded_state(state: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Split a checkpoint's ``state`` into what DCP saves, sharded as it lies on this rank, and
-    plain values (saved by rank 0 in ``extra.pt``).
-
-    Modules become ``get_model_state_dict`` and optimizers ``get_optimizer_state_dict`` (keyed
-    by parameter name: an FSDP model's DTensor shards, a DDP model's replicated tensors, never
-    gathered); other objects with ``state_dict`` (a GradScaler, a scheduler) their state dict,
-    and dicts that hold tensors (a state dict given as such) as they are.
-
-    Raises:
-        CheckpointError: An optimizer without a model to name its parameters by.
-    """
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-
-    model = _model_of(state)
-    tensors: dict[str, Any] = {}
-    plain: dict[str, Any] = {}
-    for key, value in state.items():
-        if isinstance(value, nn.Module):
-            tensors[key] = get_model_state_dict(value)
-        elif isinstance(value, Optimizer):
-            if model is None:
-                raise CheckpointError(f"state[{key!r}] is an optimizer but state has no 'model' module to name "
-                                      "its parameters by")
-            tensors[key] = get_optimizer_state_dict(model, value)
-        elif hasattr(value, "state_dict") and callable(value.state_dict):
-            tensors[key] = value.state_dict()
-        elif _holds_tensors(value):  # a state dict already (loaded in place)
-            tensors[key] = value
-        else:
-            plain[key] = value
-    return tensors, plain
-
-
-def _holds_tensors(value: Any) -> bool:
-    if isinstance(value, torch.Tensor):
-        return True
-    if isinstance(value, Mapping):
-        return any(_holds_tensors(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return any(_holds_tensors(v) for v in value)
-    return False
-
-
-def restore_sharded(state: Mapping[str, Any], loaded: Mapping[str, Any]) -> None:
-    """Put what :meth:`CheckpointManager.load` read into ``sharded_state``'s dicts back into the objects."""
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
-
-    model = _model_of(state)
-    for key, value in state.items():
-        if key not in loaded:
-            continue
-        if isinstance(value, nn.Module):
-            set_model_state_dict(value, loaded[key])
-        elif isinstance(value, Optimizer) and model is not None:
-            set_optimizer_state_dict(model, value, loaded[key])
-        elif hasattr(value, "load_state_dict"):
-            value.load_state_dict(loaded[key])
 
 
 def supersede_after(step: int, ctx: RunContext, manager: CheckpointManager, writer: DatabaseWriter | None) -> None:
@@ -215,24 +157,18 @@ class Checkpointer:
         resume_dir, resume_step = self.ctx.resume_dir, self.ctx.resume_step
         if resume_dir is None or resume_step is None:
             return 0
-        source = CheckpointManager(resume_dir, is_writer=False,
-                                   on_refused=self._refused if self.info.is_main else None)
-        tensors, plain = sharded_state(state)
+        source = CheckpointManager(resume_dir, is_writer=False, on_refused=self._refused if self.info.is_main else None)
         try:
-            step, saved = source.load(tensors, resume_step)
+            step, saved = source.load(resume_step)
         except CheckpointError as exc:
             raise CheckpointError(f"cannot resume from {resume_dir} step {resume_step}: {exc}") from exc
         if self.run_config is not None and saved.get("config_hash", self.run_config.config_hash()) \
                 != self.run_config.config_hash():
             logger.info("resuming from a checkpoint written with another config (a fork)")
-        if saved.get("world_size", self.info.world_size) != self.info.world_size:
-            logger.info("checkpoint of %s ranks resharded onto %d", saved.get("world_size"), self.info.world_size)
-        restore_sharded(state, tensors)
-        saved_plain = saved.get("state") or {}
-        for key, target in plain.items():
-            if key in saved_plain:
-                load_into(target, saved_plain[key])
-            elif key not in tensors:
+        for key, target in state.items():
+            if key in saved:
+                load_into(target, saved[key])
+            else:
                 logger.info("checkpoint has no %r state; it starts fresh", key)
         rng_states = saved.get("rng") or []
         if self.info.rank < len(rng_states):
@@ -287,31 +223,38 @@ class Checkpointer:
 
     def save(self, step: int, state: Mapping[str, Any], metrics: Mapping[str, float | torch.Tensor] | None = None,
              defer_snapshot: bool = False) -> None:
-        """Collective: gather every rank's RNG state, then every rank writes its shard (DCP).
+        """Collective: gather every rank's RNG state, then rank 0 snapshots ``state`` and writes.
 
-        Modules and optimizers are saved as their sharded state dicts (:func:`sharded_state`: no
-        gather), other values with a ``state_dict`` as it, plain values by rank 0 beside them;
-        ``state["model"]`` must be the model, whose saved entries' digest identifies the
-        checkpoint. One-element tensors in ``metrics`` (a loss still on the device) are read here.
+        Values of ``state`` with a ``state_dict`` are saved as it (an FSDP adapter's is itself
+        collective, a full gather to rank 0); ``state["model"]`` must be the model, whose
+        parameters' digest identifies the checkpoint. One-element tensors in ``metrics`` (a
+        loss still on the device) are read here.
         """
         rng_states: list[Any] = [None] * self.info.world_size
         if self.info.world_size > 1 and dist.is_initialized():
             dist.all_gather_object(rng_states, rng.capture())
         else:
             rng_states = [rng.capture()]
-        tensors, plain = sharded_state(state)
-        extra: dict[str, Any] = {"step": step, "rng": rng_states, "world_size": self.info.world_size,
-                                 "state": plain}
-        if self.run_config is not None:  # what it was trained with
-            extra.update(config_hash=self.run_config.config_hash(), config=self.run_config.to_json())
+        payload = {key: as_state(value) for key, value in state.items()}
+        payload.update(step=step, rng=rng_states, world_size=self.info.world_size)
+        if self.run_config is not None:  # what it was trained with (a state key of the same name wins)
+            payload.setdefault("config_hash", self.run_config.config_hash())
+            payload.setdefault("config", self.run_config.to_json())
         numbers = {k: float(v) if isinstance(v, torch.Tensor) else v for k, v in (metrics or {}).items()}
-        self.manager.save(step, tensors, extra=extra, metrics=numbers, defer_snapshot=defer_snapshot)
+        self.manager.save(step, payload, metrics=numbers, defer_snapshot=defer_snapshot)
         self._last_save = time.monotonic()
         self.last_saved = step
 
     def prepare(self, state: Mapping[str, Any]) -> None:
-        """Nothing to prepare: DCP's stager allocates its CPU buffers (pinned on a GPU) at the
-        first save and reuses them. Kept for the SDK's ``prepare_checkpoint``."""
+        """On a GPU, pin the snapshot's CPU buffers in the background now rather than make the
+        first checkpoint wait for it (about a second for a 1.5 GB state). Call it once the
+        state's tensors exist (an optimizer's after its first step). Only plain or DDP modules
+        and optimizers are prepared: an FSDP adapter's state dict is a collective gather."""
+        if self.info.device.type != "cuda":
+            return
+        local = {key: as_state(value) for key, value in state.items() if isinstance(value, (nn.Module, Optimizer))}
+        if local:
+            self.manager.prepare(local)
 
     def before_update(self) -> None:
         """Before ``optimizer.step()`` (or anything else that edits the saved tensors): wait

@@ -1,26 +1,20 @@
-"""Checkpoint manager: sharded checkpoints written by every rank in parallel through PyTorch
-Distributed Checkpoint (DCP), atomic, and verified against a manifest before any rank loads.
+"""Checkpoint manager: asynchronous, atomic, verified checkpoints on local disk.
 
-As torchtitan's CheckpointManager (torchtitan/components/checkpoint.py): ``save(step)`` hands the
-state dict to ``dcp.save``, or to ``dcp.async_save`` on a gloo process group of its own (its
-collectives run in a background thread beside training's); ``load(step=-1)`` loads the newest
-good one with ``dcp.load``, which reshards a checkpoint saved on N ranks onto M. What runyard
-adds is the manifest::
+One writer (rank 0) snapshots the state to CPU memory on the training thread, then a
+background thread writes it::
 
-    root/.tmp-step-<N>-<token>/__<rank>_0.distcp   each rank's shard of the tensors (DCP, fsync'd)
-    root/.tmp-step-<N>-<token>/.metadata           DCP's index, by rank 0 once every rank has written
-    root/.tmp-step-<N>-<token>/extra.pt            plain data (step, RNG states, config), by rank 0
-    root/.tmp-step-<N>-<token>/manifest.json       rank 0, last: every file's size and sha256
-    root/step-<N>/                                 the tmp folder renamed, then the root fsync'd
+    root/.tmp-step-<N>-<random>/state.pt        torch.save of the snapshot, fsync'd
+    root/.tmp-step-<N>-<random>/manifest.json   written last: sizes and sha256 of the files
+    root/step-<N>/                              the tmp dir renamed, then the root fsync'd
 
-A step counts only when its folder holds a manifest that matches every file in it, DCP's
-``.metadata`` names only files the manifest lists, and the shapes it records are the model's.
-Rank 0 checks all of that before any rank loads (:meth:`CheckpointManager.load`); a damaged
-checkpoint is refused by name and the previous one is tried. Nothing is unpickled but tensors and
-plain data: ``.metadata`` through a restricted unpickler, after its sha256 matched the manifest
-(trainer/checkpoint/io.py), non-tensor values and ``extra.pt`` with ``weights_only=True``.
+A step counts only when its directory holds a manifest that matches every file in it
+(torchtitan's "completion marker", strengthened with hashes). The sha256 of each file is
+computed from the bytes as they are written, so the writer runs near disk bandwidth;
+verification re-reads and hashes. Loading uses ``torch.load(weights_only=True)`` only.
 
-The manager does no database access; callers report through ``on_complete`` and ``on_refused``.
+The module does no collectives and no database access; callers report through the
+``on_complete`` and ``on_refused`` callbacks. The byte-level work (the snapshot copy, the
+hashing writer, the parameters digest) is in trainer/checkpoint/io.py.
 """
 
 from __future__ import annotations
@@ -36,53 +30,44 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from io import BytesIO
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint._nested_dict import flatten_state_dict
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
-from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-from db.layout import MANIFEST_FILE, STEP_DIR, step_dir_name
+from db.layout import MANIFEST_FILE, STATE_FILE, STEP_DIR, step_dir_name
 from trainer import faults
 from trainer.checkpoint.io import (
     CheckpointError,
-    PlainDataLoadPlanner,
-    VerifiedReader,
-    fsync_dir,
-    read_metadata,
-    sha256_file,
-    shards_digest,
+    _fsync_dir,
+    _HashingFile,
+    _save_without_zip_crc,
+    _sha256_file,
+    _StableMemory,
+    _Stager,
+    params_digest,
 )
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 2  # 1: one state.pt written by rank 0; 2: DCP shards + extra.pt
-EXTRA_FILE = "extra.pt"
-METADATA_FILE = ".metadata"
+FORMAT_VERSION = 1
 _LEFTOVER_PREFIXES = (".tmp-", ".deleting")
-_HASH_THREADS = 4
 
 
 @dataclass(frozen=True)
 class SaveResult:
-    """A checkpoint that is durable on disk (rank 0's view).
+    """A checkpoint that is durable on disk.
 
     Attributes:
         step: The training step.
         path: The final directory, ``root/step-<N>``.
-        bytes: Total size of the files in ``path``.
+        bytes: Total size of the files in ``path`` (``state.pt`` and ``manifest.json``).
         manifest_sha256: sha256 of the bytes of ``manifest.json``.
-        params_digest: :func:`~trainer.checkpoint.io.shards_digest` of the model's entries.
-        blocked_s: Time the calling (training) thread was blocked: inside ``save()``, plus inside
-            ``wait_snapshot()`` when the state was staged in the background.
+        params_digest: :func:`params_digest` of ``state[params_key]``.
+        blocked_s: Time the calling (training) thread was blocked: inside ``save()``, plus
+            inside ``wait_snapshot()`` when the snapshot was taken in the background.
         total_s: From the ``save()`` call to the rename being durable.
         metrics: The metrics given to ``save()``, also stored in the manifest.
     """
@@ -100,15 +85,19 @@ class SaveResult:
 @dataclass
 class _Job:
     step: int
-    tmp: Path
-    extra: bytes
+    snapshot: dict[str, Any]
     metrics: dict[str, float]
     params_key: str
-    world_size: int
     started: float
-    upload: Future[Any]
-    staging: Future[Any] | None = None
     blocked_s: float = 0.0
+    # Set once ``snapshot`` is a private CPU copy (at once, unless the writer takes it); its
+    # CUDA part may still be landing until the ``copied`` events complete.
+    snapshot_taken: threading.Event = field(default_factory=threading.Event)
+    snapshot_error: BaseException | None = None
+    # Deferred on CUDA: where training stood at save() (the copies start after it), and where
+    # the copies end (training's next parameter update waits for it, on the device).
+    ready: dict[torch.device, torch.cuda.Event] = field(default_factory=dict)
+    copied: dict[torch.device, torch.cuda.Event] = field(default_factory=dict)
 
 
 class CheckpointManager:
@@ -116,15 +105,15 @@ class CheckpointManager:
 
     Args:
         root: The checkpoint directory, for example ``run_dir / "checkpoints"``.
-        is_writer: Whether this process is the saving run's rank 0: it writes ``extra.pt`` and
-            the manifest, publishes, deletes, and removes leftovers of crashed saves. Every rank
-            writes its shard; a reader (a resume source) is ``is_writer=False`` on every rank,
-            and its rank 0 (of the process group) verifies before a load.
-        async_save: ``dcp.async_save``: ``save()`` returns once the state is staged (or at once
-            with ``defer_snapshot``); the files are written in the background.
-        on_complete: Called on rank 0 with each durable checkpoint, from the background thread
-            (or from ``save()`` when not async). It must not call ``save()`` or ``wait()``.
+        is_writer: Whether this process writes (rank 0). Other ranks' ``save()`` and
+            ``delete()`` do nothing; every rank can verify and load.
+        async_save: Write in a background thread; ``save()`` returns after the snapshot.
+        on_complete: Called with each durable checkpoint, from the writer thread (or from
+            ``save()`` when not async). It must not call ``save()`` or ``wait()``.
         on_refused: Called with (step, reason) for each checkpoint that ``load()`` refuses.
+
+    The writer keeps its CPU staging copy of the state between saves (reusing it makes the
+    next snapshot a plain memcpy); ``close()`` frees it.
     """
 
     def __init__(
@@ -141,12 +130,12 @@ class CheckpointManager:
         self.async_save = async_save
         self._on_complete = on_complete
         self._on_refused = on_refused
-        self._stagers: dict[bool, DefaultStager] = {}  # by async staging: DCP's, kept (its buffers are reused)
-        self._pg: dist.ProcessGroup | None = None  # the background saves' own gloo group
-        self._finisher: ThreadPoolExecutor | None = None
-        self._in_flight: Future[SaveResult | None] | None = None
-        self._pending: _Job | None = None  # a job whose staging the training thread has not waited for
-        self._callback_thread: int | None = None
+        self._stager = _Stager()
+        self._executor: ThreadPoolExecutor | None = None
+        self._hash_pool: ThreadPoolExecutor | None = None
+        self._in_flight: Future[SaveResult] | None = None
+        self._pending_snapshot: _Job | None = None  # a deferred snapshot not yet waited for
+        self._callback_thread: int | None = None  # the thread running on_complete, if any
         if is_writer:
             self.root.mkdir(parents=True, exist_ok=True)
             self._clean_leftovers()
@@ -158,74 +147,72 @@ class CheckpointManager:
         step: int,
         state: dict[str, Any],
         *,
-        extra: Mapping[str, Any] | None = None,
         metrics: dict[str, float] | None = None,
         params_key: str = "model",
         defer_snapshot: bool = False,
     ) -> None:
-        """Collective: every rank writes its shard of ``state``; rank 0 adds ``extra`` and the manifest.
+        """Snapshot ``state`` to CPU memory, then write it (in the background when async).
+
+        Tensors are copied (into pinned memory when on CUDA); plain values (dicts, lists,
+        tuples, int, float, bool, str, bytes, None) are copied structurally. A previous save
+        still in flight is waited for first. Does nothing on non-writer ranks.
 
         Args:
             step: The training step; the checkpoint goes to ``root/step-<step>``.
-            state: DCP state dict (nested dicts of tensors, DTensors and plain values), sharded as
-                the model is: ``get_state_dict``'s output, never gathered.
-            extra: Plain data (numbers, strings, lists, dicts, CPU tensors) rank 0 saves beside it.
+            state: The state to save; ``state[params_key]`` must be a model state dict.
             metrics: Numbers stored in the manifest and the SaveResult (e.g. validation loss).
-            params_key: The key of the model's state dict, whose entries the params digest covers.
-            defer_snapshot: (async only) Return at once; DCP's stager copies the tensors to CPU
-                memory in the background while training goes on. Nothing may modify them until
-                :meth:`wait_snapshot` returns (call it before ``optimizer.step()``).
+            params_key: The key of the model state dict that :func:`params_digest` covers.
+            defer_snapshot: (async only) Return at once and let the writer thread take the
+                snapshot too, while training goes on. The caller promises that nothing
+                modifies the tensors in ``state`` until :meth:`wait_snapshot` returns: true
+                of parameters and optimizer state between two ``optimizer.step()`` calls,
+                as long as the forward pass changes no buffers (no BatchNorm in train mode).
+                The training loop's stall then is only what is left of the copy when the
+                next optimizer step comes, usually nothing.
 
         Raises:
-            CheckpointError: Bad arguments, or the previous background save failed, or (not
-                async) this save failed.
+            CheckpointError: The state cannot be checkpointed, the previous background save
+                failed, or (when not async) this write failed.
         """
+        if not self.is_writer:
+            return
         self._refuse_reentry("save")
         started = time.perf_counter()
         job_metrics = self._check_save_args(step, state, metrics, params_key)
-        self.wait()  # also re-raises the previous background save's failure
-        tmp = self.root / f".tmp-step-{step}-{self._agreed_token()}"
-        writer = dcp.FileSystemWriter(tmp, sync_files=True, overwrite=False)
-        extra_bytes = b""
-        if self.is_writer:
-            buffer = BytesIO()
-            torch.save(dict(extra or {}), buffer)
-            extra_bytes = buffer.getvalue()
-        world_size = dist.get_world_size() if dist.is_initialized() else 1
-        try:
-            if not self.async_save:
-                done: Future[Any] = Future()
-                done.set_result(dcp.save(state, storage_writer=writer))
-                job = _Job(step, tmp, extra_bytes, job_metrics, params_key, world_size, started, done)
-                job.blocked_s = time.perf_counter() - started
-                result = self._finish(job)
-                self._in_flight = Future()
-                self._in_flight.set_result(result)
-                return
-            deferred = bool(defer_snapshot)
-            response = dcp.async_save(state, storage_writer=writer, process_group=self._group(),
-                                      async_stager=self._stager(deferred))
-        except CheckpointError:
-            raise
-        except Exception as exc:
-            if self.is_writer:
-                shutil.rmtree(tmp, ignore_errors=True)
-            raise CheckpointError(f"saving checkpoint step {step} to {tmp} failed: {exc}") from exc
-        if isinstance(response, Future):
-            job = _Job(step, tmp, extra_bytes, job_metrics, params_key, world_size, started, response)
-        else:  # AsyncSaveResponse: staging goes on in the background too
-            job = _Job(step, tmp, extra_bytes, job_metrics, params_key, world_size, started,
-                       response.upload_completion, staging=response.staging_completion)
-            self._pending = job
+        self.wait()  # also re-raises the previous background write's failure
+        deferred = defer_snapshot and self.async_save
+        job = _Job(step, state if deferred else self._stager.snapshot(state), job_metrics, params_key, started)
+        if not deferred:
+            job.snapshot_taken.set()
+        elif torch.cuda.is_available() and torch.cuda.is_initialized():
+            device = torch.device("cuda", torch.cuda.current_device())
+            job.ready[device] = torch.cuda.current_stream(device).record_event()
         job.blocked_s = time.perf_counter() - started
-        self._in_flight = self._background().submit(self._finish, job)
+        if self.async_save:
+            self._pending_snapshot = job if deferred else None
+            self._in_flight = self._writer().submit(self._run_job, job)
+        else:
+            done: Future[SaveResult] = Future()
+            done.set_result(self._run_job(job))
+            self._in_flight = done
 
-    def prepare(self, state: dict[str, Any]) -> None:
-        """Nothing to do ahead of the first save: DCP's stager allocates its (on a GPU, pinned)
-        CPU buffers at the first save and reuses them. Kept for the SDK's ``prepare_checkpoint``."""
+    def prepare(self, state: dict[str, Any]) -> Future[None] | None:
+        """Ahead of the first save, in the background: allocate the pinned CPU buffers that
+        snapshots of ``state`` (the same structure as the states that will be saved, e.g.
+        ``{"model": ..., "optimizer": ...}``) copy CUDA tensors into. Optional; does nothing
+        (None) unless async on the writer rank. Call it when the state's tensors exist (an
+        optimizer's after its first step) and before a save is due.
+
+        Returns:
+            Done when the buffers exist (saves are queued behind it anyway).
+        """
+        if not (self.is_writer and self.async_save):
+            return None
+        self._refuse_reentry("prepare")
+        return self._writer().submit(self._stager.reserve, state)
 
     def wait_snapshot(self) -> float:
-        """Block until the state given to a ``save(defer_snapshot=True)`` is staged in CPU memory.
+        """Block until the state given to a ``save(defer_snapshot=True)`` is copied.
 
         Call it before anything modifies that state (before ``optimizer.step()``). Cheap when
         there is nothing to wait for. The time blocked here counts in the save's ``blocked_s``.
@@ -234,71 +221,45 @@ class CheckpointManager:
             Seconds blocked.
 
         Raises:
-            CheckpointError: Staging failed.
+            CheckpointError: The snapshot failed (the state cannot be checkpointed).
         """
-        job, self._pending = self._pending, None
-        if job is None or job.staging is None:
+        job, self._pending_snapshot = self._pending_snapshot, None
+        if job is None:
             return 0.0
         started = time.perf_counter()
-        try:
-            job.staging.result()
-        except Exception as exc:
-            raise CheckpointError(f"staging checkpoint step {job.step} failed: {exc}") from exc
+        job.snapshot_taken.wait()
+        for device, copied in job.copied.items():  # the device, not this thread, waits for the copy
+            torch.cuda.current_stream(device).wait_event(copied)
         waited = time.perf_counter() - started
         job.blocked_s += waited
+        error = job.snapshot_error
+        if error is not None:
+            raise CheckpointError(f"snapshot of checkpoint step {job.step} failed: {error}") from error
         return waited
 
     def wait(self) -> SaveResult | None:
-        """Block until the in-flight save is durable (on rank 0: published).
+        """Block until the in-flight save is durable.
 
         Returns:
-            On rank 0, the result of the newest save not yet returned by ``wait()``; else None.
+            The result of the newest save not yet returned by ``wait()``, or None.
 
         Raises:
-            CheckpointError: The save failed (the original exception is its cause).
+            CheckpointError: The write failed (the original exception is its cause).
         """
         self._refuse_reentry("wait")
-        if self._pending is not None:
-            self.wait_snapshot()
-        future, self._in_flight = self._in_flight, None
+        future, self._in_flight, self._pending_snapshot = self._in_flight, None, None
         return None if future is None else future.result()
 
     def close(self) -> None:
-        """Wait for the in-flight save, stop the background thread, free the staging memory."""
+        """Wait for the in-flight save, stop the writer threads and free the staging memory."""
         try:
             self.wait()
         finally:
-            if self._finisher is not None:
-                self._finisher.shutdown(wait=True)
-                self._finisher = None
-            for stager in self._stagers.values():
-                stager.close()
-            self._stagers.clear()
-
-    def _agreed_token(self) -> str:
-        """A random suffix for the step's temporary folder, the same on every rank."""
-        token = [secrets.token_hex(4)]
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.broadcast_object_list(token, src=0)
-        return str(token[0])
-
-    def _group(self) -> dist.ProcessGroup | None:
-        """The background saves' gloo group (torchtitan does the same): DCP's collectives then run
-        in the save thread without mixing with training's on the default group. Made under NCCL
-        even for one rank: ``async_save`` refuses a group without a CPU backend."""
-        if self._pg is None and dist.is_initialized():
-            self._pg = dist.new_group(backend="gloo")
-        return self._pg
-
-    def _stager(self, deferred: bool) -> DefaultStager:
-        if deferred not in self._stagers:
-            cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-            # Pinned memory (and non-blocking copies on a side stream) only on a GPU; on CPU the
-            # staging copy is a plain memcpy into reused buffers.
-            self._stagers[deferred] = DefaultStager(StagingOptions(
-                use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=deferred,
-                use_non_blocking_copy=cuda and deferred))
-        return self._stagers[deferred]
+            for pool in (self._executor, self._hash_pool):
+                if pool is not None:
+                    pool.shutdown(wait=True)
+            self._executor = self._hash_pool = None
+            self._stager.clear()
 
     def _check_save_args(
         self, step: int, state: dict[str, Any], metrics: dict[str, float] | None, params_key: str
@@ -318,30 +279,39 @@ class CheckpointManager:
         if threading.get_ident() == self._callback_thread:
             raise CheckpointError(f"{method}() called from on_complete would deadlock; call it from the training loop")
 
-    def _background(self) -> ThreadPoolExecutor:
-        if self._finisher is None:
-            self._finisher = ThreadPoolExecutor(1, thread_name_prefix="runyard-ckpt")
-        return self._finisher
+    def _writer(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="runyard-ckpt-writer")
+        return self._executor
 
-    def _finish(self, job: _Job) -> SaveResult | None:
-        """Every rank: wait until DCP wrote the shards (rank 0's DCP returns only after every
-        rank's write results reached it and it wrote ``.metadata``). Rank 0: then ``extra.pt``,
-        the hashes, the manifest, the rename."""
+    def _hasher(self) -> ThreadPoolExecutor:
+        if self._hash_pool is None:
+            self._hash_pool = ThreadPoolExecutor(1, thread_name_prefix="runyard-ckpt-hash")
+        return self._hash_pool
+
+    def _run_job(self, job: _Job) -> SaveResult:
+        if not job.snapshot_taken.is_set():  # deferred: copy now, while the training thread goes on
+            try:
+                job.snapshot, job.copied = self._stager.snapshot_beside(job.snapshot, job.ready)
+            except Exception as exc:
+                job.snapshot, job.snapshot_error = {}, exc
+                raise CheckpointError(f"snapshot of checkpoint step {job.step} failed: {exc}") from exc
+            finally:
+                job.snapshot_taken.set()
+            for copied in job.copied.values():
+                copied.synchronize()
+        tmp = self.root / f".tmp-step-{job.step}-{secrets.token_hex(4)}"
         try:
-            metadata = job.upload.result()
+            result = self._write(job, tmp)
         except Exception as exc:
-            if self.is_writer:
-                shutil.rmtree(job.tmp, ignore_errors=True)
-            raise CheckpointError(f"saving checkpoint step {job.step} to {job.tmp} failed: {exc}") from exc
-        if not self.is_writer:
-            return None
-        try:
-            result = self._publish_job(job, metadata)
-        except Exception as exc:
-            shutil.rmtree(job.tmp, ignore_errors=True)
-            raise CheckpointError(f"writing checkpoint step {job.step} to {job.tmp} failed: {exc}") from exc
-        logger.info("checkpoint step-%d saved: %.1f MB in %.2f s (training blocked %.3f s)",
-                    result.step, result.bytes / 1e6, result.total_s, result.blocked_s)
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointError(f"writing checkpoint step {job.step} to {tmp} failed: {exc}") from exc
+        finally:
+            job.snapshot = {}  # the staging buffers stay with the stager, nothing else
+        logger.info(
+            "checkpoint step-%d saved: %.1f MB in %.2f s (training blocked %.3f s)",
+            result.step, result.bytes / 1e6, result.total_s, result.blocked_s,
+        )
         if self._on_complete is not None:
             self._callback_thread = threading.get_ident()
             try:
@@ -352,39 +322,45 @@ class CheckpointManager:
                 self._callback_thread = None
         return result
 
-    def _publish_job(self, job: _Job, metadata: Metadata) -> SaveResult:
-        with open(job.tmp / EXTRA_FILE, "xb") as f:
-            f.write(job.extra)
-            f.flush()
-            os.fsync(f.fileno())
-        names = sorted(os.listdir(job.tmp))
-        with ThreadPoolExecutor(_HASH_THREADS) as pool:
-            hashes = dict(zip(names, pool.map(sha256_file, (job.tmp / n for n in names)), strict=True))
-        digest = shards_digest(job.tmp, metadata, f"{job.params_key}.")
-        sizes = {name: (job.tmp / name).stat().st_size for name in names}
-        files = {name: {"bytes": sizes[name], "sha256": hashes[name]} for name in names}
+    def _write(self, job: _Job, tmp: Path) -> SaveResult:
+        tmp.mkdir()
+        writer = _HashingFile(tmp / STATE_FILE, self._hasher(), _StableMemory(job.snapshot))
+        try:
+            _save_without_zip_crc(job.snapshot, writer)
+            digest = params_digest(job.snapshot[job.params_key])  # while the file hash catches up
+            state_sha = writer.sync_and_close()
+        except Exception:
+            if writer.error is not None:
+                raise writer.error  # noqa: B904 (the real cause, e.g. a full disk)
+            raise
+        finally:
+            writer.close()
         manifest = {
             "format_version": FORMAT_VERSION,
             "step": job.step,
-            "world_size": job.world_size,
             "created_at": datetime.now(timezone.utc).isoformat(),
-            "files": files,
+            "files": {STATE_FILE: {"bytes": writer.bytes, "sha256": state_sha}},
             "params_key": job.params_key,
             "params_digest": digest,
             "metrics": job.metrics,
         }
         data = json.dumps(manifest, indent=2, sort_keys=True).encode()
-        with open(job.tmp / MANIFEST_FILE, "xb") as f:
+        with open(tmp / MANIFEST_FILE, "xb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        fsync_dir(job.tmp)
-        final = self._publish(job.tmp, job.step)
+        _fsync_dir(tmp)
+        final = self._publish(tmp, job.step)
         total_s = time.perf_counter() - job.started
         return SaveResult(
-            step=job.step, path=final, bytes=sum(sizes.values()) + len(data),
-            manifest_sha256=hashlib.sha256(data).hexdigest(), params_digest=digest,
-            blocked_s=job.blocked_s if self.async_save else total_s, total_s=total_s, metrics=dict(job.metrics),
+            step=job.step,
+            path=final,
+            bytes=writer.bytes + len(data),
+            manifest_sha256=hashlib.sha256(data).hexdigest(),
+            params_digest=digest,
+            blocked_s=job.blocked_s if self.async_save else total_s,
+            total_s=total_s,
+            metrics=dict(job.metrics),
         )
 
     def _publish(self, tmp: Path, step: int) -> Path:
@@ -397,7 +373,7 @@ class CheckpointManager:
             old = self.root / f".deleting-step-{step}-{secrets.token_hex(4)}"
             os.rename(final, old)
         os.rename(tmp, final)
-        fsync_dir(self.root)
+        _fsync_dir(self.root)
         if old is not None:
             _remove(old)
         return final
@@ -405,27 +381,21 @@ class CheckpointManager:
     # -- verifying and loading ----------------------------------------------------------
 
     def verified_steps(self) -> list[int]:
-        """Return, ascending, the steps whose directory matches its manifest (re-reads and hashes
-        every file of every checkpoint)."""
+        """Return, ascending, the steps whose directory matches its manifest.
+
+        This re-reads and hashes every checkpoint; ``load()`` hashes only what it needs.
+        """
         return [step for step in self.stored_steps() if self.verify(step)[0]]
 
-    def verify(self, step: int, expected: Mapping[str, Any] | None = None) -> tuple[bool, str]:
-        """Check ``root/step-<step>`` against its manifest, re-reading and hashing every file, then
-        DCP's ``.metadata`` against the manifest and ``expected``, then ``extra.pt``.
-
-        Args:
-            step: The step.
-            expected: The state dict the checkpoint will be loaded into (as given to
-                :meth:`load`): every key must be in the checkpoint, every tensor of the same
-                (global) shape.
+    def verify(self, step: int) -> tuple[bool, str]:
+        """Check ``root/step-<step>`` against its manifest, re-reading and hashing every file.
 
         Returns:
             (True, "ok") or (False, reason), where reason is one of: "missing", "not a
             directory", "manifest missing", "manifest unreadable: ...", "manifest format_version
-            X != 2", "manifest step X != N", "<file>: missing", "<file>: not a regular file",
+            X != 1", "manifest step X != N", "<file>: missing", "<file>: not a regular file",
             "<file>: size A != B" (on disk != manifest), "<file>: sha256 mismatch",
-            "<file>: unreadable: ...", "<file>: unlisted file", ".metadata: ...", "<key>: ..."
-            (not in the checkpoint, or another shape), "extra.pt: ...".
+            "<file>: unreadable: ...", "<file>: unlisted file".
         """
         path = self.root / step_dir_name(step)
         if not path.exists() and not path.is_symlink():
@@ -439,99 +409,67 @@ class CheckpointManager:
         for name in sorted(os.listdir(path)):
             if name != MANIFEST_FILE and name not in files:
                 return False, f"{name}: unlisted file"
-        for name, entry in sorted(files.items()):  # every size before any hash: cheap failures first
+        for name, entry in files.items():  # every size before any hash: cheap failures first
             reason = _check_size(path / name, name, entry)
             if reason:
                 return False, reason
-        names = sorted(files)
-        with ThreadPoolExecutor(_HASH_THREADS) as pool:
-            hashes = list(pool.map(_sha256_or_error, (path / n for n in names)))
-        for name, digest in zip(names, hashes, strict=True):
-            if digest.startswith("unreadable"):
-                return False, f"{name}: {digest}"
-            if digest != files[name]["sha256"]:
-                return False, f"{name}: sha256 mismatch"
-        # .metadata is a pickle: it is read only now that its bytes are the ones rank 0 hashed
-        # when it saved this checkpoint (a file swapped or edited since fails the hash above),
-        # and even then through an unpickler that admits DCP's metadata types only.
-        try:
-            metadata = read_metadata(path / METADATA_FILE)
-        except CheckpointError as exc:
-            return False, str(exc)
-        reason = _check_metadata(metadata, files) or (_check_shapes(metadata, expected) if expected else "")
-        if reason:
-            return False, reason
-        try:
-            _read_extra(path)
-        except CheckpointError as exc:
-            return False, str(exc)
+        for name, entry in files.items():
+            try:
+                if _sha256_file(path / name) != entry["sha256"]:
+                    return False, f"{name}: sha256 mismatch"
+            except OSError as exc:
+                return False, f"{name}: unreadable: {exc}"
         return True, "ok"
 
-    def load(self, state: dict[str, Any], step: int = -1) -> tuple[int, dict[str, Any]]:
-        """Collective: load a verified checkpoint into ``state`` in place, resharded to this world.
+    def load(self, step: int = -1) -> tuple[int, dict[str, Any]]:
+        """Load a verified checkpoint.
 
-        Rank 0 verifies (:meth:`verify`, with ``state``'s keys and shapes) before any rank reads a
-        shard: a requested step that fails is refused (``on_refused(step, reason)``) and the newest
-        verified step below it is tried; with ``step=-1`` the newest verified step is loaded,
-        refusing each newer one that fails. A checkpoint that verifies but that DCP cannot load
-        (a type ``weights_only`` refuses, say) is refused the same way and the next older tried.
+        A requested step that fails verification is refused (``on_refused(step, reason)``)
+        and the newest verified step below it is loaded instead; with ``step=-1`` the newest
+        verified step is loaded, refusing each newer one that fails.
 
         Args:
-            state: A DCP state dict of this world's (sharded) tensors; they are overwritten.
             step: The step to load, or -1 for the newest verified one.
 
         Returns:
-            (step, extra): the step loaded and its ``extra`` plain data.
+            (step, state) of the checkpoint loaded, tensors on CPU.
+
+        A checkpoint that verifies but cannot be loaded with ``weights_only=True`` (a manifest
+        rewritten over a truncated file, a payload with a type the allow-list refuses) is refused
+        the same way, and the next older one is tried.
 
         Raises:
             CheckpointError: No checkpoint at or below ``step`` both verifies and loads.
         """
         if step < -1:
             raise CheckpointError(f"step={step} must be >= 0, or -1 for the newest")
-        distributed = dist.is_initialized() and dist.get_world_size() > 1
-        below: int | None = None  # after a load failure: only older steps
-        while True:
-            # Rank 0 verifies, every rank loads what it chose.
-            chosen = [self._choose(step, below, state) if not distributed or dist.get_rank() == 0 else None]
-            if distributed:
-                dist.broadcast_object_list(chosen, src=0)
-            candidate = chosen[0]
-            if not isinstance(candidate, int):
-                where = "" if step == -1 else f" at or below step {step}"
-                raise CheckpointError(f"no verified checkpoint{where} in {self.root}")
-            path = self.root / step_dir_name(candidate)
-            try:
-                planner = PlainDataLoadPlanner(allow_partial_load=True)  # whole keys only: verify() saw to it
-                dcp.load(state, storage_reader=VerifiedReader(path), planner=planner)
-                return candidate, _read_extra(path)
-            except (CheckpointException, CheckpointError, RuntimeError, ValueError, OSError) as exc:
-                # DCP raises on every rank when any rank failed, so every rank goes on to the next.
-                first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else repr(exc)
-                self._refuse(candidate, f"verified, but cannot be loaded: {first}")
-            below = candidate
-
-    def _choose(self, step: int, below: int | None, state: Mapping[str, Any]) -> int | None:
-        """Rank 0: the newest step at or below ``step`` (-1: any) and below ``below`` (when set)
-        that verifies, refusing the others on the way."""
         candidates = sorted(self.stored_steps(), reverse=True)
         if step != -1:
             candidates = [s for s in candidates if s < step]
             candidates.insert(0, step)
-        if below is not None:
-            candidates = [s for s in candidates if s < below]
         for candidate in candidates:
-            ok, reason = self.verify(candidate, state)
+            ok, reason = self.verify(candidate)
             if ok:
-                return candidate
-            self._refuse(candidate, reason)
-        return None
+                try:
+                    return candidate, self._load_verified(candidate)
+                except CheckpointError as exc:
+                    # It matches its manifest yet cannot be loaded: a manifest rewritten over a
+                    # truncated file, a payload weights_only refuses (or a torch upgrade dropped
+                    # a type from its allow-list). As good as unverified: refuse it, go older.
+                    reason = str(exc)
+            logger.warning("checkpoint step-%d refused: %s", candidate, reason)
+            if self._on_refused is not None:
+                self._on_refused(candidate, reason)
+        where = "" if step == -1 else f" at or below step {step}"
+        raise CheckpointError(f"no verified checkpoint{where} in {self.root}")
 
-    def _refuse(self, step: int, reason: str) -> None:
-        if dist.is_initialized() and dist.get_rank() != 0:
-            return
-        logger.warning("checkpoint step-%d refused: %s", step, reason)
-        if self._on_refused is not None:
-            self._on_refused(step, reason)
+    def _load_verified(self, step: int) -> dict[str, Any]:
+        path = self.root / step_dir_name(step) / STATE_FILE
+        try:
+            return torch.load(path, weights_only=True, map_location="cpu")
+        except Exception as exc:
+            raise CheckpointError(f"{path}: matches its manifest but cannot be loaded with weights_only=True: "
+                                  f"{_load_error_line(exc)}") from exc
 
     def _read_manifest(self, path: Path, step: int) -> tuple[dict[str, Any] | None, str]:
         try:
@@ -546,9 +484,8 @@ class CheckpointManager:
             return None, f"manifest format_version {manifest.get('format_version')!r} != {FORMAT_VERSION}"
         if manifest.get("step") != step:
             return None, f"manifest step {manifest.get('step')!r} != {step}"
-        for required in (METADATA_FILE, EXTRA_FILE):
-            if required not in manifest["files"]:
-                return None, f"manifest unreadable: {required} not listed"
+        if STATE_FILE not in manifest["files"]:
+            return None, f"manifest unreadable: {STATE_FILE} not listed"
         for name, entry in manifest["files"].items():
             if name in ("", ".", "..", MANIFEST_FILE) or "/" in name or os.sep in name:
                 return None, f"manifest unreadable: bad file name {name!r}"
@@ -572,7 +509,7 @@ class CheckpointManager:
             return
         doomed = self.root / f".deleting-step-{step}-{secrets.token_hex(4)}"
         os.rename(path, doomed)
-        fsync_dir(self.root)
+        _fsync_dir(self.root)
         _remove(doomed)
 
     def stored_steps(self) -> list[int]:
@@ -588,59 +525,6 @@ class CheckpointManager:
             if name.startswith(_LEFTOVER_PREFIXES):
                 logger.info("removing leftover %s", self.root / name)
                 _remove(self.root / name)
-
-
-def _sha256_or_error(path: Path) -> str:
-    try:
-        return sha256_file(path)
-    except OSError as exc:
-        return f"unreadable: {exc}"
-
-
-def _check_metadata(metadata: Metadata, files: Mapping[str, Mapping[str, Any]]) -> str:
-    """DCP's index against the manifest: every file it reads from is listed, every range inside it."""
-    for index, info in metadata.storage_data.items():
-        name = getattr(info, "relative_path", None)
-        if not isinstance(name, str) or name not in files:
-            return f".metadata: names {name!r} for {index.fqn}, which the manifest does not list"
-        if info.offset < 0 or info.offset + info.length > files[name]["bytes"]:
-            return f".metadata: {index.fqn} lies past the end of {name}"
-    shards = {name for name in files if name.endswith(".distcp")}
-    named = {info.relative_path for info in metadata.storage_data.values()}
-    if shards - named:
-        return f".metadata: does not name {sorted(shards - named)[0]}, which the manifest lists"
-    return ""
-
-
-def _check_shapes(metadata: Metadata, expected: Mapping[str, Any]) -> str:
-    """The checkpoint holds every entry of ``expected`` (a DCP state dict), tensors of the same
-    shape. A top-level key the checkpoint has nothing of (a GradScaler new in a fork) is let
-    through: it keeps its fresh state."""
-    flat, mappings = flatten_state_dict(dict(expected))
-    present = {key.split(".", 1)[0] for key in metadata.state_dict_metadata}
-    for key, value in flat.items():
-        saved = metadata.state_dict_metadata.get(key)
-        if saved is None:
-            if str(mappings[key][0]) not in present:
-                continue
-            return f"{key}: not in the checkpoint"
-        if isinstance(value, torch.Tensor):
-            if not isinstance(saved, TensorStorageMetadata):
-                return f"{key}: not a tensor in the checkpoint"
-            if tuple(saved.size) != tuple(value.shape):
-                return f"{key}: shape {list(saved.size)} in the checkpoint != {list(value.shape)} here"
-    return ""
-
-
-def _read_extra(path: Path) -> dict[str, Any]:
-    try:
-        extra = torch.load(path / EXTRA_FILE, weights_only=True, map_location="cpu")
-    except Exception as exc:
-        raise CheckpointError(f"{EXTRA_FILE}: cannot be loaded with weights_only=True: {_load_error_line(exc)}") \
-            from exc
-    if not isinstance(extra, dict):
-        raise CheckpointError(f"{EXTRA_FILE}: not a dict")
-    return extra
 
 
 def _load_error_line(exc: Exception) -> str:

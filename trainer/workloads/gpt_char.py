@@ -10,8 +10,7 @@ batches with no sampler state, and ``grad_accum`` micro-batches split the same w
 big batch would take.
 
 Parallelism: ``parallel.strategy = "ddp"`` (DistributedDataParallel) or ``"fsdp"`` (FSDP2:
-``fully_shard`` on each block, then the root; every rank saves its own shard of the checkpoint,
-and a checkpoint saved on N ranks resumes on M).
+``fully_shard`` on each block, then the root; checkpoints gather the full state to rank 0).
 """
 
 from __future__ import annotations
@@ -34,6 +33,7 @@ from torch.utils.checkpoint import checkpoint
 
 from db.config import RunConfig
 from trainer import techniques
+from trainer.checkpoint import Stateful
 from trainer.distributed import DistInfo
 from trainer.workloads import loop
 
@@ -208,6 +208,43 @@ def flops_per_token(model: GPT, n_layer: int, n_embd: int, block_size: int) -> f
 # -- parallelism ---------------------------------------------------------------------------------
 
 
+class FullModelState:
+    """An FSDP model's state as one full state dict, gathered to rank 0 on CPU (collective)."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+
+    def state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        set_model_state_dict(self.model, state_dict, options=StateDictOptions(full_state_dict=True))
+
+
+class FullOptimizerState:
+    """An FSDP optimizer's state keyed by parameter name, gathered to rank 0 on CPU (collective)."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer):
+        self.model = model
+        self.optimizer = optimizer
+
+    def state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        return get_optimizer_state_dict(self.model, self.optimizer,
+                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        set_optimizer_state_dict(self.model, self.optimizer, state_dict,
+                                 options=StateDictOptions(full_state_dict=True))
+
+
 def parallelize(model: GPT, config: RunConfig, info: DistInfo) -> tuple[nn.Module, nn.Module]:
     """Wrap the model for the strategy and compile it.
 
@@ -300,9 +337,9 @@ class GPTChar:
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint holds besides the step and the RNG states (the Run adds those): the
-        model, the optimizer (each rank saves its own shard: trainer/checkpoint/) and the fp16
+        model, the optimizer (under FSDP as full state dicts gathered to rank 0) and the fp16
         GradScaler. No data position: a step's batches depend on the step alone."""
-        state: dict[str, Any] = {"model": self.model, "optimizer": self.optimizer}
+        state: dict[str, Any] = {"model": self.model_state, "optimizer": self.optim_state}
         if self.scaler is not None:
             state["scaler"] = self.scaler
         return state
@@ -326,6 +363,9 @@ class GPTChar:
         self.runner, self.forward = parallelize(self.model, self.config, info)
         self.optimizer = techniques.build_optimizer(self.model, tc, info.device)
         self.scaler = techniques.grad_scaler(tc.precision, info.device)
+        fsdp = self.config.parallel.strategy == "fsdp"
+        self.model_state: Stateful = FullModelState(self.model) if fsdp else self.model
+        self.optim_state: Stateful = FullOptimizerState(self.model, self.optimizer) if fsdp else self.optimizer
         run.watch(self.runner)  # DDP: straggler and desync checks; FSDP: neither (sharded)
         self.step = run.load_checkpoint(self.state())
 
