@@ -34,6 +34,7 @@ import json
 import os
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
@@ -757,6 +758,38 @@ def _describe(err: ErrorDetails) -> list[str]:
 
 def _problems(exc: ValidationError) -> list[str]:
     return [problem for err in exc.errors() for problem in _describe(err)]
+
+
+def effective_batch_change(before: Mapping[str, Any], after: Mapping[str, Any]) -> str | None:
+    """What a fork (or a resume on other settings) changes in the samples per optimizer step.
+
+    Args:
+        before: The config the checkpoint was trained with, as plain data (``RunConfig.as_dict``).
+        after: The config that continues from it, the same way.
+
+    Returns:
+        A sentence when ranks x ``train.batch_size`` x ``train.grad_accum`` differ (with the
+        ``train.grad_accum`` that would keep it, when one does), else None. None for scripts,
+        whose batch runyard does not know.
+    """
+    def batch(config: Mapping[str, Any]) -> tuple[int, int, int]:
+        launch, train = config.get("launch") or {}, config.get("train") or {}
+        ranks = int(launch.get("nnodes", LaunchConfig().nnodes)) * int(launch.get("nproc_per_node",
+                                                                               LaunchConfig().nproc_per_node))
+        return ranks, int(train.get("batch_size", TrainConfig().batch_size)), int(train.get("grad_accum",
+                                                                                            TrainConfig().grad_accum))
+
+    if (after.get("workload") or {}).get("kind") == "script":
+        return None
+    (r0, b0, a0), (r1, b1, a1) = batch(before), batch(after)
+    old, new = r0 * b0 * a0, r1 * b1 * a1
+    if old == new:
+        return None
+    text = (f"the effective batch (ranks x train.batch_size x train.grad_accum) changes from {r0} x {b0} x {a0} "
+            f"= {old} to {r1} x {b1} x {a1} = {new} samples per step")
+    if old % (r1 * b1) == 0:
+        text += f"; train.grad_accum = {old // (r1 * b1)} would keep {old}"
+    return text
 
 
 def kind_problems(config: RunConfig) -> list[str]:

@@ -16,7 +16,16 @@ import streamlit as st
 
 from app import data, form, run_actions, style
 from app.fork_changes import config_changes, overrides_for
-from db.config import ConfigError, RunConfig, deep_merge, field_of, parse_config, parse_toml, plausibility_warnings
+from db.config import (
+    ConfigError,
+    RunConfig,
+    deep_merge,
+    effective_batch_change,
+    field_of,
+    parse_config,
+    parse_toml,
+    plausibility_warnings,
+)
 from db.requests import RequestRefused
 from orchestrator.format import estimate_text
 
@@ -90,6 +99,9 @@ def show_fork_changes(source: dict[str, Any], applied: dict[str, Any]) -> list[s
                 + "\n".join(f"- {style.plain(key)}: {style.plain(repr(old))} → {style.plain(repr(new))}"
                             for key, old, new in changes),
                 icon=":material/difference:")
+        note = effective_batch_change(source["config"], applied)
+        if note:
+            st.warning(style.plain(note[0].upper() + note[1:]), icon=":material/warning:")
     else:
         st.info(f"**No changes yet against run #{source['run']} at step {source['step']}**: change a value, then "
                 "press Update estimate (or Start) to see the changes listed here.", icon=":material/difference:")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -20,6 +21,9 @@ from orchestrator.cli.base import (
     open_sessions,
     resolve_ref,
 )
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session, sessionmaker
 
 
 @click.command(cls=RunyardCommand)
@@ -162,7 +166,22 @@ def fork(run: str, step: int | None, checkpoint_id: int | None, overrides: tuple
         sys.exit(EXIT_USAGE)
     except RequestRefused as exc:
         fail(str(exc))
-    click.echo(json.dumps({"id": new_id, "parent": parent}) if as_json else str(new_id))
+    note = fork_batch_note(sessions, parent, new_id)
+    if note:
+        click.echo(f"note: {note}", err=True)
+    click.echo(json.dumps({"id": new_id, "parent": parent, "note": note}) if as_json else str(new_id))
+
+
+def fork_batch_note(sessions: sessionmaker[Session], parent: int, child: int) -> str | None:
+    """The effective-batch change of a fork (another number of ranks, batch or accumulation)."""
+    from db.config import effective_batch_change
+    from db.models import Run
+
+    with sessions() as session:
+        before, after = session.get(Run, parent), session.get(Run, child)
+        if before is None or after is None:
+            return None
+        return effective_batch_change(json.loads(before.config_json), json.loads(after.config_json))
 
 
 @click.command(cls=RunyardCommand)

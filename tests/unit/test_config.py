@@ -211,3 +211,18 @@ def test_a_check_across_fields_does_not_judge_a_default_in_place_of_a_wrong_valu
     with pytest.raises(ConfigError) as exc:
         parse_config({"workload": {"kind": "gpt-char", "n_embd": 102, "n_head": "three"}})  # 102 % 4 (the default)
     assert len(exc.value.problems) == 1 and exc.value.problems[0].startswith("workload.n_head = 'three'")
+
+
+def test_effective_batch_change_names_the_numbers_and_the_accumulation_that_keeps_it() -> None:
+    from db.config import effective_batch_change
+
+    parent = RunConfig().as_dict()
+    assert effective_batch_change(parent, parent) is None
+    halved = RunConfig.model_validate({"launch": {"nproc_per_node": 1}}).as_dict()
+    note = effective_batch_change(parent, halved)
+    assert note == ("the effective batch (ranks x train.batch_size x train.grad_accum) changes from 2 x 64 x 1 = 128 "
+                    "to 1 x 64 x 1 = 64 samples per step; train.grad_accum = 2 would keep 128")
+    kept = RunConfig.model_validate({"launch": {"nproc_per_node": 1}, "train": {"grad_accum": 2}}).as_dict()
+    assert effective_batch_change(parent, kept) is None
+    odd = RunConfig.model_validate({"launch": {"nproc_per_node": 3}}).as_dict()
+    assert effective_batch_change(parent, odd).endswith("= 192 samples per step")  # type: ignore[union-attr]
