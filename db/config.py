@@ -227,10 +227,24 @@ class WorkloadConfig(_Section):
     """The checkpoint files the script writes itself, relative to `workdir` (e.g.
     `out/ckpt.pt`, `snapshot.pt`, `checkpoints/*.pt`): runyard lists them with size, time and
     sha256 (a file rewritten in place is a new version; the one it replaced is marked
-    overwritten), at the step the script had reported when it saved, and the next attempt (a
+    overwritten), at the step it holds (below), and the next attempt (a
     retry, a resume, a fork) gets the chosen one, checked to be still that version, as
     `RUNYARD_RESUME_PATH`, at its place under `workdir`, with `resume_args`. Pinning one copies
-    it into the run's folder. With it, a plain script can be paused (kind = "script")."""
+    it into the run's folder. With it, a plain script can be paused (kind = "script").
+    A pattern may match folders (Hugging Face's `hf_out/checkpoint-*`): each folder is one
+    checkpoint (its files' total size, a digest over them, copied whole when pinned). The step of
+    each is the one it holds: `trainer_state.json`'s `global_step`, a `torch.save` dict's
+    `global_step` (Lightning), `iter_num` (nanoGPT), `step` or `iteration` (read without running
+    any of its code), else a number in its name (`checkpoint-350`, `epoch=3-step=300.ckpt`,
+    `ckpt_000350.pt`), else the step the script had reported when it saved."""
+
+    checkpoint_step_key: str | None = Field(
+        default=None, min_length=1, max_length=100, title="Step key in checkpoints",
+        json_schema_extra={"kinds": ["script"]},
+    )
+    """The top-level key of the script's `torch.save` dict that holds its step, when it is none of
+    `global_step`, `iter_num`, `step`, `iteration` (e.g. `STEPS_RUN`); needs `checkpoint_glob`
+    (kind = "script")."""
 
     resume_args: tuple[str, ...] = Field(
         default=(), strict=False, title="Resume arguments",
@@ -291,6 +305,9 @@ class WorkloadConfig(_Section):
                 if field_kinds(type(self), name) == ["script"] and getattr(self, name) != info.get_default(
                         call_default_factory=True):
                     raise ValueError(f"workload.{name} is only for kind = 'script' (kind is {self.kind!r})")
+        if self.checkpoint_step_key and not self.checkpoint_glob:
+            raise ValueError(f"workload.checkpoint_step_key = {self.checkpoint_step_key!r} needs "
+                             "workload.checkpoint_glob (the files it is read from)")
         if self.resume_args and not self.checkpoint_glob:
             raise ValueError(f"workload.resume_args = {list(self.resume_args)!r} needs workload.checkpoint_glob "
                              "(the files a resume starts from)")

@@ -111,7 +111,9 @@ class ScriptWatch:
                 tensorboard_dirs=[workload.tensorboard_dir] if workload.tensorboard_dir else None,
                 since=attempt.started_at,
             )
-            files = CheckpointFiles(workdir, [workload.checkpoint_glob]) if workload.checkpoint_glob else None
+            files = (CheckpointFiles(workdir, [workload.checkpoint_glob],
+                                     step_keys=[workload.checkpoint_step_key] if workload.checkpoint_step_key else ())
+                     if workload.checkpoint_glob else None)
             watched = self._attempts[key] = _Watched(collector, files)
         return watched
 

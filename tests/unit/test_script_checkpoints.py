@@ -482,3 +482,36 @@ def test_a_pause_while_the_script_rewrites_its_file_says_the_next_recorded_versi
         s.rollback()
         write(ckpt, b"b" * 50, time.time())  # being written: not recorded yet
         assert "is being rewritten" in request_cancel(s, run_id, mode="pause")
+
+
+def test_a_checkpoint_folder_holds_its_own_step_is_pinned_whole_and_put_back(
+        sessions: sessionmaker[Session], settings: Settings, workdir: Path) -> None:
+    from orchestrator.scripts.checkpoint_finder import CheckpointFiles
+
+    run_id = script_run(sessions, settings, workdir, checkpoint_glob="hf_out/checkpoint-*")
+    folder = workdir / "hf_out" / "checkpoint-350"
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(b"w" * 300)
+    (folder / "trainer_state.json").write_text('{"global_step": 350}')
+    finder = CheckpointFiles(workdir, ["hf_out/checkpoint-*"])
+    with sessions() as s:
+        run = s.get(Run, run_id)
+        attempt = add_attempt(s, run_id, 1, last_step=None)
+        report(s, attempt, 360, time.time())  # the script went on after saving
+        for _ in range(2):
+            record_versions(s, run, attempt, finder.scan())
+        s.commit()
+        (row,) = rows(s, run_id)
+        assert (row.step, row.bytes, row.verified, row.sha256) == (350, 300 + 20, True, sha256_of(folder))
+        set_pinned(s, run_id, 0, True, checkpoint_id=row.id)
+        s.commit()
+        assert Path(row.path).is_dir() and Path(row.path) != folder and sha256_of(row.path) == row.sha256
+        for f in folder.iterdir():  # the Trainer's save_total_limit removed it
+            f.unlink()
+        folder.rmdir()
+        attempt.status = AttemptStatus.FAILED.value
+        s.commit()
+        chosen = resume_point(s, run, 2)
+        s.commit()
+    assert chosen is not None and (chosen.path, chosen.step) == (str(folder), 350)
+    assert (folder / "model.safetensors").read_bytes() == b"w" * 300
