@@ -52,7 +52,7 @@ _ATTEMPT_COLUMNS = (
     Attempt.run_id, Attempt.number, Attempt.started_at, Attempt.ended_at, Attempt.first_step_at, Attempt.last_step,
     Attempt.resume_step, Attempt.cause, Attempt.job_id, Attempt.job_state,
 )
-ETA_POINTS = ETA_WINDOW  # rank 0's newest loss points the ETA is projected from
+ETA_POINTS = ETA_WINDOW  # rank 0's newest points of its progress metric the ETA is projected from
 
 # A row of any columns (typing.Unpack is Python 3.11+; typing_extensions comes with pydantic); a run
 # as _run_summary reads it: an ORM Run, or a row of _RUN_COLUMNS.
@@ -88,10 +88,11 @@ def _run_summaries(session: Session, runs: Sequence[RunLike], now: float) -> lis
             .group_by(Checkpoint.run_id, Checkpoint.attempt)
         )
         written = {(run_id, attempt): at for run_id, attempt, at in rows}
-    # Only a run that is still going has an ETA to project, from its newest attempt's rank 0.
+    # Only a run that is still going has an ETA to project, from its newest attempt's rank 0: the
+    # steps of its loss, or of whatever metric it reports (metricstore.progress_key).
     live = [(r.id, attempts[r.id][-1].number, 0) for r in runs
             if attempts[r.id] and RunStatus(r.status) not in TERMINAL]
-    points = metricstore.recent_many(session, "loss", live, limit=ETA_POINTS)
+    points = metricstore.recent_progress(session, live, limit=ETA_POINTS)
     return [
         _run_summary(r, attempts[r.id], written,
                      points.get((r.id, attempts[r.id][-1].number, 0), []) if attempts[r.id] else [], now)
