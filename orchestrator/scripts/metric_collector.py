@@ -182,8 +182,10 @@ class AttemptCollector:
         """What is new since the last call.
 
         Args:
-            final: The attempt has ended: read every log to its end, unfinished last lines too
-                (still at most ``max_bytes`` per call; ``behind`` says when to call again).
+            final: The attempt has ended: search for log and event files again (a file created in
+                the ranks' last second, after the previous search, counts too) and read every one
+                to its end, unfinished last lines too (still at most ``max_bytes`` per call and
+                ``max_events`` events; ``behind`` says when to call again).
         """
         if final:
             self._scanned_at = None
@@ -214,7 +216,7 @@ class AttemptCollector:
         if self._tensorboard_missing:
             problems.append(self._tensorboard_missing)
         if self._events is not None:
-            events = self._events.poll()
+            events = self._events.poll(final=final)
             samples.extend(events)
             behind |= self._events.behind
             if self._events.newest_step is not None:
