@@ -493,8 +493,10 @@ class Scheduler:
         if status is RunStatus.CANCELLING:
             self._stop(session, run, attempt, config.supervision.grace_s)
         elif not executor.queued(attempt):
-            watchdog.check(session, run, attempt, config.supervision, script=config.workload.kind == "script",
-                           dumps=self.dumps, executor=executor)
+            script = config.workload.kind == "script"
+            output_at = self.scripts.output_at(run.id, attempt.number) if script else None
+            watchdog.check(session, run, attempt, config.supervision, script=script, dumps=self.dumps,
+                           executor=executor, output_at=output_at)
         if run.dump_requested_at is not None:
             watchdog.serve_dump_request(session, run, attempt, self.dumps, executor)
 

@@ -44,6 +44,9 @@ UNMATCHED_EVENT = "checkpoint-glob"
 # What the hang watchdog watches (attempts.watching).
 WATCH_STEPS = "steps"
 WATCH_OUTPUT = "output"
+# Steps, and while they pause, the script's output (set by the hang watchdog the first time output
+# kept an attempt that reports steps from being judged hung: orchestrator/scheduler/watchdog.py).
+WATCH_STEPS_OR_OUTPUT = "steps-or-output"
 # The ranks' pids are looked up this often until all are known (an event file's rank).
 PIDS_EVERY_S = 5.0
 # The final read of an ended attempt's logs: at most this many bounded reads.
@@ -75,6 +78,9 @@ def watching_words(watching: str | None, script: bool) -> str:
     """What the hang watchdog watches, in words, for the Run page and ``runyard show``."""
     if watching == WATCH_STEPS:
         return "completed steps (a hang is no new step for supervision.hang_timeout_s)"
+    if watching == WATCH_STEPS_OR_OUTPUT:
+        return ("completed steps, and while they pause the script's output (its ranks' stdout and stderr and "
+                "TensorBoard event files): a hang is neither for supervision.hang_timeout_s")
     if watching == WATCH_OUTPUT:
         return ("the script's output: its ranks' stdout and stderr and TensorBoard event files (a hang is no new "
                 "output for supervision.hang_timeout_s)")
@@ -216,6 +222,12 @@ class ScriptWatch:
         session.add(Event(run_id=run.id, attempt=attempt.number, at=time.time(), level="warning",
                           kind=UNMATCHED_EVENT, message=message))
 
+    def output_at(self, run_id: int, attempt: int) -> float | None:
+        """When the attempt's ranks last wrote output (stdout, stderr, event files), as far as
+        the reads so far saw; None when it is not watched or wrote none."""
+        watched = self._attempts.get((run_id, attempt))
+        return watched.collector.activity().last_at if watched is not None else None
+
     def forget(self, run_id: int, attempt: int) -> None:
         """Drop an attempt's collector: the next tick reads its logs from the start (the metric
         store keeps a point's first value) and looks at its files afresh."""
@@ -257,6 +269,8 @@ class ScriptWatch:
             watched.output_at = activity.last_at
         watching = (WATCH_STEPS if attempt.first_step_at is not None
                     else WATCH_OUTPUT if attempt.progress_at is not None else None)
+        if watching == WATCH_STEPS and attempt.watching == WATCH_STEPS_OR_OUTPUT:
+            watching = WATCH_STEPS_OR_OUTPUT  # the watchdog's choice stays
         if watching != attempt.watching:
             attempt.watching = watching
             if watching is not None:
