@@ -177,10 +177,11 @@ class WorkloadConfig(_Section):
 
     script: str | None = Field(default=None, json_schema_extra={"kinds": ["script"]})
     """Path of the training script to launch under torchrun (kind = "script"); a relative path
-    is resolved against the directory `runyard submit` runs in. It may import `trainer` to report
-    metrics and checkpoints (see examples/). Submitted from the UI, it must lie under the
-    allowed roots (`RUNYARD_SCRIPT_ROOTS`, else the folder `runyard up` started in and the data
-    folder), resolved after symlinks."""
+    is resolved against the directory `runyard submit` runs in. It needs no change: runyard reads
+    its printed lines, TensorBoard files, wandb calls and checkpoint files (docs/SCRIPTS.md); `import
+    runyard` (the SDK) adds per-rank metrics and checkpoints of runyard's own. Submitted from the
+    UI, it must lie under the allowed roots (`RUNYARD_SCRIPT_ROOTS`, else the folder `runyard up`
+    started in and the data folder), resolved after symlinks."""
 
     module: str | None = Field(
         default=None, max_length=200, pattern=MODULE_PATTERN, title="Module (python -m)",
