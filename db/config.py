@@ -268,6 +268,17 @@ class WorkloadConfig(_Section):
     `step` and `value`, matched against each line the ranks print (`[workload.stdout_metrics]`,
     `loss = 'iter (?P<step>\\d+): loss (?P<value>[\\d.]+)'`; kind = "script")."""
 
+    stop_signal: Literal["SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2"] = Field(
+        default="SIGTERM", title="Stop signal", json_schema_extra={"kinds": ["script"]})
+    """The signal a pause or a cancel sends the script's ranks first; SIGKILL follows after
+    `supervision.grace_s` (kind = "script"). Pick the one the script stops cleanly on:
+    SIGTERM for runyard's SDK and for a script with its own handler; SIGINT for Lightning outside
+    Slurm (its graceful shutdown on KeyboardInterrupt, which `OnExceptionCheckpoint` turns into
+    a checkpoint; its SIGTERM handler only sets a flag) and for a script that catches
+    KeyboardInterrupt; none saves a Hugging Face `Trainer`, nanoGPT or the DDP tutorial (they
+    resume from their last periodic save). SIGTERM, SIGINT and SIGHUP go to torchrun's agent too,
+    which passes them on; SIGUSR1 and SIGUSR2 go to the ranks alone. Local executor only."""
+
     text: str | None = Field(default=None, title="Text file", json_schema_extra={"kinds": ["gpt-char"]})
     """Text file to train gpt-char on (default: the Python standard library's sources): a
     readable regular file of at most 256 MiB, read as UTF-8 (every rank holds it in memory); a
@@ -676,6 +687,9 @@ class RunConfig(_Section):
             raise ValueError(f"parallel.strategy = 'fsdp' is supported by gpt-char, not {kind!r}")
         if self.parallel.strategy == "fsdp" and self.train.precision == "fp16":
             raise ValueError("train.precision = 'fp16' with parallel.strategy = 'fsdp' is not supported; use 'bf16'")
+        if self.launch.executor == "slurm" and self.workload.stop_signal != "SIGTERM":
+            raise ValueError(f"workload.stop_signal = {self.workload.stop_signal!r} is for launch.executor = 'local'; "
+                             "on Slurm a pause or cancel sends SIGTERM (scancel --signal=TERM)")
         if self.launch.executor != "slurm" and self.slurm != SlurmConfig():
             changed = sorted(self.slurm.model_dump(exclude_defaults=True))
             raise ValueError(f"slurm.{changed[0]} is set but launch.executor = {self.launch.executor!r}: the [slurm] "

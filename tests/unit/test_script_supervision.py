@@ -219,3 +219,36 @@ def test_a_glob_that_matches_after_a_save_is_not_said_and_after_long_training_it
         s.commit()
     (said,) = warnings(sessions, run_id)
     assert "has matched nothing" in said and "after 62 min of training" in said
+
+
+def test_a_script_that_ignores_sigterm_stops_on_the_signal_it_chose(
+        sessions: sessionmaker[Session], settings: Settings, tmp_path: Path) -> None:
+    """Lightning outside Slurm: SIGTERM only sets a flag. With workload.stop_signal = 'SIGINT' a
+    cancel reaches it at once, not after supervision.grace_s and a SIGKILL."""
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    (workdir / "train.py").write_text("print('hi')\n")
+    config = parse_config({"name": "stubborn", "workload": {"kind": "script", "script": str(workdir / "train.py"),
+                                                            "workdir": str(workdir), "stop_signal": "SIGINT"},
+                           "supervision": {"grace_s": 60}})
+    run_id = submit(sessions, settings, config, CPU2)
+    scheduler = make_scheduler(sessions, settings)
+    tick_until(scheduler, lambda: (run_id, 1) in scheduler.scripts.live())  # launched and watched
+    time.sleep(1.0)  # the fake script is up and ignores SIGTERM
+    with sessions() as s:
+        request_cancel(s, run_id)
+        s.commit()
+    started = time.monotonic()
+    tick_until(scheduler, lambda: status(sessions, run_id) == "CANCELLED", timeout=20)
+    assert time.monotonic() - started < 15  # far under grace_s
+    (attempt,) = attempts(sessions, run_id)
+    assert attempt.signal_sent == "SIGINT"
+    with sessions() as s:
+        said = [e.message for e in s.scalars(select(Event).where(Event.run_id == run_id, Event.kind == "signal"))]
+    assert said == ["cancel: SIGINT sent; the ranks checkpoint and exit; SIGKILL in 60 s if still running"]
+
+
+def test_a_stop_signal_other_than_sigterm_is_refused_on_slurm() -> None:
+    with pytest.raises(ValueError, match=r"workload\.stop_signal = 'SIGINT' is for launch\.executor = 'local'"):
+        parse_config({"workload": {"kind": "script", "script": "t.py", "stop_signal": "SIGINT"},
+                      "launch": {"executor": "slurm"}})
