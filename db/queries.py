@@ -109,6 +109,10 @@ def _run_summary(run: RunLike, attempts: list[AnyRow], written: dict[tuple[int, 
     # before the run was resumed from an earlier checkpoint).
     step = (attempts[-1].last_step or attempts[-1].resume_step or 0) if attempts else 0
     status = RunStatus(run.status)
+    if status is RunStatus.SUCCEEDED and run.max_steps and abs(step - run.max_steps) == 1:
+        # Done, by a script that numbers its steps from 0 (Lightning's last logged step 2999 of
+        # 3000) or runs its loop to max_steps inclusive (nanoGPT's 1501 of 1500): shown as complete.
+        step = run.max_steps
     eta: float | None
     estimate: Eta | None = None
     if status is RunStatus.SUCCEEDED:

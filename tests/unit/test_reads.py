@@ -46,6 +46,8 @@ def reference_summary(session: Session, run: Run, now: float) -> dict[str, Any]:
     ).scalars().all()
     step = (attempts[-1].last_step or attempts[-1].resume_step or 0) if attempts else 0
     status = RunStatus(run.status)
+    if status is RunStatus.SUCCEEDED and run.max_steps and abs(step - run.max_steps) == 1:
+        step = run.max_steps
     eta: float | None
     estimate = None
     if status is RunStatus.SUCCEEDED:
@@ -207,6 +209,23 @@ def test_the_eta_of_a_run_without_loss_comes_from_the_metric_it_reports(
         detail = queries.run_detail(s, run.id)
     # 800 steps to go at 0.5 s a step.
     assert listed["eta_s"] == detail["eta_s"] == pytest.approx(400, rel=0.05)
+
+
+@pytest.mark.parametrize(("last_step", "shown"), [(2999, 3000), (3001, 3000), (3000, 3000), (2990, 2990)])
+def test_a_succeeded_run_one_step_off_its_total_shows_complete(
+        settings: Settings, sessions: sessionmaker[Session], last_step: int, shown: int) -> None:
+    """Lightning's last logged step is 2999 of 3000 (steps from 0); nanoGPT runs to 1500
+    inclusive (1501 of 1500): done is done. A script that stopped early stays as it stopped."""
+    with sessions() as s:
+        run = create_run(s, RunConfig.model_validate({"name": "pl", "train": {"max_steps": 3000}}),
+                         settings.runs_dir, Price(usd_per_hour=1.0, unit="cpu-hour"))
+        for to in ("STARTING", "RUNNING", "SUCCEEDED"):
+            transition(s, run.id, RunStatus(to), "t")
+        s.add(Attempt(run_id=run.id, number=1, status="SUCCEEDED", dir="/tmp/a", started_at=1.0, ended_at=2.0,
+                      last_step=last_step))
+        s.commit()
+        detail = queries.run_detail(s, run.id)
+    assert detail["step"] == shown and detail["attempts"][0]["last_step"] == last_step
 
 
 # --- runyard logs --follow ---------------------------------------------------------------------
