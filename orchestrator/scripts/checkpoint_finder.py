@@ -107,15 +107,21 @@ class CheckpointFiles:
         self.looks = 0  # how many scans ran
 
     def _matches(self) -> list[Path]:
+        """The files and folders the patterns match inside the workdir. A pattern that ends in
+        ``**`` matches files only (as it always did: ``out/**`` is every file under ``out/``, not
+        ``out/`` as one checkpoint); a match inside a matched folder is part of that folder."""
         found: set[Path] = set()
         for pattern in self.patterns:
+            folders = Path(pattern).name != "**"
             for i, name in enumerate(glob.iglob(str(self.workdir / pattern), recursive=True)):
                 if i >= MAX_MATCHES:
                     break
                 path = Path(name)
-                if (path.is_file() or path.is_dir()) and path.resolve().is_relative_to(self.workdir):
+                wanted = path.is_file() or (folders and path.is_dir() and path != self.workdir)
+                if wanted and path.resolve().is_relative_to(self.workdir):
                     found.add(path)
-        return sorted(found)
+        dirs = {p for p in found if p.is_dir()}
+        return sorted(p for p in found if not any(parent in dirs for parent in p.parents))
 
     def scan(self) -> list[CheckpointFile]:
         """Look at the files again; hash the stable ones (within the budget). Returns every

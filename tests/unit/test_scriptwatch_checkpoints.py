@@ -154,3 +154,13 @@ def test_an_empty_folder_is_not_a_checkpoint_yet(tmp_path: Path) -> None:
     (tmp_path / "hf_out" / "checkpoint-5").mkdir(parents=True)
     files = CheckpointFiles(tmp_path, ["hf_out/checkpoint-*"])
     assert files.scan() == [] and files.scan() == []
+
+
+def test_a_pattern_ending_in_stars_matches_files_and_a_folder_swallows_its_files(tmp_path: Path) -> None:
+    for name in ("out/a.pt", "out/sub/b.pt", "hf/checkpoint-5/model.bin", "hf/checkpoint-5/state.json"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"x")
+    names = [f.path.relative_to(tmp_path).as_posix() for f in CheckpointFiles(tmp_path, ["out/**"]).scan()]
+    assert sorted(names) == ["out/a.pt", "out/sub/b.pt"]  # files, as before: not out/ as one checkpoint
+    both = CheckpointFiles(tmp_path, ["hf/checkpoint-*", "hf/**/*.bin"]).scan()
+    assert [(f.path.name, f.folder) for f in both] == [("checkpoint-5", True)]
