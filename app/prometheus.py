@@ -131,10 +131,11 @@ class RunyardCollector(Collector):
                 .where(Attempt.run_id.in_(ids)).order_by(Attempt.run_id, Attempt.number)
             ):
                 attempts[a.run_id].append(a)
-        # The pace the ETA projects with: rank 0's newest loss points of a live run's newest attempt.
+        # The pace the ETA projects with: rank 0's newest points of a live run's newest attempt (its
+        # loss, or the metric it reports: metricstore.progress_key).
         live = [(r.id, attempts[r.id][-1].number, 0) for r in runs
                 if attempts[r.id] and RunStatus(r.status) not in TERMINAL]
-        points = metricstore.recent_many(session, "loss", live, limit=queries.ETA_POINTS)
+        points = metricstore.recent_progress(session, live, limit=queries.ETA_POINTS)
         pace = {key[0]: recent_pace([(int(s), float(t)) for s, _, t in pts]) for key, pts in points.items()}
         goodput = {r.id: queries.goodput(session, r, queries.attempts_of(session, r.id), now) for r in runs}
         counts = dict(session.execute(select(Run.status, func.count()).group_by(Run.status)).all())

@@ -195,10 +195,11 @@ class WorkloadConfig(_Section):
 
     script: str | None = Field(default=None, json_schema_extra={"kinds": ["script"]})
     """Path of the training script to launch under torchrun (kind = "script"); a relative path
-    is resolved against the directory `runyard submit` runs in. It may import `trainer` to report
-    metrics and checkpoints (see examples/). Submitted from the UI, it must lie under the
-    allowed roots (`RUNYARD_SCRIPT_ROOTS`, else the folder `runyard up` started in and the data
-    folder), resolved after symlinks."""
+    is resolved against the directory `runyard submit` runs in. It needs no change: runyard reads
+    its printed lines, TensorBoard files, wandb calls and checkpoint files (docs/SCRIPTS.md); `import
+    runyard` (the SDK) adds per-rank metrics and checkpoints of runyard's own. Submitted from the
+    UI, it must lie under the allowed roots (`RUNYARD_SCRIPT_ROOTS`, else the folder `runyard up`
+    started in and the data folder), resolved after symlinks."""
 
     module: str | None = Field(
         default=None, max_length=200, pattern=MODULE_PATTERN, title="Module (python -m)",
@@ -245,10 +246,24 @@ class WorkloadConfig(_Section):
     """The checkpoint files the script writes itself, relative to `workdir` (e.g.
     `out/ckpt.pt`, `snapshot.pt`, `checkpoints/*.pt`): runyard lists them with size, time and
     sha256 (a file rewritten in place is a new version; the one it replaced is marked
-    overwritten), at the step the script had reported when it saved, and the next attempt (a
+    overwritten), at the step it holds (below), and the next attempt (a
     retry, a resume, a fork) gets the chosen one, checked to be still that version, as
     `RUNYARD_RESUME_PATH`, at its place under `workdir`, with `resume_args`. Pinning one copies
-    it into the run's folder. With it, a plain script can be paused (kind = "script")."""
+    it into the run's folder. With it, a plain script can be paused (kind = "script").
+    A pattern may match folders (Hugging Face's `hf_out/checkpoint-*`): each folder is one
+    checkpoint (its files' total size, a digest over them, copied whole when pinned). The step of
+    each is the one it holds: `trainer_state.json`'s `global_step`, a `torch.save` dict's
+    `global_step` (Lightning), `iter_num` (nanoGPT), `step` or `iteration` (read without running
+    any of its code), else a number in its name (`checkpoint-350`, `epoch=3-step=300.ckpt`,
+    `ckpt_000350.pt`), else the step the script had reported when it saved."""
+
+    checkpoint_step_key: str | None = Field(
+        default=None, min_length=1, max_length=100, title="Step key in checkpoints",
+        json_schema_extra={"kinds": ["script"]},
+    )
+    """The top-level key of the script's `torch.save` dict that holds its step, when it is none of
+    `global_step`, `iter_num`, `step`, `iteration` (e.g. `STEPS_RUN`); needs `checkpoint_glob`
+    (kind = "script")."""
 
     resume_args: tuple[str, ...] = Field(
         default=(), strict=False, title="Resume arguments",
@@ -270,6 +285,17 @@ class WorkloadConfig(_Section):
     """For a script that only prints: metric name -> regular expression with the named groups
     `step` and `value`, matched against each line the ranks print (`[workload.stdout_metrics]`,
     `loss = 'iter (?P<step>\\d+): loss (?P<value>[\\d.]+)'`; kind = "script")."""
+
+    stop_signal: Literal["SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2"] = Field(
+        default="SIGTERM", title="Stop signal", json_schema_extra={"kinds": ["script"]})
+    """The signal a pause or a cancel sends the script's ranks first; SIGKILL follows after
+    `supervision.grace_s` (kind = "script"). Pick the one the script stops cleanly on:
+    SIGTERM for runyard's SDK and for a script with its own handler; SIGINT for Lightning outside
+    Slurm (its graceful shutdown on KeyboardInterrupt, which `OnExceptionCheckpoint` turns into
+    a checkpoint; its SIGTERM handler only sets a flag) and for a script that catches
+    KeyboardInterrupt; none saves a Hugging Face `Trainer`, nanoGPT or the DDP tutorial (they
+    resume from their last periodic save). SIGTERM, SIGINT and SIGHUP go to torchrun's agent too,
+    which passes them on; SIGUSR1 and SIGUSR2 go to the ranks alone. Local executor only."""
 
     text: str | None = Field(default=None, title="Text file", json_schema_extra={"kinds": ["gpt-char"]})
     """Text file to train gpt-char on (default: the Python standard library's sources): a
@@ -316,6 +342,9 @@ def workload_problems(w: WorkloadConfig) -> list[str]:
             if field_kinds(type(w), name) == ["script"] and getattr(w, name) != info.get_default(
                     call_default_factory=True):
                 problems.append(f"workload.{name} is only for kind = 'script' (kind is {w.kind!r})")
+    if w.checkpoint_step_key and not w.checkpoint_glob:
+        problems.append(f"workload.checkpoint_step_key = {w.checkpoint_step_key!r} needs "
+                        "workload.checkpoint_glob (the files it is read from)")
     if w.resume_args and not w.checkpoint_glob:
         problems.append(f"workload.resume_args = {list(w.resume_args)!r} needs workload.checkpoint_glob "
                         "(the files a resume starts from)")
@@ -724,6 +753,9 @@ def compatibility_problems(c: RunConfig) -> list[str]:
         problems.append(f"parallel.strategy = 'fsdp' is supported by gpt-char, not {kind!r}")
     if c.parallel.strategy == "fsdp" and c.train.precision == "fp16":
         problems.append("train.precision = 'fp16' with parallel.strategy = 'fsdp' is not supported; use 'bf16'")
+    if c.launch.executor == "slurm" and c.workload.stop_signal != "SIGTERM":
+        problems.append(f"workload.stop_signal = {c.workload.stop_signal!r} is for launch.executor = 'local'; "
+                        "on Slurm a pause or cancel sends SIGTERM (scancel --signal=TERM)")
     if c.launch.executor != "slurm" and c.slurm != SlurmConfig():
         changed = sorted(c.slurm.model_dump(exclude_defaults=True))
         problems.append(f"slurm.{changed[0]} is set but launch.executor = {c.launch.executor!r}: the [slurm] "

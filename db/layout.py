@@ -58,6 +58,9 @@ CHECKPOINTS_DIR = "checkpoints"
 SUPERSEDED_DIR = "superseded"
 SCRIPT_COPIES_DIR = "script"
 ATTEMPTS_DIR = "attempts"
+# The wandb stand-in's step counter per rank, kept across attempts (orchestrator/scripts/shims/wandb
+# spells it too, as STATE_DIR: it runs in the script's interpreter, without runyard).
+WANDB_SHIM_DIR = "wandb-shim"
 
 # -- a checkpoint's folder -------------------------------------------------------------------
 STATE_FILE = "state.pt"

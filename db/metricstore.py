@@ -75,7 +75,11 @@ from db.metricrollups import (
 from db.models import MetricName, MetricPoint, MetricRollup
 
 __all__ = ["BASE", "LEVELS", "MetricStoreError", "Series", "choose_level", "iter_rows", "latest", "metric_keys",
-           "recent", "recent_many", "series", "totals", "write_points"]
+           "progress_key", "progress_keys", "recent", "recent_many", "recent_progress", "series", "totals",
+           "write_points"]
+
+# The metric whose steps pace a run (its ETA) when it has one; else its busiest metric (progress_key).
+PROGRESS_KEY = "loss"
 
 # Where write_points keeps name -> id, and its compiled SQL, on the DBAPI connection
 # (Connection.info), so that they live as long as the connection and no longer.
@@ -507,6 +511,61 @@ def recent_many(session: Session, key: str, series_keys: Sequence[tuple[int, int
                 points.append((step, _nan(value), wall))
     for points in out.values():
         points.sort(key=lambda p: p[0], reverse=True)  # a UNION keeps no order of its parts' rows
+    return out
+
+
+def progress_key(session: Session, run_id: int, attempt: int, rank: int = 0) -> str | None:
+    """The metric whose steps show one series' progress (see :func:`progress_keys`)."""
+    return progress_keys(session, [(run_id, attempt, rank)])[(run_id, attempt, rank)]
+
+
+def progress_keys(session: Session, series_keys: Sequence[tuple[int, int, int]]
+                  ) -> dict[tuple[int, int, int], str | None]:
+    """For each (run, attempt, rank), the metric whose steps show its progress: ``loss`` when it
+    has points there, else the metric that reached the largest step (then the one with the most
+    points, then the first name): a script's ``train/loss``, ``train_loss`` or ``batch_size``,
+    whatever it is called; None without points. One statement over the coarsest rollups (a few
+    rows per series and metric), an index seek per metric name."""
+    out: dict[tuple[int, int, int], str | None] = {k: None for k in series_keys}
+    if not out:
+        return out
+    R, N = MetricRollup, MetricName
+    # name_id IN (every name) lets SQLite seek the primary key (run, name, level, attempt) per name
+    # instead of reading every level of a run's rollups.
+    grouped = (
+        select(R.run_id, R.attempt, R.rank, R.name_id, func.max(R.last_step).label("last"),
+               func.sum(R.count).label("count"))
+        .where(R.run_id.in_(sorted({k[0] for k in out})), R.name_id.in_(select(N.id)), R.level == LEVELS,
+               R.attempt.in_(sorted({k[1] for k in out})), R.rank.in_(sorted({k[2] for k in out})))
+        .group_by(R.run_id, R.attempt, R.rank, R.name_id)
+    ).subquery()
+    rows = session.execute(
+        select(grouped.c.run_id, grouped.c.attempt, grouped.c.rank, N.name, grouped.c.last, grouped.c.count)
+        .join(N, N.id == grouped.c.name_id)
+    ).all()
+    found: dict[tuple[int, int, int], list[tuple[str, int, int]]] = {}
+    for run_id, attempt, rank, name, last, count in rows:
+        if (run_id, attempt, rank) in out:
+            found.setdefault((run_id, attempt, rank), []).append((name, int(last), int(count or 0)))
+    for key, metrics in found.items():
+        names = {name for name, _, _ in metrics}
+        out[key] = PROGRESS_KEY if PROGRESS_KEY in names else min(metrics, key=lambda m: (-m[1], -m[2], m[0]))[0]
+    return out
+
+
+def recent_progress(session: Session, series_keys: Sequence[tuple[int, int, int]], *,
+                    limit: int) -> dict[tuple[int, int, int], list[tuple[int, float, float]]]:
+    """What :func:`recent_many` gives, of each series' :func:`progress_keys` metric (``loss``
+    for all that have it, in one read; the others' metric found in one more): the points an ETA
+    projects from, whatever a script calls its metrics."""
+    out = recent_many(session, PROGRESS_KEY, series_keys, limit=limit)
+    missing = [k for k, points in out.items() if not points]
+    others: dict[str, list[tuple[int, int, int]]] = {}
+    for key, name in (progress_keys(session, missing).items() if missing else ()):
+        if name is not None and name != PROGRESS_KEY:
+            others.setdefault(name, []).append(key)
+    for name, keys in others.items():
+        out.update(recent_many(session, name, keys, limit=limit))
     return out
 
 

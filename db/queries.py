@@ -53,7 +53,7 @@ _ATTEMPT_COLUMNS = (
     Attempt.run_id, Attempt.number, Attempt.started_at, Attempt.ended_at, Attempt.first_step_at, Attempt.last_step,
     Attempt.resume_step, Attempt.cause, Attempt.job_id, Attempt.job_state,
 )
-ETA_POINTS = ETA_WINDOW  # rank 0's newest loss points the ETA is projected from
+ETA_POINTS = ETA_WINDOW  # rank 0's newest points of its progress metric the ETA is projected from
 
 # A row of any columns (typing.Unpack is Python 3.11+; typing_extensions comes with pydantic); a run
 # as _run_summary reads it: an ORM Run, or a row of _RUN_COLUMNS.
@@ -89,11 +89,12 @@ def _run_summaries(session: Session, runs: Sequence[RunLike], now: float) -> lis
             .group_by(Checkpoint.run_id, Checkpoint.attempt)
         )
         written = {(run_id, attempt): at for run_id, attempt, at in rows}
-    # Only a run that is still going has an ETA to project, from its newest attempt's rank 0; a
-    # run queued to resume has none until its new attempt trains (its old pace ended elsewhere).
+    # Only a run that is still going has an ETA to project, from its newest attempt's rank 0 (the
+    # steps of its loss, or of whatever metric it reports: metricstore.progress_key); a run queued
+    # to resume has none until its new attempt trains (its old pace ended elsewhere).
     live = [(r.id, attempts[r.id][-1].number, 0) for r in runs
             if attempts[r.id] and RunStatus(r.status) not in TERMINAL and RunStatus(r.status) is not RunStatus.QUEUED]
-    points = metricstore.recent_many(session, "loss", live, limit=ETA_POINTS)
+    points = metricstore.recent_progress(session, live, limit=ETA_POINTS)
     # A run queued to resume from a checkpoint is at that checkpoint's step, not where it stopped.
     resumes = {r.resume_checkpoint_id for r in runs if r.resume_checkpoint_id is not None}
     resume_steps: dict[int, int] = dict(session.execute(
@@ -141,6 +142,10 @@ def _run_summary(run: RunLike, attempts: list[AnyRow], written: dict[tuple[int, 
     (newest first), and the step of the checkpoint a pending resume starts from."""
     status = RunStatus(run.status)
     step = lineage_step(status, attempts, resume_step, run.parent_step)
+    if status is RunStatus.SUCCEEDED and run.max_steps and abs(step - run.max_steps) == 1:
+        # Done, by a script that numbers its steps from 0 (Lightning's last logged step 2999 of
+        # 3000) or runs its loop to max_steps inclusive (nanoGPT's 1501 of 1500): shown as complete.
+        step = run.max_steps
     eta: float | None
     estimate: Eta | None = None
     if status is RunStatus.SUCCEEDED:

@@ -51,6 +51,11 @@ class SignalSent(str, enum.Enum):
 
     SIGTERM = "SIGTERM"  # the ranks finish the step, checkpoint and exit
     SIGKILL = "SIGKILL"  # after the grace period, or for a hang
+    # A script's own stop signal instead of SIGTERM (workload.stop_signal): the graceful stop too.
+    SIGINT = "SIGINT"
+    SIGHUP = "SIGHUP"
+    SIGUSR1 = "SIGUSR1"
+    SIGUSR2 = "SIGUSR2"
 
     def __str__(self) -> str:
         return self.value

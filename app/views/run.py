@@ -105,7 +105,7 @@ def header(d: dict) -> None:
     if where := where_text(d["config"], d["attempts"][-1] if d["attempts"] else None):
         st.caption(style.plain(where))
     st.progress(d["progress"], text=f"step {step_text(d['step'], d['max_steps'], ' / ')}")
-    facts = script_facts(d["config"], d["attempts"])
+    facts = script_facts(d["config"], d["attempts"], d["checkpoints"])
     if facts:
         # Paths and the watchdog's sentence escaped: a path may hold characters Markdown would read.
         st.caption(" · ".join(f"**{label.capitalize()}**: {style.plain(text)}" for label, text in facts))

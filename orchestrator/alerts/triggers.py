@@ -325,7 +325,9 @@ class Evaluator:
         return out
 
     def _points(self, run_id: int, attempt: int, newest: bool) -> list[tuple[int, float]]:
-        name_id = self.session.scalar(select(MetricName.id).where(MetricName.name == "loss"))
+        """(step, wall time) of rank 0's loss, or of the metric the run reports (progress_key)."""
+        key = metricstore.progress_key(self.session, run_id, attempt)
+        name_id = self.session.scalar(select(MetricName.id).where(MetricName.name == key)) if key else None
         if name_id is None:
             return []
         P = MetricPoint

@@ -150,7 +150,7 @@ def _print_detail(d: dict[str, Any]) -> None:
         click.echo(f"  {starting}")
     if where := where_text(d["config"], d["attempts"][-1] if d["attempts"] else None):
         click.echo(f"  {where}")
-    for label, text in script_facts(d["config"], d["attempts"]):
+    for label, text in script_facts(d["config"], d["attempts"], d["checkpoints"]):
         click.echo(f"  {label}: {text}")
     click.echo("  attempts:")
     for a in d["attempts"]:

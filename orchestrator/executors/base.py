@@ -111,8 +111,9 @@ class Executor(Protocol):
         ...
 
     def terminate(self, run: Run, attempt: Attempt) -> bool:
-        """SIGTERM to every rank (they checkpoint and exit); False when nothing could be reached
-        yet (launched a moment ago): the caller tries again on the next tick."""
+        """SIGTERM (a script's ``workload.stop_signal``) to every rank (they checkpoint and exit);
+        False when nothing could be reached yet (launched a moment ago): the caller tries again on
+        the next tick."""
         ...
 
     def kill(self, run: Run, attempt: Attempt) -> None:

@@ -8,6 +8,7 @@ nodes is one torchrun agent per node, all on this machine under one shim (orches
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -17,9 +18,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
+import psutil
 from sqlalchemy.orm import Session
 
-from db.config import RunConfig
+from db.config import RunConfig, config_from_json
 from db.models import Attempt, Run
 from orchestrator.executors.base import LaunchRequest, Liveness, Observation
 from orchestrator.executors.launcher import launch, torchrun_argv
@@ -27,6 +29,15 @@ from orchestrator.executors.processes import end_processes, is_alive, rank_proce
 from orchestrator.executors.stacks import StackDump, dump_stacks
 from orchestrator.executors.sweeper import Sweeper
 from trainer import faults
+
+# The stop signals torchrun's agent handles by passing them on to its ranks (it dies of others).
+AGENT_PASSES_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def stop_signal(run: Run) -> signal.Signals:
+    """The signal a pause or a cancel sends first: a script's ``workload.stop_signal``, else SIGTERM."""
+    workload = config_from_json(run.config_json).workload
+    return signal.Signals[workload.stop_signal] if workload.kind == "script" else signal.SIGTERM
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +113,16 @@ class LocalExecutor:
         return False  # started at once
 
     def terminate(self, run: Run, attempt: Attempt) -> bool:
-        return bool(signal_attempt(run.run_dir, attempt.number, attempt.pid, attempt.pid_create_time, signal.SIGTERM))
+        sig = stop_signal(run)
+        if sig in AGENT_PASSES_ON:
+            return bool(signal_attempt(run.run_dir, attempt.number, attempt.pid, attempt.pid_create_time, sig))
+        # torchrun's agent would die of it (and take its ranks down unsaved): the ranks alone.
+        sent = 0
+        for proc in rank_processes(run.run_dir, attempt.number, attempt.pid, attempt.pid_create_time):
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(sig)
+                sent += 1
+        return bool(sent)
 
     def kill(self, run: Run, attempt: Attempt) -> None:
         signal_attempt(run.run_dir, attempt.number, attempt.pid, attempt.pid_create_time, signal.SIGKILL)

@@ -229,13 +229,16 @@ def _faulthandler(procs: dict[int, psutil.Process], folder: Path) -> tuple[dict[
     return stopped, {rank: _new_text(folder / f"rank-{rank}.txt", offsets[rank]) for rank in procs}
 
 
-def _py_spy(py_spy: str, procs: dict[int, psutil.Process], folder: Path) -> dict[int, str]:
-    """``py-spy dump`` of every rank at once; each is ended after PY_SPY_TIMEOUT_S."""
+def _py_spy(py_spy: str, procs: dict[int, psutil.Process], folder: Path,
+            stopped: set[int] | frozenset[int] = frozenset()) -> dict[int, str]:
+    """``py-spy dump`` of every rank at once; each is ended after PY_SPY_TIMEOUT_S. A rank in
+    ``stopped`` (SIGSTOP, state T) is read with ``--nonblocking``: py-spy would try to suspend
+    it and fail ("Failed to suspend process"), and a stopped process's memory holds still anyway."""
     running: dict[int, tuple[psutil.Process, subprocess.Popen]] = {}
     for rank, proc in procs.items():
+        argv = [py_spy, "dump", *(["--nonblocking"] if rank in stopped else []), "--pid", str(proc.pid)]
         try:
-            running[rank] = (proc, subprocess.Popen([py_spy, "dump", "--pid", str(proc.pid)], stdout=subprocess.PIPE,
-                                                    stderr=subprocess.STDOUT, text=True))
+            running[rank] = (proc, subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
         except OSError as exc:
             logger.warning("py-spy dump of %d could not start: %s", proc.pid, exc)
     deadline = time.monotonic() + PY_SPY_TIMEOUT_S
@@ -279,7 +282,7 @@ def dump_stacks(
         except psutil.Error:
             stopped[rank] = False
     py_spy = py_spy_path()
-    spied = _py_spy(py_spy, procs, folder) if py_spy and procs else {}
+    spied = _py_spy(py_spy, procs, folder, {r for r, was in stopped.items() if was}) if py_spy and procs else {}
     notes: dict[int, str] = {}
     for rank in unhandled:
         if py_spy is None:

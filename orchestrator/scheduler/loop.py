@@ -57,7 +57,7 @@ from db.states import (
 from orchestrator import OrchestratorError
 from orchestrator.executors.base import Executor, ExecutorError, LaunchRequest, Liveness, executor_for
 from orchestrator.executors.launcher import free_port, rank_env, torchrun_argv
-from orchestrator.executors.local import CommandFactory, LocalExecutor
+from orchestrator.executors.local import CommandFactory, LocalExecutor, stop_signal
 from orchestrator.executors.stacks import StackDumps
 from orchestrator.scheduler import watchdog
 from orchestrator.scheduler.admission import Admission, current_attempt
@@ -503,8 +503,10 @@ class Scheduler:
         if status in STOPPING:
             self._stop(session, run, attempt, config.supervision.grace_s)
         elif not executor.queued(attempt):
-            watchdog.check(session, run, attempt, config.supervision, script=config.workload.kind == "script",
-                           dumps=self.dumps, executor=executor)
+            script = config.workload.kind == "script"
+            output_at = self.scripts.output_at(run.id, attempt.number) if script else None
+            watchdog.check(session, run, attempt, config.supervision, script=script, dumps=self.dumps,
+                           executor=executor, output_at=output_at)
         if run.dump_requested_at is not None:
             watchdog.serve_dump_request(session, run, attempt, self.dumps, executor)
 
@@ -524,7 +526,8 @@ class Scheduler:
         settle(session, run, attempt, exited)
 
     def _stop(self, session: Session, run: Run, attempt: Attempt, grace_s: float) -> None:
-        """Cancel or pause: SIGTERM (the ranks finish the step and checkpoint), SIGKILL after grace."""
+        """Cancel or pause: SIGTERM, or a script's ``workload.stop_signal`` (the ranks finish the
+        step and checkpoint), SIGKILL after grace."""
         now = time.time()
         executor = self.executor_of(attempt)
         if attempt.signal_sent is None:
@@ -533,17 +536,24 @@ class Scheduler:
             executor.end_older(run, attempt)
             if not executor.terminate(run, attempt):
                 return  # launched a moment ago and torchrun is not up yet: try again next tick
-            attempt.signal_sent, attempt.signal_sent_at = SignalSent.SIGTERM.value, now
+            sent = graceful_signal(run)
+            attempt.signal_sent, attempt.signal_sent_at = sent.value, now
             attempt.stop_reason = StopReason(run.stop_mode or StopReason.CANCEL).value
             session.add(Event(run_id=run.id, attempt=attempt.number, at=now, kind="signal",
-                              message=f"{attempt.stop_reason}: SIGTERM sent; the ranks checkpoint and exit; "
+                              message=f"{attempt.stop_reason}: {sent.value} sent; the ranks checkpoint and exit; "
                                       f"SIGKILL in {grace_s:.0f} s if still running"))
-        elif attempt.signal_sent == SignalSent.SIGTERM and now - (attempt.signal_sent_at or now) > grace_s:
+        elif attempt.signal_sent != SignalSent.SIGKILL and now - (attempt.signal_sent_at or now) > grace_s:
             executor.kill(run, attempt)
             executor.end_older(run, attempt)
+            first = attempt.signal_sent
             attempt.signal_sent, attempt.signal_sent_at = SignalSent.SIGKILL.value, now
             session.add(Event(run_id=run.id, attempt=attempt.number, at=now, level="warning", kind="signal",
-                              message=f"still running {grace_s:.0f} s after SIGTERM: SIGKILL sent"))
+                              message=f"still running {grace_s:.0f} s after {first}: SIGKILL sent"))
+
+
+def graceful_signal(run: Run) -> SignalSent:
+    """The first signal of a pause or a cancel, as recorded on the attempt."""
+    return SignalSent(stop_signal(run).name)
 
 
 def acquire_lock(home: Path) -> FileLock:

@@ -20,7 +20,7 @@ from db.causes import Cause
 from db.config import RunConfig, config_from_json, deep_merge
 from db.layout import AttemptPaths
 from db.models import Attempt, Checkpoint, Event, Run
-from db.states import STOPPING, AttemptStatus, RunStatus, StopReason, attempt_transition, transition
+from db.states import STOPPING, AttemptStatus, RunStatus, SignalSent, StopReason, attempt_transition, transition
 from orchestrator.executors.slurm.executor import cancelled_in_slurm
 from orchestrator.scheduler.failures import (
     Failure,
@@ -121,6 +121,11 @@ def settle(session: Session, run: Run, attempt: Attempt, exited: dict | None, no
         ckpt = (f"last checkpoint at step {attempt.last_checkpoint_step}" if attempt.last_checkpoint_step
                 else "no checkpoint")
         how = "with a checkpoint" if stopped else f"killed with {attempt.signal_sent or 'a signal'}"
+        if stopped and code and attempt.signal_sent not in (None, SignalSent.SIGKILL):
+            # The ranks checkpointed and stopped as asked; torchrun's agent, which got the same
+            # signal, answers it with a non-zero exit of its own: not the ranks' failure.
+            how += f"; torchrun's exit {code} was its answer to the {attempt.signal_sent}"
+            attempt.exit_code = 0
         if mode is StopReason.PAUSE:
             attempt.reason = f"paused at step {attempt.last_step or 0} ({how}); {ckpt}; Resume continues from it"
         else:

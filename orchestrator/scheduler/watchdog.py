@@ -19,6 +19,7 @@ from db.config import SupervisionConfig
 from db.models import Attempt, Event, Run
 from db.states import AttemptPhase, SignalSent, StopReason
 from orchestrator.executors.stacks import StackDump, StackDumps, stack_frames
+from orchestrator.scripts.attempt_watch import WATCH_STEPS_OR_OUTPUT, watching_words
 
 if TYPE_CHECKING:
     from orchestrator.executors.base import Executor
@@ -57,12 +58,14 @@ def hang_threshold_s(session: Session, run_id: int, attempt: int, config: Superv
 
 
 def check(session: Session, run: Run, attempt: Attempt, config: SupervisionConfig, script: bool,
-          dumps: StackDumps, executor: Executor, now: float | None = None) -> None:
+          dumps: StackDumps, executor: Executor, now: float | None = None, output_at: float | None = None) -> None:
     """Call for a live attempt on every tick: detects a hang, starts the stack dump, and kills
     once the dump is done (or has run out of time).
 
     ``script``: the run is the user's own script, which may never report a step. ``executor``:
-    the one that runs the attempt (it takes the stacks and kills).
+    the one that runs the attempt (it takes the stacks and kills). ``output_at``: when a script's
+    ranks last wrote output; a script that reports a step once an epoch but prints meanwhile is
+    alive while its output keeps coming (said once, in a ``watch`` event).
     """
     now = time.time() if now is None else now
     if attempt.hang_detected_at is None:
@@ -83,10 +86,14 @@ def check(session: Session, run: Run, attempt: Attempt, config: SupervisionConfi
             threshold = hang_threshold_s(session, run.id, attempt.number, config)
         if now - since <= threshold:
             return
+        if script and attempt.first_step_at is not None and output_at is not None and now - output_at <= threshold:
+            _output_is_life(session, run, attempt, now - since, now - output_at, threshold, now)
+            return
         dumps.start(hang_key(run.id, attempt.number), executor.stack_dump(run, attempt))
         attempt.hang_detected_at = now
         attempt.stop_reason = StopReason.HANG.value
-        what = ("no step completed" if attempt.first_step_at else
+        what = ("no step completed and no output" if attempt.first_step_at and script else
+                "no step completed" if attempt.first_step_at else
                 "no output from the script (stdout, stderr, event files)" if script else "no first step")
         session.add(Event(run_id=run.id, attempt=attempt.number, at=now, level="error", kind="hang",
                           message=f"hang: {what} for {now - since:.0f} s (threshold {threshold:.0f} s) after step "
@@ -106,6 +113,20 @@ def check(session: Session, run: Run, attempt: Attempt, config: SupervisionConfi
         _record_dump(session, run, attempt, result, now)
         executor.kill(run, attempt)
         attempt.signal_sent, attempt.signal_sent_at = SignalSent.SIGKILL.value, now
+
+
+def _output_is_life(session: Session, run: Run, attempt: Attempt, no_step_s: float, output_s: float,
+                    threshold: float, now: float) -> None:
+    """The first time a script's output keeps an attempt that reports steps from being judged
+    hung: say so, and watch steps-or-output from now on (orchestrator/scripts/attempt_watch.py)."""
+    if attempt.watching == WATCH_STEPS_OR_OUTPUT:
+        return
+    attempt.watching = WATCH_STEPS_OR_OUTPUT
+    watches = watching_words(WATCH_STEPS_OR_OUTPUT, True)
+    session.add(Event(run_id=run.id, attempt=attempt.number, at=now, kind="watch",
+                      message=f"no step completed for {no_step_s:.0f} s (threshold {threshold:.0f} s) after step "
+                              f"{attempt.last_step or 0}, but the script wrote output {output_s:.0f} s ago: counted as "
+                              f"life, not a hang; the hang watchdog now watches {watches}"))
 
 
 def hang_evidence_kept(session: Session, run: Run, attempt: Attempt, dumps: StackDumps,

@@ -9,7 +9,10 @@ One module per job:
 - ``metric_collector``: one object per attempt that the scheduler polls, and ``write`` into the
   metric store;
 - ``checkpoint_finder``: finds the script's own checkpoint files on disk (the config's glob),
-  with their size, time and sha256;
+  with their size, time and sha256 (a matched folder is one checkpoint);
+- ``checkpoint_steps``: the step a checkpoint holds, where its framework records it (Hugging
+  Face's ``trainer_state.json``, a ``torch.save`` dict read by an unpickler that runs nothing,
+  numbers in names);
 - ``checkpoint_custody``: records each version of those files as a checkpoint row, pins it, and
   hands the right one to the next attempt (the file-level checks it uses, a version still being
   the one recorded and a verified copy, are db/file_versions.py, shared with the SDK);

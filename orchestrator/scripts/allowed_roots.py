@@ -73,7 +73,9 @@ INERT_FIELDS: dict[str, str] = {
     "workload.resume_args": "like args",
     "workload.stdout_metrics": "regular expressions over printed lines (checked for their groups)",
     "workload.max_steps": _NUMBER_OR_CHOICE,
+    "workload.stop_signal": _NUMBER_OR_CHOICE,
     "checkpoint.best_metric": "a metric name; compared only",
+    "workload.checkpoint_step_key": "a dict key looked up in the checkpoint files checkpoint_glob found; names no file",
     **dict.fromkeys((
         "workload.hidden", "workload.n_layer", "workload.n_head", "workload.n_embd", "workload.block_size",
         "launch.executor", "launch.nnodes", "launch.nproc_per_node", "launch.backend",

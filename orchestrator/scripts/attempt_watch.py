@@ -31,17 +31,22 @@ from sqlalchemy.orm import Session
 
 from db.config import RunConfig
 from db.models import Attempt, Event, Run
-from db.requests import workdir_of
+from db.requests import SCRIPT_SOURCE, workdir_of
 from orchestrator.executors.processes import rank_processes
 from orchestrator.scripts.checkpoint_custody import record_versions
-from orchestrator.scripts.checkpoint_finder import CheckpointFiles
+from orchestrator.scripts.checkpoint_finder import CheckpointFile, CheckpointFiles
 from orchestrator.scripts.metric_collector import AttemptCollector, Collected, write
 
 logger = logging.getLogger(__name__)
 
+# The event that says the checkpoint glob matched nothing.
+UNMATCHED_EVENT = "checkpoint-glob"
 # What the hang watchdog watches (attempts.watching).
 WATCH_STEPS = "steps"
 WATCH_OUTPUT = "output"
+# Steps, and while they pause, the script's output (set by the hang watchdog the first time output
+# kept an attempt that reports steps from being judged hung: orchestrator/scheduler/watchdog.py).
+WATCH_STEPS_OR_OUTPUT = "steps-or-output"
 # The ranks' pids are looked up this often until all are known (an event file's rank).
 PIDS_EVERY_S = 5.0
 # The final read of an ended attempt's logs: at most this many bounded reads.
@@ -50,6 +55,10 @@ FINAL_READS = 64
 # two looks, to completion (nothing writes it any more).
 FINAL_LOOKS = 16
 FINAL_HASH_BUDGET = 1 << 62
+# A checkpoint_glob that has matched nothing is said (once an attempt) this long after the script
+# printed that it saved one (the file may follow its message), or after this long of training.
+SAVED_GRACE_S = 30.0
+NOTHING_MATCHED_AFTER_S = 600.0
 
 
 @dataclass
@@ -59,12 +68,19 @@ class _Watched:
     pids_at: float = 0.0
     pids_known: bool = False
     output_at: float | None = None  # the output time last written as the attempt's progress
+    saved: tuple[int, str] | None = None  # (rank, line): the last printed line that says it saved
+    saved_at: float | None = None  # when that line was read (monotonic)
+    matched: bool = False  # the checkpoint glob has matched something in this attempt
+    unmatched_said: bool = False
 
 
 def watching_words(watching: str | None, script: bool) -> str:
     """What the hang watchdog watches, in words, for the Run page and ``runyard show``."""
     if watching == WATCH_STEPS:
         return "completed steps (a hang is no new step for supervision.hang_timeout_s)"
+    if watching == WATCH_STEPS_OR_OUTPUT:
+        return ("completed steps, and while they pause the script's output (its ranks' stdout and stderr and "
+                "TensorBoard event files): a hang is neither for supervision.hang_timeout_s")
     if watching == WATCH_OUTPUT:
         return ("the script's output: its ranks' stdout and stderr and TensorBoard event files (a hang is no new "
                 "output for supervision.hang_timeout_s)")
@@ -73,14 +89,17 @@ def watching_words(watching: str | None, script: bool) -> str:
     return "the first step (start-up: supervision.startup_timeout_s)"
 
 
-def script_facts(config: dict[str, Any], attempts: list[dict[str, Any]]) -> list[tuple[str, str]]:
+def script_facts(config: dict[str, Any], attempts: list[dict[str, Any]],
+                 checkpoints: list[dict[str, Any]] | None = None) -> list[tuple[str, str]]:
     """How a script run runs, as (label, text) pairs for the Run page and ``runyard show``: its
-    working directory, its interpreter when it is not runyard's, and what the hang watchdog of
-    its newest attempt watches. Empty for the built-in workloads.
+    working directory, its interpreter when it is not runyard's, what the hang watchdog of its
+    newest attempt watches, and what its ``checkpoint_glob`` has found. Empty for the built-in
+    workloads.
 
     Args:
         config: The run's config as stored (``run_detail``'s ``config``).
         attempts: The run's attempts, oldest first (``run_detail``'s ``attempts``).
+        checkpoints: The run's checkpoints (``run_detail``'s ``checkpoints``); None: not said.
     """
     workload = config.get("workload", {})
     if workload.get("kind") != "script":
@@ -90,14 +109,33 @@ def script_facts(config: dict[str, Any], attempts: list[dict[str, Any]]) -> list
         facts.append(("python", str(workload["python"])))
     if attempts:
         facts.append(("hang watchdog watches", watching_words(attempts[-1].get("watching"), True)))
+    glob = workload.get("checkpoint_glob")
+    if glob and attempts and checkpoints is not None:
+        found = [c for c in checkpoints if c.get("source") == SCRIPT_SOURCE]
+        if not found:
+            facts.append(("checkpoint files", f"{glob!r} has matched nothing yet: no checkpoint of the script's own "
+                                              "to resume from (the events say more)"))
+        else:
+            newest = max(found, key=lambda c: (c["file_mtime"] or 0, c["id"]))
+            facts.append(("checkpoint files", f"{glob!r}: {len(found)} version(s) recorded, the newest at step "
+                                              f"{newest['step']}"))
     return facts
 
 
 class ScriptWatch:
-    """The scheduler's collectors, one per live attempt of a script run."""
+    """The scheduler's collectors, one per live attempt of a script run.
 
-    def __init__(self) -> None:
+    Args:
+        saved_grace_s: How long after a printed "saved" line a glob that matched nothing is said.
+        nothing_matched_after_s: How long of training (since the first step) before a glob that
+            matched nothing is said.
+    """
+
+    def __init__(self, saved_grace_s: float = SAVED_GRACE_S,
+                 nothing_matched_after_s: float = NOTHING_MATCHED_AFTER_S) -> None:
         self._attempts: dict[tuple[int, int], _Watched] = {}
+        self.saved_grace_s = saved_grace_s
+        self.nothing_matched_after_s = nothing_matched_after_s
 
     def _watched(self, run: Run, attempt: Attempt, config: RunConfig) -> _Watched:
         key = (run.id, attempt.number)
@@ -111,7 +149,9 @@ class ScriptWatch:
                 tensorboard_dirs=[workload.tensorboard_dir] if workload.tensorboard_dir else None,
                 since=attempt.started_at,
             )
-            files = CheckpointFiles(workdir, [workload.checkpoint_glob]) if workload.checkpoint_glob else None
+            files = (CheckpointFiles(workdir, [workload.checkpoint_glob],
+                                     step_keys=[workload.checkpoint_step_key] if workload.checkpoint_step_key else ())
+                     if workload.checkpoint_glob else None)
             watched = self._attempts[key] = _Watched(collector, files)
         return watched
 
@@ -131,6 +171,7 @@ class ScriptWatch:
         self._store(session, run, attempt, config, collected, watched)
         if files is not None:
             record_versions(session, run, attempt, files)
+            self._unmatched(session, run, attempt, config, watched, files, final=False)
 
     def finish(self, session: Session, run: Run, attempt: Attempt, config: RunConfig) -> None:
         """The attempt ended: read its logs to the end, store the rest, and forget it."""
@@ -152,7 +193,40 @@ class ScriptWatch:
             self._store(session, run, attempt, config, collected, watched)
         if files is not None:
             record_versions(session, run, attempt, files)
+            self._unmatched(session, run, attempt, config, watched, files, final=True)
         self.forget(run.id, attempt.number)
+
+    def _unmatched(self, session: Session, run: Run, attempt: Attempt, config: RunConfig, watched: _Watched,
+                   files: list[CheckpointFile], final: bool) -> None:
+        """Say, once an attempt, that ``checkpoint_glob`` matched nothing although the script
+        printed that it saved (after :attr:`saved_grace_s`, or at its end), or after
+        :attr:`nothing_matched_after_s` of training."""
+        watched.matched |= bool(files)
+        if watched.matched or watched.unmatched_said:
+            return
+        why = None
+        if watched.saved is not None and watched.saved_at is not None and (
+                final or time.monotonic() - watched.saved_at >= self.saved_grace_s):
+            why = f"although rank {watched.saved[0]} printed {watched.saved[1]!r}"
+        elif attempt.first_step_at is not None and (
+                time.time() - attempt.first_step_at >= self.nothing_matched_after_s):
+            why = f"after {(time.time() - attempt.first_step_at) / 60:.0f} min of training"
+        if why is None:
+            return
+        watched.unmatched_said = True
+        message = (f"workload.checkpoint_glob = {config.workload.checkpoint_glob!r} has matched nothing under "
+                   f"{workdir_of(run, config)} {why}: runyard records none of the script's checkpoints, so a retry "
+                   "or a resume cannot start from one. Check the pattern against where the script saves (a folder "
+                   "is matched too: 'hf_out/checkpoint-*' for Hugging Face's checkpoint-350/)")
+        logger.warning("run %d attempt %d: %s", run.id, attempt.number, message)
+        session.add(Event(run_id=run.id, attempt=attempt.number, at=time.time(), level="warning",
+                          kind=UNMATCHED_EVENT, message=message))
+
+    def output_at(self, run_id: int, attempt: int) -> float | None:
+        """When the attempt's ranks last wrote output (stdout, stderr, event files), as far as
+        the reads so far saw; None when it is not watched or wrote none."""
+        watched = self._attempts.get((run_id, attempt))
+        return watched.collector.activity().last_at if watched is not None else None
 
     def forget(self, run_id: int, attempt: int) -> None:
         """Drop an attempt's collector: the next tick reads its logs from the start (the metric
@@ -181,6 +255,8 @@ class ScriptWatch:
         """Store what one read found. A quiet tick (no point, no new output) writes nothing: the
         attempt row was loaded this tick, and it is read back only after this writes to it."""
         activity = collected.activity
+        if collected.saved is not None:
+            watched.saved, watched.saved_at = collected.saved, time.monotonic()
         if collected.points:
             write(session, run.id, attempt.number, collected.points)
             session.flush()
@@ -193,6 +269,8 @@ class ScriptWatch:
             watched.output_at = activity.last_at
         watching = (WATCH_STEPS if attempt.first_step_at is not None
                     else WATCH_OUTPUT if attempt.progress_at is not None else None)
+        if watching == WATCH_STEPS and attempt.watching == WATCH_STEPS_OR_OUTPUT:
+            watching = WATCH_STEPS_OR_OUTPUT  # the watchdog's choice stays
         if watching != attempt.watching:
             attempt.watching = watching
             if watching is not None:

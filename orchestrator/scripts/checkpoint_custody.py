@@ -9,12 +9,18 @@ row, and the row of the version it replaced is marked deleted ("overwritten by t
 unless it was pinned (a pinned version's bytes were copied into the run's folder, out of the
 script's reach).
 
-The step of a version: the newest step the attempt had reported (through the SDK, ``RUNYARD``
-lines, ``stdout_metrics`` or TensorBoard) at the file's modification time, i.e. the steps the
-script had completed when it saved; a printed line's time is when runyard read it (within a
-tick), so the step may lag the truth by the steps of a tick, never lead it. A file older than the
-attempt, or written before any step was reported, gets the step the attempt started from (0
-from scratch). Steps lost by a failed attempt count from it, and a resume from it says so.
+The step of a version: the step the checkpoint itself holds, where its framework records it
+(Hugging Face's ``trainer_state.json``, Lightning's ``global_step``, nanoGPT's ``iter_num``, a
+number in its name: orchestrator/scripts/checkpoint_steps.py). Else the newest step the attempt
+had reported (through the SDK, ``RUNYARD`` lines, ``stdout_metrics`` or TensorBoard) at the
+file's modification time, i.e. the steps the script had completed when it saved; a printed line's
+time is when runyard read it (within a tick), so that step may lag the truth by the steps of a
+tick, never lead it. A file older than the attempt, or written before any step was reported,
+then gets the step the attempt started from (0 from scratch). Steps lost by a failed attempt
+count from it, and a resume from it says so.
+
+A checkpoint folder (a glob that matches folders) is one version, handled like a file
+(db/file_versions.py: its size, time and digest over its files; copied whole when pinned).
 
 Before an attempt starts from such a version, :func:`resume_point` checks that the file is still
 that version (its size and modification time), falls back to the newest intact recorded version
@@ -172,7 +178,8 @@ def record_versions(session: Session, run: Run, attempt: Attempt, files: Sequenc
                    else f"{PREEXISTING} (written at {_clock(f.mtime)}, before its first attempt began at "
                         f"{_clock(run_started)}): not chosen automatically" if f.mtime < run_started else None)
         session.add(Checkpoint(
-            run_id=run.id, attempt=attempt.number, step=version_step(session, attempt, f.mtime), path=str(f.path),
+            run_id=run.id, attempt=attempt.number, path=str(f.path),
+            step=f.step if f.step is not None else version_step(session, attempt, f.mtime),
             origin=str(f.path), bytes=f.size, sha256=f.sha256 or "", params_digest="", metrics_json="{}",
             blocked_s=0.0, total_s=0.0, created_at=now, verified=f.sha256 is not None and refused != TRUNCATED,
             pinned=False, deleted=False, source=SCRIPT, file_mtime=f.mtime, refused_reason=refused,

@@ -7,6 +7,14 @@ a row (``torch.save`` writes in place, so a file that is still growing must not 
 checkpoint). Hashing is incremental, a bounded number of bytes per :meth:`CheckpointFiles.scan`,
 and its result is kept by (path, size, mtime): a 10 GB checkpoint is hashed once, not every
 tick. A file that changes while it is hashed starts over.
+
+A match that is a folder (Hugging Face's ``hf_out/checkpoint-350/``) is one checkpoint: its size
+is the sum of its files', its time its newest file's, and it is stable when neither nor the number
+of its files changed between two looks; its sha256 is ``db.file_versions.folder_digest`` over its
+files' own, each hashed as above.
+
+Each stable version's step is read from the checkpoint itself once
+(orchestrator/scripts/checkpoint_steps.py), here, before the scheduler's transaction writes.
 """
 
 from __future__ import annotations
@@ -19,7 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from db.config import relative_path_problem
+from db.file_versions import folder_digest, folder_files
 from orchestrator.scripts import ScriptWatchError
+from orchestrator.scripts.checkpoint_steps import step_in_checkpoint
 
 GLOB_FIELD = "workload.checkpoint_glob"
 MAX_MATCHES = 1000  # files one pattern may match; more is a pattern that is too wide
@@ -48,6 +58,8 @@ class CheckpointFile:
         mtime: Modification time (seconds since the epoch).
         sha256: Hex digest, once the file was stable and fully hashed; None before.
         stable: Unchanged since the previous look.
+        step: The step the checkpoint itself holds (read once it is stable), or None.
+        folder: Whether it is a folder of files (one checkpoint).
     """
 
     path: Path
@@ -55,6 +67,8 @@ class CheckpointFile:
     mtime: float
     sha256: str | None
     stable: bool
+    step: int | None = None
+    folder: bool = False
 
 
 @dataclass
@@ -76,7 +90,8 @@ class CheckpointFiles:
         hash_budget: The most bytes one :meth:`scan` hashes, over all files.
     """
 
-    def __init__(self, workdir: Path, patterns: Sequence[str], hash_budget: int = 256 << 20):
+    def __init__(self, workdir: Path, patterns: Sequence[str], hash_budget: int = 256 << 20,
+                 step_keys: Sequence[str] = ()):
         problems = [p for p in (check_glob(x) for x in patterns) if p]
         if problems:
             raise CheckpointGlobError("; ".join(problems))
@@ -87,41 +102,104 @@ class CheckpointFiles:
         self._hashing: dict[Path, _Hashing] = {}
         self._done: dict[tuple[Path, int, int, int], str] = {}  # (path, size, mtime_ns, inode) -> sha256
         self._files: list[CheckpointFile] = []
+        self._steps: dict[tuple[Path, int, int, int], int | None] = {}  # a stable version's own step
+        self.step_keys = tuple(step_keys)
+        self.looks = 0  # how many scans ran
 
     def _matches(self) -> list[Path]:
+        """The files and folders the patterns match inside the workdir. A pattern that ends in
+        ``**`` matches files only (as it always did: ``out/**`` is every file under ``out/``, not
+        ``out/`` as one checkpoint); a match inside a matched folder is part of that folder."""
         found: set[Path] = set()
         for pattern in self.patterns:
+            folders = Path(pattern).name != "**"
             for i, name in enumerate(glob.iglob(str(self.workdir / pattern), recursive=True)):
                 if i >= MAX_MATCHES:
                     break
                 path = Path(name)
-                if path.is_file() and path.resolve().is_relative_to(self.workdir):
+                wanted = path.is_file() or (folders and path.is_dir() and path != self.workdir)
+                if wanted and path.resolve().is_relative_to(self.workdir):
                     found.add(path)
-        return sorted(found)
+        dirs = {p for p in found if p.is_dir()}
+        return sorted(p for p in found if not any(parent in dirs for parent in p.parents))
 
     def scan(self) -> list[CheckpointFile]:
         """Look at the files again; hash the stable ones (within the budget). Returns every
-        matching file, newest first."""
+        matching file or folder, newest first."""
+        self.looks += 1
         budget = self.hash_budget
         files: list[CheckpointFile] = []
         current: dict[Path, tuple[int, int, int]] = {}
+        members: dict[Path, tuple[int, int, int]] = {}  # the files of matched folders
         for path in self._matches():
-            try:
-                st = path.stat()
-            except OSError:
-                continue
-            key = (st.st_size, st.st_mtime_ns, st.st_ino)
+            if path.is_dir():
+                found = self._folder(path, members)
+                if found is None:
+                    continue
+                key, mtime, inner = found
+            else:
+                try:
+                    st = path.stat()
+                except OSError:
+                    continue
+                key, mtime, inner = (st.st_size, st.st_mtime_ns, st.st_ino), st.st_mtime, None
             current[path] = key
             stable = self._seen.get(path) == key
             digest = self._done.get((path, *key))
             if digest is None and stable and budget > 0:
-                digest, budget = self._hash(path, key, budget)
-            files.append(CheckpointFile(path, st.st_size, st.st_mtime, digest, stable))
+                if inner is None:
+                    digest, budget = self._hash(path, key, budget)
+                else:
+                    digest, budget = self._hash_folder(path, key, inner, budget)
+            step = self._step(path, key) if stable else None
+            files.append(CheckpointFile(path, key[0], mtime, digest, stable, step, inner is not None))
         self._seen = current
-        self._hashing = {p: h for p, h in self._hashing.items() if p in current}
-        self._done = {k: v for k, v in self._done.items() if current.get(k[0]) == k[1:]}
+        alive = {**current, **members}
+        self._hashing = {p: h for p, h in self._hashing.items() if p in alive}
+        self._done = {k: v for k, v in self._done.items() if alive.get(k[0]) == k[1:]}
+        self._steps = {k: v for k, v in self._steps.items() if current.get(k[0]) == k[1:]}
         self._files = sorted(files, key=lambda f: (f.mtime, str(f.path)), reverse=True)
         return list(self._files)
+
+    def _folder(self, path: Path, members: dict[Path, tuple[int, int, int]]
+                ) -> tuple[tuple[int, int, int], float, list[tuple[Path, tuple[int, int, int]]]] | None:
+        """A folder's identity (total size, newest file's mtime_ns, file count), its time, and its
+        files with their own identities; None when it cannot be read."""
+        inner = []
+        try:
+            for f in folder_files(path):
+                st = f.stat()
+                inner.append((f, (st.st_size, st.st_mtime_ns, st.st_ino)))
+        except OSError:
+            return None
+        if not inner:
+            return None  # nothing written into it yet
+        members.update(inner)
+        newest = max((k[1] for _, k in inner), default=0)
+        return (sum(k[0] for _, k in inner), newest, len(inner)), newest / 1e9, inner
+
+    def _hash_folder(self, path: Path, key: tuple[int, int, int], inner: list[tuple[Path, tuple[int, int, int]]],
+                     budget: int) -> tuple[str | None, int]:
+        """Hash a folder's files (each as a file, within ``budget``); its digest once all are."""
+        entries = []
+        for f, fkey in inner:
+            digest = self._done.get((f, *fkey))
+            if digest is None and budget > 0:
+                digest, budget = self._hash(f, fkey, budget)
+            if digest is None:
+                return None, budget
+            entries.append((f.relative_to(path).as_posix(), digest))
+        digest = folder_digest(entries)
+        done = (path, *key)
+        self._done[done] = digest
+        return digest, budget
+
+    def _step(self, path: Path, key: tuple[int, int, int]) -> int | None:
+        """The step a stable version holds, read once (orchestrator/scripts/checkpoint_steps.py)."""
+        done = (path, *key)
+        if done not in self._steps:
+            self._steps[done] = step_in_checkpoint(path, self.step_keys)
+        return self._steps[done]
 
     def _hash(self, path: Path, key: tuple[int, int, int], budget: int) -> tuple[str | None, int]:
         """Hash up to ``budget`` more bytes of ``path``; (the digest when finished, budget left)."""

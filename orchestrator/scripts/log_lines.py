@@ -207,6 +207,7 @@ class Parsed:
         newest_step: The largest step seen per source: ``"protocol"`` and ``"stdout_metrics"``.
         problems: At most ``MAX_PROBLEMS`` distinct problems, in order.
         skipped: How many lines had a problem.
+        saved: The last line that says a checkpoint was saved (:data:`SAVED_LINE`), or None.
     """
 
     samples: list[Sample] = field(default_factory=list)
@@ -214,6 +215,7 @@ class Parsed:
     newest_step: dict[str, int] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     skipped: int = 0
+    saved: str | None = None
 
     def _problem(self, message: str) -> None:
         self.skipped += 1
@@ -222,6 +224,15 @@ class Parsed:
 
     def _step(self, source: str, step: int) -> None:
         self.newest_step[source] = max(step, self.newest_step.get(source, step))
+
+
+# A line that says the script saved a checkpoint, as the frameworks print it: Hugging Face's
+# "Saving model checkpoint to hf_out/checkpoint-350", nanoGPT's "saving checkpoint to out", the DDP
+# tutorial's "Training snapshot saved at snapshot.pt", Lightning's "Epoch 3, global step 300:
+# 'val_loss' reached 0.25 (best 0.25), saving model to ...".
+SAVED_LINE = re.compile(
+    r"\bsav(?:e|ed|ing)\b.{0,40}\b(?:checkpoint|ckpt|snapshot|model)s?\b"
+    r"|\b(?:checkpoint|ckpt|snapshot)s?\b.{0,40}\bsaved\b", re.IGNORECASE)
 
 
 def parse_lines(lines: Iterable[str], default_rank: int, wall_time: float,
@@ -255,6 +266,8 @@ def parse_lines(lines: Iterable[str], default_rank: int, wall_time: float,
             out.samples.extend(found)
             for sample in found:
                 out._step("stdout_metrics", sample.step)
+        if SAVED_LINE.search(line):
+            out.saved = line.strip()[:200]
     return out
 
 

@@ -71,6 +71,8 @@ class Collected:
         problems: Problems not reported before (a malformed RUNYARD line, a regex whose value is
             not a number, TensorBoard not installed), each naming what and where.
         behind: The bounded read left data unread: call again soon.
+        saved: The newest printed line that says a checkpoint was saved
+            (``log_lines.SAVED_LINE``), with its rank; None when this read found none.
     """
 
     points: list[dict[str, Any]]
@@ -78,6 +80,7 @@ class Collected:
     total: int | None
     problems: list[str]
     behind: bool
+    saved: tuple[int, str] | None = None
 
 
 @dataclass
@@ -179,8 +182,10 @@ class AttemptCollector:
         """What is new since the last call.
 
         Args:
-            final: The attempt has ended: read every log to its end, unfinished last lines too
-                (still at most ``max_bytes`` per call; ``behind`` says when to call again).
+            final: The attempt has ended: search for log and event files again (a file created in
+                the ranks' last second, after the previous search, counts too) and read every one
+                to its end, unfinished last lines too (still at most ``max_bytes`` per call and
+                ``max_events`` events; ``behind`` says when to call again).
         """
         if final:
             self._scanned_at = None
@@ -188,6 +193,7 @@ class AttemptCollector:
         samples: list[Sample] = []
         problems: list[str] = []
         budget, behind = self.max_bytes, False
+        saved: tuple[int, str] | None = None
         for stream in sorted(self._streams.values(), key=lambda s: s.tailer.offset - s.tailer.size):
             if budget <= 0:
                 behind = True
@@ -205,16 +211,18 @@ class AttemptCollector:
                 self._newest[source] = max(step, self._newest.get(source, step))
             if parsed.total is not None:
                 self._total = parsed.total
+            if parsed.saved is not None:
+                saved = (stream.rank, parsed.saved)
         if self._tensorboard_missing:
             problems.append(self._tensorboard_missing)
         if self._events is not None:
-            events = self._events.poll()
+            events = self._events.poll(final=final)
             samples.extend(events)
             behind |= self._events.behind
             if self._events.newest_step is not None:
                 self._newest["tensorboard"] = self._events.newest_step
         return Collected(points=to_rows(samples, self.run_id, self.attempt), activity=self.activity(),
-                         total=self._total, problems=self._problems.new(problems), behind=behind)
+                         total=self._total, problems=self._problems.new(problems), behind=behind, saved=saved)
 
     def activity(self) -> Activity:
         """The activity so far, without reading anything."""

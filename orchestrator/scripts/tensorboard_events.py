@@ -225,8 +225,15 @@ class EventFiles:
                     continue
                 self._files[path] = _EventFile(path, top, loader)
 
-    def poll(self) -> list[Sample]:
-        """The scalars written since the last call, at most ``max_events`` events' worth."""
+    def poll(self, final: bool = False) -> list[Sample]:
+        """The scalars written since the last call, at most ``max_events`` events' worth.
+
+        Args:
+            final: The writers have exited: search the folders again now (not only every
+                ``rescan_s``), so that files created in their last second are read too.
+        """
+        if final:
+            self._scanned_at = None
         self._scan()
         samples: list[Sample] = []
         budget = self.max_events

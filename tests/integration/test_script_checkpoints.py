@@ -78,7 +78,8 @@ def test_ddp_tutorial_snapshots_are_listed_and_a_killed_rank_resumes_from_the_ne
     workdir = tmp_path / "ddp"
     workdir.mkdir()
     run_id = submit(product, workdir, DDP_TUTORIAL, ["30", "3", "--batch_size", "32"],
-                    f"checkpoint_glob = 'snapshot.pt'\n[workload.stdout_metrics]\nbatch_size = '{EPOCH_LINE}'",
+                    f"checkpoint_glob = 'snapshot.pt'\ncheckpoint_step_key = 'EPOCHS_RUN'\n"
+                    f"[workload.stdout_metrics]\nbatch_size = '{EPOCH_LINE}'",
                     STEP_SLEEP="0.1")
     product.start_scheduler()
     # The tutorial saves snapshot.pt every 3 epochs: wait until runyard verified one past epoch 3.
@@ -98,9 +99,8 @@ def test_ddp_tutorial_snapshots_are_listed_and_a_killed_rank_resumes_from_the_ne
     assert second["resume_path"] == str(workdir / "snapshot.pt") and second["resume_step"] == newest["step"]
     log = product.cli("logs", str(run_id), "--attempt", "2", "--rank", "0").stdout
     resumed_epoch = int(re.search(r"Resuming training from snapshot at Epoch (\d+)", log).group(1))
-    # A snapshot's step is the newest epoch the ranks had printed (at its start) when it was saved:
-    # the snapshot's own epoch count, or one behind where rank 0's line was not written yet.
-    assert resumed_epoch - 2 <= newest["step"] <= resumed_epoch
+    # A snapshot's step is the one it holds (checkpoint_step_key = 'EPOCHS_RUN'): the epoch it resumes at.
+    assert newest["step"] == resumed_epoch
     assert first_step(product, run_id, 2) == resumed_epoch
     # Steps lost count from the snapshot, not from 0.
     assert first["last_checkpoint_step"] == max(c["step"] for c in own)
@@ -198,3 +198,42 @@ def test_pause_needs_a_checkpoint_source_and_rerun_starts_again_in_the_folder(
     assert rerun["status"] == "SUCCEEDED", rerun["status_reason"]
     assert rerun["attempts"][1]["resume_path"] is None and rerun["attempts"][1]["resume_step"] is None
     assert "Resuming training from snapshot at Epoch" in product.cli("logs", str(plain), "--rank", "0").stdout
+
+
+def test_hugging_face_checkpoint_folders_a_killed_rank_resumes_at_the_true_step(
+        product: Product, tmp_path: Path) -> None:
+    """An HF-Trainer-style script (checkpoint-N/ folders with trainer_state.json, train/loss in
+    TensorBoard, resumes itself from its newest folder): the folders are checkpoints at the step
+    they hold, a SIGKILLed rank costs the true steps lost, and the ETA shows from 20% on."""
+    workdir = tmp_path / "hf"
+    workdir.mkdir()
+    run_id = submit(product, workdir, SCRIPTS / "hf_style.py",
+                    ["--max_steps", "60", "--save_steps", "10", "--sleep", "0.15"],
+                    "checkpoint_glob = 'hf_out/checkpoint-*'\nmax_steps = 60\ntensorboard_dir = 'hf_out/runs'")
+    product.start_scheduler()
+    running = product.wait_for(run_id, lambda d: d["status"] in ("SUCCEEDED", "FAILED", "CANCELLED")
+                               or (d["step"] >= 15 and d["eta_s"] is not None), timeout=120)
+    assert running["status"] == "RUNNING" and running["eta_s"] > 0, running["status_reason"]  # not a metric 'loss'
+    detail = product.wait_for(run_id, lambda d: any(c["verified"] and c["step"] >= 20
+                                                    for c in live_script_checkpoints(d)))
+    kill_rank(product, run_id, 1, 1)
+    detail = product.wait_status(run_id, "SUCCEEDED", "FAILED", "CANCELLED")
+    assert detail["status"] == "SUCCEEDED", detail["status_reason"]
+    first, second = detail["attempts"][:2]
+    assert first["status"] in ("FAILED", "CRASHED") and first["cause"], first
+
+    own = [c for c in detail["checkpoints"] if c["attempt"] == 1]
+    assert own and all(c["source"] == "script" and c["step"] % 10 == 0 for c in own)
+    assert all(Path(c["origin"]).name == f"checkpoint-{c['step']}" for c in own)  # the step each one holds
+    newest = max(own, key=lambda c: c["step"])
+    assert first["last_checkpoint_step"] == newest["step"]
+    assert first["steps_lost"] == first["last_step"] - newest["step"] < 10
+    assert second["resume_step"] == newest["step"] and second["resume_path"] == newest["origin"]
+    log = product.cli("logs", str(run_id), "--attempt", "2", "--rank", "0").stdout
+    assert f"Resuming from checkpoint hf_out/checkpoint-{newest['step']} at global step {newest['step']}" in log
+    assert detail["step"] == 60
+    # A folder that is still there is listed with its files' total size and a digest over them.
+    final = [c for c in live_script_checkpoints(detail) if Path(c["origin"]).is_dir()]
+    assert final and all(c["bytes"] == sum(f.stat().st_size for f in Path(c["origin"]).iterdir()) for c in final)
+    from db.file_versions import sha256_of
+    assert all(c["sha256"] == sha256_of(c["origin"]) for c in final if c["verified"])

@@ -266,3 +266,19 @@ def test_module_python_and_omp_threads_and_a_run_without_steps(product: Product,
     detail = product.wait_status(by_script, *TERMINAL)
     assert detail["status"] == "SUCCEEDED", detail["status_reason"]
     assert {e["omp"] for e in env_lines(product, by_script)} == {"3"}
+
+
+def test_scalars_written_in_the_last_second_before_exit_are_all_read(product: Product, tmp_path: Path) -> None:
+    """The ranks' last second: new event files, closed, then exit, all before runyard's next search
+    for event files is due. They are read to the end before the attempt is settled."""
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    run_id = submit(product, "last-second", {"script": str(SCRIPTS / "last_second.py"), "workdir": str(workdir),
+                                             "args": ["--steps", "100", "--warmup", "1"]})
+    product.start_scheduler()
+    detail = product.wait_status(run_id, *TERMINAL)
+    assert detail["status"] == "SUCCEEDED", detail["status_reason"]
+    loss = metric_rows(product, run_id, "train/loss")
+    assert {rank: [s for s, _ in pts] for rank, pts in loss.items()} == {
+        0: list(range(0, 100, 10)), 1: list(range(0, 100, 10))}
+    assert detail["step"] == 90 and not [e for e in detail["events"] if "reported no step" in e["message"]]

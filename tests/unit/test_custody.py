@@ -478,3 +478,19 @@ def test_a_stopped_attempt_ends_the_run_as_the_last_request_says(
     attempt, run = settle_it(sessions, ids)
     assert (run.status, attempt.status) == (ends, ends)
     assert run.status_reason.startswith(f"{ends.lower()} at step 50 (with a checkpoint)")
+
+
+def test_a_clean_pause_is_not_shown_as_torchruns_exit_1(
+    sessions: sessionmaker[Session], settings: Settings, tmp_path: Path
+) -> None:
+    """The ranks checkpointed on runyard's SIGTERM (stopped.json) and stopped; torchrun's agent got
+    the SIGTERM too and exited 1. The attempt is PAUSED with exit code 0, the 1 explained."""
+    ids = ended_attempt(sessions, settings, tmp_path, code=1, stopped=True)
+    with sessions() as s:
+        attempt = s.get(Attempt, ids[1])
+        attempt.stop_reason, attempt.signal_sent = "pause", "SIGTERM"
+        s.get(Run, ids[0]).status = "CANCELLING"  # what request_cancel(mode="pause") left
+        s.commit()
+    attempt, run = settle_it(sessions, ids)
+    assert (attempt.status, attempt.exit_code, run.status) == ("PAUSED", 0, "PAUSED")
+    assert "(with a checkpoint; torchrun's exit 1 was its answer to the SIGTERM)" in attempt.reason

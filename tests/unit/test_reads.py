@@ -47,6 +47,8 @@ def reference_summary(session: Session, run: Run, now: float) -> dict[str, Any]:
     status = RunStatus(run.status)
     resume = session.get(Checkpoint, run.resume_checkpoint_id) if run.resume_checkpoint_id is not None else None
     step = queries.lineage_step(status, attempts, resume.step if resume else None, run.parent_step)
+    if status is RunStatus.SUCCEEDED and run.max_steps and abs(step - run.max_steps) == 1:
+        step = run.max_steps
     eta: float | None
     estimate = None
     if status is RunStatus.SUCCEEDED:
@@ -54,7 +56,8 @@ def reference_summary(session: Session, run: Run, now: float) -> dict[str, Any]:
     elif status in TERMINAL or status is RunStatus.QUEUED or not attempts or not run.max_steps:
         eta = None
     else:
-        rows = metricstore.recent(session, run.id, "loss", attempt=attempts[-1].number, rank=0, limit=ETA_WINDOW)
+        key = metricstore.progress_key(session, run.id, attempts[-1].number) or "loss"
+        rows = metricstore.recent(session, run.id, key, attempt=attempts[-1].number, rank=0, limit=ETA_WINDOW)
         estimate = eta_estimate([(int(s), float(t)) for s, _, t in rows], run.max_steps)
         eta = estimate.seconds if estimate else None
     cost = cost_usd([(a.started_at, a.ended_at) for a in attempts], run.price_usd_per_hour, now)
@@ -126,8 +129,9 @@ def test_list_runs_sends_the_same_statements_for_1_10_and_100_runs(
         runs, sent = counted(sessions, statements, queries.list_runs)
         assert len(runs) == total
         per_size[total] = sent
-    # runs; their attempts; their checkpoint times; the name id of "loss"; the live runs' newest points
-    assert [len(sent) for sent in per_size.values()] == [5, 5, 5]
+    # runs; their attempts; their checkpoint times; the name id of "loss"; the live runs' newest points;
+    # from 10 runs on, a live run (retrying) has no loss points: the metrics it has, in one more.
+    assert [len(sent) for sent in per_size.values()] == [5, 6, 6]
     assert all(sum("FROM metric_points" in sql for sql in sent) == 1 for sent in per_size.values())
 
 
@@ -182,6 +186,48 @@ def test_recent_many_equals_recent_for_each_series(settings: Settings, sessions:
         monkeypatch.setattr(metricstore, "_UNION_PARTS", 4)  # several UNION statements, same answer
         assert metricstore.recent_many(s, "loss", series, limit=3) == expected
     assert any(len(points) == 3 for points in expected.values())  # the limit mattered
+
+
+def test_the_eta_of_a_run_without_loss_comes_from_the_metric_it_reports(
+        settings: Settings, sessions: sessionmaker[Session]) -> None:
+    """A script that calls its metrics train/loss (every step) and val/loss (every 50): the Runs
+    list and the Run page project from train/loss, the metric that got furthest and most often."""
+    now = time.time()
+    with sessions() as s:
+        run = create_run(s, RunConfig.model_validate({"name": "hf", "train": {"max_steps": 1000}}),
+                         settings.runs_dir, Price(usd_per_hour=1.0, unit="cpu-hour"))
+        for status in ("STARTING", "RUNNING"):
+            transition(s, run.id, RunStatus(status), "t")
+        s.add(Attempt(run_id=run.id, number=1, status="RUNNING", dir="/tmp/a", started_at=now - 300,
+                      first_step_at=now - 290, progress_at=now, last_step=200))
+        points = [{"run_id": run.id, "attempt": 1, "rank": 0, "step": step, "key": "train/loss", "value": 1.0,
+                   "wall_time": now - 200 + step * 0.5} for step in range(1, 201)]
+        points += [{"run_id": run.id, "attempt": 1, "rank": 0, "step": step, "key": "val/loss", "value": 2.0,
+                    "wall_time": now - 200 + step * 0.5} for step in range(50, 201, 50)]
+        metricstore.write_points(s.connection(), points)
+        s.commit()
+        assert metricstore.progress_key(s, run.id, 1) == "train/loss"
+        listed = next(r for r in queries.list_runs(s) if r["id"] == run.id)
+        detail = queries.run_detail(s, run.id)
+    # 800 steps to go at 0.5 s a step.
+    assert listed["eta_s"] == detail["eta_s"] == pytest.approx(400, rel=0.05)
+
+
+@pytest.mark.parametrize(("last_step", "shown"), [(2999, 3000), (3001, 3000), (3000, 3000), (2990, 2990)])
+def test_a_succeeded_run_one_step_off_its_total_shows_complete(
+        settings: Settings, sessions: sessionmaker[Session], last_step: int, shown: int) -> None:
+    """Lightning's last logged step is 2999 of 3000 (steps from 0); nanoGPT runs to 1500
+    inclusive (1501 of 1500): done is done. A script that stopped early stays as it stopped."""
+    with sessions() as s:
+        run = create_run(s, RunConfig.model_validate({"name": "pl", "train": {"max_steps": 3000}}),
+                         settings.runs_dir, Price(usd_per_hour=1.0, unit="cpu-hour"))
+        for to in ("STARTING", "RUNNING", "SUCCEEDED"):
+            transition(s, run.id, RunStatus(to), "t")
+        s.add(Attempt(run_id=run.id, number=1, status="SUCCEEDED", dir="/tmp/a", started_at=1.0, ended_at=2.0,
+                      last_step=last_step))
+        s.commit()
+        detail = queries.run_detail(s, run.id)
+    assert detail["step"] == shown and detail["attempts"][0]["last_step"] == last_step
 
 
 # --- runyard logs --follow ---------------------------------------------------------------------

@@ -482,3 +482,57 @@ def test_a_pause_while_the_script_rewrites_its_file_says_the_next_recorded_versi
         s.rollback()
         write(ckpt, b"b" * 50, time.time())  # being written: not recorded yet
         assert "is being rewritten" in request_cancel(s, run_id, mode="pause")
+
+
+def test_a_checkpoint_folder_holds_its_own_step_is_pinned_whole_and_put_back(
+        sessions: sessionmaker[Session], settings: Settings, workdir: Path) -> None:
+    from orchestrator.scripts.checkpoint_finder import CheckpointFiles
+
+    run_id = script_run(sessions, settings, workdir, checkpoint_glob="hf_out/checkpoint-*")
+    folder = workdir / "hf_out" / "checkpoint-350"
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(b"w" * 300)
+    (folder / "trainer_state.json").write_text('{"global_step": 350}')
+    finder = CheckpointFiles(workdir, ["hf_out/checkpoint-*"])
+    with sessions() as s:
+        run = s.get(Run, run_id)
+        attempt = add_attempt(s, run_id, 1, last_step=None)
+        report(s, attempt, 360, time.time())  # the script went on after saving
+        for _ in range(2):
+            record_versions(s, run, attempt, finder.scan())
+        s.commit()
+        (row,) = rows(s, run_id)
+        assert (row.step, row.bytes, row.verified, row.sha256) == (350, 300 + 20, True, sha256_of(folder))
+        set_pinned(s, run_id, 0, True, checkpoint_id=row.id)
+        s.commit()
+        assert Path(row.path).is_dir() and Path(row.path) != folder and sha256_of(row.path) == row.sha256
+        for f in folder.iterdir():  # the Trainer's save_total_limit removed it
+            f.unlink()
+        folder.rmdir()
+        attempt.status = AttemptStatus.FAILED.value
+        s.commit()
+        chosen = resume_point(s, run, 2)
+        s.commit()
+    assert chosen is not None and (chosen.path, chosen.step) == (str(folder), 350)
+    assert (folder / "model.safetensors").read_bytes() == b"w" * 300
+
+
+def test_keep_best_by_a_metric_no_checkpoint_carries_is_said_with_the_names_seen(
+        sessions: sessionmaker[Session], settings: Settings, workdir: Path) -> None:
+    from trainer.checkpoint.history import CheckpointHistory
+    from trainer.checkpoint.manager import CheckpointManager, SaveResult
+
+    run_id = script_run(sessions, settings, workdir)
+    root = tmp = workdir / "ckpts"
+    config = parse_config({"checkpoint": {"keep_last": 1, "keep_best": 1, "best_metric": "eval_loss"}}).checkpoint
+    history = CheckpointHistory(run_id, 1, config, CheckpointManager(root, async_save=False))
+    with sessions() as s:
+        add_attempt(s, run_id, 1, last_step=300)
+        for step in (100, 200, 300):
+            history.record(s.connection(), [SaveResult(step, tmp / f"step-{step}", 1, "0", "0", 0.0, 0.0,
+                                                       {"val_loss": 1.0 / step, "train_loss": 2.0})])
+        s.commit()
+        said = list(s.scalars(select(Event.message).where(Event.run_id == run_id, Event.kind == "checkpoint")))
+    assert said == ["checkpoint.keep_best = 1 keeps nothing by checkpoint.best_metric = 'eval_loss': no checkpoint "
+                    "carries it; the metrics the checkpoints carry: 'train_loss', 'val_loss' (set "
+                    "checkpoint.best_metric to one of them)"]

@@ -153,3 +153,102 @@ def test_files_are_hashed_before_anything_is_written_and_to_completion_at_the_en
         s.commit()
         (row,) = s.scalars(select(Checkpoint).where(Checkpoint.run_id == run_id))
         assert row.verified and row.sha256 == sha256_of(ckpt)
+
+
+def _printed(attempt_dir: Path, text: str) -> None:
+    """Rank 0 printed ``text`` (torchrun's per-rank log layout)."""
+    log = attempt_dir / "ranks" / "r_x" / "attempt_0" / "0" / "stdout.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a") as f:
+        f.write(text + "\n")
+
+
+def test_a_glob_that_matched_nothing_after_a_save_is_said_once_and_on_the_page(
+        sessions: sessionmaker[Session], settings: Settings, tmp_path: Path) -> None:
+    from db.queries import run_detail
+    from orchestrator.scripts.attempt_watch import UNMATCHED_EVENT, script_facts
+
+    run_id = script_run(sessions, settings, tmp_path, "quick")  # checkpoint_glob = "out/ckpt.pt"
+    watch = ScriptWatch(saved_grace_s=0.5)
+    attempt_dir = tmp_path / "a1"
+    with sessions() as s:
+        run = s.get(Run, run_id)
+        attempt = Attempt(run_id=run_id, number=1, status="RUNNING", dir=str(attempt_dir), started_at=time.time())
+        s.add(attempt)
+        s.commit()
+        config = config_from_json(run.config_json)
+        _printed(attempt_dir, "Saving model checkpoint to hf_out/checkpoint-10")  # where the glob does not look
+        watch.tick(s, run, attempt, config)
+        s.commit()
+        assert warnings(sessions, run_id) == []  # the file may follow its message: not yet
+        time.sleep(0.6)
+        watch.tick(s, run, attempt, config)
+        watch.tick(s, run, attempt, config)
+        s.commit()
+        said = [e.message for e in s.scalars(select(Event).where(Event.kind == UNMATCHED_EVENT))]
+        assert len(said) == 1
+        assert "'out/ckpt.pt' has matched nothing" in said[0]
+        assert "rank 0 printed 'Saving model checkpoint to hf_out/checkpoint-10'" in said[0]
+        d = run_detail(s, run_id)
+    facts = dict(script_facts(d["config"], d["attempts"], d["checkpoints"]))
+    assert facts["checkpoint files"].startswith("'out/ckpt.pt' has matched nothing yet")
+
+
+def test_a_glob_that_matches_after_a_save_is_not_said_and_after_long_training_it_is(
+        sessions: sessionmaker[Session], settings: Settings, tmp_path: Path) -> None:
+    run_id = script_run(sessions, settings, tmp_path, "quick")
+    watch = ScriptWatch(saved_grace_s=0.0, nothing_matched_after_s=3600)
+    with sessions() as s:
+        run = s.get(Run, run_id)
+        config = config_from_json(run.config_json)
+        saver = Attempt(run_id=run_id, number=1, status="RUNNING", dir=str(tmp_path / "a1"), started_at=time.time())
+        s.add(saver)
+        s.commit()
+        _printed(tmp_path / "a1", "saving checkpoint to out")
+        (tmp_path / "work" / "out" / "ckpt.pt").write_bytes(b"x")
+        watch.tick(s, run, saver, config)
+        watch.finish(s, run, saver, config)
+        s.commit()
+        assert warnings(sessions, run_id) == []
+        (tmp_path / "work" / "out" / "ckpt.pt").unlink()
+        trainer = Attempt(run_id=run_id, number=2, status="RUNNING", dir=str(tmp_path / "a2"),
+                          started_at=time.time() - 4000, first_step_at=time.time() - 3700)
+        s.add(trainer)
+        s.commit()
+        watch.tick(s, run, trainer, config)
+        s.commit()
+    (said,) = warnings(sessions, run_id)
+    assert "has matched nothing" in said and "after 62 min of training" in said
+
+
+def test_a_script_that_ignores_sigterm_stops_on_the_signal_it_chose(
+        sessions: sessionmaker[Session], settings: Settings, tmp_path: Path) -> None:
+    """Lightning outside Slurm: SIGTERM only sets a flag. With workload.stop_signal = 'SIGINT' a
+    cancel reaches it at once, not after supervision.grace_s and a SIGKILL."""
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    (workdir / "train.py").write_text("print('hi')\n")
+    config = parse_config({"name": "stubborn", "workload": {"kind": "script", "script": str(workdir / "train.py"),
+                                                            "workdir": str(workdir), "stop_signal": "SIGINT"},
+                           "supervision": {"grace_s": 60}})
+    run_id = submit(sessions, settings, config, CPU2)
+    scheduler = make_scheduler(sessions, settings)
+    tick_until(scheduler, lambda: (run_id, 1) in scheduler.scripts.live())  # launched and watched
+    time.sleep(1.0)  # the fake script is up and ignores SIGTERM
+    with sessions() as s:
+        request_cancel(s, run_id)
+        s.commit()
+    started = time.monotonic()
+    tick_until(scheduler, lambda: status(sessions, run_id) == "CANCELLED", timeout=20)
+    assert time.monotonic() - started < 15  # far under grace_s
+    (attempt,) = attempts(sessions, run_id)
+    assert attempt.signal_sent == "SIGINT"
+    with sessions() as s:
+        said = [e.message for e in s.scalars(select(Event).where(Event.run_id == run_id, Event.kind == "signal"))]
+    assert said == ["cancel: SIGINT sent; the ranks checkpoint and exit; SIGKILL in 60 s if still running"]
+
+
+def test_a_stop_signal_other_than_sigterm_is_refused_on_slurm() -> None:
+    with pytest.raises(ValueError, match=r"workload\.stop_signal = 'SIGINT' is for launch\.executor = 'local'"):
+        parse_config({"workload": {"kind": "script", "script": "t.py", "stop_signal": "SIGINT"},
+                      "launch": {"executor": "slurm"}})

@@ -116,3 +116,51 @@ def test_bad_patterns_name_the_field_and_the_value(pattern: object, problem: str
     with pytest.raises(CheckpointGlobError, match=r"workload\.checkpoint_glob"):
         CheckpointFiles(tmp_path, [pattern])  # type: ignore[list-item]
     assert check_glob("checkpoints/**/*.pt") is None
+
+
+def test_a_matched_folder_is_one_checkpoint_with_a_digest_over_its_files(tmp_path: Path) -> None:
+    from db.file_versions import copy_verified, is_version, sha256_of
+
+    folder = tmp_path / "hf_out" / "checkpoint-350"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(os.urandom(5000))
+    files = CheckpointFiles(tmp_path, ["hf_out/checkpoint-*"], hash_budget=3000)
+    (first,) = files.scan()
+    assert first.folder and (first.size, first.stable, first.sha256) == (5000, False, None)
+    (folder / "sub" / "optimizer.pt").write_bytes(os.urandom(2000))  # the Trainer still saving
+    (folder / "trainer_state.json").write_text('{"global_step": 352}')
+    (grown,) = files.scan()
+    assert grown.size == 5000 + 2000 + 20 and not grown.stable
+    looks = [files.scan()[0] for _ in range(4)]  # stable now; 3000 bytes hashed a look
+    assert [f.sha256 is not None for f in looks] == [False, False, True, True]
+    done = looks[-1]
+    assert done.stable and done.sha256 == sha256_of(folder) and done.step == 352
+    assert is_version(folder, done.size, done.mtime)
+    # Copied whole (a pin, a hand-over): the same version, the same digest.
+    copy = tmp_path / "kept" / "checkpoint-350"
+    copy_verified(folder, copy, done.sha256, done.mtime)
+    assert is_version(copy, done.size, done.mtime) and sha256_of(copy) == done.sha256
+    assert (copy / "sub" / "optimizer.pt").read_bytes() == (folder / "sub" / "optimizer.pt").read_bytes()
+    # A file of it rewritten: a new version, and a copy of the recorded one is refused.
+    (folder / "trainer_state.json").write_text('{"global_step": 353}')
+    assert not is_version(folder, done.size, done.mtime) or sha256_of(folder) != done.sha256
+    from db.file_versions import CopyRefused
+    with pytest.raises(CopyRefused):
+        copy_verified(folder, tmp_path / "again", done.sha256, done.mtime)
+    assert not (tmp_path / "again").exists()
+
+
+def test_an_empty_folder_is_not_a_checkpoint_yet(tmp_path: Path) -> None:
+    (tmp_path / "hf_out" / "checkpoint-5").mkdir(parents=True)
+    files = CheckpointFiles(tmp_path, ["hf_out/checkpoint-*"])
+    assert files.scan() == [] and files.scan() == []
+
+
+def test_a_pattern_ending_in_stars_matches_files_and_a_folder_swallows_its_files(tmp_path: Path) -> None:
+    for name in ("out/a.pt", "out/sub/b.pt", "hf/checkpoint-5/model.bin", "hf/checkpoint-5/state.json"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"x")
+    names = [f.path.relative_to(tmp_path).as_posix() for f in CheckpointFiles(tmp_path, ["out/**"]).scan()]
+    assert sorted(names) == ["out/a.pt", "out/sub/b.pt"]  # files, as before: not out/ as one checkpoint
+    both = CheckpointFiles(tmp_path, ["hf/checkpoint-*", "hf/**/*.bin"]).scan()
+    assert [(f.path.name, f.folder) for f in both] == [("checkpoint-5", True)]

@@ -182,3 +182,24 @@ def test_without_tensorboard_installed_the_logs_are_still_read(attempt_dir: Path
     assert [p["key"] for p in got.points] == ["loss"]
     assert len(got.problems) == 1 and "pip install 'runyard[scripts]'" in got.problems[0]
     assert c.collect().problems == []  # said once
+
+
+def test_the_final_read_finds_event_files_written_in_the_last_second(attempt_dir: Path, tmp_path: Path) -> None:
+    """A 2-second script: the collector's first look finds no runs/ folder; the ranks then write
+    their scalars into new folders, close and exit, all before the next search for event files is
+    due (every 5 s). The final read after the exit must search again and read them to the end."""
+    pytest.importorskip("tensorboard")
+    from torch.utils.tensorboard import SummaryWriter
+
+    now = [100.0]
+    workdir = tmp_path / "work"
+    c = AttemptCollector(1, 1, attempt_dir, workdir, tensorboard_dirs=None, clock=lambda: now[0])
+    assert c.collect().points == []  # the ranks are starting: nothing yet
+    for rank in (0, 1):
+        writer = SummaryWriter(str(workdir / "runs" / f"rank{rank}"))
+        for step in range(0, 30, 10):
+            writer.add_scalar("train/loss", 1.0 / (step + 1), step)
+        writer.close()
+    now[0] += 1.5  # the attempt ended 1.5 s after the first look
+    steps = sorted(p["step"] for p in c.collect(final=True).points)
+    assert steps == [0, 0, 10, 10, 20, 20]

@@ -203,3 +203,18 @@ def test_undecodable_bytes_do_not_stop_the_tailer(tmp_path: Path) -> None:
     path.write_bytes(b"\xff\xfe bad\nRUNYARD {\"step\": 1, \"loss\": 0.5}\n")
     lines = LineTailer(path).read()
     assert lines[1] == 'RUNYARD {"step": 1, "loss": 0.5}' and "bad" in lines[0]
+
+
+@pytest.mark.parametrize(("line", "saved"), [
+    ("Saving model checkpoint to hf_out/checkpoint-350", True),  # Hugging Face Trainer (log level info)
+    ("saving checkpoint to out", True),  # nanoGPT
+    ("Epoch 5 | Training snapshot saved at snapshot.pt", True),  # the DDP tutorial
+    ("Epoch 3, global step 300: 'val_loss' reached 0.25 (best 0.25), saving model to 'ckpts/x.ckpt'", True),
+    ("iter 40: loss 2.31, time 10.2ms", False),
+    ("[GPU0] Epoch 3 | Batchsize: 32 | Steps: 8", False),
+    ("the model is saved nowhere", False),
+])
+def test_lines_that_say_a_checkpoint_was_saved(line: str, saved: bool) -> None:
+    from orchestrator.scripts.log_lines import parse_lines
+
+    assert (parse_lines([line], 0, 0.0).saved == line) is saved

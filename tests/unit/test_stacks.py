@@ -276,3 +276,25 @@ def test_the_training_loop_gets_its_fault_hooks_only_under_the_switch(monkeypatc
     assert param.tolist() == [0.0, 0.0]
     hooks.after_update(3, [param])
     assert param[0].item() == pytest.approx(1e-3) and param[1].item() == 0.0
+
+
+def test_the_real_py_spy_reads_a_stopped_plain_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGSTOPped rank of a plain script (the hung one): py-spy cannot suspend it, so runyard
+    reads it with --nonblocking, and its own stack is in the dump."""
+    py_spy = stacks.py_spy_path()
+    if py_spy is None:
+        pytest.skip("py-spy is not installed (the debug extra)")
+    child = _rank(PLAIN_RANK)
+    try:
+        probe = subprocess.run([py_spy, "dump", "--pid", str(child.pid)], capture_output=True, text=True, timeout=30)
+        if probe.returncode != 0:
+            pytest.skip(f"py-spy cannot read processes here (ptrace refused?): {probe.stdout}{probe.stderr}")
+        monkeypatch.setattr(stacks, "rank_processes", lambda *_: [psutil.Process(child.pid)])
+        os.kill(child.pid, signal.SIGSTOP)
+        dump = stacks.dump_stacks("run", 1, child.pid, None, tmp_path / "attempt")
+        (rank,) = dump.ranks
+        assert rank.stopped and psutil.Process(child.pid).status() == psutil.STATUS_STOPPED  # left as found
+        assert "Failed to" not in rank.text and "<module>" in rank.text, rank.text
+    finally:
+        child.kill()
+        child.wait()

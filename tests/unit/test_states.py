@@ -157,6 +157,6 @@ def test_the_attempt_vocabulary_is_the_stored_strings() -> None:
     from db.states import AttemptPhase, SignalSent, StopReason
 
     assert [r.value for r in StopReason] == ["cancel", "pause", "hang"]
-    assert [s.value for s in SignalSent] == ["SIGTERM", "SIGKILL"]
+    assert [s.value for s in SignalSent] == ["SIGTERM", "SIGKILL", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2"]
     assert AttemptPhase.FINISHING == "finishing"  # what rank 0 writes, what the watchdog compares
     assert StopReason("pause") is StopReason.PAUSE and StopReason.PAUSE == "pause"

@@ -167,3 +167,52 @@ def test_a_script_finds_the_shim_first_on_its_path(tmp_path: Path) -> None:
                            env=with_wandb_shim({"PATH": "/usr/bin:/bin"}), capture_output=True, text=True, timeout=60,
                            check=False)
     assert str(SHIMS_DIR) not in plain.stdout  # without the switch: the real wandb, or none
+
+
+def test_define_metric_puts_keys_at_their_step_metric(wandb: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    """What Lightning's and Hugging Face's loggers declare: every key at their global step."""
+    run = wandb.init()
+    run.define_metric("trainer/global_step")
+    run.define_metric("*", step_metric="trainer/global_step", step_sync=True)
+    wandb.log({"train_loss": 0.5, "trainer/global_step": 49})
+    wandb.log({"val_loss": 0.7, "epoch": 0, "trainer/global_step": 99})
+    wandb.log({"lr": 0.1})  # no step given: the last global step logged
+    assert lines_of(capsys) == [{"step": 49, "rank": 0, "train_loss": 0.5},
+                                {"step": 99, "rank": 0, "val_loss": 0.7, "epoch": 0.0},
+                                {"step": 99, "rank": 0, "lr": 0.1}]
+
+
+def test_define_metric_for_some_keys_and_the_counter_for_the_rest(wandb: ModuleType,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    wandb.init()
+    wandb.define_metric("val/*", step_metric="epoch")
+    wandb.log({"val/loss": 1.0, "epoch": 3, "train/loss": 2.0})
+    assert lines_of(capsys) == [{"step": 3, "rank": 0, "val/loss": 1.0}, {"step": 0, "rank": 0, "train/loss": 2.0}]
+
+
+@pytest.mark.parametrize("key", ["iter", "iter_num", "step", "global_step", "train/global_step"])
+def test_a_logged_step_key_is_the_step_of_the_other_keys(wandb: ModuleType, capsys: pytest.CaptureFixture[str],
+                                                         key: str) -> None:
+    """nanoGPT: wandb.log({"iter": iter_num, "train/loss": ..., "val/loss": ...}) every eval."""
+    wandb.init()
+    for it in (0, 250, 500):
+        wandb.log({key: it, "train/loss": 3.0 - it / 250, "val/loss": 3.1 - it / 250})
+    assert [(line["step"], sorted(line)) for line in lines_of(capsys)] == [
+        (it, ["rank", "step", "train/loss", "val/loss"]) for it in (0, 250, 500)]
+
+
+def test_the_counter_continues_in_the_next_attempt(wandb: ModuleType, capsys: pytest.CaptureFixture[str],
+                                                   monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from db.layout import WANDB_SHIM_DIR
+
+    assert wandb.STATE_DIR == WANDB_SHIM_DIR
+    monkeypatch.setenv("RUNYARD_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv("RANK", "1")
+    wandb.init()
+    for value in (1.0, 2.0, 3.0):
+        wandb.log({"val/loss": value})
+    wandb.finish()
+    second = wandb.init()  # the next attempt's rank 1 (the same files)
+    wandb.log({"val/loss": 4.0})
+    assert [line["step"] for line in lines_of(capsys)] == [0, 1, 2, 3] and second.step == 4
+    assert json.loads((tmp_path / WANDB_SHIM_DIR / "rank-1.json").read_text()) == {"next_step": 4}

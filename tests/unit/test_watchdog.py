@@ -104,3 +104,38 @@ def test_an_attempt_that_ends_during_its_hang_dump_keeps_the_evidence(sessions: 
             assert "rank 1 was stopped" in message
     finally:
         dumps.close()
+
+
+def test_a_script_that_steps_once_an_epoch_but_prints_meanwhile_is_alive(sessions: sessionmaker[Session],
+                                                                         settings: Settings) -> None:
+    """A step every ~30 s, a printed line every 10 s, hang_timeout_s = 20: its output is life,
+    said once; once the output stops too, it is a hang."""
+    from orchestrator.scripts.attempt_watch import WATCH_STEPS_OR_OUTPUT
+
+    config = SupervisionConfig(hang_timeout_s=20, hang_step_factor=5)
+    ids = running_attempt(sessions, settings, step_time_s=0.05)
+
+    def check(silent_s: float, printed_s: float) -> Attempt:
+        with sessions() as s:
+            attempt, run = s.get(Attempt, ids[1]), s.get(Run, ids[0])
+            now = time.time()
+            attempt.progress_at = now - silent_s
+            dumps = StackDumps()
+            watchdog.check(s, run, attempt, config, script=True, dumps=dumps, executor=LocalExecutor(), now=now,
+                           output_at=now - printed_s)
+            dumps.close()
+            s.commit()
+            return attempt
+
+    assert check(silent_s=25, printed_s=3).hang_detected_at is None
+    attempt = check(silent_s=28, printed_s=8)
+    assert attempt.hang_detected_at is None and attempt.watching == WATCH_STEPS_OR_OUTPUT
+    with sessions() as s:
+        (said,) = s.scalars(select(Event.message).where(Event.kind == "watch")).all()
+    assert "no step completed for 25 s (threshold 20 s) after step 20, but the script wrote output 3 s ago" in said
+    assert "counted as life" in said
+    hung = check(silent_s=45, printed_s=25)
+    assert hung.hang_detected_at is not None
+    with sessions() as s:
+        (message,) = s.scalars(select(Event.message).where(Event.kind == "hang")).all()
+    assert "no step completed and no output for 45 s" in message

@@ -51,6 +51,7 @@ class CheckpointHistory:
         self.attempt = attempt
         self.config = config
         self.manager = manager
+        self._unranked_said = False  # keep_best's metric missing from every checkpoint: said once
 
     def attach(self, writer: DatabaseWriter) -> None:
         writer.register("checkpoint", self.record)
@@ -143,6 +144,7 @@ class CheckpointHistory:
                            metric=json.loads(r.metrics_json or "{}").get(self.config.best_metric))
             for r in rows
         ]
+        self._say_unranked(conn, rows, infos, now)
         keep_last = self.config.keep_last
         if keep_last == 0:
             return []  # keep everything
@@ -157,6 +159,22 @@ class CheckpointHistory:
                 deleted_reason=f"retention: not among the last {keep_last}, the best {self.config.keep_best} "
                                f"by {self.config.best_metric}, or pinned"))
         return deletions
+
+    def _say_unranked(self, conn: Connection, rows: list[Any], infos: list[CheckpointInfo], now: float) -> None:
+        """``keep_best`` ranks by a metric no checkpoint carries (``eval_loss`` where the script
+        saves ``val_loss``): it keeps nothing by it. Say so once, with the names that were seen."""
+        if self._unranked_said or not self.config.keep_best or not infos or any(i.metric is not None for i in infos):
+            return
+        seen = sorted({k for r in rows for k in json.loads(r.metrics_json or "{}")})
+        if not seen and len(infos) < 2:
+            return  # the first checkpoint may carry no metrics yet
+        self._unranked_said = True
+        names = ", ".join(repr(n) for n in seen) if seen else "none"
+        conn.execute(insert(Event).values(
+            run_id=self.run_id, attempt=self.attempt, at=now, level="warning", kind="checkpoint",
+            message=f"checkpoint.keep_best = {self.config.keep_best} keeps nothing by checkpoint.best_metric = "
+                    f"{self.config.best_metric!r}: no checkpoint carries it; the metrics the checkpoints carry: "
+                    f"{names} (set checkpoint.best_metric to one of them)"))
 
     def _delete_folder(self, step: int) -> None:
         self.manager.delete(step)

@@ -16,12 +16,28 @@ moves to the next; with ``step`` the values gather at that step until a later st
 ignored with a warning. Nested dicts become ``outer/inner`` keys; values that are not numbers
 (tables, images, strings) are skipped with one warning per key.
 
+The step a metric is recorded at, in this order:
+
+1. ``define_metric("val/*", step_metric="trainer/global_step")`` (Hugging Face's and
+   Lightning's loggers declare one for ``"*"``; nanoGPT-style scripts for their eval keys): a
+   matching key is recorded at the value of its step metric, from the same ``log`` call or the
+   last one that logged it.
+2. A ``log`` call without ``step=`` that holds a step-like key (:data:`STEP_KEYS`: ``iter``,
+   ``iter_num``, ``step``, ``global_step``, ``train/global_step``, ``trainer/global_step``): its
+   other keys are recorded at that step (nanoGPT's ``wandb.log({"iter": iter_num, ...})``).
+3. ``step=``, else wandb's own counter. A step metric or step-like key is not a metric itself.
+
+wandb's counter continues across the attempts of a run, as a resumed W&B run's does: each rank
+keeps its next step in ``$RUNYARD_RUN_DIR/wandb-shim/rank-<r>.json`` (``db/layout.py``'s
+``WANDB_SHIM_DIR``), so a retry's counter-stepped values do not land on the first attempt's steps.
+
 The standard library only: this runs inside the script's own interpreter.
 """
 
 from __future__ import annotations
 
 import atexit
+import fnmatch
 import json
 import os
 import sys
@@ -31,6 +47,10 @@ from typing import Any
 __version__ = "0.0.0+runyard"
 PROTOCOL_PREFIX = "RUNYARD "  # orchestrator/scripts/log_lines.py reads these lines
 _RESERVED = ("step", "rank", "total")
+# Keys a script logs its own step under (rule 2 of the module docstring).
+STEP_KEYS = ("iter", "iter_num", "step", "global_step", "train/global_step", "trainer/global_step")
+# Where each rank's counter is kept between attempts, under $RUNYARD_RUN_DIR (db/layout.py: WANDB_SHIM_DIR).
+STATE_DIR = "wandb-shim"
 
 __all__ = ["Api", "Artifact", "Audio", "Config", "Error", "Histogram", "Html", "Image", "Object3D", "Run", "Settings",
            "Summary", "Table", "Video", "alert", "config", "define_metric", "finish", "init", "log", "login", "run",
@@ -203,10 +223,13 @@ class Run:
         self.disabled = False
         self.offline = True
         self._out = out
-        self._step = 0
+        self._state = _state_file(rank)
+        self._step = _saved_step(self._state)
         self._pending: dict[str, float] = {}
         self._warned: set[str] = set()
         self._finished = False
+        self._step_metrics: dict[str, str] = {}  # key pattern -> its step metric (define_metric)
+        self._last: dict[str, int] = {}  # the last value logged of each step metric
 
     @property
     def step(self) -> int:
@@ -220,9 +243,18 @@ class Run:
             return
         if not isinstance(data, Mapping):
             raise TypeError(f"wandb.log takes a dict, not {type(data).__name__}")
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+            raise TypeError(f"step must be an integer >= 0, not {step!r}")
+        values = self._numbers(data)
+        steps = {k: v for k, v in values.items() if k in self._step_metrics.values() or k in STEP_KEYS}
+        for key, value in steps.items():
+            if value >= 0 and value == int(value):
+                self._last[key] = int(value)
+        own = self._own_steps(values, steps, explicit=step is not None)
+        for at, found in sorted(own.items()):
+            self._line(at, found)
+        rest = {k: v for k, v in values.items() if k not in steps and not any(k in f for f in own.values())}
         if step is not None:
-            if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-                raise TypeError(f"step must be an integer >= 0, not {step!r}")
             if step < self._step:
                 self._warn_once(f"step:{step}", f"step {step} is below the current step {self._step}: "
                                                 "these values are ignored (as wandb does)")
@@ -233,18 +265,71 @@ class Run:
             commit = False if commit is None else commit
         elif commit is None:
             commit = True
+        self._pending.update(rest)
+        if commit:
+            counted = bool(self._pending)
+            self._commit()
+            self._step += 1
+            if counted:
+                self._save_step()
+
+    def _numbers(self, data: Mapping[str, Any]) -> dict[str, float]:
+        out: dict[str, float] = {}
         for key, value in _flatten(data):
-            if key in _RESERVED:  # the protocol's own words; the step is already the step
-                self._warn_once(key, f"{key!r} is not recorded as a metric (runyard's line protocol uses the name)")
-                continue
             number = _number(value)
             if number is None:
                 self._warn_once(key, f"{key!r} is a {type(value).__name__}, not a number: not recorded")
                 continue
-            self._pending[key] = number
-        if commit:
-            self._commit()
-            self._step += 1
+            out[key] = number
+        return out
+
+    def _own_steps(self, values: dict[str, float], steps: dict[str, float],
+                   explicit: bool) -> dict[int, dict[str, float]]:
+        """The values that go at a step of their own (rules 1 and 2), by step."""
+        out: dict[int, dict[str, float]] = {}
+        logged_step = next((int(steps[k]) for k in STEP_KEYS if k in steps and k in self._last
+                            and self._last[k] == steps[k]), None)
+        for key, value in values.items():
+            if key in steps:
+                continue
+            metric = self._step_metric(key)
+            if metric is not None and metric in self._last:
+                out.setdefault(self._last[metric], {})[key] = value
+            elif metric is None and logged_step is not None and not explicit:
+                out.setdefault(logged_step, {})[key] = value
+            elif key in _RESERVED:
+                self._warn_once(key, f"{key!r} is not recorded as a metric (runyard's line protocol uses the name)")
+        return out
+
+    def _step_metric(self, key: str) -> str | None:
+        """The step metric ``define_metric`` gave ``key`` (an exact name first, then a pattern)."""
+        if key in self._step_metrics:
+            return self._step_metrics[key]
+        for pattern, metric in self._step_metrics.items():
+            if fnmatch.fnmatchcase(key, pattern) and key != metric:
+                return metric
+        return None
+
+    def _line(self, step: int, values: Mapping[str, float]) -> None:
+        if not values:
+            return
+        line = {"step": step, "rank": self.rank, **values}
+        out = self._out or sys.stdout
+        print(PROTOCOL_PREFIX + json.dumps(line, separators=(",", ":")), file=out, flush=True)
+        self.summary.update(values)
+
+    def _save_step(self) -> None:
+        """Keep the counter for the run's next attempt (best effort: a read-only folder loses it)."""
+        if self._state is None:
+            return
+        try:
+            os.makedirs(os.path.dirname(self._state), exist_ok=True)
+            tmp = f"{self._state}.tmp"
+            with open(tmp, "w") as f:
+                json.dump({"next_step": self._step}, f)
+            os.replace(tmp, self._state)
+        except OSError:
+            self._state = None
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
@@ -252,13 +337,8 @@ class Run:
             _warn(message)
 
     def _commit(self) -> None:
-        if not self._pending:
-            return
-        line = {"step": self._step, "rank": self.rank, **self._pending}
-        out = self._out or sys.stdout
         # json writes NaN and Infinity as the bare words Python's json reads back.
-        print(PROTOCOL_PREFIX + json.dumps(line, separators=(",", ":")), file=out, flush=True)
-        self.summary.update(self._pending)
+        self._line(self._step, self._pending)
         self._pending = {}
 
     def finish(self, exit_code: int | None = None, quiet: bool | None = None) -> None:
@@ -270,8 +350,10 @@ class Run:
     def watch(self, *args: Any, **kwargs: Any) -> None:
         return None
 
-    def define_metric(self, *args: Any, **kwargs: Any) -> None:
-        return None
+    def define_metric(self, name: str, step_metric: str | None = None, *args: Any, **kwargs: Any) -> None:
+        """Record ``name`` (a key or a ``*`` pattern) at the value of ``step_metric``."""
+        if isinstance(name, str) and isinstance(step_metric, str) and step_metric:
+            self._step_metrics[name] = step_metric
 
     def save(self, *args: Any, **kwargs: Any) -> bool:
         return True
@@ -354,8 +436,27 @@ def unwatch(*args: Any, **kwargs: Any) -> None:
     return None
 
 
-def define_metric(*args: Any, **kwargs: Any) -> None:
-    return None
+def define_metric(name: str, step_metric: str | None = None, *args: Any, **kwargs: Any) -> None:
+    """``run.define_metric`` of the current run (before ``init``: nothing, as there is no run)."""
+    if run is not None:
+        run.define_metric(name, step_metric, *args, **kwargs)
+
+
+def _state_file(rank: int) -> str | None:
+    run_dir = os.environ.get("RUNYARD_RUN_DIR")
+    return os.path.join(run_dir, STATE_DIR, f"rank-{rank}.json") if run_dir else None
+
+
+def _saved_step(path: str | None) -> int:
+    """The counter an earlier attempt of the run left, else 0."""
+    if path is None:
+        return 0
+    try:
+        with open(path) as f:
+            step = json.load(f).get("next_step", 0)
+    except (OSError, ValueError, AttributeError):
+        return 0
+    return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else 0
 
 
 def save(*args: Any, **kwargs: Any) -> bool:
