@@ -19,7 +19,7 @@ from app.run_actions import is_superseded
 from db import metric_registry
 from db.states import RunStatus
 from orchestrator.executors.logs import launcher_log, rank_log_files, tail
-from orchestrator.format import clock, duration
+from orchestrator.format import clock, duration, phases_text
 
 
 def attempts_table(d: dict) -> None:
@@ -56,6 +56,10 @@ def attempts_table(d: dict) -> None:
         ),
         hide_index=True,
     )
+    for a in d["attempts"]:  # where each start-up went, phase by phase (db/phases.py)
+        if timed := phases_text(a.get("phases")):
+            after = "recovery from the failure" if a["phases"][0]["phase"] == "teardown" else "start-up"
+            st.caption(f"Attempt {a['number']} {after}: {timed}")
 
 
 def failed_attempt(d: dict) -> dict | None:

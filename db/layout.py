@@ -67,6 +67,7 @@ STEP_DIR = re.compile(r"step-(0|[1-9][0-9]*)")
 # -- an attempt's folder ---------------------------------------------------------------------
 LAUNCH_RECORD = "launch.json"
 EXIT_FILE = "exit.json"
+FAILURE_FILE = "failure.json"  # the agent's first sight of a failed rank (trainer/torchrun.py)
 LAUNCHER_LOG = "launcher.log"
 RANK_LOG_DIR = "ranks"
 RANK_MAP_FILE = "ranks.json"  # beside torchrun's local-rank log folders: {"<local rank>": <global rank>}
@@ -130,6 +131,10 @@ class AttemptPaths:
     @property
     def exit_file(self) -> Path:
         return self.root / EXIT_FILE
+
+    @property
+    def failure_file(self) -> Path:
+        return self.root / FAILURE_FILE
 
     @property
     def launcher_log(self) -> Path:
