@@ -60,6 +60,11 @@ from typing import Any
 
 import psutil
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from floor import floor_start
+
+from db.phases import attempt_phases, marks_from_json
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "digits.toml"
 OVERRIDES = (
@@ -75,7 +80,8 @@ TARGET_MEDIAN_S, TARGET_P95_S = 8.0, 15.0
 POLL_S = 0.05
 
 ATTEMPT_COLUMNS = ("number", "status", "started_at", "first_step_at", "last_step", "resume_step", "failed_at",
-                   "detected_at", "ended_at", "cause", "failed_rank")
+                   "detected_at", "ended_at", "cause", "failed_rank", "phase_marks_json")
+TARGET_FLOOR_RATIO = 1.3
 
 
 class BenchError(RuntimeError):
@@ -150,6 +156,23 @@ class Product:
             if env.get("LOCAL_RANK") == str(rank) and env.get("RUNYARD_ATTEMPT") == str(attempt):
                 return proc
         return None
+
+    def paused(self) -> contextlib.AbstractContextManager[None]:
+        """SIGSTOP every training process of this installation for the block (the floor is timed
+        on the same cores with nothing of the run competing), SIGCONT after."""
+        @contextlib.contextmanager
+        def pause() -> Any:
+            procs = self.training_processes()
+            for proc in procs:
+                with contextlib.suppress(psutil.Error):
+                    proc.send_signal(signal.SIGSTOP)
+            try:
+                yield
+            finally:
+                for proc in procs:
+                    with contextlib.suppress(psutil.Error):
+                        proc.send_signal(signal.SIGCONT)
+        return pause()
 
     def close(self) -> None:
         """SIGTERM the scheduler, then SIGKILL whatever training processes are left."""
@@ -282,18 +305,47 @@ def recovery(product: Product, injections: int, min_steps: int, rand: random.Ran
             "resume": nxt["first_step_at"] - nxt["started_at"],
             "total": nxt["first_step_at"] - kill_time,
         }
+        nxt["phase_marks"], failed["phase_marks"] = marks_from_json(nxt["phase_marks_json"]), {}
+        r["phases"] = {p["phase"]: p["seconds"] for p in attempt_phases(nxt, failed) or []}
+        r["startup"] = nxt["first_step_at"] - nxt["started_at"]  # launch -> first step, as a fresh start's
+        if number == 1:  # the run's fresh start, for the resumed start-ups to be compared with
+            failed["phase_marks"] = marks_from_json(failed["phase_marks_json"])
+            r["fresh_startup"] = failed["first_step_at"] - failed["started_at"]
+            r["fresh_phases"] = {p["phase"]: p["seconds"] for p in attempt_phases(failed, None) or []}
+            print("  the fresh attempt's start-up: " + "  ".join(f"{k} {v:.2f}" for k, v in r["fresh_phases"].items())
+                  + f" = {r['fresh_startup']:.2f} s", flush=True)
+        # The floor, side by side: a bare torchrun start of the same ranks, with the run stopped.
+        product.wait_training(run_id, 5)
+        with product.paused():
+            r["floor"] = floor_start(nproc)
+        r["ratio"] = r["total"] / r["floor"]
         results.append(r)
         odd = "" if r["cause"] == "SIGNAL" and r["failed_rank"] == victim else "  (!) cause/rank differ from the kill"
         exit_s = f"{r['exit']:.2f}" if r["exit"] is not None else "n/a"
         print(f"injection {i}: attempt {number} rank {victim} after step {r['killed_after_step']} -> "
               f"{r['cause']} rank {r['failed_rank']}, resumed from step {r['resume_step']}: "
               f"detect {r['detect']:.2f} s (exit {exit_s}), relaunch {r['relaunch']:.2f} s, "
-              f"resume {r['resume']:.2f} s, total {r['total']:.2f} s{odd}", flush=True)
+              f"resume {r['resume']:.2f} s, total {r['total']:.2f} s; floor {r['floor']:.2f} s, "
+              f"ratio {r['ratio']:.2f}{odd}", flush=True)
+        print("  phases: " + "  ".join(f"{k} {v:.2f}" for k, v in r["phases"].items()), flush=True)
     return results
 
 
 def summarize_recovery(results: list[dict[str, Any]]) -> dict[str, Any]:
-    medians = {k: statistics.median(r[k] for r in results) for k in COMPONENTS}
+    medians = {k: statistics.median(r[k] for r in results) for k in (*COMPONENTS, "floor", "ratio")}
+    phase_names = list(dict.fromkeys(k for r in results for k in r["phases"]))
+    phase_medians = {k: statistics.median(r["phases"].get(k, 0.0) for r in results) for k in phase_names}
+    print("median phases: " + ", ".join(f"{k} {v:.2f} s" for k, v in phase_medians.items()))
+    floor_ratio = medians["total"] / medians["floor"]
+    fresh = [r["fresh_startup"] for r in results if "fresh_startup" in r]
+    if fresh:
+        print(f"start-up (launch -> first step): fresh {fresh[0]:.2f} s (one), resumed median "
+              f"{statistics.median(r['startup'] for r in results):.2f} s")
+    print(f"kill -> first new step median {medians['total']:.2f} s, bare torchrun start median "
+          f"{medians['floor']:.2f} s:"
+          f" {floor_ratio:.2f}x (median of the per-kill ratios {medians['ratio']:.2f}x); target <= "
+          f"{TARGET_FLOOR_RATIO}x: {'PASS' if floor_ratio <= TARGET_FLOOR_RATIO else 'MISS'}; load average "
+          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
     p95s = {k: p95([r[k] for r in results]) for k in COMPONENTS}
     print("median: " + ", ".join(f"{k} {v:.2f} s" for k, v in medians.items()))
     print("p95:    " + ", ".join(f"{k} {v:.2f} s" for k, v in p95s.items()) + f"  (nearest rank of {len(results)})")
@@ -301,7 +353,7 @@ def summarize_recovery(results: list[dict[str, Any]]) -> dict[str, Any]:
     print(f"target total median <= {TARGET_MEDIAN_S:.0f} s and p95 <= {TARGET_P95_S:.0f} s: "
           f"{'PASS' if ok else 'MISS'} (median {medians['total']:.2f} s, p95 {p95s['total']:.2f} s)", flush=True)
     return {"injections": len(results), "median_s": medians, "p95_s": p95s, "target_met": ok,
-            "per_injection": results}
+            "phase_median_s": phase_medians, "floor_ratio": floor_ratio, "per_injection": results}
 
 
 # -- part 2: goodput under failures -----------------------------------------------------------
@@ -400,7 +452,8 @@ def main() -> int:
     summary: dict[str, Any] = {"seed": args.seed}
     try:
         if args.injections > 0:
-            print(f"== recovery time: {args.injections} SIGKILLs of one rank ==", flush=True)
+            print(f"== recovery time: {args.injections} SIGKILLs of one rank, each beside a bare torchrun start; "
+                  f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} ==", flush=True)
             results = in_fresh_home(recovery, args.injections, args.min_steps, rand)
             summary["recovery"] = summarize_recovery(results)
         if args.goodput_minutes > 0:

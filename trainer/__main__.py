@@ -85,11 +85,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    # Skip the interpreter's finalisation after a clean tear-down: C++ destructors of the
-    # process group's threads racing with it occasionally aborted an otherwise finished rank
-    # ("terminate called without an active exception").
-    sys.stdout.flush()
-    sys.stderr.flush()
-    logging.shutdown()
-    os._exit(code or 0)
+    from trainer.lifecycle import exit_without_finalising
+
+    exit_without_finalising(main)

@@ -14,12 +14,13 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
-
-from sqlalchemy import Connection, insert
+from typing import TYPE_CHECKING, Any
 
 from db.states import STARTUP_PHASES, AttemptPhase
 from trainer.context import RunContext
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +29,7 @@ logger = logging.getLogger(__name__)
 # may return actions (callables) to run only after that transaction commits: deleting files the
 # rows it wrote forget (retention), so a rollback never leaves a row for a folder that is gone.
 PostCommit = Callable[[], None]
-Handler = Callable[[Connection, list[Any]], Iterable[PostCommit] | None]
+Handler = Callable[["Connection", list[Any]], Iterable[PostCommit] | None]
 
 # While the database refuses writes, the metric rows queued meanwhile are kept up to this many
 # (about 200 MB); past it the oldest metric rows are dropped (and an event says how many).
@@ -164,6 +165,8 @@ class DatabaseWriter(threading.Thread):
     # -- writing --------------------------------------------------------------------------
 
     def _write_events(self, conn: Connection, events: list[dict[str, Any]]) -> None:
+        from sqlalchemy import insert
+
         from db.models import Event
 
         for e in events:

@@ -66,6 +66,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRende
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
 from db.layout import FAILURE_FILE, RANK_MAP_FILE
+from trainer.lifecycle import exit_without_finalising
 from trainer.store_secret import MissingSecret, ensure_secret, guard_rendezvous_unpickling, prefixed
 
 # Where psutil finds no interface carrying 127.0.0.1 (it always exists on Linux).
@@ -326,4 +327,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    # A failed attempt's agent exits at once once its ranks are gone (trainer/lifecycle.py says why).
+    exit_without_finalising(lambda: main(sys.argv[1:]))
