@@ -101,14 +101,18 @@ def p95(values: list[float]) -> float:
 class Product:
     """A runyard installation in a temporary folder, with its scheduler as a subprocess."""
 
-    def __init__(self, home: Path):
+    def __init__(self, home: Path, tree: Path | None = None):
         self.home = home
         self.db = home / "runyard.db"
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("RUNYARD_FAULT_")}
         self.env.pop("RUNYARD_DB_URL", None)
         self.env["RUNYARD_HOME"] = str(home)
+        if tree is not None:  # runyard from another checkout (the code before a change), this interpreter
+            self.env["PYTHONPATH"] = str(tree)
         self.scheduler: subprocess.Popen | None = None
         self._log = None
+        # A checkout from before the phase marks (migration 0013) has no such column.
+        self.tree_without_marks = tree is not None and not (tree / "db" / "phases.py").exists()
 
     # -- processes ----------------------------------------------------------------------
 
@@ -210,7 +214,8 @@ class Product:
             return []
 
     def attempts(self, run_id: int) -> list[dict[str, Any]]:
-        rows = self._query(f"SELECT {', '.join(ATTEMPT_COLUMNS)} FROM attempts WHERE run_id = ? ORDER BY number",
+        columns = ATTEMPT_COLUMNS if not self.tree_without_marks else (*ATTEMPT_COLUMNS[:-1], "NULL")
+        rows = self._query(f"SELECT {', '.join(columns)} FROM attempts WHERE run_id = ? ORDER BY number",
                            (run_id,))
         return [dict(zip(ATTEMPT_COLUMNS, row, strict=True)) for row in rows]
 
@@ -424,9 +429,9 @@ def goodput(product: Product, minutes: float, kill_every: float, rand: random.Ra
 # -- main -------------------------------------------------------------------------------------
 
 
-def in_fresh_home(part, *args: Any) -> Any:
+def in_fresh_home(part, *args: Any, tree: Path | None = None) -> Any:
     with tempfile.TemporaryDirectory(prefix="runyard-bench-", ignore_cleanup_errors=True) as tmp:
-        product = Product(Path(tmp))
+        product = Product(Path(tmp), tree)
         try:
             return part(product, *args)
         except BenchError:
@@ -446,6 +451,8 @@ def main() -> int:
                         help="seconds between kills in part 2 (0: no kills, a baseline)")
     parser.add_argument("--min-steps", type=int, default=30, help="steps past the first step before a kill")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tree", type=Path, help="time runyard from this checkout instead (the code before a change: "
+                        "git archive COMMIT | tar -x -C DIR); its scheduler and ranks import DIR")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, _interrupt)
     rand = random.Random(args.seed)
@@ -454,12 +461,12 @@ def main() -> int:
         if args.injections > 0:
             print(f"== recovery time: {args.injections} SIGKILLs of one rank, each beside a bare torchrun start; "
                   f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} ==", flush=True)
-            results = in_fresh_home(recovery, args.injections, args.min_steps, rand)
+            results = in_fresh_home(recovery, args.injections, args.min_steps, rand, tree=args.tree)
             summary["recovery"] = summarize_recovery(results)
         if args.goodput_minutes > 0:
             print(f"== goodput under a SIGKILL every {args.kill_every:g} s ==" if args.kill_every > 0
                   else "== goodput without kills (baseline) ==", flush=True)
-            summary["goodput"] = in_fresh_home(goodput, args.goodput_minutes, args.kill_every, rand)
+            summary["goodput"] = in_fresh_home(goodput, args.goodput_minutes, args.kill_every, rand, tree=args.tree)
     except KeyboardInterrupt:
         print("interrupted; every process started here was stopped", file=sys.stderr)
         return 130

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
@@ -88,3 +89,45 @@ def test_rank_0_marks_reach_the_attempt_and_its_phases(settings: Settings, sessi
     assert attempt["phase_marks"] == RANK_MARKS
     assert attempt["phases"][-1]["phase"] == "first_step"
     assert attempt["first_step_at"] == pytest.approx(time.time(), abs=60)
+
+
+class _Ticks:
+    """Stands in for the Scheduler in add_jobs: counts its ticks, watches one exit file."""
+
+    def __init__(self, exit_file: Path):
+        self.ticks: list[float] = []
+        self.watched_exits = frozenset({exit_file})
+
+    def tick(self) -> None:
+        self.ticks.append(time.monotonic())
+
+    def renew_lease(self) -> None:
+        pass
+
+
+def test_an_exit_file_wakes_the_tick_at_once(tmp_path: Path) -> None:
+    """The tick comes every 60 s here; the launcher's exit file of a watched attempt brings it
+    within a fraction of a second: the detection phase is not a tick long (issue 32)."""
+    from apscheduler.schedulers.background import BackgroundScheduler
+
+    from orchestrator.scheduler.loop import add_jobs
+
+    ticks = _Ticks(tmp_path / "exit.json")
+    aps = BackgroundScheduler()
+    add_jobs(aps, cast(Any, ticks), None, tick_s=60.0)
+    aps.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not ticks.ticks:  # the first tick, at the start
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        time.sleep(0.3)
+        assert len(ticks.ticks) == 1  # nothing to wake it yet
+        written = time.monotonic()
+        (tmp_path / "exit.json").write_text('{"exit_code": 1}')
+        while len(ticks.ticks) < 2:
+            assert time.monotonic() < written + 5, "the exit file did not wake the tick"
+            time.sleep(0.01)
+        assert ticks.ticks[1] - written < 2.0
+    finally:
+        aps.shutdown(wait=True)
