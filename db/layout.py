@@ -58,6 +58,7 @@ CHECKPOINTS_DIR = "checkpoints"
 SUPERSEDED_DIR = "superseded"
 SCRIPT_COPIES_DIR = "script"
 ATTEMPTS_DIR = "attempts"
+CPU_PEAK_FILE = "cpu_peak.json"  # this host's measured CPU FLOP/s, kept for the run's retries (trainer/techniques.py)
 
 # -- a checkpoint's folder -------------------------------------------------------------------
 STATE_FILE = "state.pt"
@@ -99,6 +100,10 @@ class RunPaths:
     @property
     def checkpoints(self) -> Path:
         return self.root / CHECKPOINTS_DIR
+
+    @property
+    def cpu_peak(self) -> Path:
+        return self.root / CPU_PEAK_FILE
 
     def attempt(self, number: int) -> AttemptPaths:
         return AttemptPaths(self.root / ATTEMPTS_DIR / str(number))

@@ -131,3 +131,24 @@ def test_an_exit_file_wakes_the_tick_at_once(tmp_path: Path) -> None:
         assert ticks.ticks[1] - written < 2.0
     finally:
         aps.shutdown(wait=True)
+
+
+def test_a_retry_reads_the_cpu_peak_its_run_measured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first attempt measures the CPU peak and keeps it with the run; a later attempt on the
+    same host reads it and measures nothing (every rank waited for that measurement at start-up);
+    another host's figure is measured anew."""
+    from trainer import techniques
+
+    kept = tmp_path / "cpu_peak.json"
+    measured: list[float] = []
+
+    def measure() -> float:
+        measured.append(1.5e11)
+        return 1.5e11
+
+    monkeypatch.setattr(techniques, "measure_cpu_peak_flops", measure)
+    assert techniques.shared_cpu_peak_flops(kept) == 1.5e11 and len(measured) == 1
+    assert techniques.shared_cpu_peak_flops(kept) == 1.5e11 and len(measured) == 1  # read back
+    kept.write_text(json.dumps({"host": "elsewhere", "flops": 9e9}))
+    assert techniques.shared_cpu_peak_flops(kept) == 1.5e11 and len(measured) == 2
+    assert techniques.shared_cpu_peak_flops(None) == 1.5e11 and len(measured) == 3  # outside runyard: measured
