@@ -9,12 +9,15 @@ SQLAlchemy tracking store, side by side, both on SQLite files in the same temp f
 each repetition then also writes the same points into a fresh database created on it for that
 side (dropped after), and prints PostgreSQL / SQLite per repetition.
 
-The points: 8 ranks x 10 metrics at every step (80 points a step). runyard gets them as rank 0's
-DatabaseWriter hands them over, one ``write_points`` transaction per flush (every second): ``--batch-steps``
-steps a batch (625 steps = 50k points: what one flush holds at 100k points/s), and again in
-12-step batches (960 points). MLflow gets the same points through
-``SqlAlchemyStore.log_batch`` in batches of 12 steps (960 metrics; MLflow refuses more than
-1000 a call), each rank's value as its own key ``<metric>/rank<r>`` (MLflow has no rank).
+The points: 8 ranks x 10 metrics at every step (80 points a step). The headline compares like
+with like: runyard and MLflow at the same batch sizes, 1 step (80 points: one commit per step)
+and 12 steps (960 points: the largest batch MLflow allows, it refuses more than 1000 metrics a
+call). runyard gets them as rank 0's DatabaseWriter hands them over, one ``write_points``
+transaction per batch; MLflow through ``SqlAlchemyStore.log_batch``, each rank's value as its
+own key ``<metric>/rank<r>`` (MLflow has no rank). Separately, runyard's own large flush:
+``--batch-steps`` steps a batch (625 steps = 50k points: what one one-second flush holds at
+100k points/s), against MLflow's largest call; a different batch size, so not the headline.
+1-step batches write ``--steps`` / 5 steps (points/s is per point either way).
 Only the writes are timed (not building the rows, not creating the schema or the run). Each
 repetition uses a fresh folder; the sides take turns (SQLite and PostgreSQL of one batch size
 back to back) so that load affects them alike.
@@ -44,6 +47,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RANKS, KEYS = 8, [f"metric_{i}" for i in range(10)]
 MLFLOW_BATCH_STEPS = 12  # 12 x 80 = 960 metrics a call; MLflow's limit is 1000
+EQUAL_BATCHES = (1, MLFLOW_BATCH_STEPS)  # the batch sizes both sides are measured at
 
 
 def points(steps: int, batch_steps: int) -> Iterator[list[tuple[str, int, int, float, float]]]:
@@ -93,7 +97,8 @@ def _runyard_ingest(db_url: str, folder: Path, steps: int, batch_steps: int) -> 
     return {"points": count, "seconds": spent, "points_per_s": count / spent}
 
 
-def mlflow_ingest(folder: Path, steps: int, store_url: str | None = None) -> dict[str, float]:
+def mlflow_ingest(folder: Path, steps: int, store_url: str | None = None,
+                  batch_steps: int = MLFLOW_BATCH_STEPS) -> dict[str, float]:
     """Points/s through MLflow's SqlAlchemyStore.log_batch (run in an interpreter with MLflow),
     on a SQLite file in ``folder`` or on ``store_url``."""
     import logging
@@ -103,11 +108,12 @@ def mlflow_ingest(folder: Path, steps: int, store_url: str | None = None) -> dic
     from mlflow.entities import Metric
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
-    store = SqlAlchemyStore(store_url or f"sqlite:///{folder / 'mlflow.db'}", str(folder / "mlflow-artifacts"))
+    store = SqlAlchemyStore(store_url or f"sqlite:///{folder / f'mlflow-{batch_steps}.db'}",
+                            str(folder / "mlflow-artifacts"))
     experiment = store.create_experiment("ingest")
     run_id = store.create_run(experiment, "bench", int(time.time() * 1000), [], "ingest").info.run_id
     spent, count = 0.0, 0
-    for batch in points(steps, MLFLOW_BATCH_STEPS):
+    for batch in points(steps, batch_steps):
         metrics = [Metric(f"{key}/rank{rank}", value, int(wall * 1000), step) for key, rank, step, value, wall in batch]
         t0 = time.perf_counter()
         store.log_batch(run_id, metrics=metrics, params=[], tags=[])
@@ -116,7 +122,8 @@ def mlflow_ingest(folder: Path, steps: int, store_url: str | None = None) -> dic
     return {"points": count, "seconds": spent, "points_per_s": count / spent}
 
 
-def mlflow_side(folder: Path, steps: int, python: str | None, server: str | None = None) -> dict[str, float] | None:
+def mlflow_side(folder: Path, steps: int, python: str | None, server: str | None = None,
+                batch_steps: int = MLFLOW_BATCH_STEPS) -> dict[str, float] | None:
     """The MLflow measurement: here when MLflow imports, else in ``python``, else None; on SQLite,
     or on a fresh database on the PostgreSQL ``server``."""
     if python is None:
@@ -125,19 +132,21 @@ def mlflow_side(folder: Path, steps: int, python: str | None, server: str | None
         except ImportError:
             return None
     if server is None:
-        return _mlflow_run(folder, steps, python, None)
+        return _mlflow_run(folder, steps, python, None, batch_steps)
     sys.path.insert(0, str(ROOT))
     from tests.databases import fresh_database
 
     with fresh_database(server) as url:
-        return _mlflow_run(folder, steps, python, url)
+        return _mlflow_run(folder, steps, python, url, batch_steps)
 
 
-def _mlflow_run(folder: Path, steps: int, python: str | None, store_url: str | None) -> dict[str, float]:
+def _mlflow_run(folder: Path, steps: int, python: str | None, store_url: str | None,
+                batch_steps: int) -> dict[str, float]:
     if python is None:
-        return mlflow_ingest(folder, steps, store_url)
+        return mlflow_ingest(folder, steps, store_url, batch_steps)
     extra = ["--mlflow-store", store_url] if store_url else []
-    out = subprocess.run([python, __file__, "--mlflow-worker", str(folder), "--steps", str(steps), *extra],
+    out = subprocess.run([python, __file__, "--mlflow-worker", str(folder), "--steps", str(steps),
+                          "--batch-steps", str(batch_steps), *extra],
                          check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -154,56 +163,65 @@ def main() -> None:
     parser.add_argument("--mlflow-store", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.mlflow_worker:
-        print(json.dumps(mlflow_ingest(Path(args.mlflow_worker), args.steps, args.mlflow_store)))
+        print(json.dumps(mlflow_ingest(Path(args.mlflow_worker), args.steps, args.mlflow_store, args.batch_steps)))
         return
 
     servers: dict[str, str | None] = {"sqlite": None}
     if args.db_url:
         servers["postgres"] = args.db_url
-    # SQLite and PostgreSQL of one batch size run back to back, so that the two sides of each ratio
-    # meet about the same load.
-    sides = {f"runyard {db}, {b}-step batches": (b, server) for b in (args.batch_steps, 12)
-             for db, server in servers.items()}
-    mlflow_sides = {} if args.no_mlflow else {f"mlflow {db}": server for db, server in servers.items()}
-    results: dict[str, list[float]] = {name: [] for name in [*sides, *mlflow_sides]}
+    # Each batch size's sides run back to back (runyard, MLflow; SQLite, PostgreSQL), so that the
+    # two sides of each ratio meet about the same load.
+    sides: dict[str, tuple[str, int, str | None]] = {}
+    for b in (*EQUAL_BATCHES, args.batch_steps):
+        for db, server in servers.items():
+            sides[f"runyard {db}, {b}-step batches"] = ("runyard", b, server)
+            if not args.no_mlflow and b in EQUAL_BATCHES:
+                sides[f"mlflow {db}, {b}-step batches"] = ("mlflow", b, server)
+    results: dict[str, list[float]] = {name: [] for name in sides}
     mlflow_missing = False
     for rep in range(args.reps):
         with tempfile.TemporaryDirectory(prefix="runyard-ingest-") as tmp:
             folder = Path(tmp)
             line = []
-            for name, (batch_steps, server) in sides.items():
-                r = runyard_ingest(folder, args.steps, batch_steps, server)
-                results[name].append(r["points_per_s"])
-                line.append(f"{name} {r['points_per_s']:,.0f}/s")
-            for name, server in mlflow_sides.items():
-                m = None if mlflow_missing else mlflow_side(folder, args.steps, args.mlflow_python, server)
-                if m is None:
-                    if not mlflow_missing:
+            for name, (who, batch_steps, server) in sides.items():
+                steps = args.steps // 5 if batch_steps == 1 else args.steps
+                if who == "runyard":
+                    r: dict[str, float] | None = runyard_ingest(folder, steps, batch_steps, server)
+                else:
+                    r = None if mlflow_missing else mlflow_side(folder, steps, args.mlflow_python, server, batch_steps)
+                    if r is None and not mlflow_missing:
                         print("MLflow is not installed here: skipping the MLflow side (see BENCHMARKS.md for how "
                               "to run it with --mlflow-python).", flush=True)
-                    mlflow_missing = True
-                else:
-                    results[name].append(m["points_per_s"])
-                    line.append(f"{name} {m['points_per_s']:,.0f}/s")
-            print(f"rep {rep + 1} ({args.steps * 80:,} points each): " + ", ".join(line), flush=True)
+                        mlflow_missing = True
+                if r is not None:
+                    results[name].append(r["points_per_s"])
+                    line.append(f"{name} {r['points_per_s']:,.0f}/s")
+            print(f"rep {rep + 1}: " + ", ".join(line), flush=True)
     medians = {name: statistics.median(v) for name, v in results.items() if v}
     print("median points/s: " + ", ".join(f"{name} {v:,.0f}" for name, v in medians.items()))
-    ratios = {}
-    for name in sides:
-        db = name.split(",")[0].split()[-1]
-        other = f"mlflow {db}"
-        if medians.get(other):
-            per_rep = [a / b for a, b in zip(results[name], results[other], strict=True)]
-            ratios[f"{name} / {other}"] = statistics.median(per_rep)
-        if db == "postgres":
-            lite = name.replace("postgres", "sqlite")
-            per_rep = [a / b for a, b in zip(results[lite], results[name], strict=True)]
-            ratios[f"{lite} / {name}"] = statistics.median(per_rep)
-    for label, ratio in ratios.items():
-        print(f"{label}: {ratio:.2f}x (median of per-repetition ratios)")
+    ratios: dict[str, float] = {}
+
+    def ratio(label: str, top: str, bottom: str) -> None:
+        if results.get(top) and results.get(bottom) and len(results[top]) == len(results[bottom]):
+            ratios[label] = statistics.median(a / b for a, b in zip(results[top], results[bottom], strict=True))
+
+    for db in servers:
+        for b in EQUAL_BATCHES:  # the headline: the same batch size on both sides
+            ratio(f"{db}: runyard / MLflow at {b}-step batches ({b * 80} points)",
+                  f"runyard {db}, {b}-step batches", f"mlflow {db}, {b}-step batches")
+        ratio(f"{db}: runyard's own {args.batch_steps}-step flush / MLflow's largest call (12 steps; not like "
+              "for like)",
+              f"runyard {db}, {args.batch_steps}-step batches", f"mlflow {db}, 12-step batches")
+    if "postgres" in servers:
+        for b in (*EQUAL_BATCHES, args.batch_steps):
+            ratio(f"runyard SQLite / PostgreSQL at {b}-step batches",
+                  f"runyard sqlite, {b}-step batches", f"runyard postgres, {b}-step batches")
+    for label, value in ratios.items():
+        print(f"{label}: {value:.2f}x (median of per-repetition ratios)")
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(json.dumps({"reps": args.reps, "points_per_rep": args.steps * 80, "median_points_per_s": medians,
                       "ratios": ratios}))
+
 
 if __name__ == "__main__":
     main()

@@ -19,10 +19,12 @@ steps with ``time.time()``.
 ``--baseline DIR`` adds a fourth side: runyard from another checkout (``git worktree add DIR
 COMMIT``, or ``git archive COMMIT | tar -x -C DIR``), its scheduler and ranks importing DIR
 (on ``PYTHONPATH``) with this interpreter: a change against the code before it, under the same
-load. The sides take turns, ``reps`` times each; printed: each repetition's numbers, the ratios of the
-medians to each hand-written loop (target >= 0.98 against ``nanogpt``), the medians of the
-per-repetition ratios (less sensitive to the machine drifting between repetitions), and the
-scheduler process's CPU share while a run trains.
+load. The sides take turns, ``reps`` times each, then more repetitions (up to ``--max-reps``)
+until the 95% interval of the mean per-repetition ratio runyard / nanogpt is within +-2%
+(``--resolve``), or it says it cannot resolve that (the machine too noisy); printed: each
+repetition's numbers, the ratios of the medians to each hand-written loop (target >= 0.98
+against ``nanogpt``), the medians of the per-repetition ratios (less sensitive to the machine
+drifting between repetitions), and the scheduler process's CPU share while a run trains.
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ LR = 1e-3
 CLIP = 1.0
 SAVE_EVERY = 50
 HAND_LOG_EVERY = 10
+# Student's t at 97.5% by degrees of freedom (1-30); 1.96 beyond.
+T975 = (12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23, 2.20, 2.18, 2.16, 2.14, 2.13, 2.12, 2.11, 2.10,
+        2.09, 2.09, 2.08, 2.07, 2.07, 2.06, 2.06, 2.06, 2.05, 2.05, 2.05, 2.04)
 SCHEDULER_CPU: list[float] = []  # scheduler process CPU seconds per wall second, one per managed run
 
 
@@ -219,9 +224,21 @@ def hand_loop(kind: str, steps: int, out: Path) -> None:
     dist.destroy_process_group()
 
 
+def interval(pairs: list[float]) -> tuple[float, float]:
+    """The mean of the per-repetition ratios and the half-width of its 95% t-interval."""
+    mean = statistics.fmean(pairs)
+    if len(pairs) < 2:
+        return mean, float("inf")
+    t = T975[len(pairs) - 2] if len(pairs) - 1 <= len(T975) else 1.96
+    return mean, t * statistics.stdev(pairs) / len(pairs) ** 0.5
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--max-reps", type=int, default=20, help="repeat up to this many times to resolve --resolve")
+    parser.add_argument("--resolve", type=float, default=0.02,
+                        help="the 95%% interval of runyard / nanogpt to reach (a fraction: 0.02 is +-2%%)")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=50, help="steps left out at the start")
     parser.add_argument("--baseline", type=Path, help="also time runyard from this checkout (the code before a change)")
@@ -236,17 +253,32 @@ def main() -> None:
     results: dict[str, list[float]] = {"nanogpt": [], "bare": [], "runyard": []}
     if args.baseline:
         results["baseline"] = []
-    for i in range(args.reps):
+    i = 0
+    while True:
+        if i >= args.reps:
+            mean, half = interval([r / h for r, h in zip(results["runyard"], results["nanogpt"], strict=True)])
+            if half <= args.resolve * mean or i >= args.max_reps:
+                break
+            print(f"after {i} repetitions runyard / nanogpt = {mean:.3f} +- {half / mean * 100:.1f}%: one more",
+                  flush=True)
+        i += 1
         for kind in ("nanogpt", "bare"):
             results[kind].append(hand_steps_per_s(args.steps, args.warmup, kind))
         if args.baseline:
             results["baseline"].append(runyard_steps_per_s(args.steps, args.warmup, args.baseline.resolve()))
         results["runyard"].append(runyard_steps_per_s(args.steps, args.warmup))
-        print(f"rep {i + 1}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in results.items()) + " steps/s; runyard / "
+        print(f"rep {i}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in results.items()) + " steps/s; runyard / "
               f"nanogpt {results['runyard'][-1] / results['nanogpt'][-1]:.3f}, runyard / bare "
               f"{results['runyard'][-1] / results['bare'][-1]:.3f}", flush=True)
     med = {k: statistics.median(v) for k, v in results.items()}
-    summary: dict[str, object] = {"reps": args.reps, "steps": args.steps, "steps_per_s": results}
+    summary: dict[str, object] = {"reps": i, "steps": args.steps, "steps_per_s": results}
+    mean, half = interval([r / h for r, h in zip(results["runyard"], results["nanogpt"], strict=True)])
+    resolved = half <= args.resolve * mean
+    print(f"runyard / nanogpt: mean of the per-repetition ratios {mean:.3f} +- {half / mean * 100:.1f}% (95%, {i} "
+          "repetitions): " + (f"resolves {args.resolve * 100:g}%" if resolved else
+                              f"CANNOT resolve {args.resolve * 100:g}% on this machine now (load average "
+                              f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}); the ratio is only known to that"))
+    summary["interval"] = {"mean": mean, "half_width": half, "resolved": resolved}
     print(f"scheduler process (supervision, system metrics): {statistics.median(SCHEDULER_CPU) * 100:.1f}% "
           "of one core while a run trains (median)")
     print("median steps/s: " + ", ".join(f"{k} {v:.2f}" for k, v in med.items()))

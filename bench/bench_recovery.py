@@ -60,6 +60,11 @@ from typing import Any
 
 import psutil
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from floor import floor_start
+
+from db.phases import attempt_phases, marks_from_json
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "digits.toml"
 OVERRIDES = (
@@ -75,7 +80,8 @@ TARGET_MEDIAN_S, TARGET_P95_S = 8.0, 15.0
 POLL_S = 0.05
 
 ATTEMPT_COLUMNS = ("number", "status", "started_at", "first_step_at", "last_step", "resume_step", "failed_at",
-                   "detected_at", "ended_at", "cause", "failed_rank")
+                   "detected_at", "ended_at", "cause", "failed_rank", "phase_marks_json")
+TARGET_FLOOR_RATIO = 1.3
 
 
 class BenchError(RuntimeError):
@@ -95,14 +101,18 @@ def p95(values: list[float]) -> float:
 class Product:
     """A runyard installation in a temporary folder, with its scheduler as a subprocess."""
 
-    def __init__(self, home: Path):
+    def __init__(self, home: Path, tree: Path | None = None):
         self.home = home
         self.db = home / "runyard.db"
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("RUNYARD_FAULT_")}
         self.env.pop("RUNYARD_DB_URL", None)
         self.env["RUNYARD_HOME"] = str(home)
+        if tree is not None:  # runyard from another checkout (the code before a change), this interpreter
+            self.env["PYTHONPATH"] = str(tree)
         self.scheduler: subprocess.Popen | None = None
         self._log = None
+        # A checkout from before the phase marks (migration 0014) has no such column.
+        self.tree_without_marks = tree is not None and not (tree / "db" / "phases.py").exists()
 
     # -- processes ----------------------------------------------------------------------
 
@@ -151,6 +161,23 @@ class Product:
                 return proc
         return None
 
+    def paused(self) -> contextlib.AbstractContextManager[None]:
+        """SIGSTOP every training process of this installation for the block (the floor is timed
+        on the same cores with nothing of the run competing), SIGCONT after."""
+        @contextlib.contextmanager
+        def pause() -> Any:
+            procs = self.training_processes()
+            for proc in procs:
+                with contextlib.suppress(psutil.Error):
+                    proc.send_signal(signal.SIGSTOP)
+            try:
+                yield
+            finally:
+                for proc in procs:
+                    with contextlib.suppress(psutil.Error):
+                        proc.send_signal(signal.SIGCONT)
+        return pause()
+
     def close(self) -> None:
         """SIGTERM the scheduler, then SIGKILL whatever training processes are left."""
         if self.scheduler is not None and self.scheduler.poll() is None:
@@ -187,7 +214,8 @@ class Product:
             return []
 
     def attempts(self, run_id: int) -> list[dict[str, Any]]:
-        rows = self._query(f"SELECT {', '.join(ATTEMPT_COLUMNS)} FROM attempts WHERE run_id = ? ORDER BY number",
+        columns = ATTEMPT_COLUMNS if not self.tree_without_marks else (*ATTEMPT_COLUMNS[:-1], "NULL")
+        rows = self._query(f"SELECT {', '.join(columns)} FROM attempts WHERE run_id = ? ORDER BY number",
                            (run_id,))
         return [dict(zip(ATTEMPT_COLUMNS, row, strict=True)) for row in rows]
 
@@ -282,18 +310,47 @@ def recovery(product: Product, injections: int, min_steps: int, rand: random.Ran
             "resume": nxt["first_step_at"] - nxt["started_at"],
             "total": nxt["first_step_at"] - kill_time,
         }
+        nxt["phase_marks"], failed["phase_marks"] = marks_from_json(nxt["phase_marks_json"]), {}
+        r["phases"] = {p["phase"]: p["seconds"] for p in attempt_phases(nxt, failed) or []}
+        r["startup"] = nxt["first_step_at"] - nxt["started_at"]  # launch -> first step, as a fresh start's
+        if number == 1:  # the run's fresh start, for the resumed start-ups to be compared with
+            failed["phase_marks"] = marks_from_json(failed["phase_marks_json"])
+            r["fresh_startup"] = failed["first_step_at"] - failed["started_at"]
+            r["fresh_phases"] = {p["phase"]: p["seconds"] for p in attempt_phases(failed, None) or []}
+            print("  the fresh attempt's start-up: " + "  ".join(f"{k} {v:.2f}" for k, v in r["fresh_phases"].items())
+                  + f" = {r['fresh_startup']:.2f} s", flush=True)
+        # The floor, side by side: a bare torchrun start of the same ranks, with the run stopped.
+        product.wait_training(run_id, 5)
+        with product.paused():
+            r["floor"] = floor_start(nproc)
+        r["ratio"] = r["total"] / r["floor"]
         results.append(r)
         odd = "" if r["cause"] == "SIGNAL" and r["failed_rank"] == victim else "  (!) cause/rank differ from the kill"
         exit_s = f"{r['exit']:.2f}" if r["exit"] is not None else "n/a"
         print(f"injection {i}: attempt {number} rank {victim} after step {r['killed_after_step']} -> "
               f"{r['cause']} rank {r['failed_rank']}, resumed from step {r['resume_step']}: "
               f"detect {r['detect']:.2f} s (exit {exit_s}), relaunch {r['relaunch']:.2f} s, "
-              f"resume {r['resume']:.2f} s, total {r['total']:.2f} s{odd}", flush=True)
+              f"resume {r['resume']:.2f} s, total {r['total']:.2f} s; floor {r['floor']:.2f} s, "
+              f"ratio {r['ratio']:.2f}{odd}", flush=True)
+        print("  phases: " + "  ".join(f"{k} {v:.2f}" for k, v in r["phases"].items()), flush=True)
     return results
 
 
 def summarize_recovery(results: list[dict[str, Any]]) -> dict[str, Any]:
-    medians = {k: statistics.median(r[k] for r in results) for k in COMPONENTS}
+    medians = {k: statistics.median(r[k] for r in results) for k in (*COMPONENTS, "floor", "ratio")}
+    phase_names = list(dict.fromkeys(k for r in results for k in r["phases"]))
+    phase_medians = {k: statistics.median(r["phases"].get(k, 0.0) for r in results) for k in phase_names}
+    print("median phases: " + ", ".join(f"{k} {v:.2f} s" for k, v in phase_medians.items()))
+    floor_ratio = medians["total"] / medians["floor"]
+    fresh = [r["fresh_startup"] for r in results if "fresh_startup" in r]
+    if fresh:
+        print(f"start-up (launch -> first step): fresh {fresh[0]:.2f} s (one), resumed median "
+              f"{statistics.median(r['startup'] for r in results):.2f} s")
+    print(f"kill -> first new step median {medians['total']:.2f} s, bare torchrun start median "
+          f"{medians['floor']:.2f} s:"
+          f" {floor_ratio:.2f}x (median of the per-kill ratios {medians['ratio']:.2f}x); target <= "
+          f"{TARGET_FLOOR_RATIO}x: {'PASS' if floor_ratio <= TARGET_FLOOR_RATIO else 'MISS'}; load average "
+          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
     p95s = {k: p95([r[k] for r in results]) for k in COMPONENTS}
     print("median: " + ", ".join(f"{k} {v:.2f} s" for k, v in medians.items()))
     print("p95:    " + ", ".join(f"{k} {v:.2f} s" for k, v in p95s.items()) + f"  (nearest rank of {len(results)})")
@@ -301,7 +358,7 @@ def summarize_recovery(results: list[dict[str, Any]]) -> dict[str, Any]:
     print(f"target total median <= {TARGET_MEDIAN_S:.0f} s and p95 <= {TARGET_P95_S:.0f} s: "
           f"{'PASS' if ok else 'MISS'} (median {medians['total']:.2f} s, p95 {p95s['total']:.2f} s)", flush=True)
     return {"injections": len(results), "median_s": medians, "p95_s": p95s, "target_met": ok,
-            "per_injection": results}
+            "phase_median_s": phase_medians, "floor_ratio": floor_ratio, "per_injection": results}
 
 
 # -- part 2: goodput under failures -----------------------------------------------------------
@@ -372,9 +429,9 @@ def goodput(product: Product, minutes: float, kill_every: float, rand: random.Ra
 # -- main -------------------------------------------------------------------------------------
 
 
-def in_fresh_home(part, *args: Any) -> Any:
+def in_fresh_home(part, *args: Any, tree: Path | None = None) -> Any:
     with tempfile.TemporaryDirectory(prefix="runyard-bench-", ignore_cleanup_errors=True) as tmp:
-        product = Product(Path(tmp))
+        product = Product(Path(tmp), tree)
         try:
             return part(product, *args)
         except BenchError:
@@ -394,19 +451,22 @@ def main() -> int:
                         help="seconds between kills in part 2 (0: no kills, a baseline)")
     parser.add_argument("--min-steps", type=int, default=30, help="steps past the first step before a kill")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tree", type=Path, help="time runyard from this checkout instead (the code before a change: "
+                        "git archive COMMIT | tar -x -C DIR); its scheduler and ranks import DIR")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, _interrupt)
     rand = random.Random(args.seed)
     summary: dict[str, Any] = {"seed": args.seed}
     try:
         if args.injections > 0:
-            print(f"== recovery time: {args.injections} SIGKILLs of one rank ==", flush=True)
-            results = in_fresh_home(recovery, args.injections, args.min_steps, rand)
+            print(f"== recovery time: {args.injections} SIGKILLs of one rank, each beside a bare torchrun start; "
+                  f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} ==", flush=True)
+            results = in_fresh_home(recovery, args.injections, args.min_steps, rand, tree=args.tree)
             summary["recovery"] = summarize_recovery(results)
         if args.goodput_minutes > 0:
             print(f"== goodput under a SIGKILL every {args.kill_every:g} s ==" if args.kill_every > 0
                   else "== goodput without kills (baseline) ==", flush=True)
-            summary["goodput"] = in_fresh_home(goodput, args.goodput_minutes, args.kill_every, rand)
+            summary["goodput"] = in_fresh_home(goodput, args.goodput_minutes, args.kill_every, rand, tree=args.tree)
     except KeyboardInterrupt:
         print("interrupted; every process started here was stopped", file=sys.stderr)
         return 130

@@ -1,10 +1,15 @@
-"""Submit-to-first-step and submit-to-SUCCEEDED of the default 2-rank mlp-digits run.
+"""Submit-to-first-step and submit-to-SUCCEEDED of the default 2-rank mlp-digits run, each beside
+the floor: a bare torchrun start of the same DDP step (bench/floor.py).
 
     .venv/bin/python bench/bench_spine.py [--runs 5]
 
 Each repetition uses a fresh data folder, a real `runyard scheduler` and `runyard submit` of
 examples/digits.toml; times come from the database (run created_at, the attempt's
-first_step_at and the run's ended_at), so polling does not blur them. Prints medians.
+first_step_at and the run's ended_at), so polling does not blur them, except ``cli_to_first_step``:
+from the wall clock just before the `runyard submit` process starts (the CLI's own start-up
+included) to the first step. Then the floor runs, with nothing else of runyard's running (the
+scheduler stopped). Prints medians, the ratio cli_to_first_step / floor against the 1.15x
+target, the attempt's start-up phases (db/phases.py) and the load average.
 """
 
 from __future__ import annotations
@@ -21,7 +26,13 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from floor import floor_start
+
+from db.phases import attempt_phases, marks_from_json
+
 ROOT = Path(__file__).resolve().parents[1]
+TARGET_RATIO = 1.15
 
 
 def one_run(home: Path) -> dict[str, float]:
@@ -32,6 +43,7 @@ def one_run(home: Path) -> dict[str, float]:
     sched = subprocess.Popen([*runyard, "scheduler"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         time.sleep(2.0)  # let the scheduler come up: we time the run, not the scheduler's start
+        cli_started = time.time()
         out = subprocess.run([*runyard, "submit", str(ROOT / "examples" / "digits.toml")], env=env, check=True,
                              capture_output=True, text=True).stdout
         run_id = int(out.strip())
@@ -39,15 +51,20 @@ def one_run(home: Path) -> dict[str, float]:
         while time.monotonic() < deadline:
             con = sqlite3.connect(home / "runyard.db")
             row = con.execute(
-                "SELECT r.status, r.created_at, r.ended_at, a.started_at, a.first_step_at FROM runs r "
+                "SELECT r.status, r.created_at, r.ended_at, a.started_at, a.first_step_at, a.phase_marks_json "
+                "FROM runs r "
                 "LEFT JOIN attempts a ON a.run_id = r.id WHERE r.id = ?", (run_id,)
             ).fetchone()
             con.close()
             if row and row[0] in ("SUCCEEDED", "FAILED", "CANCELLED"):
-                status, created, ended, launched, first = row
+                status, created, ended, launched, first, marks = row
                 if status != "SUCCEEDED":
                     raise RuntimeError(f"run ended {status}")
-                return {"submit_to_launch": launched - created, "submit_to_first_step": first - created,
+                attempt = {"started_at": launched, "first_step_at": first, "phase_marks": marks_from_json(marks)}
+                phases = {p["phase"]: p["seconds"] for p in attempt_phases(attempt, None) or []}
+                print("  phases: " + "  ".join(f"{k} {v:.2f}" for k, v in phases.items()), flush=True)
+                return {"cli_to_created": created - cli_started, "submit_to_launch": launched - created,
+                        "submit_to_first_step": first - created, "cli_to_first_step": first - cli_started,
                         "submit_to_succeeded": ended - created}
             time.sleep(0.2)
         raise RuntimeError("run did not finish in 300 s")
@@ -64,11 +81,18 @@ def main() -> None:
     for i in range(args.runs):
         with tempfile.TemporaryDirectory(prefix="runyard-bench-") as tmp:
             r = one_run(Path(tmp))
+            r["floor"] = floor_start(2)  # side by side, the scheduler stopped
+            r["ratio"] = r["cli_to_first_step"] / r["floor"]
             results.append(r)
             print(f"run {i + 1}: " + ", ".join(f"{k} {v:.2f} s" for k, v in r.items()), flush=True)
     medians = {k: statistics.median(r[k] for r in results) for k in results[0]}
     print("median: " + ", ".join(f"{k} {v:.2f} s" for k, v in medians.items()))
-    print(json.dumps({"runs": args.runs, "median_s": medians}))
+    ratio = medians["cli_to_first_step"] / medians["floor"]
+    print(f"runyard submit -> first step {medians['cli_to_first_step']:.2f} s, bare torchrun {medians['floor']:.2f} s: "
+          f"{ratio:.2f}x (median of ratios {medians['ratio']:.2f}x); target <= {TARGET_RATIO}x: "
+          f"{'PASS' if ratio <= TARGET_RATIO else 'MISS'}; load average "
+          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    print(json.dumps({"runs": args.runs, "median_s": medians, "ratio": ratio}))
 
 
 if __name__ == "__main__":

@@ -61,6 +61,7 @@ ATTEMPTS_DIR = "attempts"
 # The wandb stand-in's step counter per rank, kept across attempts (orchestrator/scripts/shims/wandb
 # spells it too, as STATE_DIR: it runs in the script's interpreter, without runyard).
 WANDB_SHIM_DIR = "wandb-shim"
+CPU_PEAK_FILE = "cpu_peak.json"  # this host's measured CPU FLOP/s, kept for the run's retries (trainer/techniques.py)
 
 # -- a checkpoint's folder -------------------------------------------------------------------
 STATE_FILE = "state.pt"
@@ -70,6 +71,7 @@ STEP_DIR = re.compile(r"step-(0|[1-9][0-9]*)")
 # -- an attempt's folder ---------------------------------------------------------------------
 LAUNCH_RECORD = "launch.json"
 EXIT_FILE = "exit.json"
+FAILURE_FILE = "failure.json"  # the agent's first sight of a failed rank (trainer/torchrun.py)
 LAUNCHER_LOG = "launcher.log"
 RANK_LOG_DIR = "ranks"
 RANK_MAP_FILE = "ranks.json"  # beside torchrun's local-rank log folders: {"<local rank>": <global rank>}
@@ -102,6 +104,10 @@ class RunPaths:
     def checkpoints(self) -> Path:
         return self.root / CHECKPOINTS_DIR
 
+    @property
+    def cpu_peak(self) -> Path:
+        return self.root / CPU_PEAK_FILE
+
     def attempt(self, number: int) -> AttemptPaths:
         return AttemptPaths(self.root / ATTEMPTS_DIR / str(number))
 
@@ -133,6 +139,10 @@ class AttemptPaths:
     @property
     def exit_file(self) -> Path:
         return self.root / EXIT_FILE
+
+    @property
+    def failure_file(self) -> Path:
+        return self.root / FAILURE_FILE
 
     @property
     def launcher_log(self) -> Path:

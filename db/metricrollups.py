@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from sqlalchemy import case, func
 
 if TYPE_CHECKING:
+    import numpy as np
     from sqlalchemy.dialects import postgresql, sqlite
 
 from db import DatabaseError
@@ -66,6 +66,8 @@ def summarize(run: Sequence[int], name: Sequence[int], attempt: Sequence[int], s
     The points are sorted by (run, name, attempt, rank, step); a bucket of every level is then
     a contiguous slice, and each level is reduced from the level below's partials.
     """
+    import numpy as np  # here: a command that writes no metrics (``runyard submit``) need not load it
+
     n = len(step)
     cols = [np.array(c, dtype=np.int64) for c in (run, name, attempt, rank, step)]
     order = np.lexsort(cols[::-1])
@@ -98,6 +100,8 @@ def summarize(run: Sequence[int], name: Sequence[int], attempt: Sequence[int], s
 def _coarser(p: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The partials of buckets 4 times wider than those of ``p`` (the same rules as the upsert
     in :func:`rollup_upsert`)."""
+    import numpy as np
+
     bucket = p["bucket"] // BASE
     new = p["new"].copy()
     new[1:] |= bucket[1:] != bucket[:-1]
@@ -115,6 +119,8 @@ def _coarser(p: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def _level_rows(number: int, p: dict[str, np.ndarray]) -> list[tuple]:
+    import numpy as np
+
     empty = p["count"] == p["nans"]  # no non-NaN value: min and max are NULL
     low, high, last = p["min"].astype(object), p["max"].astype(object), p["last"].astype(object)
     low[empty] = None
@@ -131,6 +137,7 @@ def _level_rows(number: int, p: dict[str, np.ndarray]) -> list[tuple]:
 
 
 def _step_ranges(run: np.ndarray, attempt: np.ndarray, step: np.ndarray) -> dict[tuple[int, int], tuple[int, int]]:
+
     if run[0] == run[-1] and attempt[0] == attempt[-1] and (run == run[0]).all() and (attempt == attempt[0]).all():
         return {(int(run[0]), int(attempt[0])): (int(step.min()), int(step.max()))}
     out: dict[tuple[int, int], tuple[int, int]] = {}

@@ -20,6 +20,7 @@ from db.causes import INTERRUPTIONS, Cause
 from db.checks import CHECKS_EVENT, parse_checks
 from db.cost import ETA_WINDOW, AttemptSpan, Eta, cost_usd, default_prices, eta_estimate, wasted_seconds
 from db.models import Attempt, Checkpoint, Event, PriceEntry, Run, RunStatusHistory, SchedulerHeartbeat
+from db.phases import attempt_phases, marks_from_json, recovery_s
 from db.requests import RunNotFound, imported
 from db.scheduler_file import read_scheduler_file
 from db.states import TERMINAL, RunStatus
@@ -396,7 +397,7 @@ def attempts_of(session: Session, run_id: int) -> list[dict[str, Any]]:
     rows = session.execute(
         select(Attempt).where(Attempt.run_id == run_id).order_by(Attempt.number)
     ).scalars().all()
-    return [
+    attempts = [
         {
             "number": a.number,
             "status": a.status,
@@ -433,9 +434,15 @@ def attempts_of(session: Session, run_id: int) -> list[dict[str, Any]]:
             "job_reason": a.job_reason,
             "job_nodes": a.job_nodes,
             "job_state_at": a.job_state_at,
+            "phase_marks": marks_from_json(a.phase_marks_json),
         }
         for a in rows
     ]
+    previous: dict[str, Any] | None = None
+    for a in attempts:  # where each start-up went, and the recovery before it (db/phases.py)
+        a["phases"] = attempt_phases(a, previous)
+        previous = a
+    return attempts
 
 
 def events_of(session: Session, run_id: int, limit: int = 100) -> list[dict[str, Any]]:
@@ -469,7 +476,7 @@ def run_detail(session: Session, run_id: int) -> dict[str, Any]:
         # The recovery: failure -> detected -> relaunched -> first new step.
         a["relaunched_at"] = b["started_at"]
         a["next_first_step_at"] = b["first_step_at"]
-        a["recovery_s"] = (b["first_step_at"] - a["failed_at"]) if b["first_step_at"] and a["failed_at"] else None
+        a["recovery_s"] = recovery_s(b, a)  # the sum of b's phases (db/phases.py)
     detail["goodput"] = goodput(session, run, attempts)
     detail["goodput_parts"] = goodput_parts(session, run, attempts) if detail["goodput"] is not None else None
     pending = detail["step"] if run.resume_checkpoint_id is not None and run.status == RunStatus.QUEUED else None
@@ -558,23 +565,35 @@ def goodput(session: Session, run: Run, attempts: list[dict[str, Any]], now: flo
 def goodput_parts(session: Session, run: Run, attempts: list[dict[str, Any]],
                   now: float | None = None) -> dict[str, float]:
     """Where the run's time went besides its productive steps, as shares of the same wall time
-    :func:`goodput` divides by: ``startup`` (launch to first step of each attempt: imports,
-    rendezvous, data loading, compilation), ``checkpoints`` (the time the training loop was
-    blocked by saves), ``failures`` (failed attempts after their last checkpoint, and the
-    waits before retries) and ``other`` (evaluation, logging, slow steps: the rest)."""
+    :func:`goodput` divides by: ``startup`` (launch to first step of each attempt that did not
+    follow a failure: imports, rendezvous, data loading, compilation), ``checkpoints`` (the time
+    the training loop was blocked by saves), ``failures`` (each recovery's phases, db/phases.py:
+    from the failure through teardown, detection, relaunch and the next attempt's start-up to its
+    first step; and the steps lost since the last checkpoint) and ``other`` (evaluation, logging,
+    slow steps: the rest)."""
     now = time.time() if now is None else now
     wall = sum((a["ended_at"] or now) - a["started_at"] for a in attempts)
     wall += sum(b["started_at"] - (a["ended_at"] or b["started_at"]) for a, b in pairwise(attempts) if a["cause"])
     if wall <= 0:
         return {}
-    startup = sum(((a["first_step_at"] or a["ended_at"] or now) - a["started_at"]) for a in attempts)
+    startup, failures = 0.0, 0.0
+    previous: dict[str, Any] | None = None
+    for a in attempts:
+        ready = a["first_step_at"] or a["ended_at"] or now
+        if previous is not None and previous["cause"]:
+            # The recovery's phases: the failure (or, without its mark, the exit) to this first step.
+            failures += ready - min(previous["failed_at"] or previous["ended_at"] or a["started_at"], a["started_at"])
+        else:
+            startup += ready - a["started_at"]
+        previous = a
     blocked = float(session.scalar(select(func.coalesce(func.sum(Checkpoint.blocked_s), 0.0))
                                    .where(Checkpoint.run_id == run.id)) or 0.0)
-    failures = sum(b["started_at"] - (a["ended_at"] or b["started_at"]) for a, b in pairwise(attempts) if a["cause"])
     for a in attempts:
-        if a["cause"] and a["first_step_at"] is not None and a["ended_at"] is not None:
-            failures += max(0.0, a["ended_at"] - a["first_step_at"]) * (
-                (a["steps_lost"] or 0) / max(1, (a["last_step"] or 0) - (a["resume_step"] or 0)))
+        if a["cause"] and a["first_step_at"] is not None:
+            until = a["failed_at"] or a["ended_at"]
+            if until is not None:  # the steps lost since the last checkpoint, at this attempt's pace
+                failures += max(0.0, until - a["first_step_at"]) * (
+                    (a["steps_lost"] or 0) / max(1, (a["last_step"] or 0) - (a["resume_step"] or 0)))
     productive = (goodput(session, run, attempts, now) or 0.0) * wall
     parts = {"startup": startup, "checkpoints": blocked, "failures": failures}
     parts["other"] = max(0.0, wall - productive - sum(parts.values()))

@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import enum
 import time
-from typing import Any, cast
-
-from sqlalchemy import CursorResult, func, select, update
-from sqlalchemy.orm import Session
+from typing import TYPE_CHECKING, Any, cast
 
 from db import DatabaseError
-from db.models import Attempt, Run, RunStatusHistory
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from db.models import Attempt
+
+# SQLAlchemy and the models are imported by the functions that write: the ranks read this
+# module's vocabulary (the phases) and must not pay for SQLAlchemy at start-up (issue 32).
 
 
 class RunStatus(str, enum.Enum):
@@ -182,6 +186,10 @@ def hold(session: Session, run_id: int, expect: RunStatus) -> bool:
     Returns:
         True when the run is in ``expect`` and now held; False when another process moved it.
     """
+    from sqlalchemy import CursorResult, update
+
+    from db.models import Run
+
     result = cast(CursorResult[Any], session.execute(
         update(Run).where(Run.id == run_id, Run.status == expect.value).values(status=Run.status)
         .execution_options(synchronize_session=False)
@@ -212,6 +220,10 @@ def transition(
         True when the run moved; False when its status did not allow it (someone else moved
         it first, or the run is already terminal).
     """
+    from sqlalchemy import CursorResult, func, select, update
+
+    from db.models import Run, RunStatusHistory
+
     now = time.time() if now is None else now
     sources = allowed_from(to)
     if expect is not None:

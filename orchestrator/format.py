@@ -22,6 +22,16 @@ def duration(seconds: float | None) -> str:
     return f"{h}h {m:02d}m" if h else (f"{m}m {s:02d}s" if m else f"{s}s")
 
 
+def phases_text(phases: list[dict] | None) -> str | None:
+    """An attempt's start-up (and the recovery before it) by phase, in the order they happened
+    (db/phases.py): "teardown 0.4s · detect 0.6s · ... · first_step 0.1s = 5.2s"; None without
+    phases."""
+    if not phases:
+        return None
+    parts = " · ".join(f"{p['phase']} {p['seconds']:.1f}s" for p in phases)
+    return f"{parts} = {sum(p['seconds'] for p in phases):.1f}s"
+
+
 def clock(ts: float | None) -> str:
     return dt.datetime.fromtimestamp(ts).strftime("%H:%M:%S") if ts else "–"
 

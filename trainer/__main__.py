@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.sdk import init
     from trainer.workloads import build_workload
 
+    imported = time.time()  # Python, torch and runyard's rank side are in (db/phases.py)
     workload = build_workload(config)  # refuses options it cannot honour before joining the others
     # The scheduler's stack dump (SIGUSR1) must not kill a rank still joining the others: dump
     # from now on (the Run registers its own file next).
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     # The process group is made here for every world size (FSDP's device mesh needs one even
     # for one rank); init() adopts it.
     distributed.setup(config.launch.backend)
-    run = init(config=config)
+    run = init(config=config, marks={"imported": imported, "joined": time.time()})
     if joining is not None:
         joining.close()
     logger.info("run %s attempt %s: rank %d/%d on %s (%s)",
@@ -84,11 +85,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    # Skip the interpreter's finalisation after a clean tear-down: C++ destructors of the
-    # process group's threads racing with it occasionally aborted an otherwise finished rank
-    # ("terminate called without an active exception").
-    sys.stdout.flush()
-    sys.stderr.flush()
-    logging.shutdown()
-    os._exit(code or 0)
+    from trainer.lifecycle import exit_without_finalising
+
+    exit_without_finalising(main)

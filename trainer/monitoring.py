@@ -24,13 +24,14 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 import torch
-from sqlalchemy import Connection, insert
 from torch import nn
 
 from db.checks import CHECKS_EVENT, checks_message
 from trainer.health import DesyncCheck, Finding, PreSyncClock, StragglerCheck, params_checksum, timed_allreduce
 
 if TYPE_CHECKING:
+    from sqlalchemy import Connection
+
     from db.config import SupervisionConfig
     from trainer.control import ControlChannel
     from trainer.reporter import MetricReporter
@@ -369,6 +370,8 @@ class Monitor:
 
     def _write_findings(self, conn: Connection, records: list[dict[str, Any]]) -> None:
         """Database writer thread: the findings as Event rows of this attempt."""
+        from sqlalchemy import insert
+
         from db.models import Event
 
         ctx = self.reporter.ctx

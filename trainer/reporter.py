@@ -8,17 +8,19 @@ database.
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
-
-from sqlalchemy import Connection, insert
+from typing import TYPE_CHECKING, Any
 
 from db.states import STARTUP_PHASES, AttemptPhase
 from trainer.context import RunContext
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +29,7 @@ logger = logging.getLogger(__name__)
 # may return actions (callables) to run only after that transaction commits: deleting files the
 # rows it wrote forget (retention), so a rollback never leaves a row for a folder that is gone.
 PostCommit = Callable[[], None]
-Handler = Callable[[Connection, list[Any]], Iterable[PostCommit] | None]
+Handler = Callable[["Connection", list[Any]], Iterable[PostCommit] | None]
 
 # While the database refuses writes, the metric rows queued meanwhile are kept up to this many
 # (about 200 MB); past it the oldest metric rows are dropped (and an event says how many).
@@ -67,7 +69,7 @@ class DatabaseWriter(threading.Thread):
         self._queue: queue.SimpleQueue[tuple[str, Any] | None] = queue.SimpleQueue()
         self._wake = threading.Event()  # flush now: the first step (STARTING -> RUNNING), or close()
         self._first_step_queued = False
-        self._handlers: dict[str, Handler] = {"event": self._write_events}
+        self._handlers: dict[str, Handler] = {"event": self._write_events, "marks": self._write_marks}
         self._pending: dict[str, list[Any]] = {}
         self._progress: tuple[int | None, float, str | None] | None = None
         self._in_startup = False  # a start-up phase was queued and no step has come since
@@ -163,11 +165,26 @@ class DatabaseWriter(threading.Thread):
     # -- writing --------------------------------------------------------------------------
 
     def _write_events(self, conn: Connection, events: list[dict[str, Any]]) -> None:
+        from sqlalchemy import insert
+
         from db.models import Event
 
         for e in events:
             conn.execute(insert(Event).values(run_id=self._run_id, attempt=self._attempt, at=e["at"],
                                                          level=e["level"], kind=e["kind"], message=e["message"]))
+
+    def _write_marks(self, conn: Connection, marks: list[dict[str, float]]) -> None:
+        """Start-up phase marks (db/phases.py), merged into the attempt's."""
+        from sqlalchemy import select, update
+
+        from db.models import Attempt
+
+        where = (Attempt.run_id == self._run_id, Attempt.number == self._attempt)
+        held = conn.execute(select(Attempt.phase_marks_json).where(*where)).scalar()
+        merged: dict[str, float] = json.loads(held) if held else {}
+        for batch in marks:
+            merged.update(batch)
+        conn.execute(update(Attempt).where(*where).values(phase_marks_json=json.dumps(merged)))
 
     def _dropped_event(self) -> dict[str, Any] | None:
         if not self._dropped_rows:
@@ -332,6 +349,11 @@ class MetricReporter:
         Run page while a person waits; the first step clears it."""
         if self.writer is not None:
             self.writer.put_progress(None, phase=phase.value)
+
+    def marks(self, marks: dict[str, float]) -> None:
+        """Rank 0: when start-up phases ended (wall-clock seconds; db/phases.py)."""
+        if self.writer is not None:
+            self.writer.put("marks", dict(marks))
 
     def finishing(self) -> None:
         """The loop is over: the final save and the teardown may take a while, and that is not a

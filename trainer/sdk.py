@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 import torch.distributed as dist
 
@@ -219,7 +220,9 @@ class Run:
             The step of the checkpoint (continue with the step after it), or 0 when there is
             nothing to resume.
         """
+        self.reporter.marks({"data": time.time()})  # what came before: data and model (db/phases.py)
         step = self._checkpoints.resume(state or {})
+        self.reporter.marks({"checkpoint": time.time()})
         self._last_step = max(self._last_step, step)
         self._monitor.begin(step)  # what came before (building, loading) was not a step
         return step
@@ -333,7 +336,12 @@ class Run:
             self._stacks.close()
 
 
-def init(backend: str = "auto", *, config: RunConfig | None = None) -> Run:
+def process_started() -> float:
+    """When this process was created (wall-clock seconds): the end of the launch phase."""
+    return psutil.Process().create_time()
+
+
+def init(backend: str = "auto", *, config: RunConfig | None = None, marks: Mapping[str, float] | None = None) -> Run:
     """Join runyard's run (or run locally) and return the handle.
 
     Initialises the default process group from torchrun's environment when the script has not
@@ -343,6 +351,8 @@ def init(backend: str = "auto", *, config: RunConfig | None = None) -> Run:
         backend: The process group's backend, when this call makes the group.
         config: The run's config (``python -m trainer`` passes the attempt's); by default it is
             read from the run's folder when runyard launched this process.
+        marks: When start-up phases ended before this call (``python -m trainer`` passes
+            ``imported`` and ``joined``; db/phases.py), wall-clock seconds.
     """
     # Under runyard the rank dies with torchrun's agent. trainer/script_runner.py already armed
     # it for a script the scheduler launched; arming twice is harmless.
@@ -351,14 +361,17 @@ def init(backend: str = "auto", *, config: RunConfig | None = None) -> Run:
     if not os.environ.get("RUNYARD_RUN_DIR"):
         ctx = RunContext(run_id=None, attempt=1, db_url=None, run_dir=Path.cwd(),
                          attempt_dir=Path.cwd() / "runyard-logs")
+    startup = {"spawned": process_started(), **(marks or {})}
     if "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1 and not dist.is_initialized():
         distributed.setup(backend)
+        startup["joined"] = time.time()
     config_file = ctx.config_file
     if config is None and ctx.managed and config_file.exists():
         config = config_from_json(config_file.read_text())
     checkpoint_config = config.checkpoint if config is not None else CheckpointConfig()
     supervision = config.supervision if config is not None else SupervisionConfig()
     run = Run(ctx, checkpoint_config, supervision, config=config)
+    run.reporter.marks(startup)
     logger.info("runyard %s: rank %d/%d, run %s attempt %d, started %s", "managed" if ctx.managed else "local",
                 run.rank, run.world_size, ctx.run_id, ctx.attempt, time.strftime("%H:%M:%S"))
     return run

@@ -33,6 +33,9 @@ codes, ``--redirects``, ``--log-dir``, error files and torchrun's log format sta
   and anything they start (gloo carries its data over it; on one node NCCL uses its sockets for
   bootstrap only and moves data through NVLink, PCIe or shared memory).
 
+Under runyard (``RUNYARD_ATTEMPT_DIR`` set) the agent also notes when it first sees a rank fail
+(:func:`note_first_failure`): the start of the recovery's phases (db/phases.py).
+
 These override the environment the scheduler was started with: the guarantee must not depend on
 it.
 
@@ -49,19 +52,21 @@ import json
 import os
 import socket
 import sys
+import time
 from datetime import timedelta
 from typing import Any
 
 import psutil
 from torch.distributed import TCPStore, run
 from torch.distributed.elastic.events import NodeState, construct_and_record_rdzv_event
-from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, LogsDest, LogsSpecs
+from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, LogsDest, LogsSpecs, SubprocessContext
 from torch.distributed.elastic.rendezvous import RendezvousConnectionError, RendezvousParameters
 from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as c10d
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
-from db.layout import RANK_MAP_FILE
+from db.layout import FAILURE_FILE, RANK_MAP_FILE
+from trainer.lifecycle import exit_without_finalising
 from trainer.store_secret import MissingSecret, ensure_secret, guard_rendezvous_unpickling, prefixed
 
 # Where psutil finds no interface carrying 127.0.0.1 (it always exists on Linux).
@@ -259,6 +264,34 @@ def guard_stores(nnodes: int) -> None:
     c10d._create_tcp_store = prefixed(c10d._create_tcp_store, secret)
 
 
+def note_first_failure(attempt_dir: str) -> None:
+    """Make the agent write ``failure.json`` into ``attempt_dir`` the moment it first sees a rank
+    fail: ``{"at": wall-clock seconds, "local_ranks": {local rank: exit code}}``, before it stops
+    the other ranks (which may take seconds: torchrun's exit comes only after). The scheduler
+    takes it as the attempt's ``failed_at`` (db/phases.py). The agent looks every
+    ``--monitor-interval`` (0.1 s), so the mark is at most that late. With several local nodes
+    the first agent's note stays (created exclusively); a note that cannot be written is skipped
+    (the exit time serves). Hooks torchrun's process context where it collects exit codes, before
+    it closes the others; a torch without that hook leaves torchrun as it is.
+    """
+    capture = getattr(SubprocessContext, "_capture_process_failures", None)
+    if capture is None:
+        return
+    path = os.path.join(attempt_dir, FAILURE_FILE)
+
+    def capture_and_note(self: SubprocessContext, done_local_ranks: set[int]) -> None:
+        capture(self, done_local_ranks)
+        if self._failures and not os.path.exists(path):
+            note = {"at": time.time(), "local_ranks": {str(r): f.exitcode for r, f in self._failures.items()}}
+            try:
+                with open(path, "x") as f:
+                    json.dump(note, f)
+            except OSError:
+                pass
+
+    SubprocessContext._capture_process_failures = capture_and_note  # type: ignore[method-assign]
+
+
 def main(argv: list[str]) -> None:
     """Check ``argv``, keep every socket on loopback, put every store key under the attempt's
     secret, then run torchrun with ``argv`` unchanged.
@@ -274,6 +307,8 @@ def main(argv: list[str]) -> None:
         print(f"trainer.torchrun: {NETWORK_OPTION}{network}: expected loopback or cluster", file=sys.stderr)
         sys.exit(2)
     use_rank_map_logs()
+    if attempt_dir := os.environ.get("RUNYARD_ATTEMPT_DIR"):
+        note_first_failure(attempt_dir)
     if network == "loopback":
         try:
             check_one_loopback_node(argv)
@@ -292,4 +327,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    # A failed attempt's agent exits at once once its ranks are gone (trainer/lifecycle.py says why).
+    exit_without_finalising(lambda: main(sys.argv[1:]))

@@ -29,7 +29,7 @@ from orchestrator.cli.base import (
     open_existing,
     resolve_ref,
 )
-from orchestrator.format import eta_text, startup_text, step_text, where_short, where_text
+from orchestrator.format import eta_text, phases_text, startup_text, step_text, where_short, where_text
 from orchestrator.scripts.attempt_watch import script_facts
 
 # Sorted smallest first unless --reverse; every other column largest (newest) first.
@@ -164,6 +164,10 @@ def _print_detail(d: dict[str, Any]) -> None:
         if a["cause"]:
             click.echo(f"       cause {a['cause']}, rank {a['failed_rank']}, steps lost {a['steps_lost']}, "
                        f"detected after {fmt_duration(a['detect_s'])}")
+        if timed := phases_text(a.get("phases")):
+            # After a failure: from it to this attempt's first step; else launch to first step.
+            after = "recovery" if a.get("phases") and a["phases"][0]["phase"] == "teardown" else "start-up"
+            click.echo(f"       {after}: {timed}")
     if d["status"] == "RETRYING" and d["retry_at"]:
         click.echo(f"  next attempt at {fmt_time(d['retry_at'])} (retries used {d['retries_used']})")
     if d["checkpoints"]:

@@ -34,13 +34,13 @@ if TYPE_CHECKING:
 def submit(config_file: Path, overrides: tuple[str, ...], as_json: bool) -> None:
     """Queue a run from a TOML config; prints the new run's id."""
     from db.config import ConfigError, plausibility_warnings
-    from orchestrator.scheduler.resources import detect_inventory
+    from orchestrator.scheduler.resources import known_inventory
     from orchestrator.submission import submit as submit_run
     from orchestrator.submission import validate_file
 
     settings = load_settings()
     try:
-        inventory = detect_inventory()
+        inventory = known_inventory(settings.scheduler_file)
         config = validate_file(config_file, list(overrides), inventory)
         for warning in plausibility_warnings(config):  # queued all the same: the shell has no "are you sure"
             click.echo(f"warning: {config_file}: {warning}", err=True)
@@ -152,14 +152,14 @@ def fork(run: str, step: int | None, checkpoint_id: int | None, overrides: tuple
     """Start a new run from a checkpoint of RUN with changed settings; prints the new id."""
     from db.config import ConfigError
     from db.requests import RequestRefused
-    from orchestrator.scheduler.resources import detect_inventory
+    from orchestrator.scheduler.resources import known_inventory
     from orchestrator.submission import fork as fork_run
 
     settings = load_settings()
     sessions = open_sessions(settings)
     parent = resolve_ref(sessions, run)
     try:
-        new_id = fork_run(sessions, settings, parent, step, list(overrides), detect_inventory(),
+        new_id = fork_run(sessions, settings, parent, step, list(overrides), known_inventory(settings.scheduler_file),
                           checkpoint_id=checkpoint_id)
     except ConfigError as exc:
         click.echo(f"error: {exc}\nnothing was queued.", err=True)

@@ -37,7 +37,7 @@ from db import lease
 from db.causes import Cause
 from db.config import config_from_json, write_config_file
 from db.inventory import Inventory
-from db.layout import SCHEDULER_LOCK_FILE, RunPaths
+from db.layout import SCHEDULER_LOCK_FILE, AttemptPaths, RunPaths
 from db.lease import Identity
 from db.models import Attempt, Checkpoint, Event, Run, SchedulerHeartbeat
 from db.requests import checkpoints_dir, newest_intact
@@ -76,6 +76,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 TICK_S = 0.5
+WAKE_S = 0.05  # how often the exit files of running attempts are looked at (a stat each)
 # The heartbeat row is rewritten at most this often (the UI calls a scheduler silent for 10 s
 # offline): one write every few ticks instead of a commit on every one.
 BEAT_EVERY_S = 2.0
@@ -134,6 +135,10 @@ class Scheduler:
         self._heartbeat_new = False  # the row was inserted by a commit still to come
         self._beat_at = -math.inf
         self._started_at = time.time()
+        # The exit files of the local attempts the last tick saw alive: a file appearing there
+        # wakes the tick at once (add_jobs' ``wake``) instead of up to a tick later (issue 32).
+        self.watched_exits: frozenset[Path] = frozenset()
+        self._alive_exits: set[Path] = set()
         self._errors = RepeatedErrors(logger)
         self._file = SchedulerFile(settings.scheduler_file)
         self._file_at = -math.inf
@@ -157,6 +162,7 @@ class Scheduler:
         through the heartbeat file, which works when the database does not.
         """
         db_errors: list[str] = []
+        self._alive_exits = set()
         with self.sessions() as session:
             beat = self._guarded(session, "heartbeat", self._beat, db_errors)
             me = self.identity()
@@ -174,6 +180,7 @@ class Scheduler:
             if self.scripts.live():
                 self._guarded(session, "script watchers", self._prune_script_watchers, db_errors)
             self._guarded(session, "admission", self.admission.admit, db_errors)
+        self.watched_exits = frozenset(self._alive_exits)  # one swap: the wake job reads it meanwhile
         self._tell_ui(db_errors, wrote=bool(beat))
 
     def _guarded(self, session: Session, where: str, step: Callable[[Session], object],
@@ -486,6 +493,8 @@ class Scheduler:
         if seen.liveness is not Liveness.ALIVE:
             self._settle(session, run, attempt, seen.exited)
             return
+        if executor.name == "local":
+            self._alive_exits.add(AttemptPaths(Path(attempt.dir)).exit_file)
 
         # Alive.
         config = config_from_json(run.config_json)
@@ -618,6 +627,16 @@ def add_jobs(aps: BaseScheduler, scheduler: Scheduler, monitor: SystemMonitor | 
 
     aps.add_job(guarded_tick, "interval", seconds=tick_s, id="tick", max_instances=1, coalesce=True,
                 misfire_grace_time=None, next_run_time=datetime.now())
+
+    def wake() -> None:
+        """A watched attempt's launcher wrote its exit file: tick now (its retry starts sooner)."""
+        try:
+            if any(path.exists() for path in scheduler.watched_exits):
+                aps.modify_job("tick", next_run_time=datetime.now())
+        except Exception as exc:  # noqa: BLE001 - the wake job's loop boundary; the tick comes anyway
+            errors.failed("wake", exc)
+
+    aps.add_job(wake, "interval", seconds=WAKE_S, id="wake", max_instances=1, coalesce=True, misfire_grace_time=None)
 
     def guarded_lease() -> None:
         try:

@@ -69,10 +69,20 @@ def _last_checkpoint(session: Session, attempt: Attempt) -> int | None:
     return own if own is not None else attempt.resume_step
 
 
+def first_failure_at(attempt_dir: Path) -> float | None:
+    """When torchrun's agent first saw a rank fail (``failure.json``, trainer/torchrun.py), or None."""
+    try:
+        return float(json.loads(AttemptPaths(attempt_dir).failure_file.read_text())["at"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def _record(session: Session, attempt: Attempt, exited: dict | None, now: float) -> None:
     attempt.exit_code = int(exited["exit_code"]) if exited else None
     attempt.ended_at = float(exited["ended_at"]) if exited else now
-    attempt.failed_at = attempt.ended_at
+    # The rank's failure, as the agent saw it, before it stopped the other ranks; else the exit.
+    seen = first_failure_at(Path(attempt.dir)) if attempt.exit_code else None
+    attempt.failed_at = min(seen, attempt.ended_at) if seen is not None else attempt.ended_at
     attempt.detected_at = now
     attempt.last_checkpoint_step = _last_checkpoint(session, attempt)
     reached = attempt.last_step if attempt.last_step is not None else (attempt.resume_step or 0)

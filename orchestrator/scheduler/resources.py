@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
+from pathlib import Path
 
 from db.inventory import Inventory
 
@@ -38,6 +39,21 @@ def _nvml_gpus() -> tuple[tuple[str, ...], tuple[int, ...], tuple[str, ...]]:
         return tuple(names), tuple(memory), tuple(uuids)
     finally:
         pynvml.nvmlShutdown()
+
+
+def known_inventory(scheduler_file: Path) -> Inventory:
+    """What the scheduler detected and published (db/scheduler_file.py), else this machine's
+    devices detected here (NVML included). What ``runyard submit`` and ``fork`` check a run
+    against: starting NVML (and importing it) is most of a submit's own time otherwise."""
+    from db.scheduler_file import read_scheduler_file
+
+    published = (read_scheduler_file(scheduler_file) or {}).get("inventory")
+    if isinstance(published, dict):
+        try:
+            return Inventory.from_json(published)
+        except (KeyError, TypeError, ValueError):
+            pass  # an older scheduler's record
+    return detect_inventory()
 
 
 def detect_inventory(environ: Mapping[str, str] | None = None, nvml: bool = True) -> Inventory:

@@ -6,7 +6,7 @@ product (`runyard up`).
   may show a finished badge beside Cancel or Pause.
 - A retry keeps the curves: rank 1 is SIGKILLed at a known step, and while the run waits to
   retry and its second attempt starts, the loss chart stays and "Waiting for the first metrics"
-  never comes back.
+  never comes back; then the Attempts section times that retry phase by phase.
 - Fork…: the New run form opens filled with the run's config, one value changed shows up as the
   change against the source run, and Start queues a fork whose config is the source plus that
   change, starting from the chosen checkpoint.
@@ -162,6 +162,14 @@ def test_a_retry_keeps_the_previous_attempts_curves_while_the_next_attempt_start
     before = samples[samples.index(retrying[0]) - 1]["charts"]
     assert before > 0 and all(s["charts"] >= before for s in retrying + starting), (
         before, [(s["header"], s["charts"]) for s in retrying + starting if s["charts"] < before][:10])
+    # The retry timed by phase (issue 32): from the failure to the second attempt's first step,
+    # the 10 s backoff (counted from the failure) most of its relaunch.
+    show_section(page, "Attempts & logs")
+    phases = page.get_by_text(re.compile(
+        r"^Attempt 2 recovery from the failure: teardown [\d.]+s · detect [\d.]+s · relaunch ([5-9]|\d\d)\.\ds · "
+        r"launch [\d.]+s · import [\d.]+s · rendezvous [\d.]+s · data [\d.]+s · checkpoint [\d.]+s · "
+        r"first_step [\d.]+s = [\d.]+s$"))
+    expect(phases).to_be_visible(timeout=PAGE_TIMEOUT_MS)
 
 
 def test_fork_opens_the_new_run_form_filled_with_a_diff_and_start_queues_the_fork(

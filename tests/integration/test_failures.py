@@ -38,6 +38,21 @@ def rank_process(product: Product, rank: int) -> psutil.Process:
     raise AssertionError(f"rank {rank} is not running")
 
 
+def assert_every_recovery_phase(detail: dict, killed_at: float) -> None:
+    """The attempt after the kill has each phase of its recovery, in order, none negative, and
+    together they are the time from the kill to its first step (less the agent's look, at most
+    its 0.1 s monitor interval late; 1 s allowed on two busy cores)."""
+    retry = detail["attempts"][1]
+    phases = retry["phases"]
+    assert [p["phase"] for p in phases] == ["teardown", "detect", "relaunch", "launch", "import", "rendezvous",
+                                            "data", "checkpoint", "first_step"], phases
+    assert all(p["seconds"] >= 0 for p in phases), phases
+    assert phases[4]["seconds"] > 0.2, phases  # importing torch takes time: the marks are this rank's own
+    took = retry["first_step_at"] - killed_at
+    assert 0 <= took - sum(p["seconds"] for p in phases) < 1.0, (took, phases)
+    assert detail["attempts"][0]["recovery_s"] == pytest.approx(sum(p["seconds"] for p in phases))
+
+
 def final_digest(detail: dict) -> str:
     final = [c for c in detail["checkpoints"] if c["step"] == detail["max_steps"] and not c["deleted"]]
     return final[-1]["params_digest"]
@@ -64,9 +79,12 @@ def test_sigkill_one_rank_retries_and_ends_identical(product: Product, reference
     kill_at = random.Random(seed).randint(60, 240)
     product.wait_step(run_id, kill_at)
     victim = random.Random(seed).choice([0, 1])
+    killed_at = time.time()
     rank_process(product, victim).send_signal(signal.SIGKILL)
     detail = product.wait_status(run_id, "SUCCEEDED", "FAILED", timeout=180)
     assert detail["status"] == "SUCCEEDED", detail["status_reason"]
+    assert_every_recovery_phase(detail, killed_at)
+    assert "recovery: teardown " in product.cli("show", str(run_id)).stdout
     first = detail["attempts"][0]
     assert first["cause"] == "SIGNAL" and first["failed_rank"] == victim
     assert "SIGKILL" in first["exception"]

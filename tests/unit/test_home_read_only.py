@@ -111,7 +111,7 @@ def test_reads_work_and_writes_refuse_on_a_read_only_home(tmp_path: Path) -> Non
         metrics = runyard(home, "metrics", str(running))
         assert metrics.returncode == 0 and "1,1,20,loss,0.11" in metrics.stdout, metrics.stderr
         info = runyard(home, "info")
-        assert info.returncode == 0 and "schema     0013 (newest 0013)" in info.stdout, info.stderr
+        assert info.returncode == 0 and "schema     0014 (newest 0014)" in info.stdout, info.stderr
         exported = runyard(home, "db", "export", str(tmp_path / "archive.jsonl.gz"))
         assert exported.returncode == 0 and "exported" in exported.stdout, exported.stderr
         for write in (["submit", str(EXAMPLE)], ["cancel", str(running)], ["db", "upgrade"]):
@@ -157,7 +157,7 @@ def test_an_older_schema_on_a_read_only_home_says_to_upgrade_a_writable_copy(tmp
         lines = ls.stderr.strip().splitlines()
         assert lines[-1] == (
             f"error: this read-only database sqlite:///{home / 'runyard.db'} is at revision 0010 (this runyard "
-            "reads 0013); upgrade a writable copy: copy the data folder, set RUNYARD_HOME to it and run "
+            "reads 0014); upgrade a writable copy: copy the data folder, set RUNYARD_HOME to it and run "
             "`runyard db upgrade`"), ls.stderr
 
 

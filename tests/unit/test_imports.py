@@ -155,3 +155,14 @@ def test_the_scheduler_the_ui_and_the_cli_never_load_torch() -> None:
             "print(loaded[:5]); sys.exit(1 if loaded else 0)")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, f"torch was imported: {result.stdout} {result.stderr[-2000:]}"
+
+
+def test_a_rank_loads_no_sqlalchemy_before_it_writes() -> None:
+    # Only rank 0 writes, from its writer thread; SQLAlchemy and the models cost every rank
+    # ~0.5 s of start-up on the critical path otherwise (issue 32). What `python -m trainer` and
+    # the SDK import, and the built-in workloads.
+    code = ("import sys, trainer.__main__, trainer.sdk, trainer.workloads.mlp_digits, trainer.workloads.gpt_char;"
+            "loaded = sorted(m for m in sys.modules if m.startswith(('sqlalchemy', 'db.models', 'db.engine')));"
+            "print(loaded[:5]); sys.exit(1 if loaded else 0)")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, f"SQLAlchemy was imported: {result.stdout} {result.stderr[-2000:]}"

@@ -16,16 +16,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-from sqlalchemy import Connection, insert, select, update
+from typing import TYPE_CHECKING, Any
 
 from db.config import CheckpointConfig
-from db.models import Attempt, Checkpoint, Event
-from db.requests import SCRIPT_SOURCE
 from trainer.checkpoint.manager import CheckpointManager, SaveResult
 from trainer.checkpoint.retention import CheckpointInfo, select_kept
 from trainer.reporter import DatabaseWriter
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
+
+# SQLAlchemy and the models are imported where the writer thread uses them: a rank that never
+# writes (every rank but 0) does not pay for them at start-up, and rank 0 pays on that thread.
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +68,10 @@ class CheckpointHistory:
     def record(self, conn: Connection, results: list[SaveResult]) -> list[Callable[[], None]]:
         """Insert the checkpoints' rows and apply retention; returns the folder deletions, which
         the writer runs only after the transaction commits."""
+        from sqlalchemy import insert, update
+
+        from db.models import Checkpoint
+
         now = time.time()
         for result in results:
             # A checkpoint of an abandoned lineage at the same step was just replaced on disk.
@@ -90,6 +96,11 @@ class CheckpointHistory:
         """Record files the script saved itself and adopted (``Run.adopt_checkpoint``) as
         ``source = "script"`` rows; an earlier version of the same file, rewritten in place, is
         marked deleted unless it was pinned (then its bytes were copied away)."""
+        from sqlalchemy import insert, update
+
+        from db.models import Checkpoint
+        from db.requests import SCRIPT_SOURCE
+
         for f in files:
             conn.execute(
                 update(Checkpoint)
@@ -108,21 +119,37 @@ class CheckpointHistory:
             )
 
     def events(self, conn: Connection, events: list[dict[str, Any]]) -> None:
+        from sqlalchemy import insert
+
+        from db.models import Event
+
         for e in events:
             conn.execute(insert(Event).values(run_id=self.run_id, attempt=self.attempt, at=e["at"],
                                                          level=e["level"], kind=e["kind"], message=e["message"]))
 
     def resumed(self, conn: Connection, steps: list[int]) -> None:
+        from sqlalchemy import update
+
+        from db.models import Attempt
+
         conn.execute(update(Attempt).where(Attempt.run_id == self.run_id, Attempt.number == self.attempt)
                      .values(resume_step=steps[-1]))
 
     def moved(self, conn: Connection, moves: list[tuple[str, str]]) -> None:
+        from sqlalchemy import update
+
+        from db.models import Checkpoint
+
         for source, target in moves:
             conn.execute(update(Checkpoint).where(Checkpoint.run_id == self.run_id, Checkpoint.path == source,
                                                   Checkpoint.deleted.is_(False)).values(path=target))
 
     def refused(self, conn: Connection, refusals: list[tuple[str, str]]) -> None:
         """Mark refused checkpoints (by path: a fork's may belong to its parent run)."""
+        from sqlalchemy import update
+
+        from db.models import Checkpoint
+
         for path, reason in refusals:
             conn.execute(update(Checkpoint).where(Checkpoint.path == path, Checkpoint.deleted.is_(False))
                          .values(verified=False, refused_reason=reason))
@@ -130,6 +157,10 @@ class CheckpointHistory:
     def _apply_retention(self, conn: Connection, now: float) -> list[Callable[[], None]]:
         """Mark the checkpoints retention lets go as deleted; returns the deletions of their
         folders, to run after the commit (a rollback must not leave rows for folders that are gone)."""
+        from sqlalchemy import select, update
+
+        from db.models import Checkpoint
+
         rows = conn.execute(
             select(Checkpoint.id, Checkpoint.step, Checkpoint.verified, Checkpoint.pinned, Checkpoint.metrics_json,
                    Checkpoint.path)
@@ -168,6 +199,10 @@ class CheckpointHistory:
         seen = sorted({k for r in rows for k in json.loads(r.metrics_json or "{}")})
         if not seen and len(infos) < 2:
             return  # the first checkpoint may carry no metrics yet
+        from sqlalchemy import insert
+
+        from db.models import Event
+
         self._unranked_said = True
         names = ", ".join(repr(n) for n in seen) if seen else "none"
         conn.execute(insert(Event).values(

@@ -32,6 +32,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.checkpoint import checkpoint
 
 from db.config import RunConfig
+from db.layout import RunPaths
 from trainer import techniques
 from trainer.checkpoint import Stateful
 from trainer.distributed import DistInfo
@@ -354,7 +355,8 @@ class GPTChar:
         self.model = GPT(len(self.corpus.vocab), wc.n_layer, wc.n_head, wc.n_embd, wc.block_size,
                          activation_checkpointing=tc.activation_checkpointing).to(info.device)
         self.flops_per_sample = flops_per_token(self.model, wc.n_layer, wc.n_embd, wc.block_size) * wc.block_size
-        self.peak_flops = techniques.peak_flops(info.device)
+        kept = RunPaths(run.ctx.run_dir).cpu_peak if run.managed else None  # a retry reads it, measures nothing
+        self.peak_flops = techniques.peak_flops(info.device, kept=kept)
         if info.is_main:
             logger.info("gpt-char: vocab %d, train %d chars, %.2fM non-embedding params, peak %s FLOP/s",
                         len(self.corpus.vocab), len(self.corpus.train), self.model.non_embedding_params() / 1e6,

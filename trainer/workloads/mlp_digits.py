@@ -24,6 +24,7 @@ from torch.utils.data import TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 from db.config import RunConfig
+from db.layout import RunPaths
 from trainer import techniques
 from trainer.datasets import digits_arrays
 from trainer.distributed import DistInfo
@@ -126,7 +127,8 @@ class MLPDigits:
         self.scaler = techniques.grad_scaler(tc.precision, info.device)
         # Forward and backward of a dense MLP: 2 + 4 FLOPs per parameter and sample.
         self.flops_per_sample = 6.0 * sum(p.numel() for p in self.model.parameters())
-        self.peak_flops = techniques.peak_flops(info.device)
+        kept = RunPaths(run.ctx.run_dir).cpu_peak if run.managed else None  # a retry reads it, measures nothing
+        self.peak_flops = techniques.peak_flops(info.device, kept=kept)
         run.watch(self.runner)
         self.epoch, self.position = 0, 0
         state = self.state()
