@@ -13,7 +13,7 @@ import pandas as pd
 import streamlit as st
 
 from app import data, style
-from db.config import TRIGGERS
+from db.vocabulary.config import TRIGGERS
 from orchestrator.alerts import AlertsError
 from orchestrator.alerts.engine import history, open_alert_runs, send_test
 from orchestrator.alerts.store import AlertStore

@@ -17,7 +17,7 @@ import pandas as pd
 import streamlit as st
 
 from app import charts, style
-from db import metric_registry
+from db.vocabulary import metric_registry
 from orchestrator.format import clock
 
 

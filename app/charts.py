@@ -5,7 +5,7 @@ one (attempt, rank, bucket of steps) with its mean, min, max and NaN count, so a
 of points arrives as at most a few thousand rows per chart. ``series_frame`` shapes those rows
 for the options a person picked (per-rank lines or the rank mean with a band, the x axis,
 smoothing, log scale, the lineage), and ``metric_chart`` draws the frame with the metric's
-label, unit and number format from db/metric_registry.py.
+label, unit and number format from db/vocabulary/metric_registry.py.
 
 Ranks: each rank has one hue of ``PALETTE`` (strong, colour-blind-aware, no pairs, no pale
 yellow), the same on every chart and in the section's one legend (``rank_legend``), where a click
@@ -26,7 +26,7 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-from db import metric_registry as registry
+from db.vocabulary import metric_registry as registry
 
 PER_RANK = "per rank"
 RANK_MEAN = "mean + band"

@@ -17,8 +17,8 @@ import altair as alt
 import pandas as pd
 from pandas.io.formats.style import Styler
 
-from db import metric_registry
 from db.compare import ABSENT, MAX_RUNS, MetricSummary, higher_is_better
+from db.vocabulary import metric_registry
 from orchestrator.format import duration, note_line, step_text, usd
 
 # Vega's category10 hues: blue, orange, green, red, purple, brown, pink, grey, olive, cyan.

@@ -15,12 +15,9 @@ import streamlit as st
 from sqlalchemy.orm import Session, sessionmaker
 
 from db import compare, estimates, queries
-from db.config import RunConfig, deep_merge
-from db.cost import config_price
 from db.engine import make_engine, make_read_only_engine, make_sessionmaker
 from db.estimates import StartEstimate
 from db.home import home_writable
-from db.inventory import Inventory
 from db.metricstore import Series, choose_level, series
 from db.requests import (
     RequestRefused,
@@ -31,8 +28,11 @@ from db.requests import (
     set_pinned,
     set_prices,
 )
-from db.scheduler_file import read_scheduler_file
-from db.settings import Settings, load_settings
+from db.vocabulary.config import RunConfig, deep_merge
+from db.vocabulary.cost import config_price
+from db.vocabulary.inventory import Inventory
+from db.vocabulary.scheduler_file import read_scheduler_file
+from db.vocabulary.settings import Settings, load_settings
 from orchestrator import run_edits
 from orchestrator.scheduler.resources import detect_inventory
 from orchestrator.scripts.allowed_roots import ScriptRoots, changes_what_runs, script_roots

@@ -1,6 +1,6 @@
 """What a fork changes: the settings that differ between the run it forks and the New run form's
 values, and the same as the ``key=value`` overrides a fork request takes (values written as TOML,
-read back by :func:`db.config.parse_override`). No Streamlit here."""
+read back by :func:`db.vocabulary.config.parse_override`). No Streamlit here."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from app.form import form_fields
-from db.config import RunConfig
+from db.vocabulary.config import RunConfig
 
 
 def toml_value(value: Any, key: str = "value") -> str:
     """``value`` written as a TOML value, as a ``--set key=value`` override reads it back
-    (:func:`db.config.parse_override`).
+    (:func:`db.vocabulary.config.parse_override`).
 
     Raises:
         ValueError: for None (TOML has no null), naming ``key``.

@@ -1,7 +1,7 @@
 """The New run form, described from the run config model; no Streamlit here.
 
 The page (app/views/new_run.py) loops over what :func:`form_sections` returns and draws one
-widget per field, so a field added to :class:`~db.config.RunConfig` shows up on the form
+widget per field, so a field added to :class:`~db.vocabulary.config.RunConfig` shows up on the form
 with no UI edit. Everything comes from the model:
 
 - sections: one per sub-model of RunConfig (its class docstring says what it holds), plus the
@@ -34,7 +34,7 @@ import annotated_types
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from db.config import RunConfig
+from db.vocabulary.config import RunConfig
 
 WidgetKind = Literal["int", "float", "bool", "choice", "text", "list", "table"]
 

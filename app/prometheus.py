@@ -14,7 +14,7 @@ collector: no process-wide gauges that would keep the labels of runs long gone).
 runs (not ended) and runs that ended within the last ``RUNYARD_METRICS_RECENT_S`` seconds
 (default an hour) get series, so labels stay bounded. Every number is the one the Runs page,
 the Run page and ``runyard show`` give: the run summaries of db/queries.py (step, ETA, cost),
-its goodput, and the pace the ETA projects with (db/cost.py's :func:`~db.cost.recent_pace`).
+its goodput, and the pace the ETA projects with (db/vocabulary/cost.py's :func:`~db.vocabulary.cost.recent_pace`).
 
 Series (``run_id`` on every ``runyard_run_*`` one):
 
@@ -25,7 +25,7 @@ Series (``run_id`` on every ``runyard_run_*`` one):
   ``runyard_run_goodput_ratio``, ``runyard_run_cost_dollars``,
   ``runyard_run_last_step_timestamp_seconds`` (epoch seconds of the newest step);
 - ``runyard_run_restarts_total{run_id,cause}``: attempts launched after an attempt that ended
-  with ``cause`` (db/causes.py), a counter;
+  with ``cause`` (db/vocabulary/causes.py), a counter;
 - ``runyard_queue_runs{state}``: how many runs of the database are in each state;
 - ``runyard_gpu_assigned_info{gpu_uuid,run_id}`` 1 for each GPU of this machine a running local
   attempt holds (the UUIDs the scheduler published on its heartbeat), so DCGM-exporter's series
@@ -57,19 +57,19 @@ from starlette.responses import PlainTextResponse, Response
 
 from app.access import AccessPolicy, FailedLogins, Verdict, token_matches
 from db import DatabaseError, metricstore, queries
-from db.cost import recent_pace
-from db.inventory import Inventory
 from db.lease import on_this_host
 from db.models import ALERT_OPEN, Alert, Attempt, Run
-from db.scheduler_file import read_scheduler_file
-from db.settings import EnvSettings, Settings
 from db.states import TERMINAL, AttemptStatus, RunStatus
+from db.vocabulary.cost import recent_pace
+from db.vocabulary.inventory import Inventory
+from db.vocabulary.scheduler_file import read_scheduler_file
+from db.vocabulary.settings import EnvSettings, Settings
 from orchestrator.ui_access import TokenSource
 
 logger = logging.getLogger(__name__)
 
 METRICS_PATH = "/metrics"
-# How long after it ended a run keeps its series: RUNYARD_METRICS_RECENT_S (db/settings.py).
+# How long after it ended a run keeps its series: RUNYARD_METRICS_RECENT_S (db/vocabulary/settings.py).
 DEFAULT_RECENT_S: float = EnvSettings.model_fields["metrics_recent_s"].default
 _HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
 

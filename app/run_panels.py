@@ -15,8 +15,8 @@ import streamlit as st
 from app import charts, data, style
 from app.log_view import first_error, log_panel
 from app.run_actions import is_superseded
-from db import metric_registry
 from db.states import TERMINAL, RunStatus
+from db.vocabulary import metric_registry
 from orchestrator.format import clock, duration, phases_text
 
 TERMINAL_VALUES = {s.value for s in TERMINAL}
@@ -56,7 +56,7 @@ def attempts_table(d: dict) -> None:
         ),
         hide_index=True,
     )
-    for a in d["attempts"]:  # where each start-up went, phase by phase (db/phases.py)
+    for a in d["attempts"]:  # where each start-up went, phase by phase (db/vocabulary/phases.py)
         if timed := phases_text(a.get("phases")):
             after = "recovery from the failure" if a["phases"][0]["phase"] == "teardown" else "start-up"
             st.caption(f"Attempt {a['number']} {after}: {timed}")

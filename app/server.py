@@ -27,8 +27,8 @@ from typing import Any
 from app.access import (
     AccessPolicy,
 )
-from db.layout import UI_FILE
-from db.settings import Settings
+from db.vocabulary.layout import UI_FILE
+from db.vocabulary.settings import Settings
 from orchestrator.ui_access import (
     AUTH_MODES,
     DEFAULT_PROXY_USER_HEADER,
@@ -153,7 +153,7 @@ def build_app(policy: AccessPolicy, settings: Settings, writable: bool = True,
 
 def main(argv: list[str] | None = None) -> int:
     from db.home import PRIVATE_UMASK, HomeUnusable, check_home, make_private
-    from db.settings import EnvSettings, SettingsError, load_settings
+    from db.vocabulary.settings import EnvSettings, SettingsError, load_settings
 
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

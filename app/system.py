@@ -2,7 +2,7 @@
 
 ``system_panels(run_id)`` draws it from the scheduler's 10-s aggregates (``system_metrics``,
 written by orchestrator/scheduler/sysmon.py): each chart shows the mean as a line and the min-max range
-of each window as a band, its axis titled and scaled by the metric registry (db/metric_registry.py:
+of each window as a band, its axis titled and scaled by the metric registry (db/vocabulary/metric_registry.py:
 "GPU utilization (%)", "Memory used (GiB)"). Data comes through the cached functions below (plain DataFrames), the
 charts from the plain builders below them; no SQL here.
 """
@@ -17,8 +17,8 @@ import pandas as pd
 import streamlit as st
 
 from app import data, style
-from db import metric_registry as registry
 from db import sysmetrics
+from db.vocabulary import metric_registry as registry
 from orchestrator.format import clock
 
 # Points per series a chart gets at most: longer runs are merged into coarser buckets on the

@@ -18,12 +18,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from db.config import RunConfig
 from db.engine import make_engine, make_sessionmaker, upgrade
 from db.metricstore import write_points
 from db.models import Attempt
-from db.requests import Price, create_run
+from db.requests import create_run
 from db.states import RunStatus, transition
+from db.vocabulary.config import RunConfig
+from db.vocabulary.cost import Price
 from orchestrator.alerts.engine import AlertEngine
 
 

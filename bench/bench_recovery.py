@@ -63,7 +63,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from floor import floor_start
 
-from db.phases import attempt_phases, marks_from_json
+from db.vocabulary.phases import attempt_phases, marks_from_json
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "digits.toml"
@@ -112,7 +112,8 @@ class Product:
         self.scheduler: subprocess.Popen | None = None
         self._log = None
         # A checkout from before the phase marks (migration 0014) has no such column.
-        self.tree_without_marks = tree is not None and not (tree / "db" / "phases.py").exists()
+        self.tree_without_marks = tree is not None and not any(
+            (tree / "db" / where / "phases.py").exists() for where in (".", "vocabulary"))
 
     # -- processes ----------------------------------------------------------------------
 

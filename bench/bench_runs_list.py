@@ -63,11 +63,12 @@ def seed_runs(session: Session, runs_dir: Path, count: int, now: float | None = 
     Returns:
         The new runs' ids, oldest first.
     """
-    from db.config import RunConfig
     from db.metricstore import write_points
     from db.models import Attempt, Checkpoint
-    from db.requests import Price, create_run
+    from db.requests import create_run
     from db.states import RunStatus, transition
+    from db.vocabulary.config import RunConfig
+    from db.vocabulary.cost import Price
 
     now = time.time() if now is None else now
     ids, points = [], []

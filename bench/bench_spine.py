@@ -9,7 +9,7 @@ first_step_at and the run's ended_at), so polling does not blur them, except ``c
 from the wall clock just before the `runyard submit` process starts (the CLI's own start-up
 included) to the first step. Then the floor runs, with nothing else of runyard's running (the
 scheduler stopped). Prints medians, the ratio cli_to_first_step / floor against the 1.15x
-target, the attempt's start-up phases (db/phases.py) and the load average.
+target, the attempt's start-up phases (db/vocabulary/phases.py) and the load average.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from floor import floor_start
 
-from db.phases import attempt_phases, marks_from_json
+from db.vocabulary.phases import attempt_phases, marks_from_json
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_RATIO = 1.15

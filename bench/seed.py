@@ -90,11 +90,12 @@ def create_finished_run(db_url: str, name: str, ranks: int, steps: int, runs_dir
                         start: float | None = None) -> int:
     """A SUCCEEDED run with one attempt of ``steps`` steps on ``ranks`` ranks that started at
     ``start`` (default: so that it just ended), and no points."""
-    from db.config import RunConfig
     from db.engine import make_engine, make_sessionmaker
     from db.models import Attempt
-    from db.requests import Price, create_run
+    from db.requests import create_run
     from db.states import RunStatus, transition
+    from db.vocabulary.config import RunConfig
+    from db.vocabulary.cost import Price
 
     if runs_dir is None:
         database = make_engine(db_url).url.database

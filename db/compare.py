@@ -26,10 +26,11 @@ from typing import Any
 from sqlalchemy import Select, and_, case, func, literal, or_, select, union_all
 from sqlalchemy.orm import Session, aliased
 
-from db import metric_registry, queries
+from db import queries
 from db.metricstore import BASE, LEVELS, choose_level
 from db.models import Attempt, MetricName, MetricPoint, MetricRollup, Run
 from db.queries import flatten
+from db.vocabulary import metric_registry
 
 # Metric names (or their last ``/``- or ``.``-separated part) that are better when higher: the
 # words below as a whole word of the name (``eval_accuracy``, ``top1``, ``val/f1``,
@@ -254,7 +255,7 @@ def runs_list(session: Session, where: queries.RunFilter | None = None, sort: st
     """The Runs page's list: :func:`db.queries.list_runs` with each run's summary metric columns
     (``best_loss``: the best of its loss along its lineage, and ``headline_key`` /
     ``headline_value``: the final value of the workload's headline metric,
-    db.metric_registry.HEADLINE_KEYS), sorted by any of db.queries.LIST_SORTS. Three statements
+    db.vocabulary.metric_registry.HEADLINE_KEYS), sorted by any of db.queries.LIST_SORTS. Three statements
     more than ``list_runs`` for all the runs, each series read at ``LIST_METRIC_POINTS`` steps
     (or rollup buckets) per rank at most, so a long run costs no more than a short one.
 

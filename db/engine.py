@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from alembic.config import Config
 
 from db import DatabaseError
-from db.layout import MIGRATE_LOCK_FILE
+from db.vocabulary.layout import MIGRATE_LOCK_FILE
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from db.models import Attempt, Run
-from db.requests import Price
+from db.vocabulary.cost import Price
 
 # The settings, besides the whole workload section, that change how long a step takes.
 PACE_KEYS = (("launch", "nproc_per_node"), ("launch", "nnodes"), ("launch", "executor"), ("launch", "backend"),

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from db import DatabaseError
 from db.engine import sqlite_path
-from db.settings import Settings
+from db.vocabulary.settings import Settings
 
 logger = logging.getLogger(__name__)
 

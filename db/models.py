@@ -157,7 +157,7 @@ class Attempt(Base):
     last_step: Mapped[int | None] = mapped_column(Integer)
     phase: Mapped[str | None] = mapped_column(String(16))  # "finishing" after the last step (final save, teardown)
     # When each start-up phase ended, as rank 0 saw it: {"spawned": t, "imported": t, "joined": t,
-    # "data": t, "checkpoint": t} (wall-clock seconds; db/phases.py turns them into durations).
+    # "data": t, "checkpoint": t} (wall-clock seconds; db/vocabulary/phases.py turns them into durations).
     phase_marks_json: Mapped[str | None] = mapped_column(Text)
     # Where this attempt started from: a checkpoint folder (this run's or a fork parent's) and step.
     resume_dir: Mapped[str | None] = mapped_column(Text)

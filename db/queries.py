@@ -16,14 +16,14 @@ from sqlalchemy.orm import Session
 from typing_extensions import Unpack
 
 from db import metricstore
-from db.causes import INTERRUPTIONS, Cause
-from db.checks import CHECKS_EVENT, parse_checks
-from db.cost import ETA_WINDOW, AttemptSpan, Eta, cost_usd, default_prices, eta_estimate, wasted_seconds
 from db.models import Attempt, Checkpoint, Event, PriceEntry, Run, RunStatusHistory, SchedulerHeartbeat
-from db.phases import attempt_phases, marks_from_json, recovery_s
 from db.requests import RunNotFound, imported
-from db.scheduler_file import read_scheduler_file
 from db.states import TERMINAL, RunStatus
+from db.vocabulary.causes import INTERRUPTIONS, Cause
+from db.vocabulary.checks import CHECKS_EVENT, parse_checks
+from db.vocabulary.cost import ETA_WINDOW, AttemptSpan, Eta, cost_usd, default_prices, eta_estimate, wasted_seconds
+from db.vocabulary.phases import attempt_phases, marks_from_json, recovery_s
+from db.vocabulary.scheduler_file import read_scheduler_file
 
 HEARTBEAT_STALE_S = 10.0
 INT64_MAX = 2**63 - 1
@@ -439,7 +439,7 @@ def attempts_of(session: Session, run_id: int) -> list[dict[str, Any]]:
         for a in rows
     ]
     previous: dict[str, Any] | None = None
-    for a in attempts:  # where each start-up went, and the recovery before it (db/phases.py)
+    for a in attempts:  # where each start-up went, and the recovery before it (db/vocabulary/phases.py)
         a["phases"] = attempt_phases(a, previous)
         previous = a
     return attempts
@@ -476,7 +476,7 @@ def run_detail(session: Session, run_id: int) -> dict[str, Any]:
         # The recovery: failure -> detected -> relaunched -> first new step.
         a["relaunched_at"] = b["started_at"]
         a["next_first_step_at"] = b["first_step_at"]
-        a["recovery_s"] = recovery_s(b, a)  # the sum of b's phases (db/phases.py)
+        a["recovery_s"] = recovery_s(b, a)  # the sum of b's phases (db/vocabulary/phases.py)
     detail["goodput"] = goodput(session, run, attempts)
     detail["goodput_parts"] = goodput_parts(session, run, attempts) if detail["goodput"] is not None else None
     pending = detail["step"] if run.resume_checkpoint_id is not None and run.status == RunStatus.QUEUED else None
@@ -492,7 +492,7 @@ def run_detail(session: Session, run_id: int) -> dict[str, Any]:
 
 
 def rank_checks(session: Session, run_id: int) -> dict[str, str | None] | None:
-    """The newest attempt's ``checks`` event (db/checks.py): {check: None where it runs, else why
+    """The newest attempt's ``checks`` event (db/vocabulary/checks.py): {check: None where it runs, else why
     not}; None before any rank reported through runyard (or never, for a plain script)."""
     message = session.execute(
         select(Event.message).where(Event.run_id == run_id, Event.kind == CHECKS_EVENT)
@@ -567,7 +567,7 @@ def goodput_parts(session: Session, run: Run, attempts: list[dict[str, Any]],
     """Where the run's time went besides its productive steps, as shares of the same wall time
     :func:`goodput` divides by: ``startup`` (launch to first step of each attempt that did not
     follow a failure: imports, rendezvous, data loading, compilation), ``checkpoints`` (the time
-    the training loop was blocked by saves), ``failures`` (each recovery's phases, db/phases.py:
+    the training loop was blocked by saves), ``failures`` (each recovery's phases, db/vocabulary/phases.py:
     from the failure through teardown, detection, relaunch and the next attempt's start-up to its
     first step; and the steps lost since the last checkpoint) and ``other`` (evaluation, logging,
     slow steps: the rest)."""
@@ -710,7 +710,7 @@ def checkpoint_advice(session: Session, run_id: int, now: float | None = None, r
     - save cost C: the median time the training loop was blocked by the run's ``recent`` newest
       saves (``Checkpoint.blocked_s``; the rest of a save runs in the background);
     - MTBF M: device time of every attempt of every run on this machine over the number of
-      attempts that ended by an interruption (``db.causes.INTERRUPTIONS``; cancels
+      attempts that ended by an interruption (``db.vocabulary.causes.INTERRUPTIONS``; cancels
       and pauses have no cause); None before the first one;
     - step time: wall seconds per step of the run's newest attempt that made progress (its
       first to its last reported step), so evaluation and saves are counted as the interval is.
@@ -721,7 +721,7 @@ def checkpoint_advice(session: Session, run_id: int, now: float | None = None, r
         ``mtbf_s``, ``failures``, ``device_time_s``, ``step_time_s``, and the configured
         ``every_steps`` / ``every_seconds``.
     """
-    from db.cost import young_daly_interval_s
+    from db.vocabulary.cost import young_daly_interval_s
 
     run = session.get(Run, run_id)
     if run is None:

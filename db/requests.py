@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from db import DatabaseError
-from db.config import RunConfig, config_from_json, write_config_file
 from db.file_versions import CopyRefused, copy_verified, is_version
-from db.layout import RunPaths, run_dir_name
 from db.models import Attempt, Checkpoint, Event, PriceEntry, Run, RunStatusHistory
 from db.states import ACTIVE, STOPPING, TERMINAL, RunStatus, transition
+from db.vocabulary.config import RunConfig, config_from_json, write_config_file
+from db.vocabulary.cost import Price
+from db.vocabulary.layout import RunPaths, run_dir_name
 
 
 class RunNotFound(DatabaseError):
@@ -51,13 +51,6 @@ def newest_intact(session: Session, run_id: int, origin: str | None = None) -> C
 def checkpoints_dir(run: Run) -> Path:
     return RunPaths(Path(run.run_dir)).checkpoints
 
-
-@dataclass(frozen=True)
-class Price:
-    """A price snapshotted on the run at submit time."""
-
-    usd_per_hour: float
-    unit: str
 
 
 def create_run(

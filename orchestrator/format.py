@@ -24,7 +24,7 @@ def duration(seconds: float | None) -> str:
 
 def phases_text(phases: list[dict] | None) -> str | None:
     """An attempt's start-up (and the recovery before it) by phase, in the order they happened
-    (db/phases.py): "teardown 0.4s · detect 0.6s · ... · first_step 0.1s = 5.2s"; None without
+    (db/vocabulary/phases.py): "teardown 0.4s · detect 0.6s · ... · first_step 0.1s = 5.2s"; None without
     phases."""
     if not phases:
         return None

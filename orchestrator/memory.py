@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from db.config import RunConfig
-from db.inventory import Inventory
+from db.vocabulary.config import RunConfig
+from db.vocabulary.inventory import Inventory
 
 GIB = 1024**3
 # fp32 parameter + gradient + AdamW exp_avg + exp_avg_sq.

@@ -6,7 +6,7 @@ list's Delete…).
 Every change is validated first, all problems reported together, each naming the field and the
 value; each change is kept as an ``edit`` event of the run (who, what, from what), which the Run
 page's events and ``runyard show`` list. The name follows the config's rule
-(:data:`db.config.RunConfig` ``name``); a tag follows :data:`TAG_RULE`. The run's config stays as
+(:data:`db.vocabulary.config.RunConfig` ``name``); a tag follows :data:`TAG_RULE`. The run's config stays as
 submitted (its ``name`` and ``tags`` there are what it was launched with); the run row holds what
 the person calls it now.
 
@@ -30,10 +30,10 @@ from typing import Any, cast
 from sqlalchemy import CursorResult, delete, select
 from sqlalchemy.orm import Session
 
-from db.config import RunConfig
 from db.models import Checkpoint, Event, Run
 from db.requests import RequestRefused, RunNotFound
 from db.states import TERMINAL, RunStatus
+from db.vocabulary.config import RunConfig
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.config import (
+from db.models import Event, Run
+from db.queries import price_table
+from db.requests import RunNotFound, create_run, pin_script_copy, usable_checkpoint
+from db.vocabulary.config import (
     ConfigError,
     RunConfig,
     apply_overrides,
@@ -30,12 +33,9 @@ from db.config import (
     plausibility_warnings,
     read_config_text,
 )
-from db.cost import config_price
-from db.inventory import Inventory, check_fits
-from db.models import Event, Run
-from db.queries import price_table
-from db.requests import Price, RunNotFound, create_run, pin_script_copy, usable_checkpoint
-from db.settings import Settings
+from db.vocabulary.cost import Price, config_price
+from db.vocabulary.inventory import Inventory, check_fits
+from db.vocabulary.settings import Settings
 from orchestrator.executors.launcher import SHIMS_DIR
 from orchestrator.memory import check_memory
 from orchestrator.scripts.allowed_roots import (
@@ -104,7 +104,7 @@ def _everything_else(data: dict[str, Any], problems: list[str], inventory: Inven
                      roots: ScriptRoots | None) -> tuple[list[str], list[str]]:
     """The schema's ``problems`` and what else the config would be refused or warned about, in one
     answer: the paths, the roots and the machine judged on what the schema accepted
-    (``db.config.lenient_config``: each wrong key at its default, the checks across fields
+    (``db.vocabulary.config.lenient_config``: each wrong key at its default, the checks across fields
     skipped), the memory check only when no key was wrong (else it would judge a default in the
     person's place), and the plausibility warnings of the keys that were right."""
     try:
@@ -344,7 +344,7 @@ def _probe(python: str, workdir: Path, module: str | None, *, check_torch: bool,
 
 
 def run_price(config: RunConfig, inventory: Inventory, table: Mapping[str, float]) -> Price:
-    """The hourly price snapshotted on a new run (db/cost.py's config_price)."""
+    """The hourly price snapshotted on a new run (db/vocabulary/cost.py's config_price)."""
     data = config.as_dict()
     return config_price(data["launch"], data["slurm"], inventory, table)
 

@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from db.layout import UI_FILE
+from db.vocabulary.layout import UI_FILE
 from orchestrator import OrchestratorError
 
 TOKEN_BYTES = 32

@@ -32,7 +32,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.engine import make_engine, make_sessionmaker, upgrade
-from db.settings import Settings
+from db.vocabulary.settings import Settings
 from tests import databases
 from tests.databases import CHOICE_ENV, CHOICES, DIALECTS, SERVER_ENV, PostgresUnavailable
 from tests.slurm_cluster import slurm  # noqa: F401  (the fixture, registered for every test)

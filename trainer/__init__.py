@@ -2,7 +2,7 @@
 distributed set-up and the metric reporter.
 
 Importing this package must stay cheap and must not import torch: the UI and the scheduler
-import ``db.config``. ``trainer.init()`` (the SDK for your own scripts, trainer/sdk.py)
+import ``db.vocabulary.config``. ``trainer.init()`` (the SDK for your own scripts, trainer/sdk.py)
 is loaded on first use.
 """
 

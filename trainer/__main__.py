@@ -19,8 +19,8 @@ from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from db.config import config_from_json
 from db.states import AttemptPhase
+from db.vocabulary.config import config_from_json
 from trainer import pdeathsig
 from trainer.context import context_from_env
 
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.sdk import init
     from trainer.workloads import build_workload
 
-    imported = time.time()  # Python, torch and runyard's rank side are in (db/phases.py)
+    imported = time.time()  # Python, torch and runyard's rank side are in (db/vocabulary/phases.py)
     workload = build_workload(config)  # refuses options it cannot honour before joining the others
     # The scheduler's stack dump (SIGUSR1) must not kill a rank still joining the others: dump
     # from now on (the Run registers its own file next).

@@ -1,6 +1,6 @@
 """What the scheduler passes to the ranks, through environment variables. The scheduler builds the
 environment with :meth:`RunContext.to_env`; every rank reads it back with :func:`context_from_env`,
-through :class:`db.settings.RankEnv`, the variables' typed and documented list. This module must
+through :class:`db.vocabulary.settings.RankEnv`, the variables' typed and documented list. This module must
 not import torch (the scheduler imports it)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from db.layout import AttemptPaths, RunPaths
+from db.vocabulary.layout import AttemptPaths, RunPaths
 
 
 @dataclass(frozen=True)
@@ -71,12 +71,12 @@ class RunContext:
 
 def context_from_env(environ: Mapping[str, str] | None = None) -> RunContext:
     """The context the scheduler passed in ``environ`` (default ``os.environ``), read through
-    :class:`db.settings.RankEnv` (a bad value stops the rank with a sentence naming it).
+    :class:`db.vocabulary.settings.RankEnv` (a bad value stops the rank with a sentence naming it).
 
     Raises:
-        db.settings.SettingsError: a ``RUNYARD_*`` variable of the protocol holds a value of the wrong kind.
+        db.vocabulary.settings.SettingsError: a ``RUNYARD_*`` variable of the protocol holds a value of the wrong kind.
     """
-    from db.settings import RankEnv  # pydantic-settings: only a process that reads its context pays for it
+    from db.vocabulary.settings import RankEnv  # pydantic-settings: only a process that reads its context pays for it
 
     env = RankEnv.from_env(environ)
     run_dir = env.run_dir or Path(".")

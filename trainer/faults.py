@@ -4,7 +4,7 @@ one hook, of the scheduler).
 These make timing-dependent failures reproducible (a kill while a checkpoint is being written,
 a kill at a known step); they never change what is computed.
 
-The variables are typed and documented in ``db/settings.py`` (:class:`db.settings.FaultEnv`,
+The variables are typed and documented in ``db/vocabulary/settings.py`` (:class:`db.vocabulary.settings.FaultEnv`,
 docs/DEVELOPMENT.md). Every hook is inert unless ``RUNYARD_FAULTS=1`` is set as well: the ranks inherit the
 scheduler's environment, so a stray ``RUNYARD_FAULT_*`` left in a user's shell must not reach
 real training. Only runyard's tests set the switch. The training loop's hooks are one object,
@@ -50,7 +50,7 @@ def _spec(name: str) -> str:
     but the switch is read: a rank of a real run never loads the settings model)."""
     if not enabled():
         return ""
-    from db.settings import FaultEnv
+    from db.vocabulary.settings import FaultEnv
 
     return FaultEnv.from_env().spec(name)
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, NoReturn
 
-from db.layout import FINISHED_DIR, STACKS_DIR, STOPPED_FILE
+from db.vocabulary.layout import FINISHED_DIR, STACKS_DIR, STOPPED_FILE
 
 if TYPE_CHECKING:
     from trainer.control import ControlChannel

@@ -26,13 +26,13 @@ import psutil
 import torch
 from torch import nn
 
-from db.checks import CHECKS_EVENT, checks_message
+from db.vocabulary.checks import CHECKS_EVENT, checks_message
 from trainer.health import DesyncCheck, Finding, PreSyncClock, StragglerCheck, params_checksum, timed_allreduce
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection
 
-    from db.config import SupervisionConfig
+    from db.vocabulary.config import SupervisionConfig
     from trainer.control import ControlChannel
     from trainer.reporter import MetricReporter
 
@@ -203,7 +203,7 @@ class Monitor:
 
     @property
     def checks(self) -> str:
-        """Which of the straggler and desync checks run (db/checks.py's message), as rank 0
+        """Which of the straggler and desync checks run (db/vocabulary/checks.py's message), as rank 0
         records it at the first log."""
         return checks_message(self._unchecked)
 

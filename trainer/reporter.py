@@ -174,7 +174,7 @@ class DatabaseWriter(threading.Thread):
                                                          level=e["level"], kind=e["kind"], message=e["message"]))
 
     def _write_marks(self, conn: Connection, marks: list[dict[str, float]]) -> None:
-        """Start-up phase marks (db/phases.py), merged into the attempt's."""
+        """Start-up phase marks (db/vocabulary/phases.py), merged into the attempt's."""
         from sqlalchemy import select, update
 
         from db.models import Attempt
@@ -351,7 +351,7 @@ class MetricReporter:
             self.writer.put_progress(None, phase=phase.value)
 
     def marks(self, marks: dict[str, float]) -> None:
-        """Rank 0: when start-up phases ended (wall-clock seconds; db/phases.py)."""
+        """Rank 0: when start-up phases ended (wall-clock seconds; db/vocabulary/phases.py)."""
         if self.writer is not None:
             self.writer.put("marks", dict(marks))
 

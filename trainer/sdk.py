@@ -40,7 +40,7 @@ import psutil
 import torch
 import torch.distributed as dist
 
-from db.config import CheckpointConfig, RunConfig, SupervisionConfig, config_from_json
+from db.vocabulary.config import CheckpointConfig, RunConfig, SupervisionConfig, config_from_json
 from trainer import distributed, pdeathsig
 from trainer.checkpoint import Checkpointer
 from trainer.context import RunContext, context_from_env
@@ -220,7 +220,7 @@ class Run:
             The step of the checkpoint (continue with the step after it), or 0 when there is
             nothing to resume.
         """
-        self.reporter.marks({"data": time.time()})  # what came before: data and model (db/phases.py)
+        self.reporter.marks({"data": time.time()})  # what came before: data and model (db/vocabulary/phases.py)
         step = self._checkpoints.resume(state or {})
         self.reporter.marks({"checkpoint": time.time()})
         self._last_step = max(self._last_step, step)
@@ -352,7 +352,7 @@ def init(backend: str = "auto", *, config: RunConfig | None = None, marks: Mappi
         config: The run's config (``python -m trainer`` passes the attempt's); by default it is
             read from the run's folder when runyard launched this process.
         marks: When start-up phases ended before this call (``python -m trainer`` passes
-            ``imported`` and ``joined``; db/phases.py), wall-clock seconds.
+            ``imported`` and ``joined``; db/vocabulary/phases.py), wall-clock seconds.
     """
     # Under runyard the rank dies with torchrun's agent. trainer/script_runner.py already armed
     # it for a script the scheduler launched; arming twice is harmless.

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from db.config import TrainConfig
+from db.vocabulary.config import TrainConfig
 
 # bf16 dense peak FLOP/s of one GPU (NVIDIA's spec sheets, without sparsity), by a fragment of
 # torch.cuda.get_device_name(); the first fragment found wins, so the PCIe H100 (fewer SMs, lower

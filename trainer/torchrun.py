@@ -34,7 +34,7 @@ codes, ``--redirects``, ``--log-dir``, error files and torchrun's log format sta
   bootstrap only and moves data through NVLink, PCIe or shared memory).
 
 Under runyard (``RUNYARD_ATTEMPT_DIR`` set) the agent also notes when it first sees a rank fail
-(:func:`note_first_failure`): the start of the recovery's phases (db/phases.py).
+(:func:`note_first_failure`): the start of the recovery's phases (db/vocabulary/phases.py).
 
 These override the environment the scheduler was started with: the guarantee must not depend on
 it.
@@ -65,7 +65,7 @@ from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as c10d
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
-from db.layout import FAILURE_FILE, RANK_MAP_FILE
+from db.vocabulary.layout import FAILURE_FILE, RANK_MAP_FILE
 from trainer.lifecycle import exit_without_finalising
 from trainer.store_secret import MissingSecret, ensure_secret, guard_rendezvous_unpickling, prefixed
 
@@ -268,7 +268,7 @@ def note_first_failure(attempt_dir: str) -> None:
     """Make the agent write ``failure.json`` into ``attempt_dir`` the moment it first sees a rank
     fail: ``{"at": wall-clock seconds, "local_ranks": {local rank: exit code}}``, before it stops
     the other ranks (which may take seconds: torchrun's exit comes only after). The scheduler
-    takes it as the attempt's ``failed_at`` (db/phases.py). The agent looks every
+    takes it as the attempt's ``failed_at`` (db/vocabulary/phases.py). The agent looks every
     ``--monitor-interval`` (0.1 s), so the mark is at most that late. With several local nodes
     the first agent's note stays (created exclusively); a note that cannot be written is skipped
     (the exit time serves). Hooks torchrun's process context where it collects exit codes, before

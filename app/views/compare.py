@@ -18,8 +18,8 @@ import streamlit as st
 
 from app import compare_charts as cc
 from app import data, style
-from db import metric_registry
 from db.compare import MAX_POINTS, config_diff, higher_is_better
+from db.vocabulary import metric_registry
 
 style.apply()
 

@@ -16,7 +16,8 @@ import streamlit as st
 
 from app import data, form, run_actions, style
 from app.fork_changes import config_changes, overrides_for
-from db.config import (
+from db.requests import RequestRefused
+from db.vocabulary.config import (
     ConfigError,
     RunConfig,
     deep_merge,
@@ -26,7 +27,6 @@ from db.config import (
     parse_toml,
     plausibility_warnings,
 )
-from db.requests import RequestRefused
 from orchestrator.format import estimate_text
 
 style.apply()

@@ -36,8 +36,8 @@ from app.run_actions import SECTION_KEY, actions, metadata_line
 from app.run_panels import attempts_table, checkpoint_advice, checkpoint_table, events_list, failure_summary, log_tails
 from app.style import badge
 from app.system import latest_window, summary_line, system_panels
-from db import metric_registry
 from db.states import TERMINAL, RunStatus
+from db.vocabulary import metric_registry
 from orchestrator.format import clock, duration, eta_text, startup_text, step_text, usd, where_text
 from orchestrator.scripts.attempt_watch import script_facts
 
@@ -198,7 +198,7 @@ def health_checks(d: dict, has_metrics: bool) -> dict[str, str]:
     - hangs: the scheduler's watchdog judges every live attempt from its launch on, except a
       plain script before its first line of output (nothing to measure progress by);
     - NaNs: judged on the stored metrics, so from the first one;
-    - stragglers and desyncs: rank 0's ``checks`` event says whether they run (db/checks.py);
+    - stragglers and desyncs: rank 0's ``checks`` event says whether they run (db/vocabulary/checks.py);
       a script that never reported through runyard's SDK has none.
     """
     if not d["attempts"]:

@@ -17,9 +17,9 @@ import streamlit as st
 from app import data, run_actions, style
 from app.alerts_panel import alert_mark, open_alerts
 from app.style import STATUS_BADGE
-from db import metric_registry
 from db.compare import MAX_RUNS as MAX_COMPARED  # not app.compare_charts: the Runs page loads no Altair
 from db.states import TERMINAL, RunStatus
+from db.vocabulary import metric_registry
 from orchestrator.format import duration, eta_text, note_line, step_text, usd, where_short
 
 style.apply()

@@ -8,7 +8,7 @@ import streamlit as st
 
 from app import data, style
 from app.alerts_panel import alerts_settings
-from db.cost import price_for
+from db.vocabulary.cost import price_for
 
 style.apply()
 

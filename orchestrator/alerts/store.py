@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from db.config import DEFAULT_TRIGGERS, trigger_problem
-from db.layout import ALERTS_FILE
+from db.vocabulary.config import DEFAULT_TRIGGERS, trigger_problem
+from db.vocabulary.layout import ALERTS_FILE
 from orchestrator.alerts import AlertsError
 
 SIGNED_SCHEMES = ("runyard+http", "runyard+https")

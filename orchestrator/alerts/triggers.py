@@ -30,11 +30,11 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from db import metricstore
-from db.config import AlertsConfig, RetryConfig, RunConfig, SupervisionConfig
-from db.cost import ETA_WINDOW, cost_usd, eta_estimate
 from db.models import Attempt, Event, MetricName, MetricPoint, Run, RunStatusHistory, SchedulerHeartbeat, SystemMetric
 from db.requests import newest_intact
 from db.states import ACTIVE, RunStatus
+from db.vocabulary.config import AlertsConfig, RetryConfig, RunConfig, SupervisionConfig
+from db.vocabulary.cost import ETA_WINDOW, cost_usd, eta_estimate
 
 # An edge (a status change, a hang) is looked for this long after it happened.
 EDGE_WINDOW_S = 600.0

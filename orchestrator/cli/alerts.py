@@ -17,8 +17,8 @@ import json
 
 import click
 
-from db.config import TRIGGERS
-from db.settings import load_settings
+from db.vocabulary.config import TRIGGERS
+from db.vocabulary.settings import load_settings
 from orchestrator.alerts import AlertsError
 from orchestrator.alerts.store import AlertStore
 from orchestrator.cli.base import RunyardGroup, fail, fmt_time, json_safe, open_existing, open_sessions, resolve_ref

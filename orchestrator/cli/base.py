@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from db import DatabaseError
 from db.home import PRIVATE_UMASK, check_home, database_writable, has_database, make_private
-from db.settings import Settings, SettingsError, load_settings
+from db.vocabulary.settings import Settings, SettingsError, load_settings
 from orchestrator import OrchestratorError
 
 logger = logging.getLogger(__name__)

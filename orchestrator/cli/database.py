@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from db.settings import load_settings
+from db.vocabulary.settings import load_settings
 from orchestrator.cli.base import RunyardCommand, fail, no_database_line, open_existing, open_sessions, safe_url
 
 PROGRESS_EVERY_S = 1.0

@@ -10,7 +10,7 @@ import json
 
 import click
 
-from db.settings import load_settings
+from db.vocabulary.settings import load_settings
 from orchestrator.cli.base import RunyardCommand, fail, open_sessions, resolve_ref
 
 

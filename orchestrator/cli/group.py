@@ -31,7 +31,7 @@ import logging
 
 import click
 
-from db.settings import load_settings
+from db.vocabulary.settings import load_settings
 from orchestrator.cli.base import (
     RunyardGroup,
     json_safe,
@@ -114,7 +114,7 @@ def info(as_json: bool) -> None:
 @cli.command("config-reference")
 def config_reference() -> None:
     """Print the run config reference (docs/CONFIG.md) in Markdown."""
-    from db.config import reference_markdown
+    from db.vocabulary.config import reference_markdown
 
     click.echo(reference_markdown())
 

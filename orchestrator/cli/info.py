@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from db.settings import Settings
+from db.vocabulary.settings import Settings
 from orchestrator.cli.base import open_existing, safe_url
 from orchestrator.format import duration, runyard_version
 

@@ -12,10 +12,10 @@ from typing import Any
 
 import click
 
-from db import metric_registry
 from db.queries import LIST_SORTS
-from db.settings import load_settings
 from db.states import TERMINAL
+from db.vocabulary import metric_registry
+from db.vocabulary.settings import load_settings
 from orchestrator.cli.base import (
     COUNT,
     EXIT_USAGE,
@@ -304,8 +304,8 @@ def metrics(run: str, as_csv: bool) -> None:
     mfu a fraction); ``value x display_scale`` is in ``display_unit``, as the dashboard shows it."""
     import csv
 
-    from db import metric_registry
     from db.queries import iter_metric_rows
+    from db.vocabulary import metric_registry
 
     sessions = existing_sessions(load_settings(), run)
     run_id = resolve_ref(sessions, run)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from db.settings import load_settings
+from db.vocabulary.settings import load_settings
 from orchestrator.cli.base import (
     COUNT,
     EXIT_USAGE,
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 @click.option("--json", "as_json", is_flag=True, help="Print {\"id\": N} as JSON.")
 def submit(config_file: Path, overrides: tuple[str, ...], as_json: bool) -> None:
     """Queue a run from a TOML config; prints the new run's id."""
-    from db.config import ConfigError, plausibility_warnings
+    from db.vocabulary.config import ConfigError, plausibility_warnings
     from orchestrator.scheduler.resources import known_inventory
     from orchestrator.submission import submit as submit_run
     from orchestrator.submission import validate_file
@@ -150,8 +150,8 @@ def rerun(run: str, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def fork(run: str, step: int | None, checkpoint_id: int | None, overrides: tuple[str, ...], as_json: bool) -> None:
     """Start a new run from a checkpoint of RUN with changed settings; prints the new id."""
-    from db.config import ConfigError
     from db.requests import RequestRefused
+    from db.vocabulary.config import ConfigError
     from orchestrator.scheduler.resources import known_inventory
     from orchestrator.submission import fork as fork_run
 
@@ -174,8 +174,8 @@ def fork(run: str, step: int | None, checkpoint_id: int | None, overrides: tuple
 
 def fork_batch_note(sessions: sessionmaker[Session], parent: int, child: int) -> str | None:
     """The effective-batch change of a fork (another number of ranks, batch or accumulation)."""
-    from db.config import effective_batch_change
     from db.models import Run
+    from db.vocabulary.config import effective_batch_change
 
     with sessions() as session:
         before, after = session.get(Run, parent), session.get(Run, child)

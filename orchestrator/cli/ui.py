@@ -23,7 +23,7 @@ from pathlib import Path
 import click
 import psutil
 
-from db.settings import EnvSettings, Settings, load_settings
+from db.vocabulary.settings import EnvSettings, Settings, load_settings
 from orchestrator.cli.base import EXIT_USAGE, RunyardCommand, fail, open_existing, open_sessions
 from orchestrator.ui_access import (
     ALLOWED_HOSTS_ENV,

@@ -18,7 +18,7 @@ which one it holds. Each executor:
 - ``adopt``: take back an attempt whose handle (pid, job id) was never committed;
 - ``stack_dump``: the job that saves every rank's stacks (run off the tick).
 
-Logs of every executor land in the attempt's folder under the same layout (db/layout.py), so
+Logs of every executor land in the attempt's folder under the same layout (db/vocabulary/layout.py), so
 failure classification, the Run page and ``runyard logs`` read them the same way.
 """
 
@@ -32,8 +32,8 @@ from typing import Protocol
 
 from sqlalchemy.orm import Session
 
-from db.config import RunConfig
 from db.models import Attempt, Run
+from db.vocabulary.config import RunConfig
 from orchestrator import OrchestratorError
 from orchestrator.executors.stacks import StackDump
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import psutil
 
-from db.config import RunConfig
-from db.layout import EXIT_FILE, LAUNCHER_LOG, RANK_LOG_DIR
+from db.vocabulary.config import RunConfig
+from db.vocabulary.layout import EXIT_FILE, LAUNCHER_LOG, RANK_LOG_DIR
 
 # Every socket of a run on this machine listens here (trainer/torchrun.py).
 LOOPBACK = "127.0.0.1"
@@ -146,7 +146,7 @@ def rank_env(config: RunConfig, environ: Mapping[str, str], cores: int | None = 
     stand-in first on ``PYTHONPATH``.
     """
     workload = config.workload
-    env = dict(workload.env)  # empty but for a script (db/config.py refuses it elsewhere)
+    env = dict(workload.env)  # empty but for a script (db/vocabulary/config/ refuses it elsewhere)
     if "OMP_NUM_THREADS" not in env and "OMP_NUM_THREADS" not in environ:
         cores = cores if cores is not None else len(os.sched_getaffinity(0))
         # Locally every node's ranks share this machine; on Slurm each node has its own cores.

@@ -21,8 +21,8 @@ from typing import Protocol
 import psutil
 from sqlalchemy.orm import Session
 
-from db.config import RunConfig, config_from_json
 from db.models import Attempt, Run
+from db.vocabulary.config import RunConfig, config_from_json
 from orchestrator.executors.base import LaunchRequest, Liveness, Observation
 from orchestrator.executors.launcher import launch, torchrun_argv
 from orchestrator.executors.processes import end_processes, is_alive, rank_processes, read_exit, signal_attempt

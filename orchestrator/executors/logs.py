@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from db.layout import LAUNCHER_LOG, RANK_LOG_DIR, RANK_MAP_FILE
+from db.vocabulary.layout import LAUNCHER_LOG, RANK_LOG_DIR, RANK_MAP_FILE
 
 
 def rank_log_files(attempt_dir: Path) -> dict[int, list[Path]]:

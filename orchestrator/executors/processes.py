@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 
-from db.layout import EXIT_FILE, LAUNCH_RECORD
+from db.vocabulary.layout import EXIT_FILE, LAUNCH_RECORD
 
 logger = logging.getLogger(__name__)
 

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import psutil
 
-from db.layout import LAUNCH_RECORD
+from db.vocabulary.layout import LAUNCH_RECORD
 from trainer import pdeathsig
 
 
@@ -100,7 +100,7 @@ def exit_retry_s() -> float:
     """How long a failing exit-file write is retried: RUNYARD_EXIT_RETRY_S, else EXIT_RETRY_S.
 
     Read without pydantic, as the shim of every attempt must start light: the variable is
-    ``EnvSettings.exit_retry_s`` (db/settings.py, same default, a test keeps them equal), which the
+    ``EnvSettings.exit_retry_s`` (db/vocabulary/settings.py, same default, a test keeps them equal), which the
     scheduler that started this shim checked at its own start."""
     try:
         return max(0.0, float(os.environ.get(EXIT_RETRY_VAR, EXIT_RETRY_S)))

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import psutil
 
-from db.layout import AttemptPaths
+from db.vocabulary.layout import AttemptPaths
 from orchestrator.executors.processes import rank_processes
 
 logger = logging.getLogger(__name__)

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
-from db.layout import LAUNCH_RECORD
 from db.models import Attempt, Event, Run
+from db.vocabulary.layout import LAUNCH_RECORD
 from orchestrator.executors.processes import end_processes, is_alive, read_launch_record
 
 logger = logging.getLogger(__name__)

@@ -22,11 +22,11 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from db import lease
-from db.causes import Cause
-from db.inventory import Inventory
 from db.models import Attempt, Checkpoint, Event, Run
-from db.settings import EnvSettings
 from db.states import ACTIVE, AttemptStatus, RunStatus
+from db.vocabulary.causes import Cause
+from db.vocabulary.inventory import Inventory
+from db.vocabulary.settings import EnvSettings
 from orchestrator.scheduler.failures import free_bytes, human_bytes
 from orchestrator.scheduler.storage import errno_in, writable_problem
 
@@ -40,7 +40,7 @@ DISK_RECHECK_S = 10.0
 
 def slurm_max_jobs() -> int:
     """Jobs runyard keeps in the Slurm queue at most, pending or running: RUNYARD_SLURM_MAX_JOBS
-    (db/settings.py, default 16; the scheduler checked it when it started)."""
+    (db/vocabulary/settings.py, default 16; the scheduler checked it when it started)."""
     return EnvSettings.from_env().slurm_max_jobs
 
 

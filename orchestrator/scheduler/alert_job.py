@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from apscheduler.schedulers.base import BaseScheduler
 
     from db.lease import Identity
-    from db.settings import Settings
+    from db.vocabulary.settings import Settings
 
 logger = logging.getLogger("orchestrator.alerts.engine")  # the alerts' log, where their errors belong
 

@@ -26,7 +26,7 @@ import subprocess
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from db.causes import Cause
+from db.vocabulary.causes import Cause
 from orchestrator.executors.logs import launcher_log, rank_log_files, tail
 from orchestrator.scheduler.storage import STORAGE_ERRNOS, errno_in, writable_problem
 

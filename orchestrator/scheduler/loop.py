@@ -34,15 +34,9 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from db import lease
-from db.causes import Cause
-from db.config import config_from_json, write_config_file
-from db.inventory import Inventory
-from db.layout import SCHEDULER_LOCK_FILE, AttemptPaths, RunPaths
 from db.lease import Identity
 from db.models import Attempt, Checkpoint, Event, Run, SchedulerHeartbeat
 from db.requests import checkpoints_dir, newest_intact
-from db.scheduler_file import SchedulerFile
-from db.settings import Settings
 from db.states import (
     ACTIVE,
     STOPPING,
@@ -54,6 +48,12 @@ from db.states import (
     hold,
     transition,
 )
+from db.vocabulary.causes import Cause
+from db.vocabulary.config import config_from_json, write_config_file
+from db.vocabulary.inventory import Inventory
+from db.vocabulary.layout import SCHEDULER_LOCK_FILE, AttemptPaths, RunPaths
+from db.vocabulary.scheduler_file import SchedulerFile
+from db.vocabulary.settings import Settings
 from orchestrator import OrchestratorError
 from orchestrator.executors.base import Executor, ExecutorError, LaunchRequest, Liveness, executor_for
 from orchestrator.executors.launcher import free_port, rank_env, torchrun_argv

@@ -16,11 +16,11 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from db.causes import Cause
-from db.config import RunConfig, config_from_json, deep_merge
-from db.layout import AttemptPaths
 from db.models import Attempt, Checkpoint, Event, Run
 from db.states import STOPPING, AttemptStatus, RunStatus, SignalSent, StopReason, attempt_transition, transition
+from db.vocabulary.causes import Cause
+from db.vocabulary.config import RunConfig, config_from_json, deep_merge
+from db.vocabulary.layout import AttemptPaths
 from orchestrator.executors.slurm.executor import cancelled_in_slurm
 from orchestrator.scheduler.failures import (
     Failure,

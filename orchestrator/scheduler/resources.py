@@ -1,7 +1,7 @@
 """What the machine has to run on: GPUs counted through NVML when present, CPU slots otherwise.
 
 Only the scheduler detects (NVML is slow to start and needs the driver); it publishes what it found
-on its heartbeat (db/scheduler_file.py), where the UI reads it.
+on its heartbeat (db/vocabulary/scheduler_file.py), where the UI reads it.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from db.inventory import Inventory
+from db.vocabulary.inventory import Inventory
 
 logger = logging.getLogger(__name__)
 
@@ -42,10 +42,10 @@ def _nvml_gpus() -> tuple[tuple[str, ...], tuple[int, ...], tuple[str, ...]]:
 
 
 def known_inventory(scheduler_file: Path) -> Inventory:
-    """What the scheduler detected and published (db/scheduler_file.py), else this machine's
+    """What the scheduler detected and published (db/vocabulary/scheduler_file.py), else this machine's
     devices detected here (NVML included). What ``runyard submit`` and ``fork`` check a run
     against: starting NVML (and importing it) is most of a submit's own time otherwise."""
-    from db.scheduler_file import read_scheduler_file
+    from db.vocabulary.scheduler_file import read_scheduler_file
 
     published = (read_scheduler_file(scheduler_file) or {}).get("inventory")
     if isinstance(published, dict):
@@ -67,7 +67,7 @@ def detect_inventory(environ: Mapping[str, str] | None = None, nvml: bool = True
     """
     import psutil
 
-    from db.settings import EnvSettings
+    from db.vocabulary.settings import EnvSettings
 
     env = os.environ if environ is None else environ
     ram = int(psutil.virtual_memory().total)

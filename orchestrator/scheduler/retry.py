@@ -13,8 +13,8 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from db.causes import Cause
-from db.config import RetryConfig
+from db.vocabulary.causes import Cause
+from db.vocabulary.config import RetryConfig
 from orchestrator.scheduler.failures import normalize_exception
 from orchestrator.scheduler.storage import errno_in
 

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from db.layout import CONFIG_FILE
+from db.vocabulary.layout import CONFIG_FILE
 
 # The errors of a storage that failed, as opposed to a path the code got wrong (ENOENT, EACCES).
 STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EIO, errno.EROFS})

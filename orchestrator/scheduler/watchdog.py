@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 from sqlalchemy.orm import Session
 
 from db import metricstore
-from db.config import SupervisionConfig
 from db.models import Attempt, Event, Run
 from db.states import AttemptPhase, SignalSent, StopReason
+from db.vocabulary.config import SupervisionConfig
 from orchestrator.executors.stacks import StackDump, StackDumps, stack_frames
 from orchestrator.scripts.attempt_watch import WATCH_STEPS_OR_OUTPUT, watching_words
 

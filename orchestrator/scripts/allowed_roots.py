@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from db.config import RunConfig, relative_path_problem
-from db.settings import EnvSettings
+from db.vocabulary.config import RunConfig, relative_path_problem
+from db.vocabulary.settings import EnvSettings
 
 ROOTS_ENV = EnvSettings.variable("script_roots")
 

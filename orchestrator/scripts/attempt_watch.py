@@ -29,9 +29,9 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from db.config import RunConfig
 from db.models import Attempt, Event, Run
 from db.requests import SCRIPT_SOURCE, workdir_of
+from db.vocabulary.config import RunConfig
 from orchestrator.executors.processes import rank_processes
 from orchestrator.scripts.checkpoint_custody import record_versions
 from orchestrator.scripts.checkpoint_finder import CheckpointFile, CheckpointFiles

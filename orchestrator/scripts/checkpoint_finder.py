@@ -26,8 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from db.config import relative_path_problem
 from db.file_versions import folder_digest, folder_files
+from db.vocabulary.config import relative_path_problem
 from orchestrator.scripts import ScriptWatchError
 from orchestrator.scripts.checkpoint_steps import step_in_checkpoint
 

@@ -16,11 +16,12 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.config import RunConfig
-from db.layout import RunPaths
 from db.models import Attempt, Event
-from db.requests import IMPORTED_TAG, Price, create_run
+from db.requests import IMPORTED_TAG, create_run
 from db.states import AttemptStatus, RunStatus, attempt_transition, transition
+from db.vocabulary.config import RunConfig
+from db.vocabulary.cost import Price
+from db.vocabulary.layout import RunPaths
 from orchestrator import OrchestratorError
 from orchestrator.scripts import to_rows
 from orchestrator.scripts.metric_collector import write

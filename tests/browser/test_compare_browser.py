@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from db.metric_registry import format_number
+from db.vocabulary.metric_registry import format_number
 
 pytestmark = pytest.mark.browser
 
@@ -60,12 +60,13 @@ def accuracy(run: int, step: int) -> float:
 
 def seed_run(db_url: str, runs_dir: Path, index: int, with_accuracy: bool) -> int:
     """A SUCCEEDED run with ``train.lr = LRS[index]``, written through the product's own writers."""
-    from db.config import RunConfig
     from db.engine import make_engine, make_sessionmaker
     from db.metricstore import write_points
     from db.models import Attempt
-    from db.requests import Price, create_run
+    from db.requests import create_run
     from db.states import RunStatus, transition
+    from db.vocabulary.config import RunConfig
+    from db.vocabulary.cost import Price
 
     engine = make_engine(db_url)
     end = time.time() - 30

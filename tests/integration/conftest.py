@@ -84,7 +84,7 @@ class Product:
         0.6 s of CPU, taken from the ranks of the tests beside it on two cores. The real CLI
         submits in :meth:`cli_submit` (test_spine, test_private_home, tests/faults/test_bad_input)."""
         from db.home import PRIVATE_UMASK, check_home, make_private
-        from db.settings import load_settings
+        from db.vocabulary.settings import load_settings
         from orchestrator.cli.base import open_sessions
         from orchestrator.scheduler.resources import detect_inventory
         from orchestrator.submission import submit, validate_file

@@ -179,7 +179,7 @@ def test_a_scripts_own_app_db_trainer_and_orchestrator_stay_its_own_and_runyards
     """A real 2-rank run of an SDK script and of a plain one, each beside its own app.py, db.py,
     trainer.py and orchestrator.py: the scripts get their own modules (before and after the SDK
     loads), and runyard's SDK still reports metrics and a verified checkpoint. Before the fix the
-    SDK's ``from db.config import ...`` found the script's db.py and the rank died."""
+    SDK's ``from db.vocabulary.config import ...`` found the script's db.py and the rank died."""
     folder = product.home / "own"
     folder.mkdir()
     for name in OWN_MODULES:

@@ -16,9 +16,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from db.engine import make_engine, upgrade
-from db.layout import RANK_LOG_DIR
 from db.metricstore import metric_keys, series
 from db.models import Attempt, Run
+from db.vocabulary.layout import RANK_LOG_DIR
 from orchestrator.executors.launcher import free_port
 from orchestrator.scripts.metric_collector import AttemptCollector, write
 

@@ -22,10 +22,10 @@ from click.testing import CliRunner
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.config import ConfigError, parse_config
 from db.metricstore import write_points
 from db.models import Alert, AlertDelivery, Attempt, Event, Run, SystemMetric
-from db.settings import Settings
+from db.vocabulary.config import ConfigError, parse_config
+from db.vocabulary.settings import Settings
 from orchestrator.alerts import AlertsError
 from orchestrator.alerts.channels import DeliveryError, Note, resolve, send, send_signed
 from orchestrator.alerts.delivery import DeliveryWorker

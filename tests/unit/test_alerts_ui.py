@@ -10,8 +10,8 @@ import json
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.models import Alert, AlertDelivery
-from db.settings import Settings
 from db.states import RunStatus
+from db.vocabulary.settings import Settings
 from orchestrator.alerts.store import AlertStore
 from tests.alert_receivers import http_receiver
 from tests.unit.test_app_pages import add_failed_run, add_run, no_exception, open_page, sessions, settings

@@ -33,14 +33,15 @@ from streamlit.testing.v1 import AppTest
 
 from app.charts import NAN_COLOR
 from db import queries
-from db.checks import CHECKS_EVENT, checks_message
-from db.config import RunConfig, TrainConfig
 from db.engine import make_engine, make_sessionmaker, upgrade
 from db.metricstore import write_points
 from db.models import Attempt, Checkpoint, Event, Run, SchedulerHeartbeat
-from db.requests import Price, create_run
-from db.settings import Settings, load_settings
+from db.requests import create_run
 from db.states import AttemptStatus, RunStatus, transition
+from db.vocabulary.checks import CHECKS_EVENT, checks_message
+from db.vocabulary.config import RunConfig, TrainConfig
+from db.vocabulary.cost import Price
+from db.vocabulary.settings import Settings, load_settings
 
 MAIN = Path(__file__).resolve().parents[2] / "app" / "main.py"
 TIMEOUT_S = 30
@@ -842,7 +843,7 @@ class RunConfigWithSmoothing(RunConfig):
 def test_a_field_added_to_the_config_appears_on_the_new_run_page(
         settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     """No UI edit: the page draws whatever RunConfig declares."""
-    monkeypatch.setattr("db.config.RunConfig", RunConfigWithSmoothing)
+    monkeypatch.setattr("db.vocabulary.config.RunConfig", RunConfigWithSmoothing)
     at = open_page("views/new_run.py")
     no_exception(at)
     smoothing = at.number_input(key="train.label_smoothing")
@@ -1074,7 +1075,7 @@ def test_edited_prices_apply_to_new_runs_only(settings: Settings, sessions: sess
     """The price is snapshotted at submit: editing the table (what the Settings page's Save
     does) changes new runs, not submitted ones. AppTest cannot edit a data_editor's cells, so
     the save is called directly."""
-    from db.inventory import Inventory
+    from db.vocabulary.inventory import Inventory
     from orchestrator.submission import submit
 
     cpu = Inventory(kind="cpu", slots=2)

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from db.engine import make_engine, make_sessionmaker
 from db.metricstore import write_points
-from db.settings import Settings
+from db.vocabulary.settings import Settings
 from orchestrator.cli.group import cli
 
 ROOT = Path(__file__).resolve().parents[2]

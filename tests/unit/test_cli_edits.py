@@ -9,8 +9,8 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from db.engine import make_engine, make_sessionmaker
-from db.settings import Settings
 from db.states import RunStatus, transition
+from db.vocabulary.settings import Settings
 from orchestrator.cli.group import cli
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -23,12 +23,13 @@ from sqlalchemy import Engine, event, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.compare import ABSENT, CompareError, compare_runs, config_diff, flatten, higher_is_better, metric_summaries
-from db.config import RunConfig
 from db.metricstore import write_points
 from db.models import Attempt, Run
-from db.requests import Price, create_run
-from db.settings import Settings
+from db.requests import create_run
 from db.states import RunStatus, transition
+from db.vocabulary.config import RunConfig
+from db.vocabulary.cost import Price
+from db.vocabulary.settings import Settings
 
 NAN = float("nan")
 

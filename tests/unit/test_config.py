@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from db.config import (
+from db.vocabulary.config import (
     ConfigError,
     RunConfig,
     apply_overrides,
@@ -175,7 +175,7 @@ def test_a_mapping_from_the_ui_with_a_date_or_deep_nesting_is_refused_naming_the
     or RecursionError later when the config is stored as JSON."""
     import datetime
 
-    from db.config import ConfigError, parse_config, parse_toml
+    from db.vocabulary.config import ConfigError, parse_config, parse_toml
 
     with pytest.raises(ConfigError, match=r"name = 1979-05-27: a TOML date/time"):
         parse_config({"name": datetime.date(1979, 5, 27)})
@@ -214,7 +214,7 @@ def test_a_check_across_fields_does_not_judge_a_default_in_place_of_a_wrong_valu
 
 
 def test_effective_batch_change_names_the_numbers_and_the_accumulation_that_keeps_it() -> None:
-    from db.config import effective_batch_change
+    from db.vocabulary.config import effective_batch_change
 
     parent = RunConfig().as_dict()
     assert effective_batch_change(parent, parent) is None

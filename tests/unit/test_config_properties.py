@@ -25,10 +25,10 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.config import ConfigError, RunConfig, apply_overrides, config_from_json, parse_config
-from db.inventory import Inventory
 from db.models import Run
-from db.settings import Settings
+from db.vocabulary.config import ConfigError, RunConfig, apply_overrides, config_from_json, parse_config
+from db.vocabulary.inventory import Inventory
+from db.vocabulary.settings import Settings
 from orchestrator.cli.group import cli
 from orchestrator.submission import submit, validate
 

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from db.config import CheckpointConfig, SupervisionConfig
+from db.vocabulary.config import CheckpointConfig, SupervisionConfig
 from trainer.context import RunContext
 from trainer.control import ControlChannel
 from trainer.sdk import Run

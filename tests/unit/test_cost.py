@@ -9,9 +9,12 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from db import queries
-from db.config import RunConfig
-from db.cost import (
+from db.models import Attempt, Checkpoint
+from db.requests import create_run
+from db.vocabulary.config import RunConfig
+from db.vocabulary.cost import (
     AttemptSpan,
+    Price,
     cost_usd,
     eta_estimate,
     gpu_price,
@@ -19,9 +22,7 @@ from db.cost import (
     wasted_seconds,
     young_daly_interval_s,
 )
-from db.inventory import Inventory
-from db.models import Attempt, Checkpoint
-from db.requests import Price, create_run
+from db.vocabulary.inventory import Inventory
 
 
 def test_cost_sums_every_attempt_including_failed_ones() -> None:

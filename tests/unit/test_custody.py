@@ -24,11 +24,12 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.config import RunConfig
 from db.models import Attempt, Event, Run, RunStatusHistory
-from db.requests import Price, create_run, request_cancel
-from db.settings import Settings
+from db.requests import create_run, request_cancel
 from db.states import AttemptStatus, RunStatus
+from db.vocabulary.config import RunConfig
+from db.vocabulary.cost import Price
+from db.vocabulary.settings import Settings
 from orchestrator.executors import sweeper as sweeper_module
 from orchestrator.executors.launcher import launch
 from orchestrator.executors.processes import Sweep, end_processes, read_launch_record
@@ -368,7 +369,7 @@ def test_the_script_entry_moves_into_the_workdir_after_runyards_imports(tmp_path
 
 
 def test_a_script_launch_goes_through_the_entry_module() -> None:
-    from db.config import parse_config
+    from db.vocabulary.config import parse_config
     from orchestrator.executors.launcher import torchrun_argv
 
     config = parse_config({"workload": {"kind": "script", "script": "/abs/train.py", "args": ["--lr", "1"]}})

@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.config import RunConfig
 from db.estimates import start_estimate
 from db.models import Attempt
-from db.requests import Price, create_run
-from db.settings import Settings
+from db.requests import create_run
+from db.vocabulary.config import RunConfig
+from db.vocabulary.cost import Price
+from db.vocabulary.settings import Settings
 from orchestrator.format import estimate_text
 from tests.unit.test_app_pages import as_read, open_page
 

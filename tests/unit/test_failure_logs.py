@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from db.causes import Cause
-from db.config import RetryConfig
+from db.vocabulary.causes import Cause
+from db.vocabulary.config import RetryConfig
 from orchestrator.executors.logs import launcher_log, rank_log_files
 from orchestrator.scheduler.failures import classify, parse_traceback, rank_failures, strip_rank_prefix
 from orchestrator.scheduler.retry import AttemptOutcome, decide

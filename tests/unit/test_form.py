@@ -27,7 +27,7 @@ from app.form import (
     widget_values,
     workload_kinds,
 )
-from db.config import SEED_MAX, ConfigError, RunConfig, TrainConfig, WorkloadConfig, parse_config
+from db.vocabulary.config import SEED_MAX, ConfigError, RunConfig, TrainConfig, WorkloadConfig, parse_config
 from orchestrator.scheduler.resources import Inventory
 from orchestrator.submission import validate
 

@@ -23,7 +23,7 @@ from db.engine import (
     upgrade,
 )
 from db.home import HomeUnusable, check_folder, check_home
-from db.settings import load_settings, user_data_dir
+from db.vocabulary.settings import load_settings, user_data_dir
 
 # -- where the home is -----------------------------------------------------------------------
 

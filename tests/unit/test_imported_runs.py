@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from db.settings import Settings
+from db.vocabulary.settings import Settings
 from orchestrator.cli.group import cli
 from orchestrator.format import step_text
 from orchestrator.scripts.attempt_watch import script_facts

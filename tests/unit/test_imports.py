@@ -145,7 +145,7 @@ def test_the_graph_sees_real_arrows() -> None:
     assert "orchestrator.scripts.attempt_watch" in graph["orchestrator.scheduler.loop"]
     assert "orchestrator.executors.processes" in graph["orchestrator.scripts.attempt_watch"]
     assert "app.access" in graph["app.gate"]
-    assert "db.layout" in graph["trainer.checkpoint.manager"]
+    assert "db.vocabulary.layout" in graph["trainer.checkpoint.manager"]
 
 
 def test_the_scheduler_the_ui_and_the_cli_never_load_torch() -> None:
@@ -166,3 +166,16 @@ def test_a_rank_loads_no_sqlalchemy_before_it_writes() -> None:
             "print(loaded[:5]); sys.exit(1 if loaded else 0)")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, f"SQLAlchemy was imported: {result.stdout} {result.stderr[-2000:]}"
+
+
+def test_the_vocabulary_imports_no_sql() -> None:
+    # db/vocabulary/ is what every process shares without a database (issue 27, item 3): the
+    # config model, layout, causes, cost, settings. An import of SQLAlchemy or of db/'s SQL modules
+    # there, at module level or lazily, would put the database under every importer again.
+    sql_modules = {m for m in _modules() if m.startswith("db.") and not m.startswith("db.vocabulary")} - {"db"}
+    found = []
+    for name, path in _modules().items():
+        if name.startswith("db.vocabulary"):
+            bad = sorted(t for t in _imports(path) if t.split(".")[0] == "sqlalchemy" or t in sql_modules)
+            found += [f"{name} imports {t}" for t in bad]
+    assert not found, "\n".join(found)

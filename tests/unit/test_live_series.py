@@ -25,9 +25,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.data import LiveSeries, merge_series
 from db import metricstore
-from db.config import RunConfig
 from db.metricstore import choose_level
-from db.requests import Price, create_run
+from db.requests import create_run
+from db.vocabulary.config import RunConfig
+from db.vocabulary.cost import Price
 
 pytestmark = pytest.mark.both_dbs
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from db.config import ConfigError, field_of, load_config, parse_config
-from db.inventory import Inventory
+from db.vocabulary.config import ConfigError, field_of, load_config, parse_config
+from db.vocabulary.inventory import Inventory
 from orchestrator.memory import GIB, check_memory, estimate, gpt_char_parameters, mlp_digits_parameters
 from orchestrator.submission import validate
 

@@ -1,4 +1,4 @@
-"""The metric registry (db/metric_registry.py): labels, units and number formats per key.
+"""The metric registry (db/vocabulary/metric_registry.py): labels, units and number formats per key.
 
     pytest tests/unit/test_metric_registry.py
 """
@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from db import metric_registry as registry
+from db.vocabulary import metric_registry as registry
 
 
 @pytest.mark.parametrize(("key", "value", "text"), [

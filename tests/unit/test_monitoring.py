@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from db.checks import parse_checks
-from db.config import ConfigError, SupervisionConfig, parse_config
+from db.vocabulary.checks import parse_checks
+from db.vocabulary.config import ConfigError, SupervisionConfig, parse_config
 from trainer.context import RunContext
 from trainer.control import ControlChannel
 from trainer.health import DesyncCheck, PreSyncClock, StragglerCheck, params_checksum, timed_allreduce

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
-from db.config import parse_config
+from db.vocabulary.config import parse_config
 from orchestrator.executors.logs import launcher_log
 from orchestrator.scheduler.outcomes import died_after_finishing
 from trainer.lifecycle import write_finished

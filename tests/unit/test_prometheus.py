@@ -24,14 +24,15 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.prometheus import DEFAULT_RECENT_S, RunyardCollector
 from db import queries
-from db.config import RunConfig
-from db.inventory import Inventory
 from db.metricstore import write_points
 from db.models import Alert, Attempt, SchedulerHeartbeat
-from db.requests import Price, create_run
-from db.scheduler_file import SchedulerFile
-from db.settings import EnvSettings, Settings, SettingsError
+from db.requests import create_run
 from db.states import RunStatus, transition
+from db.vocabulary.config import RunConfig
+from db.vocabulary.cost import Price
+from db.vocabulary.inventory import Inventory
+from db.vocabulary.scheduler_file import SchedulerFile
+from db.vocabulary.settings import EnvSettings, Settings, SettingsError
 from orchestrator.cli.group import cli
 from orchestrator.scheduler.resources import detect_inventory
 

@@ -26,12 +26,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from bench.bench_runs_list import seed_runs
 from db import metricstore, queries
-from db.config import RunConfig
-from db.cost import ETA_WINDOW, AttemptSpan, cost_usd, eta_estimate, wasted_seconds
 from db.models import Attempt, Checkpoint, Run
-from db.requests import Price, create_run
-from db.settings import Settings
+from db.requests import create_run
 from db.states import TERMINAL, RunStatus, transition
+from db.vocabulary.config import RunConfig
+from db.vocabulary.cost import ETA_WINDOW, AttemptSpan, Price, cost_usd, eta_estimate, wasted_seconds
+from db.vocabulary.settings import Settings
 from orchestrator.cli.group import cli
 
 pytestmark = pytest.mark.both_dbs

@@ -12,12 +12,12 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from db import queries
-from db.config import RunConfig
-from db.cost import Price
 from db.models import Attempt
-from db.phases import attempt_phases, recovery_s
 from db.requests import create_run
-from db.settings import Settings
+from db.vocabulary.config import RunConfig
+from db.vocabulary.cost import Price
+from db.vocabulary.phases import attempt_phases, recovery_s
+from db.vocabulary.settings import Settings
 from orchestrator.format import phases_text
 from orchestrator.scheduler.outcomes import first_failure_at
 from trainer.reporter import DatabaseWriter

@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from db.causes import Cause
-from db.config import RetryConfig
+from db.vocabulary.causes import Cause
+from db.vocabulary.config import RetryConfig
 from orchestrator.scheduler.retry import AttemptOutcome, backoff_s, decide, halved_micro_batch
 
 RAISED = "ValueError: loss went NaN (at train.py:24 in step)"

@@ -28,11 +28,12 @@ from pydantic import BaseModel
 from sqlalchemy.orm import Session, sessionmaker
 
 import app.data as ui
-from db.config import ConfigError, RunConfig, WorkloadConfig, field_of, parse_config
 from db.models import Checkpoint
 from db.queries import list_runs, run_detail
-from db.requests import Price, create_run
-from db.settings import Settings
+from db.requests import create_run
+from db.vocabulary.config import ConfigError, RunConfig, WorkloadConfig, field_of, parse_config
+from db.vocabulary.cost import Price
+from db.vocabulary.settings import Settings
 from orchestrator.cli.group import cli
 from orchestrator.executors.launcher import script_entry
 from orchestrator.scripts.allowed_roots import GUARDED_FIELDS, INERT_FIELDS, LAUNCH_FIELDS, ROOTS_ENV, script_roots

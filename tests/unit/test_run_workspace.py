@@ -13,13 +13,14 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.compare import runs_list
-from db.config import RunConfig
 from db.metricstore import write_points
 from db.models import Attempt, Checkpoint, Event, Run
 from db.queries import RunFilter, list_runs, run_detail, run_tags
-from db.requests import Price, create_run
-from db.settings import Settings
+from db.requests import create_run
 from db.states import RunStatus, transition
+from db.vocabulary.config import RunConfig
+from db.vocabulary.cost import Price
+from db.vocabulary.settings import Settings
 from orchestrator.run_edits import EditRefused, delete_run, deletion_plan, edit_run, set_archived, set_starred
 
 pytestmark = pytest.mark.both_dbs

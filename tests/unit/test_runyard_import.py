@@ -92,7 +92,7 @@ def test_a_scripts_own_db_py_does_not_shadow_the_sdk_nor_the_sdk_it(tmp_path: Pa
     script = tmp_path / "train.py"
     script.write_text("import db\nassert db.MINE == 'user'\nimport runyard\nrun = runyard.Run\n"
                       "import db as again\nassert again.MINE == 'user' and again is db\n"
-                      f"assert sys.modules['db.config'].__file__.startswith({str(ROOT)!r})\nprint('ok')\n"
+                      f"assert sys.modules['db.vocabulary.config'].__file__.startswith({str(ROOT)!r})\nprint('ok')\n"
                       .replace("import db\n", "import sys\nimport db\n", 1))
     out = subprocess.run([sys.executable, "-m", "trainer.script_runner", str(script)], cwd=ROOT, env=_env(),
                          capture_output=True, text=True)

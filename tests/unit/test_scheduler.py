@@ -19,11 +19,11 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.config import RunConfig, parse_config
-from db.inventory import Inventory
 from db.models import Attempt, Run, RunStatusHistory, SchedulerHeartbeat
 from db.requests import request_cancel, request_resume
-from db.settings import Settings
+from db.vocabulary.config import RunConfig, parse_config
+from db.vocabulary.inventory import Inventory
+from db.vocabulary.settings import Settings
 from orchestrator.scheduler.loop import Scheduler, SchedulerLocked, acquire_lock
 from orchestrator.submission import submit
 

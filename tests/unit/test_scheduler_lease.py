@@ -20,12 +20,12 @@ import pytest
 from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.config import RunConfig
 from db.engine import make_engine, make_sessionmaker, upgrade
 from db.lease import LEASE_S
 from db.models import Attempt, Event, Run, SchedulerHeartbeat
 from db.requests import request_cancel
-from db.settings import Settings
+from db.vocabulary.config import RunConfig
+from db.vocabulary.settings import Settings
 from orchestrator.scheduler.loop import Scheduler, SchedulerLocked, refuse_a_second_on_sqlite
 from tests.conftest import kill_processes_of
 from tests.unit.test_scheduler import CPU2, fake_command, queue, status, tick_until

@@ -11,14 +11,14 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.config import parse_config
 from db.file_versions import sha256_of
-from db.inventory import Inventory
 from db.metricstore import write_points
 from db.models import Attempt, Checkpoint, Event, Run
 from db.requests import PREEXISTING, RequestRefused, request_cancel, request_rerun, request_resume, set_pinned
-from db.settings import Settings
 from db.states import AttemptStatus, RunStatus, transition
+from db.vocabulary.config import parse_config
+from db.vocabulary.inventory import Inventory
+from db.vocabulary.settings import Settings
 from orchestrator.scripts.checkpoint_custody import TRUNCATED, Known, plan_versions, record_versions, resume_point
 from orchestrator.scripts.checkpoint_finder import CheckpointFile
 from orchestrator.submission import submit

@@ -1,5 +1,5 @@
 """A script run's `[workload]` refused at submit, each problem naming the field and the value: what
-the CLI refuses for everyone (orchestrator/submission.py ``resolve_script``, db/config.py) and what
+the CLI refuses for everyone (orchestrator/submission.py ``resolve_script``, db/vocabulary/config/) and what
 the UI refuses besides (orchestrator/scripts/allowed_roots.py).
 
     pytest tests/unit/test_script_config.py
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from db.config import ConfigError
+from db.vocabulary.config import ConfigError
 from orchestrator.scripts.allowed_roots import script_roots
 from orchestrator.submission import validate
 from tests.unit.test_script_roots import CPU2, problems_of

@@ -19,12 +19,13 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.config import ConfigError, field_of, parse_config
-from db.inventory import Inventory
 from db.models import Checkpoint
 from db.queries import list_runs, run_detail
-from db.requests import Price, create_run
-from db.settings import Settings
+from db.requests import create_run
+from db.vocabulary.config import ConfigError, field_of, parse_config
+from db.vocabulary.cost import Price
+from db.vocabulary.inventory import Inventory
+from db.vocabulary.settings import Settings
 from orchestrator.cli.group import cli
 from orchestrator.scripts.allowed_roots import ROOTS_ENV, ScriptRoots, changes_what_runs, refused_paths, script_roots
 from orchestrator.submission import fork, validate

@@ -11,11 +11,11 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.config import config_from_json, parse_config
 from db.file_versions import sha256_of
 from db.models import Attempt, Checkpoint, Event, Run
 from db.requests import request_cancel
-from db.settings import Settings
+from db.vocabulary.config import config_from_json, parse_config
+from db.vocabulary.settings import Settings
 from orchestrator.scripts import attempt_watch as script_supervision
 from orchestrator.scripts.attempt_watch import ScriptWatch
 from orchestrator.submission import submit

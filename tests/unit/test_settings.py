@@ -1,4 +1,4 @@
-"""The RUNYARD_* variables: one typed model per audience (db/settings.py), every variable the product
+"""The RUNYARD_* variables: one typed model per audience (db/vocabulary/settings.py), every variable the product
 reads is in one of them, bad values are named, and the docs' tables are the models'."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from db.settings import EnvSettings, FaultEnv, RankEnv, Settings, SettingsError, load_settings
-from db.settings_doc import DOCS, TABLES, main, with_table
+from db.vocabulary.settings import EnvSettings, FaultEnv, RankEnv, Settings, SettingsError, load_settings
+from db.vocabulary.settings_doc import DOCS, TABLES, main, with_table
 from orchestrator.cli.group import cli
 from orchestrator.executors import shim
 from trainer import faults
@@ -39,15 +39,15 @@ def _names_in_product() -> dict[str, set[str]]:
 
 
 def test_every_runyard_variable_the_product_names_is_in_a_model() -> None:
-    """A new RUNYARD_* variable must be added to a model of db/settings.py (and so to the docs)."""
+    """A new RUNYARD_* variable must be added to a model of db/vocabulary/settings.py (and so to the docs)."""
     known = {model.variable(field) for model in TABLES for field in model.model_fields}
     stray = {name: sorted(files) for name, files in _names_in_product().items() if name not in known | NOT_VARIABLES}
-    assert stray == {}, f"RUNYARD_* names read outside db/settings.py's models: {stray}"
+    assert stray == {}, f"RUNYARD_* names read outside db/vocabulary/settings.py's models: {stray}"
 
 
 @pytest.mark.parametrize("model", list(TABLES))
 def test_the_docs_tables_are_generated_from_the_models(model: type) -> None:
-    """Regenerate with `python -m db.settings_doc`."""
+    """Regenerate with `python -m db.vocabulary.settings_doc`."""
     text = (DOCS / TABLES[model]).read_text()
     assert with_table(text, model) == text
     for field in model.model_fields:
@@ -55,7 +55,7 @@ def test_the_docs_tables_are_generated_from_the_models(model: type) -> None:
 
 
 def test_the_doc_script_rewrites_a_stale_table_and_check_says_so(tmp_path: Path, monkeypatch) -> None:
-    import db.settings_doc as doc
+    import db.vocabulary.settings_doc as doc
 
     for name in TABLES.values():
         (tmp_path / name).write_text((DOCS / name).read_text().replace("The run's number.", "stale"))
@@ -152,7 +152,7 @@ def test_the_processes_that_start_by_the_dozen_never_load_pydantic_settings() ->
     code = ("import sys, trainer.script_runner, trainer.torchrun, trainer.context, trainer.faults\n"
             "import orchestrator.executors.shim\n"
             "trainer.faults.step_delay_s()\n"
-            "print(sorted(m for m in ('pydantic_settings', 'db.settings') if m in sys.modules))")
+            "print(sorted(m for m in ('pydantic_settings', 'db.vocabulary.settings') if m in sys.modules))")
     env = {k: v for k, v in os.environ.items() if k != "RUNYARD_FAULTS"}
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True, env=env)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr

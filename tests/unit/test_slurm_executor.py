@@ -12,12 +12,13 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.causes import Cause
-from db.config import ConfigError, RunConfig, parse_config
 from db.models import Attempt, Event, Run
-from db.requests import Price, create_run
-from db.settings import Settings
+from db.requests import create_run
 from db.states import AttemptStatus, RunStatus
+from db.vocabulary.causes import Cause
+from db.vocabulary.config import ConfigError, RunConfig, parse_config
+from db.vocabulary.cost import Price
+from db.vocabulary.settings import Settings
 from orchestrator.executors.base import LaunchRequest, Liveness
 from orchestrator.executors.slurm import executor as executor_module
 from orchestrator.executors.slurm.commands import (
@@ -201,7 +202,7 @@ def test_accounting_settles_a_lost_node_as_a_node_failure(sessions: sessionmaker
 
 
 def test_preempted_again_without_progress_spends_a_retry() -> None:
-    from db.config import RetryConfig
+    from db.vocabulary.config import RetryConfig
 
     first = AttemptOutcome(1, Cause.PREEMPTED, None, 120)
     free = decide(first, [], 0, RetryConfig(max_retries=1), {"batch_size": 8})

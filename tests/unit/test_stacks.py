@@ -24,9 +24,9 @@ import torch
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.config import RunConfig
 from db.models import Attempt, Event
-from db.settings import Settings
+from db.vocabulary.config import RunConfig
+from db.vocabulary.settings import Settings
 from orchestrator.executors import stacks
 from orchestrator.executors.processes import rank_processes
 from orchestrator.executors.stacks import RankStack, culprit

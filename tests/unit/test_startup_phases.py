@@ -9,12 +9,12 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.config import RunConfig
-from db.cost import Price
 from db.models import Attempt
 from db.requests import create_run
-from db.settings import Settings
 from db.states import AttemptPhase, RunStatus
+from db.vocabulary.config import RunConfig
+from db.vocabulary.cost import Price
+from db.vocabulary.settings import Settings
 from orchestrator.format import startup_text
 from trainer.reporter import DatabaseWriter
 

@@ -7,11 +7,12 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.config import RunConfig
 from db.models import Run, RunStatusHistory
-from db.requests import Price, create_run, request_cancel
-from db.settings import Settings
+from db.requests import create_run, request_cancel
 from db.states import ALLOWED, TERMINAL, RunStatus, TransitionError, transition
+from db.vocabulary.config import RunConfig
+from db.vocabulary.cost import Price
+from db.vocabulary.settings import Settings
 
 pytestmark = pytest.mark.both_dbs
 

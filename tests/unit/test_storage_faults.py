@@ -28,12 +28,12 @@ from sqlalchemy import event, select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.causes import Cause
-from db.config import RetryConfig, RunConfig
 from db.models import Attempt, Event, Run
 from db.queries import scheduler_status
-from db.scheduler_file import FILE_SIZE, SchedulerFile, read_scheduler_file
-from db.settings import Settings
+from db.vocabulary.causes import Cause
+from db.vocabulary.config import RetryConfig, RunConfig
+from db.vocabulary.scheduler_file import FILE_SIZE, SchedulerFile, read_scheduler_file
+from db.vocabulary.settings import Settings
 from orchestrator.executors import shim as shim_module
 from orchestrator.scheduler import admission
 from orchestrator.scheduler import loop as scheduler_module

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.config import ConfigError, field_of, parse_config
-from db.inventory import Inventory, check_fits
 from db.queries import list_runs
-from db.settings import Settings
+from db.vocabulary.config import ConfigError, field_of, parse_config
+from db.vocabulary.inventory import Inventory, check_fits
+from db.vocabulary.settings import Settings
 from orchestrator.scheduler.resources import detect_inventory
 from orchestrator.submission import submit, validate
 

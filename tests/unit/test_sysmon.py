@@ -32,14 +32,15 @@ from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session, sessionmaker
 from streamlit.testing.v1 import AppTest
 
-from db.config import RunConfig
 from db.engine import make_engine, make_sessionmaker
-from db.inventory import Inventory
 from db.models import Attempt, SystemMetric
-from db.requests import Price, create_run
-from db.settings import Settings
+from db.requests import create_run
 from db.states import AttemptStatus, RunStatus, transition
 from db.sysmetrics import gpu_devices, latest_window, run_span, system_series
+from db.vocabulary.config import RunConfig
+from db.vocabulary.cost import Price
+from db.vocabulary.inventory import Inventory
+from db.vocabulary.settings import Settings
 from orchestrator.scheduler.loop import Scheduler, add_jobs
 from orchestrator.scheduler.sysmon import SAMPLE_S, SystemMonitor
 

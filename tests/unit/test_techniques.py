@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from db.config import TrainConfig
+from db.vocabulary.config import TrainConfig
 from trainer import techniques
 from trainer.workloads import gpt_char
 
@@ -206,7 +206,7 @@ def test_corpus_split_and_vocab(tmp_path: Path) -> None:
 def test_deterministic_kernels_without_importing_inductor_unless_compiling(compile_: bool) -> None:
     """``train.deterministic`` turns torch's flag on in a fresh rank; only a compiled model pays
     for importing Inductor (0.7-0.8 s of CPU a rank), whose own deterministic flag it reads."""
-    code = ("import sys, torch\nfrom db.config import TrainConfig\nfrom trainer import techniques\n"
+    code = ("import sys, torch\nfrom db.vocabulary.config import TrainConfig\nfrom trainer import techniques\n"
             f"techniques.use_deterministic_algorithms(TrainConfig(deterministic=True, compile={compile_}))\n"
             "inductor = sys.modules.get('torch._inductor.config')\n"
             "print(torch.are_deterministic_algorithms_enabled(), inductor is not None,"

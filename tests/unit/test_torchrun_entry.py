@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from db.config import parse_config
+from db.vocabulary.config import parse_config
 from orchestrator.executors.launcher import free_port, torchrun_argv
 from trainer import torchrun
 

@@ -203,7 +203,7 @@ def test_a_logged_step_key_is_the_step_of_the_other_keys(wandb: ModuleType, caps
 
 def test_the_counter_continues_in_the_next_attempt(wandb: ModuleType, capsys: pytest.CaptureFixture[str],
                                                    monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from db.layout import WANDB_SHIM_DIR
+    from db.vocabulary.layout import WANDB_SHIM_DIR
 
     assert wandb.STATE_DIR == WANDB_SHIM_DIR
     monkeypatch.setenv("RUNYARD_RUN_DIR", str(tmp_path))

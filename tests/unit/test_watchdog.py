@@ -10,12 +10,13 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.config import RunConfig, SupervisionConfig
 from db.metricstore import write_points
 from db.models import Attempt, Event, Run
-from db.requests import Price, create_run
-from db.settings import Settings
+from db.requests import create_run
 from db.states import AttemptStatus
+from db.vocabulary.config import RunConfig, SupervisionConfig
+from db.vocabulary.cost import Price
+from db.vocabulary.settings import Settings
 from orchestrator.executors.local import LocalExecutor
 from orchestrator.executors.stacks import StackDumps
 from orchestrator.scheduler import watchdog

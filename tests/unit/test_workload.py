@@ -25,10 +25,10 @@ from sqlalchemy import select, text
 from sqlalchemy.orm import Session, sessionmaker
 from torch import nn
 
-from db.config import RunConfig, parse_config
-from db.layout import MANIFEST_FILE
 from db.models import Checkpoint
-from db.settings import Settings
+from db.vocabulary.config import RunConfig, parse_config
+from db.vocabulary.layout import MANIFEST_FILE
+from db.vocabulary.settings import Settings
 from trainer import pdeathsig
 from trainer.checkpoint import CheckpointManager
 from trainer.context import RunContext

@@ -11,8 +11,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.models import Event, Run
-from db.settings import Settings
 from db.states import RunStatus
+from db.vocabulary.settings import Settings
 from tests.unit.test_app_pages import add_run, no_exception, open_page, seeded, sessions, settings
 
 __all__ = ["seeded", "sessions", "settings"]  # the fixtures, taken from test_app_pages

@@ -21,9 +21,9 @@ from sqlalchemy import Engine, event, func, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.config import CheckpointConfig
 from db.models import Checkpoint, Event, MetricPoint
-from db.settings import Settings
+from db.vocabulary.config import CheckpointConfig
+from db.vocabulary.settings import Settings
 from trainer.checkpoint import CheckpointHistory, CheckpointManager
 from trainer.reporter import DatabaseWriter
 

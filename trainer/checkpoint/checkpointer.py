@@ -23,14 +23,14 @@ from torch import nn
 from torch.optim import Optimizer
 
 from db.file_versions import sha256_of
-from db.layout import step_dir_name, superseded_dir
+from db.vocabulary.layout import step_dir_name, superseded_dir
 from trainer import rng
 from trainer.checkpoint.history import AdoptedFile, CheckpointHistory, event
 from trainer.checkpoint.io import CheckpointError
 from trainer.checkpoint.manager import CheckpointManager, SaveResult
 
 if TYPE_CHECKING:
-    from db.config import CheckpointConfig, RunConfig
+    from db.vocabulary.config import CheckpointConfig, RunConfig
     from trainer.context import RunContext
     from trainer.control import ControlChannel
     from trainer.distributed import DistInfo

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from db.config import CheckpointConfig
+from db.vocabulary.config import CheckpointConfig
 from trainer.checkpoint.manager import CheckpointManager, SaveResult
 from trainer.checkpoint.retention import CheckpointInfo, select_kept
 from trainer.reporter import DatabaseWriter

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from db.layout import MANIFEST_FILE, STATE_FILE, STEP_DIR, step_dir_name
+from db.vocabulary.layout import MANIFEST_FILE, STATE_FILE, STEP_DIR, step_dir_name
 from trainer import faults
 from trainer.checkpoint.io import (
     CheckpointError,

@@ -13,7 +13,7 @@ import importlib
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from db.config import RunConfig
+    from db.vocabulary.config import RunConfig
     from trainer.sdk import Run
 
 # kind -> (module, class)

@@ -31,8 +31,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.checkpoint import checkpoint
 
-from db.config import RunConfig
-from db.layout import RunPaths
+from db.vocabulary.config import RunConfig
+from db.vocabulary.layout import RunPaths
 from trainer import techniques
 from trainer.checkpoint import Stateful
 from trainer.distributed import DistInfo

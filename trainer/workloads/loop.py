@@ -24,7 +24,7 @@ from trainer.faults import StepFaults
 from trainer.monitoring import Interval
 
 if TYPE_CHECKING:
-    from db.config import TrainConfig
+    from db.vocabulary.config import TrainConfig
     from trainer.sdk import Run
 
 logger = logging.getLogger(__name__)

@@ -23,8 +23,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from db.config import RunConfig
-from db.layout import RunPaths
+from db.vocabulary.config import RunConfig
+from db.vocabulary.layout import RunPaths
 from trainer import techniques
 from trainer.datasets import digits_arrays
 from trainer.distributed import DistInfo

@@ -27,9 +27,9 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session, object_session
 
-from db.layout import LAUNCHER_LOG, AttemptPaths
 from db.models import Attempt, Event, Run
-from db.settings import EnvSettings
+from db.vocabulary.layout import LAUNCHER_LOG, AttemptPaths
+from db.vocabulary.settings import EnvSettings
 from orchestrator.executors.base import ExecutorError, LaunchRequest, Liveness, Observation
 from orchestrator.executors.launcher import entry_argv, rdzv_id
 from orchestrator.executors.processes import read_exit
@@ -61,7 +61,7 @@ STACKS_WAIT_S = 20.0
 
 
 def poll_interval_s() -> float:
-    """RUNYARD_SLURM_POLL_S (db/settings.py, default 5 s; the scheduler checked it when it started)."""
+    """RUNYARD_SLURM_POLL_S (db/vocabulary/settings.py, default 5 s; the scheduler checked it when it started)."""
     return EnvSettings.from_env().slurm_poll_s
 
 

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from db.layout import EXIT_FILE, LAUNCHER_LOG
+from db.vocabulary.layout import EXIT_FILE, LAUNCHER_LOG
 from orchestrator.executors.shim import write_atomic
 from orchestrator.executors.slurm.node import NODES_DIR
 

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from db.layout import AttemptPaths
+from db.vocabulary.layout import AttemptPaths
 from orchestrator.executors.launcher import LOOPBACK, torchrun_command
 from orchestrator.executors.shim import write_atomic
 from orchestrator.executors.stacks import dump_stacks

@@ -28,7 +28,7 @@ The step a metric is recorded at, in this order:
 3. ``step=``, else wandb's own counter. A step metric or step-like key is not a metric itself.
 
 wandb's counter continues across the attempts of a run, as a resumed W&B run's does: each rank
-keeps its next step in ``$RUNYARD_RUN_DIR/wandb-shim/rank-<r>.json`` (``db/layout.py``'s
+keeps its next step in ``$RUNYARD_RUN_DIR/wandb-shim/rank-<r>.json`` (``db/vocabulary/layout.py``'s
 ``WANDB_SHIM_DIR``), so a retry's counter-stepped values do not land on the first attempt's steps.
 
 The standard library only: this runs inside the script's own interpreter.
@@ -49,7 +49,7 @@ PROTOCOL_PREFIX = "RUNYARD "  # orchestrator/scripts/log_lines.py reads these li
 _RESERVED = ("step", "rank", "total")
 # Keys a script logs its own step under (rule 2 of the module docstring).
 STEP_KEYS = ("iter", "iter_num", "step", "global_step", "train/global_step", "trainer/global_step")
-# Where each rank's counter is kept between attempts, under $RUNYARD_RUN_DIR (db/layout.py: WANDB_SHIM_DIR).
+# Where each rank's counter is kept between attempts, under $RUNYARD_RUN_DIR (db/vocabulary/layout.py: WANDB_SHIM_DIR).
 STATE_DIR = "wandb-shim"
 
 __all__ = ["Api", "Artifact", "Audio", "Config", "Error", "Histogram", "Html", "Image", "Object3D", "Run", "Settings",

@@ -12,8 +12,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from db.inventory import Inventory
-from db.requests import Price
+from db.vocabulary.inventory import Inventory
 
 DEFAULT_GPU_PRICES_USD_PER_HOUR: dict[str, float] = {
     "H200": 3.79,
@@ -205,3 +204,10 @@ def young_daly_interval_s(checkpoint_cost_s: float, mtbf_s: float) -> float:
         if not math.isfinite(value) or value < 0:
             raise ValueError(f"{name} = {value!r}: must be a finite number >= 0")
     return math.sqrt(2.0 * checkpoint_cost_s * mtbf_s)
+
+@dataclass(frozen=True)
+class Price:
+    """A price snapshotted on the run at submit time."""
+
+    usd_per_hour: float
+    unit: str

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from db.config import RunConfig
+from db.vocabulary.config import RunConfig
 
 
 @dataclass(frozen=True)

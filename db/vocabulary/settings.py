@@ -14,7 +14,7 @@ and where runyard keeps its data.
   default a SQLite file in it).
 
 ``docs/OPERATIONS.md`` and ``docs/SCRIPTS.md`` hold a table of each model, generated from it by
-``python -m db.settings_doc`` (and docs/DEVELOPMENT.md one of :class:`FaultEnv`); a unit test
+``python -m db.vocabulary.settings_doc`` (and docs/DEVELOPMENT.md one of :class:`FaultEnv`); a unit test
 keeps them equal. Processes that start by the dozen and must stay light (the shim, the
 torchrun wrapper, a plain script's runner) read their one or two variables without pydantic;
 the values they read were checked here first, by the scheduler that started them.
@@ -36,7 +36,7 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSetti
 from typing_extensions import Self
 
 from db import DatabaseError
-from db.layout import DB_FILE, RUNS_DIR, SCHEDULER_FILE, SCRAPE_TOKEN_FILE, TOKEN_FILE, run_dir_name
+from db.vocabulary.layout import DB_FILE, RUNS_DIR, SCHEDULER_FILE, SCRAPE_TOKEN_FILE, TOKEN_FILE, run_dir_name
 
 ENV_PREFIX = "RUNYARD_"
 APP_NAME = "runyard"
@@ -301,7 +301,7 @@ class Settings:
 
     @property
     def scheduler_file(self) -> Path:
-        """The running scheduler's heartbeat file (db/scheduler_file.py)."""
+        """The running scheduler's heartbeat file (db/vocabulary/scheduler_file.py)."""
         return self.home / SCHEDULER_FILE
 
     @property

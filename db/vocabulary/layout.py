@@ -7,7 +7,7 @@ they agree because they take the names from here and nowhere else::
         runyard.db            the SQLite database (unless RUNYARD_DB_URL names another)
         migrate.lock          held while migrations run (db/engine.py)
         scheduler.lock        held by the one running scheduler
-        scheduler.json        the scheduler's heartbeat file, inventory included (db/scheduler_file.py)
+        scheduler.json        the scheduler's heartbeat file, inventory included (db/vocabulary/scheduler_file.py)
         token                 the UI's access token, mode 0600 (orchestrator/ui_access.py)
         scrape_token          the read-only token of GET /metrics, mode 0600 (app/prometheus.py)
         ui.json               where the running UI listens (for `runyard token`)

@@ -1,10 +1,10 @@
 """The tables of the ``RUNYARD_*`` variables in the docs, generated from the models of
-:mod:`db.settings` (:class:`~db.settings.EnvSettings` in docs/OPERATIONS.md,
-:class:`~db.settings.RankEnv` in docs/SCRIPTS.md, :class:`~db.settings.FaultEnv` in
+:mod:`db.vocabulary.settings` (:class:`~db.vocabulary.settings.EnvSettings` in docs/OPERATIONS.md,
+:class:`~db.vocabulary.settings.RankEnv` in docs/SCRIPTS.md, :class:`~db.vocabulary.settings.FaultEnv` in
 docs/DEVELOPMENT.md), between two marker lines.
 
-    python -m db.settings_doc          # rewrite the tables
-    python -m db.settings_doc --check  # exit 1, naming the file, when a table differs from its model
+    python -m db.vocabulary.settings_doc          # rewrite the tables
+    python -m db.vocabulary.settings_doc --check  # exit 1, naming the file, when a table differs from its model
 
 ``tests/unit/test_settings.py`` fails when a table is out of date.
 """
@@ -20,9 +20,9 @@ import annotated_types
 from pydantic import SecretStr
 from pydantic.fields import FieldInfo
 
-from db.settings import EnvSettings, FaultEnv, RankEnv, _RunyardVariables
+from db.vocabulary.settings import EnvSettings, FaultEnv, RankEnv, _RunyardVariables
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 # Each model's table and the document it lives in.
 TABLES: dict[type[_RunyardVariables], str] = {EnvSettings: "OPERATIONS.md", RankEnv: "SCRIPTS.md",
                                                FaultEnv: "DEVELOPMENT.md"}
@@ -31,7 +31,8 @@ _TYPES: dict[Any, str] = {Path: "path", int: "whole number", float: "number", st
 
 
 def begin_marker(model: type[_RunyardVariables]) -> str:
-    return f"<!-- BEGIN {model.__name__}: generated from db/settings.py by `python -m db.settings_doc` -->"
+    return (f"<!-- BEGIN {model.__name__}: generated from db/vocabulary/settings.py by "
+            "`python -m db.vocabulary.settings_doc` -->")
 
 
 def end_marker(model: type[_RunyardVariables]) -> str:
@@ -80,7 +81,7 @@ def with_table(text: str, model: type[_RunyardVariables]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m db.settings_doc", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m db.vocabulary.settings_doc", description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 when a table is out of date")
     args = parser.parse_args(argv)
     stale = []

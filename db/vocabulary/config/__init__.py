@@ -1,0 +1,166 @@
+"""The run config: one pydantic model shared by the UI form, the CLI, the scheduler and the trainer.
+
+It is read from TOML, stored as JSON on the run row and written to ``config.json`` in the run
+directory; the trainer reads only that file. This module must not import torch: the UI and the
+scheduler import it.
+
+Why it lives in ``db/``: it is the schema of a stored column (``runs.config_json``) that all four
+kinds of code read, the UI's form, the CLI's submit, the scheduler's launch and the ranks'
+training loop. Imports point app -> orchestrator -> trainer -> db, so only the bottom layer is
+importable by every one of them; and like the models beside it, it imports nothing above it.
+
+Every field is documented where it is declared; ``docs/CONFIG.md`` is generated from these
+docstrings (``runyard config-reference``) and a test keeps the two equal.
+
+The New run page (app/form.py) is generated from the fields too: types, bounds and docstrings,
+plus this declarative metadata, so a new field needs no UI edit:
+
+- ``title``: the form's label (default: the key, in words);
+- ``json_schema_extra={"kinds": [...]}``: the workload kinds the field applies to (default: all);
+  the form shows it for those kinds only and gives it its default for the others, and a script
+  run (kind = "script") that sets it to anything else is refused (:func:`kind_problems`);
+- ``json_schema_extra={"list_syntax": "shell"}``: a list written as shell words (default: comma
+  separated);
+- ``json_schema_extra={"common": True}`` on a section of RunConfig: shown open (default: folded).
+"""
+
+from __future__ import annotations
+
+from db.vocabulary.config.alerts import DEFAULT_TRIGGERS, TRIGGERS, AlertsConfig, trigger_problem
+from db.vocabulary.config.base import (
+    _BUILT_IN,
+    BUILT_IN_KINDS,
+    ENV_NAME,
+    INT64_MAX,
+    LENIENT,
+    MAX_CONFIG_BYTES,
+    MODULE_PATTERN,
+    PROBLEM_SEPARATOR,
+    RESERVED_ENV,
+    RESERVED_ENV_PREFIXES,
+    SEED_MAX,
+    USER_RUNYARD_ENV,
+    ConfigError,
+    _Section,
+    env_name_problem,
+    field_kinds,
+    lenient,
+    relative_path_problem,
+)
+from db.vocabulary.config.checkpoint import CheckpointConfig
+from db.vocabulary.config.launch import (
+    SLURM_NAME,
+    SLURM_OWNED_OPTIONS,
+    SLURM_TIME,
+    LaunchConfig,
+    SlurmConfig,
+    sbatch_arg_problem,
+)
+from db.vocabulary.config.reading import (
+    _STRICT_HINTS,
+    MAX_CONFIG_DEPTH,
+    MAX_INT_DIGITS,
+    _beyond_the_first_failure,
+    _deep_key,
+    _describe,
+    _drop,
+    _loads,
+    _location,
+    _pattern_help,
+    _problems,
+    _shorten,
+    apply_overrides,
+    check_plain,
+    config_from_json,
+    deep_merge,
+    field_of,
+    lenient_config,
+    load_config,
+    parse_config,
+    parse_override,
+    parse_toml,
+    read_config_text,
+    write_config_file,
+)
+from db.vocabulary.config.reference import _constraint_text, reference_markdown
+from db.vocabulary.config.run import (
+    _IMPLAUSIBLE,
+    RunConfig,
+    compatibility_problems,
+    effective_batch_change,
+    kind_problems,
+    plausibility_warnings,
+)
+from db.vocabulary.config.supervision import RetryConfig, SupervisionConfig
+from db.vocabulary.config.train import ParallelConfig, TrainConfig
+from db.vocabulary.config.workload import WorkloadConfig, workload_problems
+
+__all__ = [
+    "BUILT_IN_KINDS",
+    "DEFAULT_TRIGGERS",
+    "ENV_NAME",
+    "INT64_MAX",
+    "LENIENT",
+    "MAX_CONFIG_BYTES",
+    "MAX_CONFIG_DEPTH",
+    "MAX_INT_DIGITS",
+    "MODULE_PATTERN",
+    "PROBLEM_SEPARATOR",
+    "RESERVED_ENV",
+    "RESERVED_ENV_PREFIXES",
+    "SEED_MAX",
+    "SLURM_NAME",
+    "SLURM_OWNED_OPTIONS",
+    "SLURM_TIME",
+    "TRIGGERS",
+    "USER_RUNYARD_ENV",
+    "_BUILT_IN",
+    "_IMPLAUSIBLE",
+    "_STRICT_HINTS",
+    "AlertsConfig",
+    "CheckpointConfig",
+    "ConfigError",
+    "LaunchConfig",
+    "ParallelConfig",
+    "RetryConfig",
+    "RunConfig",
+    "SlurmConfig",
+    "SupervisionConfig",
+    "TrainConfig",
+    "WorkloadConfig",
+    "_Section",
+    "_beyond_the_first_failure",
+    "_constraint_text",
+    "_deep_key",
+    "_describe",
+    "_drop",
+    "_loads",
+    "_location",
+    "_pattern_help",
+    "_problems",
+    "_shorten",
+    "apply_overrides",
+    "check_plain",
+    "compatibility_problems",
+    "config_from_json",
+    "deep_merge",
+    "effective_batch_change",
+    "env_name_problem",
+    "field_kinds",
+    "field_of",
+    "kind_problems",
+    "lenient",
+    "lenient_config",
+    "load_config",
+    "parse_config",
+    "parse_override",
+    "parse_toml",
+    "plausibility_warnings",
+    "read_config_text",
+    "reference_markdown",
+    "relative_path_problem",
+    "sbatch_arg_problem",
+    "trigger_problem",
+    "workload_problems",
+    "write_config_file",
+]
