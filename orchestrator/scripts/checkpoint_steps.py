@@ -38,7 +38,19 @@ MAX_PICKLE_BYTES = 64 << 20
 MAX_JSON_BYTES = 16 << 20
 _NAME_STEP = re.compile(
     r"(?:^|[^a-z])(?:global_step|step|steps|iter|iters|iteration|checkpoint|ckpt)[=_-]?(\d+)(?!\d)", re.IGNORECASE)
-_SAFE = {("collections", "OrderedDict"): dict, ("builtins", "set"): set, ("builtins", "frozenset"): frozenset}
+
+
+class _StateDict(dict):
+    """A pickled ``OrderedDict`` as a plain dict. A module's ``state_dict()`` carries its
+    ``_metadata`` as instance state, which pickle sets after the items (BUILD); a plain dict has
+    no ``__dict__`` for it, so the whole read failed on every ``torch.save({"model":
+    model.state_dict(), ...})``: nanoGPT's and the DDP tutorial's checkpoints among them."""
+
+    def __setstate__(self, state: object) -> None:
+        pass
+
+
+_SAFE = {("collections", "OrderedDict"): _StateDict, ("builtins", "set"): set, ("builtins", "frozenset"): frozenset}
 
 
 def step_in_checkpoint(path: str | Path, keys: Sequence[str] = ()) -> int | None:

@@ -306,7 +306,7 @@ def test_cli_requests_that_cannot_be_met_say_why(queued_and_cancelling: tuple[Cl
         for text in expected:
             assert text in line, (args, text, line)
     result = cli("ls", "--status", "succeeded")
-    assert result.returncode == 0 and "no runs with status SUCCEEDED" in result.stdout
+    assert result.returncode == 0 and "no runs match (status SUCCEEDED)" in result.stdout
 
 
 @pytest.mark.slow

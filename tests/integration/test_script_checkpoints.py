@@ -101,6 +101,9 @@ def test_ddp_tutorial_snapshots_are_listed_and_a_killed_rank_resumes_from_the_ne
     resumed_epoch = int(re.search(r"Resuming training from snapshot at Epoch (\d+)", log).group(1))
     # A snapshot's step is the one it holds (checkpoint_step_key = 'EPOCHS_RUN'): the epoch it resumes at.
     assert newest["step"] == resumed_epoch
+    # Each version's step was read from its file (EPOCHS_RUN, saved every 3 epochs), never the
+    # printed epoch it fell back to while a module's state_dict broke the read (CI, 2026-11-27).
+    assert all(c["step"] % 3 == 0 for c in detail["checkpoints"]), [c["step"] for c in detail["checkpoints"]]
     assert first_step(product, run_id, 2) == resumed_epoch
     # Steps lost count from the snapshot, not from 0.
     assert first["last_checkpoint_step"] == max(c["step"] for c in own)

@@ -97,6 +97,16 @@ def test_nanogpt_and_plain_dicts(tmp_path: Path) -> None:
     assert step_in_checkpoint(tmp_path / "s.pt") == 7
 
 
+def test_a_real_modules_state_dict_beside_the_step(tmp_path: Path) -> None:
+    """A module's state_dict() is an OrderedDict with ``_metadata`` set as instance state: the read
+    must not stumble on it (it did: every nanoGPT and DDP-tutorial checkpoint said no step)."""
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.LayerNorm(2))
+    torch.save({"model": model.state_dict(), "iter_num": 350}, tmp_path / "ckpt.pt")
+    assert step_in_checkpoint(tmp_path / "ckpt.pt") == 350
+    torch.save({"MODEL_STATE": model.state_dict(), "EPOCHS_RUN": 6, "STEPS_RUN": 48}, tmp_path / "snapshot.pt")
+    assert step_in_checkpoint(tmp_path / "snapshot.pt", keys=["EPOCHS_RUN"]) == 6
+
+
 def test_hugging_face_folder_and_a_file_inside_it(tmp_path: Path) -> None:
     folder = tmp_path / "hf_out" / "checkpoint-350"
     folder.mkdir(parents=True)
