@@ -28,7 +28,6 @@ from __future__ import annotations
 
 from db.vocabulary.config.alerts import DEFAULT_TRIGGERS, TRIGGERS, AlertsConfig, trigger_problem
 from db.vocabulary.config.base import (
-    _BUILT_IN,
     BUILT_IN_KINDS,
     ENV_NAME,
     INT64_MAX,
@@ -41,7 +40,6 @@ from db.vocabulary.config.base import (
     SEED_MAX,
     USER_RUNYARD_ENV,
     ConfigError,
-    _Section,
     env_name_problem,
     field_kinds,
     lenient,
@@ -57,18 +55,8 @@ from db.vocabulary.config.launch import (
     sbatch_arg_problem,
 )
 from db.vocabulary.config.reading import (
-    _STRICT_HINTS,
     MAX_CONFIG_DEPTH,
     MAX_INT_DIGITS,
-    _beyond_the_first_failure,
-    _deep_key,
-    _describe,
-    _drop,
-    _loads,
-    _location,
-    _pattern_help,
-    _problems,
-    _shorten,
     apply_overrides,
     check_plain,
     config_from_json,
@@ -82,9 +70,8 @@ from db.vocabulary.config.reading import (
     read_config_text,
     write_config_file,
 )
-from db.vocabulary.config.reference import _constraint_text, reference_markdown
+from db.vocabulary.config.reference import reference_markdown
 from db.vocabulary.config.run import (
-    _IMPLAUSIBLE,
     RunConfig,
     compatibility_problems,
     effective_batch_change,
@@ -114,9 +101,6 @@ __all__ = [
     "SLURM_TIME",
     "TRIGGERS",
     "USER_RUNYARD_ENV",
-    "_BUILT_IN",
-    "_IMPLAUSIBLE",
-    "_STRICT_HINTS",
     "AlertsConfig",
     "CheckpointConfig",
     "ConfigError",
@@ -128,17 +112,6 @@ __all__ = [
     "SupervisionConfig",
     "TrainConfig",
     "WorkloadConfig",
-    "_Section",
-    "_beyond_the_first_failure",
-    "_constraint_text",
-    "_deep_key",
-    "_describe",
-    "_drop",
-    "_loads",
-    "_location",
-    "_pattern_help",
-    "_problems",
-    "_shorten",
     "apply_overrides",
     "check_plain",
     "compatibility_problems",
