@@ -29,7 +29,7 @@ PY="${PYTHON:-python3}"
 VENV="${RUNYARD_VENV:-.venv}"
 TORCH_OK='import sys, torch; v = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]); sys.exit(0 if (2, 4) <= v < (3, 0) else 1)'
 
-log() { echo "[dev.sh] $*" >&2; }
+log() { echo "[dev.sh $(date +%T)] $*" >&2; }
 
 if [ ! -x "$VENV/bin/python" ]; then
   if "$PY" -c "$TORCH_OK" 2>/dev/null; then
@@ -93,14 +93,24 @@ case "$cmd" in
     if [ $# -eq 0 ]; then
       log "ruff check"
       "$VPY" -m ruff check
-      log "mypy"
-      "$VPY" -m mypy
       # Then the tiers, cheapest first, each its own pytest run with its 25 slowest tests and a
       # JUnit XML file under $RUNYARD_TEST_REPORTS (default .test-reports/); a tier that fails
       # (exit code 5, nothing collected, counts as a failure) stops the later ones. pytest's own
       # closing line of the last tier stays the last line of output.
       reports="${RUNYARD_TEST_REPORTS:-.test-reports}"
       mkdir -p "$reports"
+      # mypy (about 25 s of one core from a clean clone) runs beside the unit tier, whose tests
+      # leave part of the two cores idle while they wait on their subprocesses; its result is
+      # read before any slower tier starts, and a finding stops them as a failed tier does.
+      log "mypy, beside the unit tier (its output: $reports/mypy.txt)"
+      "$VPY" -m mypy > "$reports/mypy.txt" 2>&1 & mypy_pid=$!
+      mypy_result() {
+        local rc=0
+        wait "$mypy_pid" || rc=$?
+        log "mypy: $(tail -n 1 "$reports/mypy.txt")"
+        [ "$rc" -eq 0 ] || { cat "$reports/mypy.txt" >&2; exit "$rc"; }
+        mypy_pid=""
+      }
       # Each tier on its own number of pytest-xdist workers (BENCHMARKS.md, "The test suite", has
       # the measurements): the unit tests keep two cores busy; the slow tiers' tests mostly wait
       # on the runs they start (about 0.8 of a core each), so three of them share two cores; two
@@ -113,10 +123,11 @@ case "$cmd" in
         paths=(); for t in $tier; do paths+=("tests/$t"); done
         xdist=(); [ "$workers" -gt 1 ] && xdist=(-n "$workers" --dist loadgroup)
         # Nothing is printed after pytest, so its closing line stays the last line CI reads.
-        echo "===== tier: $name (${paths[*]}, $workers worker(s); JUnit XML: $reports/$name.xml; a failure stops the later tiers) ====="
+        echo "===== $(date +%T) tier: $name (${paths[*]}, $workers worker(s); JUnit XML: $reports/$name.xml; a failure stops the later tiers) ====="
         rc=0
         "$VPY" -m pytest "${paths[@]}" "${xdist[@]}" --durations=25 --junitxml="$reports/$name.xml" || rc=$?
-        [ "$rc" -eq 0 ] || exit "$rc"
+        [ "$rc" -eq 0 ] || { [ -z "$mypy_pid" ] || kill "$mypy_pid" 2>/dev/null; exit "$rc"; }
+        [ -z "$mypy_pid" ] || mypy_result
       done
       exit 0
     fi

@@ -37,6 +37,13 @@ from tests import databases
 from tests.databases import CHOICE_ENV, CHOICES, DIALECTS, SERVER_ENV, PostgresUnavailable
 from tests.slurm_cluster import slurm  # noqa: F401  (the fixture, registered for every test)
 
+# OpenMP's idle threads spin (libgomp's default) while their rank sleeps between paced steps
+# (RUNYARD_FAULT_STEP_DELAY_S) or waits: a one-rank run of 300 such steps took 6.5 s of CPU
+# spinning, 3.5 s passive, taken from the tests beside it on two cores. The wait policy changes no
+# result (the bit-for-bit tests compare runs of the same thread count); every process a test
+# starts inherits it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(

@@ -122,6 +122,18 @@ class Runyard:
 
 
 @pytest.fixture
+def paced_runs(monkeypatch: pytest.MonkeyPatch) -> float:
+    """Listed before ``runyard_up``: every step of its runs' ranks sleeps this long (the test hook
+    RUNYARD_FAULT_STEP_DELAY_S, trainer/faults.py). For a test that watches a run go on while a
+    person looks: a run of 100,000 steps at full speed kept both cores busy for the test's whole
+    length, taken from the Chromium, Streamlit and runs of the test beside it."""
+    delay = 0.03
+    monkeypatch.setenv("RUNYARD_FAULTS", "1")
+    monkeypatch.setenv("RUNYARD_FAULT_STEP_DELAY_S", str(delay))
+    return delay
+
+
+@pytest.fixture
 def runyard_up(tmp_path: Path) -> Iterator[Runyard]:
     """`runyard up` on a free port with RUNYARD_HOME in tmp_path, stopped (with every process it
     started) on teardown."""

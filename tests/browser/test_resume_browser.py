@@ -236,7 +236,7 @@ def choose(scope: Any, label: str, option: str) -> None:
 
 
 def test_cancel_asks_for_a_confirmation_and_resume_is_offered_once_the_run_is_cancelled(
-        page: Any, runyard_up: Any) -> None:
+        paced_runs: float, page: Any, runyard_up: Any) -> None:
     run_id = submit(runyard_up, "train.max_steps=100000", "checkpoint.every_steps=20", "name=long-run")
     wait_for(
         runyard_up, run_id,

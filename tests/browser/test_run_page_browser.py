@@ -81,8 +81,9 @@ def offers(s: dict, name: str) -> bool:
 
 
 def test_the_live_run_page_never_fades_and_never_shows_a_finished_badge_beside_cancel(
-        page: Any, runyard_up: Any) -> None:
-    run_id = submit(runyard_up, "train.max_steps=3000", "checkpoint.every_steps=500", "name=live")
+        paced_runs: float, page: Any, runyard_up: Any) -> None:
+    # About 25 s of training (800 paced steps): well over the 60 samples asked for below.
+    run_id = submit(runyard_up, "train.max_steps=800", "checkpoint.every_steps=500", "name=live")
     open_run_page(page, runyard_up.url, run_id, "live")
     show_section(page, "Metrics")  # the charts: the section that costs the most to redraw
     samples: list[dict] = []

@@ -47,6 +47,28 @@ def open_page(page: Any, url: str, heading: str) -> None:
         expect(not_found).to_have_count(0)
 
 
+# Settled: Streamlit's script (and fragment) run is over (stApp's data-test-script-state, what
+# Streamlit's own end-to-end tests wait on), no element is stale or a loading skeleton, the fonts
+# are loaded and every visible chart has drawn; and all of that held for 300 ms (a fragment that
+# reruns at once, or a chart that redraws, restarts the count).
+SETTLED_JS = """() => {
+  const app = document.querySelector('[data-testid="stApp"]');
+  const main = document.querySelector('[data-testid="stMain"]');
+  const drawn = (chart) => [...chart.querySelectorAll('canvas, svg')].some(e => e.getBoundingClientRect().width > 0);
+  const ok = !!app && !!main && app.dataset.testScriptState === 'notRunning' && document.fonts.status === 'loaded'
+    && !main.querySelector('[data-stale="true"], [data-testid="stSkeleton"]')
+    && [...main.querySelectorAll('[data-testid="stVegaLiteChart"]')].filter(c => c.checkVisibility()).every(drawn);
+  if (!ok) { window.__runyardSettledSince = undefined; return false; }
+  window.__runyardSettledSince = window.__runyardSettledSince ?? performance.now();
+  return performance.now() - window.__runyardSettledSince >= 300;
+}"""
+
+
+def wait_settled(page: Any) -> None:
+    """Wait until the page is drawn and idle (:data:`SETTLED_JS`), instead of a fixed sleep."""
+    page.wait_for_function(SETTLED_JS, polling=100, timeout=PAGE_TIMEOUT_MS)
+
+
 def fill_number(page: Any, label: str, value: str) -> None:
     """Type into a form's number input; Tab (not Enter, which would submit the form) commits it."""
     box = page.get_by_label(label, exact=True)

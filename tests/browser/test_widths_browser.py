@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.browser.test_resume_browser import submit, wait_for
-from tests.browser.test_ui_browser import PAGE_TIMEOUT_MS, expect
+from tests.browser.test_ui_browser import PAGE_TIMEOUT_MS, expect, wait_settled
 
 pytestmark = pytest.mark.browser
 WIDTHS = (1440, 1280, 800)
@@ -108,7 +108,7 @@ def test_no_text_is_cut_at_1440_1280_and_800_px(runyard_up: Any, trained: int, p
             not_found = page.get_by_role("dialog").filter(has_text="Page not found")  # streamlit#9992
             if not_found.count():
                 page.keyboard.press("Escape")
-            page.wait_for_timeout(2_500)  # the charts drawn, a live refresh done
+            wait_settled(page)  # the charts drawn, no rerun under way
             shot = tmp_path / f"{name}-{width}.png"
             page.screenshot(path=str(shot), full_page=True)
             if keep:

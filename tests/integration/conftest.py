@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,6 +49,7 @@ class Product:
     home: Path
     env: dict[str, str]
     procs: list[subprocess.Popen] = field(default_factory=list)
+    _engine: tuple[str, Any] | None = field(default=None, repr=False)  # (URL, engine) of query()
 
     @property
     def db_url(self) -> str:
@@ -56,16 +58,16 @@ class Product:
 
     def query(self, sql: str, **params: object) -> list[tuple]:
         """Rows of ``sql`` (named ``:params``) on this installation's database, on a connection
-        opened for the call and closed after it."""
+        opened for the call and closed after it (no pool: the test holds no connection between
+        calls). The engine is kept: a new one set its dialect up again on every poll (``wait_step``
+        polls 20 times a second), on PostgreSQL with queries of its own."""
         from sqlalchemy import create_engine, text
         from sqlalchemy.pool import NullPool
 
-        engine = create_engine(self.db_url, poolclass=NullPool)
-        try:
-            with engine.connect() as conn:
-                return [tuple(r) for r in conn.execute(text(sql), params)]
-        finally:
-            engine.dispose()
+        if self._engine is None or self._engine[0] != self.db_url:
+            self._engine = (self.db_url, create_engine(self.db_url, poolclass=NullPool))
+        with self._engine[1].connect() as conn:
+            return [tuple(r) for r in conn.execute(text(sql), params)]
 
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         result = subprocess.run(
