@@ -462,12 +462,14 @@ def status_history(session: Session, run_id: int) -> list[dict[str, Any]]:
     return [{"from": h.from_status, "to": h.to_status, "reason": h.reason, "at": h.at} for h in rows]
 
 
-def run_detail(session: Session, run_id: int) -> dict[str, Any]:
-    """Everything `runyard show --json` prints about a run."""
+def run_detail(session: Session, run_id: int, now: float | None = None) -> dict[str, Any]:
+    """Everything `runyard show --json` prints about a run; its running attempts, elapsed time,
+    cost and goodput counted up to ``now`` (default: the clock, read once for all of them)."""
+    now = time.time() if now is None else now
     run = session.get(Run, run_id)
     if run is None:
         raise RunNotFound(f"no run with id {run_id}; `runyard ls` lists the runs")
-    (detail,) = _run_summaries(session, [run], time.time())
+    (detail,) = _run_summaries(session, [run], now)
     detail["config"] = json.loads(run.config_json)
     detail["imported"] = imported(run)
     detail["run_dir"] = run.run_dir
@@ -477,8 +479,8 @@ def run_detail(session: Session, run_id: int) -> dict[str, Any]:
         a["relaunched_at"] = b["started_at"]
         a["next_first_step_at"] = b["first_step_at"]
         a["recovery_s"] = recovery_s(b, a)  # the sum of b's phases (db/vocabulary/phases.py)
-    detail["goodput"] = goodput(session, run, attempts)
-    detail["goodput_parts"] = goodput_parts(session, run, attempts) if detail["goodput"] is not None else None
+    detail["goodput"] = goodput(session, run, attempts, now)
+    detail["goodput_parts"] = goodput_parts(session, run, attempts, now) if detail["goodput"] is not None else None
     pending = detail["step"] if run.resume_checkpoint_id is not None and run.status == RunStatus.QUEUED else None
     # A resume already asked for abandons what came after its step, as its attempt will.
     lineage = attempts + ([{"number": attempts[-1]["number"] + 1, "resume_step": pending}]

@@ -15,7 +15,9 @@ real training checks one ``None`` a step and calls nothing here.
 - ``RUNYARD_FAULT_SETUP_DELAY_S=5``: every rank sleeps this long while setting up (a slow data
   load, so a test can watch the start-up phases).
 - ``RUNYARD_FAULT_SAVE_DELAY=STEP:SECONDS``: the checkpoint writer sleeps before publishing the
-  checkpoint of STEP (so a test can kill the ranks while that save is in flight).
+  checkpoint of STEP (so a test can kill the ranks while that save is in flight); ``*:SECONDS``,
+  before publishing every checkpoint (so a stop, which waits for its last checkpoint, lasts that
+  long and a test can watch it).
 - ``RUNYARD_FAULT_SLOW_RANK=RANK:SECONDS``: RANK sleeps this long at the start of every step (a
   straggler).
 - ``RUNYARD_FAULT_PERTURB=STEP:RANK``: RANK nudges one parameter after the optimizer step of STEP
@@ -68,7 +70,7 @@ def save_delay_s(step: int) -> float:
     if ":" not in spec:
         return 0.0
     at, seconds = spec.split(":", 1)
-    return float(seconds) if int(at) == step else 0.0
+    return float(seconds) if at == "*" or int(at) == step else 0.0
 
 
 def _step_rank(name: str) -> tuple[int, int | None] | None:

@@ -35,7 +35,16 @@ def grid_rows(page: Any) -> Any:
     return page.get_by_test_id("stDataFrame").locator("table[role='grid'] tbody tr")
 
 
-def test_tag_pause_and_search_as_a_person_sees_them(page: Any, runyard_up: Any) -> None:
+@pytest.fixture
+def slow_saves(paced_runs: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Listed before runyard_up: each checkpoint is published 2 s late, so a pause (which waits
+    for its last checkpoint) lasts long enough for the page to show PAUSING. Without it the pause
+    of this small model once ended within the page's own rerun after the click, and CI saw
+    RUNNING, then PAUSED."""
+    monkeypatch.setenv("RUNYARD_FAULT_SAVE_DELAY", "*:2")
+
+
+def test_tag_pause_and_search_as_a_person_sees_them(slow_saves: None, page: Any, runyard_up: Any) -> None:
     long_run = submit(runyard_up, "train.max_steps=100000", "checkpoint.every_steps=20", "name=alpha")
     submit(runyard_up, "name=beta")  # RUNYARD_CPU_SLOTS=2: waits for alpha's two slots
     wait_for(runyard_up, long_run,
