@@ -239,7 +239,8 @@ class FaultEnv(_RunyardVariables):
     fault_setup_delay_s: float | None = Field(
         None, ge=0, description="Every rank sleeps this long while setting up (a slow data load).")
     fault_save_delay: str | None = Field(
-        None, description="`STEP:SECONDS`: the checkpoint writer sleeps before publishing the checkpoint of STEP.")
+        None, description="`STEP:SECONDS`: the checkpoint writer sleeps before publishing the checkpoint of STEP; "
+                          "`*:SECONDS`: before every checkpoint.")
     fault_slow_rank: str | None = Field(
         None, description="`RANK:SECONDS`: RANK sleeps this long at the start of every step (a straggler).")
     fault_perturb: str | None = Field(
