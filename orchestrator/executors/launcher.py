@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -15,6 +14,7 @@ import psutil
 
 from db.vocabulary.config import RunConfig
 from db.vocabulary.layout import EXIT_FILE, LAUNCHER_LOG, RANK_LOG_DIR
+from orchestrator.executors.ports import rendezvous_port
 
 # Every socket of a run on this machine listens here (trainer/torchrun.py).
 LOOPBACK = "127.0.0.1"
@@ -34,10 +34,8 @@ class Launched:
 
 
 def free_port(host: str = LOOPBACK) -> int:
-    """A port that is free now, for the rendezvous of one attempt."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A port that is free now, for the rendezvous of one attempt (orchestrator/executors/ports.py)."""
+    return rendezvous_port(host)
 
 
 def torchrun_argv(config: RunConfig, run_id: int, attempt: int, port: int, attempt_dir: Path, *,

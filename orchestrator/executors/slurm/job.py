@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from db.vocabulary.layout import EXIT_FILE, LAUNCHER_LOG
+from orchestrator.executors.ports import rendezvous_port
 from orchestrator.executors.shim import write_atomic
 from orchestrator.executors.slurm.node import NODES_DIR
 
@@ -82,9 +83,7 @@ def first_host() -> str:
 def free_port(loopback: bool) -> int:
     """A free port on this host (bound on loopback for a one-node job, else on every address,
     as the other nodes must reach it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1" if loopback else "", 0))
-        return int(s.getsockname()[1])
+    return rendezvous_port("127.0.0.1" if loopback else "")
 
 
 def node_records(attempt_dir: Path) -> list[dict[str, Any]]:
