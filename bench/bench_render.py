@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import signal
 import socket
@@ -93,28 +94,56 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_ui(home: Path, port: int) -> subprocess.Popen:
+def start_ui(home: Path, port: int) -> tuple[subprocess.Popen, str]:
+    """`runyard ui` on ``port``; returns it and the login URL it printed (the UI answers nothing
+    but its health check, ``/healthz``, without its token)."""
     env = dict(os.environ, RUNYARD_HOME=str(home))
     env.pop("RUNYARD_DB_URL", None)
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "ui", "--port", str(port)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    log = home / "bench-ui.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "ui", "--port", str(port)], env=env,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as resp:
-                if resp.status == 200:
-                    return proc
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as resp:
+                printed = re.search(rf"^{re.escape(base)}/\?token=\S+$", log.read_text(), re.MULTILINE)
+                if resp.status == 200 and printed:
+                    return proc, printed.group(0)
         except OSError:
-            time.sleep(0.3)
-    proc.kill()
-    raise RuntimeError("the UI did not start in 60 s")
+            pass
+        time.sleep(0.3)
+    os.killpg(proc.pid, signal.SIGKILL)
+    raise RuntimeError(f"the UI did not start in 60 s:\n{log.read_text()[-2000:]}")
 
 
-def navigate(browser: Any, url: str, ready: str, header: str | None, context: Any = None) -> tuple[float, float | None]:
+def session_cookies(browser: Any, login_url: str) -> list[dict[str, Any]]:
+    """The UI's session cookie, got once by opening the login URL; each fresh context below gets
+    it added (no page load), so its first navigation is still one with nothing cached."""
+    context = browser.new_context()
+    try:
+        context.new_page().goto(login_url)
+        cookies = context.cookies()
+    finally:
+        context.close()
+    if not any(c["name"].startswith("runyard-session-") for c in cookies):
+        raise RuntimeError(f"opening {login_url.split('?')[0]}?token=... gave no session cookie")
+    return cookies
+
+
+def fresh_context(browser: Any, cookies: list[dict[str, Any]]) -> Any:
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    context.add_cookies(cookies)
+    return context
+
+
+def navigate(browser: Any, cookies: list[dict[str, Any]], url: str, ready: str, header: str | None,
+             context: Any = None) -> tuple[float, float | None]:
     """Seconds from goto until ``ready`` holds, and until ``header`` is visible (if given). In a
-    new browser context (nothing cached) unless ``context`` is given."""
+    new browser context (nothing cached, logged in) unless ``context`` is given."""
     own = context is None
-    context = context or browser.new_context(viewport={"width": 1400, "height": 1000})
+    context = context or fresh_context(browser, cookies)
     page = context.new_page()
     try:
         t0 = time.monotonic()
@@ -134,10 +163,10 @@ def navigate(browser: Any, url: str, ready: str, header: str | None, context: An
             context.close()
 
 
-def open_from_runs_page(browser: Any, base: str, ready: str) -> float:
+def open_from_runs_page(browser: Any, cookies: list[dict[str, Any]], base: str, ready: str) -> float:
     """Seconds from selecting the run's row on the Runs page (a new browser context, the page
     loaded and its table drawn) until ``ready`` holds on the Run page it switches to."""
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    context = fresh_context(browser, cookies)
     page = context.new_page()
     try:
         page.goto(f"{base}/")
@@ -157,31 +186,34 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1_250_000)
     parser.add_argument("--keys", default="loss", help="comma-separated metric names, each on every rank and step")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--section", default="Metrics",
+                        help="the Run page's section to open (its charts are timed); empty: the page's default")
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
     keys = tuple(k for k in args.keys.split(",") if k)
     home, run_id = seeded_home(args.ranks, args.steps, keys)
     port = free_port()
-    ui = start_ui(home, port)
+    ui, login_url = start_ui(home, port)
     base = f"http://127.0.0.1:{port}"
-    run_url = f"{base}/run?run={run_id}"
+    run_url = f"{base}/run?run={run_id}" + (f"&section={args.section}" if args.section else "")
     try:
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=shutil.which("chromium") or "/usr/bin/chromium",
                                          headless=True, args=CHROMIUM_ARGS)
-            navigate(browser, run_url, ALL_CHARTS_DRAWN, None)  # warm-up: the server's first page compile
+            cookies = session_cookies(browser, login_url)
+            navigate(browser, cookies, run_url, ALL_CHARTS_DRAWN, None)  # warm-up: the server's first page compile
             runs_ready = "() => !!document.querySelector(\"[data-testid='stDataFrame']\")"
             run_times, header_times, baseline, cached, from_runs = [], [], [], [], []
-            warm = browser.new_context(viewport={"width": 1400, "height": 1000})
-            navigate(browser, run_url, ALL_CHARTS_DRAWN, None, warm)  # fills this context's script cache
+            warm = fresh_context(browser, cookies)
+            navigate(browser, cookies, run_url, ALL_CHARTS_DRAWN, None, warm)  # fills this context's script cache
             for i in range(args.repeats):
-                total, at_header = navigate(browser, run_url, ALL_CHARTS_DRAWN, "h2")
+                total, at_header = navigate(browser, cookies, run_url, ALL_CHARTS_DRAWN, "h2")
                 run_times.append(total)
                 header_times.append(at_header or 0.0)
-                baseline.append(navigate(browser, f"{base}/", runs_ready, None)[0])
-                cached.append(navigate(browser, run_url, ALL_CHARTS_DRAWN, None, warm)[0])
-                from_runs.append(open_from_runs_page(browser, base, ALL_CHARTS_DRAWN))
+                baseline.append(navigate(browser, cookies, f"{base}/", runs_ready, None)[0])
+                cached.append(navigate(browser, cookies, run_url, ALL_CHARTS_DRAWN, None, warm)[0])
+                from_runs.append(open_from_runs_page(browser, cookies, base, ALL_CHARTS_DRAWN))
                 print(f"  {i + 1}: Run page {total:.2f} s (header at {at_header:.2f} s), scripts cached "
                       f"{cached[-1]:.2f} s, opened from the Runs page {from_runs[-1]:.2f} s; "
                       f"Runs page {baseline[-1]:.2f} s", flush=True)
