@@ -44,10 +44,10 @@ def rendezvous_port(host: str = "127.0.0.1", *, start: int | None = None) -> int
     """A port free on ``host`` now, below the ephemeral range where there is room (a random one of
     ``LOWEST`` up to the range's start, torch's defaults left out); else one the kernel picks."""
     top = ephemeral_start() if start is None else start
-    candidates = [p for p in range(LOWEST, top) if p not in TORCH_DEFAULTS]
     rng = random.SystemRandom()
-    for port in (rng.choice(candidates) for _ in range(TRIES if candidates else 0)):
-        if _bindable(host, port):
+    for _ in range(TRIES if top > LOWEST else 0):
+        port = rng.randrange(LOWEST, top)
+        if port not in TORCH_DEFAULTS and _bindable(host, port):
             return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))

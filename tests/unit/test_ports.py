@@ -30,10 +30,10 @@ def test_a_taken_port_is_passed_over(monkeypatch: pytest.MonkeyPatch) -> None:
         taken = held.getsockname()[1]
         draws = iter([taken, taken])  # the first two draws hit the held port, then any other
 
-        def choice(_rng: object, seq: list[int]) -> int:
-            return next(draws, next(p for p in seq if p != taken))
+        def randrange(_rng: object, low: int, high: int) -> int:
+            return next(draws, next(p for p in range(low, high) if p != taken and p not in ports.TORCH_DEFAULTS))
 
-        monkeypatch.setattr(ports.random.SystemRandom, "choice", choice)
+        monkeypatch.setattr(ports.random.SystemRandom, "randrange", randrange)
         port = ports.rendezvous_port()
     assert port != taken and ports.LOWEST <= port < ports.ephemeral_start()
 
