@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 SWITCH = "RUNYARD_FAULTS"
@@ -134,12 +134,15 @@ def maybe_stall(step: int, rank: int) -> None:
             time.sleep(3600)
 
 
-def maybe_limit_file_size(step: int, rank: int, attempt: int) -> None:
+def maybe_limit_file_size(step: int, rank: int, attempt: int, settle: Callable[[], object] | None = None) -> None:
     """``RUNYARD_FAULT_FSIZE=STEP:BYTES[@ATTEMPTS]``: before STEP, rank 0 limits the size of every
     file it writes to BYTES (``RLIMIT_FSIZE``), in attempts up to ATTEMPTS (every attempt when
     omitted): a write past that offset then fails with EFBIG ("File too large"), as a full disk
     fails with ENOSPC. A small filesystem cannot be mounted here; this is the same failure for
-    one process. Python ignores SIGXFSZ, so the write fails instead of killing the process."""
+    one process. Python ignores SIGXFSZ, so the write fails instead of killing the process.
+
+    ``settle`` is called first: a checkpoint still being written from an earlier step finishes
+    before the limit, so every attempt fails at the same save, not at whichever one was in flight."""
     spec = _spec("RUNYARD_FAULT_FSIZE")
     if not spec or rank != 0:
         return
@@ -148,6 +151,8 @@ def maybe_limit_file_size(step: int, rank: int, attempt: int) -> None:
     if int(at) == step and (not upto or attempt <= int(upto)):
         import resource
 
+        if settle is not None:
+            settle()
         _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
         resource.setrlimit(resource.RLIMIT_FSIZE, (int(size), hard))
 
@@ -195,16 +200,18 @@ class StepFaults:
     A loop gets one from :meth:`installed`, which is None unless the switch is on: real training
     checks one ``None`` per step and calls nothing here."""
 
-    def __init__(self, rank: int, attempt: int):
+    def __init__(self, rank: int, attempt: int, settle: Callable[[], object] | None = None):
         self.rank = rank
         self.attempt = attempt
+        self.settle = settle  # waits for the checkpoint being written, if any
         self.slow_s = slow_rank_s(rank)
         self.delay_s = step_delay_s()
 
     @classmethod
-    def installed(cls, rank: int, attempt: int) -> StepFaults | None:
-        """The hooks of ``rank`` in ``attempt`` when ``RUNYARD_FAULTS=1``; None otherwise."""
-        return cls(rank, attempt) if enabled() else None
+    def installed(cls, rank: int, attempt: int, settle: Callable[[], object] | None = None) -> StepFaults | None:
+        """The hooks of ``rank`` in ``attempt`` when ``RUNYARD_FAULTS=1``; None otherwise.
+        ``settle`` waits for the checkpoint being written: a file-size limit starts after it."""
+        return cls(rank, attempt, settle) if enabled() else None
 
     def before(self, step: int, batch_size: int) -> None:
         """Before STEP (1-based) with micro-batch ``batch_size``."""
@@ -212,7 +219,7 @@ class StepFaults:
         maybe_cuda_oom(step, batch_size)
         maybe_sigkill(step, self.rank)
         maybe_stall(step, self.rank)
-        maybe_limit_file_size(step, self.rank, self.attempt)
+        maybe_limit_file_size(step, self.rank, self.attempt, self.settle)
         if self.slow_s:
             time.sleep(self.slow_s)
 

@@ -253,6 +253,15 @@ class Run:
         needed, until the snapshot is copied; cheap otherwise."""
         self._checkpoints.before_update()
 
+    def wait_for_checkpoint(self) -> None:
+        """Block until the checkpoint being written in the background (if any) is durable: before
+        the script reads the checkpoint folder itself, say. Not collective.
+
+        Raises:
+            CheckpointError: that write failed.
+        """
+        self._checkpoints.wait()
+
     # -- stopping -----------------------------------------------------------------------------
 
     def should_stop(self, step: int | None = None) -> bool:

@@ -261,6 +261,10 @@ class Checkpointer:
         until a deferred save has copied them."""
         self.manager.wait_snapshot()
 
+    def wait(self) -> None:
+        """Block until the in-flight save is durable (raises its error if it failed)."""
+        self.manager.wait()
+
     def close(self) -> None:
         """Wait for the in-flight save (the last checkpoint must be durable before exit)."""
         self.manager.close()

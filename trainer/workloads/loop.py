@@ -81,7 +81,7 @@ def train(run: Run, recipe: Recipe, tc: TrainConfig) -> dict[str, float]:
     """Train from the step after ``recipe.step`` to ``train.max_steps``, or until a stop request
     (saved first). Returns the last step and the last evaluation, for the log."""
     model, runner, optimizer, scaler = recipe.model, recipe.runner, recipe.optimizer, recipe.scaler
-    faults = StepFaults.installed(run.rank, run.ctx.attempt)  # None outside runyard's tests
+    faults = StepFaults.installed(run.rank, run.ctx.attempt, run.wait_for_checkpoint)  # None outside runyard's tests
     keeper = Bookkeeper(run, recipe, tc)
     step = recipe.step
     while step < tc.max_steps:
