@@ -10,6 +10,8 @@
 #                                      .test-reports/), a failing tier stopping the later ones; the
 #                                      both-database tests also run on PostgreSQL when
 #                                      RUNYARD_TEST_POSTGRES_URL is set (.ci/run starts one)
+#   ./dev.sh setup | test-setup        only set up .venv: for `up`, or with the test tools (.ci/run
+#                                      runs it beside its apt-get, then `./dev.sh test`)
 #
 # A torch that already satisfies the range (for example a GPU workstation's CUDA build in the
 # system Python) is kept: the venv then sees the system packages. Otherwise torch is installed:
@@ -21,8 +23,8 @@ cd "$(dirname "$0")"
 cmd="${1:-}"
 [ $# -gt 0 ] && shift
 case "$cmd" in
-  up|test|setup) ;;
-  *) echo "usage: ./dev.sh up|test|setup [args...]" >&2; exit 2 ;;
+  up|test|setup|test-setup) ;;
+  *) echo "usage: ./dev.sh up|test|setup|test-setup [args...]" >&2; exit 2 ;;
 esac
 
 PY="${PYTHON:-python3}"
@@ -60,7 +62,7 @@ extras="gpu,scripts,debug"
 # PostgreSQL's driver where RUNYARD_DB_URL names PostgreSQL; the tests always get it (they run on
 # a PostgreSQL too where one is given: tests/databases.py).
 case "${RUNYARD_DB_URL:-}" in postgresql*|postgres:*) extras="$extras,postgres" ;; esac
-[ "$cmd" = "test" ] && extras="gpu,scripts,debug,postgres,test"
+case "$cmd" in test|test-setup) extras="gpu,scripts,debug,postgres,test" ;; esac
 stamp="$VENV/.runyard-installed"
 want="$(cat pyproject.toml | sha256sum | cut -c1-16)-$extras"
 if [ ! -f "$stamp" ] || ! grep -qx "$want" "$stamp" 2>/dev/null; then
@@ -76,7 +78,7 @@ fi
 "$VPY" -m compileall -q -j 0 app orchestrator trainer db runyard.py >/dev/null
 
 case "$cmd" in
-  setup) log "ready: $VENV/bin/runyard" ;;
+  setup|test-setup) log "ready: $VENV/bin/runyard" ;;
   up)
     exec "$VENV/bin/runyard" up "$@"
     ;;
