@@ -16,6 +16,7 @@ skipped without one, failed where ``RUNYARD_TEST_SLURM_REQUIRED=1``.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -126,22 +127,39 @@ def db_url(db_dialect: str, tmp_path: Path, request: pytest.FixtureRequest) -> s
 
 
 SLURM_GROUP = "slurm"
+# A module with one of these lines runs its tests on one worker, one after another: they share one
+# product started for the module (tests/browser/conftest.py: shared_runyard_up).
+SHARING_MARKS = ("SHARES_ONE_RUNYARD_UP = True",)
+
+
+@functools.cache
+def module_shares_a_product(path: Path) -> bool:
+    """Whether the test module at ``path`` says one of :data:`SHARING_MARKS` (on a line of its own)."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return False
+    return any(mark in lines for mark in SHARING_MARKS)
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, which a run may go without
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Under pytest-xdist (``./dev.sh test`` runs each tier on several workers): the tests of the one
     single-node Slurm cluster (those of a module named ``*slurm*``) run on one worker, one after
-    another, since two at once queue each other's jobs behind the node's two CPUs; every other
-    test is its own unit of work. The group is read from the path: xdist's ``xdist_group`` mark
-    renames ``item._nodeid``, which pytest 9 no longer reads."""
+    another, since two at once queue each other's jobs behind the node's two CPUs; so do the tests
+    of a module that shares one product (:func:`module_shares_a_product`); every other test is its
+    own unit of work. The group is read from the path: xdist's ``xdist_group`` mark renames
+    ``item._nodeid``, which pytest 9 no longer reads."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadGroupScheduling
 
     class SlurmTogether(LoadGroupScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return SLURM_GROUP if SLURM_GROUP in nodeid.split("::")[0].rsplit("/", 1)[-1] else nodeid
+            module = nodeid.split("::")[0]
+            if SLURM_GROUP in module.rsplit("/", 1)[-1]:
+                return SLURM_GROUP
+            return module if module_shares_a_product(config.rootpath / module) else nodeid
 
     return SlurmTogether(config, log)
 

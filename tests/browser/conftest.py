@@ -30,6 +30,9 @@ from typing import Any
 import psutil
 import pytest
 
+from db.states import TERMINAL, RunStatus
+from tests.conftest import module_shares_a_product, training_processes
+
 STARTUP_TIMEOUT_S = 60.0
 CHROMIUM_ARGS = [
     "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -133,16 +136,16 @@ def paced_runs(monkeypatch: pytest.MonkeyPatch) -> float:
     return delay
 
 
-@pytest.fixture
-def runyard_up(tmp_path: Path) -> Iterator[Runyard]:
-    """`runyard up` on a free port with RUNYARD_HOME in tmp_path, stopped (with every process it
-    started) on teardown."""
-    home = tmp_path / "home"
+@contextlib.contextmanager
+def _runyard_up(folder: Path) -> Iterator[Runyard]:
+    """`runyard up` on a free port with RUNYARD_HOME in ``folder``, stopped (with every process it
+    started) at the end."""
+    home = folder / "home"
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "RUNYARD_HOME": str(home), "RUNYARD_CPU_SLOTS": "2"}
     env.pop("RUNYARD_DB_URL", None)
-    log = tmp_path / "runyard-up.log"
+    log = folder / "runyard-up.log"
     with log.open("w") as out:
         proc = subprocess.Popen([*_runyard_argv(), "up", "--host", "127.0.0.1", "--port", str(port)],
                                 env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -152,6 +155,58 @@ def runyard_up(tmp_path: Path) -> Iterator[Runyard]:
     finally:
         _stop(proc, home)
         print(f"\nrunyard up log: {log}")
+
+
+# A module that says this on a line of its own runs its tests on one pytest-xdist worker, one after
+# another, on one `runyard up` (tests/conftest.py: module_shares_a_product).
+SHARED_MARK = "SHARES_ONE_RUNYARD_UP = True"
+
+
+@pytest.fixture
+def runyard_up(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Runyard]:
+    """The test's own `runyard up` (see :func:`_runyard_up`); in a module that says
+    :data:`SHARED_MARK`, the module's one (:func:`_one_test_of`)."""
+    if module_shares_a_product(request.path):
+        with _one_test_of(request.getfixturevalue("module_runyard_up")) as runyard:
+            yield runyard
+    else:
+        with _runyard_up(tmp_path) as runyard:
+            yield runyard
+
+
+@pytest.fixture(scope="module")
+def module_runyard_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runyard]:
+    """One `runyard up` for the tests of a module that says :data:`SHARED_MARK`."""
+    with _runyard_up(tmp_path_factory.mktemp("shared-up")) as runyard:
+        yield runyard
+
+
+def _run_ids(runyard: Runyard) -> set[int]:
+    import sqlite3
+
+    db = runyard.home / "runyard.db"
+    if not db.exists():
+        return set()
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)) as con:
+        return {row[0] for row in con.execute("SELECT id FROM runs")}
+
+
+@contextlib.contextmanager
+def _one_test_of(runyard: Runyard) -> Iterator[Runyard]:
+    """A module's `runyard up` for one test, which submits and reads its own runs (by their ids:
+    the runs of the module's earlier tests are there too). Its runs still queued or running at
+    the end are cancelled, and their processes gone, before the next test: it finds the CPU slots
+    free."""
+    before = _run_ids(runyard)
+    yield runyard
+    left = _run_ids(runyard) - before
+    active = [r["id"] for r in runyard.cli("ls") if r["id"] in left and RunStatus(r["status"]) not in TERMINAL]
+    for run_id in active:
+        runyard.cli("cancel", str(run_id))
+    deadline = time.monotonic() + 60
+    while training_processes(runyard.home) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not training_processes(runyard.home), f"runs {active}, cancelled after the test, still have processes"
 
 
 def _missing(why: str) -> None:

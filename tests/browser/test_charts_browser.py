@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 
 pytestmark = pytest.mark.browser
+# The tests share one `runyard up` and read their own runs by id (tests/browser/conftest.py).
+SHARES_ONE_RUNYARD_UP = True
 
 PAGE_TIMEOUT_MS = 60_000
 RENDER_BUDGET_S = 30.0  # generous: a loaded 2-core test machine; bench/bench_render.py measures
@@ -115,7 +117,7 @@ def test_big_run_charts_render_and_switch_options_then_compare(page: Any, runyar
     choose("radio", "relative time")
     expect(axis_title(page, "time since start").first).to_be_visible()
 
-    page.goto(f"{runyard_up.url}/compare")
+    page.goto(f"{runyard_up.url}/compare?runs={big},{small}")  # the module's other runs are there too
     expect(page.get_by_role("heading", name="Compare runs", level=1)).to_be_visible(timeout=PAGE_TIMEOUT_MS)
     not_found = page.get_by_role("dialog").filter(has_text="Page not found")
     if not_found.count():

@@ -26,6 +26,8 @@ from tests.browser.test_resume_browser import REPO, open_run_page, wait_for
 from tests.browser.test_ui_browser import PAGE_TIMEOUT_MS, expect, open_page, show_section
 
 pytestmark = pytest.mark.browser
+# The tests share one `runyard up` and read their own runs by id (tests/browser/conftest.py).
+SHARES_ONE_RUNYARD_UP = True
 
 
 def test_the_pages_show_runyard_and_fetch_nothing_from_outside_the_machine(page: Any, runyard_up: Any) -> None:

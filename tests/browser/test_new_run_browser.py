@@ -17,6 +17,8 @@ import pytest
 from tests.browser.test_ui_browser import PAGE_TIMEOUT_MS, RUN_TIMEOUT_MS, expect, open_page, start_button
 
 pytestmark = pytest.mark.browser
+# The tests share one `runyard up` and read their own runs by id (tests/browser/conftest.py).
+SHARES_ONE_RUNYARD_UP = True
 
 GPT_TOML = """\
 name = "from-file"
@@ -76,6 +78,7 @@ def test_a_file_with_problems_lists_each_with_its_key_and_a_folded_refusal_is_su
         page: Any, runyard_up: Any, tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text('[train]\nlr = "fast"\nlrr = 1\n')
+    before = {r["id"] for r in runyard_up.cli("ls")}  # the runs of the module's earlier tests
     open_page(page, f"{runyard_up.url}/new", "New run")
     upload(page, bad)
     warning = page.get_by_test_id("stAlert").filter(has_text="Form filled from bad.toml")
@@ -102,10 +105,10 @@ def test_a_file_with_problems_lists_each_with_its_key_and_a_folded_refusal_is_su
     expect(summary).to_contain_text("supervision.straggler_ratio")
     ratio = page.get_by_label("Straggler ratio", exact=True)
     expect(ratio).to_be_visible()  # its section opened
-    assert runyard_up.cli("ls") == []  # nothing queued
+    assert {r["id"] for r in runyard_up.cli("ls")} == before  # nothing queued
     ratio.fill("2")
     ratio.press("Tab")
     start_button(page).click()
     expect(page.get_by_role("heading", level=2).filter(has_text=re.compile(r"#\d+ fold"))).to_be_visible(
         timeout=RUN_TIMEOUT_MS)
-    assert [r["name"] for r in runyard_up.cli("ls")] == ["fold"]
+    assert [r["name"] for r in runyard_up.cli("ls") if r["id"] not in before] == ["fold"]
