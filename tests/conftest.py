@@ -128,8 +128,9 @@ def db_url(db_dialect: str, tmp_path: Path, request: pytest.FixtureRequest) -> s
 
 SLURM_GROUP = "slurm"
 # A module with one of these lines runs its tests on one worker, one after another: they share one
-# product started for the module (tests/browser/conftest.py: shared_runyard_up).
-SHARING_MARKS = ("SHARES_ONE_RUNYARD_UP = True",)
+# product started for the module (tests/browser/conftest.py: runyard_up; tests/integration/conftest.py:
+# product).
+SHARING_MARKS = ("SHARES_ONE_RUNYARD_UP = True", "SHARES_ONE_SCHEDULER = True")
 
 
 @functools.cache
@@ -165,6 +166,11 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The modules whose tests run on one worker, one after another (the Slurm cluster's, those that
+    # share a product), first: each is minutes of one worker's time, and one that started last
+    # kept one worker busy for minutes after the others had run out of tests. The same order on
+    # every worker (pytest-xdist checks it).
+    items.sort(key=lambda item: not (SLURM_GROUP in item.path.name or module_shares_a_product(item.path)))
     try:
         import torch
 

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from tests import databases
+from tests.conftest import module_shares_a_product, training_processes
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "digits.toml"
@@ -49,6 +50,7 @@ class Product:
     home: Path
     env: dict[str, str]
     procs: list[subprocess.Popen] = field(default_factory=list)
+    shared: bool = False  # one installation for a module's tests: its scheduler keeps running between them
     _engine: tuple[str, Any] | None = field(default=None, repr=False)  # (URL, engine) of query()
 
     @property
@@ -114,6 +116,9 @@ class Product:
         return int(self.cli(*args).stdout.strip())
 
     def start_scheduler(self) -> subprocess.Popen:
+        """Start a scheduler; in a module that shares one (:func:`product`), the module's, once."""
+        if self.shared and self.procs and self.procs[-1].poll() is None:
+            return self.procs[-1]
         log = open(self.home / f"scheduler-{len(self.procs)}.log", "ab")  # noqa: SIM115 - the scheduler's log, open for its life
         proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "scheduler"], env=self.env, stdout=log,
                                 stderr=subprocess.STDOUT)
@@ -224,10 +229,59 @@ def running_product(home: Path, db_url: str | None = None) -> Iterator[Product]:
                     proc.kill()
 
 
+# A module that says this on a line of its own runs its tests on one pytest-xdist worker, one after
+# another, on one installation and one scheduler (tests/conftest.py: module_shares_a_product).
+SHARED_MARK = "SHARES_ONE_SCHEDULER = True"
+
+
 @pytest.fixture
-def product(tmp_path: Path) -> Iterator[Product]:
-    with running_product(tmp_path / "home") as p:
+def product(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Product]:
+    """The test's own installation in tmp_path; in a module that says :data:`SHARED_MARK`, the
+    module's (:func:`_one_test_of`)."""
+    if module_shares_a_product(request.path):
+        with _one_test_of(request.getfixturevalue("module_product")) as p:
+            yield p
+    else:
+        with running_product(tmp_path / "home") as p:
+            yield p
+
+
+@pytest.fixture(scope="module")
+def module_product(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Product]:
+    """One installation, and at most one scheduler at a time, for a module's tests."""
+    with running_product(tmp_path_factory.mktemp("shared") / "home") as p:
+        p.shared = True
         yield p
+
+
+@contextlib.contextmanager
+def _one_test_of(product: Product) -> Iterator[Product]:
+    """The module's installation for one test, which submits and reads its own runs (by id: the
+    runs of the module's earlier tests are there too) and leaves the environment as it found it
+    (the scheduler would not see a change, and the later tests would). Its runs still queued or
+    running at the end are cancelled, and their processes gone, before the next test: it finds
+    the scheduler's CPU slots free."""
+    from sqlalchemy.exc import OperationalError, ProgrammingError
+
+    from db.states import TERMINAL, RunStatus
+
+    def runs() -> dict[int, str]:
+        try:
+            return {int(row[0]): str(row[1]) for row in product.query("SELECT id, status FROM runs")}
+        except (OperationalError, ProgrammingError):  # no database or no schema yet: nothing submitted
+            return {}
+
+    before, env = set(runs()), dict(product.env)
+    yield product
+    assert product.env == env, ("a test changed the environment of the installation its module shares; "
+                                "give it a module of its own")
+    active = [run_id for run_id, status in runs().items() if run_id not in before and RunStatus(status) not in TERMINAL]
+    for run_id in active:
+        product.cli("cancel", str(run_id))
+    deadline = time.monotonic() + 60
+    while training_processes(product.home) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not training_processes(product.home), f"runs {active}, cancelled after the test, still have processes"
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@ and resume; without it, it is still launched, logged, and retried on failure."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
@@ -11,6 +12,9 @@ import pytest
 from tests.integration.conftest import ROOT, Product
 
 pytestmark = pytest.mark.slow
+# The tests share one installation and scheduler, and read their own runs by id
+# (tests/integration/conftest.py: product).
+SHARES_ONE_SCHEDULER = True
 
 
 def submit_script(product: Product, script: str, *overrides: str) -> int:
@@ -75,10 +79,11 @@ def test_failing_plain_script_is_retried_then_fails(product: Product) -> None:
 def test_missing_script_is_refused_at_submit(product: Product) -> None:
     config = product.home / "bad.toml"
     config.write_text('[workload]\nkind = "script"\nscript = "does/not/exist.py"\n')
+    before = sorted(row[0] for row in product.query("SELECT id FROM runs"))  # the module's earlier tests' runs
     result = product.cli("submit", str(config), check=False)
     assert result.returncode == 2
     assert "workload.script = 'does/not/exist.py': no such file" in result.stderr
-    assert product.cli("ls", "--json").stdout.strip() == "[]"
+    assert sorted(r["id"] for r in json.loads(product.cli("ls", "--json").stdout)) == before
 
 
 # docs/SCRIPTS.md's stop pattern, exactly: should_stop() asked twice a step.

@@ -19,6 +19,9 @@ from tests.conftest import training_processes
 from tests.integration.conftest import ROOT, Product
 
 pytestmark = pytest.mark.slow
+# The tests share one installation and scheduler, and read their own runs by id
+# (tests/integration/conftest.py: product).
+SHARES_ONE_SCHEDULER = True
 
 SCRIPTS = ROOT / "tests" / "scripts"
 DDP_TUTORIAL = SCRIPTS / "ddp_tutorial" / "multigpu_torchrun.py"

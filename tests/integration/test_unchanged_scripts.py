@@ -19,6 +19,9 @@ import pytest
 from tests.integration.conftest import ROOT, Product
 
 pytestmark = pytest.mark.slow
+# The tests share one installation and scheduler, and read their own runs by id
+# (tests/integration/conftest.py: product).
+SHARES_ONE_SCHEDULER = True
 
 SCRIPTS = ROOT / "tests" / "scripts"
 NANOGPT_LOSS = r"iter (?P<step>\d+): loss (?P<value>[\d.]+)"
