@@ -8,6 +8,14 @@ checkpoint). Hashing is incremental, a bounded number of bytes per :meth:`Checkp
 and its result is kept by (path, size, mtime): a 10 GB checkpoint is hashed once, not every
 tick. A file that changes while it is hashed starts over.
 
+A file the script rewrites faster than the scheduler looks (nanoGPT's ``out/ckpt.pt`` saved every
+0.2 s) is never the same at two looks. Such a file is still read as a *snapshot*, at most once
+every :data:`SNAPSHOT_EVERY_S`, when it is a zip archive (``torch.save``'s format) with its end
+record (which ``torch.save`` writes last) and it did not change from before it was read to after
+its step was: a complete version, read whole. A file in another format that never stops changing
+is not recorded until it does (its completeness cannot be told). Without this, the recorded
+version fell thousands of steps behind such a file.
+
 A match that is a folder (Hugging Face's ``hf_out/checkpoint-350/``) is one checkpoint: its size
 is the sum of its files', its time its newest file's, and it is stable when neither nor the number
 of its files changed between two looks; its sha256 is ``db.file_versions.folder_digest`` over its
@@ -21,7 +29,10 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import math
 import os
+import time
+import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +45,9 @@ from orchestrator.scripts.checkpoint_steps import step_in_checkpoint
 GLOB_FIELD = "workload.checkpoint_glob"
 MAX_MATCHES = 1000  # files one pattern may match; more is a pattern that is too wide
 CHUNK = 8 << 20
+# A file that never stops changing is read as a snapshot at most this often (see the module doc).
+SNAPSHOT_EVERY_S = 30.0
+ZIP_MAGIC = b"PK\x03\x04"
 
 
 class CheckpointGlobError(ScriptWatchError):
@@ -57,7 +71,8 @@ class CheckpointFile:
         size: Bytes.
         mtime: Modification time (seconds since the epoch).
         sha256: Hex digest, once the file was stable and fully hashed; None before.
-        stable: Unchanged since the previous look.
+        stable: Unchanged since the previous look, or a complete zip read whole while it did not
+            change (a snapshot of a file that never stops changing: see the module doc).
         step: The step the checkpoint itself holds (read once it is stable), or None.
         folder: Whether it is a folder of files (one checkpoint).
     """
@@ -103,6 +118,7 @@ class CheckpointFiles:
         self._done: dict[tuple[Path, int, int, int], str] = {}  # (path, size, mtime_ns, inode) -> sha256
         self._files: list[CheckpointFile] = []
         self._steps: dict[tuple[Path, int, int, int], int | None] = {}  # a stable version's own step
+        self._stable_at: dict[Path, float] = {}  # when a version of the path was last stable (monotonic)
         self.step_keys = tuple(step_keys)
         self.looks = 0  # how many scans ran
 
@@ -151,13 +167,19 @@ class CheckpointFiles:
                     digest, budget = self._hash(path, key, budget)
                 else:
                     digest, budget = self._hash_folder(path, key, inner, budget)
+            elif not stable and inner is None and self._snapshot_due(path) and 0 < key[0] <= budget:
+                digest, budget = self._snapshot(path, key, budget)
+                stable = digest is not None
             step = self._step(path, key) if stable else None
+            if stable:
+                self._stable_at[path] = time.monotonic()
             files.append(CheckpointFile(path, key[0], mtime, digest, stable, step, inner is not None))
         self._seen = current
         alive = {**current, **members}
         self._hashing = {p: h for p, h in self._hashing.items() if p in alive}
         self._done = {k: v for k, v in self._done.items() if alive.get(k[0]) == k[1:]}
         self._steps = {k: v for k, v in self._steps.items() if current.get(k[0]) == k[1:]}
+        self._stable_at = {p: t for p, t in self._stable_at.items() if p in current}
         self._files = sorted(files, key=lambda f: (f.mtime, str(f.path)), reverse=True)
         return list(self._files)
 
@@ -230,6 +252,37 @@ class CheckpointFiles:
         self._done[done] = digest
         self._hashing.pop(path, None)
         return digest, budget
+
+    def _snapshot_due(self, path: Path) -> bool:
+        return time.monotonic() - self._stable_at.get(path, -math.inf) >= SNAPSHOT_EVERY_S
+
+    def _snapshot(self, path: Path, key: tuple[int, int, int], budget: int) -> tuple[str | None, int]:
+        """A version of a file that changed since the last look, read whole now: its digest when it
+        is a complete zip and did not change from before it was read to after its step was;
+        else None (and the next look tries again, once the snapshot is due). A file without its
+        zip end record (one being written) is not read at all."""
+        if not self._complete_zip(path, key):
+            return None, budget
+        digest, budget = self._hash(path, key, budget)
+        if digest is None:
+            return None, budget
+        self._step(path, key)  # read now, from the same version
+        if not self._complete_zip(path, key):
+            self._done.pop((path, *key), None)
+            self._steps.pop((path, *key), None)
+            return None, budget
+        return digest, budget
+
+    @staticmethod
+    def _complete_zip(path: Path, key: tuple[int, int, int]) -> bool:
+        """Whether ``path`` is still the version ``key`` and a zip archive with its end record."""
+        try:
+            with open(path, "rb") as f:
+                st = os.fstat(f.fileno())
+                return ((st.st_size, st.st_mtime_ns, st.st_ino) == key and f.read(4) == ZIP_MAGIC
+                        and zipfile.is_zipfile(f))
+        except OSError:
+            return False
 
     def stable_files(self) -> list[CheckpointFile]:
         """The files of the last :meth:`scan` that are stable and hashed, newest first: the ones

@@ -164,3 +164,67 @@ def test_a_pattern_ending_in_stars_matches_files_and_a_folder_swallows_its_files
     assert sorted(names) == ["out/a.pt", "out/sub/b.pt"]  # files, as before: not out/ as one checkpoint
     both = CheckpointFiles(tmp_path, ["hf/checkpoint-*", "hf/**/*.bin"]).scan()
     assert [(f.path.name, f.folder) for f in both] == [("checkpoint-5", True)]
+
+
+# -- a file rewritten faster than the scheduler looks (issue 30, item 8) -------------------------
+
+
+def _torch_zip(step: int) -> bytes:
+    """What ``torch.save({"iter_num": step, ...})`` writes: a zip archive, its end record last."""
+    import io
+
+    import torch
+
+    buf = io.BytesIO()
+    torch.save({"iter_num": step, "w": torch.full((64,), float(step))}, buf)
+    return buf.getvalue()
+
+
+def _rewrite(path: Path, data: bytes) -> None:
+    """Write over ``path`` in place, as ``torch.save(obj, path)`` does (the same inode)."""
+    with open(path, "r+b" if path.exists() else "wb") as f:
+        f.truncate(0)
+        f.write(data)
+
+
+def test_a_zip_rewritten_at_every_look_is_read_as_a_snapshot_at_most_every_interval(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """nanoGPT's ``out/ckpt.pt`` saved more often than the scheduler looks is never the same at two
+    looks: before, no version was recorded until the script stopped (the recorded one fell
+    thousands of steps behind). Now a complete version is read whole at most every
+    SNAPSHOT_EVERY_S, with its own digest and step."""
+    from orchestrator.scripts import checkpoint_finder
+
+    clock = [1000.0]
+    monkeypatch.setattr(checkpoint_finder.time, "monotonic", lambda: clock[0])
+    ckpt = tmp_path / "out" / "ckpt.pt"
+    ckpt.parent.mkdir()
+    files = CheckpointFiles(tmp_path, ["out/ckpt.pt"])
+    recorded = []
+    for look in range(12):  # a new version before every look; the clock moves 5 s a look
+        _rewrite(ckpt, _torch_zip(100 * look))
+        (seen,) = files.scan()
+        if seen.stable:
+            recorded.append((look, seen.step, seen.sha256))
+            assert seen.sha256 == sha(ckpt)
+        clock[0] += 5.0
+    # The first look, then one every 30 s of the clock (6 looks): never more often.
+    assert [look for look, _, _ in recorded] == [0, 6]
+    assert [step for _, step, _ in recorded] == [0, 600]  # each version's own step
+
+
+def test_a_file_that_never_stops_changing_is_recorded_only_when_it_is_a_complete_zip(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt.pt"
+    files = CheckpointFiles(tmp_path, ["ckpt.pt"])
+    for look in range(3):  # another format: its completeness cannot be told, so it waits for a quiet look
+        _rewrite(ckpt, os.urandom(1000 + look))
+        (seen,) = files.scan()
+        assert not seen.stable and seen.sha256 is None
+    whole = _torch_zip(7)
+    for part in (len(whole) // 3, 2 * len(whole) // 3):  # a torch.save still writing: no end record yet
+        _rewrite(ckpt, whole[:part])
+        (seen,) = files.scan()
+        assert not seen.stable and seen.sha256 is None
+    _rewrite(ckpt, whole)
+    (seen,) = files.scan()
+    assert seen.stable and (seen.step, seen.sha256) == (7, sha(ckpt))
