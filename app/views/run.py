@@ -97,24 +97,31 @@ def header(d: dict) -> None:
     star = " ★" if d["starred"] else ""
     title.markdown(f"## #{d['id']} {style.plain(d['name'])}{star} &nbsp; {badge(d['status'])}"
                    + (" :gray-badge[archived]" if d["archived"] else ""))
-    metadata_line(d)
-    if d["status_reason"]:
-        st.caption(style.plain(d["status_reason"]))
-    if starting := startup_text(d["status"], d["attempts"][-1] if d["attempts"] else None, d["config"]):
-        st.caption(style.plain(starting))
-    if where := where_text(d["config"], d["attempts"][-1] if d["attempts"] else None):
-        st.caption(style.plain(where))
+    # What comes and goes with the run's state (reasons, a retry's warning, a failure's summary)
+    # sits in two containers that are always drawn: Streamlit matches a redrawn element to the
+    # one before by its place in the page, so an element that appeared above the progress bar
+    # or the headline numbers moved them down a place, and until the redraw ended the old ones
+    # stayed where they were: two copies of the headline numbers during a retry (issue 29).
+    with st.container():
+        metadata_line(d)
+        if d["status_reason"]:
+            st.caption(style.plain(d["status_reason"]))
+        if starting := startup_text(d["status"], d["attempts"][-1] if d["attempts"] else None, d["config"]):
+            st.caption(style.plain(starting))
+        if where := where_text(d["config"], d["attempts"][-1] if d["attempts"] else None):
+            st.caption(style.plain(where))
     st.progress(d["progress"], text=f"step {step_text(d['step'], d['max_steps'], ' / ')}")
-    facts = script_facts(d["config"], d["attempts"], d["checkpoints"])
-    if facts:
-        # Paths and the watchdog's sentence escaped: a path may hold characters Markdown would read.
-        st.caption(" · ".join(f"**{label.capitalize()}**: {style.plain(text)}" for label, text in facts))
-    if d["status"] == RunStatus.RETRYING and d["retry_at"]:
-        st.warning(f"Retrying: next attempt at {clock(d['retry_at'])} (retries used: {d['retries_used']}).",
-                   icon=":material/refresh:")
-    if d["parent_run_id"]:
-        st.caption(f"Forked from run #{d['parent_run_id']} at step {d['parent_step']}.")
-    failure_summary(d)
+    with st.container():
+        facts = script_facts(d["config"], d["attempts"], d["checkpoints"])
+        if facts:
+            # Paths and the watchdog's sentence escaped: a path may hold characters Markdown would read.
+            st.caption(" · ".join(f"**{label.capitalize()}**: {style.plain(text)}" for label, text in facts))
+        if d["status"] == RunStatus.RETRYING and d["retry_at"]:
+            st.warning(f"Retrying: next attempt at {clock(d['retry_at'])} (retries used: {d['retries_used']}).",
+                       icon=":material/refresh:")
+        if d["parent_run_id"]:
+            st.caption(f"Forked from run #{d['parent_run_id']} at step {d['parent_step']}.")
+        failure_summary(d)
     headline(d)
 
 

@@ -19,8 +19,9 @@ import json
 import re
 import sysconfig
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pyarrow as pa
@@ -452,6 +453,49 @@ def test_during_a_retry_the_first_attempts_curve_stays_whole_until_the_next_one_
     lines = chart_lines(metric_chart_elements(at)[0])
     assert set(lines[lines["attempt"] == 1]["step"]) == {10, 20, 30, 40, 50}
     assert set(lines[lines["attempt"] == 2]["step"]) == {60}
+
+
+def element_path(node: Any, match: Callable[[Any], bool]) -> list[int] | None:
+    """The delta path (indices from the page's root) of the first element ``match`` accepts."""
+    for index, child in sorted(getattr(node, "children", {}).items()):
+        if match(child):
+            return [index]
+        inner = element_path(child, match)
+        if inner is not None:
+            return [index, *inner]
+    return None
+
+
+def test_the_headline_numbers_keep_their_place_while_a_run_retries(settings: Settings,
+                                                                    sessions: sessionmaker[Session]) -> None:
+    """Streamlit matches a redrawn element to the one before by its place in the page: when a
+    retry's warning and failure summary were drawn above the headline numbers, the new numbers
+    came a few places further down, and the old ones stayed until the redraw ended (issue 29:
+    "two copies of the headline tiles were in the page at once during a retry")."""
+    def elapsed(at: AppTest) -> list[int] | None:
+        return element_path(at._tree, lambda e: getattr(e, "type", None) == "metric" and e.label == "Elapsed")
+
+    with sessions() as s:
+        run_id = add_run(s, settings, "retrying", RunStatus.STARTING, RunStatus.RUNNING)
+        add_attempt(s, run_id, last_step=120)
+        add_metrics(s, run_id, last_step=120)
+        s.commit()
+    at = open_page("views/run.py", run=str(run_id))
+    no_exception(at)
+    running = elapsed(at)
+    assert running is not None
+    with sessions() as s:  # attempt 1 failed: a failure summary, a reason and a retry warning
+        attempt = s.query(Attempt).filter_by(run_id=run_id).one()
+        attempt.status, attempt.cause, attempt.failed_rank, attempt.exit_code = "FAILED", "SIGNAL", 1, -9
+        attempt.exception, attempt.ended_at = "killed by SIGKILL", time.time()
+        assert transition(s, run_id, RunStatus.RETRYING, "rank 1 was killed (SIGKILL); retrying from step 100")
+        s.get(Run, run_id).retry_at = time.time() + 30
+        s.commit()
+    st.cache_data.clear()
+    at.run()
+    no_exception(at)
+    assert any("Retrying: next attempt at" in w.value for w in at.warning)
+    assert elapsed(at) == running
 
 
 @pytest.mark.both_dbs  # the UI's data layer (app/data.py) on PostgreSQL too
