@@ -130,17 +130,22 @@ SLURM_GROUP = "slurm"
 # A module with one of these lines runs its tests on one worker, one after another: they share one
 # product started for the module (tests/browser/conftest.py: runyard_up; tests/integration/conftest.py:
 # product).
-SHARING_MARKS = ("SHARES_ONE_RUNYARD_UP = True", "SHARES_ONE_SCHEDULER = True")
+RUNYARD_UP_MARK = "SHARES_ONE_RUNYARD_UP = True"
+SCHEDULER_MARK = "SHARES_ONE_SCHEDULER = True"
 
 
 @functools.cache
-def module_shares_a_product(path: Path) -> bool:
-    """Whether the test module at ``path`` says one of :data:`SHARING_MARKS` (on a line of its own)."""
+def _marks_of(path: Path) -> frozenset[str]:
     try:
         lines = path.read_text().splitlines()
     except OSError:
-        return False
-    return any(mark in lines for mark in SHARING_MARKS)
+        return frozenset()
+    return frozenset(mark for mark in (RUNYARD_UP_MARK, SCHEDULER_MARK) if mark in lines)
+
+
+def module_shares_a_product(path: Path, marks: tuple[str, ...] = (RUNYARD_UP_MARK, SCHEDULER_MARK)) -> bool:
+    """Whether the test module at ``path`` says one of ``marks`` (on a line of its own)."""
+    return bool(_marks_of(path) & set(marks))
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, which a run may go without
@@ -166,11 +171,12 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # The modules whose tests run on one worker, one after another (the Slurm cluster's, those that
-    # share a product), first: each is minutes of one worker's time, and one that started last
-    # kept one worker busy for minutes after the others had run out of tests. The same order on
-    # every worker (pytest-xdist checks it).
-    items.sort(key=lambda item: not (SLURM_GROUP in item.path.name or module_shares_a_product(item.path)))
+    # The modules whose tests run on one worker, one after another for minutes (the Slurm cluster's,
+    # those that share a scheduler), first: one that started last kept one worker busy after the
+    # others had run out of tests. The same order on every worker (pytest-xdist checks it). A
+    # browser module's few tests stay where they are.
+    items.sort(key=lambda item: not (SLURM_GROUP in item.path.name
+                                     or module_shares_a_product(item.path, (SCHEDULER_MARK,))))
     try:
         import torch
 

@@ -160,10 +160,13 @@ upload, paste = st.columns(2)
 with upload:
     st.file_uploader("Start from a TOML config (optional)", type=["toml"], key="new_run_upload",
                      on_change=on_upload)
-with paste, st.expander("…or paste TOML"):
+# A form: the pasted text and the press of "Fill the form" reach the server in one message. As a
+# text area and a button, the text went on the area's blur and the press right after it; under
+# load the press could arrive while the blur's rerun ran, and nothing happened (CI 19).
+with paste, st.expander("…or paste TOML"), st.form("new_run_paste", border=False, enter_to_submit=False):
     st.text_area("TOML", key="new_run_pasted", height=160, label_visibility="collapsed",
                  placeholder='name = "gpt"\n[workload]\nkind = "gpt-char"')
-    st.button("Fill the form", on_click=on_paste)
+    st.form_submit_button("Fill the form", on_click=on_paste)
 loaded = st.session_state.get(LOADED_KEY)
 if loaded is not None:
     name, problems, filled = loaded

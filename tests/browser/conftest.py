@@ -31,7 +31,7 @@ import psutil
 import pytest
 
 from db.states import TERMINAL, RunStatus
-from tests.conftest import module_shares_a_product, training_processes
+from tests.conftest import RUNYARD_UP_MARK, module_shares_a_product, training_processes
 
 STARTUP_TIMEOUT_S = 60.0
 CHROMIUM_ARGS = [
@@ -157,16 +157,11 @@ def _runyard_up(folder: Path) -> Iterator[Runyard]:
         print(f"\nrunyard up log: {log}")
 
 
-# A module that says this on a line of its own runs its tests on one pytest-xdist worker, one after
-# another, on one `runyard up` (tests/conftest.py: module_shares_a_product).
-SHARED_MARK = "SHARES_ONE_RUNYARD_UP = True"
-
-
 @pytest.fixture
 def runyard_up(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Runyard]:
     """The test's own `runyard up` (see :func:`_runyard_up`); in a module that says
-    :data:`SHARED_MARK`, the module's one (:func:`_one_test_of`)."""
-    if module_shares_a_product(request.path):
+    :data:`~tests.conftest.RUNYARD_UP_MARK` on a line of its own, the module's one (:func:`_one_test_of`)."""
+    if module_shares_a_product(request.path, (RUNYARD_UP_MARK,)):
         with _one_test_of(request.getfixturevalue("module_runyard_up")) as runyard:
             yield runyard
     else:
@@ -176,7 +171,8 @@ def runyard_up(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Runya
 
 @pytest.fixture(scope="module")
 def module_runyard_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runyard]:
-    """One `runyard up` for the tests of a module that says :data:`SHARED_MARK`."""
+    """One `runyard up` for the tests of a module that says :data:`~tests.conftest.RUNYARD_UP_MARK`
+    (its tests run on one pytest-xdist worker, one after another)."""
     with _runyard_up(tmp_path_factory.mktemp("shared-up")) as runyard:
         yield runyard
 

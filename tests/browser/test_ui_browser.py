@@ -153,6 +153,9 @@ def test_new_run_from_the_form_trains_to_succeeded_with_charts(page: Any, runyar
     show_section(page, "Attempts & logs")
     logs = page.get_by_test_id("stSelectbox").filter(has_text="Log")  # one log at a time: rank 0's first
     expect(page.locator(".runyard-log").filter(has_text="rank0 INFO").first).to_be_visible(timeout=PAGE_TIMEOUT_MS)
+    # Click once the section is drawn and idle, as a person clicks what they see: a click that
+    # lands while the section is being redrawn opened nothing (CI 19, on a slow machine).
+    wait_settled(page)
     logs.click()
     for name in ("rank 0", "rank 1", "launcher"):
         expect(page.get_by_role("option", name=name, exact=True)).to_be_visible()

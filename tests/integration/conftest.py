@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from tests import databases
-from tests.conftest import module_shares_a_product, training_processes
+from tests.conftest import SCHEDULER_MARK, module_shares_a_product, training_processes
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "digits.toml"
@@ -229,16 +229,11 @@ def running_product(home: Path, db_url: str | None = None) -> Iterator[Product]:
                     proc.kill()
 
 
-# A module that says this on a line of its own runs its tests on one pytest-xdist worker, one after
-# another, on one installation and one scheduler (tests/conftest.py: module_shares_a_product).
-SHARED_MARK = "SHARES_ONE_SCHEDULER = True"
-
-
 @pytest.fixture
 def product(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Product]:
-    """The test's own installation in tmp_path; in a module that says :data:`SHARED_MARK`, the
-    module's (:func:`_one_test_of`)."""
-    if module_shares_a_product(request.path):
+    """The test's own installation in tmp_path; in a module that says
+    :data:`~tests.conftest.SCHEDULER_MARK` on a line of its own, the module's (:func:`_one_test_of`)."""
+    if module_shares_a_product(request.path, (SCHEDULER_MARK,)):
         with _one_test_of(request.getfixturevalue("module_product")) as p:
             yield p
     else:
@@ -248,7 +243,8 @@ def product(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Product]
 
 @pytest.fixture(scope="module")
 def module_product(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Product]:
-    """One installation, and at most one scheduler at a time, for a module's tests."""
+    """One installation, and at most one scheduler at a time, for a module's tests (they run on one
+    pytest-xdist worker, one after another)."""
     with running_product(tmp_path_factory.mktemp("shared") / "home") as p:
         p.shared = True
         yield p
