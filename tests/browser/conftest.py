@@ -17,6 +17,7 @@ import re
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -178,8 +179,6 @@ def module_runyard_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runy
 
 
 def _run_ids(runyard: Runyard) -> set[int]:
-    import sqlite3
-
     db = runyard.home / "runyard.db"
     if not db.exists():
         return set()
