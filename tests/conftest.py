@@ -22,6 +22,7 @@ import os
 import shutil
 import signal
 import sqlite3
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -271,6 +272,15 @@ def training_processes(home: Path) -> list[psutil.Process]:
         except (psutil.Error, OSError):
             continue
     return found
+
+
+def wait_training_gone(home: Path, what: str, timeout_s: float = 60.0) -> None:
+    """Wait until no training process of ``home`` is left (:func:`training_processes`); fail
+    saying ``what`` was expected to end them otherwise."""
+    deadline = time.monotonic() + timeout_s
+    while training_processes(home) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not training_processes(home), f"{what}, and processes of its runs are still there after {timeout_s:.0f} s"
 
 
 def kill_processes_of(home: Path) -> int:

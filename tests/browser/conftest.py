@@ -32,7 +32,7 @@ import psutil
 import pytest
 
 from db.states import TERMINAL, RunStatus
-from tests.conftest import RUNYARD_UP_MARK, module_shares_a_product, training_processes
+from tests.conftest import RUNYARD_UP_MARK, module_shares_a_product, wait_training_gone
 
 STARTUP_TIMEOUT_S = 60.0
 CHROMIUM_ARGS = [
@@ -198,10 +198,7 @@ def _one_test_of(runyard: Runyard) -> Iterator[Runyard]:
     active = [r["id"] for r in runyard.cli("ls") if r["id"] in left and RunStatus(r["status"]) not in TERMINAL]
     for run_id in active:
         runyard.cli("cancel", str(run_id))
-    deadline = time.monotonic() + 60
-    while training_processes(runyard.home) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not training_processes(runyard.home), f"runs {active}, cancelled after the test, still have processes"
+    wait_training_gone(runyard.home, f"runs {active} were cancelled after the test")
 
 
 def _missing(why: str) -> None:

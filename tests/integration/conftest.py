@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from tests import databases
-from tests.conftest import SCHEDULER_MARK, module_shares_a_product, training_processes
+from tests.conftest import SCHEDULER_MARK, module_shares_a_product, wait_training_gone
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "digits.toml"
@@ -274,10 +274,7 @@ def _one_test_of(product: Product) -> Iterator[Product]:
     active = [run_id for run_id, status in runs().items() if run_id not in before and RunStatus(status) not in TERMINAL]
     for run_id in active:
         product.cli("cancel", str(run_id))
-    deadline = time.monotonic() + 60
-    while training_processes(product.home) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not training_processes(product.home), f"runs {active}, cancelled after the test, still have processes"
+    wait_training_gone(product.home, f"runs {active} were cancelled after the test")
 
 
 @pytest.fixture
