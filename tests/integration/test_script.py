@@ -79,7 +79,7 @@ def test_failing_plain_script_is_retried_then_fails(product: Product) -> None:
 def test_missing_script_is_refused_at_submit(product: Product) -> None:
     config = product.home / "bad.toml"
     config.write_text('[workload]\nkind = "script"\nscript = "does/not/exist.py"\n')
-    before = sorted(row[0] for row in product.query("SELECT id FROM runs"))  # the module's earlier tests' runs
+    before = sorted(r["id"] for r in json.loads(product.cli("ls", "--json").stdout))  # the module's earlier runs
     result = product.cli("submit", str(config), check=False)
     assert result.returncode == 2
     assert "workload.script = 'does/not/exist.py': no such file" in result.stderr
