@@ -59,13 +59,12 @@ from sqlalchemy.orm import Session
 from db.file_versions import CopyRefused, copy_verified, is_version
 from db.models import Attempt, Checkpoint, Event, MetricPoint, Run
 from db.requests import PREEXISTING, SCRIPT_SOURCE, checkpoints_dir, keep_copy, newest_intact, workdir_of
-from orchestrator.scripts.checkpoint_finder import CheckpointFile
+from orchestrator.scripts.checkpoint_finder import ZIP_MAGIC, CheckpointFile
 
 logger = logging.getLogger(__name__)
 
 SCRIPT = SCRIPT_SOURCE
 TRUNCATED = "truncated (no zip end record)"
-ZIP_MAGIC = b"PK\x03\x04"
 ZIP_SUFFIXES = (".zip",)
 
 

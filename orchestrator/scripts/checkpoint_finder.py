@@ -47,7 +47,7 @@ MAX_MATCHES = 1000  # files one pattern may match; more is a pattern that is too
 CHUNK = 8 << 20
 # A file that never stops changing is read as a snapshot at most this often (see the module doc).
 SNAPSHOT_EVERY_S = 30.0
-ZIP_MAGIC = b"PK\x03\x04"
+ZIP_MAGIC = b"PK\x03\x04"  # a zip archive's first bytes (torch.save's format); custody reads it too
 
 
 class CheckpointGlobError(ScriptWatchError):
