@@ -83,11 +83,11 @@ case "$cmd" in
     exec "$VENV/bin/runyard" up "$@"
     ;;
   test)
-    if ! command -v chromium >/dev/null 2>&1 && [ ! -x /usr/bin/chromium ]; then
-      log "installing Chromium for the browser tests"
+    if ! command -v chromium-headless-shell >/dev/null 2>&1 && ! command -v chromium >/dev/null 2>&1; then
+      log "installing Chromium's headless shell for the browser tests"
       SUDO=""; [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null && SUDO="sudo"
-      if ! { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null; }; then
-        log "could not install chromium; browser tests will be skipped"
+      if ! { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium-headless-shell >/dev/null; }; then
+        log "could not install chromium-headless-shell; browser tests will be skipped"
       fi
     fi
     # The whole suite (no arguments, as CI runs it) starts with the checks that keep the house in

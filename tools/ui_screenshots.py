@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 from PIL import Image  # noqa: E402 - after the path: the test helpers below live in the repository
 from playwright.sync_api import sync_playwright  # noqa: E402
 
-from tests.browser.conftest import CHROMIUM_ARGS, _free_port, _runyard_argv, _stop, _wait_healthy  # noqa: E402
+from tests.browser.conftest import CHROMIUM_ARGS, _free_port, _runyard_argv, _stop, _wait_healthy, chromium_binary  # noqa: E402
 from tests.browser.test_ui_browser import wait_settled  # noqa: E402
 
 RUNS = (("digits-lr1e-3", "0.001"), ("digits-lr3e-3", "0.003"))
@@ -60,7 +60,7 @@ def main(out: Path) -> None:
         else:
             raise SystemExit(f"the runs did not succeed in 10 minutes; see {log}")
         with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS)
+            browser = pw.chromium.launch(executable_path=chromium_binary(), headless=True, args=CHROMIUM_ARGS)
             page = browser.new_context(viewport={"width": 1440, "height": 900}, color_scheme="light").new_page()
             page.set_default_timeout(60_000)
             page.goto(login)

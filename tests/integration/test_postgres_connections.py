@@ -61,8 +61,8 @@ def role(proc: psutil.Process | None, product: Product) -> str:
 
 def test_a_run_holds_at_most_one_connection_from_rank_0_only(tmp_path: Path, pg_url: str) -> None:
     with running_product(tmp_path / "home", pg_url) as product:
-        product.env["RUNYARD_FAULT_STEP_DELAY_S"] = "0.01"  # a few seconds of training to watch
-        run_id = product.submit("train.max_steps=600", "train.log_every=5", "name=connections")
+        product.env["RUNYARD_FAULT_STEP_DELAY_S"] = "0.05"  # a few seconds of training to watch, mostly asleep
+        run_id = product.submit("train.max_steps=150", "train.log_every=5", "name=connections")
         product.start_scheduler()
         product.wait_step(run_id, 50, timeout=180)
         samples: list[Counter[str]] = []

@@ -71,7 +71,10 @@ def test_cancel_stops_every_rank(product: Product) -> None:
 
 
 def test_scheduler_killed_mid_run_is_readopted(product: Product) -> None:
-    run_id = product.submit("train.max_steps=1500", "name=readopt")
+    # Paced, not long: about 8 s of a run alive across the restart, asleep between steps rather
+    # than burning the cores that the other tests' ranks share (1,500 unpaced steps did).
+    product.env["RUNYARD_FAULT_STEP_DELAY_S"] = "0.025"
+    run_id = product.submit("train.max_steps=300", "name=readopt")
     first = product.start_scheduler()
     product.wait_for(run_id, lambda d: d["status"] == "RUNNING" and d["step"] >= 50, timeout=120)
     first.send_signal(signal.SIGKILL)

@@ -72,7 +72,7 @@ def test_another_local_account_cannot_run_code_join_or_disturb_a_run(product: Pr
     if os.geteuid() != 0 or shutil.which("runuser") is None or shutil.which("setpriv") is None:
         pytest.skip("acting as another local account needs root and util-linux's runuser/setpriv")
     # Paced steps, so the run trains through the attack and the agent's keep-alives after it.
-    product.env["RUNYARD_FAULT_STEP_DELAY_S"] = "0.05"
+    product.env["RUNYARD_FAULT_STEP_DELAY_S"] = "0.1"
     run_id = product.submit("train.max_steps=1000000", "train.log_every=1", "train.eval_every=1000000",
                             "name=store-attack")
     product.start_scheduler()
