@@ -31,7 +31,8 @@ echo "start restart=${SLURM_RESTART_COUNT:-none}"
 srun --ntasks-per-node=1 -N "$SLURM_JOB_NUM_NODES" bash -c '
   trap "echo task USR2 >> $0/events" USR2
   trap "echo task TERM >> $0/events; exit 143" TERM
-  env | grep "^SLURM_" | sort > "$0/task.$SLURM_NODEID.env"
+  env | grep "^SLURM_" | sort > "$0/.task.$SLURM_NODEID.env"
+  mv "$0/.task.$SLURM_NODEID.env" "$0/task.$SLURM_NODEID.env"  # whole when it appears: the tests wait for it
   while :; do sleep 0.1; done' "$out" &
 step=$!
 while :; do wait "$step"; rc=$?; kill -0 "$step" 2>/dev/null || break; done
