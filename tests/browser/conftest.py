@@ -46,11 +46,9 @@ def chromium_binary() -> str | None:
     itself runs for headless pages), else the full browser. The same Blink renders the page; the
     shell has no browser window to composite and took about 20% less CPU over the Run page and
     chart tests (BENCHMARKS.md, "The test suite")."""
-    for name in ("chromium-headless-shell", "chromium", "chromium-browser"):
-        for found in (f"/usr/bin/{name}", shutil.which(name)):
-            if found and Path(found).is_file():
-                return found
-    return None
+    search = os.pathsep.join([os.environ.get("PATH", ""), "/usr/bin"])
+    return next((found for name in ("chromium-headless-shell", "chromium", "chromium-browser")
+                 if (found := shutil.which(name, path=search))), None)
 
 
 def _free_port() -> int:
