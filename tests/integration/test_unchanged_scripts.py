@@ -120,7 +120,9 @@ def test_tensorboard_tags_and_protocol_total_and_a_stack_dump_that_stops_nothing
     run_id = submit(product, "plain", {"script": str(SCRIPTS / "plain_metrics.py"), "workdir": str(workdir),
                                        "args": ["--steps", str(steps), "--sleep", "0.1"]})
     product.start_scheduler()
-    running = product.wait_for(run_id, lambda d: d["status"] in TERMINAL or d["step"] >= 5)
+    # The steps of the TensorBoard file can be read before the RUNYARD line at step 5 that gives
+    # the total: wait for both.
+    running = product.wait_for(run_id, lambda d: d["status"] in TERMINAL or (d["step"] >= 5 and d["max_steps"]))
     assert running["status"] == "RUNNING", running["status_reason"]
     # The RUNYARD line's total is the progress total (the config gave none).
     assert running["max_steps"] == steps and 0 < running["progress"] < 1
