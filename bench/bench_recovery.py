@@ -1,6 +1,8 @@
 """Recovery time after one rank is SIGKILLed, and goodput under a kill every minute.
 
-    .venv/bin/python bench/bench_recovery.py [--injections 10] [--goodput-minutes 3] [--seed 0]
+    .venv/bin/python bench/bench_recovery.py [--injections 10] [--goodput-minutes 3] [--seed 0] [--set K=V]
+
+``--set launch.warm_start=false`` (any config override, repeatable) times ranks started cold.
 
 Each part uses a fresh data folder (a temporary RUNYARD_HOME), a real `runyard scheduler`
 subprocess and `runyard submit` of examples/digits.toml with a huge train.max_steps,
@@ -74,6 +76,7 @@ OVERRIDES = (
     "retry.backoff_s=0",
     "retry.backoff_max_s=0",
 )
+EXTRA: list[str] = []  # --set
 ACTIVE = ("QUEUED", "STARTING", "RUNNING", "RETRYING", "CANCELLING", "PAUSING")
 COMPONENTS = ("detect", "relaunch", "resume", "total")
 TARGET_MEDIAN_S, TARGET_P95_S = 8.0, 15.0
@@ -127,7 +130,7 @@ class Product:
     def start(self, *overrides: str) -> int:
         self.cli("db", "upgrade")
         args = ["submit", str(EXAMPLE)]
-        for item in (*OVERRIDES, *overrides):
+        for item in (*OVERRIDES, *EXTRA, *overrides):
             args += ["--set", item]
         run_id = int(self.cli(*args).strip())
         self._log = open(self.home / "scheduler.log", "ab")  # noqa: SIM115 - the scheduler's log, open for its life
@@ -454,7 +457,10 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tree", type=Path, help="time runyard from this checkout instead (the code before a change: "
                         "git archive COMMIT | tar -x -C DIR); its scheduler and ranks import DIR")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override for the runs (repeatable): launch.warm_start=false")
     args = parser.parse_args()
+    EXTRA.extend(args.set)
     signal.signal(signal.SIGTERM, _interrupt)
     rand = random.Random(args.seed)
     summary: dict[str, Any] = {"seed": args.seed}

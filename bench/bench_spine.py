@@ -1,7 +1,11 @@
 """Submit-to-first-step and submit-to-SUCCEEDED of the default 2-rank mlp-digits run, each beside
 the floor: a bare torchrun start of the same DDP step (bench/floor.py).
 
-    .venv/bin/python bench/bench_spine.py [--runs 5]
+    .venv/bin/python bench/bench_spine.py [--runs 5] [--cold]
+
+``--cold`` runs each repetition a second time with ``launch.warm_start = false`` (every rank a
+fresh interpreter, trainer/agent/warm.py), side by side, and prints both; ``cpu`` is the machine's busy
+CPU-seconds from submit to SUCCEEDED (/proc/stat), the rest of the machine being idle.
 
 Each repetition uses a fresh data folder, a real `runyard scheduler` and `runyard submit` of
 examples/digits.toml; times come from the database (run created_at, the attempt's
@@ -35,7 +39,14 @@ ROOT = Path(__file__).resolve().parents[1]
 TARGET_RATIO = 1.15
 
 
-def one_run(home: Path) -> dict[str, float]:
+def busy_cpu_s() -> float:
+    """The machine's CPU-seconds spent outside idle and iowait since boot (/proc/stat)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def one_run(home: Path, config: Path) -> dict[str, float]:
     env = dict(os.environ, RUNYARD_HOME=str(home))
     env.pop("RUNYARD_DB_URL", None)
     runyard = [sys.executable, "-m", "orchestrator"]
@@ -43,8 +54,8 @@ def one_run(home: Path) -> dict[str, float]:
     sched = subprocess.Popen([*runyard, "scheduler"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         time.sleep(2.0)  # let the scheduler come up: we time the run, not the scheduler's start
-        cli_started = time.time()
-        out = subprocess.run([*runyard, "submit", str(ROOT / "examples" / "digits.toml")], env=env, check=True,
+        cli_started, cpu_started = time.time(), busy_cpu_s()
+        out = subprocess.run([*runyard, "submit", str(config)], env=env, check=True,
                              capture_output=True, text=True).stdout
         run_id = int(out.strip())
         deadline = time.monotonic() + 300
@@ -63,7 +74,8 @@ def one_run(home: Path) -> dict[str, float]:
                 attempt = {"started_at": launched, "first_step_at": first, "phase_marks": marks_from_json(marks)}
                 phases = {p["phase"]: p["seconds"] for p in attempt_phases(attempt, None) or []}
                 print("  phases: " + "  ".join(f"{k} {v:.2f}" for k, v in phases.items()), flush=True)
-                return {"cli_to_created": created - cli_started, "submit_to_launch": launched - created,
+                return {"cpu": busy_cpu_s() - cpu_started, "cli_to_created": created - cli_started,
+                        "submit_to_launch": launched - created,
                         "submit_to_first_step": first - created, "cli_to_first_step": first - cli_started,
                         "submit_to_succeeded": ended - created}
             time.sleep(0.2)
@@ -76,16 +88,28 @@ def one_run(home: Path) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--cold", action="store_true", help="each repetition also with launch.warm_start = false")
     args = parser.parse_args()
-    results = []
-    for i in range(args.runs):
-        with tempfile.TemporaryDirectory(prefix="runyard-bench-") as tmp:
-            r = one_run(Path(tmp))
+    digits = ROOT / "examples" / "digits.toml"
+    results, colds = [], []
+    with tempfile.TemporaryDirectory(prefix="runyard-bench-") as tmp:
+        cold_config = Path(tmp) / "digits-cold.toml"
+        cold_config.write_text(digits.read_text().replace("[launch]\n", "[launch]\nwarm_start = false\n"))
+        for i in range(args.runs):
+            with tempfile.TemporaryDirectory(prefix="runyard-bench-") as home:
+                r = one_run(Path(home), digits)
+            if args.cold:
+                with tempfile.TemporaryDirectory(prefix="runyard-bench-") as home:
+                    colds.append(one_run(Path(home), cold_config))
+                print(f"run {i + 1} cold: " + ", ".join(f"{k} {v:.2f} s" for k, v in colds[-1].items()), flush=True)
             r["floor"] = floor_start(2)  # side by side, the scheduler stopped
             r["ratio"] = r["cli_to_first_step"] / r["floor"]
             results.append(r)
             print(f"run {i + 1}: " + ", ".join(f"{k} {v:.2f} s" for k, v in r.items()), flush=True)
     medians = {k: statistics.median(r[k] for r in results) for k in results[0]}
+    if colds:
+        cold = {k: statistics.median(r[k] for r in colds) for k in colds[0]}
+        print("median cold: " + ", ".join(f"{k} {v:.2f} s" for k, v in cold.items()))
     print("median: " + ", ".join(f"{k} {v:.2f} s" for k, v in medians.items()))
     ratio = medians["cli_to_first_step"] / medians["floor"]
     print(f"runyard submit -> first step {medians['cli_to_first_step']:.2f} s, bare torchrun {medians['floor']:.2f} s: "

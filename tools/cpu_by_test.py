@@ -27,11 +27,13 @@ import psutil
 
 def kind(argv: list[str]) -> str:
     line = " ".join(argv)
-    if "trainer.torchrun" in line and "orchestrator.executors.shim" in line:
+    if "trainer.agent.torchrun" in line and "orchestrator.executors.shim" in line:
         return "shim"
-    if "trainer.torchrun" in line:
+    if "trainer.agent.torchrun" in line:
         return "agent"
-    if "-m trainer" in line or "trainer.script_runner" in line:
+    if "trainer.script_runner" in line:
+        return "rank:script"
+    if "-m trainer" in line:
         return "rank"
     if "orchestrator scheduler" in line:
         return "scheduler"

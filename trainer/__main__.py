@@ -22,6 +22,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from db.states import AttemptPhase
 from db.vocabulary.config import config_from_json
 from trainer import pdeathsig
+from trainer.agent.warm import started_warm
 from trainer.context import context_from_env
 
 logger = logging.getLogger("trainer")
@@ -65,8 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     run = init(config=config, marks={"imported": imported, "joined": time.time()})
     if joining is not None:
         joining.close()
-    logger.info("run %s attempt %s: rank %d/%d on %s (%s)",
-                ctx.run_id, ctx.attempt, run.rank, run.world_size, run.device, run.info.backend)
+    started = "started warm (forked from torchrun's agent)" if started_warm() else "started cold (a fresh interpreter)"
+    logger.info("run %s attempt %s: rank %d/%d on %s (%s), %s", ctx.run_id, ctx.attempt, run.rank, run.world_size,
+                run.device, run.info.backend, started)
     try:
         run.reporter.phase(AttemptPhase.SETUP)  # shown on the Run page until the first step
         if delay := faults.setup_delay_s():

@@ -76,7 +76,7 @@ def key_prefix(secret: str) -> str:
 
 def ensure_secret(nnodes: int) -> str:
     """The secret of this agent's attempt, made here when this is a run of one node started
-    without one (``python -m trainer.torchrun`` by hand): every process of it descends from this
+    without one (``python -m trainer.agent.torchrun`` by hand): every process of it descends from this
     agent and inherits it. A run of several nodes cannot agree on one made here.
 
     Raises:

@@ -71,7 +71,7 @@ STEP_DIR = re.compile(r"step-(0|[1-9][0-9]*)")
 # -- an attempt's folder ---------------------------------------------------------------------
 LAUNCH_RECORD = "launch.json"
 EXIT_FILE = "exit.json"
-FAILURE_FILE = "failure.json"  # the agent's first sight of a failed rank (trainer/torchrun.py)
+FAILURE_FILE = "failure.json"  # the agent's first sight of a failed rank (trainer/agent/torchrun.py)
 LAUNCHER_LOG = "launcher.log"
 RANK_LOG_DIR = "ranks"
 RANK_MAP_FILE = "ranks.json"  # beside torchrun's local-rank log folders: {"<local rank>": <global rank>}

@@ -34,8 +34,9 @@ RECOVERY_PHASES: tuple[tuple[str, str, str], ...] = (
     ("relaunch", "launched", "retry policy, backoff and sweep, the next attempt's row"),
 )
 STARTUP_PHASES: tuple[tuple[str, str, str], ...] = (
-    ("launch", "spawned", "the shim and torchrun's agent start, rendezvous and spawn the ranks"),
-    ("import", "imported", "the rank's interpreter starts and imports torch"),
+    ("launch", "spawned", "the shim and torchrun's agent start, rendezvous and spawn the ranks (a warm start: "
+                          "the agent imports torch and the trainer first)"),
+    ("import", "imported", "the rank's interpreter starts and imports torch (a warm start: reads its config)"),
     ("rendezvous", "joined", "the ranks form the process group"),
     ("data", "data", "the data is loaded and the model built"),
     ("checkpoint", "checkpoint", "the checkpoint is verified and loaded"),

@@ -217,6 +217,9 @@ class RankEnv(_RunyardVariables):
     rdzv_secret: SecretStr | None = Field(
         None, description="The key of torchrun's rendezvous store, new for each attempt (never on a command line); "
         "runyard's torchrun wrapper reads it.")
+    warm_room: str | None = Field(
+        None, description="Blanks in the environment of torchrun's agent, room for the ranks' larger environment "
+        "when they are forked from it (`launch.warm_start`); the ranks drop it.")
     wandb_shim: Literal["0", "1"] | None = Field(
         None, description="Set by you: `\"1\"` in `[workload.env]` makes `import wandb` in the ranks find "
         "runyard's stand-in (see wandb above).")

@@ -15,8 +15,10 @@ import psutil
 from db.vocabulary.config import RunConfig
 from db.vocabulary.layout import EXIT_FILE, LAUNCHER_LOG, RANK_LOG_DIR
 from orchestrator.executors.ports import rendezvous_port
+from trainer.agent.warm import WARM_OPTION
+from trainer.agent.warm import room as warm_room
 
-# Every socket of a run on this machine listens here (trainer/torchrun.py).
+# Every socket of a run on this machine listens here (trainer/agent/torchrun.py).
 LOOPBACK = "127.0.0.1"
 # The runner of a script under another interpreter (workload.python), started by its path.
 SCRIPT_RUNNER = Path(__file__).resolve().parents[2] / "trainer" / "script_runner.py"
@@ -46,7 +48,7 @@ def torchrun_argv(config: RunConfig, run_id: int, attempt: int, port: int, attem
     are off. Each rank's stdout/stderr goes to its own file under ``attempt_dir/ranks``, and
     torchrun writes each failed rank's error file there too.
 
-    torchrun runs through trainer/torchrun.py, which binds every socket of the run (torchrun's
+    torchrun runs through trainer/agent/torchrun.py, which binds every socket of the run (torchrun's
     stores, gloo's and NCCL's) to loopback: nothing of a run on this machine is reachable from
     another host. ``--local-addr`` is the address the workers are told to reach the agent's store
     at (MASTER_ADDR); by default torchrun would use the host's name, which may not be loopback.
@@ -62,7 +64,13 @@ def torchrun_argv(config: RunConfig, run_id: int, attempt: int, port: int, attem
     """
     return torchrun_command(nnodes=config.launch.nnodes, nproc_per_node=config.launch.nproc_per_node,
                             endpoint=f"{LOOPBACK}:{port}", rdzv_id=rdzv_id(run_id, attempt), node=node,
-                            attempt_dir=attempt_dir, entry=entry_argv(config, resuming))
+                            attempt_dir=attempt_dir, entry=entry_argv(config, resuming), warm=warm_start(config))
+
+
+def warm_start(config: RunConfig) -> bool:
+    """Whether the ranks are forked from torchrun's agent with torch imported (trainer/agent/warm.py):
+    the built-in workloads, unless ``launch.warm_start = false``."""
+    return config.launch.warm_start and config.workload.kind != "script"
 
 
 def rdzv_id(run_id: int, attempt: int) -> str:
@@ -76,19 +84,22 @@ def entry_argv(config: RunConfig, resuming: bool = False) -> list[str]:
 
 
 def torchrun_command(*, nnodes: int, nproc_per_node: int, endpoint: str, rdzv_id: str, node: int,
-                     attempt_dir: Path, entry: list[str], loopback: bool = True) -> list[str]:
-    """torchrun's argv for one node's agent, through trainer/torchrun.py.
+                     attempt_dir: Path, entry: list[str], loopback: bool = True, warm: bool = False) -> list[str]:
+    """torchrun's argv for one node's agent, through trainer/agent/torchrun.py.
 
     Args:
         endpoint: ``host:port`` of the c10d rendezvous (node 0 hosts it).
         loopback: Every node is on this machine (a local run, a one-node Slurm job): every socket
             on loopback. False: a job across hosts, whose sockets must be reachable
             (``--network=cluster``); the agents then tell the workers their host's name.
+        warm: Fork the ranks from the agent with torch imported (``--warm-ranks``); the agent's
+            environment must then carry :func:`trainer.agent.warm.room` (:func:`agent_env` adds it).
     """
     log_dir = attempt_dir / RANK_LOG_DIR if nnodes == 1 else attempt_dir / RANK_LOG_DIR / f"node-{node}"
     return [
-        sys.executable, "-m", "trainer.torchrun",
+        sys.executable, "-m", "trainer.agent.torchrun",
         *([] if loopback else ["--network=cluster"]),
+        *([WARM_OPTION] if warm else []),
         f"--nnodes={nnodes}",
         f"--nproc-per-node={nproc_per_node}",
         "--rdzv-backend=c10d",
@@ -154,6 +165,12 @@ def rank_env(config: RunConfig, environ: Mapping[str, str], cores: int | None = 
         merged = with_wandb_shim({**environ, **env, WANDB_SHIM_VAR: "1"})
         env["PYTHONPATH"] = merged["PYTHONPATH"]
     return env
+
+
+def agent_env(config: RunConfig, env: Mapping[str, str]) -> dict[str, str]:
+    """The environment of the attempt's processes (``env``), with room for the ranks' larger
+    environment in the agent's memory where the ranks start warm (trainer/agent/warm.py)."""
+    return {**env, **(warm_room() if warm_start(config) else {})}
 
 
 def launch(

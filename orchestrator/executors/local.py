@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 from db.models import Attempt, Run
 from db.vocabulary.config import RunConfig, config_from_json
 from orchestrator.executors.base import LaunchRequest, Liveness, Observation
-from orchestrator.executors.launcher import launch, torchrun_argv
+from orchestrator.executors.launcher import agent_env, launch, torchrun_argv
 from orchestrator.executors.processes import end_processes, is_alive, rank_processes, read_exit, signal_attempt
 from orchestrator.executors.stacks import StackDump, dump_stacks
 from orchestrator.executors.sweeper import Sweeper
@@ -68,7 +68,8 @@ class LocalExecutor:
                                   request.attempt_dir, resuming=request.resuming)
         argv: list[str] | list[list[str]] = (
             build() if nnodes == 1 else [build(node=node) for node in range(nnodes)])  # type: ignore[call-arg]
-        launched = launch(argv, request.attempt_dir, request.cwd, request.env, grace_s=config.supervision.grace_s)
+        launched = launch(argv, request.attempt_dir, request.cwd, agent_env(config, request.env),
+                          grace_s=config.supervision.grace_s)
         if faults.exit_after_launch():
             # Tests only: die where a crash leaves the attempt row with pid IS NULL.
             logger.warning("RUNYARD_FAULT_EXIT_AFTER_LAUNCH: exiting before committing pid %d", launched.pid)

@@ -14,7 +14,7 @@ def rank_log_files(attempt_dir: Path) -> dict[int, list[Path]]:
     torchrun's layout is ``ranks/<rdzv>_<random>/attempt_<k>/<local_rank>/std{out,err}.log`` for
     one node, and the same under ``ranks/node-<n>/`` for each node of a multi-node run (one
     torchrun agent each). Folders are named by local rank; the ``ranks.json`` that
-    trainer/torchrun.py writes beside them says which global rank each one is. Without it (a run
+    trainer/agent/torchrun.py writes beside them says which global rank each one is. Without it (a run
     from before, or an agent killed before it wrote it) a single node's local rank is the global
     rank, and another node's folder is left out rather than shown under the wrong rank.
     """

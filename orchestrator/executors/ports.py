@@ -3,7 +3,7 @@
 The scheduler picks the port and torchrun's agent binds it seconds later (after importing torch).
 A port taken from the kernel's ephemeral range (``bind(host, 0)``) can be handed meanwhile to any
 other process's outgoing connection or ``bind(0)``: another process on the machine got one in
-CI, and the agent, which never joins a store it did not start (trainer/torchrun.py), failed the
+CI, and the agent, which never joins a store it did not start (trainer/agent/torchrun.py), failed the
 attempt with "Address already in use". Below that range the kernel assigns nothing
 on its own, so only a process that asks for the very port can take it; torch's own defaults
 (29400, 29500), which a person's bare torchrun may use, are left alone.

@@ -70,7 +70,7 @@ def _last_checkpoint(session: Session, attempt: Attempt) -> int | None:
 
 
 def first_failure_at(attempt_dir: Path) -> float | None:
-    """When torchrun's agent first saw a rank fail (``failure.json``, trainer/torchrun.py), or None."""
+    """When torchrun's agent first saw a rank fail (``failure.json``, trainer/agent/torchrun.py), or None."""
     try:
         return float(json.loads(AttemptPaths(attempt_dir).failure_file.read_text())["at"])
     except (OSError, ValueError, KeyError, TypeError):

@@ -68,6 +68,7 @@ INERT_FIELDS: dict[str, str] = {
     "name": "text matching a pattern; shown only",
     "tags": "labels; shown only",
     "workload.kind": "one of three names; a script run's target is guarded by script or module",
+    "launch.warm_start": "a switch: how the built-in ranks start; names nothing",
     "workload.args": ("words after the script or module in the ranks' argv, never an option of python or "
                       "torchrun: what they can make the target do is bounded by the target's rule"),
     "workload.resume_args": "like args",

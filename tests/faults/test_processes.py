@@ -49,11 +49,11 @@ def run_processes(run_dir: str, attempt: int | None = None) -> list[psutil.Proce
 
 
 def agent_of(run_dir: str, attempt: int) -> psutil.Process:
-    """torchrun's agent of one attempt (the launcher runs torchrun as ``-m trainer.torchrun``)."""
+    """torchrun's agent of one attempt (the launcher runs torchrun as ``-m trainer.agent.torchrun``)."""
     for proc in run_processes(run_dir, attempt):
         try:
             argv = proc.cmdline()
-            if ("trainer.torchrun" in argv and "orchestrator.executors.shim" not in argv
+            if ("trainer.agent.torchrun" in argv and "orchestrator.executors.shim" not in argv
                     and "LOCAL_RANK" not in proc.environ()):
                 return proc
         except psutil.Error:

@@ -12,6 +12,7 @@ flipped byte and a missing manifest are each refused with an event, and the resu
 from __future__ import annotations
 
 import json
+import re
 import signal
 from pathlib import Path
 
@@ -38,6 +39,16 @@ def losses(product: Product, run_id: int, attempt: int) -> dict[tuple[int, int],
     return {(rank, step): value for rank, step, value in rows}
 
 
+def rank_starts(run_dir: str, attempt: int = 1) -> list[str]:
+    """How each rank of the attempt says it started, from its log: "warm" (forked from torchrun's
+    agent, trainer/agent/warm.py) or "cold" (a fresh interpreter)."""
+    found = []
+    for log in sorted(Path(run_dir).glob(f"attempts/{attempt}/ranks/**/stdout.log")):
+        said = re.search(r"started (warm|cold)", log.read_text())
+        found.append(said.group(1) if said else "?")
+    return found
+
+
 def final_digest(detail: dict) -> str:
     finals = [c for c in detail["checkpoints"] if c["step"] == detail["max_steps"] and not c["deleted"]]
     return finals[-1]["params_digest"]
@@ -52,6 +63,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict[tupl
             product.start_scheduler()
             detail = product.wait_status(run_id, "SUCCEEDED", "FAILED")
             assert detail["status"] == "SUCCEEDED", detail["status_reason"]
+            detail["rank_starts"] = rank_starts(detail["run_dir"])
             return detail, [(rank, step, value) for (rank, step), value in losses(product, run_id, 1).items()]
 
     detail, rows = shared_result(tmp_path_factory, "test_resume-reference", run)
@@ -98,6 +110,21 @@ def test_sigkill_mid_epoch_then_resume_is_bit_identical(any_product: Product, re
     assert 118 <= killed_at < 150, killed_at  # not a checkpoint step
     assert 100 % 11 != 0  # the resume point is mid-epoch (11 batches per epoch per rank)
     resume_and_compare(product, run_id, reference, expect_resume_step=100)
+
+
+def test_ranks_started_cold_train_bit_for_bit_as_the_warm_ones(product: Product, reference: tuple[dict, dict]) -> None:
+    """The reference run's ranks were forked from torchrun's agent with torch imported (the
+    default, ``launch.warm_start``); the same run with every rank a fresh interpreter trains to
+    the same losses on every rank and step, and the same parameters, bit for bit."""
+    ref_detail, ref_losses = reference
+    assert ref_detail["rank_starts"] == ["warm", "warm"]
+    run_id = product.submit(*SETTINGS, "launch.warm_start=false", "name=cold")
+    product.start_scheduler()
+    detail = product.wait_status(run_id, "SUCCEEDED", "FAILED")
+    assert detail["status"] == "SUCCEEDED", detail["status_reason"]
+    assert rank_starts(detail["run_dir"]) == ["cold", "cold"]
+    assert losses(product, run_id, 1) == ref_losses
+    assert final_digest(detail) == final_digest(ref_detail)
 
 
 def test_sigkill_during_an_in_flight_save(product: Product, reference: tuple[dict, dict]) -> None:

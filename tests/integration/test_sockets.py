@@ -1,7 +1,7 @@
 """A run's sockets stay on the machine: every socket that any process of a single-node run
 listens on (the shim, torchrun's agent, every rank, their children) is bound to 127.0.0.1 or ::1.
 
-Before trainer/torchrun.py, torchrun's agent listened on ``::`` (every interface, dual stack)
+Before trainer/agent/torchrun.py, torchrun's agent listened on ``::`` (every interface, dual stack)
 twice: the c10d rendezvous store, whose contents the agent unpickles, and the store it shares
 with the workers. gloo's pair sockets listen wherever the host name resolves, and with
 ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` rank 0 hosted a store on ``::`` as well.

@@ -1,4 +1,4 @@
-"""The launcher's torchrun command and trainer/torchrun.py, which keeps a single-node run's sockets
+"""The launcher's torchrun command and trainer/agent/torchrun.py, which keeps a single-node run's sockets
 on loopback (the whole run is checked in tests/integration/test_sockets.py)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 
 from db.vocabulary.config import parse_config
 from orchestrator.executors.launcher import free_port, torchrun_argv
-from trainer import torchrun
+from trainer.agent import torchrun
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,13 +28,26 @@ def own_listeners() -> set[tuple[str, int]]:
 def test_the_launcher_runs_torchrun_through_the_loopback_entry() -> None:
     config = parse_config({"launch": {"nproc_per_node": 2}})
     argv = torchrun_argv(config, 7, 3, 29511, Path("/tmp/a"))
-    assert argv[:3] == [sys.executable, "-m", "trainer.torchrun"]
+    assert argv[:3] == [sys.executable, "-m", "trainer.agent.torchrun"]
     assert "--rdzv-endpoint=127.0.0.1:29511" in argv and "--local-addr=127.0.0.1" in argv
     # Everything else is torchrun's, as before: one node, no restarts, per-rank logs and redirects.
     assert {"--nnodes=1", "--nproc-per-node=2", "--rdzv-backend=c10d", "--rdzv-id=runyard-7-3", "--max-restarts=0",
             "--log-dir=/tmp/a/ranks", "--redirects=3"} <= set(argv)
     assert argv[-2:] == ["-m", "trainer"]
-    torchrun.check_one_loopback_node(argv[3:])  # the entry accepts what the launcher builds
+    assert argv[3] == "--warm-ranks"  # the built-in trainer's ranks are forked from the agent
+    torchrun.check_one_loopback_node(argv[4:])  # the entry accepts what the launcher builds
+
+
+def test_only_the_built_in_trainer_starts_warm_and_only_its_agent_gets_the_room() -> None:
+    from orchestrator.executors.launcher import agent_env
+    from trainer.agent.warm import ROOM_VARIABLE, WARM_OPTION
+
+    built_in, cold = parse_config({}), parse_config({"launch": {"warm_start": False}})
+    script = script_config(script="/w/t.py")
+    for config, warm in ((built_in, True), (cold, False), (script, False)):
+        argv = torchrun_argv(config, 7, 3, 29511, Path("/tmp/a"))  # type: ignore[arg-type]
+        assert (WARM_OPTION in argv) is warm
+        assert (ROOM_VARIABLE in agent_env(config, {"A": "1"})) is warm  # type: ignore[arg-type]
 
 
 def test_the_ranks_environment_names_the_loopback_interface() -> None:
@@ -73,7 +86,7 @@ def test_several_nodes_all_on_loopback_are_accepted() -> None:
 
 
 def test_a_refused_command_line_exits_2_before_torchrun_starts() -> None:
-    result = subprocess.run([sys.executable, "-m", "trainer.torchrun", "--nnodes=1", "--rdzv-backend=c10d",
+    result = subprocess.run([sys.executable, "-m", "trainer.agent.torchrun", "--nnodes=1", "--rdzv-backend=c10d",
                              "--rdzv-endpoint=127.0.0.1:1", "--local-addr=10.0.0.1", "-m", "trainer"],
                             capture_output=True, text=True, timeout=60, cwd=ROOT,
                             env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)

@@ -1,6 +1,6 @@
 """torchrun for a run on this machine alone, with every socket it listens on bound to loopback.
 
-Run it exactly as torchrun: ``python -m trainer.torchrun --nnodes=1 ... -m trainer``. The
+Run it exactly as torchrun: ``python -m trainer.agent.torchrun --nnodes=1 ... -m trainer``. The
 scheduler launches every local attempt this way (orchestrator/executors/launcher.py), and so does a Slurm
 job of one node (orchestrator/executors/slurm/node.py). A local run of several nodes starts one such agent
 per node on this machine, all on loopback: the agent of node 0 hosts the rendezvous store
@@ -8,6 +8,8 @@ per node on this machine, all on loopback: the agent of node 0 hosts the rendezv
 
 ``--network=cluster`` as the first argument (a Slurm job across hosts) keeps torchrun's own
 networking: its sockets must then be reachable from the other nodes of the allocation.
+``--warm-ranks`` (first too) imports torch and the trainer in the agent and forks the ranks from
+it (trainer/agent/warm.py).
 
 Either way each rank's log folder is named by its local rank, as torchrun does, and a
 ``ranks.json`` beside them maps local to global ranks (:class:`RankMapLogsSpecs`): with several
@@ -66,6 +68,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRende
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
 from db.vocabulary.layout import FAILURE_FILE, RANK_MAP_FILE
+from trainer.agent import warm as warm_module
 from trainer.lifecycle import exit_without_finalising
 from trainer.store_secret import MissingSecret, ensure_secret, guard_rendezvous_unpickling, prefixed
 
@@ -300,11 +303,15 @@ def main(argv: list[str]) -> None:
     the secret guards its stores all the same. Exceptions from torchrun propagate as under
     ``python -m torch.distributed.run`` (its ``@record`` error summary, exit code 1).
     """
-    network = "loopback"
-    if argv and argv[0].startswith(NETWORK_OPTION):
-        network, argv = argv[0].removeprefix(NETWORK_OPTION), argv[1:]
+    network, warm = "loopback", False
+    while argv and (argv[0].startswith(NETWORK_OPTION) or argv[0] == warm_module.WARM_OPTION):
+        if argv[0] == warm_module.WARM_OPTION:
+            warm = True
+        else:
+            network = argv[0].removeprefix(NETWORK_OPTION)
+        argv = argv[1:]
     if network not in ("loopback", "cluster"):
-        print(f"trainer.torchrun: {NETWORK_OPTION}{network}: expected loopback or cluster", file=sys.stderr)
+        print(f"trainer.agent.torchrun: {NETWORK_OPTION}{network}: expected loopback or cluster", file=sys.stderr)
         sys.exit(2)
     use_rank_map_logs()
     if attempt_dir := os.environ.get("RUNYARD_ATTEMPT_DIR"):
@@ -313,7 +320,7 @@ def main(argv: list[str]) -> None:
         try:
             check_one_loopback_node(argv)
         except NotOneLoopbackNode as exc:
-            print(f"trainer.torchrun: not on loopback: {exc}", file=sys.stderr)
+            print(f"trainer.agent.torchrun: not on loopback: {exc}", file=sys.stderr)
             sys.exit(2)
         # The agent's workers inherit the agent's environment (plus torchrun's own variables).
         os.environ.update(loopback_environment(loopback_interface()))
@@ -321,8 +328,10 @@ def main(argv: list[str]) -> None:
     try:
         guard_stores(run.parse_min_max_nnodes(run.parse_args(argv).nnodes)[1])
     except MissingSecret as exc:
-        print(f"trainer.torchrun: {exc}", file=sys.stderr)
+        print(f"trainer.agent.torchrun: {exc}", file=sys.stderr)
         sys.exit(2)
+    if warm:
+        warm_module.use_warm_ranks()
     run.main(argv)
 
 
