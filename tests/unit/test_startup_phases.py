@@ -4,6 +4,8 @@ phase, and the words a person reads on the Run page and in `runyard show`."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -88,3 +90,15 @@ def test_the_words_for_each_phase() -> None:
     assert startup_text(RunStatus.QUEUED, None, config) is None
     assert startup_text(RunStatus.SUCCEEDED, _a("setup"), config) is None
     assert startup_text(RunStatus.RUNNING, _a("finishing"), config) is None
+
+
+def test_a_process_start_is_read_to_the_tick_not_to_the_boot_second() -> None:
+    """The ``spawned`` mark (the end of the launch phase) is when the rank's process was created:
+    never before the parent started it, never after the child's first line ran. psutil's
+    create_time can be up to a second early (the boot time it adds is in whole seconds)."""
+    code = "import time; t = time.time(); from trainer.sdk import process_started; print(t, process_started())"
+    before = time.time()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[2]).stdout
+    first_line, started = (float(x) for x in out.split())
+    assert before - 0.02 <= started <= first_line  # one clock tick (10 ms) of rounding, no more
