@@ -40,6 +40,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from floor import busy_cpu_s
+
 from trainer.checkpoint import CheckpointManager
 
 _CHUNK = 8 << 20
@@ -168,16 +170,6 @@ def eager_save(manager: CheckpointManager, loop: Loop) -> tuple[float, float]:
 
 def normal_step_s(loop: Loop, n: int = 3) -> float:
     return statistics.median(loop.step() for _ in range(n))
-
-
-def busy_cpu_s() -> float | None:
-    """CPU seconds all processes have used since boot (Linux /proc/stat), or None."""
-    try:
-        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-    except OSError:
-        return None
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 def other_load(busy_before: float | None, own_before: float, wall_before: float) -> str:

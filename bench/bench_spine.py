@@ -31,19 +31,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from floor import floor_start
+from floor import busy_cpu_s, floor_start
 
 from db.vocabulary.phases import attempt_phases, marks_from_json
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_RATIO = 1.15
-
-
-def busy_cpu_s() -> float:
-    """The machine's CPU-seconds spent outside idle and iowait since boot (/proc/stat)."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def one_run(home: Path, config: Path) -> dict[str, float]:
@@ -74,7 +67,9 @@ def one_run(home: Path, config: Path) -> dict[str, float]:
                 attempt = {"started_at": launched, "first_step_at": first, "phase_marks": marks_from_json(marks)}
                 phases = {p["phase"]: p["seconds"] for p in attempt_phases(attempt, None) or []}
                 print("  phases: " + "  ".join(f"{k} {v:.2f}" for k, v in phases.items()), flush=True)
-                return {"cpu": busy_cpu_s() - cpu_started, "cli_to_created": created - cli_started,
+                cpu_ended = busy_cpu_s()
+                cpu = cpu_ended - cpu_started if cpu_ended is not None and cpu_started is not None else float("nan")
+                return {"cpu": cpu, "cli_to_created": created - cli_started,
                         "submit_to_launch": launched - created,
                         "submit_to_first_step": first - created, "cli_to_first_step": first - cli_started,
                         "submit_to_succeeded": ended - created}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import statistics
 import subprocess
@@ -20,6 +21,15 @@ from pathlib import Path
 
 FLOOR_SCRIPT = Path(__file__).resolve().parent / "floor_ddp.py"
 
+
+def busy_cpu_s() -> float | None:
+    """CPU seconds all processes have used since boot (Linux /proc/stat), or None."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 def free_port() -> int:
     with socket.socket() as s:

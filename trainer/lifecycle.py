@@ -82,6 +82,16 @@ def register_stack_dumps(attempt_dir: Path, rank: int) -> IO[str]:
     return out
 
 
+def self_stat(*numbers: int) -> tuple[int, ...]:
+    """Fields of ``/proc/self/stat`` by their number in proc(5) (counted from 1; numeric fields
+    from 4 on), read in one go. Raises OSError, ValueError or IndexError where ``/proc`` does not
+    say (not Linux, an old kernel)."""
+    with open("/proc/self/stat") as f:
+        stat = f.read()
+    fields = stat[stat.rindex(")") + 2:].split()  # from field 3 on: the name may hold spaces
+    return tuple(int(fields[n - 3]) for n in numbers)
+
+
 def exit_without_finalising(main: Callable[[], int | None]) -> NoReturn:
     """Run ``main`` and end the process with its code, without the interpreter's finalisation.
 

@@ -45,7 +45,7 @@ from trainer import distributed, pdeathsig
 from trainer.checkpoint import Checkpointer
 from trainer.context import RunContext, context_from_env
 from trainer.control import ControlChannel
-from trainer.lifecycle import STOP_FLAG, StopSignal, register_stack_dumps, write_finished, write_stopped
+from trainer.lifecycle import STOP_FLAG, StopSignal, register_stack_dumps, self_stat, write_finished, write_stopped
 from trainer.monitoring import Monitor
 from trainer.reporter import MetricReporter
 
@@ -355,9 +355,7 @@ def process_started() -> float:
     ``/proc`` does not say.
     """
     try:
-        with open("/proc/self/stat") as f:
-            stat = f.read()
-        ticks = int(stat[stat.rindex(")") + 2:].split()[22 - 3])  # field 22, counted from 1
+        (ticks,) = self_stat(22)  # starttime
         since = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, AttributeError):
         return float(psutil.Process().create_time())

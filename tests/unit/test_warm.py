@@ -63,7 +63,7 @@ if float(sys.argv[2]) > 0:
     with open(f"/proc/{rank.pid}/cmdline", "rb") as f:
         seen["cmdline"] = [w.decode() for w in f.read().split(b"\\0") if w]
     if sys.argv[4] == "term":
-        rank.send_signal(signal.SIGTERM)
+        os.killpg(rank.pid, signal.SIGTERM)  # as torchrun closes a rank: its session
 seen["code"] = rank.wait(30)
 numpy.random.set_state(states[0]); random.setstate(states[1])
 seen["draws"] = [numpy.random.random(), random.random()]  # what the rank would draw had it kept the agent's

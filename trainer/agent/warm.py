@@ -50,9 +50,10 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
+
+from trainer.lifecycle import exit_without_finalising, self_stat
 
 logger = logging.getLogger(__name__)
 
@@ -104,15 +105,11 @@ def encoded_block(items: Sequence[str] | Mapping[str, str]) -> bytes:
     return b"".join(os.fsencode(w) + b"\0" for w in words)
 
 
-def initial_areas(stat: str | None = None) -> tuple[tuple[int, int], tuple[int, int]] | None:
+def initial_areas() -> tuple[tuple[int, int], tuple[int, int]] | None:
     """The address ranges of this process's first arguments and environment (``arg_start``,
     ``arg_end``; ``env_start``, ``env_end``), or None where ``/proc`` does not say (Linux 3.5+)."""
     try:
-        if stat is None:
-            with open("/proc/self/stat") as f:
-                stat = f.read()
-        fields = stat[stat.rindex(")") + 2:].split()  # from field 3 on
-        arg_start, arg_end, env_start, env_end = (int(fields[n - 3]) for n in range(ARG_START_FIELD, ENV_END_FIELD + 1))
+        arg_start, arg_end, env_start, env_end = self_stat(*range(ARG_START_FIELD, ENV_END_FIELD + 1))
     except (OSError, ValueError, IndexError):
         return None
     if not (0 < arg_start <= arg_end <= env_start <= env_end):
@@ -181,8 +178,8 @@ def rank_environment(env: Mapping[str, str]) -> dict[str, str]:
 
 
 class ForkedRank:
-    """What torchrun keeps of a rank started with ``subprocess.Popen`` (``pid``, ``poll``,
-    ``wait``, ``returncode``, ``send_signal``), for a rank forked from the agent."""
+    """What torchrun uses of a rank started with ``subprocess.Popen`` (``pid``, ``poll``, ``wait``,
+    ``returncode``; it signals the rank's session with ``killpg``), for a rank forked from the agent."""
 
     def __init__(self, pid: int, args: Sequence[str]):
         self.pid = pid
@@ -211,15 +208,6 @@ class ForkedRank:
             delay = min(delay * 2, 0.05)
         return code
 
-    def send_signal(self, sig: int) -> None:
-        if self.poll() is None:
-            os.kill(self.pid, sig)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
 
 
 class Forker:
@@ -281,12 +269,14 @@ def fork_rank(args: Sequence[str], env: Mapping[str, str], stdout: Any, stderr: 
 def become_rank(args: Sequence[str], env: Mapping[str, str], stdout: int | None, stderr: int | None,
                 ready: int) -> NoReturn:
     """The forked child: turn into ``python -u -m MODULE ARGS`` with environment ``env``; close
-    ``ready`` once it looks like one from outside. Never returns."""
+    ``ready`` once it looks like one from outside. Never returns: it ends as the trainer does
+    (:func:`~trainer.lifecycle.exit_without_finalising`: exit codes, tracebacks, flushed streams),
+    and nothing, not even KeyboardInterrupt, unwinds into the agent's frames below."""
     global _forked
     _forked = True
     threading.current_thread().name = "MainThread"  # the forking thread is the rank's main thread
-    code = 1
-    try:
+
+    def run() -> int:
         os.setsid()  # torchrun starts every rank in a session of its own
         gc.freeze()  # the agent's objects are never collected here (their destructors are the agent's)
         for fd, target in ((stdout, 1), (stderr, 2)):
@@ -294,29 +284,22 @@ def become_rank(args: Sequence[str], env: Mapping[str, str], stdout: int | None,
                 os.dup2(fd, target)
         cover_inherited_descriptors(keep=ready)
         default_signals()
-        take_environment(rank_environment(env))
-        take_command_line(args)
+        areas = initial_areas()  # cold_reason() checked that both fit
+        if areas is not None:
+            take_environment(rank_environment(env), areas[1])
+            overwrite(areas[0], encoded_block(args))  # /proc/PID/cmdline
         os.close(ready)
         unbuffered_streams()
         fresh_random_state()
         module, rest = args[3], list(args[4:])
         sys.argv, sys.orig_argv = [module, *rest], list(args)
         runpy.run_module(module, run_name="__main__", alter_sys=True)
-        code = 0  # the trainer exits by itself; a module that returns ends as the interpreter would
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        if not isinstance(exc.code, int | None):
-            print(exc.code, file=sys.stderr)
-    except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
-    except BaseException:  # noqa: BLE001 - printed as the interpreter would print it
-        traceback.print_exc()
+        return 0  # the trainer exits by itself; a module that returns ends as the interpreter would
+
+    try:
+        exit_without_finalising(run)
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):  # nothing left to tell
-                stream.flush()
-        os._exit(code)
+        os._exit(1)  # a KeyboardInterrupt or another BaseException: never back into the agent
 
 
 def cover_inherited_descriptors(keep: int = -1) -> None:
@@ -349,24 +332,16 @@ def default_signals() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def take_environment(env: Mapping[str, str]) -> None:
-    """Make ``env`` this process's environment, for libc and for ``/proc/PID/environ``.
+def take_environment(env: Mapping[str, str], area: tuple[int, int]) -> None:
+    """Make ``env`` this process's environment, for libc and for ``/proc/PID/environ`` (whose
+    memory is ``area``).
 
     Every variable is set anew first, so that no pointer of libc's ``environ`` is left into the
     first environment's memory, which is then overwritten (the caller checked that it fits).
     """
     os.environ.clear()
     os.environ.update(env)
-    areas = initial_areas()
-    if areas is not None:
-        overwrite(areas[1], encoded_block(env))
-
-
-def take_command_line(args: Sequence[str]) -> None:
-    """Make ``/proc/PID/cmdline`` say ``args`` (the caller checked that they fit)."""
-    areas = initial_areas()
-    if areas is not None:
-        overwrite(areas[0], encoded_block(args))
+    overwrite(area, encoded_block(env))
 
 
 def overwrite(area: tuple[int, int], data: bytes) -> None:
@@ -398,7 +373,7 @@ def unbuffered_streams() -> None:
         setattr(sys, f"__{name}__", stream)
 
 
-def use_warm_ranks() -> WarmAgent:
+def use_warm_ranks() -> None:
     """Preload the ranks' imports in this agent and make torchrun fork its ranks from it when it
     can (see the module docstring). Called by trainer/agent/torchrun.py before ``run.main``."""
     from torch.distributed.elastic.multiprocessing import api
@@ -422,4 +397,3 @@ def use_warm_ranks() -> WarmAgent:
                                      local_rank_id=local_rank_id, numa_options=numa_options)
 
     api.get_subprocess_handler = get_subprocess_handler
-    return agent
