@@ -9,7 +9,9 @@
 #                                      --durations=25 and a JUnit XML in $RUNYARD_TEST_REPORTS (default
 #                                      .test-reports/), a failing tier stopping the later ones; the
 #                                      both-database tests also run on PostgreSQL when
-#                                      RUNYARD_TEST_POSTGRES_URL is set (.ci/run starts one)
+#                                      RUNYARD_TEST_POSTGRES_URL is set (.ci/run starts one); the
+#                                      frameworks' tests in an environment with transformers and
+#                                      Lightning it installs in .venv-frameworks/
 #   ./dev.sh setup | test-setup        only set up .venv: for `up`, or with the test tools (.ci/run
 #                                      runs it beside its apt-get, then `./dev.sh test`)
 #
@@ -104,6 +106,14 @@ case "$cmd" in
       # mypy (about 25 s of one core from a clean clone) runs beside the unit tier, whose tests
       # leave part of the two cores idle while they wait on their subprocesses; its result is
       # read before any slower tier starts, and a finding stops them as a failed tier does.
+      # The Hugging Face and Lightning environment of tests/integration/test_frameworks.py (about
+      # 45 s of pip, sharing .venv's torch: tests/services/frameworks.sh), installed beside the
+      # unit tier and kept in .venv-frameworks/ for the next run; its tests wait for it.
+      if [ -z "${RUNYARD_TEST_FRAMEWORKS:-}" ]; then
+        log "the frameworks' environment for tests/integration/test_frameworks.py, beside the unit tier (.venv-frameworks/)"
+        eval "$(tests/services/frameworks.sh start .venv-frameworks)"
+        export RUNYARD_TEST_FRAMEWORKS
+      fi
       log "mypy, beside the unit tier (its output: $reports/mypy.txt)"
       "$VPY" -m mypy > "$reports/mypy.txt" 2>&1 & mypy_pid=$!
       mypy_result() {

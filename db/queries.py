@@ -144,7 +144,7 @@ def _run_summary(run: RunLike, attempts: list[AnyRow], written: dict[tuple[int, 
     status = RunStatus(run.status)
     step = lineage_step(status, attempts, resume_step, run.parent_step)
     if status is RunStatus.SUCCEEDED and run.max_steps and abs(step - run.max_steps) == 1:
-        # Done, by a script that numbers its steps from 0 (Lightning's last logged step 2999 of
+        # Done, by a script that numbers its steps from 0 (Lightning's WandbLogger: last step 2999 of
         # 3000) or runs its loop to max_steps inclusive (nanoGPT's 1501 of 1500): shown as complete.
         step = run.max_steps
     eta: float | None

@@ -14,6 +14,15 @@ on rank 0 only).
 
 Default folders: every ``runs/``, ``lightning_logs/`` or ``tb/`` under the working directory (a
 few levels deep, skipping hidden folders and virtual environments).
+
+Steps are counted as runyard counts them, step N being the Nth optimizer step, which is how
+``SummaryWriter`` scripts, the Hugging Face ``Trainer`` (its ``global_step`` after the step) and
+the checkpoints of all of them count. Lightning's loggers number from 0: its first step logs at
+step 0, and its checkpoint after 20 steps holds ``global_step`` 20 while the step after it logs
+at 20. A file Lightning's ``TensorBoardLogger`` wrote (its folder holds the logger's
+``hparams.yaml``, written at the start of ``fit`` before any value) has its steps read one
+higher, so that a retry's steps lost, its first step after a resume and the run's last step
+against ``max_steps`` are true.
 """
 
 from __future__ import annotations
@@ -147,6 +156,16 @@ class _EventFile:
     plugins: dict[str, str] = field(default_factory=dict)  # tag -> plugin, from the tag's first value
     size: int = 0
     read_size: int = -1  # the size at the last complete read
+    step_offset: int | None = None  # added to its steps: 1 for Lightning's, decided at its first value
+
+
+LIGHTNING_HPARAMS = "hparams.yaml"  # what Lightning's TensorBoardLogger writes beside its event file
+
+
+def step_offset(path: Path) -> int:
+    """What to add to the steps of the event file ``path``: 1 where Lightning's TensorBoardLogger
+    wrote it (steps from 0; module docstring), else 0."""
+    return 1 if (path.parent / LIGHTNING_HPARAMS).is_file() else 0
 
 
 def _scalars(event: Any, plugins: dict[str, str]) -> Iterator[tuple[str, float]]:
@@ -267,7 +286,10 @@ class EventFiles:
             count += 1
             if event.HasField("summary") and event.step >= 0:
                 for tag, value in _scalars(event, state.plugins):
-                    out.append(Sample(rank, int(event.step), _metric_key(tag, state.path), value, event.wall_time))
+                    if state.step_offset is None:
+                        state.step_offset = step_offset(state.path)
+                    out.append(Sample(rank, int(event.step) + state.step_offset, _metric_key(tag, state.path), value,
+                                      event.wall_time))
             if count >= budget:
                 return count, False  # the reader keeps its place; the next poll goes on from here
         return count, True
@@ -280,7 +302,8 @@ def import_logdir(path: Path, pid_ranks: Mapping[int, int] | None = None) -> Ite
     for file in find_event_files([path], max_entries=10_000_000):
         plugins: dict[str, str] = {}
         rank = rank_of_file(file, pid_ranks, path)
+        offset = step_offset(file)
         for event in LegacyEventFileLoader(str(file)).Load():
             if event.HasField("summary") and event.step >= 0:
                 for tag, value in _scalars(event, plugins):
-                    yield Sample(rank, int(event.step), _metric_key(tag, file), value, event.wall_time)
+                    yield Sample(rank, int(event.step) + offset, _metric_key(tag, file), value, event.wall_time)

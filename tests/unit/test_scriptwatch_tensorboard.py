@@ -189,3 +189,22 @@ def test_a_record_cut_in_half_is_read_once_it_is_whole(tmp_path: Path, writer: S
     assert by_key(files.poll()) == {"loss": [(1, 1.0)]}
     path.write_bytes(whole)
     assert by_key(files.poll()) == {"loss": [(2, 2.0)]}
+
+
+def test_lightnings_steps_from_zero_are_read_one_higher(tmp_path: Path) -> None:
+    """Lightning's TensorBoardLogger logs its first step at 0 and writes hparams.yaml beside its event
+    file from the start: its steps are read one higher, so that step N is the Nth optimizer step, as
+    its checkpoints (global_step) and every other writer count. A plain SummaryWriter's stay as given."""
+    lightning = tmp_path / "lightning_logs" / "version_0"
+    lightning.mkdir(parents=True)
+    (lightning / "hparams.yaml").write_text("{}\n")
+    plain = tmp_path / "runs" / "exp"
+    for folder in (lightning, plain):
+        w = SummaryWriter(str(folder))
+        for step in range(3):
+            w.add_scalar("train_loss", float(step), step)
+        w.close()
+    live = by_key(EventFiles([tmp_path / "lightning_logs"]).poll())
+    assert live == {"train_loss": [(1, 0.0), (2, 1.0), (3, 2.0)]}
+    assert by_key(EventFiles([tmp_path / "runs"]).poll()) == {"train_loss": [(0, 0.0), (1, 1.0), (2, 2.0)]}
+    assert by_key(list(import_logdir(tmp_path / "lightning_logs")))["train_loss"] == [(1, 0.0), (2, 1.0), (3, 2.0)]

@@ -1,0 +1,115 @@
+"""The recipes of docs/frameworks.md with the real frameworks: a Hugging Face ``Trainer`` script
+and a Lightning script (tests/scripts/frameworks/), each in its own virtual environment through
+``workload.python`` (tests/services/frameworks.sh makes it, sharing runyard's torch). In each, a
+rank SIGKILLed after a checkpoint: the framework's own checkpoints are listed at the step they
+hold, the retry resumes from the newest one at that step with the true steps lost, and the ETA
+shows from 20% of progress.
+
+Without the environment (``$RUNYARD_TEST_FRAMEWORKS`` unset) the tests skip; CI sets
+``RUNYARD_TEST_FRAMEWORKS_REQUIRED=1``, where they fail instead.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import ROOT, Product
+from tests.integration.test_script_checkpoints import first_step, kill_rank, live_script_checkpoints, submit
+
+pytestmark = pytest.mark.slow
+SHARES_ONE_SCHEDULER = True
+
+FRAMEWORKS = ROOT / "tests" / "scripts" / "frameworks"
+FOLDER_ENV, REQUIRED_ENV = "RUNYARD_TEST_FRAMEWORKS", "RUNYARD_TEST_FRAMEWORKS_REQUIRED"
+INSTALL_WAIT_S = 600.0  # CI installs it in the background while the unit tier runs (about 45 s)
+
+
+@pytest.fixture(scope="module")
+def framework_python() -> str:
+    """The interpreter of the frameworks' environment, once its installation has finished."""
+    folder = os.environ.get(FOLDER_ENV)
+    problem = None
+    if not folder:
+        problem = f"no frameworks environment: ${FOLDER_ENV} is unset (tests/services/frameworks.sh start DIR)"
+    else:
+        deadline = time.monotonic() + INSTALL_WAIT_S
+        while not any((Path(folder) / f).exists() for f in ("ready", "failed")) and time.monotonic() < deadline:
+            time.sleep(1.0)
+        if not (Path(folder) / "ready").exists():
+            log = Path(folder) / "install.log"
+            tail = log.read_text(errors="replace")[-2000:] if log.exists() else "(no install.log)"
+            problem = f"the frameworks environment in {folder} did not install: {tail}"
+    if problem:
+        if os.environ.get(REQUIRED_ENV) == "1":
+            pytest.fail(problem)
+        pytest.skip(problem)
+    return str(Path(folder) / "venv" / "bin" / "python")
+
+
+def killed_after_a_checkpoint(product: Product, run_id: int, step: int) -> dict:
+    """Wait for the ETA at 20% of 40 steps and a verified checkpoint at ``step`` or later; SIGKILL
+    rank 1; wait for the end. The run's detail at its end."""
+    running = product.wait_for(run_id, lambda d: d["status"] in ("SUCCEEDED", "FAILED", "CANCELLED")
+                               or (d["step"] >= 8 and d["eta_s"] is not None), timeout=150)
+    assert running["status"] == "RUNNING" and running["eta_s"] > 0, running["status_reason"]
+    product.wait_for(run_id, lambda d: d["status"] != "RUNNING" or any(
+        c["verified"] and c["step"] >= step for c in live_script_checkpoints(d)))
+    kill_rank(product, run_id, 1, 1)
+    detail = product.wait_status(run_id, "SUCCEEDED", "FAILED", "CANCELLED")
+    assert detail["status"] == "SUCCEEDED", detail["status_reason"]
+    return detail
+
+
+def resumed_at_the_newest(product: Product, run_id: int, detail: dict, own: list[dict]) -> dict:
+    """The retry's resume, steps lost and first step, against attempt 1's own checkpoints."""
+    first, second = detail["attempts"][:2]
+    assert first["status"] in ("FAILED", "CRASHED") and first["cause"], first
+    newest = max(own, key=lambda c: c["step"])
+    assert first["last_checkpoint_step"] == newest["step"]
+    assert first["steps_lost"] == first["last_step"] - newest["step"] < 10, first
+    assert second["resume_step"] == newest["step"], second
+    assert Path(second["resume_path"]).name in {Path(c["origin"]).name for c in own if c["step"] == newest["step"]}
+    assert first_step(product, run_id, 2) == newest["step"] + 1  # the framework went on from there, not from 0
+    return newest
+
+
+def test_hugging_face_trainer_resumes_a_killed_rank_from_its_own_checkpoint(
+        framework_python: str, product: Product, tmp_path: Path) -> None:
+    workdir = tmp_path / "hf"
+    workdir.mkdir()
+    run_id = submit(product, workdir, FRAMEWORKS / "hf_trainer.py",
+                    ["--max_steps", "40", "--save_steps", "10", "--sleep", "0.2"],
+                    f"python = '{framework_python}'\ncheckpoint_glob = 'hf_out/checkpoint-*'\nmax_steps = 40\n"
+                    "tensorboard_dir = 'hf_out/runs'")
+    product.start_scheduler()
+    detail = killed_after_a_checkpoint(product, run_id, 20)
+    own = [c for c in detail["checkpoints"] if c["attempt"] == 1]
+    # checkpoint-N folders, each at trainer_state.json's global_step
+    assert own and all(c["source"] == "script" and Path(c["origin"]).name == f"checkpoint-{c['step']}"
+                       and c["step"] % 10 == 0 for c in own), own
+    resumed_at_the_newest(product, run_id, detail, own)
+    assert detail["step"] == 40
+    assert detail["config"]["workload"]["python"] == framework_python
+
+
+def test_lightning_resumes_a_killed_rank_from_its_own_checkpoint(
+        framework_python: str, product: Product, tmp_path: Path) -> None:
+    workdir = tmp_path / "pl"
+    workdir.mkdir()
+    run_id = submit(product, workdir, FRAMEWORKS / "lightning_train.py",
+                    ["--max_steps", "40", "--every", "10", "--sleep", "0.2"],
+                    f"python = '{framework_python}'\ncheckpoint_glob = 'ckpts/*.ckpt'\nmax_steps = 40")
+    product.start_scheduler()
+    detail = killed_after_a_checkpoint(product, run_id, 20)
+    own = [c for c in detail["checkpoints"] if c["attempt"] == 1]
+    # epoch=0-step=N.ckpt at the step in its name and in its global_step; last.ckpt at its global_step
+    named = [c for c in own if Path(c["origin"]).name != "last.ckpt"]
+    assert named and all(Path(c["origin"]).name == f"epoch=0-step={c['step']}.ckpt" for c in named), own
+    resumed_at_the_newest(product, run_id, detail, own)
+    log = product.cli("logs", str(run_id), "--attempt", "2", "--rank", "0").stdout
+    assert "Restored all states from the checkpoint" in log, log[-3000:]
+    assert detail["step"] == 40

@@ -1,0 +1,65 @@
+"""A Lightning script as its users write one: Lightning's own API and nothing of runyard but the
+line docs/frameworks.md asks of a script of your own (``ckpt_path`` from ``RUNYARD_RESUME_PATH``).
+A small regression on two CPU ranks (``strategy="ddp"``, which under torchrun takes its ranks from
+torchrun's environment), a ``ModelCheckpoint`` every ``--every`` steps, TensorBoard's logger.
+
+    torchrun --nproc-per-node=2 lightning_train.py --max_steps 40 --every 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+
+
+class Regression(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.net(x), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+
+class Pace(Callback):
+    """A pause after each step, so that a person (or a test) can watch the run between saves."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def on_train_batch_end(self, *args: object) -> None:
+        time.sleep(self.seconds)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--max_steps", type=int, default=40)
+    parser.add_argument("--every", type=int, default=10)
+    parser.add_argument("--sleep", type=float, default=0.0)
+    args = parser.parse_args()
+    L.seed_everything(0)
+    x = torch.randn(2048, 16, generator=torch.Generator().manual_seed(0))
+    data = torch.utils.data.TensorDataset(x, x.sum(dim=1, keepdim=True))
+    trainer = L.Trainer(
+        accelerator="cpu", devices=2, strategy="ddp", max_steps=args.max_steps, log_every_n_steps=1,
+        enable_progress_bar=False, enable_model_summary=False,
+        callbacks=[ModelCheckpoint(dirpath="ckpts", every_n_train_steps=args.every, save_top_k=-1, save_last=True),
+                   Pace(args.sleep)],
+    )
+    trainer.fit(Regression(), torch.utils.data.DataLoader(data, batch_size=32, shuffle=True),
+                ckpt_path=os.environ.get("RUNYARD_RESUME_PATH"))
+
+
+if __name__ == "__main__":
+    main()
