@@ -70,7 +70,9 @@ def test_a_two_rank_run_succeeds_with_per_rank_metrics_and_logs(on_slurm_any_db:
     assert attempt["executor"] == "slurm" and attempt["job_id"], attempt
     assert set(detail["metrics"]["loss"]) == {"0", "1"}  # both ranks' losses reached the database
     assert [c["step"] for c in detail["checkpoints"]] == [30, 60]
-    assert "rank 1/2" in on_slurm.cli("logs", str(run_id), "--rank", "1").stdout
+    rank_log = on_slurm.cli("logs", str(run_id), "--rank", "1").stdout
+    assert "rank 1/2" in rank_log
+    assert "started warm (forked from torchrun's agent)" in rank_log  # on the node as on this machine
     launcher = (Path(attempt["dir"]) / "launcher.log").read_text()
     assert f"[runyard] job {attempt['job_id']}" in launcher  # Slurm's --output is the attempt's launcher log
     assert "slurm" in detail["price_unit"].lower()  # priced as a Slurm allocation, not this machine

@@ -31,7 +31,7 @@ from db.models import Attempt, Event, Run
 from db.vocabulary.layout import LAUNCHER_LOG, AttemptPaths
 from db.vocabulary.settings import EnvSettings
 from orchestrator.executors.base import ExecutorError, LaunchRequest, Liveness, Observation
-from orchestrator.executors.launcher import entry_argv, rdzv_id
+from orchestrator.executors.launcher import entry_argv, rdzv_id, warm_start
 from orchestrator.executors.processes import read_exit
 from orchestrator.executors.slurm.commands import (
     ACTIVE_STATES,
@@ -118,7 +118,7 @@ class SlurmExecutor:
         args = {"run_id": request.run_id, "attempt": request.number, "attempt_dir": str(request.attempt_dir),
                 "run_dir": str(request.cwd), "nnodes": config.launch.nnodes,
                 "nproc_per_node": config.launch.nproc_per_node, "rdzv_id": rdzv_id(request.run_id, request.number),
-                "entry": entry_argv(config, request.resuming)}
+                "entry": entry_argv(config, request.resuming), "warm": warm_start(config)}
         batch = request.attempt_dir / "job.py"
         batch.write_text(program(args, EnvSettings.from_env().slurm_python or sys.executable))
         batch.chmod(0o700)

@@ -115,7 +115,8 @@ def exit_record(srun_code: int, nodes: list[dict[str, Any]], nnodes: int, starte
 
 def main(args: dict[str, Any]) -> int:
     """Run the attempt. ``args``: attempt_dir, run_dir, attempt, nnodes, nproc_per_node,
-    rdzv_id, entry (the ranks' argv after torchrun's options)."""
+    rdzv_id, entry (the ranks' argv after torchrun's options), warm (the ranks forked from each
+    node's agent: trainer/agent/warm.py)."""
     attempt_dir = Path(args["attempt_dir"])
     nnodes = int(args["nnodes"])
     started = time.time()
@@ -138,7 +139,7 @@ def main(args: dict[str, Any]) -> int:
             sys.executable, "-m", "orchestrator.executors.slurm.node", f"--attempt-dir={attempt_dir}",
             f"--run-dir={args['run_dir']}", f"--attempt={args['attempt']}", f"--head={head}", f"--port={port}",
             f"--nnodes={nnodes}", f"--nproc-per-node={args['nproc_per_node']}", f"--rdzv-id={args['rdzv_id']}",
-            "--", *args["entry"]]
+            *(["--warm-ranks"] if args.get("warm") else []), "--", *args["entry"]]
     child = subprocess.Popen(srun)
     forwarded = False
     while child.poll() is None:

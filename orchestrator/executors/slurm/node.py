@@ -37,6 +37,7 @@ from orchestrator.executors.launcher import LOOPBACK, torchrun_command
 from orchestrator.executors.shim import write_atomic
 from orchestrator.executors.stacks import dump_stacks
 from trainer import pdeathsig
+from trainer.agent.warm import room as warm_room
 
 NODES_DIR = "nodes"
 
@@ -61,6 +62,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--nnodes", required=True, type=int)
     parser.add_argument("--nproc-per-node", required=True, type=int)
     parser.add_argument("--rdzv-id", required=True)
+    parser.add_argument("--warm-ranks", action="store_true",
+                        help="fork the ranks from torchrun's agent with torch imported (trainer/agent/warm.py)")
     parser.add_argument("entry", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if args.entry[:1] == ["--"]:
@@ -77,7 +80,7 @@ def command(args: argparse.Namespace, node: int) -> list[str]:
     endpoint = f"{LOOPBACK if loopback else args.head}:{args.port}"
     return torchrun_command(nnodes=args.nnodes, nproc_per_node=args.nproc_per_node, endpoint=endpoint,
                             rdzv_id=args.rdzv_id, node=node, attempt_dir=args.attempt_dir, entry=args.entry,
-                            loopback=loopback)
+                            loopback=loopback, warm=args.warm_ranks)
 
 
 def _child_setup(parent: int) -> Callable[[], None]:
@@ -103,7 +106,9 @@ def main(argv: list[str]) -> int:
     dump_wanted = threading.Event()
     signal.signal(signal.SIGUSR1, lambda *_: dump_wanted.set())
     started = time.time()
-    child = subprocess.Popen(command(args, node), restore_signals=True,
+    # With warm ranks, the agent's environment carries the room for the ranks' larger one.
+    env = {**os.environ, **(warm_room() if args.warm_ranks else {})}
+    child = subprocess.Popen(command(args, node), env=env, restore_signals=True,
                              preexec_fn=_child_setup(os.getpid()))  # noqa: PLW1509 - the node program has one thread
     create_time = _create_time(child.pid)
     while child.poll() is None:
