@@ -84,7 +84,7 @@ def make_engine(url: str, foreign_keys: bool = True, pool_size: int = POOL_SIZE,
     connections (other connections keep it, and cascading deletes from them still work). Only
     rank 0's metric writer asks for it: it inserts points under its own run and under metric
     ids it has just resolved, and checking the two keys of every point cost a tenth of the
-    ingest time (BENCHMARKS.md). PostgreSQL holds no keys on the metric tables (migration 0010);
+    ingest time (BENCHMARKS.md). PostgreSQL holds no keys on the metric tables (the initial migration);
     its writer checks the run and the names once a batch instead (db/metricbulk.py).
 
     ``pool_size`` and ``max_overflow`` bound the connections this engine holds on a server
@@ -368,7 +368,7 @@ def current_revision(engine: Engine) -> str | None:
 # The newest migration's revision (db/migrations/versions/); tests/unit/test_migrations.py checks it
 # against Alembic's own head, so adding a migration without moving it fails there. Read here
 # without Alembic, which a command at head need not import.
-SCHEMA_HEAD = "0014"
+SCHEMA_HEAD = "r001"
 
 
 def head_revision() -> str:
