@@ -1,6 +1,8 @@
 """The Alembic migration builds exactly the schema the models describe, and goes back down, on
 SQLite and on PostgreSQL; an upgrade interrupted inside a migration leaves the database at the
-last revision that completed (never half-way through one)."""
+last revision that completed (never half-way through one); a database made by a pre-release
+runyard (whose fourteen migrations were squashed into one) is named, with what to do, and one at
+the pre-release head (the same schema) is taken as the first release's."""
 
 from __future__ import annotations
 
@@ -11,8 +13,19 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Connection, inspect, text
+from sqlalchemy.engine import make_url
 
-from db.engine import _alembic_config, current_revision, head_revision, make_engine, upgrade
+from db.engine import (
+    PRE_RELEASE_HEAD,
+    SchemaPreRelease,
+    _alembic_config,
+    check_read_only_schema,
+    current_revision,
+    ensure_schema,
+    head_revision,
+    make_engine,
+    upgrade,
+)
 from db.models import Base, held_on, include_object
 
 pytestmark = pytest.mark.both_dbs
@@ -161,5 +174,62 @@ def test_the_schema_head_runyard_checks_without_alembic_is_alembics_newest_migra
         with engine.connect() as conn:
             alembics = MigrationContext.configure(conn).get_current_revision()
         assert current_revision(engine) == alembics == head_revision()
+    finally:
+        engine.dispose()
+
+
+# -- databases made by a pre-release runyard ---------------------------------------------------
+
+
+def _stamp(url: str, revision: str) -> None:
+    """Set the database's recorded revision, as a pre-release runyard would have left it."""
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = :r"), {"r": revision})
+    engine.dispose()
+
+
+def test_a_pre_release_database_is_named_with_what_to_do(db_url: str, db_dialect: str) -> None:
+    """A database at a revision of the squashed pre-release migrations is refused by every schema
+    check (the writers', the readers', the read-only one, ``runyard db upgrade``'s) with one
+    sentence: what made it, which revision, and what to do; never Alembic's "Can't locate
+    revision". Nothing is changed in it."""
+    upgrade(db_url)
+    _stamp(db_url, "0009")
+    engine = make_engine(db_url)
+    if db_dialect == "sqlite":
+        home = Path(db_url.removeprefix("sqlite:///")).parent
+        expected = (f"data folder {home} was made by a pre-release runyard (schema revision 0009_scheduler_leases), "
+                    "which this runyard cannot read or upgrade: start with a new data folder (set RUNYARD_HOME to an "
+                    f"empty one), or delete {home / 'runyard.db'} and {home / 'runs'} to start this one afresh")
+    else:
+        expected = (f"database {make_url(db_url).render_as_string(hide_password=True)} was made by a pre-release "
+                    "runyard (schema revision 0009_scheduler_leases), which this runyard cannot read or upgrade: "
+                    "point RUNYARD_DB_URL at a new, empty database (or drop and re-create this one)")
+    try:
+        for check in (lambda: ensure_schema(engine, db_url), lambda: ensure_schema(engine, db_url, create=False),
+                      lambda: check_read_only_schema(engine, db_url), lambda: upgrade(db_url)):
+            with pytest.raises(SchemaPreRelease) as info:
+                check()
+            assert str(info.value) == expected
+        assert current_revision(engine) == "0009"
+    finally:
+        engine.dispose()
+
+
+def test_a_database_at_the_pre_release_head_is_taken_as_the_first_release(db_url: str) -> None:
+    """The pre-release head built the very schema of the first release: read-only it is read as it
+    is, and the first process that may write restamps it (``runyard db upgrade`` too)."""
+    upgrade(db_url)
+    _stamp(db_url, PRE_RELEASE_HEAD)
+    engine = make_engine(db_url)
+    try:
+        assert check_read_only_schema(engine, db_url) is True
+        assert current_revision(engine) == PRE_RELEASE_HEAD
+        assert ensure_schema(engine, db_url, create=False) is True
+        assert current_revision(engine) == head_revision()
+        _stamp(db_url, PRE_RELEASE_HEAD)
+        upgrade(db_url)
+        assert current_revision(engine) == head_revision()
     finally:
         engine.dispose()
