@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from alembic.config import Config
 
 from db import DatabaseError
-from db.vocabulary.layout import MIGRATE_LOCK_FILE
+from db.vocabulary.layout import MIGRATE_LOCK_FILE, RUNS_DIR
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +55,11 @@ class SchemaOutdated(DatabaseError):
 class SchemaUnknown(DatabaseError):
     """The database is at a schema revision this version of runyard does not have (a newer
     runyard wrote it)."""
+
+
+class SchemaPreRelease(DatabaseError):
+    """The database was made by a pre-release runyard, at a schema revision whose migration is
+    gone (the pre-release migrations were squashed into the first release's one)."""
 
 
 def sqlite_path(url: str) -> Path | None:
@@ -84,7 +89,7 @@ def make_engine(url: str, foreign_keys: bool = True, pool_size: int = POOL_SIZE,
     connections (other connections keep it, and cascading deletes from them still work). Only
     rank 0's metric writer asks for it: it inserts points under its own run and under metric
     ids it has just resolved, and checking the two keys of every point cost a tenth of the
-    ingest time (BENCHMARKS.md). PostgreSQL holds no keys on the metric tables (migration 0010);
+    ingest time (BENCHMARKS.md). PostgreSQL holds no keys on the metric tables (the initial migration);
     its writer checks the run and the names once a batch instead (db/metricbulk.py).
 
     ``pool_size`` and ``max_overflow`` bound the connections this engine holds on a server
@@ -267,12 +272,42 @@ def safe_url(url: str) -> str:
         return url
 
 
+def _pre_release_message(url: str, current: str) -> str:
+    """What a database at a pre-release revision is, and what to do about it."""
+    revision = f"{current}_{PRE_RELEASE_REVISIONS[current]}"
+    db_file = sqlite_path(url)
+    if db_file is None:
+        return (f"database {safe_url(url)} was made by a pre-release runyard (schema revision {revision}), which "
+                "this runyard cannot read or upgrade: point RUNYARD_DB_URL at a new, empty database (or drop and "
+                "re-create this one)")
+    folder = db_file.parent
+    return (f"data folder {folder} was made by a pre-release runyard (schema revision {revision}), which this "
+            "runyard cannot read or upgrade: start with a new data folder (set RUNYARD_HOME to an empty one), or "
+            f"delete {db_file} and {folder / RUNS_DIR} to start this one afresh")
+
+
+def _adopt_pre_release_head(engine: Engine, current: str | None) -> str | None:
+    """Restamp a database at the pre-release head (:data:`PRE_RELEASE_HEAD`, the very schema of
+    the first release) with the first release's revision; returns the revision it is now at."""
+    if current != PRE_RELEASE_HEAD:
+        return current
+    from sqlalchemy import text
+
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = :new WHERE version_num = :old"),
+                     {"new": SCHEMA_HEAD, "old": PRE_RELEASE_HEAD})
+    logger.info("schema revision %s (pre-release) is the same schema as %s; restamped", PRE_RELEASE_HEAD, SCHEMA_HEAD)
+    return SCHEMA_HEAD
+
+
 def _check_known(url: str, current: str | None) -> None:
     from alembic.script import ScriptDirectory
     from alembic.util.exc import CommandError
 
     if current is None:
         return
+    if current in PRE_RELEASE_REVISIONS:
+        raise SchemaPreRelease(_pre_release_message(url, current))
     try:
         ScriptDirectory.from_config(_alembic_config(url)).get_revision(current)
     except CommandError:
@@ -288,13 +323,15 @@ def upgrade(url: str, revision: str = "head", timeout_s: float = MIGRATE_LOCK_TI
     Raises:
         MigrationLockTimeout: another process held the lock longer than ``timeout_s``.
         SchemaUnknown: the database was written by a newer runyard.
+        SchemaPreRelease: the database was made by a pre-release runyard (and is not at its head).
     """
     from alembic import command
 
     engine = make_engine(url)  # creates the SQLite folder
     try:
         with migration_lock(url, timeout_s):
-            _check_known(url, current_revision(engine))
+            current = _adopt_pre_release_head(engine, current_revision(engine))
+            _check_known(url, current)
             command.upgrade(_alembic_config(url), revision)
     finally:
         engine.dispose()
@@ -304,7 +341,8 @@ def ensure_schema(engine: Engine, url: str, create: bool = True, timeout_s: floa
     """Bring the database to the newest schema, once across processes.
 
     A database already at head costs one query and no lock. Otherwise the migration lock is
-    taken and the revision read again: a process that waited finds the work done.
+    taken and the revision read again: a process that waited finds the work done. A database at
+    the pre-release head (the same schema) is restamped with the first release's revision.
 
     Args:
         create: Whether an empty database (no schema at all) gets one; ``False`` for read-only
@@ -312,6 +350,11 @@ def ensure_schema(engine: Engine, url: str, create: bool = True, timeout_s: floa
 
     Returns:
         ``False`` when there is no schema and ``create`` is ``False``; else ``True``.
+
+    Raises:
+        MigrationLockTimeout: another process held the lock longer than ``timeout_s``.
+        SchemaUnknown: the database was written by a newer runyard.
+        SchemaPreRelease: the database was made by a pre-release runyard (and is not at its head).
     """
     head = head_revision()
     if current_revision(engine) == head:
@@ -319,7 +362,7 @@ def ensure_schema(engine: Engine, url: str, create: bool = True, timeout_s: floa
     from alembic import command  # only to migrate: a database at head needs no Alembic
 
     with migration_lock(url, timeout_s):
-        current = current_revision(engine)
+        current = _adopt_pre_release_head(engine, current_revision(engine))
         if current is None and not create:
             return False
         if current != head:
@@ -332,17 +375,19 @@ def check_read_only_schema(engine: Engine, url: str) -> bool:
     """Whether a database opened read-only has a schema this runyard reads (never migrates).
 
     Returns:
-        ``False`` when it has no schema at all (nothing to read); ``True`` at the newest.
+        ``False`` when it has no schema at all (nothing to read); ``True`` at the newest (or at
+        the pre-release head, the same schema; it is left stamped as it is).
 
     Raises:
         SchemaOutdated: it is at an older revision (upgrading needs a writable copy).
         SchemaUnknown: a newer runyard wrote it.
+        SchemaPreRelease: a pre-release runyard made it (and it is not at that one's head).
     """
     current = current_revision(engine)
     if current is None:
         return False
     head = head_revision()
-    if current == head:
+    if current in (head, PRE_RELEASE_HEAD):  # the pre-release head is the same schema, read as it is
         return True
     _check_known(url, current)
     raise SchemaOutdated(
@@ -368,7 +413,21 @@ def current_revision(engine: Engine) -> str | None:
 # The newest migration's revision (db/migrations/versions/); tests/unit/test_migrations.py checks it
 # against Alembic's own head, so adding a migration without moving it fails there. Read here
 # without Alembic, which a command at head need not import.
-SCHEMA_HEAD = "0014"
+SCHEMA_HEAD = "r001"
+
+# The revisions of the pre-release migrations, squashed into r001_initial_schema (their files are
+# in git's history before that commit). Alembic no longer knows them, so a database at one of them
+# is named here rather than failing inside Alembic.
+PRE_RELEASE_REVISIONS = {
+    "0001": "initial_schema", "0002": "checkpoints_resume_and_fork", "0003": "failures_retries_and_supervision",
+    "0004": "price_table", "0005": "metric_store", "0006": "system_metrics", "0007": "script_workloads",
+    "0008": "script_checkpoint_origin", "0009": "scheduler_leases", "0010": "postgres_metric_keys",
+    "0011": "executors", "0012": "alerts", "0013": "run_workspace", "0014": "attempt_phases",
+}
+# The last of them built exactly r001's schema on SQLite and on PostgreSQL (compared with
+# SQLAlchemy's inspector, table by table, when they were squashed): a database at it is read as
+# it is, and restamped r001 where it can be written.
+PRE_RELEASE_HEAD = "0014"
 
 
 def head_revision() -> str:

@@ -11,11 +11,11 @@ with one ``INSERT ... SELECT ... ON CONFLICT DO UPDATE``, the same merge SQLite'
 (db/metricrollups.py). Everything runs in the caller's transaction. ``None`` is NULL, which is
 NaN, as everywhere in the store; infinities are stored as such.
 
-PostgreSQL holds no foreign keys on these two tables (migration 0010: its per-row key checks
+PostgreSQL holds no foreign keys on these two tables (the initial migration: its per-row key checks
 were most of the server's ingest time). What they checked is checked here once a batch: the
 batch's runs and metric names are read ``FOR KEY SHARE`` before its rows go in, so that a batch
 for a run that is gone is refused, and a run deleted meanwhile waits for the batch's commit and
-then deletes its points too (the trigger of migration 0010).
+then deletes its points too (a trigger of the initial migration).
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ def include_object(dialect: str) -> Callable[[object, str | None, str, bool, obj
 
 
 def sqlite_only_key(column: str, referred: str, ondelete: str | None = None) -> ForeignKeyConstraint:
-    """A foreign key that SQLite holds and PostgreSQL does not (migration 0010): CREATE TABLE
+    """A foreign key that SQLite holds and PostgreSQL does not (the initial migration): CREATE TABLE
     leaves it out on PostgreSQL, and the comparison of the migrated schema with these models
     (tests/unit/test_migrations.py, autogenerate in db/migrations/env.py) expects it absent there."""
     key = ForeignKeyConstraint([column], [referred], ondelete=ondelete, info={DIALECTS: ("sqlite",)})
@@ -63,7 +63,7 @@ def _metric_keys() -> tuple[ForeignKeyConstraint, ForeignKeyConstraint]:
     SQLite's (BENCHMARKS.md). These rows are written only by a run's own rank 0, under its run
     id and name ids it has just resolved, and that writer checks both once a batch
     (db/metricbulk.py); deleting a run deletes its rows through a trigger on ``runs``
-    (migration 0010). SQLite keeps the keys (its writer connection skips checking them).
+    (the initial migration). SQLite keeps the keys (its writer connection skips checking them).
     """
     return (sqlite_only_key("run_id", "runs.id", ondelete="CASCADE"),
             sqlite_only_key("name_id", "metric_names.id"))

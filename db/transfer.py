@@ -2,7 +2,7 @@
 
 The file is gzip-compressed JSON lines, the same for SQLite and PostgreSQL::
 
-    {"format": "runyard-export", "version": 1, "schema": "0010", "tables": ["runs", ...]}
+    {"format": "runyard-export", "version": 1, "schema": "r001", "tables": ["runs", ...]}
     {"table": "runs", "columns": ["id", "name", ...], "rows": 12}
     [1, "digits-ddp", ...]                      one JSON array per row, in primary-key order
     ...
@@ -17,7 +17,7 @@ Import loads into an EMPTY database at the same schema revision, in one transact
 as a whole or lands as a whole. Foreign keys stay checked: tables go in dependency order, and the
 columns that close a cycle (a run's parent checkpoint, its resume checkpoint, its parent run) are
 filled in after the rows they point to exist (PostgreSQL holds no keys on the metric points and
-rollups, migration 0010; they still go in after their runs and names, the models' order).
+rollups, see the initial migration; they still go in after their runs and names, the models' order).
 PostgreSQL's id sequences are moved past the imported ids, so that new rows do not collide with
 them.
 """

@@ -218,7 +218,7 @@ def shared_result(tmp_path_factory: pytest.TempPathFactory, name: str, make: Cal
 @pytest.fixture(scope="session")
 def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A SQLite database migrated to head once per session, which each test's migrated database
-    copies (a file copy takes well under a millisecond; the migrations about 250 ms). Checkpointed
+    copies (a file copy takes well under a millisecond; the migration about 150 ms). Checkpointed
     and closed, so the whole database is in the one file (WAL mode is kept in its header)."""
     path = tmp_path_factory.mktemp("sqlite-template") / "runyard.db"
     upgrade(f"sqlite:///{path}")

@@ -26,7 +26,7 @@ def run_migrations_online() -> None:
             target_metadata=Base.metadata,
             render_as_batch=True,  # autogenerate writes ops that SQLite can run too
             # Autogenerate expects on each database only what the models say it holds (the metric
-            # tables' keys are SQLite's only, migration 0010).
+            # tables' keys are SQLite's only, see the initial migration).
             include_object=include_object(connection.dialect.name),
             transaction_per_migration=True,
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -24,6 +25,8 @@ from db.engine import (
 )
 from db.home import HomeUnusable, check_folder, check_home
 from db.vocabulary.settings import load_settings, user_data_dir
+
+ROOT = Path(__file__).resolve().parents[2]
 
 # -- where the home is -----------------------------------------------------------------------
 
@@ -133,3 +136,31 @@ def test_a_database_from_a_newer_runyard_is_named(tmp_path: Path) -> None:
         conn.execute(text("UPDATE alembic_version SET version_num = '9999_future'"))
     with pytest.raises(SchemaUnknown, match=r"'9999_future'.*newer runyard"):
         ensure_schema(engine, url)
+
+
+def test_every_command_names_a_data_folder_made_by_a_pre_release_runyard(tmp_path: Path) -> None:
+    """A database at a revision of the pre-release migrations (squashed into the first
+    release's) is refused by the commands that read, write and migrate, the scheduler's included,
+    with one line saying what made it and what to do, never Alembic's traceback; nothing in the
+    folder is changed."""
+    home = tmp_path / "home"
+    url = f"sqlite:///{home / 'runyard.db'}"
+    upgrade(url)
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = '0009'"))
+    env = {**os.environ, "RUNYARD_HOME": str(home), "PYTHONPATH": str(ROOT)}
+    env.pop("RUNYARD_DB_URL", None)
+    expected = (f"error: data folder {home} was made by a pre-release runyard (schema revision 0009_scheduler_leases), "
+                "which this runyard cannot read or upgrade: start with a new data folder (set RUNYARD_HOME to an "
+                f"empty one), or delete {home / 'runyard.db'} and {home / 'runs'} to start this one afresh")
+    for args in (["ls"], ["submit", str(ROOT / "examples" / "digits.toml")], ["db", "upgrade"], ["scheduler"]):
+        done = subprocess.run([sys.executable, "-m", "orchestrator.cli.group", *args], capture_output=True, text=True,
+                              env=env, timeout=60, check=False)
+        assert done.returncode == 1, (args, done.stdout, done.stderr)
+        assert done.stderr.strip().splitlines()[-1] == expected, (args, done.stderr)
+        assert "Traceback" not in done.stderr, (args, done.stderr)
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all() == ["0009"]
+        assert conn.execute(text("SELECT count(*) FROM runs")).scalar_one() == 0
+    engine.dispose()

@@ -29,7 +29,7 @@ import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 from bench.bench_runs_list import seed_runs
-from db.engine import make_engine, make_sessionmaker, upgrade
+from db.engine import PRE_RELEASE_HEAD, head_revision, make_engine, make_sessionmaker, upgrade
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "digits.toml"
@@ -111,7 +111,8 @@ def test_reads_work_and_writes_refuse_on_a_read_only_home(tmp_path: Path) -> Non
         metrics = runyard(home, "metrics", str(running))
         assert metrics.returncode == 0 and "1,1,20,loss,0.11" in metrics.stdout, metrics.stderr
         info = runyard(home, "info")
-        assert info.returncode == 0 and "schema     0014 (newest 0014)" in info.stdout, info.stderr
+        head = head_revision()
+        assert info.returncode == 0 and f"schema     {head} (newest {head})" in info.stdout, info.stderr
         exported = runyard(home, "db", "export", str(tmp_path / "archive.jsonl.gz"))
         assert exported.returncode == 0 and "exported" in exported.stdout, exported.stderr
         for write in (["submit", str(EXAMPLE)], ["cancel", str(running)], ["db", "upgrade"]):
@@ -147,18 +148,40 @@ def test_a_home_frozen_while_the_database_was_open_is_read_with_its_wal(tmp_path
         keeper.close()
 
 
-def test_an_older_schema_on_a_read_only_home_says_to_upgrade_a_writable_copy(tmp_path: Path) -> None:
+def _stamp(home: Path, revision: str) -> None:
+    """Record ``revision`` as the schema of ``home``'s database, as a pre-release runyard left it."""
+    con = sqlite3.connect(home / "runyard.db")
+    try:
+        con.execute("UPDATE alembic_version SET version_num = ?", (revision,))
+        con.commit()
+    finally:
+        con.close()
+
+
+def test_a_pre_release_schema_on_a_read_only_home_is_named_with_what_to_do(tmp_path: Path) -> None:
+    """A data folder made by a pre-release runyard (its migrations were squashed into the first
+    release's) cannot be upgraded, read-only or not: one line names it and what to do. One at the
+    pre-release head holds the first release's schema and is read as it is."""
     home = tmp_path / "home"
     home.mkdir()
-    upgrade(f"sqlite:///{home / 'runyard.db'}", "0010")
+    make_home(home)
+    _stamp(home, "0010")
     with read_only(home) as how:
         ls = runyard(home, "ls")
         assert ls.returncode == 1, (how, ls.stdout)
         lines = ls.stderr.strip().splitlines()
         assert lines[-1] == (
-            f"error: this read-only database sqlite:///{home / 'runyard.db'} is at revision 0010 (this runyard "
-            "reads 0014); upgrade a writable copy: copy the data folder, set RUNYARD_HOME to it and run "
-            "`runyard db upgrade`"), ls.stderr
+            f"error: data folder {home} was made by a pre-release runyard (schema revision "
+            "0010_postgres_metric_keys), which this runyard cannot read or upgrade: start with a new data folder "
+            f"(set RUNYARD_HOME to an empty one), or delete {home / 'runyard.db'} and {home / 'runs'} to start "
+            "this one afresh"), ls.stderr
+        assert "Traceback" not in ls.stderr
+    _stamp(home, PRE_RELEASE_HEAD)
+    with read_only(home) as how:
+        ls = runyard(home, "ls")
+        assert ls.returncode == 0 and "succeeded-1" in ls.stdout, (how, ls.stderr)
+        info = runyard(home, "info")
+        assert f"schema     {PRE_RELEASE_HEAD} (newest {head_revision()})" in info.stdout, info.stderr
 
 
 # -- the UI as a viewer ----------------------------------------------------------------------

@@ -1,6 +1,8 @@
-"""The Alembic migrations build exactly the schema the models describe, and go back down, on
+"""The Alembic migration builds exactly the schema the models describe, and goes back down, on
 SQLite and on PostgreSQL; an upgrade interrupted inside a migration leaves the database at the
-last revision that completed (never half-way through one)."""
+last revision that completed (never half-way through one); a database made by a pre-release
+runyard (whose fourteen migrations were squashed into one) is named, with what to do, and one at
+the pre-release head (the same schema) is taken as the first release's."""
 
 from __future__ import annotations
 
@@ -10,11 +12,21 @@ from pathlib import Path
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Connection, Engine, inspect, text
+from sqlalchemy import Connection, inspect, text
+from sqlalchemy.engine import make_url
 
-from db.engine import _alembic_config, current_revision, head_revision, make_engine, upgrade
+from db.engine import (
+    PRE_RELEASE_HEAD,
+    SchemaPreRelease,
+    _alembic_config,
+    check_read_only_schema,
+    current_revision,
+    ensure_schema,
+    head_revision,
+    make_engine,
+    upgrade,
+)
 from db.models import Base, held_on, include_object
-from tests import databases
 
 pytestmark = pytest.mark.both_dbs
 
@@ -23,7 +35,7 @@ RUN = ("INSERT INTO runs (name, status, config_json, config_hash, tags_json, max
        "('old', 'SUCCEEDED', '{}', 'h', '[]', 10, 2, '/x', 0.1, 'cpu', 1.0, 2.0)")
 
 
-# The foreign keys that only SQLite holds (migration 0010): (table, column, referred table).
+# The foreign keys that only SQLite holds (the initial migration): (table, column, referred table).
 SQLITE_ONLY_KEYS = {
     ("metric_points", "run_id", "runs"), ("metric_points", "name_id", "metric_names"),
     ("metric_rollups", "run_id", "runs"), ("metric_rollups", "name_id", "metric_names"),
@@ -42,8 +54,8 @@ def _run_triggers(conn: Connection) -> set[str]:
 
 
 def test_upgraded_schema_matches_the_models(db_url: str, db_dialect: str) -> None:
-    """SQLite's schema is exactly the models'. PostgreSQL's differs in exactly what migration
-    0010 changed: the metric tables' keys are absent (the only difference found), and runs has
+    """SQLite's schema is exactly the models'. PostgreSQL's differs in exactly what the initial
+    migration does there only: the metric tables' keys are absent (the only difference found), and runs has
     the triggers that delete a run's points and rollups; the models say so (``held_on``), and
     the comparison that honours it (autogenerate's, db/migrations/env.py) finds nothing."""
     upgrade(db_url)
@@ -92,147 +104,6 @@ def test_sqlite_pragmas_are_set(tmp_path: Path) -> None:
         assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() >= 5000
 
 
-def test_upgrade_keeps_existing_runs(db_url: str, db_dialect: str, tmp_path: Path,
-                                     request: pytest.FixtureRequest) -> None:
-    """A database with runs from the first release upgrades to head and keeps them, NaN and
-    infinities included."""
-    from alembic import command
-
-    command.upgrade(_alembic_config(db_url), "0001")
-    engine = make_engine(db_url)
-    with engine.begin() as conn:
-        conn.execute(text(RUN))
-        conn.execute(text(
-            "INSERT INTO attempts (run_id, number, status, dir, devices_json, device_kind, started_at) "
-            "VALUES (1, 1, 'SUCCEEDED', '/x/1', '[]', 'cpu', 1.0)"
-        ))
-        conn.execute(text(
-            "INSERT INTO metrics (run_id, attempt, rank, step, key, value, wall_time) "
-            "VALUES (:run, :attempt, :rank, :step, :key, :value, :at)"),
-            [dict(zip(("run", "attempt", "rank", "step", "key", "value", "at"), row, strict=True))
-             for row in OLD_METRICS],
-        )
-    upgrade(db_url)
-    with engine.connect() as conn:
-        assert conn.execute(text("SELECT name, retries_used FROM runs")).all() == [("old", 0)]
-        assert [tuple(r) for r in conn.execute(text("SELECT overrides_json, retry_counted FROM attempts"))] \
-            in ([("{}", 1)], [("{}", True)])
-        # Every point survives (a point recorded twice keeps its first value), readable through
-        # the old table's name and columns.
-        survived = conn.execute(text(
-            "SELECT run_id, attempt, rank, step, key, value, wall_time FROM metrics ORDER BY attempt, key, rank, step"
-        )).all()
-    first: dict[tuple, tuple] = {}
-    for row in OLD_METRICS:
-        first.setdefault(row[:5], row)
-    assert [tuple(r) for r in survived] == sorted(first.values(), key=lambda r: (r[1], r[4], r[2], r[3]))
-    if db_dialect == "sqlite":
-        fresh_url = f"sqlite:///{tmp_path / 'fresh.db'}"
-        assert_rollups_match_the_store(fresh_url, engine)
-    else:
-        with databases.fresh_database(request.getfixturevalue("pg_server")) as fresh_url:
-            assert_rollups_match_the_store(fresh_url, engine)
-    engine.dispose()
-
-
-# run, attempt, rank, step, key, value (None: NaN), time; one point twice, NaN, +-Inf, two attempts
-OLD_METRICS = [
-    (1, 1, r, s, k, None if s == 30 else (float("inf") if s == 70 else 1.0 / s + r), 100.0 + s)
-    for s in range(10, 200, 10) for r in (0, 1) for k in ("loss", "lr")
-] + [
-    (1, 1, 0, 20, "loss", 99.0, 500.0),  # the same point again: the first one is kept
-    (1, 2, 0, 150, "loss", float("-inf"), 600.0),
-    (1, 2, 0, 160, "loss", 0.5, 601.0),
-]
-
-
-def assert_rollups_match_the_store(fresh_url: str, engine) -> None:  # type: ignore[no-untyped-def]
-    """The rollups the migration built in SQL equal what db.metricstore writes for the same points."""
-    from db.metricstore import write_points
-
-    upgrade(fresh_url)
-    fresh = make_engine(fresh_url)
-    with fresh.begin() as conn:
-        conn.execute(text(RUN))
-        write_points(conn, [
-            {"run_id": run, "attempt": a, "rank": r, "step": s, "key": k, "value": float("nan") if v is None else v,
-             "wall_time": t}
-            for run, a, r, s, k, v, t in OLD_METRICS
-        ])
-    query = text(
-        "SELECT n.name, r.level, r.attempt, r.rank, r.bucket, r.min_value, r.max_value, r.sum_value, r.count, "
-        "r.nan_count, r.first_step, r.last_step, r.first_time, r.last_time, r.last_value "
-        "FROM metric_rollups r JOIN metric_names n ON n.id = r.name_id ORDER BY 1, 2, 3, 4, 5"
-    )
-    with engine.connect() as a, fresh.connect() as b:
-        migrated, written = a.execute(query).all(), b.execute(query).all()
-    fresh.dispose()
-    assert len(migrated) == len(written) > 0
-    for x, y in zip(migrated, written, strict=True):
-        assert x[:7] == y[:7] and x[8:] == y[8:]
-        assert x[7] == pytest.approx(y[7]) if y[7] is not None else x[7] is None
-
-
-def _metric_keys(engine: Engine) -> set[tuple[str | None, ...]]:
-    """(table, name, column, referred table, ON DELETE) of each foreign key of the metric tables."""
-    found = set()
-    for name in ("metric_points", "metric_rollups"):
-        for fk in inspect(engine).get_foreign_keys(name):
-            found.add((name, fk["name"], *fk["constrained_columns"], fk["referred_table"],
-                       fk.get("options", {}).get("ondelete")))
-    return found
-
-
-def _metric_rows(engine: Engine) -> tuple[int, int]:
-    with engine.connect() as conn:
-        return (conn.execute(text("SELECT count(*) FROM metric_points")).scalar_one(),
-                conn.execute(text("SELECT count(*) FROM metric_rollups")).scalar_one())
-
-
-def test_0010_goes_down_to_the_keys_and_up_again_keeping_the_points(db_url: str, db_dialect: str) -> None:
-    """Down from 0010, PostgreSQL has its metric keys back under their original names (points of
-    a run that is gone, possible only without them, deleted as the cascade would have) and no
-    triggers; up again, the keys go and the triggers come back. SQLite's schema stays as it
-    was. The run's own points and rollups survive both ways."""
-    from alembic import command
-
-    from db.metricstore import write_points
-
-    upgrade(db_url)
-    engine = make_engine(db_url)
-    try:
-        with engine.begin() as conn:
-            conn.execute(text(RUN))
-            write_points(conn, [{"run_id": 1, "attempt": 1, "rank": r, "step": s, "key": "loss", "value": 1.0 / s,
-                                 "wall_time": 100.0 + s} for s in range(1, 40) for r in (0, 1)])
-        kept = _metric_rows(engine)
-        if db_dialect == "postgres":
-            assert _metric_keys(engine) == set()
-            with engine.begin() as conn:  # a point of a run that does not exist: no key refuses it now
-                conn.execute(text("INSERT INTO metric_points SELECT 99, name_id, attempt, step, rank, value, wall_time "
-                                  "FROM metric_points"))
-        command.downgrade(_alembic_config(db_url), "0009")
-        assert current_revision(engine) == "0009"
-        assert _metric_rows(engine) == kept
-        expected = {(table, column, referred, "CASCADE" if column == "run_id" else None)
-                    for table, column, referred in SQLITE_ONLY_KEYS}
-        keys = _metric_keys(engine)
-        assert {(table, column, referred, ondelete) for table, _name, column, referred, ondelete in keys} == expected
-        if db_dialect == "postgres":
-            assert {name for _table, name, *_rest in keys} == {f"{t}_{c}_fkey" for t, c, _r, _o in expected}
-            with engine.connect() as conn:
-                assert _run_triggers(conn) == set()
-        upgrade(db_url)
-        assert current_revision(engine) == head_revision()
-        assert _metric_rows(engine) == kept
-        if db_dialect == "postgres":
-            assert _metric_keys(engine) == set()
-            with engine.connect() as conn:
-                assert _run_triggers(conn) == POSTGRES_RUN_TRIGGERS
-    finally:
-        engine.dispose()
-
-
 def _scripts_failing_in(tmp_path: Path, revision: str) -> Path:
     """A copy of the migrations in which ``revision`` raises after doing all its work."""
     src = Path(_alembic_config("sqlite://").get_main_option("script_location") or "")
@@ -247,50 +118,29 @@ def _scripts_failing_in(tmp_path: Path, revision: str) -> Path:
 
 def test_an_interrupted_upgrade_stops_at_the_last_completed_revision(db_url: str, db_dialect: str,
                                                                      tmp_path: Path) -> None:
-    """Migration 0005 (the metric store) fails after creating its tables: the database stays at
-    0004 with none of 0005's tables, and a later upgrade with the real scripts reaches head.
-    PostgreSQL runs each migration in a transaction; SQLite's DDL is not transactional, so there
-    only the revision is checked."""
+    """The initial migration fails after doing all its work: the database stays without a
+    revision, and on PostgreSQL (each migration in a transaction) without any of its tables,
+    views, functions or triggers; a later upgrade with the real scripts reaches head. SQLite's
+    DDL is not transactional, so there only the revision is checked."""
     from alembic import command
 
     cfg = _alembic_config(db_url)
-    cfg.set_main_option("script_location", str(_scripts_failing_in(tmp_path, "0005")))
+    cfg.set_main_option("script_location", str(_scripts_failing_in(tmp_path, head_revision())))
     with pytest.raises(RuntimeError, match="interrupted inside the migration"):
         command.upgrade(cfg, "head")
     engine = make_engine(db_url)
     try:
-        assert current_revision(engine) == "0004"
-        tables = set(inspect(engine).get_table_names())
-        assert {"runs", "attempts", "checkpoints", "prices"} <= tables
+        assert current_revision(engine) is None
         if db_dialect == "postgres":
-            assert not tables & {"metric_names", "metric_points", "metric_rollups"}
-            assert "metrics" in tables  # 0005 dropped it; the rollback brought it back
+            assert set(inspect(engine).get_table_names()) <= {"alembic_version"}
+            assert inspect(engine).get_view_names() == []
+            with engine.connect() as conn:
+                assert conn.execute(text("SELECT count(*) FROM pg_proc WHERE proname IN "
+                                         "('delete_run_metrics', 'truncate_run_metrics')")).scalar_one() == 0
             upgrade(db_url)
             assert current_revision(engine) == head_revision()
-    finally:
-        engine.dispose()
-
-
-def test_an_interrupted_0010_leaves_the_metric_keys_in_place(db_url: str, db_dialect: str, tmp_path: Path) -> None:
-    """Migration 0010 fails after dropping the keys and creating the triggers: PostgreSQL rolls it
-    back whole (the database at 0009 with its four keys and no trigger), and a later upgrade with
-    the real scripts reaches head."""
-    from alembic import command
-
-    cfg = _alembic_config(db_url)
-    cfg.set_main_option("script_location", str(_scripts_failing_in(tmp_path, "0010")))
-    with pytest.raises(RuntimeError, match="interrupted inside the migration"):
-        command.upgrade(cfg, "head")
-    engine = make_engine(db_url)
-    try:
-        assert current_revision(engine) == "0009"
-        assert len(_metric_keys(engine)) == 4
-        if db_dialect == "postgres":
             with engine.connect() as conn:
-                assert _run_triggers(conn) == set()
-        upgrade(db_url)
-        assert current_revision(engine) == head_revision()
-        assert len(_metric_keys(engine)) == (0 if db_dialect == "postgres" else 4)
+                assert _run_triggers(conn) == POSTGRES_RUN_TRIGGERS
     finally:
         engine.dispose()
 
@@ -320,8 +170,66 @@ def test_the_schema_head_runyard_checks_without_alembic_is_alembics_newest_migra
     engine = make_engine(url)
     try:
         assert current_revision(engine) is None  # no schema yet
-        upgrade(url, "0004")
+        upgrade(url)
         with engine.connect() as conn:
-            assert current_revision(engine) == MigrationContext.configure(conn).get_current_revision() == "0004"
+            alembics = MigrationContext.configure(conn).get_current_revision()
+        assert current_revision(engine) == alembics == head_revision()
+    finally:
+        engine.dispose()
+
+
+# -- databases made by a pre-release runyard ---------------------------------------------------
+
+
+def _stamp(url: str, revision: str) -> None:
+    """Set the database's recorded revision, as a pre-release runyard would have left it."""
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = :r"), {"r": revision})
+    engine.dispose()
+
+
+def test_a_pre_release_database_is_named_with_what_to_do(db_url: str, db_dialect: str) -> None:
+    """A database at a revision of the squashed pre-release migrations is refused by every schema
+    check (the writers', the readers', the read-only one, ``runyard db upgrade``'s) with one
+    sentence: what made it, which revision, and what to do; never Alembic's "Can't locate
+    revision". Nothing is changed in it."""
+    upgrade(db_url)
+    _stamp(db_url, "0009")
+    engine = make_engine(db_url)
+    if db_dialect == "sqlite":
+        home = Path(db_url.removeprefix("sqlite:///")).parent
+        expected = (f"data folder {home} was made by a pre-release runyard (schema revision 0009_scheduler_leases), "
+                    "which this runyard cannot read or upgrade: start with a new data folder (set RUNYARD_HOME to an "
+                    f"empty one), or delete {home / 'runyard.db'} and {home / 'runs'} to start this one afresh")
+    else:
+        expected = (f"database {make_url(db_url).render_as_string(hide_password=True)} was made by a pre-release "
+                    "runyard (schema revision 0009_scheduler_leases), which this runyard cannot read or upgrade: "
+                    "point RUNYARD_DB_URL at a new, empty database (or drop and re-create this one)")
+    try:
+        for check in (lambda: ensure_schema(engine, db_url), lambda: ensure_schema(engine, db_url, create=False),
+                      lambda: check_read_only_schema(engine, db_url), lambda: upgrade(db_url)):
+            with pytest.raises(SchemaPreRelease) as info:
+                check()
+            assert str(info.value) == expected
+        assert current_revision(engine) == "0009"
+    finally:
+        engine.dispose()
+
+
+def test_a_database_at_the_pre_release_head_is_taken_as_the_first_release(db_url: str) -> None:
+    """The pre-release head built the very schema of the first release: read-only it is read as it
+    is, and the first process that may write restamps it (``runyard db upgrade`` too)."""
+    upgrade(db_url)
+    _stamp(db_url, PRE_RELEASE_HEAD)
+    engine = make_engine(db_url)
+    try:
+        assert check_read_only_schema(engine, db_url) is True
+        assert current_revision(engine) == PRE_RELEASE_HEAD
+        assert ensure_schema(engine, db_url, create=False) is True
+        assert current_revision(engine) == head_revision()
+        _stamp(db_url, PRE_RELEASE_HEAD)
+        upgrade(db_url)
+        assert current_revision(engine) == head_revision()
     finally:
         engine.dispose()
