@@ -21,6 +21,7 @@ from db.home import home_writable
 from db.metricstore import Series, choose_level, series
 from db.requests import (
     RequestRefused,
+    RunNotFound,
     request_cancel,
     request_rerun,
     request_resume,
@@ -101,7 +102,7 @@ def run_detail(run_id: int) -> dict[str, Any] | None:
     with sessions()() as s:
         try:
             return queries.run_detail(s, run_id)
-        except queries.RunNotFound:
+        except RunNotFound:
             return None
 
 
@@ -122,7 +123,7 @@ def checkpoint_advice(run_id: int) -> dict[str, Any] | None:
     with sessions()() as s:
         try:
             return queries.checkpoint_advice(s, run_id)
-        except queries.RunNotFound:
+        except RunNotFound:
             return None
 
 

@@ -232,7 +232,8 @@ def _with_headers(send: Send, extra: dict[str, str]) -> Send:
 
 
 def _query_token(scope: Scope) -> str | None:
-    for key, value in parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True):
+    query: bytes = scope.get("query_string", b"")
+    for key, value in parse_qsl(query.decode("latin-1"), keep_blank_values=True):
         if key == "token":
             return value
     return None

@@ -18,6 +18,7 @@ import zipfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import streamlit as st
 
@@ -172,7 +173,7 @@ def _set(key: str, value: bool) -> None:
     st.session_state[key] = value
 
 
-def log_panel(run_id: int, attempts: Sequence[dict], active: bool, opened: str | None = None) -> None:
+def log_panel(run_id: int, attempts: Sequence[dict[str, Any]], active: bool, opened: str | None = None) -> None:
     """The logs of the chosen attempt (the newest by default), one source at a time (``opened``
     first: the failing rank), with search, follow, first error and downloads."""
     folders = [(int(a["number"]), Path(a["dir"])) for a in attempts]

@@ -8,6 +8,7 @@ Each takes the run detail the live panel read once for this refresh (``data.run_
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pandas as pd
 import streamlit as st
@@ -22,7 +23,7 @@ from orchestrator.format import clock, duration, phases_text
 TERMINAL_VALUES = {s.value for s in TERMINAL}
 
 
-def attempts_table(d: dict) -> None:
+def attempts_table(d: dict[str, Any]) -> None:
     """The attempts as a timeline: how each ended, on which rank, what it cost in steps and time."""
     if not d["attempts"]:
         st.caption("Not launched yet.")
@@ -62,7 +63,7 @@ def attempts_table(d: dict) -> None:
             st.caption(f"Attempt {a['number']} {after}: {timed}")
 
 
-def failed_attempt(d: dict) -> dict | None:
+def failed_attempt(d: dict[str, Any]) -> dict[str, Any] | None:
     """The newest attempt when it ended in a failure (the run FAILED, or waits to retry)."""
     if d["status"] not in (RunStatus.FAILED, RunStatus.RETRYING) or not d["attempts"]:
         return None
@@ -80,7 +81,7 @@ def first_error_line(text: str) -> str | None:
     return (line.split("]:", 1)[-1] if line.startswith("[rank") else line).strip()
 
 
-def failure_summary(d: dict) -> None:
+def failure_summary(d: dict[str, Any]) -> None:
     """A failed run says at the top which rank failed, with what, and the traceback runyard kept."""
     a = failed_attempt(d)
     if a is None:
@@ -95,7 +96,7 @@ def failure_summary(d: dict) -> None:
             st.code(a["log_tail"], language=None)
 
 
-def log_tails(d: dict) -> None:
+def log_tails(d: dict[str, Any]) -> None:
     """The log tail kept for each attempt that failed, then the rank logs (app/log_view.py),
     opened on the failing rank (rank 0's log is often a red herring: it only saw the others stop)."""
     if not d["attempts"]:
@@ -110,7 +111,7 @@ def log_tails(d: dict) -> None:
     log_panel(d["id"], d["attempts"], active=d["status"] not in TERMINAL_VALUES, opened=opened)
 
 
-def checkpoint_table(d: dict) -> None:
+def checkpoint_table(d: dict[str, Any]) -> None:
     """The checkpoint history, newest first, with a pin toggle on each (Resume ▾ and Fork… in the
     header act on a chosen one)."""
     checkpoints = [c for c in d["checkpoints"] if not c["deleted"]]
@@ -181,7 +182,7 @@ def checkpoint_advice(run_id: int) -> None:
     )
 
 
-def events_list(d: dict) -> None:
+def events_list(d: dict[str, Any]) -> None:
     events = [e for e in d["events"] if e["level"] in ("warning", "error")]
     if not events:
         return

@@ -21,7 +21,7 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Select, and_, case, func, literal, or_, select, union_all
 from sqlalchemy.orm import Session, aliased
@@ -31,6 +31,9 @@ from db.metricstore import BASE, LEVELS, choose_level
 from db.models import Attempt, MetricName, MetricPoint, MetricRollup, Run
 from db.queries import flatten
 from db.vocabulary import metric_registry
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # Select[Unpack[tuple[Any, ...]]]: any columns
 
 # Metric names (or their last ``/``- or ``.``-separated part) that are better when higher: the
 # words below as a whole word of the name (``eval_accuracy``, ``top1``, ``val/f1``,
@@ -91,7 +94,8 @@ class MetricSummary:
     higher_is_better: bool
 
 
-def _catalogue(session: Session, run_ids: Sequence[int], name_ids: Sequence[int]) -> dict[tuple[int, int], list]:
+def _catalogue(session: Session, run_ids: Sequence[int],
+               name_ids: Sequence[int]) -> dict[tuple[int, int], list[tuple[Any, ...]]]:
     """(run, name) -> the metric store's catalogue of its series: (attempt, rank, first step,
     last step, points) from the coarsest rollup level, every run and name in one statement."""
     R = MetricRollup
@@ -101,13 +105,13 @@ def _catalogue(session: Session, run_ids: Sequence[int], name_ids: Sequence[int]
         .where(R.run_id.in_(run_ids), R.name_id.in_(name_ids), R.level == LEVELS)
         .group_by(R.run_id, R.name_id, R.attempt, R.rank)
     ).all()
-    catalogue: dict[tuple[int, int], list] = {}
+    catalogue: dict[tuple[int, int], list[tuple[Any, ...]]] = {}
     for run_id, name_id, *entry in rows:
         catalogue.setdefault((run_id, name_id), []).append(tuple(entry))
     return catalogue
 
 
-def _lineage_steps(levels: Mapping[tuple[int, int], int], run_ids: Sequence[int]) -> Select:
+def _lineage_steps(levels: Mapping[tuple[int, int], int], run_ids: Sequence[int]) -> Select[Unpack[tuple[Any, ...]]]:
     """Per (run, name, attempt, step) on the run's lineage: ``value``, the mean over ranks
     (of each rank's value, or of its bucket's mean), ``last`` (the mean of the ranks' values at
     their last step in the bucket), ``last_step`` and ``size`` (the bucket's steps). Series at
@@ -119,7 +123,7 @@ def _lineage_steps(levels: Mapping[tuple[int, int], int], run_ids: Sequence[int]
     P, R = MetricPoint, MetricRollup
     raw = [k for k, level in levels.items() if level == 0]
     rolled = [(*k, level) for k, level in levels.items() if level > 0]
-    parts: list[Select] = []
+    parts: list[Select[Unpack[tuple[Any, ...]]]] = []
     if raw:
         parts.append(
             select(P.run_id, P.name_id, P.attempt, P.step, func.avg(P.value).label("value"),

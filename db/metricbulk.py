@@ -81,7 +81,7 @@ POINT_TYPES = copy_types(MetricPoint.__table__, POINT_COLUMNS)  # type: ignore[a
 ROLLUP_TYPES = copy_types(MetricRollup.__table__, ROLLUP_COLUMNS)  # type: ignore[arg-type]
 
 
-def _copy(conn: Connection, into: str, columns: tuple[str, ...], types: list[str], rows: list[tuple]) -> None:
+def _copy(conn: Connection, into: str, columns: tuple[str, ...], types: list[str], rows: list[tuple[Any, ...]]) -> None:
     cursor: Any = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
     try:
         with cursor.copy(f"COPY {into} ({', '.join(columns)}) FROM STDIN (FORMAT BINARY)") as copy:
@@ -107,7 +107,7 @@ def check_ranges(batch: BatchRollups) -> None:
 
 
 def hold_and_find_stored(conn: Connection, step_ranges: dict[tuple[int, int], tuple[int, int]],
-                         name_ids: set[int]) -> set[tuple]:
+                         name_ids: set[int]) -> set[tuple[Any, ...]]:
     """Lock the batch's runs and names against deletion until commit, as a foreign key's check
     does for each row, and return the keys (run, name id, attempt, step, rank) of the points
     already stored in each (run, attempt)'s step range of the batch: what
@@ -149,7 +149,7 @@ def _forget_batch_rows(conn: Connection) -> None:
     conn.info.pop(_BATCH_TABLE_ROWS, None)
 
 
-def write_batch(conn: Connection, points: list[tuple], batch: BatchRollups) -> None:
+def write_batch(conn: Connection, points: list[tuple[Any, ...]], batch: BatchRollups) -> None:
     """Insert ``points`` (tuples in ``POINT_COLUMNS`` order, none stored yet) and merge the
     batch's rollups (``batch.rows``, tuples in ``ROLLUP_COLUMNS`` order) into the stored buckets,
     after :func:`check_ranges` and :func:`hold_and_find_stored` in the same transaction.

@@ -52,7 +52,7 @@ class BatchRollups:
             narrower than Python's.
     """
 
-    rows: list[tuple]
+    rows: list[tuple[Any, ...]]
     repeated: bool
     step_ranges: dict[tuple[int, int], tuple[int, int]]
     key_ranges: dict[str, tuple[int, int]]
@@ -86,7 +86,7 @@ def summarize(run: Sequence[int], name: Sequence[int], attempt: Sequence[int], s
         "sum": np.where(nan, 0.0, value_a), "count": np.ones(n, dtype=np.int64), "nans": nan.astype(np.int64),
         "first_step": step_a, "last_step": step_a, "first_time": wall_a, "last_time": wall_a, "last": value_a,
     }
-    rows: list[tuple] = []
+    rows: list[tuple[Any, ...]] = []
     with np.errstate(invalid="ignore"):  # +Inf + -Inf is NaN, as it should be
         for number in range(1, LEVELS + 1):
             level = _coarser(level)
@@ -118,7 +118,7 @@ def _coarser(p: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     }
 
 
-def _level_rows(number: int, p: dict[str, np.ndarray]) -> list[tuple]:
+def _level_rows(number: int, p: dict[str, np.ndarray]) -> list[tuple[Any, ...]]:
     import numpy as np
 
     empty = p["count"] == p["nans"]  # no non-NaN value: min and max are NULL
@@ -165,7 +165,7 @@ def rollup_upsert(dialect: str) -> sqlite.Insert | postgresql.Insert:
     return merge_rollups(dialect_insert(dialect)(MetricRollup.__table__), dialect)
 
 
-def merge_rollups(stmt: Any, dialect: str) -> Any:
+def merge_rollups(stmt: sqlite.Insert | postgresql.Insert, dialect: str) -> sqlite.Insert | postgresql.Insert:
     """``stmt`` (the dialect's INSERT into metric_rollups, of VALUES or of a SELECT) with the
     ON CONFLICT DO UPDATE that merges each new partial into its stored bucket."""
     t = MetricRollup.__table__

@@ -127,8 +127,8 @@ def elapsed_s(run: RunLike, attempts: Sequence[Any], now: float) -> float | None
     time it sat paused, cancelled or finished before a person resumed it. None before it started."""
     if not attempts:
         return ((run.ended_at or now) - run.started_at) if run.started_at else None
-    held = sum((a.ended_at or now) - a.started_at for a in attempts)
-    waits = sum(b.started_at - (a.ended_at or b.started_at) for a, b in pairwise(attempts) if a.cause)
+    held: float = sum((a.ended_at or now) - a.started_at for a in attempts)
+    waits: float = sum(b.started_at - (a.ended_at or b.started_at) for a, b in pairwise(attempts) if a.cause)
     last = attempts[-1]
     if RunStatus(run.status) is RunStatus.RETRYING and last.ended_at is not None:
         waits += max(0.0, now - last.ended_at)
@@ -556,8 +556,8 @@ def goodput(session: Session, run: Run, attempts: list[dict[str, Any]], now: flo
                                   max_step=cutoffs.get(a["number"]))
         total, count = total + s, count + n
     last = attempts[-1]
-    steps = last["last_step"] or last["resume_step"] or 0
-    wall = sum((a["ended_at"] or now) - a["started_at"] for a in attempts)
+    steps: int = last["last_step"] or last["resume_step"] or 0
+    wall: float = sum((a["ended_at"] or now) - a["started_at"] for a in attempts)
     wall += sum(b["started_at"] - (a["ended_at"] or b["started_at"]) for a, b in pairwise(attempts) if a["cause"])
     if not count or wall <= 0:
         return None
@@ -651,7 +651,7 @@ def metric_keys(session: Session, run_id: int) -> list[str]:
     return metricstore.metric_keys(session, run_id)
 
 
-def iter_metric_rows(session: Session, run_id: int, batch: int = 10_000) -> Iterator[tuple]:
+def iter_metric_rows(session: Session, run_id: int, batch: int = 10_000) -> Iterator[tuple[Any, ...]]:
     """Every raw point of a run, in (attempt, step, rank, key) order, streamed in batches:
     (attempt, rank, step, key, value, time, superseded); NaN is ``float("nan")``."""
     cutoffs = lineage_cutoffs(attempts_of(session, run_id))

@@ -4,12 +4,15 @@ the UI and the CLI, never ORM objects."""
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import BigInteger, Select, cast, func, select
 from sqlalchemy.orm import Session
 
 from db.models import SystemMetric
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # Select[Unpack[tuple[Any, ...]]]: any columns
 
 WINDOW_S = 10.0  # the monitor's aggregation window (orchestrator.scheduler.sysmon.WINDOW_S)
 
@@ -63,7 +66,7 @@ def system_series(
     if host is not None:
         conditions.append(m.host == host)
 
-    query: Select  # of either branch's columns
+    query: Select[Unpack[tuple[Any, ...]]]  # of either branch's columns
     if bucket_s is not None and bucket_s > WINDOW_S:
         width = int(bucket_s)
         # Integer floor division on whole seconds: window starts are multiples of 10 s, so the

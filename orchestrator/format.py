@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from db.states import TERMINAL, AttemptPhase, RunStatus
 from orchestrator.executors.slurm.commands import QUEUED_JOB_STATES
@@ -22,7 +22,7 @@ def duration(seconds: float | None) -> str:
     return f"{h}h {m:02d}m" if h else (f"{m}m {s:02d}s" if m else f"{s}s")
 
 
-def phases_text(phases: list[dict] | None) -> str | None:
+def phases_text(phases: list[dict[str, Any]] | None) -> str | None:
     """An attempt's start-up (and the recovery before it) by phase, in the order they happened
     (db/vocabulary/phases.py): "teardown 0.4s · detect 0.6s · ... · first_step 0.1s = 5.2s"; None without
     phases."""
@@ -87,7 +87,8 @@ def step_text(step: int, total: int | None, sep: str = "/") -> str:
     return f"{step}{sep}{total}" if total else f"{step}"
 
 
-def startup_text(status: str, attempt: dict | None, config: dict, now: float | None = None) -> str | None:
+def startup_text(status: str, attempt: dict[str, Any] | None, config: dict[str, Any],
+                 now: float | None = None) -> str | None:
     """What a launched run does before its first step, in the words a person waiting for it
     needs (``Launching: torchrun starts 2 ranks and they join each other (rendezvous), 4s``);
     ``None`` once it trains, and before or after it runs.
@@ -160,7 +161,7 @@ def where_short(executor: str, job_id: str | None, job_state: str | None) -> str
     return " ".join(p for p in ("slurm", job_id, job_state) if p)
 
 
-def where_text(config: dict, attempt: dict | None, now: float | None = None) -> str | None:
+def where_text(config: dict[str, Any], attempt: dict[str, Any] | None, now: float | None = None) -> str | None:
     """Where a run runs, for the Run page and ``runyard show``: the Slurm job with its state, the
     reason it waits, its nodes and how old that word is; or the local nodes of a multi-node
     rehearsal. None for a plain local run (nothing to say)."""

@@ -54,7 +54,8 @@ def control_group() -> dist.ProcessGroup | None:
     the same point, as the first exchange or stop check does.
     """
     if dist.is_initialized() and dist.get_backend() == "nccl":
-        return dist.new_group(backend="gloo")
+        group: dist.ProcessGroup | None = dist.new_group(backend="gloo")
+        return group
     return None
 
 

@@ -93,8 +93,10 @@ class PreSyncClock:
     def _seconds(self, start: Stamp, end: Stamp) -> float:
         if self._cuda:
             end.synchronize()  # done long ago: the report synchronised the host already
-            return start.elapsed_time(end) / 1000.0
-        return end - start
+            elapsed_ms: float = start.elapsed_time(end)
+            return elapsed_ms / 1000.0
+        seconds: float = end - start
+        return seconds
 
     def restart(self) -> None:
         """Forget everything so far (after loading a checkpoint: that was not a step)."""
@@ -162,9 +164,13 @@ def timed_allreduce(state: tuple[PreSyncClock, dist.ProcessGroup | None],
 
     def reduced(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
         clock.bucket_reduced()
-        return fut.value()[0]
+        reduced_tensor: torch.Tensor = fut.value()[0]  # Future.value() is unannotated in torch
+        return reduced_tensor
 
-    return dist.all_reduce(tensor, group=group, async_op=True).get_future().then(reduced)
+    # torch's all_reduce carries no annotations: its result (a Work, with async_op) is Any.
+    done: torch.futures.Future[torch.Tensor] = dist.all_reduce(tensor, group=group, async_op=True).get_future().then(
+        reduced)
+    return done
 
 
 # -- stragglers ----------------------------------------------------------------------------------

@@ -88,7 +88,7 @@ class DatabaseWriter(threading.Thread):
     def put(self, kind: str, record: Any) -> None:
         self._queue.put((kind, record))
 
-    def put_rows(self, rows: list[dict]) -> None:
+    def put_rows(self, rows: list[dict[str, Any]]) -> None:
         self._queue.put(("rows", rows))
 
     def put_progress(self, step: int | None, phase: str | None = None) -> None:
@@ -141,7 +141,7 @@ class DatabaseWriter(threading.Thread):
             else:
                 self._pending.setdefault(kind, []).append(payload)
 
-    def _drop_oldest(self, rows: list[dict], n: int) -> None:
+    def _drop_oldest(self, rows: list[dict[str, Any]], n: int) -> None:
         """The bound is hit (the database has refused writes for long): drop the oldest metric rows."""
         steps = [r["step"] for r in rows[:n]]
         lo, hi = min(steps), max(steps)
@@ -270,7 +270,8 @@ class DatabaseWriter(threading.Thread):
     def _retry_wait_s(self) -> float:
         if not self._failures:
             return self._interval
-        return min(MAX_RETRY_WAIT_S, self._interval * 2 ** min(self._failures, 10))
+        doublings: int = 2 ** min(self._failures, 10)  # int ** int is Any to the checker
+        return min(MAX_RETRY_WAIT_S, self._interval * doublings)
 
     def run(self) -> None:
         from db.engine import make_engine
@@ -314,7 +315,7 @@ class MetricReporter:
             self.writer = DatabaseWriter(ctx.db_url, ctx.run_id, ctx.attempt)
             self.writer.start()
 
-    def _rows(self, step: int, per_rank: Iterable[tuple[int, dict[str, float]]], at: float) -> list[dict]:
+    def _rows(self, step: int, per_rank: Iterable[tuple[int, dict[str, float]]], at: float) -> list[dict[str, Any]]:
         return [
             {
                 "run_id": self.ctx.run_id,

@@ -18,7 +18,7 @@ import streamlit as st
 
 from app import compare_charts as cc
 from app import data, style
-from db.compare import MAX_POINTS, config_diff, higher_is_better
+from db.compare import MAX_POINTS, MAX_RUNS, config_diff, higher_is_better
 from db.vocabulary import metric_registry
 
 style.apply()
@@ -41,11 +41,11 @@ def pick_runs(runs: list[dict[str, Any]]) -> list[int]:
     if unknown:
         st.warning(f"runs={style.plain(st.query_params.get('runs'))}: {style.plain(', '.join(unknown))} is not "
                    f"one of the {len(runs)} newest runs; pick runs below or on the Runs page.")
-    default = [i for i in wanted if i in labels][:cc.MAX_RUNS] if "runs" in st.query_params else sorted(
+    default = [i for i in wanted if i in labels][:MAX_RUNS] if "runs" in st.query_params else sorted(
         r["id"] for r in runs[:2])
     chosen = st.multiselect("Runs", list(labels), default=default, format_func=lambda i: labels[i],
-                            max_selections=cc.MAX_RUNS, placeholder="pick two or more runs",
-                            help=f"Up to {cc.MAX_RUNS} runs; each keeps its colour on every chart and table.")
+                            max_selections=MAX_RUNS, placeholder="pick two or more runs",
+                            help=f"Up to {MAX_RUNS} runs; each keeps its colour on every chart and table.")
     st.query_params["runs"] = ",".join(map(str, chosen))
     return chosen
 

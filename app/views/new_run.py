@@ -61,7 +61,7 @@ def fork_of_query() -> dict[str, Any] | None:
     """The fork this page was opened for (``?fork=RUN&checkpoint=ID``), filling the form the first
     time; None without those parameters (a fork left behind is forgotten)."""
     run, checkpoint = st.query_params.get("fork"), st.query_params.get("checkpoint")
-    held = st.session_state.get(FORK_KEY)
+    held: dict[str, Any] | None = st.session_state.get(FORK_KEY)
     if not run or not checkpoint:
         if held is not None:  # the person came back without the fork's address: a fresh form
             forget_fork()

@@ -87,7 +87,7 @@ st.query_params["run"] = str(run_id)
 SNAPSHOT_KEY = f"run-snapshot/{run_id}"
 
 
-def header(d: dict) -> None:
+def header(d: dict[str, Any]) -> None:
     """Name and badge with the actions beside them, then what the run is doing now. The actions
     are sent before the badge: while the browser applies a refresh, a new badge never shows
     beside the old actions (SUCCEEDED beside Cancel), at most the old badge beside the new ones."""
@@ -125,7 +125,7 @@ def header(d: dict) -> None:
     headline(d)
 
 
-def headline(d: dict) -> None:
+def headline(d: dict[str, Any]) -> None:
     c = st.columns(6)
     c[0].metric("Elapsed", duration(d["elapsed_s"]))
     ends = eta_text(d["status"], d["eta_s"], d["eta_range_s"])
@@ -148,7 +148,7 @@ def max_points(nproc: int) -> int:
     return max(MIN_POINTS, min(MAX_POINTS, CHART_ROWS // max(1, nproc)))
 
 
-def live_series(d: dict) -> dict[str, data.LiveSeries]:
+def live_series(d: dict[str, Any]) -> dict[str, data.LiveSeries]:
     """Every metric of the run, each merged with what this session already holds (only new
     buckets are fetched), in chart order."""
     keys = data.metric_keys(d["id"])
@@ -167,7 +167,7 @@ def live_series(d: dict) -> dict[str, data.LiveSeries]:
     return out
 
 
-def event_badges(d: dict, series: dict[str, data.LiveSeries]) -> None:
+def event_badges(d: dict[str, Any], series: dict[str, data.LiveSeries]) -> None:
     """A row of badges: what the checks found, with counts (stragglers, desyncs, NaNs, hangs);
     a green one for the checks that ran and found nothing; a grey one for each check that did
     not run, saying why (:func:`health_checks`). Without a "nan" event from the trainer, NaNs
@@ -198,7 +198,7 @@ def _and(items: list[str]) -> str:
     return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} or {items[-1]}"
 
 
-def health_checks(d: dict, has_metrics: bool) -> dict[str, str]:
+def health_checks(d: dict[str, Any], has_metrics: bool) -> dict[str, str]:
     """{check: why it has not run} for the run's newest attempt; a check missing from the
     result ran (and its findings, if any, are the event counts).
 
@@ -270,7 +270,7 @@ def log_defaults(series: dict[str, data.LiveSeries]) -> frozenset[str]:
     return charts.auto_log_keys({k: s.rows for k, s in series.items()})
 
 
-def metric_charts(d: dict, series: dict[str, data.LiveSeries]) -> None:
+def metric_charts(d: dict[str, Any], series: dict[str, data.LiveSeries]) -> None:
     if not series:
         if d["status"] in TERMINAL_VALUES:
             st.info("This run reported no metrics.")
@@ -291,7 +291,7 @@ def metric_charts(d: dict, series: dict[str, data.LiveSeries]) -> None:
     chart_widgets.latest_table(d["metrics"], list(series))
 
 
-def latest_values(d: dict) -> None:
+def latest_values(d: dict[str, Any]) -> None:
     """The newest value of each metric on each rank, one row per metric, labelled and formatted by
     the metric registry (the Metrics section's table, every key)."""
     keys = [k for k in CHART_ORDER if k in d["metrics"]] + sorted(k for k in d["metrics"] if k not in CHART_ORDER)
@@ -318,7 +318,7 @@ def overview_keys(run_id: int, keys: list[str]) -> list[str]:
     return chosen or keys[:2]
 
 
-def overview_charts(d: dict, series: dict[str, data.LiveSeries]) -> None:
+def overview_charts(d: dict[str, Any], series: dict[str, data.LiveSeries]) -> None:
     """The main curves, side by side under the badges, drawn as the Metrics section draws them
     (its chosen options for this run, if any); "Pin curves" picks which."""
     if not series:
@@ -349,7 +349,7 @@ def overview_charts(d: dict, series: dict[str, data.LiveSeries]) -> None:
         key=widget, on_change=pin, help="Every curve is on the Metrics section; these are the ones shown here")
 
 
-def overview(d: dict) -> None:
+def overview(d: dict[str, Any]) -> None:
     """The run at a glance: checks found, the main curves, newest values, the system's newest
     window, warnings."""
     series = live_series(d)
@@ -361,20 +361,20 @@ def overview(d: dict) -> None:
     run_alerts(d["id"])  # alerts (app/alerts_panel.py)
 
 
-def metrics(d: dict) -> None:
+def metrics(d: dict[str, Any]) -> None:
     """The charts, under the event badges (a NaN badge beside the curve it marks)."""
     series = live_series(d)
     event_badges(d, series)
     metric_charts(d, series)
 
 
-def checkpoints(d: dict) -> None:
+def checkpoints(d: dict[str, Any]) -> None:
     checkpoint_table(d)
     if d["attempts"]:  # advice about save intervals means nothing before the run has run
         checkpoint_advice(d["id"])
 
 
-def attempts_and_logs(d: dict) -> None:
+def attempts_and_logs(d: dict[str, Any]) -> None:
     attempts_table(d)
     events_list(d)
     run_alerts(d["id"])
@@ -382,7 +382,7 @@ def attempts_and_logs(d: dict) -> None:
     log_tails(d)
 
 
-def system(d: dict) -> None:
+def system(d: dict[str, Any]) -> None:
     """The newest system window in one line; its charts (up to 11 with GPUs, each costing the
     browser 0.1-0.3 s to draw) only while the toggle is on."""
     st.caption(summary_line(latest_window(d["id"])))
@@ -390,7 +390,7 @@ def system(d: dict) -> None:
         system_panels(d["id"])
 
 
-def config(d: dict) -> None:
+def config(d: dict[str, Any]) -> None:
     st.json(d["config"])
 
 
@@ -415,7 +415,8 @@ def snapshot() -> dict[str, Any] | None:
     """The run as the header last read it (read again only when the header has not yet)."""
     if SNAPSHOT_KEY not in st.session_state:
         st.session_state[SNAPSHOT_KEY] = data.run_detail(run_id)
-    return st.session_state[SNAPSHOT_KEY]
+    detail: dict[str, Any] | None = st.session_state[SNAPSHOT_KEY]
+    return detail
 
 
 live_header()

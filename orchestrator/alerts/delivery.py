@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from sqlalchemy import select, update
@@ -44,7 +45,7 @@ def scrub(text: str, url: str) -> str:
     return text
 
 
-def note_of(row: AlertDelivery, payload: dict) -> Note:
+def note_of(row: AlertDelivery, payload: dict[str, Any]) -> Note:
     title = payload.get("title") or f"runyard: {row.trigger}"
     return Note(title=str(title), body=row.message, payload=payload)
 
@@ -61,7 +62,7 @@ class DeliveryWorker:
     """
 
     def __init__(self, sessions: sessionmaker[Session], store: AlertStore,
-                 payloads: Callable[[Session, AlertDelivery], dict],
+                 payloads: Callable[[Session, AlertDelivery], dict[str, Any]],
                  backoff_s: tuple[float, ...] = BACKOFF_S,
                  sender: Callable[[Channel, Note], None] = send):
         self.sessions = sessions

@@ -20,7 +20,7 @@ import logging
 import socket
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -109,7 +109,7 @@ class AlertEngine:
         self._horizon = self.started_at - LOOKBACK_S
         self._rules_cache: dict[tuple[str, tuple[str, ...]], RunRules] = {}  # by config hash
 
-    def payload(self, session: Session, row: AlertDelivery) -> dict:
+    def payload(self, session: Session, row: AlertDelivery) -> dict[str, Any]:
         """The signed webhook's JSON for a delivery (also the Apprise title)."""
         base = ui_base(self.home, self.store.load().defaults)
         run = session.get(Run, row.run_id) if row.run_id is not None else None
@@ -239,14 +239,14 @@ class AlertEngine:
               message, run.id, now, self._not_before(settings, alert.trigger, now))
 
 
-def history(session: Session, run_id: int | None = None, limit: int = 200) -> list[dict]:
+def history(session: Session, run_id: int | None = None, limit: int = 200) -> list[dict[str, Any]]:
     """The newest alerts (of one run, or all) with each delivery's outcome, newest first."""
     query = select(Alert).order_by(Alert.id.desc()).limit(limit)
     if run_id is not None:
         query = query.where(Alert.run_id == run_id)
     alerts = session.scalars(query).all()
     ids = [a.id for a in alerts]
-    deliveries: dict[int, list[dict]] = {}
+    deliveries: dict[int, list[dict[str, Any]]] = {}
     if ids:
         for d in session.scalars(select(AlertDelivery).where(AlertDelivery.alert_id.in_(ids))
                                  .order_by(AlertDelivery.id)).all():
@@ -256,7 +256,7 @@ def history(session: Session, run_id: int | None = None, limit: int = 200) -> li
              "resolved_at": a.resolved_at, "deliveries": deliveries.get(a.id, [])} for a in alerts]
 
 
-def delivery_dict(d: AlertDelivery) -> dict:
+def delivery_dict(d: AlertDelivery) -> dict[str, Any]:
     return {"id": d.id, "channel_id": d.channel_id, "channel": d.channel, "kind": d.kind, "trigger": d.trigger,
             "status": d.status, "tries": d.tries, "error": d.error, "created_at": d.created_at,
             "done_at": d.done_at, "message": d.message}

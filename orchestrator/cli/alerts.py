@@ -14,6 +14,7 @@ URLs are shown masked (their secrets stay in ``alerts.json``, mode 0600, in the 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 
@@ -111,7 +112,7 @@ def history(run: str | None, as_json: bool, limit: int) -> None:
     settings = load_settings()
     sessions = open_existing(settings)
     if sessions is None:
-        rows: list[dict] = []
+        rows: list[dict[str, Any]] = []
     else:
         run_id = resolve_ref(sessions, run) if run is not None else None
         with sessions() as session:

@@ -218,7 +218,7 @@ def _log_attempt(run_id: int, sources: dict[str, Any], status: str, attempt: int
     if rank is not None and ranks and rank >= ranks:
         fail(f"--rank {rank}: run {run_id} has ranks 0 to {ranks - 1} (launch.nnodes x launch.nproc_per_node = "
              f"{ranks})")
-    attempts = sources["attempts"]
+    attempts: list[dict[str, Any]] = sources["attempts"]
     if not attempts:
         if follow and status not in {s.value for s in TERMINAL}:
             return None
@@ -259,7 +259,8 @@ def logs(run: str, rank: int | None, attempt: int | None, follow: bool) -> None:
                 if newest == (sources["attempts"][-1]["number"] if sources["attempts"] else None):
                     return status
             sources.update(log_sources(session, run_id))
-            return sources["status"]
+            now_status: str = sources["status"]
+            return now_status
 
     def emit_new() -> str:
         """Print what is new; returns the run's status."""

@@ -28,7 +28,7 @@ import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from sqlalchemy.orm import Session
 
@@ -56,7 +56,7 @@ class Observation:
     """One look at one attempt."""
 
     liveness: Liveness
-    exited: dict | None = None  # the exit record (exit code, end time...) when ENDED
+    exited: dict[str, Any] | None = None  # the exit record (exit code, end time...) when ENDED
 
 
 @dataclass(frozen=True)

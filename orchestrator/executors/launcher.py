@@ -32,7 +32,7 @@ WANDB_SHIM_VAR = "RUNYARD_WANDB_SHIM"
 class Launched:
     pid: int
     create_time: float
-    popen: subprocess.Popen
+    popen: subprocess.Popen[bytes]
 
 
 def free_port(host: str = LOOPBACK) -> int:

@@ -59,7 +59,7 @@ class LocalExecutor:
     def __init__(self, command: CommandFactory = torchrun_argv):
         self.command = command
         self.sweeper = Sweeper()
-        self._children: dict[int, subprocess.Popen] = {}
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
 
     def submit(self, request: LaunchRequest, attempt: Attempt) -> str:
         config = request.config

@@ -16,6 +16,7 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -34,15 +35,17 @@ def is_alive(pid: int | None, create_time: float | None) -> bool:
         proc = psutil.Process(pid)
         if abs(proc.create_time() - create_time) > CREATE_TIME_TOLERANCE_S:
             return False
-        return proc.status() != psutil.STATUS_ZOMBIE
+        zombie: bool = proc.status() == psutil.STATUS_ZOMBIE  # psutil is untyped: its values are Any
+        return not zombie
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return False
 
 
-def read_exit(attempt_dir: Path) -> dict | None:
+def read_exit(attempt_dir: Path) -> dict[str, Any] | None:
     """The shim's record of how the launcher ended, or None if it has not ended (or vanished)."""
     try:
-        return json.loads((attempt_dir / EXIT_FILE).read_text())
+        record: dict[str, Any] | None = json.loads((attempt_dir / EXIT_FILE).read_text())
+        return record
     except (OSError, ValueError):
         return None
 
@@ -125,7 +128,7 @@ def rank_processes(
     return ranks
 
 
-def read_launch_record(attempt_dir: Path) -> dict | None:
+def read_launch_record(attempt_dir: Path) -> dict[str, Any] | None:
     """The shim's record of its own pid and create time (and torchrun's), written before
     torchrun starts; None when the shim never got that far."""
     try:

@@ -41,6 +41,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -217,7 +218,8 @@ def main(argv: list[str]) -> int:
     return code if code >= 0 else 128 - code
 
 
-def wait_group(children: list[subprocess.Popen], grace_s: float) -> tuple[int, subprocess.Popen, list[dict]]:
+def wait_group(children: list[subprocess.Popen[bytes]],
+               grace_s: float) -> tuple[int, subprocess.Popen[bytes], list[dict[str, Any]]]:
     """Wait for every node's agent; the first failure ends the others (SIGTERM, then SIGKILL
     after ``grace_s``: a node whose ranks are writing a checkpoint after a cancel gets to finish).
 
@@ -228,7 +230,7 @@ def wait_group(children: list[subprocess.Popen], grace_s: float) -> tuple[int, s
     if len(children) == 1:
         code = children[0].wait()
         return code, children[0], [{"node": 0, "pid": children[0].pid, "exit_code": code}]
-    first: subprocess.Popen | None = None
+    first: subprocess.Popen[bytes] | None = None
     deadline: float | None = None
     while any(c.returncode is None for c in children):
         for child in children:
@@ -248,7 +250,7 @@ def wait_group(children: list[subprocess.Popen], grace_s: float) -> tuple[int, s
     return (first.returncode, first, nodes) if first is not None else (0, children[0], nodes)
 
 
-def start_children(commands: list[list[str]]) -> list[subprocess.Popen]:
+def start_children(commands: list[list[str]]) -> list[subprocess.Popen[bytes]]:
     """Start every node's agent with default handling of the stop signals, which the shim ignores.
 
     A child starts with the shim's ignored dispositions until its set-up restores them, and a

@@ -234,7 +234,7 @@ def _py_spy(py_spy: str, procs: dict[int, psutil.Process], folder: Path,
     """``py-spy dump`` of every rank at once; each is ended after PY_SPY_TIMEOUT_S. A rank in
     ``stopped`` (SIGSTOP, state T) is read with ``--nonblocking``: py-spy would try to suspend
     it and fail ("Failed to suspend process"), and a stopped process's memory holds still anyway."""
-    running: dict[int, tuple[psutil.Process, subprocess.Popen]] = {}
+    running: dict[int, tuple[psutil.Process, subprocess.Popen[str]]] = {}
     for rank, proc in procs.items():
         argv = [py_spy, "dump", *(["--nonblocking"] if rank in stopped else []), "--pid", str(proc.pid)]
         try:

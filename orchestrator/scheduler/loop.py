@@ -26,7 +26,7 @@ from collections.abc import Callable
 from datetime import datetime
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from filelock import FileLock, Timeout
 from sqlalchemy import func, select
@@ -519,7 +519,7 @@ class Scheduler:
         if run.dump_requested_at is not None:
             watchdog.serve_dump_request(session, run, attempt, self.dumps, executor)
 
-    def _settle(self, session: Session, run: Run, attempt: Attempt, exited: dict | None) -> None:
+    def _settle(self, session: Session, run: Run, attempt: Attempt, exited: dict[str, Any] | None) -> None:
         """Settle an attempt whose launcher ended, once nothing of the run lives any more."""
         if not self.executor_of(attempt).sweep(session, run, attempt.number, attempt):
             return  # a process outlived SIGKILL: the attempt stays (and holds its devices) until it is gone

@@ -38,7 +38,8 @@ logger = logging.getLogger(__name__)
 
 def read_stopped(attempt_dir: Path) -> dict[str, Any] | None:
     try:
-        return json.loads(AttemptPaths(attempt_dir).stopped.read_text())
+        stopped: dict[str, Any] | None = json.loads(AttemptPaths(attempt_dir).stopped.read_text())
+        return stopped
     except (OSError, ValueError):
         return None
 
@@ -54,7 +55,7 @@ def next_overrides(run: Run, previous: Attempt | None) -> dict[str, Any]:
     """Overrides for the next attempt: the previous attempt's, adjusted after a CUDA OOM."""
     if previous is None:
         return {}
-    overrides = json.loads(previous.overrides_json or "{}")
+    overrides: dict[str, Any] = json.loads(previous.overrides_json or "{}")
     if previous.cause == Cause.CUDA_OOM.value:
         train = attempt_config(run, previous).train
         overrides = deep_merge(overrides, halved_micro_batch(train.batch_size, train.grad_accum))
@@ -77,7 +78,7 @@ def first_failure_at(attempt_dir: Path) -> float | None:
         return None
 
 
-def _record(session: Session, attempt: Attempt, exited: dict | None, now: float) -> None:
+def _record(session: Session, attempt: Attempt, exited: dict[str, Any] | None, now: float) -> None:
     attempt.exit_code = int(exited["exit_code"]) if exited else None
     attempt.ended_at = float(exited["ended_at"]) if exited else now
     # The rank's failure, as the agent saw it, before it stopped the other ranks; else the exit.
@@ -106,7 +107,8 @@ def stop_mode(run: Run, attempt: Attempt) -> StopReason:
     return StopReason(attempt.stop_reason or StopReason.CANCEL)
 
 
-def settle(session: Session, run: Run, attempt: Attempt, exited: dict | None, now: float | None = None) -> None:
+def settle(session: Session, run: Run, attempt: Attempt, exited: dict[str, Any] | None,
+           now: float | None = None) -> None:
     """The attempt's processes are gone: record how it ended and move the run on."""
     now = time.time() if now is None else now
     attempt_dir = Path(attempt.dir)
@@ -186,7 +188,7 @@ def settle(session: Session, run: Run, attempt: Attempt, exited: dict | None, no
 _STORAGE_EXPLAINS = frozenset({Cause.UNKNOWN, Cause.USER_ERROR, Cause.SIGNAL, Cause.VANISHED})
 
 
-def _storage_failure(run: Run, attempt: Attempt, exited: dict | None, diagnosed: Failure) -> Failure | None:
+def _storage_failure(run: Run, attempt: Attempt, exited: dict[str, Any] | None, diagnosed: Failure) -> Failure | None:
     """The storage's part in the attempt's end, or None: the run folder deleted under it
     (``RUN_DIR_DELETED``, never retried), or a ``DISK`` failure when the launcher could not write
     its exit file (it says so in the record it wrote late, or there is no record and the attempt's
@@ -228,7 +230,7 @@ def launch_failed_on_storage(session: Session, run: Run, attempt: Attempt, exc: 
 
 
 
-def _cancelled_outside(session: Session, run: Run, attempt: Attempt, how: str, stopped: dict | None) -> None:
+def _cancelled_outside(session: Session, run: Run, attempt: Attempt, how: str, stopped: dict[str, Any] | None) -> None:
     """A person cancelled the run's Slurm job: the run ends CANCELLED, not resubmitted as a
     preemption would be, and says who and when where Slurm told."""
     attempt_transition(attempt, AttemptStatus.CANCELLED)
@@ -269,7 +271,8 @@ def died_after_finishing(run: Run, attempt: Attempt) -> str | None:
             "nothing was lost, so the attempt counts as a success")
 
 
-def _diagnose(attempt: Attempt, exited: dict | None, stopped: dict | None, code: int | None) -> Failure:
+def _diagnose(attempt: Attempt, exited: dict[str, Any] | None, stopped: dict[str, Any] | None,
+              code: int | None) -> Failure:
     if attempt.stop_reason == StopReason.HANG:
         # runyard killed every rank, so the exit codes say nothing about which one hung: the rank
         # is the one the stacks named when the hang was detected (orchestrator/scheduler/watchdog.py).
@@ -303,7 +306,7 @@ _SLURM_CAUSES = {"PREEMPTED": Cause.PREEMPTED, "TIMEOUT": Cause.PREEMPTED, "NODE
                  "BOOT_FAIL": Cause.NODE_FAIL, "OUT_OF_MEMORY": Cause.OOM_KILLED}
 
 
-def _slurm_ended(attempt: Attempt, exited: dict | None) -> Failure | None:
+def _slurm_ended(attempt: Attempt, exited: dict[str, Any] | None) -> Failure | None:
     """The failure Slurm's own word gives for a job that ended without writing its exit marker
     (killed at the time limit, preempted, a node lost), or None."""
     state = exited.get("slurm_state") if exited else None
@@ -330,8 +333,11 @@ def _apply_retry_policy(session: Session, run: Run, attempt: Attempt, failure: F
                               Attempt.cause.is_not(None)).order_by(Attempt.number)
     ).scalars().all()
     script = config.workload.kind == "script"
-    outcome = lambda a: AttemptOutcome(a.number, Cause(a.cause), a.exception, a.last_step,  # noqa: E731
-                                       steps_known=not script or a.first_step_at is not None)
+
+    def outcome(a: Attempt) -> AttemptOutcome:
+        return AttemptOutcome(a.number, Cause(a.cause), a.exception, a.last_step,
+                              steps_known=not script or a.first_step_at is not None)
+
     decision = decide(outcome(attempt), [outcome(a) for a in earlier], run.retries_used, config.retry,
                       attempt_config(run, attempt).train.model_dump())
     attempt.retry_counted = decision.counted

@@ -58,7 +58,8 @@ def halved_micro_batch(batch_size: int, grad_accum: int) -> dict[str, Any]:
 def backoff_s(retries_used: int, config: RetryConfig, rand: random.Random | None = None) -> float:
     """``backoff_s x 2^retries_used``, capped, times a jitter in [0.5, 1.0] so that runs that
     failed together do not come back together."""
-    base = min(config.backoff_max_s, config.backoff_s * (2 ** retries_used))
+    doublings: int = 2 ** retries_used  # int ** int is Any to the checker (a negative power is a float)
+    base = min(config.backoff_max_s, config.backoff_s * doublings)
     return base * (0.5 + 0.5 * (rand or random).random())
 
 

@@ -84,7 +84,8 @@ class _Tracked:
 
 def _alive(proc: psutil.Process) -> bool:
     try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+        alive: bool = proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE  # psutil's values are Any
+        return alive
     except psutil.Error:
         return False
 

@@ -32,7 +32,7 @@ the attempt into the rows ``db.metricstore.write_points`` takes.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 class ScriptWatchError(Exception):
@@ -57,7 +57,7 @@ class Sample(NamedTuple):
     wall_time: float
 
 
-def to_rows(samples: list[Sample], run_id: int, attempt: int) -> list[dict]:
+def to_rows(samples: list[Sample], run_id: int, attempt: int) -> list[dict[str, Any]]:
     """The rows ``db.metricstore.write_points`` takes, for one attempt of one run."""
     return [{"run_id": run_id, "attempt": attempt, "rank": s.rank, "step": s.step, "key": s.key, "value": s.value,
              "wall_time": s.wall_time} for s in samples]

@@ -40,7 +40,7 @@ _NAME_STEP = re.compile(
     r"(?:^|[^a-z])(?:global_step|step|steps|iter|iters|iteration|checkpoint|ckpt)[=_-]?(\d+)(?!\d)", re.IGNORECASE)
 
 
-class _StateDict(dict):
+class _StateDict(dict[Any, Any]):
     """A pickled ``OrderedDict`` as a plain dict. A module's ``state_dict()`` carries its
     ``_metadata`` as instance state, which pickle sets after the items (BUILD); a plain dict has
     no ``__dict__`` for it, so the whole read failed on every ``torch.save({"model":
@@ -125,7 +125,7 @@ def read_pickled_dict(path: str | Path) -> dict[str, Any] | None:
     return top if isinstance(top, dict) else None
 
 
-class _Inert(dict):
+class _Inert(dict[Any, Any]):
     """What every class or function a pickle names becomes: it takes any arguments, items, list
     items and state, and does nothing with them (a dict, so a pickled dict subclass still reads)."""
 

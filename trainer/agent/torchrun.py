@@ -83,7 +83,8 @@ class NotOneLoopbackNode(ValueError):
 
 def loopback_interface() -> str:
     """The name of the network interface that carries 127.0.0.1 (``lo`` on Linux)."""
-    for name, addresses in psutil.net_if_addrs().items():
+    interfaces: dict[str, list[Any]] = psutil.net_if_addrs()  # psutil is untyped: Any
+    for name, addresses in interfaces.items():
         if any(a.family == socket.AF_INET and a.address == "127.0.0.1" for a in addresses):
             return name
     return LOOPBACK_INTERFACE_FALLBACK

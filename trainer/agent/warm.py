@@ -384,14 +384,14 @@ def use_warm_ranks() -> None:
     forker = Forker()
 
     class WarmSubprocessHandler(SubprocessHandler):
-        def _popen(self, args: tuple, env: dict[str, str]) -> Any:
+        def _popen(self, args: tuple[Any, ...], env: dict[str, str]) -> Any:
             reason = agent.cold_reason(args, env)
             if reason is not None:
                 agent.say_once(reason)
                 return super()._popen(args, env)
             return forker.fork(args, env, self._stdout, self._stderr)
 
-    def get_subprocess_handler(entrypoint: str, args: tuple, env: dict[str, str], stdout: str, stderr: str,
+    def get_subprocess_handler(entrypoint: str, args: tuple[Any, ...], env: dict[str, str], stdout: str, stderr: str,
                                local_rank_id: int, numa_options: Any = None) -> SubprocessHandler:
         return WarmSubprocessHandler(entrypoint=entrypoint, args=args, env=env, stdout=stdout, stderr=stderr,
                                      local_rank_id=local_rank_id, numa_options=numa_options)

@@ -271,7 +271,7 @@ class _Stager:
         ``parallel``: split the CPU copies over a few threads (when the caller is waiting).
         """
         walk = _Pass()
-        out = self._copy(state, (), walk)
+        out: dict[str, Any] = self._copy(state, (), walk)
         self._memmove(walk.memcpys, parallel)
         for device in walk.cuda_devices:  # the copies must land before training edits the source
             torch.cuda.current_stream(device).synchronize()

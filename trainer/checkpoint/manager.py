@@ -466,7 +466,8 @@ class CheckpointManager:
     def _load_verified(self, step: int) -> dict[str, Any]:
         path = self.root / step_dir_name(step) / STATE_FILE
         try:
-            return torch.load(path, weights_only=True, map_location="cpu")
+            state: dict[str, Any] = torch.load(path, weights_only=True, map_location="cpu")
+            return state
         except Exception as exc:
             raise CheckpointError(f"{path}: matches its manifest but cannot be loaded with weights_only=True: "
                                   f"{_load_error_line(exc)}") from exc

@@ -132,7 +132,8 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).contiguous().view(B, T, C))
+        out: torch.Tensor = self.proj(y.transpose(1, 2).contiguous().view(B, T, C))  # Module calls are Any
+        return out
 
 
 class Block(nn.Module):
@@ -149,7 +150,8 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
+        out: torch.Tensor = x + self.mlp(self.ln_2(x))  # Module calls are Any
+        return out
 
 
 class GPT(nn.Module):
@@ -198,7 +200,8 @@ class GPT(nn.Module):
                 x = checkpoint(block, x, use_reentrant=False)
             else:
                 x = block(x)
-        return self.lm_head(self.ln_f(x))
+        logits: torch.Tensor = self.lm_head(self.ln_f(x))  # Module calls are Any
+        return logits
 
 
 def flops_per_token(model: GPT, n_layer: int, n_embd: int, block_size: int) -> float:

@@ -189,7 +189,8 @@ def _deep_key(text: str) -> str:
 def _loads(text: str, what: str) -> dict[str, Any]:
     """``tomllib.loads`` with the failures that are not TOMLDecodeError turned into ConfigError."""
     try:
-        return tomllib.loads(text)
+        data: dict[str, Any] = tomllib.loads(text)  # tomli (under 3.10) is checked as untyped
+        return data
     except RecursionError:
         raise ConfigError([f"{_deep_key(text) or what}: nested more than {MAX_CONFIG_DEPTH} deep; "
                            "a run config is a few levels of tables"]) from None
@@ -230,7 +231,7 @@ def parse_override(item: str) -> tuple[list[str], Any]:
 
 def deep_merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
     """``base`` with ``changes`` merged in, table by table (neither is modified)."""
-    out = json.loads(json.dumps(base))
+    out: dict[str, Any] = json.loads(json.dumps(base))
     for key, value in changes.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = deep_merge(out[key], value)
@@ -241,7 +242,7 @@ def deep_merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Return a copy of ``data`` with ``--set`` overrides applied."""
-    out = json.loads(json.dumps(data))
+    out: dict[str, Any] = json.loads(json.dumps(data))
     for item in overrides:
         path, value = parse_override(item)
         node = out

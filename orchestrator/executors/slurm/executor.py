@@ -23,6 +23,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, object_session
@@ -200,7 +201,7 @@ class SlurmExecutor:
         self._gone_since.pop(attempt.job_id, None)
         return Observation(Liveness.VANISHED)
 
-    def _with_canceller(self, record: dict, attempt: Attempt) -> dict:
+    def _with_canceller(self, record: dict[str, Any], attempt: Attempt) -> dict[str, Any]:
         """``record`` with who cancelled the job (``cancelled_by``), asked of accounting once, when
         the job was cancelled by a person (a plain ``scancel``: orchestrator/scheduler/outcomes.py's
         ``cancelled_in_slurm``) and accounting runs; unchanged otherwise."""
@@ -349,7 +350,7 @@ def _record(attempt: Attempt, state: str, reason: str, nodes: str, now: float) -
     return started
 
 
-def _from_slurm(job: JobStatus, attempt: Attempt) -> dict:
+def _from_slurm(job: JobStatus, attempt: Attempt) -> dict[str, Any]:
     """An exit record made from Slurm's word alone (no marker): its state and exit code (and who
     cancelled it, where accounting says)."""
     code = job.exit_code if job.exit_code is not None else (0 if job.state == "COMPLETED" else 1)
@@ -360,7 +361,7 @@ def _from_slurm(job: JobStatus, attempt: Attempt) -> dict:
     return record
 
 
-def _read_json(path: Path) -> dict | None:
+def _read_json(path: Path) -> dict[str, Any] | None:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -374,7 +375,7 @@ def _nnodes(run: Run) -> int:
     except ValueError:
         return 1
 
-def cancelled_in_slurm(exited: dict | None) -> str | None:
+def cancelled_in_slurm(exited: dict[str, Any] | None) -> str | None:
     """How a person cancelled the attempt's Slurm job, in words, or None when no one did.
 
     A plain ``scancel`` of the job (by its owner or an administrator) sends the batch program
