@@ -480,16 +480,14 @@ def values_to_config(values: Mapping[str, Any], model: type[BaseModel] = RunConf
     Returns:
         A plain nested dict. A field that does not apply to the chosen kind gets its default,
         so that a value the person cannot see (left from another kind or an uploaded file) does
-        not refuse the run, or is left out in the kind's own section (another kind's model has
-        it: [workload]); a field missing from ``values`` is left out.
+        not refuse the run (another kind's [workload] key at its default is dropped when the
+        config is read); a field missing from ``values`` is left out.
     """
     every = form_fields(model)
     kind_spec = next(spec for spec in every if spec.key == KIND_KEY)
     kind = values.get(KIND_KEY, kind_spec.default)
     out: dict[str, Any] = {}
     for spec in every:
-        if not spec.applies_to(kind) and spec.section == kind_spec.section:
-            continue
         if not spec.applies_to(kind):
             value = spec.default
         elif spec.key in values:
