@@ -211,9 +211,19 @@ def kinds_with_field(name: str) -> list[str]:
     return [kind_of(model) for model in WORKLOADS if name in model.model_fields]
 
 
-def _holds_default(model: type[Workload], name: str, value: Any) -> bool:
-    default = model.model_fields[name].get_default(call_default_factory=True)
-    return bool(value == default or (isinstance(default, tuple) and value == list(default)))
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+# Read once (every stored config passes through _kind_and_own_fields): each kind's own keys, and
+# the defaults the other kinds give the keys it does not have, as JSON and TOML hold them.
+_OWN_KEYS = {kind_of(model): frozenset(model.model_fields) for model in WORKLOADS}
+_OTHER_DEFAULTS = {
+    kind_of(own): {name: [_plain(m.model_fields[name].get_default(call_default_factory=True))
+                          for m in WORKLOADS if m is not own and name in m.model_fields]
+                   for model in WORKLOADS if model is not own for name in model.model_fields}
+    for own in WORKLOADS
+}
 
 
 def _kind_and_own_fields(data: Any) -> Any:
@@ -224,15 +234,12 @@ def _kind_and_own_fields(data: Any) -> Any:
     if not isinstance(data, dict):
         return data
     kind = data.get("kind", DEFAULT_KIND)
-    own = workload_class(kind) if isinstance(kind, str) else None
+    own = _OWN_KEYS.get(kind) if isinstance(kind, str) else None
     if own is None:
         return data  # the union names the kinds there are
-    others = [model for model in WORKLOADS if model is not own]
-    return {"kind": kind} | {
-        name: value for name, value in data.items()
-        if name in own.model_fields
-        or not any(name in model.model_fields and _holds_default(model, name, value) for model in others)
-    }
+    others = _OTHER_DEFAULTS[kind]
+    return {"kind": kind} | {name: value for name, value in data.items()
+                             if name in own or _plain(value) not in others.get(name, ())}
 
 
 WorkloadConfig = Annotated[
