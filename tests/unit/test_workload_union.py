@@ -129,3 +129,19 @@ def test_the_form_switching_kind_over_an_uploaded_config_is_not_refused() -> Non
     uploaded = {"workload": {"kind": "mlp-digits", "hidden": 512}}
     config = parse_config(deep_merge(uploaded, values_to_config({KIND_KEY: "gpt-char", "workload.n_layer": 2})))
     assert config.workload == GptCharWorkload(n_layer=2)
+
+
+@pytest.mark.parametrize("stored", [RunConfig().as_dict()["workload"], FLAT_MLP_DIGITS])
+def test_a_fork_on_the_form_changes_nothing_it_was_not_asked_to(stored: dict) -> None:
+    """The New run form filled from a run's config (stored minimal, or flat from before) and
+    left as it is: no change listed, no override sent; the width changed: that one only."""
+    from app.fork_changes import config_changes, overrides_for
+    from app.form import form_fields, values_to_config, widget_values
+    from db.vocabulary.config import deep_merge
+
+    source = {**RunConfig().as_dict(), "workload": stored}
+    values, _ = widget_values(source, form_fields(RunConfig, "mlp-digits"))
+    applied = deep_merge(source, values_to_config(values))
+    assert config_changes(source, applied) == [] and overrides_for(source, applied) == []
+    applied = deep_merge(source, values_to_config({**values, "workload.hidden": 64}))
+    assert overrides_for(source, applied) == ["workload.hidden=64"]
