@@ -10,8 +10,10 @@ with no UI edit. Everything comes from the model:
 - bounds: from the Field constraints (ge, gt, le, lt, max_length);
 - help: from the field docstrings (the same text as docs/CONFIG.md);
 - labels: from the field's ``title``, else its key in words;
-- kinds: a field with ``json_schema_extra={"kinds": [...]}`` is shown only for those values of
-  ``workload.kind``, and takes its default for the others.
+- kinds: a section that is a union of models chosen by their ``kind`` ([workload]: one model
+  per workload kind) shows each model's fields for its kind only, and one ``kind`` choice over
+  them all; a field of another section with ``json_schema_extra={"kinds": [...]}`` is shown only
+  for those values of ``workload.kind``. A field takes its default for the kinds it is not shown for.
 
 Widget values go back to a plain nested dict with :func:`values_to_config`; it converts text
 (lists, empty optional strings) but never coerces numbers, so the usual validation
@@ -20,6 +22,7 @@ Widget values go back to a plain nested dict with :func:`values_to_config`; it c
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 import math
@@ -151,8 +154,20 @@ def _extra(field: FieldInfo) -> dict[str, Any]:
     return extra if isinstance(extra, dict) else {}
 
 
+def _models(field: FieldInfo) -> list[type[BaseModel]]:
+    """The models a section field holds: its own type, or every member of a union of models
+    (the [workload] kinds); empty for a field that is no section."""
+    annotation = field.annotation
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    members = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else ()
+    if members and all(isinstance(m, type) and issubclass(m, BaseModel) for m in members):
+        return list(members)
+    return []
+
+
 def _is_section(field: FieldInfo) -> bool:
-    return isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
+    return bool(_models(field))
 
 
 def _plain(value: Any) -> Any:
@@ -283,6 +298,37 @@ def _fields_of(model: type[BaseModel], section: str) -> list[FieldSpec]:
             for name, field in model.model_fields.items() if not _is_section(field)]
 
 
+def _kind_field(members: list[type[BaseModel]], default: Any) -> FieldInfo:
+    """One ``kind`` choice over the members of a union: every member's kinds, the section's
+    default kind, the first member's title and every member's description of its kind."""
+    infos = [member.model_fields["kind"] for member in members]
+    kinds = tuple(kind for info in infos for kind in typing.get_args(info.annotation))
+    return FieldInfo(annotation=typing.cast(Any, Literal)[kinds], default=getattr(default, "kind", kinds[0]),
+                     title=infos[0].title, description=" ".join(" ".join((i.description or "").split()) for i in infos))
+
+
+def _fields_of_union(members: list[type[BaseModel]], section: str, default: Any) -> list[FieldSpec]:
+    """The fields of a section that is one model per kind: the kind first, then each model's
+    own fields, shown for its kind only (a field several models declare, for each of them)."""
+    specs = {"kind": field_spec(f"{section}.kind", section, _kind_field(members, default))}
+    for member in members:
+        own = typing.get_args(member.model_fields["kind"].annotation)
+        for spec in _fields_of(member, section):
+            name = spec.key.rsplit(".", 1)[-1]
+            if name == "kind":
+                continue
+            before = specs.get(name)
+            specs[name] = dataclasses.replace(spec, kinds=(*(before.kinds or ()), *own) if before else own)
+    return list(specs.values())
+
+
+def _section_doc(members: list[type[BaseModel]]) -> str:
+    """What a section holds: its model's docstring, or that of the class every member of a
+    union derives from."""
+    common = next(c for c in members[0].__mro__ if all(issubclass(m, c) for m in members))
+    return " ".join((common.__doc__ or "").split())
+
+
 def form_sections(model: type[BaseModel] = RunConfig, kind: str | None = None) -> list[SectionSpec]:
     """The form for workload ``kind``: the top-level fields first, then one section per sub-model.
 
@@ -297,11 +343,12 @@ def form_sections(model: type[BaseModel] = RunConfig, kind: str | None = None) -
     sections = [SectionSpec(name="", title="Run", help=(model.__doc__ or "").strip(), common=True,
                             fields=tuple(_fields_of(model, "")))]
     for name, field in model.model_fields.items():
-        if _is_section(field):
-            sub: type[BaseModel] = field.annotation  # type: ignore[assignment]  # checked by _is_section
+        if members := _models(field):
+            fields = (_fields_of(members[0], name) if len(members) == 1
+                      else _fields_of_union(members, name, field.get_default(call_default_factory=True)))
             sections.append(SectionSpec(
-                name=name, title=field.title or humanize(name), help=" ".join((sub.__doc__ or "").split()),
-                common=bool(_extra(field).get("common")), fields=tuple(_fields_of(sub, name)),
+                name=name, title=field.title or humanize(name), help=_section_doc(members),
+                common=bool(_extra(field).get("common")), fields=tuple(fields),
             ))
     shown = [SectionSpec(s.name, s.title, s.help, s.common, tuple(f for f in s.fields if f.applies_to(kind)))
              for s in sections]
@@ -433,7 +480,8 @@ def values_to_config(values: Mapping[str, Any], model: type[BaseModel] = RunConf
     Returns:
         A plain nested dict. A field that does not apply to the chosen kind gets its default,
         so that a value the person cannot see (left from another kind or an uploaded file) does
-        not refuse the run; a field missing from ``values`` is left out.
+        not refuse the run (another kind's [workload] key at its default is dropped when the
+        config is read); a field missing from ``values`` is left out.
     """
     every = form_fields(model)
     kind_spec = next(spec for spec in every if spec.key == KIND_KEY)

@@ -19,6 +19,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from db.models import Attempt, Run
+from db.vocabulary.config import DEFAULT_KIND, workload_class
 from db.vocabulary.cost import Price
 
 # The settings, besides the whole workload section, that change how long a step takes.
@@ -56,7 +57,11 @@ class StartEstimate:
 
 def _pace_shape(config: Mapping[str, Any]) -> tuple[str, str]:
     """(the workload as text, the other pace settings as text): equal shapes train at one pace."""
-    workload = {k: v for k, v in config.get("workload", {}).items() if k not in NOT_PACE}
+    stored = config.get("workload", {})
+    # Only its kind's keys: a run stored before the per-kind models has every kind's keys.
+    model = workload_class(stored.get("kind", DEFAULT_KIND))
+    workload = {k: v for k, v in stored.items()
+                if k not in NOT_PACE and (model is None or k in model.model_fields)}
     rest = [config.get(section, {}).get(key, PACE_DEFAULTS.get((section, key))) for section, key in PACE_KEYS]
     return json.dumps(workload, sort_keys=True, default=str), json.dumps(rest, default=str)
 

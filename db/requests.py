@@ -14,7 +14,7 @@ from db import DatabaseError
 from db.file_versions import CopyRefused, copy_verified, is_version
 from db.models import Attempt, Checkpoint, Event, PriceEntry, Run, RunStatusHistory
 from db.states import ACTIVE, STOPPING, TERMINAL, RunStatus, transition
-from db.vocabulary.config import RunConfig, config_from_json, write_config_file
+from db.vocabulary.config import RunConfig, ScriptWorkload, config_from_json, write_config_file
 from db.vocabulary.cost import Price
 from db.vocabulary.layout import RunPaths, run_dir_name
 
@@ -310,16 +310,17 @@ IMPORTED_TAG = "imported"
 
 def workdir_of(run: Run, config: RunConfig | None = None) -> Path:
     """Where a script run's ranks run: its ``workload.workdir``, else the run's own folder."""
-    config = config or config_from_json(run.config_json)
-    return Path(config.workload.workdir or run.run_dir)
+    workload = (config or config_from_json(run.config_json)).workload
+    return Path(workload.workdir if isinstance(workload, ScriptWorkload) and workload.workdir else run.run_dir)
 
 
 def imported(run: Run) -> bool:
     """Whether ``run`` holds the metrics of a past run brought in by ``runyard import
     tensorboard``: tagged so, and its "script" is the folder it was read from."""
     config = config_from_json(run.config_json)
-    return (IMPORTED_TAG in config.tags and config.workload.script is not None
-            and not config.workload.script.endswith(".py"))
+    workload = config.workload
+    return (IMPORTED_TAG in config.tags and isinstance(workload, ScriptWorkload) and workload.script is not None
+            and not workload.script.endswith(".py"))
 
 
 def request_rerun(session: Session, run_id: int, who: str = "user") -> str:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from db.vocabulary.config import RunConfig
+from db.vocabulary.config import GptCharWorkload, MlpDigitsWorkload, RunConfig, workload_as
 from db.vocabulary.inventory import Inventory
 
 GIB = 1024**3
@@ -52,7 +52,7 @@ class MemoryEstimate:
 
 def gpt_char_parameters(config: RunConfig) -> int:
     """Parameters of gpt-char without the token embedding (its size depends on the text)."""
-    w = config.workload
+    w = workload_as(config.workload, GptCharWorkload)
     h = w.n_embd
     per_block = 12 * h * h + 4 * h  # qkv 3h^2, proj h^2, MLP 8h^2, two LayerNorms
     return w.n_layer * per_block + w.block_size * h + 2 * h  # + position embedding, final LayerNorm
@@ -60,25 +60,24 @@ def gpt_char_parameters(config: RunConfig) -> int:
 
 def mlp_digits_parameters(config: RunConfig) -> int:
     """Parameters of the mlp-digits MLP (64 inputs, two hidden layers, 10 classes)."""
-    hidden = config.workload.hidden
+    hidden = workload_as(config.workload, MlpDigitsWorkload).hidden
     return 64 * hidden + hidden + hidden * hidden + hidden + hidden * 10 + 10
 
 
 def estimate(config: RunConfig) -> MemoryEstimate | None:
     """A lower bound on one rank's memory for a built-in workload; ``None`` for a script."""
-    kind = config.workload.kind
+    w = config.workload
     train = config.train
     value_bytes = 4 if train.precision == "fp32" else 2
-    if kind == "gpt-char":
+    if isinstance(w, GptCharWorkload):
         params = gpt_char_parameters(config)
-        w = config.workload
         tokens = train.batch_size * w.block_size
         kept = (w.n_layer + BLOCK_ACTIVATIONS_PER_TOKEN) if train.activation_checkpointing \
             else w.n_layer * BLOCK_ACTIVATIONS_PER_TOKEN
         activations = tokens * w.n_embd * kept * value_bytes
-    elif kind == "mlp-digits":
+    elif isinstance(w, MlpDigitsWorkload):
         params = mlp_digits_parameters(config)
-        activations = train.batch_size * (64 + 2 * config.workload.hidden) * 4  # the input, two ReLU outputs
+        activations = train.batch_size * (64 + 2 * w.hidden) * 4  # the input, two ReLU outputs
     else:
         return None
     shards = config.launch.world_size if config.parallel.strategy == "fsdp" else 1
@@ -91,7 +90,9 @@ def _largest_field(config: RunConfig, est: MemoryEstimate) -> str:
     w, t = config.workload, config.train
     if est.activation_bytes > est.state_bytes:
         return f"train.batch_size = {t.batch_size}"
-    return f"workload.hidden = {w.hidden}" if w.kind == "mlp-digits" else f"workload.n_embd = {w.n_embd}"
+    if isinstance(w, MlpDigitsWorkload):
+        return f"workload.hidden = {w.hidden}"
+    return f"workload.n_embd = {workload_as(w, GptCharWorkload).n_embd}"
 
 
 def check_memory(config: RunConfig, inventory: Inventory) -> list[str]:

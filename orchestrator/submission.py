@@ -22,7 +22,9 @@ from db.queries import price_table
 from db.requests import RunNotFound, create_run, pin_script_copy, usable_checkpoint
 from db.vocabulary.config import (
     ConfigError,
+    GptCharWorkload,
     RunConfig,
+    ScriptWorkload,
     apply_overrides,
     check_plain,
     field_of,
@@ -32,6 +34,7 @@ from db.vocabulary.config import (
     parse_toml,
     plausibility_warnings,
     read_config_text,
+    workload_as,
 )
 from db.vocabulary.cost import Price, config_price
 from db.vocabulary.inventory import Inventory, check_fits
@@ -166,20 +169,20 @@ def _text_problem(raw: str, path: Path, block_size: int) -> str | None:
 
 def resolve_text(config: RunConfig, base: Path | None = None) -> tuple[RunConfig, list[str]]:
     """Make ``workload.text`` an absolute path to a readable regular file of sensible size."""
-    raw = config.workload.text
-    if raw is None:
+    workload = config.workload
+    if not isinstance(workload, GptCharWorkload) or workload.text is None:
         return config, []
+    raw = workload.text
     if not raw.strip():
         return config, [f"workload.text = {raw!r}: empty path; leave the key out to train on the default text"]
     try:
         path = (Path(base or Path.cwd()) / Path(raw).expanduser()).resolve()
     except (OSError, RuntimeError, ValueError) as exc:  # a symlink loop, a NUL character
         return config, [f"workload.text = {raw!r}: cannot resolve the path: {exc}"]
-    problem = _text_problem(raw, path, config.workload.block_size)
+    problem = _text_problem(raw, path, workload.block_size)
     if problem:
         return config, [problem]
-    workload = config.workload.model_copy(update={"text": str(path)})
-    return config.model_copy(update={"workload": workload}), []
+    return config.model_copy(update={"workload": workload.model_copy(update={"text": str(path)})}), []
 
 
 def resolve_script(config: RunConfig, base: Path | None = None, *,
@@ -195,7 +198,7 @@ def resolve_script(config: RunConfig, base: Path | None = None, *,
     """
     from_ui = roots is not None
     base = Path(base or Path.cwd())
-    workload = config.workload
+    workload = workload_as(config.workload, ScriptWorkload)
     problems: list[str] = []
     update: dict[str, Any] = {}
     if workload.script is not None:

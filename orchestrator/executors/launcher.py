@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 
-from db.vocabulary.config import RunConfig
+from db.vocabulary.config import RunConfig, ScriptWorkload
 from db.vocabulary.layout import EXIT_FILE, LAUNCHER_LOG, RANK_LOG_DIR
 from orchestrator.executors.ports import rendezvous_port
 from trainer.agent.warm import WARM_OPTION
@@ -123,6 +123,8 @@ def script_entry(config: RunConfig, resuming: bool = False) -> list[str]:
     runner by its path: the ranks then import nothing of runyard's environment.
     """
     workload = config.workload
+    if not isinstance(workload, ScriptWorkload):
+        raise ValueError(f"workload.kind = {workload.kind!r}: only a script (kind = 'script') has a script entry")
     target = ["-m", workload.module] if workload.module else [str(workload.script)]
     # The ranks move into workdir themselves: runyard's own processes (the shim, torchrun's
     # agent) run in the run's folder, where no module of the user's shadows runyard's packages.
@@ -155,13 +157,13 @@ def rank_env(config: RunConfig, environ: Mapping[str, str], cores: int | None = 
     stand-in first on ``PYTHONPATH``.
     """
     workload = config.workload
-    env = dict(workload.env)  # empty but for a script (db/vocabulary/config/ refuses it elsewhere)
+    env = dict(workload.env) if isinstance(workload, ScriptWorkload) else {}  # a script's own table
     if "OMP_NUM_THREADS" not in env and "OMP_NUM_THREADS" not in environ:
         cores = cores if cores is not None else len(os.sched_getaffinity(0))
         # Locally every node's ranks share this machine; on Slurm each node has its own cores.
         here = config.launch.world_size if config.launch.executor == "local" else config.launch.nproc_per_node
         env["OMP_NUM_THREADS"] = str(max(1, cores // here))
-    if workload.kind == "script" and env.get(WANDB_SHIM_VAR, environ.get(WANDB_SHIM_VAR)) == "1":
+    if isinstance(workload, ScriptWorkload) and env.get(WANDB_SHIM_VAR, environ.get(WANDB_SHIM_VAR)) == "1":
         merged = with_wandb_shim({**environ, **env, WANDB_SHIM_VAR: "1"})
         env["PYTHONPATH"] = merged["PYTHONPATH"]
     return env

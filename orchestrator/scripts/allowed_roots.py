@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from db.vocabulary.config import RunConfig, relative_path_problem
+from db.vocabulary.config import RunConfig, ScriptWorkload, relative_path_problem
 from db.vocabulary.settings import EnvSettings
 
 ROOTS_ENV = EnvSettings.variable("script_roots")
@@ -217,8 +217,10 @@ def script_roots(environ: Mapping[str, str], cwd: Path, home: Path) -> ScriptRoo
 
 
 def _field_value(config: RunConfig, field: str) -> Any:
+    """The value of a dotted key as the config's data holds it; None for a key the run's
+    workload kind does not have."""
     section, key = field.split(".")
-    return getattr(getattr(config, section), key)
+    return config.as_dict()[section].get(key)
 
 
 def _roots_named(roots: ScriptRoots) -> str:
@@ -268,7 +270,8 @@ def refused_paths(config: RunConfig, roots: ScriptRoots, base: Path) -> dict[str
     problems: dict[str, str] = {}
     for field in PATH_FIELDS:
         raw = _field_value(config, field)
-        if raw is None and field == "workload.workdir" and config.workload.module is not None:
+        if (raw is None and field == "workload.workdir" and isinstance(config.workload, ScriptWorkload)
+                and config.workload.module is not None):
             raw = "."  # a module runs, and is searched for, in the folder the UI started in
         if raw is None:
             continue
@@ -291,7 +294,7 @@ def refused_python(config: RunConfig, roots: ScriptRoots, base: Path) -> str | N
     allowed root, and what it resolves to must be named like an interpreter (:data:`PYTHON_NAME`):
     a virtual environment's ``bin/`` also holds programs that run whatever their arguments name
     (``torchrun``). The submission then checks that it is a Python that imports torch."""
-    raw = config.workload.python
+    raw = config.workload.python if isinstance(config.workload, ScriptWorkload) else None
     if raw is None:
         return None
     given = Path(os.path.abspath(base / Path(raw).expanduser()))
@@ -374,13 +377,14 @@ def refused_env(config: RunConfig) -> list[str]:
     ranks load code from elsewhere)."""
     return [f"workload.env.{name}: the UI sets only thread, logging and debugging variables (OMP_*, NCCL_DEBUG, "
             f"TORCH_LOGS, ...); {name} could make the ranks load code from elsewhere; {CLI_WAY}"
-            for name in config.workload.env if not UI_ENV.match(name)]
+            for name in (config.workload.env if isinstance(config.workload, ScriptWorkload) else {})
+            if not UI_ENV.match(name)]
 
 
 def refused_tensorboard_dir(config: RunConfig) -> str | None:
     """From the UI, ``workload.tensorboard_dir`` must lie inside the working directory (which
     itself lies under the roots): an absolute folder would let the page read any event files."""
-    raw = config.workload.tensorboard_dir
+    raw = config.workload.tensorboard_dir if isinstance(config.workload, ScriptWorkload) else None
     if raw is None:
         return None
     problem = relative_path_problem("workload.tensorboard_dir", raw)

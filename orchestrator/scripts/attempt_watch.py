@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session
 
 from db.models import Attempt, Event, Run
 from db.requests import SCRIPT_SOURCE, workdir_of
-from db.vocabulary.config import RunConfig
+from db.vocabulary.config import RunConfig, ScriptWorkload, workload_as
 from orchestrator.executors.processes import rank_processes
 from orchestrator.scripts.checkpoint_custody import record_versions
 from orchestrator.scripts.checkpoint_finder import CheckpointFile, CheckpointFiles
@@ -141,7 +141,7 @@ class ScriptWatch:
         key = (run.id, attempt.number)
         watched = self._attempts.get(key)
         if watched is None:
-            workload = config.workload
+            workload = workload_as(config.workload, ScriptWorkload)
             workdir = workdir_of(run, config)
             collector = AttemptCollector(
                 run.id, attempt.number, Path(attempt.dir), workdir,
@@ -214,7 +214,8 @@ class ScriptWatch:
         if why is None:
             return
         watched.unmatched_said = True
-        message = (f"workload.checkpoint_glob = {config.workload.checkpoint_glob!r} has matched nothing under "
+        glob = workload_as(config.workload, ScriptWorkload).checkpoint_glob
+        message = (f"workload.checkpoint_glob = {glob!r} has matched nothing under "
                    f"{workdir_of(run, config)} {why}: runyard records none of the script's checkpoints, so a retry "
                    "or a resume cannot start from one. Check the pattern against where the script saves (a folder "
                    "is matched too: 'hf_out/checkpoint-*' for Hugging Face's checkpoint-350/)")
@@ -276,7 +277,8 @@ class ScriptWatch:
             if watching is not None:
                 session.add(Event(run_id=run.id, attempt=attempt.number, at=time.time(), kind="watch",
                                   message=f"the hang watchdog now watches {watching_words(watching, True)}"))
-        if collected.total is not None and config.workload.max_steps == 0 and run.max_steps != collected.total:
+        if (collected.total is not None and workload_as(config.workload, ScriptWorkload).max_steps == 0
+                and run.max_steps != collected.total):
             run.max_steps = collected.total
         for problem in collected.problems:
             logger.warning("run %d attempt %d: %s", run.id, attempt.number, problem)

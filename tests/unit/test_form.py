@@ -27,12 +27,21 @@ from app.form import (
     widget_values,
     workload_kinds,
 )
-from db.vocabulary.config import SEED_MAX, ConfigError, RunConfig, TrainConfig, WorkloadConfig, parse_config
+from db.vocabulary.config import (
+    SEED_MAX,
+    WORKLOADS,
+    ConfigError,
+    GptCharWorkload,
+    RunConfig,
+    TrainConfig,
+    kinds_with_field,
+    parse_config,
+)
 from orchestrator.scheduler.resources import Inventory
 from orchestrator.submission import validate
 
 CPU = Inventory(kind="cpu", slots=2, memory_bytes=16 * 1024**3)
-KINDS = typing.get_args(WorkloadConfig.model_fields["kind"].annotation)
+KINDS = tuple(kind for model in WORKLOADS for kind in typing.get_args(model.model_fields["kind"].annotation))
 
 
 def leaf_fields(model: type[BaseModel], prefix: str = "") -> dict[str, Any]:
@@ -40,11 +49,21 @@ def leaf_fields(model: type[BaseModel], prefix: str = "") -> dict[str, Any]:
     found: dict[str, Any] = {}
     for name, field in model.model_fields.items():
         ann = field.annotation
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            found |= leaf_fields(ann, f"{prefix}{name}.")
-        else:
+        sections = [t for t in (ann, *typing.get_args(ann)) if isinstance(t, type) and issubclass(t, BaseModel)]
+        for section in sections:  # a section, or each model of a union (the [workload] kinds), in order
+            found |= {k: v for k, v in leaf_fields(section, f"{prefix}{name}.").items() if k not in found}
+        if not sections:
             found[f"{prefix}{field.alias or name}"] = field
     return found
+
+
+def kinds_of(key: str, field: Any) -> tuple[str, ...]:
+    """The workload kinds a field applies to: a workload field's, the kinds whose model declares
+    it; another section's, its ``kinds`` tag (default: every kind)."""
+    section, _, name = key.rpartition(".")
+    if section == "workload" and name != "kind":
+        return tuple(kinds_with_field(name))
+    return tuple((field.json_schema_extra or {}).get("kinds") or KINDS)
 
 
 def by_key(specs: list[FieldSpec]) -> dict[str, FieldSpec]:
@@ -60,8 +79,7 @@ def test_the_kinds_are_the_models() -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_config_field_appears_for_its_kind_and_no_other(kind: str) -> None:
-    expected = [key for key, field in leaf_fields(RunConfig).items()
-                if kind in ((field.json_schema_extra or {}).get("kinds") or KINDS)]
+    expected = [key for key, field in leaf_fields(RunConfig).items() if kind in kinds_of(key, field)]
     assert [spec.key for spec in form_fields(RunConfig, kind)] == expected
 
 
@@ -106,6 +124,9 @@ def test_sections_are_the_sub_models_common_ones_open() -> None:
 def test_widgets_bounds_labels_and_help_come_from_the_model() -> None:
     fields = leaf_fields(RunConfig)
     defaults = RunConfig().as_dict()
+    # Every kind's workload defaults (a config holds its own kind's only), the default kind's kind.
+    defaults["workload"] = {k: v for model in reversed(WORKLOADS)
+                            for k, v in model.model_construct().model_dump(mode="json").items()}
     specs = by_key(form_fields(RunConfig))
     for key, spec in specs.items():
         field = fields[key]
@@ -152,7 +173,7 @@ class LongerTrain(TrainConfig):
     """gpt-char: blocks with dropout."""
 
 
-class LongerWorkload(WorkloadConfig):
+class LongerWorkload(GptCharWorkload):
     mode: Literal["fast", "careful"] = "fast"
     """How to train."""
 
@@ -217,7 +238,8 @@ def test_the_widget_values_of_a_config_give_the_same_config_back(data: dict[str,
 def test_the_default_widget_values_give_the_default_config() -> None:
     values, _ = widget_values(RunConfig().as_dict(), form_fields(RunConfig, "mlp-digits"))
     assert values["train.lr"] == 0.001 and values["tags"] == "" and values["workload.hidden"] == 256
-    assert values_to_config(values) == RunConfig().as_dict()
+    # Every kind's workload keys come back, other kinds' at their defaults (dropped when read).
+    assert RunConfig.model_validate(values_to_config(values)).as_dict() == RunConfig().as_dict()
     assert RunConfig.model_validate(values_to_config(values)) == RunConfig()
 
 

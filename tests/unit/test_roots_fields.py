@@ -31,7 +31,7 @@ import app.data as ui
 from db.models import Checkpoint
 from db.queries import list_runs, run_detail
 from db.requests import create_run
-from db.vocabulary.config import ConfigError, RunConfig, WorkloadConfig, field_of, parse_config
+from db.vocabulary.config import WORKLOADS, ConfigError, RunConfig, ScriptWorkload, field_of, parse_config
 from db.vocabulary.cost import Price
 from db.vocabulary.settings import Settings
 from orchestrator.cli.group import cli
@@ -77,8 +77,8 @@ def test_every_field_of_the_run_config_is_guarded_or_inert() -> None:
                          "read) in orchestrator/scripts/allowed_roots.py")
     assert not GUARDED_FIELDS.keys() & INERT_FIELDS.keys()
     assert GUARDED_FIELDS.keys() | INERT_FIELDS.keys() == config_fields(), "a listed field the config no longer has"
-    # Every kind's fields are in WorkloadConfig, which the walk covers whole.
-    assert {f"workload.{name}" for name in WorkloadConfig.model_fields} <= config_fields()
+    # Every kind's fields are in its model of the WorkloadConfig union, which the walk covers whole.
+    assert {f"workload.{name}" for model in WORKLOADS for name in model.model_fields} <= config_fields()
     # A fork from the UI that changes a guarded field is judged again.
     assert set(GUARDED_FIELDS) <= set(LAUNCH_FIELDS)
 
@@ -86,11 +86,11 @@ def test_every_field_of_the_run_config_is_guarded_or_inert() -> None:
 def test_a_new_field_in_neither_list_fails_the_walk() -> None:
     """What the first test does when someone adds, say, a pip index to the workload."""
 
-    class NewWorkload(WorkloadConfig):
+    class NewWorkload(ScriptWorkload):
         pip_index_url: str | None = None
 
     class NewConfig(RunConfig):
-        workload: NewWorkload = NewWorkload()
+        workload: NewWorkload = NewWorkload(script="train.py")
 
     assert unclassified(NewConfig) == {"workload.pip_index_url"}
 

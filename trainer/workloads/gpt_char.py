@@ -31,7 +31,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.checkpoint import checkpoint
 
-from db.vocabulary.config import RunConfig
+from db.vocabulary.config import GptCharWorkload, RunConfig, workload_as
 from db.vocabulary.layout import RunPaths
 from trainer import techniques
 from trainer.checkpoint import Stateful
@@ -305,7 +305,7 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def evaluate(runner: nn.Module, val: torch.Tensor, config: RunConfig, info: DistInfo) -> float:
     """Mean loss over fixed validation windows (the same at every evaluation), averaged over ranks."""
-    tc, wc = config.train, config.workload
+    tc, wc = config.train, workload_as(config.workload, GptCharWorkload)
     runner.eval()
     gen = window_generator(tc.seed, "val", 0, info.rank)
     total = torch.zeros((), dtype=torch.float64, device=info.device)
@@ -337,7 +337,8 @@ class GPTChar:
     def __init__(self, config: RunConfig) -> None:
         check_supported(config)
         self.config = config
-        self.tokens_per_sample: int | None = config.workload.block_size
+        self.workload = workload_as(config.workload, GptCharWorkload)
+        self.tokens_per_sample: int | None = self.workload.block_size
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint holds besides the step and the RNG states (the Run adds those): the
@@ -349,7 +350,7 @@ class GPTChar:
         return state
 
     def setup(self, run: Run) -> None:
-        tc, wc, info = self.config.train, self.config.workload, run.info
+        tc, wc, info = self.config.train, self.workload, run.info
         self.info = info
         torch.manual_seed(tc.seed)  # every rank builds the same initial model
         if tc.deterministic:
@@ -383,7 +384,7 @@ class GPTChar:
         ``grad_accum`` micro-batches."""
         tc, device = self.config.train, self.info.device
         gen = window_generator(tc.seed, "train", step, self.info.rank)
-        xs, ys = get_batch(self.corpus.train, self.config.workload.block_size, tc.batch_size * tc.grad_accum, gen)
+        xs, ys = get_batch(self.corpus.train, self.workload.block_size, tc.batch_size * tc.grad_accum, gen)
         if device.type == "cuda":  # from pinned memory the copy really does not block
             xs, ys = xs.pin_memory(), ys.pin_memory()
         xs, ys = xs.to(device, non_blocking=True), ys.to(device, non_blocking=True)

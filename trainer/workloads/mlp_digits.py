@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from db.vocabulary.config import RunConfig
+from db.vocabulary.config import MlpDigitsWorkload, RunConfig, workload_as
 from db.vocabulary.layout import RunPaths
 from trainer import techniques
 from trainer.datasets import digits_arrays
@@ -118,7 +118,7 @@ class MLPDigits:
                 f"of the data ({len(self.sampler)} samples); lower it"
             )
 
-        self.model = build_model(self.config.workload.hidden).to(info.device)
+        self.model = build_model(workload_as(self.config.workload, MlpDigitsWorkload).hidden).to(info.device)
         # Compiled, it shares the parameters; checkpoints keep the plain model's keys.
         # torch.compile of a module returns a module (OptimizedModule); its stubs say only "callable".
         forward_model = cast(nn.Module, torch.compile(self.model)) if tc.compile else self.model

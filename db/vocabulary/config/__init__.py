@@ -16,9 +16,13 @@ The New run page (app/form.py) is generated from the fields too: types, bounds a
 plus this declarative metadata, so a new field needs no UI edit:
 
 - ``title``: the form's label (default: the key, in words);
-- ``json_schema_extra={"kinds": [...]}``: the workload kinds the field applies to (default: all);
-  the form shows it for those kinds only and gives it its default for the others, and a script
-  run (kind = "script") that sets it to anything else is refused (:func:`kind_problems`);
+- the [workload] section is one model per kind (``MlpDigitsWorkload``, ``GptCharWorkload``,
+  ``ScriptWorkload``, their union ``WorkloadConfig`` chosen by ``kind``): the form shows a
+  workload field for the kind whose class declares it;
+- ``json_schema_extra={"kinds": [...]}`` on a field of another section: the workload kinds it
+  applies to (default: all); the form shows it for those kinds only and gives it its default for
+  the others, and a script run (kind = "script") that sets it to anything else is refused
+  (:func:`kind_problems`);
 - ``json_schema_extra={"list_syntax": "shell"}``: a list written as shell words (default: comma
   separated);
 - ``json_schema_extra={"common": True}`` on a section of RunConfig: shown open (default: folded).
@@ -80,10 +84,24 @@ from db.vocabulary.config.run import (
 )
 from db.vocabulary.config.supervision import RetryConfig, SupervisionConfig
 from db.vocabulary.config.train import ParallelConfig, TrainConfig
-from db.vocabulary.config.workload import WorkloadConfig, workload_problems
+from db.vocabulary.config.workload import (
+    DEFAULT_KIND,
+    WORKLOAD_KINDS,
+    WORKLOADS,
+    GptCharWorkload,
+    MlpDigitsWorkload,
+    ScriptWorkload,
+    Workload,
+    WorkloadConfig,
+    kinds_with_field,
+    workload_as,
+    workload_class,
+    workload_problems,
+)
 
 __all__ = [
     "BUILT_IN_KINDS",
+    "DEFAULT_KIND",
     "DEFAULT_TRIGGERS",
     "ENV_NAME",
     "INT64_MAX",
@@ -101,16 +119,22 @@ __all__ = [
     "SLURM_TIME",
     "TRIGGERS",
     "USER_RUNYARD_ENV",
+    "WORKLOADS",
+    "WORKLOAD_KINDS",
     "AlertsConfig",
     "CheckpointConfig",
     "ConfigError",
+    "GptCharWorkload",
     "LaunchConfig",
+    "MlpDigitsWorkload",
     "ParallelConfig",
     "RetryConfig",
     "RunConfig",
+    "ScriptWorkload",
     "SlurmConfig",
     "SupervisionConfig",
     "TrainConfig",
+    "Workload",
     "WorkloadConfig",
     "apply_overrides",
     "check_plain",
@@ -122,6 +146,7 @@ __all__ = [
     "field_kinds",
     "field_of",
     "kind_problems",
+    "kinds_with_field",
     "lenient",
     "lenient_config",
     "load_config",
@@ -134,6 +159,8 @@ __all__ = [
     "relative_path_problem",
     "sbatch_arg_problem",
     "trigger_problem",
+    "workload_as",
+    "workload_class",
     "workload_problems",
     "write_config_file",
 ]

@@ -8,15 +8,16 @@ import functools
 import json
 import os
 import sys
+import typing
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
-from db.vocabulary.config.base import LENIENT, MAX_CONFIG_BYTES, PROBLEM_SEPARATOR, ConfigError
+from db.vocabulary.config.base import BUILT_IN_KINDS, LENIENT, MAX_CONFIG_BYTES, PROBLEM_SEPARATOR, ConfigError
 from db.vocabulary.config.run import RunConfig, compatibility_problems, kind_problems
-from db.vocabulary.config.workload import workload_problems
+from db.vocabulary.config.workload import WORKLOAD_KINDS, kinds_with_field, workload_class, workload_problems
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -24,18 +25,37 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
+def _models(annotation: Any) -> list[type[BaseModel]]:
+    """The models a field holds: its own type, or each member of a union (the [workload] kinds)."""
+    return [t for t in (annotation, *typing.get_args(annotation)) if isinstance(t, type) and issubclass(t, BaseModel)]
+
+
 def _pattern_help(loc: tuple[Any, ...]) -> str | None:
     """The words a field gives for its pattern (``json_schema_extra={"pattern_help": ...}``)."""
-    model: Any = RunConfig
-    for part in loc[:-1]:
-        info = model.model_fields.get(part) if isinstance(part, str) else None
-        model = info.annotation if info is not None else None
-        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+    models: list[type[BaseModel]] = [RunConfig]
+    for part in loc:
+        infos = [info for model in models if isinstance(part, str) and (info := model.model_fields.get(part))]
+        if not infos:
             return None
-    info = model.model_fields.get(loc[-1]) if loc and isinstance(loc[-1], str) else None
-    extra = info.json_schema_extra if info is not None else None
-    hint = extra.get("pattern_help") if isinstance(extra, dict) else None
-    return str(hint) if hint else None
+        if part == loc[-1]:
+            extra = infos[0].json_schema_extra
+            hint = extra.get("pattern_help") if isinstance(extra, dict) else None
+            return str(hint) if hint else None
+        models = [model for info in infos for model in _models(info.annotation)]
+    return None
+
+
+def _plain_loc(err: ErrorDetails) -> tuple[Any, ...]:
+    """Where an error is, as a dotted TOML key would say it: without the kind pydantic puts after
+    ``workload`` (``workload.gpt-char.n_head`` is ``workload.n_head``), and at ``workload.kind``
+    when the kind itself is unknown."""
+    loc = tuple(err["loc"])
+    if loc[:1] == ("workload",):
+        if err["type"] in ("union_tag_invalid", "union_tag_not_found"):
+            return ("workload", "kind")
+        if len(loc) > 1 and loc[1] in WORKLOAD_KINDS:
+            return ("workload", *loc[2:])
+    return loc
 
 
 def _location(loc: tuple[Any, ...]) -> str:
@@ -51,16 +71,36 @@ _STRICT_HINTS = {
 
 
 def _describe(err: ErrorDetails) -> list[str]:
-    field = _location(err["loc"])
+    loc = _plain_loc(err)
+    field = _location(loc)
     if err["type"] == "value_error" and isinstance(err["input"], dict):  # checks across fields, one per line
         messages = err["msg"].removeprefix("Value error, ").split(PROBLEM_SEPARATOR)
-        return [f"{field}: {message}" if err["loc"] else message for message in messages]
+        return [f"{field}: {message}" if loc else message for message in messages]
+    if err["type"] in ("union_tag_invalid", "union_tag_not_found") and loc == ("workload", "kind"):
+        kind = err["input"].get("kind") if isinstance(err["input"], dict) else None
+        kinds = ", ".join(repr(k) for k in WORKLOAD_KINDS[:-1]) + f" or {WORKLOAD_KINDS[-1]!r}"
+        return [f"workload.kind = {kind!r}: Input should be {kinds}"]
+    if err["type"] == "extra_forbidden" and len(err["loc"]) == 3 and err["loc"][0] == "workload" and (
+            owners := kinds_with_field(str(loc[-1]))):
+        return [_other_kinds_field(str(loc[-1]), err["input"], str(err["loc"][1]), owners)]
     if err["type"] == "extra_forbidden":
         return [f"{field}: unknown key (value {err['input']!r}); check the spelling against docs/CONFIG.md"]
-    if err["type"] == "string_pattern_mismatch" and (hint := _pattern_help(err["loc"])):
+    if err["type"] == "string_pattern_mismatch" and (hint := _pattern_help(loc)):
         return [f"{field} = {err['input']!r}: use {hint}"]
     message = err["msg"].removeprefix("Value error, ")
     return [f"{field} = {err['input']!r}: {message}{_STRICT_HINTS.get(err['type'], '')}"]
+
+
+def _other_kinds_field(name: str, value: Any, kind: str, owners: list[str]) -> str:
+    """The problem with ``workload.<name>``, a field of the kinds ``owners``, set for ``kind``."""
+    if kind == "script" and not set(owners) - set(BUILT_IN_KINDS):  # the wording of kind_problems
+        model = workload_class(owners[0])
+        title = model.model_fields[name].title if model is not None else None
+        where = "the built-in workloads" if sorted(owners) == sorted(BUILT_IN_KINDS) else " and ".join(owners)
+        return (f"workload.{name} = {value!r} applies to {where} only; a script sets its own "
+                f"{(title or name.replace('_', ' ')).lower()}")
+    where = " or ".join(f"kind = {owner!r}" for owner in owners)
+    return f"workload.{name} is only for {where} (kind is {kind!r}); it is set to {value!r}"
 
 
 def _problems(exc: ValidationError) -> list[str]:
@@ -128,7 +168,7 @@ def lenient_config(data: dict[str, Any]) -> tuple[RunConfig, set[str]] | None:
         try:
             return RunConfig.model_validate(current, context={LENIENT: True}), dropped
         except ValidationError as exc:
-            locs = [tuple(err["loc"]) for err in exc.errors()]
+            locs = [_plain_loc(err) for err in exc.errors()]
         removed = {key for loc in locs if (key := _drop(current, loc)) is not None}
         if not removed:
             return None

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import typing
 from typing import Any
 
 from pydantic import BaseModel
 
 from db.vocabulary.config.run import RunConfig
+from db.vocabulary.config.workload import Workload, kind_of
 
 
 def _constraint_text(meta: Any) -> str:
@@ -37,8 +39,8 @@ def reference_markdown() -> str:
         lines.append("| --- | --- | --- | --- |")
         for name, field in model.model_fields.items():
             ann = field.annotation
-            if isinstance(ann, type) and issubclass(ann, BaseModel):
-                continue
+            if any(isinstance(t, type) and issubclass(t, BaseModel) for t in (ann, *typing.get_args(ann))):
+                continue  # a section, or one of several (the [workload] kinds)
             type_name = str(ann).replace("typing.", "").replace("<class '", "").replace("'>", "")
             constraints = ", ".join(_constraint_text(m) for m in field.metadata if type(m).__name__ != "Strict")
             if constraints:
@@ -60,4 +62,15 @@ def reference_markdown() -> str:
             lines.append((ann.__doc__ or "").strip())
             lines.append("")
             table(ann, "")
+        elif name == "workload":  # one model per kind (a union): a table for each
+            lines.append(f"## [{name}]")
+            lines.append("")
+            lines.append(" ".join((Workload.__doc__ or "").split()))
+            lines.append("")
+            for model in typing.get_args(ann):
+                lines.append(f"### kind = \"{kind_of(model)}\"")
+                lines.append("")
+                lines.append(" ".join((model.__doc__ or "").split()))
+                lines.append("")
+                table(model, "")
     return "\n".join(lines)

@@ -15,7 +15,7 @@ from db.vocabulary.config.checkpoint import CheckpointConfig
 from db.vocabulary.config.launch import LaunchConfig, SlurmConfig
 from db.vocabulary.config.supervision import RetryConfig, SupervisionConfig
 from db.vocabulary.config.train import ParallelConfig, TrainConfig
-from db.vocabulary.config.workload import WorkloadConfig
+from db.vocabulary.config.workload import MlpDigitsWorkload, ScriptWorkload, WorkloadConfig
 
 # Values that are allowed but rarely meant: the New run page asks before it starts such a run,
 # and `runyard submit` prints the warning. (field, test, why)
@@ -68,7 +68,7 @@ class RunConfig(_Section):
     """Free-form labels for filtering the runs list."""
 
     # "common": the New run page shows these sections open, the others folded.
-    workload: WorkloadConfig = Field(default=WorkloadConfig(), json_schema_extra={"common": True})
+    workload: WorkloadConfig = Field(default=MlpDigitsWorkload(), json_schema_extra={"common": True})
     launch: LaunchConfig = Field(default=LaunchConfig(), json_schema_extra={"common": True})
     train: TrainConfig = Field(default=TrainConfig(), json_schema_extra={"common": True})
     parallel: ParallelConfig = Field(default=ParallelConfig(), json_schema_extra={"common": True})
@@ -101,7 +101,7 @@ def compatibility_problems(c: RunConfig) -> list[str]:
         problems.append(f"parallel.strategy = 'fsdp' is supported by gpt-char, not {kind!r}")
     if c.parallel.strategy == "fsdp" and c.train.precision == "fp16":
         problems.append("train.precision = 'fp16' with parallel.strategy = 'fsdp' is not supported; use 'bf16'")
-    if c.launch.executor == "slurm" and c.workload.stop_signal != "SIGTERM":
+    if c.launch.executor == "slurm" and isinstance(c.workload, ScriptWorkload) and c.workload.stop_signal != "SIGTERM":
         problems.append(f"workload.stop_signal = {c.workload.stop_signal!r} is for launch.executor = 'local'; "
                         "on Slurm a pause or cancel sends SIGTERM (scancel --signal=TERM)")
     if c.launch.executor != "slurm" and c.slurm != SlurmConfig():

@@ -1,10 +1,16 @@
-"""[workload]: what runs (a built-in workload or a script) and its model settings."""
+"""[workload]: what runs (a built-in workload or a script) and its model settings.
+
+One model per kind, each with its own fields only; :data:`WorkloadConfig` is their union,
+chosen by ``kind`` (``"mlp-digits"`` when absent). A field of another kind is refused, naming the
+kind it belongs to, unless it holds its default: configs stored before the union (one flat model,
+every kind's fields dumped with their defaults) still load.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import Field, ValidationInfo, model_validator
+from pydantic import BeforeValidator, Discriminator, Field, ValidationInfo, model_validator
 
 from db.vocabulary.config.base import (
     INT64_MAX,
@@ -12,26 +18,75 @@ from db.vocabulary.config.base import (
     PROBLEM_SEPARATOR,
     _Section,
     env_name_problem,
-    field_kinds,
     lenient,
     relative_path_problem,
 )
 
 
-class WorkloadConfig(_Section):
-    """What to train."""
+class Workload(_Section):
+    """What to train: `kind` chooses the workload (default: "mlp-digits"), and only that kind's
+    keys apply; a key of another kind is refused unless it holds its default."""
 
-    kind: Literal["mlp-digits", "gpt-char", "script"] = Field(default="mlp-digits", title="Workload")
+    @model_validator(mode="after")
+    def _kind_fields(self, info: ValidationInfo) -> Workload:
+        if not lenient(info) and (problems := workload_problems(self)):
+            raise ValueError(PROBLEM_SEPARATOR.join(problems))
+        return self
+
+
+class MlpDigitsWorkload(Workload):
+    """kind = "mlp-digits": an MLP classifier on scikit-learn's bundled 8x8 digits data set."""
+
+    kind: Literal["mlp-digits"] = Field(default="mlp-digits", title="Workload")
     """`mlp-digits`: an MLP classifier on scikit-learn's bundled 8x8 digits data set (1797
-    images, no download). `gpt-char`: a character-level GPT on a text file (default: the Python
-    standard library's own sources). `script`: your own torchrun-ready script (`script`, `args`)."""
+    images, no download)."""
 
-    hidden: int = Field(
-        default=256, ge=8, le=65536, title="Hidden width", json_schema_extra={"kinds": ["mlp-digits"]}
-    )
+    hidden: int = Field(default=256, ge=8, le=65536, title="Hidden width")
     """Width of the MLP's two hidden layers (mlp-digits)."""
 
-    script: str | None = Field(default=None, json_schema_extra={"kinds": ["script"]})
+
+class GptCharWorkload(Workload):
+    """kind = "gpt-char": a character-level GPT on a text file."""
+
+    kind: Literal["gpt-char"] = Field(default="gpt-char", title="Workload")
+    """`gpt-char`: a character-level GPT on a text file (default: the Python standard library's
+    own sources)."""
+
+    text: str | None = Field(default=None, title="Text file")
+    """Text file to train gpt-char on (default: the Python standard library's sources): a
+    readable regular file of at most 256 MiB, read as UTF-8 (every rank holds it in memory); a
+    relative path is resolved against the directory `runyard submit` runs in. Submitted from the
+    UI, it must lie under the allowed roots, like `script`."""
+
+    n_layer: int = Field(
+        default=4, ge=1, le=96, title="Transformer blocks (n_layer)"
+    )
+    """gpt-char: transformer blocks."""
+
+    n_head: int = Field(
+        default=4, ge=1, le=128, title="Attention heads (n_head)"
+    )
+    """gpt-char: attention heads per block; must divide n_embd."""
+
+    n_embd: int = Field(
+        default=128, ge=8, le=16384, title="Embedding width (n_embd)"
+    )
+    """gpt-char: embedding width."""
+
+    block_size: int = Field(
+        default=128, ge=8, le=8192, title="Context length (block_size)"
+    )
+    """gpt-char: context length in characters."""
+
+
+
+class ScriptWorkload(Workload):
+    """kind = "script": your own torchrun-ready script or module, launched as it is."""
+
+    kind: Literal["script"] = Field(default="script", title="Workload")
+    """`script`: your own torchrun-ready script (`script`, `args`)."""
+
+    script: str | None = Field(default=None)
     """Path of the training script to launch under torchrun (kind = "script"); a relative path
     is resolved against the directory `runyard submit` runs in. It needs no change: runyard reads
     its printed lines, TensorBoard files, wandb calls and checkpoint files (docs/SCRIPTS.md); `import
@@ -41,7 +96,7 @@ class WorkloadConfig(_Section):
 
     module: str | None = Field(
         default=None, max_length=200, pattern=MODULE_PATTERN, title="Module (python -m)",
-        json_schema_extra={"kinds": ["script"], "pattern_help": "a dotted module name such as pkg.train"},
+        json_schema_extra={"pattern_help": "a dotted module name such as pkg.train"},
     )
     """Instead of `script`: a module to run as `python -m MODULE` (e.g. `pkg.train`), found
     from `workdir` first, then the interpreter's own path (kind = "script"). Submitted from the
@@ -50,37 +105,35 @@ class WorkloadConfig(_Section):
 
     args: tuple[str, ...] = Field(
         default=(), strict=False, title="Script arguments",
-        json_schema_extra={"kinds": ["script"], "list_syntax": "shell"},
+        json_schema_extra={"list_syntax": "shell"},
     )
     """Command-line arguments passed to the script (kind = "script")."""
 
-    workdir: str | None = Field(default=None, title="Working directory", json_schema_extra={"kinds": ["script"]})
+    workdir: str | None = Field(default=None, title="Working directory")
     """The folder the ranks run in, where the script's relative paths (`data/`, `out/`,
     `configurator.py`) are found (kind = "script"). Default: the folder `runyard submit` ran in;
     from the UI, the script's own folder. A relative path is resolved against the folder
     `runyard submit` runs in; from the UI, it must lie under the allowed roots."""
 
     env: dict[str, str] = Field(
-        default_factory=dict, title="Environment variables", json_schema_extra={"kinds": ["script"]}
+        default_factory=dict, title="Environment variables"
     )
     """Environment variables for the ranks, as a table (`[workload.env]`, `OMP_NUM_THREADS =
     "8"`), over the environment `runyard up` started with (kind = "script"). Names runyard sets
     itself (`RANK`, `MASTER_PORT`, `CUDA_VISIBLE_DEVICES`, `RUNYARD_*` but `RUNYARD_WANDB_SHIM`)
     are refused. Without `OMP_NUM_THREADS` here, it is the machine's cores divided by the ranks."""
 
-    python: str | None = Field(default=None, title="Python interpreter", json_schema_extra={"kinds": ["script"]})
+    python: str | None = Field(default=None, title="Python interpreter")
     """The interpreter the ranks run (kind = "script"): a `python` executable or a virtual
     environment's folder (its `bin/python`), so a script with its own dependencies runs with
     them. It must have torch. Default: runyard's own interpreter. Submitted from the UI, it must
     lie under the allowed roots and be an interpreter (`python`, `python3`, `python3.X`)."""
 
-    max_steps: int = Field(default=0, ge=0, le=INT64_MAX, title="Total steps",
-                           json_schema_extra={"kinds": ["script"]})
+    max_steps: int = Field(default=0, ge=0, le=INT64_MAX, title="Total steps")
     """The step the script ends at, for progress and ETA (kind = "script"). 0: the total the
     script reports (`RUNYARD {"total": N}`), else unknown."""
 
-    checkpoint_glob: str | None = Field(default=None, title="Checkpoint files",
-                                        json_schema_extra={"kinds": ["script"]})
+    checkpoint_glob: str | None = Field(default=None, title="Checkpoint files")
     """The checkpoint files the script writes itself, relative to `workdir` (e.g.
     `out/ckpt.pt`, `snapshot.pt`, `checkpoints/*.pt`): runyard lists them with size, time and
     sha256 (a file rewritten in place is a new version; the one it replaced is marked
@@ -97,7 +150,6 @@ class WorkloadConfig(_Section):
 
     checkpoint_step_key: str | None = Field(
         default=None, min_length=1, max_length=100, title="Step key in checkpoints",
-        json_schema_extra={"kinds": ["script"]},
     )
     """The top-level key of the script's `torch.save` dict that holds its step, when it is none of
     `global_step`, `iter_num`, `step`, `iteration` (e.g. `STEPS_RUN`); needs `checkpoint_glob`
@@ -105,27 +157,26 @@ class WorkloadConfig(_Section):
 
     resume_args: tuple[str, ...] = Field(
         default=(), strict=False, title="Resume arguments",
-        json_schema_extra={"kinds": ["script"], "list_syntax": "shell"},
+        json_schema_extra={"list_syntax": "shell"},
     )
     """Arguments appended to `args` only when an attempt resumes from one of the script's
     checkpoints (e.g. `--init_from=resume`; kind = "script"). Needs `checkpoint_glob`."""
 
-    tensorboard_dir: str | None = Field(default=None, title="TensorBoard folder",
-                                        json_schema_extra={"kinds": ["script"]})
+    tensorboard_dir: str | None = Field(default=None, title="TensorBoard folder")
     """The folder the script writes TensorBoard event files to, relative to `workdir` or
     absolute; its
     scalars become the run's metrics, each tag on its own step counter (kind = "script").
     Default: any `runs/`, `lightning_logs/` or `tb/` folder under `workdir`."""
 
     stdout_metrics: dict[str, str] = Field(
-        default_factory=dict, title="Metrics from printed lines", json_schema_extra={"kinds": ["script"]}
+        default_factory=dict, title="Metrics from printed lines"
     )
     """For a script that only prints: metric name -> regular expression with the named groups
     `step` and `value`, matched against each line the ranks print (`[workload.stdout_metrics]`,
     `loss = 'iter (?P<step>\\d+): loss (?P<value>[\\d.]+)'`; kind = "script")."""
 
     stop_signal: Literal["SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2"] = Field(
-        default="SIGTERM", title="Stop signal", json_schema_extra={"kinds": ["script"]})
+        default="SIGTERM", title="Stop signal")
     """The signal a pause or a cancel sends the script's ranks first; SIGKILL follows after
     `supervision.grace_s` (kind = "script"). Pick the one the script stops cleanly on:
     SIGTERM for runyard's SDK and for a script with its own handler; SIGINT for Lightning outside
@@ -135,51 +186,98 @@ class WorkloadConfig(_Section):
     resume from their last periodic save). SIGTERM, SIGINT and SIGHUP go to torchrun's agent too,
     which passes them on; SIGUSR1 and SIGUSR2 go to the ranks alone. Local executor only."""
 
-    text: str | None = Field(default=None, title="Text file", json_schema_extra={"kinds": ["gpt-char"]})
-    """Text file to train gpt-char on (default: the Python standard library's sources): a
-    readable regular file of at most 256 MiB, read as UTF-8 (every rank holds it in memory); a
-    relative path is resolved against the directory `runyard submit` runs in. Submitted from the
-    UI, it must lie under the allowed roots, like `script`."""
-
-    n_layer: int = Field(
-        default=4, ge=1, le=96, title="Transformer blocks (n_layer)", json_schema_extra={"kinds": ["gpt-char"]}
-    )
-    """gpt-char: transformer blocks."""
-
-    n_head: int = Field(
-        default=4, ge=1, le=128, title="Attention heads (n_head)", json_schema_extra={"kinds": ["gpt-char"]}
-    )
-    """gpt-char: attention heads per block; must divide n_embd."""
-
-    n_embd: int = Field(
-        default=128, ge=8, le=16384, title="Embedding width (n_embd)", json_schema_extra={"kinds": ["gpt-char"]}
-    )
-    """gpt-char: embedding width."""
-
-    block_size: int = Field(
-        default=128, ge=8, le=8192, title="Context length (block_size)", json_schema_extra={"kinds": ["gpt-char"]}
-    )
-    """gpt-char: context length in characters."""
-
-    @model_validator(mode="after")
-    def _kind_fields(self, info: ValidationInfo) -> WorkloadConfig:
-        if not lenient(info) and (problems := workload_problems(self)):
-            raise ValueError(PROBLEM_SEPARATOR.join(problems))
-        return self
 
 
-def workload_problems(w: WorkloadConfig) -> list[str]:
+# The kinds, in the order the form offers them; the first is the default.
+WORKLOADS: tuple[type[Workload], ...] = (MlpDigitsWorkload, GptCharWorkload, ScriptWorkload)
+
+
+def kind_of(model: type[Workload]) -> str:
+    """The ``kind`` a workload class stands for."""
+    return str(model.model_fields["kind"].default)
+
+
+WORKLOAD_KINDS: tuple[str, ...] = tuple(kind_of(model) for model in WORKLOADS)
+DEFAULT_KIND = WORKLOAD_KINDS[0]
+
+
+def workload_class(kind: str) -> type[Workload] | None:
+    """The workload class for ``kind``, or None for an unknown kind."""
+    return next((model for model in WORKLOADS if kind_of(model) == kind), None)
+
+
+def kinds_with_field(name: str) -> list[str]:
+    """The kinds that have the field ``name`` (empty: no kind has it)."""
+    return [kind_of(model) for model in WORKLOADS if name in model.model_fields]
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+# Read once (every stored config passes through _kind_and_own_fields): each kind's own keys, and
+# the defaults the other kinds give the keys it does not have, as JSON and TOML hold them.
+_OWN_KEYS = {kind_of(model): frozenset(model.model_fields) for model in WORKLOADS}
+_OTHER_DEFAULTS = {
+    kind_of(own): {name: [_plain(m.model_fields[name].get_default(call_default_factory=True))
+                          for m in WORKLOADS if m is not own and name in m.model_fields]
+                   for model in WORKLOADS if model is not own for name in model.model_fields}
+    for own in WORKLOADS
+}
+
+
+def _kind_and_own_fields(data: Any) -> Any:
+    """The kind made explicit (``"mlp-digits"`` when absent), and the keys of other kinds that
+    hold their defaults left out: a config stored from the one flat model of before (every
+    kind's fields, with their defaults) still loads. A key of another kind set to anything
+    else stays, for the kind's model to refuse (the reading names the kind it is for)."""
+    if not isinstance(data, dict):
+        return data
+    kind = data.get("kind", DEFAULT_KIND)
+    own = _OWN_KEYS.get(kind) if isinstance(kind, str) else None
+    if own is None:
+        return data  # the union names the kinds there are
+    others = _OTHER_DEFAULTS[kind]
+    return {"kind": kind} | {name: value for name, value in data.items()
+                             if name in own or _plain(value) not in others.get(name, ())}
+
+
+WorkloadConfig = Annotated[
+    MlpDigitsWorkload | GptCharWorkload | ScriptWorkload,
+    Discriminator("kind"),
+    BeforeValidator(_kind_and_own_fields),
+]
+"""The [workload] section: one model per kind, chosen by ``kind``."""
+
+
+_W = TypeVar("_W", bound=Workload)
+
+
+def workload_as(w: WorkloadConfig, model: type[_W]) -> _W:
+    """``w`` as the workload ``model`` stands for, for code that only runs for that kind (the
+    gpt-char trainer, a script's launch).
+
+    Raises:
+        TypeError: naming both kinds, when ``w`` is of another kind (a caller's mistake).
+    """
+    if not isinstance(w, model):
+        raise TypeError(f"workload.kind = {w.kind!r}: this needs kind = {kind_of(model)!r}")
+    return w
+
+
+def workload_problems(w: Workload) -> list[str]:
     """The [workload] settings that contradict each other, every one of them (a form answers once)."""
+    if isinstance(w, GptCharWorkload):
+        if w.n_embd % w.n_head:
+            return [f"workload.n_embd = {w.n_embd} must be a multiple of workload.n_head = {w.n_head}"]
+        return []
+    if not isinstance(w, ScriptWorkload):
+        return []
     problems: list[str] = []
-    if w.kind == "script" and not (w.script or w.module):
+    if not (w.script or w.module):
         problems.append("workload.script (or workload.module) is required when workload.kind = 'script'")
     if w.script and w.module:
         problems.append(f"workload.script = {w.script!r} and workload.module = {w.module!r}: give one of them")
-    if w.kind != "script":
-        for name, info in type(w).model_fields.items():
-            if field_kinds(type(w), name) == ["script"] and getattr(w, name) != info.get_default(
-                    call_default_factory=True):
-                problems.append(f"workload.{name} is only for kind = 'script' (kind is {w.kind!r})")
     if w.checkpoint_step_key and not w.checkpoint_glob:
         problems.append(f"workload.checkpoint_step_key = {w.checkpoint_step_key!r} needs "
                         "workload.checkpoint_glob (the files it is read from)")
@@ -192,6 +290,4 @@ def workload_problems(w: WorkloadConfig) -> list[str]:
     if w.checkpoint_glob is not None and (problem := relative_path_problem(
             "workload.checkpoint_glob", w.checkpoint_glob)):
         problems.append(problem)
-    if w.n_embd % w.n_head:
-        problems.append(f"workload.n_embd = {w.n_embd} must be a multiple of workload.n_head = {w.n_head}")
     return problems
