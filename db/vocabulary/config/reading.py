@@ -17,7 +17,7 @@ from pydantic_core import ErrorDetails
 
 from db.vocabulary.config.base import BUILT_IN_KINDS, LENIENT, MAX_CONFIG_BYTES, PROBLEM_SEPARATOR, ConfigError
 from db.vocabulary.config.run import RunConfig, compatibility_problems, kind_problems
-from db.vocabulary.config.workload import WORKLOAD_KINDS, kinds_with_field, workload_class, workload_problems
+from db.vocabulary.config.workload import STORED, WORKLOAD_KINDS, kinds_with_field, workload_class, workload_problems
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -331,7 +331,7 @@ def config_from_json(text: str) -> RunConfig:
     Parsed once per distinct text (74 us a parse; the scheduler reads every active run's config
     several times a tick): the models are frozen, so the one instance is shared. Its few dict
     fields (``workload.env``, ``workload.stdout_metrics``) must not be changed in place."""
-    return RunConfig.model_validate_json(text)
+    return RunConfig.model_validate_json(text, context={STORED: True})
 
 
 def write_config_file(path: Path, config: RunConfig) -> None:

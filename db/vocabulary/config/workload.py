@@ -226,11 +226,19 @@ _OTHER_DEFAULTS = {
 }
 
 
-def _kind_and_own_fields(data: Any) -> Any:
-    """The kind made explicit (``"mlp-digits"`` when absent), and the keys of other kinds that
-    hold their defaults left out: a config stored from the one flat model of before (every
-    kind's fields, with their defaults) still loads. A key of another kind set to anything
-    else stays, for the kind's model to refuse (the reading names the kind it is for)."""
+STORED = "stored"
+"""The validation context key :func:`~db.vocabulary.config.reading.config_from_json` sets: the
+config is one runyard stored, not one a person wrote."""
+
+
+def _kind_and_own_fields(data: Any, info: ValidationInfo) -> Any:
+    """The kind made explicit (``"mlp-digits"`` when absent), and the keys of other kinds left
+    out where they cannot matter: a config a person wrote may hold another kind's keys at their
+    defaults (the form sends every field); a stored one (the ``STORED`` context) any value, since
+    the one flat model of before kept every kind's fields and never read another kind's (an
+    mlp-digits run stored with ``n_layer = 8`` trained an MLP, and must still open). A key of
+    another kind set to anything else in a written config stays, for the kind's model to refuse
+    (the reading names the kind it is for)."""
     if not isinstance(data, dict):
         return data
     kind = data.get("kind", DEFAULT_KIND)
@@ -238,8 +246,10 @@ def _kind_and_own_fields(data: Any) -> Any:
     if own is None:
         return data  # the union names the kinds there are
     others = _OTHER_DEFAULTS[kind]
+    stored = bool(info.context and info.context.get(STORED))
     return {"kind": kind} | {name: value for name, value in data.items()
-                             if name in own or _plain(value) not in others.get(name, ())}
+                             if name in own or name not in others
+                             or (not stored and _plain(value) not in others[name])}
 
 
 WorkloadConfig = Annotated[
