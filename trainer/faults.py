@@ -73,14 +73,6 @@ def save_delay_s(step: int) -> float:
     return float(seconds) if at == "*" or int(at) == step else 0.0
 
 
-def _step_rank(name: str) -> tuple[int, int | None] | None:
-    spec = _spec(name)
-    if not spec:
-        return None
-    step, _, rank = spec.partition(":")
-    return int(step), (int(rank) if rank else None)
-
-
 def maybe_raise(step: int, rank: int, attempt: int) -> None:
     """``RUNYARD_FAULT_RAISE=STEP[:RANK][@ATTEMPTS]``: raise a RuntimeError (a "user error") at
     STEP on RANK (every rank when omitted), in attempts up to ATTEMPTS (every attempt when

@@ -133,10 +133,6 @@ class AttemptPaths:
         return self.root / CONFIG_FILE
 
     @property
-    def launch_record(self) -> Path:
-        return self.root / LAUNCH_RECORD
-
-    @property
     def exit_file(self) -> Path:
         return self.root / EXIT_FILE
 
@@ -159,9 +155,6 @@ class AttemptPaths:
     @property
     def finished(self) -> Path:
         return self.root / FINISHED_DIR
-
-    def finished_note(self, rank: int) -> Path:
-        return self.finished / f"rank-{rank}.json"
 
     @property
     def stacks(self) -> Path:

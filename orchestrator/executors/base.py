@@ -134,11 +134,6 @@ class Executor(Protocol):
         ...
 
 
-def executor_name(config: RunConfig) -> str:
-    """The executor a run config asks for."""
-    return config.launch.executor
-
-
 def executor_for(executors: dict[str, Executor], name: str) -> Executor:
     """The executor called ``name``.
 
