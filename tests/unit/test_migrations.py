@@ -8,11 +8,22 @@ import shutil
 from pathlib import Path
 
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, inspect, text
 
-from db.engine import _alembic_config, current_revision, head_revision, make_engine, upgrade
+from db.engine import (
+    MigrationLockTimeout,
+    _alembic_config,
+    current_revision,
+    head_revision,
+    make_engine,
+    migration_lock,
+    upgrade,
+)
+from db.metricstore import write_points
 from db.models import Base, held_on, include_object
 from tests import databases
 
@@ -74,8 +85,6 @@ def test_only_the_metric_keys_are_sqlite_only() -> None:
 
 def test_downgrade_to_base_and_up_again(db_url: str) -> None:
     upgrade(db_url)
-    from alembic import command
-
     command.downgrade(_alembic_config(db_url), "base")
     engine = make_engine(db_url)
     assert set(inspect(engine).get_table_names()) <= {"alembic_version"}
@@ -96,8 +105,6 @@ def test_upgrade_keeps_existing_runs(db_url: str, db_dialect: str, tmp_path: Pat
                                      request: pytest.FixtureRequest) -> None:
     """A database with runs from the first release upgrades to head and keeps them, NaN and
     infinities included."""
-    from alembic import command
-
     command.upgrade(_alembic_config(db_url), "0001")
     engine = make_engine(db_url)
     with engine.begin() as conn:
@@ -148,8 +155,6 @@ OLD_METRICS = [
 
 def assert_rollups_match_the_store(fresh_url: str, engine) -> None:  # type: ignore[no-untyped-def]
     """The rollups the migration built in SQL equal what db.metricstore writes for the same points."""
-    from db.metricstore import write_points
-
     upgrade(fresh_url)
     fresh = make_engine(fresh_url)
     with fresh.begin() as conn:
@@ -194,10 +199,6 @@ def test_0010_goes_down_to_the_keys_and_up_again_keeping_the_points(db_url: str,
     a run that is gone, possible only without them, deleted as the cascade would have) and no
     triggers; up again, the keys go and the triggers come back. SQLite's schema stays as it
     was. The run's own points and rollups survive both ways."""
-    from alembic import command
-
-    from db.metricstore import write_points
-
     upgrade(db_url)
     engine = make_engine(db_url)
     try:
@@ -251,8 +252,6 @@ def test_an_interrupted_upgrade_stops_at_the_last_completed_revision(db_url: str
     0004 with none of 0005's tables, and a later upgrade with the real scripts reaches head.
     PostgreSQL runs each migration in a transaction; SQLite's DDL is not transactional, so there
     only the revision is checked."""
-    from alembic import command
-
     cfg = _alembic_config(db_url)
     cfg.set_main_option("script_location", str(_scripts_failing_in(tmp_path, "0005")))
     with pytest.raises(RuntimeError, match="interrupted inside the migration"):
@@ -275,8 +274,6 @@ def test_an_interrupted_0010_leaves_the_metric_keys_in_place(db_url: str, db_dia
     """Migration 0010 fails after dropping the keys and creating the triggers: PostgreSQL rolls it
     back whole (the database at 0009 with its four keys and no trigger), and a later upgrade with
     the real scripts reaches head."""
-    from alembic import command
-
     cfg = _alembic_config(db_url)
     cfg.set_main_option("script_location", str(_scripts_failing_in(tmp_path, "0010")))
     with pytest.raises(RuntimeError, match="interrupted inside the migration"):
@@ -298,8 +295,6 @@ def test_an_interrupted_0010_leaves_the_metric_keys_in_place(db_url: str, db_dia
 def test_a_postgres_migration_lock_waiter_goes_on_after_the_holder(pg_url: str) -> None:
     """While one connection holds the advisory migration lock, upgrade() waits (and times out
     with a message naming the lock); once it is released, upgrade() migrates."""
-    from db.engine import MigrationLockTimeout, migration_lock
-
     with migration_lock(pg_url):
         with pytest.raises(MigrationLockTimeout, match="pg_advisory_lock") as info:
             upgrade(pg_url, timeout_s=0.5)
@@ -313,8 +308,6 @@ def test_a_postgres_migration_lock_waiter_goes_on_after_the_holder(pg_url: str) 
 def test_the_schema_head_runyard_checks_without_alembic_is_alembics_newest_migration(tmp_path: Path) -> None:
     """db/engine.py's SCHEMA_HEAD (read by every command instead of importing Alembic) names the
     newest migration: adding one without moving it fails here."""
-    from alembic.script import ScriptDirectory
-
     url = f"sqlite:///{tmp_path / 'r.db'}"
     assert head_revision() == ScriptDirectory.from_config(_alembic_config(url)).get_current_head()
     engine = make_engine(url)
