@@ -33,7 +33,7 @@ from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session, sessionmaker
 from streamlit.testing.v1 import AppTest
 
-from app.system import summary_line, system_panels
+from app.system import summary_line
 from db.engine import make_engine, make_sessionmaker
 from db.models import Attempt, SystemMetric
 from db.requests import create_run
@@ -479,6 +479,8 @@ def test_scheduler_runs_the_sysmon_job_beside_the_tick(
 
 
 def _panel_app(run_id: int) -> None:
+    from app.system import system_panels  # noqa: PLC0415 - AppTest.from_function runs this function's source alone
+
     system_panels(run_id)
 
 
