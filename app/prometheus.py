@@ -57,6 +57,7 @@ from starlette.responses import PlainTextResponse, Response
 
 from app.access import AccessPolicy, FailedLogins, Verdict, token_matches
 from db import DatabaseError, metricstore, queries
+from db.engine import make_engine, make_read_only_engine, make_sessionmaker, sqlite_path
 from db.lease import on_this_host
 from db.models import ALERT_OPEN, Alert, Attempt, Run
 from db.states import TERMINAL, AttemptStatus, RunStatus
@@ -319,8 +320,6 @@ def metrics_route(app: ASGIApp, policy: AccessPolicy, settings: Settings, writab
                   recent_s: float = DEFAULT_RECENT_S) -> MetricsRoute:
     """``app`` behind :class:`MetricsRoute`, reading ``settings``' database (read-only where
     the data folder cannot be written, as the UI does)."""
-    from db.engine import make_engine, make_read_only_engine, make_sessionmaker, sqlite_path
-
     db_file = sqlite_path(settings.db_url)
 
     @functools.cache  # the one engine, made at the first scrape that reads

@@ -26,8 +26,18 @@ import sys
 import time
 from pathlib import Path
 
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
+from sqlalchemy.pool import NullPool
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from bench.seed import seed_run  # noqa: E402 - needs ROOT on sys.path
+from db.engine import make_engine, safe_url, upgrade  # noqa: E402 - needs ROOT on sys.path
+from db.metricstore import series  # noqa: E402 - needs ROOT on sys.path
 
 CACHE = Path("/tmp/runyard-bench-chart")
 RANKS = 8
@@ -36,9 +46,6 @@ RANKS = 8
 def seeded(points: int, server: str | None = None) -> tuple[str, int]:
     """A database with one run of ``points`` loss points on 8 ranks, cached by size: a SQLite
     file, or a database on the PostgreSQL ``server``."""
-    from bench.seed import seed_run
-    from db.engine import upgrade
-
     home = CACHE / f"{RANKS}x{points // RANKS}"
     marker = home / ("run_id" if server is None else "run_id.postgres")
     db_url = f"sqlite:///{home / 'runyard.db'}" if server is None else _server_database(server, home.name)
@@ -59,18 +66,12 @@ def seeded(points: int, server: str | None = None) -> tuple[str, int]:
 
 
 def _shown(db_url: str) -> str:
-    from db.engine import safe_url
-
     return safe_url(db_url)
 
 
 def _server_database(server: str, name: str) -> str:
     """The URL of database ``runyard_bench_chart_<name>`` on ``server``, recreated empty unless
     it holds a seeded run."""
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.pool import NullPool
-
     database = f"runyard_bench_chart_{name}"
     admin = create_engine(server, poolclass=NullPool, isolation_level="AUTOCOMMIT")
     try:
@@ -83,10 +84,6 @@ def _server_database(server: str, name: str) -> str:
 
 
 def _has_run(db_url: str, run_id: int) -> bool:
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.exc import SQLAlchemyError
-    from sqlalchemy.pool import NullPool
-
     engine = create_engine(db_url, poolclass=NullPool)
     try:
         with engine.connect() as conn:
@@ -100,10 +97,6 @@ def _has_run(db_url: str, run_id: int) -> bool:
 
 def time_once(engine, run_id: int) -> tuple[float, float, object, object]:  # type: ignore[no-untyped-def]
     """One chart read and one live re-fetch of its newest bucket, each in a new session."""
-    from sqlalchemy.orm import Session
-
-    from db.metricstore import series
-
     with Session(engine) as s:
         t0 = time.perf_counter()
         got = series(s, run_id, "loss", max_points=2000)
@@ -121,8 +114,6 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=21)
     parser.add_argument("--db-url", help="a PostgreSQL server to measure beside SQLite (see the docstring)")
     args = parser.parse_args()
-    from db.engine import make_engine
-
     sizes = [int(s) for s in args.sizes.split(",")]
     backends: dict[str, str | None] = {"sqlite": None, **({"postgres": args.db_url} if args.db_url else {})}
     cases = [(db, points) for points in sizes for db in backends]

@@ -25,13 +25,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench.seed import seed_run  # noqa: E402 - needs ROOT on sys.path
+from db.compare import compare_runs, metric_summaries  # noqa: E402 - needs ROOT on sys.path
+from db.engine import make_engine, make_sessionmaker, upgrade  # noqa: E402 - needs ROOT on sys.path
 
 
 def measure(ranks: int, steps: int, runs: int, repeats: int) -> dict[str, float]:
-    from bench.seed import seed_run
-    from db.compare import compare_runs, metric_summaries
-    from db.engine import make_engine, make_sessionmaker, upgrade
-
     folder = Path(tempfile.mkdtemp(prefix="runyard-bench-compare-"))
     try:
         url = f"sqlite:///{folder / 'runyard.db'}"

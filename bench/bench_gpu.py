@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -34,10 +35,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.nn.functional as F
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.bench_overhead import bench_env, managed_run  # noqa: E402
+from trainer.techniques import gpu_peak_flops  # noqa: E402 - needs ROOT on sys.path
+from trainer.workloads.gpt_char import GPT, flops_per_token, get_batch, load_corpus, window_generator  # noqa: E402 - needs ROOT on sys.path
 
 # ~124M parameters with a character vocabulary: 10 blocks of width 1024 (head size 64) hold
 # 125.8M; GPT-2 small's own shape (12 x 768) holds 85M here, its other 39M being the 50k-token
@@ -85,14 +91,6 @@ def hand_side(shape_name: str, steps: int, warmup: int, batch: int) -> dict[str,
 
 def hand_loop(shape: dict[str, int], steps: int, warmup: int, batch: int, out: Path) -> None:
     """nanoGPT's loop on one GPU; writes tokens/s and MFU between step ``warmup`` and the end."""
-    import math
-
-    import torch
-    import torch.nn.functional as F
-
-    from trainer.techniques import gpu_peak_flops
-    from trainer.workloads.gpt_char import GPT, flops_per_token, get_batch, load_corpus, window_generator
-
     device = torch.device("cuda")
     torch.manual_seed(0)
     corpus = load_corpus(None)
@@ -144,12 +142,8 @@ def main() -> None:
         hand_loop(shape, args.steps, args.warmup, args.batch, args.out)
         return
 
-    import torch
-
     if not torch.cuda.is_available():
         sys.exit("bench_gpu needs a CUDA GPU; none is visible to torch here")
-    from trainer.workloads.gpt_char import GPT
-
     n_params = sum(p.numel() for p in GPT(128, **shape).parameters())
     sides = args.sides.split(",")
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; GPT {args.shape} {shape}: "

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import statistics
@@ -68,16 +69,16 @@ def runyard_ingest(folder: Path, steps: int, batch_steps: int, server: str | Non
     sys.path.insert(0, str(ROOT))
     if server is None:
         return _runyard_ingest(f"sqlite:///{folder / f'runyard-{batch_steps}.db'}", folder, steps, batch_steps)
-    from tests.databases import fresh_database
+    from tests.databases import fresh_database  # noqa: PLC0415 - runyard's: this script also runs under MLflow's python (--mlflow-worker)
 
     with fresh_database(server) as db_url:
         return _runyard_ingest(db_url, folder, steps, batch_steps)
 
 
 def _runyard_ingest(db_url: str, folder: Path, steps: int, batch_steps: int) -> dict[str, float]:
-    from bench.seed import create_finished_run
-    from db.engine import make_engine, upgrade
-    from db.metricstore import write_points
+    from bench.seed import create_finished_run  # noqa: PLC0415 - runyard's: this script also runs under MLflow's python (--mlflow-worker)
+    from db.engine import make_engine, upgrade  # noqa: PLC0415 - runyard's: this script also runs under MLflow's python (--mlflow-worker)
+    from db.metricstore import write_points  # noqa: PLC0415 - runyard's: this script also runs under MLflow's python (--mlflow-worker)
 
     upgrade(db_url)
     run_id = create_finished_run(db_url, "ingest", RANKS, steps, runs_dir=folder / "runs")
@@ -101,12 +102,10 @@ def mlflow_ingest(folder: Path, steps: int, store_url: str | None = None,
                   batch_steps: int = MLFLOW_BATCH_STEPS) -> dict[str, float]:
     """Points/s through MLflow's SqlAlchemyStore.log_batch (run in an interpreter with MLflow),
     on a SQLite file in ``folder`` or on ``store_url``."""
-    import logging
-
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)
-    from mlflow.entities import Metric
-    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+    from mlflow.entities import Metric  # noqa: PLC0415 - optional: MLflow is not runyard's dependency
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore  # noqa: PLC0415 - optional: MLflow is not runyard's dependency
 
     store = SqlAlchemyStore(store_url or f"sqlite:///{folder / f'mlflow-{batch_steps}.db'}",
                             str(folder / "mlflow-artifacts"))
@@ -128,13 +127,13 @@ def mlflow_side(folder: Path, steps: int, python: str | None, server: str | None
     or on a fresh database on the PostgreSQL ``server``."""
     if python is None:
         try:
-            import mlflow  # noqa: F401
+            import mlflow  # noqa: F401, PLC0415 - optional: MLflow is not runyard's dependency
         except ImportError:
             return None
     if server is None:
         return _mlflow_run(folder, steps, python, None, batch_steps)
     sys.path.insert(0, str(ROOT))
-    from tests.databases import fresh_database
+    from tests.databases import fresh_database  # noqa: PLC0415 - runyard's: this script also runs under MLflow's python (--mlflow-worker)
 
     with fresh_database(server) as url:
         return _mlflow_run(folder, steps, python, url, batch_steps)

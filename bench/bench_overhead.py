@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import sqlite3
@@ -181,14 +182,13 @@ def hand_steps_per_s(steps: int, warmup: int, kind: str) -> float:
 
 def hand_loop(kind: str, steps: int, out: Path) -> None:
     """The hand-written DDP loop: nanoGPT's (``nanogpt``) or nothing but the step (``bare``)."""
-    import math
 
-    import torch
-    import torch.distributed as dist
-    import torch.nn.functional as F
-    from torch.nn.parallel import DistributedDataParallel as DDP
+    import torch  # noqa: PLC0415 - in the ranks: the measuring process stays without torch
+    import torch.distributed as dist  # noqa: PLC0415 - in the ranks: the measuring process stays without torch
+    import torch.nn.functional as F  # noqa: PLC0415 - in the ranks: the measuring process stays without torch
+    from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: PLC0415 - in the ranks: the measuring process stays without torch
 
-    from trainer.workloads.gpt_char import GPT, get_batch, load_corpus, window_generator
+    from trainer.workloads.gpt_char import GPT, get_batch, load_corpus, window_generator  # noqa: PLC0415 - in the ranks: the measuring process stays without torch
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()

@@ -39,6 +39,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench.seed import seed_run, seed_system_metrics  # noqa: E402 - needs ROOT on sys.path
+from db.engine import upgrade  # noqa: E402 - needs ROOT on sys.path
 
 CACHE = Path("/tmp/runyard-bench-render")
 # Every chart on the page drawn, once the page's script has run to its end (before that, charts
@@ -62,9 +64,6 @@ def seeded_home(ranks: int, steps: int, keys: tuple[str, ...]) -> tuple[Path, in
         return home, run_id
     shutil.rmtree(home, ignore_errors=True)
     home.mkdir(parents=True)
-    from bench.seed import seed_run
-    from db.engine import upgrade
-
     db_url = f"sqlite:///{home / 'runyard.db'}"
     upgrade(db_url)
     t0 = time.monotonic()
@@ -81,8 +80,6 @@ def _with_system_metrics(home: Path, run_id: int, gpus: int) -> None:
     marker = home / "system_metrics"
     if marker.is_file():
         return
-    from bench.seed import seed_system_metrics
-
     rows = seed_system_metrics(f"sqlite:///{home / 'runyard.db'}", run_id, gpus)
     marker.write_text(str(rows))
     print(f"added {rows:,} system metric rows ({gpus} GPUs, their processes, the host)", flush=True)
@@ -195,7 +192,7 @@ def main() -> None:
     parser.add_argument("--section", default="Metrics",
                         help="the Run page's section to open (its charts are timed); empty: the page's default")
     args = parser.parse_args()
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import sync_playwright  # noqa: PLC0415 - optional: Playwright, only to render
 
     keys = tuple(k for k in args.keys.split(",") if k)
     home, run_id = seeded_home(args.ranks, args.steps, keys)

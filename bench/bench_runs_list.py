@@ -35,6 +35,15 @@ from sqlalchemy.orm import Session
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from db.compare import runs_list  # noqa: E402 - needs ROOT on sys.path
+from db.engine import make_engine, make_sessionmaker, upgrade  # noqa: E402 - needs ROOT on sys.path
+from db.metricstore import write_points  # noqa: E402 - needs ROOT on sys.path
+from db.models import Attempt, Checkpoint  # noqa: E402 - needs ROOT on sys.path
+from db.queries import RunFilter, list_runs  # noqa: E402 - needs ROOT on sys.path
+from db.requests import create_run  # noqa: E402 - needs ROOT on sys.path
+from db.states import RunStatus, transition  # noqa: E402 - needs ROOT on sys.path
+from db.vocabulary.config import RunConfig  # noqa: E402 - needs ROOT on sys.path
+from db.vocabulary.cost import Price  # noqa: E402 - needs ROOT on sys.path
 
 # What the i-th seeded run is, in turn: a live run first, so that even one run has metrics to
 # project an ETA from.
@@ -63,13 +72,6 @@ def seed_runs(session: Session, runs_dir: Path, count: int, now: float | None = 
     Returns:
         The new runs' ids, oldest first.
     """
-    from db.metricstore import write_points
-    from db.models import Attempt, Checkpoint
-    from db.requests import create_run
-    from db.states import RunStatus, transition
-    from db.vocabulary.config import RunConfig
-    from db.vocabulary.cost import Price
-
     now = time.time() if now is None else now
     ids, points = [], []
     for i in range(count):
@@ -127,13 +129,8 @@ def count_statements(engine: Engine) -> list[str]:
 def _call(call: str) -> Any:
     """The ``list_runs`` call that ``--call`` names, as a function of a session, and the number of
     runs it lists of ``count`` (None: every one)."""
-    from db.queries import list_runs
-
     if call == "plain":
         return lambda s: list_runs(s)
-    from db.compare import runs_list
-    from db.queries import RunFilter
-
     if call == "page":
         return lambda s: runs_list(s, sort="best_loss", descending=False)
     return lambda s: runs_list(s, where=RunFilter(search="retried"), sort="best_loss", descending=False)
@@ -141,8 +138,6 @@ def _call(call: str) -> Any:
 
 def measure(count: int, repeats: int, workdir: Path, call: str = "plain") -> dict[str, Any]:
     """Seed ``count`` runs into a new database under ``workdir`` and time ``list_runs`` on it."""
-    from db.engine import make_engine, make_sessionmaker, upgrade
-
     list_runs = _call(call)
 
     home = workdir / f"runs-{count}"

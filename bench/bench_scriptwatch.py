@@ -58,9 +58,9 @@ def bench_logs(folder: Path, lines: int) -> None:
 
 
 def bench_events(folder: Path, events: int) -> None:
-    from torch.utils.tensorboard import SummaryWriter
+    from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415 - optional: tensorboard, the [scripts] extra
 
-    from orchestrator.scripts.tensorboard_events import EventFiles
+    from orchestrator.scripts.tensorboard_events import EventFiles  # noqa: PLC0415 - optional: tensorboard, the [scripts] extra
 
     writer = SummaryWriter(str(folder / "runs" / "exp"), max_queue=10_000)
     for step in range(events):

@@ -19,6 +19,17 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import socket
+
+from sqlalchemy import insert, select
+
+from db.engine import make_engine, make_sessionmaker, upgrade
+from db.metricstore import write_points
+from db.models import Attempt, Run, SystemMetric
+from db.requests import create_run
+from db.states import RunStatus, transition
+from db.vocabulary.config import RunConfig
+from db.vocabulary.cost import Price
 
 STEP_S = 0.05  # seconds per step of the seeded run
 
@@ -32,13 +43,6 @@ def seed_system_metrics(db_url: str, run_id: int, gpus: int) -> int:
     """The scheduler's 10-s system rows for the whole of a finished run, as sysmon writes them
     for a run on ``gpus`` GPUs (one rank each): per GPU the seven NVML series, per rank and for
     the whole tree the process CPU and RSS, and the host's seven series. Returns rows written."""
-    import socket
-
-    from sqlalchemy import insert, select
-
-    from db.engine import make_engine
-    from db.models import Run, SystemMetric
-
     rng = random.Random(run_id)
     engine = make_engine(db_url)
     host = socket.gethostname()
@@ -90,13 +94,6 @@ def create_finished_run(db_url: str, name: str, ranks: int, steps: int, runs_dir
                         start: float | None = None) -> int:
     """A SUCCEEDED run with one attempt of ``steps`` steps on ``ranks`` ranks that started at
     ``start`` (default: so that it just ended), and no points."""
-    from db.engine import make_engine, make_sessionmaker
-    from db.models import Attempt
-    from db.requests import create_run
-    from db.states import RunStatus, transition
-    from db.vocabulary.config import RunConfig
-    from db.vocabulary.cost import Price
-
     if runs_dir is None:
         database = make_engine(db_url).url.database
         if not database:
@@ -141,9 +138,6 @@ def seed_run(db_url: str, ranks: int = 8, steps: int = 100_000, keys: Sequence[s
     Returns:
         The run id.
     """
-    from db.engine import make_engine
-    from db.metricstore import write_points
-
     start = time.time() - steps * STEP_S - 60
     run_id = create_finished_run(db_url, name, ranks, steps, runs_dir, start)
     engine = make_engine(db_url)
@@ -170,8 +164,6 @@ def main() -> None:
     parser.add_argument("--keys", default="loss")
     parser.add_argument("--name", default="seeded")
     args = parser.parse_args()
-    from db.engine import upgrade
-
     upgrade(args.db_url)
     print(seed_run(args.db_url, args.ranks, args.steps, args.keys.split(","), name=args.name, progress=True))
 

@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import NullPool
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -156,7 +157,7 @@ def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
 
 
 def _alembic_config(url: str) -> Config:
-    from alembic.config import Config
+    from alembic.config import Config  # noqa: PLC0415 - Alembic only to migrate
 
     cfg = Config()
     cfg.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
@@ -173,7 +174,7 @@ def _record_holder(fd: int) -> None:
 @contextlib.contextmanager
 def _file_migration_lock(path: Path, timeout_s: float) -> Iterator[None]:
     """An exclusive ``flock`` on ``path`` (filelock's native Unix lock), held for the block."""
-    from filelock import FileLock, Timeout
+    from filelock import FileLock, Timeout  # noqa: PLC0415 - filelock only to migrate
 
     lock = FileLock(path, on_acquired=_record_holder)
     try:
@@ -199,8 +200,6 @@ def _file_migration_lock(path: Path, timeout_s: float) -> Iterator[None]:
 
 def _pg_lock(conn: Any, url: str, timeout_s: float) -> None:
     """Take the advisory migration lock on ``conn``, waiting up to ``timeout_s``."""
-    from sqlalchemy import text
-
     deadline = time.monotonic() + timeout_s
     announced = False
     while not conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": PG_MIGRATE_LOCK_KEY}).scalar_one():
@@ -224,9 +223,6 @@ def _pg_lock(conn: Any, url: str, timeout_s: float) -> None:
 def _pg_migration_lock(url: str, timeout_s: float) -> Iterator[None]:
     """``pg_advisory_lock`` on a connection of its own, held for the block. The server drops the
     lock with the connection, so a holder that dies never leaves it taken."""
-    from sqlalchemy import text
-    from sqlalchemy.pool import NullPool
-
     engine = create_engine(url, poolclass=NullPool, isolation_level="AUTOCOMMIT")
     try:
         with engine.connect() as conn:
@@ -291,8 +287,6 @@ def _adopt_pre_release_head(engine: Engine, current: str | None) -> str | None:
     the first release) with the first release's revision; returns the revision it is now at."""
     if current != PRE_RELEASE_HEAD:
         return current
-    from sqlalchemy import text
-
     with engine.begin() as conn:
         conn.execute(text("UPDATE alembic_version SET version_num = :new WHERE version_num = :old"),
                      {"new": SCHEMA_HEAD, "old": PRE_RELEASE_HEAD})
@@ -301,8 +295,8 @@ def _adopt_pre_release_head(engine: Engine, current: str | None) -> str | None:
 
 
 def _check_known(url: str, current: str | None) -> None:
-    from alembic.script import ScriptDirectory
-    from alembic.util.exc import CommandError
+    from alembic.script import ScriptDirectory  # noqa: PLC0415 - Alembic only to migrate
+    from alembic.util.exc import CommandError  # noqa: PLC0415 - Alembic only to migrate
 
     if current is None:
         return
@@ -325,7 +319,7 @@ def upgrade(url: str, revision: str = "head", timeout_s: float = MIGRATE_LOCK_TI
         SchemaUnknown: the database was written by a newer runyard.
         SchemaPreRelease: the database was made by a pre-release runyard (and is not at its head).
     """
-    from alembic import command
+    from alembic import command  # noqa: PLC0415 - Alembic only to migrate
 
     engine = make_engine(url)  # creates the SQLite folder
     try:
@@ -359,7 +353,7 @@ def ensure_schema(engine: Engine, url: str, create: bool = True, timeout_s: floa
     head = head_revision()
     if current_revision(engine) == head:
         return True
-    from alembic import command  # only to migrate: a database at head needs no Alembic
+    from alembic import command  # noqa: PLC0415 - only to migrate: a database at head needs no Alembic
 
     with migration_lock(url, timeout_s):
         current = _adopt_pre_release_head(engine, current_revision(engine))
@@ -398,8 +392,6 @@ def check_read_only_schema(engine: Engine, url: str) -> bool:
 def current_revision(engine: Engine) -> str | None:
     """The schema revision the database is at (Alembic's ``alembic_version`` row), None with no
     schema. Plain SQL: every command reads it, and Alembic costs 0.15 s of CPU to import."""
-    from sqlalchemy import inspect, text
-
     with engine.connect() as conn:
         if not inspect(conn).has_table("alembic_version"):
             return None

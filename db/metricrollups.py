@@ -66,7 +66,7 @@ def summarize(run: Sequence[int], name: Sequence[int], attempt: Sequence[int], s
     The points are sorted by (run, name, attempt, rank, step); a bucket of every level is then
     a contiguous slice, and each level is reduced from the level below's partials.
     """
-    import numpy as np  # here: a command that writes no metrics (``runyard submit``) need not load it
+    import numpy as np  # noqa: PLC0415 - numpy only to write metrics: `runyard submit` need not load it
 
     n = len(step)
     cols = [np.array(c, dtype=np.int64) for c in (run, name, attempt, rank, step)]
@@ -100,7 +100,7 @@ def summarize(run: Sequence[int], name: Sequence[int], attempt: Sequence[int], s
 def _coarser(p: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The partials of buckets 4 times wider than those of ``p`` (the same rules as the upsert
     in :func:`rollup_upsert`)."""
-    import numpy as np
+    import numpy as np  # noqa: PLC0415 - numpy only to write metrics
 
     bucket = p["bucket"] // BASE
     new = p["new"].copy()
@@ -119,7 +119,7 @@ def _coarser(p: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def _level_rows(number: int, p: dict[str, np.ndarray]) -> list[tuple[Any, ...]]:
-    import numpy as np
+    import numpy as np  # noqa: PLC0415 - numpy only to write metrics
 
     empty = p["count"] == p["nans"]  # no non-NaN value: min and max are NULL
     low, high, last = p["min"].astype(object), p["max"].astype(object), p["last"].astype(object)
@@ -150,11 +150,11 @@ def _step_ranges(run: np.ndarray, attempt: np.ndarray, step: np.ndarray) -> dict
 def dialect_insert(dialect: str) -> Callable[..., sqlite.Insert | postgresql.Insert]:
     """The dialect's own ``insert()``, which has ON CONFLICT."""
     if dialect == "sqlite":
-        from sqlalchemy.dialects import sqlite
+        from sqlalchemy.dialects import sqlite  # noqa: PLC0415 - only the dialect in use (50 ms each)
 
         return sqlite.insert
     if dialect == "postgresql":
-        from sqlalchemy.dialects import postgresql
+        from sqlalchemy.dialects import postgresql  # noqa: PLC0415 - only the dialect in use (50 ms each)
 
         return postgresql.insert
     raise MetricStoreError(f"the metric store supports sqlite and postgresql, not {dialect!r}")

@@ -150,7 +150,7 @@ def write_points(conn: Connection, rows: list[dict[str, Any]]) -> None:
     batch = summarize(*columns)
     postgres = conn.dialect.name == "postgresql"
     if postgres:  # PostgreSQL's write path, binary COPY (imported here: ~45 ms that SQLite need not pay)
-        from db.metricbulk import check_ranges, hold_and_find_stored, write_batch
+        from db.metricbulk import check_ranges, hold_and_find_stored, write_batch  # noqa: PLC0415 - PostgreSQL only (see above)
 
         check_ranges(batch)  # before the first statement that binds a key
     if batch.repeated:  # a point repeated within the batch: keep its first value

@@ -21,7 +21,16 @@ from db.requests import RunNotFound, imported
 from db.states import TERMINAL, RunStatus
 from db.vocabulary.causes import INTERRUPTIONS, Cause
 from db.vocabulary.checks import CHECKS_EVENT, parse_checks
-from db.vocabulary.cost import ETA_WINDOW, AttemptSpan, Eta, cost_usd, default_prices, eta_estimate, wasted_seconds
+from db.vocabulary.cost import (
+    ETA_WINDOW,
+    AttemptSpan,
+    Eta,
+    cost_usd,
+    default_prices,
+    eta_estimate,
+    wasted_seconds,
+    young_daly_interval_s,
+)
 from db.vocabulary.phases import attempt_phases, marks_from_json, recovery_s
 from db.vocabulary.scheduler_file import read_scheduler_file
 
@@ -723,8 +732,6 @@ def checkpoint_advice(session: Session, run_id: int, now: float | None = None, r
         ``mtbf_s``, ``failures``, ``device_time_s``, ``step_time_s``, and the configured
         ``every_steps`` / ``every_seconds``.
     """
-    from db.vocabulary.cost import young_daly_interval_s
-
     run = session.get(Run, run_id)
     if run is None:
         raise RunNotFound(f"no run with id {run_id}; `runyard ls` lists the runs")

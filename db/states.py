@@ -186,9 +186,9 @@ def hold(session: Session, run_id: int, expect: RunStatus) -> bool:
     Returns:
         True when the run is in ``expect`` and now held; False when another process moved it.
     """
-    from sqlalchemy import CursorResult, update
+    from sqlalchemy import CursorResult, update  # noqa: PLC0415 - only to write: the ranks import the enums alone
 
-    from db.models import Run
+    from db.models import Run  # noqa: PLC0415 - only to write: the ranks import the enums alone
 
     result = cast(CursorResult[Any], session.execute(
         update(Run).where(Run.id == run_id, Run.status == expect.value).values(status=Run.status)
@@ -220,9 +220,9 @@ def transition(
         True when the run moved; False when its status did not allow it (someone else moved
         it first, or the run is already terminal).
     """
-    from sqlalchemy import CursorResult, func, select, update
+    from sqlalchemy import CursorResult, func, select, update  # noqa: PLC0415 - only to write: the ranks import the enums alone
 
-    from db.models import Run, RunStatusHistory
+    from db.models import Run, RunStatusHistory  # noqa: PLC0415 - only to write: the ranks import the enums alone
 
     now = time.time() if now is None else now
     sources = allowed_from(to)

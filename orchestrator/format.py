@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 from db.states import TERMINAL, AttemptPhase, RunStatus
@@ -57,8 +58,6 @@ def note_line(note: str | None) -> str:
 
 def runyard_version() -> str:
     """The installed runyard's version, or a sentence saying it is not installed."""
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("runyard")
     except PackageNotFoundError:

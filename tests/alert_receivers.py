@@ -5,6 +5,7 @@ thread of the test process."""
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -12,6 +13,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from aiosmtpd.controller import Controller
 
 
 @dataclass
@@ -78,10 +81,6 @@ def http_receiver(delay_s: float = 0.0, status: int = 200) -> Iterator[HttpRecei
 @contextmanager
 def smtp_receiver() -> Iterator[tuple[int, list[Any]]]:
     """An SMTP server on a free local port; yields (port, the messages it received)."""
-    import socket
-
-    from aiosmtpd.controller import Controller
-
     messages: list[Any] = []
 
     class Handler:

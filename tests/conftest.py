@@ -159,7 +159,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     ``item._nodeid``, which pytest 9 no longer reads."""
     if config.getvalue("dist") != "loadgroup":
         return None
-    from xdist.scheduler import LoadGroupScheduling
+    from xdist.scheduler import LoadGroupScheduling  # noqa: PLC0415 - pytest-xdist's, only under -n
 
     class SlurmTogether(LoadGroupScheduling):
         def _split_scope(self, nodeid: str) -> str:
@@ -179,7 +179,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: not (SLURM_GROUP in item.path.name
                                      or module_shares_a_product(item.path, (SCHEDULER_MARK,))))
     try:
-        import torch
+        import torch  # noqa: PLC0415 - optional: without torch there is no CUDA to test
 
         has_cuda = torch.cuda.is_available()
     except ImportError:

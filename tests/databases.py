@@ -20,6 +20,7 @@ Which dialects run is chosen with pytest's ``--db`` option (or ``RUNYARD_TEST_DB
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import uuid
 from collections.abc import Iterator
@@ -27,7 +28,11 @@ from collections.abc import Iterator
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
+
+from db.queries import run_detail as detail
+from orchestrator.cli.base import json_safe
 
 SERVER_ENV = "RUNYARD_TEST_POSTGRES_URL"
 CHOICE_ENV = "RUNYARD_TEST_DB"
@@ -106,13 +111,6 @@ def run_detail(url: str, run_id: int) -> dict:
     the call. Waiting tests poll this: polling through the CLI cost 0.55-0.7 s of CPU a call,
     taken from the ranks they wait for on two cores. ``show`` still runs the real CLI where a
     test reads its output."""
-    import json
-
-    from sqlalchemy.orm import Session
-
-    from db.queries import run_detail as detail
-    from orchestrator.cli.base import json_safe
-
     engine = create_engine(url, poolclass=NullPool)
     try:
         with Session(engine) as session:

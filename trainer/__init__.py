@@ -15,7 +15,7 @@ class TrainerError(Exception):
 
 def __getattr__(name: str) -> Any:
     if name in ("init", "Run"):
-        from trainer import sdk
+        from trainer import sdk  # noqa: PLC0415 - the SDK imports torch: loaded on first use
 
         return getattr(sdk, name)
     raise AttributeError(f"module 'trainer' has no attribute {name!r}")

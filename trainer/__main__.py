@@ -50,10 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     config = config_from_json((args.config or ctx.config_file).read_text())
 
     # Imported here so that `--help` and config errors do not pay for torch.
-    from trainer import distributed, faults
-    from trainer.lifecycle import register_stack_dumps
-    from trainer.sdk import init
-    from trainer.workloads import build_workload
+    from trainer import distributed, faults  # noqa: PLC0415 - after the config is read: --help and config errors do not pay for torch
+    from trainer.lifecycle import register_stack_dumps  # noqa: PLC0415 - after the config is read: --help and config errors do not pay for torch
+    from trainer.sdk import init  # noqa: PLC0415 - after the config is read: --help and config errors do not pay for torch
+    from trainer.workloads import build_workload  # noqa: PLC0415 - after the config is read: --help and config errors do not pay for torch
 
     imported = time.time()  # Python, torch and runyard's rank side are in (db/vocabulary/phases.py)
     workload = build_workload(config)  # refuses options it cannot honour before joining the others

@@ -76,7 +76,7 @@ def context_from_env(environ: Mapping[str, str] | None = None) -> RunContext:
     Raises:
         db.vocabulary.settings.SettingsError: a ``RUNYARD_*`` variable of the protocol holds a value of the wrong kind.
     """
-    from db.vocabulary.settings import RankEnv  # pydantic-settings: only a process that reads its context pays for it
+    from db.vocabulary.settings import RankEnv  # noqa: PLC0415 - pydantic-settings: only a process that reads its context pays for it
 
     env = RankEnv.from_env(environ)
     run_dir = env.run_dir or Path(".")

@@ -35,6 +35,8 @@ real training checks one ``None`` a step and calls nothing here.
 from __future__ import annotations
 
 import os
+import resource
+import signal
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -52,7 +54,7 @@ def _spec(name: str) -> str:
     but the switch is read: a rank of a real run never loads the settings model)."""
     if not enabled():
         return ""
-    from db.vocabulary.settings import FaultEnv
+    from db.vocabulary.settings import FaultEnv  # noqa: PLC0415 - the settings model only under the switch (see _spec's docstring)
 
     return FaultEnv.from_env().spec(name)
 
@@ -94,7 +96,7 @@ def maybe_cuda_oom(step: int, batch_size: int) -> None:
         return
     at, _, max_batch = spec.partition(":")
     if int(at) == step and batch_size > int(max_batch or 0):
-        import torch
+        import torch  # noqa: PLC0415 - torch-free: the scheduler imports this module
 
         raise torch.cuda.OutOfMemoryError(
             f"CUDA out of memory. Tried to allocate 2.00 GiB (injected at step {step}, micro-batch {batch_size})"
@@ -109,8 +111,6 @@ def maybe_sigkill(step: int, rank: int) -> None:
         return
     at, _, on_rank = spec.partition(":")
     if int(at) == step and int(on_rank or 0) == rank:
-        import signal
-
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -141,8 +141,6 @@ def maybe_limit_file_size(step: int, rank: int, attempt: int, settle: Callable[[
     where, _, upto = spec.partition("@")
     at, _, size = where.partition(":")
     if int(at) == step and (not upto or attempt <= int(upto)):
-        import resource
-
         if settle is not None:
             settle()
         _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
@@ -171,7 +169,7 @@ def maybe_perturb(step: int, rank: int, params: Iterable[Any]) -> None:
         return
     at, _, on_rank = spec.partition(":")
     if int(at) == step and int(on_rank or 0) == rank:
-        import torch
+        import torch  # noqa: PLC0415 - torch-free: the scheduler imports this module
 
         with torch.no_grad():
             next(iter(params)).view(-1)[0] += 1e-3

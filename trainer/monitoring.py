@@ -370,9 +370,9 @@ class Monitor:
 
     def _write_findings(self, conn: Connection, records: list[dict[str, Any]]) -> None:
         """Database writer thread: the findings as Event rows of this attempt."""
-        from sqlalchemy import insert
+        from sqlalchemy import insert  # noqa: PLC0415 - on the writer thread: the other ranks never load SQLAlchemy
 
-        from db.models import Event
+        from db.models import Event  # noqa: PLC0415 - on the writer thread: the other ranks never load SQLAlchemy
 
         ctx = self.reporter.ctx
         conn.execute(insert(Event), [{"run_id": ctx.run_id, "attempt": ctx.attempt, **r} for r in records])
@@ -380,7 +380,7 @@ class Monitor:
 
 def _is_sharded(p: torch.Tensor) -> bool:
     try:
-        from torch.distributed.tensor import DTensor
+        from torch.distributed.tensor import DTensor  # noqa: PLC0415 - optional in torch, and 1-2 s to import
     except ImportError:  # pragma: no cover - torch without DTensor has no FSDP2 either
         return False
     return isinstance(p, DTensor)

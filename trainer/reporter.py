@@ -165,9 +165,9 @@ class DatabaseWriter(threading.Thread):
     # -- writing --------------------------------------------------------------------------
 
     def _write_events(self, conn: Connection, events: list[dict[str, Any]]) -> None:
-        from sqlalchemy import insert
+        from sqlalchemy import insert  # noqa: PLC0415 - on the writer thread: the other ranks never load SQLAlchemy
 
-        from db.models import Event
+        from db.models import Event  # noqa: PLC0415 - on the writer thread: the other ranks never load SQLAlchemy
 
         for e in events:
             conn.execute(insert(Event).values(run_id=self._run_id, attempt=self._attempt, at=e["at"],
@@ -175,9 +175,9 @@ class DatabaseWriter(threading.Thread):
 
     def _write_marks(self, conn: Connection, marks: list[dict[str, float]]) -> None:
         """Start-up phase marks (db/vocabulary/phases.py), merged into the attempt's."""
-        from sqlalchemy import select, update
+        from sqlalchemy import select, update  # noqa: PLC0415 - on the writer thread: the other ranks never load SQLAlchemy
 
-        from db.models import Attempt
+        from db.models import Attempt  # noqa: PLC0415 - on the writer thread: the other ranks never load SQLAlchemy
 
         where = (Attempt.run_id == self._run_id, Attempt.number == self._attempt)
         held = conn.execute(select(Attempt.phase_marks_json).where(*where)).scalar()
@@ -197,10 +197,10 @@ class DatabaseWriter(threading.Thread):
                            "waiting; checkpoints and events were kept"}
 
     def _write(self, conn: Connection) -> list[PostCommit]:
-        from sqlalchemy import func, update
+        from sqlalchemy import func, update  # noqa: PLC0415 - on the writer thread: the other ranks never load SQLAlchemy
 
-        from db.metricstore import write_points
-        from db.models import Attempt
+        from db.metricstore import write_points  # noqa: PLC0415 - on the writer thread: the other ranks never load SQLAlchemy
+        from db.models import Attempt  # noqa: PLC0415 - on the writer thread: the other ranks never load SQLAlchemy
 
         rows = self._pending.get("rows")
         if rows:
@@ -274,7 +274,7 @@ class DatabaseWriter(threading.Thread):
         return min(MAX_RETRY_WAIT_S, self._interval * doublings)
 
     def run(self) -> None:
-        from db.engine import make_engine
+        from db.engine import make_engine  # noqa: PLC0415 - on the writer thread: the other ranks never load SQLAlchemy
 
         # No foreign-key checks on this connection: it writes only this run's rows, under
         # metric ids it has just resolved (db/engine.py; a tenth of the ingest time). One

@@ -113,7 +113,7 @@ def guard_rendezvous_unpickling() -> None:
     ``_BackendRendezvousStateHolder.sync``); a refused state raises ``pickle.UnpicklingError``,
     which it reports as a corrupt rendezvous state.
     """
-    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous  # noqa: PLC0415 - torch-free: the scheduler and a script's own python load this module
 
     dynamic_rendezvous.pickle = types.SimpleNamespace(  # type: ignore[assignment]
         dumps=pickle.dumps, loads=load_rendezvous_state,
@@ -124,7 +124,7 @@ def guard_rendezvous_unpickling() -> None:
 def prefixed(factory: Callable[..., Any], secret: str) -> Callable[..., Any]:
     """``factory`` (a function that makes a store) with its store put under the secret's
     prefix."""
-    from torch.distributed import PrefixStore
+    from torch.distributed import PrefixStore  # noqa: PLC0415 - torch-free: the scheduler and a script's own python load this module
 
     def make(*args: Any, **kwargs: Any) -> Any:
         return PrefixStore(key_prefix(secret), factory(*args, **kwargs))

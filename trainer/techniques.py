@@ -16,6 +16,7 @@ import json
 import math
 import os
 import socket
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -247,8 +248,6 @@ def shared_cpu_peak_flops(kept: Path | None = None) -> float:
 def measure_cpu_peak_flops(size: int = 1024, reps: int = 5) -> float:
     """FLOP/s of this process's float32 matmuls on the CPU: the best of ``reps`` timed
     ``size x size`` products after one warm-up (a measured stand-in for a spec-sheet peak)."""
-    import time
-
     a = torch.randn(size, size)
     b = torch.randn(size, size)
     torch.mm(a, b)

@@ -139,7 +139,7 @@ def check_url(url: str) -> None:
         if not parts.hostname:
             raise AlertsError(f"channel URL {mask_url(url)}: no host")
         return
-    import apprise
+    import apprise  # noqa: PLC0415 - Apprise (0.5 s) only to check an Apprise URL
 
     if apprise.Apprise.instantiate(url) is None:
         raise AlertsError(f"channel URL {mask_url(url)}: Apprise does not understand it (see "

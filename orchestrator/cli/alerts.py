@@ -85,7 +85,7 @@ def rm(channel_id: int) -> None:
 @click.argument("channel_ids", nargs=-1, type=int)
 def test(channel_ids: tuple[int, ...]) -> None:
     """Send a test message to each channel (or those named) and say which failed."""
-    from orchestrator.alerts.engine import send_test
+    from orchestrator.alerts.engine import send_test  # noqa: PLC0415 - the alert engine and database only for this verb
 
     settings = load_settings()
     try:
@@ -107,7 +107,7 @@ def test(channel_ids: tuple[int, ...]) -> None:
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10_000))
 def history(run: str | None, as_json: bool, limit: int) -> None:
     """The alerts (of one run, or all), newest first, with each delivery's outcome."""
-    from orchestrator.alerts.engine import history as read_history
+    from orchestrator.alerts.engine import history as read_history  # noqa: PLC0415 - the alert engine and database only for this verb
 
     settings = load_settings()
     sessions = open_existing(settings)

@@ -22,9 +22,12 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from db import DatabaseError
+from db.engine import check_read_only_schema, ensure_schema, make_engine, make_read_only_engine, make_sessionmaker
+from db.engine import safe_url as hide_password
 from db.home import PRIVATE_UMASK, check_home, database_writable, has_database, make_private
 from db.vocabulary.settings import Settings, SettingsError, load_settings
 from orchestrator import OrchestratorError
+from orchestrator.format import duration
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +52,6 @@ def fail(message: str, code: int = EXIT_FAILURE) -> NoReturn:
 
 def safe_url(url: str) -> str:
     """The database URL with any password hidden."""
-    from db.engine import safe_url as hide_password
-
     return hide_password(url)
 
 
@@ -99,8 +100,6 @@ class RunyardGroup(click.Group):
 def open_sessions(settings: Settings) -> sessionmaker[Session]:
     """A sessionmaker on an up-to-date schema; creates the database when there is none
     (migrations run once under a lock, whoever else starts at the same time)."""
-    from db.engine import ensure_schema, make_engine, make_sessionmaker
-
     engine = make_engine(settings.db_url)
     ensure_schema(engine, settings.db_url, create=True)
     return make_sessionmaker(engine)
@@ -110,8 +109,6 @@ def open_existing(settings: Settings) -> sessionmaker[Session] | None:
     """A sessionmaker on the database if there is one (brought to the newest schema); ``None``
     when there is none yet. Never creates a database: read-only commands use this. A SQLite
     database in a folder that cannot be written is opened read-only and never migrated."""
-    from db.engine import check_read_only_schema, ensure_schema, make_engine, make_read_only_engine, make_sessionmaker
-
     if not has_database(settings):
         return None
     if not database_writable(settings):  # an archived copy, a read-only mount: read it as it is
@@ -160,8 +157,6 @@ def existing_sessions(settings: Settings, run: str) -> sessionmaker[Session]:
 
 def fmt_duration(seconds: float | None) -> str:
     """A duration without spaces, for tables (``1h02m``)."""
-    from orchestrator.format import duration
-
     return duration(seconds).replace(" ", "")
 
 
@@ -172,8 +167,8 @@ def fmt_time(ts: float | None) -> str:
 
 def resolve_ref(sessions: sessionmaker[Session], ref: str) -> int:
     """The id of the run ``ref`` names (an id or a name); exit 1 with a sentence when none does."""
-    from db.queries import resolve_run
-    from db.requests import RunNotFound
+    from db.queries import resolve_run  # noqa: PLC0415 - a run's rows only for a verb that names one: every command imports this module
+    from db.requests import RunNotFound  # noqa: PLC0415 - a run's rows only for a verb that names one: every command imports this module
 
     with sessions() as session:
         try:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import click
 
+from db.engine import current_revision
 from db.vocabulary.settings import load_settings
 from orchestrator.cli.base import RunyardCommand, fail, no_database_line, open_existing, open_sessions, safe_url
 
@@ -39,8 +40,7 @@ class Progress:
 @click.argument("file", type=click.Path(dir_okay=False, writable=True, path_type=Path))
 def db_export(file: Path) -> None:
     """Write the whole data set (every table) to FILE (gzip JSON lines), for `runyard db import`."""
-    from db.engine import current_revision
-    from db.transfer import export
+    from db.transfer import export  # noqa: PLC0415 - only for this verb: every command imports this module (group.py)
 
     settings = load_settings()
     sessions = open_existing(settings)
@@ -57,8 +57,7 @@ def db_export(file: Path) -> None:
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 def db_import(file: Path) -> None:
     """Load FILE (from `runyard db export`) into this EMPTY database, all or nothing."""
-    from db.engine import current_revision
-    from db.transfer import TransferError, import_, read_header
+    from db.transfer import TransferError, import_, read_header  # noqa: PLC0415 - only for this verb: every command imports this module (group.py)
 
     try:
         read_header(file)  # before a database is created for a file that is not an export

@@ -12,6 +12,7 @@ import click
 
 from db.vocabulary.settings import load_settings
 from orchestrator.cli.base import RunyardCommand, fail, open_sessions, resolve_ref
+from orchestrator.run_edits import EditRefused, delete_run, deletion_plan, edit_run, set_archived, set_starred
 
 
 @click.command(cls=RunyardCommand)
@@ -24,8 +25,6 @@ from orchestrator.cli.base import RunyardCommand, fail, open_sessions, resolve_r
 def edit(run: str, name: str | None, add_tags: tuple[str, ...], remove_tags: tuple[str, ...], note: str | None,
          as_json: bool) -> None:
     """Rename a run, add or remove its tags, set its note; every change is kept in its events."""
-    from orchestrator.run_edits import EditRefused, edit_run
-
     if name is None and not add_tags and not remove_tags and note is None:
         fail("say what to change: --name, --add-tag, --remove-tag or --note", 2)
     sessions = open_sessions(load_settings())
@@ -48,8 +47,6 @@ def edit(run: str, name: str | None, add_tags: tuple[str, ...], remove_tags: tup
 @click.option("--unstar", is_flag=True, help="Remove the star instead.")
 def star(run: str, unstar: bool) -> None:
     """Star a run (`runyard ls --starred` lists the starred ones), or --unstar it."""
-    from orchestrator.run_edits import set_starred
-
     sessions = open_sessions(load_settings())
     run_id = resolve_ref(sessions, run)
     with sessions() as session:
@@ -63,8 +60,6 @@ def star(run: str, unstar: bool) -> None:
 @click.option("--unarchive", is_flag=True, help="Bring it back into the list instead.")
 def archive(run: str, unarchive: bool) -> None:
     """Archive a finished run: hidden from `runyard ls` and the Runs page unless asked for."""
-    from orchestrator.run_edits import EditRefused, set_archived
-
     sessions = open_sessions(load_settings())
     run_id = resolve_ref(sessions, run)
     with sessions() as session:
@@ -82,8 +77,6 @@ def archive(run: str, unarchive: bool) -> None:
 def rm(run: str, yes: bool) -> None:
     """Delete a finished run and its folder (checkpoints, logs, metrics), after a confirmation
     that names its pinned checkpoints. A run that is not finished is refused: cancel it first."""
-    from orchestrator.run_edits import EditRefused, delete_run, deletion_plan
-
     settings = load_settings()
     sessions = open_sessions(settings)
     run_id = resolve_ref(sessions, run)

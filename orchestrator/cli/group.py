@@ -31,10 +31,12 @@ import logging
 
 import click
 
+from db.engine import upgrade
 from db.vocabulary.settings import load_settings
 from orchestrator.cli.base import (
     RunyardGroup,
     json_safe,
+    safe_url,
 )
 from orchestrator.cli.database import db_export, db_import
 
@@ -85,11 +87,7 @@ def db() -> None:
 @db.command("upgrade")
 def db_upgrade() -> None:
     """Apply the schema migrations (idempotent)."""
-    from db.engine import upgrade
-
     settings = load_settings()
-    from orchestrator.cli.base import safe_url
-
     upgrade(settings.db_url)
     click.echo(f"database at head: {safe_url(settings.db_url)}")
 
@@ -102,7 +100,7 @@ db.add_command(db_import)
 @click.option("--json", "as_json", is_flag=True)
 def info(as_json: bool) -> None:
     """Say where runyard keeps its data: home, database, schema, scheduler, token, version."""
-    from orchestrator.cli.info import home_info, print_info
+    from orchestrator.cli.info import home_info, print_info  # noqa: PLC0415 - only for `runyard info`
 
     details = home_info(load_settings())
     if as_json:
@@ -114,7 +112,7 @@ def info(as_json: bool) -> None:
 @cli.command("config-reference")
 def config_reference() -> None:
     """Print the run config reference (docs/CONFIG.md) in Markdown."""
-    from db.vocabulary.config import reference_markdown
+    from db.vocabulary.config import reference_markdown  # noqa: PLC0415 - the config model only for config-reference
 
     click.echo(reference_markdown())
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from db.vocabulary.config import ConfigError
 from db.vocabulary.settings import load_settings
 from orchestrator.cli.base import EXIT_USAGE, RunyardCommand, fail, open_sessions
 
@@ -24,8 +25,7 @@ def import_() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print {\"id\": N} as JSON.")
 def tensorboard(logdir: Path, name: str | None, as_json: bool) -> None:
     """Import the scalars of a TensorBoard log folder as a SUCCEEDED run; prints its id."""
-    from db.vocabulary.config import ConfigError
-    from orchestrator.scripts.imported_runs import LogdirError, import_tensorboard
+    from orchestrator.scripts.imported_runs import LogdirError, import_tensorboard  # noqa: PLC0415 - TensorBoard and numpy only when the verb runs, not for --help
 
     settings = load_settings()
     try:

@@ -6,6 +6,8 @@ from typing import Any
 
 import click
 
+from db.engine import current_revision, head_revision
+from db.queries import scheduler_status
 from db.vocabulary.settings import Settings
 from orchestrator.cli.base import open_existing, safe_url
 from orchestrator.format import duration, runyard_version
@@ -13,9 +15,6 @@ from orchestrator.format import duration, runyard_version
 
 def home_info(settings: Settings) -> dict[str, Any]:
     """Where this command's data lives and what state it is in (``runyard info``)."""
-    from db.engine import current_revision, head_revision
-    from db.queries import scheduler_status
-
     version = runyard_version()
     info: dict[str, Any] = {
         "home": str(settings.home),

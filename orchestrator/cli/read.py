@@ -4,6 +4,7 @@ folder or a database (cli_base.READ_ONLY_COMMANDS).
 
 from __future__ import annotations
 
+import csv
 import json
 import sys
 import time
@@ -12,8 +13,9 @@ from typing import Any
 
 import click
 
-from db.queries import LIST_SORTS
-from db.states import TERMINAL
+from db.compare import runs_list
+from db.queries import LIST_SORTS, RunFilter, iter_metric_rows, list_runs, log_sources, run_detail, run_status
+from db.states import TERMINAL, RunStatus
 from db.vocabulary import metric_registry
 from db.vocabulary.settings import load_settings
 from orchestrator.cli.base import (
@@ -29,6 +31,7 @@ from orchestrator.cli.base import (
     open_existing,
     resolve_ref,
 )
+from orchestrator.executors.logs import launcher_log, rank_log_files
 from orchestrator.format import eta_text, phases_text, startup_text, step_text, where_short, where_text
 from orchestrator.scripts.attempt_watch import script_facts
 
@@ -39,8 +42,6 @@ METRIC_SORTS = frozenset({"best_loss", "headline"})  # read by db.compare.runs_l
 
 def _status_filter(statuses: tuple[str, ...]) -> list[str]:
     """The ``--status`` values in upper case; exit 2 naming an unknown one and the valid ones."""
-    from db.states import RunStatus
-
     valid = [s.value for s in RunStatus]
     wanted = [s.strip().upper() for s in statuses]
     unknown = [s for s, w in zip(statuses, wanted, strict=True) if w not in valid]
@@ -64,9 +65,6 @@ def _status_filter(statuses: tuple[str, ...]) -> list[str]:
 def ls(statuses: tuple[str, ...], search: str, tags: tuple[str, ...], starred: bool, archived: bool, sort: str,
        reverse: bool, as_json: bool) -> None:
     """List runs, newest first (archived ones only with --archived)."""
-    from db.compare import runs_list
-    from db.queries import RunFilter, list_runs
-
     wanted = _status_filter(statuses)
     where = RunFilter(statuses=tuple(wanted), search=search, tags=tags, starred=starred, archived=archived)
     descending = (sort not in ASCENDING_FIRST) != reverse
@@ -189,8 +187,6 @@ def _print_detail(d: dict[str, Any]) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def show(run: str, as_json: bool) -> None:
     """Show a run: status, attempts, latest metrics per rank, cost, ETA."""
-    from db.queries import run_detail
-
     sessions = existing_sessions(load_settings(), run)
     run_id = resolve_ref(sessions, run)
     with sessions() as session:
@@ -240,10 +236,6 @@ def _log_attempt(run_id: int, sources: dict[str, Any], status: str, attempt: int
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until the run ends.")
 def logs(run: str, rank: int | None, attempt: int | None, follow: bool) -> None:
     """Print the ranks' stdout/stderr of a run's attempt."""
-    from db.queries import log_sources, run_status
-    from db.states import TERMINAL, RunStatus
-    from orchestrator.executors.logs import launcher_log, rank_log_files
-
     sessions = existing_sessions(load_settings(), run)
     run_id = resolve_ref(sessions, run)
     offsets: dict[Path, int] = {}
@@ -303,11 +295,6 @@ def metrics(run: str, as_csv: bool) -> None:
     """Export a run's raw metric points: attempt, rank, step, key, value, time, superseded, and
     the key's label from the metric registry. ``value`` stays as reported (step_time in seconds,
     mfu a fraction); ``value x display_scale`` is in ``display_unit``, as the dashboard shows it."""
-    import csv
-
-    from db.queries import iter_metric_rows
-    from db.vocabulary import metric_registry
-
     sessions = existing_sessions(load_settings(), run)
     run_id = resolve_ref(sessions, run)
     out = csv.writer(sys.stdout, lineterminator="\n")

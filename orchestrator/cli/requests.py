@@ -12,6 +12,9 @@ from typing import TYPE_CHECKING
 
 import click
 
+from db.models import Run
+from db.requests import RequestRefused, request_cancel, request_rerun, request_resume, request_stack_dump, set_pinned
+from db.vocabulary.config import ConfigError, effective_batch_change, plausibility_warnings
 from db.vocabulary.settings import load_settings
 from orchestrator.cli.base import (
     COUNT,
@@ -21,6 +24,7 @@ from orchestrator.cli.base import (
     open_sessions,
     resolve_ref,
 )
+from orchestrator.scheduler.resources import known_inventory
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session, sessionmaker
@@ -33,10 +37,8 @@ if TYPE_CHECKING:
 @click.option("--json", "as_json", is_flag=True, help="Print {\"id\": N} as JSON.")
 def submit(config_file: Path, overrides: tuple[str, ...], as_json: bool) -> None:
     """Queue a run from a TOML config; prints the new run's id."""
-    from db.vocabulary.config import ConfigError, plausibility_warnings
-    from orchestrator.scheduler.resources import known_inventory
-    from orchestrator.submission import submit as submit_run
-    from orchestrator.submission import validate_file
+    from orchestrator.submission import submit as submit_run  # noqa: PLC0415 - submit and fork only: the other verbs need not load its checks
+    from orchestrator.submission import validate_file  # noqa: PLC0415 - submit and fork only: the other verbs need not load its checks
 
     settings = load_settings()
     try:
@@ -52,8 +54,6 @@ def submit(config_file: Path, overrides: tuple[str, ...], as_json: bool) -> None
 
 
 def _stop_run(run: str, as_json: bool, mode: str) -> None:
-    from db.requests import RequestRefused, request_cancel
-
     sessions = open_sessions(load_settings())
     run_id = resolve_ref(sessions, run)
     with sessions() as session:
@@ -85,8 +85,6 @@ def pause(run: str, as_json: bool) -> None:
 @click.argument("run")
 def stacks(run: str) -> None:
     """Save every rank's Python stack of a running run (nothing is stopped)."""
-    from db.requests import RequestRefused, request_stack_dump
-
     sessions = open_sessions(load_settings())
     run_id = resolve_ref(sessions, run)
     with sessions() as session:
@@ -106,8 +104,6 @@ def stacks(run: str) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def resume(run: str, step: int | None, checkpoint_id: int | None, as_json: bool) -> None:
     """Resume a finished run from one of its checkpoints (a new attempt of the same run)."""
-    from db.requests import RequestRefused, request_resume
-
     sessions = open_sessions(load_settings())
     run_id = resolve_ref(sessions, run)
     with sessions() as session:
@@ -129,8 +125,6 @@ def resume(run: str, step: int | None, checkpoint_id: int | None, as_json: bool)
 def rerun(run: str, as_json: bool) -> None:
     """Run a finished script run again in its working directory, without a checkpoint (for a
     script that keeps its own state there)."""
-    from db.requests import RequestRefused, request_rerun
-
     sessions = open_sessions(load_settings())
     run_id = resolve_ref(sessions, run)
     with sessions() as session:
@@ -150,10 +144,7 @@ def rerun(run: str, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def fork(run: str, step: int | None, checkpoint_id: int | None, overrides: tuple[str, ...], as_json: bool) -> None:
     """Start a new run from a checkpoint of RUN with changed settings; prints the new id."""
-    from db.requests import RequestRefused
-    from db.vocabulary.config import ConfigError
-    from orchestrator.scheduler.resources import known_inventory
-    from orchestrator.submission import fork as fork_run
+    from orchestrator.submission import fork as fork_run  # noqa: PLC0415 - submit and fork only: the other verbs need not load its checks
 
     settings = load_settings()
     sessions = open_sessions(settings)
@@ -174,9 +165,6 @@ def fork(run: str, step: int | None, checkpoint_id: int | None, overrides: tuple
 
 def fork_batch_note(sessions: sessionmaker[Session], parent: int, child: int) -> str | None:
     """The effective-batch change of a fork (another number of ranks, batch or accumulation)."""
-    from db.models import Run
-    from db.vocabulary.config import effective_batch_change
-
     with sessions() as session:
         before, after = session.get(Run, parent), session.get(Run, child)
         if before is None or after is None:
@@ -192,8 +180,6 @@ def fork_batch_note(sessions: sessionmaker[Session], parent: int, child: int) ->
 def pin(run: str, step: int | None, checkpoint_id: int | None, unpin: bool) -> None:
     """Pin a checkpoint so that retention never deletes it (or --unpin). A script's own checkpoint
     file is copied into the run's folder, where the script cannot overwrite it."""
-    from db.requests import RequestRefused, set_pinned
-
     if step is None and checkpoint_id is None:
         fail("name the checkpoint: --step N or --checkpoint ID (`runyard show RUN` lists them)")
     sessions = open_sessions(load_settings())

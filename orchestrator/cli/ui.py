@@ -23,6 +23,7 @@ from pathlib import Path
 import click
 import psutil
 
+from db.home import home_writable
 from db.vocabulary.settings import EnvSettings, Settings, load_settings
 from orchestrator.cli.base import EXIT_USAGE, RunyardCommand, fail, open_existing, open_sessions
 from orchestrator.ui_access import (
@@ -92,8 +93,8 @@ def child_env(settings: Settings) -> dict[str, str]:
 @click.command(cls=RunyardCommand)
 def scheduler() -> None:
     """Run the scheduler in the foreground (launches and supervises runs)."""
-    from orchestrator.scheduler.loop import Scheduler, SchedulerLocked, acquire_lock, refuse_a_second_on_sqlite, serve
-    from orchestrator.scheduler.resources import detect_inventory
+    from orchestrator.scheduler.loop import Scheduler, SchedulerLocked, acquire_lock, refuse_a_second_on_sqlite, serve  # noqa: PLC0415 - the scheduler's modules only for `runyard scheduler`
+    from orchestrator.scheduler.resources import detect_inventory  # noqa: PLC0415 - the scheduler's modules only for `runyard scheduler`
 
     settings = load_settings()
     sessions = open_sessions(settings)
@@ -116,8 +117,6 @@ def scheduler() -> None:
 @ui_options
 def ui(host: str, port: int, auth: str, no_auth: bool, allowed_hosts: tuple[str, ...], proxy_user_header: str) -> None:
     """Run the web UI in the foreground; it prints the URL to open (with the access token)."""
-    from db.home import home_writable
-
     argv = server_argv(host, port, "none" if no_auth else auth, allowed_hosts, proxy_user_header)
     settings = load_settings()
     if home_writable(settings):

@@ -28,6 +28,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from apscheduler.schedulers.blocking import BlockingScheduler
 from filelock import FileLock, Timeout
 from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
@@ -58,11 +59,14 @@ from orchestrator import OrchestratorError
 from orchestrator.executors.base import Executor, ExecutorError, LaunchRequest, Liveness, executor_for
 from orchestrator.executors.launcher import free_port, rank_env, torchrun_argv
 from orchestrator.executors.local import CommandFactory, LocalExecutor, stop_signal
+from orchestrator.executors.slurm.executor import SlurmExecutor
 from orchestrator.executors.stacks import StackDumps
 from orchestrator.scheduler import watchdog
 from orchestrator.scheduler.admission import Admission, current_attempt
+from orchestrator.scheduler.alert_job import add_alert_jobs
 from orchestrator.scheduler.outcomes import attempt_config, launch_failed_on_storage, next_overrides, settle
 from orchestrator.scheduler.repeats import RepeatedErrors, signature
+from orchestrator.scheduler.sysmon import SAMPLE_S, SystemMonitor
 from orchestrator.scripts import checkpoint_custody
 from orchestrator.scripts.attempt_watch import ScriptWatch
 from trainer.context import RunContext
@@ -95,8 +99,6 @@ def database_error(exc: OperationalError) -> str:
 def default_executors(command: CommandFactory, settings: Settings) -> dict[str, Executor]:
     """The local executor, and the Slurm one (it runs no Slurm command until a Slurm run is
     submitted; without Slurm's commands that submit fails with a sentence that says so)."""
-    from orchestrator.executors.slurm.executor import SlurmExecutor
-
     return {"local": LocalExecutor(command), "slurm": SlurmExecutor(home=str(settings.home))}
 
 
@@ -611,8 +613,6 @@ def add_jobs(aps: BaseScheduler, scheduler: Scheduler, monitor: SystemMonitor | 
     Each is its own job (``max_instances=1``, ``coalesce=True``) on APScheduler's thread pool,
     so a slow system sample never delays a tick; both catch and log their errors.
     """
-    from orchestrator.scheduler.sysmon import SAMPLE_S
-
     errors = RepeatedErrors(logger)
 
     def guarded_tick() -> None:
@@ -660,11 +660,6 @@ def serve(scheduler: Scheduler, tick_s: float = TICK_S, monitor: SystemMonitor |
 
     ``monitor`` defaults to a ``SystemMonitor`` on the scheduler's database.
     """
-    from apscheduler.schedulers.blocking import BlockingScheduler
-
-    from orchestrator.scheduler.alert_job import add_alert_jobs
-    from orchestrator.scheduler.sysmon import SystemMonitor
-
     aps = BlockingScheduler()
     monitor = monitor or SystemMonitor(scheduler.sessions)
     add_jobs(aps, scheduler, monitor, tick_s)

@@ -11,7 +11,11 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+import psutil
+
 from db.vocabulary.inventory import Inventory
+from db.vocabulary.scheduler_file import read_scheduler_file
+from db.vocabulary.settings import EnvSettings
 
 logger = logging.getLogger(__name__)
 
@@ -19,7 +23,7 @@ logger = logging.getLogger(__name__)
 def _nvml_gpus() -> tuple[tuple[str, ...], tuple[int, ...], tuple[str, ...]]:
     """Each GPU's name, total memory in bytes and UUID (empty without NVML or GPUs)."""
     try:
-        import pynvml  # nvidia-ml-py, the [gpu] extra
+        import pynvml  # noqa: PLC0415 - optional: nvidia-ml-py, the [gpu] extra
     except ImportError:
         return (), (), ()
     try:
@@ -45,8 +49,6 @@ def known_inventory(scheduler_file: Path) -> Inventory:
     """What the scheduler detected and published (db/vocabulary/scheduler_file.py), else this machine's
     devices detected here (NVML included). What ``runyard submit`` and ``fork`` check a run
     against: starting NVML (and importing it) is most of a submit's own time otherwise."""
-    from db.vocabulary.scheduler_file import read_scheduler_file
-
     published = (read_scheduler_file(scheduler_file) or {}).get("inventory")
     if isinstance(published, dict):
         try:
@@ -65,10 +67,6 @@ def detect_inventory(environ: Mapping[str, str] | None = None, nvml: bool = True
     Raises:
         SettingsError: ``RUNYARD_CPU_SLOTS`` (or another ``RUNYARD_*`` variable) is not usable.
     """
-    import psutil
-
-    from db.vocabulary.settings import EnvSettings
-
     env = os.environ if environ is None else environ
     ram = int(psutil.virtual_memory().total)
     gpus, gpu_memory, uuids = _nvml_gpus() if nvml else ((), (), ())

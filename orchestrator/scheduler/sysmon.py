@@ -376,7 +376,7 @@ class SystemMonitor:
         self._nvml_tried = True
         if self._nvml is None:
             try:
-                import pynvml  # nvidia-ml-py, the [gpu] extra
+                import pynvml  # noqa: PLC0415 - optional: nvidia-ml-py, the [gpu] extra
             except ImportError:
                 logger.info("system monitor: nvidia-ml-py not installed; no GPU metrics")
                 return None

@@ -148,7 +148,7 @@ class AttemptCollector:
         if dirs is not None and not dirs:
             return None
         try:
-            from orchestrator.scripts.tensorboard_events import EventFiles, default_dirs
+            from orchestrator.scripts.tensorboard_events import EventFiles, default_dirs  # noqa: PLC0415 - optional: tensorboard, the [scripts] extra
         except ImportError as exc:
             self._tensorboard_missing = (f"TensorBoard event files are not read: the tensorboard package is not "
                                          f"installed ({exc}); pip install 'runyard[scripts]'")

@@ -219,7 +219,7 @@ def browser() -> Iterator[Any]:
     if chromium is None:
         _missing("browser tests need Chromium (Debian: apt-get install -y chromium-headless-shell)")
     try:
-        from playwright.sync_api import sync_playwright
+        from playwright.sync_api import sync_playwright  # noqa: PLC0415 - optional: _missing says how to install Playwright
     except ImportError:
         _missing("browser tests need Playwright (pip install playwright; no browser download needed)")
     with sync_playwright() as pw:

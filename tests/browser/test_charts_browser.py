@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from bench.seed import seed_run
+
 pytestmark = pytest.mark.browser
 # The tests share one `runyard up` and read their own runs by id (tests/browser/conftest.py).
 SHARES_ONE_RUNYARD_UP = True
@@ -36,15 +38,13 @@ ALL_CHARTS_DRAWN = """() => {
 
 
 def expect(target: Any) -> Any:
-    from playwright.sync_api import expect as pw_expect
+    from playwright.sync_api import expect as pw_expect  # noqa: PLC0415 - optional: the browser fixture says how to install Playwright
 
     return pw_expect(target)
 
 
 def seed(runyard: Any, spec: dict[str, Any]) -> int:
     """A finished run in runyard's database, written through rank 0's write path (bench/seed.py)."""
-    from bench.seed import seed_run
-
     return seed_run(f"sqlite:///{runyard.home / 'runyard.db'}", ranks=spec["ranks"], steps=spec["steps"],
                     keys=("loss",), name=spec["name"], runs_dir=runyard.home / "runs")
 
@@ -188,8 +188,6 @@ def test_eight_ranks_one_legend_distinct_hues_hover_zoom_isolate_and_units(page:
     axis titles carry labels and units; hovering a chart lists every rank's value at that step; the
     wheel zooms x, a drag pans, a double-click resets; clicking a rank in the legend isolates it on
     every chart; the log scale is chosen per chart and never offered for accuracy."""
-    from bench.seed import seed_run
-
     run_id = seed_run(f"sqlite:///{runyard_up.home / 'runyard.db'}", ranks=EIGHT["ranks"], steps=EIGHT["steps"],
                       keys=EIGHT_KEYS, name=EIGHT["name"], runs_dir=runyard_up.home / "runs")
     page.goto(f"{runyard_up.url}/run?run={run_id}&section=Metrics")  # the Run page's charts

@@ -27,7 +27,15 @@ from typing import Any
 
 import pytest
 
+from db.engine import make_engine, make_sessionmaker
+from db.metricstore import write_points
+from db.models import Attempt
+from db.requests import create_run
+from db.states import RunStatus, transition
+from db.vocabulary.config import RunConfig
+from db.vocabulary.cost import Price
 from db.vocabulary.metric_registry import format_number
+from orchestrator.format import usd
 
 pytestmark = pytest.mark.browser
 
@@ -43,7 +51,7 @@ CHARTS_DRAWN = """(n) => {
 
 
 def expect(target: Any) -> Any:
-    from playwright.sync_api import expect as pw_expect
+    from playwright.sync_api import expect as pw_expect  # noqa: PLC0415 - optional: the browser fixture says how to install Playwright
 
     return pw_expect(target)
 
@@ -60,14 +68,6 @@ def accuracy(run: int, step: int) -> float:
 
 def seed_run(db_url: str, runs_dir: Path, index: int, with_accuracy: bool) -> int:
     """A SUCCEEDED run with ``train.lr = LRS[index]``, written through the product's own writers."""
-    from db.engine import make_engine, make_sessionmaker
-    from db.metricstore import write_points
-    from db.models import Attempt
-    from db.requests import create_run
-    from db.states import RunStatus, transition
-    from db.vocabulary.config import RunConfig
-    from db.vocabulary.cost import Price
-
     engine = make_engine(db_url)
     end = time.time() - 30
     start = end - 40.0 * (index + 1)
@@ -169,8 +169,6 @@ def test_select_three_runs_and_compare_them(page: Any, runyard_up: Any, tmp_path
     expect(tables).to_have_count(2)
     rows = table_rows(tables.nth(0))
     assert [r["run"] for r in rows] == [f"#{i} lr-{lr}" for i, lr in zip(ids, LRS, strict=True)]
-    from orchestrator.format import usd
-
     for run_id, row in zip(ids, rows, strict=True):
         assert row["status"] == "SUCCEEDED"
         assert row["steps"].replace(",", "").startswith(str(STEPS)), row["steps"]

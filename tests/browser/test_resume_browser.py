@@ -44,7 +44,7 @@ TERMINAL = re.compile(r"\b(SUCCEEDED|FAILED|CANCELLED)\b")
 
 
 def expect(target: Any) -> Any:
-    from playwright.sync_api import expect as pw_expect
+    from playwright.sync_api import expect as pw_expect  # noqa: PLC0415 - optional: the browser fixture says how to install Playwright
 
     return pw_expect(target)
 

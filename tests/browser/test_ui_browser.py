@@ -29,7 +29,7 @@ PAGE_TIMEOUT_MS = 60_000
 
 
 def expect(target: Any) -> Any:
-    from playwright.sync_api import expect as pw_expect
+    from playwright.sync_api import expect as pw_expect  # noqa: PLC0415 - optional: the browser fixture says how to install Playwright
 
     return pw_expect(target)
 

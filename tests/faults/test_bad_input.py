@@ -24,6 +24,10 @@ from pathlib import Path
 
 import pytest
 
+from db.engine import make_engine, make_sessionmaker
+from db.states import RunStatus, transition
+from tests.integration.conftest import running_product
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "digits.toml"
 TIMEOUT_S = 120  # the machine is shared and loaded; a healthy command takes about a second
@@ -274,9 +278,6 @@ def test_a_run_id_past_2_63_is_no_such_run(home_with_database: Path, tmp_path: P
 def queued_and_cancelling(tmp_path: Path) -> tuple[Cli, int, int]:
     """A home with a QUEUED run and a CANCELLING one (moved there through the real state machine:
     launched, then a cancel requested; no scheduler runs, so it stays there)."""
-    from db.engine import make_engine, make_sessionmaker
-    from db.states import RunStatus, transition
-
     home = tmp_path / "home"
     cli = make_cli(tmp_path, home)
     queued = int(cli("submit", str(EXAMPLE)).stdout)
@@ -313,8 +314,6 @@ def test_cli_requests_that_cannot_be_met_say_why(queued_and_cancelling: tuple[Cl
 def test_logs_of_a_finished_run_refuse_a_wrong_rank_or_attempt(tmp_path: Path) -> None:
     """A run that really ran (scheduler, torchrun, 2 gloo ranks): its logs print, and a rank or
     attempt it does not have is refused."""
-    from tests.integration.conftest import running_product
-
     with running_product(tmp_path / "home") as product:
         product.start_scheduler()
         run_id = product.submit("train.max_steps=20", "checkpoint.every_steps=0")

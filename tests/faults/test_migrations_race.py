@@ -18,8 +18,9 @@ import time
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
-from db.engine import head_revision
+from db.engine import head_revision, make_engine
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "digits.toml"
@@ -97,10 +98,6 @@ def test_three_db_upgrades_on_an_empty_postgres_all_succeed(tmp_path: Path, pg_u
     """Three `runyard db upgrade` started together on an empty PostgreSQL database: the first
     takes the advisory lock and migrates, the others wait, find the work done and go on; the
     schema is at head once, and no password or traceback is printed."""
-    from sqlalchemy import text
-
-    from db.engine import make_engine
-
     env = _env(tmp_path / "home", 2)
     env["RUNYARD_DB_URL"] = pg_url
     procs = [subprocess.Popen([sys.executable, "-m", "orchestrator", "db", "upgrade"], env=env,

@@ -23,6 +23,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from orchestrator.executors.stacks import PY_SPY_TIMEOUT_S
+from orchestrator.scheduler.loop import LAUNCH_LOST_S
 from tests.faults.conftest import AttemptWatcher
 from tests.integration.conftest import Product
 
@@ -163,8 +165,6 @@ def test_killed_shim_takes_the_attempt_with_it(product: Product, watcher: Attemp
 def test_scheduler_dead_before_committing_the_pid_adopts_from_the_launch_record(
     product: Product, watcher: AttemptWatcher
 ) -> None:
-    from orchestrator.scheduler.loop import LAUNCH_LOST_S
-
     product.env["RUNYARD_FAULT_STEP_DELAY_S"] = "0.05"
     run_id = product.submit(*LONG, "name=pid-lost")
     product.env["RUNYARD_FAULT_EXIT_AFTER_LAUNCH"] = "1"
@@ -225,8 +225,6 @@ def slow_py_spy(folder: Path) -> tuple[Path, Path]:
 
 
 def test_a_slow_stack_dump_does_not_hold_up_another_run(product: Product, tmp_path: Path) -> None:
-    from orchestrator.executors.stacks import PY_SPY_TIMEOUT_S
-
     folder, notes = slow_py_spy(tmp_path / "bin")
     product.env["PATH"] = f"{folder}{os.pathsep}{product.env['PATH']}"
     product.env["RUNYARD_CPU_SLOTS"] = "4"

@@ -21,7 +21,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.exc import OperationalError, ProgrammingError
+from sqlalchemy.pool import NullPool
 
+from db.home import PRIVATE_UMASK, check_home, make_private
+from db.states import TERMINAL, RunStatus
+from db.vocabulary.settings import load_settings
+from orchestrator.cli.base import open_sessions
+from orchestrator.scheduler.resources import detect_inventory
+from orchestrator.submission import submit, validate_file
 from tests import databases
 from tests.conftest import SCHEDULER_MARK, module_shares_a_product, wait_training_gone
 
@@ -63,9 +72,6 @@ class Product:
         opened for the call and closed after it (no pool: the test holds no connection between
         calls). The engine is kept: a new one set its dialect up again on every poll (``wait_step``
         polls 20 times a second), on PostgreSQL with queries of its own."""
-        from sqlalchemy import create_engine, text
-        from sqlalchemy.pool import NullPool
-
         if self._engine is None or self._engine[0] != self.db_url:
             self._engine = (self.db_url, create_engine(self.db_url, poolclass=NullPool))
         with self._engine[1].connect() as conn:
@@ -87,12 +93,6 @@ class Product:
         check, private umask, validation and queueing), in this process: a CLI process costs
         0.6 s of CPU, taken from the ranks of the tests beside it on two cores. The real CLI
         submits in :meth:`cli_submit` (test_spine, test_private_home, tests/faults/test_bad_input)."""
-        from db.home import PRIVATE_UMASK, check_home, make_private
-        from db.vocabulary.settings import load_settings
-        from orchestrator.cli.base import open_sessions
-        from orchestrator.scheduler.resources import detect_inventory
-        from orchestrator.submission import submit, validate_file
-
         settings = load_settings(self.env)
         inventory = detect_inventory(self.env)
         umask = os.umask(PRIVATE_UMASK)
@@ -135,8 +135,6 @@ class Product:
         The detail (28 ms of CPU) is read again when the run's rows changed (a 1 ms query of its
         status, attempts, events and checkpoints, every 0.5 s), and every 2 s whatever the rows:
         what it also derives from files and the clock is looked at that often."""
-        from sqlalchemy.exc import OperationalError
-
         deadline = time.monotonic() + timeout
         detail: dict = {}
         seen: tuple | None = None
@@ -157,8 +155,6 @@ class Product:
 
     def wait_step(self, run_id: int, step: int, timeout: float = 120.0) -> int:
         """Poll the database directly (fast) until the newest attempt reports ``step``."""
-        from sqlalchemy.exc import OperationalError, ProgrammingError
-
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
@@ -175,8 +171,6 @@ class Product:
         """Poll the run's status alone (a 1 ms query, every 0.25 s) until it is one of
         ``statuses``; then read and return its detail. :meth:`wait_for` read the whole detail
         whenever a step was reported, about every half second of a run."""
-        from sqlalchemy.exc import OperationalError
-
         deadline = time.monotonic() + timeout
         status = None
         while time.monotonic() < deadline:
@@ -257,10 +251,6 @@ def _one_test_of(product: Product) -> Iterator[Product]:
     (the scheduler would not see a change, and the later tests would). Its runs still queued or
     running at the end are cancelled, and their processes gone, before the next test: it finds
     the scheduler's CPU slots free."""
-    from sqlalchemy.exc import OperationalError, ProgrammingError
-
-    from db.states import TERMINAL, RunStatus
-
     def runs() -> dict[int, str]:
         try:
             return {int(row[0]): str(row[1]) for row in product.query("SELECT id, status FROM runs")}

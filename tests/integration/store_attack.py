@@ -24,6 +24,8 @@ import threading
 from datetime import timedelta
 from typing import Any
 
+from torch.distributed import TCPStore
+
 
 class Payload:
     """Runs ``touch PATH`` when unpickled (the forged rendezvous state)."""
@@ -67,8 +69,6 @@ def connect(store_class: Any, host: str, port: int, result: dict[str, Any]) -> A
 
 
 def attack_port(address: str, rdzv_id: str, payload_file: str) -> dict[str, Any]:
-    from torch.distributed import TCPStore
-
     host, _, port_text = address.rpartition(":")
     host, port = host.strip("[]"), int(port_text)
     result: dict[str, Any] = {"address": address, "junk_sent": False, "store": False, "num_keys": None,

@@ -16,6 +16,7 @@ import pytest
 
 from tests.conftest import training_processes
 from tests.integration.conftest import Product
+from trainer.workloads.gpt_char import default_corpus_text
 
 pytestmark = pytest.mark.slow
 
@@ -34,8 +35,6 @@ PER_RANK_METRICS = {"loss", "lr", "grad_norm", "step_time", "data_wait_s", "comp
 def unigram_entropy_nats() -> float:
     """The entropy of the default corpus's character frequencies: what a model that ignores
     context can reach at best."""
-    from trainer.workloads.gpt_char import default_corpus_text
-
     text = default_corpus_text()
     counts = collections.Counter(text)
     return -sum(c / len(text) * math.log(c / len(text)) for c in counts.values())

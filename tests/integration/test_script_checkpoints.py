@@ -15,6 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from db.file_versions import sha256_of
 from tests.conftest import training_processes
 from tests.integration.conftest import ROOT, Product
 
@@ -241,5 +242,4 @@ def test_hugging_face_checkpoint_folders_a_killed_rank_resumes_at_the_true_step(
     # A folder that is still there is listed with its files' total size and a digest over them.
     final = [c for c in live_script_checkpoints(detail) if Path(c["origin"]).is_dir()]
     assert final and all(c["bytes"] == sum(f.stat().st_size for f in Path(c["origin"]).iterdir()) for c in final)
-    from db.file_versions import sha256_of
     assert all(c["sha256"] == sha256_of(c["origin"]) for c in final if c["verified"])

@@ -10,6 +10,7 @@ import io
 import json
 import os
 import shutil
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -225,8 +226,6 @@ def make_venv(tmp_path: Path) -> Path:
     system Python)."""
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)
-    import site
-
     (site_dir,) = (venv / "lib").glob("python*/site-packages")
     (site_dir / "parent.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     return venv

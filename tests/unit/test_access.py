@@ -4,6 +4,7 @@ tests/integration/test_ui_access.py."""
 
 from __future__ import annotations
 
+import hmac
 import os
 import stat
 from concurrent.futures import ThreadPoolExecutor
@@ -11,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from app import access
 from app.access import (
     SESSION_MAX_AGE_S,
     AccessPolicy,
+    FailedLogins,
     session_valid,
     sign_session,
     split_host,
@@ -25,6 +28,7 @@ from orchestrator.ui_access import (
     ensure_token,
     is_loopback,
     login_url,
+    new_token,
     parse_allowed_hosts,
     rotate_token,
 )
@@ -141,8 +145,6 @@ def test_gate_corners_empty_host_foreign_port_and_wrong_scheme_are_refused() -> 
 
 
 def test_wrong_tokens_lock_out_their_client_for_the_window_and_no_one_else() -> None:
-    from app.access import FailedLogins
-
     now = [1000.0]
     limit = FailedLogins(allowed=3, window_s=60, clock=lambda: now[0])
     for _ in range(3):
@@ -158,11 +160,6 @@ def test_wrong_tokens_lock_out_their_client_for_the_window_and_no_one_else() -> 
 
 
 def test_tokens_and_sessions_are_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    import hmac
-
-    from app import access
-    from orchestrator.ui_access import new_token
-
     calls: list[tuple[object, object]] = []
     real = hmac.compare_digest
 

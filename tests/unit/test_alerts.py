@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import os
 import socket
 import stat
@@ -18,21 +19,26 @@ import time
 from pathlib import Path
 
 import pytest
+from apscheduler.schedulers.background import BackgroundScheduler
 from click.testing import CliRunner
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.metricstore import write_points
-from db.models import Alert, AlertDelivery, Attempt, Event, Run, SystemMetric
+from db.models import Alert, AlertDelivery, Attempt, Event, Run, SchedulerHeartbeat, SystemMetric
+from db.requests import request_cancel
 from db.vocabulary.config import ConfigError, parse_config
 from db.vocabulary.settings import Settings
 from orchestrator.alerts import AlertsError
 from orchestrator.alerts.channels import DeliveryError, Note, resolve, send, send_signed
 from orchestrator.alerts.delivery import DeliveryWorker
 from orchestrator.alerts.engine import AlertEngine, history, in_quiet_hours, open_alert_runs, send_test
+from orchestrator.alerts.engine import queue as queue_delivery
 from orchestrator.alerts.store import AlertStore, Channel, mask_url
+from orchestrator.alerts.triggers import rules_for
 from orchestrator.cli.group import cli
 from orchestrator.executors.stacks import RankStack, StackDump
+from orchestrator.scheduler.alert_job import add_alert_jobs
 from orchestrator.scheduler.watchdog import top_frames_of
 from tests.alert_receivers import http_receiver, smtp_receiver
 from tests.unit.test_scheduler import make_scheduler, queue, status, tick_until
@@ -69,8 +75,6 @@ def running_attempt(sessions: sessionmaker[Session], settings: Settings, name: s
 
 
 def cancel(sessions: sessionmaker[Session], scheduler: object, run_id: int) -> None:
-    from db.requests import request_cancel
-
     with sessions() as s:
         request_cancel(s, run_id)
         s.commit()
@@ -305,8 +309,6 @@ def test_run_config_alerts_are_validated_naming_the_field() -> None:
     text = str(err.value)
     assert "alerts.on" in text and "'nope'" in text and "alerts.budget_usd" in text
     config = parse_config({"alerts": {"on": ["finished"], "off": ["gpu_idle"], "channels": ["2"]}})
-    from orchestrator.alerts.triggers import rules_for
-
     rules = rules_for(config, ("failed", "gpu_idle"))
     assert rules.triggers == {"failed", "finished"}
 
@@ -355,8 +357,6 @@ def test_cli_add_test_history_and_rm(sessions: sessionmaker[Session], settings: 
         drain(worker)
     shown = runner.invoke(cli, ["alerts", "history", str(run_id), "--json"], env=env)
     assert shown.exit_code == 0
-    import json
-
     (alert,) = json.loads(shown.output)
     assert alert["trigger"] == "failed" and alert["run_id"] == run_id
     assert [(d["kind"], d["status"]) for d in alert["deliveries"]] == [("fire", "delivered")]
@@ -418,10 +418,6 @@ def test_an_apprise_webhook_is_pinned_to_the_address_it_was_checked_at(monkeypat
 
 
 def test_the_alert_job_runs_beside_the_tick(sessions: sessionmaker[Session], settings: Settings) -> None:
-    from apscheduler.schedulers.background import BackgroundScheduler
-
-    from orchestrator.scheduler.alert_job import add_alert_jobs
-
     aps = BackgroundScheduler()
     scheduler = make_scheduler(sessions, settings)
     worker = add_alert_jobs(aps, scheduler)
@@ -458,8 +454,6 @@ def test_finished_is_off_by_default_and_says_the_final_metrics_when_on(sessions:
 
 def test_the_scheduler_coming_back_is_told_when_that_trigger_is_on(sessions: sessionmaker[Session],
                                                                    settings: Settings) -> None:
-    from db.models import SchedulerHeartbeat
-
     AlertStore(settings.home).set_defaults(triggers=["failed", "scheduler"])
     now = time.time()
     with sessions() as s:
@@ -522,8 +516,6 @@ def test_the_days_budget_counts_every_run_since_midnight(sessions: sessionmaker[
 
 def test_two_workers_on_one_database_send_a_delivery_once(sessions: sessionmaker[Session],
                                                           settings: Settings) -> None:
-    from orchestrator.alerts.engine import queue as queue_delivery
-
     with http_receiver(delay_s=1.0) as receiver:
         channel = AlertStore(settings.home).add(receiver.url("runyard+http", "/hook"))
         with sessions() as s:

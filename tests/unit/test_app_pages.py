@@ -32,17 +32,20 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 from streamlit.testing.v1 import AppTest
 
+from app import data
 from app.charts import NAN_COLOR
 from db import queries
 from db.engine import make_engine, make_sessionmaker, upgrade
 from db.metricstore import write_points
 from db.models import Attempt, Checkpoint, Event, Run, SchedulerHeartbeat
-from db.requests import create_run
+from db.requests import RequestRefused, create_run, set_prices
 from db.states import AttemptStatus, RunStatus, transition
 from db.vocabulary.checks import CHECKS_EVENT, checks_message
 from db.vocabulary.config import RunConfig, TrainConfig
 from db.vocabulary.cost import Price
+from db.vocabulary.inventory import Inventory
 from db.vocabulary.settings import Settings, load_settings
+from orchestrator.submission import submit
 
 MAIN = Path(__file__).resolve().parents[2] / "app" / "main.py"
 TIMEOUT_S = 30
@@ -1102,8 +1105,6 @@ def test_compare_page_without_runs_says_how_to_get_some(settings: Settings) -> N
 
 
 def test_settings_page_shows_the_price_table(settings: Settings, sessions: sessionmaker[Session]) -> None:
-    from db.requests import set_prices
-
     with sessions() as s:
         set_prices(s, {"cpu-node": 0.5, "H100": 3.5})
         s.commit()
@@ -1119,9 +1120,6 @@ def test_edited_prices_apply_to_new_runs_only(settings: Settings, sessions: sess
     """The price is snapshotted at submit: editing the table (what the Settings page's Save
     does) changes new runs, not submitted ones. AppTest cannot edit a data_editor's cells, so
     the save is called directly."""
-    from db.vocabulary.inventory import Inventory
-    from orchestrator.submission import submit
-
     cpu = Inventory(kind="cpu", slots=2)
     submit(sessions, settings, RunConfig(name="before"), cpu)
     assert data_module().save_prices({"cpu-node": 0.50, "H100": 3.50}) is None
@@ -1134,14 +1132,10 @@ def test_edited_prices_apply_to_new_runs_only(settings: Settings, sessions: sess
 
 
 def data_module():  # type: ignore[no-untyped-def]
-    from app import data
-
     return data
 
 
 def test_negative_price_is_refused(sessions: sessionmaker[Session]) -> None:
-    from db.requests import RequestRefused, set_prices
-
     with sessions() as s, pytest.raises(RequestRefused, match="non-negative"):
         set_prices(s, {"cpu-node": -1.0})
 

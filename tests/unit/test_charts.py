@@ -7,13 +7,14 @@ isolation of ranks, the hover read-out, identical ranks, and the registry's titl
 
 from __future__ import annotations
 
+import colorsys
 import json
 import math
 
 import pandas as pd
 import pytest
 
-from app import charts
+from app import charts, system
 from app.charts import ChartOptions
 
 
@@ -100,8 +101,6 @@ def eight_ranks(key: str = "loss", steps: int = 20) -> list[dict]:
 
 
 def test_palette_gives_eight_ranks_eight_strong_distinct_hues() -> None:
-    import colorsys
-
     colors = [charts.rank_color(str(r)) for r in range(8)]
     assert len(set(colors)) == 8 and charts.MEAN_COLOR not in colors
     rgb = [tuple(int(c[i:i + 2], 16) / 255 for i in (1, 3, 5)) for c in colors]
@@ -187,8 +186,6 @@ def test_rank_legend_isolates_through_a_click_selection_its_labels_included() ->
 
 
 def test_system_chart_axes_are_titled_and_scaled_by_the_registry() -> None:
-    from app import system
-
     rows = pd.DataFrame([{"at": 1000.0 + 10 * i, "host": "h", "device": "gpu0", "run_id": 1, "rank": 0, "key": key,
                           "min": v, "mean": v, "max": v, "count": 5, "series": "gpu0", "what": what}
                          for i in range(3) for key, v, what in (("mem_used_bytes", 2.0 * 2**30, "used"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import time
 from pathlib import Path
@@ -10,6 +12,7 @@ from click.testing import CliRunner
 
 from db.engine import make_engine, make_sessionmaker
 from db.metricstore import write_points
+from db.models import Attempt
 from db.vocabulary.settings import Settings
 from orchestrator.cli.group import cli
 
@@ -90,13 +93,6 @@ def test_db_upgrade_is_idempotent(settings: Settings) -> None:
 
 
 def test_metrics_csv_has_one_row_per_point(settings: Settings, sessions) -> None:
-    import csv
-    import io
-    import time
-
-    from db.metricstore import write_points
-    from db.models import Attempt
-
     run("submit", str(EXAMPLE))
     with sessions() as s:
         s.add(Attempt(run_id=1, number=1, status="SUCCEEDED", dir="/x", started_at=time.time()))
@@ -122,13 +118,6 @@ def test_show_json_reports_cost_fields(settings: Settings) -> None:
 def test_metrics_csv_names_each_key_with_its_label_and_display_unit(settings: Settings, sessions) -> None:
     """The raw key and value stay machine-readable; label, display_unit and display_scale say how
     the dashboard shows them (value x display_scale in display_unit)."""
-    import csv
-    import io
-    import time
-
-    from db.metricstore import write_points
-    from db.models import Attempt
-
     run("submit", str(EXAMPLE))
     with sessions() as s:
         s.add(Attempt(run_id=1, number=1, status="SUCCEEDED", dir="/x", started_at=time.time()))

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import datetime
 import typing
 from pathlib import Path
 
 import pytest
 from pydantic import BaseModel, ValidationError
 
+from app.form import form_fields
 from db.vocabulary.config import (
     ConfigError,
     RunConfig,
     apply_overrides,
     config_from_json,
+    effective_batch_change,
     field_kinds,
     field_of,
     kind_problems,
@@ -157,8 +160,6 @@ def test_a_script_run_keeps_what_it_uses_and_the_defaults() -> None:
 def test_the_refusal_and_the_form_read_the_same_metadata() -> None:
     """Every field the New run form hides for a script is refused for one when not at its
     default, and nothing the form shows is."""
-    from app.form import form_fields
-
     shown = {spec.key for spec in form_fields(RunConfig, "script")}
     for section, info in RunConfig.model_fields.items():
         model = info.annotation
@@ -175,10 +176,6 @@ def test_a_mapping_from_the_ui_with_a_date_or_deep_nesting_is_refused_naming_the
     """The New run page hands validate() a mapping (its upload through parse_toml, its form as a
     dict): a date or a 2,000-deep table there is one ConfigError naming the key, not a TypeError
     or RecursionError later when the config is stored as JSON."""
-    import datetime
-
-    from db.vocabulary.config import ConfigError, parse_config, parse_toml
-
     with pytest.raises(ConfigError, match=r"name = 1979-05-27: a TOML date/time"):
         parse_config({"name": datetime.date(1979, 5, 27)})
     deep: dict = {}
@@ -218,8 +215,6 @@ def test_a_check_across_fields_does_not_judge_a_default_in_place_of_a_wrong_valu
 
 
 def test_effective_batch_change_names_the_numbers_and_the_accumulation_that_keeps_it() -> None:
-    from db.vocabulary.config import effective_batch_change
-
     parent = RunConfig().as_dict()
     assert effective_batch_change(parent, parent) is None
     halved = RunConfig.model_validate({"launch": {"nproc_per_node": 1}}).as_dict()

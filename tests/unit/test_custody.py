@@ -27,11 +27,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from db.models import Attempt, Event, Run, RunStatusHistory
 from db.requests import create_run, request_cancel
 from db.states import AttemptStatus, RunStatus
-from db.vocabulary.config import RunConfig
+from db.vocabulary.config import RunConfig, parse_config
 from db.vocabulary.cost import Price
 from db.vocabulary.settings import Settings
 from orchestrator.executors import sweeper as sweeper_module
-from orchestrator.executors.launcher import launch
+from orchestrator.executors.launcher import launch, torchrun_argv
 from orchestrator.executors.processes import Sweep, end_processes, read_launch_record
 from orchestrator.scheduler.loop import LAUNCH_LOST_S, Scheduler
 from orchestrator.scheduler.outcomes import settle
@@ -369,9 +369,6 @@ def test_the_script_entry_moves_into_the_workdir_after_runyards_imports(tmp_path
 
 
 def test_a_script_launch_goes_through_the_entry_module() -> None:
-    from db.vocabulary.config import parse_config
-    from orchestrator.executors.launcher import torchrun_argv
-
     config = parse_config({"workload": {"kind": "script", "script": "/abs/train.py", "args": ["--lr", "1"]}})
     argv = torchrun_argv(config, 1, 1, 29500, Path("/tmp/a"))
     assert argv[-5:] == ["-m", "trainer.script_runner", "/abs/train.py", "--lr", "1"]

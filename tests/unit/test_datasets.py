@@ -8,7 +8,7 @@ from trainer.datasets import digits_arrays
 
 
 def test_digits_match_scikit_learns_loader() -> None:
-    from sklearn.datasets import load_digits
+    from sklearn.datasets import load_digits  # noqa: PLC0415 - scikit-learn (about 2 s) here, not in every worker's collection
 
     x, y = digits_arrays()
     expected_x, expected_y = load_digits(return_X_y=True)

@@ -22,6 +22,7 @@ from app.form import (
     form_fields,
     form_sections,
     humanize,
+    table_value,
     values_to_config,
     widget_bounds,
     widget_values,
@@ -295,7 +296,6 @@ def test_a_bound_the_value_already_breaks_is_dropped_so_the_page_draws() -> None
 
 
 def test_tables_are_written_one_name_a_line_and_read_back() -> None:
-    from app.form import table_value
     data = {"workload": {"kind": "script", "script": "train.py", "env": {"OMP_NUM_THREADS": "4", "HF_HOME": "/d"},
                          "stdout_metrics": {"loss": r"iter (?P<step>\d+): loss (?P<value>[\d.]+)"}}}
     fields = form_fields(RunConfig, "script")

@@ -29,7 +29,16 @@ import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 from bench.bench_runs_list import seed_runs
-from db.engine import PRE_RELEASE_HEAD, head_revision, make_engine, make_sessionmaker, upgrade
+from db.engine import (
+    POOL_SIZE,
+    PRE_RELEASE_HEAD,
+    head_revision,
+    make_engine,
+    make_read_only_engine,
+    make_sessionmaker,
+    read_only_url,
+    upgrade,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "digits.toml"
@@ -267,7 +276,6 @@ def test_runyard_ui_serves_a_read_only_home_with_its_token_and_refuses_one_witho
 def test_a_server_database_is_opened_as_usual_by_the_read_only_engine() -> None:
     """A viewer on a read-only home with PostgreSQL: no SQLite pragma may be sent to the server
     (no server runs here: the URL is only parsed, nothing connects)."""
-    from db.engine import POOL_SIZE, make_read_only_engine, read_only_url
 
     url = "postgresql+psycopg://u:p@db.example/runyard"
     assert read_only_url(url) == url

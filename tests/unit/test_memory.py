@@ -6,11 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from db.vocabulary.config import ConfigError, field_of, load_config, parse_config
 from db.vocabulary.inventory import Inventory
 from orchestrator.memory import GIB, check_memory, estimate, gpt_char_parameters, mlp_digits_parameters
 from orchestrator.submission import validate
+from trainer.workloads.gpt_char import GPT
+from trainer.workloads.mlp_digits import build_model
 
 ROOT = Path(__file__).resolve().parents[2]
 # A GPU machine as NVML would describe it (no GPU here, so the inventory is constructed).
@@ -20,8 +23,6 @@ LAPTOP = Inventory(kind="cpu", slots=4, memory_bytes=8 * GIB)
 
 
 def test_gpt_char_parameters_match_the_real_model() -> None:
-    from trainer.workloads.gpt_char import GPT
-
     config = parse_config({"workload": {"kind": "gpt-char", "n_layer": 3, "n_embd": 96, "n_head": 4, "block_size": 64}})
     vocab = 70
     model = GPT(vocab, 3, 4, 96, 64)
@@ -30,8 +31,6 @@ def test_gpt_char_parameters_match_the_real_model() -> None:
 
 
 def test_mlp_digits_parameters_match_the_real_model() -> None:
-    from trainer.workloads.mlp_digits import build_model
-
     config = parse_config({"workload": {"hidden": 300}})
     assert mlp_digits_parameters(config) == sum(p.numel() for p in build_model(300).parameters())
 
@@ -78,8 +77,6 @@ def test_the_shipped_configs_fit_a_laptop(path: Path) -> None:
 
 def _saved_activation_bytes(model, inputs) -> int:
     """Bytes of the distinct tensors autograd keeps for the backward pass, parameters excluded."""
-    import torch
-
     params = {p.data_ptr() for p in model.parameters()}
     kept: dict[int, int] = {}
 
@@ -95,11 +92,6 @@ def _saved_activation_bytes(model, inputs) -> int:
 
 
 def test_the_activation_estimate_is_a_lower_bound_of_what_autograd_keeps() -> None:
-    import torch
-
-    from trainer.workloads.gpt_char import GPT
-    from trainer.workloads.mlp_digits import build_model
-
     w = {"kind": "gpt-char", "n_layer": 3, "n_head": 4, "n_embd": 64, "block_size": 32}
     config = parse_config({"workload": w, "train": {"batch_size": 4}})
     model = GPT(65, 3, 4, 64, 32)

@@ -6,6 +6,8 @@
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import pytest
 
@@ -68,9 +70,6 @@ def test_d3_formats_match_the_python_ones() -> None:
 
 def test_registry_covers_every_key_runyard_reports() -> None:
     """The trainer's and the system monitor's keys, read from their source, all have an entry."""
-    import re
-    from pathlib import Path
-
     root = Path(__file__).resolve().parents[2]
     trainer = (root / "trainer" / "monitoring.py").read_text()
     sysmon = (root / "orchestrator" / "scheduler" / "sysmon.py").read_text()

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import math
 import random
+import threading
+import time
 from collections.abc import Iterator
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy.exc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, select, text
@@ -345,8 +348,6 @@ def test_the_writers_connection_skips_key_checks_and_the_others_keep_them(tmp_pa
     """Rank 0's writer opens its engine with ``foreign_keys=False`` (the checks were a tenth of
     the ingest time); every other connection keeps SQLite's foreign keys, so deleting a run
     still takes the points the writer wrote with it."""
-    import sqlalchemy.exc
-
     url = f"sqlite:///{tmp_path / 'metrics.db'}"
     upgrade(url)
     app, writer = make_engine(url), make_engine(url, foreign_keys=False)
@@ -409,8 +410,6 @@ def test_deleting_a_run_deletes_its_points_and_rollups(migrated_url: str, db_dia
 def test_points_of_a_run_that_does_not_exist_are_refused(migrated_url: str, db_dialect: str) -> None:
     """On PostgreSQL the writer's own check refuses the batch (naming the run), since no key
     does; on SQLite the key does, on every connection but the writer's (see the test above)."""
-    import sqlalchemy.exc
-
     engine = make_engine(migrated_url)
     try:
         run_id = new_run(engine)
@@ -429,8 +428,6 @@ def test_a_run_deleted_during_a_batch_waits_for_it_and_takes_its_points(migrated
     the batch's points too: no point outlives its run. PostgreSQL: the writer's batch holds the
     run FOR KEY SHARE, as a key's check would; SQLite: the writer holds the database's write
     lock."""
-    import threading
-
     app, writer = make_engine(migrated_url), make_engine(migrated_url, foreign_keys=False)
     try:
         run_id = new_run(app)
@@ -457,8 +454,6 @@ def test_a_run_deleted_during_a_batch_waits_for_it_and_takes_its_points(migrated
 
 def _waits_on_a_lock(engine: Engine, query: str, timeout_s: float = 10.0) -> bool:
     """Whether a PostgreSQL backend running ``query`` waits on a lock within ``timeout_s``."""
-    import time
-
     deadline = time.monotonic() + timeout_s
     with engine.connect() as conn:
         while time.monotonic() < deadline:

@@ -10,13 +10,16 @@ import shutil
 from pathlib import Path
 
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, inspect, text
 from sqlalchemy.engine import make_url
 
 from db.engine import (
     PRE_RELEASE_HEAD,
+    MigrationLockTimeout,
     SchemaPreRelease,
     _alembic_config,
     check_read_only_schema,
@@ -24,6 +27,7 @@ from db.engine import (
     ensure_schema,
     head_revision,
     make_engine,
+    migration_lock,
     upgrade,
 )
 from db.models import Base, held_on, include_object
@@ -86,7 +90,6 @@ def test_only_the_metric_keys_are_sqlite_only() -> None:
 
 def test_downgrade_to_base_and_up_again(db_url: str) -> None:
     upgrade(db_url)
-    from alembic import command
 
     command.downgrade(_alembic_config(db_url), "base")
     engine = make_engine(db_url)
@@ -122,7 +125,6 @@ def test_an_interrupted_upgrade_stops_at_the_last_completed_revision(db_url: str
     revision, and on PostgreSQL (each migration in a transaction) without any of its tables,
     views, functions or triggers; a later upgrade with the real scripts reaches head. SQLite's
     DDL is not transactional, so there only the revision is checked."""
-    from alembic import command
 
     cfg = _alembic_config(db_url)
     cfg.set_main_option("script_location", str(_scripts_failing_in(tmp_path, head_revision())))
@@ -148,7 +150,6 @@ def test_an_interrupted_upgrade_stops_at_the_last_completed_revision(db_url: str
 def test_a_postgres_migration_lock_waiter_goes_on_after_the_holder(pg_url: str) -> None:
     """While one connection holds the advisory migration lock, upgrade() waits (and times out
     with a message naming the lock); once it is released, upgrade() migrates."""
-    from db.engine import MigrationLockTimeout, migration_lock
 
     with migration_lock(pg_url):
         with pytest.raises(MigrationLockTimeout, match="pg_advisory_lock") as info:
@@ -163,7 +164,6 @@ def test_a_postgres_migration_lock_waiter_goes_on_after_the_holder(pg_url: str) 
 def test_the_schema_head_runyard_checks_without_alembic_is_alembics_newest_migration(tmp_path: Path) -> None:
     """db/engine.py's SCHEMA_HEAD (read by every command instead of importing Alembic) names the
     newest migration: adding one without moving it fails here."""
-    from alembic.script import ScriptDirectory
 
     url = f"sqlite:///{tmp_path / 'r.db'}"
     assert head_revision() == ScriptDirectory.from_config(_alembic_config(url)).get_current_head()

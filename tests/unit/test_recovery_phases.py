@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
+from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy.orm import Session, sessionmaker
 
 from db import queries
@@ -19,7 +20,9 @@ from db.vocabulary.cost import Price
 from db.vocabulary.phases import attempt_phases, recovery_s
 from db.vocabulary.settings import Settings
 from orchestrator.format import phases_text
+from orchestrator.scheduler.loop import add_jobs
 from orchestrator.scheduler.outcomes import first_failure_at
+from trainer import techniques
 from trainer.reporter import DatabaseWriter
 
 RANK_MARKS = {"spawned": 205.0, "imported": 207.5, "joined": 207.75, "data": 208.5, "checkpoint": 208.75}
@@ -108,10 +111,6 @@ class _Ticks:
 def test_an_exit_file_wakes_the_tick_at_once(tmp_path: Path) -> None:
     """The tick comes every 60 s here; the launcher's exit file of a watched attempt brings it
     within a fraction of a second: the detection phase is not a tick long (issue 32)."""
-    from apscheduler.schedulers.background import BackgroundScheduler
-
-    from orchestrator.scheduler.loop import add_jobs
-
     ticks = _Ticks(tmp_path / "exit.json")
     aps = BackgroundScheduler()
     add_jobs(aps, cast(Any, ticks), None, tick_s=60.0)
@@ -137,8 +136,6 @@ def test_a_retry_reads_the_cpu_peak_its_run_measured(tmp_path: Path, monkeypatch
     """The first attempt measures the CPU peak and keeps it with the run; a later attempt on the
     same host reads it and measures nothing (every rank waited for that measurement at start-up);
     another host's figure is measured anew."""
-    from trainer import techniques
-
     kept = tmp_path / "cpu_peak.json"
     measured: list[float] = []
 

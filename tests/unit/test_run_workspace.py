@@ -16,7 +16,7 @@ from db.compare import runs_list
 from db.metricstore import write_points
 from db.models import Attempt, Checkpoint, Event, Run
 from db.queries import RunFilter, list_runs, run_detail, run_tags
-from db.requests import create_run
+from db.requests import create_run, request_resume
 from db.states import RunStatus, transition
 from db.vocabulary.config import RunConfig
 from db.vocabulary.cost import Price
@@ -190,8 +190,6 @@ def test_a_run_queued_to_resume_shows_the_resume_step_no_eta_no_abandoned_eval_a
     """Issue 29 item 4: a run that reached step 10 (eval at 9), was paused for an hour, then queued
     to resume from its checkpoint at step 5: the page's numbers are the lineage's. Step 5 (not
     10), no ETA, no eval from step 9 (abandoned by the resume), elapsed the attempt's 100 s."""
-    from db.requests import request_resume
-
     with sessions() as s:
         run_id = _run(s, settings, "paused", ends=RunStatus.RUNNING)
         s.add(Attempt(run_id=run_id, number=1, status="PAUSED", dir="/nowhere", started_at=1000.0, ended_at=1100.0,

@@ -19,11 +19,14 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from db.engine import make_engine, make_sessionmaker, upgrade
 from db.models import Attempt, Run, RunStatusHistory, SchedulerHeartbeat
+from db.queries import HEARTBEAT_STALE_S
 from db.requests import request_cancel, request_resume
 from db.vocabulary.config import RunConfig, parse_config
 from db.vocabulary.inventory import Inventory
 from db.vocabulary.settings import Settings
+from orchestrator.scheduler import loop as scheduler_module
 from orchestrator.scheduler.loop import Scheduler, SchedulerLocked, acquire_lock
 from orchestrator.submission import submit
 
@@ -245,9 +248,6 @@ def test_recycled_pid_is_not_mistaken_for_the_run(sessions: sessionmaker[Session
 def test_heartbeat_is_rewritten_every_few_ticks(
     sessions: sessionmaker[Session], settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from db.queries import HEARTBEAT_STALE_S
-    from orchestrator.scheduler import loop as scheduler_module
-
     assert scheduler_module.BEAT_EVERY_S * 3 <= HEARTBEAT_STALE_S  # a live scheduler never looks stale
     scheduler = make_scheduler(sessions, settings)
     scheduler.tick()
@@ -277,8 +277,6 @@ def test_one_scheduler_per_data_folder(settings: Settings) -> None:
 def test_cancel_never_touches_another_data_folders_run(sessions: sessionmaker[Session], settings: Settings,
                                                        tmp_path: Path) -> None:
     """Run 1 attempt 1 exists in every data folder; a cancel must only reach its own."""
-    from db.engine import make_engine, make_sessionmaker, upgrade
-
     other = Settings(home=tmp_path / "other", db_url=f"sqlite:///{tmp_path / 'other' / 'runyard.db'}")
     upgrade(other.db_url)
     other_sessions = make_sessionmaker(make_engine(other.db_url))

@@ -3,25 +3,50 @@ checks before an attempt starts from one, pinning by copy, pause and rerun of sc
 
 from __future__ import annotations
 
+import io
 import os
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+import orchestrator.scheduler.loop as scheduler_module
+import orchestrator.scripts.checkpoint_custody as sc
+import orchestrator.submission as submission
 from db.file_versions import sha256_of
 from db.metricstore import write_points
 from db.models import Attempt, Checkpoint, Event, Run
-from db.requests import PREEXISTING, RequestRefused, request_cancel, request_rerun, request_resume, set_pinned
+from db.requests import (
+    PREEXISTING,
+    RequestRefused,
+    checkpoints_dir,
+    request_cancel,
+    request_rerun,
+    request_resume,
+    set_pinned,
+)
 from db.states import AttemptStatus, RunStatus, transition
 from db.vocabulary.config import parse_config
 from db.vocabulary.inventory import Inventory
 from db.vocabulary.settings import Settings
-from orchestrator.scripts.checkpoint_custody import TRUNCATED, Known, plan_versions, record_versions, resume_point
-from orchestrator.scripts.checkpoint_finder import CheckpointFile
-from orchestrator.submission import submit
+from orchestrator.scheduler.loop import Scheduler
+from orchestrator.scripts.checkpoint_custody import (
+    TRUNCATED,
+    Known,
+    _keep_aside,
+    plan_versions,
+    record_versions,
+    resume_point,
+    truncated_zip,
+)
+from orchestrator.scripts.checkpoint_finder import CheckpointFile, CheckpointFiles
+from orchestrator.submission import fork, submit
+from trainer.checkpoint.history import AdoptedFile, CheckpointHistory
+from trainer.checkpoint.manager import CheckpointManager, SaveResult
+from trainer.context import RunContext, context_from_env
 
 CPU2 = Inventory(kind="cpu", slots=2)
 
@@ -251,8 +276,6 @@ def test_rerun_queues_a_finished_script_run_without_a_checkpoint(
 
 def test_a_file_adopted_through_the_sdk_is_a_script_checkpoint_a_retry_starts_from(
         sessions: sessionmaker[Session], settings: Settings, workdir: Path) -> None:
-    from trainer.checkpoint.history import AdoptedFile, CheckpointHistory
-
     run_id = script_run(sessions, settings, workdir)
     ckpt = workdir / "out" / "ckpt.pt"
     history = CheckpointHistory(run_id, 1, parse_config({}).checkpoint, manager=None)  # type: ignore[arg-type]
@@ -272,8 +295,6 @@ def test_a_file_adopted_through_the_sdk_is_a_script_checkpoint_a_retry_starts_fr
 
 
 def test_the_ranks_get_the_resume_path_and_its_step() -> None:
-    from trainer.context import RunContext, context_from_env
-
     env = RunContext(run_id=1, attempt=2, db_url="sqlite://", run_dir=Path("/r"), attempt_dir=Path("/r/a/2"),
                      resume_step=200, resume_path=Path("/w/out/ckpt.pt")).to_env()
     assert (env["RUNYARD_RESUME_PATH"], env["RUNYARD_RESUME_STEP"]) == ("/w/out/ckpt.pt", "200")
@@ -287,9 +308,6 @@ def test_the_ranks_get_the_resume_path_and_its_step() -> None:
 
 def zip_bytes(payload: bytes) -> bytes:
     """What torch.save writes by default: a zip archive."""
-    import io
-    import zipfile
-
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as z:
         z.writestr("archive/data.pkl", payload)
@@ -343,16 +361,12 @@ def test_a_truncated_zip_is_refused_and_not_handed_over(
 
 
 def truncated_zip_of(path: Path, data: bytes) -> bool:
-    from orchestrator.scripts.checkpoint_custody import truncated_zip
-
     path.write_bytes(data)
     return truncated_zip(path)
 
 
 def test_a_retry_of_a_fork_before_its_own_save_starts_from_the_forks_origin(
         sessions: sessionmaker[Session], settings: Settings, workdir: Path) -> None:
-    from orchestrator.submission import fork
-
     parent_id = script_run(sessions, settings, workdir, checkpoint_glob="out/ckpt.pt")
     ckpt = workdir / "out" / "ckpt.pt"
     with sessions() as s:
@@ -371,9 +385,6 @@ def test_a_retry_of_a_fork_before_its_own_save_starts_from_the_forks_origin(
 
 def test_a_retry_of_a_fork_of_runyards_own_checkpoint_starts_from_it(
         sessions: sessionmaker[Session], settings: Settings, workdir: Path) -> None:
-    from db.requests import checkpoints_dir
-    from orchestrator.scheduler.loop import Scheduler
-
     parent_id = script_run(sessions, settings, workdir)
     child_id = script_run(sessions, settings, workdir)
     with sessions() as s:
@@ -390,8 +401,6 @@ def test_a_retry_of_a_fork_of_runyards_own_checkpoint_starts_from_it(
 
 def test_when_the_chosen_version_cannot_be_put_in_place_the_resume_args_are_left_out(
         sessions: sessionmaker[Session], settings: Settings, workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import orchestrator.scripts.checkpoint_custody as sc
-
     run_id = script_run(sessions, settings, workdir, checkpoint_glob="out/ckpt.pt", resume_args=["--resume"])
     ckpt = workdir / "out" / "ckpt.pt"
     with sessions() as s:
@@ -417,8 +426,6 @@ def test_when_the_chosen_version_cannot_be_put_in_place_the_resume_args_are_left
 
 def test_an_unrecorded_file_moved_aside_never_replaces_an_earlier_one(
         sessions: sessionmaker[Session], settings: Settings, workdir: Path) -> None:
-    from orchestrator.scripts.checkpoint_custody import _keep_aside
-
     run_id = script_run(sessions, settings, workdir, checkpoint_glob="out/ckpt.pt")
     ckpt = workdir / "out" / "ckpt.pt"
     with sessions() as s:
@@ -432,10 +439,6 @@ def test_an_unrecorded_file_moved_aside_never_replaces_an_earlier_one(
 
 def test_the_starting_point_is_placed_before_the_attempts_rows_are_written(
         sessions: sessionmaker[Session], settings: Settings, workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import orchestrator.scheduler.loop as scheduler_module
-    import orchestrator.submission as submission
-    from orchestrator.scheduler.loop import Scheduler
-
     def no_launch(*_: object, **__: object) -> list[str]:
         raise OSError("not launched in this test")
 
@@ -486,8 +489,6 @@ def test_a_pause_while_the_script_rewrites_its_file_says_the_next_recorded_versi
 
 def test_a_checkpoint_folder_holds_its_own_step_is_pinned_whole_and_put_back(
         sessions: sessionmaker[Session], settings: Settings, workdir: Path) -> None:
-    from orchestrator.scripts.checkpoint_finder import CheckpointFiles
-
     run_id = script_run(sessions, settings, workdir, checkpoint_glob="hf_out/checkpoint-*")
     folder = workdir / "hf_out" / "checkpoint-350"
     folder.mkdir(parents=True)
@@ -519,9 +520,6 @@ def test_a_checkpoint_folder_holds_its_own_step_is_pinned_whole_and_put_back(
 
 def test_keep_best_by_a_metric_no_checkpoint_carries_is_said_with_the_names_seen(
         sessions: sessionmaker[Session], settings: Settings, workdir: Path) -> None:
-    from trainer.checkpoint.history import CheckpointHistory
-    from trainer.checkpoint.manager import CheckpointManager, SaveResult
-
     run_id = script_run(sessions, settings, workdir)
     root = tmp = workdir / "ckpts"
     config = parse_config({"checkpoint": {"keep_last": 1, "keep_best": 1, "best_metric": "eval_loss"}}).checkpoint

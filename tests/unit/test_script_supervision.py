@@ -13,11 +13,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from db.file_versions import sha256_of
 from db.models import Attempt, Checkpoint, Event, Run
+from db.queries import run_detail
 from db.requests import request_cancel
 from db.vocabulary.config import config_from_json, parse_config
 from db.vocabulary.settings import Settings
 from orchestrator.scripts import attempt_watch as script_supervision
-from orchestrator.scripts.attempt_watch import ScriptWatch
+from orchestrator.scripts.attempt_watch import UNMATCHED_EVENT, ScriptWatch, script_facts
 from orchestrator.submission import submit
 from tests.unit.test_scheduler import CPU2, attempts, make_scheduler, status, tick_until
 
@@ -165,9 +166,6 @@ def _printed(attempt_dir: Path, text: str) -> None:
 
 def test_a_glob_that_matched_nothing_after_a_save_is_said_once_and_on_the_page(
         sessions: sessionmaker[Session], settings: Settings, tmp_path: Path) -> None:
-    from db.queries import run_detail
-    from orchestrator.scripts.attempt_watch import UNMATCHED_EVENT, script_facts
-
     run_id = script_run(sessions, settings, tmp_path, "quick")  # checkpoint_glob = "out/ckpt.pt"
     watch = ScriptWatch(saved_grace_s=0.5)
     attempt_dir = tmp_path / "a1"

@@ -5,11 +5,15 @@ scans and not again, and patterns stay inside the working directory."""
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 from pathlib import Path
 
 import pytest
+import torch
 
+from db.file_versions import CopyRefused, copy_verified, is_version, sha256_of
+from orchestrator.scripts import checkpoint_finder
 from orchestrator.scripts.checkpoint_finder import CheckpointFiles, CheckpointGlobError, check_glob
 
 
@@ -119,8 +123,6 @@ def test_bad_patterns_name_the_field_and_the_value(pattern: object, problem: str
 
 
 def test_a_matched_folder_is_one_checkpoint_with_a_digest_over_its_files(tmp_path: Path) -> None:
-    from db.file_versions import copy_verified, is_version, sha256_of
-
     folder = tmp_path / "hf_out" / "checkpoint-350"
     (folder / "sub").mkdir(parents=True)
     (folder / "model.safetensors").write_bytes(os.urandom(5000))
@@ -144,7 +146,6 @@ def test_a_matched_folder_is_one_checkpoint_with_a_digest_over_its_files(tmp_pat
     # A file of it rewritten: a new version, and a copy of the recorded one is refused.
     (folder / "trainer_state.json").write_text('{"global_step": 353}')
     assert not is_version(folder, done.size, done.mtime) or sha256_of(folder) != done.sha256
-    from db.file_versions import CopyRefused
     with pytest.raises(CopyRefused):
         copy_verified(folder, tmp_path / "again", done.sha256, done.mtime)
     assert not (tmp_path / "again").exists()
@@ -171,10 +172,6 @@ def test_a_pattern_ending_in_stars_matches_files_and_a_folder_swallows_its_files
 
 def _torch_zip(step: int) -> bytes:
     """What ``torch.save({"iter_num": step, ...})`` writes: a zip archive, its end record last."""
-    import io
-
-    import torch
-
     buf = io.BytesIO()
     torch.save({"iter_num": step, "w": torch.full((64,), float(step))}, buf)
     return buf.getvalue()
@@ -193,8 +190,6 @@ def test_a_zip_rewritten_at_every_look_is_read_as_a_snapshot_at_most_every_inter
     looks: before, no version was recorded until the script stopped (the recorded one fell
     thousands of steps behind). Now a complete version is read whole at most every
     SNAPSHOT_EVERY_S, with its own digest and step."""
-    from orchestrator.scripts import checkpoint_finder
-
     clock = [1000.0]
     monkeypatch.setattr(checkpoint_finder.time, "monotonic", lambda: clock[0])
     ckpt = tmp_path / "out" / "ckpt.pt"

@@ -125,7 +125,7 @@ def test_reads_are_bounded_and_catch_up(attempt_dir: Path, tmp_path: Path) -> No
 
 def test_tensorboard_files_in_the_workdir(attempt_dir: Path, tmp_path: Path) -> None:
     pytest.importorskip("tensorboard")
-    from torch.utils.tensorboard import SummaryWriter
+    from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415 - after importorskip: tensorboard is the [scripts] extra
 
     workdir = tmp_path / "work"
     c = collector(attempt_dir, workdir, tensorboard_dirs=None, pid_ranks={os.getpid(): 1})
@@ -189,7 +189,7 @@ def test_the_final_read_finds_event_files_written_in_the_last_second(attempt_dir
     their scalars into new folders, close and exit, all before the next search for event files is
     due (every 5 s). The final read after the exit must search again and read them to the end."""
     pytest.importorskip("tensorboard")
-    from torch.utils.tensorboard import SummaryWriter
+    from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415 - after importorskip: tensorboard is the [scripts] extra
 
     now = [100.0]
     workdir = tmp_path / "work"

@@ -215,6 +215,4 @@ def test_undecodable_bytes_do_not_stop_the_tailer(tmp_path: Path) -> None:
     ("the model is saved nowhere", False),
 ])
 def test_lines_that_say_a_checkpoint_was_saved(line: str, saved: bool) -> None:
-    from orchestrator.scripts.log_lines import parse_lines
-
     assert (parse_lines([line], 0, 0.0).saved == line) is saved

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+import db.vocabulary.settings_doc as doc
 from db.vocabulary.settings import EnvSettings, FaultEnv, RankEnv, Settings, SettingsError, load_settings
 from db.vocabulary.settings_doc import DOCS, TABLES, main, with_table
 from orchestrator.cli.group import cli
@@ -55,8 +56,6 @@ def test_the_docs_tables_are_generated_from_the_models(model: type) -> None:
 
 
 def test_the_doc_script_rewrites_a_stale_table_and_check_says_so(tmp_path: Path, monkeypatch) -> None:
-    import db.vocabulary.settings_doc as doc
-
     for name in TABLES.values():
         (tmp_path / name).write_text((DOCS / name).read_text().replace("The run's number.", "stale"))
     monkeypatch.setattr(doc, "DOCS", tmp_path)

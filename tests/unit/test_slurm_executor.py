@@ -16,22 +16,28 @@ from db.models import Attempt, Event, Run
 from db.requests import create_run
 from db.states import AttemptStatus, RunStatus
 from db.vocabulary.causes import Cause
-from db.vocabulary.config import ConfigError, RunConfig, parse_config
+from db.vocabulary.config import ConfigError, RetryConfig, RunConfig, parse_config
 from db.vocabulary.cost import Price
 from db.vocabulary.settings import Settings
 from orchestrator.executors.base import LaunchRequest, Liveness
+from orchestrator.executors.local import LocalExecutor
 from orchestrator.executors.slurm import executor as executor_module
 from orchestrator.executors.slurm.commands import (
     JobStatus,
     SlurmError,
+    canceller,
     parse_job_id,
     parse_squeue_json,
     parse_squeue_plain,
     wait_status_code,
 )
 from orchestrator.executors.slurm.executor import SlurmExecutor, sbatch_options, warning_lead_s
+from orchestrator.executors.slurm.job import stop_line
+from orchestrator.format import where_short, where_text
+from orchestrator.scheduler.loop import Scheduler
 from orchestrator.scheduler.outcomes import settle
 from orchestrator.scheduler.retry import AttemptOutcome, decide
+from tests.unit.test_scheduler import CPU2
 
 SQUEUE_22_05 = json.dumps({"meta": {}, "errors": [], "jobs": [
     {"job_id": 21, "name": "runyard-r7-a1-abcdef", "job_state": "RUNNING", "state_reason": "None", "nodes": "localhost",
@@ -202,8 +208,6 @@ def test_accounting_settles_a_lost_node_as_a_node_failure(sessions: sessionmaker
 
 
 def test_preempted_again_without_progress_spends_a_retry() -> None:
-    from db.vocabulary.config import RetryConfig
-
     first = AttemptOutcome(1, Cause.PREEMPTED, None, 120)
     free = decide(first, [], 0, RetryConfig(max_retries=1), {"batch_size": 8})
     assert free.retry and not free.counted
@@ -216,8 +220,6 @@ def test_preempted_again_without_progress_spends_a_retry() -> None:
 
 
 def test_where_a_run_runs_in_words() -> None:
-    from orchestrator.format import where_short, where_text
-
     slurm = {"launch": {"executor": "slurm", "nnodes": 2, "nproc_per_node": 4}}
     pending = {"job_id": "42", "job_state": "PENDING", "job_reason": "Resources", "job_nodes": None,
                "job_state_at": 100.0, "ended_at": None}
@@ -250,10 +252,6 @@ class QueueingSlurm(FakeSlurm):
 
 def test_runyard_keeps_at_most_slurm_max_jobs_in_the_queue(sessions: sessionmaker[Session], settings: Settings,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrator.executors.local import LocalExecutor
-    from orchestrator.scheduler.loop import Scheduler
-    from tests.unit.test_scheduler import CPU2
-
     monkeypatch.setenv("RUNYARD_SLURM_MAX_JOBS", "2")
     fake = QueueingSlurm()
     executors = {"local": LocalExecutor(), "slurm": SlurmExecutor(home=str(settings.home), slurm=fake)}
@@ -292,8 +290,6 @@ CANCEL_LINES = {
 
 
 def test_the_batch_program_reads_slurmstepd_s_stop_line_for_its_own_job(tmp_path: Path) -> None:
-    from orchestrator.executors.slurm.job import stop_line
-
     log = tmp_path / "launcher.log"
     log.write_text("[runyard] job 42: 1 node(s)\n" + STEP_LINE + "srun: Job step aborted\n")
     assert stop_line(log, "42") is None  # runyard's own SIGTERM to the steps: no JOB line
@@ -309,8 +305,6 @@ def _ended_by_sigterm(sessions: sessionmaker[Session], ids: tuple[int, int], sto
                       warned: bool = False) -> Path:
     """The attempt's folder as job.py leaves it after SIGTERM: the ranks saved at step 57 and wrote
     ``stopped.json``, the launcher log holds slurmstepd's line, the marker what job.py saw."""
-    from orchestrator.executors.slurm.job import stop_line
-
     with sessions() as s:
         attempt = s.get(Attempt, ids[1])
         attempt.last_step, attempt.job_state = 57, "RUNNING"
@@ -407,8 +401,6 @@ def test_a_job_that_left_no_marker_and_ended_cancelled_is_a_person_s_cancel(
 
 
 def test_sacct_s_state_names_who_cancelled() -> None:
-    from orchestrator.executors.slurm.commands import canceller
-
     assert canceller("CANCELLED by 0") == "root (uid 0)"
     assert canceller("CANCELLED by 4000000") == "uid 4000000"
     assert canceller("CANCELLED") is None and canceller("TIMEOUT") is None

@@ -7,9 +7,20 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.models import Run, RunStatusHistory
-from db.requests import create_run, request_cancel
-from db.states import ALLOWED, TERMINAL, RunStatus, TransitionError, transition
+from db.models import Attempt, Run, RunStatusHistory
+from db.requests import RequestRefused, create_run, request_cancel, request_resume
+from db.states import (
+    ALLOWED,
+    TERMINAL,
+    AttemptPhase,
+    AttemptStatus,
+    RunStatus,
+    SignalSent,
+    StopReason,
+    TransitionError,
+    attempt_transition,
+    transition,
+)
 from db.vocabulary.config import RunConfig
 from db.vocabulary.cost import Price
 from db.vocabulary.settings import Settings
@@ -117,8 +128,6 @@ def test_pause_shows_pausing_never_cancelling_and_a_cancel_then_wins(
     """Issue 29 item 4: Pause moves an active run to PAUSING (not CANCELLING); a second Pause says
     it is already being stopped; Resume is refused until it is PAUSED; a Cancel meanwhile turns
     the stop into a cancel (CANCELLING, stop_mode cancel), recorded in the history."""
-    from db.requests import RequestRefused, request_resume
-
     run_id = _queued(sessions, settings)
     with sessions() as s:
         transition(s, run_id, RunStatus.STARTING, "l")
@@ -140,9 +149,6 @@ def test_pause_shows_pausing_never_cancelling_and_a_cancel_then_wins(
 
 
 def test_an_attempt_ends_once_through_attempt_transition(sessions: sessionmaker[Session], settings: Settings) -> None:
-    from db.models import Attempt
-    from db.states import AttemptStatus, attempt_transition
-
     run_id = _queued(sessions, settings)
     with sessions() as s:
         attempt = Attempt(run_id=run_id, number=1, status=AttemptStatus.RUNNING.value, dir="/tmp/a", started_at=1.0)
@@ -155,8 +161,6 @@ def test_an_attempt_ends_once_through_attempt_transition(sessions: sessionmaker[
 
 
 def test_the_attempt_vocabulary_is_the_stored_strings() -> None:
-    from db.states import AttemptPhase, SignalSent, StopReason
-
     assert [r.value for r in StopReason] == ["cancel", "pause", "hang"]
     assert [s.value for s in SignalSent] == ["SIGTERM", "SIGKILL", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2"]
     assert AttemptPhase.FINISHING == "finishing"  # what rank 0 writes, what the watchdog compares

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 import time
@@ -181,8 +182,6 @@ def _refuse_writes(engine: object, when: dict[str, bool]) -> None:
 
     def before(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
         if when["on"] and statement.lstrip().upper().startswith(("INSERT", "UPDATE", "DELETE")):
-            import sqlite3
-
             raise sqlite3.OperationalError("database or disk is full")
 
     event.listen(engine, "before_cursor_execute", before)

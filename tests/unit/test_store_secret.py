@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from torch.distributed import TCPStore
+from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc, _RendezvousState
 
 from trainer import store_secret
@@ -45,8 +46,6 @@ def test_a_real_rendezvous_state_loads_and_a_forged_one_runs_nothing(tmp_path: P
 
 
 def test_torchrun_reads_its_rendezvous_state_through_the_guarded_unpickler(tmp_path: Path) -> None:
-    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
-
     original = dynamic_rendezvous.pickle
     try:
         store_secret.guard_rendezvous_unpickling()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -94,8 +95,6 @@ def test_text_is_made_absolute_against_the_submit_directory(tmp_path: Path, monk
     ("", "empty path"),
 ])
 def test_an_unusable_text_is_refused_naming_the_field_and_the_value(tmp_path: Path, case: str, expected: str) -> None:
-    import os
-
     paths = {"missing": tmp_path / "nope.txt", "directory": tmp_path, "fifo": tmp_path / "fifo",
              "huge": tmp_path / "huge.txt", "short": tmp_path / "short.txt"}
     os.mkfifo(paths["fifo"])

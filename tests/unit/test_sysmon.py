@@ -28,10 +28,12 @@ import psutil
 import pyarrow as pa
 import pytest
 import streamlit as st
+from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session, sessionmaker
 from streamlit.testing.v1 import AppTest
 
+from app.system import summary_line
 from db.engine import make_engine, make_sessionmaker
 from db.models import Attempt, SystemMetric
 from db.requests import create_run
@@ -41,6 +43,7 @@ from db.vocabulary.config import RunConfig
 from db.vocabulary.cost import Price
 from db.vocabulary.inventory import Inventory
 from db.vocabulary.settings import Settings
+from orchestrator.scheduler import sysmon
 from orchestrator.scheduler.loop import Scheduler, add_jobs
 from orchestrator.scheduler.sysmon import SAMPLE_S, SystemMonitor
 
@@ -211,8 +214,6 @@ def test_host_and_rank_aggregates_from_a_real_process_tree(
 def test_the_process_tree_is_walked_again_when_a_rank_ends_not_on_every_sample(
     sessions: sessionmaker[Session], settings: Settings, trees: list[Tree], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from orchestrator.scheduler import sysmon
-
     no_nvml(monkeypatch)
     walks: list[int] = []
     real = sysmon.attempt_processes
@@ -443,8 +444,6 @@ def test_scheduler_runs_the_sysmon_job_beside_the_tick(
 ) -> None:
     """``serve`` registers both jobs through ``add_jobs``; here on a background APScheduler, with
     a clock that jumps a whole window per sample so rows appear after two samples (about 4 s)."""
-    from apscheduler.schedulers.background import BackgroundScheduler
-
     no_nvml(monkeypatch)
     tree = start_tree(sessions, settings, devices=[])
     trees.append(tree)
@@ -480,7 +479,7 @@ def test_scheduler_runs_the_sysmon_job_beside_the_tick(
 
 
 def _panel_app(run_id: int) -> None:
-    from app.system import system_panels
+    from app.system import system_panels  # noqa: PLC0415 - AppTest.from_function runs this function's source alone
 
     system_panels(run_id)
 
@@ -591,8 +590,6 @@ def test_the_run_page_summarizes_the_newest_window_and_draws_charts_on_demand(
     sessions: sessionmaker[Session], settings: Settings, app_caches: None
 ) -> None:
     """The Run page shows the newest window in one line; the charts only once asked for."""
-    from app.system import summary_line
-
     run_id = _run(sessions, settings)
     add_rows(sessions, run_id, gpus={2: 0, 3: 1})
     with sessions() as s:

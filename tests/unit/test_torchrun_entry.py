@@ -12,10 +12,14 @@ from pathlib import Path
 
 import psutil
 import pytest
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as c10d
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
 from db.vocabulary.config import parse_config
-from orchestrator.executors.launcher import free_port, torchrun_argv
+from orchestrator.executors.launcher import SHIMS_DIR, agent_env, free_port, rank_env, torchrun_argv
 from trainer.agent import torchrun
+from trainer.agent.warm import ROOM_VARIABLE, WARM_OPTION
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,9 +43,6 @@ def test_the_launcher_runs_torchrun_through_the_loopback_entry() -> None:
 
 
 def test_only_the_built_in_trainer_starts_warm_and_only_its_agent_gets_the_room() -> None:
-    from orchestrator.executors.launcher import agent_env
-    from trainer.agent.warm import ROOM_VARIABLE, WARM_OPTION
-
     built_in, cold = parse_config({}), parse_config({"launch": {"warm_start": False}})
     script = script_config(script="/w/t.py")
     for config, warm in ((built_in, True), (cold, False), (script, False)):
@@ -131,10 +132,6 @@ def test_a_store_on_a_network_address_is_refused() -> None:
 
 
 def test_torchrun_creates_both_its_stores_through_the_loopback_factories(monkeypatch: pytest.MonkeyPatch) -> None:
-    from torch.distributed.elastic.rendezvous import RendezvousParameters
-    from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as c10d
-    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
-
     # Put back torchrun's own factories after the test.
     monkeypatch.setattr(c10d, "_create_tcp_store", c10d._create_tcp_store)
     monkeypatch.setattr(DynamicRendezvousHandler, "_create_tcp_store_server",
@@ -179,7 +176,6 @@ def test_a_module_and_another_interpreter_are_started_as_python_would() -> None:
 
 
 def test_omp_threads_default_to_the_cores_per_rank_unless_set() -> None:
-    from orchestrator.executors.launcher import rank_env
     assert rank_env(script_config(script="/w/t.py"), {}, cores=16)["OMP_NUM_THREADS"] == "8"
     assert rank_env(script_config(script="/w/t.py"), {}, cores=1)["OMP_NUM_THREADS"] == "1"
     assert "OMP_NUM_THREADS" not in rank_env(script_config(script="/w/t.py"), {"OMP_NUM_THREADS": "3"}, cores=16)
@@ -192,7 +188,6 @@ def test_built_in_ranks_get_the_same_threads_on_one_node_or_two() -> None:
     one rank each got every core per rank (oversubscribed), and arithmetic other than the same
     world on one node (its losses differed in the last bits under load). runyard sets it for every
     workload, from the ranks that share this machine."""
-    from orchestrator.executors.launcher import rank_env
     one_node = parse_config({"launch": {"nproc_per_node": 2}})
     two_nodes = parse_config({"launch": {"nnodes": 2, "nproc_per_node": 1}})
     assert rank_env(one_node, {}, cores=2) == rank_env(two_nodes, {}, cores=2) == {"OMP_NUM_THREADS": "1"}
@@ -201,7 +196,6 @@ def test_built_in_ranks_get_the_same_threads_on_one_node_or_two() -> None:
 
 
 def test_the_wandb_stand_in_goes_first_on_the_ranks_path_when_asked() -> None:
-    from orchestrator.executors.launcher import SHIMS_DIR, rank_env
     env = rank_env(script_config(script="/w/t.py", env={"RUNYARD_WANDB_SHIM": "1"}), {"PYTHONPATH": "/mine"},
                      cores=2)
     assert env["PYTHONPATH"].split(os.pathsep) == [str(SHIMS_DIR), "/mine"]

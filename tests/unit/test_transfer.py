@@ -32,6 +32,7 @@ from db.models import (
     SystemMetric,
 )
 from db.transfer import TransferError, export, import_, nonempty_tables
+from orchestrator.cli.group import cli
 
 NOW = time.time()
 
@@ -186,8 +187,6 @@ def test_another_schema_revision_and_a_file_that_is_not_an_export_are_refused(tm
 
 
 def test_the_cli_exports_and_imports_with_progress(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrator.cli.group import cli
-
     source_url, target_url = sqlite_url(tmp_path, "a"), sqlite_url(tmp_path, "b")
     fill(engine_at(source_url))
     path = tmp_path / "x.jsonl.gz"

@@ -15,6 +15,7 @@ from types import ModuleType
 
 import pytest
 
+from db.vocabulary.layout import WANDB_SHIM_DIR
 from orchestrator.executors.launcher import SHIMS_DIR, with_wandb_shim
 from orchestrator.scripts import Sample
 from orchestrator.scripts.log_lines import parse_lines
@@ -203,8 +204,6 @@ def test_a_logged_step_key_is_the_step_of_the_other_keys(wandb: ModuleType, caps
 
 def test_the_counter_continues_in_the_next_attempt(wandb: ModuleType, capsys: pytest.CaptureFixture[str],
                                                    monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from db.vocabulary.layout import WANDB_SHIM_DIR
-
     assert wandb.STATE_DIR == WANDB_SHIM_DIR
     monkeypatch.setenv("RUNYARD_RUN_DIR", str(tmp_path))
     monkeypatch.setenv("RANK", "1")

@@ -9,6 +9,7 @@ module through ``fork_rank``. The probe reports what it sees; the agent reports 
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -130,8 +131,6 @@ def test_a_rank_starts_cold_when_it_cannot_start_warm() -> None:
 
 
 def test_the_initial_areas_are_where_proc_reads_them() -> None:
-    import ctypes
-
     areas = warm.initial_areas()
     assert areas is not None
     (arg_start, arg_end), (env_start, env_end) = areas

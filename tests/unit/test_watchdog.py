@@ -4,6 +4,7 @@ nothing to signal; what is checked is when a hang is declared, and the event tha
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -18,8 +19,9 @@ from db.vocabulary.config import RunConfig, SupervisionConfig
 from db.vocabulary.cost import Price
 from db.vocabulary.settings import Settings
 from orchestrator.executors.local import LocalExecutor
-from orchestrator.executors.stacks import StackDumps
+from orchestrator.executors.stacks import RankStack, StackDump, StackDumps
 from orchestrator.scheduler import watchdog
+from orchestrator.scripts.attempt_watch import WATCH_STEPS_OR_OUTPUT
 
 
 def running_attempt(sessions: sessionmaker[Session], settings: Settings, step_time_s: float) -> tuple[int, int]:
@@ -77,10 +79,6 @@ def test_an_attempt_that_ends_during_its_hang_dump_keeps_the_evidence(sessions: 
                                                                       settings: Settings, tmp_path: Path) -> None:
     # Seen in CI: a rank stopped with SIGSTOP and woken for its stacks died of SIGSEGV, and the
     # attempt ended on its own while py-spy still ran; its dump was thrown away with the attempt.
-    import threading
-
-    from orchestrator.executors.stacks import RankStack, StackDump
-
     release = threading.Event()
 
     def slow_dump() -> StackDump:
@@ -111,8 +109,6 @@ def test_a_script_that_steps_once_an_epoch_but_prints_meanwhile_is_alive(session
                                                                          settings: Settings) -> None:
     """A step every ~30 s, a printed line every 10 s, hang_timeout_s = 20: its output is life,
     said once; once the output stops too, it is a hang."""
-    from orchestrator.scripts.attempt_watch import WATCH_STEPS_OR_OUTPUT
-
     config = SupervisionConfig(hang_timeout_s=20, hang_step_factor=5)
     ids = running_attempt(sessions, settings, step_time_s=0.05)
 

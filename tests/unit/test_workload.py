@@ -30,6 +30,7 @@ from db.vocabulary.config import RunConfig, parse_config
 from db.vocabulary.layout import MANIFEST_FILE
 from db.vocabulary.settings import Settings
 from trainer import pdeathsig
+from trainer.__main__ import main
 from trainer.checkpoint import CheckpointManager
 from trainer.context import RunContext
 from trainer.sdk import Run
@@ -262,8 +263,6 @@ def _free_port() -> int:
 def test_mlp_digits_runs_through_the_entry_point_on_one_rank_and_resumes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from trainer.__main__ import main
-
     # The parent here is pytest, not a torchrun agent of this attempt: nothing to die with.
     monkeypatch.setattr(pdeathsig, "arm_under_agent", lambda: False)
     config = tmp_path / "config.json"

@@ -11,6 +11,8 @@ import json
 
 import pytest
 
+from app.fork_changes import config_changes, overrides_for
+from app.form import KIND_KEY, form_fields, values_to_config, widget_values
 from db.vocabulary.config import (
     ConfigError,
     GptCharWorkload,
@@ -18,6 +20,7 @@ from db.vocabulary.config import (
     RunConfig,
     ScriptWorkload,
     config_from_json,
+    deep_merge,
     parse_config,
     parse_toml,
 )
@@ -127,8 +130,6 @@ def test_stored_json_and_toml_round_trip(workload: dict) -> None:
 def test_the_form_switching_kind_over_an_uploaded_config_is_not_refused() -> None:
     """An uploaded mlp-digits config with its own width, then gpt-char chosen on the form: the
     width the form no longer shows takes its default, and so does not refuse the run."""
-    from app.form import KIND_KEY, values_to_config
-    from db.vocabulary.config import deep_merge
 
     uploaded = {"workload": {"kind": "mlp-digits", "hidden": 512}}
     config = parse_config(deep_merge(uploaded, values_to_config({KIND_KEY: "gpt-char", "workload.n_layer": 2})))
@@ -139,9 +140,6 @@ def test_the_form_switching_kind_over_an_uploaded_config_is_not_refused() -> Non
 def test_a_fork_on_the_form_changes_nothing_it_was_not_asked_to(stored: dict) -> None:
     """The New run form filled from a run's config (stored minimal, or flat from before) and
     left as it is: no change listed, no override sent; the width changed: that one only."""
-    from app.fork_changes import config_changes, overrides_for
-    from app.form import form_fields, values_to_config, widget_values
-    from db.vocabulary.config import deep_merge
 
     source = {**RunConfig().as_dict(), "workload": stored}
     values, _ = widget_values(source, form_fields(RunConfig, "mlp-digits"))

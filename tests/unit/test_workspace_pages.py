@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from db.models import Event, Run
 from db.states import RunStatus
 from db.vocabulary.settings import Settings
+from orchestrator.run_edits import edit_run
 from tests.unit.test_app_pages import add_run, no_exception, open_page, seeded, sessions, settings
 
 __all__ = ["seeded", "sessions", "settings"]  # the fixtures, taken from test_app_pages
@@ -82,8 +83,6 @@ def test_edit_on_the_run_page_renames_tags_and_notes_and_keeps_each_change(
 
 def test_compare_shows_each_runs_tags_and_the_first_line_of_its_note(
         settings: Settings, sessions: sessionmaker[Session]) -> None:
-    from orchestrator.run_edits import edit_run
-
     with sessions() as s:
         first = add_run(s, settings, "first")
         second = add_run(s, settings, "second")

@@ -46,7 +46,7 @@ class Outage:
                 statement.lstrip().upper().startswith(("INSERT", "UPDATE", "DELETE")):
             self.refused += 1
             if conn.dialect.name == "postgresql":
-                import psycopg.errors
+                import psycopg.errors  # noqa: PLC0415 - optional: psycopg, only on PostgreSQL
 
                 raise psycopg.errors.DiskFull("could not extend file: No space left on device")
             raise sqlite3.OperationalError("database or disk is full")

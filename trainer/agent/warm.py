@@ -376,8 +376,8 @@ def unbuffered_streams() -> None:
 def use_warm_ranks() -> None:
     """Preload the ranks' imports in this agent and make torchrun fork its ranks from it when it
     can (see the module docstring). Called by trainer/agent/torchrun.py before ``run.main``."""
-    from torch.distributed.elastic.multiprocessing import api
-    from torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler import SubprocessHandler
+    from torch.distributed.elastic.multiprocessing import api  # noqa: PLC0415 - torch in the agent only: the launcher imports this module
+    from torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler import SubprocessHandler  # noqa: PLC0415 - torch in the agent only: the launcher imports this module
 
     agent = WarmAgent()
     agent.preload()

@@ -68,9 +68,9 @@ class CheckpointHistory:
     def record(self, conn: Connection, results: list[SaveResult]) -> list[Callable[[], None]]:
         """Insert the checkpoints' rows and apply retention; returns the folder deletions, which
         the writer runs only after the transaction commits."""
-        from sqlalchemy import insert, update
+        from sqlalchemy import insert, update  # noqa: PLC0415 - on the writer thread (see above)
 
-        from db.models import Checkpoint
+        from db.models import Checkpoint  # noqa: PLC0415 - on the writer thread (see above)
 
         now = time.time()
         for result in results:
@@ -96,10 +96,10 @@ class CheckpointHistory:
         """Record files the script saved itself and adopted (``Run.adopt_checkpoint``) as
         ``source = "script"`` rows; an earlier version of the same file, rewritten in place, is
         marked deleted unless it was pinned (then its bytes were copied away)."""
-        from sqlalchemy import insert, update
+        from sqlalchemy import insert, update  # noqa: PLC0415 - on the writer thread (see above)
 
-        from db.models import Checkpoint
-        from db.requests import SCRIPT_SOURCE
+        from db.models import Checkpoint  # noqa: PLC0415 - on the writer thread (see above)
+        from db.requests import SCRIPT_SOURCE  # noqa: PLC0415 - on the writer thread (see above)
 
         for f in files:
             conn.execute(
@@ -119,26 +119,26 @@ class CheckpointHistory:
             )
 
     def events(self, conn: Connection, events: list[dict[str, Any]]) -> None:
-        from sqlalchemy import insert
+        from sqlalchemy import insert  # noqa: PLC0415 - on the writer thread (see above)
 
-        from db.models import Event
+        from db.models import Event  # noqa: PLC0415 - on the writer thread (see above)
 
         for e in events:
             conn.execute(insert(Event).values(run_id=self.run_id, attempt=self.attempt, at=e["at"],
                                                          level=e["level"], kind=e["kind"], message=e["message"]))
 
     def resumed(self, conn: Connection, steps: list[int]) -> None:
-        from sqlalchemy import update
+        from sqlalchemy import update  # noqa: PLC0415 - on the writer thread (see above)
 
-        from db.models import Attempt
+        from db.models import Attempt  # noqa: PLC0415 - on the writer thread (see above)
 
         conn.execute(update(Attempt).where(Attempt.run_id == self.run_id, Attempt.number == self.attempt)
                      .values(resume_step=steps[-1]))
 
     def moved(self, conn: Connection, moves: list[tuple[str, str]]) -> None:
-        from sqlalchemy import update
+        from sqlalchemy import update  # noqa: PLC0415 - on the writer thread (see above)
 
-        from db.models import Checkpoint
+        from db.models import Checkpoint  # noqa: PLC0415 - on the writer thread (see above)
 
         for source, target in moves:
             conn.execute(update(Checkpoint).where(Checkpoint.run_id == self.run_id, Checkpoint.path == source,
@@ -146,9 +146,9 @@ class CheckpointHistory:
 
     def refused(self, conn: Connection, refusals: list[tuple[str, str]]) -> None:
         """Mark refused checkpoints (by path: a fork's may belong to its parent run)."""
-        from sqlalchemy import update
+        from sqlalchemy import update  # noqa: PLC0415 - on the writer thread (see above)
 
-        from db.models import Checkpoint
+        from db.models import Checkpoint  # noqa: PLC0415 - on the writer thread (see above)
 
         for path, reason in refusals:
             conn.execute(update(Checkpoint).where(Checkpoint.path == path, Checkpoint.deleted.is_(False))
@@ -157,9 +157,9 @@ class CheckpointHistory:
     def _apply_retention(self, conn: Connection, now: float) -> list[Callable[[], None]]:
         """Mark the checkpoints retention lets go as deleted; returns the deletions of their
         folders, to run after the commit (a rollback must not leave rows for folders that are gone)."""
-        from sqlalchemy import select, update
+        from sqlalchemy import select, update  # noqa: PLC0415 - on the writer thread (see above)
 
-        from db.models import Checkpoint
+        from db.models import Checkpoint  # noqa: PLC0415 - on the writer thread (see above)
 
         rows = conn.execute(
             select(Checkpoint.id, Checkpoint.step, Checkpoint.verified, Checkpoint.pinned, Checkpoint.metrics_json,
@@ -199,9 +199,9 @@ class CheckpointHistory:
         seen = sorted({k for r in rows for k in json.loads(r.metrics_json or "{}")})
         if not seen and len(infos) < 2:
             return  # the first checkpoint may carry no metrics yet
-        from sqlalchemy import insert
+        from sqlalchemy import insert  # noqa: PLC0415 - on the writer thread (see above)
 
-        from db.models import Event
+        from db.models import Event  # noqa: PLC0415 - on the writer thread (see above)
 
         self._unranked_said = True
         names = ", ".join(repr(n) for n in seen) if seen else "none"

@@ -219,12 +219,12 @@ class FullModelState:
         self.model = model
 
     def state_dict(self) -> dict[str, Any]:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict  # noqa: PLC0415 - FSDP's modules (1-3 s, sympy) only for a sharded model
 
         return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict  # noqa: PLC0415 - FSDP's modules (1-3 s, sympy) only for a sharded model
 
         set_model_state_dict(self.model, state_dict, options=StateDictOptions(full_state_dict=True))
 
@@ -237,13 +237,13 @@ class FullOptimizerState:
         self.optimizer = optimizer
 
     def state_dict(self) -> dict[str, Any]:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict  # noqa: PLC0415 - FSDP's modules (1-3 s, sympy) only for a sharded model
 
         return get_optimizer_state_dict(self.model, self.optimizer,
                                         options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict  # noqa: PLC0415 - FSDP's modules (1-3 s, sympy) only for a sharded model
 
         set_optimizer_state_dict(self.model, self.optimizer, state_dict,
                                  options=StateDictOptions(full_state_dict=True))
@@ -271,8 +271,8 @@ def parallelize(model: GPT, config: RunConfig, info: DistInfo) -> tuple[nn.Modul
         # torch.compile of a module returns a module (OptimizedModule); its stubs say only "callable".
         return wrapped, cast(nn.Module, torch.compile(wrapped))
 
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415 - FSDP's modules (1-3 s, sympy) only for a sharded model
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: PLC0415 - FSDP's modules (1-3 s, sympy) only for a sharded model
 
     if tc.compile:
         if info.is_main:

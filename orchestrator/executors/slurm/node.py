@@ -32,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
+import psutil
+
 from db.vocabulary.layout import AttemptPaths
 from orchestrator.executors.launcher import LOOPBACK, torchrun_command
 from orchestrator.executors.shim import write_atomic
@@ -125,8 +127,6 @@ def main(argv: list[str]) -> int:
 
 
 def _create_time(pid: int) -> float | None:
-    import psutil
-
     try:
         return float(psutil.Process(pid).create_time())
     except psutil.Error:
