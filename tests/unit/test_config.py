@@ -225,3 +225,21 @@ def test_effective_batch_change_names_the_numbers_and_the_accumulation_that_keep
     assert effective_batch_change(parent, kept) is None
     odd = RunConfig.model_validate({"launch": {"nproc_per_node": 3}}).as_dict()
     assert effective_batch_change(parent, odd).endswith("= 192 samples per step")  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("section", "field", "value"), [
+    ("workload", "workdir", "\x00"),
+    ("workload", "script", "train\x00.py"),
+    ("workload", "args", ["--ok", "b\x00"]),
+    ("workload", "env", {"A": "x\x00"}),
+    ("checkpoint", "best_metric", "eval\x00loss"),
+])
+def test_a_nul_character_anywhere_is_refused_naming_the_field(section: str, field: str, value: object) -> None:
+    """TOML allows "\\u0000"; no path, argument or environment value can hold it, and Python raised
+    ValueError on the first path check after the config had been accepted (Hypothesis found
+    workload.workdir = "\\x00")."""
+    base = {"kind": "script", "script": "t.py"} if section == "workload" else {}
+    with pytest.raises(ConfigError) as err:
+        parse_config({section: {**base, field: value}})
+    assert err.value.problems == [next(p for p in err.value.problems if p.startswith(f"{section}.{field}"))]
+    assert "NUL character" in err.value.problems[0]

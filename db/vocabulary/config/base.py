@@ -6,7 +6,7 @@ import re
 from pathlib import PurePosixPath
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationInfo
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 
 class ConfigError(ValueError):
@@ -110,9 +110,32 @@ def field_kinds(model: type[BaseModel], name: str) -> list[str] | None:
     return [str(k) for k in kinds] if isinstance(kinds, list) else None
 
 
+NUL_PROBLEM = "holds a NUL character, which no path, argument, environment value or name can"
+
+
+def _holds_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, (tuple, list)):
+        return any(_holds_nul(v) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
+    return False
+
+
 class _Section(BaseModel):
     # strict: TOML and JSON give real types, so "yes" is not a bool and 1e3 is not an int (an int
     # where a float is wanted is fine). Tuples opt out below: TOML and JSON give lists.
     model_config = ConfigDict(
         frozen=True, extra="forbid", use_attribute_docstrings=True, validate_default=True, strict=True
     )
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _no_nul(cls, value: Any) -> Any:
+        """No text of a config holds a NUL: the operating system refuses it in every path, argument
+        and environment value, and Python raises ValueError where it meets one (a path's
+        ``is_file()``), after the config was accepted (TOML allows ``"\u0000"``)."""
+        if _holds_nul(value):
+            raise ValueError(NUL_PROBLEM)
+        return value
