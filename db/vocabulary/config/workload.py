@@ -1,9 +1,10 @@
 """[workload]: what runs (a built-in workload or a script) and its model settings.
 
 One model per kind, each with its own fields only; :data:`WorkloadConfig` is their union,
-chosen by ``kind`` (``"mlp-digits"`` when absent). A field of another kind is refused, naming the
-kind it belongs to, unless it holds its default: configs stored before the union (one flat model,
-every kind's fields dumped with their defaults) still load.
+chosen by ``kind`` (``"mlp-digits"`` when absent). A field of another kind in a config a person
+writes is refused, naming the kind it belongs to, unless it holds its default (the form sends
+every field); a config runyard stored (before the union: one flat model, every kind's fields)
+loads whatever they hold, since no run ever read another kind's fields.
 """
 
 from __future__ import annotations
@@ -58,26 +59,17 @@ class GptCharWorkload(Workload):
     relative path is resolved against the directory `runyard submit` runs in. Submitted from the
     UI, it must lie under the allowed roots, like `script`."""
 
-    n_layer: int = Field(
-        default=4, ge=1, le=96, title="Transformer blocks (n_layer)"
-    )
+    n_layer: int = Field(default=4, ge=1, le=96, title="Transformer blocks (n_layer)")
     """gpt-char: transformer blocks."""
 
-    n_head: int = Field(
-        default=4, ge=1, le=128, title="Attention heads (n_head)"
-    )
+    n_head: int = Field(default=4, ge=1, le=128, title="Attention heads (n_head)")
     """gpt-char: attention heads per block; must divide n_embd."""
 
-    n_embd: int = Field(
-        default=128, ge=8, le=16384, title="Embedding width (n_embd)"
-    )
+    n_embd: int = Field(default=128, ge=8, le=16384, title="Embedding width (n_embd)")
     """gpt-char: embedding width."""
 
-    block_size: int = Field(
-        default=128, ge=8, le=8192, title="Context length (block_size)"
-    )
+    block_size: int = Field(default=128, ge=8, le=8192, title="Context length (block_size)")
     """gpt-char: context length in characters."""
-
 
 
 class ScriptWorkload(Workload):
@@ -149,8 +141,7 @@ class ScriptWorkload(Workload):
     `ckpt_000350.pt`), else the step the script had reported when it saved."""
 
     checkpoint_step_key: str | None = Field(
-        default=None, min_length=1, max_length=100, title="Step key in checkpoints",
-    )
+        default=None, min_length=1, max_length=100, title="Step key in checkpoints")
     """The top-level key of the script's `torch.save` dict that holds its step, when it is none of
     `global_step`, `iter_num`, `step`, `iteration` (e.g. `STEPS_RUN`); needs `checkpoint_glob`
     (kind = "script")."""
