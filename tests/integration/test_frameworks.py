@@ -50,18 +50,23 @@ def framework_python() -> str:
     return str(Path(folder) / "venv" / "bin" / "python")
 
 
-def killed_after_a_checkpoint(product: Product, run_id: int, step: int) -> dict:
-    """Wait for the ETA at 20% of 40 steps and a verified checkpoint at ``step`` or later; SIGKILL
-    rank 1; wait for the end. The run's detail at its end."""
+def killed_after_a_checkpoint(product: Product, workdir: Path, script: str, args: list[str],
+                              extra: str) -> tuple[int, dict, list[dict]]:
+    """Submit ``script`` (tests/scripts/frameworks/) to run 40 steps in ``workdir``; wait for the ETA
+    at 20% and a verified checkpoint at step 20 or later; SIGKILL rank 1; wait for the end. The
+    run's id, its detail at its end, and the checkpoints of its first attempt."""
+    workdir.mkdir()
+    run_id = submit(product, workdir, FRAMEWORKS / script, [*args, "--sleep", "0.2"], f"{extra}\nmax_steps = 40")
+    product.start_scheduler()
     running = product.wait_for(run_id, lambda d: d["status"] in ("SUCCEEDED", "FAILED", "CANCELLED")
                                or (d["step"] >= 8 and d["eta_s"] is not None), timeout=150)
     assert running["status"] == "RUNNING" and running["eta_s"] > 0, running["status_reason"]
     product.wait_for(run_id, lambda d: d["status"] != "RUNNING" or any(
-        c["verified"] and c["step"] >= step for c in live_script_checkpoints(d)))
+        c["verified"] and c["step"] >= 20 for c in live_script_checkpoints(d)))
     kill_rank(product, run_id, 1, 1)
     detail = product.wait_status(run_id, "SUCCEEDED", "FAILED", "CANCELLED")
     assert detail["status"] == "SUCCEEDED", detail["status_reason"]
-    return detail
+    return run_id, detail, [c for c in detail["checkpoints"] if c["attempt"] == 1]
 
 
 def resumed_at_the_newest(product: Product, run_id: int, detail: dict, own: list[dict]) -> dict:
@@ -79,15 +84,9 @@ def resumed_at_the_newest(product: Product, run_id: int, detail: dict, own: list
 
 def test_hugging_face_trainer_resumes_a_killed_rank_from_its_own_checkpoint(
         framework_python: str, product: Product, tmp_path: Path) -> None:
-    workdir = tmp_path / "hf"
-    workdir.mkdir()
-    run_id = submit(product, workdir, FRAMEWORKS / "hf_trainer.py",
-                    ["--max_steps", "40", "--save_steps", "10", "--sleep", "0.2"],
-                    f"python = '{framework_python}'\ncheckpoint_glob = 'hf_out/checkpoint-*'\nmax_steps = 40\n"
-                    "tensorboard_dir = 'hf_out/runs'")
-    product.start_scheduler()
-    detail = killed_after_a_checkpoint(product, run_id, 20)
-    own = [c for c in detail["checkpoints"] if c["attempt"] == 1]
+    run_id, detail, own = killed_after_a_checkpoint(
+        product, tmp_path / "hf", "hf_trainer.py", ["--max_steps", "40", "--save_steps", "10"],
+        f"python = '{framework_python}'\ncheckpoint_glob = 'hf_out/checkpoint-*'\ntensorboard_dir = 'hf_out/runs'")
     # checkpoint-N folders, each at trainer_state.json's global_step
     assert own and all(c["source"] == "script" and Path(c["origin"]).name == f"checkpoint-{c['step']}"
                        and c["step"] % 10 == 0 for c in own), own
@@ -98,14 +97,9 @@ def test_hugging_face_trainer_resumes_a_killed_rank_from_its_own_checkpoint(
 
 def test_lightning_resumes_a_killed_rank_from_its_own_checkpoint(
         framework_python: str, product: Product, tmp_path: Path) -> None:
-    workdir = tmp_path / "pl"
-    workdir.mkdir()
-    run_id = submit(product, workdir, FRAMEWORKS / "lightning_train.py",
-                    ["--max_steps", "40", "--every", "10", "--sleep", "0.2"],
-                    f"python = '{framework_python}'\ncheckpoint_glob = 'ckpts/*.ckpt'\nmax_steps = 40")
-    product.start_scheduler()
-    detail = killed_after_a_checkpoint(product, run_id, 20)
-    own = [c for c in detail["checkpoints"] if c["attempt"] == 1]
+    run_id, detail, own = killed_after_a_checkpoint(
+        product, tmp_path / "pl", "lightning_train.py", ["--max_steps", "40", "--every", "10"],
+        f"python = '{framework_python}'\ncheckpoint_glob = 'ckpts/*.ckpt'")
     # epoch=0-step=N.ckpt at the step in its name and in its global_step; last.ckpt at its global_step
     named = [c for c in own if Path(c["origin"]).name != "last.ckpt"]
     assert named and all(Path(c["origin"]).name == f"epoch=0-step={c['step']}.ckpt" for c in named), own
