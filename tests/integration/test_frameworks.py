@@ -107,3 +107,24 @@ def test_lightning_resumes_a_killed_rank_from_its_own_checkpoint(
     log = product.cli("logs", str(run_id), "--attempt", "2", "--rank", "0").stdout
     assert "Restored all states from the checkpoint" in log, log[-3000:]
     assert detail["step"] == 40
+
+
+def test_lightning_s_wandb_logger_reports_through_runyard_s_stand_in(
+        framework_python: str, product: Product, tmp_path: Path) -> None:
+    """Lightning's ``WandbLogger`` takes runyard's wandb stand-in (``RUNYARD_WANDB_SHIM``; it checks
+    for an installed ``wandb`` distribution, which the stand-in carries): every value lands in runyard
+    at its true step (Lightning logs ``trainer/global_step`` from 0), and nothing is sent anywhere."""
+    workdir = tmp_path / "plw"
+    workdir.mkdir()
+    run_id = submit(product, workdir, FRAMEWORKS / "lightning_train.py",
+                    ["--max_steps", "12", "--every", "6", "--logger", "wandb"],
+                    f"python = '{framework_python}'\ncheckpoint_glob = 'ckpts/*.ckpt'\nmax_steps = 12",
+                    RUNYARD_WANDB_SHIM="1")
+    product.start_scheduler()
+    detail = product.wait_status(run_id, "SUCCEEDED", "FAILED", "CANCELLED")
+    assert detail["status"] == "SUCCEEDED", detail["status_reason"]
+    (steps,) = product.query("SELECT MIN(step), MAX(step), COUNT(DISTINCT step) FROM metrics "
+                             "WHERE run_id = :run AND key = 'train_loss'", run=run_id)
+    assert tuple(steps) == (1, 12, 12)  # steps 1-12, as its checkpoints count them
+    assert sorted(c["step"] for c in live_script_checkpoints(detail) if "last" not in c["origin"]) == [6, 12]
+    assert not (workdir / "wandb").exists()  # the real wandb would have written its run folder here

@@ -171,16 +171,47 @@ def test_a_script_finds_the_shim_first_on_its_path(tmp_path: Path) -> None:
 
 
 def test_define_metric_puts_keys_at_their_step_metric(wandb: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
-    """What Lightning's and Hugging Face's loggers declare: every key at their global step."""
+    """What Hugging Face's WandbCallback declares: every key at its global step (counted after the step)."""
+    run = wandb.init()
+    run.define_metric("train/global_step")
+    run.define_metric("*", step_metric="train/global_step", step_sync=True)
+    wandb.log({"train/loss": 0.5, "train/global_step": 49})
+    wandb.log({"eval/loss": 0.7, "train/epoch": 0, "train/global_step": 99})
+    wandb.log({"train/learning_rate": 0.1})  # no step given: the last global step logged
+    assert lines_of(capsys) == [{"step": 49, "rank": 0, "train/loss": 0.5},
+                                {"step": 99, "rank": 0, "eval/loss": 0.7, "train/epoch": 0.0},
+                                {"step": 99, "rank": 0, "train/learning_rate": 0.1}]
+
+
+def test_lightnings_global_step_from_zero_is_recorded_one_higher(wandb: ModuleType,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """Lightning's WandbLogger logs trainer/global_step from 0 (its first step at 0; its checkpoint
+    after 50 steps holds global_step 50): recorded one higher, as its checkpoints count (the real
+    Lightning: tests/integration/test_frameworks.py)."""
     run = wandb.init()
     run.define_metric("trainer/global_step")
     run.define_metric("*", step_metric="trainer/global_step", step_sync=True)
-    wandb.log({"train_loss": 0.5, "trainer/global_step": 49})
-    wandb.log({"val_loss": 0.7, "epoch": 0, "trainer/global_step": 99})
-    wandb.log({"lr": 0.1})  # no step given: the last global step logged
-    assert lines_of(capsys) == [{"step": 49, "rank": 0, "train_loss": 0.5},
-                                {"step": 99, "rank": 0, "val_loss": 0.7, "epoch": 0.0},
-                                {"step": 99, "rank": 0, "lr": 0.1}]
+    wandb.log({"train_loss": 0.5, "trainer/global_step": 0})
+    wandb.log({"train_loss": 0.4, "trainer/global_step": 49})
+    wandb.log({"val_loss": 0.7, "epoch": 0})  # no step given: the last global step logged
+    wandb.log({"trainer/global_step": 49, "lr": 0.1})  # without define_metric's rule too
+    assert lines_of(capsys) == [{"step": 1, "rank": 0, "train_loss": 0.5},
+                                {"step": 50, "rank": 0, "train_loss": 0.4},
+                                {"step": 50, "rank": 0, "val_loss": 0.7, "epoch": 0.0},
+                                {"step": 50, "rank": 0, "lr": 0.1}]
+
+
+def test_the_stand_in_carries_a_wandb_distribution_frameworks_check_for() -> None:
+    """Lightning's WandbLogger refuses a wandb without an installed distribution of at least
+    0.12.10 (lightning_utilities' RequirementCache reads its metadata), and imports Run and
+    RunDisabled from wandb's own modules."""
+    found = subprocess.run(
+        [sys.executable, "-c", "import importlib.metadata as m, wandb, wandb.wandb_run, wandb.sdk.lib as lib; "
+                               "print(m.version('wandb'), wandb.__version__, wandb.wandb_run.Run is wandb.Run, "
+                               "isinstance(lib.RunDisabled, type))"],
+        env=with_wandb_shim({"RUNYARD_WANDB_SHIM": "1", "PATH": "/usr/bin:/bin"}), capture_output=True, text=True,
+        timeout=60, check=False)
+    assert found.stdout.split() == ["0.12.10+runyard", "0.12.10+runyard", "True", "True"], found.stderr
 
 
 def test_define_metric_for_some_keys_and_the_counter_for_the_rest(wandb: ModuleType,

@@ -1,7 +1,8 @@
 """A Lightning script as its users write one: Lightning's own API and nothing of runyard but the
 line docs/frameworks.md asks of a script of your own (``ckpt_path`` from ``RUNYARD_RESUME_PATH``).
 A small regression on two CPU ranks (``strategy="ddp"``, which under torchrun takes its ranks from
-torchrun's environment), a ``ModelCheckpoint`` every ``--every`` steps, TensorBoard's logger.
+torchrun's environment), a ``ModelCheckpoint`` every ``--every`` steps, TensorBoard's logger (or
+``--logger wandb``: Lightning's ``WandbLogger``).
 
     torchrun --nproc-per-node=2 lightning_train.py --max_steps 40 --every 10
 """
@@ -15,6 +16,7 @@ import time
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 
 
 class Regression(L.LightningModule):
@@ -47,6 +49,7 @@ def main() -> None:
     parser.add_argument("--max_steps", type=int, default=40)
     parser.add_argument("--every", type=int, default=10)
     parser.add_argument("--sleep", type=float, default=0.0)
+    parser.add_argument("--logger", choices=["tensorboard", "wandb"], default="tensorboard")
     args = parser.parse_args()
     L.seed_everything(0)
     x = torch.randn(2048, 16, generator=torch.Generator().manual_seed(0))
@@ -54,6 +57,7 @@ def main() -> None:
     trainer = L.Trainer(
         accelerator="cpu", devices=2, strategy="ddp", max_steps=args.max_steps, log_every_n_steps=1,
         enable_progress_bar=False, enable_model_summary=False,
+        logger=WandbLogger(project="regression") if args.logger == "wandb" else TensorBoardLogger("."),
         callbacks=[ModelCheckpoint(dirpath="ckpts", every_n_train_steps=args.every, save_top_k=-1, save_last=True),
                    Pace(args.sleep)],
     )

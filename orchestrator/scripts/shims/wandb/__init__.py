@@ -27,6 +27,11 @@ The step a metric is recorded at, in this order:
    other keys are recorded at that step (nanoGPT's ``wandb.log({"iter": iter_num, ...})``).
 3. ``step=``, else wandb's own counter. A step metric or step-like key is not a metric itself.
 
+Lightning's ``trainer/global_step`` counts from 0 and is recorded one higher (:data:`FROM_ZERO`).
+Frameworks that check for wandb before they use it find what they look for: a distribution's
+metadata beside this package (``wandb-0.12.10+runyard.dist-info``: Lightning's ``WandbLogger``
+requires ``wandb>=0.12.10``), ``wandb.wandb_run.Run`` and ``wandb.sdk.lib.RunDisabled``.
+
 wandb's counter continues across the attempts of a run, as a resumed W&B run's does: each rank
 keeps its next step in ``$RUNYARD_RUN_DIR/wandb-shim/rank-<r>.json`` (``db/vocabulary/layout.py``'s
 ``WANDB_SHIM_DIR``), so a retry's counter-stepped values do not land on the first attempt's steps.
@@ -44,11 +49,16 @@ import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-__version__ = "0.0.0+runyard"
+__version__ = "0.12.10+runyard"  # as its distribution says (wandb-*.dist-info beside it)
 PROTOCOL_PREFIX = "RUNYARD "  # orchestrator/scripts/log_lines.py reads these lines
 _RESERVED = ("step", "rank", "total")
 # Keys a script logs its own step under (rule 2 of the module docstring).
 STEP_KEYS = ("iter", "iter_num", "step", "global_step", "train/global_step", "trainer/global_step")
+# Lightning's WandbLogger logs ``trainer/global_step`` from 0 (its first step at 0, while its
+# checkpoint after 20 steps holds global_step 20): recorded one higher, so that step N is the Nth
+# optimizer step, as for its checkpoints and every other writer (Hugging Face's
+# ``train/global_step`` is counted after the step already).
+FROM_ZERO = {"trainer/global_step": 1}
 # Where each rank's counter is kept between attempts, under $RUNYARD_RUN_DIR (db/vocabulary/layout.py: WANDB_SHIM_DIR).
 STATE_DIR = "wandb-shim"
 
@@ -249,7 +259,7 @@ class Run:
         steps = {k: v for k, v in values.items() if k in self._step_metrics.values() or k in STEP_KEYS}
         for key, value in steps.items():
             if value >= 0 and value == int(value):
-                self._last[key] = int(value)
+                self._last[key] = int(value) + FROM_ZERO.get(key, 0)
         own = self._own_steps(values, steps, explicit=step is not None)
         for at, found in sorted(own.items()):
             self._line(at, found)
@@ -287,8 +297,8 @@ class Run:
                    explicit: bool) -> dict[int, dict[str, float]]:
         """The values that go at a step of their own (rules 1 and 2), by step."""
         out: dict[int, dict[str, float]] = {}
-        logged_step = next((int(steps[k]) for k in STEP_KEYS if k in steps and k in self._last
-                            and self._last[k] == steps[k]), None)
+        logged_step = next((self._last[k] for k in STEP_KEYS if k in steps and k in self._last
+                            and self._last[k] == steps[k] + FROM_ZERO.get(k, 0)), None)
         for key, value in values.items():
             if key in steps:
                 continue

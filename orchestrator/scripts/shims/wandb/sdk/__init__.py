@@ -1,0 +1,1 @@
+"""``wandb.sdk``: only what frameworks import from it (runyard's stand-in; see ``wandb/__init__.py``)."""
