@@ -204,14 +204,18 @@ def test_lightnings_global_step_from_zero_is_recorded_one_higher(wandb: ModuleTy
 def test_the_stand_in_carries_a_wandb_distribution_frameworks_check_for() -> None:
     """Lightning's WandbLogger refuses a wandb without an installed distribution of at least
     0.12.10 (lightning_utilities' RequirementCache reads its metadata), and imports Run and
-    RunDisabled from wandb's own modules."""
+    RunDisabled from wandb's own modules; Hugging Face's WandbCallback imports ConfigError from
+    wandb.sdk.lib.config_util and calls termwarn and the run's _label."""
     found = subprocess.run(
         [sys.executable, "-c", "import importlib.metadata as m, wandb, wandb.wandb_run, wandb.sdk.lib as lib; "
+                               "from wandb.sdk.lib.config_util import ConfigError; "
+                               "wandb.termwarn('x', repeat=False); wandb.init()._label(code='transformers_trainer'); "
                                "print(m.version('wandb'), wandb.__version__, wandb.wandb_run.Run is wandb.Run, "
-                               "isinstance(lib.RunDisabled, type))"],
+                               "isinstance(lib.RunDisabled, type), issubclass(ConfigError, Exception))"],
         env=with_wandb_shim({"RUNYARD_WANDB_SHIM": "1", "PATH": "/usr/bin:/bin"}), capture_output=True, text=True,
         timeout=60, check=False)
-    assert found.stdout.split() == ["0.12.10+runyard", "0.12.10+runyard", "True", "True"], found.stderr
+    assert found.stdout.split() == ["0.12.10+runyard", "0.12.10+runyard", "True", "True", "True"], found.stderr
+    assert "wandb: WARNING x" in found.stderr
 
 
 def test_define_metric_for_some_keys_and_the_counter_for_the_rest(wandb: ModuleType,

@@ -44,12 +44,13 @@ def main() -> None:
     parser.add_argument("--max_steps", type=int, default=40)
     parser.add_argument("--save_steps", type=int, default=10)
     parser.add_argument("--sleep", type=float, default=0.0)
+    parser.add_argument("--report_to", default="tensorboard")
     args = parser.parse_args()
     model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2,
                                        bos_token_id=0, eos_token_id=0))
     training = TrainingArguments(
         output_dir=args.output_dir, max_steps=args.max_steps, save_steps=args.save_steps, save_total_limit=3,
-        logging_steps=1, report_to=["tensorboard"], per_device_train_batch_size=4, learning_rate=1e-3,
+        logging_steps=1, report_to=[args.report_to], per_device_train_batch_size=4, learning_rate=1e-3,
         use_cpu=True, ddp_backend="gloo", dataloader_num_workers=0, disable_tqdm=True, seed=0,
     )
     trainer = Trainer(model=model, args=training, train_dataset=RandomTokens(512, 32, 64),

@@ -30,7 +30,9 @@ The step a metric is recorded at, in this order:
 Lightning's ``trainer/global_step`` counts from 0 and is recorded one higher (:data:`FROM_ZERO`).
 Frameworks that check for wandb before they use it find what they look for: a distribution's
 metadata beside this package (``wandb-0.12.10+runyard.dist-info``: Lightning's ``WandbLogger``
-requires ``wandb>=0.12.10``), ``wandb.wandb_run.Run`` and ``wandb.sdk.lib.RunDisabled``.
+requires ``wandb>=0.12.10``), ``wandb.wandb_run.Run`` and ``wandb.sdk.lib.RunDisabled``; and for
+Hugging Face's ``WandbCallback``, ``wandb.sdk.lib.config_util.ConfigError``, ``termwarn`` and a
+run's ``_label``.
 
 wandb's counter continues across the attempts of a run, as a resumed W&B run's does: each rank
 keeps its next step in ``$RUNYARD_RUN_DIR/wandb-shim/rank-<r>.json`` (``db/vocabulary/layout.py``'s
@@ -64,7 +66,7 @@ STATE_DIR = "wandb-shim"
 
 __all__ = ["Api", "Artifact", "Audio", "Config", "Error", "Histogram", "Html", "Image", "Object3D", "Run", "Settings",
            "Summary", "Table", "Video", "alert", "config", "define_metric", "finish", "init", "log", "login", "run",
-           "save", "summary", "watch"]
+           "save", "summary", "termwarn", "watch"]
 
 
 class Error(Exception):
@@ -383,6 +385,10 @@ class Run:
     def mark_preempting(self) -> None:
         return None
 
+    def _label(self, *args: Any, **kwargs: Any) -> None:
+        """wandb's telemetry label (Hugging Face's WandbCallback calls it): nothing to record."""
+        return None
+
     def __enter__(self) -> Run:
         return self
 
@@ -479,6 +485,11 @@ def login(*args: Any, **kwargs: Any) -> bool:
 
 def alert(*args: Any, **kwargs: Any) -> None:
     return None
+
+
+def termwarn(message: str, repeat: bool = True, **kwargs: Any) -> None:
+    """wandb's warning to the terminal (Hugging Face's WandbCallback uses it): to stderr."""
+    print(f"wandb: WARNING {message}", file=sys.stderr, flush=True)
 
 
 def setup(*args: Any, **kwargs: Any) -> None:
