@@ -14,7 +14,10 @@ they agree because they take the names from here and nowhere else::
         alerts.json           alert channels (URLs, webhook secrets) and defaults, mode 0600 (orchestrator/alerts)
         runs/run-000042/
             config.json       the run config as submitted
-            checkpoints/step-<N>/{state.pt, manifest.json}
+            checkpoints/step-<N>/{state.pt, manifest.json}   a whole state, written by rank 0
+            checkpoints/step-<N>/{__<rank>_0.distcp, .metadata, unsharded.pt, manifest.json}
+                              a sharded (FSDP) state: each rank's shards and DCP's metadata, and
+                              what is not sharded (trainer/checkpoint/sharded.py)
             checkpoints/superseded/attempt-<n>/step-<N>/   a lineage abandoned by a resume
             checkpoints/script/<id>/<file>   a copy of a script's own checkpoint file (pinned, or
                               kept aside before runyard put an older version back for a resume)
@@ -65,6 +68,7 @@ CPU_PEAK_FILE = "cpu_peak.json"  # this host's measured CPU FLOP/s, kept for the
 
 # -- a checkpoint's folder -------------------------------------------------------------------
 STATE_FILE = "state.pt"
+UNSHARDED_FILE = "unsharded.pt"  # a sharded checkpoint's part that is not sharded
 MANIFEST_FILE = "manifest.json"
 STEP_DIR = re.compile(r"step-(0|[1-9][0-9]*)")
 

@@ -159,7 +159,8 @@ class Checkpointer:
             return 0
         source = CheckpointManager(resume_dir, is_writer=False, on_refused=self._refused if self.info.is_main else None)
         try:
-            step, saved = source.load(resume_step)
+            # A sharded checkpoint loads into the run's own sharded state dicts, resharded to its ranks.
+            step, saved = source.load(resume_step, targets=lambda: {k: as_state(v) for k, v in state.items()})
         except CheckpointError as exc:
             raise CheckpointError(f"cannot resume from {resume_dir} step {resume_step}: {exc}") from exc
         if self.run_config is not None and saved.get("config_hash", self.run_config.config_hash()) \
@@ -225,9 +226,9 @@ class Checkpointer:
              defer_snapshot: bool = False) -> None:
         """Collective: gather every rank's RNG state, then rank 0 snapshots ``state`` and writes.
 
-        Values of ``state`` with a ``state_dict`` are saved as it (an FSDP adapter's is itself
-        collective, a full gather to rank 0); ``state["model"]`` must be the model, whose
-        parameters' digest identifies the checkpoint. One-element tensors in ``metrics`` (a
+        Values of ``state`` with a ``state_dict`` are saved as it (an FSDP adapter's holds DTensors:
+        then every rank writes its own shards, trainer/checkpoint/sharded.py); ``state["model"]``
+        must be the model, whose parameters' digest identifies the checkpoint. One-element tensors in ``metrics`` (a
         loss still on the device) are read here.
         """
         rng_states: list[Any] = [None] * self.info.world_size

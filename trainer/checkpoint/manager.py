@@ -1,18 +1,25 @@
 """Checkpoint manager: asynchronous, atomic, verified checkpoints on local disk.
 
-One writer (rank 0) snapshots the state to CPU memory on the training thread, then a
-background thread writes it::
+A whole state (one process, DDP): one writer (rank 0) snapshots it to CPU memory on the training
+thread, then a background thread writes it::
 
     root/.tmp-step-<N>-<random>/state.pt        torch.save of the snapshot, fsync'd
     root/.tmp-step-<N>-<random>/manifest.json   written last: sizes and sha256 of the files
     root/step-<N>/                              the tmp dir renamed, then the root fsync'd
+
+A sharded state (one that holds DTensors: FSDP2's state dicts) is saved by every rank through
+PyTorch Distributed Checkpoint, each its own shards in parallel, on each rank's writer thread
+(trainer/checkpoint/sharded.py): the folder holds DCP's ``__<rank>_0.distcp`` files and
+``.metadata``, rank 0's ``unsharded.pt`` (the rest of the state) and the same manifest, written
+last by rank 0 with every rank's file hashes (format_version 2). It loads on any number of ranks.
 
 A step counts only when its directory holds a manifest that matches every file in it
 (torchtitan's "completion marker", strengthened with hashes). The sha256 of each file is
 computed from the bytes as they are written, so the writer runs near disk bandwidth;
 verification re-reads and hashes. Loading uses ``torch.load(weights_only=True)`` only.
 
-The module does no collectives and no database access; callers report through the
+Apart from a sharded save and load (collective over :func:`sharded.checkpoint_group`), the
+module does no collectives, and it never touches the database; callers report through the
 ``on_complete`` and ``on_refused`` callbacks. The byte-level work (the snapshot copy, the
 hashing writer, the parameters digest) is in trainer/checkpoint/io.py.
 """
@@ -26,6 +33,7 @@ import os
 import secrets
 import shutil
 import stat
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -37,7 +45,7 @@ from typing import Any
 
 import torch
 
-from db.vocabulary.layout import MANIFEST_FILE, STATE_FILE, STEP_DIR, step_dir_name
+from db.vocabulary.layout import MANIFEST_FILE, STATE_FILE, STEP_DIR, UNSHARDED_FILE, step_dir_name
 from trainer import faults
 from trainer.checkpoint.io import (
     CheckpointError,
@@ -52,7 +60,8 @@ from trainer.checkpoint.io import (
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # a whole state in state.pt
+SHARDED_FORMAT_VERSION = 2  # DCP's shards, .metadata and unsharded.pt
 _LEFTOVER_PREFIXES = (".tmp-", ".deleting")
 
 
@@ -98,6 +107,8 @@ class _Job:
     # the copies end (training's next parameter update waits for it, on the device).
     ready: dict[torch.device, torch.cuda.Event] = field(default_factory=dict)
     copied: dict[torch.device, torch.cuda.Event] = field(default_factory=dict)
+    # A sharded state: its DTensors by DCP key (``snapshot`` holds the rest and their paths).
+    shards: dict[str, torch.Tensor] | None = None
 
 
 class CheckpointManager:
@@ -131,9 +142,10 @@ class CheckpointManager:
         self._on_complete = on_complete
         self._on_refused = on_refused
         self._stager = _Stager()
+        self._shard_stager: Any = None  # DCP's DefaultStager, made at the first sharded save
         self._executor: ThreadPoolExecutor | None = None
         self._hash_pool: ThreadPoolExecutor | None = None
-        self._in_flight: Future[SaveResult] | None = None
+        self._in_flight: Future[SaveResult | None] | None = None
         self._pending_snapshot: _Job | None = None  # a deferred snapshot not yet waited for
         self._callback_thread: int | None = None  # the thread running on_complete, if any
         if is_writer:
@@ -174,17 +186,25 @@ class CheckpointManager:
             CheckpointError: The state cannot be checkpointed, the previous background save
                 failed, or (when not async) this write failed.
         """
-        if not self.is_writer:
+        parts = _sharded_parts(state)
+        if not self.is_writer and parts is None:
             return
         self._refuse_reentry("save")
         started = time.perf_counter()
         job_metrics = self._check_save_args(step, state, metrics, params_key)
         self.wait()  # also re-raises the previous background write's failure
+        on_gpu = torch.cuda.is_available() and torch.cuda.is_initialized()
         deferred = defer_snapshot and self.async_save
-        job = _Job(step, state if deferred else self._stager.snapshot(state), job_metrics, params_key, started)
+        if parts is not None:  # every rank: its shards; rank 0 also the rest
+            shards, rest, paths = parts
+            deferred = deferred and not on_gpu  # DCP's stager waits for the device's copies
+            job = _Job(step, {"state": self._stager.snapshot(rest) if self.is_writer else {}, "paths": paths},
+                       job_metrics, params_key, started, shards=shards if deferred else self._stage_shards(shards))
+        else:
+            job = _Job(step, state if deferred else self._stager.snapshot(state), job_metrics, params_key, started)
         if not deferred:
             job.snapshot_taken.set()
-        elif torch.cuda.is_available() and torch.cuda.is_initialized():
+        elif parts is None and on_gpu:
             device = torch.device("cuda", torch.cuda.current_device())
             job.ready[device] = torch.cuda.current_stream(device).record_event()
         job.blocked_s = time.perf_counter() - started
@@ -192,7 +212,7 @@ class CheckpointManager:
             self._pending_snapshot = job if deferred else None
             self._in_flight = self._writer().submit(self._run_job, job)
         else:
-            done: Future[SaveResult] = Future()
+            done: Future[SaveResult | None] = Future()
             done.set_result(self._run_job(job))
             self._in_flight = done
 
@@ -260,6 +280,9 @@ class CheckpointManager:
                     pool.shutdown(wait=True)
             self._executor = self._hash_pool = None
             self._stager.clear()
+            if self._shard_stager is not None:
+                self._shard_stager.close()
+                self._shard_stager = None
 
     def _check_save_args(
         self, step: int, state: dict[str, Any], metrics: dict[str, float] | None, params_key: str
@@ -289,10 +312,25 @@ class CheckpointManager:
             self._hash_pool = ThreadPoolExecutor(1, thread_name_prefix="runyard-ckpt-hash")
         return self._hash_pool
 
-    def _run_job(self, job: _Job) -> SaveResult:
+    def _stage_shards(self, shards: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A CPU copy of this rank's shards (DCP's stager: pinned memory and copies from the device
+        on a GPU; its buffers are reused by the next save)."""
+        if self._shard_stager is None:
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions  # noqa: PLC0415 - DCP (1-2 s) only for a sharded state
+
+            on_gpu = torch.cuda.is_available() and torch.cuda.is_initialized()
+            self._shard_stager = DefaultStager(StagingOptions(use_pinned_memory=on_gpu, use_shared_memory=False,
+                                                              use_async_staging=False, use_non_blocking_copy=on_gpu))
+        staged: dict[str, torch.Tensor] = self._shard_stager.stage(shards)  # synchronous staging: the dict itself
+        return staged
+
+    def _run_job(self, job: _Job) -> SaveResult | None:
         if not job.snapshot_taken.is_set():  # deferred: copy now, while the training thread goes on
             try:
-                job.snapshot, job.copied = self._stager.snapshot_beside(job.snapshot, job.ready)
+                if job.shards is not None:
+                    job.shards = self._stage_shards(job.shards)
+                else:
+                    job.snapshot, job.copied = self._stager.snapshot_beside(job.snapshot, job.ready)
             except Exception as exc:
                 job.snapshot, job.snapshot_error = {}, exc
                 raise CheckpointError(f"snapshot of checkpoint step {job.step} failed: {exc}") from exc
@@ -300,14 +338,15 @@ class CheckpointManager:
                 job.snapshot_taken.set()
             for copied in job.copied.values():
                 copied.synchronize()
-        tmp = self.root / f".tmp-step-{job.step}-{secrets.token_hex(4)}"
         try:
-            result = self._write(job, tmp)
-        except Exception as exc:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise CheckpointError(f"writing checkpoint step {job.step} to {tmp} failed: {exc}") from exc
+            if job.shards is not None:
+                result = self._write_sharded(job)
+                if result is None:  # not rank 0: its shards are written, rank 0 seals the folder
+                    return None
+            else:
+                result = self._write_whole(job)
         finally:
-            job.snapshot = {}  # the staging buffers stay with the stager, nothing else
+            job.snapshot, job.shards = {}, None  # the staging buffers stay with the stagers, nothing else
         logger.info(
             "checkpoint step-%d saved: %.1f MB in %.2f s (training blocked %.3f s)",
             result.step, result.bytes / 1e6, result.total_s, result.blocked_s,
@@ -322,6 +361,14 @@ class CheckpointManager:
                 self._callback_thread = None
         return result
 
+    def _write_whole(self, job: _Job) -> SaveResult:
+        tmp = self.root / f".tmp-step-{job.step}-{secrets.token_hex(4)}"
+        try:
+            return self._write(job, tmp)
+        except Exception as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointError(f"writing checkpoint step {job.step} to {tmp} failed: {exc}") from exc
+
     def _write(self, job: _Job, tmp: Path) -> SaveResult:
         tmp.mkdir()
         writer = _HashingFile(tmp / STATE_FILE, self._hasher(), _StableMemory(job.snapshot))
@@ -335,15 +382,65 @@ class CheckpointManager:
             raise
         finally:
             writer.close()
-        manifest = {
-            "format_version": FORMAT_VERSION,
-            "step": job.step,
-            "created_at": datetime.now(timezone.utc).isoformat(),
-            "files": {STATE_FILE: {"bytes": writer.bytes, "sha256": state_sha}},
-            "params_key": job.params_key,
-            "params_digest": digest,
-            "metrics": job.metrics,
-        }
+        files = {STATE_FILE: {"bytes": writer.bytes, "sha256": state_sha}}
+        return self._seal(job, tmp, {"format_version": FORMAT_VERSION, "files": files, "params_digest": digest})
+
+    def _write_sharded(self, job: _Job) -> SaveResult | None:
+        """Every rank: write this rank's shards through DCP into the folder rank 0 names, hash them
+        and hand the hashes to rank 0, which writes the rest of the state and the manifest and
+        publishes the folder. Returns the result on rank 0, None on the others."""
+        import torch.distributed as dist  # noqa: PLC0415 - only for a sharded state
+
+        from trainer.checkpoint import sharded  # noqa: PLC0415 - DCP (1-2 s) only for a sharded state
+
+        assert job.shards is not None
+        group = sharded.checkpoint_group()
+        token = [secrets.token_hex(4)]
+        dist.broadcast_object_list(token, src=0, group=group)
+        tmp = self.root / f".tmp-step-{job.step}-{token[0]}"
+        try:
+            written = sharded.write_shards(job.shards, tmp, group)  # collective: a failure is raised on every rank
+        except Exception as exc:
+            if self.is_writer:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointError(f"writing checkpoint step {job.step} to {tmp} failed: {exc}") from exc
+        rank = dist.get_rank()
+        try:  # a failure here travels to rank 0 in the gather: no rank may skip it
+            mine = ([(name, size, _sha256_file(tmp / name)) for name, size in written],
+                    sharded.local_digest(job.shards, f"{job.params_key}."), "")
+        except Exception as exc:  # noqa: BLE001 - reported by rank 0 and raised here
+            mine = ([], "", f"rank {rank}: {exc}")
+        gathered: list[Any] | None = [None] * dist.get_world_size(group) if self.is_writer else None
+        dist.gather_object(mine, gathered, dst=0, group=group)
+        if gathered is None:
+            if mine[2]:
+                raise CheckpointError(f"writing checkpoint step {job.step} to {tmp} failed: {mine[2]}")
+            return None
+        try:
+            failed = [error for _, _, error in gathered if error]
+            if failed:
+                raise CheckpointError("; ".join(failed))
+            files = {name: {"bytes": size, "sha256": sha} for hashed, _, _ in gathered for name, size, sha in hashed}
+            with open(tmp / UNSHARDED_FILE, "xb") as f:
+                torch.save(job.snapshot, f)
+                f.flush()
+                os.fsync(f.fileno())
+            files[UNSHARDED_FILE] = {"bytes": (tmp / UNSHARDED_FILE).stat().st_size,
+                                     "sha256": _sha256_file(tmp / UNSHARDED_FILE)}
+            digest = hashlib.sha256("".join(d for _, d, _ in gathered).encode()).hexdigest()
+            return self._seal(job, tmp, {
+                "format_version": SHARDED_FORMAT_VERSION, "format": "dcp", "world_size": len(gathered),
+                "files": files, "params_digest": digest, "shards": sharded.shard_table(job.shards),
+            })
+        except Exception as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointError(f"writing checkpoint step {job.step} to {tmp} failed: {exc}") from exc
+
+    def _seal(self, job: _Job, tmp: Path, manifest: dict[str, Any]) -> SaveResult:
+        """Write the manifest last into ``tmp`` (its files written and fsync'd), publish the folder
+        as ``step-<N>``."""
+        manifest.update(step=job.step, created_at=datetime.now(timezone.utc).isoformat(), params_key=job.params_key,
+                        metrics=job.metrics)
         data = json.dumps(manifest, indent=2, sort_keys=True).encode()
         with open(tmp / MANIFEST_FILE, "xb") as f:
             f.write(data)
@@ -355,9 +452,9 @@ class CheckpointManager:
         return SaveResult(
             step=job.step,
             path=final,
-            bytes=writer.bytes + len(data),
+            bytes=sum(entry["bytes"] for entry in manifest["files"].values()) + len(data),
             manifest_sha256=hashlib.sha256(data).hexdigest(),
-            params_digest=digest,
+            params_digest=manifest["params_digest"],
             blocked_s=job.blocked_s if self.async_save else total_s,
             total_s=total_s,
             metrics=dict(job.metrics),
@@ -393,10 +490,16 @@ class CheckpointManager:
         Returns:
             (True, "ok") or (False, reason), where reason is one of: "missing", "not a
             directory", "manifest missing", "manifest unreadable: ...", "manifest format_version
-            X != 1", "manifest step X != N", "<file>: missing", "<file>: not a regular file",
+            X is not 1 or 2", "manifest step X != N", "<file>: missing", "<file>: not a regular file",
             "<file>: size A != B" (on disk != manifest), "<file>: sha256 mismatch",
-            "<file>: unreadable: ...", "<file>: unlisted file".
+            "<file>: unreadable: ...", "<file>: unlisted file"; for a sharded checkpoint also
+            ".metadata: unreadable: ..." and where DCP's metadata and the manifest differ.
         """
+        return self._verify(step, 0, 1)
+
+    def _verify(self, step: int, share: int, shares: int) -> tuple[bool, str]:
+        """:meth:`verify`, hashing only every ``shares``-th file from the ``share``-th on (in name
+        order): the ranks of a sharded load split the hashing among them."""
         path = self.root / step_dir_name(step)
         if not path.exists() and not path.is_symlink():
             return False, "missing"
@@ -413,15 +516,25 @@ class CheckpointManager:
             reason = _check_size(path / name, name, entry)
             if reason:
                 return False, reason
-        for name, entry in files.items():
+        for name in sorted(files)[share::shares]:
             try:
-                if _sha256_file(path / name) != entry["sha256"]:
+                if _sha256_file(path / name) != files[name]["sha256"]:
                     return False, f"{name}: sha256 mismatch"
             except OSError as exc:
                 return False, f"{name}: unreadable: {exc}"
+        if manifest["format_version"] == SHARDED_FORMAT_VERSION:
+            from trainer.checkpoint import sharded  # noqa: PLC0415 - DCP (1-2 s) only for a sharded checkpoint
+
+            try:
+                reason = sharded.check_metadata(sharded.read_metadata(path), manifest)
+            except CheckpointError as exc:
+                reason = str(exc)
+            if reason:
+                return False, reason
         return True, "ok"
 
-    def load(self, step: int = -1) -> tuple[int, dict[str, Any]]:
+    def load(self, step: int = -1, targets: Callable[[], Mapping[str, Any]] | None = None
+             ) -> tuple[int, dict[str, Any]]:
         """Load a verified checkpoint.
 
         A requested step that fails verification is refused (``on_refused(step, reason)``)
@@ -430,9 +543,15 @@ class CheckpointManager:
 
         Args:
             step: The step to load, or -1 for the newest verified one.
+            targets: For a sharded checkpoint (collective then: every rank calls ``load``), what
+                to load into: the state as it will be restored (the model's and optimizer's
+                sharded state dicts, at the keys the checkpoint was saved with). Its tensors at
+                the checkpoint's sharded places are loaded in place, resharded to this run's
+                ranks; the checkpoint is refused, naming the tensor, when their shapes differ.
 
         Returns:
-            (step, state) of the checkpoint loaded, tensors on CPU.
+            (step, state) of the checkpoint loaded: tensors on CPU, except a sharded
+            checkpoint's, which are the ``targets``' own.
 
         A checkpoint that verifies but cannot be loaded with ``weights_only=True`` (a manifest
         rewritten over a truncated file, a payload with a type the allow-list refuses) is refused
@@ -448,7 +567,13 @@ class CheckpointManager:
             candidates = [s for s in candidates if s < step]
             candidates.insert(0, step)
         for candidate in candidates:
-            ok, reason = self.verify(candidate)
+            if self._sharded(candidate):
+                state, reason = self._load_sharded(candidate, targets)
+                if state is not None:
+                    return candidate, state
+                ok = False
+            else:
+                ok, reason = self.verify(candidate)
             if ok:
                 try:
                     return candidate, self._load_verified(candidate)
@@ -462,6 +587,49 @@ class CheckpointManager:
                 self._on_refused(candidate, reason)
         where = "" if step == -1 else f" at or below step {step}"
         raise CheckpointError(f"no verified checkpoint{where} in {self.root}")
+
+    def _sharded(self, step: int) -> bool:
+        """Whether ``step-<step>``'s manifest says it is sharded (one that cannot be read is not:
+        every rank then refuses it on its own, with the same reason)."""
+        manifest, _ = self._read_manifest(self.root / step_dir_name(step), step)
+        return manifest is not None and manifest["format_version"] == SHARDED_FORMAT_VERSION
+
+    def _load_sharded(self, step: int, targets: Callable[[], Mapping[str, Any]] | None
+                      ) -> tuple[dict[str, Any] | None, str]:
+        """Collective: verify ``step-<step>`` (the ranks share the hashing and agree on the verdict),
+        check that its tensors fit ``targets``, then load them in place. Returns the state, or
+        None and the reason it was refused (the same on every rank)."""
+        import torch.distributed as dist  # noqa: PLC0415 - only for a sharded checkpoint
+
+        from trainer.checkpoint import sharded  # noqa: PLC0415 - DCP (1-2 s) only for a sharded checkpoint
+
+        group = sharded.checkpoint_group() if dist.is_initialized() else None
+        if group is None:
+            ok, reason = self.verify(step)
+        else:
+            verdicts: list[Any] = [None] * dist.get_world_size(group)
+            dist.all_gather_object(verdicts, self._verify(step, dist.get_rank(group), len(verdicts)), group=group)
+            ok, reason = next((v for v in verdicts if not v[0]), (True, "ok"))
+        if not ok:
+            return None, reason
+        path = self.root / step_dir_name(step)
+        manifest, _ = self._read_manifest(path, step)
+        assert manifest is not None
+        try:
+            saved = torch.load(path / UNSHARDED_FILE, weights_only=True, map_location="cpu")
+            rest, paths = saved["state"], saved["paths"]
+        except Exception as exc:  # noqa: BLE001 - refused with its reason, as a whole state that will not load
+            return None, (f"{path / UNSHARDED_FILE}: matches its manifest but cannot be loaded with weights_only=True: "
+                          f"{_load_error_line(exc)}")
+        wanted = sharded.tensors_at(targets() if targets is not None else {}, paths)
+        reason = sharded.check_targets(manifest, wanted)
+        if reason:
+            return None, reason
+        try:
+            sharded.read_shards(path, wanted, group)
+        except Exception as exc:  # noqa: BLE001 - DCP raises on every rank when one fails: all refuse it
+            return None, f"loading the shards failed: {_load_error_line(exc)}"
+        return sharded.put_back(rest, paths, wanted), ""
 
     def _load_verified(self, step: int) -> dict[str, Any]:
         path = self.root / step_dir_name(step) / STATE_FILE
@@ -481,12 +649,17 @@ class CheckpointManager:
             return None, f"manifest unreadable: {exc}"
         if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
             return None, "manifest unreadable: no 'files' table"
-        if manifest.get("format_version") != FORMAT_VERSION:
-            return None, f"manifest format_version {manifest.get('format_version')!r} != {FORMAT_VERSION}"
+        version = manifest.get("format_version")
+        if version not in (FORMAT_VERSION, SHARDED_FORMAT_VERSION):
+            return None, f"manifest format_version {version!r} is not {FORMAT_VERSION} or {SHARDED_FORMAT_VERSION}"
         if manifest.get("step") != step:
             return None, f"manifest step {manifest.get('step')!r} != {step}"
-        if STATE_FILE not in manifest["files"]:
-            return None, f"manifest unreadable: {STATE_FILE} not listed"
+        required = (STATE_FILE,) if version == FORMAT_VERSION else (UNSHARDED_FILE, ".metadata")
+        for name in required:
+            if name not in manifest["files"]:
+                return None, f"manifest unreadable: {name} not listed"
+        if version == SHARDED_FORMAT_VERSION and not isinstance(manifest.get("shards"), dict):
+            return None, "manifest unreadable: no 'shards' table"
         for name, entry in manifest["files"].items():
             if name in ("", ".", "..", MANIFEST_FILE) or "/" in name or os.sep in name:
                 return None, f"manifest unreadable: bad file name {name!r}"
@@ -526,6 +699,16 @@ class CheckpointManager:
             if name.startswith(_LEFTOVER_PREFIXES):
                 logger.info("removing leftover %s", self.root / name)
                 _remove(self.root / name)
+
+
+def _sharded_parts(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any], list[list[Any]]] | None:
+    """``sharded.split(state)`` when the state holds DTensors, else None. A DTensor exists only
+    once ``torch.distributed.tensor`` is imported: until then DCP is not imported either."""
+    if "torch.distributed.tensor" not in sys.modules:
+        return None
+    from trainer.checkpoint import sharded  # noqa: PLC0415 - DCP (1-2 s) only for a sharded state
+
+    return sharded.split(state) if sharded.has_shards(state) else None
 
 
 def _load_error_line(exc: Exception) -> str:

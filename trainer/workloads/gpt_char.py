@@ -212,41 +212,49 @@ def flops_per_token(model: GPT, n_layer: int, n_embd: int, block_size: int) -> f
 # -- parallelism ---------------------------------------------------------------------------------
 
 
-class FullModelState:
-    """An FSDP model's state as one full state dict, gathered to rank 0 on CPU (collective)."""
+class ShardedModelState:
+    """An FSDP model's state: its sharded state dict, each rank's DTensor shards (nothing gathered;
+    the checkpoint is written by every rank through DCP and loads on any number of ranks)."""
 
     def __init__(self, model: nn.Module):
         self.model = model
 
     def state_dict(self) -> dict[str, Any]:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict  # noqa: PLC0415 - FSDP's modules (1-3 s, sympy) only for a sharded model
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict  # noqa: PLC0415 - FSDP's modules (1-3 s, sympy) only for a sharded model
 
-        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return get_model_state_dict(self.model)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict  # noqa: PLC0415 - FSDP's modules (1-3 s, sympy) only for a sharded model
 
-        set_model_state_dict(self.model, state_dict, options=StateDictOptions(full_state_dict=True))
+        set_model_state_dict(self.model, state_dict, options=StateDictOptions(full_state_dict=_whole(state_dict)))
 
 
-class FullOptimizerState:
-    """An FSDP optimizer's state keyed by parameter name, gathered to rank 0 on CPU (collective)."""
+class ShardedOptimizerState:
+    """An FSDP optimizer's state keyed by parameter name, its tensors sharded as the parameters."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer):
         self.model = model
         self.optimizer = optimizer
 
     def state_dict(self) -> dict[str, Any]:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict  # noqa: PLC0415 - FSDP's modules (1-3 s, sympy) only for a sharded model
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict  # noqa: PLC0415 - FSDP's modules (1-3 s, sympy) only for a sharded model
 
-        return get_optimizer_state_dict(self.model, self.optimizer,
-                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return get_optimizer_state_dict(self.model, self.optimizer)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict  # noqa: PLC0415 - FSDP's modules (1-3 s, sympy) only for a sharded model
 
         set_optimizer_state_dict(self.model, self.optimizer, state_dict,
-                                 options=StateDictOptions(full_state_dict=True))
+                                 options=StateDictOptions(full_state_dict=_whole(state_dict)))
+
+
+def _whole(state_dict: dict[str, Any]) -> bool:
+    """A state dict of whole tensors on every rank: a checkpoint an FSDP run saved before runyard
+    saved them sharded (gathered to rank 0 and written as one file)."""
+    from trainer.checkpoint.sharded import has_shards  # noqa: PLC0415 - DCP (1-2 s) only for a sharded model
+
+    return not has_shards(state_dict)
 
 
 def parallelize(model: GPT, config: RunConfig, info: DistInfo) -> tuple[nn.Module, nn.Module]:
@@ -342,7 +350,7 @@ class GPTChar:
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint holds besides the step and the RNG states (the Run adds those): the
-        model, the optimizer (under FSDP as full state dicts gathered to rank 0) and the fp16
+        model, the optimizer (under FSDP as sharded state dicts, each rank its own shards) and the fp16
         GradScaler. No data position: a step's batches depend on the step alone."""
         state: dict[str, Any] = {"model": self.model_state, "optimizer": self.optim_state}
         if self.scaler is not None:
@@ -370,8 +378,8 @@ class GPTChar:
         self.optimizer = techniques.build_optimizer(self.model, tc, info.device)
         self.scaler = techniques.grad_scaler(tc.precision, info.device)
         fsdp = self.config.parallel.strategy == "fsdp"
-        self.model_state: Stateful = FullModelState(self.model) if fsdp else self.model
-        self.optim_state: Stateful = FullOptimizerState(self.model, self.optimizer) if fsdp else self.optimizer
+        self.model_state: Stateful = ShardedModelState(self.model) if fsdp else self.model
+        self.optim_state: Stateful = ShardedOptimizerState(self.model, self.optimizer) if fsdp else self.optimizer
         run.watch(self.runner)  # DDP: straggler and desync checks; FSDP: neither (sharded)
         self.step = run.load_checkpoint(self.state())
 

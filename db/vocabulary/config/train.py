@@ -75,4 +75,6 @@ class ParallelConfig(_Section):
 
     strategy: Literal["ddp", "fsdp"] = Field(default="ddp", json_schema_extra={"kinds": ["gpt-char"]})
     """`ddp`: every rank holds the whole model. `fsdp`: FSDP2 (`fully_shard` per block, then the
-    root) with sharded checkpoints (gpt-char)."""
+    root) with sharded checkpoints: every rank writes its own shards (PyTorch Distributed
+    Checkpoint), nothing is gathered to one rank, and a fork may run on another number of ranks
+    (gpt-char)."""
