@@ -1,11 +1,12 @@
 """On a CUDA GPU, end to end through the real scheduler: one rank under torchrun with NCCL, bf16
 autocast, torch.compile and fused AdamW train gpt-char; CUDA memory metrics and MFU reach the
 dashboard's tables, NVML's GPU series are attributed to the run, a checkpoint resumes; fp16
-reports its GradScaler's scale. Skipped without a GPU (CI has none); run on a lent GPU machine,
-results in BENCHMARKS.md."""
+reports its GradScaler's scale; FSDP with bf16 saves sharded through DCP and resumes. Skipped
+without a GPU (CI has none); run on a lent GPU machine, results in BENCHMARKS.md."""
 
 from __future__ import annotations
 
+import json
 import math
 import sqlite3
 
@@ -72,3 +73,27 @@ def test_fp16_reports_the_grad_scaler_scale(product: Product) -> None:
     scales = curve(product, run_id, key="loss_scale")
     assert len(scales) == 40 and all(s >= 1 for s in scales.values())
     assert math.isfinite(detail["metrics"]["loss"]["0"])
+
+
+def test_fsdp_bf16_on_nccl_saves_sharded_from_pinned_staging_and_resumes(product: Product) -> None:
+    """FSDP2 on NCCL with bf16: the checkpoint is DCP's (each rank's shards staged to pinned CPU
+    memory, written on the writer thread over the checkpoint's gloo group while NCCL trains on), and
+    a resume from it continues the curve."""
+    run_id = product.submit(*ON_ONE_GPU, "name=gpu-fsdp", "parallel.strategy=fsdp", "train.precision=bf16",
+                            "train.max_steps=60", "train.eval_every=0", "checkpoint.every_steps=20",
+                            "checkpoint.keep_last=0")
+    product.start_scheduler()
+    detail = succeed(product, run_id, timeout=900)
+    assert "on cuda:0 (nccl)" in product.cli("logs", str(run_id)).stdout
+    manifest = json.loads((product.home / "runs" / f"run-{run_id:06d}" / "checkpoints" / "step-40" /
+                           "manifest.json").read_text())
+    assert manifest["format"] == "dcp" and {"__0_0.distcp", ".metadata", "unsharded.pt"} <= set(manifest["files"])
+    assert sorted(c["step"] for c in detail["checkpoints"] if c["verified"] and not c["deleted"]) == [20, 40, 60]
+    losses = curve(product, run_id)
+
+    assert product.cli("resume", str(run_id), "--step", "20", "--json").returncode == 0
+    resumed = succeed(product, run_id, timeout=900)
+    assert resumed["attempts"][-1]["resume_step"] == 20
+    again = curve(product, run_id, attempt=2)
+    assert min(step for _, step in again) == 21
+    assert abs(again[(0, 60)] - losses[(0, 60)]) < 0.15  # bf16 on a GPU: close, not bitwise

@@ -167,7 +167,10 @@ class CheckpointManager:
 
         Tensors are copied (into pinned memory when on CUDA); plain values (dicts, lists,
         tuples, int, float, bool, str, bytes, None) are copied structurally. A previous save
-        still in flight is waited for first. Does nothing on non-writer ranks.
+        still in flight is waited for first. Does nothing on non-writer ranks, unless ``state``
+        holds DTensors: then every rank calls it at the same step (collective), each stages and
+        writes its own shards (DCP's stager; on a GPU synchronously, whatever ``defer_snapshot``
+        says) and rank 0 also the rest of the state and the manifest.
 
         Args:
             step: The training step; the checkpoint goes to ``root/step-<step>``.

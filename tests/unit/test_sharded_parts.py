@@ -1,0 +1,87 @@
+"""The pure parts of sharded checkpoints (trainer/checkpoint/sharded.py), in one process: DCP's
+``.metadata`` read without running code, and the checks that refuse a checkpoint by name before
+any rank loads. The collective save and load on real ranks: tests/integration/test_sharded_checkpoints.py."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.metadata import (
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+
+from trainer.checkpoint import CheckpointError
+from trainer.checkpoint.sharded import check_metadata, check_targets, dcp_key, put_back, read_metadata, tensors_at
+
+
+def metadata(shape: list[int], file: str = "__0_0.distcp") -> Metadata:
+    size = torch.Size(shape)
+    md = TensorStorageMetadata(TensorProperties(dtype=torch.float32), size,
+                               [ChunkStorageMetadata(torch.Size([0] * len(shape)), size)])
+    index = MetadataIndex("model.w", torch.Size([0] * len(shape)), 0)
+    return Metadata(state_dict_metadata={"model.w": md}, storage_data={index: _StorageInfo(file, 0, 128)})
+
+
+MANIFEST: dict[str, Any] = {"files": {"__0_0.distcp": {}, ".metadata": {}, "unsharded.pt": {}},
+                            "shards": {"model.w": {"shape": [4, 3], "dtype": "float32"}}}
+
+
+def test_dcps_metadata_is_read_and_matches_its_manifest(tmp_path: Path) -> None:
+    (tmp_path / ".metadata").write_bytes(pickle.dumps(metadata([4, 3])))
+    read = read_metadata(tmp_path)
+    assert list(read.state_dict_metadata) == ["model.w"]
+    assert check_metadata(read, MANIFEST) == ""
+
+
+def test_a_metadata_pickle_that_would_run_code_is_refused_without_running_it(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+
+    class Evil:
+        def __reduce__(self) -> tuple[Any, ...]:
+            return (os.system, (f"touch {marker}",))
+
+    (tmp_path / ".metadata").write_bytes(pickle.dumps(Evil()))
+    with pytest.raises(CheckpointError, match=r"\.metadata: unreadable: posix\.system is not part of"):
+        read_metadata(tmp_path)
+    assert not marker.exists()
+    (tmp_path / ".metadata").write_bytes(pickle.dumps({"not": "metadata"}))
+    with pytest.raises(CheckpointError, match="not DCP's metadata"):
+        read_metadata(tmp_path)
+
+
+@pytest.mark.parametrize(("md", "reason"), [
+    (metadata([5, 3]), "model.w: .metadata says float32 [5, 3], the manifest float32 [4, 3]"),
+    (metadata([4, 3], file="__9_0.distcp"), ".metadata points into '__9_0.distcp', which the manifest does not list"),
+])
+def test_metadata_that_differs_from_the_manifest_is_named(md: Metadata, reason: str) -> None:
+    assert check_metadata(md, MANIFEST) == reason
+
+
+def test_the_runs_tensors_must_have_the_checkpoints_shapes() -> None:
+    assert check_targets(MANIFEST, {"model.w": torch.zeros(4, 3)}) == ""
+    assert check_targets(MANIFEST, {"model.w": torch.zeros(4, 5)}) == (
+        "model.w: the checkpoint's is float32 [4, 3], this run's float32 [4, 5] (a checkpoint of another model)")
+    assert check_targets(MANIFEST, {}) == "model.w: in the checkpoint, not in this run (a checkpoint of another model)"
+    assert check_targets(MANIFEST, {"model.w": torch.zeros(4, 3), "model.v": torch.zeros(1)}) == (
+        "model.v: this run has it, the checkpoint does not (a checkpoint of another model)")
+
+
+def test_loaded_tensors_go_back_to_their_places_beside_the_plain_state() -> None:
+    target = {"model": {"w": torch.zeros(2)}, "optimizer": {"state": {"w": {"exp_avg": torch.zeros(2)}}}}
+    paths = [["model", "w"], ["optimizer", "state", "w", "exp_avg"]]
+    found = tensors_at(target, paths)
+    assert list(found) == ["model.w", "optimizer.state.w.exp_avg"] == [dcp_key(tuple(p)) for p in paths]
+    rest = {"model": {}, "optimizer": {"state": {"w": {"step": torch.tensor(3.0)}}, "param_groups": [{"lr": 0.1}]}}
+    state = put_back(rest, paths, found)
+    assert state["optimizer"]["state"]["w"]["exp_avg"] is target["optimizer"]["state"]["w"]["exp_avg"]
+    assert state["optimizer"]["state"]["w"]["step"].item() == 3.0 and state["model"]["w"] is target["model"]["w"]
