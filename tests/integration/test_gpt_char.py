@@ -153,31 +153,38 @@ def test_fsdp_matches_ddp_and_resumes_after_sigkill(product: Product) -> None:
 
 def test_fsdp_on_four_ranks_saves_shards_and_a_fork_on_two_trains_on_from_them(product: Product) -> None:
     """A 4-rank FSDP run's checkpoints hold each rank's own shard (nothing gathered to rank 0); a
-    fork on 2 ranks loads them resharded and its loss goes on from where the parent's was, not
-    from a fresh model's. (Bit-for-bit resharding of model and optimizer: test_sharded_checkpoints.)"""
+    fork on 2 ranks from a checkpoint with one damaged shard refuses it by name, falls back to the
+    one before, loads that resharded, and its loss goes on from where the parent's was, not from a
+    fresh model's. (Bit-for-bit resharding of model and optimizer: test_sharded_checkpoints.)"""
     product.env["RUNYARD_CPU_SLOTS"] = "4"  # 4 CPU ranks on a 2-core machine
     common = (*SMALL, "train.batch_size=8", "train.log_every=1", "train.eval_every=0", "train.lr=0.003",
               "train.warmup_steps=5", "checkpoint.keep_last=0", "retry.max_retries=0", "parallel.strategy=fsdp")
     parent = product.submit(*common, "name=fsdp-4", "launch.nproc_per_node=4", "train.max_steps=30",
-                            "checkpoint.every_steps=15")
+                            "checkpoint.every_steps=10")
     product.start_scheduler()
     succeed(product, parent)
-    step_dir = product.home / "runs" / f"run-{parent:06d}" / "checkpoints" / "step-15"
-    manifest = json.loads((step_dir / "manifest.json").read_text())
+    checkpoints = product.home / "runs" / f"run-{parent:06d}" / "checkpoints"
+    manifest = json.loads((checkpoints / "step-20" / "manifest.json").read_text())
     assert manifest["world_size"] == 4
     assert sorted(name for name in manifest["files"] if name.endswith(".distcp")) == [
         f"__{rank}_0.distcp" for rank in range(4)]
+    shard = checkpoints / "step-20" / "__2_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
 
-    forked = json.loads(product.cli("fork", str(parent), "--step", "15", "--set", "launch.nproc_per_node=2",
+    forked = json.loads(product.cli("fork", str(parent), "--step", "20", "--set", "launch.nproc_per_node=2",
                                     "--json").stdout)
     assert "= 32 to 2 x 8 x 1 = 16 samples per step; train.grad_accum = 2 would keep 32" in forked["note"]
     detail = succeed(product, forked["id"])
-    assert detail["attempts"][-1]["resume_step"] == 15
+    assert detail["attempts"][-1]["resume_step"] == 10  # fell back past the damaged shard
+    refused = [e["message"] for e in detail["events"] if e["kind"] == "checkpoint_refused"]
+    assert refused == ["checkpoint step 20 refused: __2_0.distcp: sha256 mismatch; falling back to an older one"]
 
     def mean_loss(run_id: int, step: int) -> float:
         values = [v for (_, s), v in curve(product, run_id).items() if s == step]
         return sum(values) / len(values)
 
-    start, before, after = mean_loss(parent, 1), mean_loss(parent, 16), mean_loss(forked["id"], 16)
+    start, before, after = mean_loss(parent, 1), mean_loss(parent, 11), mean_loss(forked["id"], 11)
     assert before < start - 0.3  # the parent learned something worth keeping
     assert abs(after - before) < 0.25 * (start - before), (start, before, after)
