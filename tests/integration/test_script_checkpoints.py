@@ -145,23 +145,24 @@ def test_nanogpt_retry_resume_pin_and_fork_use_its_own_checkpoint(product: Produ
     newest = live_script_checkpoints(detail)[-1]
     assert newest["sha256"] == sha256(ckpt)
     product.cli("pin", str(run_id), "--checkpoint", str(newest["id"]))
-    pinned = next(c for c in product.show(run_id)["checkpoints"] if c["id"] == newest["id"])
+    pinned = next(c for c in product.detail(run_id)["checkpoints"] if c["id"] == newest["id"])  # show --json's
     assert pinned["pinned"] and Path(pinned["path"]).is_relative_to(Path(detail["run_dir"]))
     assert sha256(pinned["path"]) == newest["sha256"]
 
     # `runyard resume RUN --checkpoint ID`: a new attempt that starts from that file.
     product.cli("resume", str(run_id), "--checkpoint", str(newest["id"]))
+    # A fork in a fresh copy of the folder: runyard puts the chosen file where the script reads it.
+    # Asked for while the resumed attempt is queued or running: it starts when that one ends.
+    fork_dir = tmp_path / "nanogpt-fork"
+    shutil.copytree(SCRIPTS / "nanogpt", fork_dir)
+    fork_id = int(product.cli("fork", str(run_id), "--checkpoint", str(newest["id"]),
+                              "--set", f"workload.workdir={fork_dir}").stdout.strip())
     detail = product.wait_for(run_id, lambda d: len(d["attempts"]) == 3 and d["status"] in ("SUCCEEDED", "FAILED"))
     third = detail["attempts"][2]
     assert detail["status"] == "SUCCEEDED", detail["status_reason"]
     assert (third["resume_path"], third["resume_step"]) == (str(ckpt), newest["step"])
     assert "Resuming training from out" in product.cli("logs", str(run_id), "--rank", "0").stdout
 
-    # A fork in a fresh copy of the folder: runyard puts the chosen file where the script reads it.
-    fork_dir = tmp_path / "nanogpt-fork"
-    shutil.copytree(SCRIPTS / "nanogpt", fork_dir)
-    fork_id = int(product.cli("fork", str(run_id), "--checkpoint", str(newest["id"]),
-                              "--set", f"workload.workdir={fork_dir}").stdout.strip())
     forked = product.wait_status(fork_id, "SUCCEEDED", "FAILED")
     assert forked["status"] == "SUCCEEDED", forked["status_reason"]
     assert forked["attempts"][0]["resume_path"] == str(fork_dir / "out" / "ckpt.pt")
