@@ -147,7 +147,7 @@ class ScriptWatch:
                 run.id, attempt.number, Path(attempt.dir), workdir,
                 stdout_metrics=workload.stdout_metrics,
                 tensorboard_dirs=[workload.tensorboard_dir] if workload.tensorboard_dir else None,
-                since=attempt.started_at,
+                since=attempt.started_at, ranks=config.launch.world_size,
             )
             files = (CheckpointFiles(workdir, [workload.checkpoint_glob],
                                      step_keys=[workload.checkpoint_step_key] if workload.checkpoint_step_key else ())

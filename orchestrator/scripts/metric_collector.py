@@ -118,14 +118,18 @@ class AttemptCollector:
             attempts and are not read.
         max_bytes: The most bytes of logs one call reads (512 KiB at most per file).
         max_events: The most TensorBoard events one call reads.
-        rescan_s: How often folders are searched for new log and event files.
+        rescan_s: How often folders are searched for new log and event files, once every rank's
+            log files were found.
+        ranks: The attempt's world size: until that many ranks' log files are found, the folders
+            are searched on every call, so that a rank's first lines (its first step, its first
+            loss) are read as soon as they are written instead of up to ``rescan_s`` later.
         clock: Monotonic time (tests pass their own).
     """
 
     def __init__(self, run_id: int, attempt: int, attempt_dir: Path, workdir: Path, *,
                  stdout_metrics: Mapping[str, str] | None = None, tensorboard_dirs: Sequence[str] | None = None,
                  pid_ranks: Mapping[int, int] | None = None, since: float | None = None,
-                 max_bytes: int = 2 << 20, max_events: int = 5_000, rescan_s: float = 5.0,
+                 max_bytes: int = 2 << 20, max_events: int = 5_000, rescan_s: float = 5.0, ranks: int = 1,
                  clock: Callable[[], float] = time.monotonic):
         self.run_id = run_id
         self.attempt = attempt
@@ -134,6 +138,7 @@ class AttemptCollector:
         self.patterns = compile_patterns(stdout_metrics)
         self.max_bytes = max_bytes
         self.rescan_s = rescan_s
+        self.ranks = ranks
         self._clock = clock
         self._streams: dict[Path, _Stream] = {}
         self._scanned_at: float | None = None
@@ -169,7 +174,8 @@ class AttemptCollector:
 
     def _scan_logs(self) -> None:
         now = self._clock()
-        if self._scanned_at is not None and now - self._scanned_at < self.rescan_s:
+        every_rank = len({stream.rank for stream in self._streams.values()}) >= self.ranks
+        if every_rank and self._scanned_at is not None and now - self._scanned_at < self.rescan_s:
             return
         self._scanned_at = now
         per_file = min(512 << 10, self.max_bytes)

@@ -93,13 +93,18 @@ class Product:
         check, private umask, validation and queueing), in this process: a CLI process costs
         0.6 s of CPU, taken from the ranks of the tests beside it on two cores. The real CLI
         submits in :meth:`cli_submit` (test_spine, test_private_home, tests/faults/test_bad_input)."""
+        return self.submit_file(EXAMPLE, *overrides)
+
+    def submit_file(self, config_file: Path, *overrides: str) -> int:
+        """Queue the run of the TOML file ``config_file`` with ``overrides``, in this process, as
+        :meth:`submit` does examples/digits.toml."""
         settings = load_settings(self.env)
         inventory = detect_inventory(self.env)
         umask = os.umask(PRIVATE_UMASK)
         try:
             check_home(settings, create=True)
             make_private(settings.home)
-            config = validate_file(EXAMPLE, list(overrides), inventory)
+            config = validate_file(config_file, list(overrides), inventory)
             sessions = open_sessions(settings)
             try:
                 return submit(sessions, settings, config, inventory)

@@ -21,10 +21,7 @@ def submit_script(product: Product, script: str, *overrides: str) -> int:
     config = product.home / "script.toml"
     config.write_text(f'name = "script"\n[workload]\nkind = "script"\nscript = "{ROOT / "examples" / script}"\n'
                       'args = ["--steps", "200"]\n')
-    args = ["submit", str(config)]
-    for item in overrides:
-        args += ["--set", item]
-    return int(product.cli(*args).stdout.strip())
+    return product.submit_file(config, *overrides)  # as `runyard submit CONFIG --set ...`, without its process
 
 
 def test_sdk_script_reports_metrics_checkpoints_and_resumes(product: Product) -> None:

@@ -10,6 +10,7 @@ import re
 import shutil
 import signal
 import sqlite3
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
@@ -42,7 +43,7 @@ def submit(product: Product, workdir: Path, script: Path, args: list[str], extra
         f"name = '{workdir.name}'\n[workload]\nkind = 'script'\nscript = '{script}'\nworkdir = '{workdir}'\n"
         f"args = {toml_list(args)}\n{extra}\n[workload.env]\n{env_lines}"
         "[retry]\nmax_retries = 1\nbackoff_s = 0.5\n")
-    return int(product.cli("submit", str(config)).stdout.strip())
+    return product.submit_file(config)  # as `runyard submit CONFIG` does, without its process
 
 
 def sha256(path: str | Path) -> str:
@@ -144,23 +145,24 @@ def test_nanogpt_retry_resume_pin_and_fork_use_its_own_checkpoint(product: Produ
     newest = live_script_checkpoints(detail)[-1]
     assert newest["sha256"] == sha256(ckpt)
     product.cli("pin", str(run_id), "--checkpoint", str(newest["id"]))
-    pinned = next(c for c in product.show(run_id)["checkpoints"] if c["id"] == newest["id"])
+    pinned = next(c for c in product.detail(run_id)["checkpoints"] if c["id"] == newest["id"])  # show --json's
     assert pinned["pinned"] and Path(pinned["path"]).is_relative_to(Path(detail["run_dir"]))
     assert sha256(pinned["path"]) == newest["sha256"]
 
     # `runyard resume RUN --checkpoint ID`: a new attempt that starts from that file.
     product.cli("resume", str(run_id), "--checkpoint", str(newest["id"]))
+    # A fork in a fresh copy of the folder: runyard puts the chosen file where the script reads it.
+    # Asked for while the resumed attempt is queued or running: it starts when that one ends.
+    fork_dir = tmp_path / "nanogpt-fork"
+    shutil.copytree(SCRIPTS / "nanogpt", fork_dir)
+    fork_id = int(product.cli("fork", str(run_id), "--checkpoint", str(newest["id"]),
+                              "--set", f"workload.workdir={fork_dir}").stdout.strip())
     detail = product.wait_for(run_id, lambda d: len(d["attempts"]) == 3 and d["status"] in ("SUCCEEDED", "FAILED"))
     third = detail["attempts"][2]
     assert detail["status"] == "SUCCEEDED", detail["status_reason"]
     assert (third["resume_path"], third["resume_step"]) == (str(ckpt), newest["step"])
     assert "Resuming training from out" in product.cli("logs", str(run_id), "--rank", "0").stdout
 
-    # A fork in a fresh copy of the folder: runyard puts the chosen file where the script reads it.
-    fork_dir = tmp_path / "nanogpt-fork"
-    shutil.copytree(SCRIPTS / "nanogpt", fork_dir)
-    fork_id = int(product.cli("fork", str(run_id), "--checkpoint", str(newest["id"]),
-                              "--set", f"workload.workdir={fork_dir}").stdout.strip())
     forked = product.wait_status(fork_id, "SUCCEEDED", "FAILED")
     assert forked["status"] == "SUCCEEDED", forked["status_reason"]
     assert forked["attempts"][0]["resume_path"] == str(fork_dir / "out" / "ckpt.pt")
@@ -179,28 +181,33 @@ def test_pause_needs_a_checkpoint_source_and_rerun_starts_again_in_the_folder(
     product.start_scheduler()
     product.wait_step(plain, 3)  # past its first snapshot (after epoch 1)
 
-    refused = product.cli("pause", str(plain), check=False)
+    # Both refusals asked at once (two CLI processes): the run stays RUNNING through them.
+    with ThreadPoolExecutor(2) as pool:
+        pausing = pool.submit(product.cli, "pause", str(plain), check=False)
+        rerunning = pool.submit(product.cli, "rerun", str(plain), check=False)
+        refused, refused_rerun = pausing.result(), rerunning.result()
     assert refused.returncode != 0
     assert "no checkpoint source" in refused.stderr and "workload.checkpoint_glob" in refused.stderr
-    assert product.show(plain)["status"] == "RUNNING"
-    refused = product.cli("rerun", str(plain), check=False)
-    assert refused.returncode != 0 and "only a finished run can be rerun" in refused.stderr
+    assert refused_rerun.returncode != 0 and "only a finished run can be rerun" in refused_rerun.stderr
+    assert product.detail(plain)["status"] == "RUNNING"  # `runyard show --json`'s status
     product.cli("cancel", str(plain))
-    product.wait_status(plain, "CANCELLED")
-
+    # Queued while the plain run is cancelled: it starts as soon as the ranks are gone.
     with_glob = submit(product, glob_dir, DDP_TUTORIAL, ["20", "2", "--batch_size", "32"],
                        f"checkpoint_glob = 'snapshot.pt'\n{metrics}", STEP_SLEEP="0.1")
+    product.wait_status(plain, "CANCELLED")
+
     product.wait_for(with_glob, lambda d: any(c["verified"] for c in live_script_checkpoints(d)))
     accepted = product.cli("pause", str(with_glob)).stdout
     assert "Resume will start from" in accepted and str(glob_dir / "snapshot.pt") in accepted
     assert product.wait_status(with_glob, "PAUSED", "CANCELLED", "FAILED", "SUCCEEDED")["status"] == "PAUSED"
     product.cli("resume", str(with_glob))
+    # The plain script keeps its own state in its folder: rerun it there, without a checkpoint
+    # (queued behind the resumed run, which holds the CPU slots).
+    assert os.path.exists(plain_dir / "snapshot.pt")
+    product.cli("rerun", str(plain))
     resumed = product.wait_status(with_glob, "SUCCEEDED", "FAILED")
     assert resumed["status"] == "SUCCEEDED" and resumed["attempts"][1]["resume_path"] == str(glob_dir / "snapshot.pt")
 
-    # The plain script keeps its own state in its folder: rerun it there, without a checkpoint.
-    assert os.path.exists(plain_dir / "snapshot.pt")
-    product.cli("rerun", str(plain))
     rerun = product.wait_for(plain, lambda d: len(d["attempts"]) == 2 and d["status"] in ("SUCCEEDED", "FAILED"))
     assert rerun["status"] == "SUCCEEDED", rerun["status_reason"]
     assert rerun["attempts"][1]["resume_path"] is None and rerun["attempts"][1]["resume_step"] is None

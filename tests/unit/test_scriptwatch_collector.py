@@ -203,3 +203,25 @@ def test_the_final_read_finds_event_files_written_in_the_last_second(attempt_dir
     now[0] += 1.5  # the attempt ended 1.5 s after the first look
     steps = sorted(p["step"] for p in c.collect(final=True).points)
     assert steps == [0, 0, 10, 10, 20, 20]
+
+
+def test_log_folders_are_searched_every_call_until_every_rank_has_its_files(tmp_path: Path) -> None:
+    """The ranks' log files appear a few seconds after the launch (torchrun starts them): their
+    first lines are read on the next call, not up to rescan_s later; once every rank's files are
+    there, the folders are searched only every rescan_s."""
+    attempt_dir = tmp_path / "run" / "attempts" / "1"
+    now = [100.0]
+    c = AttemptCollector(7, 1, attempt_dir, tmp_path, tensorboard_dirs=[], rescan_s=5.0, ranks=2,
+                         clock=lambda: now[0])
+    assert c.collect().points == []  # at launch: no rank has started yet
+    now[0] += 0.5
+    append(rank_dir(attempt_dir, 0) / "stdout.log", 'RUNYARD {"step": 1, "loss": 1.0}\n')
+    assert [(p["rank"], p["step"]) for p in c.collect().points] == [(0, 1)]
+    now[0] += 0.5
+    append(rank_dir(attempt_dir, 1) / "stdout.log", 'RUNYARD {"step": 1, "loss": 1.5}\n')
+    assert [(p["rank"], p["step"]) for p in c.collect().points] == [(1, 1)]
+    now[0] += 0.5
+    append(rank_dir(attempt_dir, 1) / "stderr.log", 'RUNYARD {"step": 2, "loss": 1.25}\n')
+    assert c.collect().points == []  # every rank found: a new file waits for the next search
+    now[0] += 5.0
+    assert [(p["rank"], p["step"]) for p in c.collect().points] == [(1, 2)]
