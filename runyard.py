@@ -48,7 +48,8 @@ _SDK_MODULES = (
     "trainer.checkpoint", "trainer.checkpoint.checkpointer", "trainer.checkpoint.history", "trainer.checkpoint.io",
     "trainer.checkpoint.manager", "trainer.checkpoint.retention", "trainer.context", "trainer.control",
     "trainer.distributed", "trainer.faults", "trainer.health", "trainer.lifecycle", "trainer.monitoring",
-    "trainer.pdeathsig", "trainer.reporter", "trainer.rng", "trainer.sdk", "trainer.store_secret",
+    "trainer.pdeathsig", "trainer.process_exit", "trainer.reporter", "trainer.rng", "trainer.sdk",
+    "trainer.store_secret",
 )
 _lock = threading.Lock()
 

@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import faulthandler
 import json
-import logging
 import os
 import signal
-import sys
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, NoReturn
 
 from db.vocabulary.layout import FINISHED_DIR, STACKS_DIR, STOPPED_FILE
+from trainer.process_exit import exit_code_of, exit_now
 
 if TYPE_CHECKING:
     from trainer.control import ControlChannel
@@ -100,22 +98,10 @@ def exit_without_finalising(main: Callable[[], int | None]) -> NoReturn:
     the scheduler can start the next attempt. What must outlive the process is written before
     this point (checkpoints, the metrics, the error file of ``@record``), and standard output,
     standard error and logging are flushed here. An exception is printed as the interpreter
-    would print it, and exits 1; ``SystemExit`` keeps its code. Clean ends too: C++ destructors
-    of the process group's threads racing with finalisation occasionally aborted an otherwise
-    finished rank ("terminate called without an active exception").
+    would print it, and exits 1; ``SystemExit`` keeps its code (trainer/process_exit.py, which a
+    user's script ends through too, after what the interpreter's shutdown would do for it).
+    Clean ends too: C++ destructors of the process group's threads racing with finalisation
+    occasionally aborted an otherwise finished rank ("terminate called without an active
+    exception").
     """
-    try:
-        code = main() or 0
-    except SystemExit as exc:
-        if isinstance(exc.code, int) or exc.code is None:
-            code = exc.code or 0
-        else:
-            print(exc.code, file=sys.stderr)
-            code = 1
-    except Exception:  # noqa: BLE001 - printed as the interpreter would, then the exit code it would give
-        traceback.print_exc()
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    logging.shutdown()
-    os._exit(code)
+    exit_now(exit_code_of(main))

@@ -8,10 +8,20 @@ whatever the script does. Then SCRIPT runs as ``python SCRIPT ARGS...`` would ru
 ``__main__``, with ``sys.argv == [SCRIPT, *ARGS]`` and the script's folder first on ``sys.path``;
 a MODULE as ``python -m MODULE ARGS...`` would, with the working directory first on the path.
 
+When the script is done (returned, ``sys.exit``, or raised: printed as ``python`` prints it,
+exit code 1), the runner does what the interpreter's shutdown would do that a script relies on:
+non-daemon threads joined, ``atexit`` handlers run (wandb's ``finish``, ``logging.shutdown``),
+the buffered writes of files left open flushed, standard output and error flushed; then it ends
+the process with ``os._exit`` and the script's exit code, without the interpreter's
+finalisation, where the process group's C++ threads now and then aborted a rank whose work was
+done ("terminate called without an active exception"; trainer/process_exit.py). torchrun sees
+the exit code ``python SCRIPT`` would give, and a script that raised leaves its traceback on its
+standard error, where the scheduler reads it (and its error file when it uses ``@record``).
+
 Under another interpreter (``workload.python``) this file is started by its path, in an
 environment that need not have runyard installed: it then imports nothing of runyard's but
-``pdeathsig`` and ``store_secret`` (standard library only; torch where the run has a secret),
-loaded from beside this file.
+``pdeathsig``, ``store_secret`` and ``process_exit`` (standard library only; torch where the run
+has a secret), loaded from beside this file.
 """
 
 from __future__ import annotations
@@ -21,7 +31,9 @@ import importlib.util
 import os
 import runpy
 import sys
+from collections.abc import Callable
 from types import ModuleType
+from typing import NoReturn
 
 
 def _sibling(name: str) -> ModuleType:
@@ -96,5 +108,15 @@ def main(argv: list[str]) -> None:
     runpy.run_path(script, run_name="__main__")
 
 
+def run_and_exit(argv: list[str]) -> NoReturn:
+    """:func:`main`, then the end ``python SCRIPT`` would have, short of its finalisation."""
+    # Loaded before the script runs: the script may take the name ``trainer`` for its own.
+    process_exit = _sibling("process_exit")
+    exit_now: Callable[[int], NoReturn] = process_exit.exit_now
+    code = process_exit.exit_code_of(lambda: main(argv))
+    process_exit.shut_down_as_python_would()
+    exit_now(code)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run_and_exit(sys.argv[1:])
