@@ -3,7 +3,8 @@ against sharded through DCP (how it saves it now), side by side in one run on th
 
 Run from the repository root::
 
-    .venv/bin/python bench/bench_sharded_checkpoint.py [--ranks 4] [--layers 16] [--embd 768] [--repeats 3] [--dir DIR]
+    .venv/bin/python bench/bench_sharded_checkpoint.py [--ranks 4] [--layers 16] [--embd 768] \
+        [--repeats 3] [--dir DIR]
 
 It starts ``--ranks`` CPU processes (gloo), shards a gpt-char model (``--layers`` blocks of width
 ``--embd``: 113M parameters by default) with FSDP2 and AdamW, trains one step so that the
@@ -15,11 +16,13 @@ alternating, through runyard's CheckpointManager:
 - sharded: the sharded state dicts (DTensors), every rank writing its own shards through DCP.
 
 For each save and rank: the peak RSS over the save above the RSS before it (``VmHWM``, reset
-through ``/proc/self/clear_refs``), the training stall (time in ``save()``, where training waits:
-the gather and snapshot, or the staging of the rank's shards) and the save's wall time until it is
-durable on every rank. Then the resume time of each format on the same ranks (verify, read, load
-into the model and optimizer). Medians are printed; the target is rank 0's peak within 1.5x of
-the other ranks' (instead of holding the whole state).
+through ``/proc/self/clear_refs``; each save has a manager of its own, so it pays for its staging
+memory, as a run's first save does, and a training run's writer keeps that memory between
+saves), the training stall (time in ``save()``, where training waits: the gather and snapshot,
+or the staging of the rank's shards) and the save's wall time until it is durable on every rank.
+Then the resume time of each format on the same ranks (verify, read, load into the model and
+optimizer). Medians are printed; the target is rank 0's peak within 1.5x of the other ranks'
+(instead of holding the whole state).
 """
 
 from __future__ import annotations
@@ -40,6 +43,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+from trainer.checkpoint import CheckpointManager
+from trainer.workloads.gpt_char import GPT, ShardedModelState, ShardedOptimizerState
 
 
 def rss_mib(field: str) -> float:
@@ -55,19 +70,6 @@ def reset_peak() -> None:
 
 
 def rank_main(rank: int, world: int, folder: str, layers: int, embd: int, repeats: int) -> None:
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-        get_optimizer_state_dict,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    from trainer.checkpoint import CheckpointManager
-    from trainer.workloads.gpt_char import GPT, ShardedModelState, ShardedOptimizerState
-
     root = Path(folder)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{root}/store", rank=rank, world_size=world)
@@ -92,11 +94,12 @@ def rank_main(rank: int, world: int, folder: str, layers: int, embd: int, repeat
                     "optimizer": get_optimizer_state_dict(model, optimizer, options=full)}
         return {"model": model_state.state_dict(), "optimizer": optim_state.state_dict()}
 
-    managers = {mode: CheckpointManager(root / mode, is_writer=rank == 0, async_save=True)
-                for mode in ("gathered", "sharded")}
     rows: list[dict[str, Any]] = []
     for repeat in range(repeats):
         for mode in ("gathered", "sharded") if repeat % 2 == 0 else ("sharded", "gathered"):
+            # A manager of its own per save, closed after it: each save pays for its staging memory
+            # (a training run's writer keeps it between saves), and none inherits the other's.
+            manager = CheckpointManager(root / mode, is_writer=rank == 0, async_save=True)
             gc.collect()
             dist.barrier()
             reset_peak()
@@ -106,15 +109,15 @@ def rank_main(rank: int, world: int, folder: str, layers: int, embd: int, repeat
             if mode == "gathered" and rank != 0:
                 state = {"model": {}, "optimizer": {}}  # what the other ranks hold: nothing
             if rank == 0 or mode == "sharded":
-                managers[mode].save(repeat + 1, state)
+                manager.save(repeat + 1, state)
             stall = time.perf_counter() - started
             del state
-            managers[mode].wait()
+            manager.wait()
             dist.barrier()
-            rows.append({"rank": rank, "mode": mode, "stall_s": stall, "wall_s": time.perf_counter() - started,
-                         "peak_mib": rss_mib("VmHWM") - before})
-    for manager in managers.values():
-        manager.close()
+            wall = time.perf_counter() - started
+            peak = rss_mib("VmHWM") - before
+            manager.close()
+            rows.append({"rank": rank, "mode": mode, "stall_s": stall, "wall_s": wall, "peak_mib": peak})
     for mode in ("gathered", "sharded"):  # resume: every rank verifies, reads and loads
         gc.collect()
         dist.barrier()
@@ -122,8 +125,9 @@ def rank_main(rank: int, world: int, folder: str, layers: int, embd: int, repeat
         reader = CheckpointManager(root / mode, is_writer=False)
         if mode == "gathered":
             _, saved = reader.load(repeats)
-            set_model_state_dict(model, saved["model"], options=StateDictOptions(full_state_dict=True))
-            set_optimizer_state_dict(model, optimizer, saved["optimizer"], options=StateDictOptions(full_state_dict=True))
+            whole = StateDictOptions(full_state_dict=True)
+            set_model_state_dict(model, saved["model"], options=whole)
+            set_optimizer_state_dict(model, optimizer, saved["optimizer"], options=whole)
         else:
             _, saved = reader.load(repeats, targets=lambda: {"model": model_state.state_dict(),
                                                              "optimizer": optim_state.state_dict()})
