@@ -17,7 +17,11 @@ over the repeats:
 (b) sync: a plain ``torch.save`` of the same state to the same disk, plus fsync;
 (c) writer bandwidth: bytes / (total_s - blocked_s) of the background write, with training
     idle (the writer's own speed, the target's measure) and while training goes on;
-(d) raw bandwidth: the same number of bytes from a bytes buffer, 8 MB writes, fsync.
+(d) raw bandwidth: the same number of bytes from a bytes buffer, 8 MB writes, fsync;
+(e) the same state through PyTorch Distributed Checkpoint in one process, as a whole state would
+    go if runyard saved it through DCP too (issue 31, item 4): DCP's stager copies it on the
+    training thread (its reused buffers; DCP has no snapshot beside training on a CPU), then
+    ``dcp.save`` writes it (fsync) and the files are hashed for the manifest.
 
 Targets: stall / sync <= 0.10 and writer / raw >= 0.70. Files are removed as it goes.
 """
@@ -41,8 +45,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from floor import busy_cpu_s
+from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint import save as dcp_save
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from trainer.checkpoint import CheckpointManager
+from trainer.checkpoint.io import _sha256_file
 
 _CHUNK = 8 << 20
 _PARAM_NUMEL = 1 << 20  # 4 MB float32 tensors, like a mid-size transformer's matrices
@@ -106,6 +114,23 @@ def sync_torch_save(state: dict[str, Any], path: Path, crc: bool = True) -> floa
     torch.serialization.set_crc32_options(True)
     path.unlink()
     return elapsed
+
+
+def through_dcp(stager: DefaultStager, state: dict[str, Any], folder: Path) -> tuple[float, float]:
+    """(e) DCP's staging copy (the training thread's stall), then its write and the files' sha256;
+    (stall seconds, bytes per second of the write and hashing)."""
+    started = time.perf_counter()
+    staged = stager.stage(state)
+    stall = time.perf_counter() - started
+    began = time.perf_counter()
+    dcp_save(staged, storage_writer=FileSystemWriter(folder, sync_files=True), no_dist=True)
+    size = 0
+    for path in folder.iterdir():
+        _sha256_file(path)
+        size += path.stat().st_size
+    elapsed = time.perf_counter() - began
+    shutil.rmtree(folder)
+    return stall, size / elapsed
 
 
 def raw_write(buffer: bytes, path: Path, writeback_every: int = 0) -> float:
@@ -199,6 +224,8 @@ class Samples:
     total_s: list[float] = field(default_factory=list)
     raw_bps: list[float] = field(default_factory=list)
     raw_writeback_bps: list[float] = field(default_factory=list)
+    dcp_stall_s: list[float] = field(default_factory=list)
+    dcp_bps: list[float] = field(default_factory=list)
     cold_stall_s: float = 0.0
     written: int = 0
 
@@ -208,7 +235,10 @@ def measure(loop: Loop, raw_buffer: bytes, work: Path, repeats: int) -> Samples:
     samples = Samples()
     done = threading.Event()
     manager = CheckpointManager(work / "checkpoints", async_save=True, on_complete=lambda _: done.set())
+    stager = DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False, use_async_staging=False,
+                                          use_non_blocking_copy=False))
     try:
+        through_dcp(stager, loop.state(), work / "dcp")  # allocates DCP's staging buffers
         samples.cold_stall_s, _ = eager_save(manager, loop)  # allocates the staging buffers
         async_save(manager, done, loop, normal_step_s(loop))
         sync_torch_save(loop.state(), work / "warmup.pt")
@@ -230,6 +260,9 @@ def measure(loop: Loop, raw_buffer: bytes, work: Path, repeats: int) -> Samples:
             samples.overlap_steps.append(r["overlap_steps"])
             samples.writer_bps.append(r["writer_bps"])
             samples.total_s.append(r["total"])
+            dcp_stall, dcp_bps = through_dcp(stager, loop.state(), work / "dcp")
+            samples.dcp_stall_s.append(dcp_stall)
+            samples.dcp_bps.append(dcp_bps)
             samples.written = int(r["bytes"])
             print(
                 f"  repeat {repeat}: stall {r['stall'] * 1e3:6.1f} ms "
@@ -238,10 +271,12 @@ def measure(loop: Loop, raw_buffer: bytes, work: Path, repeats: int) -> Samples:
                 f"{r['overlap_steps']} steps during the save +{r['overlap_extra'] * 1e3:5.1f} ms | "
                 f"sync torch.save+fsync {samples.sync_s[-1]:.3f} s | writer {r['writer_bps'] / 1e6:5.0f} MB/s "
                 f"(total {r['total']:.3f} s) | raw {samples.raw_bps[-1] / 1e6:5.0f} MB/s "
-                f"({samples.raw_writeback_bps[-1] / 1e6:.0f} with early write-back)"
+                f"({samples.raw_writeback_bps[-1] / 1e6:.0f} with early write-back) | "
+                f"DCP: stall {dcp_stall * 1e3:.1f} ms, {dcp_bps / 1e6:.0f} MB/s"
             )
     finally:
         manager.close()
+        stager.close()
     return samples
 
 
@@ -273,6 +308,9 @@ def report(samples: Samples, repeats: int) -> None:
     print(f"  writer / raw = {bw_ratio:.3f}  (median of per-repeat ratios {paired_bw:.3f}; "
           f"target >= 0.70: {'met' if bw_ratio >= 0.70 else 'MISSED'})")
     print(f"  writer / raw with early write-back = {writer_bps / med(samples.raw_writeback_bps):.3f}")
+    dcp_stall, dcp_bps = med(samples.dcp_stall_s), med(samples.dcp_bps)
+    print(f"  (e) through DCP: training blocked {dcp_stall * 1e3:.1f} ms ({dcp_stall / stall:.1f}x (a)); write + "
+          f"sha256 {dcp_bps / 1e6:.0f} MB/s ({dcp_bps / writer_bps:.2f}x (c))")
 
 
 def main() -> None:

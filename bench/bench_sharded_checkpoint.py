@@ -28,6 +28,7 @@ optimizer). Medians are printed; the target is rank 0's peak within 1.5x of the 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import os
 import shutil
@@ -66,11 +67,25 @@ def rss_mib(field: str) -> float:
 
 
 def reset_peak() -> None:
-    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS (Linux >= 4.0)
+    """Give freed memory back to the system, then VmHWM := VmRSS (Linux >= 4.0)."""
+    _LIBC.malloc_trim(0)
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+_LIBC = ctypes.CDLL("libc.so.6")
+_M_MMAP_THRESHOLD = -3
+
+
+def fixed_mmap_threshold() -> None:
+    """Allocations of 1 MiB and more straight from mmap, and back to the system when freed. By
+    default glibc raises the threshold after a large block is freed (up to 32 MiB): the gathered
+    save's freed state then stays resident in the heap and hides every later save's peak."""
+    _LIBC.mallopt(_M_MMAP_THRESHOLD, 1 << 20)
 
 
 def rank_main(rank: int, world: int, folder: str, layers: int, embd: int, repeats: int) -> None:
     root = Path(folder)
+    fixed_mmap_threshold()
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{root}/store", rank=rank, world_size=world)
     torch.manual_seed(0)
