@@ -3,7 +3,10 @@ resume from them.
 
 - ``manager``: :class:`CheckpointManager` saves, verifies, loads and deletes the checkpoints
   under one folder (a step counts only when its manifest matches).
-- ``io``: the byte-level tools it uses (staging snapshot, hashing writer, parameters digest).
+- ``io``: the byte-level tools it uses for a whole state (staging snapshot, hashing writer,
+  parameters digest).
+- ``sharded``: a state that holds DTensors (FSDP2), saved by every rank through PyTorch Distributed
+  Checkpoint and loaded on any number of ranks; the manager's manifest covers its files.
 - ``retention``: which checkpoints to keep (:func:`select_kept`).
 - ``history``: a managed run's checkpoint records in the database, with retention applied.
 - ``checkpointer``: :class:`Checkpointer`, a run's checkpoints as the SDK's ``Run`` uses them:
