@@ -1,7 +1,8 @@
 """gpt-char end to end through the real scheduler (2 gloo ranks on CPU): it learns the default
 corpus well below its unigram entropy; gradient accumulation matches one big batch; FSDP2 gives
-DDP's loss curve, and an FSDP run killed with SIGKILL resumes from its checkpoint and continues
-exactly as the uninterrupted one."""
+DDP's loss curve, and an FSDP run killed with SIGKILL while a sharded save is in flight resumes
+from the checkpoint before and continues exactly as the uninterrupted one; a 4-rank FSDP run forks
+onto 2 ranks from its shards."""
 
 from __future__ import annotations
 
@@ -129,21 +130,34 @@ def test_fsdp_matches_ddp_and_resumes_after_sigkill(product: Product) -> None:
     reference = curve(product, fsdp)
     assert max_diff(curve(product, ddp), reference) < 1e-4
 
-    # Killed between the checkpoints at 20 and 30, then resumed by hand: the same curve.
+    # Killed while the sharded save of step 20 is in flight (every rank's shards written, rank 0
+    # holding the folder before its rename), then resumed by hand: step 20 never
+    # existed, the resume starts from 10, the leftover folder is cleaned, the same curve.
     product.procs[-1].send_signal(signal.SIGTERM)
     product.procs[-1].wait(30)
     product.env["RUNYARD_FAULT_STEP_DELAY_S"] = "0.3"
+    product.env["RUNYARD_FAULT_SAVE_DELAY"] = "20:60"
     killed = product.submit(*common, "name=fsdp-killed", "parallel.strategy=fsdp")
     product.start_scheduler()
     product.wait_step(killed, 24)
+    checkpoints = product.home / "runs" / f"run-{killed:06d}" / "checkpoints"
+    [in_flight] = [p for p in checkpoints.iterdir() if p.name.startswith(".tmp-step-20-")]
+    assert {"__0_0.distcp", "__1_0.distcp", ".metadata", "unsharded.pt"} <= {p.name for p in in_flight.iterdir()}
+    assert not (checkpoints / "step-20").exists()  # written, not yet renamed: it does not count
     for proc in training_processes(product.home):
         proc.send_signal(signal.SIGKILL)
     product.wait_status(killed, "FAILED", timeout=60)
-    assert json.loads(product.cli("resume", str(killed), "--json").stdout)["step"] == 20
+    assert not (checkpoints / "step-20").exists()
+    del product.env["RUNYARD_FAULT_SAVE_DELAY"]
+    product.procs[-1].send_signal(signal.SIGTERM)  # a scheduler without the save delay
+    product.procs[-1].wait(30)
+    product.start_scheduler()
+    assert json.loads(product.cli("resume", str(killed), "--json").stdout)["step"] == 10
     detail = succeed(product, killed)
-    assert detail["attempts"][-1]["resume_step"] == 20
+    assert detail["attempts"][-1]["resume_step"] == 10
+    assert not [p for p in checkpoints.iterdir() if p.name.startswith(".tmp-")]
     resumed = curve(product, killed, attempt=2)
-    assert resumed == {k: v for k, v in reference.items() if k[1] > 20}
+    assert resumed == {k: v for k, v in reference.items() if k[1] > 10}
 
     def final_digest(d: dict) -> str:
         return next(c["params_digest"] for c in d["checkpoints"] if c["step"] == 40 and not c["deleted"])

@@ -33,7 +33,6 @@ import os
 import secrets
 import shutil
 import stat
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -47,6 +46,7 @@ import torch
 
 from db.vocabulary.layout import MANIFEST_FILE, STATE_FILE, STEP_DIR, UNSHARDED_FILE, step_dir_name
 from trainer import faults
+from trainer.checkpoint import sharded
 from trainer.checkpoint.io import (
     CheckpointError,
     _fsync_dir,
@@ -394,8 +394,6 @@ class CheckpointManager:
         publishes the folder. Returns the result on rank 0, None on the others."""
         import torch.distributed as dist  # noqa: PLC0415 - only for a sharded state
 
-        from trainer.checkpoint import sharded  # noqa: PLC0415 - DCP (1-2 s) only for a sharded state
-
         assert job.shards is not None
         group = sharded.checkpoint_group()
         token = [secrets.token_hex(4)]
@@ -526,8 +524,6 @@ class CheckpointManager:
             except OSError as exc:
                 return False, f"{name}: unreadable: {exc}"
         if manifest["format_version"] == SHARDED_FORMAT_VERSION:
-            from trainer.checkpoint import sharded  # noqa: PLC0415 - DCP (1-2 s) only for a sharded checkpoint
-
             try:
                 reason = sharded.check_metadata(sharded.read_metadata(path), manifest)
             except CheckpointError as exc:
@@ -603,8 +599,6 @@ class CheckpointManager:
         check that its tensors fit ``targets``, then load them in place. Returns the state, or
         None and the reason it was refused (the same on every rank)."""
         import torch.distributed as dist  # noqa: PLC0415 - only for a sharded checkpoint
-
-        from trainer.checkpoint import sharded  # noqa: PLC0415 - DCP (1-2 s) only for a sharded checkpoint
 
         group = sharded.checkpoint_group() if dist.is_initialized() else None
         if group is None:
@@ -705,12 +699,7 @@ class CheckpointManager:
 
 
 def _sharded_parts(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any], list[list[Any]]] | None:
-    """``sharded.split(state)`` when the state holds DTensors, else None. A DTensor exists only
-    once ``torch.distributed.tensor`` is imported: until then DCP is not imported either."""
-    if "torch.distributed.tensor" not in sys.modules:
-        return None
-    from trainer.checkpoint import sharded  # noqa: PLC0415 - DCP (1-2 s) only for a sharded state
-
+    """``sharded.split(state)`` when the state holds DTensors, else None."""
     return sharded.split(state) if sharded.has_shards(state) else None
 
 

@@ -19,6 +19,10 @@ classes, and a checkpoint item stored as pickled bytes is refused (runyard never
 Every function here that takes ``group`` is collective over it: every rank calls it at the same
 point. :func:`checkpoint_group` is a gloo group of its own, so that a save's collectives run on
 the writer thread while training's run on the default group.
+
+Importing this module is cheap: PyTorch Distributed Checkpoint (1-2 s, sympy) is imported by the
+functions that use it. The SDK (runyard.py) loads the module up front with the rest of its own,
+while runyard's packages hold their names; a script that never shards never pays for DCP.
 """
 
 from __future__ import annotations
@@ -29,21 +33,18 @@ import json
 import os
 import pickle
 import struct
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
-from torch.distributed.checkpoint import load as dcp_load
-from torch.distributed.checkpoint import save as dcp_save
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
-from torch.distributed.checkpoint.planner import ReadItem
-from torch.distributed.tensor import DTensor
 
 from trainer.checkpoint.io import CheckpointError, _tensor_bytes
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.metadata import Metadata
 
 DCP_METADATA_FILE = ".metadata"  # DCP's own name (torch.distributed.checkpoint.filesystem)
 Path_ = tuple[Any, ...]  # a value's place in the nested state: dict keys and list indices
@@ -64,9 +65,15 @@ def checkpoint_group() -> dist.ProcessGroup:
     return _GROUP
 
 
+def _is_dtensor(value: Any) -> bool:
+    """A DTensor exists only once ``torch.distributed.tensor`` is imported: until then, no value is one."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(value, module.DTensor)
+
+
 def has_shards(state: Any) -> bool:
     """Whether ``state`` holds a DTensor anywhere (then it is saved sharded)."""
-    return any(isinstance(value, DTensor) for _, value in _leaves(state, ()))
+    return any(_is_dtensor(value) for _, value in _leaves(state, ()))
 
 
 def _leaves(obj: Any, path: Path_) -> Iterator[tuple[Path_, Any]]:
@@ -101,7 +108,7 @@ def split(state: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, 
     paths: list[list[Any]] = []
 
     def walk(obj: Any, path: Path_) -> Any:
-        if isinstance(obj, DTensor):
+        if _is_dtensor(obj):
             key = dcp_key(path)
             if key in shards:
                 raise CheckpointError(f"two sharded tensors of the state would be saved as {key!r}")
@@ -151,7 +158,7 @@ def local_digest(shards: Mapping[str, torch.Tensor], prefix: str) -> str:
     h = hashlib.sha256()
     for key in sorted(k for k in shards if k.startswith(prefix)):
         t = shards[key]
-        local = t.to_local() if isinstance(t, DTensor) else t
+        local = t.to_local() if _is_dtensor(t) else t  # type: ignore[attr-defined]  # a DTensor
         offsets = _global_offset(t)
         piece = local.detach().to("cpu").contiguous()
         header = json.dumps([key, str(piece.dtype), list(t.shape), offsets]).encode()
@@ -161,11 +168,11 @@ def local_digest(shards: Mapping[str, torch.Tensor], prefix: str) -> str:
 
 
 def _global_offset(t: torch.Tensor) -> list[int]:
-    if not isinstance(t, DTensor):
+    if not _is_dtensor(t):
         return [0] * t.dim()
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # noqa: PLC0415 - private, only here
 
-    _, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+    _, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)  # type: ignore[attr-defined]  # a DTensor
     return [int(o) for o in offset]
 
 
@@ -176,6 +183,9 @@ def write_shards(staged: Mapping[str, torch.Tensor], folder: Path, group: dist.P
     Returns:
         The files this rank wrote, with their sizes (``.metadata`` on rank 0 included).
     """
+    from torch.distributed.checkpoint import FileSystemWriter  # noqa: PLC0415 - DCP (1-2 s) only when sharded
+    from torch.distributed.checkpoint import save as dcp_save  # noqa: PLC0415 - DCP (1-2 s) only when sharded
+
     writer = FileSystemWriter(folder, single_file_per_rank=True, sync_files=True, thread_count=1)
     dcp_save(dict(staged), storage_writer=writer, process_group=group)
     rank = dist.get_rank()
@@ -220,6 +230,8 @@ def read_metadata(folder: Path) -> Metadata:
     Raises:
         CheckpointError: Missing, unreadable or not DCP's metadata.
     """
+    from torch.distributed.checkpoint.metadata import Metadata  # noqa: PLC0415 - DCP (1-2 s) only when sharded
+
     path = folder / DCP_METADATA_FILE
     try:
         metadata = _MetadataUnpickler(io.BytesIO(path.read_bytes())).load()
@@ -228,22 +240,6 @@ def read_metadata(folder: Path) -> Metadata:
     if not isinstance(metadata, Metadata) or not isinstance(metadata.storage_data, dict):
         raise CheckpointError(f"{DCP_METADATA_FILE}: not DCP's metadata")
     return metadata
-
-
-class _Reader(FileSystemReader):
-    """DCP's file reader with :func:`read_metadata` instead of a bare ``pickle.load``."""
-
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        if kwargs.get("rank") is not None:  # a per-rank metadata file: runyard never writes one
-            raise CheckpointError("per-rank DCP metadata is not a runyard checkpoint")
-        return read_metadata(Path(self.path))
-
-
-class _TensorsOnlyPlanner(DefaultLoadPlanner):
-    """DCP's load planner, refusing an item stored as pickled bytes (runyard stores none)."""
-
-    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
-        raise CheckpointError(f"{read_item.dest_index.fqn}: stored as pickled bytes, which runyard never writes")
 
 
 def check_metadata(metadata: Metadata, manifest: Mapping[str, Any]) -> str:
@@ -256,7 +252,9 @@ def check_metadata(metadata: Metadata, manifest: Mapping[str, Any]) -> str:
         if name not in files:
             return f"{DCP_METADATA_FILE} points into {name!r}, which the manifest does not list"
     table: dict[str, dict[str, Any]] = manifest.get("shards") or {}
-    tensors = {key: md for key, md in metadata.state_dict_metadata.items()}
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata  # noqa: PLC0415 - DCP (1-2 s) only when sharded
+
+    tensors = dict(metadata.state_dict_metadata)
     for key in sorted(set(table) | set(tensors)):
         md, entry = tensors.get(key), table.get(key)
         if entry is None:
@@ -291,7 +289,26 @@ def read_shards(folder: Path, targets: Mapping[str, torch.Tensor], group: dist.P
     """Collective: load the checkpoint's sharded tensors into ``targets`` in place, each rank
     reading what its own pieces need (DCP reshards: N ranks' files into M ranks' pieces). Without
     a process group (one process, no torch.distributed), that process reads everything."""
-    dcp_load(dict(targets), storage_reader=_Reader(folder), planner=_TensorsOnlyPlanner(), process_group=group)
+    from torch.distributed.checkpoint import FileSystemReader  # noqa: PLC0415 - DCP (1-2 s) only when sharded
+    from torch.distributed.checkpoint import load as dcp_load  # noqa: PLC0415 - DCP (1-2 s) only when sharded
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner  # noqa: PLC0415 - DCP (1-2 s) only when sharded
+    from torch.distributed.checkpoint.planner import ReadItem  # noqa: PLC0415 - DCP (1-2 s) only when sharded
+
+    class Reader(FileSystemReader):
+        """DCP's file reader with :func:`read_metadata` instead of a bare ``pickle.load``."""
+
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+            if kwargs.get("rank") is not None:  # a per-rank metadata file: runyard never writes one
+                raise CheckpointError("per-rank DCP metadata is not a runyard checkpoint")
+            return read_metadata(Path(self.path))
+
+    class TensorsOnlyPlanner(DefaultLoadPlanner):
+        """DCP's load planner, refusing an item stored as pickled bytes (runyard stores none)."""
+
+        def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+            raise CheckpointError(f"{read_item.dest_index.fqn}: stored as pickled bytes, which runyard never writes")
+
+    dcp_load(dict(targets), storage_reader=Reader(folder), planner=TensorsOnlyPlanner(), process_group=group)
 
 
 def tensors_at(state: Mapping[str, Any], paths: list[list[Any]]) -> dict[str, torch.Tensor]:
@@ -306,6 +323,6 @@ def tensors_at(state: Mapping[str, Any], paths: list[list[Any]]) -> dict[str, to
         if isinstance(node, torch.Tensor):
             found[dcp_key(tuple(path))] = node
     for place, value in _leaves(state, ()):
-        if isinstance(value, DTensor):
+        if _is_dtensor(value):
             found.setdefault(dcp_key(place), value)
     return found
