@@ -142,6 +142,9 @@ SLURM_GROUP = "slurm"
 # product).
 RUNYARD_UP_MARK = "SHARES_ONE_RUNYARD_UP = True"
 SCHEDULER_MARK = "SHARES_ONE_SCHEDULER = True"
+# ... or a costly module-scoped fixture of its own (tests/integration/test_sharded_checkpoints.py:
+# a 4-rank save that every test reads), made once instead of once per worker.
+MODULE_FIXTURE_MARK = "SHARES_ITS_MODULE_FIXTURES = True"
 
 
 @functools.cache
@@ -150,10 +153,11 @@ def _marks_of(path: Path) -> frozenset[str]:
         lines = path.read_text().splitlines()
     except OSError:
         return frozenset()
-    return frozenset(mark for mark in (RUNYARD_UP_MARK, SCHEDULER_MARK) if mark in lines)
+    return frozenset(mark for mark in (RUNYARD_UP_MARK, SCHEDULER_MARK, MODULE_FIXTURE_MARK) if mark in lines)
 
 
-def module_shares_a_product(path: Path, marks: tuple[str, ...] = (RUNYARD_UP_MARK, SCHEDULER_MARK)) -> bool:
+def module_shares_a_product(path: Path,
+                            marks: tuple[str, ...] = (RUNYARD_UP_MARK, SCHEDULER_MARK, MODULE_FIXTURE_MARK)) -> bool:
     """Whether the test module at ``path`` says one of ``marks`` (on a line of its own)."""
     return bool(_marks_of(path) & set(marks))
 
@@ -163,8 +167,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Under pytest-xdist (``./dev.sh test`` runs each tier on several workers): the tests of the one
     single-node Slurm cluster (those of a module named ``*slurm*``) run on one worker, one after
     another, since two at once queue each other's jobs behind the node's two CPUs; so do the tests
-    of a module that shares one product (:func:`module_shares_a_product`); every other test is its
-    own unit of work. The group is read from the path: xdist's ``xdist_group`` mark renames
+    of a module that shares one product or a costly module fixture (:func:`module_shares_a_product`);
+    every other test is its own unit of work. The group is read from the path: xdist's ``xdist_group`` mark renames
     ``item._nodeid``, which pytest 9 no longer reads."""
     if config.getvalue("dist") != "loadgroup":
         return None

@@ -22,6 +22,8 @@ import torch.multiprocessing as mp
 from tests.integration import sharded_worker
 
 pytestmark = pytest.mark.slow
+# The 4-rank save of `saved` is made once, on one worker (tests/conftest.py).
+SHARES_ITS_MODULE_FIXTURES = True
 
 
 def run(folder: Path, world: int, scenario: str) -> dict[str, Any]:
