@@ -118,7 +118,7 @@ def main(rank: int, world: int, folder: str, scenario: str) -> None:
             out["files"] = sorted(os.listdir(ckpts / "step-3"))
             out["manifest"] = json.loads((ckpts / "step-3" / "manifest.json").read_text())
             out["losses"] = [train_step(model, optimizer, step) for step in (4, 5)]  # the uninterrupted run
-        elif scenario == "damage":  # each case on a copy of the 4-rank checkpoints, one shard damaged
+            # Then, in the same processes, each damage case on a copy of the checkpoints.
             cases: dict[str, Any] = {}
             for case in ("truncated", "flipped", "missing", "evil-metadata", "manifest-shapes"):
                 where = root / f"damage-{case}"
