@@ -70,7 +70,9 @@ def test_failing_plain_script_is_retried_then_fails(product: Product) -> None:
     assert detail["status"] == "FAILED"
     assert len(detail["attempts"]) == 2
     assert all(a["exit_code"] not in (0, None) for a in detail["attempts"])
-    assert "invalid int value" in product.cli("logs", str(run_id), "--rank", "0").stdout
+    # The rank that failed first printed the error; the other may be stopped by torchrun before it
+    # parses its arguments (a rank now exits without the interpreter's finalisation, at once).
+    assert "invalid int value" in product.cli("logs", str(run_id)).stdout
 
 
 def test_missing_script_is_refused_at_submit(product: Product) -> None:
