@@ -120,8 +120,12 @@ def test_batch_job_signals_and_status_as_the_executor_sees_them(
     ended = slurm.wait_state(job_id, "CANCELLED", timeout=15)
     assert ended["state_reason"] == "None"
     assert "task TERM" in _events(attempt_dir)
-    output = Path(str(log).replace("%j", str(job_id))).read_text()
-    assert "start restart=none" in output and f"JOB {job_id} ON localhost CANCELLED AT" in output
+    # slurmstepd writes the job's cancel line beside the step's, and may do so after the state
+    # reads CANCELLED (CI 36 read the file between the two): wait for it.
+    cancelled = f"JOB {job_id} ON localhost CANCELLED AT"
+    output_file = Path(str(log).replace("%j", str(job_id)))
+    slurm.wait_for("slurmstepd's cancel line", lambda: cancelled in output_file.read_text() or None, 10)
+    assert "start restart=none" in output_file.read_text()
     # squeue forgets a finished job MinJobAge (2 s) after its end, at the controller's next purge.
     slurm.wait_for("squeue to forget the job", lambda: slurm.job(job_id) is None, 20)
 
