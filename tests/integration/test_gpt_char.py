@@ -58,7 +58,9 @@ def curve(product: Product, run_id: int, key: str = "loss", attempt: int | None 
 
 def succeed(product: Product, run_id: int, timeout: float = 240.0) -> dict:
     detail = product.wait_status(run_id, "SUCCEEDED", "FAILED", "CANCELLED", timeout=timeout)
-    assert detail["status"] == "SUCCEEDED", detail["status_reason"]
+    if detail["status"] != "SUCCEEDED":  # what a person would read next: the ranks' last lines
+        logs = product.cli("logs", str(run_id), check=False).stdout
+        raise AssertionError(f"run {run_id} {detail['status']}: {detail['status_reason']}\n{logs[-6000:]}")
     return detail
 
 

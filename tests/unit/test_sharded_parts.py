@@ -1,6 +1,7 @@
-"""The pure parts of sharded checkpoints (trainer/checkpoint/sharded.py), in one process: DCP's
-``.metadata`` read without running code, and the checks that refuse a checkpoint by name before
-any rank loads. The collective save and load on real ranks: tests/integration/test_sharded_checkpoints.py."""
+"""The parts of sharded checkpoints (trainer/checkpoint/sharded.py) in one process: DCP's
+``.metadata`` read without running code, the checks that refuse a checkpoint by name before
+any rank loads, and the stager's copies (one rank, gloo). The collective save and load on real
+ranks: tests/integration/test_sharded_checkpoints.py."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import (
     ChunkStorageMetadata,
@@ -19,9 +21,19 @@ from torch.distributed.checkpoint.metadata import (
     TensorProperties,
     TensorStorageMetadata,
 )
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 from trainer.checkpoint import CheckpointError
-from trainer.checkpoint.sharded import check_metadata, check_targets, dcp_key, put_back, read_metadata, tensors_at
+from trainer.checkpoint.sharded import (
+    ShardStager,
+    check_metadata,
+    check_targets,
+    dcp_key,
+    put_back,
+    read_metadata,
+    tensors_at,
+)
 
 
 def metadata(shape: list[int], file: str = "__0_0.distcp") -> Metadata:
@@ -85,3 +97,36 @@ def test_loaded_tensors_go_back_to_their_places_beside_the_plain_state() -> None
     state = put_back(rest, paths, found)
     assert state["optimizer"]["state"]["w"]["exp_avg"] is target["optimizer"]["state"]["w"]["exp_avg"]
     assert state["optimizer"]["state"]["w"]["step"].item() == 3.0 and state["model"]["w"] is target["model"]["w"]
+
+
+@pytest.fixture
+def one_rank(tmp_path: Path) -> Any:
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_the_stager_copies_each_save_into_the_buffers_of_the_first(one_rank: None, device: str) -> None:
+    """Staged shards hold the values of the save, not of the training that goes on after it; the
+    second save reuses the first's buffers (pinned on a GPU) and holds the new values (on torch
+    2.11 DCP's DefaultStager failed exactly there, at the second save). A 0-dim DTensor is
+    copied too, not handed over."""
+    mesh = init_device_mesh(device, (1,))
+    weight = distribute_tensor(torch.arange(12.0).reshape(4, 3).to(device), mesh, [Shard(0)])
+    scale = distribute_tensor(torch.tensor(5.0, device=device), mesh, [Replicate()])
+    stager = ShardStager()
+
+    first = stager.stage({"w": weight, "s": scale})
+    buffer = first["w"].to_local()
+    assert buffer.device.type == "cpu" and buffer.is_pinned() == (device == "cuda")
+    weight.to_local().add_(100.0)  # the optimizer steps on after the save
+    scale.to_local().add_(1.0)
+    assert torch.equal(first["w"].to_local(), torch.arange(12.0).reshape(4, 3))
+    assert first["s"].to_local().item() == 5.0
+
+    second = stager.stage({"w": weight, "s": scale})
+    assert second["w"].to_local().data_ptr() == buffer.data_ptr()
+    assert torch.equal(second["w"].to_local(), torch.arange(12.0).reshape(4, 3) + 100.0)
+    assert second["s"].to_local().item() == 6.0
+    assert list(second) == ["w", "s"] and second["w"].placements == weight.placements

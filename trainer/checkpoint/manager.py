@@ -142,7 +142,7 @@ class CheckpointManager:
         self._on_complete = on_complete
         self._on_refused = on_refused
         self._stager = _Stager()
-        self._shard_stager: Any = None  # DCP's DefaultStager, made at the first sharded save
+        self._shard_stager = sharded.ShardStager()
         self._executor: ThreadPoolExecutor | None = None
         self._hash_pool: ThreadPoolExecutor | None = None
         self._in_flight: Future[SaveResult | None] | None = None
@@ -169,7 +169,7 @@ class CheckpointManager:
         tuples, int, float, bool, str, bytes, None) are copied structurally. A previous save
         still in flight is waited for first. Does nothing on non-writer ranks, unless ``state``
         holds DTensors: then every rank calls it at the same step (collective), each stages and
-        writes its own shards (DCP's stager; on a GPU synchronously, whatever ``defer_snapshot``
+        writes its own shards (:class:`sharded.ShardStager`; on a GPU synchronously, whatever ``defer_snapshot``
         says) and rank 0 also the rest of the state and the manifest.
 
         Args:
@@ -200,7 +200,7 @@ class CheckpointManager:
         deferred = defer_snapshot and self.async_save
         if parts is not None:  # every rank: its shards; rank 0 also the rest
             shards, rest, paths = parts
-            deferred = deferred and not on_gpu  # DCP's stager waits for the device's copies
+            deferred = deferred and not on_gpu  # the stager waits for the device's copies
             job = _Job(step, {"state": self._stager.snapshot(rest) if self.is_writer else {}, "paths": paths},
                        job_metrics, params_key, started, shards=shards if deferred else self._stage_shards(shards))
         else:
@@ -283,9 +283,7 @@ class CheckpointManager:
                     pool.shutdown(wait=True)
             self._executor = self._hash_pool = None
             self._stager.clear()
-            if self._shard_stager is not None:
-                self._shard_stager.close()
-                self._shard_stager = None
+            self._shard_stager.clear()
 
     def _check_save_args(
         self, step: int, state: dict[str, Any], metrics: dict[str, float] | None, params_key: str
@@ -316,16 +314,9 @@ class CheckpointManager:
         return self._hash_pool
 
     def _stage_shards(self, shards: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """A CPU copy of this rank's shards (DCP's stager: pinned memory and copies from the device
-        on a GPU; its buffers are reused by the next save)."""
-        if self._shard_stager is None:
-            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions  # noqa: PLC0415 - DCP (1-2 s) only for a sharded state
-
-            on_gpu = torch.cuda.is_available() and torch.cuda.is_initialized()
-            self._shard_stager = DefaultStager(StagingOptions(use_pinned_memory=on_gpu, use_shared_memory=False,
-                                                              use_async_staging=False, use_non_blocking_copy=on_gpu))
-        staged: dict[str, torch.Tensor] = self._shard_stager.stage(shards)  # synchronous staging: the dict itself
-        return staged
+        """A CPU copy of this rank's shards (:class:`ShardStager`: pinned buffers on a GPU, kept
+        for the next save)."""
+        return self._shard_stager.stage(shards)
 
     def _run_job(self, job: _Job) -> SaveResult | None:
         if not job.snapshot_taken.is_set():  # deferred: copy now, while the training thread goes on

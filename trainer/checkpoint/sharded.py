@@ -36,7 +36,7 @@ import struct
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
@@ -45,6 +45,7 @@ from trainer.checkpoint.io import CheckpointError, _tensor_bytes
 
 if TYPE_CHECKING:
     from torch.distributed.checkpoint.metadata import Metadata
+    from torch.distributed.tensor import DTensor
 
 DCP_METADATA_FILE = ".metadata"  # DCP's own name (torch.distributed.checkpoint.filesystem)
 Path_ = tuple[Any, ...]  # a value's place in the nested state: dict keys and list indices
@@ -174,6 +175,44 @@ def _global_offset(t: torch.Tensor) -> list[int]:
 
     _, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)  # type: ignore[attr-defined]  # a DTensor
     return [int(o) for o in offset]
+
+
+class ShardStager:
+    """A CPU copy of a rank's shards for the writer, into buffers made at the first save and kept
+    for the next (pinned on a GPU, so the copies from the device run at full speed).
+
+    Built on torch's own staging helpers (``_create_cpu_state_dict`` / ``_copy_state_dict``, what
+    DCP's ``BlockingAsyncStager`` is built on), not on DCP's
+    ``DefaultStager``: on torch 2.11 its second ``stage()`` of the same DTensors raised
+    ``KeyError: <class 'type'>`` in its deepcopy (seen on an H200, NCCL, 2026-11-28), so an FSDP
+    run on a GPU failed at its second checkpoint.
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+        self._layout: list[tuple[str, torch.Size, torch.dtype]] = []
+
+    def stage(self, shards: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Copy ``shards`` (DTensors) to the CPU; a copy on a GPU is complete when this returns."""
+        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict  # noqa: PLC0415 - DCP's modules only for a sharded state
+
+        on_gpu = any(t.device.type == "cuda" for t in shards.values())
+        # A 0-dim DTensor is not copied by those helpers (its "buffer" is the tensor itself).
+        scalars = {k: t for k, t in shards.items() if t.dim() == 0}
+        tensors = {k: t for k, t in shards.items() if t.dim() > 0}
+        layout = [(k, cast("DTensor", t).to_local().shape, t.dtype) for k, t in tensors.items()]
+        if layout != self._layout:  # the first save, or another model's state
+            self._buffers = _create_cpu_state_dict(tensors, pin_memory=on_gpu)
+            self._layout = layout
+        staged: dict[str, torch.Tensor] = _copy_state_dict(tensors, self._buffers, non_blocking=on_gpu)
+        if on_gpu:
+            torch.cuda.current_stream().synchronize()
+        staged.update({k: t.to("cpu", copy=True) for k, t in scalars.items()})
+        return {k: staged[k] for k in shards}
+
+    def clear(self) -> None:
+        """Free the buffers (the manager is closed)."""
+        self._buffers, self._layout = {}, []
 
 
 def write_shards(staged: Mapping[str, torch.Tensor], folder: Path, group: dist.ProcessGroup) -> list[tuple[str, int]]:
