@@ -325,12 +325,27 @@ def _root_cause(failures: list[RankFailure]) -> RankFailure | None:
     return None
 
 
+# argparse refusing a script's command line: its usage, then "PROG: error: WHAT", exit code 2.
+_USAGE_ERROR = re.compile(r"^usage: .*?^(?P<refusal>\S+: error: .+?)\s*\Z", re.MULTILINE | re.DOTALL)
+USAGE_REFUSED = "(exit code 2: the script refused its command line)"
+
+
+def usage_error(stderr_tail_text: str) -> str | None:
+    """argparse's refusal at the end of a rank's stderr (``train.py: error: unrecognized
+    arguments: --lf 0.1``), or None."""
+    found = _USAGE_ERROR.search(strip_rank_prefix(stderr_tail_text).strip())
+    return found["refusal"] if found and "\n" not in found["refusal"] else None
+
+
 def _failure_of(attempt_dir: Path, f: RankFailure) -> Failure:
     tail_of = stderr_tail(attempt_dir, f.rank)
     if f.message:
         return Failure(_cause_of_exception(f.message), f.rank, with_location(f.message, f.location), tail_of,
                        location=f.location)
     assert f.exitcode is not None
+    refusal = usage_error(tail_of) if f.exitcode == 2 else None
+    if refusal is not None:  # the same command line is refused the same way on every retry
+        return Failure(Cause.USER_ERROR, f.rank, f"{refusal} {USAGE_REFUSED}", tail_of)
     if f.exitcode > 0:
         return Failure(Cause.UNKNOWN, f.rank, f"exit code {f.exitcode}", tail_of)
     name = signal_name(f.exitcode)

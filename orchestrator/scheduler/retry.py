@@ -15,7 +15,7 @@ from typing import Any
 
 from db.vocabulary.causes import Cause
 from db.vocabulary.config import RetryConfig
-from orchestrator.scheduler.failures import normalize_exception
+from orchestrator.scheduler.failures import USAGE_REFUSED, normalize_exception
 from orchestrator.scheduler.storage import errno_in
 
 
@@ -100,6 +100,9 @@ def decide(
     if failed.cause is Cause.LAUNCH_FAILED:
         return Decision(False, "the launch itself was refused: it would be refused again; change the settings the "
                                "reason names, then resume")
+    if failed.cause is Cause.USER_ERROR and (failed.exception or "").endswith(USAGE_REFUSED):
+        return Decision(False, f"{failed.exception}: it would be refused again; fix the script's arguments "
+                               "(workload.args), then resume")
     if failed.cause is Cause.USER_ERROR and failed.last_step is None and failed.steps_known:
         return Decision(False, f"{failed.exception or 'an exception'} before the first step completed: "
                                "it would fail again; fix the code or the config, then resume")

@@ -135,6 +135,28 @@ def test_a_rank_that_aborts_without_a_traceback_is_the_signal(tmp_path: Path) ->
     assert (failure.cause, failure.rank, failure.exception) == (Cause.SIGNAL, 1, "killed by SIGABRT")
 
 
+def test_a_command_line_refused_by_argparse_is_a_user_error_not_retried(tmp_path: Path) -> None:
+    """A plain script run with an argument it does not know exits 2 after argparse's usage: the
+    refusal is the story, and retrying would be refused the same way (it was UNKNOWN, retried)."""
+    folder = attempt("exit3", tmp_path)
+    log = launcher_log(folder)
+    log.write_text(log.read_text().replace("exitcode  : 3 ", "exitcode  : 2 "))
+    stderr = next(p for p in rank_log_files(folder)[1] if p.name == "stderr.log")
+    stderr.write_text("[rank1]: usage: train.py [-h] [--lr LR] [--epochs EPOCHS]\n"
+                      "[rank1]: train.py: error: unrecognized arguments: --lf 0.1\n")
+    failure = classify(folder, 1)
+    assert (failure.cause, failure.rank) == (Cause.USER_ERROR, 1)
+    assert failure.exception == ("train.py: error: unrecognized arguments: --lf 0.1 "
+                                 "(exit code 2: the script refused its command line)")
+    decision = decide(AttemptOutcome(1, failure.cause, failure.exception, None, steps_known=False), [],
+                      retries_used=0, config=RetryConfig(max_retries=3), train={})
+    assert not decision.retry and "workload.args" in decision.reason
+
+    # Exit code 2 without argparse's usage before it stays what it was: an exit code.
+    stderr.write_text("[rank1]: something else went wrong\n")
+    assert (classify(folder, 1).cause, classify(folder, 1).exception) == (Cause.UNKNOWN, "exit code 2")
+
+
 def test_the_same_exception_at_the_same_place_twice_stops_retrying(tmp_path: Path) -> None:
     def outcome(number: int, case: str) -> AttemptOutcome:
         failure = classify(attempt(case, tmp_path / str(number)), 1)
