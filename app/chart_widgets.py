@@ -6,11 +6,17 @@ The box zoom: a drag on a chart draws a box (its ``box`` selection, sent back th
 st.altair_chart's on_select); the box becomes the section's zoom (``charts.Zoom``), kept in the
 session so that it holds across the live refreshes, and every chart of the section is drawn
 with its x range, the y axis fitted to what lies in it (the chart the box was drawn on shows the
-box's y range). A double-click on a chart, or Reset zoom, clears it."""
+box's y range). A double-click on a chart, or Reset zoom, clears it.
+
+The shared cursor: an alt-click (option-click) on a chart marks the step nearest the pointer (its ``pin``
+selection); every chart of the section draws a rule and a dot on each line at its own step nearest
+that one, and the table under the charts shows every metric's value per rank at the marked step
+instead of the newest. Clear mark clears it."""
 
 from __future__ import annotations
 
 from functools import partial
+from typing import Any
 
 import altair as alt
 import pandas as pd
@@ -31,13 +37,15 @@ def isolated_ranks(run_id: int, nproc: int) -> tuple[str, ...]:
     return tuple(str(p["rank"]) for p in event.selection.get("isolate", []) if "rank" in p)
 
 
-def latest_table(latest: dict[str, dict[str, float | None]], keys: list[str]) -> None:
-    """The newest value of each metric on each rank, with the metric's label, unit and format."""
+def latest_table(latest: dict[str, dict[str, float | None]], keys: list[str], title: str = "Latest value per rank",
+                 ) -> None:
+    """The newest value of each metric on each rank (or the values at the marked step: ``title``
+    says which), with the metric's label, unit and format."""
     shown = [k for k in keys if latest.get(k)]
     if not shown:
         return
     ranks = sorted({r for k in shown for r in latest[k]}, key=lambda r: int(r) if str(r).isdigit() else -1)
-    st.markdown("**Latest value per rank**")
+    st.markdown(f"**{title}**")
     st.table(style.plain_frame(pd.DataFrame(  # a static table: cheaper for the browser than a data grid; Markdown
         {f"rank {r}": [metric_registry.format_number(k, latest[k].get(r)) for k in shown] for r in ranks},
         index=pd.Index([metric_registry.axis_title(k) for k in shown], name="metric"),
@@ -50,18 +58,60 @@ def zoom_of(run_id: int) -> charts.Zoom | None:
     return zoom if isinstance(zoom, charts.Zoom) else None
 
 
-def _boxed(run_id: int, key: str, chart_key: str, x_axis: str) -> None:
-    """A box was drawn on (or cleared from, by a double-click) the chart of ``key``."""
+def cursor_of(run_id: int) -> int | None:
+    """The step a person marked on a chart of this run, if any."""
+    step = st.session_state.get(f"cursor-{run_id}")
+    return step if isinstance(step, int) else None
+
+
+def _selected(run_id: int, key: str, chart_key: str, x_axis: str) -> None:
+    """A box was drawn on the chart of ``key`` (or cleared by a double-click), or a step was
+    alt-clicked on it."""
     event = st.session_state.get(chart_key)
-    box = (event.get("selection") or {}).get("box") if event else None
-    st.session_state[f"zoom-{run_id}"] = charts.Zoom.from_selection(box or {}, key, x_axis)
+    selection = (event.get("selection") or {}) if event else {}
+    box, pin = selection.get("box") or {}, selection.get("pin") or []
+    seen = f"seen-{chart_key}"
+    old_box, old_pin = st.session_state.get(seen, ({}, []))
+    st.session_state[seen] = (box, pin)
+    if box != old_box:
+        st.session_state[f"zoom-{run_id}"] = charts.Zoom.from_selection(box, key, x_axis)
+    step = pin[0].get("step") if pin and isinstance(pin[0], dict) else None
+    if pin != old_pin and isinstance(step, (int, float)):
+        st.session_state[f"cursor-{run_id}"] = int(step)
 
 
 def zoomable_chart(run_id: int, key: str, chart: alt.LayerChart, x_axis: str, where: str) -> None:
-    """One metric chart whose drawn box zooms every chart of the section."""
+    """One metric chart whose drawn box zooms, and whose clicked step marks, every chart of the section."""
     chart_key = f"chart-{where}-{run_id}-{key}"
-    st.altair_chart(chart, width="stretch", key=chart_key, selection_mode="box",
-                    on_select=partial(_boxed, run_id, key, chart_key, x_axis))
+    st.altair_chart(chart, width="stretch", key=chart_key, selection_mode=["box", "pin"],
+                    on_select=partial(_selected, run_id, key, chart_key, x_axis))
+
+
+def cursor_note(run_id: int, where: str) -> None:
+    """While a step is marked: which, and a button that clears it."""
+    step = cursor_of(run_id)
+    if step is None:
+        return
+    table = ("the table below shows each metric's value there" if where == "metrics"
+             else "the Metrics section's table shows each metric's value there")
+    text, button = st.columns([5, 1], vertical_alignment="center")
+    text.caption(f"Step {step:,} marked on every chart; {table}. "
+                 "Alt-click (option-click) another step to move the mark.")
+    if button.button("Clear mark", key=f"cursor-clear-{where}-{run_id}", icon=":material/close:"):
+        st.session_state[f"cursor-{run_id}"] = None
+        st.rerun(scope="fragment")
+
+
+def values_at(rows: list[dict[str, Any]], cutoffs: dict[int, float], step: int) -> dict[str, float | None]:
+    """Each rank's value of one metric at its logged step nearest ``step`` (the run's lineage:
+    not what an abandoned attempt logged after the step it was resumed from)."""
+    frame = charts.series_frame(rows, cutoffs, charts.ChartOptions(ranks=charts.PER_RANK))[0]
+    lineage = frame[~frame["superseded"]]
+    at = charts.nearest_step(lineage["step"], step)
+    if at is None:
+        return {}
+    here = lineage[lineage["step"] == at].drop_duplicates("rank", keep="last")
+    return {str(r): (None if pd.isna(v) else float(v)) for r, v in zip(here["rank"], here["value"], strict=True)}
 
 
 def zoom_note(run_id: int, x_title: str) -> None:

@@ -36,6 +36,7 @@ X_AXES = (X_STEP, X_WALL, X_RELATIVE)
 NAN_COLOR = "#d62728"
 MEAN_COLOR = "#6b7280"  # slate grey: no rank's hue, and read on the light and the dark theme alike
 BAND_COLOR = "#7f7f7f"
+CURSOR_COLOR = "#e4572e"  # the marked step: no rank's hue (rank_scale), a contrast over 3 on both themes
 RULE_COLOR = "#8a8a8a"  # the hover rule: a contrast over 3 on the light and the dark theme (#555555: 2.4 on dark)
 # One strong hue per rank, in an order that keeps neighbours apart: Okabe & Ito's colour-blind-safe
 # set without its yellow and black (yellow vanishes on white, black on the dark theme), then Paul
@@ -97,6 +98,7 @@ class ChartOptions:
     show_superseded: bool = False  # what abandoned attempts logged after the resume step, faint
     isolated: tuple[str, ...] = ()  # ranks picked in the legend: drawn strong, the others faint
     zoom: Zoom | None = None  # the box a person drew on one chart of the section: every chart shows its x range
+    cursor: int | None = None  # the step a person clicked on one chart of the section: marked on every chart
 
     def log_y(self, key: str) -> bool:
         """Whether ``key``'s chart has a log y axis (never for a share such as accuracy)."""
@@ -294,13 +296,51 @@ def _hover_layer(wide: pd.DataFrame, key: str, x: Any, ranks: Sequence[str]) -> 
     nearest = alt.selection_point(name="hover", nearest=True, on="pointerover", clear="pointerout",
                                   fields=["x"], empty=False)
     zoom = alt.selection_interval(name="zoom", bind="scales", encodings=["x"], translate=PAN_DRAG)
+    return alt.Chart(wide).mark_rule(clip=True, color=RULE_COLOR, strokeWidth=1).encode(
+        x=x, opacity=alt.condition(nearest, alt.value(0.8), alt.value(0.0)), tooltip=_read_out(wide, key, ranks),
+    ).add_params(nearest, zoom, pin_param())
+
+
+def _read_out(wide: pd.DataFrame, key: str, ranks: Sequence[str]) -> list[alt.Tooltip]:
+    """The tooltip of a step: the step, the mean and band when drawn, and every rank's value."""
     fmt = registry.d3_format(key)
     tips = [alt.Tooltip("step:Q", title="step", format=",d")]
     tips += [alt.Tooltip(f"{c}:Q", title=c, format=fmt) for c in ("mean", "min", "max") if c in wide]
-    tips += [alt.Tooltip(f"r{r}:Q", title=f"rank {r}", format=fmt) for r in ranks]
-    return alt.Chart(wide).mark_rule(clip=True, color=RULE_COLOR, strokeWidth=1).encode(
-        x=x, opacity=alt.condition(nearest, alt.value(0.8), alt.value(0.0)), tooltip=tips,
-    ).add_params(nearest, zoom)
+    return tips + [alt.Tooltip(f"r{r}:Q", title=f"rank {r}", format=fmt) for r in ranks]
+
+
+# Alt (option on a Mac): a plain click is the first of the double-click that resets the zoom, and
+# the release of a drag (the box) or a shift-drag (the pan) is a click too, shift included.
+PIN_CLICK = "click[event.altKey]"
+
+
+def pin_param() -> Any:
+    """The shared cursor: an alt-click marks the nearest step (the page reads it, st.altair_chart
+    on_select, and marks that step on every chart of the section)."""
+    return alt.selection_point(name="pin", nearest=True, on=PIN_CLICK, fields=["step"], empty=False, clear=False)
+
+
+def nearest_step(steps: pd.Series, step: int) -> int | None:
+    """The step of ``steps`` closest to ``step`` (a metric logged every 50 steps is marked at its
+    own step nearest the one clicked on another chart)."""
+    if steps.empty:
+        return None
+    return int(steps.iloc[int((steps - step).abs().to_numpy().argmin())])
+
+
+def _cursor_layers(wide: pd.DataFrame, strong: pd.DataFrame, step: int, key: str, x: Any, y: Any,
+                   color: Any, ranks: Sequence[str]) -> list[alt.Chart]:
+    """The marked step on this chart: a rule at this metric's step nearest ``step``, with the
+    read-out of every rank there, and a dot where each drawn line crosses it."""
+    at = nearest_step(wide["step"], step)
+    if at is None:
+        return []
+    rule = alt.Chart(wide[wide["step"] == at]).mark_rule(clip=True, color=CURSOR_COLOR, strokeWidth=1.5,
+                                                          strokeDash=[6, 3]).encode(
+        x=x, tooltip=_read_out(wide, key, ranks))
+    dots = alt.Chart(strong[strong["step"] == at]).mark_circle(clip=True, size=45, opacity=1.0).encode(
+        x=x, y=y, color=color)
+    return [rule, dots]
 
 
 def _subtitle(per_rank: pd.DataFrame, mean: bool, wide: pd.DataFrame) -> str:
@@ -388,7 +428,11 @@ def metric_chart(frame: pd.DataFrame, key: str, options: ChartOptions, x_title: 
             x=x, tooltip=[alt.Tooltip("step:Q", title="NaN at step"), alt.Tooltip("ranks:N", title="rank")]))
     wide = _by_rank(per_rank)
     if not per_rank.empty:
-        layers.append(_hover_layer(hover_frame(per_rank, frame if mean else None, wide), key, x, ranks))
+        read_out = hover_frame(per_rank, frame if mean else None, wide)
+        if options.cursor is not None:
+            layers += _cursor_layers(read_out, strong, options.cursor, key, x,
+                                     y("smooth" if smoothing else "value"), color(), ranks)
+        layers.append(_hover_layer(read_out, key, x, ranks))
     subtitle = _subtitle(per_rank, mean, wide)
     title = alt.Title(registry.label(key), subtitle=subtitle) if subtitle else registry.label(key)
     return alt.layer(*layers, title=title).properties(height=260)

@@ -229,7 +229,9 @@ def health_checks(d: dict[str, Any], has_metrics: bool) -> dict[str, str]:
 
 RANKS_HELP = ("Per rank: a line per rank; mean: the ranks' mean with its min-max band. Click a rank in the strip "
               "below to isolate it on every chart (shift-click adds one, double-click shows all). Hover a chart for "
-              "every rank's value at a step; scroll or pinch to zoom the x axis, drag to pan, double-click to reset.")
+              "every rank's value at a step; scroll or pinch to zoom the x axis, drag a box to zoom every chart to "
+              "it, shift-drag to pan, double-click to reset; alt-click (option-click) a step to mark it on every "
+              "chart.")
 
 
 def chart_options(run_id: int, nproc: int, series: dict[str, data.LiveSeries]) -> charts.ChartOptions:
@@ -280,15 +282,22 @@ def metric_charts(d: dict[str, Any], series: dict[str, data.LiveSeries]) -> None
                     or "Waiting for the first metrics from the ranks…", icon=":material/hourglass_top:")
         return
     options = replace(chart_options(d["id"], d["nproc"], series),
-                      isolated=chart_widgets.isolated_ranks(d["id"], d["nproc"]), zoom=chart_widgets.zoom_of(d["id"]))
+                      isolated=chart_widgets.isolated_ranks(d["id"], d["nproc"]), zoom=chart_widgets.zoom_of(d["id"]),
+                      cursor=chart_widgets.cursor_of(d["id"]))
     chart_widgets.zoom_note(d["id"], options.x)
+    chart_widgets.cursor_note(d["id"], "metrics")
     cutoffs = data.lineage_cutoffs(d["attempts"])
     cols = st.columns(2)
     for i, (key, s) in enumerate(series.items()):
         with cols[i % 2]:
             chart_widgets.zoomable_chart(d["id"], key, charts.metric_view(
                 s.rows, cutoffs, options, key, d["started_at"], bucketed=s.level > 0), options.x, "metrics")
-    chart_widgets.latest_table(d["metrics"], list(series))
+    if options.cursor is None:
+        chart_widgets.latest_table(d["metrics"], list(series))
+    else:  # the shared cursor's read-out: every metric at the marked step
+        chart_widgets.latest_table({k: chart_widgets.values_at(s.rows, cutoffs, options.cursor)
+                                    for k, s in series.items()}, list(series),
+                                   title=f"Value per rank at step {options.cursor:,}")
 
 
 def latest_values(d: dict[str, Any]) -> None:
@@ -330,8 +339,9 @@ def overview_charts(d: dict[str, Any], series: dict[str, data.LiveSeries]) -> No
     options = saved or charts.ChartOptions(ranks=charts.default_rank_mode(d["nproc"]))
     if not st.session_state.get(f"log-chosen-{d['id']}"):  # the log axes as the Metrics section has them
         options = replace(options, log_keys=log_defaults(series))
-    options = replace(options, zoom=chart_widgets.zoom_of(d["id"]))
+    options = replace(options, zoom=chart_widgets.zoom_of(d["id"]), cursor=chart_widgets.cursor_of(d["id"]))
     chart_widgets.zoom_note(d["id"], options.x)
+    chart_widgets.cursor_note(d["id"], "overview")
     cutoffs = data.lineage_cutoffs(d["attempts"])
     cols = st.columns(2)
     for i, key in enumerate(shown):

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from app.charts import CURSOR_COLOR
 from bench.seed import seed_run
 
 pytestmark = pytest.mark.browser
@@ -268,6 +269,29 @@ def test_eight_ranks_one_legend_distinct_hues_hover_zoom_isolate_and_units(page:
     assert sorted(x_tick_labels(chart_titled(page, "Step time"))) != sorted(step_time_before)
     page.get_by_role("button", name="Reset zoom").click()
     expect(page.get_by_text(re.compile(r"^Zoomed to step"))).to_have_count(0, timeout=PAGE_TIMEOUT_MS)
+
+    # Issue 29, item 6: the shared cursor. An alt-click on Loss marks that step on every chart of
+    # the section (a rule in the cursor colour), and the table under the charts reads that step's
+    # values instead of the newest; Clear mark clears it.
+    latest_loss = table.locator("tr").filter(has_text="Loss").first.inner_text()
+    page.keyboard.down("Alt")
+    page.mouse.click(box["x"] + box["width"] * 0.75, box["y"] + box["height"] * 0.5)
+    page.keyboard.up("Alt")
+    note = page.get_by_text(re.compile(r"^Step [\d,]+ marked on every chart"))
+    expect(note).to_be_visible(timeout=PAGE_TIMEOUT_MS)
+    step = int(re.match(r"Step ([\d,]+)", note.inner_text()).group(1).replace(",", ""))
+    assert 0 < step < EIGHT["steps"], step
+    settle_charts(page)
+    for title in ("Loss", "Step time", "Learning rate", "Eval accuracy"):
+        expect(chart_titled(page, title).locator(f".mark-rule line[stroke='{CURSOR_COLOR}']")).to_have_count(1)
+    expect(page.get_by_text(f"Value per rank at step {step:,}")).to_be_visible()
+    at_step = page.get_by_test_id("stTable").locator("tr").filter(has_text="Loss").first
+    expect(at_step.locator("td")).to_have_count(8)  # every rank
+    assert at_step.inner_text() != latest_loss  # the loss at that step, not the newest
+    page.get_by_role("button", name="Clear mark").click()
+    expect(note).to_have_count(0, timeout=PAGE_TIMEOUT_MS)
+    expect(page.get_by_text("Latest value per rank")).to_be_visible()
+    settle_charts(page)
 
     # Click rank 3's label in the strip (where people click; it selected nothing when the labels were
     # an axis): rank 3 is drawn over the mean on every chart, in its hue.

@@ -122,7 +122,7 @@ def test_hover_read_out_has_every_rank_at_each_step() -> None:
     options = ChartOptions(ranks=charts.RANK_MEAN)
     chart = charts.metric_view(eight_ranks(), {}, options, "loss").to_dict()
     params = {p["name"]: p for p in chart["params"]}
-    assert set(params) == {"hover", "zoom", "box"}
+    assert set(params) == {"hover", "zoom", "box", "pin"}  # pin: the shared cursor
     hover = next(layer for layer in chart["layer"] if layer.get("name") in params["hover"]["views"])
     assert hover["mark"]["type"] == "rule" and params["hover"]["select"]["nearest"]
     zoom = params["zoom"]
@@ -252,3 +252,35 @@ def test_a_box_zooms_its_chart_to_the_box_and_the_others_to_its_x_range_with_y_f
     assert y[0] < min(inside) * 1000 < max(inside) * 1000 < y[1] and y[1] - y[0] < (max(inside) - min(inside)) * 1200
     wall = charts.metric_view(rows, {}, ChartOptions(zoom=zoom, x=charts.X_WALL), "loss").to_dict()
     assert "domain" not in json.dumps(wall["layer"][0]["encoding"]["x"])  # a box on steps means nothing on time
+
+
+def test_a_clicked_step_is_marked_on_every_chart_at_its_own_nearest_step() -> None:
+    """Issue 29, item 6: the shared cursor. A click selects the nearest step (the ``pin`` point
+    selection on ``step``); every chart of the section then draws a rule in the cursor colour and
+    a dot on each line at its own step nearest it (an eval metric logged every 50 steps is marked
+    at 150 for a click at 163), in the metric's displayed unit."""
+    loss = [bucket(1, r, s, 2.0 - 0.001 * s + r) for r in (0, 1) for s in range(1, 301)]
+    evals = [bucket(1, r, s, 0.01 * s) for r in (0, 1) for s in range(50, 301, 50)]
+    options = ChartOptions(cursor=163)
+
+    def marked(rows: list[dict], key: str) -> tuple[list[dict], list[dict]]:
+        spec = charts.metric_view(rows, {}, options, key).to_dict()
+        (pin,) = [p for p in spec["params"] if p["name"] == "pin"]
+        assert pin["select"] == {"type": "point", "fields": ["step"], "on": charts.PIN_CLICK, "clear": False,
+                                 "nearest": True}
+        rules = [layer for layer in spec["layer"]
+                 if layer["mark"].get("type") == "rule" and layer["mark"].get("color") == charts.CURSOR_COLOR]
+        dots = [layer for layer in spec["layer"] if layer["mark"].get("type") == "circle"]
+        assert len(rules) == 1 and len(dots) == 1
+        datasets = spec["datasets"]
+        return datasets[rules[0]["data"]["name"]], datasets[dots[0]["data"]["name"]]
+
+    rule, dots = marked(loss, "loss")
+    assert [r["step"] for r in rule] == [163]
+    assert sorted((d["rank"], d["step"]) for d in dots) == [("0", 163), ("1", 163)]
+    assert {d["rank"]: d["value"] for d in dots} == pytest.approx({"0": 2.0 - 0.163, "1": 3.0 - 0.163})
+    rule, dots = marked(evals, "step_time")  # displayed in ms
+    assert [r["step"] for r in rule] == [150] and [d["value"] for d in dots] == pytest.approx([1500.0, 1500.0])
+    unmarked = charts.metric_view(loss, {}, ChartOptions(), "loss").to_dict()
+    assert not [layer for layer in unmarked["layer"] if layer["mark"].get("type") == "circle"]
+    assert charts.nearest_step(pd.Series([], dtype=int), 5) is None
