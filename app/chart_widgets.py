@@ -82,7 +82,9 @@ def _selected(run_id: int, key: str, chart_key: str, x_axis: str) -> None:
 
 def zoomable_chart(run_id: int, key: str, chart: alt.LayerChart, x_axis: str, where: str) -> None:
     """One metric chart whose drawn box zooms, and whose clicked step marks, every chart of the section."""
-    chart_key = f"chart-{where}-{run_id}-{key}"
+    # A new key after Reset zoom: Streamlit restores a chart's selections by its key, so the box
+    # drawn before the reset stayed on the chart (and caught the clicks inside it).
+    chart_key = f"chart-{where}-{run_id}-{key}-{st.session_state.get(f'zoom-resets-{run_id}', 0)}"
     st.altair_chart(chart, width="stretch", key=chart_key, selection_mode=["box", "pin"],
                     on_select=partial(_selected, run_id, key, chart_key, x_axis))
 
@@ -125,4 +127,5 @@ def zoom_note(run_id: int, x_title: str) -> None:
                  f"{style.plain(metric_registry.label(zoom.key))}); double-click a chart to reset.")
     if button.button("Reset zoom", key=f"zoom-reset-{run_id}", icon=":material/zoom_out_map:"):
         st.session_state[f"zoom-{run_id}"] = None
+        st.session_state[f"zoom-resets-{run_id}"] = st.session_state.get(f"zoom-resets-{run_id}", 0) + 1
         st.rerun(scope="fragment")
