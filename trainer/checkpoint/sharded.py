@@ -202,7 +202,11 @@ class ShardStager:
         tensors = {k: t for k, t in shards.items() if t.dim() > 0}
         layout = [(k, cast("DTensor", t).to_local().shape, t.dtype) for k, t in tensors.items()]
         if layout != self._layout:  # the first save, or another model's state
-            self._buffers = _create_cpu_state_dict(tensors, pin_memory=on_gpu)
+            # On the CPU an empty DTensor like each shard (its local part only, no copy: the helper
+            # deep-copies a CPU DTensor before emptying it, one more copy of the shard per save of
+            # a fresh manager, 2.1 s against 0.7 s of stall in bench_sharded_checkpoint).
+            self._buffers = (_create_cpu_state_dict(tensors, pin_memory=True) if on_gpu
+                             else {k: torch.empty_like(t) for k, t in tensors.items()})
             self._layout = layout
         staged: dict[str, torch.Tensor] = _copy_state_dict(tensors, self._buffers, non_blocking=on_gpu)
         if on_gpu:
