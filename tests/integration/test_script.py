@@ -63,16 +63,26 @@ def test_plain_script_is_supervised_without_the_sdk(product: Product) -> None:
 
 
 def test_failing_plain_script_is_retried_then_fails(product: Product) -> None:
-    run_id = submit_script(product, "ddp_plain.py", "workload.args=['--steps', 'many']",
-                           "retry.max_retries=1", "retry.backoff_s=0.5")
+    """A plain script that raises is retried (it reports no step, so runyard cannot tell how far it
+    got) and fails once the same exception comes back; one whose argparse refuses its arguments
+    fails at once: the same command line would be refused again."""
+    run_id = submit_script(product, "ddp_plain.py", "workload.args=['--lr', '-1']",
+                           "retry.max_retries=3", "retry.backoff_s=0.5")
+    refused = submit_script(product, "ddp_plain.py", "workload.args=['--steps', 'many']",
+                            "retry.max_retries=3", "retry.backoff_s=0.5")
     product.start_scheduler()
     detail = product.wait_status(run_id, "SUCCEEDED", "FAILED")
     assert detail["status"] == "FAILED"
-    assert len(detail["attempts"]) == 2
+    assert len(detail["attempts"]) == 2 and "same exception twice" in detail["status_reason"], detail["status_reason"]
     assert all(a["exit_code"] not in (0, None) for a in detail["attempts"])
-    # The rank that failed first printed the error; the other may be stopped by torchrun before it
-    # parses its arguments (a rank now exits without the interpreter's finalisation, at once).
-    assert "invalid int value" in product.cli("logs", str(run_id)).stdout
+    assert "Invalid learning rate: -1.0" in product.cli("logs", str(run_id)).stdout
+
+    detail = product.wait_status(refused, "SUCCEEDED", "FAILED")
+    assert detail["status"] == "FAILED" and len(detail["attempts"]) == 1
+    (attempt,) = detail["attempts"]
+    assert attempt["cause"] == "USER_ERROR"
+    assert "ddp_plain.py: error: argument --steps: invalid int value: 'many'" in attempt["exception"]
+    assert "fix the script's arguments (workload.args)" in detail["status_reason"]
 
 
 def test_missing_script_is_refused_at_submit(product: Product) -> None:
