@@ -28,7 +28,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from apscheduler.schedulers.blocking import BlockingScheduler
+from apscheduler.schedulers.background import BackgroundScheduler
 from filelock import FileLock, Timeout
 from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
@@ -81,6 +81,7 @@ logger = logging.getLogger(__name__)
 
 TICK_S = 0.5
 WAKE_S = 0.05  # how often the exit files of running attempts are looked at (a stat each)
+STOP_POLL_S = 0.1  # how often the main thread looks whether SIGTERM or SIGINT came
 # The heartbeat row is rewritten at most this often (the UI calls a scheduler silent for 10 s
 # offline): one write every few ticks instead of a commit on every one.
 BEAT_EVERY_S = 2.0
@@ -660,20 +661,28 @@ def serve(scheduler: Scheduler, tick_s: float = TICK_S, monitor: SystemMonitor |
 
     ``monitor`` defaults to a ``SystemMonitor`` on the scheduler's database.
     """
-    aps = BlockingScheduler()
+    aps = BackgroundScheduler()
     monitor = monitor or SystemMonitor(scheduler.sessions)
     add_jobs(aps, scheduler, monitor, tick_s)
     alerts = add_alert_jobs(aps, scheduler)  # alerts: a job beside the tick and a delivery thread (orchestrator/alerts)
+    received: list[int] = []
 
     def stop(signum: int, _frame: object) -> None:
-        logger.info("received %s; scheduler stopping (training keeps running)", signal.Signals(signum).name)
-        aps.shutdown(wait=False)
+        # Only a note: the handler runs on the main thread between two of its bytecodes, perhaps
+        # inside a lock, and a shutdown (or a log line) from here took locks of its own. With
+        # APScheduler's main loop on this thread, a SIGTERM inside its executor's submit (20 times
+        # a second: the wake job) hung the scheduler on the executor's lock (CI 39).
+        received.append(signum)
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
     try:
-        aps.start()
+        aps.start()  # its own thread; this one only waits for a signal
+        while not received:
+            time.sleep(STOP_POLL_S)
+        logger.info("received %s; scheduler stopping (training keeps running)", signal.Signals(received[0]).name)
+        aps.shutdown(wait=False)
     finally:
         monitor.close()  # the open window's aggregates
         alerts.close()

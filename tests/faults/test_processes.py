@@ -286,3 +286,48 @@ def test_watcher_sees_two_attempts_together(tmp_path: Path) -> None:
         for p in procs:
             p.kill()
             p.wait()
+
+
+# Installed into the scheduler's interpreter (a sitecustomize on its PYTHONPATH): the 40th job
+# submitted to APScheduler's thread pool sends the process SIGTERM while it holds the pool's
+# lock, as a signal arriving inside ThreadPoolExecutor.submit does.
+SIGNAL_INSIDE_SUBMIT = '''
+import concurrent.futures.thread as pool
+import os
+import signal
+import time
+
+_submit = pool.ThreadPoolExecutor.submit
+_count = [0]
+
+
+def submit(self, fn, /, *args, **kwargs):
+    _count[0] += 1
+    if _count[0] == 40:
+        with self._shutdown_lock:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.3)  # the handler runs while the lock is held
+    return _submit(self, fn, *args, **kwargs)
+
+
+pool.ThreadPoolExecutor.submit = submit
+'''
+
+
+def test_sigterm_while_the_job_pool_holds_its_lock_still_stops_the_scheduler(product: Product, tmp_path: Path) -> None:
+    """Seen in CI 39: a scheduler sent SIGTERM did not stop in 30 s. Its handler shut APScheduler
+    down on the main thread, which was inside the thread pool's submit (the wake job runs 20 times
+    a second) holding the pool's lock: the shutdown waited for that lock for ever. The handler now
+    only notes the signal; the main thread stops the scheduler outside it."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(SIGNAL_INSIDE_SUBMIT)
+    product.env["PYTHONPATH"] = os.pathsep.join([str(hook), product.env.get("PYTHONPATH", "")])
+    scheduler = product.start_scheduler()
+    try:
+        assert scheduler.wait(60) == 0
+    finally:
+        if scheduler.poll() is None:
+            scheduler.kill()
+    log = (product.home / "scheduler-0.log").read_text()
+    assert "received SIGTERM; scheduler stopping" in log, log[-2000:]
