@@ -453,12 +453,18 @@ def test_a_run_deleted_during_a_batch_waits_for_it_and_takes_its_points(migrated
 
 
 def _waits_on_a_lock(engine: Engine, query: str, timeout_s: float = 10.0) -> bool:
-    """Whether a PostgreSQL backend running ``query`` waits on a lock within ``timeout_s``."""
+    """Whether a PostgreSQL backend running ``query`` waits on a lock within ``timeout_s``.
+
+    Each look in a transaction of its own: PostgreSQL reads pg_stat_activity once per transaction
+    and answers from that snapshot until it ends, so a loop in one transaction never saw a DELETE
+    that began waiting after its first look (CI 40, on a loaded machine: "assert False")."""
     deadline = time.monotonic() + timeout_s
     with engine.connect() as conn:
         while time.monotonic() < deadline:
-            if conn.execute(text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                                 "AND query LIKE :q"), {"q": query + "%"}).scalar_one():
+            waiting = conn.execute(text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                        "AND query LIKE :q"), {"q": query + "%"}).scalar_one()
+            conn.rollback()  # ends the transaction, and its snapshot of the statistics
+            if waiting:
                 return True
             time.sleep(0.05)
     return False
