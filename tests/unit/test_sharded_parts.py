@@ -5,6 +5,8 @@ ranks: tests/integration/test_sharded_checkpoints.py."""
 
 from __future__ import annotations
 
+import enum
+import io
 import os
 import pickle
 from pathlib import Path
@@ -15,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import (
+    _MEM_FORMAT_ENCODING,
     ChunkStorageMetadata,
     Metadata,
     MetadataIndex,
@@ -68,6 +71,45 @@ def test_a_metadata_pickle_that_would_run_code_is_refused_without_running_it(tmp
     assert not marker.exists()
     (tmp_path / ".metadata").write_bytes(pickle.dumps({"not": "metadata"}))
     with pytest.raises(CheckpointError, match="not DCP's metadata"):
+        read_metadata(tmp_path)
+
+
+class _EnumsByName(pickle.Pickler):
+    """Pickles an enum member as Python 3.11.0-3.11.4 do (Debian 12's python3): ``getattr(TheEnum,
+    "NAME")``, whatever Python runs the test."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, enum.Enum):
+            return getattr, (type(obj), obj.name)
+        return NotImplemented
+
+
+def by_name(obj: Any) -> bytes:
+    out = io.BytesIO()
+    _EnumsByName(out).dump(obj)
+    return out.getvalue()
+
+
+def test_metadata_pickled_by_python_3_11_2_is_read(tmp_path: Path) -> None:
+    """CI on Debian's python3 (3.11.2) found sharded checkpoints unreadable: its pickle names an
+    enum member through ``builtins.getattr``, which the metadata's unpickler refused."""
+    md = metadata([4, 3])
+    data = by_name(md)
+    assert b"getattr" in data and b"_MEM_FORMAT_ENCODING" in data
+    (tmp_path / ".metadata").write_bytes(data)
+    read = read_metadata(tmp_path)
+    assert read.state_dict_metadata["model.w"].properties == md.state_dict_metadata["model.w"].properties
+    assert check_metadata(read, MANIFEST) == ""
+
+
+@pytest.mark.parametrize("target", [torch.Size, TensorProperties, _MEM_FORMAT_ENCODING])
+def test_getattr_in_a_metadata_pickle_reaches_only_the_metadatas_enum_members(tmp_path: Path, target: type) -> None:
+    class Probe:
+        def __reduce__(self) -> tuple[Any, ...]:
+            return (getattr, (target, "__init__"))
+
+    (tmp_path / ".metadata").write_bytes(pickle.dumps(Probe()))
+    with pytest.raises(CheckpointError, match=rf"unreadable: getattr\({target.__qualname__}, '__init__'\) is not part"):
         read_metadata(tmp_path)
 
 

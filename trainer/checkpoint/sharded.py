@@ -27,6 +27,7 @@ while runyard's packages hold their names; a script that never shards never pays
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import io
 import json
@@ -255,15 +256,30 @@ _METADATA_CLASSES = {
 }
 
 
+def _enum_member(cls: Any, name: Any) -> enum.Enum:
+    """What ``builtins.getattr`` stands for in the metadata pickle: Python 3.11.0-3.11.4 (Debian
+    12's python3 among them) pickle an enum member as ``getattr(TheEnum, "NAME")``, the others as
+    ``TheEnum(value)``. Only a member of one of the metadata's own enums is looked up; any other
+    ``getattr`` is refused."""
+    if not (isinstance(cls, type) and issubclass(cls, enum.Enum) and isinstance(name, str)
+            and (cls.__module__, cls.__qualname__) in _METADATA_CLASSES and name in cls.__members__):
+        raise pickle.UnpicklingError(f"getattr({getattr(cls, '__qualname__', type(cls).__name__)}, {name!r}) "
+                                     "is not part of a checkpoint's metadata")
+    return cls.__members__[name]
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     """Unpickles DCP's metadata and refuses any other global (a crafted ``.metadata`` cannot run
-    code). dtypes are the ``torch.<dtype>`` attributes that are dtypes."""
+    code). dtypes are the ``torch.<dtype>`` attributes that are dtypes; ``getattr`` is an enum
+    member's lookup (:func:`_enum_member`)."""
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in _METADATA_CLASSES:
             return super().find_class(module, name)
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
+        if (module, name) == ("builtins", "getattr"):
+            return _enum_member
         raise pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint's metadata")
 
 
