@@ -32,6 +32,7 @@ import psutil
 import pytest
 
 from db.states import TERMINAL, RunStatus
+from tests.cli_runner import run_in_process
 from tests.conftest import RUNYARD_UP_MARK, module_shares_a_product, wait_training_gone
 
 STARTUP_TIMEOUT_S = 60.0
@@ -121,11 +122,12 @@ class Runyard:
     login_url: str = ""
 
     def cli(self, *args: str) -> Any:
-        """Run `runyard ARGS --json` against the same home and return the parsed output."""
+        """`runyard ARGS --json` against the same home, in this process (tests/cli_runner.py: a
+        `runyard` process would take a second of CPU from the browser and the UI), parsed."""
         env = {**os.environ, "RUNYARD_HOME": str(self.home)}
         env.pop("RUNYARD_DB_URL", None)
-        out = subprocess.run([*_runyard_argv(), *args, "--json"], env=env, capture_output=True, text=True,
-                             timeout=60, check=True)
+        out = run_in_process([*args, "--json"], env)
+        assert out.returncode == 0, f"runyard {' '.join(args)} exited {out.returncode}: {out.stderr}"
         return json.loads(out.stdout)
 
 

@@ -32,6 +32,7 @@ from orchestrator.cli.base import open_sessions
 from orchestrator.scheduler.resources import detect_inventory
 from orchestrator.submission import submit, validate_file
 from tests import databases
+from tests.cli_runner import needs_a_process, run_in_process
 from tests.conftest import SCHEDULER_MARK, module_shares_a_product, wait_training_gone
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,10 +78,15 @@ class Product:
         with self._engine[1].connect() as conn:
             return [tuple(r) for r in conn.execute(text(sql), params)]
 
-    def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        result = subprocess.run(
-            [sys.executable, "-m", "orchestrator", *args], env=self.env, capture_output=True, text=True, timeout=120
-        )
+    def cli(self, *args: str, check: bool = True, process: bool = False) -> subprocess.CompletedProcess:
+        """``runyard ARGS`` on this installation: in this process (tests/cli_runner.py: the same
+        command, its output and exit code, without a second of CPU for a new interpreter), or as a
+        process of its own with ``process`` and for the verbs that serve until stopped."""
+        if process or needs_a_process(args):
+            result = subprocess.run([sys.executable, "-m", "orchestrator", *args], env=self.env,
+                                    capture_output=True, text=True, timeout=120)
+        else:
+            result = run_in_process(args, self.env)
         if check and result.returncode != 0:
             raise AssertionError(f"runyard {' '.join(args)} exited {result.returncode}: {result.stderr}")
         return result
@@ -114,11 +120,11 @@ class Product:
             os.umask(umask)
 
     def cli_submit(self, *overrides: str) -> int:
-        """`runyard submit examples/digits.toml --set ...` through the real CLI."""
+        """`runyard submit examples/digits.toml --set ...`, a `runyard` process as a person runs it."""
         args = ["submit", str(EXAMPLE)]
         for item in overrides:
             args += ["--set", item]
-        return int(self.cli(*args).stdout.strip())
+        return int(self.cli(*args, process=True).stdout.strip())
 
     def start_scheduler(self) -> subprocess.Popen:
         """Start a scheduler; in a module that shares one (:func:`product`), the module's, once."""
