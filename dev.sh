@@ -5,7 +5,7 @@
 #                                      with options, plain `pytest OPTIONS`; without (as CI): ruff and
 #                                      mypy at zero findings, then the tiers tests/unit, tests/faults +
 #                                      tests/integration, tests/browser, each its own pytest run (on
-#                                      2, 3 and 2 pytest-xdist workers) with
+#                                      4, 3 and 3 pytest-xdist workers) with
 #                                      --durations=25 and a JUnit XML in $RUNYARD_TEST_REPORTS (default
 #                                      .test-reports/), a failing tier stopping the later ones; the
 #                                      both-database tests also run on PostgreSQL when
@@ -124,12 +124,13 @@ case "$cmd" in
         mypy_pid=""
       }
       # Each tier on its own number of pytest-xdist workers (BENCHMARKS.md, "The test suite", has
-      # the measurements): the unit tests keep two cores busy; the slow tiers' tests mostly wait
-      # on the runs they start (about 0.8 of a core each), so three of them share two cores; two
-      # browser tests (Chromium, Streamlit and a run each) nearly fill them (296-301 s against
-      # 333-367 s one at a time). tests/conftest.py keeps the Slurm tests on one worker.
+      # the measurements): two unit workers kept 1.6 of the two cores busy (their tests wait on
+      # subprocesses, timeouts and PostgreSQL), four fill them (233 s against 264 s); the slow
+      # tiers' tests mostly wait on the runs they start (about 0.8 of a core each), so three of
+      # them share two cores; the browser tests (Chromium, Streamlit and a run each) kept 1.4 of
+      # them busy two at a time. tests/conftest.py keeps the Slurm tests on one worker.
       # RUNYARD_TEST_WORKERS overrides all three.
-      for tier in "unit 2" "faults integration 3" "browser 2"; do
+      for tier in "unit 4" "faults integration 3" "browser 3"; do
         workers="${RUNYARD_TEST_WORKERS:-${tier##* }}"; tier="${tier% *}"
         name="${tier// /+}"
         paths=(); for t in $tier; do paths+=("tests/$t"); done
