@@ -212,11 +212,12 @@ def test_budget_crossings_fire_at_50_80_100_and_pause_the_run(sessions: sessionm
         engine, worker = engine_and_worker(sessions, settings)
         fired = []
         for elapsed in (0.3, 0.6, 0.7, 0.9, 1.2):  # the attempt's age at $1 a second
+            now = time.time()  # the pass sees this age exactly, however late it runs under load
             with sessions() as s:
                 s.get(Run, run_id).price_usd_per_hour = 3600.0  # type: ignore[union-attr]
-                s.get(Attempt, 1).started_at = time.time() - elapsed  # type: ignore[union-attr]
+                s.get(Attempt, 1).started_at = now - elapsed  # type: ignore[union-attr]
                 s.commit()
-            fired.append([a.key.rsplit(":", 1)[-1] for a in engine.evaluate()])
+            fired.append([a.key.rsplit(":", 1)[-1] for a in engine.evaluate(now)])
         drain(worker)
         messages = [p.json["message"] for p in receiver.posts]
         tick_until(scheduler, lambda: status(sessions, run_id) == "PAUSED")
