@@ -68,6 +68,6 @@ def run_in_process(args: Sequence[str], env: Mapping[str, str]) -> subprocess.Co
         for engine in {id(e): e for e in engines}.values():  # no connection left open (PostgreSQL)
             engine.dispose()
     stderr = result.stderr
-    if result.exc_info is not None and not isinstance(result.exception, SystemExit):
+    if result.exc_info is not None and not isinstance(result.exc_info[1], SystemExit):
         stderr += "".join(traceback.format_exception(*result.exc_info))
     return subprocess.CompletedProcess(["runyard", *args], result.exit_code, result.stdout, stderr)

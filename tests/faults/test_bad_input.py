@@ -3,6 +3,13 @@ subprocess. Each case ends in one sentence naming the field or folder and the va
 documented exit code (1: the folder or the run; 2: the input), no traceback, and nothing queued
 or created.
 
+The two large matrices (every command on each kind of unusable folder, every impossible value
+at submit: about a hundred cases) run the same click command in the test's process
+(tests/cli_runner.py), which answers each in milliseconds where a process took 1.2 s of CPU;
+:func:`test_the_matrices_answer_in_process_exactly_as_a_process_does` runs rows of both both
+ways and compares exit code, stdout and stderr, and the read-only-mount rows, the serving verbs
+and every other test here stay real processes.
+
 Tests run as root here, and a read-only chmod does not stop root, so an unusable folder is made
 with what does: a path that is a file or lies under one, a folder under /proc (nothing can be
 created there), an immutable folder (chattr +i, skipped where the filesystem has no such flag)
@@ -26,6 +33,7 @@ import pytest
 
 from db.engine import make_engine, make_sessionmaker
 from db.states import RunStatus, transition
+from tests.cli_runner import needs_a_process, run_in_process
 from tests.integration.conftest import running_product
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,8 +48,11 @@ class Cli:
     env: dict[str, str]
     cwd: Path
     prefix: list[str] = field(default_factory=list)  # e.g. unshare for a read-only mount
+    in_process: bool = False  # the command in this process (args must not depend on cwd)
 
     def __call__(self, *args: str) -> subprocess.CompletedProcess:
+        if self.in_process and not self.prefix and not needs_a_process(args):
+            return run_in_process(args, self.env)
         argv = [*self.prefix, sys.executable, "-m", "orchestrator", *args]
         proc = subprocess.Popen(argv, env=self.env, cwd=self.cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, start_new_session=True)
@@ -54,7 +65,7 @@ class Cli:
         return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
-def make_cli(tmp_path: Path, home: Path | None, cwd: Path | None = None) -> Cli:
+def make_cli(tmp_path: Path, home: Path | None, cwd: Path | None = None, in_process: bool = False) -> Cli:
     env = dict(os.environ)
     for key in ("RUNYARD_DB_URL", "RUNYARD_HOME"):
         env.pop(key, None)
@@ -62,7 +73,7 @@ def make_cli(tmp_path: Path, home: Path | None, cwd: Path | None = None) -> Cli:
     env["RUNYARD_CPU_SLOTS"] = "2"
     if home is not None:
         env["RUNYARD_HOME"] = str(home)
-    return Cli(env=env, cwd=cwd or tmp_path)
+    return Cli(env=env, cwd=cwd or tmp_path, in_process=in_process)
 
 
 def one_error_line(result: subprocess.CompletedProcess) -> str:
@@ -110,7 +121,14 @@ def _files(folder: Path) -> set[str]:
 
 @pytest.fixture(params=["a file", "under a file", "under /proc", "immutable", "read-only mount"])
 def bad_home(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BadHome]:
-    kind = request.param
+    """An unusable data folder of each kind, its CLI answering in this process (but the read-only
+    mount's, which runs through unshare)."""
+    for made in _bad_home_of(request.param, tmp_path):
+        made.cli.in_process = True
+        yield made
+
+
+def _bad_home_of(kind: str, tmp_path: Path) -> Iterator[BadHome]:
     afile = tmp_path / "afile"
     afile.write_text("not a folder\n")
     if kind == "a file":
@@ -245,12 +263,32 @@ def test_an_impossible_value_is_refused_at_submit_with_exit_2_and_nothing_queued
     home_with_database: Path, tmp_path: Path, case: tuple
 ) -> None:
     _, argv, expected = case
-    result = make_cli(tmp_path, home_with_database)("submit", *argv(tmp_path))
+    result = make_cli(tmp_path, home_with_database, in_process=True)("submit", *argv(tmp_path))
     assert result.returncode == 2, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
     for text in expected:
         assert text in result.stderr, (text, result.stderr)
     assert "nothing was queued" in result.stderr and result.stdout == ""
+    assert runs_in(home_with_database) == 0
+
+
+@pytest.mark.parametrize("row", [0, 2, 9, 15])
+def test_the_matrices_answer_in_process_exactly_as_a_process_does(home_with_database: Path, tmp_path: Path,
+                                                                   row: int) -> None:
+    """The in-process answers of the matrices above are the process's own: rows of each, both
+    ways, give the same exit code, stdout and stderr."""
+    _, argv, _ = SUBMIT_CASES[row]
+    args = ["submit", *argv(tmp_path)]
+    a = make_cli(tmp_path, home_with_database)(*args)
+    b = make_cli(tmp_path, home_with_database, in_process=True)(*args)
+    assert (b.returncode, b.stdout, b.stderr) == (a.returncode, a.stdout, a.stderr), args
+    assert a.returncode == 2
+    (tmp_path / "afile").write_text("not a folder\n")
+    for home in (tmp_path / "afile", tmp_path / "afile" / "home"):
+        args = EVERY_COMMAND[row]
+        process, in_process = make_cli(tmp_path, home), make_cli(tmp_path, home, in_process=True)
+        a, b = process(*args), in_process(*args)
+        assert (b.returncode, b.stdout, b.stderr) == (a.returncode, a.stdout, a.stderr), args
     assert runs_in(home_with_database) == 0
 
 
