@@ -107,7 +107,14 @@ def test_grad_accumulation_matches_one_big_batch(product: Product) -> None:
 def test_compile_matches_eager_under_ddp_with_accumulation_and_activation_checkpointing(product: Product) -> None:
     """``train.compile`` compiles the whole DDP model (gradient accumulation's no_sync and
     activation checkpointing inside the graph): the same loss curve as eager, to float
-    rounding."""
+    rounding.
+
+    Inductor's fused kernels round differently from eager's, and training amplifies the
+    difference step by step: on Debian's Python (CI 44) the curves were equal for 5 steps,
+    1e-6 apart at step 10, 1e-4 at step 16 and 3.75e-3 at step 22 (a loss near 3), while on
+    another interpreter the same 30 steps stayed under 1e-3. What would be a compile bug (a
+    gradient not accumulated, a recomputation that differs) moves the loss at step 2 by 0.1 or
+    more. So: the first ten steps to 1e-4, all thirty to 2e-2."""
     common = (*SMALL, "train.batch_size=8", "train.grad_accum=2", "train.max_steps=30", "train.log_every=1",
               "train.eval_every=0", "train.deterministic=true", "train.lr=0.003", "supervision.startup_timeout_s=600")
     eager = product.submit(*common, "name=eager")
@@ -117,7 +124,10 @@ def test_compile_matches_eager_under_ddp_with_accumulation_and_activation_checkp
     succeed(product, compiled, timeout=600)
     assert "torch.compile: the whole model" in product.cli("logs", str(compiled)).stdout
     assert "torch.compile" not in product.cli("logs", str(eager)).stdout
-    assert max_diff(curve(product, eager), curve(product, compiled)) < 1e-3
+    eager_curve, compiled_curve = curve(product, eager), curve(product, compiled)
+    assert max_diff(eager_curve, compiled_curve) < 2e-2  # the same steps and ranks, and close
+    early = [k for k in eager_curve if k[1] <= 10]
+    assert max_diff({k: eager_curve[k] for k in early}, {k: compiled_curve[k] for k in early}) < 1e-4
 
 
 def test_fsdp_matches_ddp_and_resumes_after_sigkill(product: Product) -> None:
