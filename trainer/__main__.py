@@ -10,6 +10,14 @@ reported to the database.
 
 from __future__ import annotations
 
+import gc
+
+if __name__ == "__main__":
+    # A rank started cold imports torch and the trainer with the collector off; main() turns it
+    # back on once they are in (trainer.lifecycle.settle_imports says why). A warm rank was
+    # forked from an agent that has imported them already.
+    gc.disable()
+
 import argparse
 import logging
 import os
@@ -51,11 +59,12 @@ def main(argv: list[str] | None = None) -> int:
 
     # Imported here so that `--help` and config errors do not pay for torch.
     from trainer import distributed, faults  # noqa: PLC0415 - after the config is read: --help and config errors do not pay for torch
-    from trainer.lifecycle import register_stack_dumps  # noqa: PLC0415 - after the config is read: --help and config errors do not pay for torch
+    from trainer.lifecycle import register_stack_dumps, settle_imports  # noqa: PLC0415 - after the config is read: --help and config errors do not pay for torch
     from trainer.sdk import init  # noqa: PLC0415 - after the config is read: --help and config errors do not pay for torch
     from trainer.workloads import build_workload  # noqa: PLC0415 - after the config is read: --help and config errors do not pay for torch
 
     imported = time.time()  # Python, torch and runyard's rank side are in (db/vocabulary/phases.py)
+    settle_imports()
     workload = build_workload(config)  # refuses options it cannot honour before joining the others
     # The scheduler's stack dump (SIGUSR1) must not kill a rank still joining the others: dump
     # from now on (the Run registers its own file next).

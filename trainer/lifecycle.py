@@ -8,6 +8,7 @@ preemption, a cluster manager) is told apart by the scheduler, which knows what 
 from __future__ import annotations
 
 import faulthandler
+import gc
 import json
 import os
 import signal
@@ -88,6 +89,22 @@ def self_stat(*numbers: int) -> tuple[int, ...]:
         stat = f.read()
     fields = stat[stat.rindex(")") + 2:].split()  # from field 3 on: the name may hold spaces
     return tuple(int(fields[n - 3]) for n in numbers)
+
+
+def settle_imports() -> None:
+    """End an entry's imports made with the cyclic garbage collector off (``gc.disable()`` at the
+    top of ``python -m trainer`` and of torchrun's agent, trainer/agent/torchrun.py): what they
+    imported moves to the permanent generation, and the collector is turned back on.
+
+    ``import torch, torch._dynamo`` makes about 290,000 objects that live as long as the process
+    (modules, functions, classes), and CPython runs a full collection each time its long-lived
+    objects grow by a quarter: five passes of up to 0.1 s during the import, which find almost
+    nothing (3.55 s of CPU against 3.14 s without them, median of five, on this machine's two
+    cores). Frozen, they are not scanned again by the full collections of the training loop
+    either (as ``gc.freeze`` is meant to be used after start-up: its documentation).
+    """
+    gc.freeze()
+    gc.enable()
 
 
 def exit_without_finalising(main: Callable[[], int | None]) -> NoReturn:

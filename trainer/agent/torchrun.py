@@ -49,6 +49,13 @@ endpoint or ``--local-addr`` that is not a loopback address, an elastic node ran
 
 from __future__ import annotations
 
+import gc
+
+if __name__ == "__main__":
+    # The agent imports torch (and for warm ranks the trainer) with the collector off;
+    # main() turns it back on (trainer.lifecycle.settle_imports says why).
+    gc.disable()
+
 import ipaddress
 import json
 import os
@@ -69,7 +76,7 @@ from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
 from db.vocabulary.layout import FAILURE_FILE, RANK_MAP_FILE
 from trainer.agent import warm as warm_module
-from trainer.lifecycle import exit_without_finalising
+from trainer.lifecycle import exit_without_finalising, settle_imports
 from trainer.store_secret import MissingSecret, ensure_secret, guard_rendezvous_unpickling, prefixed
 
 # Where psutil finds no interface carrying 127.0.0.1 (it always exists on Linux).
@@ -333,6 +340,7 @@ def main(argv: list[str]) -> None:
         sys.exit(2)
     if warm:
         warm_module.use_warm_ranks()
+    settle_imports()
     run.main(argv)
 
 
