@@ -9,6 +9,9 @@ the command's body, its output and exit code) runs in this process in a few mill
 the environment the process would have had and nothing of its own left behind (umask, logging
 handlers, database connections).
 
+Calls are serialized (click's runner swaps the process's standard streams and environment for
+the call): two commands that must be at the same moment are two processes.
+
 What only a process shows stays a process: the verbs that serve until stopped (``scheduler``,
 ``ui``, ``up``, ``logs --follow``), and the tests about the command line as typed (module
 ``tests/faults/test_bad_input.py``, ``Product.cli(..., process=True)``, ``Product.cli_submit``).
@@ -19,9 +22,11 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+import threading
 import traceback
 from collections.abc import Mapping, Sequence
 
+import click
 from click.testing import CliRunner
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
@@ -29,6 +34,7 @@ from sqlalchemy.engine import Connection, Engine
 # Verbs that run until they are stopped: always a process of their own.
 SERVING = frozenset({"scheduler", "ui", "up"})
 FOLLOW = frozenset({"-f", "--follow"})
+_ONE_AT_A_TIME = threading.Lock()
 
 
 def needs_a_process(args: Sequence[str]) -> bool:
@@ -47,6 +53,11 @@ def run_in_process(args: Sequence[str], env: Mapping[str, str]) -> subprocess.Co
 
     environ: dict[str, str | None] = {key: None for key in os.environ if key not in env}
     environ.update(env)
+    with _ONE_AT_A_TIME:
+        return _invoke(cli, args, environ)
+
+
+def _invoke(cli: click.Command, args: Sequence[str], environ: dict[str, str | None]) -> subprocess.CompletedProcess:
     engines: list[Engine] = []
 
     def connected(conn: Connection) -> None:

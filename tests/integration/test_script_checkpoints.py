@@ -183,8 +183,8 @@ def test_pause_needs_a_checkpoint_source_and_rerun_starts_again_in_the_folder(
 
     # Both refusals asked at once (two CLI processes): the run stays RUNNING through them.
     with ThreadPoolExecutor(2) as pool:
-        pausing = pool.submit(product.cli, "pause", str(plain), check=False)
-        rerunning = pool.submit(product.cli, "rerun", str(plain), check=False)
+        pausing = pool.submit(product.cli, "pause", str(plain), check=False, process=True)
+        rerunning = pool.submit(product.cli, "rerun", str(plain), check=False, process=True)
         refused, refused_rerun = pausing.result(), rerunning.result()
     assert refused.returncode != 0
     assert "no checkpoint source" in refused.stderr and "workload.checkpoint_glob" in refused.stderr
