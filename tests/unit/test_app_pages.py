@@ -46,10 +46,7 @@ from db.vocabulary.cost import Price
 from db.vocabulary.inventory import Inventory
 from db.vocabulary.settings import Settings, load_settings
 from orchestrator.submission import submit
-
-MAIN = Path(__file__).resolve().parents[2] / "app" / "main.py"
-TIMEOUT_S = 30
-
+from tests.unit.apptest import new_app
 
 # -- fixtures and seeding helpers ------------------------------------------------------------
 
@@ -149,7 +146,7 @@ def seeded(settings: Settings, sessions: sessionmaker[Session]) -> dict[str, int
 
 
 def app() -> AppTest:
-    return AppTest.from_file(str(MAIN), default_timeout=TIMEOUT_S)
+    return new_app()
 
 
 def open_page(page: str, **query: str) -> AppTest:

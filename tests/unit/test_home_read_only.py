@@ -39,6 +39,7 @@ from db.engine import (
     read_only_url,
     upgrade,
 )
+from tests.unit.apptest import new_app
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "digits.toml"
@@ -199,7 +200,7 @@ def test_a_pre_release_schema_on_a_read_only_home_is_named_with_what_to_do(tmp_p
 
 
 def _app(page: str, **query: str) -> AppTest:
-    at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=30).run()
+    at = new_app().run()
     at.switch_page(page)
     for key, value in query.items():
         at.query_params[key] = value

@@ -46,6 +46,7 @@ from db.vocabulary.settings import Settings
 from orchestrator.scheduler import sysmon
 from orchestrator.scheduler.loop import Scheduler, add_jobs
 from orchestrator.scheduler.sysmon import SAMPLE_S, SystemMonitor
+from tests.unit.apptest import new_app
 
 START = 1_000_000.0  # a window boundary: samples at START, +2, ... +8 fall in one window
 
@@ -601,7 +602,7 @@ def test_the_run_page_summarizes_the_newest_window_and_draws_charts_on_demand(
     assert "processes 99% of one core, 0.5 GiB RSS" in line and "host CPU 50%" in line
     assert "No system samples" in summary_line(None)
 
-    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "app" / "main.py"), default_timeout=30)
+    at = new_app()
     at.query_params["run"] = str(run_id)
     at.switch_page("views/run.py").run()
     assert not at.exception, [e.value for e in at.exception]
