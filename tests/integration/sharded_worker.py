@@ -2,8 +2,9 @@
 FSDP2 on gloo (CPU), saved and loaded through runyard's CheckpointManager exactly as the gpt-char
 workload does (its ShardedModelState and ShardedOptimizerState adapters).
 
-Started by ``torch.multiprocessing.start_processes`` (spawn) with a file store in the test's
-folder; rank 0 writes what the test asserts on to ``<folder>/<scenario>.json``.
+Started by ``torch.multiprocessing.start_processes``, forked from multiprocessing's fork server
+(which imports this module once), with a file store in the test's folder; rank 0 writes what the
+test asserts on to ``<folder>/<scenario>.json``.
 """
 
 from __future__ import annotations
