@@ -191,16 +191,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # browser module's few tests stay where they are.
     items.sort(key=lambda item: not (SLURM_GROUP in item.path.name
                                      or module_shares_a_product(item.path, (SCHEDULER_MARK,))))
-    try:
-        import torch  # noqa: PLC0415 - optional: without torch there is no CUDA to test
+    # torch (about 2 s of CPU to import) only where a GPU test was collected: a pytest run of
+    # other tests, such as the ones tests/unit runs in a subprocess, does without it.
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    has_cuda = False
+    if gpu_items:
+        try:
+            import torch  # noqa: PLC0415 - optional: without torch there is no CUDA to test
 
-        has_cuda = torch.cuda.is_available()
-    except ImportError:
-        has_cuda = False
+            has_cuda = torch.cuda.is_available()
+        except ImportError:
+            pass
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
-    for item in items:
-        if "gpu" in item.keywords and not has_cuda:
+    for item in gpu_items:
+        if not has_cuda:
             item.add_marker(skip_gpu)
+    for item in items:
         if "slurm" in getattr(item, "fixturenames", ()) and SLURM_GROUP not in item.path.name:
             raise pytest.UsageError(f"{item.nodeid} uses the Slurm cluster: put it in a module whose name has "
                                     f"{SLURM_GROUP!r} in it, so it runs after the others of the cluster "
