@@ -213,6 +213,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                                     "(pytest_xdist_make_scheduler)")
 
 
+def fork_ranks(entry: Callable[..., None], args: tuple[Any, ...], nprocs: int) -> None:
+    """``torch.multiprocessing.start_processes(entry, args, nprocs)`` for tests that play ranks
+    themselves (gloo on a file store): the ranks are forked from multiprocessing's fork server,
+    which imports ``entry``'s module (and with it torch) once per test process instead of once per
+    rank (about 4 s of CPU each when spawned). The server is started by the first call of a
+    process with that module preloaded; a later module's ranks import it themselves. The ranks
+    get the environment of the process as it was when the server started."""
+    import multiprocessing  # noqa: PLC0415 - torch only for the tests that start ranks
+
+    import torch.multiprocessing as mp  # noqa: PLC0415
+
+    multiprocessing.set_forkserver_preload([entry.__module__])
+    mp.start_processes(entry, args=args, nprocs=nprocs, start_method="forkserver")
+
+
 T = TypeVar("T")
 
 

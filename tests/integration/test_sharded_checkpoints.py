@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import json
 import math
-import multiprocessing
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch.multiprocessing as mp
 
+from tests.conftest import fork_ranks
 from tests.integration import sharded_worker
 
 pytestmark = pytest.mark.slow
@@ -28,12 +27,7 @@ SHARES_ITS_MODULE_FIXTURES = True
 
 
 def run(folder: Path, world: int, scenario: str) -> dict[str, Any]:
-    # The ranks are forked from multiprocessing's fork server, which imports torch and the worker
-    # once for the module's three worlds (10 ranks): spawned, each rank imported them itself
-    # (about 4 s of CPU each).
-    multiprocessing.set_forkserver_preload([sharded_worker.__name__])
-    mp.start_processes(sharded_worker.main, args=(world, str(folder), scenario), nprocs=world,
-                       start_method="forkserver")
+    fork_ranks(sharded_worker.main, (world, str(folder), scenario), world)  # one import for the 10 ranks
     result: dict[str, Any] = json.loads((folder / f"{scenario}.json").read_text())
     return result
 

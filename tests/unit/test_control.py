@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from db.vocabulary.config import CheckpointConfig, SupervisionConfig
+from tests.conftest import fork_ranks
 from trainer.context import RunContext
 from trainer.control import ControlChannel
 from trainer.sdk import Run
@@ -55,8 +55,7 @@ def play(rank: int, store_path: str, out: str) -> None:
 
 def test_two_ranks_are_told_the_same_one_step_late_and_every_log_arrives_once(tmp_path: Path) -> None:
     outs = [tmp_path / f"rank-{r}.json" for r in range(2)]
-    mp.start_processes(_entry, args=(str(tmp_path / "store"), [str(o) for o in outs]), nprocs=2,
-                       start_method="spawn")
+    fork_ranks(_entry, (str(tmp_path / "store"), [str(o) for o in outs]), 2)
     results = [json.loads(o.read_text()) for o in outs]
     assert results[0]["told"] == results[1]["told"]  # the same decisions at the same steps
     told = results[0]["told"]
@@ -130,8 +129,7 @@ def play_run(rank: int, store_path: str, run_dir: str, out: str) -> None:
 
 def test_the_run_hands_one_channel_to_the_stop_signal_the_checkpointer_and_the_monitor(tmp_path: Path) -> None:
     outs = [tmp_path / f"rank-{r}.json" for r in range(2)]
-    mp.start_processes(_run_entry, args=(str(tmp_path / "store"), str(tmp_path / "run"), [str(o) for o in outs]),
-                       nprocs=2, start_method="spawn")
+    fork_ranks(_run_entry, (str(tmp_path / "store"), str(tmp_path / "run"), [str(o) for o in outs]), 2)
     results = [json.loads(o.read_text()) for o in outs]
     for result in results:
         assert result["flags"] == ["stop", "checkpoint_due"]  # the stop signal's and the checkpointer's, one channel
