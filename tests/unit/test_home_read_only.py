@@ -39,6 +39,7 @@ from db.engine import (
     read_only_url,
     upgrade,
 )
+from tests.cli_runner import needs_a_process, run_in_process
 from tests.unit.apptest import new_app
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,9 +79,12 @@ def _assert_read_only(home: Path) -> None:
 
 
 def runyard(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """``runyard ARGS`` as its own process on the data folder ``home``."""
+    """``runyard ARGS`` on the data folder ``home``: in this process, as tests/cli_runner.py runs
+    it (the mount is read-only for every process), or its own process for a verb that serves."""
     env = {**os.environ, "RUNYARD_HOME": str(home), "PYTHONPATH": str(ROOT)}
     env.pop("RUNYARD_DB_URL", None)
+    if not needs_a_process(args):
+        return run_in_process(args, env)
     return subprocess.run([sys.executable, "-m", "orchestrator.cli.group", *args], capture_output=True, text=True,
                           env=env, timeout=60, check=False)
 
