@@ -67,12 +67,12 @@ case "${RUNYARD_DB_URL:-}" in postgresql*|postgres:*) extras="$extras,postgres" 
 case "$cmd" in test|test-setup) extras="gpu,scripts,debug,postgres,test" ;; esac
 stamp="$VENV/.runyard-installed"
 want="$(cat pyproject.toml | sha256sum | cut -c1-16)-$extras"
-# runyard and its dependencies (about ninety packages) with uv where it can be had: it resolves,
+# runyard and its dependencies (about 96 packages) with uv where it can be had: it resolves,
 # downloads and byte-compiles them in parallel, about 20 s against pip's 55 s on two cores
-# (BENCHMARKS.md, "Set-up"). uv reads PyPI (or its own UV_INDEX_URL), not pip's configuration, and
-# does not see packages outside the venv: so the torch installed above is pinned for it, a venv
-# that sees the system's packages is left to pip, and where uv cannot be installed or fails pip
-# installs (RUNYARD_INSTALLER=pip asks for pip alone).
+# (BENCHMARKS.md, "The test suite"). uv reads PyPI (or its own UV_INDEX_URL), not pip's
+# configuration, and does not see packages outside the venv: so the torch installed above is
+# pinned for it, a venv that sees the system's packages is left to pip, and where uv cannot be
+# installed or fails pip installs (RUNYARD_INSTALLER=pip asks for pip alone).
 install_runyard() {
   if [ "${RUNYARD_INSTALLER:-uv}" = uv ] && ! grep -qs "include-system-site-packages = true" "$VENV/pyvenv.cfg" \
      && { [ -x "$VENV/bin/uv" ] || "$VPY" -m pip install -q uv >/dev/null 2>&1; }; then
