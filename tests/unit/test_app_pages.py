@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
+import shutil
 import sysconfig
 import time
 from collections.abc import Callable, Iterator
@@ -35,7 +37,7 @@ from streamlit.testing.v1 import AppTest
 from app import data
 from app.charts import NAN_COLOR
 from db import queries
-from db.engine import make_engine, make_sessionmaker, upgrade
+from db.engine import make_engine, make_sessionmaker
 from db.metricstore import write_points
 from db.models import Attempt, Checkpoint, Event, Run, SchedulerHeartbeat
 from db.requests import RequestRefused, create_run, set_prices
@@ -54,19 +56,21 @@ from tests.unit.apptest import new_app
 @pytest.fixture
 def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, db_dialect: str,
              request: pytest.FixtureRequest) -> Iterator[Settings]:
-    """A fresh runyard home in tmp_path with the schema at head (its SQLite file, or for the
-    tests marked ``both_dbs`` also a fresh PostgreSQL database); Streamlit caches emptied so
-    the app's cached settings and engine point at it."""
+    """A fresh runyard home in tmp_path with the schema at head (its SQLite file, a copy of the
+    session's migrated template, or for the tests marked ``both_dbs`` also a fresh PostgreSQL
+    database); Streamlit caches emptied so the app's cached settings and engine point at it."""
     monkeypatch.setenv("RUNYARD_HOME", str(tmp_path))
     monkeypatch.delenv("RUNYARD_DB_URL", raising=False)
     if db_dialect == "postgres":
         monkeypatch.setenv("RUNYARD_DB_URL", request.getfixturevalue("migrated_url"))
+    else:
+        shutil.copyfile(request.getfixturevalue("sqlite_template"), tmp_path / "runyard.db")
     monkeypatch.setenv("RUNYARD_CPU_SLOTS", "2")  # the same machine limits on every host
     monkeypatch.delenv("RUNYARD_SCRIPT_ROOTS", raising=False)  # the default roots: the cwd and tmp_path
     st.cache_resource.clear()
     st.cache_data.clear()
     s = load_settings()
-    upgrade(s.db_url)
+    assert s.db_url in (f"sqlite:///{tmp_path / 'runyard.db'}", os.environ.get("RUNYARD_DB_URL")), s.db_url
     yield s
     st.cache_resource.clear()
     st.cache_data.clear()
