@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
 import shutil
 import sysconfig
@@ -31,6 +30,7 @@ import pytest
 import streamlit as st
 from pydantic import Field
 from sqlalchemy import select
+from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 from streamlit.testing.v1 import AppTest
 
@@ -63,14 +63,13 @@ def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, db_dialect: str,
     monkeypatch.delenv("RUNYARD_DB_URL", raising=False)
     if db_dialect == "postgres":
         monkeypatch.setenv("RUNYARD_DB_URL", request.getfixturevalue("migrated_url"))
-    else:
-        shutil.copyfile(request.getfixturevalue("sqlite_template"), tmp_path / "runyard.db")
     monkeypatch.setenv("RUNYARD_CPU_SLOTS", "2")  # the same machine limits on every host
     monkeypatch.delenv("RUNYARD_SCRIPT_ROOTS", raising=False)  # the default roots: the cwd and tmp_path
     st.cache_resource.clear()
     st.cache_data.clear()
     s = load_settings()
-    assert s.db_url in (f"sqlite:///{tmp_path / 'runyard.db'}", os.environ.get("RUNYARD_DB_URL")), s.db_url
+    if db_dialect == "sqlite":  # the home's own database file, where the settings put it
+        shutil.copyfile(request.getfixturevalue("sqlite_template"), str(make_url(s.db_url).database))
     yield s
     st.cache_resource.clear()
     st.cache_data.clear()
@@ -149,13 +148,9 @@ def seeded(settings: Settings, sessions: sessionmaker[Session]) -> dict[str, int
     return {"queued": queued, "running": running}
 
 
-def app() -> AppTest:
-    return new_app()
-
-
 def open_page(page: str, **query: str) -> AppTest:
     """Run the app once (to register the pages), then switch to ``page`` with ``query``."""
-    at = app().run()
+    at = new_app().run()
     at.switch_page(page)
     for key, value in query.items():
         at.query_params[key] = value
@@ -200,7 +195,7 @@ def chart_data(chart) -> pd.DataFrame:  # type: ignore[no-untyped-def]
 
 @pytest.mark.both_dbs  # the UI's data layer (app/data.py) on PostgreSQL too
 def test_runs_page_lists_runs_with_status_and_step(seeded: dict[str, int]) -> None:
-    at = app().run()
+    at = new_app().run()
     no_exception(at)
     assert at.title[0].value == "Runs"
     table = at.dataframe[0].value.set_index("id")
@@ -219,14 +214,14 @@ def test_runs_page_lists_runs_with_status_and_step(seeded: dict[str, int]) -> No
 
 
 def test_runs_page_status_filter(seeded: dict[str, int]) -> None:
-    at = app().run()
+    at = new_app().run()
     at.multiselect[0].select("QUEUED").run()
     no_exception(at)
     assert at.dataframe[0].value["name"].tolist() == ["queued-one"]
 
 
 def test_runs_page_without_runs_points_to_new_run(settings: Settings) -> None:
-    at = app().run()
+    at = new_app().run()
     no_exception(at)
     assert not at.dataframe
     assert "No runs yet" in at.info[0].value
@@ -240,7 +235,7 @@ def test_stale_heartbeat_shows_scheduler_offline(settings: Settings, sessions: s
         add_heartbeat(s, age_s=60.0)
         s.commit()
     started = time.monotonic()
-    at = app().run()
+    at = new_app().run()
     waited = time.monotonic() - started
     no_exception(at)
     warnings = [w.value for w in at.warning]
@@ -253,12 +248,12 @@ def test_stale_heartbeat_shows_scheduler_offline(settings: Settings, sessions: s
 
 
 def test_no_heartbeat_ever_shows_scheduler_offline(settings: Settings) -> None:
-    at = app().run()
+    at = new_app().run()
     assert any("Scheduler offline" in w.value and "never seen" in w.value for w in at.warning)
 
 
 def test_fresh_heartbeat_shows_no_banner(seeded: dict[str, int]) -> None:
-    at = app().run()
+    at = new_app().run()
     no_exception(at)
     assert not any("Scheduler offline" in w.value for w in at.warning)
 
@@ -1150,7 +1145,7 @@ def test_runs_page_filters_by_tag(settings: Settings, sessions: sessionmaker[Ses
             s.flush()
             assert run.id
         s.commit()
-    at = app().run()
+    at = new_app().run()
     no_exception(at)
     assert at.multiselect[1].options == ["baseline", "lr", "sweep"]
     at.multiselect[1].set_value(["sweep"]).run()
@@ -1161,7 +1156,7 @@ def test_runs_page_filters_by_tag(settings: Settings, sessions: sessionmaker[Ses
 
 
 def test_with_oidc_configured_the_pages_wait_for_the_sign_in(seeded: dict[str, int]) -> None:
-    at = app()
+    at = new_app()
     at.secrets["auth"] = {"redirect_uri": "http://127.0.0.1:8501/oauth2callback", "cookie_secret": "x" * 32,
                           "client_id": "runyard", "client_secret": "s",
                           "server_metadata_url": "https://id.example/.well-known/openid-configuration"}
@@ -1172,7 +1167,7 @@ def test_with_oidc_configured_the_pages_wait_for_the_sign_in(seeded: dict[str, i
 
 
 def test_without_oidc_the_pages_show_at_once(seeded: dict[str, int]) -> None:
-    at = app().run()
+    at = new_app().run()
     no_exception(at)
     assert "Log in" not in [b.label for b in at.button]
     assert at.dataframe
