@@ -288,8 +288,8 @@ def test_watcher_sees_two_attempts_together(tmp_path: Path) -> None:
             p.wait()
 
 
-# Installed into the scheduler's interpreter (a sitecustomize on its PYTHONPATH): the 40th job
-# submitted to APScheduler's thread pool sends the process SIGTERM while it holds the pool's
+# Installed into the scheduler's interpreter (a sitecustomize on its PYTHONPATH): the 10th job
+# submitted to APScheduler's thread pool (a few seconds after the start) sends the process SIGTERM while it holds the pool's
 # lock, as a signal arriving inside ThreadPoolExecutor.submit does.
 SIGNAL_INSIDE_SUBMIT = '''
 import concurrent.futures.thread as pool
@@ -303,7 +303,7 @@ _count = [0]
 
 def submit(self, fn, /, *args, **kwargs):
     _count[0] += 1
-    if _count[0] == 40:
+    if _count[0] == 10:
         with self._shutdown_lock:
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(0.3)  # the handler runs while the lock is held
@@ -316,8 +316,8 @@ pool.ThreadPoolExecutor.submit = submit
 
 def test_sigterm_while_the_job_pool_holds_its_lock_still_stops_the_scheduler(product: Product, tmp_path: Path) -> None:
     """Seen in CI 39: a scheduler sent SIGTERM did not stop in 30 s. Its handler shut APScheduler
-    down on the main thread, which was inside the thread pool's submit (the wake job runs 20 times
-    a second) holding the pool's lock: the shutdown waited for that lock for ever. The handler now
+    down on the main thread, which was inside the thread pool's submit (its tick, lease and system jobs go
+    through it several times a second) holding the pool's lock: the shutdown waited for that lock for ever. The handler now
     only notes the signal; the main thread stops the scheduler outside it."""
     hook = tmp_path / "hook"
     hook.mkdir()
