@@ -32,7 +32,7 @@ def isolated_ranks(run_id: int, nproc: int) -> tuple[str, ...]:
     it is the help of the Ranks control above it (app/views/run.py's RANKS_HELP)."""
     if nproc < 2:
         return ()
-    event = st.altair_chart(charts.rank_legend([str(r) for r in range(nproc)]), on_select="rerun",
+    event = st.altair_chart(charts.unvalidated(charts.rank_legend([str(r) for r in range(nproc)])), on_select="rerun",
                             selection_mode="isolate", key=f"rank-legend-{run_id}", width="stretch")
     return tuple(str(p["rank"]) for p in event.selection.get("isolate", []) if "rank" in p)
 
@@ -85,7 +85,7 @@ def zoomable_chart(run_id: int, key: str, chart: alt.LayerChart, x_axis: str, wh
     # A new key after Reset zoom: Streamlit restores a chart's selections by its key, so the box
     # drawn before the reset stayed on the chart (and caught the clicks inside it).
     chart_key = f"chart-{where}-{run_id}-{key}-{st.session_state.get(f'zoom-resets-{run_id}', 0)}"
-    st.altair_chart(chart, width="stretch", key=chart_key, selection_mode=["box", "pin"],
+    st.altair_chart(charts.unvalidated(chart), width="stretch", key=chart_key, selection_mode=["box", "pin"],
                     on_select=partial(_selected, run_id, key, chart_key, x_axis))
 
 

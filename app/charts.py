@@ -17,16 +17,22 @@ reset).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import altair as alt
 import numpy as np
 import pandas as pd
 
 from db.vocabulary import metric_registry as registry
+
+# Altair's debug mode validates every schema object against Vega-Lite's JSON schema as it is built
+# (for better error messages while a chart is written); the UI builds the same charts on every
+# redraw. tests/unit/test_charts.py validates each builder's whole spec instead (``to_dict()``).
+alt.utils.schemapi.disable_debug_mode()
 
 PER_RANK = "per rank"
 RANK_MEAN = "mean + band"
@@ -49,6 +55,22 @@ PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#7
 MEAN_FROM_RANKS = 8
 FADED_OPACITY = 0.12  # lines of the ranks not isolated
 POINTS_BELOW = 60  # draw point markers on lines with fewer rows than this
+
+
+Chart = TypeVar("Chart", bound=alt.TopLevelMixin)
+
+
+def unvalidated(chart: Chart) -> Chart:
+    """``chart`` for ``st.altair_chart``: its ``to_dict`` skips the JSON-schema validation.
+
+    Streamlit turns a chart into its spec with ``chart.to_dict()``, which validates the whole
+    Vega-Lite spec against the schema every time: about a tenth of a Run page's script time on
+    the server, paid again on every live redraw. The builders here are validated by
+    tests/unit/test_charts.py, which calls ``to_dict()`` on the charts themselves.
+    """
+    # Not ``chart.to_dict = ...``: Altair keeps attributes set on a chart as parts of its spec.
+    object.__setattr__(chart, "to_dict", functools.partial(type(chart).to_dict, chart, validate=False))
+    return chart
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ def attempts_table(d: dict[str, Any]) -> None:
             "start": pd.to_datetime(a["started_at"], unit="s"), "end": pd.to_datetime(a["ended_at"] or now, unit="s"),
             "steps": f"{a['resume_step'] or 0}–{a['last_step'] or a['resume_step'] or 0}", "reason": a["reason"] or "",
         })
-    st.altair_chart(charts.attempt_timeline(pd.DataFrame(rows)), width="stretch")
+    st.altair_chart(charts.unvalidated(charts.attempt_timeline(pd.DataFrame(rows))), width="stretch")
     st.dataframe(
         pd.DataFrame(
             [

@@ -18,6 +18,7 @@ import streamlit as st
 
 from app import compare_charts as cc
 from app import data, style
+from app.charts import unvalidated
 from db.compare import MAX_POINTS, MAX_RUNS, config_diff, higher_is_better
 from db.vocabulary import metric_registry
 
@@ -104,7 +105,8 @@ def charts(runs: list[dict[str, Any]], keys: list[str], colors: list[str]) -> No
             lacking = [label for f, label in zip(frames, labels, strict=True) if f.empty]
             log_y = st.toggle("Log y", key=f"compare-log-{key}",
                               help=f"A log scale for the {style.plain(metric_registry.label(key))} chart only.")
-            st.altair_chart(cc.overlay_chart(pd.concat(frames), key, labels, colors, log_y=log_y), width="stretch")
+            st.altair_chart(unvalidated(cc.overlay_chart(pd.concat(frames), key, labels, colors, log_y=log_y)),
+                            width="stretch")
             if lacking:
                 st.caption(f"No {style.plain(metric_registry.label(key))} in {style.plain(', '.join(lacking))}.")
 

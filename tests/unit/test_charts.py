@@ -11,6 +11,7 @@ import colorsys
 import json
 import math
 
+import altair as alt
 import pandas as pd
 import pytest
 
@@ -93,6 +94,20 @@ def test_metric_chart_layers_follow_the_options() -> None:
     assert layer_marks(raw) == ["line", "rule"]  # the line and the hover read-out
     log = charts.metric_chart(frame, "loss", ChartOptions(log_keys=frozenset({"loss"}), x=charts.X_WALL), "wall time")
     assert json.dumps(log.to_dict()).count('"type": "log"') >= 1
+
+
+def test_the_page_draws_the_spec_these_tests_validate_without_validating_it_again() -> None:
+    """The UI hands Streamlit ``charts.unvalidated(chart)``, whose ``to_dict`` (what Streamlit
+    calls on every redraw) skips Altair's JSON-schema validation: the same spec as the validated
+    one these tests read, and a spec that would not validate goes through (so the skip is real)."""
+    chart = charts.metric_view(eight_ranks(), {}, ChartOptions(), "loss")
+    validated = chart.to_dict()
+    assert charts.unvalidated(chart).to_dict() == validated
+    assert "to_dict" not in json.dumps(validated)  # nothing of the wrapper leaked into the spec
+    broken = alt.Chart(pd.DataFrame({"x": [1, 2]}), width="wide").mark_line().encode(x="x:Q")
+    with pytest.raises(alt.utils.schemapi.SchemaValidationError):
+        broken.to_dict()
+    assert charts.unvalidated(broken).to_dict()["width"] == "wide"
 
 
 def eight_ranks(key: str = "loss", steps: int = 20) -> list[dict]:
