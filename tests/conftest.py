@@ -36,7 +36,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from db.engine import make_engine, make_sessionmaker, upgrade
 from db.vocabulary.settings import Settings
-from tests import databases
+from tests import databases, durations
 from tests.databases import CHOICE_ENV, CHOICES, DIALECTS, SERVER_ENV, PostgresUnavailable
 from tests.slurm_cluster import slurm  # noqa: F401  (the fixture, registered for every test)
 
@@ -187,10 +187,21 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # The modules whose tests run on one worker, one after another for minutes (the Slurm cluster's,
     # those that share a scheduler), first: one that started last kept one worker busy after the
-    # others had run out of tests. The same order on every worker (pytest-xdist checks it). A
-    # browser module's few tests stay where they are.
-    items.sort(key=lambda item: not (SLURM_GROUP in item.path.name
-                                     or module_shares_a_product(item.path, (SCHEDULER_MARK,))))
+    # others had run out of tests. The same order on every worker (pytest-xdist checks it).
+    # Then the longest first, by their last measured durations (tests/durations.py): a test of
+    # minutes dispatched late kept one worker busy alone at the end of the tier. A module whose
+    # tests run together counts as one, at their sum, and keeps its order.
+    measured = durations.measured()
+    totals: dict[Path, float] = {}
+    for item in items:
+        totals[item.path] = totals.get(item.path, 0.0) + measured.get(item.nodeid, 0.0)
+
+    def seconds(item: pytest.Item) -> float:
+        together = SLURM_GROUP in item.path.name or module_shares_a_product(item.path)
+        return totals[item.path] if together else measured.get(item.nodeid, 0.0)
+
+    items.sort(key=lambda item: (not (SLURM_GROUP in item.path.name
+                                      or module_shares_a_product(item.path, (SCHEDULER_MARK,))), -seconds(item)))
     # torch (about 2 s of CPU to import) only where a GPU test was collected: a pytest run of
     # other tests, such as the ones tests/unit runs in a subprocess, does without it.
     gpu_items = [item for item in items if "gpu" in item.keywords]

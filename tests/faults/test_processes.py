@@ -289,8 +289,8 @@ def test_watcher_sees_two_attempts_together(tmp_path: Path) -> None:
 
 
 # Installed into the scheduler's interpreter (a sitecustomize on its PYTHONPATH): the 10th job
-# submitted to APScheduler's thread pool (a few seconds after the start) sends the process SIGTERM while it holds the pool's
-# lock, as a signal arriving inside ThreadPoolExecutor.submit does.
+# submitted to APScheduler's thread pool (a few seconds after the start) sends the process SIGTERM
+# while it holds the pool's lock, as a signal arriving inside ThreadPoolExecutor.submit does.
 SIGNAL_INSIDE_SUBMIT = '''
 import concurrent.futures.thread as pool
 import os
@@ -316,9 +316,10 @@ pool.ThreadPoolExecutor.submit = submit
 
 def test_sigterm_while_the_job_pool_holds_its_lock_still_stops_the_scheduler(product: Product, tmp_path: Path) -> None:
     """Seen in CI 39: a scheduler sent SIGTERM did not stop in 30 s. Its handler shut APScheduler
-    down on the main thread, which was inside the thread pool's submit (its tick, lease and system jobs go
-    through it several times a second) holding the pool's lock: the shutdown waited for that lock for ever. The handler now
-    only notes the signal; the main thread stops the scheduler outside it."""
+    down on the main thread, which was inside the thread pool's submit (its tick, lease and system
+    jobs go through it several times a second) holding the pool's lock: the shutdown waited for
+    that lock for ever. The handler now only notes the signal; the main thread stops the scheduler
+    outside it."""
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(SIGNAL_INSIDE_SUBMIT)
