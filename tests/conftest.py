@@ -188,15 +188,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # The modules whose tests run on one worker, one after another for minutes (the Slurm cluster's,
     # those that share a scheduler), first: one that started last kept one worker busy after the
     # others had run out of tests. The same order on every worker (pytest-xdist checks it).
-    # Then the longest first, by their last measured durations (tests/durations.py): a test of
-    # minutes dispatched late kept one worker busy alone at the end of the tier. A module whose
-    # tests run together counts as one, at their sum, and keeps its order.
+    # In the browser tier, then, the longest first, by their last measured durations
+    # (tests/durations.py): its 70 s test, dispatched 11th of 21, kept one worker busy alone at the
+    # end. A module whose tests run together counts as one, at their sum, and keeps its order. (The
+    # other tiers keep the collection order: a replay of their durations found no tail to cut.)
     measured = durations.measured()
     totals: dict[Path, float] = {}
     for item in items:
         totals[item.path] = totals.get(item.path, 0.0) + measured.get(item.nodeid, 0.0)
 
     def seconds(item: pytest.Item) -> float:
+        if item.path.parent.name != "browser":
+            return 0.0
         together = SLURM_GROUP in item.path.name or module_shares_a_product(item.path)
         return totals[item.path] if together else measured.get(item.nodeid, 0.0)
 

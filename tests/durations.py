@@ -1,12 +1,12 @@
-"""The slow tests' last measured durations, so that the longest start first (tests/conftest.py).
+"""The browser tests' last measured durations, so that the longest start first (tests/conftest.py).
 
 Under pytest-xdist every worker takes the next test as it frees up; a long test dispatched last
 keeps one worker busy after the others have run out of work (the browser tier's 70 s test, taken
 11th of 21, added about 20 s to the tier in a replay of CI 52's durations). ``durations.json``
 beside this file holds the tests that took at least ``KEEP_FROM_S`` in a CI run, by node id; a
-test not in it counts as quick. Refresh it from a run's JUnit files after tests change a lot:
+test not in it counts as quick. Refresh it from a run's JUnit file after the tests change a lot:
 
-    .venv/bin/python -m tests.durations .test-reports/*.xml
+    .venv/bin/python -m tests.durations .test-reports/browser.xml
 
 It only orders the tests: a stale or missing file costs some minutes of balance, never a result.
 """
