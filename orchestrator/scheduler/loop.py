@@ -625,18 +625,23 @@ class ExitWaker:
         self.stopped = threading.Event()
 
     def attach(self) -> None:
-        """Run from ``aps``'s start to its shutdown (a listener of both events)."""
+        """Run from ``aps``'s start (now, if it has started) to its shutdown (listeners of both)."""
         self.aps.add_listener(self._on_event, EVENT_SCHEDULER_START | EVENT_SCHEDULER_SHUTDOWN)
+        if self.aps.running:
+            self._start()
 
     def _on_event(self, event: SchedulerEvent) -> None:
         if event.code == EVENT_SCHEDULER_START:
-            self.stopped.clear()
-            threading.Thread(target=self._run, name="exit-waker", daemon=True).start()
+            self._start()
         else:
             self.stopped.set()
 
-    def _run(self) -> None:
-        while not self.stopped.wait(WAKE_S):
+    def _start(self) -> None:
+        self.stopped = threading.Event()  # its own: a thread of an earlier start may not have seen its stop yet
+        threading.Thread(target=self._run, args=(self.stopped,), name="exit-waker", daemon=True).start()
+
+    def _run(self, stopped: threading.Event) -> None:
+        while not stopped.wait(WAKE_S):
             try:
                 if any(path.exists() for path in self.scheduler.watched_exits):
                     self.aps.modify_job("tick", next_run_time=datetime.now())

@@ -139,6 +139,27 @@ def test_an_exit_file_wakes_the_tick_at_once(tmp_path: Path) -> None:
         time.sleep(0.01)
 
 
+def test_jobs_added_to_a_running_scheduler_wake_too(tmp_path: Path) -> None:
+    """``add_jobs`` on an APScheduler that has already started: the exit file still brings the
+    tick forward (the waker starts at once instead of at a start event that has passed)."""
+    ticks = _Ticks(tmp_path / "exit.json")
+    aps = BackgroundScheduler()
+    aps.start()
+    try:
+        add_jobs(aps, cast(Any, ticks), None, tick_s=60.0)
+        deadline = time.monotonic() + 10
+        while not ticks.ticks:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        written = time.monotonic()
+        (tmp_path / "exit.json").write_text('{"exit_code": 1}')
+        while len(ticks.ticks) < 2:
+            assert time.monotonic() < written + 5, "the exit file did not wake the tick"
+            time.sleep(0.01)
+    finally:
+        aps.shutdown(wait=True)
+
+
 def test_a_retry_reads_the_cpu_peak_its_run_measured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The first attempt measures the CPU peak and keeps it with the run; a later attempt on the
     same host reads it and measures nothing (every rank waited for that measurement at start-up);
