@@ -200,8 +200,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     def seconds(item: pytest.Item) -> float:
         if item.path.parent.name != "browser":
             return 0.0
-        together = SLURM_GROUP in item.path.name or module_shares_a_product(item.path)
-        return totals[item.path] if together else measured.get(item.nodeid, 0.0)
+        return totals[item.path] if module_shares_a_product(item.path) else measured.get(item.nodeid, 0.0)
 
     items.sort(key=lambda item: (not (SLURM_GROUP in item.path.name
                                       or module_shares_a_product(item.path, (SCHEDULER_MARK,))), -seconds(item)))

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from tests import durations
+from tests.conftest import RUNYARD_UP_MARK, module_shares_a_product
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,8 +39,7 @@ def test_the_browser_tier_is_collected_longest_first() -> None:
     out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
                           "tests/browser"], cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout
     order = [line for line in out.splitlines() if line.startswith("tests/browser/") and "::" in line]
-    shared = {p for p in {k.split("::")[0] for k in measured} if "SHARES_ONE_RUNYARD_UP = True" in
-              (ROOT / p).read_text().splitlines()}
+    shared = {p for p in {k.split("::")[0] for k in measured} if module_shares_a_product(ROOT / p, (RUNYARD_UP_MARK,))}
     singles = {k: v for k, v in measured.items() if k.split("::")[0] not in shared}
     longest = max(singles, key=singles.__getitem__)
     quick = [k for k in order if measured.get(k, 0.0) < singles[longest] / 2 and k.split("::")[0] not in shared]
