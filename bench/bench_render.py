@@ -1,6 +1,6 @@
 """The Run page's first full render in Chromium for a run of 10M metric points.
 
-    .venv/bin/python bench/bench_render.py [--ranks 8] [--steps 1250000] [--repeats 5]
+    .venv/bin/python bench/bench_render.py [--ranks 8] [--steps 1250000] [--repeats 5] [--live]
 
 Seeds one finished run of ``ranks x steps`` loss points (bench/seed.py's seed_run: rank 0's
 writer path, rollups included) and the system rows the scheduler would have written for it (one
@@ -17,6 +17,14 @@ selected, timed from the click until every chart on the Run page it switches to 
 new tab, so no Streamlit start-up). For scale, the Runs page, which draws no chart, is timed
 like the first: what Streamlit's own start-up costs here.
 
+Issue 32's item 5 in a tab that is already open (a person with the dashboard open, who has seen
+a chart in it once): in one page kept for the whole series, back to the Runs page, the run's row
+selected, and timed from "Open run" until the Overview's first curve is drawn, then from choosing
+the Metrics section until that section's first chart is drawn (a chart element the page did not
+have before the click: the Overview's chart does not count). ``--live`` repeats that series on a
+live run: a fresh data folder, ``runyard up``'s scheduler and UI, and a 2-rank mlp-digits run
+logging every step while its ranks train flat out on the same cores, timed from its 5,000th step on.
+
 Prints every time, the medians, where the time went (to the header; then to all charts) and
 the load average; BENCHMARKS.md has the results.
 """
@@ -24,6 +32,7 @@ the load average; BENCHMARKS.md has the results.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -32,6 +41,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -54,6 +64,12 @@ ALL_CHARTS_DRAWN = """() => {
 # The first chart drawn (issue 32, item 5: what a person waits for before there is something to read).
 FIRST_CHART_DRAWN = """() => [...document.querySelectorAll("[data-testid='stVegaLiteChart']")]
     .some(c => c.querySelector('svg.marks, canvas'))"""
+# Before a click: mark every chart element the page has; after it, a chart element without the
+# mark, drawn, is the first chart the click brought (React keeps an element it reuses, mark and all).
+MARK_CHARTS = """() => document.querySelectorAll("[data-testid='stVegaLiteChart']")
+    .forEach(c => { c.__before = true; })"""
+NEW_CHART_DRAWN = """() => [...document.querySelectorAll("[data-testid='stVegaLiteChart']")]
+    .some(c => !c.__before && c.querySelector('svg.marks, canvas'))"""
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
 
 
@@ -193,6 +209,102 @@ def open_from_runs_page(browser: Any, cookies: list[dict[str, Any]], base: str, 
         context.close()
 
 
+def open_in_this_tab(page: Any, run_id: int, section: str) -> tuple[float, float]:
+    """In an open tab: the Runs page (by its link), the run's row selected, then seconds from
+    "Open run #N" to the landing section's first chart, and from choosing ``section`` to that
+    section's first chart."""
+    page.get_by_role("link", name="Runs").first.click()
+    page.wait_for_selector("[data-testid='stDataFrame']", timeout=120_000)
+    page.wait_for_timeout(800)  # the grid's canvas draws after the element appears
+    page.get_by_test_id("stDataFrame").click(position={"x": 17, "y": 53})  # first row's marker
+    opener = page.get_by_role("button", name=f"Open run #{run_id}")
+    opener.wait_for(timeout=120_000)
+    page.evaluate(MARK_CHARTS)
+    t0 = time.monotonic()
+    opener.click(timeout=120_000)
+    page.wait_for_function(NEW_CHART_DRAWN, timeout=120_000, polling="raf")
+    landing = time.monotonic() - t0
+    page.wait_for_timeout(500)
+    page.evaluate(MARK_CHARTS)
+    chooser = page.get_by_role("radiogroup", name="Section").get_by_role("radio", name=section, exact=True)
+    t0 = time.monotonic()
+    chooser.click(timeout=120_000)
+    page.wait_for_function(NEW_CHART_DRAWN, timeout=120_000, polling="raf")
+    return landing, time.monotonic() - t0
+
+
+def in_one_tab(browser: Any, cookies: list[dict[str, Any]], base: str, run_id: int, section: str,
+               repeats: int, label: str) -> tuple[list[float], list[float]]:
+    """``open_in_this_tab`` ``repeats`` times in one page that has drawn the run's charts once."""
+    context = fresh_context(browser, cookies)
+    page = context.new_page()
+    landing: list[float] = []
+    chosen: list[float] = []
+    try:
+        page.goto(f"{base}/run?run={run_id}&section={section}")
+        page.wait_for_function(FIRST_CHART_DRAWN, timeout=120_000)
+        for i in range(repeats):
+            a, b = open_in_this_tab(page, run_id, section)
+            landing.append(a)
+            chosen.append(b)
+            print(f"  {label} {i + 1}: Open -> first curve {a:.2f} s; {section} -> its first chart {b:.2f} s",
+                  flush=True)
+    finally:
+        context.close()
+    return landing, chosen
+
+
+def live_run(args: argparse.Namespace, browser_run: Any) -> None:
+    """``--live``: a fresh data folder, `runyard scheduler` and `runyard ui` on it, a 2-rank
+    mlp-digits run logging every step, timed in one tab from its 5,000th step on; then cancelled."""
+    home = Path(tempfile.mkdtemp(prefix="runyard-bench-live-"))
+    env = dict(os.environ, RUNYARD_HOME=str(home))
+    env.pop("RUNYARD_DB_URL", None)
+    runyard = [sys.executable, "-m", "orchestrator"]
+
+    def show(run_id: int) -> dict[str, Any]:
+        out = subprocess.run([*runyard, "show", str(run_id), "--json"], env=env, check=True, capture_output=True,
+                             text=True).stdout
+        return dict(json.loads(out))
+
+    subprocess.run([*runyard, "db", "upgrade"], env=env, check=True, capture_output=True)
+    scheduler = subprocess.Popen([*runyard, "scheduler"], env=env, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL, start_new_session=True)
+    ui = None
+    try:
+        sets = ("train.max_steps=10000000", "train.log_every=1", "train.eval_every=0", "name=live")
+        out = subprocess.run([*runyard, "submit", str(ROOT / "examples" / "digits.toml"),
+                              *(a for kv in sets for a in ("--set", kv))],
+                             env=env, check=True, capture_output=True, text=True).stdout
+        run_id = int(out.strip())
+        deadline = time.monotonic() + 300
+        detail: dict[str, Any] = {"step": 0}
+        while (detail["step"] or 0) < 5000:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the live run did not reach step 5,000 in 300 s: {detail}")
+            time.sleep(2)
+            detail = show(run_id)
+        ui, login_url = start_ui(home, free_port())
+        base = login_url.split("/?token=")[0]
+        landing, chosen = browser_run(login_url, base, run_id)
+        detail = show(run_id)
+        print(f"live run ({detail['status']} at step {detail['step']:,} when timed), median of {args.repeats}, "
+              "in one tab:")
+        print(f"  Open -> the Overview's first curve: {statistics.median(landing):.2f} s "
+              f"(min {min(landing):.2f}, max {max(landing):.2f})")
+        print(f"  {args.section} -> its first chart: {statistics.median(chosen):.2f} s "
+              f"(min {min(chosen):.2f}, max {max(chosen):.2f})")
+        print(f"  load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        subprocess.run([*runyard, "cancel", str(run_id)], env=env, capture_output=True)
+    finally:
+        if ui is not None:
+            os.killpg(ui.pid, signal.SIGTERM)
+            ui.wait(30)
+        os.killpg(scheduler.pid, signal.SIGTERM)
+        scheduler.wait(60)
+        shutil.rmtree(home, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, default=8)
@@ -201,6 +313,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--section", default="Metrics",
                         help="the Run page's section to open (its charts are timed); empty: the page's default")
+    parser.add_argument("--live", action="store_true",
+                        help="also time the open tab's series on a live 2-rank run (its own data folder and scheduler)")
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright  # noqa: PLC0415 - optional: Playwright, only to render
 
@@ -238,6 +352,8 @@ def main() -> None:
                       f"{cached[-1]:.2f} s, opened from the Runs page {from_runs[-1]:.2f} s; "
                       f"Runs page {baseline[-1]:.2f} s", flush=True)
             warm.close()
+            tab_landing, tab_chosen = in_one_tab(browser, cookies, base, run_id, args.section or "Metrics",
+                                                 args.repeats, "open tab")
             browser.close()
     finally:
         os.killpg(ui.pid, signal.SIGTERM)
@@ -252,9 +368,27 @@ def main() -> None:
     print(f"  Run page again in the same browser (scripts cached): {statistics.median(cached):.2f} s")
     print(f"  Run page opened from the Runs page (row selected, Open, section -> every chart drawn): "
           f"{statistics.median(from_runs):.2f} s (min {min(from_runs):.2f}, max {max(from_runs):.2f}); "
-          f"the first chart {statistics.median(first_from_runs):.2f} s (min {min(first_from_runs):.2f})")
+          f"the first chart (the Overview's curve counts) {statistics.median(first_from_runs):.2f} s "
+          f"(min {min(first_from_runs):.2f})")
     print(f"  Runs page (no chart), goto -> table shown: {statistics.median(baseline):.2f} s")
+    section = args.section or "Metrics"
+    print(f"  in a tab already open: Open -> the Overview's first curve {statistics.median(tab_landing):.2f} s "
+          f"(min {min(tab_landing):.2f}, max {max(tab_landing):.2f}); {section} -> its first chart "
+          f"{statistics.median(tab_chosen):.2f} s (min {min(tab_chosen):.2f}, max {max(tab_chosen):.2f})")
     print(f"  load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    if args.live:
+        def browser_run(login_url: str, base: str, live_id: int) -> tuple[list[float], list[float]]:
+            with sync_playwright() as pw:
+                chromium = next(filter(None, map(shutil.which, ("chromium-headless-shell", "chromium"))),
+                                "/usr/bin/chromium")
+                browser = pw.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
+                try:
+                    return in_one_tab(browser, session_cookies(browser, login_url), base, live_id, section,
+                                      args.repeats, "live run")
+                finally:
+                    browser.close()
+
+        live_run(args, browser_run)
 
 
 if __name__ == "__main__":
