@@ -22,7 +22,7 @@ a chart in it once): in one page kept for the whole series, back to the Runs pag
 selected, and timed from "Open run" until the Overview's first curve is drawn, then from choosing
 the Metrics section until that section's first chart is drawn (a chart element the page did not
 have before the click: the Overview's chart does not count). ``--live`` repeats that series on a
-live run: a fresh data folder, ``runyard up``'s scheduler and UI, and a 2-rank mlp-digits run
+live run: a fresh data folder, ``runyard scheduler`` and ``runyard ui`` on it, and a 2-rank mlp-digits run
 logging every step while its ranks train flat out on the same cores, timed from its 5,000th step on.
 
 Prints every time, the medians, where the time went (to the header; then to all charts) and
