@@ -271,6 +271,7 @@ def live_run(args: argparse.Namespace, browser_run: Any) -> None:
     scheduler = subprocess.Popen([*runyard, "scheduler"], env=env, stdout=subprocess.DEVNULL,
                                  stderr=subprocess.DEVNULL, start_new_session=True)
     ui = None
+    run_id = None
     try:
         sets = ("train.max_steps=10000000", "train.log_every=1", "train.eval_every=0", "name=live")
         out = subprocess.run([*runyard, "submit", str(ROOT / "examples" / "digits.toml"),
@@ -292,11 +293,16 @@ def live_run(args: argparse.Namespace, browser_run: Any) -> None:
               "in one tab:")
         print(f"  Open -> the Overview's first curve: {statistics.median(landing):.2f} s "
               f"(min {min(landing):.2f}, max {max(landing):.2f})")
-        print(f"  {args.section} -> its first chart: {statistics.median(chosen):.2f} s "
+        print(f"  {args.section or 'Metrics'} -> its first chart: {statistics.median(chosen):.2f} s "
               f"(min {min(chosen):.2f}, max {max(chosen):.2f})")
         print(f"  load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-        subprocess.run([*runyard, "cancel", str(run_id)], env=env, capture_output=True)
     finally:
+        if run_id is not None:  # the ranks stopped by the scheduler before it goes (a stopped
+            # scheduler leaves a run's ranks training, to adopt them when it comes back)
+            subprocess.run([*runyard, "cancel", str(run_id)], env=env, capture_output=True)
+            deadline = time.monotonic() + 120
+            while show(run_id)["status"] not in ("CANCELLED", "SUCCEEDED", "FAILED") and time.monotonic() < deadline:
+                time.sleep(1)
         if ui is not None:
             os.killpg(ui.pid, signal.SIGTERM)
             ui.wait(30)
