@@ -623,6 +623,7 @@ class ExitWaker:
     def __init__(self, aps: BaseScheduler, scheduler: Scheduler, errors: RepeatedErrors):
         self.aps, self.scheduler, self.errors = aps, scheduler, errors
         self.stopped = threading.Event()
+        self._lock = threading.Lock()
 
     def attach(self) -> None:
         """Run from ``aps``'s start (now, if it has started) to its shutdown (listeners of both)."""
@@ -634,11 +635,17 @@ class ExitWaker:
         if event.code == EVENT_SCHEDULER_START:
             self._start()
         else:
-            self.stopped.set()
+            with self._lock:
+                self.stopped.set()
 
     def _start(self) -> None:
-        self.stopped = threading.Event()  # its own: a thread of an earlier start may not have seen its stop yet
-        threading.Thread(target=self._run, args=(self.stopped,), name="exit-waker", daemon=True).start()
+        """One waker at a time: a start while one runs (the start event and ``attach`` both seeing
+        APScheduler started) ends the earlier thread. Each thread has its own event, so one that
+        has not yet seen its stop never misses it."""
+        with self._lock:
+            self.stopped.set()
+            self.stopped = stopped = threading.Event()
+        threading.Thread(target=self._run, args=(stopped,), name="exit-waker", daemon=True).start()
 
     def _run(self, stopped: threading.Event) -> None:
         while not stopped.wait(WAKE_S):

@@ -4,12 +4,14 @@ agent's note of the failure, and the phases `runyard show` and the Run page read
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
+from apscheduler.events import EVENT_SCHEDULER_START, SchedulerEvent
 from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -21,8 +23,9 @@ from db.vocabulary.cost import Price
 from db.vocabulary.phases import attempt_phases, recovery_s
 from db.vocabulary.settings import Settings
 from orchestrator.format import phases_text
-from orchestrator.scheduler.loop import add_jobs
+from orchestrator.scheduler.loop import ExitWaker, add_jobs
 from orchestrator.scheduler.outcomes import first_failure_at
+from orchestrator.scheduler.repeats import RepeatedErrors
 from trainer import techniques
 from trainer.reporter import DatabaseWriter
 
@@ -158,6 +161,28 @@ def test_jobs_added_to_a_running_scheduler_wake_too(tmp_path: Path) -> None:
             time.sleep(0.01)
     finally:
         aps.shutdown(wait=True)
+
+
+def test_a_start_event_after_attach_leaves_one_waker(tmp_path: Path) -> None:
+    """APScheduler's start event arriving after ``attach`` already found it running (the two race
+    when another thread starts it) ends the first waker's thread: one stats the exit files, not two,
+    and it ends with APScheduler."""
+    aps = BackgroundScheduler()
+    aps.start()
+    try:
+        waker = ExitWaker(aps, cast(Any, _Ticks(tmp_path / "exit.json")), RepeatedErrors(logging.getLogger("t")))
+        waker.attach()
+        waker._on_event(SchedulerEvent(EVENT_SCHEDULER_START))
+        deadline = time.monotonic() + 5
+        while sum(t.name == "exit-waker" for t in threading.enumerate()) != 1:
+            assert time.monotonic() < deadline, [t.name for t in threading.enumerate()]
+            time.sleep(0.01)
+    finally:
+        aps.shutdown(wait=True)
+    deadline = time.monotonic() + 5
+    while any(t.name == "exit-waker" for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "the exit waker outlived the scheduler"
+        time.sleep(0.01)
 
 
 def test_a_retry_reads_the_cpu_peak_its_run_measured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
