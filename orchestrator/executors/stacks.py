@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 import shutil
 import signal
@@ -202,10 +203,51 @@ def has_stack_handler(pid: int, rank: int, folder: Path) -> bool:
     return catches is None or catches
 
 
+def _threads(pid: int) -> dict[int, tuple[str, int]] | None:
+    """Each thread of ``pid``: its state letter and the CPU it has used (user + system, in clock
+    ticks), from ``/proc/<pid>/task/<tid>/stat``; None where there is no /proc to read (not
+    Linux, or the process is gone)."""
+    out: dict[int, tuple[str, int]] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                stat = f.read()
+            fields = stat[stat.rindex(")") + 2:].split()  # from field 3 (state) on: the name may hold spaces
+            out[int(tid)] = (fields[0], int(fields[11]) + int(fields[12]))  # fields 3, 14 and 15 of proc(5)
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that ended meanwhile
+    return out
+
+
+def _dump_written(pid: int, since: dict[int, tuple[str, int]] | None) -> bool:
+    """Whether the faulthandler dump that ``pid`` began has ended, given its threads as they were
+    when its file last grew (``since``, :func:`_threads`).
+
+    The dump is written by one thread, inside the signal's handler, in many small writes with no
+    end marker; which thread runs the handler is the kernel's choice (any thread, for a signal
+    that was pending while the process was stopped). A thread still inside it is runnable (state
+    R: a write to a regular file does not sleep) and, whenever it gets a core, writes. So the dump
+    has ended once every thread is asleep, stopped or gone, or has used CPU (two clock ticks,
+    10-20 ms) since the file last grew without writing more. A file that merely holds still does
+    not say so: on a loaded machine the writing thread can wait for a core for longer than the
+    whole dump takes (CI 58: a stopped rank stopped again 0.1 s after its dump began, which cut
+    its stacks short before the frames of its training loop)."""
+    now = _threads(pid)
+    if now is None or since is None:
+        return True  # nothing to tell by (no /proc, or the process is gone): the file's stillness decides
+    # A thread that began after the file grew is not the writer.
+    return all(tid not in since or state != "R" or cpu - since[tid][1] >= 2 for tid, (state, cpu) in now.items())
+
+
 def _faulthandler(procs: dict[int, psutil.Process], folder: Path) -> tuple[dict[int, bool], dict[int, str]]:
     """SIGUSR1 to every rank in ``procs`` (each registered the handler; SIGCONT after it to a
-    stopped one, so it can write, and SIGSTOP again once it has); waits until each rank's file
-    grew, at most FAULTHANDLER_WAIT_S. Returns who was stopped and the new text."""
+    stopped one, so it can write, and SIGSTOP again once it has); waits until each rank's dump
+    began and ended (:func:`_dump_written`), at most FAULTHANDLER_WAIT_S. Returns who was stopped
+    and the new text."""
     stopped: dict[int, bool] = {}
     offsets = {rank: _size(folder / f"rank-{rank}.txt") for rank in procs}
     for rank, proc in procs.items():
@@ -217,11 +259,20 @@ def _faulthandler(procs: dict[int, psutil.Process], folder: Path) -> tuple[dict[
         except psutil.Error:
             stopped[rank] = False
     deadline = time.monotonic() + FAULTHANDLER_WAIT_S
+    sizes = dict(offsets)
+    grew: dict[int, dict[int, tuple[str, int]] | None] = {}  # each rank's threads when its file last grew
     waiting = set(procs)
     while waiting and time.monotonic() < deadline:
         time.sleep(0.05)
-        waiting = {r for r in waiting if _size(folder / f"rank-{r}.txt") == offsets[r]}
-    time.sleep(0.1)  # a dump that just began is finished by now (it is a few kB written at once)
+        for rank in sorted(waiting):
+            size = _size(folder / f"rank-{rank}.txt")
+            if size != sizes[rank]:
+                sizes[rank], grew[rank] = size, _threads(procs[rank].pid)
+            elif size != offsets[rank] and _dump_written(procs[rank].pid, grew.get(rank)):
+                waiting.discard(rank)
+    if waiting:
+        logger.warning("the stack dump of rank(s) %s had not %s after %.0f s", sorted(waiting),
+                       "ended" if any(sizes[r] != offsets[r] for r in waiting) else "begun", FAULTHANDLER_WAIT_S)
     for rank in (r for r, was in stopped.items() if was):
         # Back as it was found: the dump must not let a stopped rank train on until the kill.
         with contextlib.suppress(psutil.Error):

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -250,6 +251,78 @@ def test_a_rank_with_the_handler_writes_its_stack(tmp_path: Path, monkeypatch: p
     finally:
         child.kill()
         child.wait()
+
+
+# A rank that trains on one core when it is let run, with threads enough that its stacks take
+# about 40 kB (each thread waits 30 calls deep): its dump is many writes, as a real rank's is.
+THREADS = 20
+BUSY_RANK = textwrap.dedent("""
+    import sys, threading
+    from pathlib import Path
+    from trainer.lifecycle import register_stack_dumps
+    register_stack_dumps(Path(sys.argv[1]), 0)
+    THREADS = int(sys.argv[2])
+    done, there = threading.Event(), threading.Semaphore(0)
+    def deep(n):
+        if n:
+            return deep(n - 1)
+        there.release()
+        done.wait()
+    for _ in range(THREADS):
+        threading.Thread(target=deep, args=(30,), daemon=True).start()
+    for _ in range(THREADS):
+        there.acquire()  # every thread waits 30 calls deep
+    def train_forever():
+        x = 0
+        while True:
+            x += 1
+    print('up', flush=True)
+    train_forever()
+""")
+
+
+def test_a_stopped_rank_is_stopped_again_only_after_its_whole_stack_is_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stopped rank gets SIGCONT to write its stacks, then SIGSTOP again. On a loaded machine the
+    rank can wait for a core in the middle of its dump; stopped again then, its stacks end before
+    the frames of its training loop (CI 58). Here the rank runs at nice 19 on one core that a
+    busy loop holds, so its dump crawls over many scheduler slices (about 2 s; it took the old
+    wait 0.4 s to cut it short): the dump must still be whole (the main thread's frames come
+    last) when the rank is stopped again."""
+    monkeypatch.setattr(stacks, "FAULTHANDLER_WAIT_S", 30.0)  # the wait ends on the dump, not on this
+    folder = tmp_path / "attempt" / "stacks"
+    child = _rank(BUSY_RANK, str(tmp_path / "attempt"), str(THREADS))
+    hog = None
+    try:
+        child.send_signal(signal.SIGSTOP)
+        proc = psutil.Process(child.pid)
+        _wait(lambda: proc.status() == psutil.STATUS_STOPPED)
+        core = min(os.sched_getaffinity(0))
+        for thread in proc.threads():  # set while stopped: a starved rank would take long to stop
+            os.sched_setaffinity(thread.id, {core})
+            os.setpriority(os.PRIO_PROCESS, thread.id, 19)
+        busy = f"import os\nos.sched_setaffinity(0, {{{core}}})\nwhile True: pass"
+        hog = subprocess.Popen([sys.executable, "-c", busy])
+        time.sleep(0.2)  # the busy loop holds the core
+
+        stopped, texts = stacks._faulthandler({0: proc}, folder)
+        assert stopped == {0: True}
+        assert "train_forever" in texts[0] and texts[0].rstrip().endswith("in <module>"), texts[0][-300:]
+        assert texts[0].count("in deep") == THREADS * 31
+        hog.kill()
+        _wait(lambda: proc.status() == psutil.STATUS_STOPPED)  # stopped again, as it was found
+    finally:
+        for p in (hog, child):
+            if p is not None:
+                p.kill()
+                p.wait()
+
+
+def _wait(done: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
 
 
 # -- the fault hooks' switch -------------------------------------------------------------------
