@@ -381,6 +381,9 @@ def test_the_real_py_spy_reads_a_stopped_plain_rank(tmp_path: Path, monkeypatch:
             pytest.skip(f"py-spy cannot read processes here (ptrace refused?): {probe.stdout}{probe.stderr}")
         monkeypatch.setattr(stacks, "rank_processes", lambda *_: [psutil.Process(child.pid)])
         os.kill(child.pid, signal.SIGSTOP)
+        # Stopped once it has run to take the signal: on a loaded machine that is not at once (CI 59).
+        # A hung rank the scheduler dumps was stopped long before.
+        _wait(lambda: psutil.Process(child.pid).status() == psutil.STATUS_STOPPED)
         dump = stacks.dump_stacks("run", 1, child.pid, None, tmp_path / "attempt")
         (rank,) = dump.ranks
         assert rank.stopped and psutil.Process(child.pid).status() == psutil.STATUS_STOPPED  # left as found
