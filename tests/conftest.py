@@ -226,6 +226,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                                     "(pytest_xdist_make_scheduler)")
 
 
+def wait_until(done: Callable[[], object], timeout: float = 20.0, what: object = "not reached in time") -> None:
+    """Poll ``done`` every 20 ms until it is true; fail with ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
 def fork_ranks(entry: Callable[..., None], args: tuple[Any, ...], nprocs: int) -> None:
     """``torch.multiprocessing.start_processes(entry, args, nprocs)`` for tests that play ranks
     themselves (gloo on a file store): the ranks are forked from multiprocessing's fork server,

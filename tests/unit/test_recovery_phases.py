@@ -26,6 +26,7 @@ from orchestrator.format import phases_text
 from orchestrator.scheduler.loop import ExitWaker, add_jobs
 from orchestrator.scheduler.outcomes import first_failure_at
 from orchestrator.scheduler.repeats import RepeatedErrors
+from tests.conftest import wait_until
 from trainer import techniques
 from trainer.reporter import DatabaseWriter
 
@@ -136,10 +137,8 @@ def test_an_exit_file_wakes_the_tick_at_once(tmp_path: Path) -> None:
         aps.shutdown(wait=True)
     # The waker's thread ends with APScheduler (a scheduler stopped and started again in one
     # process would otherwise stat the files twice as often).
-    deadline = time.monotonic() + 5
-    while any(t.name == "exit-waker" for t in threading.enumerate()):
-        assert time.monotonic() < deadline, "the exit waker outlived the scheduler"
-        time.sleep(0.01)
+    wait_until(lambda: not any(t.name == "exit-waker" for t in threading.enumerate()), 5,
+               "the exit waker outlived the scheduler")
 
 
 def test_jobs_added_to_a_running_scheduler_wake_too(tmp_path: Path) -> None:
@@ -179,10 +178,8 @@ def test_a_start_event_after_attach_leaves_one_waker(tmp_path: Path) -> None:
             time.sleep(0.01)
     finally:
         aps.shutdown(wait=True)
-    deadline = time.monotonic() + 5
-    while any(t.name == "exit-waker" for t in threading.enumerate()):
-        assert time.monotonic() < deadline, "the exit waker outlived the scheduler"
-        time.sleep(0.01)
+    wait_until(lambda: not any(t.name == "exit-waker" for t in threading.enumerate()), 5,
+               "the exit waker outlived the scheduler")
 
 
 def test_a_retry_reads_the_cpu_peak_its_run_measured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

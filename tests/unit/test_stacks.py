@@ -16,7 +16,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -32,6 +31,7 @@ from orchestrator.executors import stacks
 from orchestrator.executors.processes import rank_processes
 from orchestrator.executors.stacks import RankStack, culprit
 from orchestrator.scheduler.loop import Scheduler
+from tests.conftest import wait_until
 from tests.unit.test_scheduler import CPU2, attempts, queue, status, tick_until
 from trainer import faults
 
@@ -296,7 +296,7 @@ def test_a_stopped_rank_is_stopped_again_only_after_its_whole_stack_is_written(
     try:
         child.send_signal(signal.SIGSTOP)
         proc = psutil.Process(child.pid)
-        _wait(lambda: proc.status() == psutil.STATUS_STOPPED)
+        wait_until(lambda: proc.status() == psutil.STATUS_STOPPED, 10)
         core = min(os.sched_getaffinity(0))
         for thread in proc.threads():  # set while stopped: a starved rank would take long to stop
             os.sched_setaffinity(thread.id, {core})
@@ -310,19 +310,12 @@ def test_a_stopped_rank_is_stopped_again_only_after_its_whole_stack_is_written(
         assert "train_forever" in texts[0] and texts[0].rstrip().endswith("in <module>"), texts[0][-300:]
         assert texts[0].count("in deep") == THREADS * 31
         hog.kill()
-        _wait(lambda: proc.status() == psutil.STATUS_STOPPED)  # stopped again, as it was found
+        wait_until(lambda: proc.status() == psutil.STATUS_STOPPED, 10)  # stopped again, as it was found
     finally:
         for p in (hog, child):
             if p is not None:
                 p.kill()
                 p.wait()
-
-
-def _wait(done: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 # -- the fault hooks' switch -------------------------------------------------------------------
@@ -383,7 +376,7 @@ def test_the_real_py_spy_reads_a_stopped_plain_rank(tmp_path: Path, monkeypatch:
         os.kill(child.pid, signal.SIGSTOP)
         # Stopped once it has run to take the signal: on a loaded machine that is not at once (CI 59).
         # A hung rank the scheduler dumps was stopped long before.
-        _wait(lambda: psutil.Process(child.pid).status() == psutil.STATUS_STOPPED)
+        wait_until(lambda: psutil.Process(child.pid).status() == psutil.STATUS_STOPPED, 10)
         dump = stacks.dump_stacks("run", 1, child.pid, None, tmp_path / "attempt")
         (rank,) = dump.ranks
         assert rank.stopped and psutil.Process(child.pid).status() == psutil.STATUS_STOPPED  # left as found

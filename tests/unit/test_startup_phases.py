@@ -18,6 +18,7 @@ from db.vocabulary.config import RunConfig
 from db.vocabulary.cost import Price
 from db.vocabulary.settings import Settings
 from orchestrator.format import startup_text
+from tests.conftest import wait_until
 from trainer.reporter import DatabaseWriter
 
 
@@ -44,28 +45,21 @@ def test_setup_then_first_step_then_the_first_step_clears_the_phase(
     writer.start()
     try:
         writer.put_progress(None, phase=AttemptPhase.SETUP.value)
-        _wait(lambda: _read(sessions, run_id)[0] == "setup")
+        wait_until(lambda: _read(sessions, run_id)[0] == "setup")
         # A start-up phase is no heartbeat: the watchdog keeps judging the start-up from the launch.
         assert _read(sessions, run_id)[1] is None
         writer.put_progress(None, phase=AttemptPhase.FIRST_STEP.value)
-        _wait(lambda: _read(sessions, run_id)[0] == "first_step")
+        wait_until(lambda: _read(sessions, run_id)[0] == "first_step")
         writer.put_progress(1)
-        _wait(lambda: _read(sessions, run_id)[2] == 1)
+        wait_until(lambda: _read(sessions, run_id)[2] == 1)
         phase, progress_at, _ = _read(sessions, run_id)
         assert phase is None and progress_at is not None
         writer.put_progress(None, phase=AttemptPhase.FINISHING.value)
         writer.put_progress(2)  # a step after the loop's end keeps "finishing" (only start-up phases clear)
-        _wait(lambda: _read(sessions, run_id)[2] == 2)
+        wait_until(lambda: _read(sessions, run_id)[2] == 2)
         assert _read(sessions, run_id)[0] == "finishing"
     finally:
         writer.close()
-
-
-def _wait(cond, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "not reached in time"
-        time.sleep(0.02)
 
 
 def _a(phase: str | None, first_step_at: float | None = None, resume_step: int = 0) -> dict:

@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from db.models import Checkpoint, Event, MetricPoint
 from db.vocabulary.config import CheckpointConfig
 from db.vocabulary.settings import Settings
+from tests.conftest import wait_until
 from trainer.checkpoint import CheckpointHistory, CheckpointManager
 from trainer.reporter import DatabaseWriter
 
@@ -80,32 +81,25 @@ def _points(sessions: sessionmaker[Session]) -> list[tuple[int, int]]:
         return sorted((p.step, p.rank) for p in s.scalars(select(MetricPoint)))
 
 
-def _wait(cond, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "not reached in time"
-        time.sleep(0.02)
-
-
 def test_nothing_is_lost_while_writes_fail_and_rows_count_only_once_committed(
     settings: Settings, sessions: sessionmaker[Session], outage: Outage
 ) -> None:
     writer = DatabaseWriter(settings.db_url, RUN_ID, ATTEMPT, flush_interval_s=0.05)
     writer.start()
     writer.put_rows(_rows(range(1, 11)))
-    _wait(lambda: writer.rows_written == 20)
+    wait_until(lambda: writer.rows_written == 20)
 
     outage.on = True
     for start in range(11, 61, 10):  # five intervals' worth arrive during the outage
         writer.put_rows(_rows(range(start, start + 10)))
         time.sleep(0.06)
-    _wait(lambda: outage.refused >= 3)
+    wait_until(lambda: outage.refused >= 3)
     assert writer.rows_written == 20  # failed transactions count nothing
     assert _points(sessions) == [(s, r) for s in range(1, 11) for r in (0, 1)]
 
     outage.on = False
     writer.put_rows(_rows(range(61, 71)))
-    _wait(lambda: writer.rows_written == 140, timeout=60)
+    wait_until(lambda: writer.rows_written == 140, timeout=60)
     writer.close()
     assert _points(sessions) == [(s, r) for s in range(1, 71) for r in (0, 1)]
     assert writer.rows_dropped == 0
@@ -121,7 +115,7 @@ def test_the_pending_batch_is_bounded_and_an_event_says_what_was_dropped(
     for start in range(1, 126, 25):  # 250 rows, steps 1-125
         writer.put_rows(_rows(range(start, start + 25)))
         time.sleep(0.03)
-    _wait(lambda: outage.refused >= 2)
+    wait_until(lambda: outage.refused >= 2)
     outage.on = False
     writer.close()
 
@@ -173,19 +167,19 @@ def test_retention_deletes_a_folder_only_after_the_commit_that_forgets_it(
     writer.start()
     manager.save(10, _state(10))
     writer.put("checkpoint", done[-1])
-    _wait(lambda: _checkpoint_rows(sessions) == [(10, False)])
+    wait_until(lambda: _checkpoint_rows(sessions) == [(10, False)])
 
     outage.on = True
     manager.save(20, _state(20))
     writer.put("checkpoint", done[-1])
-    _wait(lambda: outage.refused >= 2)
+    wait_until(lambda: outage.refused >= 2)
     # The transaction that would insert step 20 and mark step 10 deleted keeps failing: step
     # 10's folder must still be there (its row still says it exists).
     assert (root / "step-10").is_dir() and _checkpoint_rows(sessions) == [(10, False)]
 
     outage.on = False
-    _wait(lambda: _checkpoint_rows(sessions) == [(10, True), (20, False)])
-    _wait(lambda: not (root / "step-10").exists())
+    wait_until(lambda: _checkpoint_rows(sessions) == [(10, True), (20, False)])
+    wait_until(lambda: not (root / "step-10").exists())
     writer.close()
     assert (root / "step-20").is_dir()
 
