@@ -15,7 +15,10 @@ browser context whose scripts are cached (a person's second visit); a third open
 way a person does from the dashboard: the Runs page loaded in a new context, the run's row
 selected, timed from the click until every chart on the Run page it switches to is drawn (no
 new tab, so no Streamlit start-up). For scale, the Runs page, which draws no chart, is timed
-like the first: what Streamlit's own start-up costs here.
+like the first: what Streamlit's own start-up costs here. ``--floor`` also starts a bare Streamlit
+page (bench/streamlit_floor.py: a title and one chart of the Run page's first curve's size, served
+as runyard serves its UI, nothing in front) and times it in new tabs taking turns with the Run page's:
+what any Streamlit page with one chart costs here, against runyard's.
 
 Issue 32's item 5 in a tab that is already open (a person with the dashboard open, who has seen
 a chart in it once): in one page kept for the whole series, back to the Runs page, the run's row
@@ -70,6 +73,10 @@ MARK_CHARTS = """() => document.querySelectorAll("[data-testid='stVegaLiteChart'
     .forEach(c => { c.__before = true; })"""
 NEW_CHART_DRAWN = """() => [...document.querySelectorAll("[data-testid='stVegaLiteChart']")]
     .some(c => !c.__before && c.querySelector('svg.marks, canvas'))"""
+TITLE_SHOWN = """() => {
+    const app = document.querySelector("[data-testid='stApp']");
+    return !!document.querySelector("h1") && app && app.getAttribute("data-test-script-state") === "notRunning";
+}"""
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
 
 
@@ -108,6 +115,23 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def start_floor(port: int) -> subprocess.Popen:
+    """bench/streamlit_floor.py on ``port``, once it answers."""
+    proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "streamlit_floor.py"), "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as resp:
+                if resp.status == 200:
+                    return proc
+        except OSError:
+            pass
+        time.sleep(0.3)
+    os.killpg(proc.pid, signal.SIGKILL)
+    raise RuntimeError("the floor page did not start in 60 s")
 
 
 def start_ui(home: Path, port: int) -> tuple[subprocess.Popen, str]:
@@ -319,6 +343,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--section", default="Metrics",
                         help="the Run page's section to open (its charts are timed); empty: the page's default")
+    parser.add_argument("--floor", action="store_true",
+                        help="also time a bare Streamlit page with one chart (bench/streamlit_floor.py) in new tabs")
     parser.add_argument("--live", action="store_true",
                         help="also time the open tab's series on a live 2-rank run (its own data folder and scheduler)")
     args = parser.parse_args()
@@ -329,6 +355,13 @@ def main() -> None:
     port = free_port()
     ui, login_url = start_ui(home, port)
     base = f"http://127.0.0.1:{port}"
+    floor = start_floor(floor_port := free_port()) if args.floor else None
+    floor_url = f"http://127.0.0.1:{floor_port}/" if floor else ""
+    floor_first: list[float] = []
+    floor_title: list[float] = []
+    floor_bare: list[float] = []
+    floor_cached: list[float] = []
+    first_cached: list[float] = []
     run_url = f"{base}/run?run={run_id}" + (f"&section={args.section}" if args.section else "")
     try:
         with sync_playwright() as pw:
@@ -338,6 +371,10 @@ def main() -> None:
                                          headless=True, args=CHROMIUM_ARGS)
             cookies = session_cookies(browser, login_url)
             navigate(browser, cookies, run_url, ALL_CHARTS_DRAWN, None)  # warm-up: the server's first page compile
+            if floor:
+                navigate(browser, [], floor_url, ALL_CHARTS_DRAWN, None)
+                floor_warm = fresh_context(browser, [])
+                navigate(browser, [], floor_url, ALL_CHARTS_DRAWN, None, floor_warm)  # its own script cache
             runs_ready = "() => !!document.querySelector(\"[data-testid='stDataFrame']\")"
             run_times, header_times, baseline, cached, from_runs = [], [], [], [], []
             first_new: list[float] = []
@@ -349,21 +386,34 @@ def main() -> None:
                 run_times.append(total)
                 header_times.append(at_header or 0.0)
                 baseline.append(navigate(browser, cookies, f"{base}/", runs_ready, None)[0])
-                cached.append(navigate(browser, cookies, run_url, ALL_CHARTS_DRAWN, None, warm)[0])
+                cached.append(navigate(browser, cookies, run_url, ALL_CHARTS_DRAWN, None, warm, first=first_cached)[0])
                 from_runs.append(open_from_runs_page(browser, cookies, base, run_id, args.section, ALL_CHARTS_DRAWN,
                                                      first=first_from_runs))
+                if floor:
+                    _, at_title = navigate(browser, [], floor_url, ALL_CHARTS_DRAWN, "h1", first=floor_first)
+                    floor_title.append(at_title or 0.0)
+                    floor_bare.append(navigate(browser, [], floor_url + "?chart=0", TITLE_SHOWN, None)[0])
+                    navigate(browser, [], floor_url, ALL_CHARTS_DRAWN, None, floor_warm, first=floor_cached)
+                    print(f"  {i + 1}: floor page: title at {at_title:.2f} s, first chart at {floor_first[-1]:.2f} s "
+                          f"(scripts cached {floor_cached[-1]:.2f} s); without its chart {floor_bare[-1]:.2f} s",
+                          flush=True)
                 print(f"  {i + 1}: Run page {total:.2f} s (header at {at_header:.2f} s, first chart at "
                       f"{first_new[-1]:.2f} s), from the Runs page first chart {first_from_runs[-1]:.2f} s; "
                       "scripts cached "
                       f"{cached[-1]:.2f} s, opened from the Runs page {from_runs[-1]:.2f} s; "
                       f"Runs page {baseline[-1]:.2f} s", flush=True)
             warm.close()
+            if floor:
+                floor_warm.close()
             tab_landing, tab_chosen = in_one_tab(browser, cookies, base, run_id, args.section or "Metrics",
                                                  args.repeats, "open tab")
             browser.close()
     finally:
         os.killpg(ui.pid, signal.SIGTERM)
         ui.wait(30)
+        if floor:
+            os.killpg(floor.pid, signal.SIGTERM)
+            floor.wait(30)
     points = args.ranks * args.steps * len(keys)
     print(f"run of {points:,} points ({args.ranks} ranks x {args.steps:,} steps x {len(keys)} key(s)), "
           f"median of {args.repeats}:")
@@ -371,12 +421,24 @@ def main() -> None:
           f"(min {min(run_times):.2f}, max {max(run_times):.2f})")
     print(f"    of which goto -> run header shown: {statistics.median(header_times):.2f} s; "
           f"-> first chart drawn: {statistics.median(first_new):.2f} s")
-    print(f"  Run page again in the same browser (scripts cached): {statistics.median(cached):.2f} s")
+    print(f"  Run page again in the same browser (scripts cached): {statistics.median(cached):.2f} s "
+          f"(first chart {statistics.median(first_cached):.2f} s)")
     print(f"  Run page opened from the Runs page (row selected, Open, section -> every chart drawn): "
           f"{statistics.median(from_runs):.2f} s (min {min(from_runs):.2f}, max {max(from_runs):.2f}); "
           f"the first chart (the Overview's curve counts) {statistics.median(first_from_runs):.2f} s "
           f"(min {min(first_from_runs):.2f})")
     print(f"  Runs page (no chart), goto -> table shown: {statistics.median(baseline):.2f} s")
+    if floor:
+        ratio = statistics.median(first_new) / statistics.median(floor_first)
+        print(f"  bare Streamlit page, new tab, goto -> first chart: {statistics.median(floor_first):.2f} s "
+              f"(min {min(floor_first):.2f}, max {max(floor_first):.2f}; "
+              f"title at {statistics.median(floor_title):.2f} s); "
+              f"without its chart, goto -> title {statistics.median(floor_bare):.2f} s; "
+              f"the Run page's first chart is {ratio:.2f}x the floor's")
+        ratio = statistics.median(first_cached) / statistics.median(floor_cached)
+        print(f"  bare Streamlit page again in the same browser (scripts cached), goto -> first chart: "
+              f"{statistics.median(floor_cached):.2f} s (min {min(floor_cached):.2f}, max {max(floor_cached):.2f}); "
+              f"the Run page's is {ratio:.2f}x")
     section = args.section or "Metrics"
     print(f"  in a tab already open: Open -> the Overview's first curve {statistics.median(tab_landing):.2f} s "
           f"(min {min(tab_landing):.2f}, max {max(tab_landing):.2f}); {section} -> its first chart "
