@@ -14,11 +14,16 @@ For every HTTP request and WebSocket handshake, in order:
 
 A refused WebSocket is closed before it is accepted (the client sees HTTP 403); a refused page
 gets a short page of its own that says what to do, served without any outside asset.
+
+A page that passes is told where its server is (:func:`_telling_the_page_its_server`): Streamlit's
+client otherwise looks for the server under the page's own path first (``/run/_stcore/health``,
+a 404) and one level up only after a pause, 0.1 s of every new tab on every page but the Runs page.
 """
 
 from __future__ import annotations
 
 import html
+import json
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -138,6 +143,10 @@ class Gate:
             return
         if scope["type"] == "http":
             send = _with_headers(send, _PAGE_HEADERS)
+            if scope.get("method") == "GET" and _wants_html(headers):  # a page, not a script or a call
+                send = _telling_the_page_its_server(send, scope["path"])
+                # The page uncompressed (it is 8 kB), so that the script can go into it.
+                scope = {**scope, "headers": [(k, v) for k, v in scope["headers"] if k.lower() != b"accept-encoding"]}
         await self.app(scope, receive, send)
 
     # -- decisions ---------------------------------------------------------------------------
@@ -226,6 +235,54 @@ def _with_headers(send: Send, extra: dict[str, str]) -> Send:
         if message["type"] == "http.response.start":
             kept = [(k, v) for k, v in message.get("headers", []) if k.lower() not in names]
             message = {**message, "headers": kept + encoded}
+        await send(message)
+
+    return sending
+
+
+# Streamlit's client reads its server's address from ``window.__streamlit.BACKEND_BASE_URL`` when a
+# page sets it (the hook for pages that embed Streamlit); without it, it tries the page's own path
+# (``/run``) and then its parent, each with a request for ``_stcore/health`` and ``host-config``,
+# the second attempt about 0.1 s after the first one's 404. This server serves Streamlit at its
+# root, so the server is the page's address less the path this server saw: computed in the page,
+# it stays right behind a proxy that serves the UI under a prefix of its own.
+_SERVER_SCRIPT = (
+    "<script>(()=>{{const seen={seen};const p=location.pathname;"
+    "if(p.endsWith(seen))window.__streamlit={{BACKEND_BASE_URL:"
+    "location.origin+p.slice(0,p.length-seen.length)+'/'}};}})();</script>"
+)
+
+
+def _telling_the_page_its_server(send: Send, path: str) -> Send:
+    """``send`` that puts :data:`_SERVER_SCRIPT` at the top of an HTML page's ``<head>`` (Streamlit's
+    index.html, which it serves for every page's address), its length corrected and its
+    validators dropped (the cached copy must be this one); every other answer passes as it is."""
+    seen = json.dumps(path).replace("<", "\\u003c").replace(">", "\\u003e")  # inside <script>
+    script = _SERVER_SCRIPT.format(seen=seen).encode()
+    start: Message | None = None
+    body: list[bytes] = []
+
+    async def sending(message: Message) -> None:
+        nonlocal start
+        if message["type"] == "http.response.start":
+            headers = Headers(raw=message.get("headers", []))
+            if (message["status"] == 200 and headers.get("content-type", "").startswith("text/html")
+                    and "content-encoding" not in headers):
+                start = message  # held until the whole page is here
+                return
+        elif message["type"] == "http.response.body" and start is not None:
+            body.append(message.get("body", b""))
+            if message.get("more_body", False):
+                return
+            page = b"".join(body)
+            head = page.lower().find(b"<head>")
+            if head >= 0:
+                page = page[:head + 6] + script + page[head + 6:]
+            dropped = {b"content-length", b"etag", b"last-modified"}
+            kept = [(k, v) for k, v in start.get("headers", []) if k.lower() not in dropped]
+            await send({**start, "headers": [*kept, (b"content-length", str(len(page)).encode())]})
+            await send({"type": "http.response.body", "body": page, "more_body": False})
+            return
         await send(message)
 
     return sending

@@ -33,6 +33,10 @@ SHARES_ONE_RUNYARD_UP = True
 def test_the_pages_show_runyard_and_fetch_nothing_from_outside_the_machine(page: Any, runyard_up: Any) -> None:
     hosts: list[str] = []
     page.on("request", lambda request: hosts.append(urlsplit(request.url).hostname or request.url))
+    # Each page finds its server at once: Streamlit's client, left to itself, asks under the page's
+    # own path first (/new/_stcore/health, a 404) and tries "/" a pause later (app/gate.py).
+    calls: list[str] = []
+    page.on("request", lambda request: calls.append(urlsplit(request.url).path) if "_stcore" in request.url else None)
     for path, heading in [("/", "Runs"), ("/new", "New run"), ("/settings", "Settings"), ("/compare", "Compare")]:
         open_page(page, f"{runyard_up.url}{path}", heading)
         # The name and version head the top bar: a logo the page draws from an SVG it serves itself.
@@ -47,6 +51,7 @@ def test_the_pages_show_runyard_and_fetch_nothing_from_outside_the_machine(page:
         for words in ("Deploy", "Record a screencast", "Made with Streamlit", "Stop"):
             assert page.get_by_text(words, exact=True).filter(visible=True).count() == 0, (path, words)
     assert hosts and set(hosts) == {"127.0.0.1"}, sorted(set(hosts))
+    assert "/_stcore/health" in calls and all(c.startswith("/_stcore/") for c in calls), sorted(set(calls))
 
 
 def test_the_runs_page_answers_at_slash_runs_too(page: Any, runyard_up: Any) -> None:

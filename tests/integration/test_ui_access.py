@@ -11,6 +11,7 @@ starts.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import http.client
 import json
 import os
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import streamlit
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
@@ -209,6 +211,43 @@ def test_with_the_cookie_the_page_and_the_stream_answer(up: UI) -> None:
     assert up.websocket({"Cookie": cookie, "Origin": f"http://127.0.0.1:{up.port}"}) == 101
     assert up.websocket({"Cookie": cookie, "Origin": f"http://localhost:{up.port}",
                          "Host": f"localhost:{up.port}"}) == 101
+
+
+def test_a_page_is_told_where_its_server_is_and_nothing_else_changes(up: UI) -> None:
+    """Streamlit's page for every address gets a script at the top of its head that names its
+    server (app/gate.py), so that a new tab on /run connects at once instead of after a 404 and a
+    pause; the page's length is its new one, and scripts pass through untouched."""
+    cookie = up.log_in()
+
+    def get(path: str, accept: str) -> tuple[http.client.HTTPResponse, bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", up.port, timeout=15)
+        conn.request("GET", path, headers={"Host": f"127.0.0.1:{up.port}", "Cookie": cookie, "Accept": accept,
+                                           "Accept-Encoding": "gzip, deflate, br"})
+        response = conn.getresponse()
+        body = response.read()
+        conn.close()
+        return response, body
+
+    page_accept = "text/html,application/xhtml+xml,*/*;q=0.8"
+    response, body = get("/run?run=1", page_accept)
+    assert response.status == 200 and response.getheader("Content-Encoding") is None
+    assert int(response.getheader("Content-Length") or -1) == len(body)
+    assert response.getheader("ETag") is None  # a cached copy is never one without the script
+    script, rest = body.split(b"<head>", 1)[1].split(b"</script>", 1)
+    assert script.startswith(b"<script>") and b'const seen="/run";' in script and b"BACKEND_BASE_URL" in script
+    assert b'<script type="module"' in rest  # Streamlit's own page follows, whole
+    # An address with markup in it cannot end the script early.
+    _, body = get("/run%3C/script%3E%3Cscript%3Ealert(1)", page_accept)
+    script = body.split(b"<head>", 1)[1].split(b"</script>", 1)[0]
+    assert b"<" not in script[len(b"<script>"):] and b"\\u003c/script\\u003e" in script
+    # Streamlit's script is served as Streamlit serves it.
+    src = re.search(rb'src="\./(static/js/index\.[^"]+\.js)"', rest)
+    assert src
+    response, served = get(f"/{src.group(1).decode()}", "*/*")
+    if response.getheader("Content-Encoding") == "gzip":
+        served = gzip.decompress(served)
+    on_disk = (Path(streamlit.__file__).parent / "static" / src.group(1).decode()).read_bytes()
+    assert response.status == 200 and served == on_disk and response.getheader("ETag")
 
 
 def test_a_foreign_host_is_refused_even_with_the_cookie(up: UI) -> None:
