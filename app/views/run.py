@@ -290,8 +290,8 @@ def metric_charts(d: dict[str, Any], series: dict[str, data.LiveSeries]) -> None
     cols = st.columns(2)
     for i, (key, s) in enumerate(series.items()):
         with cols[i % 2]:
-            chart_widgets.zoomable_chart(d["id"], key, charts.metric_view(
-                s.rows, cutoffs, options, key, d["started_at"], bucketed=s.level > 0), options.x, "metrics")
+            chart_widgets.zoomable_chart(d["id"], key, chart_widgets.run_chart(d, key, s, cutoffs, options),
+                                         options.x, "metrics")
     if options.cursor is None:
         chart_widgets.latest_table(d["metrics"], list(series))
     else:  # the shared cursor's read-out: every metric at the marked step
@@ -347,8 +347,8 @@ def overview_charts(d: dict[str, Any], series: dict[str, data.LiveSeries]) -> No
     for i, key in enumerate(shown):
         s = series[key]
         with cols[i % 2]:
-            chart_widgets.zoomable_chart(d["id"], key, charts.metric_view(
-                s.rows, cutoffs, options, key, d["started_at"], bucketed=s.level > 0), options.x, "overview")
+            chart_widgets.zoomable_chart(d["id"], key, chart_widgets.run_chart(d, key, s, cutoffs, options),
+                                         options.x, "overview")
     widget = f"pin-{d['id']}"
 
     def pin() -> None:

@@ -34,6 +34,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 from streamlit.testing.v1 import AppTest
 
+from app import charts as app_charts
 from app import data
 from app.charts import NAN_COLOR
 from db import queries
@@ -357,6 +358,53 @@ def test_finished_run_has_no_cancel_button(settings: Settings, sessions: session
     assert at.progress[0].value == 100
     assert {m.label: m.value for m in at.metric}["Ends at"] == "–"  # finished: nothing to project
     assert [b.label for b in at.button] == ["Save"]  # Edit…'s form alone: no Cancel
+
+
+def test_an_ended_runs_charts_are_built_once_for_every_tab_and_a_live_runs_at_every_refresh(
+        seeded: dict[str, int], settings: Settings, sessions: sessionmaker[Session],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A finished run's charts cannot change: a second tab and every refresh draw the charts the
+    first tab built (Altair's build is about 75 ms a chart of 8 ranks), and so does the rank legend
+    of any run; a live run's charts are built again at every refresh, and two finished runs never
+    share one."""
+    with sessions() as s:
+        done = {}
+        for name, last_step in (("done", 300), ("done-sooner", 200)):
+            done[name] = add_run(s, settings, name, RunStatus.STARTING, RunStatus.RUNNING, RunStatus.SUCCEEDED)
+            add_attempt(s, done[name], last_step=last_step, status=AttemptStatus.SUCCEEDED)
+            add_metrics(s, done[name], last_step=last_step)
+        s.commit()
+    built: list[str] = []
+    legends: list[int] = []
+    metric_view, rank_legend = app_charts.metric_view, app_charts.rank_legend
+    monkeypatch.setattr(app_charts, "metric_view", lambda *a, **k: built.append(a[3]) or metric_view(*a, **k))
+    monkeypatch.setattr(app_charts, "rank_legend", lambda ranks: legends.append(len(ranks)) or rank_legend(ranks))
+
+    def drawn(at: AppTest) -> list[tuple[str, list[tuple[int, str]]]]:
+        """Each metric chart's title and its lines' (step, rank) rows."""
+        return [(chart_title(c), sorted(zip(chart_lines(c)["step"], chart_lines(c)["rank"], strict=True)))
+                for c in metric_chart_elements(at)]
+
+    first_tab = show_section(open_page("views/run.py", run=str(done["done"])), "Metrics")
+    first = drawn(first_tab)
+    assert [t for t, _ in first] == ["Loss", "Eval accuracy"] and len(first[0][1]) == 2 * 30
+    assert built and legends == [2]
+    builds = len(built)
+    second_tab = show_section(open_page("views/run.py", run=str(done["done"])), "Metrics")
+    assert drawn(second_tab) == first
+    second_tab.run()  # a refresh
+    no_exception(second_tab)
+    assert drawn(second_tab) == first and len(built) == builds and legends == [2]
+    other = show_section(open_page("views/run.py", run=str(done["done-sooner"])), "Metrics")
+    assert len(drawn(other)[0][1]) == 2 * 20  # its own 20 steps, not the first run's chart
+    assert len(built) > builds
+    builds = len(built)
+    live = show_section(open_page("views/run.py", run=str(seeded["running"])), "Metrics")
+    assert len(built) > builds
+    builds = len(built)
+    live.run()
+    no_exception(live)
+    assert len(built) > builds and legends == [2]  # the live run's charts again, not its legend
 
 
 def chart_spec(chart) -> dict:  # type: ignore[no-untyped-def]
