@@ -360,13 +360,13 @@ def test_finished_run_has_no_cancel_button(settings: Settings, sessions: session
     assert [b.label for b in at.button] == ["Save"]  # Edit…'s form alone: no Cancel
 
 
-def test_an_ended_runs_charts_are_built_once_for_every_tab_and_a_live_runs_at_every_refresh(
+def test_charts_are_built_again_only_when_their_buckets_change(
         seeded: dict[str, int], settings: Settings, sessions: sessionmaker[Session],
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A finished run's charts cannot change: a second tab and every refresh draw the charts the
     first tab built (Altair's build is about 75 ms a chart of 8 ranks), and so does the rank legend
-    of any run; a live run's charts are built again at every refresh, and two finished runs never
-    share one."""
+    of any run; two finished runs never share one. A live run's chart is built again at a refresh
+    that brings new buckets, and not at one that brings none (slow steps, an evaluation)."""
     with sessions() as s:
         done = {}
         for name, last_step in (("done", 300), ("done-sooner", 200)):
@@ -401,10 +401,19 @@ def test_an_ended_runs_charts_are_built_once_for_every_tab_and_a_live_runs_at_ev
     builds = len(built)
     live = show_section(open_page("views/run.py", run=str(seeded["running"])), "Metrics")
     assert len(built) > builds
-    builds = len(built)
+    builds, drawn_live = len(built), drawn(live)
+    live.run()  # a refresh with nothing new
+    no_exception(live)
+    assert len(built) == builds and drawn(live) == drawn_live
+    with sessions() as s:  # rank 0 and 1 log step 130
+        write_points(s.connection(), [dict(run_id=seeded["running"], attempt=1, rank=rank, step=130, key="loss",
+                                           value=0.01, wall_time=time.time()) for rank in (0, 1)])
+        s.commit()
     live.run()
     no_exception(live)
-    assert len(built) > builds and legends == [2]  # the live run's charts again, not its legend
+    loss = dict(drawn(live))["Loss"]
+    assert len(built) == builds + 1 and (130, "0") in loss and (130, "1") in loss  # the loss chart alone
+    assert legends == [2]  # the live run's legend too was drawn from the cache
 
 
 def chart_spec(chart) -> dict:  # type: ignore[no-untyped-def]
