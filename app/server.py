@@ -146,14 +146,22 @@ def build_app(policy: AccessPolicy, settings: Settings, writable: bool = True,
               metrics_recent_s: float | None = None) -> object:
     """Streamlit's ASGI app for app/main.py behind the gate, with ``GET /metrics`` (Prometheus,
     its own scrape token: app/prometheus.py) answered before the gate."""
+    from app.gate import Gate  # noqa: PLC0415 - after the options pass
+    from app.prometheus import DEFAULT_RECENT_S, metrics_route  # noqa: PLC0415 - after the options pass
+
+    gate = Gate(streamlit_app(MAIN_SCRIPT), policy, health=health_reader(settings, writable))  # type: ignore[arg-type]
+    return metrics_route(gate, policy, settings, writable,
+                         DEFAULT_RECENT_S if metrics_recent_s is None else metrics_recent_s)
+
+
+def streamlit_app(script: Path) -> object:
+    """Streamlit's ASGI app (``st.App``) for ``script`` with this server's options (also what
+    bench/streamlit_floor.py serves, without the gate, as the floor of a Streamlit page)."""
     import streamlit as st  # noqa: PLC0415 - after the options pass
     from streamlit import config as streamlit_config  # noqa: PLC0415 - after the options pass
     from streamlit.web import bootstrap  # noqa: PLC0415 - after the options pass
 
-    from app.gate import Gate  # noqa: PLC0415 - after the options pass
-    from app.prometheus import DEFAULT_RECENT_S, metrics_route  # noqa: PLC0415 - after the options pass
-
-    streamlit_config._main_script_path = str(MAIN_SCRIPT)
+    streamlit_config._main_script_path = str(script)
     bootstrap.load_config_options({key.replace(".", "_"): value for key, value in STREAMLIT_OPTIONS.items()})
     # Altair validates every chart object against the Vega-Lite schema as it is built, then the
     # whole spec again when Streamlit draws it. The server keeps the second: a chart of the Run
@@ -161,9 +169,16 @@ def build_app(policy: AccessPolicy, settings: Settings, writable: bool = True,
     from altair.utils.schemapi import disable_debug_mode  # noqa: PLC0415 - after the options pass
 
     disable_debug_mode()
-    gate = Gate(st.App(MAIN_SCRIPT), policy, health=health_reader(settings, writable))
-    return metrics_route(gate, policy, settings, writable,
-                         DEFAULT_RECENT_S if metrics_recent_s is None else metrics_recent_s)
+    return st.App(script)
+
+
+def uvicorn_server(app: object) -> Any:
+    """The uvicorn server the UI runs ``app`` with (``.run(sockets=[...])`` serves it)."""
+    import uvicorn  # noqa: PLC0415 - after the options pass
+
+    config = uvicorn.Config(app, lifespan="on", access_log=False, log_level="warning",  # type: ignore[arg-type]
+                            ws_max_size=200 * 1024 * 1024, ws_per_message_deflate=False, timeout_graceful_shutdown=5)
+    return uvicorn.Server(config)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -229,8 +244,6 @@ def serve(sock: socket.socket, app: object, home: Path, args: argparse.Namespace
           record: bool = True) -> int:
     """Serve ``app`` on ``sock``; ``record`` writes where it listens into the home (not on a
     read-only one)."""
-    import uvicorn  # noqa: PLC0415 - after the options pass
-
     warning = open_bind_warning(args.host)
     if warning:
         print(warning, file=sys.stderr)
@@ -243,9 +256,7 @@ def serve(sock: socket.socket, app: object, home: Path, args: argparse.Namespace
         print(login_url(args.host, args.port, token), flush=True)
     else:
         print(f"runyard UI on {base} (auth: {args.auth}; data in {home})", flush=True)
-    config = uvicorn.Config(app, lifespan="on", access_log=False, log_level="warning",  # type: ignore[arg-type]
-                            ws_max_size=200 * 1024 * 1024, ws_per_message_deflate=False, timeout_graceful_shutdown=5)
-    server = uvicorn.Server(config)
+    server = uvicorn_server(app)
     try:
         server.run(sockets=[sock])
     finally:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
 import signal
 import statistics
@@ -35,26 +34,8 @@ from bench.bench_render import (  # noqa: E402 - needs ROOT on sys.path
     fresh_context,
     seeded_home,
     session_cookies,
+    start_ui,
 )
-
-
-def start(tree: Path, home: Path) -> tuple[subprocess.Popen, str]:
-    """`runyard ui` of ``tree`` on ``home``; returns it and its login URL."""
-    port = free_port()
-    log = home / f"bench-new-tab-{port}.log"
-    env = dict(os.environ, RUNYARD_HOME=str(home))
-    env.pop("RUNYARD_DB_URL", None)
-    with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "ui", "--port", str(port)], cwd=tree, env=env,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        printed = re.search(rf"^http://127\.0\.0\.1:{port}/\?token=\S+$", log.read_text(), re.MULTILINE)
-        if printed:
-            return proc, printed.group(0)
-        time.sleep(0.3)
-    os.killpg(proc.pid, signal.SIGKILL)
-    raise RuntimeError(f"the UI of {tree} did not start in 60 s:\n{log.read_text()[-2000:]}")
 
 
 def cpu_s(proc: subprocess.Popen) -> float:
@@ -73,7 +54,7 @@ def main() -> None:
 
     home, run_id = seeded_home(8, 10_000, ("loss",))
     trees = [ROOT, *(t.resolve() for t in args.tree)]
-    uis = {tree: start(tree, home) for tree in trees}
+    uis = {tree: start_ui(home, free_port(), tree) for tree in trees}
     times: dict[tuple[Path, str], list[float]] = {(t, kind): [] for t in trees for kind in ("fresh", "cached")}
     cpu = dict.fromkeys(trees, 0.0)
     try:

@@ -117,45 +117,45 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _answering(proc: subprocess.Popen, url: str, what: str, log: Path | None = None) -> None:
+    """Wait up to 60 s until ``url`` answers 200 (``what`` started), else kill ``proc`` and raise."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:  # noqa: S310 - http://127.0.0.1 URLs built here
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.3)
+    os.killpg(proc.pid, signal.SIGKILL)
+    raise RuntimeError(f"{what} did not start in 60 s" + (f":\n{log.read_text()[-2000:]}" if log else ""))
+
+
 def start_floor(port: int) -> subprocess.Popen:
     """bench/streamlit_floor.py on ``port``, once it answers."""
     proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "streamlit_floor.py"), "--port", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as resp:
-                if resp.status == 200:
-                    return proc
-        except OSError:
-            pass
-        time.sleep(0.3)
-    os.killpg(proc.pid, signal.SIGKILL)
-    raise RuntimeError("the floor page did not start in 60 s")
+    _answering(proc, f"http://127.0.0.1:{port}/", "the floor page")
+    return proc
 
 
-def start_ui(home: Path, port: int) -> tuple[subprocess.Popen, str]:
-    """`runyard ui` on ``port``; returns it and the login URL it printed (the UI answers nothing
-    but its health check, ``/healthz``, without its token)."""
+def start_ui(home: Path, port: int, tree: Path = ROOT) -> tuple[subprocess.Popen, str]:
+    """`runyard ui` of the checkout ``tree`` on ``port``; returns it and the login URL it printed
+    (the UI answers nothing but its health check, ``/healthz``, without its token)."""
     env = dict(os.environ, RUNYARD_HOME=str(home))
     env.pop("RUNYARD_DB_URL", None)
-    log = home / "bench-ui.log"
+    log = home / f"bench-ui-{port}.log"
     with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "ui", "--port", str(port)], env=env,
+        proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "ui", "--port", str(port)], env=env, cwd=tree,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as resp:
-                printed = re.search(rf"^{re.escape(base)}/\?token=\S+$", log.read_text(), re.MULTILINE)
-                if resp.status == 200 and printed:
-                    return proc, printed.group(0)
-        except OSError:
-            pass
-        time.sleep(0.3)
-    os.killpg(proc.pid, signal.SIGKILL)
-    raise RuntimeError(f"the UI did not start in 60 s:\n{log.read_text()[-2000:]}")
+    _answering(proc, f"http://127.0.0.1:{port}/healthz", f"the UI of {tree}", log)
+    # The URL is printed once the socket is bound, before the first answer.
+    printed = re.search(rf"^http://127\.0\.0\.1:{port}/\?token=\S+$", log.read_text(), re.MULTILINE)
+    if not printed:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise RuntimeError(f"the UI printed no login URL:\n{log.read_text()[-2000:]}")
+    return proc, printed.group(0)
 
 
 def session_cookies(browser: Any, login_url: str) -> list[dict[str, Any]]:

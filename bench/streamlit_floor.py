@@ -18,7 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from app.server import STREAMLIT_OPTIONS, bind  # noqa: E402 - needs ROOT on sys.path
+from app.server import bind, streamlit_app, uvicorn_server  # noqa: E402 - needs ROOT on sys.path
 
 PAGE = Path(__file__).with_name("streamlit_floor_page.py")
 
@@ -27,21 +27,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args()
-    import streamlit as st  # noqa: PLC0415 - after the options pass, as app/server.py
-    import uvicorn  # noqa: PLC0415
-    from altair.utils.schemapi import disable_debug_mode  # noqa: PLC0415
-    from streamlit import config as streamlit_config  # noqa: PLC0415
-    from streamlit.web import bootstrap  # noqa: PLC0415
-
-    streamlit_config._main_script_path = str(PAGE)
-    bootstrap.load_config_options({key.replace(".", "_"): value for key, value in STREAMLIT_OPTIONS.items()})
-    disable_debug_mode()
+    app = streamlit_app(PAGE)  # the UI's own set-up, without the gate in front
     sock = bind("127.0.0.1", args.port)
     print(f"floor page on http://127.0.0.1:{args.port}/", flush=True)
-    config = uvicorn.Config(st.App(PAGE), lifespan="on", access_log=False, log_level="warning",  # type: ignore[arg-type]
-                            ws_max_size=200 * 1024 * 1024, ws_per_message_deflate=False, timeout_graceful_shutdown=5)
-    server = uvicorn.Server(config)
-    server.run(sockets=[sock])
+    uvicorn_server(app).run(sockets=[sock])
     return 0
 
 
