@@ -273,10 +273,10 @@ BUSY_RANK = textwrap.dedent("""
     for _ in range(THREADS):
         there.acquire()  # every thread waits 30 calls deep
     def train_forever():
+        print('up', flush=True)  # from inside: stopped any time after this, its frame is in the dump
         x = 0
         while True:
             x += 1
-    print('up', flush=True)
     train_forever()
 """)
 
