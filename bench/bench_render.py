@@ -20,6 +20,12 @@ page (bench/streamlit_floor.py: a title and one chart of the Run page's first cu
 as runyard serves its UI, nothing in front) and times it in new tabs taking turns with the Run page's:
 what any Streamlit page with one chart costs here, against runyard's.
 
+The first run a person opens after opening the dashboard: a new tab (fresh, and with the scripts
+cached) that has loaded the Runs page and selected the run's row, timed from "Open run" to the
+first curve drawn: the first chart that tab draws, which pays for loading and first running the
+chart code. With ``--floor``, beside the bare page's own first chart after a click (its "Draw"
+button, ``?chart=click``).
+
 Issue 32's item 5 in a tab that is already open (a person with the dashboard open, who has seen
 a chart in it once): in one page kept for the whole series, back to the Runs page, the run's row
 selected, and timed from "Open run" until the Overview's first curve is drawn, then from choosing
@@ -233,6 +239,50 @@ def open_from_runs_page(browser: Any, cookies: list[dict[str, Any]], base: str, 
         context.close()
 
 
+def first_open(browser: Any, cookies: list[dict[str, Any]], base: str, run_id: int, context: Any = None) -> float:
+    """Seconds from "Open run #N" to the first curve drawn, in a new tab (of a fresh browser context
+    unless ``context`` is given) that has loaded the Runs page and selected the run's row, so drawn
+    no chart yet: the first run a person opens after opening the dashboard."""
+    own = context is None
+    context = context or fresh_context(browser, cookies)
+    page = context.new_page()
+    try:
+        page.goto(f"{base}/")
+        page.wait_for_selector("[data-testid='stDataFrame']", timeout=120_000)
+        page.wait_for_timeout(500)  # the grid's canvas draws after the element appears
+        page.get_by_test_id("stDataFrame").click(position={"x": 17, "y": 53})  # first row's marker
+        opener = page.get_by_role("button", name=f"Open run #{run_id}")
+        opener.wait_for(timeout=120_000)
+        t0 = time.monotonic()
+        opener.click(timeout=120_000)
+        page.wait_for_function(FIRST_CHART_DRAWN, timeout=120_000, polling="raf")
+        return time.monotonic() - t0
+    finally:
+        page.close()
+        if own:
+            context.close()
+
+
+def floor_click(browser: Any, url: str, context: Any = None) -> float:
+    """The floor of :func:`first_open`: seconds from pressing the bare page's "Draw" button
+    (``?chart=click``) to its chart drawn, in a new tab that has drawn no chart yet."""
+    own = context is None
+    context = context or fresh_context(browser, [])
+    page = context.new_page()
+    try:
+        page.goto(f"{url}?chart=click")
+        button = page.get_by_role("button", name="Draw")
+        button.wait_for(timeout=120_000)
+        t0 = time.monotonic()
+        button.click(timeout=120_000)
+        page.wait_for_function(FIRST_CHART_DRAWN, timeout=120_000, polling="raf")
+        return time.monotonic() - t0
+    finally:
+        page.close()
+        if own:
+            context.close()
+
+
 def open_in_this_tab(page: Any, run_id: int, section: str) -> tuple[float, float]:
     """In an open tab: the Runs page (by its link), the run's row selected, then seconds from
     "Open run #N" to the landing section's first chart, and from choosing ``section`` to that
@@ -362,6 +412,10 @@ def main() -> None:
     floor_bare: list[float] = []
     floor_cached: list[float] = []
     first_cached: list[float] = []
+    opened: list[float] = []
+    opened_cached: list[float] = []
+    clicked: list[float] = []
+    clicked_cached: list[float] = []
     run_url = f"{base}/run?run={run_id}" + (f"&section={args.section}" if args.section else "")
     try:
         with sync_playwright() as pw:
@@ -389,7 +443,15 @@ def main() -> None:
                 cached.append(navigate(browser, cookies, run_url, ALL_CHARTS_DRAWN, None, warm, first=first_cached)[0])
                 from_runs.append(open_from_runs_page(browser, cookies, base, run_id, args.section, ALL_CHARTS_DRAWN,
                                                      first=first_from_runs))
+                opened.append(first_open(browser, cookies, base, run_id))
+                opened_cached.append(first_open(browser, cookies, base, run_id, warm))
+                print(f"  {i + 1}: first run opened in a tab (Runs page loaded, Open -> first curve): "
+                      f"{opened[-1]:.2f} s fresh, {opened_cached[-1]:.2f} s scripts cached", flush=True)
                 if floor:
+                    clicked.append(floor_click(browser, floor_url))
+                    clicked_cached.append(floor_click(browser, floor_url, floor_warm))
+                    print(f"  {i + 1}: floor page, Draw -> its chart: {clicked[-1]:.2f} s fresh, "
+                          f"{clicked_cached[-1]:.2f} s scripts cached", flush=True)
                     _, at_title = navigate(browser, [], floor_url, ALL_CHARTS_DRAWN, "h1", first=floor_first)
                     floor_title.append(at_title or 0.0)
                     floor_bare.append(navigate(browser, [], floor_url + "?chart=0", TITLE_SHOWN, None)[0])
@@ -439,6 +501,16 @@ def main() -> None:
         print(f"  bare Streamlit page again in the same browser (scripts cached), goto -> first chart: "
               f"{statistics.median(floor_cached):.2f} s (min {min(floor_cached):.2f}, max {max(floor_cached):.2f}); "
               f"the Run page's is {ratio:.2f}x")
+    print(f"  the first run opened in a new tab (Runs page loaded, Open -> first curve): "
+          f"{statistics.median(opened):.2f} s fresh (min {min(opened):.2f}, max {max(opened):.2f}), "
+          f"{statistics.median(opened_cached):.2f} s scripts cached (min {min(opened_cached):.2f}, "
+          f"max {max(opened_cached):.2f})")
+    if floor:
+        print(f"  bare Streamlit page, Draw -> its first chart: {statistics.median(clicked):.2f} s fresh "
+              f"(min {min(clicked):.2f}, max {max(clicked):.2f}), {statistics.median(clicked_cached):.2f} s "
+              f"scripts cached (min {min(clicked_cached):.2f}, max {max(clicked_cached):.2f}); runyard's first "
+              f"open is {statistics.median(opened) / statistics.median(clicked):.2f}x and "
+              f"{statistics.median(opened_cached) / statistics.median(clicked_cached):.2f}x")
     section = args.section or "Metrics"
     print(f"  in a tab already open: Open -> the Overview's first curve {statistics.median(tab_landing):.2f} s "
           f"(min {min(tab_landing):.2f}, max {max(tab_landing):.2f}); {section} -> its first chart "

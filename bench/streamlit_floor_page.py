@@ -1,6 +1,8 @@
 """The page bench/streamlit_floor.py serves: a title and one line chart of 8 ranks x 1,000 points.
 
-``?chart=0`` draws the title alone (the floor of a page without a chart).
+``?chart=0`` draws the title alone (the floor of a page without a chart); ``?chart=click`` draws
+the title and a "Draw" button, and the chart once it is pressed (the floor of a page's first chart
+drawn after a click, as a run opened from the Runs page is).
 """
 
 import altair as alt
@@ -11,7 +13,8 @@ import streamlit as st
 RANKS, POINTS = 8, 1000
 
 st.title("floor")
-if st.query_params.get("chart", "1") != "0":
+mode = st.query_params.get("chart", "1")
+if mode == "1" or (mode == "click" and st.button("Draw")):
     steps = np.arange(POINTS) * 10
     frame = pd.DataFrame({
         "step": np.tile(steps, RANKS),
