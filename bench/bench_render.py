@@ -53,6 +53,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -222,10 +223,7 @@ def open_from_runs_page(browser: Any, cookies: list[dict[str, Any]], base: str, 
     page = context.new_page()
     try:
         page.goto(f"{base}/")
-        page.wait_for_selector("[data-testid='stDataFrame']", timeout=120_000)
-        page.wait_for_timeout(500)  # the grid's canvas draws after the element appears
-        t0 = time.monotonic()
-        page.get_by_test_id("stDataFrame").click(position={"x": 17, "y": 53})  # first row's marker
+        t0 = select_first_row(page)
         page.get_by_role("button", name=f"Open run #{run_id}").click(timeout=120_000)
         if section:
             page.get_by_role("radiogroup", name="Section").get_by_role("radio", name=section, exact=True).click(
@@ -239,48 +237,47 @@ def open_from_runs_page(browser: Any, cookies: list[dict[str, Any]], base: str, 
         context.close()
 
 
-def first_open(browser: Any, cookies: list[dict[str, Any]], base: str, run_id: int, context: Any = None) -> float:
-    """Seconds from "Open run #N" to the first curve drawn, in a new tab (of a fresh browser context
-    unless ``context`` is given) that has loaded the Runs page and selected the run's row, so drawn
-    no chart yet: the first run a person opens after opening the dashboard."""
+def select_first_row(page: Any, settle_ms: int = 500) -> float:
+    """On the Runs page: once its table is drawn, select the first row; returns the click's time."""
+    page.wait_for_selector("[data-testid='stDataFrame']", timeout=120_000)
+    page.wait_for_timeout(settle_ms)  # the grid's canvas draws after the element appears
+    t0 = time.monotonic()
+    page.get_by_test_id("stDataFrame").click(position={"x": 17, "y": 53})  # first row's marker
+    return t0
+
+
+def first_chart_after_click(browser: Any, cookies: list[dict[str, Any]], url: str, button: str,
+                            context: Any = None, before: Callable[[Any], object] = lambda page: None) -> float:
+    """Seconds from pressing ``button`` until the first chart is drawn, in a new tab (of a fresh
+    browser context unless ``context`` is given) that has loaded ``url`` (then ``before(page)``)
+    and drawn no chart yet."""
     own = context is None
     context = context or fresh_context(browser, cookies)
     page = context.new_page()
     try:
-        page.goto(f"{base}/")
-        page.wait_for_selector("[data-testid='stDataFrame']", timeout=120_000)
-        page.wait_for_timeout(500)  # the grid's canvas draws after the element appears
-        page.get_by_test_id("stDataFrame").click(position={"x": 17, "y": 53})  # first row's marker
-        opener = page.get_by_role("button", name=f"Open run #{run_id}")
-        opener.wait_for(timeout=120_000)
+        page.goto(url)
+        before(page)
+        pressed = page.get_by_role("button", name=button)
+        pressed.wait_for(timeout=120_000)
         t0 = time.monotonic()
-        opener.click(timeout=120_000)
+        pressed.click(timeout=120_000)
         page.wait_for_function(FIRST_CHART_DRAWN, timeout=120_000, polling="raf")
         return time.monotonic() - t0
     finally:
         page.close()
         if own:
             context.close()
+
+
+def first_open(browser: Any, cookies: list[dict[str, Any]], base: str, run_id: int, context: Any = None) -> float:
+    """"Open run #N" to the first curve in a new tab that has loaded the Runs page and selected the
+    run's row: the first run a person opens after opening the dashboard, the tab's first chart."""
+    return first_chart_after_click(browser, cookies, f"{base}/", f"Open run #{run_id}", context, select_first_row)
 
 
 def floor_click(browser: Any, url: str, context: Any = None) -> float:
-    """The floor of :func:`first_open`: seconds from pressing the bare page's "Draw" button
-    (``?chart=click``) to its chart drawn, in a new tab that has drawn no chart yet."""
-    own = context is None
-    context = context or fresh_context(browser, [])
-    page = context.new_page()
-    try:
-        page.goto(f"{url}?chart=click")
-        button = page.get_by_role("button", name="Draw")
-        button.wait_for(timeout=120_000)
-        t0 = time.monotonic()
-        button.click(timeout=120_000)
-        page.wait_for_function(FIRST_CHART_DRAWN, timeout=120_000, polling="raf")
-        return time.monotonic() - t0
-    finally:
-        page.close()
-        if own:
-            context.close()
+    """The floor of :func:`first_open`: the bare page's "Draw" button (``?chart=click``) to its chart."""
+    return first_chart_after_click(browser, [], f"{url}?chart=click", "Draw", context)
 
 
 def open_in_this_tab(page: Any, run_id: int, section: str) -> tuple[float, float]:
@@ -288,9 +285,7 @@ def open_in_this_tab(page: Any, run_id: int, section: str) -> tuple[float, float
     "Open run #N" to the landing section's first chart, and from choosing ``section`` to that
     section's first chart."""
     page.get_by_role("link", name="Runs").first.click()
-    page.wait_for_selector("[data-testid='stDataFrame']", timeout=120_000)
-    page.wait_for_timeout(800)  # the grid's canvas draws after the element appears
-    page.get_by_test_id("stDataFrame").click(position={"x": 17, "y": 53})  # first row's marker
+    select_first_row(page, settle_ms=800)
     opener = page.get_by_role("button", name=f"Open run #{run_id}")
     opener.wait_for(timeout=120_000)
     page.evaluate(MARK_CHARTS)
