@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import signal
 import statistics
 import subprocess
@@ -28,10 +27,10 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.bench_render import (  # noqa: E402 - needs ROOT on sys.path
-    CHROMIUM_ARGS,
     FIRST_CHART_DRAWN,
     free_port,
     fresh_context,
+    launch_chromium,
     seeded_home,
     session_cookies,
     start_ui,
@@ -59,9 +58,7 @@ def main() -> None:
     cpu = dict.fromkeys(trees, 0.0)
     try:
         with sync_playwright() as pw:
-            chromium = next(filter(None, map(shutil.which, ("chromium-headless-shell", "chromium"))),
-                            "/usr/bin/chromium")
-            browser = pw.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
+            browser = launch_chromium(pw)
             cookies = {t: session_cookies(browser, url) for t, (_, url) in uis.items()}
             page_url = {t: f"{url.split('/?token=')[0]}/run?run={run_id}&section={args.section}"
                         for t, (_, url) in uis.items()}

@@ -87,6 +87,12 @@ TITLE_SHOWN = """() => {
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
 
 
+def launch_chromium(pw: Any) -> Any:
+    """Debian's Chromium headless shell (as the browser tests drive it), else Chromium, under Playwright ``pw``."""
+    chromium = next(filter(None, map(shutil.which, ("chromium-headless-shell", "chromium"))), "/usr/bin/chromium")
+    return pw.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
+
+
 def seeded_home(ranks: int, steps: int, keys: tuple[str, ...]) -> tuple[Path, int]:
     """A data folder with one seeded run, cached under /tmp by its parameters."""
     home = CACHE / f"{ranks}x{steps}-{'-'.join(keys)}"
@@ -414,10 +420,7 @@ def main() -> None:
     run_url = f"{base}/run?run={run_id}" + (f"&section={args.section}" if args.section else "")
     try:
         with sync_playwright() as pw:
-            chromium = next(filter(None, map(shutil.which, ("chromium-headless-shell", "chromium"))),
-                            "/usr/bin/chromium")  # the shell, as the browser tests drive
-            browser = pw.chromium.launch(executable_path=chromium,
-                                         headless=True, args=CHROMIUM_ARGS)
+            browser = launch_chromium(pw)
             cookies = session_cookies(browser, login_url)
             navigate(browser, cookies, run_url, ALL_CHARTS_DRAWN, None)  # warm-up: the server's first page compile
             if floor:
@@ -514,9 +517,7 @@ def main() -> None:
     if args.live:
         def browser_run(login_url: str, base: str, live_id: int) -> tuple[list[float], list[float]]:
             with sync_playwright() as pw:
-                chromium = next(filter(None, map(shutil.which, ("chromium-headless-shell", "chromium"))),
-                                "/usr/bin/chromium")
-                browser = pw.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
+                browser = launch_chromium(pw)
                 try:
                     return in_one_tab(browser, session_cookies(browser, login_url), base, live_id, section,
                                       args.repeats, "live run")
