@@ -4,7 +4,8 @@ running runs: what the scheduler's ``alerts`` job costs every 5 s, on its own th
     .venv/bin/python bench/bench_alerts.py --finished 1000 --running 20 --repeats 5
 
 Each running run has 100 logged steps of ``loss`` and ``step_time`` on 2 ranks; every run's
-status changes are recent (the first pass after a start looks back 10 minutes).
+status changes are recent (the first pass after a start looks back 10 minutes). Ends with its
+BENCHMARKS.md row (bench/benchmarks_row.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.benchmarks_row import load_average, print_row
 from db.engine import make_engine, make_sessionmaker, upgrade
 from db.metricstore import write_points
 from db.models import Attempt
@@ -34,6 +36,7 @@ def main() -> None:
     parser.add_argument("--running", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
+    load_at_start = load_average()
     home = Path(tempfile.mkdtemp())
     url = f"sqlite:///{home / 'runyard.db'}"
     upgrade(url)
@@ -64,6 +67,10 @@ def main() -> None:
         times.append(time.perf_counter() - t0)
     print(f"{args.finished} finished + {args.running} running runs: one alert pass, median "
           f"{statistics.median(times) * 1000:.0f} ms (min {min(times) * 1000:.0f}, first {times[0] * 1000:.0f})")
+    print_row("One alert pass", f"the scheduler's alerts job (every 5 s) over {args.finished:,} finished runs and the "
+              "running ones", f"**{statistics.median(times) * 1000:.0f} ms** "
+              f"with {args.running} running runs (min {min(times) * 1000:.0f}, first {times[0] * 1000:.0f}); median of "
+              f"{args.repeats}", load_at_start)
 
 
 if __name__ == "__main__":

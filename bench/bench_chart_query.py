@@ -13,7 +13,9 @@ rollups included) into its own SQLite file cached under /tmp/runyard-bench-chart
 points takes a few minutes the first time; progress is printed). Each repetition opens a new
 session and reads the loss series of all 8 ranks, the sizes taking turns; the first read of each
 size (cold SQLite page cache) is printed apart, the median is over the following ones. Also times the live re-fetch
-(``since_step`` = the newest bucket's first step). Prints the medians, the level and rows read.
+(``since_step`` = the newest bucket's first step). Prints the medians, the level and rows read,
+and ends with its BENCHMARKS.md rows (bench/benchmarks_row.py): SQLite's, and with ``--db-url``
+PostgreSQL against SQLite.
 """
 
 from __future__ import annotations
@@ -35,12 +37,14 @@ from sqlalchemy.pool import NullPool
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.benchmarks_row import load_average, print_row, verdict  # noqa: E402 - needs ROOT on sys.path
 from bench.seed import seed_run  # noqa: E402 - needs ROOT on sys.path
 from db.engine import make_engine, safe_url, upgrade  # noqa: E402 - needs ROOT on sys.path
 from db.metricstore import series  # noqa: E402 - needs ROOT on sys.path
 
 CACHE = Path("/tmp/runyard-bench-chart")
 RANKS = 8
+TARGET_SIZES = (100_000, 10_000_000)  # the target: the largest run's read within 1.5x the smallest's
 
 
 def seeded(points: int, server: str | None = None) -> tuple[str, int]:
@@ -108,12 +112,49 @@ def time_once(engine, run_id: int) -> tuple[float, float, object, object]:  # ty
     return full, live, got, newest
 
 
+def points_label(points: int) -> str:
+    """100000 -> "100k", 10000000 -> "10M"."""
+    for size, suffix in ((1_000_000, "M"), (1_000, "k")):
+        if points >= size and points % size == 0:
+            return f"{points // size}{suffix}"
+    return f"{points:,}"
+
+
+def print_rows(results: dict[str, dict], sizes: list[int], postgres: bool, load_at_start: float) -> None:
+    """The BENCHMARKS.md rows: SQLite's reads by run size, and PostgreSQL's against SQLite's."""
+    big, small = results[f"sqlite {max(sizes)}"], results[f"sqlite {min(sizes)}"]
+    parts = []
+    for p in sorted(sizes):
+        ms = results[f"sqlite {p}"]["median_ms"]
+        target = f"**{ms:.1f} ms** (target <= 100 ms: {verdict(ms <= 100)})" if p >= 10_000_000 else f"{ms:.1f} ms"
+        parts.append(f"{points_label(p)} points {target}")
+    if len(sizes) > 1:
+        grows = big["median_ms"] / small["median_ms"]
+        target = f" (target <= 1.5x: {verdict(grows <= 1.5)})" if (min(sizes), max(sizes)) == TARGET_SIZES else ""
+        parts.append(f"{points_label(max(sizes))} / {points_label(min(sizes))} **{grows:.2f}x**{target}")
+    parts.append(f"live re-fetch {big['live_median_ms']:.1f} ms")
+    print_row("Chart query", "one chart's read (`series`: 8 ranks, at most 2,000 points each) by the run's size, "
+              "and the live panel's re-fetch",
+              "SQLite: " + "; ".join(parts) + "; medians", load_at_start)
+    if not postgres:
+        return
+    per_size = []
+    for p in sorted(sizes):
+        pg, lite = results[f"postgres {p}"], results[f"sqlite {p}"]
+        chart = pg["median_ms"] / lite["median_ms"]
+        per_size.append(f"{points_label(p)} points: chart **{chart:.2f}x** ({verdict(chart <= 2.0)}), live re-fetch "
+                        f"{pg['live_median_ms'] / lite['live_median_ms']:.2f}x")
+    print_row("Chart query, PostgreSQL / SQLite", "the same reads on PostgreSQL against SQLite, taking turns",
+              "; ".join(per_size) + "; target <= 2x; ratios of the medians", load_at_start)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="100000,1000000,10000000")
     parser.add_argument("--repeats", type=int, default=21)
     parser.add_argument("--db-url", help="a PostgreSQL server to measure beside SQLite (see the docstring)")
     args = parser.parse_args()
+    load_at_start = load_average()
     sizes = [int(s) for s in args.sizes.split(",")]
     backends: dict[str, str | None] = {"sqlite": None, **({"postgres": args.db_url} if args.db_url else {})}
     cases = [(db, points) for points in sizes for db in backends]
@@ -158,6 +199,7 @@ def main() -> None:
                   f"live re-fetch {pg['live_median_ms'] / lite['live_median_ms']:.2f}x")
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(json.dumps({"repeats": args.repeats, "results": results}))
+    print_rows(results, sizes, bool(args.db_url), load_at_start)
 
 if __name__ == "__main__":
     main()

@@ -8,7 +8,8 @@ For each length, ``--runs`` finished runs of ``--ranks`` ranks logging ``loss`` 
 seeded (bench/seed.py, through ``write_points``) into a temporary SQLite file (removed at the
 end). The summary reads every raw point of the chosen metrics of the chosen runs once (one
 index range per series, grouped by step as it is read), so its time grows with the points;
-the statement count does not grow with the runs. Prints one line per length and one JSON line.
+the statement count does not grow with the runs. Prints one line per length, one JSON line, and
+last its BENCHMARKS.md row (bench/benchmarks_row.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench.benchmarks_row import load_average, print_row  # noqa: E402 - needs ROOT on sys.path
 from bench.seed import seed_run  # noqa: E402 - needs ROOT on sys.path
 from db.compare import compare_runs, metric_summaries  # noqa: E402 - needs ROOT on sys.path
 from db.engine import make_engine, make_sessionmaker, upgrade  # noqa: E402 - needs ROOT on sys.path
@@ -63,6 +65,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
+    load_at_start = load_average()
     results = []
     for steps in (int(s) for s in args.steps.split(",")):
         r = measure(args.ranks, steps, args.runs, args.repeats)
@@ -71,6 +74,13 @@ def main() -> None:
               f"summary {r['summary_ms']:8.1f} ms, compare_runs {r['compare_runs_ms']:6.1f} ms")
     print(f"load average {os.getloadavg()[0]:.2f}")
     print(json.dumps(results))
+    summaries = " / ".join(f"{r['summary_ms']:,.0f}" for r in results)
+    lengths = " / ".join(f"{r['steps']:,}" for r in results)
+    compares = [r["compare_runs_ms"] for r in results]
+    print_row("Compare summary", f"one `metric_summaries` and one `compare_runs` over {args.runs} finished "
+              f"{args.ranks}-rank runs, by their length",
+              f"summary **{summaries} ms** at {lengths} steps a run ({results[-1]['points']:,} points at the last); "
+              f"`compare_runs` {min(compares):.0f}-{max(compares):.0f} ms; medians of {args.repeats}", load_at_start)
 
 
 if __name__ == "__main__":

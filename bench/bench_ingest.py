@@ -28,6 +28,9 @@ process), or run this script with an interpreter that has both. Without MLflow t
 runs alone and a message says so:
 
     python3 -m venv /tmp/mlflow-bench && /tmp/mlflow-bench/bin/pip install mlflow-skinny sqlalchemy alembic
+
+Ends with its BENCHMARKS.md rows (bench/benchmarks_row.py): against MLflow, and with ``--db-url``
+PostgreSQL against SQLite.
 """
 
 from __future__ import annotations
@@ -45,10 +48,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from benchmarks_row import load_average, print_row, verdict
+
 ROOT = Path(__file__).resolve().parents[1]
 RANKS, KEYS = 8, [f"metric_{i}" for i in range(10)]
 MLFLOW_BATCH_STEPS = 12  # 12 x 80 = 960 metrics a call; MLflow's limit is 1000
 EQUAL_BATCHES = (1, MLFLOW_BATCH_STEPS)  # the batch sizes both sides are measured at
+DATABASES = {"sqlite": "SQLite", "postgres": "PostgreSQL"}
 
 
 def points(steps: int, batch_steps: int) -> Iterator[list[tuple[str, int, int, float, float]]]:
@@ -150,6 +156,43 @@ def _mlflow_run(folder: Path, steps: int, python: str | None, store_url: str | N
     return json.loads(out.strip().splitlines()[-1])
 
 
+def paired_ratio(results: dict[str, list[float]], top: str, bottom: str) -> float | None:
+    """The median of the per-repetition ratios ``top`` / ``bottom``, or None where a side is missing."""
+    if results.get(top) and results.get(bottom) and len(results[top]) == len(results[bottom]):
+        return statistics.median(a / b for a, b in zip(results[top], results[bottom], strict=True))
+    return None
+
+
+def print_rows(results: dict[str, list[float]], servers: list[str], batch_steps: int, reps: int,
+               load_at_start: float) -> None:
+    """The BENCHMARKS.md rows: runyard against MLflow (or alone), and PostgreSQL against SQLite."""
+    parts = []
+    for db in servers:
+        against = [(b, paired_ratio(results, f"runyard {db}, {b}-step batches", f"mlflow {db}, {b}-step batches"))
+                   for b in EQUAL_BATCHES]
+        said = [f"**{r:.1f}x** at {b * 80} points" for b, r in against if r is not None]
+        if said:
+            parts.append(f"runyard / MLflow on {DATABASES[db]} " + ", ".join(said))
+    if not parts:
+        parts.append("runyard alone (no MLflow side: `--mlflow-python`)")
+    flush = statistics.median(results[f"runyard sqlite, {batch_steps}-step batches"])
+    parts.append(f"runyard's own {batch_steps}-step flush {flush:,.0f} points/s on SQLite (target >= 100k: "
+                 f"{verdict(flush >= 100_000)})")
+    print_row("Metric ingest", "points/s through rank 0's write path against MLflow's tracking store, the same "
+              f"batches (80 and 960 points), on {' and '.join(DATABASES[db] for db in servers)}",
+              "; ".join(parts) + f"; medians over {reps} repetitions", load_at_start)
+    if "postgres" not in servers:
+        return
+    slower = []
+    for b in (batch_steps, MLFLOW_BATCH_STEPS, 1):
+        r = paired_ratio(results, f"runyard sqlite, {b}-step batches", f"runyard postgres, {b}-step batches")
+        if r is not None:
+            slower.append(f"**{r:.2f}x** at {b}-step batches ({verdict(r <= 2.0)})")
+    print_row("Metric ingest, PostgreSQL / SQLite", "runyard's write path on PostgreSQL against SQLite, by batch "
+              "size, taking turns", "PostgreSQL slower by " + ", ".join(slower)
+              + f", target <= 2x; medians over {reps} repetitions", load_at_start)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=3)
@@ -164,6 +207,7 @@ def main() -> None:
     if args.mlflow_worker:
         print(json.dumps(mlflow_ingest(Path(args.mlflow_worker), args.steps, args.mlflow_store, args.batch_steps)))
         return
+    load_at_start = load_average()
 
     servers: dict[str, str | None] = {"sqlite": None}
     if args.db_url:
@@ -189,8 +233,8 @@ def main() -> None:
                 else:
                     r = None if mlflow_missing else mlflow_side(folder, steps, args.mlflow_python, server, batch_steps)
                     if r is None and not mlflow_missing:
-                        print("MLflow is not installed here: skipping the MLflow side (see BENCHMARKS.md for how "
-                              "to run it with --mlflow-python).", flush=True)
+                        print("MLflow is not installed here: skipping the MLflow side (this script's docstring "
+                              "says how to run it with --mlflow-python).", flush=True)
                         mlflow_missing = True
                 if r is not None:
                     results[name].append(r["points_per_s"])
@@ -201,8 +245,9 @@ def main() -> None:
     ratios: dict[str, float] = {}
 
     def ratio(label: str, top: str, bottom: str) -> None:
-        if results.get(top) and results.get(bottom) and len(results[top]) == len(results[bottom]):
-            ratios[label] = statistics.median(a / b for a, b in zip(results[top], results[bottom], strict=True))
+        value = paired_ratio(results, top, bottom)
+        if value is not None:
+            ratios[label] = value
 
     for db in servers:
         for b in EQUAL_BATCHES:  # the headline: the same batch size on both sides
@@ -220,6 +265,7 @@ def main() -> None:
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(json.dumps({"reps": args.reps, "points_per_rep": args.steps * 80, "median_points_per_s": medians,
                       "ratios": ratios}))
+    print_rows(results, list(servers), args.batch_steps, args.reps, load_at_start)
 
 
 if __name__ == "__main__":

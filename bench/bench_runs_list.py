@@ -14,7 +14,8 @@ runs, with per-rank loss points on the live ones. Statements are counted with a
 ``before_cursor_execute`` listener on the engine; each call opens a new session (as the UI's
 cached ``data.list_runs`` does every second). Prints the statements and the median and first
 milliseconds per call (wall, and this process's CPU time, which SQLite's work is part of and
-which a loaded machine disturbs less), the load average, and one JSON line.
+which a loaded machine disturbs less), the load average, one JSON line, and last its BENCHMARKS.md
+row (bench/benchmarks_row.py).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from sqlalchemy.orm import Session
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench.benchmarks_row import load_average, print_row  # noqa: E402 - needs ROOT on sys.path
 from db.compare import runs_list  # noqa: E402 - needs ROOT on sys.path
 from db.engine import make_engine, make_sessionmaker, upgrade  # noqa: E402 - needs ROOT on sys.path
 from db.metricstore import write_points  # noqa: E402 - needs ROOT on sys.path
@@ -171,6 +173,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=21, help="timed calls per size after the first")
     parser.add_argument("--call", choices=("plain", "page", "search"), default="plain", help="which call (see above)")
     args = parser.parse_args()
+    load_at_start = load_average()
     workdir = Path(tempfile.mkdtemp(prefix="runyard-bench-runs-list-"))
     try:
         results = []
@@ -184,6 +187,12 @@ def main() -> None:
         shutil.rmtree(workdir, ignore_errors=True)
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(json.dumps({"repeats": args.repeats, "call": args.call, "results": results}))
+    sizes = [f"{r['runs']} run{'s' if r['runs'] != 1 else ''} **{r['median_cpu_ms']:.1f} ms of CPU** "
+             f"({r['median_ms']:.1f} ms wall), {r['statements']} statements"
+             for r in sorted(results, key=lambda r: -r["runs"])]
+    print_row("Runs list", "one Runs-list read (`plain`: `runyard ls`; `page`: the Runs page's, every 2 s; "
+              "`search`) by the number of runs",
+              f"`{args.call}` call: " + "; ".join(sizes) + f"; medians of {args.repeats} calls", load_at_start)
 
 
 if __name__ == "__main__":

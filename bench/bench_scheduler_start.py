@@ -8,7 +8,7 @@ the scheduler's heartbeat file ``scheduler.json`` first appears, then its reside
 at that moment and whether torch is loaded in it; with ``--idle-s S``, also the share of one core
 it then uses over S seconds with no run (after 3 s to settle). ``--tree`` names another checkout of runyard
 (for example ``git worktree add /tmp/before <commit>``) to compare with side by side: the trees
-take turns, and medians are printed.
+take turns, and medians are printed; last, its BENCHMARKS.md row (bench/benchmarks_row.py).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import psutil
+from benchmarks_row import load_average, print_row
 
 HERE = Path(__file__).resolve().parents[1]
 
@@ -72,11 +73,13 @@ def main() -> None:
     parser.add_argument("--idle-s", type=float, default=0.0, help="also measure idle CPU over this many seconds")
     parser.add_argument("--tree", type=Path, action="append", default=[], help="another runyard checkout")
     args = parser.parse_args()
+    load_at_start = load_average()
     trees = [HERE, *args.tree]
     results: dict[Path, list[tuple[float, float, bool, float | None]]] = {t: [] for t in trees}
     for _ in range(args.repeats):
         for tree in trees:
             results[tree].append(one(tree, args.idle_s))
+    sides = []
     for tree, rows in results.items():
         times, rss = [r[0] for r in rows], [r[1] for r in rows]
         print(f"{tree}: start to first heartbeat median {statistics.median(times):.2f} s "
@@ -86,6 +89,14 @@ def main() -> None:
         if idle:
             print(f"    idle: median {statistics.median(idle):.2f}% of one core over {args.idle_s:g} s "
                   f"({', '.join(f'{x:.2f}' for x in idle)})")
+        shown = "this checkout" if tree == HERE else f"the tree at {tree}"
+        torch = "yes" if any(r[2] for r in rows) else "no"
+        side = (f"{shown}: start **{statistics.median(times):.2f} s**, RSS {statistics.median(rss):.0f} MiB, "
+                f"torch loaded: {torch}")
+        sides.append(side + (f", idle **{statistics.median(idle):.2f}%** of a core" if idle else ""))
+    print_row("Scheduler start and idle", "`runyard scheduler`: start to its first heartbeat, its RSS then, its "
+              "CPU idle (`--idle-s`)", "; ".join(sides)
+              + f"; medians of {args.repeats}", load_at_start)
 
 
 if __name__ == "__main__":

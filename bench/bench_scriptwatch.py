@@ -8,7 +8,8 @@ one a ``RUNYARD`` line with two metrics, the rest ``iter N: loss X`` read by a r
 file of ``--events`` scalars from torch's SummaryWriter; a ``--mib`` MiB checkpoint. Then times
 an AttemptCollector reading the logs to the end (its default 2 MiB per call, 512 KiB per file), EventFiles reading
 the event file (5,000 events per call), and CheckpointFiles hashing the file (256 MiB per scan).
-Prints points per second and MiB per second.
+Prints points per second and MiB per second, and last its BENCHMARKS.md row
+(bench/benchmarks_row.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.benchmarks_row import load_average, print_row  # noqa: E402 - needs ROOT on sys.path
 from orchestrator.scripts.checkpoint_finder import CheckpointFiles  # noqa: E402
 from orchestrator.scripts.metric_collector import AttemptCollector  # noqa: E402
 
@@ -40,7 +42,8 @@ def logs(folder: Path, lines: int) -> Path:
     return attempt
 
 
-def bench_logs(folder: Path, lines: int) -> None:
+def bench_logs(folder: Path, lines: int) -> tuple[float, float]:
+    """Points/s and MiB/s of the collector reading the logs to the end."""
     attempt = logs(folder, lines)
     size = sum(p.stat().st_size for p in attempt.rglob("*.log")) / 2**20
     collector = AttemptCollector(1, 1, attempt, folder, tensorboard_dirs=[], rescan_s=0.0,
@@ -55,9 +58,11 @@ def bench_logs(folder: Path, lines: int) -> None:
     took = time.perf_counter() - start
     print(f"logs: {2 * lines:,} lines ({size:.1f} MiB) -> {points:,} points in {took:.2f} s over {calls} calls: "
           f"{points / took:,.0f} points/s, {size / took:.1f} MiB/s")
+    return points / took, size / took
 
 
-def bench_events(folder: Path, events: int) -> None:
+def bench_events(folder: Path, events: int) -> float:
+    """Scalars/s of EventFiles reading one event file to the end."""
     from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415 - optional: tensorboard, the [scripts] extra
 
     from orchestrator.scripts.tensorboard_events import EventFiles  # noqa: PLC0415 - optional: tensorboard, the [scripts] extra
@@ -76,9 +81,11 @@ def bench_events(folder: Path, events: int) -> None:
             break
     took = time.perf_counter() - start
     print(f"tensorboard: {points:,} scalars in {took:.2f} s over {calls} polls: {points / took:,.0f} scalars/s")
+    return points / took
 
 
-def bench_hash(folder: Path, mib: int) -> None:
+def bench_hash(folder: Path, mib: int) -> float:
+    """MiB/s of CheckpointFiles hashing a new checkpoint file."""
     path = folder / "ckpt.pt"
     with open(path, "wb") as f:
         for _ in range(mib):
@@ -94,6 +101,7 @@ def bench_hash(folder: Path, mib: int) -> None:
     files.scan()
     print(f"checkpoint: {mib} MiB hashed in {took:.2f} s over {scans} scans ({mib / took:.0f} MiB/s); "
           f"a scan once hashed: {1000 * (time.perf_counter() - again):.2f} ms")
+    return mib / took
 
 
 def main() -> None:
@@ -102,10 +110,16 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--mib", type=int, default=512)
     args = parser.parse_args()
+    load_at_start = load_average()
     with tempfile.TemporaryDirectory() as tmp:
-        bench_logs(Path(tmp) / "logs", args.lines)
-        bench_events(Path(tmp) / "events", args.events)
-        bench_hash(Path(tmp), args.mib)
+        points_per_s, log_mib_per_s = bench_logs(Path(tmp) / "logs", args.lines)
+        scalars_per_s = bench_events(Path(tmp) / "events", args.events)
+        hash_mib_per_s = bench_hash(Path(tmp), args.mib)
+    print_row("Reading a script's output", f"the plain-script collector: {2 * args.lines:,} log lines, "
+              f"{args.events:,} TensorBoard scalars, a {args.mib} MiB checkpoint hashed",
+              f"logs **{points_per_s / 1000:,.0f}k points/s** ({log_mib_per_s:.1f} MiB/s), TensorBoard "
+              f"**{scalars_per_s / 1000:,.0f}k scalars/s**, checkpoint sha256 {hash_mib_per_s:,.0f} MiB/s",
+              load_at_start)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ A fresh data folder, a real `runyard scheduler`, and one healthy mlp-digits run 
 adds N busy-looping processes beside them (the machine's other work). Printed: each run's
 straggler episodes (warning events) per 1,000 steps, with the ranks named. Every episode is a
 false alarm: no rank was made slow. ``--set`` passes config overrides to every run, for example
-the rule before the sustain (``supervision.straggler_sustain_s=0``).
+the rule before the sustain (``supervision.straggler_sustain_s=0``). Ends with its BENCHMARKS.md
+row (bench/benchmarks_row.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchmarks_row import load_average, print_row
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNYARD = [sys.executable, "-m", "orchestrator"]
@@ -40,7 +43,9 @@ def main() -> None:
     ap.add_argument("--load", type=int, default=0, help="busy-looping processes beside the runs")
     ap.add_argument("--set", action="append", default=[], help="a config override for every run")
     args = ap.parse_args()
+    load_at_start = load_average()
     ranks = [int(r) for r in args.runs.split(",")]
+    counted = []
     with tempfile.TemporaryDirectory(prefix="runyard-straggler-") as tmp:
         env = {**os.environ, "RUNYARD_HOME": str(Path(tmp) / "home"), "RUNYARD_CPU_SLOTS": str(sum(ranks))}
         env.pop("RUNYARD_DB_URL", None)
@@ -74,11 +79,15 @@ def main() -> None:
                     named = sorted({int(re.match(r"rank (\d+)", m)[1]) for m in found})  # type: ignore[index]
                     print(f"run {run_id}: {n} ranks, {status}, {len(found)} straggler alarms in {steps} steps "
                           f"({1000 * len(found) / steps:.1f} per 1,000 steps), ranks named: {named or '-'}")
+                    counted.append(f"{n} ranks **{len(found)}** in {steps:,} steps "
+                                   f"({1000 * len(found) / steps:.1f} per 1,000)")
         finally:
             scheduler.terminate()
             scheduler.wait(30)
             for p in spinners:
                 p.terminate()
+    print_row("Straggler false alarms", "straggler warnings on healthy runs at once (each one a false alarm)",
+              "alarms: " + "; ".join(counted), load_at_start)
 
 
 if __name__ == "__main__":
