@@ -8,7 +8,7 @@ opens the run's page (``/run?run=N&section=...``) in new tabs, the trees taking 
 browser context (nothing cached: a first visit) and in one context per tree that has opened the
 page before (its scripts cached: a bookmark in a browser a person uses). Times ``page.goto`` to the
 first chart drawn, and reads each UI's CPU (its process and children) over its opens. Prints every
-open and the medians; BENCHMARKS.md has the results.
+open and the medians, and ends with its BENCHMARKS.md row (bench/benchmarks_row.py).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from bench.bench_render import (  # noqa: E402 - needs ROOT on sys.path
     session_cookies,
     start_ui,
 )
+from bench.benchmarks_row import load_average, print_row  # noqa: E402 - needs ROOT on sys.path
 
 
 def cpu_s(proc: subprocess.Popen) -> float:
@@ -49,6 +50,7 @@ def main() -> None:
     parser.add_argument("--opens", type=int, default=10, help="new tabs per tree and kind of context")
     parser.add_argument("--section", default="Metrics")
     args = parser.parse_args()
+    load_at_start = load_average()
     from playwright.sync_api import sync_playwright  # noqa: PLC0415 - optional: Playwright, only to render
 
     home, run_id = seeded_home(8, 10_000, ("loss",))
@@ -98,6 +100,15 @@ def main() -> None:
               f"scripts cached {statistics.median(warm):.2f} s (min {min(warm):.2f}, max {max(warm):.2f}); "
               f"the UI's CPU per open {cpu[t] / (2 * args.opens):.3f} s")
     print(f"  load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    sides = []
+    for t in trees:
+        fresh, warm = statistics.median(times[(t, "fresh")]), statistics.median(times[(t, "cached")])
+        shown = "this checkout" if t == ROOT else f"the tree at {t}"
+        sides.append(f"{shown}: fresh context **{fresh:.2f} s**, scripts cached **{warm:.2f} s**, the UI's CPU "
+                     f"{cpu[t] / (2 * args.opens):.3f} s an open")
+    print_row("Run page in a new tab, trees side by side", f"a finished run's {args.section} section opened in "
+              "new tabs (goto -> first chart) and the UI's CPU, this checkout against another tree, taking turns",
+              "; ".join(sides) + f"; medians of {args.opens}", load_at_start)
 
 
 if __name__ == "__main__":

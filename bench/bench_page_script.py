@@ -10,7 +10,8 @@ app/main.py in Streamlit's AppTest (the script as the server runs it, without a 
 opens the run's page (the Overview, with its curves) and then the Metrics section once to warm
 up, then ``--opens`` times more, and prints the process's CPU per open. The trees take turns;
 ``--tree`` names another checkout to compare with (``git worktree add /tmp/before <commit>``).
-Prints each repetition and the medians.
+Prints each repetition and the medians, and ends with its BENCHMARKS.md row
+(bench/benchmarks_row.py).
 """
 
 from __future__ import annotations
@@ -70,6 +71,9 @@ def main() -> None:
         return
     sys.path.insert(0, str(HERE))
     from bench.bench_render import seeded_home  # noqa: PLC0415 - needs HERE on sys.path
+    from bench.benchmarks_row import load_average, print_row  # noqa: PLC0415 - needs HERE on sys.path
+
+    load_at_start = load_average()
 
     home, run_id = seeded_home(args.ranks, args.steps, ("loss",))
     trees = [HERE, *(t.resolve() for t in args.tree)]
@@ -85,6 +89,13 @@ def main() -> None:
     for tree, values in results.items():
         print(f"  {tree}: {statistics.median(values):.3f} s (min {min(values):.3f}, max {max(values):.3f})")
     print(f"  load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    sides = []
+    for tree, values in results.items():
+        median = f"{statistics.median(values):.3f} s"
+        sides.append(f"this checkout **{median}**" if tree == HERE else f"the tree at {tree} {median}")
+    print_row("UI server CPU per Run page open", "the page script's CPU (AppTest, no browser) to open a finished "
+              f"{args.ranks}-rank {args.steps:,}-step run and its Metrics section",
+              "; ".join(sides) + f" an open; medians of {args.repeats}", load_at_start)
 
 
 if __name__ == "__main__":

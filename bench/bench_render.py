@@ -35,7 +35,8 @@ live run: a fresh data folder, ``runyard scheduler`` and ``runyard ui`` on it, a
 logging every step while its ranks train flat out on the same cores, timed from its 5,000th step on.
 
 Prints every time, the medians, where the time went (to the header; then to all charts) and
-the load average; BENCHMARKS.md has the results.
+the load average, and ends with its BENCHMARKS.md rows (bench/benchmarks_row.py): the finished
+run's, and with ``--live`` the live run's.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench.benchmarks_row import load_average, print_row  # noqa: E402 - needs ROOT on sys.path
 from bench.seed import seed_run, seed_system_metrics  # noqa: E402 - needs ROOT on sys.path
 from db.engine import upgrade  # noqa: E402 - needs ROOT on sys.path
 
@@ -122,6 +124,11 @@ def _with_system_metrics(home: Path, run_id: int, gpus: int) -> None:
     rows = seed_system_metrics(f"sqlite:///{home / 'runyard.db'}", run_id, gpus)
     marker.write_text(str(rows))
     print(f"added {rows:,} system metric rows ({gpus} GPUs, their processes, the host)", flush=True)
+
+
+def median_s(seconds: list[float]) -> str:
+    """The median of ``seconds``, as a BENCHMARKS.md row shows it."""
+    return f"{statistics.median(seconds):.2f} s"
 
 
 def free_port() -> int:
@@ -329,9 +336,11 @@ def in_one_tab(browser: Any, cookies: list[dict[str, Any]], base: str, run_id: i
     return landing, chosen
 
 
-def live_run(args: argparse.Namespace, browser_run: Any) -> None:
+def live_run(args: argparse.Namespace, browser_run: Any) -> tuple[list[float], list[float]]:
     """``--live``: a fresh data folder, `runyard scheduler` and `runyard ui` on it, a 2-rank
-    mlp-digits run logging every step, timed in one tab from its 5,000th step on; then cancelled."""
+    mlp-digits run logging every step, timed in one tab from its 5,000th step on; then cancelled.
+    Returns the seconds from Open to the Overview's first curve, and from the section to its first
+    chart."""
     home = Path(tempfile.mkdtemp(prefix="runyard-bench-live-"))
     env = dict(os.environ, RUNYARD_HOME=str(home))
     env.pop("RUNYARD_DB_URL", None)
@@ -371,6 +380,7 @@ def live_run(args: argparse.Namespace, browser_run: Any) -> None:
         print(f"  {args.section or 'Metrics'} -> its first chart: {statistics.median(chosen):.2f} s "
               f"(min {min(chosen):.2f}, max {max(chosen):.2f})")
         print(f"  load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        return landing, chosen
     finally:
         if run_id is not None:  # the ranks stopped by the scheduler before it goes (a stopped
             # scheduler leaves a run's ranks training, to adopt them when it comes back)
@@ -399,6 +409,7 @@ def main() -> None:
     parser.add_argument("--live", action="store_true",
                         help="also time the open tab's series on a live 2-rank run (its own data folder and scheduler)")
     args = parser.parse_args()
+    load_at_start = load_average()
     from playwright.sync_api import sync_playwright  # noqa: PLC0415 - optional: Playwright, only to render
 
     keys = tuple(k for k in args.keys.split(",") if k)
@@ -524,7 +535,25 @@ def main() -> None:
                 finally:
                     browser.close()
 
-        live_run(args, browser_run)
+        live_landing, live_chosen = live_run(args, browser_run)
+    result = (f"in a tab already open: Open -> the Overview's first curve **{median_s(tab_landing)}**, {section} -> "
+              f"its first chart **{median_s(tab_chosen)}**; the first run opened in a new tab (Runs page loaded, "
+              f"Open -> first curve) **{median_s(opened)}** fresh, {median_s(opened_cached)} scripts cached")
+    if floor:
+        result += (f" ({statistics.median(opened) / statistics.median(clicked):.2f}x, "
+                   f"{statistics.median(opened_cached) / statistics.median(clicked_cached):.2f}x a bare page's click)")
+    result += f"; its address in a new tab {median_s(first_new)} fresh, {median_s(first_cached)} cached"
+    if floor:
+        result += (f" ({statistics.median(first_new) / statistics.median(floor_first):.2f}x, "
+                   f"{statistics.median(first_cached) / statistics.median(floor_cached):.2f}x a bare page's)")
+    print_row("Run page in the browser", f"a finished {args.ranks}-rank {args.steps:,}-step run's first chart in "
+              "Chromium: in an open tab, a new tab's first open, from its address"
+              + (", beside a bare Streamlit page (the floor)" if floor else ""),
+              result + f"; medians of {args.repeats}", load_at_start)
+    if args.live:
+        print_row("Run page of a live run", "the same in an open tab, on a 2-rank run training on the same cores",
+                  f"Open -> the Overview's first curve **{median_s(live_landing)}**, {section} -> "
+                  f"its first chart **{median_s(live_chosen)}**; medians of {args.repeats}", load_at_start)
 
 
 if __name__ == "__main__":
