@@ -69,9 +69,9 @@ stamp="$VENV/.runyard-installed"
 want="$(cat pyproject.toml | sha256sum | cut -c1-16)-$extras"
 # runyard and its dependencies (about 96 packages) with uv where it can be had: it resolves,
 # downloads and byte-compiles them in parallel, about 20 s against pip's 55 s on two cores
-# (BENCHMARKS.md, "The test suite"). uv reads PyPI (or its own UV_INDEX_URL), not pip's
-# configuration, and does not see packages outside the venv: so the torch installed above is
-# pinned for it, a venv that sees the system's packages is left to pip, and where uv cannot be
+# (docs/benchmarks-journal.md, "The test suite"). uv reads PyPI (or its own UV_INDEX_URL), not
+# pip's configuration, and does not see packages outside the venv: so the torch installed above
+# is pinned for it, a venv that sees the system's packages is left to pip, and where uv cannot be
 # installed or fails pip installs (RUNYARD_INSTALLER=pip asks for pip alone).
 install_runyard() {
   if [ "${RUNYARD_INSTALLER:-uv}" = uv ] && ! grep -qs "include-system-site-packages = true" "$VENV/pyvenv.cfg" \
@@ -142,14 +142,14 @@ case "$cmd" in
         [ "$rc" -eq 0 ] || { cat "$reports/mypy.txt" >&2; exit "$rc"; }
         mypy_pid=""
       }
-      # Each tier on its own number of pytest-xdist workers (BENCHMARKS.md, "The test suite", has
-      # the measurements): two unit workers kept 1.6 of the two cores busy (their tests wait on
-      # subprocesses, timeouts and PostgreSQL), four fill them (233 s against 264 s); the slow
-      # tiers' tests mostly wait on the runs they start (about 0.8 of a core each), so three of
-      # them share two cores; the browser tests (Chromium, Streamlit and a run each) kept 1.4 of
-      # them busy two at a time, but at three (CI 45-46) each took 1.2-2x as long and two of them
-      # missed what they watch for (BENCHMARKS.md, the flaky tests). tests/conftest.py keeps the
-      # Slurm tests on one worker.
+      # Each tier on its own number of pytest-xdist workers (docs/benchmarks-journal.md, "The
+      # test suite", has the measurements): two unit workers kept 1.6 of the two cores busy (their
+      # tests wait on subprocesses, timeouts and PostgreSQL), four fill them (233 s against 264 s);
+      # the slow tiers' tests mostly wait on the runs they start (about 0.8 of a core each), so
+      # three of them share two cores; the browser tests (Chromium, Streamlit and a run each) kept
+      # 1.4 of them busy two at a time, but at three (CI 45-46) each took 1.2-2x as long and two of
+      # them missed what they watch for (docs/benchmarks-journal.md, "Flaky tests found").
+      # tests/conftest.py keeps the Slurm tests on one worker.
       # RUNYARD_TEST_WORKERS overrides all three.
       for tier in "unit 4" "faults integration 3" "browser 2"; do
         workers="${RUNYARD_TEST_WORKERS:-${tier##* }}"; tier="${tier% *}"

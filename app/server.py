@@ -65,8 +65,8 @@ STREAMLIT_OPTIONS: dict[str, object] = {
     "server.runOnSave": False,
     # No full garbage collection after every script run: a live Run page reruns its fragments
     # every 2 s per open tab, and Streamlit's gc.collect(2) after each was 23% of the UI server's
-    # CPU (py-spy over a live run). Python's own collector still runs (BENCHMARKS.md, "Where
-    # the CPU of the two slow tiers goes").
+    # CPU (py-spy over a live run). Python's own collector still runs (docs/benchmarks-journal.md,
+    # "Where the CPU of the two slow tiers goes").
     "runner.postScriptGC": False,
     # A product, not a Streamlit app: no Deploy button, no "Record screen" or "Made with Streamlit"
     # menu, no Stop/Running widget that blinks on every refresh, no links out of the machine.

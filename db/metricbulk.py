@@ -3,13 +3,14 @@
 SQLite runs a batch's rows through the DBAPI's ``executemany`` (db/metricstore.py), one cheap
 in-process call a row. On PostgreSQL each row of an ``executemany`` is a statement the server
 parses, plans and answers, and a batch sent as arrays spends its time quoting them; either
-way ingest was five to eight times slower than SQLite's (BENCHMARKS.md). Here the points go in
-with ``COPY metric_points FROM STDIN (FORMAT BINARY)`` (psycopg's C row writer; binary, because
-printing and parsing every float as text was half of the COPY's time), and the rollups are
-copied into a temporary table of the connection (emptied at each commit) and merged from there
-with one ``INSERT ... SELECT ... ON CONFLICT DO UPDATE``, the same merge SQLite's upsert does
-(db/metricrollups.py). Everything runs in the caller's transaction. ``None`` is NULL, which is
-NaN, as everywhere in the store; infinities are stored as such.
+way ingest was five to eight times slower than SQLite's (docs/benchmarks-journal.md,
+"PostgreSQL beside SQLite"). Here the points go in with ``COPY metric_points FROM STDIN (FORMAT
+BINARY)`` (psycopg's C row writer; binary, because printing and parsing every float as text was
+half of the COPY's time), and the rollups are copied into a temporary table of the connection
+(emptied at each commit) and merged from there with one ``INSERT ... SELECT ... ON CONFLICT DO
+UPDATE``, the same merge SQLite's upsert does (db/metricrollups.py). Everything runs in the
+caller's transaction. ``None`` is NULL, which is NaN, as everywhere in the store; infinities are
+stored as such.
 
 PostgreSQL holds no foreign keys on these two tables (the initial migration: its per-row key checks
 were most of the server's ingest time). What they checked is checked here once a batch: the

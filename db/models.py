@@ -60,10 +60,11 @@ def _metric_keys() -> tuple[ForeignKeyConstraint, ForeignKeyConstraint]:
 
     PostgreSQL checks a foreign key with a trigger per row written (a ``SELECT ... FOR KEY
     SHARE`` on the run and on the name), which made its ingest four to seven times slower than
-    SQLite's (BENCHMARKS.md). These rows are written only by a run's own rank 0, under its run
-    id and name ids it has just resolved, and that writer checks both once a batch
-    (db/metricbulk.py); deleting a run deletes its rows through a trigger on ``runs``
-    (the initial migration). SQLite keeps the keys (its writer connection skips checking them).
+    SQLite's (docs/benchmarks-journal.md, "PostgreSQL beside SQLite"). These rows are written only
+    by a run's own rank 0, under its run id and name ids it has just resolved, and that writer
+    checks both once a batch (db/metricbulk.py); deleting a run deletes its rows through a trigger
+    on ``runs`` (the initial migration). SQLite keeps the keys (its writer connection skips
+    checking them).
     """
     return (sqlite_only_key("run_id", "runs.id", ondelete="CASCADE"),
             sqlite_only_key("name_id", "metric_names.id"))

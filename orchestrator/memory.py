@@ -15,8 +15,8 @@ would have run:
   the attention output, the residual after attention, and the MLP's hidden layer (4). 2 bytes
   each under bf16/fp16 autocast, 4 in fp32; with activation checkpointing only each block's
   input is kept, plus one block's while it is recomputed. Measured: the ~127M GPT of
-  bench/bench_gpu.py at batch 64 in bf16 peaked at 25 GiB on an H100 (BENCHMARKS.md); this
-  counts 14.4 GiB.
+  bench/bench_gpu.py at batch 64 in bf16 peaked at 25 GiB on an H100 (docs/benchmarks-journal.md,
+  "GPT ~124M in bf16"); this counts 14.4 GiB.
 
 On a CPU machine every rank lives in the same RAM, so the ranks' estimates add up; on a GPU
 machine each rank has its own GPU, so one rank's estimate is compared with the smallest GPU.

@@ -9,7 +9,7 @@
 test whose folder holds the ``RUNYARD_HOME`` in the process's environment, and to a kind of
 process (rank, torchrun agent, shim, scheduler, UI, a ``runyard`` CLI verb, pytest, ...).
 What a process spends after its last sample is missed, so short-lived processes (a CLI call) are
-undercounted. BENCHMARKS.md ("The test suite") has what it found.
+undercounted. docs/benchmarks-journal.md ("The test suite") has what it found.
 """
 
 from __future__ import annotations

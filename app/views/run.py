@@ -18,9 +18,9 @@ every 2 s (app.data.merge_series).
 
 The first paint is kept cheap for the browser: Streamlit loads an element's code the first
 time one is drawn, and the code viewer, the JSON viewer and the slider each cost the browser a
-few tenths of a second (BENCHMARKS.md). Only the chosen section is drawn (st.tabs would draw
-every tab), the system charts wait for their toggle, and the smoothing slider sits in a popover,
-which draws its contents when opened."""
+few tenths of a second (docs/benchmarks-journal.md, "Run page first render"). Only the chosen
+section is drawn (st.tabs would draw every tab), the system charts wait for their toggle, and the
+smoothing slider sits in a popover, which draws its contents when opened."""
 
 from __future__ import annotations
 

@@ -46,7 +46,7 @@ def chromium_binary() -> str | None:
     """Debian's Chromium headless shell (the package ``chromium-headless-shell``, what Playwright
     itself runs for headless pages), else the full browser. The same Blink renders the page; the
     shell has no browser window to composite and took about 20% less CPU over the Run page and
-    chart tests (BENCHMARKS.md, "The test suite")."""
+    chart tests (docs/benchmarks-journal.md, "The test suite")."""
     search = os.pathsep.join([os.environ.get("PATH", ""), "/usr/bin"])
     return next((found for name in ("chromium-headless-shell", "chromium", "chromium-browser")
                  if (found := shutil.which(name, path=search))), None)

@@ -2,7 +2,8 @@
 staging memory (:class:`_Stager`), ``torch.save`` without torch's zip CRC32 into a file that
 hashes what it writes as it writes it (:class:`_HashingFile`), the digest of a model's
 parameters (:func:`params_digest`), and fsync helpers. trainer/checkpoint/manager.py's
-``CheckpointManager`` puts them together; BENCHMARKS.md says why each is the way it is.
+``CheckpointManager`` puts them together; docs/benchmarks-journal.md ("Checkpoint save") says why
+each is the way it is.
 """
 
 from __future__ import annotations

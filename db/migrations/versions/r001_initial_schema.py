@@ -8,9 +8,10 @@ table by table, when it was written). What differs by database:
   ROWID``). SQLite holds their foreign keys to ``runs`` (ON DELETE CASCADE) and ``metric_names``;
   PostgreSQL does not, because it checks a key with one ``SELECT ... FOR KEY SHARE`` per row
   written, most of the server's time on ingest (50k points: 4.6 s with the two keys, 0.75 s
-  without them; BENCHMARKS.md). Their writer, a run's own rank 0, checks its batch's runs and
-  names once a batch instead (db/metricbulk.py), and two triggers on ``runs`` do what the keys'
-  cascade did: deleting a run deletes its points and rollups, and so does TRUNCATE ... CASCADE.
+  without them; docs/benchmarks-journal.md, "PostgreSQL beside SQLite"). Their writer, a run's
+  own rank 0, checks its batch's runs and names once a batch instead (db/metricbulk.py), and two
+  triggers on ``runs`` do what the keys' cascade did: deleting a run deletes its points and
+  rollups, and so does TRUNCATE ... CASCADE.
 - ``runs`` and ``checkpoints`` refer to each other (a run's fork point and resume point are
   checkpoints, a checkpoint belongs to a run): SQLite takes the keys to a table created later in
   CREATE TABLE; PostgreSQL gets them with ALTER TABLE once ``checkpoints`` exists.
