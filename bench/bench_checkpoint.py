@@ -23,7 +23,8 @@ over the repeats:
     training thread (its reused buffers; DCP has no snapshot beside training on a CPU), then
     ``dcp.save`` writes it (fsync) and the files are hashed for the manifest.
 
-Targets: stall / sync <= 0.10 and writer / raw >= 0.70. Files are removed as it goes.
+Targets: stall / sync <= 0.10 and writer / raw >= 0.70. Files are removed as it goes. Ends with
+its BENCHMARKS.md row (bench/benchmarks_row.py).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks_row import load_average, print_row, verdict
 from floor import busy_cpu_s
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint import save as dcp_save
@@ -280,8 +282,8 @@ def measure(loop: Loop, raw_buffer: bytes, work: Path, repeats: int) -> Samples:
     return samples
 
 
-def report(samples: Samples, repeats: int) -> None:
-    """Print the medians and the two target ratios."""
+def report(samples: Samples, repeats: int, load_at_start: float) -> None:
+    """Print the medians and the two target ratios, then the BENCHMARKS.md row."""
     med = statistics.median
     stall, sync, total = med(samples.stall_s), med(samples.sync_s), med(samples.total_s)
     writer_bps, raw_bps = med(samples.idle_writer_bps), med(samples.raw_bps)
@@ -311,6 +313,14 @@ def report(samples: Samples, repeats: int) -> None:
     dcp_stall, dcp_bps = med(samples.dcp_stall_s), med(samples.dcp_bps)
     print(f"  (e) through DCP: training blocked {dcp_stall * 1e3:.1f} ms ({dcp_stall / stall:.1f}x (a)); write + "
           f"sha256 {dcp_bps / 1e6:.0f} MB/s ({dcp_bps / writer_bps:.2f}x (c))")
+    print_row("Checkpoint save", "an async save's training stall and the writer's bandwidth "
+              f"({samples.written / 1e6:.0f} MB of model + AdamW on CPU) against a sync save and a raw write; and "
+              "through DCP",
+              f"training blocked **{stall * 1e3:.1f} ms** against a sync save's {sync * 1e3:.0f} ms: "
+              f"{stall_ratio:.3f} (target <= 0.10: {verdict(stall_ratio <= 0.10)}); writer {writer_bps / 1e6:,.0f} "
+              f"MB/s, **{bw_ratio:.2f}x** a raw write's (target >= 0.70: {verdict(bw_ratio >= 0.70)}); through DCP "
+              f"blocked {dcp_stall * 1e3:.1f} ms, {dcp_bps / 1e6:,.0f} MB/s ({dcp_bps / writer_bps:.2f}x the writer); "
+              f"medians of {repeats}", load_at_start)
 
 
 def main() -> None:
@@ -323,6 +333,7 @@ def main() -> None:
                              "other cores to the writer, as on a GPU machine where training does not use the CPU")
     parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir)")
     args = parser.parse_args()
+    load_at_start = load_average()
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -340,7 +351,7 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"CPU used by other processes during the measurements: {other_load(busy_before, own_before, wall_before)}")
-    report(samples, args.repeats)
+    report(samples, args.repeats, load_at_start)
 
 
 if __name__ == "__main__":

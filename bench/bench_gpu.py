@@ -20,6 +20,7 @@ of the GPU between its ``loss.item()`` calls).
 
 MFU = tokens/s x FLOPs per token / the GPU's bf16 dense peak (trainer.techniques.GPU_PEAK_FLOPS);
 FLOPs per token = 6 N + 12 n_layer n_embd block_size (PaLM appendix B, as nanoGPT counts).
+Ends with its BENCHMARKS.md row (bench/benchmarks_row.py).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.bench_overhead import bench_env, managed_run  # noqa: E402
+from bench.benchmarks_row import load_average, print_row, verdict  # noqa: E402 - needs ROOT on sys.path
 from trainer.techniques import gpu_peak_flops  # noqa: E402 - needs ROOT on sys.path
 from trainer.workloads.gpt_char import GPT, flops_per_token, get_batch, load_corpus, window_generator  # noqa: E402 - needs ROOT on sys.path
 
@@ -124,6 +126,21 @@ def hand_loop(shape: dict[str, int], steps: int, warmup: int, batch: int, out: P
                                "mem_peak_mib": torch.cuda.max_memory_allocated() / 2**20}))
 
 
+def gpu_result(summary: dict[str, Any]) -> str:
+    """The BENCHMARKS.md row's result: each side's medians, MFU against the 45% target, the ratio."""
+    parts = []
+    if "runyard_mfu" in summary:
+        mfu = summary["runyard_mfu"]
+        parts.append(f"runyard {summary['runyard_tokens_per_s']:,.0f} tokens/s, MFU **{mfu:.1%}** (target >= 45%: "
+                     f"{verdict(mfu >= 0.45)})")
+    if "hand_mfu" in summary:
+        parts.append(f"hand-written {summary['hand_tokens_per_s']:,.0f} tokens/s, MFU {summary['hand_mfu']:.1%}")
+    if len(parts) == 2:
+        parts.append(f"runyard / hand **{summary['runyard_tokens_per_s'] / summary['hand_tokens_per_s']:.3f}**")
+    peak = max((r["mem_peak_mib"] for side in ("hand", "runyard") for r in summary.get(side, [])), default=0.0)
+    return "; ".join([*parts, f"{summary['device']}, peak memory {peak / 1024:.1f} GiB"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=2)
@@ -144,6 +161,7 @@ def main() -> None:
 
     if not torch.cuda.is_available():
         sys.exit("bench_gpu needs a CUDA GPU; none is visible to torch here")
+    load_at_start = load_average()
     n_params = sum(p.numel() for p in GPT(128, **shape).parameters())
     sides = args.sides.split(",")
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; GPT {args.shape} {shape}: "
@@ -184,6 +202,9 @@ def main() -> None:
         line.append(f"runyard / hand {summary['runyard_tokens_per_s'] / summary['hand_tokens_per_s']:.3f}")
     print("medians (wall time, checkpoints included): " + "; ".join(line) + " (target: MFU >= 45% on an H100)")
     print(json.dumps(summary))
+    print_row("GPU throughput and MFU", "tokens/s and MFU of a 127M GPT, bf16 and compile, on one GPU: runyard end "
+              "to end against nanoGPT's loop",
+              gpu_result(summary), load_at_start)
 
 
 if __name__ == "__main__":

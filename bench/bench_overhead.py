@@ -24,7 +24,8 @@ until the 95% interval of the mean per-repetition ratio runyard / nanogpt is wit
 (``--resolve``), or it says it cannot resolve that (the machine too noisy); printed: each
 repetition's numbers, the ratios of the medians to each hand-written loop (target >= 0.98
 against ``nanogpt``), the medians of the per-repetition ratios (less sensitive to the machine
-drifting between repetitions), and the scheduler process's CPU share while a run trains.
+drifting between repetitions), and the scheduler process's CPU share while a run trains; last,
+its BENCHMARKS.md row (bench/benchmarks_row.py).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # under torchrun the script's folder, not the root, is on the path
+from bench.benchmarks_row import load_average, print_row, verdict  # noqa: E402 - needs ROOT on sys.path
 
 MODEL = {"n_layer": 2, "n_head": 4, "n_embd": 128, "block_size": 64}
 BATCH = 16
@@ -248,6 +250,7 @@ def main() -> None:
     if args.hand_loop:
         hand_loop(args.hand_loop, args.steps, args.out)
         return
+    load_at_start = load_average()
     print(f"gpt-char {MODEL}, batch {BATCH} per rank, 2 ranks on CPU, {args.steps} steps "
           f"(timed from step {args.warmup}), {args.reps} alternating repetitions", flush=True)
     results: dict[str, list[float]] = {"nanogpt": [], "bare": [], "runyard": []}
@@ -298,6 +301,14 @@ def main() -> None:
         summary["baseline_ratio_to_nanogpt"] = ratio
     summary["scheduler_cpu_fraction"] = SCHEDULER_CPU
     print(json.dumps(summary))
+    resolution = (f"resolves {args.resolve * 100:g}%" if resolved
+                  else f"**cannot resolve {args.resolve * 100:g}%** here")
+    print_row("Overhead on a training loop (CPU)", "steps/s of 2-rank gpt-char under runyard (metrics every step, "
+              "checkpoints) against nanoGPT's DDP loop, taking turns",
+              f"runyard / nanoGPT **{mean:.3f} +- {half / mean * 100:.1f}%** (95%, {i} repetitions): {resolution}; "
+              f"ratio of medians {summary['ratio_to_nanogpt']:.3f} (target >= 0.98: "
+              f"{verdict(summary['ratio_to_nanogpt'] >= 0.98)}); runyard / bare loop {summary['ratio_to_bare']:.3f}; "
+              f"the scheduler {statistics.median(SCHEDULER_CPU) * 100:.1f}% of a core", load_at_start)
 
 
 if __name__ == "__main__":

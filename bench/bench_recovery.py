@@ -39,7 +39,8 @@ the rank chosen with a seeded random.
 
 Every process started here is stopped on the way out (also on Ctrl-C / SIGTERM): the scheduler
 with SIGTERM, then every process whose environment has RUNYARD_RUN_DIR under the temporary home
-(torchrun, the ranks, the shim) with SIGKILL. The last line printed is a JSON summary.
+(torchrun, the ranks, the shim) with SIGKILL. Then a JSON summary, and last the BENCHMARKS.md row
+of each part that ran (bench/benchmarks_row.py).
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ from typing import Any
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchmarks_row import load_average, print_row, verdict
 from floor import floor_start
 
 from db.vocabulary.phases import attempt_phases, marks_from_json
@@ -447,6 +449,28 @@ def in_fresh_home(part, *args: Any, tree: Path | None = None) -> Any:
             product.close()
 
 
+def print_rows(summary: dict[str, Any], load_at_start: float) -> None:
+    """The BENCHMARKS.md row of each part that ran."""
+    if "recovery" in summary:
+        r = summary["recovery"]
+        median, p95s, ratio = r["median_s"], r["p95_s"], r["floor_ratio"]
+        print_row("Recovery after a killed rank", "a rank SIGKILLed to the next attempt's first step, beside a bare "
+                  "torchrun start (the floor)",
+                  f"{median['total']:.2f} s against the floor's {median['floor']:.2f} s: **{ratio:.2f}x** (target <= "
+                  f"{TARGET_FLOOR_RATIO}x: {verdict(ratio <= TARGET_FLOOR_RATIO)}); p95 {p95s['total']:.2f} s "
+                  f"(target median <= {TARGET_MEDIAN_S:.0f} s, p95 <= {TARGET_P95_S:.0f} s: "
+                  f"{verdict(r['target_met'])}); medians of {r['injections']} kills", load_at_start)
+    if "goodput" in summary:
+        g = summary["goodput"]
+        def shown(x: float | None) -> str:
+            return f"{x:.3f}" if x is not None else "n/a"
+
+        kills = f"a rank SIGKILLed every {g['kill_every_s']:g} s" if g["kill_every_s"] > 0 else "no kills"
+        print_row("Goodput under failures", "the share of a run's wall time in training steps while its ranks "
+                  "are SIGKILLed", f"**{shown(g['runyard_goodput'])}** (`runyard show`; counted here "
+                  f"{shown(g['own_goodput'])}) over {g['minutes']:g} min, {kills}", load_at_start)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--injections", type=int, default=10, help="kills in part 1 (0 skips it)")
@@ -460,6 +484,7 @@ def main() -> int:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a config override for the runs (repeatable): launch.warm_start=false")
     args = parser.parse_args()
+    load_at_start = load_average()
     EXTRA.extend(args.set)
     signal.signal(signal.SIGTERM, _interrupt)
     rand = random.Random(args.seed)
@@ -481,6 +506,7 @@ def main() -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(summary))
+    print_rows(summary, load_at_start)
     return 0
 
 

@@ -22,7 +22,8 @@ saves), the training stall (time in ``save()``, where training waits: the gather
 or the staging of the rank's shards) and the save's wall time until it is durable on every rank.
 Then the resume time of each format on the same ranks (verify, read, load into the model and
 optimizer). Medians are printed; the target is rank 0's peak within 1.5x of the other ranks'
-(instead of holding the whole state).
+(instead of holding the whole state). Rank 0 ends with the BENCHMARKS.md row
+(bench/benchmarks_row.py).
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import gc
-import os
 import shutil
 import statistics
 import sys
@@ -54,6 +54,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
+from bench.benchmarks_row import load_average, print_row, verdict
 from trainer.checkpoint import CheckpointManager
 from trainer.workloads.gpt_char import GPT, ShardedModelState, ShardedOptimizerState
 
@@ -83,7 +84,8 @@ def fixed_mmap_threshold() -> None:
     _LIBC.mallopt(_M_MMAP_THRESHOLD, 1 << 20)
 
 
-def rank_main(rank: int, world: int, folder: str, layers: int, embd: int, repeats: int) -> None:
+def rank_main(rank: int, world: int, folder: str, layers: int, embd: int, repeats: int,
+              load_at_start: float) -> None:
     root = Path(folder)
     fixed_mmap_threshold()
     torch.set_num_threads(1)
@@ -156,11 +158,12 @@ def rank_main(rank: int, world: int, folder: str, layers: int, embd: int, repeat
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, rows)
     if rank == 0:
-        report(gathered, world, params, sizes, repeats)
+        report(gathered, world, params, sizes, repeats, load_at_start)
     dist.destroy_process_group()
 
 
-def report(per_rank: list[list[dict[str, Any]]], world: int, params: int, sizes: dict[str, int], repeats: int) -> None:
+def report(per_rank: list[list[dict[str, Any]]], world: int, params: int, sizes: dict[str, int], repeats: int,
+           load_at_start: float) -> None:
     rows = [row for rank_rows in per_rank for row in rank_rows]
 
     def median(mode: str, key: str, ranks: range | list[int]) -> float:
@@ -178,6 +181,17 @@ def report(per_rank: list[list[dict[str, Any]]], world: int, params: int, sizes:
     print("peak: the RSS over a save above the RSS before it (median over the saves); stall: rank 0's time in "
           "save() (gather + snapshot, or staging its shards); save wall: until durable on every rank; resume: "
           "verify + read + load into model and optimizer, every rank")
+    peak0, peak_others = median("sharded", "peak_mib", [0]), median("sharded", "peak_mib", others)
+    ratio = peak0 / max(peak_others, 1)
+    everyone = list(range(world))
+    print_row("FSDP checkpoint, sharded", f"an FSDP2 gpt-char ({params / 1e6:.3g}M parameters, {world} CPU ranks) "
+              "saved sharded through DCP against gathered to rank 0, taking turns",
+              f"rank 0's peak **+{peak0:,.0f} MiB**, the others' +{peak_others:,.0f} MiB: **{ratio:.1f}x** (target "
+              f"<= 1.5x: {verdict(ratio <= 1.5)}); training stall {median('sharded', 'stall_s', [0]):.2f} s "
+              f"(gathered {median('gathered', 'stall_s', [0]):.2f} s); durable on every rank "
+              f"{median('sharded', 'wall_s', [0]):.2f} s ({median('gathered', 'wall_s', [0]):.2f} s); resume "
+              f"{median('sharded', 'resume_s', everyone):.2f} s ({median('gathered', 'resume_s', everyone):.2f} s); "
+              f"medians of {repeats} saves", load_at_start)
 
 
 def main() -> None:
@@ -190,10 +204,10 @@ def main() -> None:
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="runyard-bench-sharded-", dir=args.dir))
     try:
-        print(f"load average before: {os.getloadavg()[0]:.1f}")
-        mp.start_processes(rank_main, args=(args.ranks, str(folder), args.layers, args.embd, args.repeats),
-                           nprocs=args.ranks, start_method="spawn")
-        print(f"load average after: {os.getloadavg()[0]:.1f}")
+        load_at_start = load_average()
+        print(f"load average before: {load_at_start:.1f}")
+        mp.start_processes(rank_main, args=(args.ranks, str(folder), args.layers, args.embd, args.repeats,
+                                            load_at_start), nprocs=args.ranks, start_method="spawn")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

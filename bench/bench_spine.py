@@ -13,7 +13,8 @@ first_step_at and the run's ended_at), so polling does not blur them, except ``c
 from the wall clock just before the `runyard submit` process starts (the CLI's own start-up
 included) to the first step. Then the floor runs, with nothing else of runyard's running (the
 scheduler stopped). Prints medians, the ratio cli_to_first_step / floor against the 1.15x
-target, the attempt's start-up phases (db/vocabulary/phases.py) and the load average.
+target, the attempt's start-up phases (db/vocabulary/phases.py) and the load average, and ends with
+its BENCHMARKS.md row (bench/benchmarks_row.py).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchmarks_row import load_average, print_row, verdict
 from floor import busy_cpu_s, floor_start
 
 from db.vocabulary.phases import attempt_phases, marks_from_json
@@ -85,6 +87,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--cold", action="store_true", help="each repetition also with launch.warm_start = false")
     args = parser.parse_args()
+    load_at_start = load_average()
     digits = ROOT / "examples" / "digits.toml"
     results, colds = [], []
     with tempfile.TemporaryDirectory(prefix="runyard-bench-") as tmp:
@@ -112,6 +115,15 @@ def main() -> None:
           f"{'PASS' if ratio <= TARGET_RATIO else 'MISS'}; load average "
           f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     print(json.dumps({"runs": args.runs, "median_s": medians, "ratio": ratio}))
+    result = (f"{medians['cli_to_first_step']:.2f} s against the floor's {medians['floor']:.2f} s: **{ratio:.2f}x** "
+              f"(target <= {TARGET_RATIO}x: {verdict(ratio <= TARGET_RATIO)}); submit -> SUCCEEDED "
+              f"{medians['submit_to_succeeded']:.2f} s")
+    if colds:
+        result += (f"; cold ranks {cold['cli_to_first_step']:.2f} s "
+                   f"({cold['cli_to_first_step'] / medians['floor']:.2f}x)")
+    print_row("Submit to first step", "`runyard submit` to the first step of the default 2-rank run, beside a "
+              "bare torchrun start (the floor)", result + f"; medians of {args.runs}",
+              load_at_start)
 
 
 if __name__ == "__main__":
