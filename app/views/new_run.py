@@ -32,6 +32,7 @@ from db.vocabulary.config import (
     plausibility_warnings,
 )
 from orchestrator.format import estimate_text
+from orchestrator.submission import refusals_before_start
 
 style.apply()
 
@@ -293,16 +294,24 @@ with st.form("new_run"):
                     "**Check before starting** (press Start again to start anyway):\n\n")
                    + "\n".join(f"- {style.plain(w)}" for w in warned), icon=":material/warning:")
     # Time and cost before Start, for the values as last applied (a form sends its values on a
-    # button: "Update estimate" applies the edits without starting).
+    # button: "Update estimate" applies the edits without starting); a fork trains from its
+    # checkpoint's step. None for a run Start would refuse: it would price a run that never starts.
     as_applied: dict[str, Any] | None = None
     estimate: str | None = None
+    refused: list[str] = []
     try:
         as_applied = deep_merge(base, form.values_to_config(values, RunConfig))
-        estimate = estimate_text(data.start_estimate(as_applied))
+        refused = refusals_before_start(as_applied, data.inventory())
+        if not refused and not errors:
+            estimate = estimate_text(data.start_estimate(as_applied, from_step=fork["step"] if fork else 0))
     except (TypeError, ValueError):  # a value the validation at Start will name
         pass
     if estimate:
         st.info(f"**Estimate**: {style.plain(estimate)}", icon=":material/calculate:")
+    elif errors or refused:
+        why = ("fix the problems above first" if errors else
+               "as set, Start would refuse it:\n\n" + "\n".join(f"- {style.plain(p)}" for p in refused))
+        st.info(f"**No estimate**: {why}", icon=":material/block:")
     overrides: list[str] = []
     if fork is not None and as_applied is not None:
         overrides = show_fork_changes(fork, as_applied)
