@@ -298,19 +298,19 @@ with st.form("new_run"):
     # checkpoint's step. None for a run Start would refuse: it would price a run that never starts.
     as_applied: dict[str, Any] | None = None
     estimate: str | None = None
-    refused: list[str] = []
+    would_refuse: list[str] = []
     try:
         as_applied = deep_merge(base, form.values_to_config(values, RunConfig))
-        refused = refusals_before_start(as_applied, data.inventory())
-        if not refused and not errors:
+        would_refuse = refusals_before_start(as_applied, data.inventory())
+        if not would_refuse and not errors:
             estimate = estimate_text(data.start_estimate(as_applied, from_step=fork["step"] if fork else 0))
     except (TypeError, ValueError):  # a value the validation at Start will name
         pass
     if estimate:
         st.info(f"**Estimate**: {style.plain(estimate)}", icon=":material/calculate:")
-    elif errors or refused:
+    elif errors or would_refuse:
         why = ("fix the problems above first" if errors else
-               "as set, Start would refuse it:\n\n" + "\n".join(f"- {style.plain(p)}" for p in refused))
+               "as set, Start would refuse it:\n\n" + "\n".join(f"- {style.plain(p)}" for p in would_refuse))
         st.info(f"**No estimate**: {why}", icon=":material/block:")
     overrides: list[str] = []
     if fork is not None and as_applied is not None:
