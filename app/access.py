@@ -129,9 +129,10 @@ class Verdict:
 ALLOW = Verdict(True)
 
 
-# A client that sent this many wrong tokens within the window is refused (429) until the oldest
-# of them is older than the window. A token is 256 bits, so this is not what stops guessing; it
-# keeps a script that tries from flooding the log and the CPU.
+# A client that sent this many wrong tokens within the window gets 429 for its next wrong ones
+# until the oldest of them is older than the window. A token is 256 bits, so this is not what
+# stops guessing; it keeps a script that tries from flooding the log and the CPU. The right token
+# is never refused: every local account is 127.0.0.1, and any of them could lock the owner out.
 FAILED_LOGINS_ALLOWED = 10
 FAILED_LOGINS_WINDOW_S = 60.0
 
@@ -139,8 +140,9 @@ FAILED_LOGINS_WINDOW_S = 60.0
 class FailedLogins:
     """Wrong tokens per client address in a sliding window (the gate's login rate limit).
 
-    Only requests that offer a token (``?token=`` or ``Authorization``) are counted and limited:
-    a browser that holds a valid session cookie is never locked out by someone else's guesses.
+    Only wrong tokens are counted and limited (:meth:`refuse`): the right token, and a browser
+    that holds a valid session cookie, are never locked out by someone else's guesses; all of the
+    machine's local accounts share the one address 127.0.0.1.
     """
 
     def __init__(self, allowed: int = FAILED_LOGINS_ALLOWED, window_s: float = FAILED_LOGINS_WINDOW_S,
@@ -171,6 +173,16 @@ class FailedLogins:
         """Count one wrong token from ``client``."""
         self._recent(client)
         self._failures.setdefault(client, collections.deque()).append(self.clock())
+
+    def refuse(self, client: str, status: int, reason: str) -> Verdict:
+        """The answer to a wrong token from ``client``: ``status`` with ``reason``, counted; once
+        it sent too many, 429 with the wait (not counted, so the wait ends a window after the
+        oldest). Call it only after the token was compared: the right one gets in regardless."""
+        wait_s = self.blocked_for(client)
+        if wait_s > 0:
+            return Verdict(False, 429, f"too many wrong tokens from {client}; try again in {wait_s:.0f} s")
+        self.failed(client)
+        return Verdict(False, status, reason)
 
 
 @dataclass(frozen=True)

@@ -363,12 +363,13 @@ def validate_fork(base: dict[str, Any], changed: dict[str, Any]) -> RunConfig:
     return validate(changed, inventory(), roots=launch_roots() if changes_what_runs(base, changed) else None)
 
 
-def start_estimate(config: dict[str, Any]) -> StartEstimate:
-    """Time and cost of ``config`` (a run's config as a dict) before it starts: this machine's
-    price for its ranks, and the pace of the most alike earlier run (db/estimates.py)."""
+def start_estimate(config: dict[str, Any], from_step: int = 0) -> StartEstimate:
+    """Time and cost of ``config`` (a run's config as a dict) before it starts at ``from_step``
+    (a fork's checkpoint; 0 for a fresh run): this machine's price for its ranks, and the pace of
+    the most alike earlier run (db/estimates.py)."""
     with sessions()() as s:
         price = config_price(config.get("launch", {}), config.get("slurm", {}), inventory(), queries.price_table(s))
-        return estimates.start_estimate(s, config, price)
+        return estimates.start_estimate(s, config, price, from_step=from_step)
 
 
 def prices() -> dict[str, float]:

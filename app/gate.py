@@ -171,21 +171,18 @@ class Gate:
         supplied = _query_token(scope)
         offered = _authorization_token(headers)
         client = (scope.get("client") or ("?",))[0]
-        if (supplied is not None and scope["type"] == "http") or offered is not None:
-            wait_s = self.failed_logins.blocked_for(client)
-            if wait_s > 0:
-                return Verdict(False, 429, f"too many wrong tokens from {client}; try again in {wait_s:.0f} s")
+        # The token is compared before the rate limit is looked at: wrong guesses from this address
+        # (every local account is 127.0.0.1) must not lock out the owner's right token.
         if supplied is not None and scope["type"] == "http":
             if token_matches(token, supplied):
                 return None
-            self.failed_logins.failed(client)
-            return Verdict(False, 403, "wrong token")
+            return self.failed_logins.refuse(client, 403, "wrong token")
         if session_valid(token, cookie_parser(headers.get("cookie", "")).get(policy.cookie)):
             return Verdict(True)
         if offered is not None:
             if token_matches(token, offered):
                 return Verdict(True)
-            self.failed_logins.failed(client)
+            return self.failed_logins.refuse(client, 401, "no valid session")
         return Verdict(False, 401, "no valid session")
 
     # -- answers -----------------------------------------------------------------------------

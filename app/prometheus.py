@@ -303,17 +303,13 @@ class MetricsRoute:
         if offered is None:
             return Verdict(False, 401, f"{METRICS_PATH} needs the scrape token: Authorization: Bearer TOKEN, "
                                        "with the token `runyard token --scrape` prints")
-        wait_s = self.failed.blocked_for(client)
-        if wait_s > 0:
-            return Verdict(False, 429, f"too many wrong tokens from {client}; try again in {wait_s:.0f} s")
         token = self.token.current()
-        if token_matches(token, offered):
+        if token_matches(token, offered):  # before the rate limit: guesses never lock out the scraper
             return Verdict(True)
-        self.failed.failed(client)
         if token is None:
-            return Verdict(False, 401, "no scrape token has been made yet: run `runyard token --scrape` on the "
-                                       "machine that runs runyard")
-        return Verdict(False, 401, "wrong scrape token (`runyard token --scrape` prints the one in force)")
+            return self.failed.refuse(client, 401, "no scrape token has been made yet: run `runyard token --scrape` "
+                                                   "on the machine that runs runyard")
+        return self.failed.refuse(client, 401, "wrong scrape token (`runyard token --scrape` prints the one in force)")
 
 
 def metrics_route(app: ASGIApp, policy: AccessPolicy, settings: Settings, writable: bool = True,

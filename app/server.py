@@ -30,6 +30,7 @@ from app.access import (
 from db.vocabulary.layout import UI_FILE
 from db.vocabulary.settings import EnvSettings, Settings, SettingsError, load_settings
 from orchestrator.format import runyard_version
+from orchestrator.own_processes import STARTED_IN, move_into
 from orchestrator.ui_access import (
     AUTH_MODES,
     DEFAULT_PROXY_USER_HEADER,
@@ -90,6 +91,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--auth", choices=AUTH_MODES, default="token")
     parser.add_argument("--allowed-host", action="append", default=[])
     parser.add_argument("--proxy-user-header", default=DEFAULT_PROXY_USER_HEADER)
+    # runyard up/ui start this server in runyard's own folder and name the caller's here.
+    parser.add_argument(STARTED_IN, dest="started_in", default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -185,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     from db.home import PRIVATE_UMASK, HomeUnusable, check_home, make_private  # noqa: PLC0415 - after the options pass
 
     args = parse_args(argv)
+    move_into(args.started_in)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         variables = EnvSettings.from_env()

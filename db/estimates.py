@@ -38,9 +38,10 @@ LOOK_BACK_RUNS = 200
 class StartEstimate:
     """What a run of ``steps`` steps should take, and cost at ``usd_per_hour``.
 
-    ``seconds`` and ``cost_usd`` are None without a pace or without a total number of steps.
-    ``like_run`` is the earlier run the pace comes from; ``exact`` whether it was alike in every
-    setting that changes a step's time.
+    ``steps`` are those it will train: from ``from_step`` (a fork's or a resume's checkpoint, 0 for
+    a fresh run) to its last. ``seconds`` and ``cost_usd`` are None without a pace or without a
+    total number of steps. ``like_run`` is the earlier run the pace comes from; ``exact`` whether it
+    was alike in every setting that changes a step's time.
     """
 
     steps: int
@@ -53,6 +54,7 @@ class StartEstimate:
     like_run: int | None = None
     like_name: str | None = None
     exact: bool = False
+    from_step: int = 0
 
 
 def _pace_shape(config: Mapping[str, Any]) -> tuple[str, str]:
@@ -85,16 +87,19 @@ def _measured(attempts: list[Attempt]) -> tuple[float, float | None] | None:
     return best[1] / best[0], statistics.median(startups) if startups else None
 
 
-def start_estimate(session: Session, config: Mapping[str, Any], price: Price) -> StartEstimate:
+def start_estimate(session: Session, config: Mapping[str, Any], price: Price, from_step: int = 0) -> StartEstimate:
     """The estimate for ``config`` (``RunConfig.as_dict()``) on this machine at ``price``.
 
-    The steps are ``train.max_steps`` for a built-in workload and ``workload.max_steps`` for a
-    script (0: the script's own total, unknown before it runs).
+    The run ends at ``train.max_steps`` for a built-in workload and ``workload.max_steps`` for a
+    script (0: the script's own total, unknown before it runs); it starts at ``from_step`` (a fork
+    from a checkpoint at step 3000 of 4000 trains 1,000 steps, not 4,000).
     """
     workload = config.get("workload", {})
     script = workload.get("kind") == "script"
-    steps = int((workload.get("max_steps") if script else config.get("train", {}).get("max_steps")) or 0)
-    base = StartEstimate(steps=steps, usd_per_hour=price.usd_per_hour, price_unit=price.unit)
+    last = int((workload.get("max_steps") if script else config.get("train", {}).get("max_steps")) or 0)
+    from_step = from_step if last else 0  # an unknown total has no known remainder either
+    steps = max(0, last - from_step)
+    base = StartEstimate(steps=steps, usd_per_hour=price.usd_per_hour, price_unit=price.unit, from_step=from_step)
     launch = config.get("launch", {})
     nproc = int(launch.get("nproc_per_node") or 1) * int(launch.get("nnodes") or 1)  # Run.nproc: every rank
     shape = _pace_shape(config)
@@ -116,10 +121,11 @@ def start_estimate(session: Session, config: Mapping[str, Any], price: Price) ->
             if measured is None:
                 continue
             rate, startup = measured
-            seconds = (startup or 0.0) + steps / rate if steps else None
+            seconds = (startup or 0.0) + steps / rate if last else None
             return StartEstimate(
                 steps=steps, usd_per_hour=price.usd_per_hour, price_unit=price.unit, seconds=seconds,
                 cost_usd=seconds * price.usd_per_hour / 3600.0 if seconds is not None else None,
                 steps_per_s=rate, startup_s=startup, like_run=run_id, like_name=name, exact=alike,
+                from_step=from_step,
             )
     return base

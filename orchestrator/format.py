@@ -138,7 +138,10 @@ def estimate_text(e: StartEstimate) -> str:
         return (f"{e.steps_per_s:.3g} steps/s {source}; the script's total of steps is not known before it runs. "
                 f"It will cost {price}.")
     start = f", plus {duration(e.startup_s)} to start" if e.startup_s else ""
-    return (f"About {duration(e.seconds)} and {usd(e.cost_usd)}: {e.steps:,} steps at {e.steps_per_s:.3g} steps/s "
+    steps = f"{e.steps:,} steps"
+    if e.from_step:  # a fork or a resume trains from its checkpoint to the end
+        steps += f" (from step {e.from_step:,} to {e.from_step + e.steps:,})"
+    return (f"About {duration(e.seconds)} and {usd(e.cost_usd)}: {steps} at {e.steps_per_s:.3g} steps/s "
             f"{source}{start}; at {price}.")
 
 

@@ -78,6 +78,17 @@ def validate(data: dict[str, Any], inventory: Inventory, *, roots: ScriptRoots |
     return config
 
 
+def refusals_before_start(data: dict[str, Any], inventory: Inventory) -> list[str]:
+    """What :func:`validate` would refuse that is cheap to know before Start: the schema, this
+    machine's ranks and memory (no file is looked at). The New run page shows no estimate while
+    there is any: it would price a run that will not start."""
+    try:
+        config = parse_config(data)
+    except ConfigError as exc:
+        return list(exc.problems)
+    return check_fits(config, inventory) + check_memory(config, inventory)
+
+
 def _machine_problems(config: RunConfig, inventory: Inventory, roots: ScriptRoots | None,
                       memory: bool = True) -> tuple[RunConfig, list[str]]:
     """What this machine and the roots refuse in a config the schema accepted (``memory``: the

@@ -1,4 +1,4 @@
-"""New run: the run config as a form (or a TOML upload), validated before anything is queued.
+"""New run: the run config as a form (or a TOML upload or paste), validated before anything is queued.
 
 The form is drawn from the config model (app/form.py): one widget per field of RunConfig, for
 the chosen workload kind. This page only draws what that describes.
@@ -6,6 +6,10 @@ the chosen workload kind. This page only draws what that describes.
 A fork opens this page as ``/new?fork=RUN&checkpoint=ID`` (the Run page's Fork…): the form holds
 that run's config at that checkpoint, the changes against it are listed above Start, and Start
 queues the fork (a new run that starts from the checkpoint) once those changes were shown.
+
+A pasted TOML is what runs: the paste box is part of the form, so Start (and Update estimate)
+carry its text; text the form does not hold yet fills the form instead of starting, and the page
+says so (docs/UI.md, "New run").
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from db.vocabulary.config import (
     plausibility_warnings,
 )
 from orchestrator.format import estimate_text
+from orchestrator.submission import refusals_before_start
 
 style.apply()
 
@@ -44,6 +49,9 @@ DEFAULTS: dict[str, Any] = deep_merge(RunConfig().as_dict(), {"train": {"max_ste
 BASE_KEY, LOADED_KEY, ERRORS_KEY, WARNED_KEY = "new_run_base", "new_run_loaded", "new_run_errors", "new_run_warned"
 # The fork the form was filled for (app.data.fork_source), and the changes last shown for it.
 FORK_KEY, SHOWN_KEY = "new_run_fork", "new_run_fork_shown"
+# The paste box, the text the form was last filled from, and a press of Start that filled it instead.
+PASTED_KEY, APPLIED_KEY, HELD_KEY = "new_run_pasted", "new_run_paste_applied", "new_run_paste_held"
+PASTED_NAME = "the pasted TOML"
 
 
 def fill(base: dict[str, Any]) -> list[str]:
@@ -112,15 +120,16 @@ def show_fork_changes(source: dict[str, Any], applied: dict[str, Any]) -> list[s
         return []
 
 
-def load_toml(text: str, name: str) -> None:
+def load_toml(text: str, name: str) -> bool:
     """Fill the form from a TOML config: every widget takes the file's value (set in the session
     state before the widgets are drawn: a widget with a key ignores a new ``value=``), keys the
-    form does not show are kept for Start, and every problem of the file is listed with its key."""
+    form does not show are kept for Start, and every problem of the file is listed with its key.
+    Returns whether the form was filled (False: the text is no TOML, the form is unchanged)."""
     try:
         raw = parse_toml(text)
     except ConfigError as exc:
         st.session_state[LOADED_KEY] = (name, exc.problems, False)
-        return
+        return False
     problems: list[str] = []
     try:
         parse_config(raw)
@@ -130,6 +139,7 @@ def load_toml(text: str, name: str) -> None:
     base = deep_merge(RunConfig().as_dict(), raw)
     notes = fill(base)
     st.session_state[LOADED_KEY] = (name, problems + notes, True)
+    return True
 
 
 def on_upload() -> None:
@@ -145,7 +155,21 @@ def on_upload() -> None:
 
 
 def on_paste() -> None:
-    load_toml(st.session_state.get("new_run_pasted", ""), "the pasted TOML")
+    """Fill the form from the paste box ("Fill the form"); text that is no TOML is never taken as
+    applied, so Start keeps refusing it until it is fixed or cleared."""
+    text = st.session_state.get(PASTED_KEY, "")
+    if load_toml(text, PASTED_NAME):
+        st.session_state[APPLIED_KEY] = text
+
+
+def on_start() -> None:
+    """Before Start (or Update estimate) reads the form: a paste the form was not filled from fills
+    it now, and Start is held (:data:`HELD_KEY`) so the person sees what the paste put there. An
+    empty box, or the text last applied, leaves the form as the person set it."""
+    text = st.session_state.get(PASTED_KEY, "")
+    if text.strip() and text != st.session_state.get(APPLIED_KEY):
+        on_paste()
+        st.session_state[HELD_KEY] = True
 
 
 fork = fork_of_query()
@@ -156,17 +180,10 @@ if fork is not None:
     st.button("Discard the fork (a fresh form)", icon=":material/close:", on_click=forget_fork)
 previously_shown = st.session_state.get(SHOWN_KEY)
 
-upload, paste = st.columns(2)
+upload, _ = st.columns(2)
 with upload:
     st.file_uploader("Start from a TOML config (optional)", type=["toml"], key="new_run_upload",
                      on_change=on_upload)
-# A form: the pasted text and the press of "Fill the form" reach the server in one message. As a
-# text area and a button, the text went on the area's blur and the press right after it; under
-# load the press could arrive while the blur's rerun ran, and nothing happened (CI 19).
-with paste, st.expander("…or paste TOML"), st.form("new_run_paste", border=False, enter_to_submit=False):
-    st.text_area("TOML", key="new_run_pasted", height=160, label_visibility="collapsed",
-                 placeholder='name = "gpt"\n[workload]\nkind = "gpt-char"')
-    st.form_submit_button("Fill the form", on_click=on_paste)
 loaded = st.session_state.get(LOADED_KEY)
 if loaded is not None:
     name, problems, filled = loaded
@@ -232,6 +249,15 @@ with executor_column:  # the [slurm] section is shown for a Slurm run only
 sections = [s for s in form.form_sections(RunConfig, kind) if s.name != form.SLURM_SECTION or executor == "slurm"]
 
 with st.form("new_run"):
+    # The paste box is in the form: its text reaches the server with every press of the form's
+    # buttons, so Start can never run the form's values while a paste sits unapplied beside them.
+    # (In a form of its own the text stayed in the browser unless "Fill the form" was pressed; as a
+    # text area and a button outside any form, the press could arrive while the text's rerun ran,
+    # and nothing happened, CI 19.)
+    with st.expander("…or paste TOML", expanded=bool(st.session_state.get(PASTED_KEY))):
+        st.text_area("TOML", key=PASTED_KEY, height=160, label_visibility="collapsed",
+                     placeholder='name = "gpt"\n[workload]\nkind = "gpt-char"')
+        st.form_submit_button("Fill the form", on_click=on_paste)
     values: dict[str, Any] = {form.KIND_KEY: kind, form.EXECUTOR_KEY: executor}
     for section in sections:
         fields = [spec for spec in section.fields if spec.key not in (form.KIND_KEY, form.EXECUTOR_KEY)]
@@ -268,16 +294,24 @@ with st.form("new_run"):
                     "**Check before starting** (press Start again to start anyway):\n\n")
                    + "\n".join(f"- {style.plain(w)}" for w in warned), icon=":material/warning:")
     # Time and cost before Start, for the values as last applied (a form sends its values on a
-    # button: "Update estimate" applies the edits without starting).
+    # button: "Update estimate" applies the edits without starting); a fork trains from its
+    # checkpoint's step. None for a run Start would refuse: it would price a run that never starts.
     as_applied: dict[str, Any] | None = None
     estimate: str | None = None
+    would_refuse: list[str] = []
     try:
         as_applied = deep_merge(base, form.values_to_config(values, RunConfig))
-        estimate = estimate_text(data.start_estimate(as_applied))
+        would_refuse = refusals_before_start(as_applied, data.inventory())
+        if not would_refuse and not errors:
+            estimate = estimate_text(data.start_estimate(as_applied, from_step=fork["step"] if fork else 0))
     except (TypeError, ValueError):  # a value the validation at Start will name
         pass
     if estimate:
         st.info(f"**Estimate**: {style.plain(estimate)}", icon=":material/calculate:")
+    elif errors or would_refuse:
+        why = ("fix the problems above first" if errors else
+               "as set, Start would refuse it:\n\n" + "\n".join(f"- {style.plain(p)}" for p in would_refuse))
+        st.info(f"**No estimate**: {why}", icon=":material/block:")
     overrides: list[str] = []
     if fork is not None and as_applied is not None:
         overrides = show_fork_changes(fork, as_applied)
@@ -286,13 +320,17 @@ with st.form("new_run"):
             st.warning("**Check the changes above**, then press Start again to fork.", icon=":material/warning:")
     # A row as wide as its buttons (fixed columns cut "Update estimate" at 800 px).
     with st.container(horizontal=True):
-        started = st.form_submit_button("Start", type="primary", icon=":material/play_arrow:",
+        started = st.form_submit_button("Start", type="primary", icon=":material/play_arrow:", on_click=on_start,
                                         disabled=data.read_only_reason() is not None, help=data.read_only_reason())
-        st.form_submit_button("Update estimate", icon=":material/calculate:",
+        st.form_submit_button("Update estimate", icon=":material/calculate:", on_click=on_start,
                               help="Apply the values above to the estimate" + (" and the changes" if fork else "")
                                    + " without starting")
 
-if started:
+if st.session_state.pop(HELD_KEY, False):
+    if started:
+        st.warning("**Not started**: the pasted TOML was not in the form yet. The form now holds it (or says "
+                   "above why it could not): check it, then press Start.", icon=":material/warning:")
+elif started:
     # Keys the form does not show (from an uploaded TOML) are kept; a table the form shows is
     # taken as it reads (a name removed in the box is removed).
     from_form = form.values_to_config(values, RunConfig)

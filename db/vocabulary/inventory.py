@@ -54,15 +54,21 @@ def check_fits(config: RunConfig, inventory: Inventory) -> list[str]:
         return problems  # Slurm admits it on its own nodes; this machine's devices say nothing of them
     if launch.world_size > inventory.slots:
         what = f"{inventory.slots} GPU(s)" if inventory.kind == "gpu" else f"{inventory.slots} CPU slots"
+        # CPU slots are a setting (the scheduler's RUNYARD_CPU_SLOTS, default the core count), not
+        # hardware: the refusal names it, or a person looks for a limit that is not there.
+        more = "" if inventory.kind == "gpu" else (
+            f", or let {launch.world_size} ranks share the cores: start the scheduler with "
+            f"RUNYARD_CPU_SLOTS={launch.world_size} (`RUNYARD_CPU_SLOTS={launch.world_size} runyard up`; "
+            "the default is the core count)")
         if launch.nnodes > 1:
             problems.append(
                 f"launch.nnodes = {launch.nnodes} x launch.nproc_per_node = {launch.nproc_per_node}: "
                 f"{launch.world_size} ranks, and this machine (where every local node runs) has only {what}; "
-                f"use at most {inventory.slots} ranks in all, or launch.executor = 'slurm'")
+                f"use at most {inventory.slots} ranks in all, or launch.executor = 'slurm'{more}")
         else:
             problems.append(
                 f"launch.nproc_per_node = {launch.nproc_per_node}: this machine has only {what}; "
-                f"use at most {inventory.slots}")
+                f"use at most {inventory.slots}{more}")
     if config.launch.backend == "nccl" and inventory.kind != "gpu":
         problems.append(
             "launch.backend = 'nccl': NCCL needs CUDA GPUs and this machine has none; use 'auto' or 'gloo'"

@@ -6,7 +6,8 @@ options that decide who may use it are checked here first, so a refused combinat
 code 2 before anything starts. ``runyard up``'s children die with it, whatever signal ends it
 (``PR_SET_PDEATHSIG``): a killed ``up`` leaves no UI serving the port and no scheduler behind.
 Training keeps running either way: it lives in sessions of its own and the next scheduler
-re-adopts it.
+re-adopts it. Both servers start in runyard's own folder, never the caller's, whose ``app.py`` or
+``db.py`` Python would otherwise import in place of runyard's (orchestrator/own_processes.py).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import psutil
 from db.home import home_writable
 from db.vocabulary.settings import EnvSettings, Settings, load_settings
 from orchestrator.cli.base import EXIT_USAGE, RunyardCommand, fail, open_existing, open_sessions
+from orchestrator.own_processes import PACKAGES_ROOT, STARTED_IN, move_into, server_command
 from orchestrator.ui_access import (
     ALLOWED_HOSTS_ENV,
     AUTH_MODES,
@@ -76,11 +78,10 @@ def server_argv(host: str, port: int, auth: str, allowed_hosts: tuple[str, ...],
             problem = str(exc)
     if problem:
         fail(problem, EXIT_USAGE)
-    argv = [sys.executable, "-m", "app.server", "--host", host, "--port", str(port), "--auth", auth,
-            "--proxy-user-header", proxy_user_header]
+    args = ["--host", host, "--port", str(port), "--auth", auth, "--proxy-user-header", proxy_user_header]
     for name in allowed_hosts:
-        argv += ["--allowed-host", name]
-    return argv
+        args += ["--allowed-host", name]
+    return server_command("app.server", *args)  # started in PACKAGES_ROOT
 
 
 def child_env(settings: Settings) -> dict[str, str]:
@@ -91,8 +92,11 @@ def child_env(settings: Settings) -> dict[str, str]:
 
 
 @click.command(cls=RunyardCommand)
-def scheduler() -> None:
+@click.option(STARTED_IN, "started_in", hidden=True, help="The folder to work in (`runyard up` starts the "
+              "scheduler in runyard's own folder and names the caller's here).")
+def scheduler(started_in: str | None) -> None:
     """Run the scheduler in the foreground (launches and supervises runs)."""
+    move_into(started_in)
     from orchestrator.scheduler.loop import Scheduler, SchedulerLocked, acquire_lock, refuse_a_second_on_sqlite, serve  # noqa: PLC0415 - the scheduler's modules only for `runyard scheduler`
     from orchestrator.scheduler.resources import detect_inventory  # noqa: PLC0415 - the scheduler's modules only for `runyard scheduler`
 
@@ -123,6 +127,7 @@ def ui(host: str, port: int, auth: str, no_auth: bool, allowed_hosts: tuple[str,
         open_sessions(settings)
     else:
         open_existing(settings)  # a viewer: the schema is checked, never migrated
+    os.chdir(PACKAGES_ROOT)  # the server moves back into this folder (server_command's --started-in)
     os.execve(sys.executable, argv, child_env(settings))  # noqa: S606 - becomes the UI server (an argv list)
 
 
@@ -149,9 +154,9 @@ def up(host: str, port: int, auth: str, no_auth: bool, allowed_hosts: tuple[str,
     setup = _die_with_parent(os.getpid())
     # preexec_fn is safe here: this process has one thread.
     procs = {
-        "scheduler": subprocess.Popen([sys.executable, "-m", "orchestrator", "scheduler"], env=env,
+        "scheduler": subprocess.Popen(server_command("orchestrator", "scheduler"), cwd=PACKAGES_ROOT, env=env,
                                       preexec_fn=setup),  # noqa: PLW1509
-        "ui": subprocess.Popen(argv, env=env, preexec_fn=setup),  # noqa: PLW1509
+        "ui": subprocess.Popen(argv, cwd=PACKAGES_ROOT, env=env, preexec_fn=setup),  # noqa: PLW1509
     }
     click.echo(f"runyard is up (data in {settings.home}; Ctrl-C to stop); the UI prints its URL below", err=True)
     stopping = False

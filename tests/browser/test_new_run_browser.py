@@ -1,7 +1,8 @@
 """The New run page as a first-time user meets it: a TOML file fills the form (every widget shows
 the file's value), the run that Start queues is the file plus what the person changed, a file
-with problems lists each one with its key (never a traceback), and a refusal in a folded section
-is summarised above Start, opens its section, and goes away once the value is fixed.
+with problems lists each one with its key (never a traceback), a pasted TOML pressed Start with
+fills the form instead of being dropped, and a refusal in a folded section is summarised above
+Start, opens its section, and goes away once the value is fixed.
 
     pytest -m browser tests/browser/test_new_run_browser.py
 """
@@ -87,12 +88,15 @@ def test_a_file_with_problems_lists_each_with_its_key_and_a_folded_refusal_is_su
     expect(warning).to_contain_text("train.lrr: unknown key")
     assert page.get_by_test_id("stException").count() == 0
 
-    # A value the widgets cannot refuse, in a folded section (Supervision), pasted as TOML.
+    # A value the widgets cannot refuse, in a folded section (Supervision), pasted as TOML; Start
+    # pressed straight away (no "Fill the form") fills the form from the paste and starts nothing.
     page.get_by_text("…or paste TOML").click()
     page.get_by_test_id("stTextArea").filter(has=page.get_by_label("TOML")).locator("textarea").fill(
         'name = "fold"\n[supervision]\nstraggler_ratio = 0.5\n')
-    page.get_by_role("button", name="Fill the form").click()
+    start_button(page).click()
     expect(page.get_by_text("Form filled from the pasted TOML")).to_be_visible(timeout=PAGE_TIMEOUT_MS)
+    expect(page.get_by_text("the pasted TOML was not in the form yet")).to_be_visible(timeout=PAGE_TIMEOUT_MS)
+    assert {r["id"] for r in runyard_up.cli("ls")} == before  # nothing queued
     # Start once the form shows what was pasted, as a person would: the message comes first in the
     # rerun that fills the form, and a click while that rerun still streams the fields below sends
     # their old values (seen in CI under load: a valid run was queued and the refusal never came).

@@ -904,6 +904,67 @@ def test_errors_clear_after_a_corrected_submit(settings: Settings, sessions: ses
     assert not at.error
 
 
+PASTED = 'name = "pasted"\n[launch]\nnproc_per_node = 1\n[train]\nmax_steps = 40\nlr = 0.005\n'
+
+
+def paste(at: AppTest, text: str) -> None:
+    """Type ``text`` into the paste box (part of the form: it is sent with the next press)."""
+    at.text_area(key="new_run_pasted").input(text)
+
+
+def press(at: AppTest, label: str) -> AppTest:
+    return next(b for b in at.button if b.label == label).click().run()
+
+
+def test_a_pasted_toml_is_what_starts_never_the_forms_defaults(settings: Settings,
+                                                                sessions: sessionmaker[Session]) -> None:
+    """Start with a paste the form does not hold yet: the form is filled from it and nothing starts
+    (the page says so); the next Start queues what was pasted. Before, the form's defaults (run,
+    2 ranks, 3000 steps) were queued and the paste silently dropped."""
+    at = open_page("views/new_run.py")
+    paste(at, PASTED)
+    start(at)
+    no_exception(at)
+    assert queued_runs(sessions) == []
+    assert any("Not started" in w.value and "pasted TOML was not in the form" in w.value for w in at.warning)
+    assert at.text_input(key="name").value == "pasted" and at.number_input(key="train.max_steps").value == 40
+    start(at)
+    (run,) = queued_runs(sessions)
+    with sessions() as s:
+        config = queries.run_detail(s, run["id"])["config"]
+    assert (config["name"], config["launch"]["nproc_per_node"], config["train"]["max_steps"]) == ("pasted", 1, 40)
+    assert config["train"]["lr"] == pytest.approx(0.005)
+
+
+def test_a_paste_applied_with_fill_the_form_keeps_the_persons_later_edits(settings: Settings,
+                                                                          sessions: sessionmaker[Session]) -> None:
+    at = open_page("views/new_run.py")
+    paste(at, PASTED)
+    press(at, "Fill the form")
+    assert any("Form filled from the pasted TOML" in m.value for m in at.success)
+    at.text_input(key="name").set_value("edited")
+    start(at)
+    no_exception(at)
+    (run,) = queued_runs(sessions)
+    assert run["name"] == "edited"  # the same paste is not applied again over the edit
+    with sessions() as s:
+        assert queries.run_detail(s, run["id"])["config"]["train"]["max_steps"] == 40
+
+
+def test_a_paste_that_is_not_toml_refuses_every_start_until_it_is_fixed_or_cleared(
+        settings: Settings, sessions: sessionmaker[Session]) -> None:
+    at = open_page("views/new_run.py")
+    paste(at, 'name = "half\n[train\n')
+    for _ in range(2):
+        start(at)
+        no_exception(at)
+        assert any("the pasted TOML was not loaded" in as_read(e.value) for e in at.error)
+        assert queued_runs(sessions) == []
+    paste(at, "")
+    start(at)
+    assert [r["name"] for r in queued_runs(sessions)] == ["run"]  # what the form shows, the box empty
+
+
 def test_new_run_form_shows_the_chosen_kinds_fields_and_queues_a_gpt_char_run(
         settings: Settings, sessions: sessionmaker[Session]) -> None:
     at = open_page("views/new_run.py")

@@ -1,6 +1,6 @@
 """The New run page's estimate before Start: the pace of the most alike earlier run on this
 database, its start-up, the machine's price; rough when only the workload matches; none
-without an earlier run."""
+without an earlier run; a fork's steps from its checkpoint on; none for a run Start would refuse."""
 
 from __future__ import annotations
 
@@ -17,8 +17,10 @@ from db.vocabulary.config import RunConfig
 from db.vocabulary.cost import Price
 from db.vocabulary.settings import Settings
 from orchestrator.format import estimate_text
-from tests.unit.test_app_pages import as_read, open_page
+from tests.unit.test_app_pages import add_forkable, as_read, open_page, sessions, settings
 
+# The pages' fixtures: each test's own home, and Streamlit's caches (the app's engine) emptied for it.
+__all__ = ["sessions", "settings"]
 PRICE = Price(usd_per_hour=0.36, unit="2/2 of a CPU node @ $0.36/h")
 
 
@@ -73,3 +75,34 @@ def test_the_new_run_page_shows_the_estimate_before_start(settings: Settings, se
     shown = [as_read(i.value) for i in at.info if i.value.startswith("**Estimate**")]  # escaped Markdown, as read
     # The form's first run: 3,000 steps at the earlier run's 100 steps/s, plus its 15 s start-up.
     assert shown and "About 45s and $" in shown[0] and f"run #{past}" in shown[0], shown
+
+
+def estimates_shown(at: object) -> list[str]:
+    return [as_read(i.value) for i in at.info if i.value.startswith(("**Estimate**", "**No estimate**"))]  # type: ignore[attr-defined]
+
+
+def test_a_fork_is_priced_for_the_steps_it_trains_from_its_checkpoint(
+        settings: Settings, sessions: sessionmaker[Session]) -> None:
+    """A fork of a 300-step run from its checkpoint at step 100 trains 200 steps; before, the page
+    priced all 300."""
+    parent, checkpoint = add_forkable(sessions, settings)
+    with sessions.begin() as s:
+        past = add_trained(s, settings, steps_per_s=100.0, startup_s=15.0)
+    at = open_page("views/new_run.py", fork=str(parent), checkpoint=str(checkpoint))
+    (shown,) = estimates_shown(at)
+    assert shown.startswith("**Estimate**: About 17s and $") and \
+        f": 200 steps (from step 100 to 300) at 100 steps/s as run #{past} " in shown, shown
+    with sessions() as s:
+        e = start_estimate(s, RunConfig.model_validate({"train": {"max_steps": 300}}).as_dict(), PRICE, from_step=100)
+    assert (e.steps, e.seconds) == (200, pytest.approx(15.0 + 2.0))
+
+
+def test_a_config_start_would_refuse_is_not_priced_and_the_cpu_slots_are_named(settings: Settings) -> None:
+    at = open_page("views/new_run.py")
+    at.number_input(key="launch.nproc_per_node").set_value(64)
+    next(b for b in at.button if b.label == "Update estimate").click().run()
+    (shown,) = estimates_shown(at)
+    assert shown.startswith("**No estimate**: as set, Start would refuse it:") and "RUNYARD_CPU_SLOTS=64" in shown
+    next(b for b in at.button if b.label == "Start").click().run()
+    assert estimates_shown(at) == ["**No estimate**: fix the problems above first"]
+    assert any("RUNYARD_CPU_SLOTS=64 runyard up" in as_read(e.value) for e in at.error)

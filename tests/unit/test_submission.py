@@ -29,6 +29,9 @@ def test_too_many_ranks_for_the_cpu_slots() -> None:
     (problem,) = info.value.problems
     assert field_of(problem) == "launch.nproc_per_node"
     assert "64" in problem and "2 CPU slots" in problem
+    # CPU slots are a setting, not hardware: the refusal names it and what to do.
+    assert problem.endswith("use at most 2, or let 64 ranks share the cores: start the scheduler with "
+                            "RUNYARD_CPU_SLOTS=64 (`RUNYARD_CPU_SLOTS=64 runyard up`; the default is the core count)")
 
 
 def test_more_ranks_than_gpus() -> None:
