@@ -272,4 +272,8 @@ def serve(sock: socket.socket, app: object, home: Path, args: argparse.Namespace
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # Ctrl-C on `runyard ui` before uvicorn took over the signal (while importing)
+        print("runyard UI stopped", file=sys.stderr)
+        sys.exit(130)

@@ -10,6 +10,7 @@ Under ``python -m orchestrator`` the working folder is dropped from the path fir
 """
 
 import gc
+import sys
 
 from orchestrator.own_processes import leave_the_working_folder_out
 
@@ -17,9 +18,12 @@ from orchestrator.own_processes import leave_the_working_folder_out
 def run() -> None:
     leave_the_working_folder_out()
     gc.disable()
-    from orchestrator.cli.group import main  # noqa: PLC0415 - imported with the collector off
-    from trainer.lifecycle import settle_imports  # noqa: PLC0415 - imported with the collector off
-
+    try:
+        from orchestrator.cli.group import main  # noqa: PLC0415 - imported with the collector off
+        from trainer.lifecycle import settle_imports  # noqa: PLC0415 - imported with the collector off
+    except KeyboardInterrupt:  # Ctrl-C while the command was still starting: one line, as click says it later
+        sys.stderr.write("Aborted!\n")
+        sys.exit(130)
     settle_imports()
     main()
 

@@ -132,10 +132,14 @@ def ui(host: str, port: int, auth: str, no_auth: bool, allowed_hosts: tuple[str,
 
 
 def _die_with_parent(parent: int) -> Callable[[], None]:
-    """What runs in a child of ``runyard up`` between fork and exec: SIGTERM when ``up`` dies."""
+    """What runs in a child of ``runyard up`` between fork and exec: SIGTERM when ``up`` dies,
+    and a process group of its own, so that a Ctrl-C in the terminal (SIGINT to the foreground
+    group) reaches ``up`` alone, which stops its children with SIGTERM: the UI server then ends
+    quietly instead of printing a KeyboardInterrupt traceback from wherever it was."""
     prctl = pdeathsig.prctl_function()
 
     def setup() -> None:
+        os.setpgid(0, 0)
         if pdeathsig.set_pdeathsig(signal.SIGTERM, prctl) and os.getppid() != parent:
             os._exit(1)  # up died before the signal was armed
 
@@ -184,6 +188,9 @@ def up(host: str, port: int, auth: str, no_auth: bool, allowed_hosts: tuple[str,
             proc.wait(15)
         except subprocess.TimeoutExpired:
             proc.kill()
+    if code == 0:
+        click.echo("runyard stopped: the scheduler and the UI are down; training keeps running and the next "
+                   "`runyard up` takes it over", err=True)
     sys.exit(code)
 
 
