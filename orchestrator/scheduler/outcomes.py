@@ -63,9 +63,14 @@ def next_overrides(run: Run, previous: Attempt | None) -> dict[str, Any]:
 
 
 def _last_checkpoint(session: Session, attempt: Attempt) -> int | None:
+    """The step of the attempt's newest own checkpoint, else the step it started from. A version
+    it recorded but refused is not its own: a file that was in the working folder before the run
+    (another run's ``ckpt.pt`` at iteration 1500 made a run paused at step 70 lose "0 steps"), a
+    truncated or incomplete one."""
     own = session.scalar(
         select(func.max(Checkpoint.step))
-        .where(Checkpoint.run_id == attempt.run_id, Checkpoint.attempt == attempt.number)
+        .where(Checkpoint.run_id == attempt.run_id, Checkpoint.attempt == attempt.number,
+               Checkpoint.refused_reason.is_(None))
     )
     return own if own is not None else attempt.resume_step
 

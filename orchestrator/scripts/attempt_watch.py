@@ -116,9 +116,16 @@ def script_facts(config: dict[str, Any], attempts: list[dict[str, Any]],
             facts.append(("checkpoint files", f"{glob!r} has matched nothing yet: no checkpoint of the script's own "
                                               "to resume from (the events say more)"))
         else:
-            newest = max(found, key=lambda c: (c["file_mtime"] or 0, c["id"]))
-            facts.append(("checkpoint files", f"{glob!r}: {len(found)} version(s) recorded, the newest at step "
-                                              f"{newest['step']}"))
+            own = [c for c in found if not c.get("refused_reason")]
+            refused = len(found) - len(own)
+            but = f" ({refused} refused: see the list)" if refused else ""
+            if own:
+                newest = max(own, key=lambda c: (c["file_mtime"] or 0, c["id"]))
+                facts.append(("checkpoint files", f"{glob!r}: {len(found)} version(s) recorded, the newest of the "
+                                                  f"run's own at step {newest['step']}{but}"))
+            else:
+                facts.append(("checkpoint files", f"{glob!r}: {len(found)} version(s) recorded, none of them the "
+                                                  f"run's own to resume from{but}"))
     return facts
 
 

@@ -34,8 +34,11 @@ yet); a zip archive (``torch.save``'s default format) without its end record, i.
 writer was killed mid-save and that merely looked stable afterwards (recorded, refused
 "truncated (no zip end record)"); and a file that was already there when the run's first attempt
 started (a previous experiment's ``out/ckpt.pt`` in a shared workdir: recorded, refused "existed
-before the run started"; a person may still resume or fork from it explicitly). A half-written
-file in another format that stopped changing for two looks cannot be told from a complete one.
+before the run started", with whose it probably is: another run that recorded the same file or
+the same bytes, or none runyard knows). A person may still resume or fork from a refused version
+that is verified, by naming its id; "the newest" and "at step N" never pick one (db/requests.py's
+``usable_checkpoint``), nor does a retry. A half-written file in another format that stopped
+changing for two looks cannot be told from a complete one.
 
 File work (hashing, copying) is done before the transaction's first write where it can be, so
 the SQLite write lock is not held while gigabytes are read: :func:`resume_point` runs before the
@@ -53,10 +56,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqlalchemy import func, select
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
 
-from db.file_versions import CopyRefused, copy_verified, is_version
+from db.file_versions import MTIME_TOLERANCE_S, CopyRefused, copy_verified, is_version
 from db.models import Attempt, Checkpoint, Event, MetricPoint, Run
 from db.requests import PREEXISTING, SCRIPT_SOURCE, checkpoints_dir, keep_copy, newest_intact, workdir_of
 from orchestrator.scripts.checkpoint_finder import ZIP_MAGIC, CheckpointFile
@@ -146,8 +149,9 @@ def known_versions(session: Session, run_id: int) -> list[Known]:
         select(Checkpoint).where(Checkpoint.run_id == run_id, Checkpoint.source == SCRIPT,
                                  Checkpoint.deleted.is_(False), Checkpoint.origin.is_not(None))
     ).scalars().all()
+    # A version that existed before the run is refused but intact: its hash may still become known.
     return [Known(c.id, str(c.origin), c.path, c.bytes, c.file_mtime, bool(c.verified), bool(c.pinned),
-                  c.refused_reason is not None) for c in rows]
+                  c.refused_reason is not None and not c.refused_reason.startswith(PREEXISTING)) for c in rows]
 
 
 def version_step(session: Session, attempt: Attempt, mtime: float) -> int:
@@ -175,8 +179,8 @@ def record_versions(session: Session, run: Run, attempt: Attempt, files: Sequenc
     now = time.time()
     for f in plan.new:
         refused = (TRUNCATED if str(f.path) in truncated
-                   else f"{PREEXISTING} (written at {_clock(f.mtime)}, before its first attempt began at "
-                        f"{_clock(run_started)}): not chosen automatically" if f.mtime < run_started else None)
+                   else _preexisting(session, run, str(f.path), f.size, f.mtime, f.sha256, run_started)
+                   if f.mtime < run_started else None)
         session.add(Checkpoint(
             run_id=run.id, attempt=attempt.number, path=str(f.path),
             step=f.step if f.step is not None else version_step(session, attempt, f.mtime),
@@ -188,6 +192,9 @@ def record_versions(session: Session, run: Run, attempt: Attempt, files: Sequenc
         row = session.get(Checkpoint, row_id)
         if row is not None:
             row.sha256, row.verified = sha, True
+            if row.refused_reason and row.refused_reason.startswith(PREEXISTING):  # whose, by its bytes now
+                row.refused_reason = _preexisting(session, run, str(row.origin), row.bytes, row.file_mtime, sha,
+                                                  run_started)
     for row_id, newer in plan.overwritten:
         if str(newer.path) in truncated:
             # Its bytes are gone (the script wrote over them in place) and the new file is unusable.
@@ -198,6 +205,29 @@ def record_versions(session: Session, run: Run, attempt: Attempt, files: Sequenc
     for row_id in plan.removed:
         _delete(session, row_id, now, "deleted by the script")
     return len(plan.new)
+
+
+def _preexisting(session: Session, run: Run, origin: str, size: int, mtime: float | None, sha256: str | None,
+                 run_started: float) -> str:
+    """The refusal of a version that was there before ``run`` started, with whose it probably is:
+    the newest other run that recorded the same file (its path, size and time) or the same bytes
+    (its sha256), else none runyard knows."""
+    same_file = and_(Checkpoint.origin == origin, Checkpoint.bytes == size,
+                     Checkpoint.file_mtime.between((mtime or 0) - MTIME_TOLERANCE_S, (mtime or 0) + MTIME_TOLERANCE_S))
+    same = or_(same_file, Checkpoint.sha256 == sha256) if sha256 else same_file
+    found = session.execute(
+        select(Checkpoint.run_id, Checkpoint.step, Checkpoint.origin, Run.name).join(Run, Run.id == Checkpoint.run_id)
+        .where(Checkpoint.run_id != run.id, Checkpoint.source == SCRIPT, same,
+               # another run that found it there too is no writer of it
+               or_(Checkpoint.refused_reason.is_(None), ~Checkpoint.refused_reason.startswith(PREEXISTING)))
+        .order_by(Checkpoint.created_at.desc(), Checkpoint.id.desc()).limit(1)).first()
+    written = (f"{PREEXISTING} (written at {_clock(mtime or 0)}, before its first attempt began at "
+               f"{_clock(run_started)}): not chosen automatically")
+    if found is None:
+        return f"{written}; written before this run started, by no run runyard knows"
+    other, step, other_origin, name = found
+    what = "the same file" if other_origin == origin else f"the same bytes (as {other_origin})"
+    return f"{written}; probably run {other}'s ({name!r}), which recorded {what} at step {step}"
 
 
 def _delete(session: Session, row_id: int, now: float, reason: str) -> None:

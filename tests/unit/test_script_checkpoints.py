@@ -7,18 +7,22 @@ import io
 import os
 import time
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 import orchestrator.scheduler.loop as scheduler_module
 import orchestrator.scripts.checkpoint_custody as sc
 import orchestrator.submission as submission
+from app.run_panels import verified_words
 from db.file_versions import sha256_of
 from db.metricstore import write_points
 from db.models import Attempt, Checkpoint, Event, Run
+from db.queries import checkpoints_of
 from db.requests import (
     PREEXISTING,
     RequestRefused,
@@ -32,7 +36,9 @@ from db.states import AttemptStatus, RunStatus, transition
 from db.vocabulary.config import parse_config
 from db.vocabulary.inventory import Inventory
 from db.vocabulary.settings import Settings
+from orchestrator.cli.read import checkpoint_line
 from orchestrator.scheduler.loop import Scheduler
+from orchestrator.scheduler.outcomes import settle
 from orchestrator.scripts.checkpoint_custody import (
     TRUNCATED,
     Known,
@@ -43,6 +49,7 @@ from orchestrator.scripts.checkpoint_custody import (
     truncated_zip,
 )
 from orchestrator.scripts.checkpoint_finder import CheckpointFile, CheckpointFiles
+from orchestrator.scripts.checkpoint_steps import step_in_checkpoint
 from orchestrator.submission import fork, submit
 from trainer.checkpoint.history import AdoptedFile, CheckpointHistory
 from trainer.checkpoint.manager import CheckpointManager, SaveResult
@@ -534,3 +541,69 @@ def test_keep_best_by_a_metric_no_checkpoint_carries_is_said_with_the_names_seen
     assert said == ["checkpoint.keep_best = 1 keeps nothing by checkpoint.best_metric = 'eval_loss': no checkpoint "
                     "carries it; the metrics the checkpoints carry: 'train_loss', 'val_loss' (set "
                     "checkpoint.best_metric to one of them)"]
+
+
+# -- issue 52: whose a file is, complete folders, a failed load, accelerate's names ------------
+
+
+def ended(s: Session, run_id: int, attempt: Attempt, tmp_path: Path, *, last_step: int, code: int = 1,
+          stop: str | None = None) -> Run:
+    """Settle ``attempt`` of a RUNNING (or, with ``stop``, stopping) run as the scheduler does when
+    its processes are gone, with exit ``code``; the run as it is then."""
+    attempt.dir = str(tmp_path / "attempts" / str(attempt.number))
+    Path(attempt.dir).mkdir(parents=True, exist_ok=True)
+    attempt.last_step, attempt.stop_reason = last_step, stop
+    run = s.get(Run, run_id)
+    for status in (RunStatus.STARTING, RunStatus.RUNNING, *((RunStatus.PAUSING,) if stop else ())):
+        if run.status != status.value:
+            transition(s, run_id, status, "t")
+    settle(s, run, attempt, {"exit_code": code, "ended_at": time.time()})
+    s.commit()
+    return run
+
+
+def test_a_file_that_predates_the_run_is_resumed_from_only_by_name_and_says_whose_it_is(
+        sessions: sessionmaker[Session], settings: Settings, workdir: Path, tmp_path: Path) -> None:
+    """Issue 52 item 1: a nanoGPT run paused at step 70, before its first own save, was resumed from
+    another run's ckpt.pt at iteration 1500 (and lost "0 steps")."""
+    ckpt = workdir / "out" / "ckpt.pt"
+    earlier = script_run(sessions, settings, workdir, checkpoint_glob="out/ckpt.pt")
+    with sessions() as s:  # an earlier run in the same folder saved ckpt.pt at iteration 1500
+        attempt = add_attempt(s, earlier, 1, last_step=1500, status=AttemptStatus.SUCCEEDED)
+        attempt.started_at = time.time() - 7200
+        buf = io.BytesIO()
+        torch.save({"iter_num": 1500}, buf)  # nanoGPT's checkpoint at iteration 1500
+        saved(s, s.get(Run, earlier), attempt, ckpt, buf.getvalue(), time.time() - 3600, step=1500)
+        s.commit()
+    run_id = script_run(sessions, settings, workdir, checkpoint_glob="out/ckpt.pt", resume_args=["--init_from=resume"])
+    with sessions() as s:
+        run = s.get(Run, run_id)
+        attempt = add_attempt(s, run_id, 1, last_step=None)
+        report(s, attempt, 70, time.time() - 5)
+        (stale,) = look(ckpt)
+        record_versions(s, run, attempt, [replace(stale, step=step_in_checkpoint(ckpt))])  # as the finder reads it
+        s.commit()
+        (stale,) = rows(s, run_id)
+        assert stale.verified and stale.refused_reason.startswith(PREEXISTING)
+        assert f"probably run {earlier}'s ('s'), which recorded the same file at step 1500" in stale.refused_reason
+        run = ended(s, run_id, attempt, tmp_path, last_step=70, code=0, stop="pause")
+        assert run.status == "PAUSED"
+        assert (attempt.last_checkpoint_step, attempt.steps_lost) == (None, 70)  # steps lost from its own only
+        with pytest.raises(RequestRefused) as refused:
+            request_resume(s, run_id)  # the newest: none of its own
+        said = str(refused.value)
+        assert f"run {run_id} has no verified checkpoint of its own to start from" in said
+        assert f"`runyard resume {run_id} --checkpoint {stale.id}`" in said and f"probably run {earlier}'s" in said
+        with pytest.raises(RequestRefused, match="no verified checkpoint of its own at step 1500"):
+            request_resume(s, run_id, step=1500)
+        assert request_resume(s, run_id, checkpoint_id=stale.id) == 1500  # a person named it
+        s.commit()
+        detail = checkpoints_of(s, run_id)
+    assert f"probably run {earlier}'s" in checkpoint_line(detail[0])  # runyard show
+    assert verified_words(detail[0]).startswith("yes; not this run's own: existed before the run started")
+    with sessions() as s:  # a file nobody recorded says so
+        other = script_run(sessions, settings, workdir, checkpoint_glob="out/other.pt")
+        write(workdir / "out" / "other.pt", b"x" * 10, time.time() - 60)
+        attempt = add_attempt(s, other, 1, last_step=None)
+        record_versions(s, s.get(Run, other), attempt, look(workdir / "out" / "other.pt"))
+        assert rows(s, other)[0].refused_reason.endswith("written before this run started, by no run runyard knows")
