@@ -31,8 +31,9 @@ from orchestrator.scheduler.failures import (
     signal_name,
     stderr_tail,
 )
-from orchestrator.scheduler.retry import AttemptOutcome, decide, halved_micro_batch
+from orchestrator.scheduler.retry import AttemptOutcome, Decision, backoff_s, decide, halved_micro_batch, same_exception
 from orchestrator.scheduler.storage import deleted_message, run_dir_deleted, storage_fault, writable_problem
+from orchestrator.scripts.checkpoint_loads import refuse_unloadable
 
 logger = logging.getLogger(__name__)
 
@@ -343,8 +344,16 @@ def _apply_retry_policy(session: Session, run: Run, attempt: Attempt, failure: F
         return AttemptOutcome(a.number, Cause(a.cause), a.exception, a.last_step,
                               steps_known=not script or a.first_step_at is not None)
 
-    decision = decide(outcome(attempt), [outcome(a) for a in earlier], run.retries_used, config.retry,
-                      attempt_config(run, attempt).train.model_dump())
+    # A retry that failed loading the script checkpoint it was handed: that version is refused and
+    # the next attempt starts from the one before, not the user's repeated error (checkpoint_loads).
+    fallback = refuse_unloadable(session, run, attempt, same_exception) if script else None
+    if fallback is not None and run.retries_used < config.retry.max_retries:
+        delay = backoff_s(run.retries_used, config.retry)
+        decision = Decision(True, f"{fallback.words(attempt.number)}: retry {run.retries_used + 1} of "
+                                  f"{config.retry.max_retries} in {delay:.0f} s", delay_s=delay)
+    else:
+        decision = decide(outcome(attempt), [outcome(a) for a in earlier], run.retries_used, config.retry,
+                          attempt_config(run, attempt).train.model_dump())
     attempt.retry_counted = decision.counted
     if decision.retry:
         run.retries_used += 1 if decision.counted else 0

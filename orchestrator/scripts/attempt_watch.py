@@ -52,7 +52,7 @@ PIDS_EVERY_S = 5.0
 # The final read of an ended attempt's logs: at most this many bounded reads.
 FINAL_READS = 64
 # The final looks at an ended attempt's checkpoint files: a file is hashed once it is unchanged at
-# two looks, to completion (nothing writes it any more).
+# two looks, to completion (nothing writes it any more, so no settle time is waited for).
 FINAL_LOOKS = 16
 FINAL_HASH_BUDGET = 1 << 62
 # A checkpoint_glob that has matched nothing is said (once an attempt) this long after the script
@@ -190,8 +190,10 @@ class ScriptWatch:
                 break
         files = None
         if watched.checkpoints is not None:
-            # Nothing writes them any more: hash to completion, before anything is written here.
+            # Nothing writes them any more: hash to completion, before anything is written here;
+            # no settle time, and a folder without its framework's last file is recorded refused.
             watched.checkpoints.hash_budget = FINAL_HASH_BUDGET
+            watched.checkpoints.writer_gone()
             for _ in range(FINAL_LOOKS):
                 files = watched.checkpoints.scan()
                 if all(f.stable and f.sha256 is not None for f in files):

@@ -32,13 +32,15 @@ displaces.
 What is not handed over automatically: a version that is not verified (not stable and hashed
 yet); a zip archive (``torch.save``'s default format) without its end record, i.e. a file whose
 writer was killed mid-save and that merely looked stable afterwards (recorded, refused
-"truncated (no zip end record)"); and a file that was already there when the run's first attempt
-started (a previous experiment's ``out/ckpt.pt`` in a shared workdir: recorded, refused "existed
-before the run started", with whose it probably is: another run that recorded the same file or
-the same bytes, or none runyard knows). A person may still resume or fork from a refused version
-that is verified, by naming its id; "the newest" and "at step N" never pick one (db/requests.py's
-``usable_checkpoint``), nor does a retry. A half-written file in another format that stopped
-changing for two looks cannot be told from a complete one.
+"truncated (no zip end record)"); a folder without the file its framework writes last (the
+Trainer's ``trainer_state.json``, DCP's ``.metadata``: orchestrator/scripts/checkpoint_layouts.py),
+which is recorded only when its attempt has ended, refused "incomplete"; a version a retry failed
+to load (orchestrator/scripts/checkpoint_loads.py); and a file that was already there when the
+run's first attempt started (a previous experiment's ``out/ckpt.pt`` in a shared workdir:
+recorded, refused "existed before the run started", with whose it probably is: another run that
+recorded the same file or the same bytes, or none runyard knows). A person may still resume or
+fork from a refused version that is verified, by naming its id; "the newest" and "at step N"
+never pick one (db/requests.py's ``usable_checkpoint``), nor does a retry.
 
 File work (hashing, copying) is done before the transaction's first write where it can be, so
 the SQLite write lock is not held while gigabytes are read: :func:`resume_point` runs before the
@@ -68,6 +70,7 @@ logger = logging.getLogger(__name__)
 
 SCRIPT = SCRIPT_SOURCE
 TRUNCATED = "truncated (no zip end record)"
+INCOMPLETE = "incomplete"  # refused_reason's start for a folder without its framework's last file
 ZIP_SUFFIXES = (".zip",)
 
 
@@ -178,15 +181,16 @@ def record_versions(session: Session, run: Run, attempt: Attempt, files: Sequenc
     run_started = min(x for x in (first_start, attempt.started_at) if x is not None)
     now = time.time()
     for f in plan.new:
-        refused = (TRUNCATED if str(f.path) in truncated
-                   else _preexisting(session, run, str(f.path), f.size, f.mtime, f.sha256, run_started)
-                   if f.mtime < run_started else None)
+        broken = TRUNCATED if str(f.path) in truncated else f"{INCOMPLETE}: {f.incomplete}" if f.incomplete else None
+        preexisting = f.mtime < run_started
         session.add(Checkpoint(
             run_id=run.id, attempt=attempt.number, path=str(f.path),
             step=f.step if f.step is not None else version_step(session, attempt, f.mtime),
             origin=str(f.path), bytes=f.size, sha256=f.sha256 or "", params_digest="", metrics_json="{}",
-            blocked_s=0.0, total_s=0.0, created_at=now, verified=f.sha256 is not None and refused != TRUNCATED,
-            pinned=False, deleted=False, source=SCRIPT, file_mtime=f.mtime, refused_reason=refused,
+            blocked_s=0.0, total_s=0.0, created_at=now, verified=f.sha256 is not None and broken is None,
+            pinned=False, deleted=False, source=SCRIPT, file_mtime=f.mtime,
+            refused_reason=broken or (_preexisting(session, run, str(f.path), f.size, f.mtime, f.sha256, run_started)
+                                      if preexisting else None),
         ))
     for row_id, sha in plan.verified:
         row = session.get(Checkpoint, row_id)
