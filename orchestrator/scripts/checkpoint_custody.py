@@ -3,12 +3,13 @@
 While an attempt of a script run with ``[workload] checkpoint_glob`` runs (and once more when it
 ends), the scheduler lists the matching files (orchestrator/scripts/checkpoint_finder.py) and
 records each *version* of each file as a ``Checkpoint`` row with ``source = "script"``: a file
-is recorded once it is stable (unchanged at two looks in a row; for a file rewritten faster than
-the looks, a complete zip read whole, at most every 30 s: the finder's snapshot), and verified
-once its sha256 is known. A file the script rewrites in place (nanoGPT's ``out/ckpt.pt``) is a
-new version: a new row, and the row of the version it replaced is marked deleted ("overwritten by
-the script"), unless it was pinned (a pinned version's bytes were copied into the run's folder,
-out of the script's reach).
+is recorded once it is stable (unchanged at two looks in a row and complete: a folder with the
+file its framework writes last, anything without such a marker unchanged for the settle time; for
+a file rewritten faster than the looks, a complete zip read whole, at most every 30 s: the
+finder's snapshot), and verified once its sha256 is known. A file the script rewrites in place
+(nanoGPT's ``out/ckpt.pt``) is a new version: a new row, and the row of the version it replaced is
+marked deleted ("overwritten by the script"), unless it was pinned (a pinned version's bytes were
+copied into the run's folder, out of the script's reach).
 
 The step of a version: the step the checkpoint itself holds, where its framework records it
 (Hugging Face's ``trainer_state.json``, Lightning's ``global_step``, nanoGPT's ``iter_num``, a
