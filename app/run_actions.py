@@ -45,10 +45,12 @@ def open_run(run_id: int) -> None:
 
 
 def usable_checkpoints(d: dict[str, Any]) -> list[dict[str, Any]]:
-    """The verified, not deleted checkpoints of a run, newest first (by step, then by id: a
-    resumed attempt's checkpoint comes before the superseded one at the same step)."""
+    """The verified, not deleted checkpoints of a run: its own first, newest first (by step, then
+    by id: a resumed attempt's checkpoint comes before the superseded one at the same step), then
+    the versions refused as not its own (a file that was in the working folder before the run
+    started, one a retry failed to load), which a person may pick but which are never preselected."""
     return sorted((c for c in d["checkpoints"] if c["verified"] and not c["deleted"]),
-                  key=lambda c: (c["step"], c["id"]), reverse=True)
+                  key=lambda c: (not c["refused_reason"], c["step"], c["id"]), reverse=True)
 
 
 def is_superseded(checkpoint: dict[str, Any]) -> bool:
@@ -59,7 +61,7 @@ def is_superseded(checkpoint: dict[str, Any]) -> bool:
 
 def checkpoint_label(checkpoint: dict[str, Any], newest: bool) -> str:
     """How a checkpoint reads in the Resume and Fork lists: its step, the attempt that wrote it,
-    and whether it is the newest or superseded."""
+    and whether it is the newest, superseded, or not the run's own."""
     parts = [f"step {checkpoint['step']}", f"attempt {checkpoint['attempt']}"]
     if checkpoint["source"] == "script":
         parts.append(f"{checkpoint['origin']} #{checkpoint['id']}")
@@ -67,17 +69,28 @@ def checkpoint_label(checkpoint: dict[str, Any], newest: bool) -> str:
         parts.append("newest")
     if is_superseded(checkpoint):
         parts.append("superseded")
+    if checkpoint["refused_reason"]:
+        parts.append("not this run's own")
     return " · ".join(parts)
 
 
-def choose_checkpoint(d: dict[str, Any], usable: list[dict[str, Any]], key: str) -> dict[str, Any]:
-    """A select box of the usable checkpoints (the newest preselected); returns the chosen one.
-    A choice that is no longer listed (deleted by retention meanwhile) falls back to the newest."""
-    labels = {c["id"]: checkpoint_label(c, i == 0) for i, c in enumerate(usable)}
+def choose_checkpoint(d: dict[str, Any], usable: list[dict[str, Any]], key: str) -> dict[str, Any] | None:
+    """A select box of the usable checkpoints (the run's newest own preselected; with none of its
+    own, nothing is); returns the chosen one, or None. A choice that is no longer listed (deleted
+    by retention meanwhile) falls back to the default. A version that is not the run's own says
+    why (and whose it probably is) under the box."""
+    own = bool(usable) and not usable[0]["refused_reason"]
+    labels = {c["id"]: checkpoint_label(c, i == 0 and own) for i, c in enumerate(usable)}
     if st.session_state.get(key) not in labels:
         st.session_state.pop(key, None)
-    chosen = st.selectbox("From checkpoint", list(labels), format_func=labels.__getitem__, key=key)
-    return next(c for c in usable if c["id"] == chosen)
+    chosen_id = st.selectbox("From checkpoint", list(labels), format_func=labels.__getitem__, key=key,
+                             index=0 if own else None,
+                             placeholder="none is the run's own: choose one by name")
+    chosen = next((c for c in usable if c["id"] == chosen_id), None)
+    if chosen is not None and chosen["refused_reason"]:
+        st.caption(f"Not this run's own checkpoint: {style.plain(chosen['refused_reason'])}. Starting from it is "
+                   "your choice; runyard never picks it by itself.")
+    return chosen
 
 
 def resume_menu(d: dict[str, Any]) -> None:
@@ -86,7 +99,9 @@ def resume_menu(d: dict[str, Any]) -> None:
     with st.popover("Resume", icon=":material/replay:", key=f"resume-menu-{d['id']}",
                     help="A new attempt of this run from one of its verified checkpoints"):
         chosen = choose_checkpoint(d, usable, f"resume-from-{d['id']}")
-        if chosen is not usable[0]:
+        if chosen is None:
+            return
+        if chosen is not usable[0] and not chosen["refused_reason"]:
             st.caption(f"What the run did after step {chosen['step']} is kept but marked superseded; "
                        "the new attempt trains again from there.")
         if st.button(f"Resume from step {chosen['step']}", type="primary", icon=":material/play_arrow:",
@@ -101,6 +116,8 @@ def fork_menu(d: dict[str, Any]) -> None:
     with st.popover("Fork…", icon=":material/call_split:", key=f"fork-menu-{d['id']}",
                     help="A new run that starts from a checkpoint of this one, with settings you change"):
         chosen = choose_checkpoint(d, usable, f"fork-from-{d['id']}")
+        if chosen is None:
+            return
         st.caption("Opens the New run form filled with this run's config; what you change is shown "
                    "against it before Start.")
         if st.button("Open in the New run form", type="primary", icon=":material/edit_note:",

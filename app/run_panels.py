@@ -135,7 +135,7 @@ def checkpoint_table(d: dict[str, Any]) -> None:
         else:
             row[4].write(", ".join(f"{style.plain(metric_registry.label(k))} {metric_registry.format_value(k, v)}"
                                    for k, v in c["metrics"].items() if v is not None) or "–")
-        row[5].write("yes" if c["verified"] else f"no: {style.plain(c['refused_reason'] or 'being hashed')}")
+        row[5].write(verified_words(c))
         row[6].toggle("pin", value=c["pinned"], key=f"pin-{c['id']}", on_change=pin_changed,
                       args=(d["id"], c["id"], f"pin-{c['id']}"),
                       help="Pinned checkpoints are never deleted" + (
@@ -145,6 +145,15 @@ def checkpoint_table(d: dict[str, Any]) -> None:
         st.error(style.plain(refused), icon=":material/error:")
     if deleted:
         st.caption(f"{deleted} older checkpoint(s) deleted by retention; `runyard show {d['id']}` lists them.")
+
+
+def verified_words(c: dict[str, Any]) -> str:
+    """A checkpoint's "verified" cell: yes; yes but not the run's own (why, and whose it probably
+    is: never chosen automatically); or no, and why."""
+    reason = style.plain(c["refused_reason"] or "")
+    if c["verified"]:
+        return f"yes; not this run's own: {reason}" if reason else "yes"
+    return f"no: {reason or 'being hashed'}"
 
 
 def pin_changed(run_id: int, checkpoint_id: int, key: str) -> None:

@@ -192,27 +192,46 @@ def request_stack_dump(session: Session, run_id: int) -> str:
 
 
 def usable_checkpoint(
-    session: Session, run_id: int, step: int | None = None, checkpoint_id: int | None = None
+    session: Session, run_id: int, step: int | None = None, checkpoint_id: int | None = None, verb: str = "resume"
 ) -> Checkpoint:
     """A verified, not deleted checkpoint of a run: by id, by step (the newest written at that
-    step), or the newest of all."""
+    step), or the newest of all. By step and as the newest, only the run's own count: a version
+    refused as not the run's own (a file that was in the working folder before the run started, a
+    version a retry failed to load) is started from only when a person names it by id.
+
+    Args:
+        verb: The command the refusal's hint names (``runyard resume`` or ``runyard fork``).
+
+    Raises:
+        RequestRefused: no such checkpoint; the message names the versions a person may name instead.
+    """
     usable = (Checkpoint.run_id == run_id, Checkpoint.verified.is_(True), Checkpoint.deleted.is_(False))
+    own = Checkpoint.refused_reason.is_(None)
     q = select(Checkpoint).where(*usable)
     if checkpoint_id is not None:
         q = q.where(Checkpoint.id == checkpoint_id)
-    elif step is not None:
-        q = q.where(Checkpoint.step == step)
+    else:
+        q = q.where(own) if step is None else q.where(own, Checkpoint.step == step)
     found = session.execute(q.order_by(Checkpoint.step.desc(), Checkpoint.id.desc()).limit(1)).scalar_one_or_none()
     if found is not None:
         return found
-    steps = sorted(set(session.scalars(select(Checkpoint.step).where(*usable)).all()))
+    steps = sorted(set(session.scalars(select(Checkpoint.step).where(*usable, own)).all()))
     listed = ", ".join(map(str, steps)) or "none"
     if checkpoint_id is not None:
-        raise RequestRefused(
-            f"checkpoint {checkpoint_id} of run {run_id} is deleted or not verified; verified steps: {listed}")
+        named = session.get(Checkpoint, checkpoint_id)
+        why = (f": {named.refused_reason}" if named is not None and named.run_id == run_id and named.refused_reason
+               else "")
+        raise RequestRefused(f"checkpoint {checkpoint_id} of run {run_id} is deleted or not verified{why}; "
+                             f"verified steps: {listed}")
+    refused = session.execute(select(Checkpoint).where(*usable, Checkpoint.refused_reason.is_not(None),
+                                                       *((Checkpoint.step == step,) if step is not None else ()))
+                              .order_by(Checkpoint.step.desc(), Checkpoint.id.desc()).limit(3)).scalars().all()
+    others = "".join(f"; checkpoint {c.id} ({c.origin or c.path}, step {c.step}) is not: {c.refused_reason}. To "
+                     f"start from it anyway, name it: `runyard {verb} {run_id} --checkpoint {c.id}`" for c in refused)
     if step is not None:
-        raise RequestRefused(f"run {run_id} has no verified checkpoint at step {step}; verified steps: {listed}")
-    raise RequestRefused(f"run {run_id} has no verified checkpoint to start from")
+        raise RequestRefused(f"run {run_id} has no verified checkpoint of its own at step {step}; its verified "
+                             f"steps: {listed}{others}")
+    raise RequestRefused(f"run {run_id} has no verified checkpoint of its own to start from{others}")
 
 
 def request_resume(

@@ -407,7 +407,7 @@ def fork(
         parent = session.get(Run, parent_id)
         if parent is None:
             raise RunNotFound(f"run {parent_id} does not exist")
-        checkpoint = usable_checkpoint(session, parent_id, step, checkpoint_id)
+        checkpoint = usable_checkpoint(session, parent_id, step, checkpoint_id, verb="fork")
         data = json.loads(parent.config_json)
         data["name"] = f"{parent.name}-fork"[:100]
         changed = apply_overrides(data, overrides)

@@ -31,8 +31,9 @@ from orchestrator.scheduler.failures import (
     signal_name,
     stderr_tail,
 )
-from orchestrator.scheduler.retry import AttemptOutcome, decide, halved_micro_batch
+from orchestrator.scheduler.retry import AttemptOutcome, Decision, backoff_s, decide, halved_micro_batch, same_exception
 from orchestrator.scheduler.storage import deleted_message, run_dir_deleted, storage_fault, writable_problem
+from orchestrator.scripts.checkpoint_loads import refuse_unloadable
 
 logger = logging.getLogger(__name__)
 
@@ -63,9 +64,14 @@ def next_overrides(run: Run, previous: Attempt | None) -> dict[str, Any]:
 
 
 def _last_checkpoint(session: Session, attempt: Attempt) -> int | None:
+    """The step of the attempt's newest own checkpoint, else the step it started from. A version
+    it recorded but refused is not its own: a file that was in the working folder before the run
+    (another run's ``ckpt.pt`` at iteration 1500 made a run paused at step 70 lose "0 steps"), a
+    truncated or incomplete one."""
     own = session.scalar(
         select(func.max(Checkpoint.step))
-        .where(Checkpoint.run_id == attempt.run_id, Checkpoint.attempt == attempt.number)
+        .where(Checkpoint.run_id == attempt.run_id, Checkpoint.attempt == attempt.number,
+               Checkpoint.refused_reason.is_(None))
     )
     return own if own is not None else attempt.resume_step
 
@@ -338,8 +344,16 @@ def _apply_retry_policy(session: Session, run: Run, attempt: Attempt, failure: F
         return AttemptOutcome(a.number, Cause(a.cause), a.exception, a.last_step,
                               steps_known=not script or a.first_step_at is not None)
 
-    decision = decide(outcome(attempt), [outcome(a) for a in earlier], run.retries_used, config.retry,
-                      attempt_config(run, attempt).train.model_dump())
+    # A retry that failed loading the script checkpoint it was handed: that version is refused and
+    # the next attempt starts from the one before, not the user's repeated error (checkpoint_loads).
+    fallback = refuse_unloadable(session, run, attempt, same_exception) if script else None
+    if fallback is not None and run.retries_used < config.retry.max_retries:
+        delay = backoff_s(run.retries_used, config.retry)
+        decision = Decision(True, f"{fallback.words(attempt.number)}: retry {run.retries_used + 1} of "
+                                  f"{config.retry.max_retries} in {delay:.0f} s", delay_s=delay)
+    else:
+        decision = decide(outcome(attempt), [outcome(a) for a in earlier], run.retries_used, config.retry,
+                          attempt_config(run, attempt).train.model_dump())
     attempt.retry_counted = decision.counted
     if decision.retry:
         run.retries_used += 1 if decision.counted else 0

@@ -52,7 +52,7 @@ PIDS_EVERY_S = 5.0
 # The final read of an ended attempt's logs: at most this many bounded reads.
 FINAL_READS = 64
 # The final looks at an ended attempt's checkpoint files: a file is hashed once it is unchanged at
-# two looks, to completion (nothing writes it any more).
+# two looks, to completion (nothing writes it any more, so no settle time is waited for).
 FINAL_LOOKS = 16
 FINAL_HASH_BUDGET = 1 << 62
 # A checkpoint_glob that has matched nothing is said (once an attempt) this long after the script
@@ -116,9 +116,16 @@ def script_facts(config: dict[str, Any], attempts: list[dict[str, Any]],
             facts.append(("checkpoint files", f"{glob!r} has matched nothing yet: no checkpoint of the script's own "
                                               "to resume from (the events say more)"))
         else:
-            newest = max(found, key=lambda c: (c["file_mtime"] or 0, c["id"]))
-            facts.append(("checkpoint files", f"{glob!r}: {len(found)} version(s) recorded, the newest at step "
-                                              f"{newest['step']}"))
+            own = [c for c in found if not c.get("refused_reason")]
+            refused = len(found) - len(own)
+            but = f" ({refused} refused: see the list)" if refused else ""
+            if own:
+                newest = max(own, key=lambda c: (c["file_mtime"] or 0, c["id"]))
+                facts.append(("checkpoint files", f"{glob!r}: {len(found)} version(s) recorded, the newest of the "
+                                                  f"run's own at step {newest['step']}{but}"))
+            else:
+                facts.append(("checkpoint files", f"{glob!r}: {len(found)} version(s) recorded, none of them the "
+                                                  f"run's own to resume from{but}"))
     return facts
 
 
@@ -183,8 +190,10 @@ class ScriptWatch:
                 break
         files = None
         if watched.checkpoints is not None:
-            # Nothing writes them any more: hash to completion, before anything is written here.
+            # Nothing writes them any more: hash to completion, before anything is written here;
+            # no settle time, and a folder without its framework's last file is recorded refused.
             watched.checkpoints.hash_budget = FINAL_HASH_BUDGET
+            watched.checkpoints.writer_gone()
             for _ in range(FINAL_LOOKS):
                 files = watched.checkpoints.scan()
                 if all(f.stable and f.sha256 is not None for f in files):

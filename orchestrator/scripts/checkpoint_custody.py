@@ -3,12 +3,13 @@
 While an attempt of a script run with ``[workload] checkpoint_glob`` runs (and once more when it
 ends), the scheduler lists the matching files (orchestrator/scripts/checkpoint_finder.py) and
 records each *version* of each file as a ``Checkpoint`` row with ``source = "script"``: a file
-is recorded once it is stable (unchanged at two looks in a row; for a file rewritten faster than
-the looks, a complete zip read whole, at most every 30 s: the finder's snapshot), and verified
-once its sha256 is known. A file the script rewrites in place (nanoGPT's ``out/ckpt.pt``) is a
-new version: a new row, and the row of the version it replaced is marked deleted ("overwritten by
-the script"), unless it was pinned (a pinned version's bytes were copied into the run's folder,
-out of the script's reach).
+is recorded once it is stable (unchanged at two looks in a row and complete: a folder with the
+file its framework writes last, anything without such a marker unchanged for the settle time; for
+a file rewritten faster than the looks, a complete zip read whole, at most every 30 s: the
+finder's snapshot), and verified once its sha256 is known. A file the script rewrites in place
+(nanoGPT's ``out/ckpt.pt``) is a new version: a new row, and the row of the version it replaced is
+marked deleted ("overwritten by the script"), unless it was pinned (a pinned version's bytes were
+copied into the run's folder, out of the script's reach).
 
 The step of a version: the step the checkpoint itself holds, where its framework records it
 (Hugging Face's ``trainer_state.json``, Lightning's ``global_step``, nanoGPT's ``iter_num``, a
@@ -32,10 +33,15 @@ displaces.
 What is not handed over automatically: a version that is not verified (not stable and hashed
 yet); a zip archive (``torch.save``'s default format) without its end record, i.e. a file whose
 writer was killed mid-save and that merely looked stable afterwards (recorded, refused
-"truncated (no zip end record)"); and a file that was already there when the run's first attempt
-started (a previous experiment's ``out/ckpt.pt`` in a shared workdir: recorded, refused "existed
-before the run started"; a person may still resume or fork from it explicitly). A half-written
-file in another format that stopped changing for two looks cannot be told from a complete one.
+"truncated (no zip end record)"); a folder without the file its framework writes last (the
+Trainer's ``trainer_state.json``, DCP's ``.metadata``: orchestrator/scripts/checkpoint_layouts.py),
+which is recorded only when its attempt has ended, refused "incomplete"; a version a retry failed
+to load (orchestrator/scripts/checkpoint_loads.py); and a file that was already there when the
+run's first attempt started (a previous experiment's ``out/ckpt.pt`` in a shared workdir:
+recorded, refused "existed before the run started", with whose it probably is: another run that
+recorded the same file or the same bytes, or none runyard knows). A person may still resume or
+fork from a refused version that is verified, by naming its id; "the newest" and "at step N"
+never pick one (db/requests.py's ``usable_checkpoint``), nor does a retry.
 
 File work (hashing, copying) is done before the transaction's first write where it can be, so
 the SQLite write lock is not held while gigabytes are read: :func:`resume_point` runs before the
@@ -53,10 +59,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqlalchemy import func, select
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
 
-from db.file_versions import CopyRefused, copy_verified, is_version
+from db.file_versions import MTIME_TOLERANCE_S, CopyRefused, copy_verified, is_version
 from db.models import Attempt, Checkpoint, Event, MetricPoint, Run
 from db.requests import PREEXISTING, SCRIPT_SOURCE, checkpoints_dir, keep_copy, newest_intact, workdir_of
 from orchestrator.scripts.checkpoint_finder import ZIP_MAGIC, CheckpointFile
@@ -65,6 +71,7 @@ logger = logging.getLogger(__name__)
 
 SCRIPT = SCRIPT_SOURCE
 TRUNCATED = "truncated (no zip end record)"
+INCOMPLETE = "incomplete"  # refused_reason's start for a folder without its framework's last file
 ZIP_SUFFIXES = (".zip",)
 
 
@@ -146,8 +153,9 @@ def known_versions(session: Session, run_id: int) -> list[Known]:
         select(Checkpoint).where(Checkpoint.run_id == run_id, Checkpoint.source == SCRIPT,
                                  Checkpoint.deleted.is_(False), Checkpoint.origin.is_not(None))
     ).scalars().all()
+    # A version that existed before the run is refused but intact: its hash may still become known.
     return [Known(c.id, str(c.origin), c.path, c.bytes, c.file_mtime, bool(c.verified), bool(c.pinned),
-                  c.refused_reason is not None) for c in rows]
+                  c.refused_reason is not None and not c.refused_reason.startswith(PREEXISTING)) for c in rows]
 
 
 def version_step(session: Session, attempt: Attempt, mtime: float) -> int:
@@ -174,20 +182,24 @@ def record_versions(session: Session, run: Run, attempt: Attempt, files: Sequenc
     run_started = min(x for x in (first_start, attempt.started_at) if x is not None)
     now = time.time()
     for f in plan.new:
-        refused = (TRUNCATED if str(f.path) in truncated
-                   else f"{PREEXISTING} (written at {_clock(f.mtime)}, before its first attempt began at "
-                        f"{_clock(run_started)}): not chosen automatically" if f.mtime < run_started else None)
+        broken = TRUNCATED if str(f.path) in truncated else f"{INCOMPLETE}: {f.incomplete}" if f.incomplete else None
+        preexisting = f.mtime < run_started
         session.add(Checkpoint(
             run_id=run.id, attempt=attempt.number, path=str(f.path),
             step=f.step if f.step is not None else version_step(session, attempt, f.mtime),
             origin=str(f.path), bytes=f.size, sha256=f.sha256 or "", params_digest="", metrics_json="{}",
-            blocked_s=0.0, total_s=0.0, created_at=now, verified=f.sha256 is not None and refused != TRUNCATED,
-            pinned=False, deleted=False, source=SCRIPT, file_mtime=f.mtime, refused_reason=refused,
+            blocked_s=0.0, total_s=0.0, created_at=now, verified=f.sha256 is not None and broken is None,
+            pinned=False, deleted=False, source=SCRIPT, file_mtime=f.mtime,
+            refused_reason=broken or (_preexisting(session, run, str(f.path), f.size, f.mtime, f.sha256, run_started)
+                                      if preexisting else None),
         ))
     for row_id, sha in plan.verified:
         row = session.get(Checkpoint, row_id)
         if row is not None:
             row.sha256, row.verified = sha, True
+            if row.refused_reason and row.refused_reason.startswith(PREEXISTING):  # whose, by its bytes now
+                row.refused_reason = _preexisting(session, run, str(row.origin), row.bytes, row.file_mtime, sha,
+                                                  run_started)
     for row_id, newer in plan.overwritten:
         if str(newer.path) in truncated:
             # Its bytes are gone (the script wrote over them in place) and the new file is unusable.
@@ -198,6 +210,29 @@ def record_versions(session: Session, run: Run, attempt: Attempt, files: Sequenc
     for row_id in plan.removed:
         _delete(session, row_id, now, "deleted by the script")
     return len(plan.new)
+
+
+def _preexisting(session: Session, run: Run, origin: str, size: int, mtime: float | None, sha256: str | None,
+                 run_started: float) -> str:
+    """The refusal of a version that was there before ``run`` started, with whose it probably is:
+    the newest other run that recorded the same file (its path, size and time) or the same bytes
+    (its sha256), else none runyard knows."""
+    same_file = and_(Checkpoint.origin == origin, Checkpoint.bytes == size,
+                     Checkpoint.file_mtime.between((mtime or 0) - MTIME_TOLERANCE_S, (mtime or 0) + MTIME_TOLERANCE_S))
+    same = or_(same_file, Checkpoint.sha256 == sha256) if sha256 else same_file
+    found = session.execute(
+        select(Checkpoint.run_id, Checkpoint.step, Checkpoint.origin, Run.name).join(Run, Run.id == Checkpoint.run_id)
+        .where(Checkpoint.run_id != run.id, Checkpoint.source == SCRIPT, same,
+               # another run that found it there too is no writer of it
+               or_(Checkpoint.refused_reason.is_(None), ~Checkpoint.refused_reason.startswith(PREEXISTING)))
+        .order_by(Checkpoint.created_at.desc(), Checkpoint.id.desc()).limit(1)).first()
+    written = (f"{PREEXISTING} (written at {_clock(mtime or 0)}, before its first attempt began at "
+               f"{_clock(run_started)}): not chosen automatically")
+    if found is None:
+        return f"{written}; written before this run started, by no run runyard knows"
+    other, step, other_origin, name = found
+    what = "the same file" if other_origin == origin else f"the same bytes (as {other_origin})"
+    return f"{written}; probably run {other}'s ({name!r}), which recorded {what} at step {step}"
 
 
 def _delete(session: Session, row_id: int, now: float, reason: str) -> None:

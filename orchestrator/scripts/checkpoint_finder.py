@@ -4,9 +4,11 @@ sha256.
 
 A file is hashed only once it is *stable*: the same size and modification time at two looks in
 a row (``torch.save`` writes in place, so a file that is still growing must not be called a
-checkpoint). Hashing is incremental, a bounded number of bytes per :meth:`CheckpointFiles.scan`,
-and its result is kept by (path, size, mtime): a 10 GB checkpoint is hashed once, not every
-tick. A file that changes while it is hashed starts over.
+checkpoint) and, where its format has no end of its own to check, unchanged for
+:data:`SETTLE_S` seconds (a zip archive, ``torch.save``'s format, has its end record, which
+orchestrator/scripts/checkpoint_custody.py checks). Hashing is incremental, a bounded number of
+bytes per :meth:`CheckpointFiles.scan`, and its result is kept by (path, size, mtime): a 10 GB
+checkpoint is hashed once, not every tick. A file that changes while it is hashed starts over.
 
 A file the script rewrites faster than the scheduler looks (nanoGPT's ``out/ckpt.pt`` saved every
 0.2 s) is never the same at two looks. Such a file is still read as a *snapshot*, at most once
@@ -18,8 +20,17 @@ version fell thousands of steps behind such a file.
 
 A match that is a folder (Hugging Face's ``hf_out/checkpoint-350/``) is one checkpoint: its size
 is the sum of its files', its time its newest file's, and it is stable when neither nor the number
-of its files changed between two looks; its sha256 is ``db.file_versions.folder_digest`` over its
-files' own, each hashed as above.
+of its files changed between two looks *and* it is complete: a folder laid out like a framework's
+checkpoint holds the file that framework writes last (the Trainer's ``trainer_state.json``, DCP's
+``.metadata``: orchestrator/scripts/checkpoint_layouts.py), and any other folder has not changed
+for :data:`SETTLE_S` seconds. Two looks half a second apart were not enough: the real Trainer's
+folder sat still with its weights alone for longer than that on 2 saves of 9. Its sha256 is
+``db.file_versions.folder_digest`` over its files' own, each hashed as above.
+
+When the attempt has ended (:meth:`CheckpointFiles.writer_gone`), nothing writes the files any
+more: no settle time is waited for, and a folder still without its framework's last file is
+reported once as stable but *incomplete* (:attr:`CheckpointFile.incomplete`), so the custody
+records it refused rather than never.
 
 Each stable version's step is read from the checkpoint itself once
 (orchestrator/scripts/checkpoint_steps.py), here, before the scheduler's transaction writes.
@@ -40,6 +51,7 @@ from pathlib import Path
 from db.file_versions import folder_digest, folder_files
 from db.vocabulary.config import relative_path_problem
 from orchestrator.scripts import ScriptWatchError
+from orchestrator.scripts.checkpoint_layouts import incomplete, layout_of
 from orchestrator.scripts.checkpoint_steps import step_in_checkpoint
 
 GLOB_FIELD = "workload.checkpoint_glob"
@@ -47,6 +59,11 @@ MAX_MATCHES = 1000  # files one pattern may match; more is a pattern that is too
 CHUNK = 8 << 20
 # A file that never stops changing is read as a snapshot at most this often (see the module doc).
 SNAPSHOT_EVERY_S = 30.0
+# A checkpoint without a completion marker of its own (a folder of no known layout, accelerate's,
+# a file that is not a zip archive) counts once it has not changed for this long. A writer that
+# pauses longer between two files makes a version that the next look replaces, and a retry that
+# fails loading it falls back to the one before (orchestrator/scripts/checkpoint_loads.py).
+SETTLE_S = 5.0
 ZIP_MAGIC = b"PK\x03\x04"  # a zip archive's first bytes (torch.save's format); custody reads it too
 
 
@@ -75,6 +92,8 @@ class CheckpointFile:
             change (a snapshot of a file that never stops changing: see the module doc).
         step: The step the checkpoint itself holds (read once it is stable), or None.
         folder: Whether it is a folder of files (one checkpoint).
+        incomplete: Why it is not a complete checkpoint (its framework's last file is missing),
+            said only once its writer is gone (:meth:`CheckpointFiles.writer_gone`); else None.
     """
 
     path: Path
@@ -84,6 +103,7 @@ class CheckpointFile:
     stable: bool
     step: int | None = None
     folder: bool = False
+    incomplete: str | None = None
 
 
 @dataclass
@@ -103,10 +123,12 @@ class CheckpointFiles:
             resolves outside it (a symlink) is left out.
         patterns: ``checkpoint_glob`` values (``**`` allowed).
         hash_budget: The most bytes one :meth:`scan` hashes, over all files.
+        step_keys: Top-level keys of a ``torch.save`` dict that hold the step (``checkpoint_step_key``).
+        settle_s: How long a checkpoint without a completion marker must stay unchanged.
     """
 
     def __init__(self, workdir: Path, patterns: Sequence[str], hash_budget: int = 256 << 20,
-                 step_keys: Sequence[str] = ()):
+                 step_keys: Sequence[str] = (), settle_s: float = SETTLE_S):
         problems = [p for p in (check_glob(x) for x in patterns) if p]
         if problems:
             raise CheckpointGlobError("; ".join(problems))
@@ -119,7 +141,11 @@ class CheckpointFiles:
         self._files: list[CheckpointFile] = []
         self._steps: dict[tuple[Path, int, int, int], int | None] = {}  # a stable version's own step
         self._stable_at: dict[Path, float] = {}  # when a version of the path was last stable (monotonic)
+        self._changed_at: dict[Path, float] = {}  # when the path was first seen as it is now (monotonic)
+        self._zipped: dict[tuple[Path, int, int, int], bool] = {}  # a file version: a zip archive?
         self.step_keys = tuple(step_keys)
+        self.settle_s = settle_s
+        self.writer_done = False  # the attempt ended: see writer_gone()
         self.looks = 0  # how many scans ran
 
     def _matches(self) -> list[Path]:
@@ -139,11 +165,18 @@ class CheckpointFiles:
         dirs = {p for p in found if p.is_dir()}
         return sorted(p for p in found if not any(parent in dirs for parent in p.parents))
 
+    def writer_gone(self) -> None:
+        """The attempt has ended and nothing writes the files any more: from now on no settle
+        time is waited for, and a folder without its framework's last file is reported stable
+        and incomplete (the custody records it refused)."""
+        self.writer_done = True
+
     def scan(self) -> list[CheckpointFile]:
         """Look at the files again; hash the stable ones (within the budget). Returns every
         matching file or folder, newest first."""
         self.looks += 1
         budget = self.hash_budget
+        now = time.monotonic()
         files: list[CheckpointFile] = []
         current: dict[Path, tuple[int, int, int]] = {}
         members: dict[Path, tuple[int, int, int]] = {}  # the files of matched folders
@@ -160,7 +193,15 @@ class CheckpointFiles:
                     continue
                 key, mtime, inner = (st.st_size, st.st_mtime_ns, st.st_ino), st.st_mtime, None
             current[path] = key
-            stable = self._seen.get(path) == key
+            unchanged = self._seen.get(path) == key
+            if not unchanged:
+                self._changed_at[path] = now
+            names = [f.relative_to(path).as_posix() for f, _ in inner] if inner is not None else None
+            missing = incomplete(path.name, names) if names is not None else None
+            # Unchanged since the last look, complete by its framework's last file (reported
+            # incomplete once its writer is gone), and settled where its format has no end to check.
+            stable = (unchanged and (missing is None or self.writer_done)
+                      and self._settled(path, key, names, now))
             digest = self._done.get((path, *key))
             if digest is None and stable and budget > 0:
                 if inner is None:
@@ -172,16 +213,41 @@ class CheckpointFiles:
                 stable = digest is not None
             step = self._step(path, key) if stable else None
             if stable:
-                self._stable_at[path] = time.monotonic()
-            files.append(CheckpointFile(path, key[0], mtime, digest, stable, step, inner is not None))
+                self._stable_at[path] = now
+            files.append(CheckpointFile(path, key[0], mtime, digest, stable, step, inner is not None,
+                                        missing if stable else None))
         self._seen = current
         alive = {**current, **members}
         self._hashing = {p: h for p, h in self._hashing.items() if p in alive}
         self._done = {k: v for k, v in self._done.items() if alive.get(k[0]) == k[1:]}
         self._steps = {k: v for k, v in self._steps.items() if current.get(k[0]) == k[1:]}
+        self._zipped = {k: v for k, v in self._zipped.items() if current.get(k[0]) == k[1:]}
         self._stable_at = {p: t for p, t in self._stable_at.items() if p in current}
+        self._changed_at = {p: t for p, t in self._changed_at.items() if p in current}
         self._files = sorted(files, key=lambda f: (f.mtime, str(f.path)), reverse=True)
         return list(self._files)
+
+    def _settled(self, path: Path, key: tuple[int, int, int], names: list[str] | None, now: float) -> bool:
+        """Whether a version needs no more waiting: its format has an end of its own (a zip
+        archive's end record, a framework's last file that no other file follows), or it has not
+        changed for :attr:`settle_s`, or its writer is gone."""
+        if names is not None:
+            layout = layout_of(path.name, names)
+            marked = layout is not None and not layout.settle
+        else:
+            marked = self._is_zip(path, key)
+        return marked or self.writer_done or now - self._changed_at.get(path, now) >= self.settle_s
+
+    def _is_zip(self, path: Path, key: tuple[int, int, int]) -> bool:
+        """Whether a file version starts like a zip archive (its completeness is its end record)."""
+        done = (path, *key)
+        if done not in self._zipped:
+            try:
+                with open(path, "rb") as f:
+                    self._zipped[done] = f.read(4) == ZIP_MAGIC
+            except OSError:
+                return False
+        return self._zipped[done]
 
     def _folder(self, path: Path, members: dict[Path, tuple[int, int, int]]
                 ) -> tuple[tuple[int, int, int], float, list[tuple[Path, tuple[int, int, int]]]] | None:
@@ -285,6 +351,6 @@ class CheckpointFiles:
             return False
 
     def stable_files(self) -> list[CheckpointFile]:
-        """The files of the last :meth:`scan` that are stable and hashed, newest first: the ones
-        a resume may use."""
-        return [f for f in self._files if f.stable and f.sha256 is not None]
+        """The files of the last :meth:`scan` that are stable, complete and hashed, newest first:
+        the ones a resume may use."""
+        return [f for f in self._files if f.stable and f.sha256 is not None and f.incomplete is None]

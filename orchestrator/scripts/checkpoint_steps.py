@@ -14,7 +14,11 @@ In this order (the first that answers wins):
    may refuse) is read safely, without torch or Lightning installed (the scheduler loads neither).
 3. A number in the name: ``step=300`` / ``step_300`` / ``step300``, ``checkpoint-350``,
    ``ckpt_000350.pt``, ``iter_1500``, ``global_step400`` (the file's name, then its folder's).
-   A bare number elsewhere (``model_v2.pt``, ``epoch=3``) is not a step.
+   A bare number elsewhere (``model_v2.pt``, ``epoch=3``) is not a step, nor is the number of
+   ``accelerate``'s automatic names (``checkpoints/checkpoint_<i>``, ``ProjectConfiguration(
+   automatic_checkpoint_naming=True)``): ``i`` counts its saves, not steps (read as a step, a run
+   that saved 3 times by step 67 was said to have lost 58 steps where about 9 were lost, and
+   its progress fell back to step 1).
 
 None of them: the caller falls back on the last step the attempt had reported when the file was
 written (orchestrator/scripts/checkpoint_custody.py).
@@ -36,6 +40,8 @@ STEP_KEYS = ("global_step", "iter_num", "step", "iteration")
 # data.pkl of a checkpoint is small (the tensors' bytes are separate records); a bigger one is not read.
 MAX_PICKLE_BYTES = 64 << 20
 MAX_JSON_BYTES = 16 << 20
+# accelerate's automatic checkpoint naming: checkpoint_<i>, i the number of saves before it.
+_SAVE_COUNTER = re.compile(r"checkpoint_\d+")
 _NAME_STEP = re.compile(
     r"(?:^|[^a-z])(?:global_step|step|steps|iter|iters|iteration|checkpoint|ckpt)[=_-]?(\d+)(?!\d)", re.IGNORECASE)
 
@@ -71,6 +77,8 @@ def name_step(path: str | Path) -> int | None:
     """The step a checkpoint's name gives (its own name, then its folder's), or None."""
     path = Path(path)
     for name in (path.name, path.parent.name):
+        if _SAVE_COUNTER.fullmatch(name):
+            return None  # a count of saves, not a step: the caller falls back on the reported step
         matches = _NAME_STEP.findall(name)
         if matches:
             return int(matches[-1])

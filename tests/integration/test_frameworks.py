@@ -1,9 +1,9 @@
 """The recipes of docs/frameworks.md with the real frameworks: a Hugging Face ``Trainer`` script
 and a Lightning script (tests/scripts/frameworks/), each in its own virtual environment through
 ``workload.python`` (tests/services/frameworks.sh makes it, sharing runyard's torch). In each, a
-rank SIGKILLed after a checkpoint: the framework's own checkpoints are listed at the step they
-hold, the retry resumes from the newest one at that step with the true steps lost, and the ETA
-shows from 20% of progress.
+rank SIGKILLed after a checkpoint (the Trainer's: in the middle of its next save): the framework's
+own checkpoints are listed at the step they hold, the retry resumes from the newest complete one at
+that step with the true steps lost, and the ETA shows from 20% of progress.
 
 Without the environment (``$RUNYARD_TEST_FRAMEWORKS`` unset) the tests skip; CI sets
 ``RUNYARD_TEST_FRAMEWORKS_REQUIRED=1``, where they fail instead.
@@ -51,9 +51,10 @@ def framework_python() -> str:
 
 
 def killed_after_a_checkpoint(product: Product, workdir: Path, script: str, args: list[str],
-                              extra: str) -> tuple[int, dict, list[dict]]:
+                              extra: str, stalled: str | None = None) -> tuple[int, dict, list[dict]]:
     """Submit ``script`` (tests/scripts/frameworks/) to run 40 steps in ``workdir``; wait for the ETA
-    at 20% and a verified checkpoint at step 20 or later; SIGKILL rank 1; wait for the end. The
+    at 20% and a verified checkpoint at step 20 or later (or, with ``stalled``, for the file the
+    script leaves when it stops half-way through a save); SIGKILL rank 1; wait for the end. The
     run's id, its detail at its end, and the checkpoints of its first attempt."""
     workdir.mkdir()
     run_id = submit(product, workdir, FRAMEWORKS / script, [*args, "--sleep", "0.2"], f"{extra}\nmax_steps = 40")
@@ -61,8 +62,9 @@ def killed_after_a_checkpoint(product: Product, workdir: Path, script: str, args
     running = product.wait_for(run_id, lambda d: d["status"] in ("SUCCEEDED", "FAILED", "CANCELLED")
                                or (d["step"] >= 8 and d["eta_s"] is not None), timeout=150)
     assert running["status"] == "RUNNING" and running["eta_s"] > 0, running["status_reason"]
-    product.wait_for(run_id, lambda d: d["status"] != "RUNNING" or any(
-        c["verified"] and c["step"] >= 20 for c in live_script_checkpoints(d)))
+    product.wait_for(run_id, lambda d: d["status"] != "RUNNING" or (
+        (workdir / stalled).exists() if stalled else any(c["verified"] and c["step"] >= 20
+                                                         for c in live_script_checkpoints(d))))
     kill_rank(product, run_id, 1, 1)
     detail = product.wait_status(run_id, "SUCCEEDED", "FAILED", "CANCELLED")
     assert detail["status"] == "SUCCEEDED", detail["status_reason"]
@@ -75,22 +77,30 @@ def resumed_at_the_newest(product: Product, run_id: int, detail: dict, own: list
     assert first["status"] in ("FAILED", "CRASHED") and first["cause"], first
     newest = max(own, key=lambda c: c["step"])
     assert first["last_checkpoint_step"] == newest["step"]
-    assert first["steps_lost"] == first["last_step"] - newest["step"] < 10, first
+    assert first["steps_lost"] == first["last_step"] - newest["step"] <= 10, first  # a save every 10 steps
     assert second["resume_step"] == newest["step"], second
     assert Path(second["resume_path"]).name in {Path(c["origin"]).name for c in own if c["step"] == newest["step"]}
     assert first_step(product, run_id, 2) == newest["step"] + 1  # the framework went on from there, not from 0
     return newest
 
 
-def test_hugging_face_trainer_resumes_a_killed_rank_from_its_own_checkpoint(
+def test_hugging_face_trainer_resumes_a_rank_killed_mid_save_from_its_save_before(
         framework_python: str, product: Product, tmp_path: Path) -> None:
+    """A rank killed while the Trainer writes checkpoint-30 (its weights written, its
+    trainer_state.json not: the script waits there, ``--stall_save_at``): the folder is listed
+    refused, never verified, and the retry resumes from checkpoint-20. It was verified after two
+    still looks, handed to every retry, and the run FAILED on it."""
     run_id, detail, own = killed_after_a_checkpoint(
-        product, tmp_path / "hf", "hf_trainer.py", ["--max_steps", "40", "--save_steps", "10"],
-        f"python = '{framework_python}'\ncheckpoint_glob = 'hf_out/checkpoint-*'\ntensorboard_dir = 'hf_out/runs'")
+        product, tmp_path / "hf", "hf_trainer.py", ["--max_steps", "40", "--save_steps", "10", "--stall_save_at", "30"],
+        f"python = '{framework_python}'\ncheckpoint_glob = 'hf_out/checkpoint-*'\ntensorboard_dir = 'hf_out/runs'",
+        stalled="save-stalled")
     # checkpoint-N folders, each at trainer_state.json's global_step
     assert own and all(c["source"] == "script" and Path(c["origin"]).name == f"checkpoint-{c['step']}"
                        and c["step"] % 10 == 0 for c in own), own
-    resumed_at_the_newest(product, run_id, detail, own)
+    (broken,) = [c for c in own if c["step"] == 30]
+    assert not broken["verified"] and "incomplete: no trainer_state.json" in broken["refused_reason"], broken
+    newest = resumed_at_the_newest(product, run_id, detail, [c for c in own if c["verified"]])
+    assert newest["step"] == 20
     assert detail["step"] == 40
     assert detail["config"]["workload"]["python"] == framework_python
 

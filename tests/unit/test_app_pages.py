@@ -1084,6 +1084,30 @@ def add_forkable(sessions: sessionmaker[Session], settings: Settings, name: str 
         return parent, checkpoint.id
 
 
+def test_a_checkpoint_that_is_not_the_runs_own_is_never_preselected_and_says_whose_it_is(
+        settings: Settings, sessions: sessionmaker[Session]) -> None:
+    """Issue 52 item 1: a run paused before its first own save lists the ckpt.pt that was in its
+    working folder before it started; Resume and Fork preselected it (the newest), and its
+    checkpoint list said only "verified: yes"."""
+    with sessions() as s:
+        run_id = add_run(s, settings, "paused", RunStatus.STARTING, RunStatus.RUNNING, RunStatus.PAUSING,
+                         RunStatus.PAUSED)
+        add_attempt(s, run_id, 70, AttemptStatus.PAUSED)
+        s.add(Checkpoint(run_id=run_id, attempt=1, step=1500, path="/w/out/ckpt.pt", origin="/w/out/ckpt.pt",
+                         source="script", bytes=10, sha256="ab" * 32, params_digest="", blocked_s=0.0, total_s=0.0,
+                         created_at=time.time(), file_mtime=time.time() - 3600, verified=True,
+                         refused_reason="existed before the run started (written at ...): not chosen automatically; "
+                                        "probably run 7's ('nanogpt-a'), which recorded the same file at step 1500"))
+        s.commit()
+    at = open_page("views/run.py", run=str(run_id))
+    no_exception(at)
+    assert at.selectbox(key=f"resume-from-{run_id}").value is None  # a person chooses it, or nothing
+    assert at.selectbox(key=f"fork-from-{run_id}").value is None
+    at = show_section(at, "Checkpoints")
+    assert any("yes; not this run's own: existed before the run started" in m.value and "probably run 7's" in m.value
+               for m in at.markdown), [m.value for m in at.markdown]
+
+
 def test_fork_opens_the_new_run_form_filled_shows_the_changes_then_queues_the_fork(
         settings: Settings, sessions: sessionmaker[Session]) -> None:
     parent, checkpoint = add_forkable(sessions, settings)

@@ -131,6 +131,19 @@ def test_a_file_in_a_numbered_folder() -> None:
     assert name_step(Path("runs/checkpoint-80/optimizer.pt")) == 80
 
 
+def test_accelerates_automatic_names_count_saves_not_steps(tmp_path: Path) -> None:
+    """``ProjectConfiguration(automatic_checkpoint_naming=True)``: ``checkpoints/checkpoint_<i>``, i
+    the number of saves before it. Its third save at step 67 was read as step 2."""
+    folder = tmp_path / "checkpoints" / "checkpoint_2"
+    folder.mkdir(parents=True)
+    for name in ("model.safetensors", "optimizer.bin", "scheduler.bin"):
+        (folder / name).write_bytes(b"\0" * 16)
+    torch.save({"step": 0}, folder / "random_states_0.pkl")  # its accumulation counter, inside: not read
+    assert step_in_checkpoint(folder) is None  # the caller takes the step the run had reported
+    assert name_step(folder / "optimizer.bin") is None
+    assert name_step(Path("ckpts/checkpoint-2")) == 2  # the Trainer's name is its step
+
+
 def test_unreadable_or_foreign_files_say_no_step(tmp_path: Path) -> None:
     (tmp_path / "a.pt").write_bytes(b"PK\x03\x04 truncated")
     (tmp_path / "b.pt").write_bytes(pickle.dumps({"step": 5}))  # a bare pickle: not torch.save's zip

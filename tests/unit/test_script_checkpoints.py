@@ -6,19 +6,24 @@ from __future__ import annotations
 import io
 import os
 import time
+import traceback
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 import orchestrator.scheduler.loop as scheduler_module
 import orchestrator.scripts.checkpoint_custody as sc
 import orchestrator.submission as submission
+from app.run_panels import verified_words
 from db.file_versions import sha256_of
 from db.metricstore import write_points
 from db.models import Attempt, Checkpoint, Event, Run
+from db.queries import checkpoints_of
 from db.requests import (
     PREEXISTING,
     RequestRefused,
@@ -32,7 +37,9 @@ from db.states import AttemptStatus, RunStatus, transition
 from db.vocabulary.config import parse_config
 from db.vocabulary.inventory import Inventory
 from db.vocabulary.settings import Settings
+from orchestrator.cli.read import checkpoint_line
 from orchestrator.scheduler.loop import Scheduler
+from orchestrator.scheduler.outcomes import settle
 from orchestrator.scripts.checkpoint_custody import (
     TRUNCATED,
     Known,
@@ -43,6 +50,7 @@ from orchestrator.scripts.checkpoint_custody import (
     truncated_zip,
 )
 from orchestrator.scripts.checkpoint_finder import CheckpointFile, CheckpointFiles
+from orchestrator.scripts.checkpoint_steps import step_in_checkpoint
 from orchestrator.submission import fork, submit
 from trainer.checkpoint.history import AdoptedFile, CheckpointHistory
 from trainer.checkpoint.manager import CheckpointManager, SaveResult
@@ -534,3 +542,177 @@ def test_keep_best_by_a_metric_no_checkpoint_carries_is_said_with_the_names_seen
     assert said == ["checkpoint.keep_best = 1 keeps nothing by checkpoint.best_metric = 'eval_loss': no checkpoint "
                     "carries it; the metrics the checkpoints carry: 'train_loss', 'val_loss' (set "
                     "checkpoint.best_metric to one of them)"]
+
+
+# -- issue 52: whose a file is, complete folders, a failed load, accelerate's names ------------
+
+
+def ended(s: Session, run_id: int, attempt: Attempt, tmp_path: Path, *, last_step: int, code: int = 1,
+          stop: str | None = None) -> Run:
+    """Settle ``attempt`` of a RUNNING (or, with ``stop``, stopping) run as the scheduler does when
+    its processes are gone, with exit ``code``; the run as it is then."""
+    attempt.dir = str(tmp_path / "attempts" / str(attempt.number))
+    Path(attempt.dir).mkdir(parents=True, exist_ok=True)
+    attempt.last_step, attempt.stop_reason = last_step, stop
+    run = s.get(Run, run_id)
+    for status in (RunStatus.STARTING, RunStatus.RUNNING, *((RunStatus.PAUSING,) if stop else ())):
+        if run.status != status.value:
+            transition(s, run_id, status, "t")
+    settle(s, run, attempt, {"exit_code": code, "ended_at": time.time()})
+    s.commit()
+    return run
+
+
+def test_a_file_that_predates_the_run_is_resumed_from_only_by_name_and_says_whose_it_is(
+        sessions: sessionmaker[Session], settings: Settings, workdir: Path, tmp_path: Path) -> None:
+    """Issue 52 item 1: a nanoGPT run paused at step 70, before its first own save, was resumed from
+    another run's ckpt.pt at iteration 1500 (and lost "0 steps")."""
+    ckpt = workdir / "out" / "ckpt.pt"
+    earlier = script_run(sessions, settings, workdir, checkpoint_glob="out/ckpt.pt")
+    with sessions() as s:  # an earlier run in the same folder saved ckpt.pt at iteration 1500
+        attempt = add_attempt(s, earlier, 1, last_step=1500, status=AttemptStatus.SUCCEEDED)
+        attempt.started_at = time.time() - 7200
+        buf = io.BytesIO()
+        torch.save({"iter_num": 1500}, buf)  # nanoGPT's checkpoint at iteration 1500
+        saved(s, s.get(Run, earlier), attempt, ckpt, buf.getvalue(), time.time() - 3600, step=1500)
+        s.commit()
+    run_id = script_run(sessions, settings, workdir, checkpoint_glob="out/ckpt.pt", resume_args=["--init_from=resume"])
+    with sessions() as s:
+        run = s.get(Run, run_id)
+        attempt = add_attempt(s, run_id, 1, last_step=None)
+        report(s, attempt, 70, time.time() - 5)
+        (stale,) = look(ckpt)
+        record_versions(s, run, attempt, [replace(stale, step=step_in_checkpoint(ckpt))])  # as the finder reads it
+        s.commit()
+        (stale,) = rows(s, run_id)
+        assert stale.verified and stale.refused_reason.startswith(PREEXISTING)
+        assert f"probably run {earlier}'s ('s'), which recorded the same file at step 1500" in stale.refused_reason
+        run = ended(s, run_id, attempt, tmp_path, last_step=70, code=0, stop="pause")
+        assert run.status == "PAUSED"
+        assert (attempt.last_checkpoint_step, attempt.steps_lost) == (None, 70)  # steps lost from its own only
+        with pytest.raises(RequestRefused) as refused:
+            request_resume(s, run_id)  # the newest: none of its own
+        said = str(refused.value)
+        assert f"run {run_id} has no verified checkpoint of its own to start from" in said
+        assert f"`runyard resume {run_id} --checkpoint {stale.id}`" in said and f"probably run {earlier}'s" in said
+        with pytest.raises(RequestRefused, match="no verified checkpoint of its own at step 1500"):
+            request_resume(s, run_id, step=1500)
+        assert request_resume(s, run_id, checkpoint_id=stale.id) == 1500  # a person named it
+        s.commit()
+        detail = checkpoints_of(s, run_id)
+    assert f"probably run {earlier}'s" in checkpoint_line(detail[0])  # runyard show
+    assert verified_words(detail[0]).startswith("yes; not this run's own: existed before the run started")
+    with sessions() as s:  # a file nobody recorded says so
+        other = script_run(sessions, settings, workdir, checkpoint_glob="out/other.pt")
+        write(workdir / "out" / "other.pt", b"x" * 10, time.time() - 60)
+        attempt = add_attempt(s, other, 1, last_step=None)
+        record_versions(s, s.get(Run, other), attempt, look(workdir / "out" / "other.pt"))
+        assert rows(s, other)[0].refused_reason.endswith("written before this run started, by no run runyard knows")
+
+
+def test_a_trainer_folder_killed_mid_save_is_refused_and_the_retry_starts_from_the_one_before(
+        sessions: sessionmaker[Session], settings: Settings, workdir: Path) -> None:
+    """Issue 52 item 2: the Trainer's checkpoint-50 with its weights but no trainer_state.json (a
+    rank killed mid-save) was verified, handed to every retry, and the run FAILED on it."""
+    run_id = script_run(sessions, settings, workdir, checkpoint_glob="hf_out/checkpoint-*")
+    whole, broken = workdir / "hf_out" / "checkpoint-40", workdir / "hf_out" / "checkpoint-50"
+    for folder in (whole, broken):
+        folder.mkdir(parents=True)
+        (folder / "model.safetensors").write_bytes(b"w" * 300)
+        (folder / "training_args.bin").write_bytes(b"a" * 30)
+    (whole / "trainer_state.json").write_text('{"global_step": 40}')
+    finder = CheckpointFiles(workdir, ["hf_out/checkpoint-*"])
+    with sessions() as s:
+        run = s.get(Run, run_id)
+        attempt = add_attempt(s, run_id, 1, last_step=None)
+        for _ in range(3):
+            record_versions(s, run, attempt, finder.scan())
+        finder.writer_gone()  # the attempt ended (ScriptWatch.finish)
+        for _ in range(2):
+            record_versions(s, run, attempt, finder.scan())
+        attempt.status = AttemptStatus.FAILED.value
+        s.commit()
+        by_step = {c.step: c for c in rows(s, run_id)}
+        assert by_step[40].verified and by_step[40].refused_reason is None
+        assert not by_step[50].verified and by_step[50].refused_reason == (
+            "incomplete: no trainer_state.json, which the Hugging Face Trainer writes last: its save did not finish")
+        chosen = resume_point(s, run, 2)
+    assert chosen is not None and (chosen.path, chosen.step) == (str(whole), 40)
+
+
+def unloadable(path: Path) -> str:
+    """What torch.load raised on ``path``, as the rank's traceback."""
+    try:
+        torch.load(path, weights_only=True)
+    except Exception:  # noqa: BLE001 - whatever a broken file makes torch.load raise
+        return traceback.format_exc()
+    raise AssertionError(f"{path} loaded")
+
+
+def failed_to_load(attempt: Attempt, tmp_path: Path, path: Path) -> None:
+    """The attempt's rank 0 died in torch.load(path): its stderr, as torchrun keeps it."""
+    stderr = tmp_path / "attempts" / str(attempt.number) / "ranks" / "r_1" / "attempt_0" / "0" / "stderr.log"
+    stderr.parent.mkdir(parents=True)
+    stderr.write_text(f"[rank0]: loading {path}\n" + unloadable(path))
+
+
+def test_a_retry_that_fails_loading_its_checkpoint_falls_back_to_the_version_before(
+        sessions: sessionmaker[Session], settings: Settings, workdir: Path, tmp_path: Path) -> None:
+    """Issue 52 item 2: a version that merely looked complete was handed to every retry, which
+    failed in the script's load each time, and the run FAILED as the user's repeated error."""
+    run_id = script_run(sessions, settings, workdir, checkpoint_glob="ckpts/*.pt", resume_args=["--resume"])
+    (workdir / "ckpts").mkdir()
+    older, newer = workdir / "ckpts" / "step_100.pt", workdir / "ckpts" / "step_200.pt"
+    buf = io.BytesIO()
+    torch.save({"step": 200}, buf, _use_new_zipfile_serialization=False)  # a format with no end to check
+    with sessions() as s:
+        run = s.get(Run, run_id)
+        first = add_attempt(s, run_id, 1, last_step=None)
+        first.started_at = time.time() - 120
+        torch.save({"step": 100}, older)
+        saved(s, run, first, older, older.read_bytes(), time.time() - 60, step=100)
+        saved(s, run, first, newer, buf.getvalue()[:-20], time.time() - 30, step=200)  # cut short, unseen
+        s.commit()
+        assert [c.verified for c in rows(s, run_id)] == [True, True]
+        ended(s, run_id, first, tmp_path, last_step=205, code=1)
+        assert run.status == "RETRYING"
+        chosen = resume_point(s, run, 2)
+        assert chosen is not None and chosen.path == str(newer)
+        second = add_attempt(s, run_id, 2, last_step=None)
+        second.started_at, second.resume_path, second.resume_step = time.time(), chosen.path, chosen.step
+        failed_to_load(second, tmp_path, newer)
+        run = ended(s, run_id, second, tmp_path, last_step=None, code=1)
+        by_step = {c.step: c for c in rows(s, run_id)}
+        assert run.status == "RETRYING", run.status_reason
+        assert second.cause == "USER_ERROR"
+        assert by_step[200].refused_reason.startswith("attempt 2 failed loading it: ")
+        assert f"the next attempt starts from the version before it, checkpoint {by_step[100].id}" in run.status_reason
+        chosen = resume_point(s, run, 3)
+        assert chosen is not None and (chosen.path, chosen.step) == (str(older), 100)
+        with pytest.raises(RequestRefused):
+            request_resume(s, run_id, step=200)  # never again by step
+
+
+def test_accelerate_checkpoint_folders_are_at_the_step_reported_when_they_appeared(
+        sessions: sessionmaker[Session], settings: Settings, workdir: Path, tmp_path: Path) -> None:
+    """Issue 52 item 9: ``checkpoints/checkpoint_2`` is accelerate's third save, at whatever step;
+    read as step 2 it made "steps lost 158" and put progress back to 2/300."""
+    run_id = script_run(sessions, settings, workdir, checkpoint_glob="checkpoints/checkpoint_*")
+    folder = workdir / "checkpoints" / "checkpoint_2"
+    with sessions() as s:
+        run = s.get(Run, run_id)
+        attempt = add_attempt(s, run_id, 1, last_step=None)
+        report(s, attempt, 150, time.time() - 30)  # the loop's metric line at step 150, then save_state()
+        folder.mkdir(parents=True)
+        for name in ("model.safetensors", "optimizer.bin", "scheduler.bin", "random_states_0.pkl"):
+            write(folder / name, b"s" * 50, time.time() - 20)
+        finder = CheckpointFiles(workdir, ["checkpoints/checkpoint_*"], settle_s=0.0)
+        for _ in range(2):
+            record_versions(s, run, attempt, finder.scan())
+        s.commit()
+        (row,) = rows(s, run_id)
+        assert row.step == 150 and row.verified
+        ended(s, run_id, attempt, tmp_path, last_step=160, code=1)
+        assert (attempt.last_checkpoint_step, attempt.steps_lost) == (150, 10)
+        chosen = resume_point(s, run, 2)
+        assert chosen is not None and chosen.step == 150

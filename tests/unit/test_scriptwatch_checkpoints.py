@@ -25,7 +25,7 @@ def test_a_file_is_hashed_once_unchanged_for_two_looks(tmp_path: Path) -> None:
     ckpt = tmp_path / "out" / "ckpt.pt"
     ckpt.parent.mkdir()
     ckpt.write_bytes(b"a" * 1000)
-    files = CheckpointFiles(tmp_path, ["out/ckpt.pt"])
+    files = CheckpointFiles(tmp_path, ["out/ckpt.pt"], settle_s=0)  # the settle time: its own test below
     (first,) = files.scan()
     assert (first.size, first.stable, first.sha256) == (1000, False, None)
     assert files.stable_files() == []
@@ -36,7 +36,7 @@ def test_a_file_is_hashed_once_unchanged_for_two_looks(tmp_path: Path) -> None:
 
 def test_a_file_being_written_is_not_hashed(tmp_path: Path) -> None:
     ckpt = tmp_path / "snapshot.pt"
-    files = CheckpointFiles(tmp_path, ["snapshot.pt"])
+    files = CheckpointFiles(tmp_path, ["snapshot.pt"], settle_s=0)
     for size in range(1, 5):  # torch.save writing in place: it grows between looks
         with open(ckpt, "ab") as f:
             f.write(b"x" * 100)
@@ -50,7 +50,7 @@ def test_a_big_file_is_hashed_over_several_scans_then_kept(tmp_path: Path) -> No
     ckpt = tmp_path / "checkpoints" / "step-100.pt"
     ckpt.parent.mkdir()
     ckpt.write_bytes(os.urandom(10_000))
-    files = CheckpointFiles(tmp_path, ["checkpoints/*.pt"], hash_budget=3000)
+    files = CheckpointFiles(tmp_path, ["checkpoints/*.pt"], hash_budget=3000, settle_s=0)
     digests = [files.scan()[0].sha256 for _ in range(5)]
     # Look 1 sees it, looks 2-4 hash 3000 bytes each (9000 of 10000), look 5 finishes.
     assert digests == [None, None, None, None, sha(ckpt)]
@@ -66,7 +66,7 @@ def test_a_big_file_is_hashed_over_several_scans_then_kept(tmp_path: Path) -> No
 def test_a_file_changed_while_hashed_starts_over(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt.pt"
     ckpt.write_bytes(b"1" * 6000)
-    files = CheckpointFiles(tmp_path, ["ckpt.pt"], hash_budget=2000)
+    files = CheckpointFiles(tmp_path, ["ckpt.pt"], hash_budget=2000, settle_s=0)
     files.scan()
     assert files.scan()[0].sha256 is None  # 2000 of 6000 hashed
     ckpt.write_bytes(b"2" * 6000)  # rewritten: same size, new time
@@ -82,7 +82,7 @@ def test_matches_are_listed_newest_first_and_vanished_files_dropped(tmp_path: Pa
         path.parent.mkdir(exist_ok=True)
         path.write_bytes(b"x" * (i + 1))
         os.utime(path, (1000 + i, 1000 + i))
-    files = CheckpointFiles(tmp_path, ["ck/*.pt", "ck/a.pt"])
+    files = CheckpointFiles(tmp_path, ["ck/*.pt", "ck/a.pt"], settle_s=0)
     assert [f.path.name for f in files.scan()] == ["c.pt", "b.pt", "a.pt"]  # a.pt once
     (tmp_path / "ck" / "b.pt").unlink()
     assert [f.path.name for f in files.scan()] == ["c.pt", "a.pt"]
@@ -223,3 +223,97 @@ def test_a_file_that_never_stops_changing_is_recorded_only_when_it_is_a_complete
     _rewrite(ckpt, whole)
     (seen,) = files.scan()
     assert seen.stable and (seen.step, seen.sha256) == (7, sha(ckpt))
+
+
+# -- a folder its framework is still writing (issue 52, item 2) ----------------------------------
+
+
+class Clock:
+    """The finder's monotonic clock, moved by the test: "a pause" without sleeping."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.now = 1000.0
+        monkeypatch.setattr(checkpoint_finder.time, "monotonic", lambda: self.now)
+
+    def looks(self, files: CheckpointFiles, n: int, every_s: float = 1.0) -> list[bool]:
+        """``n`` looks, ``every_s`` apart: whether the one match was stable at each."""
+        seen = []
+        for _ in range(n):
+            self.now += every_s
+            (match,) = files.scan()
+            seen.append(match.stable)
+        return seen
+
+
+def test_a_trainer_folder_counts_only_once_its_trainer_state_json_is_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Trainer writes a checkpoint's weights first and ``trainer_state.json`` last; in between it
+    may sit still for seconds (the real one did, on 2 saves of 9). Two looks were enough to call it
+    verified at 15 KB; now it counts only with its last file."""
+    clock = Clock(monkeypatch)
+    folder = tmp_path / "hf_out" / "checkpoint-50"
+    folder.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors", "training_args.bin"):  # save_model(): the weights first
+        (folder / name).write_bytes(os.urandom(500))
+    files = CheckpointFiles(tmp_path, ["hf_out/checkpoint-*"])
+    assert clock.looks(files, 10) == [False] * 10  # ten seconds without a change: still being written
+    for name in ("optimizer.pt", "scheduler.pt", "rng_state_0.pth"):
+        (folder / name).write_bytes(os.urandom(300))
+    assert clock.looks(files, 3) == [False] * 3
+    (folder / "trainer_state.json").write_text('{"global_step": 50}')  # the last file
+    assert clock.looks(files, 2) == [False, True]  # then two looks, as any file
+    (done,) = files.scan()
+    assert (done.sha256, done.step, done.incomplete) == (sha256_of(folder), 50, None)
+
+
+def test_a_folder_left_without_its_last_file_is_reported_incomplete_once_its_writer_is_gone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock(monkeypatch)
+    folder = tmp_path / "hf_out" / "checkpoint-60"
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(os.urandom(500))  # the rank was killed here
+    files = CheckpointFiles(tmp_path, ["hf_out/checkpoint-*"])
+    assert clock.looks(files, 4) == [False] * 4
+    assert files.stable_files() == []
+    files.writer_gone()  # the attempt ended: nothing will finish it
+    (ended,) = files.scan()
+    assert ended.stable and ended.incomplete == ("no trainer_state.json, which the Hugging Face Trainer writes "
+                                                 "last: its save did not finish")
+    assert files.stable_files() == []  # never one a resume may use
+
+
+def test_a_distributed_checkpoint_folder_counts_only_with_its_metadata(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PyTorch Distributed Checkpoint (torchtitan's step-N/): every rank's ``.distcp`` first, the
+    coordinator's ``.metadata`` last."""
+    clock = Clock(monkeypatch)
+    folder = tmp_path / "outputs" / "checkpoint" / "step-10"
+    folder.mkdir(parents=True)
+    for rank in (0, 1):
+        (folder / f"__{rank}_0.distcp").write_bytes(os.urandom(400))
+    files = CheckpointFiles(tmp_path, ["outputs/checkpoint/step-*"])
+    assert clock.looks(files, 10) == [False] * 10
+    (folder / ".metadata").write_bytes(os.urandom(50))
+    assert clock.looks(files, 2) == [False, True]
+    assert files.stable_files()[0].step == 10  # the step in its name
+
+
+def test_a_folder_without_a_marker_counts_once_unchanged_for_the_settle_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A folder of no known layout, and accelerate's (whose ranks write their RNG files after rank
+    0's, with no barrier), count once unchanged for SETTLE_S, not at the second look."""
+    clock = Clock(monkeypatch)
+    plain = tmp_path / "ckpts" / "epoch-3"
+    plain.mkdir(parents=True)
+    (plain / "weights.bin").write_bytes(os.urandom(500))
+    files = CheckpointFiles(tmp_path, ["ckpts/*"])
+    assert checkpoint_finder.SETTLE_S >= 3
+    assert clock.looks(files, 12, every_s=0.5) == [False] * 10 + [True] * 2  # 5 s after it was first seen so
+    accelerate = tmp_path / "checkpoints" / "checkpoint_0"
+    accelerate.mkdir(parents=True)
+    for name in ("model.safetensors", "optimizer.bin", "scheduler.bin"):
+        (accelerate / name).write_bytes(os.urandom(300))
+    files = CheckpointFiles(tmp_path, ["checkpoints/checkpoint_*"])
+    assert clock.looks(files, 8) == [False] * 8  # rank 0 has not written its random_states_0.pkl
+    (accelerate / "random_states_0.pkl").write_bytes(os.urandom(100))
+    assert clock.looks(files, 7) == [False] * 5 + [True] * 2
