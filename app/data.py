@@ -250,7 +250,7 @@ def _full(fetch: Fetch, attempts: int, finished: bool) -> LiveSeries:
 
 def validate_config(data: dict[str, Any]) -> RunConfig:
     """Validate a config from the New run page, its files held to :func:`launch_roots`."""
-    return validate(data, inventory(), roots=launch_roots())
+    return validate(data, inventory(), roots=launch_roots(), home=settings().home)
 
 
 def submit_run(config: RunConfig) -> int:
@@ -360,7 +360,8 @@ def fork_source(run_id: int, checkpoint_id: int) -> dict[str, Any]:
 def validate_fork(base: dict[str, Any], changed: dict[str, Any]) -> RunConfig:
     """Validate a fork's config as the fork request will: held to :func:`launch_roots` only
     when it changes what runs (the script, its arguments, the text)."""
-    return validate(changed, inventory(), roots=launch_roots() if changes_what_runs(base, changed) else None)
+    return validate(changed, inventory(), roots=launch_roots() if changes_what_runs(base, changed) else None,
+                    home=settings().home)
 
 
 def start_estimate(config: dict[str, Any]) -> StartEstimate:

@@ -39,6 +39,7 @@ from db.vocabulary.config import (
 from db.vocabulary.cost import Price, config_price
 from db.vocabulary.inventory import Inventory, check_fits
 from db.vocabulary.settings import Settings
+from orchestrator.alerts.store import config_channel_problems
 from orchestrator.executors.launcher import SHIMS_DIR
 from orchestrator.memory import check_memory
 from orchestrator.scripts.allowed_roots import (
@@ -55,7 +56,8 @@ from orchestrator.scripts.allowed_roots import (
 from orchestrator.scripts.log_lines import check_patterns
 
 
-def validate(data: dict[str, Any], inventory: Inventory, *, roots: ScriptRoots | None = None) -> RunConfig:
+def validate(data: dict[str, Any], inventory: Inventory, *, roots: ScriptRoots | None = None,
+             home: Path | None = None) -> RunConfig:
     """Validate a config mapping for this machine.
 
     Args:
@@ -63,6 +65,9 @@ def validate(data: dict[str, Any], inventory: Inventory, *, roots: ScriptRoots |
         inventory: This machine's devices.
         roots: For a submission through the UI, the folders its files must lie under
             (:mod:`orchestrator.scripts.allowed_roots`); ``None`` (the CLI) applies no roots.
+        home: The data folder, whose alert channels ``alerts.channels`` must name
+            (:func:`~orchestrator.alerts.store.config_channel_problems`); ``None``: not checked
+            here (:func:`submit` and :func:`fork` check them all the same).
 
     Raises:
         ConfigError: with the schema, machine and path problems together, and the plausibility
@@ -71,18 +76,21 @@ def validate(data: dict[str, Any], inventory: Inventory, *, roots: ScriptRoots |
     try:
         config = parse_config(data)
     except ConfigError as exc:
-        raise ConfigError(*_everything_else(data, list(exc.problems), inventory, roots)) from None
-    config, problems = _machine_problems(config, inventory, roots)
+        raise ConfigError(*_everything_else(data, list(exc.problems), inventory, roots, home)) from None
+    config, problems = _machine_problems(config, inventory, roots, home=home)
     if problems:
         raise ConfigError(problems, plausibility_warnings(config))
     return config
 
 
 def _machine_problems(config: RunConfig, inventory: Inventory, roots: ScriptRoots | None,
-                      memory: bool = True) -> tuple[RunConfig, list[str]]:
-    """What this machine and the roots refuse in a config the schema accepted (``memory``: the
-    memory check too), and the config with its script and text resolved."""
+                      memory: bool = True, home: Path | None = None) -> tuple[RunConfig, list[str]]:
+    """What this machine, its alert channels (with ``home``) and the roots refuse in a config the
+    schema accepted (``memory``: the memory check too), and the config with its script and text
+    resolved."""
     problems = check_fits(config, inventory) + (check_memory(config, inventory) if memory else [])
+    if home is not None:
+        problems += config_channel_problems(config.alerts.channels, home)
     # A refused path is not looked at further: "no such file" would tell a UI user what exists
     # outside the roots.
     refused = refused_paths(config, roots, Path.cwd()) if roots is not None else {}
@@ -104,7 +112,7 @@ def _machine_problems(config: RunConfig, inventory: Inventory, roots: ScriptRoot
 
 
 def _everything_else(data: dict[str, Any], problems: list[str], inventory: Inventory,
-                     roots: ScriptRoots | None) -> tuple[list[str], list[str]]:
+                     roots: ScriptRoots | None, home: Path | None) -> tuple[list[str], list[str]]:
     """The schema's ``problems`` and what else the config would be refused or warned about, in one
     answer: the paths, the roots and the machine judged on what the schema accepted
     (``db.vocabulary.config.lenient_config``: each wrong key at its default, the checks across fields
@@ -118,7 +126,7 @@ def _everything_else(data: dict[str, Any], problems: list[str], inventory: Inven
     if judged is None:
         return problems, []
     config, dropped = judged
-    config, more = _machine_problems(config, inventory, roots, memory=not dropped)
+    config, more = _machine_problems(config, inventory, roots, memory=not dropped, home=home)
     more += kind_problems(config)
     warnings = [w for w in plausibility_warnings(config) if field_of(w) not in dropped]
     return problems + [p for p in more if p not in problems], warnings
@@ -130,14 +138,14 @@ MAX_TEXT_BYTES = 256 * 1024**2
 VAL_FRACTION = 0.1
 
 
-def validate_file(path: str | Path, overrides: list[str], inventory: Inventory) -> RunConfig:
-    """A TOML run config file with ``--set`` overrides, validated for this machine: what
-    `runyard submit` queues.
+def validate_file(path: str | Path, overrides: list[str], inventory: Inventory, home: Path | None = None) -> RunConfig:
+    """A TOML run config file with ``--set`` overrides, validated for this machine (and the alert
+    channels of the data folder ``home``): what `runyard submit` queues.
 
     Raises:
         ConfigError: the file cannot be read or parsed, or the config is refused (:func:`validate`).
     """
-    return validate(apply_overrides(parse_toml(read_config_text(path)), overrides), inventory)
+    return validate(apply_overrides(parse_toml(read_config_text(path)), overrides), inventory, home=home)
 
 
 def _text_problem(raw: str, path: Path, block_size: int) -> str | None:
@@ -356,9 +364,9 @@ def submit(sessions: sessionmaker[Session], settings: Settings, config: RunConfi
     """Queue a validated run and return its id.
 
     Raises:
-        ConfigError: the config cannot run on this machine.
+        ConfigError: the config cannot run on this machine, or names an alert channel there is not.
     """
-    problems = check_fits(config, inventory)
+    problems = check_fits(config, inventory) + config_channel_problems(config.alerts.channels, settings.home)
     if problems:
         raise ConfigError(problems)
     with sessions() as session:
@@ -400,7 +408,8 @@ def fork(
         data = json.loads(parent.config_json)
         data["name"] = f"{parent.name}-fork"[:100]
         changed = apply_overrides(data, overrides)
-        config = validate(changed, inventory, roots=roots if changes_what_runs(data, changed) else None)
+        config = validate(changed, inventory, roots=roots if changes_what_runs(data, changed) else None,
+                          home=settings.home)
         price = run_price(config, inventory, price_table(session))
         # The copy (gigabytes) before the first write: the write lock is not held meanwhile. A
         # failure or a crash after it leaves at most an orphan copy in the parent's folder.
