@@ -11,7 +11,7 @@ import os
 import stat
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,6 @@ from db.vocabulary.config import (
 from db.vocabulary.cost import Price, config_price
 from db.vocabulary.inventory import Inventory, check_fits
 from db.vocabulary.settings import Settings
-from orchestrator.alerts.store import config_channel_problems
 from orchestrator.executors.launcher import SHIMS_DIR
 from orchestrator.memory import check_memory
 from orchestrator.scripts.allowed_roots import (
@@ -55,9 +54,13 @@ from orchestrator.scripts.allowed_roots import (
 )
 from orchestrator.scripts.log_lines import check_patterns
 
+# What a config's ``alerts.channels`` gets wrong in a data folder: the alert channels are the
+# alerts room's (``AlertStore(home).config_problems``), above this module, so the caller passes it.
+ChannelCheck = Callable[[tuple[str, ...]], list[str]]
+
 
 def validate(data: dict[str, Any], inventory: Inventory, *, roots: ScriptRoots | None = None,
-             home: Path | None = None) -> RunConfig:
+             channels: ChannelCheck | None = None) -> RunConfig:
     """Validate a config mapping for this machine.
 
     Args:
@@ -65,9 +68,8 @@ def validate(data: dict[str, Any], inventory: Inventory, *, roots: ScriptRoots |
         inventory: This machine's devices.
         roots: For a submission through the UI, the folders its files must lie under
             (:mod:`orchestrator.scripts.allowed_roots`); ``None`` (the CLI) applies no roots.
-        home: The data folder, whose alert channels ``alerts.channels`` must name
-            (:func:`~orchestrator.alerts.store.config_channel_problems`); ``None``: not checked
-            here (:func:`submit` and :func:`fork` check them all the same).
+        channels: What ``alerts.channels`` names that the data folder's alert channels refuse
+            (``AlertStore(home).config_problems``); ``None``: not judged here.
 
     Raises:
         ConfigError: with the schema, machine and path problems together, and the plausibility
@@ -76,21 +78,21 @@ def validate(data: dict[str, Any], inventory: Inventory, *, roots: ScriptRoots |
     try:
         config = parse_config(data)
     except ConfigError as exc:
-        raise ConfigError(*_everything_else(data, list(exc.problems), inventory, roots, home)) from None
-    config, problems = _machine_problems(config, inventory, roots, home=home)
+        raise ConfigError(*_everything_else(data, list(exc.problems), inventory, roots, channels)) from None
+    config, problems = _machine_problems(config, inventory, roots, channels=channels)
     if problems:
         raise ConfigError(problems, plausibility_warnings(config))
     return config
 
 
 def _machine_problems(config: RunConfig, inventory: Inventory, roots: ScriptRoots | None,
-                      memory: bool = True, home: Path | None = None) -> tuple[RunConfig, list[str]]:
-    """What this machine, its alert channels (with ``home``) and the roots refuse in a config the
+                      memory: bool = True, channels: ChannelCheck | None = None) -> tuple[RunConfig, list[str]]:
+    """What this machine, its alert channels (``channels``) and the roots refuse in a config the
     schema accepted (``memory``: the memory check too), and the config with its script and text
     resolved."""
     problems = check_fits(config, inventory) + (check_memory(config, inventory) if memory else [])
-    if home is not None:
-        problems += config_channel_problems(config.alerts.channels, home)
+    if channels is not None:
+        problems += channels(config.alerts.channels)
     # A refused path is not looked at further: "no such file" would tell a UI user what exists
     # outside the roots.
     refused = refused_paths(config, roots, Path.cwd()) if roots is not None else {}
@@ -112,7 +114,7 @@ def _machine_problems(config: RunConfig, inventory: Inventory, roots: ScriptRoot
 
 
 def _everything_else(data: dict[str, Any], problems: list[str], inventory: Inventory,
-                     roots: ScriptRoots | None, home: Path | None) -> tuple[list[str], list[str]]:
+                     roots: ScriptRoots | None, channels: ChannelCheck | None) -> tuple[list[str], list[str]]:
     """The schema's ``problems`` and what else the config would be refused or warned about, in one
     answer: the paths, the roots and the machine judged on what the schema accepted
     (``db.vocabulary.config.lenient_config``: each wrong key at its default, the checks across fields
@@ -126,7 +128,7 @@ def _everything_else(data: dict[str, Any], problems: list[str], inventory: Inven
     if judged is None:
         return problems, []
     config, dropped = judged
-    config, more = _machine_problems(config, inventory, roots, memory=not dropped, home=home)
+    config, more = _machine_problems(config, inventory, roots, memory=not dropped, channels=channels)
     more += kind_problems(config)
     warnings = [w for w in plausibility_warnings(config) if field_of(w) not in dropped]
     return problems + [p for p in more if p not in problems], warnings
@@ -138,14 +140,15 @@ MAX_TEXT_BYTES = 256 * 1024**2
 VAL_FRACTION = 0.1
 
 
-def validate_file(path: str | Path, overrides: list[str], inventory: Inventory, home: Path | None = None) -> RunConfig:
-    """A TOML run config file with ``--set`` overrides, validated for this machine (and the alert
-    channels of the data folder ``home``): what `runyard submit` queues.
+def validate_file(path: str | Path, overrides: list[str], inventory: Inventory,
+                  channels: ChannelCheck | None = None) -> RunConfig:
+    """A TOML run config file with ``--set`` overrides, validated for this machine (and its alert
+    ``channels``): what `runyard submit` queues.
 
     Raises:
         ConfigError: the file cannot be read or parsed, or the config is refused (:func:`validate`).
     """
-    return validate(apply_overrides(parse_toml(read_config_text(path)), overrides), inventory, home=home)
+    return validate(apply_overrides(parse_toml(read_config_text(path)), overrides), inventory, channels=channels)
 
 
 def _text_problem(raw: str, path: Path, block_size: int) -> str | None:
@@ -360,13 +363,15 @@ def run_price(config: RunConfig, inventory: Inventory, table: Mapping[str, float
     return config_price(data["launch"], data["slurm"], inventory, table)
 
 
-def submit(sessions: sessionmaker[Session], settings: Settings, config: RunConfig, inventory: Inventory) -> int:
-    """Queue a validated run and return its id.
+def submit(sessions: sessionmaker[Session], settings: Settings, config: RunConfig, inventory: Inventory,
+           channels: ChannelCheck | None = None) -> int:
+    """Queue a validated run and return its id (``channels``: judge its alert channels again, as
+    they are now).
 
     Raises:
-        ConfigError: the config cannot run on this machine, or names an alert channel there is not.
+        ConfigError: the config cannot run on this machine, or names an alert channel refused.
     """
-    problems = check_fits(config, inventory) + config_channel_problems(config.alerts.channels, settings.home)
+    problems = check_fits(config, inventory) + (channels(config.alerts.channels) if channels else [])
     if problems:
         raise ConfigError(problems)
     with sessions() as session:
@@ -386,6 +391,7 @@ def fork(
     *,
     roots: ScriptRoots | None = None,
     checkpoint_id: int | None = None,
+    channels: ChannelCheck | None = None,
 ) -> int:
     """Queue a new run that starts from a checkpoint of ``parent_id`` (``checkpoint_id``, else the
     newest at ``step``, else the newest) with changed settings.
@@ -394,7 +400,8 @@ def fork(
     script's own checkpoint file is copied into the parent's folder, out of the script's reach).
     With ``roots`` (a fork from the UI), a fork whose changes touch what runs (the script, its
     arguments, the text) is checked like a new UI submission; one that keeps them runs only
-    what the parent was accepted to run.
+    what the parent was accepted to run. ``channels`` judges its ``alerts.channels``
+    (:func:`validate`).
 
     Raises:
         ConfigError: the changed config is invalid.
@@ -409,7 +416,7 @@ def fork(
         data["name"] = f"{parent.name}-fork"[:100]
         changed = apply_overrides(data, overrides)
         config = validate(changed, inventory, roots=roots if changes_what_runs(data, changed) else None,
-                          home=settings.home)
+                          channels=channels)
         price = run_price(config, inventory, price_table(session))
         # The copy (gigabytes) before the first write: the write lock is not held meanwhile. A
         # failure or a crash after it leaves at most an orphan copy in the parent's folder.

@@ -217,32 +217,6 @@ def secret_problem(secret: str) -> str | None:
     return None
 
 
-def config_channel_problems(wanted: tuple[str, ...], home: Path) -> list[str]:
-    """What is wrong with a run config's ``alerts.channels`` (``wanted``) in the data folder
-    ``home``: an id that names no channel (the channels there are listed), and a channel whose
-    host an alert may not reach (one added before that was refused, or written by hand)."""
-    if not wanted:
-        return []
-    field = f"alerts.channels = {list(wanted)!r}"
-    try:
-        settings = AlertStore(home).load()
-    except AlertsError as exc:
-        return [f"{field}: {exc}"]
-    known = {str(c.id): c for c in settings.channels}
-    listed = "; ".join(f"{c.id}: {c.masked}" for c in settings.channels[:10])
-    exist = f"the channels: {listed} (`runyard alerts ls`)" if listed else (
-        "there are no channels yet (`runyard alerts add URL` adds one)")
-    problems = [f"{field}: no channel {value}; {exist}" for value in wanted if value not in known]
-    for value in dict.fromkeys(v for v in wanted if v in known):
-        channel = known[value]
-        try:
-            check_url(channel.url, channel.allow)
-        except RefusedValue as exc:
-            problems.append(f"{field}: channel {value} cannot be used: {exc}; remove it (`runyard alerts rm "
-                            f"{value}`) and add one that can")
-    return problems
-
-
 class AlertStore:
     """Read and change ``alerts.json`` in ``home``."""
 
@@ -267,6 +241,32 @@ class AlertStore:
             if key in known:
                 known[key] = tuple(known[key])
         return AlertSettings(channels=channels, defaults=Defaults(**known))
+
+    def config_problems(self, wanted: tuple[str, ...]) -> list[str]:
+        """What is wrong with a run config's ``alerts.channels`` (``wanted``) here: an id that
+        names no channel (the channels there are listed), and a channel whose host an alert may
+        not reach (one added before that was refused, or written by hand). What
+        orchestrator/submission.py is given to judge a config with."""
+        if not wanted:
+            return []
+        field = f"alerts.channels = {list(wanted)!r}"
+        try:
+            settings = self.load()
+        except AlertsError as exc:
+            return [f"{field}: {exc}"]
+        known = {str(c.id): c for c in settings.channels}
+        listed = "; ".join(f"{c.id}: {c.masked}" for c in settings.channels[:10])
+        exist = f"the channels: {listed} (`runyard alerts ls`)" if listed else (
+            "there are no channels yet (`runyard alerts add URL` adds one)")
+        problems = [f"{field}: no channel {value}; {exist}" for value in wanted if value not in known]
+        for value in dict.fromkeys(v for v in wanted if v in known):
+            channel = known[value]
+            try:
+                check_url(channel.url, channel.allow)
+            except RefusedValue as exc:
+                problems.append(f"{field}: channel {value} cannot be used: {exc}; remove it (`runyard alerts rm "
+                                f"{value}`) and add one that can")
+        return problems
 
     @contextmanager
     def _locked(self) -> Iterator[AlertSettings]:

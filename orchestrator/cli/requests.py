@@ -19,6 +19,7 @@ from db.models import Checkpoint, Run
 from db.requests import RequestRefused, request_cancel, request_rerun, request_resume, request_stack_dump, set_pinned
 from db.vocabulary.config import ConfigError, effective_batch_change, plausibility_warnings
 from db.vocabulary.settings import load_settings
+from orchestrator.alerts.store import AlertStore
 from orchestrator.cli.base import (
     COUNT,
     EXIT_USAGE,
@@ -46,10 +47,11 @@ def submit(config_file: Path, overrides: tuple[str, ...], as_json: bool) -> None
     settings = load_settings()
     try:
         inventory = known_inventory(settings.scheduler_file)
-        config = validate_file(config_file, list(overrides), inventory, home=settings.home)
+        channels = AlertStore(settings.home).config_problems
+        config = validate_file(config_file, list(overrides), inventory, channels=channels)
         for warning in plausibility_warnings(config):  # queued all the same: the shell has no "are you sure"
             click.echo(f"warning: {config_file}: {warning}", err=True)
-        run_id = submit_run(open_sessions(settings), settings, config, inventory)
+        run_id = submit_run(open_sessions(settings), settings, config, inventory, channels=channels)
     except ConfigError as exc:
         click.echo(f"error: {config_file}: {exc}\nnothing was queued.", err=True)
         sys.exit(EXIT_USAGE)
@@ -176,7 +178,7 @@ def fork(run: str, step: int | None, checkpoint_id: int | None, overrides: tuple
     check_named_checkpoint(sessions, parent, step, checkpoint_id)
     try:
         new_id = fork_run(sessions, settings, parent, step, list(overrides), known_inventory(settings.scheduler_file),
-                          checkpoint_id=checkpoint_id)
+                          checkpoint_id=checkpoint_id, channels=AlertStore(settings.home).config_problems)
     except ConfigError as exc:
         click.echo(f"error: {exc}\nnothing was queued.", err=True)
         sys.exit(EXIT_USAGE)

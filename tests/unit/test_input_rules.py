@@ -51,12 +51,12 @@ def test_alert_channels_of_a_config_must_exist(settings: Settings, sessions: ses
     store.add("json://hooks.example.com/a")
     store.add("ntfy://ntfy.sh/runs")
     with pytest.raises(ConfigError) as refused:  # the UI's path: validate with the data folder
-        validate({"alerts": {"channels": ["1", "99"]}}, CPU2, home=settings.home)
+        validate({"alerts": {"channels": ["1", "99"]}}, CPU2, channels=store.config_problems)
     assert str(refused.value).count("no channel") == 1
     assert ("alerts.channels = ['1', '99']: no channel 99; the channels: 1: json://hooks.example.com/***; "
             "2: ntfy://ntfy.sh/*** (`runyard alerts ls`)") in str(refused.value)
     with pytest.raises(ConfigError, match="no channel 99"):  # and submit itself, whoever validated before
-        submit(sessions, settings, parse_config({"alerts": {"channels": ["99"]}}), CPU2)
+        submit(sessions, settings, parse_config({"alerts": {"channels": ["99"]}}), CPU2, channels=store.config_problems)
     code, out, err = run("submit", EXAMPLE, "--set", 'alerts.channels=["2"]')
     assert code == 0 and out.strip() == "1", err
     # A channel written before hosts were checked (by hand here) cannot be named by a new run.
