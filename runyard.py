@@ -41,7 +41,8 @@ _PACKAGES = ("trainer", "db")
 _SDK_MODULES = (
     "db.engine", "db.file_versions", "db.metricbulk", "db.metricrollups", "db.metricstore", "db.models",
     "db.requests", "db.states", "db.vocabulary.checks", "db.vocabulary.config", "db.vocabulary.config.alerts",
-    "db.vocabulary.config.base", "db.vocabulary.config.checkpoint", "db.vocabulary.config.launch",
+    "db.vocabulary.config.base", "db.vocabulary.config.checkpoint", "db.vocabulary.config.labels",
+    "db.vocabulary.config.launch",
     "db.vocabulary.config.reading", "db.vocabulary.config.reference", "db.vocabulary.config.run",
     "db.vocabulary.config.supervision", "db.vocabulary.config.train", "db.vocabulary.config.workload",
     "db.vocabulary.cost", "db.vocabulary.inventory", "db.vocabulary.layout", "db.vocabulary.settings",

@@ -16,7 +16,7 @@ from app import data, style
 from db.vocabulary.config import TRIGGERS
 from orchestrator.alerts import AlertsError
 from orchestrator.alerts.engine import history, open_alert_runs, send_test
-from orchestrator.alerts.store import AlertStore
+from orchestrator.alerts.store import AlertStore, off_by_default_note
 
 OPEN_MARK = "🔔"
 
@@ -96,7 +96,9 @@ def alerts_settings() -> None:
     with st.form("alert_add", clear_on_submit=True, border=False):
         c1, c2 = st.columns([3, 2])
         url = c1.text_input("Channel URL", placeholder="ntfy://ntfy.sh/my-runs", key="alert_url", type="password")
-        on = c2.multiselect("Only these triggers", TRIGGERS, placeholder="every enabled trigger", key="alert_on")
+        on = c2.multiselect("Only these triggers", TRIGGERS, placeholder="every enabled trigger", key="alert_on",
+                            help="Sent to this channel even when the defaults leave them off; the other "
+                                 "channels follow the defaults.")
         if st.form_submit_button("Add channel", icon=":material/add:", disabled=readonly is not None):
             try:
                 channel = store().add(url.strip(), on=tuple(on))
@@ -104,6 +106,8 @@ def alerts_settings() -> None:
                 st.error(style.plain(str(exc)))
             else:
                 st.success(f"Channel {channel.id} added: {channel.masked}")
+                if note := off_by_default_note(channel, store().load().defaults):
+                    st.info(style.plain(note[0].upper() + note[1:]))
                 if channel.signed:
                     st.code(channel.secret or "", language=None)
                     st.caption("The webhook's signing secret (shown once here; `runyard alerts ls` masks it).")

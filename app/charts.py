@@ -262,9 +262,12 @@ def _envelope(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def displayed(frame: pd.DataFrame, key: str) -> pd.DataFrame:
-    """``frame``'s values in the displayed unit of ``key`` (step_time in ms, mfu in percent)."""
-    scale = registry.spec_for(key).scale
-    if scale == 1.0 or frame.empty:
+    """``frame``'s values in the displayed unit of ``key`` (step_time in ms, mfu in percent; a
+    share whose series holds a value beyond ±1 was logged in percent already)."""
+    if frame.empty:
+        return frame
+    scale = registry.display_scale(key, frame["value"].to_numpy(dtype=float, na_value=float("nan")).tolist())
+    if scale == 1.0:
         return frame
     return frame.assign(**{c: frame[c] * scale for c in ("value", "lo", "hi", "smooth")})
 

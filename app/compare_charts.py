@@ -122,7 +122,9 @@ def overlay_chart(frame: pd.DataFrame, key: str, labels: Sequence[str], colors: 
     its run's colour whichever runs have the metric (the scale lists every chosen run)."""
     scale = alt.Scale(type="log") if log_y else alt.Scale(zero=False)
     data = frame[frame["value"] > 0] if log_y else frame  # a log scale cannot show zero or less
-    data = data.assign(value=data["value"] * metric_registry.scaled(key, 1.0))  # in its displayed unit
+    # In its displayed unit, each run's series by itself (one may have logged a share in percent).
+    factor = data.groupby("run")["value"].transform(lambda v: metric_registry.display_scale(key, v.tolist()))
+    data = data.assign(value=data["value"] * factor)
     return (
         alt.Chart(data, title=metric_registry.label(key))
         .mark_line(point=len(data) < 60)

@@ -35,9 +35,10 @@ from db.vocabulary.inventory import Inventory
 from db.vocabulary.scheduler_file import read_scheduler_file
 from db.vocabulary.settings import Settings, load_settings
 from orchestrator import run_edits
+from orchestrator.alerts.store import AlertStore
 from orchestrator.scheduler.resources import detect_inventory
 from orchestrator.scripts.allowed_roots import ScriptRoots, changes_what_runs, script_roots
-from orchestrator.submission import fork, submit, validate
+from orchestrator.submission import ChannelCheck, fork, submit, validate
 
 
 @st.cache_resource
@@ -250,11 +251,16 @@ def _full(fetch: Fetch, attempts: int, finished: bool) -> LiveSeries:
 
 def validate_config(data: dict[str, Any]) -> RunConfig:
     """Validate a config from the New run page, its files held to :func:`launch_roots`."""
-    return validate(data, inventory(), roots=launch_roots())
+    return validate(data, inventory(), roots=launch_roots(), channels=alert_channels())
+
+
+def alert_channels() -> ChannelCheck:
+    """What judges a config's ``alerts.channels`` against this data folder's channels."""
+    return AlertStore(settings().home).config_problems
 
 
 def submit_run(config: RunConfig) -> int:
-    run_id = submit(sessions(), settings(), config, inventory())
+    run_id = submit(sessions(), settings(), config, inventory(), channels=alert_channels())
     _changed()
     return run_id
 
@@ -326,7 +332,7 @@ def fork_run(run_id: int, step: int, overrides: list[str], checkpoint_id: int | 
     """Queue a new run from a checkpoint with changed settings (raises ConfigError, RequestRefused);
     a change of the script, its arguments or the text is held to :func:`launch_roots`."""
     new_id = fork(sessions(), settings(), run_id, step, overrides, inventory(), roots=launch_roots(),
-                  checkpoint_id=checkpoint_id)
+                  checkpoint_id=checkpoint_id, channels=alert_channels())
     _changed()
     return new_id
 
@@ -360,7 +366,8 @@ def fork_source(run_id: int, checkpoint_id: int) -> dict[str, Any]:
 def validate_fork(base: dict[str, Any], changed: dict[str, Any]) -> RunConfig:
     """Validate a fork's config as the fork request will: held to :func:`launch_roots` only
     when it changes what runs (the script, its arguments, the text)."""
-    return validate(changed, inventory(), roots=launch_roots() if changes_what_runs(base, changed) else None)
+    return validate(changed, inventory(), roots=launch_roots() if changes_what_runs(base, changed) else None,
+                    channels=alert_channels())
 
 
 def start_estimate(config: dict[str, Any], from_step: int = 0) -> StartEstimate:

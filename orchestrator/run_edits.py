@@ -5,8 +5,8 @@ list's Delete…).
 
 Every change is validated first, all problems reported together, each naming the field and the
 value; each change is kept as an ``edit`` event of the run (who, what, from what), which the Run
-page's events and ``runyard show`` list. The name follows the config's rule
-(:data:`db.vocabulary.config.RunConfig` ``name``); a tag follows :data:`TAG_RULE`. The run's config stays as
+page's events and ``runyard show`` list. The name, a tag and the note follow the rules a config's
+``name`` and ``tags`` follow too (db/vocabulary/config/labels.py). The run's config stays as
 submitted (its ``name`` and ``tags`` there are what it was launched with); the run row holds what
 the person calls it now.
 
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import shutil
 import time
 from collections.abc import Sequence
@@ -33,37 +32,19 @@ from sqlalchemy.orm import Session
 from db.models import Checkpoint, Event, Run
 from db.requests import RequestRefused, RunNotFound
 from db.states import TERMINAL, RunStatus
-from db.vocabulary.config import RunConfig
+from db.vocabulary.config.labels import TAGS_MAX, name_problem, note_problem, tag_problem
 
 logger = logging.getLogger(__name__)
 
 EDIT_EVENT = "edit"
-_NAME_FIELD = RunConfig.model_fields["name"]
-NAME_PATTERN = re.compile(next(m.pattern for m in _NAME_FIELD.metadata if getattr(m, "pattern", None)))
-NAME_MAX = next(m.max_length for m in _NAME_FIELD.metadata if getattr(m, "max_length", None))
-NAME_RULE = f"letters, digits, '.', '_' and '-', starting with a letter or digit, at most {NAME_MAX} characters"
-TAG_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/+=-]*$")
-TAG_MAX, TAGS_MAX, NOTE_MAX = 40, 20, 4000
-TAG_RULE = (f"letters, digits and . _ : / + = -, starting with a letter or digit, at most {TAG_MAX} characters "
-            "(no spaces or commas)")
 
 
 class EditRefused(RequestRefused):
     """An edit, star, archive or delete that cannot be done as asked; the message says why."""
 
 
-def name_problem(name: str) -> str | None:
-    """Why ``name`` cannot be a run's name, or None."""
-    if not name or len(name) > NAME_MAX or not NAME_PATTERN.match(name):
-        return f"name {name!r}: use {NAME_RULE}"
-    return None
-
-
-def tag_problem(tag: str) -> str | None:
-    """Why ``tag`` cannot be added to a run, or None."""
-    if not tag or len(tag) > TAG_MAX or not TAG_PATTERN.match(tag):
-        return f"tag {tag!r}: use {TAG_RULE}"
-    return None
+class EditValueRefused(EditRefused):
+    """An edit refused for what was asked (a name, a tag, a note): bad input, not the run's state."""
 
 
 def _run(session: Session, run_id: int) -> Run:
@@ -95,7 +76,7 @@ def edit_run(session: Session, run_id: int, *, name: str | None = None, add_tags
 
     Raises:
         RunNotFound: no such run.
-        EditRefused: a problem with what was asked; every problem in one message.
+        EditValueRefused: a problem with what was asked; every problem in one message.
     """
     run = _run(session, run_id)
     tags: list[str] = json.loads(run.tags_json or "[]")
@@ -113,11 +94,11 @@ def edit_run(session: Session, run_id: int, *, name: str | None = None, add_tags
     added = [t for t in dict.fromkeys(add_tags) if t not in kept]
     if len(kept) + len(added) > TAGS_MAX:
         problems.append(f"tags: a run holds at most {TAGS_MAX}; run {run_id} would have {len(kept) + len(added)}")
-    text = None if note is None else note.strip()
-    if text is not None and len(text) > NOTE_MAX:
-        problems.append(f"note: {len(text)} characters; at most {NOTE_MAX}")
+    text = None if note is None else note.replace("\r\n", "\n").strip()
+    if text is not None and (problem := note_problem(text)):
+        problems.append(problem)
     if problems:
-        raise EditRefused(f"run {run_id} not changed: " + "; ".join(problems))
+        raise EditValueRefused(f"run {run_id} not changed: " + "; ".join(problems))
     now, done = time.time(), []
     if name is not None and name != run.name:
         done.append(f"renamed {run.name!r} to {name!r}")

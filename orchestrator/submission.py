@@ -11,7 +11,7 @@ import os
 import stat
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +54,13 @@ from orchestrator.scripts.allowed_roots import (
 )
 from orchestrator.scripts.log_lines import check_patterns
 
+# What a config's ``alerts.channels`` gets wrong in a data folder: the alert channels are the
+# alerts room's (``AlertStore(home).config_problems``), above this module, so the caller passes it.
+ChannelCheck = Callable[[tuple[str, ...]], list[str]]
 
-def validate(data: dict[str, Any], inventory: Inventory, *, roots: ScriptRoots | None = None) -> RunConfig:
+
+def validate(data: dict[str, Any], inventory: Inventory, *, roots: ScriptRoots | None = None,
+             channels: ChannelCheck | None = None) -> RunConfig:
     """Validate a config mapping for this machine.
 
     Args:
@@ -63,6 +68,8 @@ def validate(data: dict[str, Any], inventory: Inventory, *, roots: ScriptRoots |
         inventory: This machine's devices.
         roots: For a submission through the UI, the folders its files must lie under
             (:mod:`orchestrator.scripts.allowed_roots`); ``None`` (the CLI) applies no roots.
+        channels: What ``alerts.channels`` names that the data folder's alert channels refuse
+            (``AlertStore(home).config_problems``); ``None``: not judged here.
 
     Raises:
         ConfigError: with the schema, machine and path problems together, and the plausibility
@@ -71,8 +78,8 @@ def validate(data: dict[str, Any], inventory: Inventory, *, roots: ScriptRoots |
     try:
         config = parse_config(data)
     except ConfigError as exc:
-        raise ConfigError(*_everything_else(data, list(exc.problems), inventory, roots)) from None
-    config, problems = _machine_problems(config, inventory, roots)
+        raise ConfigError(*_everything_else(data, list(exc.problems), inventory, roots, channels)) from None
+    config, problems = _machine_problems(config, inventory, roots, channels=channels)
     if problems:
         raise ConfigError(problems, plausibility_warnings(config))
     return config
@@ -90,10 +97,13 @@ def refusals_before_start(data: dict[str, Any], inventory: Inventory) -> list[st
 
 
 def _machine_problems(config: RunConfig, inventory: Inventory, roots: ScriptRoots | None,
-                      memory: bool = True) -> tuple[RunConfig, list[str]]:
-    """What this machine and the roots refuse in a config the schema accepted (``memory``: the
-    memory check too), and the config with its script and text resolved."""
+                      memory: bool = True, channels: ChannelCheck | None = None) -> tuple[RunConfig, list[str]]:
+    """What this machine, its alert channels (``channels``) and the roots refuse in a config the
+    schema accepted (``memory``: the memory check too), and the config with its script and text
+    resolved."""
     problems = check_fits(config, inventory) + (check_memory(config, inventory) if memory else [])
+    if channels is not None:
+        problems += channels(config.alerts.channels)
     # A refused path is not looked at further: "no such file" would tell a UI user what exists
     # outside the roots.
     refused = refused_paths(config, roots, Path.cwd()) if roots is not None else {}
@@ -115,7 +125,7 @@ def _machine_problems(config: RunConfig, inventory: Inventory, roots: ScriptRoot
 
 
 def _everything_else(data: dict[str, Any], problems: list[str], inventory: Inventory,
-                     roots: ScriptRoots | None) -> tuple[list[str], list[str]]:
+                     roots: ScriptRoots | None, channels: ChannelCheck | None) -> tuple[list[str], list[str]]:
     """The schema's ``problems`` and what else the config would be refused or warned about, in one
     answer: the paths, the roots and the machine judged on what the schema accepted
     (``db.vocabulary.config.lenient_config``: each wrong key at its default, the checks across fields
@@ -129,7 +139,7 @@ def _everything_else(data: dict[str, Any], problems: list[str], inventory: Inven
     if judged is None:
         return problems, []
     config, dropped = judged
-    config, more = _machine_problems(config, inventory, roots, memory=not dropped)
+    config, more = _machine_problems(config, inventory, roots, memory=not dropped, channels=channels)
     more += kind_problems(config)
     warnings = [w for w in plausibility_warnings(config) if field_of(w) not in dropped]
     return problems + [p for p in more if p not in problems], warnings
@@ -141,14 +151,15 @@ MAX_TEXT_BYTES = 256 * 1024**2
 VAL_FRACTION = 0.1
 
 
-def validate_file(path: str | Path, overrides: list[str], inventory: Inventory) -> RunConfig:
-    """A TOML run config file with ``--set`` overrides, validated for this machine: what
-    `runyard submit` queues.
+def validate_file(path: str | Path, overrides: list[str], inventory: Inventory,
+                  channels: ChannelCheck | None = None) -> RunConfig:
+    """A TOML run config file with ``--set`` overrides, validated for this machine (and its alert
+    ``channels``): what `runyard submit` queues.
 
     Raises:
         ConfigError: the file cannot be read or parsed, or the config is refused (:func:`validate`).
     """
-    return validate(apply_overrides(parse_toml(read_config_text(path)), overrides), inventory)
+    return validate(apply_overrides(parse_toml(read_config_text(path)), overrides), inventory, channels=channels)
 
 
 def _text_problem(raw: str, path: Path, block_size: int) -> str | None:
@@ -363,13 +374,15 @@ def run_price(config: RunConfig, inventory: Inventory, table: Mapping[str, float
     return config_price(data["launch"], data["slurm"], inventory, table)
 
 
-def submit(sessions: sessionmaker[Session], settings: Settings, config: RunConfig, inventory: Inventory) -> int:
-    """Queue a validated run and return its id.
+def submit(sessions: sessionmaker[Session], settings: Settings, config: RunConfig, inventory: Inventory,
+           channels: ChannelCheck | None = None) -> int:
+    """Queue a validated run and return its id (``channels``: judge its alert channels again, as
+    they are now).
 
     Raises:
-        ConfigError: the config cannot run on this machine.
+        ConfigError: the config cannot run on this machine, or names an alert channel refused.
     """
-    problems = check_fits(config, inventory)
+    problems = check_fits(config, inventory) + (channels(config.alerts.channels) if channels else [])
     if problems:
         raise ConfigError(problems)
     with sessions() as session:
@@ -389,6 +402,7 @@ def fork(
     *,
     roots: ScriptRoots | None = None,
     checkpoint_id: int | None = None,
+    channels: ChannelCheck | None = None,
 ) -> int:
     """Queue a new run that starts from a checkpoint of ``parent_id`` (``checkpoint_id``, else the
     newest at ``step``, else the newest) with changed settings.
@@ -397,7 +411,8 @@ def fork(
     script's own checkpoint file is copied into the parent's folder, out of the script's reach).
     With ``roots`` (a fork from the UI), a fork whose changes touch what runs (the script, its
     arguments, the text) is checked like a new UI submission; one that keeps them runs only
-    what the parent was accepted to run.
+    what the parent was accepted to run. ``channels`` judges its ``alerts.channels``
+    (:func:`validate`).
 
     Raises:
         ConfigError: the changed config is invalid.
@@ -411,7 +426,8 @@ def fork(
         data = json.loads(parent.config_json)
         data["name"] = f"{parent.name}-fork"[:100]
         changed = apply_overrides(data, overrides)
-        config = validate(changed, inventory, roots=roots if changes_what_runs(data, changed) else None)
+        config = validate(changed, inventory, roots=roots if changes_what_runs(data, changed) else None,
+                          channels=channels)
         price = run_price(config, inventory, price_table(session))
         # The copy (gigabytes) before the first write: the write lock is not held meanwhile. A
         # failure or a crash after it leaves at most an orphan copy in the parent's folder.

@@ -6,14 +6,19 @@ report them (seconds, bytes, fractions); an entry's ``scale`` turns a stored val
 displayed unit (``step_time`` 0.0123 s -> 12.3 ms, ``mfu`` 0.45 -> 45 %). A key with no entry is
 shown as itself, without a unit and unscaled.
 
-    >>> format_value("lr", 0.001), format_value("mfu", 0.45), axis_title("step_time")
-    ('1e-3', '45%', 'Step time (ms)')
+A share runyard stores as a fraction (``mfu``, ``eval_accuracy``) may come from a script that
+logged it as a percentage already (nanoGPT logs ``mfu`` x 100): a fraction is never beyond ±1, so
+a value beyond ±1 is shown as the percentage it is, not multiplied again (:func:`display_scale`;
+a chart judges a run's whole series by this rule).
+
+    >>> format_value("lr", 0.001), format_value("mfu", 0.45), format_value("mfu", 38.2), axis_title("step_time")
+    ('1e-3', '45%', '38.2%', 'Step time (ms)')
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 NUMBER, SCIENTIFIC, PERCENT = "number", "scientific", "percent"
@@ -139,9 +144,20 @@ def axis_title(key: str) -> str:
     return f"{spec.label} ({spec.unit})" if spec.unit else spec.label
 
 
+def display_scale(key: str, values: Iterable[float | None] = ()) -> float:
+    """The factor from stored ``values`` of ``key`` to its displayed unit: the entry's ``scale``,
+    but 1 for a share stored as a fraction (scale 100) when one of ``values`` is beyond ±1: no
+    fraction is, so they were logged as a percentage already (nanoGPT's ``mfu`` x 100)."""
+    spec = spec_for(key)
+    if spec.style == PERCENT and spec.scale == 100.0 and any(
+            v is not None and math.isfinite(v) and abs(v) > 1 for v in values):
+        return 1.0
+    return spec.scale
+
+
 def scaled(key: str, value: float) -> float:
-    """``value`` as stored, in the displayed unit of ``key``."""
-    return value * spec_for(key).scale
+    """``value`` as stored, in the displayed unit of ``key`` (:func:`display_scale`)."""
+    return value * display_scale(key, (value,))
 
 
 def format_number(key: str, value: float | None) -> str:
@@ -152,7 +168,7 @@ def format_number(key: str, value: float | None) -> str:
     if math.isnan(value):
         return "NaN"
     spec = spec_for(key)
-    shown = value * spec.scale
+    shown = value * display_scale(key, (value,))
     if spec.style == SCIENTIFIC:
         return _scientific(shown)
     if spec.style == PERCENT:

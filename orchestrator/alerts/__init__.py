@@ -6,6 +6,8 @@
   attempts, events, metrics, system metrics, cost): one :class:`~.triggers.Finding` per alert key.
 - :mod:`.engine`: findings into alerts (fire once, repeat after an interval, resolve) and
   deliveries; orchestrator/scheduler/alert_job.py registers it on the scheduler beside the tick.
+- :mod:`.hosts`: every spelling of a host read as the resolver reads it, and which addresses a
+  channel may not reach (metadata, link-local, unspecified): checked when a channel is added and sent.
 - :mod:`.channels`: sending one message: Apprise URLs, and runyard's signed webhook (the target
   resolved once, the connection pinned to that address, link-local and metadata addresses refused).
 - :mod:`.delivery`: the worker thread that sends queued deliveries, retries with backoff and
@@ -19,3 +21,8 @@ from orchestrator import OrchestratorError
 
 class AlertsError(OrchestratorError):
     """A channel, a rule or a delivery that cannot be accepted; the message names the value."""
+
+
+class RefusedValue(AlertsError):
+    """A value given for a channel or a default that cannot be accepted (bad input: a URL, a
+    trigger, a secret, a channel id); the CLI exits with code 2 for it."""

@@ -8,9 +8,12 @@ over SMTP, generic JSON/form webhooks). runyard's own signed webhook is for prog
 The webhook's host is resolved once per delivery; every address it resolves to is checked, and
 the connection goes to that address (TLS still verifies the certificate for the name), so a DNS
 answer that changes between the check and the connect (rebinding) cannot send the request
-elsewhere. Link-local addresses (169.254.0.0/16, fe80::/10) and the cloud metadata endpoints
-are refused unless the channel allows the host by name (``--allow HOST``). For Apprise URLs the
-same addresses are refused before the send, but Apprise resolves again by itself.
+elsewhere. Link-local addresses (169.254.0.0/16, fe80::/10), the unspecified address and the
+cloud metadata endpoints are refused, however the host spells them (:mod:`.hosts`), unless the
+channel allows the host by name (``--allow HOST``). An Apprise URL's hosts (the URL's and the
+ones Apprise's service object names, such as an email channel's ``?smtp=``) are checked the same
+way before the send, and while it runs every lookup Apprise makes of them is pinned to the address
+checked, or checked itself (:func:`pinned`).
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ import contextlib
 import hashlib
 import hmac
 import http.client
-import ipaddress
 import json
 import re
 import socket
@@ -31,14 +33,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from orchestrator.alerts import AlertsError
+from orchestrator.alerts.hosts import allowed, bare, host_problem, literal_address, plugin_hosts, refused
 from orchestrator.alerts.store import Channel
 
 SIGNATURE_HEADER = "X-Runyard-Signature"
 TIMEOUT_S = 10.0
-# Cloud metadata services (AWS, GCP, Azure, OpenStack: 169.254.169.254; AWS IPv6; ECS; Alibaba).
-METADATA = frozenset(ipaddress.ip_address(a) for a in (
-    "169.254.169.254", "fd00:ec2::254", "169.254.170.2", "100.100.100.200"))
-METADATA_NAMES = frozenset({"metadata.google.internal", "metadata", "instance-data"})
 
 
 class DeliveryError(AlertsError):
@@ -59,32 +58,21 @@ def sign(secret: str, body: bytes) -> str:
     return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
 
 
-def refused(address: str) -> str | None:
-    """Why an alert may not be sent to ``address``, or None."""
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    if ip in METADATA:
-        return "a cloud metadata address"
-    if ip.is_link_local:
-        return "a link-local address"
-    return None
-
-
 def resolve(host: str, port: int, allow: tuple[str, ...] = ()) -> str:
     """Resolve ``host`` once and return the address to connect to.
 
     Raises:
         DeliveryError: it does not resolve, or to a refused address, and is not allowed by name.
     """
-    if host.lower() in METADATA_NAMES and host.lower() not in {a.lower() for a in allow}:
-        raise DeliveryError(f"{host} is a cloud metadata name; refused (allow it by name with --allow {host})")
+    problem = host_problem(host, allow)  # a metadata name, or a refused address in any spelling
+    if problem:
+        raise DeliveryError(problem)
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except OSError as exc:
         raise DeliveryError(f"{host} does not resolve: {exc}") from None
     addresses = [str(info[4][0]) for info in infos]
-    if host.lower() not in {a.lower() for a in allow}:
+    if not allowed(host, allow):
         for address in addresses:
             why = refused(address)
             if why:
@@ -138,41 +126,55 @@ def send_signed(channel: Channel, note: Note, timeout: float = TIMEOUT_S) -> Non
         raise DeliveryError(f"{channel.masked}: HTTP {response.status} {response.reason}")
 
 
-# Names pinned to an address while a send to them runs (:func:`pinned`): what Apprise's HTTP
-# client (requests, urllib3) resolves, in whichever of Apprise's threads it runs. {name: [address,
-# sends in flight]}, under the lock.
+# Names pinned while a send to them runs (:func:`pinned`): what Apprise's HTTP client (requests,
+# urllib3) or its SMTP client resolves, in whichever of Apprise's threads it runs. {name: [address,
+# sends in flight, refusals]}, under the lock; address None: the name resolves as usual, but an
+# answer with a refused address fails the lookup (and the reason is kept for the send's error).
 _PINS: dict[str, list[Any]] = {}
 _PINS_LOCK = threading.Lock()
 
 
 def _pinning(resolver: Any) -> Any:
     def getaddrinfo(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(host, str):
-            with _PINS_LOCK:
-                pin = _PINS.get(host.lower())
-            if pin is not None:
-                host = pin[0]
-        return resolver(host, port, *args, **kwargs)
+        if not isinstance(host, str):
+            return resolver(host, port, *args, **kwargs)
+        with _PINS_LOCK:
+            pin = _PINS.get(bare(host))
+        if pin is None:
+            return resolver(host, port, *args, **kwargs)
+        if pin[0] is not None:
+            return resolver(pin[0], port, *args, **kwargs)
+        answers = resolver(host, port, *args, **kwargs)
+        for answer in answers:
+            why = refused(str(answer[4][0]))
+            if why:
+                said = f"{host} resolves to {answer[4][0]}, {why}; refused (allow it by name with --allow {host})"
+                pin[2].append(said)
+                raise socket.gaierror(socket.EAI_FAIL, said)
+        return answers
 
     getaddrinfo.runyard_pinning = True  # type: ignore[attr-defined]
     return getaddrinfo
 
 
 @contextlib.contextmanager
-def pinned(host: str, address: str) -> Iterator[None]:
+def pinned(host: str, address: str | None) -> Iterator[list[str]]:
     """While the block runs, lookups of ``host`` in this process give ``address`` (the one that
     :func:`resolve` checked): a name re-pointed between the check and the connection (DNS
-    rebinding) cannot move the send. Apprise sends from a thread of its own, so the pin is the
-    process's, for as long as a send to that name runs; other names resolve as before. The
-    certificate is still checked against ``host`` (the client keeps the name for SNI)."""
-    key = host.lower()
+    rebinding) cannot move the send. With ``address`` None (a name that did not resolve at the
+    check, or a bare word that may be a token), a lookup of ``host`` is answered as usual but
+    fails when an answer is a refused address: what is checked is what is connected to. Apprise
+    sends from a thread of its own, so the pin is the process's, for as long as a send to that
+    name runs; other names resolve as before. The certificate is still checked against ``host``
+    (the client keeps the name for SNI). Yields the lookups refused meanwhile, in words."""
+    key = bare(host)
     with _PINS_LOCK:
         if not getattr(socket.getaddrinfo, "runyard_pinning", False):
             socket.getaddrinfo = _pinning(socket.getaddrinfo)  # once, around whatever resolver is there
-        pin = _PINS.setdefault(key, [address, 0])
+        pin = _PINS.setdefault(key, [address, 0, []])
         pin[1] += 1
     try:
-        yield
+        yield pin[2]
     finally:
         with _PINS_LOCK:
             pin[1] -= 1
@@ -180,28 +182,45 @@ def pinned(host: str, address: str) -> Iterator[None]:
                 del _PINS[key]
 
 
+def _apprise_pin(host: str, allow: tuple[str, ...]) -> contextlib.AbstractContextManager[list[str] | None]:
+    """The pin for one host of an Apprise send, after its check (:func:`resolve`): a literal
+    address needs none; a name with a dot (or ``localhost``) is resolved once and pinned; any
+    other word (often a token in the host's place, which Apprise never looks up) and a name that
+    did not resolve are checked whenever Apprise looks them up."""
+    problem = host_problem(host, allow)
+    if problem:
+        raise DeliveryError(problem)
+    if literal_address(host) is not None:
+        return contextlib.nullcontext()
+    if "." in bare(host) or bare(host) == "localhost":
+        try:
+            return pinned(host, resolve(bare(host), 0, allow))
+        except DeliveryError as exc:
+            if "does not resolve" not in str(exc):
+                raise
+    return contextlib.nullcontext() if allowed(host, allow) else pinned(host, None)
+
+
 def send_apprise(channel: Channel, note: Note) -> None:
-    """Send through Apprise; its own log lines say why a send failed. A host name in the URL is
+    """Send through Apprise; its own log lines say why a send failed. Every host the URL and
+    Apprise's service object name is checked (:func:`.hosts.host_problem`), and a host name is
     resolved once, checked (:func:`resolve`) and pinned for the send (:func:`pinned`)."""
     import apprise  # noqa: PLC0415 - Apprise (0.5 s) only to send
 
-    parts = urlsplit(channel.url)
-    pin: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
-    if (parts.hostname and "." in parts.hostname) or parts.hostname in ("localhost",):
-        try:
-            address = resolve(parts.hostname or "", parts.port or 0, channel.allow)
-        except DeliveryError as exc:
-            if "does not resolve" not in str(exc):  # a token in the host's place: Apprise knows
-                raise
-        else:
-            pin = pinned(parts.hostname or "", address)
-    sender = apprise.Apprise()
-    if not sender.add(channel.url):
+    service = apprise.Apprise.instantiate(channel.url)
+    if service is None:
         raise DeliveryError(f"{channel.masked}: Apprise does not understand this URL")
-    with pin, apprise.LogCapture(level=apprise.logging.WARNING) as log:
-        ok = sender.notify(body=note.body, title=note.title)
-        said = log.getvalue().strip() if hasattr(log, "getvalue") else ""
+    hosts = {bare(h): h for h in (urlsplit(channel.url).hostname or "", *plugin_hosts(service)) if h}
+    sender = apprise.Apprise()
+    sender.add(service)
+    with contextlib.ExitStack() as pins:
+        refusals = [pins.enter_context(_apprise_pin(host, channel.allow)) for host in hosts.values()]
+        with apprise.LogCapture(level=apprise.logging.WARNING) as log:
+            ok = sender.notify(body=note.body, title=note.title)
+            said = log.getvalue().strip() if hasattr(log, "getvalue") else ""
     if not ok:
+        if refused_lookups := [r for found in refusals if found for r in found]:
+            raise DeliveryError(refused_lookups[-1])  # Apprise says only "a connection error occurred"
         lines = [re.sub(r"^[0-9-]+ [0-9:,]+ - [A-Z]+ - ", "", line) for line in said.splitlines() if line.strip()]
         raise DeliveryError(f"{channel.masked}: {lines[-1] if lines else 'Apprise could not deliver it'}"[:500])
 

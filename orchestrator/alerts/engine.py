@@ -120,13 +120,14 @@ class AlertEngine:
                 "title": f"runyard {row.kind}: {row.trigger}" + (f" - {run_label(run)}" if run else ""),
                 "at": row.created_at}
 
-    def _rules(self, defaults: Defaults) -> Callable[[Run], RunRules]:
+    def _rules(self, triggers: tuple[str, ...]) -> Callable[[Run], RunRules]:
+        """A run's rules when ``triggers`` are on unless its [alerts] says otherwise."""
         def rules(run: Run) -> RunRules:
-            key = (run.config_hash, defaults.triggers)
+            key = (run.config_hash, triggers)
             if key not in self._rules_cache:
                 if len(self._rules_cache) > 10_000:
                     self._rules_cache.clear()
-                self._rules_cache[key] = rules_for(alerts_config(run), defaults.triggers)
+                self._rules_cache[key] = rules_for(alerts_config(run), triggers)
             return self._rules_cache[key]
         return rules
 
@@ -138,9 +139,11 @@ class AlertEngine:
         with self.sessions() as session:
             open_alerts = {a.key: a for a in session.scalars(select(Alert).where(Alert.state == OPEN)).all()}
             open_failed = {a.run_id for a in open_alerts.values() if a.trigger == "failed" and a.run_id is not None}
-            rules = self._rules(settings.defaults)
-            evaluator = Evaluator(session, now, self._horizon, rules)
-            findings = evaluator.all(open_failed, settings.defaults.triggers, settings.defaults.day_budget_usd,
+            # A trigger a channel takes by its --on is looked for even when the defaults leave it
+            # off; _channels then sends it only to the channels that asked for it.
+            watched = settings.watched()
+            evaluator = Evaluator(session, now, self._horizon, self._rules(watched))
+            findings = evaluator.all(open_failed, watched, settings.defaults.day_budget_usd,
                                      self.identity(), self.started_at, self.host)
             seen: set[str] = set()
             for finding in findings:
@@ -168,13 +171,18 @@ class AlertEngine:
         return sent
 
     def _channels(self, session: Session, settings: AlertSettings, trigger: str, run_id: int | None) -> list[Channel]:
+        """The channels an alert of ``trigger`` about ``run_id`` goes to: those the run's
+        ``alerts.channels`` names (else every one), each taking the trigger by its ``--on`` or,
+        without one, when the defaults and the run's [alerts] turn it on."""
         chosen = list(settings.channels)
-        if run_id is not None:
-            run = session.get(Run, run_id)
-            wanted = alerts_config(run).channels if run is not None else ()
-            if wanted:
-                chosen = [c for c in chosen if str(c.id) in wanted]
-        return [c for c in chosen if c.takes(trigger)]
+        on_by_default = trigger in settings.defaults.triggers
+        run = session.get(Run, run_id) if run_id is not None else None
+        if run is not None:
+            config = alerts_config(run)
+            if config.channels:
+                chosen = [c for c in chosen if str(c.id) in config.channels]
+            on_by_default = trigger in self._rules(settings.defaults.triggers)(run).triggers
+        return [c for c in chosen if c.takes(trigger, on_by_default)]
 
     def _not_before(self, settings: AlertSettings, trigger: str, now: float) -> float | None:
         if trigger in settings.defaults.urgent:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import re
 import secrets
@@ -24,9 +25,13 @@ from urllib.parse import parse_qsl, urlsplit
 
 from db.vocabulary.config import DEFAULT_TRIGGERS, trigger_problem
 from db.vocabulary.layout import ALERTS_FILE
-from orchestrator.alerts import AlertsError
+from orchestrator.alerts import AlertsError, RefusedValue
+from orchestrator.alerts.hosts import host_problem, plugin_hosts
 
 SIGNED_SCHEMES = ("runyard+http", "runyard+https")
+# A signed webhook's secret given with --secret: HMAC-SHA256 under a short key can be found by
+# trying keys against one signed message; runyard's own secrets are 64 hex characters.
+SECRET_MIN_CHARS = 16
 QUIET_HOURS = re.compile(r"^([01][0-9]|2[0-3]):([0-5][0-9])-([01][0-9]|2[0-3]):([0-5][0-9])$")
 
 
@@ -57,8 +62,10 @@ class Channel:
     def masked(self) -> str:
         return mask_url(self.url)
 
-    def takes(self, trigger: str) -> bool:
-        return not self.on or trigger in self.on
+    def takes(self, trigger: str, on_by_default: bool) -> bool:
+        """Whether an alert of ``trigger`` goes here: a channel added with ``--on`` takes those
+        triggers (even one the defaults leave off), any other the triggers ``on_by_default``."""
+        return trigger in self.on if self.on else on_by_default
 
 
 @dataclass(frozen=True)
@@ -90,11 +97,26 @@ class AlertSettings:
     channels: tuple[Channel, ...] = ()
     defaults: Defaults = field(default_factory=Defaults)
 
+    def watched(self) -> tuple[str, ...]:
+        """The triggers looked for: the defaults' and every one a channel's ``--on`` names."""
+        return tuple(dict.fromkeys((*self.defaults.triggers, *(t for c in self.channels for t in c.on))))
+
     def channel(self, channel_id: int) -> Channel:
         for c in self.channels:
             if c.id == channel_id:
                 return c
-        raise AlertsError(f"channel {channel_id} does not exist (runyard alerts ls lists them)")
+        raise RefusedValue(f"channel {channel_id} does not exist (runyard alerts ls lists them)")
+
+
+def off_by_default_note(channel: Channel, defaults: Defaults) -> str | None:
+    """What a channel's ``--on`` does for a trigger the defaults leave off (said when it is added)."""
+    off = [t for t in channel.on if t not in defaults.triggers]
+    if not off:
+        return None
+    one = len(off) == 1
+    return (f"{', '.join(off)} {'is' if one else 'are'} off in the defaults: channel {channel.id} gets "
+            f"{'it' if one else 'them'} all the same, the other channels do not (the defaults' triggers turn one "
+            "on for every channel; a run's [alerts] off still wins)")
 
 
 def mask_url(url: str) -> str:
@@ -126,24 +148,73 @@ def quiet_problem(text: str) -> str | None:
     return f"quiet_hours = {text!r}: expected HH:MM-HH:MM (24-hour local time, e.g. 22:00-07:00) or empty"
 
 
-def check_url(url: str) -> None:
-    """Refuse a channel URL that cannot work, naming it (masked)."""
+def check_url(url: str, allow: tuple[str, ...] = ()) -> None:
+    """Refuse a channel URL that cannot work, or whose host is a place an alert may not go (a
+    metadata, link-local or unspecified address in any spelling, :mod:`.hosts`), naming it (masked).
+
+    Raises:
+        RefusedValue: what is wrong, and what to do.
+    """
     try:
         parts = urlsplit(url)
+        host = parts.hostname or ""
     except ValueError as exc:
-        raise AlertsError(f"channel URL {mask_url(url)}: {exc}") from None
+        raise RefusedValue(f"channel URL {mask_url(url)}: {exc}") from None
     if not parts.scheme:
-        raise AlertsError(f"channel URL {mask_url(url)}: no scheme; an Apprise URL (json://, mailto://, slack://, "
-                          "ntfy://...) or runyard+https://HOST/PATH for runyard's signed webhook")
+        raise RefusedValue(f"channel URL {mask_url(url)}: no scheme; an Apprise URL (json://, mailto://, slack://, "
+                           "ntfy://...) or runyard+https://HOST/PATH for runyard's signed webhook")
+    hosts = [host]
     if parts.scheme in SIGNED_SCHEMES:
-        if not parts.hostname:
-            raise AlertsError(f"channel URL {mask_url(url)}: no host")
-        return
-    import apprise  # noqa: PLC0415 - Apprise (0.5 s) only to check an Apprise URL
+        if not host:
+            raise RefusedValue(f"channel URL {mask_url(url)}: no host")
+    else:
+        import apprise  # noqa: PLC0415 - Apprise (0.5 s) only to check an Apprise URL
 
-    if apprise.Apprise.instantiate(url) is None:
-        raise AlertsError(f"channel URL {mask_url(url)}: Apprise does not understand it (see "
-                          "https://github.com/caronc/apprise/wiki for the URL of each service)")
+        with _apprise_unheard():  # its "Unparseable URL" line would stand beside the one sentence below
+            service = apprise.Apprise.instantiate(url)
+        if service is None:
+            raise RefusedValue(f"channel URL {mask_url(url)}: Apprise does not understand it (see "
+                               "https://github.com/caronc/apprise/wiki for the URL of each service)")
+        hosts += plugin_hosts(service)  # what it connects to: Apprise drops a trailing dot, takes ?smtp=
+    for name in hosts:
+        problem = host_problem(name, allow)
+        if problem:
+            raise RefusedValue(f"channel URL {mask_url(url)}: {problem}")
+
+
+def ui_url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be the UI's address in messages' links (empty: where the UI last
+    listened), or None."""
+    if not url:
+        return None
+    try:
+        parts = urlsplit(url)
+        scheme, host = parts.scheme, parts.hostname
+    except ValueError:
+        scheme, host = "", None
+    if scheme not in ("http", "https") or not host or any(ord(c) < 33 or ord(c) == 127 for c in url):
+        return (f"ui_url = {url!r}: the UI's http:// or https:// address (e.g. https://runyard.example.com), or "
+                "empty for where the UI last listened")
+    return None
+
+
+@contextmanager
+def _apprise_unheard() -> Iterator[None]:
+    """Apprise's log lines kept from the process's handlers for the block."""
+    log = logging.getLogger("apprise")
+    before, log.propagate = log.propagate, False
+    try:
+        yield
+    finally:
+        log.propagate = before
+
+
+def secret_problem(secret: str) -> str | None:
+    """Why ``secret`` cannot sign a webhook (:data:`SECRET_MIN_CHARS`), or None."""
+    if len(secret) < SECRET_MIN_CHARS:
+        return (f"--secret: {len(secret)} characters; a signing secret needs at least {SECRET_MIN_CHARS} "
+                "(leave --secret out for a random one of 64)")
+    return None
 
 
 class AlertStore:
@@ -171,6 +242,32 @@ class AlertStore:
                 known[key] = tuple(known[key])
         return AlertSettings(channels=channels, defaults=Defaults(**known))
 
+    def config_problems(self, wanted: tuple[str, ...]) -> list[str]:
+        """What is wrong with a run config's ``alerts.channels`` (``wanted``) here: an id that
+        names no channel (the channels there are listed), and a channel whose host an alert may
+        not reach (one added before that was refused, or written by hand). What
+        orchestrator/submission.py is given to judge a config with."""
+        if not wanted:
+            return []
+        field = f"alerts.channels = {list(wanted)!r}"
+        try:
+            settings = self.load()
+        except AlertsError as exc:
+            return [f"{field}: {exc}"]
+        known = {str(c.id): c for c in settings.channels}
+        listed = "; ".join(f"{c.id}: {c.masked}" for c in settings.channels[:10])
+        exist = f"the channels: {listed} (`runyard alerts ls`)" if listed else (
+            "there are no channels yet (`runyard alerts add URL` adds one)")
+        problems = [f"{field}: no channel {value}; {exist}" for value in wanted if value not in known]
+        for value in dict.fromkeys(v for v in wanted if v in known):
+            channel = known[value]
+            try:
+                check_url(channel.url, channel.allow)
+            except RefusedValue as exc:
+                problems.append(f"{field}: channel {value} cannot be used: {exc}; remove it (`runyard alerts rm "
+                                f"{value}`) and add one that can")
+        return problems
+
     @contextmanager
     def _locked(self) -> Iterator[AlertSettings]:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -193,16 +290,22 @@ class AlertStore:
 
     def add(self, url: str, on: tuple[str, ...] = (), secret: str | None = None,
             allow: tuple[str, ...] = ()) -> Channel:
-        """Add a channel (a signed webhook gets a new secret unless one is given)."""
-        check_url(url)
+        """Add a channel (a signed webhook gets a new secret unless one is given).
+
+        Raises:
+            RefusedValue: the URL, a trigger or the secret cannot be accepted (nothing is added).
+        """
+        check_url(url, tuple(allow))
         for name in on:
             problem = trigger_problem(name)
             if problem:
-                raise AlertsError(f"--on {name!r}: {problem}")
+                raise RefusedValue(f"--on {name!r}: {problem}")
+        signed = urlsplit(url).scheme in SIGNED_SCHEMES
+        if secret is not None and not signed:
+            raise RefusedValue("--secret is for runyard+https:// (runyard's signed webhook) channels only")
+        if secret is not None and (problem := secret_problem(secret)):
+            raise RefusedValue(problem)
         with self._locked() as settings:
-            signed = urlsplit(url).scheme in SIGNED_SCHEMES
-            if secret is not None and not signed:
-                raise AlertsError("--secret is for runyard+https:// (runyard's signed webhook) channels only")
             channel = Channel(id=max((c.id for c in settings.channels), default=0) + 1, url=url, on=tuple(on),
                               secret=(secret or secrets.token_hex(32)) if signed else None, allow=tuple(allow),
                               created_at=time.time())
@@ -219,20 +322,20 @@ class AlertStore:
         """Change the global defaults; every value is checked and a bad one named."""
         for key in changes:
             if key not in Defaults.__dataclass_fields__:
-                raise AlertsError(f"{key}: not an alert default (one of {', '.join(Defaults.__dataclass_fields__)})")
+                raise RefusedValue(f"{key}: not an alert default (one of {', '.join(Defaults.__dataclass_fields__)})")
         for key in ("triggers", "urgent"):
             if key in changes:
                 changes[key] = tuple(changes[key])
                 for name in changes[key]:
                     problem = trigger_problem(name)
                     if problem:
-                        raise AlertsError(f"{key}: {name!r}: {problem}")
-        problem = quiet_problem(changes.get("quiet_hours", ""))
+                        raise RefusedValue(f"{key}: {name!r}: {problem}")
+        problem = quiet_problem(changes.get("quiet_hours", "")) or ui_url_problem(changes.get("ui_url", ""))
         if problem:
-            raise AlertsError(problem)
+            raise RefusedValue(problem)
         for key in ("repeat_s", "day_budget_usd"):
             if key in changes and not (isinstance(changes[key], (int, float)) and 0 <= changes[key] < float("inf")):
-                raise AlertsError(f"{key} = {changes[key]!r}: must be a number >= 0")
+                raise RefusedValue(f"{key} = {changes[key]!r}: must be a number >= 0")
         with self._locked() as settings:
             defaults = replace(settings.defaults, **changes)
             self._save(replace(settings, defaults=defaults))

@@ -8,21 +8,33 @@
     runyard alerts defaults [--triggers a,b] [--repeat-s N] [--quiet-hours 22:00-07:00]
                             [--day-budget-usd X] [--ui-url URL]
 
-URLs are shown masked (their secrets stay in ``alerts.json``, mode 0600, in the data folder).
+URLs are shown masked (their secrets stay in ``alerts.json``, mode 0600, in the data folder). A
+value that cannot be accepted (a URL, a trigger, a secret, a channel id: :class:`RefusedValue`)
+exits with code 2, a data folder that cannot be used with 1.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
 from db.vocabulary.config import TRIGGERS
 from db.vocabulary.settings import load_settings
-from orchestrator.alerts import AlertsError
-from orchestrator.alerts.store import AlertStore
-from orchestrator.cli.base import RunyardGroup, fail, fmt_time, json_safe, open_existing, open_sessions, resolve_ref
+from orchestrator.alerts import AlertsError, RefusedValue
+from orchestrator.alerts.store import AlertStore, off_by_default_note
+from orchestrator.cli.base import (
+    EXIT_FAILURE,
+    EXIT_USAGE,
+    RunyardGroup,
+    fail,
+    fmt_time,
+    json_safe,
+    open_existing,
+    open_sessions,
+    resolve_ref,
+)
 
 TRIGGER = click.Choice(TRIGGERS)
 
@@ -34,20 +46,30 @@ def alerts() -> None:
 
 @alerts.command("add")
 @click.argument("url")
-@click.option("--on", "on", multiple=True, type=TRIGGER, help="Only these triggers (repeat the option); "
-              "default: every trigger enabled for the run.")
-@click.option("--secret", default=None, help="The signed webhook's HMAC secret (default: a new random one).")
+@click.option("--on", "on", multiple=True, type=TRIGGER, help="Only these triggers (repeat the option), sent here "
+              "even when the defaults leave them off; default: every trigger enabled for the run.")
+@click.option("--secret", default=None, help="The signed webhook's HMAC secret, at least 16 characters "
+              "(default: a new random one).")
 @click.option("--allow", multiple=True, help="A host name whose link-local or metadata address may be reached.")
 def add(url: str, on: tuple[str, ...], secret: str | None, allow: tuple[str, ...]) -> None:
     """Add a channel: an Apprise URL (json://, mailto://, slack://, ntfy://, ...) or
     runyard+https://HOST/PATH (runyard's signed webhook)."""
+    store = AlertStore(load_settings().home)
     try:
-        channel = AlertStore(load_settings().home).add(url, on=on, secret=secret, allow=allow)
+        channel = store.add(url, on=on, secret=secret, allow=allow)
+        defaults = store.load().defaults
     except AlertsError as exc:
-        fail(str(exc))
+        refused(exc)
     click.echo(f"channel {channel.id} added: {channel.masked}" + (f" (on {', '.join(on)})" if on else ""))
+    if note := off_by_default_note(channel, defaults):
+        click.echo(f"note: {note}", err=True)
     if channel.signed and secret is None:
         click.echo(f"its signing secret (X-Runyard-Signature: sha256=HMAC-SHA256(secret, body)): {channel.secret}")
+
+
+def refused(exc: AlertsError) -> NoReturn:
+    """End the command: exit 2 for a value refused, 1 for a data folder that cannot be used."""
+    fail(str(exc), EXIT_USAGE if isinstance(exc, RefusedValue) else EXIT_FAILURE)
 
 
 @alerts.command("ls")
@@ -77,7 +99,7 @@ def rm(channel_id: int) -> None:
     try:
         gone = AlertStore(load_settings().home).remove(channel_id)
     except AlertsError as exc:
-        fail(str(exc))
+        refused(exc)
     click.echo(f"channel {gone.id} removed: {gone.masked}")
 
 
@@ -91,7 +113,7 @@ def test(channel_ids: tuple[int, ...]) -> None:
     try:
         rows = send_test(open_sessions(settings), settings.home, list(channel_ids) or None)
     except AlertsError as exc:
-        fail(str(exc))
+        refused(exc)
     if not rows:
         fail("no channels: `runyard alerts add URL` adds one")
     for row in rows:
@@ -153,5 +175,5 @@ def defaults(triggers: str | None, repeat_s: float | None, quiet_hours: str | No
     try:
         current = store.set_defaults(**changes) if changes else store.load().defaults
     except AlertsError as exc:
-        fail(str(exc))
+        refused(exc)
     click.echo(json.dumps(current.__dict__, indent=2, default=list))

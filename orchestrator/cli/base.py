@@ -38,8 +38,9 @@ EXIT_USAGE = 2
 # export`, which writes only the file it is given.
 READ_ONLY_COMMANDS = frozenset({"ls", "show", "logs", "metrics", "info", "export"})
 # Commands that create a missing data folder but show one that cannot be written instead of
-# refusing it: the UI opens as a viewer there (every action disabled, a banner saying why).
-VIEWER_COMMANDS = frozenset({"ui"})
+# refusing it: the UI opens as a viewer there (every action disabled, a banner saying why), and
+# `runyard token` prints the token that viewer asks for (it refuses only to create or replace one).
+VIEWER_COMMANDS = frozenset({"ui", "token"})
 # Commands that need no data folder at all.
 NO_DATA_COMMANDS = frozenset({"config-reference"})
 

@@ -15,7 +15,15 @@ import click
 
 from db.engine import current_revision
 from db.vocabulary.settings import load_settings
-from orchestrator.cli.base import RunyardCommand, fail, no_database_line, open_existing, open_sessions, safe_url
+from orchestrator.cli.base import (
+    EXIT_USAGE,
+    RunyardCommand,
+    fail,
+    no_database_line,
+    open_existing,
+    open_sessions,
+    safe_url,
+)
 
 PROGRESS_EVERY_S = 1.0
 
@@ -62,7 +70,7 @@ def db_import(file: Path) -> None:
     try:
         read_header(file)  # before a database is created for a file that is not an export
     except TransferError as exc:
-        fail(str(exc))
+        fail(str(exc), EXIT_USAGE)  # FILE is not an export this runyard reads: bad input
     settings = load_settings()
     engine = open_sessions(settings).kw["bind"]
     started = time.monotonic()

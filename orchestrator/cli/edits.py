@@ -1,7 +1,8 @@
 """The CLI's verbs that change what a person keeps about a run after submit: ``edit`` (name,
 tags, note), ``star``, ``archive`` and ``rm`` (the run and its folder, after a confirmation that
 names its pinned checkpoints). The same functions as the UI's (orchestrator/run_edits.py); each
-change is kept as an ``edit`` event of the run.
+change is kept as an ``edit`` event of the run. A value refused (a name, a tag, a note) and a
+missing answer exit with code 2; a run whose state forbids the change with 1.
 """
 
 from __future__ import annotations
@@ -11,8 +12,16 @@ import json
 import click
 
 from db.vocabulary.settings import load_settings
-from orchestrator.cli.base import RunyardCommand, fail, open_sessions, resolve_ref
-from orchestrator.run_edits import EditRefused, delete_run, deletion_plan, edit_run, set_archived, set_starred
+from orchestrator.cli.base import EXIT_USAGE, RunyardCommand, fail, open_sessions, resolve_ref
+from orchestrator.run_edits import (
+    EditRefused,
+    EditValueRefused,
+    delete_run,
+    deletion_plan,
+    edit_run,
+    set_archived,
+    set_starred,
+)
 
 
 @click.command(cls=RunyardCommand)
@@ -26,15 +35,15 @@ def edit(run: str, name: str | None, add_tags: tuple[str, ...], remove_tags: tup
          as_json: bool) -> None:
     """Rename a run, add or remove its tags, set its note; every change is kept in its events."""
     if name is None and not add_tags and not remove_tags and note is None:
-        fail("say what to change: --name, --add-tag, --remove-tag or --note", 2)
+        fail("say what to change: --name, --add-tag, --remove-tag or --note", EXIT_USAGE)
     sessions = open_sessions(load_settings())
     run_id = resolve_ref(sessions, run)
     with sessions() as session:
         try:
             done = edit_run(session, run_id, name=name, add_tags=add_tags, remove_tags=remove_tags, note=note,
                             who="cli")
-        except EditRefused as exc:
-            fail(str(exc))
+        except EditValueRefused as exc:
+            fail(str(exc), EXIT_USAGE)
         session.commit()
     if as_json:
         click.echo(json.dumps({"id": run_id, "changes": done}))
@@ -89,7 +98,7 @@ def rm(run: str, yes: bool) -> None:
             try:
                 confirmed = click.confirm("Delete it?", default=False)
             except click.Abort:  # no answer (stdin closed): a script must say --yes
-                fail(f"nothing deleted: no answer; `runyard rm {run_id} --yes` deletes without asking")
+                fail(f"nothing deleted: no answer; `runyard rm {run_id} --yes` deletes without asking", EXIT_USAGE)
             if not confirmed:
                 click.echo("nothing deleted")
                 return

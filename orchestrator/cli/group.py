@@ -79,7 +79,7 @@ def cli(verbose: bool) -> None:
     logging.getLogger("alembic").setLevel(logging.DEBUG if verbose else logging.WARNING)
 
 
-@cli.group()
+@cli.group(cls=RunyardGroup)  # not the lazy group's class: `runyard db` holds its own verbs only
 def db() -> None:
     """Database maintenance."""
 

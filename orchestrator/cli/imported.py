@@ -34,5 +34,5 @@ def tensorboard(logdir: Path, name: str | None, as_json: bool) -> None:
         click.echo(f"error: --name {name!r}: {exc}", err=True)
         sys.exit(EXIT_USAGE)
     except LogdirError as exc:
-        fail(f"{exc}; nothing was imported")
+        fail(f"{exc}; nothing was imported", EXIT_USAGE)  # LOGDIR names no folder of scalars: bad input
     click.echo(json.dumps({"id": run_id}) if as_json else str(run_id))

@@ -200,7 +200,7 @@ def show(run: str, as_json: bool) -> None:
 def _log_attempt(run_id: int, sources: dict[str, Any], status: str, attempt: int | None, rank: int | None,
                  follow: bool) -> dict[str, Any] | None:
     """The attempt whose logs to print; ``None`` while following a run that has none yet.
-    Exits 1 with a sentence for a run without attempts, a wrong attempt or a wrong rank.
+    Exits 1 with a sentence for a run without attempts, 2 for an attempt or a rank it does not have.
 
     Args:
         run_id: The run.
@@ -213,7 +213,7 @@ def _log_attempt(run_id: int, sources: dict[str, Any], status: str, attempt: int
     ranks = sources["world_size"]
     if rank is not None and ranks and rank >= ranks:
         fail(f"--rank {rank}: run {run_id} has ranks 0 to {ranks - 1} (launch.nnodes x launch.nproc_per_node = "
-             f"{ranks})")
+             f"{ranks})", EXIT_USAGE)
     attempts: list[dict[str, Any]] = sources["attempts"]
     if not attempts:
         if follow and status not in {s.value for s in TERMINAL}:
@@ -224,7 +224,7 @@ def _log_attempt(run_id: int, sources: dict[str, Any], status: str, attempt: int
         return attempts[-1]
     chosen = next((a for a in attempts if a["number"] == attempt), None)
     if chosen is None:
-        fail(f"--attempt {attempt}: run {run_id} has attempts 1 to {len(attempts)}")
+        fail(f"--attempt {attempt}: run {run_id} has attempts 1 to {len(attempts)}", EXIT_USAGE)
     return chosen
 
 
@@ -294,19 +294,21 @@ def logs(run: str, rank: int | None, attempt: int | None, follow: bool) -> None:
 def metrics(run: str, as_csv: bool) -> None:
     """Export a run's raw metric points: attempt, rank, step, key, value, time, superseded, and
     the key's label from the metric registry. ``value`` stays as reported (step_time in seconds,
-    mfu a fraction); ``value x display_scale`` is in ``display_unit``, as the dashboard shows it."""
+    mfu a fraction, or a percentage where a script logged one); ``value x display_scale`` is in
+    ``display_unit``, as the dashboard shows it."""
     sessions = existing_sessions(load_settings(), run)
     run_id = resolve_ref(sessions, run)
     out = csv.writer(sys.stdout, lineterminator="\n")
     out.writerow(["attempt", "rank", "step", "key", "value", "time", "superseded", "label", "display_unit",
                   "display_scale"])
-    specs: dict[str, tuple[str, str, str]] = {}
+    specs: dict[str, tuple[str, str]] = {}
     with sessions() as session:
         for row in iter_metric_rows(session, run_id):
             attempt, rank, step, key, value, wall, superseded = row
             if key not in specs:
                 spec = metric_registry.spec_for(key)
-                specs[key] = (spec.label, spec.unit, f"{spec.scale:g}")
+                specs[key] = (spec.label, spec.unit)
+            scale = metric_registry.display_scale(key, (value,))  # a share logged in percent: 1
             out.writerow([attempt, rank, step, key, "nan" if value is None else repr(value), f"{wall:.6f}",
-                          int(superseded), *specs[key]])
+                          int(superseded), *specs[key], f"{scale:g}"])
 

@@ -1,6 +1,8 @@
 """The CLI's request verbs: ``submit``, ``cancel``, ``pause``, ``stacks``, ``resume``, ``rerun``,
 ``fork``, ``pin``. Each validates, writes a request into the database and prints what it did; the scheduler
-carries it out (the CLI never starts or signals a training process).
+carries it out (the CLI never starts or signals a training process). A bad value (a config, a
+``--step`` or ``--checkpoint`` that names none of the run's checkpoints) exits with code 2; a run
+whose state refuses the request with 1.
 """
 
 from __future__ import annotations
@@ -11,11 +13,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
+from sqlalchemy import select
 
-from db.models import Run
+from db.models import Checkpoint, Run
 from db.requests import RequestRefused, request_cancel, request_rerun, request_resume, request_stack_dump, set_pinned
 from db.vocabulary.config import ConfigError, effective_batch_change, plausibility_warnings
 from db.vocabulary.settings import load_settings
+from orchestrator.alerts.store import AlertStore
 from orchestrator.cli.base import (
     COUNT,
     EXIT_USAGE,
@@ -43,14 +47,35 @@ def submit(config_file: Path, overrides: tuple[str, ...], as_json: bool) -> None
     settings = load_settings()
     try:
         inventory = known_inventory(settings.scheduler_file)
-        config = validate_file(config_file, list(overrides), inventory)
+        channels = AlertStore(settings.home).config_problems
+        config = validate_file(config_file, list(overrides), inventory, channels=channels)
         for warning in plausibility_warnings(config):  # queued all the same: the shell has no "are you sure"
             click.echo(f"warning: {config_file}: {warning}", err=True)
-        run_id = submit_run(open_sessions(settings), settings, config, inventory)
+        run_id = submit_run(open_sessions(settings), settings, config, inventory, channels=channels)
     except ConfigError as exc:
         click.echo(f"error: {config_file}: {exc}\nnothing was queued.", err=True)
         sys.exit(EXIT_USAGE)
     click.echo(json.dumps({"id": run_id}) if as_json else str(run_id))
+
+
+def check_named_checkpoint(sessions: sessionmaker[Session], run_id: int, step: int | None,
+                           checkpoint_id: int | None) -> None:
+    """Exit 2 when ``--step`` or ``--checkpoint`` names none of the run's checkpoints (deleted
+    ones included: whether one can be used is the request's to say, with exit 1)."""
+    if step is None and checkpoint_id is None:
+        return
+    with sessions() as session:
+        rows = session.execute(select(Checkpoint.id, Checkpoint.step, Checkpoint.deleted)
+                               .where(Checkpoint.run_id == run_id).order_by(Checkpoint.step, Checkpoint.id)).all()
+    kept = [(i, s) for i, s, deleted in rows if not deleted]
+    if checkpoint_id is not None and checkpoint_id not in {i for i, _, _ in rows}:
+        listed = ", ".join(f"#{i} (step {s})" for i, s in kept[-10:]) or "none"
+        fail(f"--checkpoint {checkpoint_id}: run {run_id} has no checkpoint {checkpoint_id}; its checkpoints: "
+             f"{listed} (`runyard show {run_id}` lists them)", EXIT_USAGE)
+    if checkpoint_id is None and step is not None and step not in {s for _, s, _ in rows}:
+        listed = ", ".join(map(str, sorted({s for _, s in kept})[-10:])) or "none"
+        fail(f"--step {step}: run {run_id} has no checkpoint at that step; its checkpoints' steps: {listed} "
+             f"(`runyard show {run_id}` lists them)", EXIT_USAGE)
 
 
 def _stop_run(run: str, as_json: bool, mode: str) -> None:
@@ -106,6 +131,7 @@ def resume(run: str, step: int | None, checkpoint_id: int | None, as_json: bool)
     """Resume a finished run from one of its checkpoints (a new attempt of the same run)."""
     sessions = open_sessions(load_settings())
     run_id = resolve_ref(sessions, run)
+    check_named_checkpoint(sessions, run_id, step, checkpoint_id)
     with sessions() as session:
         try:
             chosen = request_resume(session, run_id, step, who="cli", checkpoint_id=checkpoint_id)
@@ -149,9 +175,10 @@ def fork(run: str, step: int | None, checkpoint_id: int | None, overrides: tuple
     settings = load_settings()
     sessions = open_sessions(settings)
     parent = resolve_ref(sessions, run)
+    check_named_checkpoint(sessions, parent, step, checkpoint_id)
     try:
         new_id = fork_run(sessions, settings, parent, step, list(overrides), known_inventory(settings.scheduler_file),
-                          checkpoint_id=checkpoint_id)
+                          checkpoint_id=checkpoint_id, channels=AlertStore(settings.home).config_problems)
     except ConfigError as exc:
         click.echo(f"error: {exc}\nnothing was queued.", err=True)
         sys.exit(EXIT_USAGE)
@@ -181,9 +208,10 @@ def pin(run: str, step: int | None, checkpoint_id: int | None, unpin: bool) -> N
     """Pin a checkpoint so that retention never deletes it (or --unpin). A script's own checkpoint
     file is copied into the run's folder, where the script cannot overwrite it."""
     if step is None and checkpoint_id is None:
-        fail("name the checkpoint: --step N or --checkpoint ID (`runyard show RUN` lists them)")
+        fail("name the checkpoint: --step N or --checkpoint ID (`runyard show RUN` lists them)", EXIT_USAGE)
     sessions = open_sessions(load_settings())
     run_id = resolve_ref(sessions, run)
+    check_named_checkpoint(sessions, run_id, step, checkpoint_id)
     with sessions() as session:
         try:
             set_pinned(session, run_id, step or 0, not unpin, checkpoint_id=checkpoint_id)

@@ -24,7 +24,7 @@ from pathlib import Path
 import click
 import psutil
 
-from db.home import home_writable
+from db.home import check_folder, home_writable
 from db.vocabulary.settings import EnvSettings, Settings, load_settings
 from orchestrator.cli.base import EXIT_USAGE, RunyardCommand, fail, open_existing, open_sessions
 from orchestrator.own_processes import PACKAGES_ROOT, STARTED_IN, move_into, server_command
@@ -38,6 +38,7 @@ from orchestrator.ui_access import (
     ensure_token,
     login_url,
     parse_allowed_hosts,
+    read_token,
     read_ui_file,
     rotate_token,
 )
@@ -204,9 +205,9 @@ def token(rotate: bool, scrape: bool) -> None:
     """Print the URL that logs a browser into the UI (it holds the access token)."""
     settings = load_settings()
     if scrape:
-        scrape_token(settings.scrape_token_file, rotate)
+        scrape_token(settings, rotate)
         return
-    value = rotate_token(settings.token_file) if rotate else ensure_token(settings.token_file)
+    value = token_value(settings, settings.token_file, rotate, "token")
     recorded = read_ui_file(settings.home) or {}
     host, port = str(recorded.get("host") or "127.0.0.1"), recorded.get("port")
     port = port if isinstance(port, int) else 8501
@@ -223,10 +224,30 @@ def token(rotate: bool, scrape: bool) -> None:
     click.echo(login_url(host, port, value))
 
 
-def scrape_token(path: Path, rotate: bool) -> None:
+def token_value(settings: Settings, path: Path, rotate: bool, what: str) -> str:
+    """The token in ``path``: created on first use, or replaced with ``rotate``. A data folder
+    that cannot be written (an archived copy, a read-only mount) still has its token read, for
+    the viewer `runyard ui` serves there; only creating or replacing one is refused (exit 1)."""
+    if check_folder(settings.home, f"data folder {settings.home}", create=False, write=False):
+        return rotate_token(path) if rotate else ensure_token(path)
+    copy = "copy the folder somewhere writable and set RUNYARD_HOME to the copy"
+    if rotate:
+        fail(f"data folder {settings.home} is not writable, so its {what} cannot be replaced; {copy}")
+    try:
+        value = read_token(path)
+    except OSError as exc:
+        fail(f"data folder {settings.home} is not writable and its {what} file {path} cannot be read: "
+             f"{exc.strerror}")
+    if value is None:
+        fail(f"data folder {settings.home} is not writable and holds no {what} file ({path}); {copy}")
+    click.echo(f"runyard: {settings.home} cannot be written; this is the {what} it holds", err=True)
+    return value
+
+
+def scrape_token(settings: Settings, rotate: bool) -> None:
     """Print (created on first use, or replaced) the token Prometheus sends as ``Authorization:
     Bearer TOKEN`` to ``GET /metrics``. It opens nothing else and expires only when rotated."""
-    value = rotate_token(path) if rotate else ensure_token(path)
+    value = token_value(settings, settings.scrape_token_file, rotate, "scrape token")
     if rotate:
         click.echo("the scrape token was replaced: Prometheus must send the new one (the UI's token is unchanged)",
                    err=True)

@@ -333,7 +333,7 @@ def test_cli_requests_that_cannot_be_met_say_why(queued_and_cancelling: tuple[Cl
     cli, queued, cancelling = queued_and_cancelling
     cases = [
         (["logs", str(queued)], 1, [f"run {queued} has no attempts yet", "QUEUED"]),
-        (["logs", str(queued), "--rank", "7"], 1, ["--rank 7", "ranks 0 to 1"]),
+        (["logs", str(queued), "--rank", "7"], 2, ["--rank 7", "ranks 0 to 1"]),
         (["logs", str(queued), "--attempt", "3"], 1, [f"run {queued} has no attempts yet"]),
         (["ls", "--status", "bogus"], 2, ["'bogus'", "QUEUED, STARTING, RUNNING"]),
         (["resume", str(cancelling)], 1, ["is being stopped (CANCELLING)", "wait until it is PAUSED or CANCELLED"]),
@@ -362,7 +362,7 @@ def test_logs_of_a_finished_run_refuse_a_wrong_rank_or_attempt(tmp_path: Path) -
     for args, expected in [(["--attempt", "2"], "--attempt 2: run 1 has attempts 1 to 1"),
                            (["--rank", "2"], "--rank 2: run 1 has ranks 0 to 1")]:
         result = cli("logs", str(run_id), *args)
-        assert result.returncode == 1 and expected in one_error_line(result)
+        assert result.returncode == 2 and expected in one_error_line(result)
 
 
 # -- item 10: one home per user; read-only verbs create nothing ------------------------------

@@ -76,3 +76,15 @@ def test_run_page_shows_its_alerts_and_the_runs_list_marks_open_ones(settings: S
     (row,) = expander.dataframe[0].value.to_dict("records")
     assert row["trigger"] == "failed" and row["state"] == "open"
     assert row["delivery"] == "delivered 1, failed 1 (HTTP 500)"
+
+
+def test_settings_refuses_a_channel_to_the_metadata_address_in_any_spelling(settings: Settings) -> None:
+    """Issue 52, item 7: Settings → Alerts refuses what `runyard alerts add` refuses, when it is
+    added (169.254.169.254 written as one number here), and adds nothing."""
+    at = open_page("views/settings.py")
+    at.text_input(key="alert_url").set_value("json://2852039166/")
+    next(b for b in at.button if b.label == "Add channel").click().run()
+    no_exception(at)
+    assert any("2852039166 is 169.254.169.254, a cloud metadata address; refused" in e.value.replace("\\", "")
+               for e in at.error), [e.value for e in at.error]
+    assert AlertStore(settings.home).load().channels == ()

@@ -40,7 +40,7 @@ def test_edit_shows_in_show_and_ls_and_refuses_a_bad_name_with_the_rule(settings
     code, out, _ = run("ls")
     assert out.splitlines()[1].split()[1] == "renamed" and out.splitlines()[1].endswith("baseline")
     code, _, err = run("edit", "1", "--name", "two words", "--remove-tag", "nope")
-    assert code == 1
+    assert code == 2  # bad input (docs/CLI.md's exit codes)
     assert "name 'two words': use letters, digits" in err and "remove tag 'nope'" in err
     assert json.loads(run("show", "1", "--json")[1])["name"] == "renamed"  # nothing changed
     code, _, err = run("edit", "1")
@@ -80,7 +80,7 @@ def test_rm_refuses_an_active_run_asks_first_and_deletes_the_folder(settings: Se
     assert code == 0 and "Delete run #1 digits-ddp (SUCCEEDED)" in out and out.strip().endswith("nothing deleted")
     assert folder.is_dir()
     code, _, err = run("rm", "1")  # no answer at all
-    assert code == 1 and "nothing deleted: no answer; `runyard rm 1 --yes`" in err
+    assert code == 2 and "nothing deleted: no answer; `runyard rm 1 --yes`" in err
     code, out, _ = run("rm", "1", "--yes")
     assert code == 0 and out.strip() == f"run 1 deleted with its folder {folder}"
     assert not folder.exists() and json.loads(run("ls", "--json", "--archived")[1]) == []

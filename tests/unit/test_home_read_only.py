@@ -278,6 +278,30 @@ def test_runyard_ui_serves_a_read_only_home_with_its_token_and_refuses_one_witho
         assert not (home / "ui.json").exists()
 
 
+def test_runyard_token_prints_a_read_only_homes_token_and_refuses_only_to_make_one(tmp_path: Path) -> None:
+    """Issue 52, item 13: the viewer `runyard ui` serves on a read-only home asks for the token,
+    so `runyard token` prints the one the folder holds; it refuses to create or replace one."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    with read_only(home) as how:
+        none = runyard(home, "token")
+        assert none.returncode == 1, (how, none.stdout, none.stderr)
+        assert none.stderr.strip().splitlines()[-1] == (
+            f"error: data folder {home} is not writable and holds no token file ({home / 'token'}); copy the "
+            "folder somewhere writable and set RUNYARD_HOME to the copy")
+    (home / "token").write_text("t0ken-of-the-archive\n")
+    (home / "token").chmod(0o600)
+    with read_only(home) as how:
+        shown = runyard(home, "token")
+        assert shown.returncode == 0, (how, shown.stdout, shown.stderr)
+        assert shown.stdout.strip() == "http://127.0.0.1:8501/?token=t0ken-of-the-archive"
+        assert f"runyard: {home} cannot be written; this is the token it holds" in shown.stderr
+        rotated = runyard(home, "token", "--rotate")
+        assert rotated.returncode == 1 and "so its token cannot be replaced" in rotated.stderr, rotated.stderr
+        assert runyard(home, "token", "--scrape").returncode == 1  # none to show, none can be made
+    assert (home / "token").read_text() == "t0ken-of-the-archive\n"
+
+
 def test_a_server_database_is_opened_as_usual_by_the_read_only_engine() -> None:
     """A viewer on a read-only home with PostgreSQL: no SQLite pragma may be sent to the server
     (no server runs here: the URL is only parsed, nothing connects)."""

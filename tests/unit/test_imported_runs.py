@@ -67,10 +67,10 @@ def test_import_makes_a_finished_run_with_every_tag_on_its_own_steps(settings: S
 def test_import_names_what_is_wrong_with_the_folder(settings: Settings, tmp_path: Path) -> None:
     runner = CliRunner()
     result = runner.invoke(cli, ["import", "tensorboard", str(tmp_path / "none")])
-    assert result.exit_code == 1 and "no such folder" in result.output and "nothing was imported" in result.output
+    assert result.exit_code == 2 and "no such folder" in result.output and "nothing was imported" in result.output
     (tmp_path / "empty").mkdir()
     result = runner.invoke(cli, ["import", "tensorboard", str(tmp_path / "empty")])
-    assert result.exit_code == 1 and "no TensorBoard event file" in result.output
+    assert result.exit_code == 2 and "no TensorBoard event file" in result.output
     assert json.loads(invoke("ls", "--json")) == []
 
 

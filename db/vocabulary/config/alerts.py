@@ -34,7 +34,8 @@ class AlertsConfig(_Section):
     """Triggers turned off for this run, e.g. `["gpu_idle"]`."""
 
     channels: tuple[str, ...] = Field(default=(), strict=False)
-    """Ids of the channels (`runyard alerts ls`) this run's alerts go to, e.g. `["1", "3"]`; empty: every channel."""
+    """Ids of the channels (`runyard alerts ls`) this run's alerts go to, e.g. `["1", "3"]`; empty: every channel.
+    An id that names no channel is refused at submit."""
 
     repeat_s: float = Field(default=3600.0, ge=0, allow_inf_nan=False, title="Repeat every (s)")
     """An alert still true is sent again after this many seconds (0: never again)."""

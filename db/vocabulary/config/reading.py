@@ -70,12 +70,28 @@ _STRICT_HINTS = {
 }
 
 
+# A value is shown in a problem up to this many characters (a list of 10,000 tags is not).
+SHOWN_MAX = 200
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)``, cut to :data:`SHOWN_MAX` characters with the number of items said."""
+    text = repr(value)
+    if len(text) <= SHOWN_MAX:
+        return text
+    items = f", {len(value)} items" if isinstance(value, (list, tuple, dict)) else ""
+    return f"{text[:SHOWN_MAX]}... ({len(text)} characters{items})"
+
+
 def _describe(err: ErrorDetails) -> list[str]:
     loc = _plain_loc(err)
     field = _location(loc)
     if err["type"] == "value_error" and isinstance(err["input"], dict):  # checks across fields, one per line
         messages = err["msg"].removeprefix("Value error, ").split(PROBLEM_SEPARATOR)
         return [f"{field}: {message}" if loc else message for message in messages]
+    if err["type"] == "value_error" and isinstance(err["input"], (list, tuple)):  # each item's problem, one per line
+        messages = err["msg"].removeprefix("Value error, ").split(PROBLEM_SEPARATOR)
+        return [f"{field} = {_shown(err['input'])}: {message}" for message in messages]
     if err["type"] in ("union_tag_invalid", "union_tag_not_found") and loc == ("workload", "kind"):
         kind = err["input"].get("kind") if isinstance(err["input"], dict) else None
         kinds = ", ".join(repr(k) for k in WORKLOAD_KINDS[:-1]) + f" or {WORKLOAD_KINDS[-1]!r}"
@@ -86,9 +102,9 @@ def _describe(err: ErrorDetails) -> list[str]:
     if err["type"] == "extra_forbidden":
         return [f"{field}: unknown key (value {err['input']!r}); check the spelling against docs/CONFIG.md"]
     if err["type"] == "string_pattern_mismatch" and (hint := _pattern_help(loc)):
-        return [f"{field} = {err['input']!r}: use {hint}"]
+        return [f"{field} = {_shown(err['input'])}: use {hint}"]
     message = err["msg"].removeprefix("Value error, ")
-    return [f"{field} = {err['input']!r}: {message}{_STRICT_HINTS.get(err['type'], '')}"]
+    return [f"{field} = {_shown(err['input'])}: {message}{_STRICT_HINTS.get(err['type'], '')}"]
 
 
 def _other_kinds_field(name: str, value: Any, kind: str, owners: list[str]) -> str:

@@ -7,15 +7,16 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, Field, ValidationInfo, model_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from db.vocabulary.config.alerts import AlertsConfig
 from db.vocabulary.config.base import BUILT_IN_KINDS, PROBLEM_SEPARATOR, _Section, field_kinds, lenient
 from db.vocabulary.config.checkpoint import CheckpointConfig
+from db.vocabulary.config.labels import NAME_HELP, NAME_MAX, NAME_PATTERN, tags_problems
 from db.vocabulary.config.launch import LaunchConfig, SlurmConfig
 from db.vocabulary.config.supervision import RetryConfig, SupervisionConfig
 from db.vocabulary.config.train import ParallelConfig, TrainConfig
-from db.vocabulary.config.workload import MlpDigitsWorkload, ScriptWorkload, WorkloadConfig
+from db.vocabulary.config.workload import STORED, MlpDigitsWorkload, ScriptWorkload, WorkloadConfig
 
 # Values that are allowed but rarely meant: the New run page asks before it starts such a run,
 # and `runyard submit` prints the warning. (field, test, why)
@@ -58,14 +59,24 @@ class RunConfig(_Section):
         return self
 
     name: str = Field(
-        default="run", min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
-        json_schema_extra={"pattern_help": "letters, digits, '.', '_' and '-', starting with a letter or digit "
-                                           "(no spaces)"},
+        default="run", min_length=1, max_length=NAME_MAX, pattern=NAME_PATTERN,
+        json_schema_extra={"pattern_help": NAME_HELP},
     )
     """Name shown in the dashboard: letters, digits, `.`, `_`, `-`; not unique."""
 
     tags: tuple[str, ...] = Field(default=(), strict=False)
-    """Free-form labels for filtering the runs list."""
+    """Labels for filtering the runs list, the same rule as `runyard edit --add-tag`: each
+    letters, digits and `. _ : / + = -`, starting with a letter or digit, at most 40 characters;
+    at most 20 a run."""
+
+    @field_validator("tags")
+    @classmethod
+    def _tags(cls, tags: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        """The rule of a tag added later (db/vocabulary/config/labels.py); a config runyard stored
+        before the rule (the ``STORED`` context) still opens."""
+        if not (info.context and info.context.get(STORED)) and (problems := tags_problems(tags)):
+            raise ValueError(PROBLEM_SEPARATOR.join(problems))
+        return tags
 
     # "common": the New run page shows these sections open, the others folded.
     workload: WorkloadConfig = Field(default=MlpDigitsWorkload(), json_schema_extra={"common": True})
