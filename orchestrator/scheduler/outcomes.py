@@ -333,10 +333,17 @@ def _apply_retry_policy(session: Session, run: Run, attempt: Attempt, failure: F
                               Attempt.cause.is_not(None)).order_by(Attempt.number)
     ).scalars().all()
     script = config.workload.kind == "script"
+    # The newest step each attempt saved a checkpoint of its own at (a refused one does not count:
+    # no attempt can start from it), for the retry policy's "no progress past its start".
+    saved: dict[int, int] = {number: step for number, step in session.execute(
+        select(Checkpoint.attempt, func.max(Checkpoint.step))
+        .where(Checkpoint.run_id == run.id, Checkpoint.refused_reason.is_(None))
+        .group_by(Checkpoint.attempt))}
 
     def outcome(a: Attempt) -> AttemptOutcome:
         return AttemptOutcome(a.number, Cause(a.cause), a.exception, a.last_step,
-                              steps_known=not script or a.first_step_at is not None)
+                              steps_known=not script or a.first_step_at is not None,
+                              resumed_from=a.resume_step, saved_at=saved.get(a.number))
 
     decision = decide(outcome(attempt), [outcome(a) for a in earlier], run.retries_used, config.retry,
                       attempt_config(run, attempt).train.model_dump())
