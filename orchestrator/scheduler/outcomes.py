@@ -33,6 +33,7 @@ from orchestrator.scheduler.failures import (
 )
 from orchestrator.scheduler.retry import AttemptOutcome, decide, halved_micro_batch
 from orchestrator.scheduler.storage import deleted_message, run_dir_deleted, storage_fault, writable_problem
+from orchestrator.scheduler.watchdog import HANDLER_DEADLOCK
 
 logger = logging.getLogger(__name__)
 
@@ -277,6 +278,10 @@ def _diagnose(attempt: Attempt, exited: dict[str, Any] | None, stopped: dict[str
         # runyard killed every rank, so the exit codes say nothing about which one hung: the rank
         # is the one the stacks named when the hang was detected (orchestrator/scheduler/watchdog.py).
         base = classify(Path(attempt.dir), code) if exited else None
+        if attempt.cause == Cause.USER_ERROR.value:
+            # The stacks found the named rank waiting inside its exception handler (watchdog.py).
+            return Failure(Cause.USER_ERROR, attempt.failed_rank, attempt.exception,
+                           stderr_tail(Path(attempt.dir), attempt.failed_rank), detail=HANDLER_DEADLOCK)
         return Failure(Cause.HANG, attempt.failed_rank,
                        f"no progress after step {attempt.last_step or 0}; stacks in {Path(attempt.dir) / 'stacks'}",
                        base.log_tail if base else "")

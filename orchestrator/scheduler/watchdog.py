@@ -1,7 +1,9 @@
 """The hang watchdog: an attempt with no completed step for too long is hung. Evidence first
 (every rank's stacks, taken off the tick by orchestrator/executors/stacks.py), then the kill, then the
 retry policy. When one rank alone stopped, the stacks name it and the attempt records it as the
-failing rank."""
+failing rank. When that rank waits inside an exception handler (it raised, and its handler waits
+for the other ranks: Lightning's ``OnExceptionCheckpoint``, Lightning #20187), the attempt is booked
+as that rank's exception (``USER_ERROR``), not as a hang, and the retry policy treats it as one."""
 
 from __future__ import annotations
 
@@ -17,8 +19,11 @@ from sqlalchemy.orm import Session
 from db import metricstore
 from db.models import Attempt, Event, Run
 from db.states import AttemptPhase, SignalSent, StopReason
+from db.vocabulary.causes import Cause
 from db.vocabulary.config import SupervisionConfig
-from orchestrator.executors.stacks import StackDump, StackDumps, stack_frames
+from orchestrator.executors.logs import rank_log_files
+from orchestrator.executors.stacks import RankStack, StackDump, StackDumps, in_handler, stack_frames
+from orchestrator.scheduler.failures import stderr_exception, with_location
 from orchestrator.scripts.attempt_watch import WATCH_STEPS_OR_OUTPUT, watching_words
 
 if TYPE_CHECKING:
@@ -31,6 +36,10 @@ logger = logging.getLogger(__name__)
 STACKS_WAIT_S = 2.0
 # The kill waits for the dump at most this long (a dump bounds itself to about 12 s).
 DUMP_MAX_WAIT_S = 30.0
+# Said after the exception of a rank found waiting inside its exception handler.
+HANDLER_DEADLOCK = ("it waited inside its exception handler for the other ranks, which waited elsewhere: a "
+                    "deadlock, not a hang (Lightning's OnExceptionCheckpoint with more than one rank does this: "
+                    "docs/frameworks.md)")
 
 
 def hang_key(run_id: int, attempt: int) -> tuple[str, int, int]:
@@ -156,6 +165,11 @@ def _record_dump(session: Session, run: Run, attempt: Attempt, result: StackDump
         attempt.failed_rank = rank
         found = f"; {why}" if rank is not None else "; the stacks do not single out one rank"
         found += top_frames_of(result, rank)  # alerts: the hang alert carries these (orchestrator/alerts)
+        handling = in_handler(result.ranks)
+        if handling is not None and handling.rank == rank:
+            # Settled as this exception (orchestrator/scheduler/outcomes.py), not as a hang.
+            attempt.cause, attempt.exception = Cause.USER_ERROR.value, handled_exception(Path(attempt.dir), handling)
+            found += f"; booked as rank {rank}'s exception, not a hang: {attempt.exception}"
         message = f"{result.summary()}{found}; {then}"
     elif isinstance(result, BaseException):
         message = f"the stack dump failed ({result}); {then}"
@@ -163,6 +177,17 @@ def _record_dump(session: Session, run: Run, attempt: Attempt, result: StackDump
         waited = now - (attempt.hang_detected_at or now)
         message = f"the stack dump did not finish in {waited:.0f} s; {then}"
     session.add(Event(run_id=run.id, attempt=attempt.number, at=now, level="error", kind="stacks", message=message))
+
+
+def handled_exception(attempt_dir: Path, rank: RankStack) -> str:
+    """The exception a rank waits inside the handler of: the first traceback in its stderr, with
+    its place, when the script printed one; else its type as py-spy saw it among the handler's
+    variables, with the handler's place; else "an exception", with the handler's place."""
+    stderr = next((p for p in rank_log_files(attempt_dir).get(rank.rank, []) if p.name == "stderr.log"), None)
+    raised = stderr_exception(stderr) if stderr is not None else None
+    if raised is not None:
+        return with_location(raised.exception, raised.location)
+    return f"{rank.exception or 'an exception'} (handled at {rank.handler.place if rank.handler else '?'})"
 
 
 def top_frames_of(result: StackDump, rank: int | None, count: int = 3) -> str:
