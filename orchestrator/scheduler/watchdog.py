@@ -24,6 +24,7 @@ from db.vocabulary.config import SupervisionConfig
 from orchestrator.executors.logs import rank_log_files
 from orchestrator.executors.stacks import RankStack, StackDump, StackDumps, in_handler, stack_frames
 from orchestrator.scheduler.failures import stderr_exception, with_location
+from orchestrator.scheduler.storage import StorageFaults
 from orchestrator.scripts.attempt_watch import WATCH_STEPS_OR_OUTPUT, watching_words
 
 if TYPE_CHECKING:
@@ -67,14 +68,18 @@ def hang_threshold_s(session: Session, run_id: int, attempt: int, config: Superv
 
 
 def check(session: Session, run: Run, attempt: Attempt, config: SupervisionConfig, script: bool,
-          dumps: StackDumps, executor: Executor, now: float | None = None, output_at: float | None = None) -> None:
+          dumps: StackDumps, executor: Executor, now: float | None = None, output_at: float | None = None,
+          storage: StorageFaults | None = None) -> None:
     """Call for a live attempt on every tick: detects a hang, starts the stack dump, and kills
     once the dump is done (or has run out of time).
 
     ``script``: the run is the user's own script, which may never report a step. ``executor``:
     the one that runs the attempt (it takes the stacks and kills). ``output_at``: when a script's
     ranks last wrote output; a script that reports a step once an epoch but prints meanwhile is
-    alive while its output keeps coming (said once, in a ``watch`` event).
+    alive while its output keeps coming (said once, in a ``watch`` event). ``storage``: the
+    scheduler's storage faults; while the attempt's folder or the database cannot be written, its
+    progress cannot be recorded, and no hang is called (said once, in a ``disk`` event); after
+    one, the ranks get the whole threshold again to report.
     """
     now = time.time() if now is None else now
     if attempt.hang_detected_at is None:
@@ -93,10 +98,21 @@ def check(session: Session, run: Run, attempt: Attempt, config: SupervisionConfi
             if now - since <= config.hang_timeout_s:
                 return  # the threshold is never below hang_timeout_s: no need to read step times
             threshold = hang_threshold_s(session, run.id, attempt.number, config)
+        if storage is not None and storage.cleared_at is not None:
+            since = max(since, storage.cleared_at)  # nothing the ranks reported could be stored until then
         if now - since <= threshold:
             return
         if script and attempt.first_step_at is not None and output_at is not None and now - output_at <= threshold:
             _output_is_life(session, run, attempt, now - since, now - output_at, threshold, now)
+            return
+        problem = storage.problem(Path(attempt.dir), f"run {run.id} attempt {attempt.number}'s hang check", now) \
+            if storage is not None else None
+        if problem is not None:
+            if storage is not None and storage.hold(run.id, attempt.number):
+                session.add(Event(run_id=run.id, attempt=attempt.number, at=now, level="warning", kind="disk",
+                                  message=f"no progress recorded for {now - since:.0f} s (threshold {threshold:.0f} s) "
+                                          f"while the storage cannot be written ({problem}): not called a hang, "
+                                          "since no progress can be recorded; watched again once it can"))
             return
         dumps.start(hang_key(run.id, attempt.number), executor.stack_dump(run, attempt))
         attempt.hang_detected_at = now
