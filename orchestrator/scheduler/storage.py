@@ -224,7 +224,7 @@ class StorageFaults:
         count = sum(fault.failures.values())
         places = ", ".join(f"{where} {n}" for where, n in sorted(fault.failures.items()))
         self.logger.warning("storage fault over after %.0f s: %s; %d failed write(s) meanwhile (%s)",
-                            now - fault.first_at, fault.text, count, places)
+                            now - fault.first_at, fault.fault.describe() if fault.fault else fault.text, count, places)
 
     def seen_since(self, since: float) -> StorageFault | None:
         """The path and errno of a storage fault that went on at or after ``since`` (an attempt's
