@@ -33,6 +33,7 @@ from db import metricstore
 from db.models import Attempt, Event, MetricName, MetricPoint, Run, RunStatusHistory, SchedulerHeartbeat, SystemMetric
 from db.requests import newest_intact
 from db.states import ACTIVE, RunStatus
+from db.vocabulary.causes import Cause
 from db.vocabulary.config import AlertsConfig, RetryConfig, RunConfig, SupervisionConfig
 from db.vocabulary.cost import ETA_WINDOW, cost_usd, eta_estimate
 
@@ -223,6 +224,8 @@ class Evaluator:
                 Event.at >= detected - 1).order_by(Event.id.desc()).limit(1)).first()
             if stacks is None and self.now - detected < HANG_STACKS_WAIT_S:
                 continue  # the dump is still being taken: the alert carries its frames
+            if attempt.cause == Cause.USER_ERROR.value:
+                continue  # the stacks found a rank inside its exception handler: a failure, told as one
             since = attempt.progress_at or attempt.first_step_at or attempt.started_at
             frames = FRAMES.search(stacks.message) if stacks is not None else None
             rank = attempt.failed_rank

@@ -11,8 +11,10 @@ can take seconds per process (ptrace, a large heap), so dumps run on a small thr
 later tick, and no run's supervision waits for another run's dump.
 
 When one rank alone stopped, the dump names it (:func:`culprit`): the rank that was stopped
-(state T, e.g. SIGSTOP), or the only rank whose stack is outside a collective while the others
-wait inside one.
+(state T, e.g. SIGSTOP), a rank that waits inside an exception handler while the others do not
+(orchestrator/executors/exception_handlers.py: it raised, and its handler waits for the others;
+py-spy is asked once more, with ``--locals``, for the type of the exception it handles), or the
+only rank whose stack is outside a collective while the others wait inside one.
 """
 
 from __future__ import annotations
@@ -28,12 +30,13 @@ import sys
 import time
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import psutil
 
 from db.vocabulary.layout import AttemptPaths
+from orchestrator.executors.exception_handlers import Frame, exception_in_locals, handler_frame, main_thread_frames
 from orchestrator.executors.processes import rank_processes
 
 logger = logging.getLogger(__name__)
@@ -59,6 +62,8 @@ class RankStack:
     stopped: bool  # in state T (SIGSTOP, a debugger) when the dump began
     text: str  # its newest stacks: what faulthandler appended, else py-spy's output
     note: str = ""  # why no stack could be taken, when none was (empty otherwise)
+    handler: Frame | None = None  # the frame of its main thread inside an exception handler, if any
+    exception: str | None = None  # the type of the exception that handler handles, when py-spy showed it
 
     @property
     def in_collective(self) -> bool:
@@ -92,14 +97,21 @@ def culprit(ranks: list[RankStack]) -> tuple[int | None, str]:
     """The rank that alone stopped, and why it is named; ``(None, "")`` when the stacks do not
     single one out (every rank waits, or several are outside a collective).
 
-    First a rank that was stopped (state T) while the others were not; then the one rank whose
-    stacks show no collective while every other rank waits in one.
+    First a rank that was stopped (state T) while the others were not; then a rank that waits
+    inside an exception handler while the others do not (the lowest, when several but not all
+    do: :func:`in_handler`); then the one rank whose stacks show no collective while every other
+    rank waits in one.
     """
     if len(ranks) < 2:
         return None, ""
     stopped = [r for r in ranks if r.stopped]
     if len(stopped) == 1:
         return stopped[0].rank, f"rank {stopped[0].rank} was stopped (process state T) while the others ran"
+    handling = in_handler(ranks)
+    if handling is not None:
+        raised = f"it raised {handling.exception} and " if handling.exception else "it raised and "
+        return handling.rank, (f"rank {handling.rank} waits inside an exception handler ({handling.handler}): "
+                               f"{raised}its handler waits for the other ranks, which wait elsewhere")
     known = [r for r in ranks if r.text.strip()]
     outside = [r for r in known if not r.in_collective]
     if len(outside) == 1 and len(known) == len(ranks):
@@ -107,6 +119,13 @@ def culprit(ranks: list[RankStack]) -> tuple[int | None, str]:
         return outside[0].rank, (f"rank {outside[0].rank} is outside any collective ({where}) while the other "
                                  "ranks wait in one")
     return None, ""
+
+
+def in_handler(ranks: list[RankStack]) -> RankStack | None:
+    """The rank that waits inside an exception handler while the others do not (the lowest when
+    several do), or None: none does, or every rank does (then no one rank raised alone)."""
+    handling = [r for r in ranks if r.handler is not None]
+    return min(handling, key=lambda r: r.rank) if handling and len(handling) < len(ranks) else None
 
 
 def _top_frame(text: str) -> str:
@@ -125,21 +144,7 @@ def _top_frame(text: str) -> str:
 def stack_frames(text: str) -> list[str]:
     """The frames of the main thread of a faulthandler or py-spy dump (faulthandler's "Current
     thread", py-spy's "MainThread"; else the first thread), innermost first (``func at file.py:line``)."""
-    blocks: list[tuple[str, list[str]]] = []
-    for line in text.splitlines():
-        line = line.strip()
-        if line.startswith(("Thread ", "Current thread ")):
-            blocks.append((line, []))
-            continue
-        m = re.match(r'File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)', line)
-        if m is None:
-            m = re.match(r"(?P<func>\S+) \((?P<path>.+):(?P<line>\d+)\)$", line)  # py-spy: func (path:line)
-        if m is not None:
-            if not blocks:
-                blocks.append(("", []))
-            blocks[-1][1].append(f"{m['func']} at {Path(m['path']).name}:{m['line']}")
-    main = [frames for header, frames in blocks if frames and ("Current thread" in header or "MainThread" in header)]
-    return main[-1] if main else next((frames for _, frames in blocks if frames), [])
+    return [str(frame) for frame in main_thread_frames(text)]
 
 
 def py_spy_path() -> str | None:
@@ -281,13 +286,17 @@ def _faulthandler(procs: dict[int, psutil.Process], folder: Path) -> tuple[dict[
 
 
 def _py_spy(py_spy: str, procs: dict[int, psutil.Process], folder: Path,
-            stopped: set[int] | frozenset[int] = frozenset()) -> dict[int, str]:
-    """``py-spy dump`` of every rank at once; each is ended after PY_SPY_TIMEOUT_S. A rank in
+            stopped: set[int] | frozenset[int] = frozenset(), local_variables: bool = False) -> dict[int, str]:
+    """``py-spy dump`` of every rank at once, with full file names (the exception-handler check
+    parses the files); each is ended after PY_SPY_TIMEOUT_S. A rank in
     ``stopped`` (SIGSTOP, state T) is read with ``--nonblocking``: py-spy would try to suspend
-    it and fail ("Failed to suspend process"), and a stopped process's memory holds still anyway."""
+    it and fail ("Failed to suspend process"), and a stopped process's memory holds still anyway.
+    ``local_variables``: with ``--locals`` (each frame's arguments and locals, by type), into
+    ``py-spy-<pid>-locals.txt``."""
     running: dict[int, tuple[psutil.Process, subprocess.Popen[str]]] = {}
     for rank, proc in procs.items():
-        argv = [py_spy, "dump", *(["--nonblocking"] if rank in stopped else []), "--pid", str(proc.pid)]
+        argv = [py_spy, "dump", "--full-filenames", *(["--locals"] if local_variables else []),
+                *(["--nonblocking"] if rank in stopped else []), "--pid", str(proc.pid)]
         try:
             running[rank] = (proc, subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
         except OSError as exc:
@@ -303,7 +312,7 @@ def _py_spy(py_spy: str, procs: dict[int, psutil.Process], folder: Path,
             out = f"{out or ''}\npy-spy dump timed out after {PY_SPY_TIMEOUT_S:.0f} s\n"
             logger.warning("py-spy dump of %d timed out after %.0f s", proc.pid, PY_SPY_TIMEOUT_S)
         texts[rank] = out or ""
-        (folder / f"py-spy-{proc.pid}.txt").write_text(texts[rank])
+        (folder / f"py-spy-{proc.pid}{'-locals' if local_variables else ''}.txt").write_text(texts[rank])
     return texts
 
 
@@ -343,7 +352,21 @@ def dump_stacks(
     ranks = [RankStack(rank, procs[rank].pid, stopped.get(rank, False), texts.get(rank, "").strip()
                        or spied.get(rank, ""), notes.get(rank, ""))
              for rank in sorted(procs)]
+    ranks = _with_handlers(ranks, py_spy, procs, folder, {r for r, was in stopped.items() if was})
     return StackDump(folder=folder, files=sorted(folder.iterdir()), ranks=ranks)
+
+
+def _with_handlers(ranks: list[RankStack], py_spy: str | None, procs: dict[int, psutil.Process], folder: Path,
+                   stopped: set[int]) -> list[RankStack]:
+    """``ranks`` with the frame each waits in inside an exception handler, and, read by py-spy
+    once more with ``--locals`` (only those ranks: locals are data), the exception's type."""
+    ranks = [replace(r, handler=handler_frame(main_thread_frames(r.text))) for r in ranks]
+    handling = {r.rank: procs[r.rank] for r in ranks if r.handler is not None}
+    if not handling or py_spy is None:
+        return ranks
+    local_variables = _py_spy(py_spy, handling, folder, stopped & handling.keys(), local_variables=True)
+    return [replace(r, exception=exception_in_locals(local_variables.get(r.rank, ""))) if r.handler else r
+            for r in ranks]
 
 
 class StackDumps:

@@ -68,6 +68,7 @@ from orchestrator.scheduler.admission import Admission, current_attempt
 from orchestrator.scheduler.alert_job import add_alert_jobs
 from orchestrator.scheduler.outcomes import attempt_config, launch_failed_on_storage, next_overrides, settle
 from orchestrator.scheduler.repeats import RepeatedErrors, signature
+from orchestrator.scheduler.storage import StorageFaults, is_storage_text
 from orchestrator.scheduler.sysmon import SAMPLE_S, SystemMonitor
 from orchestrator.scripts import checkpoint_custody
 from orchestrator.scripts.attempt_watch import ScriptWatch
@@ -97,6 +98,13 @@ def database_error(exc: OperationalError) -> str:
     """The sentence for a database that refused a write: the driver's own first line."""
     detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()
     return f"database not writable: {detail[0] if detail else type(exc).__name__}"
+
+
+def sqlite_folder(db_url: str) -> Path | None:
+    """The folder of a SQLite database's file (probed in a storage fault), or None for a server's."""
+    if not db_url.startswith("sqlite:///") or db_url.startswith("sqlite:///:memory:"):
+        return None
+    return Path(db_url.removeprefix("sqlite:///").split("?", 1)[0]).parent
 
 
 def default_executors(command: CommandFactory, settings: Settings) -> dict[str, Executor]:
@@ -145,6 +153,8 @@ class Scheduler:
         self.watched_exits: frozenset[Path] = frozenset()
         self._alive_exits: set[Path] = set()
         self._errors = RepeatedErrors(logger)
+        # A full disk or a read-only mount: one line when it starts and one when it is over.
+        self.storage = StorageFaults(logger, database_folder=sqlite_folder(settings.db_url))
         self._file = SchedulerFile(settings.scheduler_file)
         self._file_at = -math.inf
         self._published_inventory = inventory.to_json()  # fixed for the process's life
@@ -185,6 +195,7 @@ class Scheduler:
             if self.scripts.live():
                 self._guarded(session, "script watchers", self._prune_script_watchers, db_errors)
             self._guarded(session, "admission", self.admission.admit, db_errors)
+        self.storage.check()
         self.watched_exits = frozenset(self._alive_exits)  # one swap: the wake job reads it meanwhile
         self._tell_ui(db_errors, wrote=bool(beat))
 
@@ -197,7 +208,8 @@ class Scheduler:
             session.commit()
         except Exception as exc:  # noqa: BLE001 - one part's failure must not stop the tick
             session.rollback()
-            self._errors.failed(where, exc)
+            if not self.storage.failed(where, exc):  # a storage fault is told once, not per tick
+                self._errors.failed(where, exc)
             if isinstance(exc, OperationalError):
                 db_errors.append(database_error(exc))
             if where == "heartbeat":
@@ -267,6 +279,8 @@ class Scheduler:
         except Exception as exc:  # noqa: BLE001 - any failure: the rest of the supervision must run
             session.rollback()
             self.scripts.forget(run.id, attempt.number)
+            if self.storage.failed(where, exc):
+                return  # its rows could not be written: told once with the storage fault
             new = self._errors.failing(where) != signature(exc)
             self._errors.failed(where, exc)
             if new:
@@ -316,9 +330,10 @@ class Scheduler:
         problem = db_errors[0] if db_errors else (None if wrote else self._db_problem)
         if problem != self._db_problem:
             self._db_problem_since = now if problem else None
-            if problem:
+            # A storage fault has its own two lines (self.storage), however often writes pass meanwhile.
+            if problem and not is_storage_text(problem):
                 logger.error("the database is not writable: %s; runs are not being updated", problem)
-            else:
+            elif not problem and not is_storage_text(self._db_problem):
                 logger.warning("the database is writable again")
         elif now - self._file_at < BEAT_EVERY_S:
             return
@@ -520,7 +535,7 @@ class Scheduler:
             script = config.workload.kind == "script"
             output_at = self.scripts.output_at(run.id, attempt.number) if script else None
             watchdog.check(session, run, attempt, config.supervision, script=script, dumps=self.dumps,
-                           executor=executor, output_at=output_at)
+                           executor=executor, output_at=output_at, storage=self.storage)
         if run.dump_requested_at is not None:
             watchdog.serve_dump_request(session, run, attempt, self.dumps, executor)
 
@@ -537,7 +552,7 @@ class Scheduler:
             self._script_step(session, run, attempt, "finish",
                               partial(self.scripts.finish, session, run, attempt, config))
             self.scripts.forget(run.id, attempt.number)  # finished, or failed: settled either way
-        settle(session, run, attempt, exited)
+        settle(session, run, attempt, exited, storage=self.storage.seen_since(attempt.started_at))
 
     def _stop(self, session: Session, run: Run, attempt: Attempt, grace_s: float) -> None:
         """Cancel or pause: SIGTERM, or a script's ``workload.stop_signal`` (the ranks finish the
@@ -669,7 +684,8 @@ def add_jobs(aps: BaseScheduler, scheduler: Scheduler, monitor: SystemMonitor | 
         try:
             scheduler.tick()
         except Exception as exc:  # noqa: BLE001 - the loop boundary; the database could not even be read
-            errors.failed("tick", exc)
+            if not scheduler.storage.failed("tick", exc):
+                errors.failed("tick", exc)
             if isinstance(exc, OperationalError):
                 scheduler._tell_ui([database_error(exc)], wrote=False)
         else:

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import event as sa_event
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -32,7 +33,14 @@ from orchestrator.scheduler.failures import (
     stderr_tail,
 )
 from orchestrator.scheduler.retry import AttemptOutcome, Decision, backoff_s, decide, halved_micro_batch, same_exception
-from orchestrator.scheduler.storage import deleted_message, run_dir_deleted, storage_fault, writable_problem
+from orchestrator.scheduler.storage import (
+    StorageFault,
+    deleted_message,
+    run_dir_deleted,
+    storage_fault,
+    writable_problem,
+)
+from orchestrator.scheduler.watchdog import HANDLER_DEADLOCK
 from orchestrator.scripts.checkpoint_loads import refuse_unloadable
 
 logger = logging.getLogger(__name__)
@@ -98,7 +106,29 @@ def _record(session: Session, attempt: Attempt, exited: dict[str, Any] | None, n
 
 def _event(session: Session, run: Run, attempt: Attempt, level: str, message: str) -> None:
     session.add(Event(run_id=run.id, attempt=attempt.number, at=time.time(), level=level, kind="exit", message=message))
-    logger.info("run %d attempt %d: %s", run.id, attempt.number, message)
+    log_after_commit(session, f"run {run.id} attempt {attempt.number}: {message}")
+
+
+_AFTER_COMMIT = "runyard.log_after_commit"
+
+
+def log_after_commit(session: Session, line: str) -> None:
+    """Log ``line`` once the session's transaction commits, and never if it is rolled back: a
+    settle that the database refused (a full disk) is made again at every tick, and its lines
+    must not be logged at every tick."""
+    lines: list[str] | None = session.info.get(_AFTER_COMMIT)
+    if lines is None:
+        lines = session.info[_AFTER_COMMIT] = []
+        sa_event.listen(session, "after_commit", _log_committed)
+        sa_event.listen(session, "after_rollback", lambda s: s.info[_AFTER_COMMIT].clear())
+    lines.append(line)
+
+
+def _log_committed(session: Session) -> None:
+    lines: list[str] = session.info[_AFTER_COMMIT]
+    for line in lines:
+        logger.info("%s", line)
+    lines.clear()
 
 
 def stop_mode(run: Run, attempt: Attempt) -> StopReason:
@@ -114,8 +144,12 @@ def stop_mode(run: Run, attempt: Attempt) -> StopReason:
 
 
 def settle(session: Session, run: Run, attempt: Attempt, exited: dict[str, Any] | None,
-           now: float | None = None) -> None:
-    """The attempt's processes are gone: record how it ended and move the run on."""
+           now: float | None = None, storage: StorageFault | None = None) -> None:
+    """The attempt's processes are gone: record how it ended and move the run on.
+
+    ``storage``: a storage fault the scheduler saw while the attempt ran (orchestrator/scheduler/storage.py's
+    ``StorageFaults.seen_since``): an exit code with no evidence is then a ``DISK`` failure.
+    """
     now = time.time() if now is None else now
     attempt_dir = Path(attempt.dir)
     stopped = read_stopped(attempt_dir)
@@ -173,7 +207,7 @@ def settle(session: Session, run: Run, attempt: Attempt, exited: dict[str, Any] 
         _cancelled_outside(session, run, attempt, by_person, stopped)
         return
     failure = _diagnose(attempt, exited, stopped, code)
-    failure = _storage_failure(run, attempt, exited, failure) or failure
+    failure = _storage_failure(run, attempt, exited, failure, storage) or failure
     attempt_transition(attempt, AttemptStatus.CRASHED if failure.cause is Cause.VANISHED else AttemptStatus.FAILED)
     attempt.cause = failure.cause.value
     attempt.failed_rank = failure.rank
@@ -194,11 +228,14 @@ def settle(session: Session, run: Run, attempt: Attempt, exited: dict[str, Any] 
 _STORAGE_EXPLAINS = frozenset({Cause.UNKNOWN, Cause.USER_ERROR, Cause.SIGNAL, Cause.VANISHED})
 
 
-def _storage_failure(run: Run, attempt: Attempt, exited: dict[str, Any] | None, diagnosed: Failure) -> Failure | None:
+def _storage_failure(run: Run, attempt: Attempt, exited: dict[str, Any] | None, diagnosed: Failure,
+                     seen: StorageFault | None = None) -> Failure | None:
     """The storage's part in the attempt's end, or None: the run folder deleted under it
     (``RUN_DIR_DELETED``, never retried), or a ``DISK`` failure when the launcher could not write
     its exit file (it says so in the record it wrote late, or there is no record and the attempt's
-    folder cannot be written now), naming the path and the errno."""
+    folder cannot be written now), or when the ranks ended with an exit code and no traceback (it
+    could not be written) while the attempt's folder cannot be written now or a storage fault was
+    ``seen`` meanwhile, naming the path and the errno."""
     run_dir = Path(run.run_dir)
     if run_dir_deleted(run_dir):
         return Failure(Cause.RUN_DIR_DELETED, None, deleted_message(run_dir), "")
@@ -209,6 +246,9 @@ def _storage_failure(run: Run, attempt: Attempt, exited: dict[str, Any] | None, 
         text = f"the launcher could not write its exit file for a while: {error.get('message')}"
     elif exited is None and (problem := writable_problem(Path(attempt.dir))) is not None:
         text = f"the launcher ended without an exit file: [Errno {problem.errno}] {problem.strerror}: '{problem.path}'"
+    elif diagnosed.cause is Cause.UNKNOWN and (problem := writable_problem(Path(attempt.dir)) or seen) is not None:
+        text = (f"{diagnosed.exception} and no traceback, while the storage could not be written: "
+                f"[Errno {problem.errno}] {problem.strerror}: '{problem.path}'")
     else:
         return None
     return Failure(Cause.DISK, None, text, diagnosed.log_tail, detail=disk_detail(text, Path(attempt.dir)))
@@ -283,6 +323,10 @@ def _diagnose(attempt: Attempt, exited: dict[str, Any] | None, stopped: dict[str
         # runyard killed every rank, so the exit codes say nothing about which one hung: the rank
         # is the one the stacks named when the hang was detected (orchestrator/scheduler/watchdog.py).
         base = classify(Path(attempt.dir), code) if exited else None
+        if attempt.cause == Cause.USER_ERROR.value:
+            # The stacks found the named rank waiting inside its exception handler (watchdog.py).
+            return Failure(Cause.USER_ERROR, attempt.failed_rank, attempt.exception,
+                           stderr_tail(Path(attempt.dir), attempt.failed_rank), detail=HANDLER_DEADLOCK)
         return Failure(Cause.HANG, attempt.failed_rank,
                        f"no progress after step {attempt.last_step or 0}; stacks in {Path(attempt.dir) / 'stacks'}",
                        base.log_tail if base else "")
@@ -339,10 +383,17 @@ def _apply_retry_policy(session: Session, run: Run, attempt: Attempt, failure: F
                               Attempt.cause.is_not(None)).order_by(Attempt.number)
     ).scalars().all()
     script = config.workload.kind == "script"
+    # The newest step each attempt saved a checkpoint of its own at (a refused one does not count:
+    # no attempt can start from it), for the retry policy's "no progress past its start".
+    saved: dict[int, int] = {number: step for number, step in session.execute(
+        select(Checkpoint.attempt, func.max(Checkpoint.step))
+        .where(Checkpoint.run_id == run.id, Checkpoint.refused_reason.is_(None))
+        .group_by(Checkpoint.attempt))}
 
     def outcome(a: Attempt) -> AttemptOutcome:
         return AttemptOutcome(a.number, Cause(a.cause), a.exception, a.last_step,
-                              steps_known=not script or a.first_step_at is not None)
+                              steps_known=not script or a.first_step_at is not None,
+                              resumed_from=a.resume_step, saved_at=saved.get(a.number))
 
     # A retry that failed loading the script checkpoint it was handed: that version is refused and
     # the next attempt starts from the one before, not the user's repeated error (checkpoint_loads).

@@ -3,7 +3,8 @@ at once on errors that will recur.
 
 One counter per run across all attempts (``runs.retries_used``). Preemptions do not count.
 A CUDA out-of-memory retries with half the micro-batch and twice the gradient accumulation, so
-the effective batch is unchanged.
+the effective batch is unchanged. :func:`decide` is a pure function of plain values
+(:class:`AttemptOutcome`); orchestrator/scheduler/outcomes.py reads them from the database.
 """
 
 from __future__ import annotations
@@ -30,6 +31,13 @@ class AttemptOutcome:
     # False for a script that reports no step (no SDK, RUNYARD line, stdout_metrics match or
     # TensorBoard scalar): its last_step None says nothing about how far it got.
     steps_known: bool = True
+    resumed_from: int | None = None  # the step of the checkpoint it started from (None: the beginning)
+    saved_at: int | None = None  # the newest step it saved a checkpoint of its own at (None: none)
+
+    @property
+    def progressed(self) -> bool:
+        """Whether it saved a checkpoint past the one it started from: the next attempt starts further on."""
+        return self.saved_at is not None and (self.resumed_from is None or self.saved_at > self.resumed_from)
 
 
 @dataclass(frozen=True)
@@ -48,6 +56,43 @@ def same_exception(a: str | None, b: str | None) -> bool:
     """Whether two exception lines are the same error, ignoring their volatile parts (temporary
     names, addresses, pids, ports: orchestrator/scheduler/failures.py ``normalize_exception``)."""
     return a is not None and normalize_exception(a) == normalize_exception(b)
+
+
+def replayed(failed: AttemptOutcome, last: AttemptOutcome | None) -> bool:
+    """Whether ``failed`` is ``last``'s failure again, so that a third try would replay it: the
+    same exception at the same place twice in a row with no progress (the rule behind "not worth a
+    third try", whatever step each attempt last reported: a script that reports steps sparsely
+    reports a different one each time).
+
+    The rule: both are ``USER_ERROR`` with the same exception at the same place (the exception line
+    with its innermost frame, ``ValueError: x (at crash.py:8 in main)``, volatile parts aside:
+    :func:`same_exception`); ``failed`` saved no checkpoint past the one it started from (the next
+    attempt would start where it started); and the state it started from had already led ``last``
+    to the same exception: ``last`` started from the same checkpoint, or saved the one ``failed``
+    started from (it trained through that state and on into the error), or made no progress either.
+
+    Like is compared with like. An attempt that started from an older checkpoint than the one
+    before it (the one before failed to load its own, which was then refused and the retry fell
+    back to the previous one) did not replay ``last`` when ``last`` had made progress: ``last``
+    trained from elsewhere, so the two prove nothing together and the retry goes on (the retries
+    left bound it). When neither made progress, the same exception at the same place from two
+    different checkpoints says the failure does not depend on the checkpoint: a third start, from
+    any of them, fails the same way. An attempt that saved a checkpoint past its start is never a
+    replay: the next one starts further on.
+    """
+    if last is None or failed.cause is not Cause.USER_ERROR or last.cause is not Cause.USER_ERROR:
+        return False
+    if not same_exception(last.exception, failed.exception) or failed.progressed:
+        return False
+    return not last.progressed or failed.resumed_from in (last.resumed_from, last.saved_at)
+
+
+def _replay_reason(failed: AttemptOutcome) -> str:
+    start = ("the beginning, having saved no checkpoint" if failed.resumed_from is None else
+             f"its checkpoint at step {failed.resumed_from} and saved none past it")
+    return (f"the same exception at the same place twice in a row ({failed.exception}), and attempt "
+            f"{failed.number} started from {start}: a third try would start there again and fail the same "
+            "way, so it is not made; fix the code or the data it names, then resume")
 
 
 def halved_micro_batch(batch_size: int, grad_accum: int) -> dict[str, Any]:
@@ -118,6 +163,8 @@ def decide(
                                    "runyard compares the exception alone): retrying cannot help")
         return Decision(False, f"the same exception at the same step twice ({failed.exception} after step "
                                f"{failed.last_step}): retrying cannot help")
+    if replayed(failed, last):
+        return Decision(False, _replay_reason(failed))
     # The next attempt's halved micro-batch is derived from this cause when it starts
     # (orchestrator/scheduler/outcomes.py's next_overrides): the one place it is computed.
     if failed.cause is Cause.CUDA_OOM and int(train["batch_size"]) <= 1:

@@ -6,15 +6,20 @@ failing device (EIO) pass by themselves or by a person's hand; they are ``DISK``
 once the folder is writable and has room again (orchestrator/scheduler/admission.py). A run folder that no
 longer exists is neither: its config, logs and checkpoints are gone, and no retry can bring them
 back.
+
+A storage fault under a running scheduler is told once: :class:`StorageFaults` logs one line
+when it starts and one when it is over, and holds the hang watchdog meanwhile.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import re
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from db.vocabulary.layout import CONFIG_FILE
@@ -93,3 +98,156 @@ def deleted_message(run_dir: Path) -> str:
     """What to say about a run folder deleted under a running run."""
     return (f"the run folder {run_dir} was deleted while the run was running: its config, logs and checkpoints "
             "are gone; not retried (submit the config again to start over)")
+
+
+# What a database says when its storage refuses a write (SQLite's words; PostgreSQL's "could not
+# extend file ...: No space left on device"). A locked database or a lost connection is not one.
+_DATABASE_STORAGE = re.compile(r"database or disk is full|disk I/O error|attempt to write a readonly database|"
+                               r"No space left on device|Read-only file system|Disk quota exceeded")
+# A storage fault ends once its folders take a probe write and no write has failed for this long.
+CLEAR_AFTER_S = 5.0
+# How long a folder's probe result is reused (a probe writes and fsyncs a page).
+PROBE_EVERY_S = 2.0
+
+
+def storage_error(exc: BaseException) -> str | None:
+    """``exc`` as a storage fault's words (``ENOSPC (No space left on device) writing in /x``, or
+    the database's own first line), or None when it is another error. The database driver's own
+    error (SQLAlchemy's ``orig``) and the exceptions ``exc`` was raised from are looked at too: an
+    autoflush puts its own words first."""
+    seen: set[int] = set()
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        orig = getattr(current, "orig", None)
+        chain += [orig, current] if isinstance(orig, BaseException) else [current]
+        current = current.__cause__ or current.__context__
+    for error in chain:
+        fault = storage_fault(error)
+        if fault is not None:
+            return fault.describe()
+        first = (str(error).strip().splitlines() or [""])[0]
+        if _DATABASE_STORAGE.search(first):
+            return first[:300]
+    return None
+
+
+def is_storage_text(text: str | None) -> bool:
+    """Whether an error's words (:func:`storage_error`, a database's message) are a storage fault's."""
+    return bool(text) and (_DATABASE_STORAGE.search(text or "") is not None or errno_in(text) in STORAGE_ERRNOS)
+
+
+@dataclass
+class _Open:
+    text: str  # the first failure's words
+    first_at: float
+    last_at: float  # the newest failed write
+    fault: StorageFault | None  # the path and errno a probe found, when one did
+    failures: dict[str, int] = field(default_factory=dict)  # where -> failed writes
+    folders: set[Path] = field(default_factory=set)  # probed before the fault is over
+    held: set[tuple[int, int]] = field(default_factory=set)  # (run, attempt) the watchdog held meanwhile
+
+
+class StorageFaults:
+    """The scheduler's storage faults (a full disk, a read-only mount, a database that cannot
+    grow), from the first failed write until the storage takes writes again: one log line when a
+    fault starts and one when it is over, with the count of failed writes in between; no
+    traceback and nothing per tick meanwhile. A write that passes meanwhile does not end it
+    (SQLite reuses its WAL's pages: on a full disk some commits pass and some do not); it is over
+    once every folder it was seen on takes a probe write and no write has failed for
+    CLEAR_AFTER_S.
+
+    The watchdog asks :meth:`problem` before it calls an attempt hung: while its folder or the
+    database cannot be written, no progress can be recorded, and that is no hang.
+
+    Args:
+        logger: where the two lines go.
+        database_folder: the SQLite database's folder (probed when the database fails), or None.
+    """
+
+    def __init__(self, logger: logging.Logger, database_folder: Path | None = None):
+        self.logger = logger
+        self.database_folder = database_folder
+        self.clear_after_s = CLEAR_AFTER_S
+        self.cleared_at: float | None = None  # when the newest fault was over
+        self._open: _Open | None = None
+        self._probes: dict[Path, tuple[float, StorageFault | None]] = {}
+        self._seen: list[tuple[float, float, StorageFault | None, str]] = []  # (first, last, fault, text)
+
+    @property
+    def open(self) -> bool:
+        """Whether a storage fault is going on."""
+        return self._open is not None
+
+    def failed(self, where: str, exc: BaseException, now: float | None = None) -> bool:
+        """``where`` raised ``exc``: True when it is a storage fault (counted here; the first
+        one logged in one line), False for any other error (the caller logs it)."""
+        text = storage_error(exc)
+        if text is None:
+            return False
+        folder = Path(exc.filename).parent if isinstance(exc, OSError) and exc.filename else self.database_folder
+        self._failure(where, text, folder, time.time() if now is None else now)
+        return True
+
+    def problem(self, folder: Path, where: str, now: float | None = None) -> str | None:
+        """Why ``folder`` (an attempt's) or the database cannot be written now, or None: the
+        fault going on, else a probe of the folder (reused for PROBE_EVERY_S), which opens one
+        (``where`` names the asker in its line)."""
+        now = time.time() if now is None else now
+        if self._open is not None:
+            self._open.folders.add(folder)
+            return self._open.fault.describe() if self._open.fault else self._open.text
+        fault = self._probe(folder, now)
+        if fault is None:
+            return None
+        self._failure(where, fault.describe(), folder, now)
+        return fault.describe()
+
+    def hold(self, run_id: int, attempt: int) -> bool:
+        """Note that the watchdog held this attempt during the fault; True the first time (say so once)."""
+        if self._open is None or (run_id, attempt) in self._open.held:
+            return False
+        self._open.held.add((run_id, attempt))
+        return True
+
+    def check(self, now: float | None = None) -> None:
+        """Once a tick: end the fault going on when it is over (one line, with the count)."""
+        now = time.time() if now is None else now
+        fault = self._open
+        if fault is None or now - fault.last_at < self.clear_after_s:
+            return
+        if any(self._probe(folder, now) is not None for folder in fault.folders):
+            return
+        self._open, self.cleared_at = None, now
+        self._seen = [*self._seen[-9:], (fault.first_at, now, fault.fault, fault.text)]
+        count = sum(fault.failures.values())
+        places = ", ".join(f"{where} {n}" for where, n in sorted(fault.failures.items()))
+        self.logger.warning("storage fault over after %.0f s: %s; %d failed write(s) meanwhile (%s)",
+                            now - fault.first_at, fault.fault.describe() if fault.fault else fault.text, count, places)
+
+    def seen_since(self, since: float) -> StorageFault | None:
+        """The path and errno of a storage fault that went on at or after ``since`` (an attempt's
+        start), for an attempt whose end left no evidence; None when there was none (or its errno
+        was never found)."""
+        if self._open is not None and self._open.fault is not None:
+            return self._open.fault
+        return next((fault for first, last, fault, _ in reversed(self._seen) if last >= since and fault), None)
+
+    def _failure(self, where: str, text: str, folder: Path | None, now: float) -> None:
+        fault = self._open
+        if fault is None:
+            probed = self._probe(folder, now, fresh=True) if folder is not None else None
+            fault = self._open = _Open(text=text, first_at=now, last_at=now, fault=probed)
+            self.logger.error("storage fault: %s (first at %s); runyard goes on and counts the failed writes until "
+                              "the storage takes writes again", probed.describe() if probed else text, where)
+        fault.last_at = now
+        fault.failures[where] = fault.failures.get(where, 0) + 1
+        if folder is not None:
+            fault.folders.add(folder)
+
+    def _probe(self, folder: Path, now: float, fresh: bool = False) -> StorageFault | None:
+        cached = self._probes.get(folder)
+        if cached is None or fresh or now - cached[0] >= PROBE_EVERY_S:
+            cached = self._probes[folder] = (now, writable_problem(folder))
+        return cached[1]

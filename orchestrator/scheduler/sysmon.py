@@ -133,6 +133,7 @@ class SystemMonitor:
         self._window_at: float | None = None
         self._samples: dict[Series, list[float]] = {}
         self._pending: list[dict[str, Any]] = []
+        self._failed_writes = 0  # windows in a row whose rows could not be written
         self._last_error_log = -math.inf
         self._cpu_last = _cpu_busy_total(psutil.cpu_times())
 
@@ -195,9 +196,15 @@ class SystemMonitor:
             logger.warning("dropped %d system metric rows: %s", len(self._pending), exc)
         except Exception as exc:  # noqa: BLE001 - the rows are dropped, the monitor goes on
             del self._pending[:-PENDING_MAX_ROWS]
-            logger.warning("could not write %d system metric rows (kept for the next window): %s",
-                           len(self._pending), exc)
+            if not self._failed_writes:  # once while it lasts (a full disk: not every 10 s), then its end
+                logger.warning("could not write %d system metric rows (kept for the next windows until they can "
+                               "be): %s", len(self._pending), str(exc).splitlines()[0] if str(exc) else exc)
+            self._failed_writes += 1
             return
+        if self._failed_writes:
+            logger.warning("system metric rows written again after %d window(s) that could not be",
+                           self._failed_writes)
+        self._failed_writes = 0
         self._pending = []
 
     def _prune(self, session: Session, now: float) -> None:

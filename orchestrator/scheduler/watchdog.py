@@ -1,7 +1,9 @@
 """The hang watchdog: an attempt with no completed step for too long is hung. Evidence first
 (every rank's stacks, taken off the tick by orchestrator/executors/stacks.py), then the kill, then the
 retry policy. When one rank alone stopped, the stacks name it and the attempt records it as the
-failing rank."""
+failing rank. When that rank waits inside an exception handler (it raised, and its handler waits
+for the other ranks: Lightning's ``OnExceptionCheckpoint``, Lightning #20187), the attempt is booked
+as that rank's exception (``USER_ERROR``), not as a hang, and the retry policy treats it as one."""
 
 from __future__ import annotations
 
@@ -17,8 +19,12 @@ from sqlalchemy.orm import Session
 from db import metricstore
 from db.models import Attempt, Event, Run
 from db.states import AttemptPhase, SignalSent, StopReason
+from db.vocabulary.causes import Cause
 from db.vocabulary.config import SupervisionConfig
-from orchestrator.executors.stacks import StackDump, StackDumps, stack_frames
+from orchestrator.executors.logs import rank_log_files
+from orchestrator.executors.stacks import RankStack, StackDump, StackDumps, in_handler, stack_frames
+from orchestrator.scheduler.failures import stderr_exception, with_location
+from orchestrator.scheduler.storage import StorageFaults
 from orchestrator.scripts.attempt_watch import WATCH_STEPS_OR_OUTPUT, watching_words
 
 if TYPE_CHECKING:
@@ -31,6 +37,10 @@ logger = logging.getLogger(__name__)
 STACKS_WAIT_S = 2.0
 # The kill waits for the dump at most this long (a dump bounds itself to about 12 s).
 DUMP_MAX_WAIT_S = 30.0
+# Said after the exception of a rank found waiting inside its exception handler.
+HANDLER_DEADLOCK = ("it waited inside its exception handler for the other ranks, which waited elsewhere: a "
+                    "deadlock, not a hang (Lightning's OnExceptionCheckpoint with more than one rank does this: "
+                    "docs/frameworks.md)")
 
 
 def hang_key(run_id: int, attempt: int) -> tuple[str, int, int]:
@@ -58,14 +68,18 @@ def hang_threshold_s(session: Session, run_id: int, attempt: int, config: Superv
 
 
 def check(session: Session, run: Run, attempt: Attempt, config: SupervisionConfig, script: bool,
-          dumps: StackDumps, executor: Executor, now: float | None = None, output_at: float | None = None) -> None:
+          dumps: StackDumps, executor: Executor, now: float | None = None, output_at: float | None = None,
+          storage: StorageFaults | None = None) -> None:
     """Call for a live attempt on every tick: detects a hang, starts the stack dump, and kills
     once the dump is done (or has run out of time).
 
     ``script``: the run is the user's own script, which may never report a step. ``executor``:
     the one that runs the attempt (it takes the stacks and kills). ``output_at``: when a script's
     ranks last wrote output; a script that reports a step once an epoch but prints meanwhile is
-    alive while its output keeps coming (said once, in a ``watch`` event).
+    alive while its output keeps coming (said once, in a ``watch`` event). ``storage``: the
+    scheduler's storage faults; while the attempt's folder or the database cannot be written, its
+    progress cannot be recorded, and no hang is called (said once, in a ``disk`` event); after
+    one, the ranks get the whole threshold again to report.
     """
     now = time.time() if now is None else now
     if attempt.hang_detected_at is None:
@@ -84,10 +98,21 @@ def check(session: Session, run: Run, attempt: Attempt, config: SupervisionConfi
             if now - since <= config.hang_timeout_s:
                 return  # the threshold is never below hang_timeout_s: no need to read step times
             threshold = hang_threshold_s(session, run.id, attempt.number, config)
+        if storage is not None and storage.cleared_at is not None:
+            since = max(since, storage.cleared_at)  # nothing the ranks reported could be stored until then
         if now - since <= threshold:
             return
         if script and attempt.first_step_at is not None and output_at is not None and now - output_at <= threshold:
             _output_is_life(session, run, attempt, now - since, now - output_at, threshold, now)
+            return
+        problem = storage.problem(Path(attempt.dir), f"run {run.id} attempt {attempt.number}'s hang check", now) \
+            if storage is not None else None
+        if problem is not None:
+            if storage is not None and storage.hold(run.id, attempt.number):
+                session.add(Event(run_id=run.id, attempt=attempt.number, at=now, level="warning", kind="disk",
+                                  message=f"no progress recorded for {now - since:.0f} s (threshold {threshold:.0f} s) "
+                                          f"while the storage cannot be written ({problem}): not called a hang, "
+                                          "since no progress can be recorded; watched again once it can"))
             return
         dumps.start(hang_key(run.id, attempt.number), executor.stack_dump(run, attempt))
         attempt.hang_detected_at = now
@@ -156,6 +181,11 @@ def _record_dump(session: Session, run: Run, attempt: Attempt, result: StackDump
         attempt.failed_rank = rank
         found = f"; {why}" if rank is not None else "; the stacks do not single out one rank"
         found += top_frames_of(result, rank)  # alerts: the hang alert carries these (orchestrator/alerts)
+        handling = in_handler(result.ranks)
+        if handling is not None and handling.rank == rank:
+            # Settled as this exception (orchestrator/scheduler/outcomes.py), not as a hang.
+            attempt.cause, attempt.exception = Cause.USER_ERROR.value, handled_exception(Path(attempt.dir), handling)
+            found += f"; booked as rank {rank}'s exception, not a hang: {attempt.exception}"
         message = f"{result.summary()}{found}; {then}"
     elif isinstance(result, BaseException):
         message = f"the stack dump failed ({result}); {then}"
@@ -163,6 +193,17 @@ def _record_dump(session: Session, run: Run, attempt: Attempt, result: StackDump
         waited = now - (attempt.hang_detected_at or now)
         message = f"the stack dump did not finish in {waited:.0f} s; {then}"
     session.add(Event(run_id=run.id, attempt=attempt.number, at=now, level="error", kind="stacks", message=message))
+
+
+def handled_exception(attempt_dir: Path, rank: RankStack) -> str:
+    """The exception a rank waits inside the handler of: the first traceback in its stderr, with
+    its place, when the script printed one; else its type as py-spy saw it among the handler's
+    variables, with the handler's place; else "an exception", with the handler's place."""
+    stderr = next((p for p in rank_log_files(attempt_dir).get(rank.rank, []) if p.name == "stderr.log"), None)
+    raised = stderr_exception(stderr) if stderr is not None else None
+    if raised is not None:
+        return with_location(raised.exception, raised.location)
+    return f"{rank.exception or 'an exception'} (handled at {rank.handler.place if rank.handler else '?'})"
 
 
 def top_frames_of(result: StackDump, rank: int | None, count: int = 3) -> str:

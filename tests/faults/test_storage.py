@@ -8,8 +8,9 @@
   as a full disk fails with ENOSPC. The attempt ends as DISK, naming the path and the free space;
   the retry runs once there is room, and the same disk error twice stops the run.
 - A database that cannot grow under the scheduler (the same limit, set on the running scheduler
-  with prlimit): the scheduler logs the error once, the UI's heartbeat file says why, the run's
-  ended attempt waits unsettled, and everything catches up when the database can grow again.
+  with prlimit): the scheduler logs the storage fault in one line (and its end in another), the
+  UI's heartbeat file says why, the run's ended attempt waits unsettled, and everything catches
+  up when the database can grow again.
 """
 
 from __future__ import annotations
@@ -151,8 +152,10 @@ def test_a_scheduler_whose_database_cannot_grow_says_so_and_catches_up(product: 
         time.sleep(0.5)
     time.sleep(5)  # ten ticks that cannot write
     assert product.show(run_id)["status"] == "RUNNING"
-    tracebacks = sum(1 for ln in lines if ln.startswith("Traceback"))
-    assert 1 <= tracebacks <= 4, "".join(lines[-80:])
+    # A storage fault is one line, however often the tick fails (issue 52 item 10), no traceback.
+    assert not any(ln.startswith("Traceback") for ln in lines), "".join(lines[-80:])
+    assert sum("storage fault: " in ln for ln in lines) == 1, "".join(lines[-80:])
+    assert sum("attempt 1 succeeded" in ln for ln in lines) <= 1  # not once per tick that could not commit
 
     resource.prlimit(scheduler.pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
     detail = product.wait_status(run_id, "SUCCEEDED", "FAILED", timeout=60)
@@ -161,4 +164,7 @@ def test_a_scheduler_whose_database_cannot_grow_says_so_and_catches_up(product: 
     while json.loads(product.cli("info", "--json").stdout)["scheduler"].get("db_error"):
         assert time.monotonic() < deadline, "the heartbeat file still says the database is not writable"
         time.sleep(0.5)
-    assert any("the database is writable again" in ln for ln in lines)
+    deadline = time.monotonic() + 30
+    while not any("storage fault over after" in ln for ln in lines):
+        assert time.monotonic() < deadline, "".join(lines[-40:])
+        time.sleep(0.5)

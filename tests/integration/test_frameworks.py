@@ -138,3 +138,24 @@ def test_lightning_s_wandb_logger_reports_through_runyard_s_stand_in(
     assert tuple(steps) == (1, 12, 12)  # steps 1-12, as its checkpoints count them
     assert sorted({c["step"] for c in detail["checkpoints"]}) == [6, 12]
     assert not (workdir / "wandb").exists()  # the real wandb would have written its run folder here
+
+
+def test_an_exception_under_lightning_s_on_exception_checkpoint_is_the_user_s_error(
+        framework_python: str, product: Product, tmp_path: Path) -> None:
+    """Issue 52 item 4: rank 1 raises; OnExceptionCheckpoint's save waits in a barrier inside its
+    handler while rank 0 waits in the gradient all-reduce (Lightning #20187). The hang's stacks
+    name rank 1 and the exception, and the attempt is its USER_ERROR, not a hang."""
+    workdir = tmp_path / "ple"
+    workdir.mkdir()
+    config = product.home / "ple.toml"
+    config.write_text(f"name = 'ple'\n[workload]\nkind = 'script'\nscript = '{FRAMEWORKS / 'lightning_train.py'}'\n"
+                      f"workdir = '{workdir}'\npython = '{framework_python}'\ncheckpoint_glob = 'ckpts/*.ckpt'\n"
+                      "args = ['--max_steps', '40', '--raise_at', '4', '--on_exception']\n")
+    run_id = product.submit_file(config, "retry.max_retries=0", "supervision.hang_timeout_s=3")
+    product.start_scheduler()
+    detail = product.wait_status(run_id, "SUCCEEDED", "FAILED", "CANCELLED")
+    assert detail["status"] == "FAILED", detail["status_reason"]
+    (attempt,) = detail["attempts"]
+    assert (attempt["cause"], attempt["failed_rank"]) == ("USER_ERROR", 1), attempt
+    assert attempt["exception"].startswith("ValueError (handled at on_exception_checkpoint.py:"), attempt
+    assert "waited inside its exception handler for the other ranks" in attempt["reason"], attempt["reason"]

@@ -286,3 +286,23 @@ def test_scalars_written_in_the_last_second_before_exit_are_all_read(product: Pr
     assert {rank: [s for s, _ in pts] for rank, pts in loss.items()} == {
         0: list(range(0, 100, 10)), 1: list(range(0, 100, 10))}
     assert detail["step"] == 90 and not [e for e in detail["events"] if "reported no step" in e["message"]]
+
+
+def test_an_exception_whose_handler_waits_for_the_other_ranks_is_the_user_s_error(product: Product) -> None:
+    """Issue 52 item 4: Lightning's OnExceptionCheckpoint deadlocks an exception on one rank (its
+    handler waits in a barrier, the others in all-reduce), which was booked "HANG ... the stacks do
+    not single out one rank" and retried as a hang. The hang's stacks name the rank inside its
+    handler and its exception, and the attempt is that rank's USER_ERROR (the retry policy's rules
+    for one: tests/unit/test_retry.py)."""
+    run_id = submit(product, "handler-deadlock", {"script": str(SCRIPTS / "handler_deadlock.py")},
+                    retry={"max_retries": 0}, supervision={"hang_timeout_s": 2})
+    product.start_scheduler()
+    detail = product.wait_status(run_id, *TERMINAL, timeout=120)
+    assert detail["status"] == "FAILED", detail["status_reason"]
+    (attempt,) = detail["attempts"]
+    assert (attempt["cause"], attempt["failed_rank"]) == ("USER_ERROR", 1), attempt
+    # py-spy shows the handled exception's type among the handler's variables, and where it waits.
+    assert attempt["exception"] == "ValueError (handled at handler_deadlock.py:32 in main)", attempt
+    assert "waited inside its exception handler for the other ranks" in attempt["reason"], attempt["reason"]
+    (stacks,) = events(detail, "stacks")
+    assert "rank 1 waits inside an exception handler (main at handler_deadlock.py:32)" in stacks, stacks

@@ -15,12 +15,19 @@ from orchestrator.scheduler.retry import AttemptOutcome, backoff_s, decide, halv
 
 RAISED = "ValueError: loss went NaN (at train.py:24 in step)"
 DISK_ERROR = "OSError: [Errno 28] No space left on device: '/data/run/checkpoints/.tmp-step-40-{}'"
+CRASH = "ValueError: bad record 812 (at crash.py:8 in main)"
 CONFIG = RetryConfig(max_retries=3, backoff_s=10, backoff_max_s=60)
 TRAIN = {"batch_size": 32, "grad_accum": 1}
 
 
-def outcome(cause: Cause, exception: str | None = None, last_step: int | None = 100, number: int = 2) -> AttemptOutcome:
-    return AttemptOutcome(number, cause, exception, last_step)
+def outcome(cause: Cause, exception: str | None = None, last_step: int | None = 100, number: int = 2,
+            resumed: int | None = None, saved: int | None = None) -> AttemptOutcome:
+    return AttemptOutcome(number, cause, exception, last_step, resumed_from=resumed, saved_at=saved)
+
+
+def crash(last_step: int, number: int = 2, resumed: int | None = None, saved: int | None = None) -> AttemptOutcome:
+    """A script's deterministic ValueError, after reporting ``last_step`` (sparsely: it differs)."""
+    return outcome(Cause.USER_ERROR, CRASH, last_step, number, resumed, saved)
 
 
 def plain(exception: str, number: int = 2) -> AttemptOutcome:
@@ -43,8 +50,25 @@ ROWS = [
      "retry 1 of 3"),
     ("the same exception at the same step twice stops", outcome(Cause.USER_ERROR, RAISED, 120),
      [outcome(Cause.USER_ERROR, RAISED, 120, 1)], 1, False, True, "the same exception at the same step twice"),
-    ("the same exception at another step is retried", outcome(Cause.USER_ERROR, RAISED, 150),
-     [outcome(Cause.USER_ERROR, RAISED, 120, 1)], 1, True, True, "retry 2 of 3"),
+    ("the same exception past a checkpoint of its own is retried", crash(150, resumed=100, saved=140),
+     [crash(120, 1, saved=100)], 1, True, True, "retry 2 of 3"),
+    # The same exception at the same place twice in a row with no progress past the checkpoint it
+    # started from, whatever step each last reported (issue 52, item 3).
+    ("the same exception from the beginning twice, steps reported sparsely, stops", crash(20), [crash(30, 1)], 1,
+     False, True, f"the same exception at the same place twice in a row ({CRASH}), and attempt 2 started from "
+     "the beginning, having saved no checkpoint: a third try would start there again"),
+    ("the same exception from the same checkpoint twice stops", crash(120, resumed=100), [crash(130, 1, resumed=100)],
+     1, False, True, "attempt 2 started from its checkpoint at step 100 and saved none past it"),
+    ("the same exception from the checkpoint the one before saved stops", crash(110, resumed=100),
+     [crash(130, 1, saved=100)], 1, False, True, "fix the code or the data it names, then resume"),
+    # Checkpoint custody's fallback: the one before could not load its checkpoint and the retry
+    # started from an older one; like is compared with like.
+    ("from an older checkpoint than the one before, which progressed, is retried", crash(60, 3, resumed=50),
+     [crash(160, 2, resumed=100, saved=150)], 2, True, True, "retry 3 of 3"),
+    ("from two checkpoints, neither progressing, stops", crash(60, 3, resumed=50), [crash(160, 2, resumed=150)], 2,
+     False, True, "attempt 3 started from its checkpoint at step 50"),
+    ("a disk error is not judged by this rule", outcome(Cause.DISK, DISK_ERROR.format("ab12"), 40),
+     [outcome(Cause.DISK, DISK_ERROR.format("9f0e"), 30, 1)], 1, True, True, "once the disk has room again"),
     ("another exception at the same step is retried", outcome(Cause.USER_ERROR, "KeyError: 'x' (at a.py:1 in f)", 120),
      [outcome(Cause.USER_ERROR, RAISED, 120, 1)], 1, True, True, "retry 2 of 3"),
     ("the same disk error twice (temporary names differ) stops", outcome(Cause.DISK, DISK_ERROR.format("ab12"), 40),

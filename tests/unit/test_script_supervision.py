@@ -4,6 +4,7 @@ is written (and to completion when the attempt ends)."""
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -15,21 +16,24 @@ from db.file_versions import sha256_of
 from db.models import Attempt, Checkpoint, Event, Run
 from db.queries import run_detail
 from db.requests import request_cancel
-from db.vocabulary.config import config_from_json, parse_config
+from db.vocabulary.config import RunConfig, config_from_json, parse_config
 from db.vocabulary.settings import Settings
+from orchestrator.scheduler.loop import Scheduler
 from orchestrator.scripts import attempt_watch as script_supervision
 from orchestrator.scripts.attempt_watch import UNMATCHED_EVENT, ScriptWatch, script_facts
 from orchestrator.submission import submit
 from tests.unit.test_scheduler import CPU2, attempts, make_scheduler, status, tick_until
 
 
-def script_run(sessions: sessionmaker[Session], settings: Settings, tmp_path: Path, name: str) -> int:
+def script_run(sessions: sessionmaker[Session], settings: Settings, tmp_path: Path, name: str,
+               **sections: dict[str, object]) -> int:
     """A script run; ``name`` picks the fake workload test_scheduler launches instead of torchrun."""
     workdir = tmp_path / "work"
     (workdir / "out").mkdir(parents=True, exist_ok=True)
     (workdir / "train.py").write_text("print('hi')\n")
     config = parse_config({"name": name, "workload": {"kind": "script", "script": str(workdir / "train.py"),
-                                                      "workdir": str(workdir), "checkpoint_glob": "out/ckpt.pt"}})
+                                                      "workdir": str(workdir), "checkpoint_glob": "out/ckpt.pt"},
+                           **sections})
     return submit(sessions, settings, config, CPU2)
 
 
@@ -250,3 +254,44 @@ def test_a_stop_signal_other_than_sigterm_is_refused_on_slurm() -> None:
     with pytest.raises(ValueError, match=r"workload\.stop_signal = 'SIGINT' is for launch\.executor = 'local'"):
         parse_config({"workload": {"kind": "script", "script": "t.py", "stop_signal": "SIGINT"},
                       "launch": {"executor": "slurm"}})
+
+
+# A plain script as torchrun leaves its rank 0 (ranks/<rdzv>/attempt_0/0/): it reports steps
+# sparsely, up to a step that differs by attempt (argv[2]), then raises the same ValueError at the
+# same place each time.
+CRASH = """
+import os, sys
+logs = os.path.join(sys.argv[1], "ranks", "rdzv", "attempt_0", "0")
+os.makedirs(logs)
+with open(os.path.join(logs, "stdout.log"), "w") as out:
+    for step in range(10, int(sys.argv[2]) + 1, 10):
+        out.write('RUNYARD {"step": %d, "loss": 1.0}\\n' % step)
+with open(os.path.join(logs, "stderr.log"), "w") as err:
+    err.write('Traceback (most recent call last):\\n  File "/w/crash.py", line 8, in main\\n'
+              '    raise ValueError("bad record 812")\\nValueError: bad record 812\\n')
+sys.exit(1)
+"""
+
+
+def test_a_deterministic_exception_in_a_script_that_reports_steps_sparsely_fails_after_two_attempts(
+        sessions: sessionmaker[Session], settings: Settings, tmp_path: Path) -> None:
+    """Issue 52 item 3: the last step each attempt reported differs (30, then 20), so "the same
+    step" never matched and all four attempts ran; the same exception at the same place, twice in a
+    row with no checkpoint past where each started, stops after two."""
+    def command(config: RunConfig, run_id: int, attempt: int, port: int, attempt_dir: Path,
+                **_: object) -> list[str]:
+        return [sys.executable, "-c", CRASH, str(attempt_dir), "30" if attempt == 1 else "20"]
+
+    run_id = script_run(sessions, settings, tmp_path, "crash", retry={"max_retries": 3, "backoff_s": 0.0})
+    scheduler = Scheduler(sessions, settings, CPU2, command=command)
+    tick_until(scheduler, lambda: status(sessions, run_id) in ("FAILED", "SUCCEEDED"))
+
+    tried = attempts(sessions, run_id)
+    assert [(a.cause, a.last_step) for a in tried] == [("USER_ERROR", 30), ("USER_ERROR", 20)]
+    assert tried[0].exception == "ValueError: bad record 812 (at crash.py:8 in main)"
+    with sessions() as s:
+        reason = s.get(Run, run_id).status_reason
+    assert reason.startswith("the same exception at the same place twice in a row (ValueError: bad record 812 "
+                             "(at crash.py:8 in main)), and attempt 2 started from the beginning, having saved no "
+                             "checkpoint: a third try would start there again"), reason
+    assert reason.endswith("fix the code or the data it names, then resume")

@@ -171,10 +171,11 @@ class ScriptWorkload(Workload):
     """The signal a pause or a cancel sends the script's ranks first; SIGKILL follows after
     `supervision.grace_s` (kind = "script"). Pick the one the script stops cleanly on:
     SIGTERM for runyard's SDK and for a script with its own handler; SIGINT for Lightning outside
-    Slurm (its graceful shutdown on KeyboardInterrupt, which `OnExceptionCheckpoint` turns into
-    a checkpoint; its SIGTERM handler only sets a flag) and for a script that catches
-    KeyboardInterrupt; none saves a Hugging Face `Trainer`, nanoGPT or the DDP tutorial (they
-    resume from their last periodic save). SIGTERM, SIGINT and SIGHUP go to torchrun's agent too,
+    Slurm (its graceful shutdown on KeyboardInterrupt; its SIGTERM handler only sets a flag: it
+    resumes from its last `ModelCheckpoint` save, and `OnExceptionCheckpoint`, which saves from
+    the exception handler, can deadlock several ranks: docs/frameworks.md) and for a script that
+    catches KeyboardInterrupt; none saves a Hugging Face `Trainer`, nanoGPT or the DDP tutorial
+    (they resume from their last periodic save). SIGTERM, SIGINT and SIGHUP go to torchrun's agent too,
     which passes them on; SIGUSR1 and SIGUSR2 go to the ranks alone. Local executor only."""
 
 

@@ -2,7 +2,8 @@
 line docs/frameworks.md asks of a script of your own (``ckpt_path`` from ``RUNYARD_RESUME_PATH``).
 A small regression on two CPU ranks (``strategy="ddp"``, which under torchrun takes its ranks from
 torchrun's environment), a ``ModelCheckpoint`` every ``--every`` steps, TensorBoard's logger (or
-``--logger wandb``: Lightning's ``WandbLogger``).
+``--logger wandb``: Lightning's ``WandbLogger``). ``--raise_at N`` makes rank 1 raise at step N;
+``--on_exception`` adds ``OnExceptionCheckpoint``, whose save then deadlocks (Lightning #20187).
 
     torchrun --nproc-per-node=2 lightning_train.py --max_steps 40 --every 10
 """
@@ -15,16 +16,19 @@ import time
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, OnExceptionCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 
 
 class Regression(L.LightningModule):
-    def __init__(self) -> None:
+    def __init__(self, raise_at: int = 0) -> None:
         super().__init__()
         self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+        self.raise_at = raise_at
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        if self.global_rank == 1 and self.global_step + 1 == self.raise_at:
+            raise ValueError(f"bad batch at step {self.raise_at}")
         x, y = batch
         loss = torch.nn.functional.mse_loss(self.net(x), y)
         self.log("train_loss", loss)
@@ -50,6 +54,8 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=10)
     parser.add_argument("--sleep", type=float, default=0.0)
     parser.add_argument("--logger", choices=["tensorboard", "wandb"], default="tensorboard")
+    parser.add_argument("--raise_at", type=int, default=0)
+    parser.add_argument("--on_exception", action="store_true")
     args = parser.parse_args()
     L.seed_everything(0)
     x = torch.randn(2048, 16, generator=torch.Generator().manual_seed(0))
@@ -59,9 +65,9 @@ def main() -> None:
         enable_progress_bar=False, enable_model_summary=False,
         logger=WandbLogger(project="regression") if args.logger == "wandb" else TensorBoardLogger("."),
         callbacks=[ModelCheckpoint(dirpath="ckpts", every_n_train_steps=args.every, save_top_k=-1, save_last=True),
-                   Pace(args.sleep)],
+                   Pace(args.sleep), *([OnExceptionCheckpoint(dirpath="ckpts")] if args.on_exception else [])],
     )
-    trainer.fit(Regression(), torch.utils.data.DataLoader(data, batch_size=32, shuffle=True),
+    trainer.fit(Regression(args.raise_at), torch.utils.data.DataLoader(data, batch_size=32, shuffle=True),
                 ckpt_path=os.environ.get("RUNYARD_RESUME_PATH"))
 
 
