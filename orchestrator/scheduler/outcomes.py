@@ -26,6 +26,7 @@ from db.models import Attempt, Checkpoint, Event, Run
 from db.states import STOPPING, AttemptStatus, RunStatus, SignalSent, StopReason, attempt_transition, transition
 from db.vocabulary.causes import Cause
 from db.vocabulary.config import RunConfig, config_from_json, deep_merge
+from db.vocabulary.config.workload import STORED
 from orchestrator.executors.slurm.executor import cancelled_in_slurm
 from orchestrator.scheduler.diagnosis import (
     diagnose,
@@ -49,10 +50,12 @@ def attempt_config(run: Run, attempt: Attempt) -> RunConfig:
 
 
 def with_overrides(config: RunConfig, overrides: dict[str, Any]) -> RunConfig:
-    """``config`` (a stored run's) with an attempt's ``overrides``."""
+    """``config`` (a stored run's) with an attempt's ``overrides``, validated as the stored config
+    it is (the ``STORED`` context): a run stored before a rule was tightened (its tags) is still
+    retried with half its micro-batch."""
     if not overrides:
         return config
-    return RunConfig.model_validate(deep_merge(config.as_dict(), overrides))
+    return RunConfig.model_validate(deep_merge(config.as_dict(), overrides), context={STORED: True})
 
 
 def next_overrides(config: RunConfig, previous: Attempt | None) -> dict[str, Any]:
