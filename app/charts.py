@@ -5,7 +5,8 @@ one (attempt, rank, bucket of steps) with its mean, min, max and NaN count, so a
 of points arrives as at most a few thousand rows per chart. ``series_frame`` shapes those rows
 for the options a person picked (per-rank lines or the rank mean with a band, the x axis,
 smoothing, log scale, the lineage), and ``metric_chart`` draws the frame with the metric's
-label, unit and number format from db/vocabulary/metric_registry.py.
+label, unit and number format from db/vocabulary/metric_registry.py; which layers it has, and
+each layer, are app/chart_layers.py's.
 
 Ranks: each rank has one hue of ``PALETTE`` (strong, colour-blind-aware, no pairs, no pale
 yellow), the same on every chart and in the section's one legend (``rank_legend``), where a click
@@ -27,6 +28,7 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
+from app.chart_layers import BAND_COLOR, BUILDERS, Parts, axes, layers
 from db.vocabulary import metric_registry as registry
 
 # Altair's debug mode validates every schema object against Vega-Lite's JSON schema as it is built
@@ -39,11 +41,7 @@ RANK_MEAN = "mean + band"
 RANK_MODES = (PER_RANK, RANK_MEAN)
 X_STEP, X_WALL, X_RELATIVE = "step", "wall time", "relative time"
 X_AXES = (X_STEP, X_WALL, X_RELATIVE)
-NAN_COLOR = "#d62728"
 MEAN_COLOR = "#6b7280"  # slate grey: no rank's hue, and read on the light and the dark theme alike
-BAND_COLOR = "#7f7f7f"
-CURSOR_COLOR = "#e4572e"  # the marked step: no rank's hue (rank_scale), a contrast over 3 on both themes
-RULE_COLOR = "#8a8a8a"  # the hover rule: a contrast over 3 on the light and the dark theme (#555555: 2.4 on dark)
 # One strong hue per rank, in an order that keeps neighbours apart: Okabe & Ito's colour-blind-safe
 # set without its yellow and black (yellow vanishes on white, black on the dark theme), then Paul
 # Tol's indigo and wine lightened (his own vanished on the dark theme's background: contrast 1.6
@@ -53,8 +51,6 @@ RULE_COLOR = "#8a8a8a"  # the hover rule: a contrast over 3 on the light and the
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#7A6FD0", "#B5457E",
            "#117733", "#999933", "#AA4499", "#44AA99")
 MEAN_FROM_RANKS = 8
-FADED_OPACITY = 0.12  # lines of the ranks not isolated
-POINTS_BELOW = 60  # draw point markers on lines with fewer rows than this
 
 
 Chart = TypeVar("Chart", bound=alt.TopLevelMixin)
@@ -95,20 +91,6 @@ class Zoom:
         return Zoom((x0, x1), (y0, y1), key, x_axis) if x1 > x0 and y1 > y0 else None
 
 
-def fitted_y(frame: pd.DataFrame, x: tuple[float, float], log_y: bool) -> tuple[float, float] | None:
-    """The y range of what ``frame`` (displayed values) holds between ``x``, with a little room."""
-    inside = frame[(frame["x"] >= x[0]) & (frame["x"] <= x[1])]
-    values = pd.concat([inside[c] for c in ("value", "lo", "hi") if c in inside]).to_numpy(dtype=float)
-    values = values[np.isfinite(values) & ((values > 0) if log_y else True)]
-    if values.size == 0:
-        return None
-    lo, hi = float(values.min()), float(values.max())
-    if log_y:
-        return lo / 1.1, hi * 1.1
-    pad = (hi - lo) * 0.05 or abs(hi) * 0.05 or 1.0
-    return lo - pad, hi + pad
-
-
 @dataclass(frozen=True)
 class ChartOptions:
     """How the metric charts of one run are drawn (the widgets above the charts)."""
@@ -125,6 +107,12 @@ class ChartOptions:
     def log_y(self, key: str) -> bool:
         """Whether ``key``'s chart has a log y axis (never for a share such as accuracy)."""
         return key in self.log_keys and registry.spec_for(key).log_ok
+
+    def zoomed(self, key: str) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
+        """The zoom's x range (on this x axis: a box on steps means nothing on wall time), and its
+        y range when the box was drawn on ``key``'s chart."""
+        zoom = self.zoom if self.zoom is not None and self.zoom.x_axis == self.x else None
+        return (zoom.x if zoom else None), (zoom.y if zoom and zoom.key == key else None)
 
 
 LOG_FROM_DECADES = 2.0  # a metric whose values span more than this many decades opens on a log axis
@@ -254,13 +242,6 @@ def series_frame(
 # -- charts ----------------------------------------------------------------------------------
 
 
-def _envelope(frame: pd.DataFrame) -> pd.DataFrame:
-    """The band under the lines: per attempt and x, the lowest and highest value any rank had
-    in the bucket (one band for all ranks: 8 overlapping bands would hide the lines)."""
-    return frame.groupby(["attempt", "step"], as_index=False, sort=True).agg(
-        x=("x", "max"), lo=("lo", "min"), hi=("hi", "max"))  # ranks' wall times differ a little
-
-
 def displayed(frame: pd.DataFrame, key: str) -> pd.DataFrame:
     """``frame``'s values in the displayed unit of ``key`` (step_time in ms, mfu in percent; a
     share whose series holds a value beyond ±1 was logged in percent already)."""
@@ -303,77 +284,12 @@ def identical_ranks(per_rank: pd.DataFrame, wide: pd.DataFrame | None = None) ->
                   key=lambda g: int(g[0]))
 
 
-BOX_DRAG = "[pointerdown[!event.shiftKey], window:pointerup] > window:pointermove!"
-PAN_DRAG = "[pointerdown[event.shiftKey], window:pointerup] > window:pointermove!"
-
-
-def box_param() -> Any:
-    """The box zoom: a drag draws a box (x and y); the page reads it (st.altair_chart on_select)
-    and zooms every chart of the section to it; a double-click clears it."""
-    return alt.selection_interval(name="box", encodings=["x", "y"], on=BOX_DRAG, translate=False, zoom=False,
-                                  clear="dblclick")
-
-
-def _hover_layer(wide: pd.DataFrame, key: str, x: Any, ranks: Sequence[str]) -> alt.Chart:
-    """A vertical rule at the step nearest the pointer with a tooltip of every rank's value there
-    (Altair's multi-line tooltip), carrying the x zoom of this chart (wheel; shift-drag pans;
-    double-click resets)."""
-    nearest = alt.selection_point(name="hover", nearest=True, on="pointerover", clear="pointerout",
-                                  fields=["x"], empty=False)
-    zoom = alt.selection_interval(name="zoom", bind="scales", encodings=["x"], translate=PAN_DRAG)
-    return alt.Chart(wide).mark_rule(clip=True, color=RULE_COLOR, strokeWidth=1).encode(
-        x=x, opacity=alt.condition(nearest, alt.value(0.8), alt.value(0.0)), tooltip=_read_out(wide, key, ranks),
-    ).add_params(nearest, zoom, pin_param())
-
-
-def _read_out(wide: pd.DataFrame, key: str, ranks: Sequence[str]) -> list[alt.Tooltip]:
-    """The tooltip of a step: the step, the mean and band when drawn, and every rank's value."""
-    fmt = registry.d3_format(key)
-    tips = [alt.Tooltip("step:Q", title="step", format=",d")]
-    tips += [alt.Tooltip(f"{c}:Q", title=c, format=fmt) for c in ("mean", "min", "max") if c in wide]
-    return tips + [alt.Tooltip(f"r{r}:Q", title=f"rank {r}", format=fmt) for r in ranks]
-
-
-# Alt (option on a Mac): a plain click is the first of the double-click that resets the zoom, and
-# the release of a drag (the box) or a shift-drag (the pan) is a click too, shift included.
-PIN_CLICK = "click[event.altKey]"
-
-
-def pin_param() -> Any:
-    """The shared cursor: an alt-click marks the nearest step (the page reads it, st.altair_chart
-    on_select, and marks that step on every chart of the section)."""
-    return alt.selection_point(name="pin", nearest=True, on=PIN_CLICK, fields=["step"], empty=False, clear=False)
-
-
 def nearest_step(steps: pd.Series, step: int) -> int | None:
     """The step of ``steps`` closest to ``step`` (a metric logged every 50 steps is marked at its
     own step nearest the one clicked on another chart)."""
     if steps.empty:
         return None
     return int(steps.iloc[int((steps - step).abs().to_numpy().argmin())])
-
-
-def _cursor_layers(wide: pd.DataFrame, strong: pd.DataFrame, step: int, key: str, x: Any, y: Any,
-                   color: Any, ranks: Sequence[str]) -> list[alt.Chart]:
-    """The marked step on this chart: a rule at this metric's step nearest ``step``, with the
-    read-out of every rank there, and a dot where each drawn line crosses it."""
-    at = nearest_step(wide["step"], step)
-    if at is None:
-        return []
-    rule = alt.Chart(wide[wide["step"] == at]).mark_rule(clip=True, color=CURSOR_COLOR, strokeWidth=1.5,
-                                                          strokeDash=[6, 3]).encode(
-        x=x, tooltip=_read_out(wide, key, ranks))
-    dots = alt.Chart(strong[strong["step"] == at]).mark_circle(clip=True, size=45, opacity=1.0).encode(
-        x=x, y=y, color=color)
-    return [rule, dots]
-
-
-def _subtitle(per_rank: pd.DataFrame, mean: bool, wide: pd.DataFrame) -> str:
-    """What the chart does not show by itself: ranks whose lines coincide."""
-    same = identical_ranks(per_rank, wide) if not mean else []
-    if not same:
-        return ""
-    return "; ".join(f"ranks {', '.join(g)} identical (one line)" for g in same)
 
 
 def metric_chart(frame: pd.DataFrame, key: str, options: ChartOptions, x_title: str = "step",
@@ -384,83 +300,42 @@ def metric_chart(frame: pd.DataFrame, key: str, options: ChartOptions, x_title: 
     superseded steps faint and dashed, a red rule at every step that logged a NaN, and the hover
     read-out of every rank's value (``per_rank``: the per-rank frame, when ``frame`` is the mean).
     Titles, units and number formats come from the metric registry; ranks in
-    ``options.isolated`` are drawn strong and the others faint.
+    ``options.isolated`` are drawn strong and the others faint. Which layers are drawn is
+    app/chart_layers.py's table; each is built there.
     """
     frame = displayed(frame, key)
-    mean = options.ranks == RANK_MEAN
     per_rank = displayed(per_rank, key) if per_rank is not None else frame
-    temporal = options.x == X_WALL
-    log_y = options.log_y(key)
-    zoom = options.zoom if options.zoom is not None and options.zoom.x_axis == options.x else None
-    x_domain: Any = list(zoom.x) if zoom else alt.Undefined
-    x = alt.X("x:T" if temporal else "x:Q", title=x_title,
-              scale=alt.Scale(zero=False, domain=x_domain) if not temporal else alt.Scale(domain=x_domain))
-    y_domain: Any = alt.Undefined
-    if zoom is not None:
-        fitted = zoom.y if zoom.key == key else fitted_y(per_rank if not mean else frame, zoom.x, log_y)
-        y_domain = list(fitted) if fitted else alt.Undefined
-    y_scale = alt.Scale(type="log", domain=y_domain) if log_y else alt.Scale(zero=False, domain=y_domain)
-    y_title = registry.axis_title(key) + (", log scale" if log_y else "")
-    axis = alt.Axis(format=registry.axis_format(key) or alt.Undefined)
+    wide = _by_rank(per_rank)  # one pivot: the read-out and the subtitle
+    parts = _parts(frame, per_rank, wide, key, options, x_title, bucketed)
+    charts = [chart for layer in layers(parts.drawn) for chart in BUILDERS[layer](parts)]
+    same = identical_ranks(per_rank, wide) if not parts.mean else []  # what the chart does not show by itself
+    subtitle = "; ".join(f"ranks {', '.join(group)} identical (one line)" for group in same)
+    title = alt.Title(registry.label(key), subtitle=subtitle) if subtitle else registry.label(key)
+    return alt.layer(*charts, title=title).properties(height=260)
 
-    def y(field: str, titled: bool = True) -> alt.Y:
-        return alt.Y(f"{field}:Q", scale=y_scale, title=y_title if titled else None, axis=axis)
 
+def _parts(frame: pd.DataFrame, per_rank: pd.DataFrame, wide: pd.DataFrame, key: str, options: ChartOptions,
+           x_title: str, bucketed: bool) -> Parts:
+    """What the layers of ``frame`` are built from (both frames in displayed values; ``wide``:
+    the per-rank one pivoted)."""
+    mean = options.ranks == RANK_MEAN
     ranks = sorted({str(r) for r in per_rank["rank"]} - {"mean"}, key=lambda r: int(r) if r.isdigit() else -1)
     colors = rank_scale(ranks or ["0"])
-
-    def color() -> Any:  # no legend on a chart: the section has one (rank_legend)
-        return alt.value(MEAN_COLOR) if mean else alt.Color("rank:N", scale=colors, legend=None)
-
-    smoothing = options.smoothing > 0
-    lineage_rows = frame[~frame["superseded"]]
-    # Few tooltip fields, unformatted: Vega evaluates them for every row when it draws (the hover
-    # rule's tooltip carries every rank's formatted value, one row per step).
-    tooltip = ["rank:N", "step:Q", alt.Tooltip("value:Q", format=registry.d3_format(key))]
-    layers: list[alt.Chart] = []
-    if bucketed or mean:
-        layers.append(alt.Chart(_envelope(lineage_rows)).mark_area(clip=True,
-            opacity=0.15, color=BAND_COLOR if not mean else MEAN_COLOR).encode(x=x, y=y("lo"), y2="hi:Q",
-                                                                              detail="attempt:N"))
-    isolated = set(options.isolated) & set(ranks)
-    # Separate data for strong and faint lines rather than conditions or filter transforms:
-    # Streamlit's Vega runs expressions through an interpreter, per row and per layer.
-    strong = lineage_rows if mean or not isolated else lineage_rows[lineage_rows["rank"].isin(isolated)]
-    if not mean and isolated:
-        layers.append(alt.Chart(lineage_rows[~lineage_rows["rank"].isin(isolated)]).mark_line(clip=True,
-            opacity=FADED_OPACITY).encode(x=x, y=y("value"), color=color(), detail="series:N"))
-    few = len(strong) < POINTS_BELOW
-    base = alt.Chart(strong).encode(x=x, detail="series:N")
-    layers.append(base.mark_line(point=few and not smoothing, opacity=0.3 if smoothing else 1.0, clip=True).encode(
-        y=y("value"), color=color(), tooltip=tooltip).add_params(box_param()))
-    if smoothing:
-        layers.append(base.mark_line(clip=True, strokeWidth=2).encode(
-            y=y("smooth"), color=color(), tooltip=[*tooltip, alt.Tooltip("smooth:Q", title="smoothed")]))
-    if mean and isolated:  # the picked ranks over the mean and its band
-        picked = per_rank[~per_rank["superseded"] & per_rank["rank"].isin(isolated)]
-        layers.append(alt.Chart(picked).mark_line(clip=True, strokeWidth=1.5).encode(
-            x=x, y=y("smooth" if smoothing else "value"), detail="series:N",
-            color=alt.Color("rank:N", scale=colors, legend=None), tooltip=tooltip))
-    if options.show_superseded and bool(frame["superseded"].any()):
-        layers.append(alt.Chart(frame[frame["superseded"]]).mark_line(
-            clip=True, opacity=0.35, strokeDash=[4, 3]).encode(
-            x=x, y=y("value"), color=color(), detail="series:N", tooltip=tooltip))
-    nans = frame[frame["nan"] & (options.show_superseded | ~frame["superseded"])]
-    if not nans.empty:
-        marks = nans.groupby("x", as_index=False).agg(
-            step=("step", "min"), ranks=("rank", lambda r: ", ".join(sorted(set(r)))))
-        layers.append(alt.Chart(marks).mark_rule(clip=True, color=NAN_COLOR, strokeDash=[2, 2], opacity=0.7).encode(
-            x=x, tooltip=[alt.Tooltip("step:Q", title="NaN at step"), alt.Tooltip("ranks:N", title="rank")]))
-    wide = _by_rank(per_rank)
-    if not per_rank.empty:
-        read_out = hover_frame(per_rank, frame if mean else None, wide)
-        if options.cursor is not None:
-            layers += _cursor_layers(read_out, strong, options.cursor, key, x,
-                                     y("smooth" if smoothing else "value"), color(), ranks)
-        layers.append(_hover_layer(read_out, key, x, ranks))
-    subtitle = _subtitle(per_rank, mean, wide)
-    title = alt.Title(registry.label(key), subtitle=subtitle) if subtitle else registry.label(key)
-    return alt.layer(*layers, title=title).properties(height=260)
+    isolated = frozenset(options.isolated) & frozenset(ranks)
+    lineage = frame[~frame["superseded"]]
+    read_out = hover_frame(per_rank, frame if mean else None, wide) if not per_rank.empty else None
+    x, y = axes(per_rank if not mean else frame, key, x_title, options.x == X_WALL, options.log_y(key),
+                *options.zoomed(key))
+    return Parts(
+        key=key, frame=frame, per_rank=per_rank, isolated=isolated, ranks=ranks, x=x, y=y, colors=colors, mean=mean,
+        bucketed=bucketed, show_superseded=options.show_superseded,
+        strong=lineage if mean or not isolated else lineage[lineage["rank"].isin(isolated)],
+        # No legend on a chart: the section has one (rank_legend).
+        color=alt.value(MEAN_COLOR) if mean else alt.Color("rank:N", scale=colors, legend=None),
+        band_color=MEAN_COLOR if mean else BAND_COLOR,
+        nans=frame[frame["nan"] & (options.show_superseded | ~frame["superseded"])],
+        read_out=read_out, smoothing=options.smoothing > 0, cursor_at=None if read_out is None or options.cursor is None
+        else nearest_step(read_out["step"], options.cursor))
 
 
 def metric_view(rows: Sequence[Mapping[str, Any]], cutoffs: Mapping[int, float], options: ChartOptions, key: str,

@@ -23,6 +23,7 @@ import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any, cast
 
@@ -58,6 +59,82 @@ def _event(session: Session, run_id: int, message: str, now: float) -> None:
     session.add(Event(run_id=run_id, at=now, kind=EDIT_EVENT, message=message))
 
 
+@dataclass(frozen=True)
+class Labels:
+    """What a person calls a run: its name, tags and note."""
+
+    name: str
+    tags: tuple[str, ...]
+    note: str | None
+
+
+@dataclass(frozen=True)
+class EditRequest:
+    """What a person asked to change (None and empty: unchanged; ``note=""``: cleared)."""
+
+    name: str | None = None
+    add_tags: tuple[str, ...] = ()
+    remove_tags: tuple[str, ...] = ()
+    note: str | None = None  # as typed: its line breaks and ends are tidied (:func:`note_text`)
+
+
+class Change(Enum):
+    """One change an edit makes; the value is its sentence, filled in (:func:`edit_changes`)."""
+
+    RENAMED = "renamed {old!r} to {new!r}"
+    TAG_REMOVED = "tag {tag!r} removed"
+    TAG_ADDED = "tag {tag!r} added"
+    NOTE_SET = "note set: {note!r}"
+    NOTE_CLEARED = "note cleared"
+
+
+def note_text(note: str | None) -> str | None:
+    """A note as kept: Unix line breaks, no blank ends (None: unchanged; empty: cleared)."""
+    return None if note is None else note.replace("\r\n", "\n").strip()
+
+
+def edit_problems(run_id: int, now: Labels, asked: EditRequest) -> list[str]:
+    """Every problem with ``asked`` for run ``run_id`` labelled ``now``, each naming the value
+    (the rules of db/vocabulary/config/labels.py); empty when the edit may be made."""
+    problems = []
+    if asked.name is not None and (problem := name_problem(asked.name)):
+        problems.append(problem)
+    problems += [p for t in asked.add_tags if (p := tag_problem(t))]
+    if missing := [t for t in asked.remove_tags if t not in now.tags]:
+        problems.append(f"remove tag {missing[0]!r}: run {run_id} has no such tag (its tags: "
+                        f"{', '.join(now.tags) or 'none'})")
+    if both := sorted(set(asked.add_tags) & set(asked.remove_tags)):
+        problems.append(f"tag {both[0]!r} is both added and removed; ask for one")
+    if (count := len(_tags_after(now, asked))) > TAGS_MAX:
+        problems.append(f"tags: a run holds at most {TAGS_MAX}; run {run_id} would have {count}")
+    if (text := note_text(asked.note)) is not None and (problem := note_problem(text)):
+        problems.append(problem)
+    return problems
+
+
+def _tags_after(now: Labels, asked: EditRequest) -> tuple[str, ...]:
+    """The run's tags after the edit: its own in their order less those removed, then those added."""
+    kept = [t for t in now.tags if t not in asked.remove_tags]
+    return (*kept, *(t for t in dict.fromkeys(asked.add_tags) if t not in kept))
+
+
+def edit_changes(now: Labels, asked: EditRequest) -> tuple[Labels, list[str]]:
+    """The run's labels after an edit :func:`edit_problems` found nothing wrong with, and one
+    sentence per change it makes (a :class:`Change` filled in), in order: the name, the tags
+    removed, the tags added, the note."""
+    done = []
+    if asked.name is not None and asked.name != now.name:
+        done.append(Change.RENAMED.value.format(old=now.name, new=asked.name))
+    tags = _tags_after(now, asked)
+    done += [Change.TAG_REMOVED.value.format(tag=t) for t in now.tags if t in asked.remove_tags]
+    done += [Change.TAG_ADDED.value.format(tag=t) for t in tags if t not in now.tags]
+    text, note = note_text(asked.note), now.note
+    if text is not None and (text or None) != now.note:
+        done.append(Change.NOTE_SET.value.format(note=text) if text else Change.NOTE_CLEARED.value)
+        note = text or None
+    return Labels(now.name if asked.name is None else asked.name, tags, note), done
+
+
 def edit_run(session: Session, run_id: int, *, name: str | None = None, add_tags: Sequence[str] = (),
              remove_tags: Sequence[str] = (), note: str | None = None, who: str = "user") -> list[str]:
     """Rename a run, add or remove tags, set or clear (``note=""``) its note; the caller commits.
@@ -79,44 +156,28 @@ def edit_run(session: Session, run_id: int, *, name: str | None = None, add_tags
         EditValueRefused: a problem with what was asked; every problem in one message.
     """
     run = _run(session, run_id)
-    tags: list[str] = json.loads(run.tags_json or "[]")
-    problems = []
-    if name is not None and (problem := name_problem(name)):
-        problems.append(problem)
-    problems += [p for t in add_tags if (p := tag_problem(t))]
-    missing = [t for t in remove_tags if t not in tags]
-    if missing:
-        problems.append(f"remove tag {missing[0]!r}: run {run_id} has no such tag (its tags: "
-                        f"{', '.join(tags) or 'none'})")
-    if both := sorted(set(add_tags) & set(remove_tags)):
-        problems.append(f"tag {both[0]!r} is both added and removed; ask for one")
-    kept = [t for t in tags if t not in remove_tags]
-    added = [t for t in dict.fromkeys(add_tags) if t not in kept]
-    if len(kept) + len(added) > TAGS_MAX:
-        problems.append(f"tags: a run holds at most {TAGS_MAX}; run {run_id} would have {len(kept) + len(added)}")
-    text = None if note is None else note.replace("\r\n", "\n").strip()
-    if text is not None and (problem := note_problem(text)):
-        problems.append(problem)
-    if problems:
+    now = Labels(run.name, tuple(json.loads(run.tags_json or "[]")), run.note)
+    asked = EditRequest(name, tuple(add_tags), tuple(remove_tags), note)
+    if problems := edit_problems(run_id, now, asked):
         raise EditValueRefused(f"run {run_id} not changed: " + "; ".join(problems))
-    now, done = time.time(), []
-    if name is not None and name != run.name:
-        done.append(f"renamed {run.name!r} to {name!r}")
-        run.name = name
-    for tag in [t for t in tags if t in remove_tags]:
-        done.append(f"tag {tag!r} removed")
-    for tag in added:
-        done.append(f"tag {tag!r} added")
-    if kept + added != tags:
-        run.tags_json = json.dumps(kept + added)
-    if text is not None and (text or None) != run.note:
-        done.append(f"note set: {text!r}" if text else "note cleared")
-        run.note = text or None
-    for change in done:
-        _event(session, run_id, f"{change} by {who}", now)
-    if done:
-        run.updated_at = now
+    after, done = edit_changes(now, asked)
+    _relabel(session, run, now, after, [f"{change} by {who}" for change in done])
     return done
+
+
+def _relabel(session: Session, run: Run, now: Labels, after: Labels, events: list[str]) -> None:
+    """Write ``after`` on the run where it differs from ``now``, with one event per change."""
+    at = time.time()
+    if after.name != now.name:
+        run.name = after.name
+    if after.tags != now.tags:
+        run.tags_json = json.dumps(list(after.tags))
+    if after.note != now.note:
+        run.note = after.note
+    for message in events:
+        _event(session, run.id, message, at)
+    if events:
+        run.updated_at = at
 
 
 def set_starred(session: Session, run_id: int, starred: bool, who: str = "user") -> str:

@@ -1,4 +1,4 @@
-"""Entry point run under torchrun: ``torchrun ... -m trainer [--config run_dir/config.json]``.
+"""Entry point run under torchrun: ``torchrun ... -m trainer [--config attempt_dir/config.json]``.
 
 Read the config, build the built-in workload of its kind (trainer/workloads/), join the run
 through the SDK (``trainer.init``), then ``workload.setup(run)``, ``workload.train(run)`` and

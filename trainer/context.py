@@ -37,10 +37,8 @@ class RunContext:
     @property
     def config_file(self) -> Path:
         """The config this attempt runs with: the one the scheduler wrote to the attempt's folder
-        (the run's plus the attempt's overrides, such as half the micro-batch after an OOM), else
-        the run's own (a folder written before attempts had one)."""
-        attempt = AttemptPaths(self.attempt_dir).config
-        return attempt if attempt.is_file() else RunPaths(self.run_dir).config
+        (the run's plus the attempt's overrides, such as half the micro-batch after an OOM)."""
+        return AttemptPaths(self.attempt_dir).config
 
     @property
     def managed(self) -> bool:

@@ -13,7 +13,9 @@ they agree because they take the names from here and nowhere else::
         ui.json               where the running UI listens (for `runyard token`)
         alerts.json           alert channels (URLs, webhook secrets) and defaults, mode 0600 (orchestrator/alerts)
         runs/run-000042/
-            config.json       the run config as submitted
+            config.json       the run config as submitted, for a person: runyard reads the database's
+                              copy (runs.config_json), and this file only as the mark that the folder
+                              is whole (orchestrator/scheduler/storage.py's run_dir_deleted)
             checkpoints/step-<N>/{state.pt, manifest.json}   a whole state, written by rank 0
             checkpoints/step-<N>/{__<rank>_0.distcp, .metadata, unsharded.pt, manifest.json}
                               a sharded (FSDP) state: each rank's shards and DCP's metadata, and

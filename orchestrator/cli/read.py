@@ -152,20 +152,7 @@ def _print_detail(d: dict[str, Any]) -> None:
         click.echo(f"  {label}: {text}")
     click.echo("  attempts:")
     for a in d["attempts"]:
-        click.echo(f"    #{a['number']} {a['status']:<9} exit {a['exit_code']!s:<4} "
-                   f"{fmt_time(a['started_at'])} -> {fmt_time(a['ended_at'])}  {a['reason'] or ''}")
-        if a.get("job_id"):
-            click.echo(f"       Slurm job {a['job_id']} {a['job_state'] or ''}"
-                       + (f" on {a['job_nodes']}" if a.get("job_nodes") else ""))
-        if a.get("resume_path"):
-            click.echo(f"       started from {a['resume_path']} (step {a['resume_step']})")
-        if a["cause"]:
-            click.echo(f"       cause {a['cause']}, rank {a['failed_rank']}, steps lost {a['steps_lost']}, "
-                       f"detected after {fmt_duration(a['detect_s'])}")
-        if timed := phases_text(a.get("phases")):
-            # After a failure: from it to this attempt's first step; else launch to first step.
-            after = "recovery" if a.get("phases") and a["phases"][0]["phase"] == "teardown" else "start-up"
-            click.echo(f"       {after}: {timed}")
+        _print_attempt(a)
     if d["status"] == "RETRYING" and d["retry_at"]:
         click.echo(f"  next attempt at {fmt_time(d['retry_at'])} (retries used {d['retries_used']})")
     if d["checkpoints"]:
@@ -180,6 +167,23 @@ def _print_detail(d: dict[str, Any]) -> None:
         for key, ranks in d["metrics"].items():
             vals = "  ".join(f"r{r}={metric_registry.format_number(key, v)}" for r, v in ranks.items())
             click.echo(f"    {titles[key]:<{width}} {vals}")
+
+
+def _print_attempt(a: dict[str, Any]) -> None:
+    click.echo(f"    #{a['number']} {a['status']:<9} exit {a['exit_code']!s:<4} "
+               f"{fmt_time(a['started_at'])} -> {fmt_time(a['ended_at'])}  {a['reason'] or ''}")
+    if a.get("job_id"):
+        click.echo(f"       Slurm job {a['job_id']} {a['job_state'] or ''}"
+                   + (f" on {a['job_nodes']}" if a.get("job_nodes") else ""))
+    if a.get("resume_path"):
+        click.echo(f"       started from {a['resume_path']} (step {a['resume_step']})")
+    if a["cause"]:
+        click.echo(f"       cause {a['cause']}, rank {a['failed_rank']}, steps lost {a['steps_lost']}, "
+                   f"detected after {fmt_duration(a['detect_s'])}")
+    if timed := phases_text(a.get("phases")):
+        # After a failure: from it to this attempt's first step; else launch to first step.
+        after = "recovery" if a.get("phases") and a["phases"][0]["phase"] == "teardown" else "start-up"
+        click.echo(f"       {after}: {timed}")
 
 
 @click.command(cls=RunyardCommand)

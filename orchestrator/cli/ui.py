@@ -98,8 +98,9 @@ def child_env(settings: Settings) -> dict[str, str]:
 def scheduler(started_in: str | None) -> None:
     """Run the scheduler in the foreground (launches and supervises runs)."""
     move_into(started_in)
-    from orchestrator.scheduler.loop import Scheduler, SchedulerLocked, acquire_lock, refuse_a_second_on_sqlite, serve  # noqa: PLC0415 - the scheduler's modules only for `runyard scheduler`
+    from orchestrator.scheduler.loop import Scheduler  # noqa: PLC0415 - the scheduler's modules only for `runyard scheduler`
     from orchestrator.scheduler.resources import detect_inventory  # noqa: PLC0415 - the scheduler's modules only for `runyard scheduler`
+    from orchestrator.scheduler.service import SchedulerLocked, acquire_lock, refuse_a_second_on_sqlite, serve  # noqa: PLC0415 - the scheduler's modules only for `runyard scheduler`
 
     settings = load_settings()
     sessions = open_sessions(settings)

@@ -27,8 +27,7 @@ from db.states import ACTIVE, AttemptStatus, RunStatus
 from db.vocabulary.causes import Cause
 from db.vocabulary.inventory import Inventory
 from db.vocabulary.settings import EnvSettings
-from orchestrator.scheduler.failures import free_bytes, human_bytes
-from orchestrator.scheduler.storage import errno_in, writable_problem
+from orchestrator.scheduler.storage import errno_in, free_bytes, human_bytes, writable_problem
 
 logger = logging.getLogger(__name__)
 

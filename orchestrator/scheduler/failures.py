@@ -16,7 +16,6 @@ policy compares ``Failure.exception``) means the same exception raised at the sa
 from __future__ import annotations
 
 import dataclasses
-import errno
 import json
 import logging
 import re
@@ -28,7 +27,7 @@ from pathlib import Path
 
 from db.vocabulary.causes import Cause
 from orchestrator.executors.logs import launcher_log, rank_log_files, tail
-from orchestrator.scheduler.storage import STORAGE_ERRNOS, errno_in, writable_problem
+from orchestrator.scheduler.storage import STORAGE_ERRNOS, disk_detail
 
 logger = logging.getLogger(__name__)
 
@@ -378,71 +377,3 @@ def _classify(attempt_dir: Path, exit_code: int | None) -> Failure:
         name = signal_name(exit_code)
         return Failure(Cause.SIGNAL, None, f"launcher killed by {name}", stderr_tail(attempt_dir, None), name)
     return Failure(Cause.UNKNOWN, None, f"exit code {exit_code}", stderr_tail(attempt_dir, None))
-
-
-# Parts of an exception message that differ between two occurrences of the same error: the
-# checkpoint writer's temporary folder, object addresses, pids, ports, temporary paths, times.
-_VOLATILE = [
-    (re.compile(r"\.tmp-step-(\d+)-[0-9a-f]+"), r".tmp-step-\1-*"),
-    (re.compile(r"\.deleting-step-(\d+)-[0-9a-f]+"), r".deleting-step-\1-*"),
-    (re.compile(r"0x[0-9a-fA-F]{4,}"), "0x*"),
-    (re.compile(r"\b\d{1,2}:\d{2}:\d{2}(\.\d+)?\b"), "*:*:*"),
-    (re.compile(r"\b(pid|PID|process)\s*[:=]?\s*\d+"), r"\1 *"),
-    # Addresses with a port, never "train.py:50" (a place in the code is part of the error).
-    (re.compile(r"\b(?:\d{1,3}(?:\.\d{1,3}){3}|localhost|\[[0-9a-fA-F:]+\]):\d{2,5}\b"), "*:*"),
-    (re.compile(r"/tmp/[^\s'\":,)]+"), "/tmp/*"),  # noqa: S108 - recognises /tmp paths in messages
-]
-
-
-def normalize_exception(text: str | None) -> str | None:
-    """``text`` with its volatile parts replaced by ``*``, so that the same error raised twice
-    compares equal (the retry policy's "same exception twice" rule)."""
-    if text is None:
-        return None
-    for pattern, replacement in _VOLATILE:
-        text = pattern.sub(replacement, text)
-    return text
-
-
-_PATH = re.compile(r"(/[^\s'\":,()\[\]]+)")
-
-
-def nearest_existing(path: Path) -> Path:
-    """``path`` or its nearest ancestor that exists (a failed write leaves no file behind)."""
-    for candidate in (path, *path.parents):
-        if candidate.exists():
-            return candidate
-    return Path("/")
-
-
-def free_bytes(path: Path) -> int | None:
-    """Free bytes on the filesystem holding ``path`` (or its nearest existing ancestor)."""
-    try:
-        return shutil.disk_usage(nearest_existing(path)).free
-    except OSError:
-        return None
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"  # pragma: no cover
-
-
-def disk_detail(message: str, attempt_dir: Path) -> str:
-    """Where a failed write went, with which errno, how much room is there now and whether its
-    folder can be written now: the first absolute path in the message (else the run's folder),
-    and the free space on its filesystem."""
-    found = _PATH.search(message)
-    path = Path(found.group(1)) if found else attempt_dir.parent.parent
-    free = free_bytes(path)
-    room = f"{human_bytes(free)} free on its filesystem now" if free is not None else "free space unknown"
-    code = errno_in(message)
-    name = f"{errno.errorcode[code]}: " if code is not None and code in errno.errorcode else ""
-    folder = nearest_existing(path.parent)
-    # Only the run's own folders are probed (a path in the message may be anywhere).
-    problem = writable_problem(folder) if folder.is_relative_to(attempt_dir.parent.parent) else None
-    now = f"; still not writable ({problem.name})" if problem is not None else ""
-    return f"{name}writing {path}; {room}{now}"

@@ -1,8 +1,11 @@
 """What an ended attempt means for its run: success, a stop runyard asked for (cancel, pause),
 or a failure that is classified and handed to the retry policy.
 
-Every attempt keeps its evidence for the timeline: cause, first failing rank, exception line,
-log tail, steps lost since the last checkpoint, and when it failed and was detected.
+The decision is a table (:data:`ENDINGS`): what is known once the processes are gone, in plain
+values (:class:`Ended`), gives one :class:`Ending`, the first whose rule holds; each ending is
+applied by one small function (:data:`APPLIERS`). Every attempt keeps its evidence for the
+timeline: cause, first failing rank, exception line, log tail, steps lost since the last
+checkpoint, and when it failed and was detected (orchestrator/scheduler/diagnosis.py reads it).
 """
 
 from __future__ import annotations
@@ -10,10 +13,12 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import event as sa_event
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -21,54 +26,185 @@ from db.models import Attempt, Checkpoint, Event, Run
 from db.states import STOPPING, AttemptStatus, RunStatus, SignalSent, StopReason, attempt_transition, transition
 from db.vocabulary.causes import Cause
 from db.vocabulary.config import RunConfig, config_from_json, deep_merge
-from db.vocabulary.layout import AttemptPaths
+from db.vocabulary.config.workload import STORED
 from orchestrator.executors.slurm.executor import cancelled_in_slurm
-from orchestrator.scheduler.failures import (
-    Failure,
-    agent_killed,
-    classify,
-    disk_detail,
-    rank_failures,
-    signal_name,
-    stderr_tail,
+from orchestrator.scheduler.diagnosis import (
+    diagnose,
+    died_after_finishing,
+    first_failure_at,
+    read_stopped,
+    storage_failure,
 )
-from orchestrator.scheduler.retry import AttemptOutcome, Decision, backoff_s, decide, halved_micro_batch, same_exception
-from orchestrator.scheduler.storage import (
-    StorageFault,
-    deleted_message,
-    run_dir_deleted,
-    storage_fault,
-    writable_problem,
-)
-from orchestrator.scheduler.watchdog import HANDLER_DEADLOCK
+from orchestrator.scheduler.failures import Failure
+from orchestrator.scheduler.repeats import log_after_commit
+from orchestrator.scheduler.retry import AttemptOutcome, Decision, decide, halved_micro_batch, same_exception
+from orchestrator.scheduler.storage import StorageFault
 from orchestrator.scripts.checkpoint_loads import refuse_unloadable
 
 logger = logging.getLogger(__name__)
 
-def read_stopped(attempt_dir: Path) -> dict[str, Any] | None:
-    try:
-        stopped: dict[str, Any] | None = json.loads(AttemptPaths(attempt_dir).stopped.read_text())
-        return stopped
-    except (OSError, ValueError):
-        return None
-
 
 def attempt_config(run: Run, attempt: Attempt) -> RunConfig:
     """The config an attempt ran with: the run's, plus the attempt's overrides."""
-    overrides = json.loads(attempt.overrides_json or "{}")
-    base = config_from_json(run.config_json)
-    return RunConfig.model_validate(deep_merge(base.as_dict(), overrides)) if overrides else base
+    return with_overrides(config_from_json(run.config_json), json.loads(attempt.overrides_json or "{}"))
 
 
-def next_overrides(run: Run, previous: Attempt | None) -> dict[str, Any]:
-    """Overrides for the next attempt: the previous attempt's, adjusted after a CUDA OOM."""
+def with_overrides(config: RunConfig, overrides: dict[str, Any]) -> RunConfig:
+    """``config`` (a stored run's) with an attempt's ``overrides``, validated as the stored config
+    it is (the ``STORED`` context): a run stored before a rule was tightened (its tags) is still
+    retried with half its micro-batch."""
+    if not overrides:
+        return config
+    return RunConfig.model_validate(deep_merge(config.as_dict(), overrides), context={STORED: True})
+
+
+def next_overrides(config: RunConfig, previous: Attempt | None) -> dict[str, Any]:
+    """Overrides for the next attempt of a run stored with ``config``: the previous attempt's,
+    after a CUDA OOM with half its micro-batch and twice its accumulation."""
     if previous is None:
         return {}
     overrides: dict[str, Any] = json.loads(previous.overrides_json or "{}")
     if previous.cause == Cause.CUDA_OOM.value:
-        train = attempt_config(run, previous).train
-        overrides = deep_merge(overrides, halved_micro_batch(train.batch_size, train.grad_accum))
+        train = {**config.train.model_dump(), **overrides.get("train", {})}  # the previous attempt's
+        overrides = deep_merge(overrides, halved_micro_batch(int(train["batch_size"]), int(train["grad_accum"])))
     return overrides
+
+
+# -- the decision ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ended:
+    """What is known once an attempt's processes are gone, in plain values."""
+
+    run_status: RunStatus
+    stop_reason: StopReason | None  # why runyard stopped it (None: it was not stopped)
+    stop_mode: StopReason  # how a stop ends the run (:func:`stop_mode`)
+    exit_code: int | None
+    exited: bool  # the launcher left its exit record
+    stopped: bool  # the ranks checkpointed and stopped at a signal (stopped.json)
+    trained_every_step: bool  # the run has a step budget and the attempt reached it
+    shutdown_crash: str | None = None  # every rank finished, then died in shutdown (diagnosis.py)
+    cancelled_by: str | None = None  # a person cancelled its Slurm job, in words
+
+    @property
+    def asked_to_stop(self) -> bool:
+        return self.stop_reason in (StopReason.CANCEL, StopReason.PAUSE)
+
+    @property
+    def stopping(self) -> bool:
+        """Ended by a stop: one runyard asked for, or a run being stopped whose launcher left no record."""
+        return self.asked_to_stop or (self.run_status in STOPPING and not self.exited)
+
+
+class Ending(Enum):
+    """How an ended attempt ends its run; the value is the rule in a sentence."""
+
+    FINISHED_BEFORE_STOP = "every step was trained before the cancel or pause took effect: the run succeeded"
+    PAUSED = "stopped by a pause: the run is paused, to be resumed from its last checkpoint"
+    CANCELLED = "stopped by a cancel: the run is cancelled"
+    SUCCEEDED = "every rank exited 0, or died in its shutdown after finishing its work: the run succeeded"
+    CANCELLED_OUTSIDE = "a person cancelled its Slurm job: the run is cancelled, not resubmitted"
+    FAILED_WHILE_PAUSING = "it failed while a pause was carried out: the failure is recorded, the run paused"
+    FAILED_WHILE_CANCELLING = "it failed while a cancel was carried out: the failure is recorded, the run cancelled"
+    FAILED = "it failed: the failure is recorded and handed to the retry policy"
+
+
+# One row a rule: the first whose test holds is the ending. Before the failure's causes, a person's
+# scancel: the ranks' checkpoint at its SIGTERM must not read as a preemption.
+ENDINGS: tuple[tuple[Ending, Callable[[Ended], bool]], ...] = (
+    (Ending.FINISHED_BEFORE_STOP,
+     lambda e: e.asked_to_stop and e.exit_code == 0 and not e.stopped and e.trained_every_step),
+    (Ending.PAUSED, lambda e: e.stopping and e.stop_mode is StopReason.PAUSE),
+    (Ending.CANCELLED, lambda e: e.stopping),
+    (Ending.SUCCEEDED, lambda e: (e.exit_code == 0 or e.shutdown_crash is not None) and not e.stopped),
+    (Ending.CANCELLED_OUTSIDE, lambda e: e.cancelled_by is not None),
+    (Ending.FAILED_WHILE_PAUSING, lambda e: e.run_status is RunStatus.PAUSING),
+    (Ending.FAILED_WHILE_CANCELLING, lambda e: e.run_status is RunStatus.CANCELLING),
+    (Ending.FAILED, lambda e: True),
+)
+
+
+def ending(ended: Ended) -> Ending:
+    """The first rule of :data:`ENDINGS` that holds for ``ended``."""
+    return next(found for found, holds in ENDINGS if holds(ended))
+
+
+def stop_mode(run: Run, attempt: Attempt) -> StopReason:
+    """How a stopped attempt's run ends: PAUSING pauses; CANCELLING ends as its request says (a
+    cancel asked for while pausing turns ``runs.stop_mode`` into a cancel after the attempt's
+    SIGTERM was sent as a pause); otherwise the reason the attempt was stopped for."""
+    status = RunStatus(run.status)
+    if status is RunStatus.PAUSING:
+        return StopReason.PAUSE
+    if status is RunStatus.CANCELLING and run.stop_mode:
+        return StopReason(run.stop_mode)
+    return StopReason(attempt.stop_reason or StopReason.CANCEL)
+
+
+def ended_of(run: Run, attempt: Attempt, exited: dict[str, Any] | None, stopped: dict[str, Any] | None,
+             config: RunConfig) -> Ended:
+    """What :func:`ending` judges, read from the rows (``attempt`` already recorded), the records
+    and the attempt's ``config``."""
+    code = attempt.exit_code
+    return Ended(
+        run_status=RunStatus(run.status),
+        stop_reason=StopReason(attempt.stop_reason) if attempt.stop_reason else None,
+        stop_mode=stop_mode(run, attempt), exit_code=code, exited=exited is not None, stopped=stopped is not None,
+        trained_every_step=bool(run.max_steps) and (attempt.last_step or 0) >= run.max_steps,
+        shutdown_crash=died_after_finishing(attempt, config) if code and stopped is None and exited else None,
+        cancelled_by=cancelled_in_slurm(exited) if attempt.stop_reason is None else None,
+    )
+
+
+# -- settling: the decision applied ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Settling:
+    """One attempt being settled: the rows, what the decision read, and when."""
+
+    session: Session
+    run: Run
+    attempt: Attempt
+    config: RunConfig  # the attempt's
+    exited: dict[str, Any] | None
+    stopped: dict[str, Any] | None
+    ended: Ended
+    storage: StorageFault | None
+    now: float
+
+
+def settle(session: Session, run: Run, attempt: Attempt, exited: dict[str, Any] | None,
+           now: float | None = None, storage: StorageFault | None = None, config: RunConfig | None = None) -> None:
+    """The attempt's processes are gone: record how it ended and move the run on, as
+    :func:`ending` decides.
+
+    ``storage``: a storage fault the scheduler saw while the attempt ran (orchestrator/scheduler/storage.py's
+    ``StorageFaults.seen_since``): an exit code with no evidence is then a ``DISK`` failure.
+    ``config``: the attempt's (:func:`attempt_config`, which the scheduler derives once for the
+    settling; derived here when not given).
+    """
+    now = time.time() if now is None else now
+    config = attempt_config(run, attempt) if config is None else config
+    stopped = read_stopped(Path(attempt.dir))
+    record_end(session, attempt, exited, now)
+    ended = ended_of(run, attempt, exited, stopped, config)
+    APPLIERS[ending(ended)](Settling(session, run, attempt, config, exited, stopped, ended, storage, now))
+
+
+def record_end(session: Session, attempt: Attempt, exited: dict[str, Any] | None, now: float) -> None:
+    """The attempt's end for its timeline: exit code, when it failed and was detected, its last
+    checkpoint and the steps lost since."""
+    attempt.exit_code = int(exited["exit_code"]) if exited else None
+    attempt.ended_at = float(exited["ended_at"]) if exited else now
+    # The rank's failure, as the agent saw it, before it stopped the other ranks; else the exit.
+    seen = first_failure_at(Path(attempt.dir)) if attempt.exit_code else None
+    attempt.failed_at = min(seen, attempt.ended_at) if seen is not None else attempt.ended_at
+    attempt.detected_at = now
+    attempt.last_checkpoint_step = _last_checkpoint(session, attempt)
+    reached = attempt.last_step if attempt.last_step is not None else (attempt.resume_step or 0)
+    attempt.steps_lost = max(0, reached - (attempt.last_checkpoint_step or 0))
 
 
 def _last_checkpoint(session: Session, attempt: Attempt) -> int | None:
@@ -84,305 +220,128 @@ def _last_checkpoint(session: Session, attempt: Attempt) -> int | None:
     return own if own is not None else attempt.resume_step
 
 
-def first_failure_at(attempt_dir: Path) -> float | None:
-    """When torchrun's agent first saw a rank fail (``failure.json``, trainer/agent/torchrun.py), or None."""
-    try:
-        return float(json.loads(AttemptPaths(attempt_dir).failure_file.read_text())["at"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+def _finished_before_stop(s: Settling) -> None:
+    """The ranks had trained every step and were finishing (the final save, the teardown) when the
+    cancel or pause arrived: they ended on their own, and the run is done."""
+    attempt = s.attempt
+    asked = "pause" if s.ended.stop_reason is StopReason.PAUSE else "cancel"
+    finished = f"all ranks finished (step {attempt.last_step}/{s.run.max_steps}) before the {asked} took effect"
+    attempt_transition(attempt, AttemptStatus.SUCCEEDED, finished)
+    transition(s.session, s.run.id, RunStatus.SUCCEEDED, finished)
+    _event(s, "info", finished)
 
 
-def _record(session: Session, attempt: Attempt, exited: dict[str, Any] | None, now: float) -> None:
-    attempt.exit_code = int(exited["exit_code"]) if exited else None
-    attempt.ended_at = float(exited["ended_at"]) if exited else now
-    # The rank's failure, as the agent saw it, before it stopped the other ranks; else the exit.
-    seen = first_failure_at(Path(attempt.dir)) if attempt.exit_code else None
-    attempt.failed_at = min(seen, attempt.ended_at) if seen is not None else attempt.ended_at
-    attempt.detected_at = now
-    attempt.last_checkpoint_step = _last_checkpoint(session, attempt)
-    reached = attempt.last_step if attempt.last_step is not None else (attempt.resume_step or 0)
-    attempt.steps_lost = max(0, reached - (attempt.last_checkpoint_step or 0))
+def _stopped(s: Settling) -> None:
+    """Paused or cancelled as asked, with a checkpoint or killed."""
+    attempt, code, paused = s.attempt, s.attempt.exit_code, s.ended.stop_mode is StopReason.PAUSE
+    attempt_transition(attempt, AttemptStatus.PAUSED if paused else AttemptStatus.CANCELLED)
+    ckpt = (f"last checkpoint at step {attempt.last_checkpoint_step}" if attempt.last_checkpoint_step
+            else "no checkpoint")
+    how = "with a checkpoint" if s.stopped else f"killed with {attempt.signal_sent or 'a signal'}"
+    if s.stopped and code and attempt.signal_sent not in (None, SignalSent.SIGKILL):
+        # The ranks checkpointed and stopped as asked; torchrun's agent, which got the same
+        # signal, answers it with a non-zero exit of its own: not the ranks' failure.
+        how += f"; torchrun's exit {code} was its answer to the {attempt.signal_sent}"
+        attempt.exit_code = 0
+    if paused:
+        attempt.reason = f"paused at step {attempt.last_step or 0} ({how}); {ckpt}; Resume continues from it"
+    else:
+        attempt.reason = f"cancelled at step {attempt.last_step or 0} ({how}); {ckpt}"
+    transition(s.session, s.run.id, RunStatus.PAUSED if paused else RunStatus.CANCELLED, attempt.reason)
+    _event(s, "info", attempt.reason)
 
 
-def _event(session: Session, run: Run, attempt: Attempt, level: str, message: str) -> None:
-    session.add(Event(run_id=run.id, attempt=attempt.number, at=time.time(), level=level, kind="exit", message=message))
-    log_after_commit(session, f"run {run.id} attempt {attempt.number}: {message}")
+def _succeeded(s: Settling) -> None:
+    attempt = s.attempt
+    finished = "all ranks finished"
+    if attempt.last_step is None and s.config.workload.kind == "script":
+        finished = ("all ranks exited 0, but the script reported no step: runyard cannot tell that it trained "
+                    "(no SDK step, RUNYARD line, workload.stdout_metrics match or TensorBoard scalar); check "
+                    "its logs")
+        _event(s, "warning", finished)
+    attempt_transition(attempt, AttemptStatus.SUCCEEDED, finished)
+    transition(s.session, s.run.id, RunStatus.SUCCEEDED, finished)
+    if s.ended.shutdown_crash:
+        _event(s, "warning", s.ended.shutdown_crash)
+    _event(s, "info", f"attempt {attempt.number} succeeded")
 
 
-_AFTER_COMMIT = "runyard.log_after_commit"
+def _cancelled_outside(s: Settling) -> None:
+    """A person cancelled the run's Slurm job: the run ends CANCELLED, not resubmitted as a
+    preemption would be, and says who and when where Slurm told."""
+    attempt, how = s.attempt, s.ended.cancelled_by
+    attempt_transition(attempt, AttemptStatus.CANCELLED)
+    ckpt = (f"last checkpoint at step {attempt.last_checkpoint_step}" if attempt.last_checkpoint_step
+            else "no checkpoint")
+    saved = " (the ranks saved one at the stop)" if s.stopped else ""
+    attempt.reason = (f"cancelled outside runyard: {how}, at step {attempt.last_step or 0}; {ckpt}{saved}; not "
+                      f"resubmitted (a person's scancel is not a preemption): `runyard resume {s.run.id}` continues")
+    # The state machine reaches CANCELLED through CANCELLING; both in this one commit.
+    transition(s.session, s.run.id, RunStatus.CANCELLING, f"cancelled outside runyard: {how}")
+    transition(s.session, s.run.id, RunStatus.CANCELLED, attempt.reason)
+    _event(s, "warning", attempt.reason)
 
 
-def log_after_commit(session: Session, line: str) -> None:
-    """Log ``line`` once the session's transaction commits, and never if it is rolled back: a
-    settle that the database refused (a full disk) is made again at every tick, and its lines
-    must not be logged at every tick."""
-    lines: list[str] | None = session.info.get(_AFTER_COMMIT)
-    if lines is None:
-        lines = session.info[_AFTER_COMMIT] = []
-        sa_event.listen(session, "after_commit", _log_committed)
-        sa_event.listen(session, "after_rollback", lambda s: s.info[_AFTER_COMMIT].clear())
-    lines.append(line)
-
-
-def _log_committed(session: Session) -> None:
-    lines: list[str] = session.info[_AFTER_COMMIT]
-    for line in lines:
-        logger.info("%s", line)
-    lines.clear()
-
-
-def stop_mode(run: Run, attempt: Attempt) -> StopReason:
-    """How a stopped attempt's run ends: PAUSING pauses; CANCELLING ends as its request says (a
-    cancel asked for while pausing turns ``runs.stop_mode`` into a cancel after the attempt's
-    SIGTERM was sent as a pause); otherwise the reason the attempt was stopped for."""
-    status = RunStatus(run.status)
-    if status is RunStatus.PAUSING:
-        return StopReason.PAUSE
-    if status is RunStatus.CANCELLING and run.stop_mode:
-        return StopReason(run.stop_mode)
-    return StopReason(attempt.stop_reason or StopReason.CANCEL)
-
-
-def settle(session: Session, run: Run, attempt: Attempt, exited: dict[str, Any] | None,
-           now: float | None = None, storage: StorageFault | None = None) -> None:
-    """The attempt's processes are gone: record how it ended and move the run on.
-
-    ``storage``: a storage fault the scheduler saw while the attempt ran (orchestrator/scheduler/storage.py's
-    ``StorageFaults.seen_since``): an exit code with no evidence is then a ``DISK`` failure.
-    """
-    now = time.time() if now is None else now
-    attempt_dir = Path(attempt.dir)
-    stopped = read_stopped(attempt_dir)
-    _record(session, attempt, exited, now)
-    code = attempt.exit_code
-
-    if (attempt.stop_reason in (StopReason.CANCEL, StopReason.PAUSE) and code == 0 and stopped is None
-            and run.max_steps and (attempt.last_step or 0) >= run.max_steps):
-        # The ranks had trained every step and were finishing (the final save, the teardown)
-        # when the cancel or pause arrived: they ended on their own, and the run is done.
-        asked = "pause" if attempt.stop_reason == StopReason.PAUSE else "cancel"
-        finished = f"all ranks finished (step {attempt.last_step}/{run.max_steps}) before the {asked} took effect"
-        attempt_transition(attempt, AttemptStatus.SUCCEEDED, finished)
-        transition(session, run.id, RunStatus.SUCCEEDED, finished)
-        _event(session, run, attempt, "info", finished)
-        return
-    if attempt.stop_reason in (StopReason.CANCEL, StopReason.PAUSE) or (
-            RunStatus(run.status) in STOPPING and exited is None):
-        mode = stop_mode(run, attempt)
-        attempt_transition(attempt, AttemptStatus.PAUSED if mode is StopReason.PAUSE else AttemptStatus.CANCELLED)
-        ckpt = (f"last checkpoint at step {attempt.last_checkpoint_step}" if attempt.last_checkpoint_step
-                else "no checkpoint")
-        how = "with a checkpoint" if stopped else f"killed with {attempt.signal_sent or 'a signal'}"
-        if stopped and code and attempt.signal_sent not in (None, SignalSent.SIGKILL):
-            # The ranks checkpointed and stopped as asked; torchrun's agent, which got the same
-            # signal, answers it with a non-zero exit of its own: not the ranks' failure.
-            how += f"; torchrun's exit {code} was its answer to the {attempt.signal_sent}"
-            attempt.exit_code = 0
-        if mode is StopReason.PAUSE:
-            attempt.reason = f"paused at step {attempt.last_step or 0} ({how}); {ckpt}; Resume continues from it"
-        else:
-            attempt.reason = f"cancelled at step {attempt.last_step or 0} ({how}); {ckpt}"
-        transition(session, run.id, RunStatus.PAUSED if mode is StopReason.PAUSE else RunStatus.CANCELLED,
-                   attempt.reason)
-        _event(session, run, attempt, "info", attempt.reason)
-        return
-    shutdown_crash = died_after_finishing(run, attempt) if code and stopped is None and exited else None
-    if (code == 0 or shutdown_crash) and stopped is None:
-        finished = "all ranks finished"
-        if attempt.last_step is None and attempt_config(run, attempt).workload.kind == "script":
-            finished = ("all ranks exited 0, but the script reported no step: runyard cannot tell that it trained "
-                        "(no SDK step, RUNYARD line, workload.stdout_metrics match or TensorBoard scalar); check "
-                        "its logs")
-            _event(session, run, attempt, "warning", finished)
-        attempt_transition(attempt, AttemptStatus.SUCCEEDED, finished)
-        transition(session, run.id, RunStatus.SUCCEEDED, finished)
-        if shutdown_crash:
-            _event(session, run, attempt, "warning", shutdown_crash)
-        _event(session, run, attempt, "info", f"attempt {attempt.number} succeeded")
-        return
-
-    # Before the failure's causes: the ranks' checkpoint at its SIGTERM must not read as a preemption.
-    by_person = cancelled_in_slurm(exited) if attempt.stop_reason is None else None
-    if by_person is not None:
-        _cancelled_outside(session, run, attempt, by_person, stopped)
-        return
-    failure = _diagnose(attempt, exited, stopped, code)
-    failure = _storage_failure(run, attempt, exited, failure, storage) or failure
+def _failure(s: Settling) -> Failure:
+    """Diagnose the failure (the storage's part first) and record it on the attempt."""
+    attempt = s.attempt
+    diagnosed = diagnose(attempt, s.exited, s.stopped)
+    failure = storage_failure(s.run, attempt, s.exited, diagnosed, s.storage) or diagnosed
     attempt_transition(attempt, AttemptStatus.CRASHED if failure.cause is Cause.VANISHED else AttemptStatus.FAILED)
     attempt.cause = failure.cause.value
     attempt.failed_rank = failure.rank
     attempt.exception = failure.exception
     attempt.log_tail = failure.log_tail[-8000:]
     attempt.reason = failure.summary()
-    if RunStatus(run.status) is RunStatus.PAUSING:
-        transition(session, run.id, RunStatus.PAUSED, f"paused; the attempt ended {attempt.reason}")
-        return
-    if RunStatus(run.status) is RunStatus.CANCELLING:
-        transition(session, run.id, RunStatus.CANCELLED, f"cancelled; the attempt ended {attempt.reason}")
-        return
-    _apply_retry_policy(session, run, attempt, failure, now)
+    return failure
 
 
-# Diagnoses a storage fault at the attempt's end explains better: the ranks' own evidence (their
-# logs, their error files) was lost with the writes that failed.
-_STORAGE_EXPLAINS = frozenset({Cause.UNKNOWN, Cause.USER_ERROR, Cause.SIGNAL, Cause.VANISHED})
+def _failed_while_pausing(s: Settling) -> None:
+    _failure(s)
+    transition(s.session, s.run.id, RunStatus.PAUSED, f"paused; the attempt ended {s.attempt.reason}")
 
 
-def _storage_failure(run: Run, attempt: Attempt, exited: dict[str, Any] | None, diagnosed: Failure,
-                     seen: StorageFault | None = None) -> Failure | None:
-    """The storage's part in the attempt's end, or None: the run folder deleted under it
-    (``RUN_DIR_DELETED``, never retried), or a ``DISK`` failure when the launcher could not write
-    its exit file (it says so in the record it wrote late, or there is no record and the attempt's
-    folder cannot be written now), or when the ranks ended with an exit code and no traceback (it
-    could not be written) while the attempt's folder cannot be written now or a storage fault was
-    ``seen`` meanwhile, naming the path and the errno."""
-    run_dir = Path(run.run_dir)
-    if run_dir_deleted(run_dir):
-        return Failure(Cause.RUN_DIR_DELETED, None, deleted_message(run_dir), "")
-    if diagnosed.cause not in _STORAGE_EXPLAINS or attempt.stop_reason is not None:
-        return None
-    error = exited.get("storage_error") if exited else None
-    if isinstance(error, dict):
-        text = f"the launcher could not write its exit file for a while: {error.get('message')}"
-    elif exited is None and (problem := writable_problem(Path(attempt.dir))) is not None:
-        text = f"the launcher ended without an exit file: [Errno {problem.errno}] {problem.strerror}: '{problem.path}'"
-    elif diagnosed.cause is Cause.UNKNOWN and (problem := writable_problem(Path(attempt.dir)) or seen) is not None:
-        text = (f"{diagnosed.exception} and no traceback, while the storage could not be written: "
-                f"[Errno {problem.errno}] {problem.strerror}: '{problem.path}'")
-    else:
-        return None
-    return Failure(Cause.DISK, None, text, diagnosed.log_tail, detail=disk_detail(text, Path(attempt.dir)))
+def _failed_while_cancelling(s: Settling) -> None:
+    _failure(s)
+    transition(s.session, s.run.id, RunStatus.CANCELLED, f"cancelled; the attempt ended {s.attempt.reason}")
 
 
-def launch_failed_on_storage(session: Session, run: Run, attempt: Attempt, exc: OSError, now: float) -> bool:
-    """A launch that failed because the storage refused a write (a read-only or full run folder)
-    is a ``DISK`` failure of the attempt, handed to the retry policy like any other (the retry
-    waits until the folder is writable: orchestrator/scheduler/admission.py); a deleted run folder ends the
-    run. Returns False when ``exc`` is not a storage fault (the caller fails the launch)."""
-    run_dir = Path(run.run_dir)
-    fault = storage_fault(exc, attempt.dir)
-    if fault is None and not run_dir_deleted(run_dir):
-        return False
-    _record(session, attempt, None, now)
-    if fault is None:
-        failure = Failure(Cause.RUN_DIR_DELETED, None, deleted_message(run_dir), "")
-    else:
-        text = f"launch failed: [Errno {fault.errno}] {fault.strerror}: '{fault.path}'"
-        failure = Failure(Cause.DISK, None, text, "", detail=disk_detail(text, Path(attempt.dir)))
-    attempt_transition(attempt, AttemptStatus.FAILED)
-    attempt.cause, attempt.exception, attempt.reason = failure.cause.value, failure.exception, failure.summary()
-    _apply_retry_policy(session, run, attempt, failure, now)
-    return True
+def _failed(s: Settling) -> None:
+    retry_or_fail(s.session, s.run, s.attempt, _failure(s), s.now, s.config)
 
 
-
-def _cancelled_outside(session: Session, run: Run, attempt: Attempt, how: str, stopped: dict[str, Any] | None) -> None:
-    """A person cancelled the run's Slurm job: the run ends CANCELLED, not resubmitted as a
-    preemption would be, and says who and when where Slurm told."""
-    attempt_transition(attempt, AttemptStatus.CANCELLED)
-    ckpt = (f"last checkpoint at step {attempt.last_checkpoint_step}" if attempt.last_checkpoint_step
-            else "no checkpoint")
-    saved = " (the ranks saved one at the stop)" if stopped else ""
-    attempt.reason = (f"cancelled outside runyard: {how}, at step {attempt.last_step or 0}; {ckpt}{saved}; not "
-                      f"resubmitted (a person's scancel is not a preemption): `runyard resume {run.id}` continues")
-    # The state machine reaches CANCELLED through CANCELLING; both in this one commit.
-    transition(session, run.id, RunStatus.CANCELLING, f"cancelled outside runyard: {how}")
-    transition(session, run.id, RunStatus.CANCELLED, attempt.reason)
-    _event(session, run, attempt, "warning", attempt.reason)
+APPLIERS: dict[Ending, Callable[[Settling], None]] = {
+    Ending.FINISHED_BEFORE_STOP: _finished_before_stop,
+    Ending.PAUSED: _stopped,
+    Ending.CANCELLED: _stopped,
+    Ending.SUCCEEDED: _succeeded,
+    Ending.CANCELLED_OUTSIDE: _cancelled_outside,
+    Ending.FAILED_WHILE_PAUSING: _failed_while_pausing,
+    Ending.FAILED_WHILE_CANCELLING: _failed_while_cancelling,
+    Ending.FAILED: _failed,
+}
 
 
-def finished_ranks(attempt_dir: Path) -> set[int]:
-    """Ranks that left the note that their work is done (trainer/lifecycle.py's write_finished)."""
-    folder = AttemptPaths(attempt_dir).finished
-    return {int(p.stem.removeprefix("rank-")) for p in folder.glob("rank-*.json")} if folder.is_dir() else set()
-
-
-def died_after_finishing(run: Run, attempt: Attempt) -> str | None:
-    """When every rank had finished its work (metrics flushed, last checkpoint durable) and the
-    only failures are deaths by a signal, the attempt succeeded: a rank that aborts in the
-    interpreter's shutdown (C++ destructors of the process group's threads race it now and
-    then) has lost nothing, and retrying would redo finished work. Returns the warning to
-    record, or None when the attempt really failed."""
-    if attempt.stop_reason is not None:
-        return None
-    attempt_dir = Path(attempt.dir)
-    world_size = attempt_config(run, attempt).launch.world_size
-    if finished_ranks(attempt_dir) != set(range(world_size)):
-        return None
-    failures = rank_failures(attempt_dir)
-    if not failures or any(f.message or f.exitcode is None or f.exitcode >= 0 for f in failures):
-        return None
-    deaths = ", ".join(f"rank {f.rank} by {signal_name(f.exitcode)}" for f in failures if f.exitcode is not None)
-    return (f"every rank had finished its work, then the processes died in shutdown ({deaths}); "
-            "nothing was lost, so the attempt counts as a success")
-
-
-def _diagnose(attempt: Attempt, exited: dict[str, Any] | None, stopped: dict[str, Any] | None,
-              code: int | None) -> Failure:
-    if attempt.stop_reason == StopReason.HANG:
-        # runyard killed every rank, so the exit codes say nothing about which one hung: the rank
-        # is the one the stacks named when the hang was detected (orchestrator/scheduler/watchdog.py).
-        base = classify(Path(attempt.dir), code) if exited else None
-        if attempt.cause == Cause.USER_ERROR.value:
-            # The stacks found the named rank waiting inside its exception handler (watchdog.py).
-            return Failure(Cause.USER_ERROR, attempt.failed_rank, attempt.exception,
-                           stderr_tail(Path(attempt.dir), attempt.failed_rank), detail=HANDLER_DEADLOCK)
-        return Failure(Cause.HANG, attempt.failed_rank,
-                       f"no progress after step {attempt.last_step or 0}; stacks in {Path(attempt.dir) / 'stacks'}",
-                       base.log_tail if base else "")
-    if exited is not None and code is not None and code < 0:
-        # torchrun's agent itself died of a signal that runyard did not send (runyard's own stops
-        # are settled before this): whatever its ranks did after (a SIGTERM forwarded from
-        # elsewhere may have let them checkpoint), this is a failure that spends a retry, not a
-        # preemption; a fault that repeats must not retry for ever.
-        return agent_killed(Path(attempt.dir), code, exited.get("pid"))
-    if stopped is not None:
-        who = ("Slurm's warning signal (time limit or preemption)" if exited and exited.get("warned")
-               else "SIGTERM from outside runyard")
-        return Failure(Cause.PREEMPTED, None,
-                       f"{who} at step {stopped.get('step')}; checkpoint at step {stopped.get('checkpoint_step')}",
-                       "", "SIGTERM")
-    slurm_failure = _slurm_ended(attempt, exited)
-    if slurm_failure is not None:
-        return slurm_failure
-    if exited is None:
-        return Failure(Cause.VANISHED, None,
-                       "the launcher vanished without an exit code (killed, or the host restarted)", "")
-    return classify(Path(attempt.dir), code)
-
-
-# What Slurm's final job state means when the job left no exit marker (orchestrator/executors/slurm/executor.py).
-_SLURM_CAUSES = {"PREEMPTED": Cause.PREEMPTED, "TIMEOUT": Cause.PREEMPTED, "NODE_FAIL": Cause.NODE_FAIL,
-                 "BOOT_FAIL": Cause.NODE_FAIL, "OUT_OF_MEMORY": Cause.OOM_KILLED}
-
-
-def _slurm_ended(attempt: Attempt, exited: dict[str, Any] | None) -> Failure | None:
-    """The failure Slurm's own word gives for a job that ended without writing its exit marker
-    (killed at the time limit, preempted, a node lost), or None."""
-    state = exited.get("slurm_state") if exited else None
-    if state == "PENDING" and exited:
-        reason = exited.get("slurm_reason")
-        why = (f"Slurm would never start job {attempt.job_id}: it pended with reason {reason} (more nodes, time or "
-               "resources than the partition allows, or an account or QOS not yours); cancelled. Change launch.nnodes "
-               "or the [slurm] settings (sinfo shows the partitions)")
-        return Failure(Cause.LAUNCH_FAILED, None, why, "")
-    cause = _SLURM_CAUSES.get(str(state))
-    if cause is None:
-        return None
-    job = f"Slurm job {attempt.job_id}"
-    if cause is Cause.PREEMPTED:
-        return Failure(cause, None, f"{job} ended {state} before its ranks could checkpoint; resuming from the newest "
-                                    "checkpoint", "")
-    return Failure(cause, None, f"{job} ended {state}", stderr_tail(Path(attempt.dir), None))
-
-
-def _apply_retry_policy(session: Session, run: Run, attempt: Attempt, failure: Failure, now: float) -> None:
-    config = config_from_json(run.config_json)
+def retry_or_fail(session: Session, run: Run, attempt: Attempt, failure: Failure, now: float,
+                  config: RunConfig) -> None:
+    """Ask the retry policy (orchestrator/scheduler/retry.py) about the failed ``attempt`` (run
+    with ``config``) and move the run as it decides: RETRYING after its backoff, or FAILED."""
+    script = config.workload.kind == "script"
     earlier = session.execute(
         select(Attempt).where(Attempt.run_id == run.id, Attempt.number < attempt.number,
                               Attempt.cause.is_not(None)).order_by(Attempt.number)
     ).scalars().all()
-    script = config.workload.kind == "script"
+    outcome = _outcomes(session, run, script)  # read before a refusal below
+    # A retry that failed loading the script checkpoint it was handed: that version is refused and
+    # the next attempt starts from the one before, not the user's repeated error (checkpoint_loads).
+    fallback = refuse_unloadable(session, run, attempt, same_exception) if script else None
+    decision = decide(outcome(attempt), [outcome(a) for a in earlier], run.retries_used, config.retry,
+                      config.train.model_dump(), fallback=fallback.words(attempt.number) if fallback else None)
+    _move_run(session, run, attempt, failure, decision, now)
+
+
+def _outcomes(session: Session, run: Run, script: bool) -> Callable[[Attempt], AttemptOutcome]:
+    """What the retry policy reads of each failed attempt of ``run``."""
     # The newest step each attempt saved a checkpoint of its own at (a refused one does not count:
     # no attempt can start from it), for the retry policy's "no progress past its start".
     saved: dict[int, int] = {number: step for number, step in session.execute(
@@ -395,24 +354,28 @@ def _apply_retry_policy(session: Session, run: Run, attempt: Attempt, failure: F
                               steps_known=not script or a.first_step_at is not None,
                               resumed_from=a.resume_step, saved_at=saved.get(a.number))
 
-    # A retry that failed loading the script checkpoint it was handed: that version is refused and
-    # the next attempt starts from the one before, not the user's repeated error (checkpoint_loads).
-    fallback = refuse_unloadable(session, run, attempt, same_exception) if script else None
-    if fallback is not None and run.retries_used < config.retry.max_retries:
-        delay = backoff_s(run.retries_used, config.retry)
-        decision = Decision(True, f"{fallback.words(attempt.number)}: retry {run.retries_used + 1} of "
-                                  f"{config.retry.max_retries} in {delay:.0f} s", delay_s=delay)
-    else:
-        decision = decide(outcome(attempt), [outcome(a) for a in earlier], run.retries_used, config.retry,
-                          attempt_config(run, attempt).train.model_dump())
+    return outcome
+
+
+def _move_run(session: Session, run: Run, attempt: Attempt, failure: Failure, decision: Decision,
+              now: float) -> None:
     attempt.retry_counted = decision.counted
     if decision.retry:
         run.retries_used += 1 if decision.counted else 0
         run.retry_at = now + decision.delay_s
         transition(session, run.id, RunStatus.RETRYING, decision.reason)
-        _event(session, run, attempt, "warning",
-               f"attempt {attempt.number} failed: {failure.summary()}; {decision.reason}")
+        _log_event(session, run, attempt, "warning",
+                   f"attempt {attempt.number} failed: {failure.summary()}; {decision.reason}")
     else:
         transition(session, run.id, RunStatus.FAILED, decision.reason)
-        _event(session, run, attempt, "error",
-               f"attempt {attempt.number} failed: {failure.summary()}; {decision.reason}")
+        _log_event(session, run, attempt, "error",
+                   f"attempt {attempt.number} failed: {failure.summary()}; {decision.reason}")
+
+
+def _event(s: Settling, level: str, message: str) -> None:
+    _log_event(s.session, s.run, s.attempt, level, message)
+
+
+def _log_event(session: Session, run: Run, attempt: Attempt, level: str, message: str) -> None:
+    session.add(Event(run_id=run.id, attempt=attempt.number, at=time.time(), level=level, kind="exit", message=message))
+    log_after_commit(session, logger, f"run {run.id} attempt {attempt.number}: {message}")

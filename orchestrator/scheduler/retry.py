@@ -3,20 +3,28 @@ at once on errors that will recur.
 
 One counter per run across all attempts (``runs.retries_used``). Preemptions do not count.
 A CUDA out-of-memory retries with half the micro-batch and twice the gradient accumulation, so
-the effective batch is unchanged. :func:`decide` is a pure function of plain values
-(:class:`AttemptOutcome`); orchestrator/scheduler/outcomes.py reads them from the database.
+the effective batch is unchanged.
+
+The policy is a table (:data:`RULES`): each row a :class:`Verdict` and the test of a
+:class:`Case` under which it holds, the first that holds being the verdict; each verdict has its
+sentence. :func:`verdict` and :func:`decide` are pure functions of plain values
+(:class:`AttemptOutcome`); orchestrator/scheduler/outcomes.py reads them from the database and
+applies the decision.
 """
 
 from __future__ import annotations
 
 import errno
 import random
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from db.vocabulary.causes import Cause
 from db.vocabulary.config import RetryConfig
-from orchestrator.scheduler.failures import USAGE_REFUSED, normalize_exception
+from orchestrator.scheduler.failures import USAGE_REFUSED
+from orchestrator.scheduler.repeats import normalize_exception
 from orchestrator.scheduler.storage import errno_in
 
 
@@ -40,21 +48,13 @@ class AttemptOutcome:
         return self.saved_at is not None and (self.resumed_from is None or self.saved_at > self.resumed_from)
 
 
-@dataclass(frozen=True)
-class Decision:
-    retry: bool
-    reason: str
-    delay_s: float = 0.0
-    counted: bool = True
-
-
 # Failures that, raised again identically at the same step, will keep recurring.
 REPEAT_FAILS = frozenset({Cause.USER_ERROR, Cause.DISK})
 
 
 def same_exception(a: str | None, b: str | None) -> bool:
     """Whether two exception lines are the same error, ignoring their volatile parts (temporary
-    names, addresses, pids, ports: orchestrator/scheduler/failures.py ``normalize_exception``)."""
+    names, addresses, pids, ports: orchestrator/scheduler/repeats.py ``normalize_exception``)."""
     return a is not None and normalize_exception(a) == normalize_exception(b)
 
 
@@ -87,14 +87,6 @@ def replayed(failed: AttemptOutcome, last: AttemptOutcome | None) -> bool:
     return not last.progressed or failed.resumed_from in (last.resumed_from, last.saved_at)
 
 
-def _replay_reason(failed: AttemptOutcome) -> str:
-    start = ("the beginning, having saved no checkpoint" if failed.resumed_from is None else
-             f"its checkpoint at step {failed.resumed_from} and saved none past it")
-    return (f"the same exception at the same place twice in a row ({failed.exception}), and attempt "
-            f"{failed.number} started from {start}: a third try would start there again and fail the same "
-            "way, so it is not made; fix the code or the data it names, then resume")
-
-
 def halved_micro_batch(batch_size: int, grad_accum: int) -> dict[str, Any]:
     """Overrides after a CUDA OOM: half the micro-batch, twice the accumulation."""
     return {"train": {"batch_size": max(1, batch_size // 2), "grad_accum": grad_accum * 2}}
@@ -108,15 +100,169 @@ def backoff_s(retries_used: int, config: RetryConfig, rand: random.Random | None
     return base * (0.5 + 0.5 * (rand or random).random())
 
 
+class Verdict(Enum):
+    """What the retry policy says of a failed attempt, and its sentence: the value, filled in with
+    the case's words (:func:`decide`). Whether the run is tried again, and whether that spends a
+    retry, are the verdict's own (:attr:`retries`, :attr:`counted`); :data:`RULES` says when each
+    applies."""
+
+    FALLBACK = "{fallback}: retry {next} of {max} in {delay:.0f} s"
+    PREEMPTED_AGAIN_SPENT = (
+        "preempted twice at step {step} without progress in between, and the retries are spent (retry.max_retries = "
+        "{max}); give it more time (slurm.time_limit) or fewer steps between checkpoints, then resume")
+    PREEMPTED_AGAIN = ("preempted again at step {step} with no progress since the last preemption: resuming, and this "
+                       "one uses a retry")
+    PREEMPTED = "preempted (SIGTERM from outside): resuming; this does not use a retry"
+    RUN_DIR_DELETED = "{exception}"
+    LAUNCH_REFUSED = ("the launch itself was refused: it would be refused again; change the settings the reason names, "
+                      "then resume")
+    USAGE_REFUSED = "{exception}: it would be refused again; fix the script's arguments (workload.args), then resume"
+    BEFORE_FIRST_STEP = ("{raised} before the first step completed: it would fail again; fix the code or the config, "
+                         "then resume")
+    SAME_DISK_ERROR = ("the same disk error at the same step twice ({exception} after step {step}) although there was "
+                       "room: a size limit or a quota; free space or raise the limit, then resume")
+    SAME_EXCEPTION = ("the same exception twice ({exception}; the script reports no step, so runyard compares the "
+                      "exception alone): retrying cannot help")
+    SAME_EXCEPTION_SAME_STEP = ("the same exception at the same step twice ({exception} after step {step}): retrying "
+                                "cannot help")
+    REPLAYED = ("the same exception at the same place twice in a row ({exception}), and attempt {number} started from "
+                "{start}: a third try would start there again and fail the same way, so it is not made; fix the code "
+                "or the data it names, then resume")
+    OOM_AT_ONE = "CUDA out of memory with a micro-batch of 1: lower the model size"
+    RETRIES_SPENT = "{cause}: gave up after {used} retr{ies} (retry.max_retries = {max})"
+    RETRY = "{cause}: retry {next} of {max} in {delay:.0f} s{what}"
+
+    @property
+    def retries(self) -> bool:
+        """Whether the run is tried again."""
+        return self in _RETRYING
+
+    @property
+    def counted(self) -> bool:
+        """Whether the attempt counts against ``retry.max_retries`` (only a first preemption does not)."""
+        return self is not Verdict.PREEMPTED
+
+    @property
+    def backs_off(self) -> bool:
+        """Whether the next attempt waits out the backoff first."""
+        return self.retries and self.counted
+
+
+_RETRYING = frozenset({Verdict.FALLBACK, Verdict.PREEMPTED_AGAIN, Verdict.PREEMPTED, Verdict.RETRY})
+
+
+@dataclass(frozen=True)
+class Case:
+    """What the policy judges, in plain values: the failed attempt, the one before it, the retries
+    used and allowed, the ``[train]`` settings it ran with, and the words of a checkpoint fallback
+    (orchestrator/scripts/checkpoint_loads.py), if there was one."""
+
+    failed: AttemptOutcome
+    last: AttemptOutcome | None
+    retries_used: int
+    max_retries: int
+    train: Mapping[str, Any]
+    fallback: str | None = None
+
+    @property
+    def spent(self) -> bool:
+        return self.retries_used >= self.max_retries
+
+    @property
+    def preempted_again(self) -> bool:
+        """Preempted again without a step of progress (a time limit shorter than the start-up and a
+        save): resuming for free would loop for ever."""
+        return (self.failed.cause is Cause.PREEMPTED and self.last is not None
+                and self.last.cause is Cause.PREEMPTED and self.last.last_step == self.failed.last_step)
+
+    @property
+    def repeated(self) -> bool:
+        """The failure that will keep recurring: the same exception (volatile parts aside) at the
+        same step as the attempt before, for a cause in :data:`REPEAT_FAILS`. A mount read-only
+        again is no size limit."""
+        failed, last = self.failed, self.last
+        return (failed.cause in REPEAT_FAILS and last is not None and last.cause is failed.cause
+                and same_exception(last.exception, failed.exception) and last.last_step == failed.last_step
+                and errno_in(failed.exception) != errno.EROFS)
+
+    def is_(self, cause: Cause) -> bool:
+        return self.failed.cause is cause
+
+
+# The policy, one row a rule: the first whose test holds is the verdict. A new failure cause that
+# needs a rule of its own is one row here and one Verdict with its sentence.
+RULES: tuple[tuple[Verdict, Callable[[Case], bool]], ...] = (
+    (Verdict.FALLBACK, lambda c: c.fallback is not None and not c.spent),
+    (Verdict.PREEMPTED_AGAIN_SPENT, lambda c: c.preempted_again and c.spent),
+    (Verdict.PREEMPTED_AGAIN, lambda c: c.preempted_again),
+    (Verdict.PREEMPTED, lambda c: c.is_(Cause.PREEMPTED)),
+    (Verdict.RUN_DIR_DELETED, lambda c: c.is_(Cause.RUN_DIR_DELETED)),
+    (Verdict.LAUNCH_REFUSED, lambda c: c.is_(Cause.LAUNCH_FAILED)),
+    (Verdict.USAGE_REFUSED, lambda c: c.is_(Cause.USER_ERROR) and (c.failed.exception or "").endswith(USAGE_REFUSED)),
+    (Verdict.BEFORE_FIRST_STEP,
+     lambda c: c.is_(Cause.USER_ERROR) and c.failed.last_step is None and c.failed.steps_known),
+    (Verdict.SAME_DISK_ERROR, lambda c: c.repeated and c.is_(Cause.DISK)),
+    (Verdict.SAME_EXCEPTION, lambda c: c.repeated and c.failed.last_step is None and not c.failed.steps_known),
+    (Verdict.SAME_EXCEPTION_SAME_STEP, lambda c: c.repeated),
+    (Verdict.REPLAYED, lambda c: replayed(c.failed, c.last)),
+    # The next attempt's halved micro-batch is derived from this cause when it starts
+    # (orchestrator/scheduler/outcomes.py's next_overrides): the one place it is computed.
+    (Verdict.OOM_AT_ONE, lambda c: c.is_(Cause.CUDA_OOM) and int(c.train["batch_size"]) <= 1),
+    (Verdict.RETRIES_SPENT, lambda c: c.spent),
+    (Verdict.RETRY, lambda c: True),
+)
+
+
+def verdict(case: Case) -> Verdict:
+    """The first rule of :data:`RULES` that holds for ``case``."""
+    return next(found for found, holds in RULES if holds(case))
+
+
+# What a retry waits for, by cause, beyond its backoff.
+_RETRY_WHAT = {
+    Cause.CUDA_OOM: " with half the micro-batch and twice the accumulation",
+    Cause.DISK: " once the disk has room again and the run folder is writable (the scheduler checks both first)",
+}
+
+
+def _words(c: Case, delay_s: float) -> dict[str, object]:
+    """The words a verdict's sentence is filled in with."""
+    f = c.failed
+    start = ("the beginning, having saved no checkpoint" if f.resumed_from is None else
+             f"its checkpoint at step {f.resumed_from} and saved none past it")
+    return {"cause": f.cause.value, "exception": f.exception, "raised": f.exception or "an exception",
+            "step": f.last_step, "number": f.number, "start": start, "used": c.retries_used,
+            "ies": "y" if c.retries_used == 1 else "ies", "next": c.retries_used + 1, "max": c.max_retries,
+            "delay": delay_s, "what": _RETRY_WHAT.get(f.cause, ""), "fallback": c.fallback}
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A verdict with its sentence for this attempt, and how long the next one waits."""
+
+    verdict: Verdict
+    reason: str
+    delay_s: float = 0.0
+
+    @property
+    def retry(self) -> bool:
+        return self.verdict.retries
+
+    @property
+    def counted(self) -> bool:
+        return self.verdict.counted
+
+
 def decide(
     failed: AttemptOutcome,
     previous: list[AttemptOutcome],
     retries_used: int,
     config: RetryConfig,
-    train: dict[str, Any],
+    train: Mapping[str, Any],
     rand: random.Random | None = None,
+    fallback: str | None = None,
 ) -> Decision:
-    """Whether and when to try again.
+    """Whether and when to try again: the :func:`verdict` of the case, with its sentence.
 
     Args:
         failed: the attempt that just failed.
@@ -125,57 +271,10 @@ def decide(
         config: the run's ``[retry]`` section.
         train: the ``[train]`` settings the failed attempt ran with (after its overrides).
         rand: random source for the jitter (tests pass a seeded one).
+        fallback: the words of a retry that failed loading its checkpoint and falls back to the
+            one before (orchestrator/scripts/checkpoint_loads.py), or None.
     """
-    last = previous[-1] if previous else None
-    if failed.cause is Cause.PREEMPTED:
-        if last is not None and last.cause is Cause.PREEMPTED and last.last_step == failed.last_step:
-            # Preempted again without a step of progress (a time limit shorter than the start-up
-            # and a save): resuming for free would loop for ever; this one counts.
-            if retries_used >= config.max_retries:
-                return Decision(False, f"preempted twice at step {failed.last_step} without progress in between, and "
-                                       f"the retries are spent (retry.max_retries = {config.max_retries}); give it "
-                                       "more time (slurm.time_limit) or fewer steps between checkpoints, then resume")
-            return Decision(True, f"preempted again at step {failed.last_step} with no progress since the last "
-                                  "preemption: resuming, and this one uses a retry", delay_s=backoff_s(retries_used,
-                                                                                                     config, rand))
-        return Decision(True, "preempted (SIGTERM from outside): resuming; this does not use a retry",
-                        delay_s=0.0, counted=False)
-    if failed.cause is Cause.RUN_DIR_DELETED:
-        return Decision(False, f"{failed.exception}")
-    if failed.cause is Cause.LAUNCH_FAILED:
-        return Decision(False, "the launch itself was refused: it would be refused again; change the settings the "
-                               "reason names, then resume")
-    if failed.cause is Cause.USER_ERROR and (failed.exception or "").endswith(USAGE_REFUSED):
-        return Decision(False, f"{failed.exception}: it would be refused again; fix the script's arguments "
-                               "(workload.args), then resume")
-    if failed.cause is Cause.USER_ERROR and failed.last_step is None and failed.steps_known:
-        return Decision(False, f"{failed.exception or 'an exception'} before the first step completed: "
-                               "it would fail again; fix the code or the config, then resume")
-    if (failed.cause in REPEAT_FAILS and last is not None and last.cause is failed.cause
-            and same_exception(last.exception, failed.exception) and last.last_step == failed.last_step
-            and errno_in(failed.exception) != errno.EROFS):  # a mount read-only again is no size limit
-        if failed.cause is Cause.DISK:
-            return Decision(False, f"the same disk error at the same step twice ({failed.exception} after step "
-                                   f"{failed.last_step}) although there was room: a size limit or a quota; "
-                                   "free space or raise the limit, then resume")
-        if failed.last_step is None and not failed.steps_known:
-            return Decision(False, f"the same exception twice ({failed.exception}; the script reports no step, so "
-                                   "runyard compares the exception alone): retrying cannot help")
-        return Decision(False, f"the same exception at the same step twice ({failed.exception} after step "
-                               f"{failed.last_step}): retrying cannot help")
-    if replayed(failed, last):
-        return Decision(False, _replay_reason(failed))
-    # The next attempt's halved micro-batch is derived from this cause when it starts
-    # (orchestrator/scheduler/outcomes.py's next_overrides): the one place it is computed.
-    if failed.cause is Cause.CUDA_OOM and int(train["batch_size"]) <= 1:
-        return Decision(False, "CUDA out of memory with a micro-batch of 1: lower the model size")
-    if retries_used >= config.max_retries:
-        return Decision(False, f"{failed.cause.value}: gave up after {retries_used} retr"
-                               f"{'y' if retries_used == 1 else 'ies'} (retry.max_retries = {config.max_retries})")
-    delay = backoff_s(retries_used, config, rand)
-    what = " with half the micro-batch and twice the accumulation" if failed.cause is Cause.CUDA_OOM else ""
-    if failed.cause is Cause.DISK:
-        what = (" once the disk has room again and the run folder is writable (the scheduler checks both "
-                "first)")
-    return Decision(True, f"{failed.cause.value}: retry {retries_used + 1} of {config.max_retries} in "
-                          f"{delay:.0f} s{what}", delay_s=delay)
+    case = Case(failed, previous[-1] if previous else None, retries_used, config.max_retries, train, fallback)
+    found = verdict(case)
+    delay = backoff_s(retries_used, config, rand) if found.backs_off else 0.0
+    return Decision(found, found.value.format(**_words(case, delay)), delay)

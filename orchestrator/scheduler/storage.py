@@ -18,6 +18,7 @@ import errno
 import logging
 import os
 import re
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,10 +95,61 @@ def run_dir_deleted(run_dir: Path) -> bool:
     return not (run_dir / CONFIG_FILE).is_file()
 
 
+def sqlite_folder(db_url: str) -> Path | None:
+    """The folder of a SQLite database's file (probed in a storage fault), or None for a server's."""
+    if not db_url.startswith("sqlite:///") or db_url.startswith("sqlite:///:memory:"):
+        return None
+    return Path(db_url.removeprefix("sqlite:///").split("?", 1)[0]).parent
+
+
 def deleted_message(run_dir: Path) -> str:
     """What to say about a run folder deleted under a running run."""
     return (f"the run folder {run_dir} was deleted while the run was running: its config, logs and checkpoints "
             "are gone; not retried (submit the config again to start over)")
+
+
+_PATH = re.compile(r"(/[^\s'\":,()\[\]]+)")
+
+
+def nearest_existing(path: Path) -> Path:
+    """``path`` or its nearest ancestor that exists (a failed write leaves no file behind)."""
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            return candidate
+    return Path("/")
+
+
+def free_bytes(path: Path) -> int | None:
+    """Free bytes on the filesystem holding ``path`` (or its nearest existing ancestor)."""
+    try:
+        return shutil.disk_usage(nearest_existing(path)).free
+    except OSError:
+        return None
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"  # pragma: no cover
+
+
+def disk_detail(message: str, attempt_dir: Path) -> str:
+    """Where a failed write went, with which errno, how much room is there now and whether its
+    folder can be written now: the first absolute path in the message (else the run's folder),
+    and the free space on its filesystem."""
+    found = _PATH.search(message)
+    path = Path(found.group(1)) if found else attempt_dir.parent.parent
+    free = free_bytes(path)
+    room = f"{human_bytes(free)} free on its filesystem now" if free is not None else "free space unknown"
+    code = errno_in(message)
+    name = f"{errno.errorcode[code]}: " if code is not None and code in errno.errorcode else ""
+    folder = nearest_existing(path.parent)
+    # Only the run's own folders are probed (a path in the message may be anywhere).
+    problem = writable_problem(folder) if folder.is_relative_to(attempt_dir.parent.parent) else None
+    now = f"; still not writable ({problem.name})" if problem is not None else ""
+    return f"{name}writing {path}; {room}{now}"
 
 
 # What a database says when its storage refuses a write (SQLite's words; PostgreSQL's "could not

@@ -39,6 +39,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from db.models import Attempt, Run, SystemMetric
 from db.states import AttemptStatus
 from orchestrator.executors.processes import attempt_processes
+from orchestrator.scheduler.resources import GpuSampler
 
 logger = logging.getLogger(__name__)
 
@@ -124,9 +125,7 @@ class SystemMonitor:
         self.window_s = window_s
         self.retention_s = retention_s
         self._pruned_at = -math.inf
-        self._nvml = nvml
-        self._nvml_tried = False
-        self._gpu_handles: list[Any] = []
+        self._gpu = GpuSampler(nvml)
         self._tracked: dict[tuple[int, float], _Tracked] = {}
         self._trees: dict[tuple[int, int], tuple[float, list[psutil.Process]]] = {}
         self._io_last: tuple[float, dict[str, float]] | None = None
@@ -224,12 +223,7 @@ class SystemMonitor:
         try:
             self.flush()
         finally:
-            if self._gpu_handles and self._nvml is not None:
-                try:
-                    self._nvml.nvmlShutdown()
-                except Exception as exc:  # noqa: BLE001 - shutting down: nothing to do about it
-                    logger.debug("nvmlShutdown: %s", exc)
-            self._gpu_handles = []
+            self._gpu.close()
 
     # -- host ---------------------------------------------------------------------------------
 
@@ -359,48 +353,14 @@ class SystemMonitor:
     # -- GPUs -----------------------------------------------------------------------------------
 
     def _gpus(self, owners: dict[int, tuple[int, int | None]]) -> dict[Series, float]:
-        nvml = self._nvml_ready()
-        if nvml is None:
-            return {}
-        error = getattr(nvml, "NVMLError", Exception)
+        """Each GPU's readings (orchestrator/scheduler/resources.py), tagged with the run and the
+        rank it was given to."""
         values: dict[Series, float] = {}
-        for index, handle in enumerate(self._gpu_handles):
+        for index, readings in self._gpu.read().items():
             run_id, rank = owners.get(index, (None, None))
-            for read in _GPU_READERS:
-                try:
-                    readings = read(nvml, handle)
-                except error as exc:  # NVMLError_NotSupported (ECC on consumer GPUs), and the like
-                    logger.debug("gpu%d: %s: %s", index, read.__name__, exc)
-                    continue
-                for key, value in readings.items():
-                    values[(f"gpu{index}", run_id, rank, key)] = float(value)
+            for key, value in readings.items():
+                values[(f"gpu{index}", run_id, rank, key)] = float(value)
         return values
-
-    def _nvml_ready(self) -> ModuleType | None:
-        """NVML, initialised once; None without nvidia-ml-py or without a driver."""
-        if self._nvml_tried:
-            return self._nvml if self._gpu_handles else None
-        self._nvml_tried = True
-        if self._nvml is None:
-            try:
-                import pynvml  # noqa: PLC0415 - optional: nvidia-ml-py, the [gpu] extra
-            except ImportError:
-                logger.info("system monitor: nvidia-ml-py not installed; no GPU metrics")
-                return None
-            self._nvml = pynvml
-        nvml = self._nvml
-        try:
-            nvml.nvmlInit()
-        except Exception as exc:  # noqa: BLE001 - NVMLError_LibraryNotFound on machines without a driver
-            logger.info("system monitor: NVML unavailable (%s); no GPU metrics", exc)
-            return None
-        try:
-            self._gpu_handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
-        except Exception as exc:  # noqa: BLE001 - any NVML error: no GPU metrics
-            logger.warning("system monitor: NVML lists no GPUs (%s); no GPU metrics", exc)
-            nvml.nvmlShutdown()
-            return None
-        return nvml if self._gpu_handles else None
 
 
 def _cpu_busy_total(times: Any) -> tuple[float, float]:
@@ -408,37 +368,3 @@ def _cpu_busy_total(times: Any) -> tuple[float, float]:
     (guest time is already in user time on Linux; idle and I/O wait are not busy)."""
     total = sum(times) - getattr(times, "guest", 0.0) - getattr(times, "guest_nice", 0.0)
     return total - times.idle - getattr(times, "iowait", 0.0), total
-
-
-def _utilization(nvml: Any, handle: Any) -> dict[str, float]:
-    return {"util_percent": nvml.nvmlDeviceGetUtilizationRates(handle).gpu}
-
-
-def _memory(nvml: Any, handle: Any) -> dict[str, float]:
-    info = nvml.nvmlDeviceGetMemoryInfo(handle)
-    return {"mem_used_bytes": info.used, "mem_total_bytes": info.total}
-
-
-def _power(nvml: Any, handle: Any) -> dict[str, float]:
-    return {"power_w": nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0}  # NVML reports milliwatts
-
-
-def _power_limit(nvml: Any, handle: Any) -> dict[str, float]:
-    return {"power_limit_w": nvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000.0}
-
-
-def _temperature(nvml: Any, handle: Any) -> dict[str, float]:
-    return {"temp_c": nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)}
-
-
-def _sm_clock(nvml: Any, handle: Any) -> dict[str, float]:
-    return {"sm_clock_mhz": nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)}
-
-
-def _ecc(nvml: Any, handle: Any) -> dict[str, float]:
-    return {"ecc_uncorrected": nvml.nvmlDeviceGetTotalEccErrors(
-        handle, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC)}
-
-
-# One reader per NVML call, so that an unsupported call skips only its own keys.
-_GPU_READERS = (_utilization, _memory, _power, _power_limit, _temperature, _sm_clock, _ecc)

@@ -83,21 +83,10 @@ def check(session: Session, run: Run, attempt: Attempt, config: SupervisionConfi
     """
     now = time.time() if now is None else now
     if attempt.hang_detected_at is None:
-        if attempt.first_step_at is None and script:
-            # A script that reports no step is watched by its output (orchestrator/scripts/attempt_watch.py
-            # moves progress_at as its logs and event files grow); before any output, nothing is judged.
-            if attempt.progress_at is None:
-                return
-            since, threshold = attempt.progress_at, config.hang_timeout_s
-        elif attempt.first_step_at is None:
-            since, threshold = attempt.started_at, config.startup_timeout_s
-        elif attempt.phase == AttemptPhase.FINISHING:
-            since, threshold = attempt.progress_at or attempt.started_at, config.startup_timeout_s
-        else:
-            since = attempt.progress_at or attempt.first_step_at
-            if now - since <= config.hang_timeout_s:
-                return  # the threshold is never below hang_timeout_s: no need to read step times
-            threshold = hang_threshold_s(session, run.id, attempt.number, config)
+        watched = _watch_window(session, run, attempt, config, script, now)
+        if watched is None:
+            return
+        since, threshold = watched
         if storage is not None and storage.cleared_at is not None:
             since = max(since, storage.cleared_at)  # nothing the ranks reported could be stored until then
         if now - since <= threshold:
@@ -126,18 +115,46 @@ def check(session: Session, run: Run, attempt: Attempt, config: SupervisionConfi
                                   f"{Path(attempt.dir) / 'stacks'}, then killing the attempt"))
         logger.warning("run %d attempt %d: hang detected; saving stacks", run.id, attempt.number)
     elif attempt.signal_sent != SignalSent.SIGKILL:
-        key = hang_key(run.id, attempt.number)
-        waited = now - attempt.hang_detected_at
-        result = dumps.take(key)
-        if result is None:
-            if dumps.running(key) and waited < DUMP_MAX_WAIT_S:
-                return  # evidence before the kill
-            if not dumps.running(key) and waited < STACKS_WAIT_S:
-                return  # no dump of ours (restarted): give faulthandler its time
-            dumps.discard(key)
-        _record_dump(session, run, attempt, result, now)
-        executor.kill(run, attempt)
-        attempt.signal_sent, attempt.signal_sent_at = SignalSent.SIGKILL.value, now
+        _kill_after_dump(session, run, attempt, dumps, executor, now)
+
+
+def _watch_window(session: Session, run: Run, attempt: Attempt, config: SupervisionConfig, script: bool,
+                  now: float) -> tuple[float, float] | None:
+    """Since when the attempt has shown no progress, and the threshold that makes it a hang; None
+    when nothing is judged yet (a script without output) or it is well within the threshold."""
+    if attempt.first_step_at is None and script:
+        # A script that reports no step is watched by its output (orchestrator/scripts/attempt_watch.py
+        # moves progress_at as its logs and event files grow); before any output, nothing is judged.
+        if attempt.progress_at is None:
+            return None
+        return attempt.progress_at, config.hang_timeout_s
+    if attempt.first_step_at is None:
+        return attempt.started_at, config.startup_timeout_s
+    if attempt.phase == AttemptPhase.FINISHING:
+        return attempt.progress_at or attempt.started_at, config.startup_timeout_s
+    since = attempt.progress_at or attempt.first_step_at
+    if now - since <= config.hang_timeout_s:
+        return None  # the threshold is never below hang_timeout_s: no need to read step times
+    return since, hang_threshold_s(session, run.id, attempt.number, config)
+
+
+def _kill_after_dump(session: Session, run: Run, attempt: Attempt, dumps: StackDumps, executor: Executor,
+                     now: float) -> None:
+    """A hang was called: kill the attempt once its stack dump is done (or has run out of time),
+    its evidence recorded first."""
+    assert attempt.hang_detected_at is not None
+    key = hang_key(run.id, attempt.number)
+    waited = now - attempt.hang_detected_at
+    result = dumps.take(key)
+    if result is None:
+        if dumps.running(key) and waited < DUMP_MAX_WAIT_S:
+            return  # evidence before the kill
+        if not dumps.running(key) and waited < STACKS_WAIT_S:
+            return  # no dump of ours (restarted): give faulthandler its time
+        dumps.discard(key)
+    _record_dump(session, run, attempt, result, now)
+    executor.kill(run, attempt)
+    attempt.signal_sent, attempt.signal_sent_at = SignalSent.SIGKILL.value, now
 
 
 def _output_is_life(session: Session, run: Run, attempt: Attempt, no_step_s: float, output_s: float,

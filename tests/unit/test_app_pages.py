@@ -36,7 +36,7 @@ from streamlit.testing.v1 import AppTest
 
 from app import charts as app_charts
 from app import data
-from app.charts import NAN_COLOR
+from app.chart_layers import NAN_COLOR
 from db import queries
 from db.engine import make_engine, make_sessionmaker
 from db.metricstore import write_points

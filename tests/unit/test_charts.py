@@ -15,7 +15,7 @@ import altair as alt
 import pandas as pd
 import pytest
 
-from app import charts, system
+from app import chart_layers, charts, system
 from app.charts import ChartOptions
 
 
@@ -154,7 +154,7 @@ def test_isolated_rank_is_strong_and_the_others_faint() -> None:
     spec = charts.metric_view(eight_ranks(), {}, ChartOptions(isolated=("3",)), "loss").to_dict()
     lines = [layer for layer in spec["layer"] if layer["mark"]["type"] == "line"]
     faint, strong = lines
-    assert faint["mark"]["opacity"] == charts.FADED_OPACITY
+    assert faint["mark"]["opacity"] == chart_layers.FADED_OPACITY
     datasets = spec["datasets"]
     assert {row["rank"] for row in datasets[strong["data"]["name"]]} == {"3"}
     assert {row["rank"] for row in datasets[faint["data"]["name"]]} == {"0", "1", "2", "4", "5", "6", "7"}
@@ -281,10 +281,10 @@ def test_a_clicked_step_is_marked_on_every_chart_at_its_own_nearest_step() -> No
     def marked(rows: list[dict], key: str) -> tuple[list[dict], list[dict]]:
         spec = charts.metric_view(rows, {}, options, key).to_dict()
         (pin,) = [p for p in spec["params"] if p["name"] == "pin"]
-        assert pin["select"] == {"type": "point", "fields": ["step"], "on": charts.PIN_CLICK, "clear": False,
+        assert pin["select"] == {"type": "point", "fields": ["step"], "on": chart_layers.PIN_CLICK, "clear": False,
                                  "nearest": True}
         rules = [layer for layer in spec["layer"]
-                 if layer["mark"].get("type") == "rule" and layer["mark"].get("color") == charts.CURSOR_COLOR]
+                 if layer["mark"].get("type") == "rule" and layer["mark"].get("color") == chart_layers.CURSOR_COLOR]
         dots = [layer for layer in spec["layer"] if layer["mark"].get("type") == "circle"]
         assert len(rules) == 1 and len(dots) == 1
         datasets = spec["datasets"]

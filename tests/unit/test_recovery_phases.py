@@ -23,9 +23,9 @@ from db.vocabulary.cost import Price
 from db.vocabulary.phases import attempt_phases, recovery_s
 from db.vocabulary.settings import Settings
 from orchestrator.format import phases_text
-from orchestrator.scheduler.loop import ExitWaker, add_jobs
-from orchestrator.scheduler.outcomes import first_failure_at
+from orchestrator.scheduler.diagnosis import first_failure_at
 from orchestrator.scheduler.repeats import RepeatedErrors
+from orchestrator.scheduler.service import ExitWaker, add_jobs
 from tests.conftest import wait_until
 from trainer import techniques
 from trainer.reporter import DatabaseWriter

@@ -11,7 +11,16 @@ import pytest
 
 from db.vocabulary.causes import Cause
 from db.vocabulary.config import RetryConfig
-from orchestrator.scheduler.retry import AttemptOutcome, backoff_s, decide, halved_micro_batch
+from orchestrator.scheduler.retry import (
+    RULES,
+    AttemptOutcome,
+    Case,
+    Verdict,
+    backoff_s,
+    decide,
+    halved_micro_batch,
+    verdict,
+)
 
 RAISED = "ValueError: loss went NaN (at train.py:24 in step)"
 DISK_ERROR = "OSError: [Errno 28] No space left on device: '/data/run/checkpoints/.tmp-step-40-{}'"
@@ -110,3 +119,73 @@ def test_backoff_doubles_up_to_the_cap_with_jitter() -> None:
     delays = [backoff_s(n, CONFIG, rand) for n in range(6)]
     bases = [10, 20, 40, 60, 60, 60]
     assert all(base / 2 <= d <= base for d, base in zip(delays, bases, strict=True)), delays
+
+
+# -- the verdicts, rule by rule: each row a Case and the Verdict the table gives -----------------
+
+OOM = outcome(Cause.CUDA_OOM, "OutOfMemoryError")
+READ_ONLY = "OSError: [Errno 30] Read-only file system: '/data/run/checkpoints/.tmp-step-40-{}'"
+
+
+def case(failed: AttemptOutcome, last: AttemptOutcome | None = None, used: int = 0, train: dict | None = None,
+         fallback: str | None = None) -> Case:
+    return Case(failed, last, used, CONFIG.max_retries, TRAIN if train is None else train, fallback)
+
+
+VERDICT_ROWS = [
+    # (what happened, the case, the verdict)
+    ("a retry that could not load its checkpoint falls back", case(crash(0, 3), fallback="attempt 3 could not load"),
+     Verdict.FALLBACK),
+    ("a fallback with the retries spent is judged as any failure", case(crash(0, 3), used=3, fallback="x"),
+     Verdict.RETRIES_SPENT),
+    ("preempted", case(outcome(Cause.PREEMPTED), used=3), Verdict.PREEMPTED),
+    ("preempted twice at the same step", case(outcome(Cause.PREEMPTED), outcome(Cause.PREEMPTED, number=1)),
+     Verdict.PREEMPTED_AGAIN),
+    ("preempted twice at the same step, retries spent",
+     case(outcome(Cause.PREEMPTED), outcome(Cause.PREEMPTED, number=1), used=3), Verdict.PREEMPTED_AGAIN_SPENT),
+    ("preempted again after progress", case(outcome(Cause.PREEMPTED), outcome(Cause.PREEMPTED, last_step=50)),
+     Verdict.PREEMPTED),
+    ("the run folder deleted", case(outcome(Cause.RUN_DIR_DELETED, "the run folder /x was deleted")),
+     Verdict.RUN_DIR_DELETED),
+    ("the launch refused", case(outcome(Cause.LAUNCH_FAILED, "Slurm would never start job 7")),
+     Verdict.LAUNCH_REFUSED),
+    ("argparse refused the command line",
+     case(outcome(Cause.USER_ERROR, "train.py: error: unrecognized arguments: --lf 0.1 (exit code 2: the script "
+                                    "refused its command line)", None)), Verdict.USAGE_REFUSED),
+    ("an exception before the first step", case(outcome(Cause.USER_ERROR, RAISED, None)), Verdict.BEFORE_FIRST_STEP),
+    ("the same disk error at the same step", case(outcome(Cause.DISK, DISK_ERROR.format("a"), 40),
+                                                  outcome(Cause.DISK, DISK_ERROR.format("b"), 40, 1)),
+     Verdict.SAME_DISK_ERROR),
+    ("a mount read-only again is no size limit", case(outcome(Cause.DISK, READ_ONLY.format("a"), 40),
+                                                      outcome(Cause.DISK, READ_ONLY.format("b"), 40, 1)),
+     Verdict.RETRY),
+    ("the same exception twice from a script that reports no step", case(plain(RAISED), plain(RAISED, 1)),
+     Verdict.SAME_EXCEPTION),
+    ("the same exception at the same step", case(outcome(Cause.USER_ERROR, RAISED, 120),
+                                                 outcome(Cause.USER_ERROR, RAISED, 120, 1)),
+     Verdict.SAME_EXCEPTION_SAME_STEP),
+    ("the same exception at the same place with no progress", case(crash(20), crash(30, 1)), Verdict.REPLAYED),
+    ("a CUDA OOM with a micro-batch of 1", case(OOM, train={"batch_size": 1, "grad_accum": 4}), Verdict.OOM_AT_ONE),
+    ("a CUDA OOM", case(OOM), Verdict.RETRY),
+    ("retries spent", case(outcome(Cause.SEGFAULT), used=3), Verdict.RETRIES_SPENT),
+    ("a hang", case(outcome(Cause.HANG)), Verdict.RETRY),
+]
+
+
+@pytest.mark.parametrize(("name", "judged", "expected"), VERDICT_ROWS, ids=[row[0] for row in VERDICT_ROWS])
+def test_each_rule_of_the_policy(name: str, judged: Case, expected: Verdict) -> None:
+    assert verdict(judged) is expected
+
+
+def test_every_verdict_has_a_rule_and_says_whether_it_retries() -> None:
+    assert [v for v, _ in RULES] == list(Verdict)  # the table in the enum's order, each once
+    assert {row[2] for row in VERDICT_ROWS} == set(Verdict)  # and every one has a row above
+    retried = {v for v in Verdict if v.retries}
+    assert retried == {Verdict.FALLBACK, Verdict.PREEMPTED_AGAIN, Verdict.PREEMPTED, Verdict.RETRY}
+    assert [v for v in Verdict if not v.counted] == [Verdict.PREEMPTED]
+    for v in Verdict:  # the sentence of each; only a counted retry waits out a backoff
+        judged = next(row[1] for row in VERDICT_ROWS if row[2] is v)
+        decision = decide(judged.failed, [judged.last] if judged.last is not None else [], judged.retries_used,
+                          CONFIG, judged.train, random.Random(0), judged.fallback)
+        assert decision.verdict is v and decision.reason
+        assert (decision.delay_s > 0) == v.backs_off

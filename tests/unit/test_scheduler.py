@@ -27,7 +27,8 @@ from db.vocabulary.config import RunConfig, parse_config
 from db.vocabulary.inventory import Inventory
 from db.vocabulary.settings import Settings
 from orchestrator.scheduler import loop as scheduler_module
-from orchestrator.scheduler.loop import Scheduler, SchedulerLocked, acquire_lock
+from orchestrator.scheduler.loop import Scheduler
+from orchestrator.scheduler.service import SchedulerLocked, acquire_lock
 from orchestrator.submission import submit
 
 CPU2 = Inventory(kind="cpu", slots=2)

@@ -26,7 +26,8 @@ from db.models import Attempt, Event, Run, SchedulerHeartbeat
 from db.requests import request_cancel
 from db.vocabulary.config import RunConfig
 from db.vocabulary.settings import Settings
-from orchestrator.scheduler.loop import Scheduler, SchedulerLocked, refuse_a_second_on_sqlite
+from orchestrator.scheduler.loop import Scheduler
+from orchestrator.scheduler.service import SchedulerLocked, refuse_a_second_on_sqlite
 from tests.conftest import kill_processes_of
 from tests.unit.test_scheduler import CPU2, fake_command, queue, status, tick_until
 

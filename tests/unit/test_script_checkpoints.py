@@ -16,7 +16,7 @@ import torch
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-import orchestrator.scheduler.loop as scheduler_module
+import orchestrator.scheduler.attempts as attempts_module
 import orchestrator.scripts.checkpoint_custody as sc
 import orchestrator.submission as submission
 from app.run_panels import verified_words
@@ -404,7 +404,7 @@ def test_a_retry_of_a_fork_of_runyards_own_checkpoint_starts_from_it(
         s.flush()
         child = s.get(Run, child_id)
         child.parent_checkpoint_id = own.id
-        assert Scheduler._resume_point(s, child, 2) == (f"{checkpoints_dir(parent)}/step-40", 40)
+        assert attempts_module.resume_point(s, child, 2) == (f"{checkpoints_dir(parent)}/step-40", 40)
 
 
 def test_when_the_chosen_version_cannot_be_put_in_place_the_resume_args_are_left_out(
@@ -458,9 +458,9 @@ def test_the_starting_point_is_placed_before_the_attempts_rows_are_written(
             return real(*args, **kwargs)  # type: ignore[operator]
         return wrapped
 
-    monkeypatch.setattr(scheduler_module.checkpoint_custody, "resume_point",
-                        spy("resume_point", scheduler_module.checkpoint_custody.resume_point))
-    monkeypatch.setattr(scheduler_module, "transition", spy("transition", scheduler_module.transition))
+    monkeypatch.setattr(attempts_module.checkpoint_custody, "resume_point",
+                        spy("resume_point", attempts_module.checkpoint_custody.resume_point))
+    monkeypatch.setattr(attempts_module, "transition", spy("transition", attempts_module.transition))
     run_id = script_run(sessions, settings, workdir, checkpoint_glob="out/ckpt.pt")
     with sessions() as s:
         Scheduler(sessions, settings, CPU2, command=no_launch)._start_attempt(s, s.get(Run, run_id), [])

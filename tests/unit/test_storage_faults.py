@@ -38,8 +38,8 @@ from db.vocabulary.settings import Settings
 from orchestrator.executors import shim as shim_module
 from orchestrator.scheduler import admission, storage
 from orchestrator.scheduler import loop as scheduler_module
-from orchestrator.scheduler.failures import classify, normalize_exception
-from orchestrator.scheduler.repeats import RepeatedErrors
+from orchestrator.scheduler.failures import classify
+from orchestrator.scheduler.repeats import RepeatedErrors, normalize_exception
 from orchestrator.scheduler.retry import AttemptOutcome, decide
 from tests.unit.test_scheduler import CPU2, attempts, make_scheduler, queue, status, tick_until
 

@@ -44,7 +44,8 @@ from db.vocabulary.cost import Price
 from db.vocabulary.inventory import Inventory
 from db.vocabulary.settings import Settings
 from orchestrator.scheduler import sysmon
-from orchestrator.scheduler.loop import Scheduler, add_jobs
+from orchestrator.scheduler.loop import Scheduler
+from orchestrator.scheduler.service import add_jobs
 from orchestrator.scheduler.sysmon import SAMPLE_S, SystemMonitor
 from tests.unit.apptest import new_app
 

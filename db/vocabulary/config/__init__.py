@@ -1,8 +1,9 @@
 """The run config: one pydantic model shared by the UI form, the CLI, the scheduler and the trainer.
 
-It is read from TOML, stored as JSON on the run row and written to ``config.json`` in the run
-directory; the trainer reads only that file. This module must not import torch: the UI and the
-scheduler import it.
+It is read from TOML and stored as JSON on the run row (a copy in the run folder's ``config.json``
+is for a person); each attempt's ranks read the attempt's own ``config.json``, the run's plus the
+attempt's overrides, which the scheduler writes at launch. This module must not import torch: the
+UI and the scheduler import it.
 
 Why it lives in ``db/``: it is the schema of a stored column (``runs.config_json``) that all four
 kinds of code read, the UI's form, the CLI's submit, the scheduler's launch and the ranks'
