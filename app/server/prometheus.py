@@ -1,6 +1,6 @@
 """Prometheus: ``GET /metrics`` on the UI's port, for the machine's own monitoring.
 
-The UI server (app/server.py) puts :class:`MetricsRoute` in front of the gate (app/gate.py): a
+The UI server (app/server/asgi.py) puts :class:`MetricsRoute` in front of the gate (app/server/gate.py): a
 request for ``/metrics`` is answered here and never reaches the gate or Streamlit; every other
 request passes through untouched. ``/metrics`` takes its own credential, a read-only scrape
 token (``Authorization: Bearer TOKEN``): ``runyard token --scrape`` prints it (created 0600 in
@@ -55,7 +55,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 from starlette.responses import PlainTextResponse, Response
 
-from app.access import AccessPolicy, FailedLogins, Verdict, token_matches
+from app.server.access import AccessPolicy, FailedLogins, Verdict, token_matches
 from db import DatabaseError, metricstore, queries
 from db.engine import make_engine, make_read_only_engine, make_sessionmaker, sqlite_path
 from db.lease import on_this_host
@@ -250,7 +250,7 @@ class MetricsRoute:
     """An ASGI app that answers ``GET /metrics`` itself and passes everything else to ``app``.
 
     Args:
-        app: The gate in front of Streamlit (app/gate.py).
+        app: The gate in front of Streamlit (app/server/gate.py).
         policy: The UI's access policy: its Host and Origin rules apply here too.
         token: The scrape token in force (re-read when ``runyard token --scrape --rotate``
             replaces its file); nothing is accepted while there is none.
