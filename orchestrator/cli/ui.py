@@ -42,7 +42,7 @@ from orchestrator.ui_access import (
     read_ui_file,
     rotate_token,
 )
-from trainer import pdeathsig
+from trainer.process import pdeathsig
 
 HOST_HELP = ("Address to bind. Beyond loopback the token still guards the UI, over plain HTTP: "
              "prefer an SSH tunnel.")

@@ -72,7 +72,7 @@ from orchestrator.scheduler.sysmon import SAMPLE_S, SystemMonitor
 from orchestrator.scripts import checkpoint_custody
 from orchestrator.scripts.attempt_watch import ScriptWatch
 from trainer.context import RunContext
-from trainer.store_secret import SECRET_VAR, new_secret
+from trainer.process.store_secret import SECRET_VAR, new_secret
 
 if TYPE_CHECKING:
     from apscheduler.schedulers.base import BaseScheduler
@@ -410,7 +410,7 @@ class Scheduler:
             resume_path=Path(attempt.resume_path) if attempt.resume_path is not None else None,
         ).to_env()
         # A fresh secret per attempt, under which every key of its stores lies: another local
-        # account can reach the stores' loopback ports, but cannot name a key (trainer/store_secret.py).
+        # account can reach the stores' loopback ports, but cannot name a key (trainer/process/store_secret.py).
         # It travels in the environment only (owner-readable), never on a command line.
         env[SECRET_VAR] = new_secret()
         if self.inventory.kind == "gpu" and executor.name == "local":  # Slurm gives its jobs their GPUs
@@ -418,7 +418,7 @@ class Scheduler:
             # The devices are NVML's indices (orchestrator/scheduler/resources.py), which follow the
             # PCI bus; CUDA's own default order puts the fastest first, another order on mixed GPUs.
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-        # A script's ranks move into workload.workdir themselves (trainer/script_runner.py): a
+        # A script's ranks move into workload.workdir themselves (trainer/process/script_runner.py): a
         # user's trainer.py there must not shadow runyard's packages in the shim and torchrun.
         cwd = Path(run.run_dir)
         env = {**rank_env(config, os.environ), **env}

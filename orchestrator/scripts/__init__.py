@@ -23,7 +23,7 @@ One module per job:
 - ``shims/wandb``: a ``wandb`` module for the ranks that prints the line protocol (the launcher
   puts it first on their path: ``with_wandb_shim`` in orchestrator/executors/launcher.py).
 
-Inside the ranks, ``trainer/script_runner.py`` starts the script (it stays in trainer/: it runs
+Inside the ranks, ``trainer/process/script_runner.py`` starts the script (it stays in trainer/: it runs
 under torchrun, possibly under another interpreter without runyard installed).
 
 Every metric source produces :class:`Sample` values; the collector stamps them with the run and

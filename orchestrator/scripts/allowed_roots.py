@@ -12,7 +12,7 @@ Some folders are refused even under a root: the Python installation that runs ru
 standard library, site-packages, the virtual environment), any ``site-packages`` or
 ``dist-packages`` folder, and runyard's own packages. Their modules include entry points that
 run whatever command their arguments name (``torch.distributed.run --no-python``,
-``orchestrator.executors.shim``, ``trainer.script_runner``), and ``runyard up`` is usually started in a
+``orchestrator.executors.shim``, ``trainer.process.script_runner``), and ``runyard up`` is usually started in a
 checkout that holds ``.venv/`` and runyard's code.
 
 The CLI is the user's own shell and keeps full freedom: ``runyard submit`` never applies these

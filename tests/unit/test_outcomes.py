@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from db.vocabulary.config import parse_config
 from orchestrator.executors.logs import launcher_log
 from orchestrator.scheduler.outcomes import died_after_finishing
-from trainer.lifecycle import write_finished
+from trainer.process.lifecycle import write_finished
 
 SUMMARY = """\
 ============================================================

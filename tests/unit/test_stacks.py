@@ -192,7 +192,7 @@ PLAIN_RANK = "import time\nprint('up', flush=True)\ntime.sleep(60)\n"
 SDK_RANK = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from trainer.lifecycle import register_stack_dumps
+    from trainer.process.lifecycle import register_stack_dumps
     register_stack_dumps(Path(sys.argv[1]), 0)
     print('up', flush=True)
     time.sleep(60)
@@ -259,7 +259,7 @@ THREADS = 20
 BUSY_RANK = textwrap.dedent("""
     import sys, threading
     from pathlib import Path
-    from trainer.lifecycle import register_stack_dumps
+    from trainer.process.lifecycle import register_stack_dumps
     register_stack_dumps(Path(sys.argv[1]), 0)
     THREADS = int(sys.argv[2])
     done, there = threading.Event(), threading.Semaphore(0)

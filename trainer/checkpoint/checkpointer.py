@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from db.vocabulary.config import CheckpointConfig, RunConfig
     from trainer.context import RunContext
     from trainer.control import ControlChannel
-    from trainer.distributed import DistInfo
+    from trainer.process.distributed import DistInfo
     from trainer.reporter import DatabaseWriter
 
 logger = logging.getLogger(__name__)

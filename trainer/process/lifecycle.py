@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, NoReturn
 
 from db.vocabulary.layout import FINISHED_DIR, STACKS_DIR, STOPPED_FILE
-from trainer.process_exit import exit_code_of, exit_now
+from trainer.process.process_exit import exit_code_of, exit_now
 
 if TYPE_CHECKING:
     from trainer.control import ControlChannel
@@ -115,7 +115,7 @@ def exit_without_finalising(main: Callable[[], int | None]) -> NoReturn:
     the scheduler can start the next attempt. What must outlive the process is written before
     this point (checkpoints, the metrics, the error file of ``@record``), and standard output,
     standard error and logging are flushed here. An exception is printed as the interpreter
-    would print it, and exits 1; ``SystemExit`` keeps its code (trainer/process_exit.py, which a
+    would print it, and exits 1; ``SystemExit`` keeps its code (trainer/process/process_exit.py, which a
     user's script ends through too, after what the interpreter's shutdown would do for it).
     Clean ends too: C++ destructors of the process group's threads racing with finalisation
     occasionally aborted an otherwise finished rank ("terminate called without an active
