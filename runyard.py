@@ -47,9 +47,10 @@ _SDK_MODULES = (
     "db.vocabulary.config.workload", "db.vocabulary.cost", "db.vocabulary.inventory", "db.vocabulary.layout",
     "db.vocabulary.settings", "trainer.checkpoint", "trainer.checkpoint.checkpointer", "trainer.checkpoint.history",
     "trainer.checkpoint.io", "trainer.checkpoint.manager", "trainer.checkpoint.retention", "trainer.checkpoint.sharded",
-    "trainer.context", "trainer.control", "trainer.faults", "trainer.health", "trainer.monitoring", "trainer.process",
-    "trainer.process.distributed", "trainer.process.lifecycle", "trainer.process.pdeathsig",
-    "trainer.process.process_exit", "trainer.process.store_secret", "trainer.reporter", "trainer.rng", "trainer.sdk",
+    "trainer.context", "trainer.faults", "trainer.process", "trainer.process.distributed", "trainer.process.lifecycle",
+    "trainer.process.pdeathsig", "trainer.process.process_exit", "trainer.process.store_secret",
+    "trainer.reporting.control", "trainer.reporting.health", "trainer.reporting.monitoring",
+    "trainer.reporting.reporter", "trainer.rng", "trainer.sdk",
 )
 _lock = threading.Lock()
 

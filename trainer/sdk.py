@@ -43,8 +43,6 @@ import torch.distributed as dist
 from db.vocabulary.config import CheckpointConfig, RunConfig, SupervisionConfig, config_from_json
 from trainer.checkpoint import Checkpointer
 from trainer.context import RunContext, context_from_env
-from trainer.control import ControlChannel
-from trainer.monitoring import Monitor
 from trainer.process import distributed, pdeathsig
 from trainer.process.lifecycle import (
     STOP_FLAG,
@@ -54,7 +52,9 @@ from trainer.process.lifecycle import (
     write_finished,
     write_stopped,
 )
-from trainer.reporter import MetricReporter
+from trainer.reporting.control import ControlChannel
+from trainer.reporting.monitoring import Monitor
+from trainer.reporting.reporter import MetricReporter
 
 logger = logging.getLogger(__name__)
 

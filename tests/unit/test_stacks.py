@@ -39,7 +39,7 @@ from trainer import faults
 # (RUNYARD_FAULT_STALL): rank 0 waits in DDP's backward, rank 1 sleeps in Python.
 WAITING = """\
 Thread 0x00007f6be7fff6c0 (most recent call first):
-  File "/w/trainer/reporter.py", line 75 in _drain
+  File "/w/trainer/reporting/reporter.py", line 75 in _drain
   File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap
 
 Current thread 0x00007f6c0e285b80 (most recent call first):

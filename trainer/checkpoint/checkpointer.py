@@ -32,9 +32,9 @@ from trainer.checkpoint.manager import CheckpointManager, SaveResult
 if TYPE_CHECKING:
     from db.vocabulary.config import CheckpointConfig, RunConfig
     from trainer.context import RunContext
-    from trainer.control import ControlChannel
     from trainer.process.distributed import DistInfo
-    from trainer.reporter import DatabaseWriter
+    from trainer.reporting.control import ControlChannel
+    from trainer.reporting.reporter import DatabaseWriter
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from db.vocabulary.config import CheckpointConfig
 from trainer.checkpoint.manager import CheckpointManager, SaveResult
 from trainer.checkpoint.retention import CheckpointInfo, select_kept
-from trainer.reporter import DatabaseWriter
+from trainer.reporting.reporter import DatabaseWriter
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection

@@ -21,7 +21,7 @@ from db.vocabulary.layout import FINISHED_DIR, STACKS_DIR, STOPPED_FILE
 from trainer.process.process_exit import exit_code_of, exit_now
 
 if TYPE_CHECKING:
-    from trainer.control import ControlChannel
+    from trainer.reporting.control import ControlChannel
 
 STOP_FLAG = "stop"
 
@@ -29,7 +29,7 @@ STOP_FLAG = "stop"
 class StopSignal:
     """Set by SIGTERM; the ranks agree on it in their control collective.
 
-    It adds its flag to the channel it is handed (:class:`~trainer.control.ControlChannel`):
+    It adds its flag to the channel it is handed (:class:`~trainer.reporting.control.ControlChannel`):
     the channel's answer at step ``s`` is what every rank had at the end of step ``s - 1``, so a
     rank that gets SIGTERM during a step stops after the next one, together with the others.
 
