@@ -323,7 +323,7 @@ class MetricReporter:
                 "rank": rank,
                 "step": step,
                 "key": key,
-                "value": float(value),  # NaN and Inf stay as they are (db/metricstore.py)
+                "value": float(value),  # NaN and Inf stay as they are (db/metricstore/)
                 "wall_time": at,
             }
             for rank, values in per_rank
