@@ -195,7 +195,7 @@ def series_frame(
     Args:
         rows: the store's buckets (attempt, rank, step, last_step, value, min, max, count,
             nan_count, wall_time), raw points being buckets of one step.
-        cutoffs: per attempt, the last step on the run's lineage (db.queries.lineage_cutoffs);
+        cutoffs: per attempt, the last step on the run's lineage (db.run_summary.lineage_cutoffs);
             a bucket starting after it is superseded.
         options: what to draw.
         started_at: the run's start (epoch seconds), for the relative time axis.

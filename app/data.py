@@ -14,7 +14,7 @@ from typing import Any
 import streamlit as st
 from sqlalchemy.orm import Session, sessionmaker
 
-from db import compare, estimates, queries
+from db import compare, efficiency, estimates, queries, run_list, run_summary
 from db.engine import make_engine, make_read_only_engine, make_sessionmaker
 from db.estimates import StartEstimate
 from db.home import home_writable
@@ -95,7 +95,7 @@ def list_runs(statuses: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """Every run, archived ones too (the Run and Compare pages' pickers: a link to an archived run
     opens it); the Runs page's list is :func:`runs_list`."""
     with sessions()() as s:
-        return queries.list_runs(s, list(statuses) or None, where=queries.RunFilter(archived=True))
+        return run_list.list_runs(s, list(statuses) or None, where=run_list.RunFilter(archived=True))
 
 
 @st.cache_data(ttl=1.0, show_spinner=False)
@@ -123,7 +123,7 @@ def event_counts(run_id: int) -> dict[str, int]:
 def checkpoint_advice(run_id: int) -> dict[str, Any] | None:
     with sessions()() as s:
         try:
-            return queries.checkpoint_advice(s, run_id)
+            return efficiency.checkpoint_advice(s, run_id)
         except RunNotFound:
             return None
 
@@ -138,10 +138,10 @@ def run_attempts(run_id: int) -> list[dict[str, Any]]:
 
 
 def lineage_cutoffs(attempts: list[dict[str, Any]]) -> dict[int, float]:
-    """Per attempt, the last step still on the run's lineage (see db.queries.lineage_cutoffs),
+    """Per attempt, the last step still on the run's lineage (see db.run_summary.lineage_cutoffs),
     as the charts show it: an attempt that has not completed a step yet (a retry still starting)
     supersedes nothing yet, so the earlier attempts' curves stay whole until it trains."""
-    return queries.lineage_cutoffs([a for a in attempts if a["first_step_at"] is not None
+    return run_summary.lineage_cutoffs([a for a in attempts if a["first_step_at"] is not None
                                     or (a["last_step"] or 0) > (a["resume_step"] or 0)])
 
 
@@ -423,7 +423,7 @@ def metric_summaries(run_ids: tuple[int, ...], keys: tuple[str, ...]) -> dict[tu
 def runs_list(statuses: tuple[str, ...] = (), search: str = "", tags: tuple[str, ...] = (), starred: bool = False,
               archived: bool = False, sort: str = "id", descending: bool = True) -> list[dict[str, Any]]:
     """The Runs page's list (db.compare.runs_list): filtered, with its summary metric columns, sorted."""
-    where = queries.RunFilter(statuses=statuses, search=search, tags=tags, starred=starred, archived=archived)
+    where = run_list.RunFilter(statuses=statuses, search=search, tags=tags, starred=starred, archived=archived)
     with sessions()() as s:
         return compare.runs_list(s, where, sort, descending)
 
@@ -431,7 +431,7 @@ def runs_list(statuses: tuple[str, ...] = (), search: str = "", tags: tuple[str,
 @st.cache_data(ttl=5.0, show_spinner=False)
 def run_tags() -> list[str]:
     with sessions()() as s:
-        return queries.run_tags(s)
+        return run_list.run_tags(s)
 
 
 def _edits_changed() -> None:

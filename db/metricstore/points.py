@@ -45,7 +45,7 @@ def latest(session: Session, run_id: int, cutoffs: dict[int, float] | None = Non
     Args:
         session: Where to read.
         run_id: The run.
-        cutoffs: Per attempt, the last step still on the run's lineage (db.queries.lineage_cutoffs):
+        cutoffs: Per attempt, the last step still on the run's lineage (db.run_summary.lineage_cutoffs):
             what an attempt logged after a later attempt's resume step was abandoned and is never
             the newest value (an eval from step 9000 of an attempt resumed from 5000). A coarse
             bucket that spans a cutoff is read from the raw points up to it.

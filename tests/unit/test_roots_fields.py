@@ -29,8 +29,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 import app.data as ui
 from db.models import Checkpoint
-from db.queries import list_runs, run_detail
+from db.queries import run_detail
 from db.requests import create_run
+from db.run_list import list_runs
 from db.vocabulary.config import WORKLOADS, ConfigError, RunConfig, ScriptWorkload, field_of, parse_config
 from db.vocabulary.cost import Price
 from db.vocabulary.settings import Settings

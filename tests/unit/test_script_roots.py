@@ -20,8 +20,9 @@ from click.testing import CliRunner
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.models import Checkpoint
-from db.queries import list_runs, run_detail
+from db.queries import run_detail
 from db.requests import create_run
+from db.run_list import list_runs
 from db.vocabulary.config import ConfigError, field_of, parse_config
 from db.vocabulary.cost import Price
 from db.vocabulary.inventory import Inventory
