@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     config = config_from_json((args.config or ctx.config_file).read_text())
 
     # Imported here so that `--help` and config errors do not pay for torch.
-    from trainer import faults  # noqa: PLC0415 - after the config is read: --help and config errors do not pay for torch
+    from trainer.faults import EntryFaults  # noqa: PLC0415 - after the config is read: --help and config errors do not pay for torch
     from trainer.process import distributed  # noqa: PLC0415 - after the config is read: --help and config errors do not pay for torch
     from trainer.process.lifecycle import register_stack_dumps, settle_imports  # noqa: PLC0415 - after the config is read: --help and config errors do not pay for torch
     from trainer.sdk import init  # noqa: PLC0415 - after the config is read: --help and config errors do not pay for torch
@@ -79,10 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     started = "started warm (forked from torchrun's agent)" if started_warm() else "started cold (a fresh interpreter)"
     logger.info("run %s attempt %s: rank %d/%d on %s (%s), %s", ctx.run_id, ctx.attempt, run.rank, run.world_size,
                 run.device, run.info.backend, started)
+    faults = EntryFaults.installed(run.rank)  # None outside runyard's tests
     try:
         run.reporter.phase(AttemptPhase.SETUP)  # shown on the Run page until the first step
-        if delay := faults.setup_delay_s():
-            time.sleep(delay)
+        if faults:
+            faults.during_setup()
         workload.setup(run)
         run.reporter.phase(AttemptPhase.FIRST_STEP)
         summary = workload.train(run)
@@ -92,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     run.finish()  # the last checkpoint durable, then the finished note
     logger.info("finished: %s", summary)
     distributed.teardown()
-    faults.maybe_abort_at_exit(run.rank)
+    if faults:
+        faults.at_exit()
     return 0
 
 

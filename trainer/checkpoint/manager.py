@@ -45,7 +45,6 @@ from typing import Any
 import torch
 
 from db.vocabulary.layout import MANIFEST_FILE, STATE_FILE, STEP_DIR, UNSHARDED_FILE, step_dir_name
-from trainer import faults
 from trainer.checkpoint import sharded
 from trainer.checkpoint.io import (
     CheckpointError,
@@ -57,6 +56,7 @@ from trainer.checkpoint.io import (
     _Stager,
     params_digest,
 )
+from trainer.faults import SaveFaults
 
 logger = logging.getLogger(__name__)
 
@@ -148,6 +148,7 @@ class CheckpointManager:
         self._in_flight: Future[SaveResult | None] | None = None
         self._pending_snapshot: _Job | None = None  # a deferred snapshot not yet waited for
         self._callback_thread: int | None = None  # the thread running on_complete, if any
+        self._faults = SaveFaults.installed()  # None outside runyard's tests
         if is_writer:
             self.root.mkdir(parents=True, exist_ok=True)
             self._clean_leftovers()
@@ -453,9 +454,8 @@ class CheckpointManager:
         )
 
     def _publish(self, tmp: Path, step: int) -> Path:
-        delay = faults.save_delay_s(step)  # tests hold a save "in flight" here; 0 otherwise
-        if delay:
-            time.sleep(delay)
+        if self._faults:
+            self._faults.before_publish(step)  # tests hold a save "in flight" here
         final = self.root / step_dir_name(step)
         old = None
         if final.exists() or final.is_symlink():  # an earlier attempt's step-<N>
