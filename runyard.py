@@ -47,11 +47,12 @@ _SDK_MODULES = (
     "db.vocabulary.config.supervision", "db.vocabulary.config.train", "db.vocabulary.config.workload",
     "db.vocabulary.cost", "db.vocabulary.inventory", "db.vocabulary.layout", "db.vocabulary.settings",
     "trainer.checkpoint", "trainer.checkpoint.checkpointer", "trainer.checkpoint.history", "trainer.checkpoint.io",
-    "trainer.checkpoint.manager", "trainer.checkpoint.retention", "trainer.checkpoint.sharded", "trainer.context",
-    "trainer.faults", "trainer.process", "trainer.process.distributed", "trainer.process.lifecycle",
-    "trainer.process.pdeathsig", "trainer.process.process_exit", "trainer.process.store_secret",
-    "trainer.reporting.control", "trainer.reporting.health", "trainer.reporting.monitoring",
-    "trainer.reporting.reporter", "trainer.rng", "trainer.sdk",
+    "trainer.checkpoint.loading", "trainer.checkpoint.manager", "trainer.checkpoint.retention",
+    "trainer.checkpoint.sharded", "trainer.checkpoint.writing", "trainer.context", "trainer.faults", "trainer.process",
+    "trainer.process.distributed", "trainer.process.lifecycle", "trainer.process.pdeathsig",
+    "trainer.process.process_exit", "trainer.process.store_secret", "trainer.reporting.control",
+    "trainer.reporting.health", "trainer.reporting.monitoring", "trainer.reporting.reporter", "trainer.rng",
+    "trainer.sdk",
 )
 _lock = threading.Lock()
 

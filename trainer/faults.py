@@ -14,7 +14,7 @@ real scheduler check one ``None`` and call nothing here.
 - :class:`StepFaults`: the training loop's, around every step (trainer/workloads/loop.py);
 - :class:`EntryFaults`: ``python -m trainer``'s, around a built-in workload (trainer/__main__.py);
 - :class:`SaveFaults`: the checkpoint writer's, before a checkpoint is published
-  (trainer/checkpoint/manager.py);
+  (trainer/checkpoint/writing.py; the manager installs it);
 - :class:`LaunchFaults`: the local executor's, after it started an attempt
   (orchestrator/executors/local.py), in the scheduler.
 

@@ -27,7 +27,8 @@ from db.vocabulary.layout import step_dir_name, superseded_dir
 from trainer import rng
 from trainer.checkpoint.history import AdoptedFile, CheckpointHistory, event
 from trainer.checkpoint.io import CheckpointError
-from trainer.checkpoint.manager import CheckpointManager, SaveResult
+from trainer.checkpoint.manager import CheckpointManager
+from trainer.checkpoint.writing import SaveResult
 
 if TYPE_CHECKING:
     from db.vocabulary.config import CheckpointConfig, RunConfig

@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from db.vocabulary.config import CheckpointConfig
-from trainer.checkpoint.manager import CheckpointManager, SaveResult
+from trainer.checkpoint.manager import CheckpointManager
 from trainer.checkpoint.retention import CheckpointInfo, select_kept
+from trainer.checkpoint.writing import SaveResult
 from trainer.reporting.reporter import DatabaseWriter
 
 if TYPE_CHECKING:
