@@ -328,6 +328,25 @@ def test_channel_urls_are_kept_0600_and_shown_masked(settings: Settings) -> None
         store.add("nosuchscheme://x")
 
 
+def test_writers_of_the_channel_file_take_turns(settings: Settings) -> None:
+    """Each writer reads, changes and replaces alerts.json under one exclusive lock (filelock, as
+    the scheduler's and the migration's locks): writers at once lose no channel."""
+    def add_some(n: int) -> None:
+        store = AlertStore(settings.home)  # a store of its own, as each process has
+        for i in range(5):
+            store.add(f"json://hooks.example.com/writer{n}/{i}")
+
+    threads = [threading.Thread(target=add_some, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    channels = AlertStore(settings.home).load().channels
+    assert len(channels) == 20 and len({c.id for c in channels}) == 20
+    lock = settings.home / ".alerts.json.lock"
+    assert not lock.exists() or stat.S_IMODE(lock.stat().st_mode) == 0o600
+
+
 def test_cli_add_test_history_and_rm(sessions: sessionmaker[Session], settings: Settings) -> None:
     env = {"RUNYARD_HOME": str(settings.home), "RUNYARD_DB_URL": settings.db_url}
     runner = CliRunner()
