@@ -12,8 +12,9 @@ with no UI edit. Everything comes from the model:
 - labels: from the field's ``title``, else its key in words;
 - kinds: a section that is a union of models chosen by their ``kind`` ([workload]: one model
   per workload kind) shows each model's fields for its kind only, and one ``kind`` choice over
-  them all; a field of another section with ``json_schema_extra={"kinds": [...]}`` is shown only
-  for those values of ``workload.kind``. A field takes its default for the kinds it is not shown for.
+  them all; a field of another section is shown only for the kinds whose workload class reads it
+  (the union's ``ignores``, :func:`~db.vocabulary.config.kinds_reading`). A field takes its
+  default for the kinds it is not shown for.
 
 Widget values go back to a plain nested dict with :func:`values_to_config`; it converts text
 (lists, empty optional strings) but never coerces numbers, so the usual validation
@@ -37,7 +38,7 @@ import annotated_types
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from db.vocabulary.config import RunConfig
+from db.vocabulary.config import WORKLOADS, RunConfig, Workload, kinds_reading
 
 WidgetKind = Literal["int", "float", "bool", "choice", "text", "list", "table"]
 
@@ -267,13 +268,15 @@ def _help(field: FieldInfo, constraints: list[str], default: Any) -> str:
     return "\n\n".join(part for part in (text, " ".join(facts)) if part)
 
 
-def field_spec(key: str, section: str, field: FieldInfo) -> FieldSpec:
+def field_spec(key: str, section: str, field: FieldInfo, workloads: Sequence[type[Workload]] = WORKLOADS
+               ) -> FieldSpec:
     """The form's description of one config field.
 
     Args:
         key: The field's dotted TOML path.
         section: The sub-model it belongs to, ``""`` at the top level.
         field: The pydantic field.
+        workloads: The workload kinds' classes, which say which of them read the field.
 
     Raises:
         TypeError: for a type the form has no widget for.
@@ -282,7 +285,7 @@ def field_spec(key: str, section: str, field: FieldInfo) -> FieldSpec:
     default = _plain(field.get_default(call_default_factory=True))
     low, high, constraints = _bounds(widget, field)
     extra = _extra(field)
-    kinds = extra.get("kinds")
+    kinds = kinds_reading(key, workloads)
     return FieldSpec(
         key=key, section=section, label=field.title or humanize(key.rsplit(".", 1)[-1]), widget=widget,
         default=default, help=_help(field, constraints, default), options=options, min_value=low, max_value=high,
@@ -292,9 +295,10 @@ def field_spec(key: str, section: str, field: FieldInfo) -> FieldSpec:
     )
 
 
-def _fields_of(model: type[BaseModel], section: str) -> list[FieldSpec]:
+def _fields_of(model: type[BaseModel], section: str, workloads: Sequence[type[Workload]] = WORKLOADS
+               ) -> list[FieldSpec]:
     prefix = f"{section}." if section else ""
-    return [field_spec(f"{prefix}{field.alias or name}", section, field)
+    return [field_spec(f"{prefix}{field.alias or name}", section, field, workloads)
             for name, field in model.model_fields.items() if not _is_section(field)]
 
 
@@ -322,6 +326,13 @@ def _fields_of_union(members: list[type[BaseModel]], section: str, default: Any)
     return list(specs.values())
 
 
+def _workloads(model: type[BaseModel]) -> list[type[Workload]]:
+    """The workload kinds' classes of a run config model: the members of its [workload] union."""
+    field = model.model_fields.get("workload")
+    members = _models(field) if field is not None else []
+    return [m for m in members if issubclass(m, Workload)] or list(WORKLOADS)
+
+
 def _section_doc(members: list[type[BaseModel]]) -> str:
     """What a section holds: its model's docstring, or that of the class every member of a
     union derives from."""
@@ -340,11 +351,12 @@ def form_sections(model: type[BaseModel] = RunConfig, kind: str | None = None) -
     Raises:
         TypeError: for a field type the form has no widget for.
     """
+    workloads = _workloads(model)
     sections = [SectionSpec(name="", title="Run", help=(model.__doc__ or "").strip(), common=True,
-                            fields=tuple(_fields_of(model, "")))]
+                            fields=tuple(_fields_of(model, "", workloads)))]
     for name, field in model.model_fields.items():
         if members := _models(field):
-            fields = (_fields_of(members[0], name) if len(members) == 1
+            fields = (_fields_of(members[0], name, workloads) if len(members) == 1
                       else _fields_of_union(members, name, field.get_default(call_default_factory=True)))
             sections.append(SectionSpec(
                 name=name, title=field.title or humanize(name), help=_section_doc(members),
