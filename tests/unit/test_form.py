@@ -15,19 +15,8 @@ from typing import Annotated, Any, ClassVar, Literal
 import pytest
 from pydantic import BaseModel, BeforeValidator, Discriminator, Field
 
-from app.form import (
-    KIND_KEY,
-    FieldSpec,
-    config_value,
-    form_fields,
-    form_sections,
-    humanize,
-    table_value,
-    values_to_config,
-    widget_bounds,
-    widget_values,
-    workload_kinds,
-)
+from app.form import KIND_KEY, FieldSpec, form_fields, form_sections, humanize, workload_kinds
+from app.form_values import config_value, table_value, values_to_config, widget_bounds, widget_values
 from db.vocabulary.config import (
     SEED_MAX,
     WORKLOADS,
