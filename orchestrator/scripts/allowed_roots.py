@@ -252,7 +252,7 @@ def refused_paths(config: RunConfig, roots: ScriptRoots, base: Path) -> dict[str
     """The path fields of ``config`` that a UI user may not name, each with the reason.
 
     Each field in :data:`PATH_FIELDS` that is set is joined to ``base`` (a relative path is
-    resolved against it, as :func:`orchestrator.submission.resolve_script` does), resolved
+    resolved against it, as :func:`orchestrator.scripts.script_check.resolve_script` does), resolved
     after symlinks and ``..``, and accepted only when it lies under one of ``roots.allowed``
     and under none of ``roots.excluded`` or a ``site-packages`` folder. An unset
     ``workload.workdir`` of a module run is judged as ``base``, where the module then runs. A path that does not
