@@ -34,8 +34,8 @@ from orchestrator.alerts.channels import DeliveryError, Note, resolve, send, sen
 from orchestrator.alerts.delivery import DeliveryWorker
 from orchestrator.alerts.engine import AlertEngine, history, in_quiet_hours, open_alert_runs, send_test
 from orchestrator.alerts.engine import queue as queue_delivery
+from orchestrator.alerts.findings import rules_for
 from orchestrator.alerts.store import AlertStore, Channel, mask_url
-from orchestrator.alerts.triggers import rules_for
 from orchestrator.cli.group import cli
 from orchestrator.executors.stacks import RankStack, StackDump
 from orchestrator.scheduler.alert_job import add_alert_jobs
