@@ -18,7 +18,8 @@ One module per job:
   the one recorded and a verified copy, are db/file_versions.py, shared with the SDK);
 - ``attempt_watch``: wires the collector and the checkpoint finder into each running attempt
   and watches the script's output for hangs;
-- ``allowed_roots``: which scripts and folders a UI user may launch;
+- ``allowed_roots``: which scripts and folders a UI user may launch (``ui_fields``: every config
+  field by what a UI submission may put in it);
 - ``script_check``: a script run checked at submit (its paths made absolute, the ranks'
   interpreter probed for torch and for where ``workload.module`` would load from);
 - ``imported_runs``: a past run's TensorBoard logdir brought in as a finished run;
