@@ -39,19 +39,20 @@ _PACKAGES = ("trainer", "db")
 # tests/unit/test_runyard_import.py checks the list against the source. All load while runyard's
 # packages hold their names, so none is looked up by name later, when a script's own file may.
 _SDK_MODULES = (
-    "db.engine", "db.file_versions", "db.metricbulk", "db.metricrollups", "db.metricstore", "db.models",
-    "db.requests", "db.states", "db.vocabulary.checks", "db.vocabulary.config", "db.vocabulary.config.alerts",
-    "db.vocabulary.config.base", "db.vocabulary.config.checkpoint", "db.vocabulary.config.labels",
-    "db.vocabulary.config.launch",
+    "db.engine", "db.file_versions", "db.metricstore", "db.metricstore.bulk", "db.metricstore.points",
+    "db.metricstore.rollups", "db.metricstore.series", "db.metricstore.writes", "db.models", "db.requests", "db.states",
+    "db.vocabulary.checks", "db.vocabulary.config", "db.vocabulary.config.alerts", "db.vocabulary.config.base",
+    "db.vocabulary.config.checkpoint", "db.vocabulary.config.labels", "db.vocabulary.config.launch",
     "db.vocabulary.config.reading", "db.vocabulary.config.reference", "db.vocabulary.config.run",
     "db.vocabulary.config.supervision", "db.vocabulary.config.train", "db.vocabulary.config.workload",
     "db.vocabulary.cost", "db.vocabulary.inventory", "db.vocabulary.layout", "db.vocabulary.settings",
     "trainer.checkpoint", "trainer.checkpoint.checkpointer", "trainer.checkpoint.history", "trainer.checkpoint.io",
-    "trainer.checkpoint.manager", "trainer.checkpoint.retention", "trainer.checkpoint.sharded", "trainer.context",
-    "trainer.control",
-    "trainer.distributed", "trainer.faults", "trainer.health", "trainer.lifecycle", "trainer.monitoring",
-    "trainer.pdeathsig", "trainer.process_exit", "trainer.reporter", "trainer.rng", "trainer.sdk",
-    "trainer.store_secret",
+    "trainer.checkpoint.loading", "trainer.checkpoint.manager", "trainer.checkpoint.retention",
+    "trainer.checkpoint.sharded", "trainer.checkpoint.writing", "trainer.context", "trainer.faults", "trainer.process",
+    "trainer.process.distributed", "trainer.process.lifecycle", "trainer.process.pdeathsig",
+    "trainer.process.process_exit", "trainer.process.store_secret", "trainer.reporting.control",
+    "trainer.reporting.health", "trainer.reporting.monitoring", "trainer.reporting.reporter", "trainer.rng",
+    "trainer.sdk",
 )
 _lock = threading.Lock()
 

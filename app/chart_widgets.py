@@ -30,7 +30,8 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from app import charts, data, style
+from app import charts, style
+from app.live_series import LiveSeries
 from db.vocabulary import metric_registry
 from orchestrator.format import clock
 
@@ -51,7 +52,7 @@ def _rank_legend(nproc: int) -> alt.LayerChart:
     return charts.unvalidated(charts.rank_legend([str(r) for r in range(nproc)]))
 
 
-def run_chart(d: dict[str, Any], key: str, series: data.LiveSeries, cutoffs: dict[int, float],
+def run_chart(d: dict[str, Any], key: str, series: LiveSeries, cutoffs: dict[int, float],
               options: charts.ChartOptions) -> alt.LayerChart:
     """The chart of one metric of the run ``d`` (``charts.metric_view``), built only when what it is
     drawn from changed: shared by every session once the run has ended (``series.final``); for a

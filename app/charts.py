@@ -1,6 +1,6 @@
 """Chart builders: plain functions from rows and DataFrames to Altair charts.
 
-A metric chart is drawn from the metric store's buckets (see db/metricstore.py): each row is
+A metric chart is drawn from the metric store's buckets (see db/metricstore/): each row is
 one (attempt, rank, bucket of steps) with its mean, min, max and NaN count, so a run of millions
 of points arrives as at most a few thousand rows per chart. ``series_frame`` shapes those rows
 for the options a person picked (per-rank lines or the rank mean with a band, the x axis,
@@ -183,7 +183,7 @@ def series_frame(
     Args:
         rows: the store's buckets (attempt, rank, step, last_step, value, min, max, count,
             nan_count, wall_time), raw points being buckets of one step.
-        cutoffs: per attempt, the last step on the run's lineage (db.queries.lineage_cutoffs);
+        cutoffs: per attempt, the last step on the run's lineage (db.run_summary.lineage_cutoffs);
             a bucket starting after it is superseded.
         options: what to draw.
         started_at: the run's start (epoch seconds), for the relative time axis.

@@ -12,12 +12,13 @@ with no UI edit. Everything comes from the model:
 - labels: from the field's ``title``, else its key in words;
 - kinds: a section that is a union of models chosen by their ``kind`` ([workload]: one model
   per workload kind) shows each model's fields for its kind only, and one ``kind`` choice over
-  them all; a field of another section with ``json_schema_extra={"kinds": [...]}`` is shown only
-  for those values of ``workload.kind``. A field takes its default for the kinds it is not shown for.
+  them all; a field of another section is shown only for the kinds whose workload class reads it
+  (the union's ``ignores``, :func:`~db.vocabulary.config.kinds_reading`). A field takes its
+  default for the kinds it is not shown for.
 
-Widget values go back to a plain nested dict with :func:`values_to_config`; it converts text
-(lists, empty optional strings) but never coerces numbers, so the usual validation
-(``orchestrator.submission.validate``) judges exactly what was entered.
+Widget values go back to a plain nested dict with :func:`~app.form_values.values_to_config`
+(app/form_values.py); it converts text (lists, empty optional strings) but never coerces numbers,
+so the usual validation (``orchestrator.submission.validate``) judges exactly what was entered.
 """
 
 from __future__ import annotations
@@ -26,10 +27,9 @@ import dataclasses
 import enum
 import json
 import math
-import shlex
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -37,7 +37,7 @@ import annotated_types
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from db.vocabulary.config import RunConfig
+from db.vocabulary.config import WORKLOADS, RunConfig, Workload, kinds_reading
 
 WidgetKind = Literal["int", "float", "bool", "choice", "text", "list", "table"]
 
@@ -267,13 +267,15 @@ def _help(field: FieldInfo, constraints: list[str], default: Any) -> str:
     return "\n\n".join(part for part in (text, " ".join(facts)) if part)
 
 
-def field_spec(key: str, section: str, field: FieldInfo) -> FieldSpec:
+def field_spec(key: str, section: str, field: FieldInfo, workloads: Sequence[type[Workload]] = WORKLOADS
+               ) -> FieldSpec:
     """The form's description of one config field.
 
     Args:
         key: The field's dotted TOML path.
         section: The sub-model it belongs to, ``""`` at the top level.
         field: The pydantic field.
+        workloads: The workload kinds' classes, which say which of them read the field.
 
     Raises:
         TypeError: for a type the form has no widget for.
@@ -282,7 +284,7 @@ def field_spec(key: str, section: str, field: FieldInfo) -> FieldSpec:
     default = _plain(field.get_default(call_default_factory=True))
     low, high, constraints = _bounds(widget, field)
     extra = _extra(field)
-    kinds = extra.get("kinds")
+    kinds = kinds_reading(key, workloads)
     return FieldSpec(
         key=key, section=section, label=field.title or humanize(key.rsplit(".", 1)[-1]), widget=widget,
         default=default, help=_help(field, constraints, default), options=options, min_value=low, max_value=high,
@@ -292,9 +294,10 @@ def field_spec(key: str, section: str, field: FieldInfo) -> FieldSpec:
     )
 
 
-def _fields_of(model: type[BaseModel], section: str) -> list[FieldSpec]:
+def _fields_of(model: type[BaseModel], section: str, workloads: Sequence[type[Workload]] = WORKLOADS
+               ) -> list[FieldSpec]:
     prefix = f"{section}." if section else ""
-    return [field_spec(f"{prefix}{field.alias or name}", section, field)
+    return [field_spec(f"{prefix}{field.alias or name}", section, field, workloads)
             for name, field in model.model_fields.items() if not _is_section(field)]
 
 
@@ -322,6 +325,13 @@ def _fields_of_union(members: list[type[BaseModel]], section: str, default: Any)
     return list(specs.values())
 
 
+def _workloads(model: type[BaseModel]) -> list[type[Workload]]:
+    """The workload kinds' classes of a run config model: the members of its [workload] union."""
+    field = model.model_fields.get("workload")
+    members = _models(field) if field is not None else []
+    return [m for m in members if issubclass(m, Workload)] or list(WORKLOADS)
+
+
 def _section_doc(members: list[type[BaseModel]]) -> str:
     """What a section holds: its model's docstring, or that of the class every member of a
     union derives from."""
@@ -340,11 +350,12 @@ def form_sections(model: type[BaseModel] = RunConfig, kind: str | None = None) -
     Raises:
         TypeError: for a field type the form has no widget for.
     """
+    workloads = _workloads(model)
     sections = [SectionSpec(name="", title="Run", help=(model.__doc__ or "").strip(), common=True,
-                            fields=tuple(_fields_of(model, "")))]
+                            fields=tuple(_fields_of(model, "", workloads)))]
     for name, field in model.model_fields.items():
         if members := _models(field):
-            fields = (_fields_of(members[0], name) if len(members) == 1
+            fields = (_fields_of(members[0], name, workloads) if len(members) == 1
                       else _fields_of_union(members, name, field.get_default(call_default_factory=True)))
             sections.append(SectionSpec(
                 name=name, title=field.title or humanize(name), help=_section_doc(members),
@@ -363,139 +374,3 @@ def form_fields(model: type[BaseModel] = RunConfig, kind: str | None = None) -> 
 def workload_kinds(model: type[BaseModel] = RunConfig) -> tuple[str, ...]:
     """The values ``workload.kind`` may take."""
     return next(spec.options for spec in form_fields(model) if spec.key == KIND_KEY)
-
-
-def _lookup(data: Mapping[str, Any], key: str) -> tuple[bool, Any]:
-    node: Any = data
-    for part in key.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return False, None
-        node = node[part]
-    return True, node
-
-
-def _to_widget(spec: FieldSpec, value: Any) -> tuple[bool, Any]:
-    """A config value as the widget holds it; (False, None) when the widget cannot hold it."""
-    if spec.widget == "int":
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        ok = isinstance(value, int) and not isinstance(value, bool) and abs(value) <= JS_MAX_SAFE_INTEGER
-        return ok, value if ok else None
-    if spec.widget == "float":
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-        return ok, float(value) if ok else None
-    if spec.widget == "bool":
-        return isinstance(value, bool), value
-    if spec.widget == "choice":
-        return value in spec.options, value
-    if spec.widget == "text":
-        if value is None and spec.optional:
-            return True, ""
-        return isinstance(value, str), value
-    if spec.widget == "table":
-        ok = isinstance(value, Mapping) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
-        return ok, "\n".join(f"{k} = {v}" for k, v in value.items()) if ok else None
-    if isinstance(value, (list, tuple)) and all(isinstance(item, str) for item in value):
-        return True, shlex.join(value) if spec.list_syntax == "shell" else ", ".join(value)
-    return False, None
-
-
-def widget_values(data: Mapping[str, Any], fields: Sequence[FieldSpec]) -> tuple[dict[str, Any], list[str]]:
-    """What each widget starts with, read from a config mapping (the defaults, or an uploaded TOML).
-
-    A missing key takes the field's default. A value no widget can hold (text for a number, an
-    unknown choice) also takes the default, and a note says so: the page shows it rather than
-    fail to draw.
-
-    Args:
-        data: A config mapping, nested by section.
-        fields: The fields to read.
-
-    Returns:
-        The widget values by key, and one note per value replaced by its default.
-    """
-    values: dict[str, Any] = {}
-    notes: list[str] = []
-    for spec in fields:
-        found, raw = _lookup(data, spec.key)
-        ok, value = _to_widget(spec, raw) if found else (False, None)
-        if not ok:
-            if found:
-                notes.append(f"{spec.key} = {raw!r} cannot be shown in the form; it shows the default instead")
-            value = _to_widget(spec, spec.default)[1]
-        values[spec.key] = value
-    return values, notes
-
-
-def widget_bounds(spec: FieldSpec, value: Any) -> tuple[float | None, float | None]:
-    """The bounds to give a number widget that shows ``value``: a bound the value already lies
-    outside (from an uploaded config) is dropped, so that the page draws and the validation
-    names the value on Start."""
-    low = spec.min_value if spec.min_value is None or value >= spec.min_value else None
-    high = spec.max_value if spec.max_value is None or value <= spec.max_value else None
-    return low, high
-
-
-def config_value(spec: FieldSpec, value: Any) -> Any:
-    """A widget's value as config data: text is stripped, an empty optional text is None and a
-    list box is split. Numbers, booleans and choices pass through unchanged: the validation
-    judges them (a float for an integer field is refused there, naming the field)."""
-    if spec.widget == "text" and isinstance(value, str):
-        text = value.strip()
-        return None if spec.optional and not text else text
-    if spec.widget == "table" and isinstance(value, str):
-        return table_value(value)
-    if spec.widget == "list" and isinstance(value, str):
-        if spec.list_syntax == "comma":
-            return [item.strip() for item in value.split(",") if item.strip()]
-        try:
-            return shlex.split(value)
-        except ValueError:  # an unclosed quote: the validation refuses the text, naming the field
-            return value
-    return value
-
-
-def table_value(text: str) -> dict[str, str] | str:
-    """A table box's text (``NAME = value`` per line, blank lines ignored) as a mapping; the text
-    itself when a line has no ``=``, for the validation to refuse naming the field."""
-    table: dict[str, str] = {}
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        name, sep, value = line.partition("=")
-        if not sep:
-            return text
-        table[name.strip()] = value.strip()
-    return table
-
-
-def values_to_config(values: Mapping[str, Any], model: type[BaseModel] = RunConfig) -> dict[str, Any]:
-    """The config mapping for the widget values, to validate as any other config.
-
-    Args:
-        values: Widget values by field key (``{"train.lr": 0.001, ...}``); ``workload.kind``
-            chooses the kind (the model's default kind when absent).
-        model: The run config model the widgets were built from.
-
-    Returns:
-        A plain nested dict. A field that does not apply to the chosen kind gets its default,
-        so that a value the person cannot see (left from another kind or an uploaded file) does
-        not refuse the run (another kind's [workload] key at its default is dropped when the
-        config is read); a field missing from ``values`` is left out.
-    """
-    every = form_fields(model)
-    kind_spec = next(spec for spec in every if spec.key == KIND_KEY)
-    kind = values.get(KIND_KEY, kind_spec.default)
-    out: dict[str, Any] = {}
-    for spec in every:
-        if not spec.applies_to(kind):
-            value = spec.default
-        elif spec.key in values:
-            value = config_value(spec, values[spec.key])
-        else:
-            continue
-        node = out
-        for part in spec.path[:-1]:
-            node = node.setdefault(part, {})
-        node[spec.path[-1]] = value
-    return out

@@ -38,7 +38,7 @@ def sso_configured() -> bool:
         return False
 
 
-# Behind the token gate (app/gate.py), Streamlit's own single sign-on when the person set it up.
+# Behind the token gate (app/server/gate.py), Streamlit's own single sign-on when the person set it up.
 if sso_configured() and not st.user.get("is_logged_in", False):
     st.title("runyard")
     st.write("This dashboard uses your organisation's sign-in.")

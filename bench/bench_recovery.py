@@ -31,7 +31,7 @@ the rank chosen with a seeded random.
 
 2. Goodput under failures, on another run for --goodput-minutes: a rank is SIGKILLed every
    --kill-every (60) seconds after the first attempt was launched; at the end, runyard's own
-   goodput (``runyard show RUN --json``, db/queries.goodput) and an independent one computed
+   goodput (``runyard show RUN --json``, db/efficiency.goodput) and an independent one computed
    here from the database: (lineage steps x mean rank-0 step_time on the lineage) / (now - the
    first attempt's started_at). Then `runyard cancel RUN` and wait for CANCELLED.
    ``--kill-every 0`` runs it without kills: the baseline (checkpoints every 50 steps, evals and

@@ -1,5 +1,5 @@
 """What one Runs-page refresh costs the database: SQL statements and milliseconds per
-``db.queries.list_runs`` call, for databases of 1, 10 and 200 runs.
+``db.run_list.list_runs`` call, for databases of 1, 10 and 200 runs.
 
     .venv/bin/python bench/bench_runs_list.py [--runs 1,10,200] [--repeats 21] [--call plain|page|search]
 
@@ -41,8 +41,8 @@ from db.compare import runs_list  # noqa: E402 - needs ROOT on sys.path
 from db.engine import make_engine, make_sessionmaker, upgrade  # noqa: E402 - needs ROOT on sys.path
 from db.metricstore import write_points  # noqa: E402 - needs ROOT on sys.path
 from db.models import Attempt, Checkpoint  # noqa: E402 - needs ROOT on sys.path
-from db.queries import RunFilter, list_runs  # noqa: E402 - needs ROOT on sys.path
 from db.requests import create_run  # noqa: E402 - needs ROOT on sys.path
+from db.run_list import RunFilter, list_runs  # noqa: E402 - needs ROOT on sys.path
 from db.states import RunStatus, transition  # noqa: E402 - needs ROOT on sys.path
 from db.vocabulary.config import RunConfig  # noqa: E402 - needs ROOT on sys.path
 from db.vocabulary.cost import Price  # noqa: E402 - needs ROOT on sys.path

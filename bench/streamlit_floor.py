@@ -3,7 +3,7 @@
     .venv/bin/python bench/streamlit_floor.py --port 8599     # serves until SIGTERM
 
 Streamlit's ASGI app (``st.App``) over bench/streamlit_floor_page.py, with the Streamlit options
-and the uvicorn settings of app/server.py, and nothing in front (no gate, no database). The page
+and the uvicorn settings of app/server/asgi.py, and nothing in front (no gate, no database). The page
 draws a title and one Altair line chart of ``ranks x points`` rows, the size of the Run page's
 first curve (8 ranks x 1,000 buckets: app/views/run.py's CHART_ROWS). bench_render.py starts it
 beside runyard's UI and times both in the same browser, taking turns: what any Streamlit page
@@ -18,7 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from app.server import bind, streamlit_app, uvicorn_server  # noqa: E402 - needs ROOT on sys.path
+from app.server.asgi import bind, streamlit_app, uvicorn_server  # noqa: E402 - needs ROOT on sys.path
 
 PAGE = Path(__file__).with_name("streamlit_floor_page.py")
 

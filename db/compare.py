@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Select, and_, case, func, literal, or_, select, union_all
 from sqlalchemy.orm import Session, aliased
 
-from db import queries
+from db import run_list, run_summary
 from db.metricstore import BASE, LEVELS, choose_level
 from db.models import Attempt, MetricName, MetricPoint, MetricRollup, Run
-from db.queries import flatten
+from db.run_list import flatten
 from db.vocabulary import metric_registry
 
 if TYPE_CHECKING:
@@ -118,7 +118,7 @@ def _lineage_steps(levels: Mapping[tuple[int, int], int], run_ids: Sequence[int]
     level 0 are read from the raw points, the others from their rollup level: at most about
     ``max_points`` rows per rank either way, one index range each (an OR of equalities, which
     SQLite turns into one index seek per term; a row-value IN scanned the table). A bucket is on the lineage
-    unless it starts after a later attempt's resume step (db.queries.lineage_cutoffs, in SQL,
+    unless it starts after a later attempt's resume step (db.run_summary.lineage_cutoffs, in SQL,
     and the rule the charts follow)."""
     P, R = MetricPoint, MetricRollup
     raw = [k for k, level in levels.items() if level == 0]
@@ -226,13 +226,13 @@ def compare_runs(session: Session, run_ids: Sequence[int], now: float | None = N
         CompareError: when an id is no run (the message names it).
     """
     rows = {r.id: r for r in session.execute(
-        select(*queries.RUN_COLUMNS, Run.config_json).where(Run.id.in_(run_ids))).all()}
+        select(*run_summary.RUN_COLUMNS, Run.config_json).where(Run.id.in_(run_ids))).all()}
     missing = [i for i in run_ids if i not in rows]
     if missing:
         raise CompareError(f"runs={','.join(map(str, run_ids))}: no run with id {missing[0]}; "
                            "pick the runs on the Runs page or `runyard ls`")
     ordered = [rows[i] for i in run_ids]
-    summaries = queries.run_summaries(session, ordered, time.time() if now is None else now)
+    summaries = run_summary.run_summaries(session, ordered, time.time() if now is None else now)
     for summary, row in zip(summaries, ordered, strict=True):
         summary["config"] = json.loads(row.config_json)
     return summaries
@@ -254,18 +254,18 @@ def config_diff(configs: Sequence[Mapping[str, Any]]) -> list[tuple[str, list[An
     return diff
 
 
-def runs_list(session: Session, where: queries.RunFilter | None = None, sort: str = "id", descending: bool = True,
+def runs_list(session: Session, where: run_list.RunFilter | None = None, sort: str = "id", descending: bool = True,
               limit: int = 200, now: float | None = None) -> list[dict[str, Any]]:
-    """The Runs page's list: :func:`db.queries.list_runs` with each run's summary metric columns
+    """The Runs page's list: :func:`db.run_list.list_runs` with each run's summary metric columns
     (``best_loss``: the best of its loss along its lineage, and ``headline_key`` /
     ``headline_value``: the final value of the workload's headline metric,
-    db.vocabulary.metric_registry.HEADLINE_KEYS), sorted by any of db.queries.LIST_SORTS. Three statements
+    db.vocabulary.metric_registry.HEADLINE_KEYS), sorted by any of db.run_list.LIST_SORTS. Three statements
     more than ``list_runs`` for all the runs, each series read at ``LIST_METRIC_POINTS`` steps
     (or rollup buckets) per rank at most, so a long run costs no more than a short one.
 
     The newest ``limit`` runs that match ``where`` are listed, then sorted.
     """
-    runs = queries.list_runs(session, limit=limit, now=now, where=where)
+    runs = run_list.list_runs(session, limit=limit, now=now, where=where)
     keys = [*metric_registry.LOSS_KEYS, *metric_registry.HEADLINE_KEYS]
     found = metric_summaries(session, [r["id"] for r in runs], keys, max_points=LIST_METRIC_POINTS)
     for r in runs:
@@ -275,4 +275,4 @@ def runs_list(session: Session, where: queries.RunFilter | None = None, sort: st
         r["best_loss"] = found[(r["id"], loss)].best if loss else None
         r["headline_key"] = headline
         r["headline_value"] = None if final is None or math.isnan(final) else final
-    return queries.sort_runs(runs, sort, descending)
+    return run_list.sort_runs(runs, sort, descending)

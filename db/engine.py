@@ -92,7 +92,7 @@ def make_engine(url: str, foreign_keys: bool = True, pool_size: int = POOL_SIZE,
     ids it has just resolved, and checking the two keys of every point cost a tenth of the
     ingest time (docs/benchmarks-journal.md, "Metric ingest"). PostgreSQL holds no keys on the metric
     tables (the initial migration); its writer checks the run and the names once a batch instead
-    (db/metricbulk.py).
+    (db/metricstore/bulk.py).
 
     ``pool_size`` and ``max_overflow`` bound the connections this engine holds on a server
     database (SQLite opens one per thread and needs no budget); no connection is opened before

@@ -62,7 +62,7 @@ def _metric_keys() -> tuple[ForeignKeyConstraint, ForeignKeyConstraint]:
     SHARE`` on the run and on the name), which made its ingest four to seven times slower than
     SQLite's (docs/benchmarks-journal.md, "PostgreSQL beside SQLite"). These rows are written only
     by a run's own rank 0, under its run id and name ids it has just resolved, and that writer
-    checks both once a batch (db/metricbulk.py); deleting a run deletes its rows through a trigger
+    checks both once a batch (db/metricstore/bulk.py); deleting a run deletes its rows through a trigger
     on ``runs`` (the initial migration). SQLite keeps the keys (its writer connection skips
     checking them).
     """
@@ -212,7 +212,7 @@ class MetricName(Base):
 
 
 class MetricPoint(Base):
-    """One reported value: per run, metric, attempt, step and rank (see db/metricstore.py).
+    """One reported value: per run, metric, attempt, step and rank (see db/metricstore/).
 
     NULL ``value`` means NaN (SQLite cannot store a NaN); an infinity is stored as such. On
     SQLite the table is clustered on its primary key: a chart reads one contiguous range, and a
@@ -234,7 +234,7 @@ class MetricPoint(Base):
 
 class MetricRollup(Base):
     """The points of one (run, metric, attempt, rank) in buckets of ``4**level`` steps
-    (``bucket = step // 4**level``), kept up to date as points arrive (see db/metricstore.py).
+    (``bucket = step // 4**level``), kept up to date as points arrive (see db/metricstore/).
 
     ``min_value``, ``max_value`` and ``sum_value`` are over the non-NaN values (``min`` and
     ``max`` NULL when every value is NaN; ``sum`` NULL when it is NaN, i.e. +Inf and -Inf met);

@@ -1,7 +1,7 @@
 """``python -m orchestrator`` and the ``runyard`` command (``run``, pyproject's entry point).
 
 The CLI's modules (SQLAlchemy, pydantic, click, runyard's own) are imported with the cyclic
-garbage collector off, then frozen (:func:`trainer.lifecycle.settle_imports` says why): about
+garbage collector off, then frozen (:func:`trainer.process.lifecycle.settle_imports` says why): about
 130,000 objects that live as long as the process. A long-lived command (``runyard scheduler``,
 ``up``, ``ui``) thus never scans them again in its full collections either.
 
@@ -20,7 +20,7 @@ def run() -> None:
     gc.disable()
     try:
         from orchestrator.cli.group import main  # noqa: PLC0415 - imported with the collector off
-        from trainer.lifecycle import settle_imports  # noqa: PLC0415 - imported with the collector off
+        from trainer.process.lifecycle import settle_imports  # noqa: PLC0415 - imported with the collector off
     except KeyboardInterrupt:  # Ctrl-C while the command was still starting: one line, as click says it later
         sys.stderr.write("Aborted!\n")
         sys.exit(130)

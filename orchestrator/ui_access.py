@@ -5,9 +5,9 @@ The UI is a launcher: whoever reaches it starts any script as the user who runs 
 draws the line we follow ("access means access to running arbitrary code"): a random token guards
 the UI by default, on loopback too. The token lives in the data folder (mode 0600, created on
 first use, replaced by ``runyard token --rotate``); ``runyard ui``, ``up`` and ``token`` (the CLI)
-and ``app/server.py`` read it here, refuse a bind that would open the UI without a guard, and
+and ``app/server/asgi.py`` read it here, refuse a bind that would open the UI without a guard, and
 build the URL that logs a browser in. What the UI checks on every request (the session cookie,
-Host and Origin) is ``app/access.py``: it serves the web UI alone.
+Host and Origin) is ``app/server/access.py``: it serves the web UI alone.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ def kind(argv: list[str]) -> str:
         return "shim"
     if "trainer.agent.torchrun" in line:
         return "agent"
-    if "trainer.script_runner" in line:
+    if "trainer.process.script_runner" in line:
         return "rank:script"
     if "-m trainer" in line:
         return "rank"

@@ -14,7 +14,7 @@ import gc
 
 if __name__ == "__main__":
     # A rank started cold imports torch and the trainer with the collector off; main() turns it
-    # back on once they are in (trainer.lifecycle.settle_imports says why). A warm rank was
+    # back on once they are in (trainer.process.lifecycle.settle_imports says why). A warm rank was
     # forked from an agent that has imported them already.
     gc.disable()
 
@@ -29,9 +29,9 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from db.states import AttemptPhase
 from db.vocabulary.config import config_from_json
-from trainer import pdeathsig
 from trainer.agent.warm import started_warm
 from trainer.context import context_from_env
+from trainer.process import pdeathsig
 
 logger = logging.getLogger("trainer")
 
@@ -46,7 +46,7 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(sys.argv[1:] if argv is None else argv)
     # Die with torchrun's agent: a rank orphaned by a killed agent must not train on beside the
-    # attempt the scheduler launches next (trainer/pdeathsig.py).
+    # attempt the scheduler launches next (trainer/process/pdeathsig.py).
     pdeathsig.arm_under_agent()
     ctx = context_from_env()
     rank = int(os.environ.get("RANK", "0"))
@@ -58,8 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     config = config_from_json((args.config or ctx.config_file).read_text())
 
     # Imported here so that `--help` and config errors do not pay for torch.
-    from trainer import distributed, faults  # noqa: PLC0415 - after the config is read: --help and config errors do not pay for torch
-    from trainer.lifecycle import register_stack_dumps, settle_imports  # noqa: PLC0415 - after the config is read: --help and config errors do not pay for torch
+    from trainer.faults import EntryFaults  # noqa: PLC0415 - after the config is read: --help and config errors do not pay for torch
+    from trainer.process import distributed  # noqa: PLC0415 - after the config is read: --help and config errors do not pay for torch
+    from trainer.process.lifecycle import register_stack_dumps, settle_imports  # noqa: PLC0415 - after the config is read: --help and config errors do not pay for torch
     from trainer.sdk import init  # noqa: PLC0415 - after the config is read: --help and config errors do not pay for torch
     from trainer.workloads import build_workload  # noqa: PLC0415 - after the config is read: --help and config errors do not pay for torch
 
@@ -78,10 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     started = "started warm (forked from torchrun's agent)" if started_warm() else "started cold (a fresh interpreter)"
     logger.info("run %s attempt %s: rank %d/%d on %s (%s), %s", ctx.run_id, ctx.attempt, run.rank, run.world_size,
                 run.device, run.info.backend, started)
+    faults = EntryFaults.installed(run.rank)  # None outside runyard's tests
     try:
         run.reporter.phase(AttemptPhase.SETUP)  # shown on the Run page until the first step
-        if delay := faults.setup_delay_s():
-            time.sleep(delay)
+        if faults:
+            faults.during_setup()
         workload.setup(run)
         run.reporter.phase(AttemptPhase.FIRST_STEP)
         summary = workload.train(run)
@@ -91,11 +93,12 @@ def main(argv: list[str] | None = None) -> int:
     run.finish()  # the last checkpoint durable, then the finished note
     logger.info("finished: %s", summary)
     distributed.teardown()
-    faults.maybe_abort_at_exit(run.rank)
+    if faults:
+        faults.at_exit()
     return 0
 
 
 if __name__ == "__main__":
-    from trainer.lifecycle import exit_without_finalising
+    from trainer.process.lifecycle import exit_without_finalising
 
     exit_without_finalising(main)

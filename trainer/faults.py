@@ -7,9 +7,16 @@ a kill at a known step); they never change what is computed.
 The variables are typed and documented in ``db/vocabulary/settings.py`` (:class:`db.vocabulary.settings.FaultEnv`,
 docs/DEVELOPMENT.md). Every hook is inert unless ``RUNYARD_FAULTS=1`` is set as well: the ranks inherit the
 scheduler's environment, so a stray ``RUNYARD_FAULT_*`` left in a user's shell must not reach
-real training. Only runyard's tests set the switch. The training loop's hooks are one object,
-:class:`StepFaults`, which the loop gets only under the switch (:meth:`StepFaults.installed`):
-real training checks one ``None`` a step and calls nothing here.
+real training. Only runyard's tests set the switch. Each component's hooks are one object, which
+the component gets only under the switch (``installed()``, None otherwise): real training and a
+real scheduler check one ``None`` and call nothing here.
+
+- :class:`StepFaults`: the training loop's, around every step (trainer/workloads/loop.py);
+- :class:`EntryFaults`: ``python -m trainer``'s, around a built-in workload (trainer/__main__.py);
+- :class:`SaveFaults`: the checkpoint writer's, before a checkpoint is published
+  (trainer/checkpoint/writing.py; the manager installs it);
+- :class:`LaunchFaults`: the local executor's, after it started an attempt
+  (orchestrator/executors/local.py), in the scheduler.
 
 - ``RUNYARD_FAULT_STEP_DELAY_S=0.02``: sleep this long after every step.
 - ``RUNYARD_FAULT_SETUP_DELAY_S=5``: every rank sleeps this long while setting up (a slow data
@@ -220,3 +227,62 @@ class StepFaults:
     def after(self) -> None:
         if self.delay_s:
             time.sleep(self.delay_s)
+
+
+class EntryFaults:
+    """One rank's injections in ``python -m trainer``, around its built-in workload:
+    :meth:`during_setup` (a slow data load, ``RUNYARD_FAULT_SETUP_DELAY_S``) and :meth:`at_exit`
+    (an abort after the rank finished, ``RUNYARD_FAULT_ABORT_AT_EXIT``).
+
+    The entry point gets one from :meth:`installed`, which is None unless the switch is on."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+
+    @classmethod
+    def installed(cls, rank: int) -> EntryFaults | None:
+        """The hooks of ``rank`` when ``RUNYARD_FAULTS=1``; None otherwise."""
+        return cls(rank) if enabled() else None
+
+    def during_setup(self) -> None:
+        """While the workload sets up: sleep, so that a test can watch the start-up phases."""
+        if delay := setup_delay_s():
+            time.sleep(delay)
+
+    def at_exit(self) -> None:
+        """After the rank's work is done and the process group torn down."""
+        maybe_abort_at_exit(self.rank)
+
+
+class SaveFaults:
+    """The checkpoint writer's injection: :meth:`before_publish` holds a checkpoint before its
+    folder is published (``RUNYARD_FAULT_SAVE_DELAY``), so that a test can kill the ranks while
+    that save is in flight, or watch a stop wait for its last checkpoint.
+
+    A checkpoint manager gets one from :meth:`installed`, which is None unless the switch is on."""
+
+    @classmethod
+    def installed(cls) -> SaveFaults | None:
+        """The hook when ``RUNYARD_FAULTS=1``; None otherwise."""
+        return cls() if enabled() else None
+
+    def before_publish(self, step: int) -> None:
+        """Before the checkpoint of ``step`` is renamed into place."""
+        if delay := save_delay_s(step):
+            time.sleep(delay)
+
+
+class LaunchFaults:
+    """The local executor's injection, in the scheduler: :meth:`exit_after_launch` says to die
+    between starting an attempt and committing its pid (``RUNYARD_FAULT_EXIT_AFTER_LAUNCH``).
+
+    An executor gets one from :meth:`installed`, which is None unless the switch is on."""
+
+    @classmethod
+    def installed(cls) -> LaunchFaults | None:
+        """The hook when ``RUNYARD_FAULTS=1``; None otherwise."""
+        return cls() if enabled() else None
+
+    def exit_after_launch(self) -> bool:
+        """Whether the scheduler is to exit now, the attempt started and its pid not committed."""
+        return exit_after_launch()

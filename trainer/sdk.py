@@ -41,13 +41,20 @@ import torch
 import torch.distributed as dist
 
 from db.vocabulary.config import CheckpointConfig, RunConfig, SupervisionConfig, config_from_json
-from trainer import distributed, pdeathsig
 from trainer.checkpoint import Checkpointer
 from trainer.context import RunContext, context_from_env
-from trainer.control import ControlChannel
-from trainer.lifecycle import STOP_FLAG, StopSignal, register_stack_dumps, self_stat, write_finished, write_stopped
-from trainer.monitoring import Monitor
-from trainer.reporter import MetricReporter
+from trainer.process import distributed, pdeathsig
+from trainer.process.lifecycle import (
+    STOP_FLAG,
+    StopSignal,
+    register_stack_dumps,
+    self_stat,
+    write_finished,
+    write_stopped,
+)
+from trainer.reporting.control import ControlChannel
+from trainer.reporting.monitoring import Monitor
+from trainer.reporting.reporter import MetricReporter
 
 logger = logging.getLogger(__name__)
 
@@ -375,7 +382,7 @@ def init(backend: str = "auto", *, config: RunConfig | None = None, marks: Mappi
         marks: When start-up phases ended before this call (``python -m trainer`` passes
             ``imported`` and ``joined``; db/vocabulary/phases.py), wall-clock seconds.
     """
-    # Under runyard the rank dies with torchrun's agent. trainer/script_runner.py already armed
+    # Under runyard the rank dies with torchrun's agent. trainer/process/script_runner.py already armed
     # it for a script the scheduler launched; arming twice is harmless.
     pdeathsig.arm_under_agent()
     ctx = context_from_env()

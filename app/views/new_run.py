@@ -18,7 +18,7 @@ from typing import Any
 
 import streamlit as st
 
-from app import data, form, run_actions, style
+from app import data, form, form_values, run_actions, style
 from app.fork_changes import config_changes, overrides_for
 from db.requests import RequestRefused
 from db.vocabulary.config import (
@@ -57,7 +57,7 @@ PASTED_NAME = "the pasted TOML"
 def fill(base: dict[str, Any]) -> list[str]:
     """Set every widget to ``base``'s value (in the session state, before the widgets are drawn:
     a widget with a key ignores a new ``value=``); returns the notes on values no widget holds."""
-    values, notes = form.widget_values(base, every_field)
+    values, notes = form_values.widget_values(base, every_field)
     for key, value in values.items():
         st.session_state[key] = value
     st.session_state[BASE_KEY] = base
@@ -217,7 +217,7 @@ def widget(spec: form.FieldSpec, value: Any) -> Any:
     held = spec.key in st.session_state
     start: dict[str, Any] = {} if held else {"value": value}
     if spec.widget in ("int", "float"):
-        low, high = form.widget_bounds(spec, st.session_state[spec.key] if held else value)
+        low, high = form_values.widget_bounds(spec, st.session_state[spec.key] if held else value)
         return st.number_input(spec.label, **start, min_value=low, max_value=high, step=spec.step,
                                format=spec.number_format, key=spec.key, help=spec.help)
     if spec.widget == "bool":
@@ -231,7 +231,7 @@ def widget(spec: form.FieldSpec, value: Any) -> Any:
                          key=spec.key, help=spec.help)
 
 
-initial, notes = form.widget_values(base, every_field)
+initial, notes = form_values.widget_values(base, every_field)
 for note in notes:
     st.warning(style.plain(note), icon=":material/warning:")
 
@@ -300,7 +300,7 @@ with st.form("new_run"):
     estimate: str | None = None
     would_refuse: list[str] = []
     try:
-        as_applied = deep_merge(base, form.values_to_config(values, RunConfig))
+        as_applied = deep_merge(base, form_values.values_to_config(values, RunConfig))
         would_refuse = refusals_before_start(as_applied, data.inventory())
         if not would_refuse and not errors:
             estimate = estimate_text(data.start_estimate(as_applied, from_step=fork["step"] if fork else 0))
@@ -333,7 +333,7 @@ if st.session_state.pop(HELD_KEY, False):
 elif started:
     # Keys the form does not show (from an uploaded TOML) are kept; a table the form shows is
     # taken as it reads (a name removed in the box is removed).
-    from_form = form.values_to_config(values, RunConfig)
+    from_form = form_values.values_to_config(values, RunConfig)
     config_data = deep_merge(base, from_form)
     for spec in every_field:
         if spec.widget == "table" and spec.key in values:

@@ -14,7 +14,7 @@ SUCCEEDED badge never sits beside Cancel). The section is a second fragment that
 chosen section (a CSS rule keeps what a panel drew at full opacity while it redraws, for when a
 redraw takes longer than that half second: many charts, a loaded machine); the charts keep each
 metric's downsampled series in st.session_state and ask the metric store only for what is new
-every 2 s (app.data.merge_series).
+every 2 s (app.live_series.merge_series).
 
 The first paint is kept cheap for the browser: Streamlit loads an element's code the first
 time one is drawn, and the code viewer, the JSON viewer and the slider each cost the browser a
@@ -32,6 +32,7 @@ import streamlit as st
 
 from app import chart_widgets, charts, data, style
 from app.alerts_panel import run_alerts
+from app.live_series import LiveSeries, merge_series
 from app.run_actions import SECTION_KEY, actions, metadata_line
 from app.run_panels import attempts_table, checkpoint_advice, checkpoint_table, events_list, failure_summary, log_tails
 from app.style import badge
@@ -148,7 +149,7 @@ def max_points(nproc: int) -> int:
     return max(MIN_POINTS, min(MAX_POINTS, CHART_ROWS // max(1, nproc)))
 
 
-def live_series(d: dict[str, Any]) -> dict[str, data.LiveSeries]:
+def live_series(d: dict[str, Any]) -> dict[str, LiveSeries]:
     """Every metric of the run, each merged with what this session already holds (only new
     buckets are fetched), in chart order."""
     keys = data.metric_keys(d["id"])
@@ -158,7 +159,7 @@ def live_series(d: dict[str, Any]) -> dict[str, data.LiveSeries]:
     out = {}
     for key in ordered:
         state_key = f"live-series/{d['id']}/{key}"
-        out[key] = st.session_state[state_key] = data.merge_series(
+        out[key] = st.session_state[state_key] = merge_series(
             st.session_state.get(state_key),
             partial(data.metric_series, d["id"], key, points),
             max_points=points, attempts=len(d["attempts"]), newest_attempt=newest["number"],
@@ -167,7 +168,7 @@ def live_series(d: dict[str, Any]) -> dict[str, data.LiveSeries]:
     return out
 
 
-def event_badges(d: dict[str, Any], series: dict[str, data.LiveSeries]) -> None:
+def event_badges(d: dict[str, Any], series: dict[str, LiveSeries]) -> None:
     """A row of badges: what the checks found, with counts (stragglers, desyncs, NaNs, hangs);
     a green one for the checks that ran and found nothing; a grey one for each check that did
     not run, saying why (:func:`health_checks`). Without a "nan" event from the trainer, NaNs
@@ -234,7 +235,7 @@ RANKS_HELP = ("Per rank: a line per rank; mean: the ranks' mean with its min-max
               "chart.")
 
 
-def chart_options(run_id: int, nproc: int, series: dict[str, data.LiveSeries]) -> charts.ChartOptions:
+def chart_options(run_id: int, nproc: int, series: dict[str, LiveSeries]) -> charts.ChartOptions:
     """The widgets above the charts; the choice is kept per run for this browser session. From
     8 ranks the default is the rank mean with its band; a log y axis is chosen per chart, and
     until a person chooses, every metric whose values span more than two decades has one."""
@@ -268,11 +269,11 @@ def chart_options(run_id: int, nproc: int, series: dict[str, data.LiveSeries]) -
     return saved[run_id]
 
 
-def log_defaults(series: dict[str, data.LiveSeries]) -> frozenset[str]:
+def log_defaults(series: dict[str, LiveSeries]) -> frozenset[str]:
     return charts.auto_log_keys({k: s.rows for k, s in series.items()})
 
 
-def metric_charts(d: dict[str, Any], series: dict[str, data.LiveSeries]) -> None:
+def metric_charts(d: dict[str, Any], series: dict[str, LiveSeries]) -> None:
     if not series:
         if d["status"] in TERMINAL_VALUES:
             st.info("This run reported no metrics.")
@@ -327,7 +328,7 @@ def overview_keys(run_id: int, keys: list[str]) -> list[str]:
     return chosen or keys[:2]
 
 
-def overview_charts(d: dict[str, Any], series: dict[str, data.LiveSeries]) -> None:
+def overview_charts(d: dict[str, Any], series: dict[str, LiveSeries]) -> None:
     """The main curves, side by side under the badges, drawn as the Metrics section draws them
     (its chosen options for this run, if any); "Pin curves" picks which."""
     if not series:

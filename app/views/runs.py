@@ -29,7 +29,7 @@ COMPARE_RUNS = "runs_compare_ids"  # not a widget key: the Compare button is "ru
 # The status cell as a badge, in the Run page's badge colours: (background, text).
 BADGE_CSS = {"gray": ("#e8eaed", "#3c4043"), "blue": ("#d2e3fc", "#174ea6"), "orange": ("#feefc3", "#b06000"),
              "green": ("#ceead6", "#0d652d"), "red": ("#fad2cf", "#a50e0e"), "violet": ("#e9d7fe", "#5b2c99")}
-# What "Sort by" offers: a label -> (db.queries.LIST_SORTS key, largest first by default).
+# What "Sort by" offers: a label -> (db.run_list.LIST_SORTS key, largest first by default).
 SORTS = {
     "newest": ("id", True), "name": ("name", False), "status": ("status", False), "progress": ("progress", True),
     "elapsed (wall time)": ("elapsed", True), "cost": ("cost", True), "projected cost": ("projected", True),

@@ -1,7 +1,7 @@
 """Which health checks ran on an attempt: the vocabulary shared by the ranks that record it and
 the pages that read it.
 
-Rank 0 records one ``checks`` event per attempt at its first metrics log (trainer/monitoring.py):
+Rank 0 records one ``checks`` event per attempt at its first metrics log (trainer/reporting/monitoring.py):
 whether the straggler and desync checks run, and why not where one does not (one rank, FSDP,
 a script that never called ``run.watch(model)``...). The Run page reads the newest such event so
 that it says "not checked" where a check did not run instead of "none found". Hangs and NaNs

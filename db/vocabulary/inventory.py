@@ -21,7 +21,7 @@ class Inventory:
     gpu_memory_bytes: tuple[int, ...] = field(default_factory=tuple)  # total memory of each GPU
     memory_bytes: int = 0  # the host's RAM; 0 when unknown
     # Each GPU's NVML UUID (``GPU-...``) by index: what DCGM-exporter labels its series with, so
-    # /metrics can say which run holds which GPU (app/prometheus.py). Empty when unknown.
+    # /metrics can say which run holds which GPU (app/server/prometheus.py). Empty when unknown.
     gpu_uuids: tuple[str, ...] = field(default_factory=tuple)
 
     @property

@@ -9,7 +9,7 @@ they agree because they take the names from here and nowhere else::
         scheduler.lock        held by the one running scheduler
         scheduler.json        the scheduler's heartbeat file, inventory included (db/vocabulary/scheduler_file.py)
         token                 the UI's access token, mode 0600 (orchestrator/ui_access.py)
-        scrape_token          the read-only token of GET /metrics, mode 0600 (app/prometheus.py)
+        scrape_token          the read-only token of GET /metrics, mode 0600 (app/server/prometheus.py)
         ui.json               where the running UI listens (for `runyard token`)
         alerts.json           alert channels (URLs, webhook secrets) and defaults, mode 0600 (orchestrator/alerts)
         runs/run-000042/

@@ -58,10 +58,10 @@ def _share(label: str, scale: float = 100.0) -> MetricSpec:
 
 
 def _registry() -> dict[str, MetricSpec]:
-    """Every key runyard itself reports: trainer/monitoring.py, the built-in workloads'
+    """Every key runyard itself reports: trainer/reporting/monitoring.py, the built-in workloads'
     evaluations, and orchestrator/scheduler/sysmon.py's system series (keyed by their own names)."""
     return {
-        # training (trainer/monitoring.py Interval.report, memory_metrics; workloads' evaluation)
+        # training (trainer/reporting/monitoring.py Interval.report, memory_metrics; workloads' evaluation)
         "loss": MetricSpec("Loss"),
         "eval_loss": MetricSpec("Eval loss"),
         "eval_accuracy": _share("Eval accuracy"),

@@ -19,7 +19,7 @@ The marks, in the order they happen:
 A phase runs from one mark to the next present one, so a missing mark (an attempt from before
 the marks, a script that never calls ``load_checkpoint``) counts in the phase after it, and the
 phases always add up to the time from the first mark to the first step. SQL-free: the read
-queries (db/queries.py) and goodput use it.
+queries (db/queries.py) and goodput (db/efficiency.py) use it.
 """
 
 from __future__ import annotations

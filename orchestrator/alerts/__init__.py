@@ -3,7 +3,9 @@
 - :mod:`.store`: the channels and the global defaults, in ``alerts.json`` (mode 0600) in the
   data folder; secrets never leave it (shown masked everywhere else).
 - :mod:`.triggers`: what is true of the runs now, read from the database (status history,
-  attempts, events, metrics, system metrics, cost): one :class:`~.triggers.Finding` per alert key.
+  attempts, events, metrics, system metrics, cost): one :class:`~.findings.Finding` per alert key;
+- :mod:`.findings`: what a finding is, the rules a run's alerts follow (read from its stored
+  config) and the wording the findings share.
 - :mod:`.engine`: findings into alerts (fire once, repeat after an interval, resolve) and
   deliveries; orchestrator/scheduler/alert_job.py registers it on the scheduler beside the tick.
 - :mod:`.hosts`: every spelling of a host read as the resolver reads it, and which addresses a

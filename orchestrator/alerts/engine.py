@@ -30,16 +30,9 @@ from db.models import ALERT_CLOSED, ALERT_OPEN, ALERT_RESOLVED, Alert, AlertDeli
 from db.requests import request_cancel
 from db.states import ACTIVE, RunStatus
 from orchestrator.alerts.delivery import PENDING, DeliveryWorker
+from orchestrator.alerts.findings import Finding, RunRules, alerts_config, rules_for, run_label
 from orchestrator.alerts.store import AlertSettings, AlertStore, Channel, Defaults
-from orchestrator.alerts.triggers import (
-    RESOLVABLE,
-    Evaluator,
-    Finding,
-    RunRules,
-    alerts_config,
-    rules_for,
-    run_label,
-)
+from orchestrator.alerts.triggers import RESOLVABLE, Evaluator
 from orchestrator.ui_access import read_ui_file, url_host
 
 if TYPE_CHECKING:

@@ -16,15 +16,12 @@ makes each fire once. Condition triggers (``nonfinite``, ``stalled``, ``eta_slip
 from __future__ import annotations
 
 import datetime
-import json
 import math
 import re
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -34,8 +31,9 @@ from db.models import Attempt, Event, MetricName, MetricPoint, Run, RunStatusHis
 from db.requests import newest_intact
 from db.states import ACTIVE, RunStatus
 from db.vocabulary.causes import Cause
-from db.vocabulary.config import AlertsConfig, RetryConfig, RunConfig, SupervisionConfig
+from db.vocabulary.config import RetryConfig, SupervisionConfig
 from db.vocabulary.cost import ETA_WINDOW, cost_usd, eta_estimate
+from orchestrator.alerts.findings import Finding, RunRules, duration, first_line, run_label, section
 
 # An edge (a status change, a hang) is looked for this long after it happened.
 EDGE_WINDOW_S = 600.0
@@ -45,62 +43,6 @@ BUDGET_SHARES = (50, 80, 100)
 # Triggers whose alert says when it stopped being true; the others end silently.
 RESOLVABLE = frozenset({"nonfinite", "stalled", "eta_slip", "gpu_idle"})
 FRAMES = re.compile(r"top of rank (\d+)'s stack: ([^;]+)")
-
-
-@dataclass(frozen=True)
-class Finding:
-    """A condition true now. ``key`` identifies its alert; ``run_id`` None for runyard itself."""
-
-    key: str
-    trigger: str
-    run_id: int | None
-    message: str
-    title: str
-    action: str = ""  # what the engine must do beyond telling: "pause" (a budget reached)
-    ongoing: bool = True  # False: a moment (a retry began, a hang was handled): its alert closes once sent
-
-
-@dataclass(frozen=True)
-class RunRules:
-    """What a run's alerts follow: the triggers on, and the run's [alerts] thresholds."""
-
-    triggers: frozenset[str]
-    config: AlertsConfig
-
-
-def section(run: Run, name: str) -> dict[str, Any]:
-    """One section of the run's stored config, as stored (the whole config is not validated:
-    that costs ~0.7 ms a run, every pass)."""
-    value = json.loads(run.config_json).get(name)
-    return value if isinstance(value, dict) else {}
-
-
-def alerts_config(run: Run) -> AlertsConfig:
-    return AlertsConfig.model_validate(section(run, "alerts"))
-
-
-def rules_for(config: RunConfig | AlertsConfig, default_triggers: tuple[str, ...]) -> RunRules:
-    cfg = config.alerts if isinstance(config, RunConfig) else config
-    on = frozenset() if not cfg.enabled else (frozenset(default_triggers) | set(cfg.on)) - set(cfg.off)
-    return RunRules(triggers=frozenset(on), config=cfg)
-
-
-def run_label(run: Run) -> str:
-    return f"run {run.id} ({run.name})"
-
-
-def duration(seconds: float) -> str:
-    seconds = max(0.0, seconds)
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
-def first_line(text: str | None) -> str:
-    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
-    return lines[-1] if lines and lines[0].startswith("Traceback") else (lines[0] if lines else "")
 
 
 def _attempt_at(session: Session, run_id: int, at: float) -> Attempt | None:

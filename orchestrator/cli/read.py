@@ -14,7 +14,8 @@ from typing import Any
 import click
 
 from db.compare import runs_list
-from db.queries import LIST_SORTS, RunFilter, iter_metric_rows, list_runs, log_sources, run_detail, run_status
+from db.queries import iter_metric_rows, log_sources, run_detail, run_status
+from db.run_list import LIST_SORTS, RunFilter, list_runs
 from db.states import TERMINAL, RunStatus
 from db.vocabulary import metric_registry
 from db.vocabulary.settings import load_settings

@@ -1,7 +1,7 @@
 """The CLI's process commands: ``runyard up``, ``runyard ui``, ``runyard scheduler`` and
 ``runyard token``.
 
-The UI runs as its own process (``python -m app.server``, Streamlit behind runyard's gate); the
+The UI runs as its own process (``python -m app.server.asgi``, Streamlit behind runyard's gate); the
 options that decide who may use it are checked here first, so a refused combination exits with
 code 2 before anything starts. ``runyard up``'s children die with it, whatever signal ends it
 (``PR_SET_PDEATHSIG``): a killed ``up`` leaves no UI serving the port and no scheduler behind.
@@ -42,7 +42,7 @@ from orchestrator.ui_access import (
     read_ui_file,
     rotate_token,
 )
-from trainer import pdeathsig
+from trainer.process import pdeathsig
 
 HOST_HELP = ("Address to bind. Beyond loopback the token still guards the UI, over plain HTTP: "
              "prefer an SSH tunnel.")
@@ -82,7 +82,7 @@ def server_argv(host: str, port: int, auth: str, allowed_hosts: tuple[str, ...],
     args = ["--host", host, "--port", str(port), "--auth", auth, "--proxy-user-header", proxy_user_header]
     for name in allowed_hosts:
         args += ["--allowed-host", name]
-    return server_command("app.server", *args)  # started in PACKAGES_ROOT
+    return server_command("app.server.asgi", *args)  # started in PACKAGES_ROOT
 
 
 def child_env(settings: Settings) -> dict[str, str]:

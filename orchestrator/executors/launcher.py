@@ -21,7 +21,7 @@ from trainer.agent.warm import room as warm_room
 # Every socket of a run on this machine listens here (trainer/agent/torchrun.py).
 LOOPBACK = "127.0.0.1"
 # The runner of a script under another interpreter (workload.python), started by its path.
-SCRIPT_RUNNER = Path(__file__).resolve().parents[2] / "trainer" / "script_runner.py"
+SCRIPT_RUNNER = Path(__file__).resolve().parents[2] / "trainer" / "process" / "script_runner.py"
 # The folder that holds the ``wandb`` stand-in of plain-script support (shims/wandb/): put first on
 # the ranks' path. A folder on PYTHONPATH, never imported here: executors import nothing of scripts.
 SHIMS_DIR = Path(__file__).resolve().parents[1] / "scripts" / "shims"
@@ -116,7 +116,7 @@ def torchrun_command(*, nnodes: int, nproc_per_node: int, endpoint: str, rdzv_id
 
 def script_entry(config: RunConfig, resuming: bool = False) -> list[str]:
     """What torchrun starts for a script: a tiny entry module that makes each rank die with
-    torchrun's agent (trainer/script_runner.py; the built-in workloads do the same in
+    torchrun's agent (trainer/process/script_runner.py; the built-in workloads do the same in
     trainer/__main__.py), then runs the script or module as ``python`` would.
 
     With ``workload.python``, torchrun starts that interpreter itself (``--no-python``) and the
@@ -132,7 +132,7 @@ def script_entry(config: RunConfig, resuming: bool = False) -> list[str]:
     args = [*workdir, *target, *workload.args, *(workload.resume_args if resuming else ())]
     if workload.python:
         return ["--no-python", workload.python, "-u", str(SCRIPT_RUNNER), *args]
-    return ["-m", "trainer.script_runner", *args]
+    return ["-m", "trainer.process.script_runner", *args]
 
 
 def with_wandb_shim(env: Mapping[str, str]) -> dict[str, str]:

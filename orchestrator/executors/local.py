@@ -28,7 +28,7 @@ from orchestrator.executors.launcher import agent_env, launch, torchrun_argv
 from orchestrator.executors.processes import end_processes, is_alive, rank_processes, read_exit, signal_attempt
 from orchestrator.executors.stacks import StackDump, dump_stacks
 from orchestrator.executors.sweeper import Sweeper
-from trainer import faults
+from trainer.faults import LaunchFaults
 
 # The stop signals torchrun's agent handles by passing them on to its ranks (it dies of others).
 AGENT_PASSES_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -59,6 +59,7 @@ class LocalExecutor:
     def __init__(self, command: CommandFactory = torchrun_argv):
         self.command = command
         self.sweeper = Sweeper()
+        self._faults = LaunchFaults.installed()  # None outside runyard's tests
         self._children: dict[int, subprocess.Popen[bytes]] = {}
 
     def submit(self, request: LaunchRequest, attempt: Attempt) -> str:
@@ -70,7 +71,7 @@ class LocalExecutor:
             build() if nnodes == 1 else [build(node=node) for node in range(nnodes)])  # type: ignore[call-arg]
         launched = launch(argv, request.attempt_dir, request.cwd, agent_env(config, request.env),
                           grace_s=config.supervision.grace_s)
-        if faults.exit_after_launch():
+        if self._faults and self._faults.exit_after_launch():
             # Tests only: die where a crash leaves the attempt row with pid IS NULL.
             logger.warning("RUNYARD_FAULT_EXIT_AFTER_LAUNCH: exiting before committing pid %d", launched.pid)
             os._exit(70)

@@ -26,7 +26,7 @@ failure naming it instead of a vanished launcher. A shim that never could write 
 It ignores SIGTERM/SIGINT/SIGHUP so that a signal to the process group reaches torchrun, which
 forwards it to the ranks, while the shim stays to record how torchrun ended. torchrun gets
 SIGKILL from the kernel if the shim dies (``PR_SET_PDEATHSIG``), and its ranks in turn die with
-it (trainer/pdeathsig.py): killing the shim ends the whole attempt instead of leaving it
+it (trainer/process/pdeathsig.py): killing the shim ends the whole attempt instead of leaving it
 training unsupervised.
 """
 
@@ -46,7 +46,7 @@ from typing import Any
 import psutil
 
 from db.vocabulary.layout import LAUNCH_RECORD
-from trainer import pdeathsig
+from trainer.process import pdeathsig
 
 
 def write_atomic(path: str, text: str) -> None:

@@ -197,7 +197,7 @@ def has_stack_handler(pid: int, rank: int, folder: Path) -> bool:
     """True when the rank registered runyard's faulthandler on SIGUSR1, so that SIGUSR1 writes its
     stacks instead of killing it (SIGUSR1's default action: a plain script dies of it).
 
-    Registering (trainer/lifecycle.py ``register_stack_dumps``) creates ``stacks/rank-<r>.txt``;
+    Registering (trainer/process/lifecycle.py ``register_stack_dumps``) creates ``stacks/rank-<r>.txt``;
     on Linux the process must also catch SIGUSR1 right now (``/proc``'s SigCgt), which tells a
     rank that restarted and has not registered yet from one that did, and a script's own SIGUSR1
     handler from runyard's. Without /proc the file alone decides.

@@ -40,7 +40,7 @@ from orchestrator.scheduler.outcomes import next_overrides, record_end, retry_or
 from orchestrator.scheduler.storage import deleted_message, disk_detail, run_dir_deleted, storage_fault
 from orchestrator.scripts import checkpoint_custody
 from trainer.context import RunContext
-from trainer.store_secret import SECRET_VAR, new_secret
+from trainer.process.store_secret import SECRET_VAR, new_secret
 
 logger = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ def environment(prepared: Prepared, db_url: str, inventory: Inventory) -> dict[s
         resume_path=Path(attempt.resume_path) if attempt.resume_path is not None else None,
     ).to_env()
     # A fresh secret per attempt, under which every key of its stores lies: another local
-    # account can reach the stores' loopback ports, but cannot name a key (trainer/store_secret.py).
+    # account can reach the stores' loopback ports, but cannot name a key (trainer/process/store_secret.py).
     # It travels in the environment only (owner-readable), never on a command line.
     env[SECRET_VAR] = new_secret()
     if inventory.kind == "gpu" and prepared.executor.name == "local":  # Slurm gives its jobs their GPUs
@@ -165,7 +165,7 @@ def launch(session: Session, prepared: Prepared, env: dict[str, str]) -> None:
     policy's; otherwise the run fails with it). Commits."""
     run, attempt, number = prepared.run, prepared.attempt, prepared.attempt.number
     longest_save = session.scalar(select(func.max(Checkpoint.total_s)).where(Checkpoint.run_id == run.id))
-    # A script's ranks move into workload.workdir themselves (trainer/script_runner.py): a
+    # A script's ranks move into workload.workdir themselves (trainer/process/script_runner.py): a
     # user's trainer.py there must not shadow runyard's packages in the shim and torchrun.
     request = LaunchRequest(run_id=run.id, number=number, config=prepared.config, attempt_dir=Path(attempt.dir),
                             cwd=Path(run.run_dir), env=env, port=attempt.port or 0, resuming=prepared.resuming,

@@ -46,7 +46,7 @@ def first_failure_at(attempt_dir: Path) -> float | None:
 
 
 def finished_ranks(attempt_dir: Path) -> set[int]:
-    """Ranks that left the note that their work is done (trainer/lifecycle.py's write_finished)."""
+    """Ranks that left the note that their work is done (trainer/process/lifecycle.py's write_finished)."""
     folder = AttemptPaths(attempt_dir).finished
     return {int(p.stem.removeprefix("rank-")) for p in folder.glob("rank-*.json")} if folder.is_dir() else set()
 

@@ -288,7 +288,7 @@ def _cause_of_exception(message: str) -> Cause:
 
 def agent_killed(attempt_dir: Path, exit_code: int, agent_pid: int | None) -> Failure:
     """torchrun's agent died of a signal (the shim recorded ``exit_code`` < 0): the OOM killer, a
-    stray ``kill``. Its ranks die with it (trainer/pdeathsig.py); the rank exit codes that
+    stray ``kill``. Its ranks die with it (trainer/process/pdeathsig.py); the rank exit codes that
     follow are fallout, so the agent's own death is the cause."""
     name = signal_name(exit_code)
     if exit_code == -signal.SIGSEGV:

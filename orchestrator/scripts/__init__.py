@@ -18,13 +18,16 @@ One module per job:
   the one recorded and a verified copy, are db/file_versions.py, shared with the SDK);
 - ``attempt_watch``: wires the collector and the checkpoint finder into each running attempt
   and watches the script's output for hangs;
-- ``allowed_roots``: which scripts and folders a UI user may launch;
+- ``allowed_roots``: which scripts and folders a UI user may launch (``ui_fields``: every config
+  field by what a UI submission may put in it);
+- ``script_check``: a script run checked at submit (its paths made absolute, the ranks'
+  interpreter probed for torch and for where ``workload.module`` would load from);
 - ``imported_runs``: a past run's TensorBoard logdir brought in as a finished run;
 - ``shims/wandb``: a ``wandb`` module for the ranks that prints the line protocol (the launcher
   puts it first on their path: ``with_wandb_shim`` in orchestrator/executors/launcher.py).
 
-Inside the ranks, ``trainer/script_runner.py`` starts the script (it stays in trainer/: it runs
-under torchrun, possibly under another interpreter without runyard installed).
+Inside the ranks, ``trainer/process/script_runner.py`` starts the script (it stays in trainer/: it
+runs under torchrun, possibly under another interpreter without runyard installed).
 
 Every metric source produces :class:`Sample` values; the collector stamps them with the run and
 the attempt into the rows ``db.metricstore.write_points`` takes.

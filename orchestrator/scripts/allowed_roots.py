@@ -12,15 +12,15 @@ Some folders are refused even under a root: the Python installation that runs ru
 standard library, site-packages, the virtual environment), any ``site-packages`` or
 ``dist-packages`` folder, and runyard's own packages. Their modules include entry points that
 run whatever command their arguments name (``torch.distributed.run --no-python``,
-``orchestrator.executors.shim``, ``trainer.script_runner``), and ``runyard up`` is usually started in a
+``orchestrator.executors.shim``, ``trainer.process.script_runner``), and ``runyard up`` is usually started in a
 checkout that holds ``.venv/`` and runyard's code.
 
 The CLI is the user's own shell and keeps full freedom: ``runyard submit`` never applies these
 roots. Only the UI's submit paths pass them to :func:`orchestrator.submission.validate`.
 
-Every field of the run config is listed here, in :data:`GUARDED_FIELDS` with the rule the UI
-applies to it or in :data:`INERT_FIELDS` with why it needs none; docs/SECURITY.md lists
-the same, field by field.
+Every field of the run config is listed in orchestrator/scripts/ui_fields.py, in
+``GUARDED_FIELDS`` with the rule the UI applies to it (here) or in ``INERT_FIELDS`` with why it
+needs none; docs/SECURITY.md lists the same, field by field.
 """
 
 from __future__ import annotations
@@ -37,70 +37,9 @@ from typing import Any
 
 from db.vocabulary.config import RunConfig, ScriptWorkload, relative_path_problem
 from db.vocabulary.settings import EnvSettings
+from orchestrator.scripts.ui_fields import GUARDED_FIELDS
 
 ROOTS_ENV = EnvSettings.variable("script_roots")
-
-# Every field of RunConfig, by what a UI submission may put in it ("section.key", TOML keys).
-# GUARDED_FIELDS name something the ranks or runyard run or read, each with the rule the UI
-# applies; INERT_FIELDS cannot name one, each with the reason. A new field belongs in exactly
-# one of the two: tests/unit/test_roots_fields.py walks the model and fails otherwise.
-GUARDED_FIELDS: dict[str, str] = {
-    "workload.script": "a file under the roots, resolved after symlinks and `..`",
-    "workload.module": ("every file and folder that could provide it (each package's `__init__.py`, the "
-                        "module's `.py` or a package's `__main__.py`), searched without importing anything in "
-                        "`workdir`, `PYTHONPATH` and the ranks' interpreter's path, a `.py` file (or folder) under "
-                        "the roots; a module built into or frozen in the interpreter (`runpy`, `os`) is refused"),
-    "workload.workdir": ("a folder under the roots; unset, its default too (the script's folder, or for a module "
-                         "the folder `runyard up` started in)"),
-    "workload.python": ("the path as given under the roots (a virtual environment's `bin/python` is a symlink), "
-                        "and resolved, an interpreter named `python`, `python3` or `python3.X`, not a program "
-                        "installed beside it (`.venv/bin/torchrun`)"),
-    "workload.text": "a file under the roots, resolved after symlinks and `..`",
-    "workload.env": "only thread, logging and debugging variables (`OMP_*`, `NCCL_DEBUG`, `TORCH_LOGS`, ...)",
-    "workload.tensorboard_dir": "relative to `workdir`, without `..`",
-    "workload.checkpoint_glob": "relative to `workdir`, without `..` (for the CLI too)",
-    "slurm.sbatch_args": ("`--option` or `--option=value` words, with options that name no file or program "
-                          "(`--qos`, `--constraint`, `--exclusive`, ...; not `--container`, `--input`, `--bbf`)"),
-}
-
-_NUMBER_OR_CHOICE = "a number, a flag or a fixed choice"
-INERT_FIELDS: dict[str, str] = {
-    "name": "text matching a pattern; shown only",
-    "tags": "labels; shown only",
-    "workload.kind": "one of three names; a script run's target is guarded by script or module",
-    "launch.warm_start": "a switch: how the built-in ranks start; names nothing",
-    "workload.args": ("words after the script or module in the ranks' argv, never an option of python or "
-                      "torchrun: what they can make the target do is bounded by the target's rule"),
-    "workload.resume_args": "like args",
-    "workload.stdout_metrics": "regular expressions over printed lines (checked for their groups)",
-    "workload.max_steps": _NUMBER_OR_CHOICE,
-    "workload.stop_signal": _NUMBER_OR_CHOICE,
-    "checkpoint.best_metric": "a metric name; compared only",
-    "workload.checkpoint_step_key": "a dict key looked up in the checkpoint files checkpoint_glob found; names no file",
-    **dict.fromkeys((
-        "workload.hidden", "workload.n_layer", "workload.n_head", "workload.n_embd", "workload.block_size",
-        "launch.executor", "launch.nnodes", "launch.nproc_per_node", "launch.backend",
-        "train.max_steps", "train.batch_size", "train.lr", "train.weight_decay", "train.warmup_steps",
-        "train.lr_schedule", "train.min_lr", "train.clip_grad_norm", "train.precision", "train.compile",
-        "train.activation_checkpointing", "train.grad_accum", "train.seed", "train.log_every", "train.eval_every",
-        "train.deterministic", "parallel.strategy",
-        "checkpoint.every_steps", "checkpoint.every_seconds", "checkpoint.keep_last", "checkpoint.keep_best",
-        "checkpoint.best_mode", "checkpoint.async",
-        "retry.max_retries", "retry.backoff_s", "retry.backoff_max_s",
-        "supervision.hang_timeout_s", "supervision.hang_step_factor", "supervision.startup_timeout_s",
-        "supervision.grace_s", "supervision.straggler_ratio", "supervision.straggler_window_steps",
-        "supervision.straggler_sustain_s", "supervision.desync_check_every",
-        "slurm.gpus_per_node", "slurm.cpus_per_task"), _NUMBER_OR_CHOICE),
-    **dict.fromkeys(("slurm.partition", "slurm.account", "slurm.time_limit", "slurm.mem"),
-                    "a name, time or size matching a pattern; one sbatch option each"),
-    # Alerts (orchestrator/alerts): read by the scheduler's alert job only, never by the ranks.
-    **dict.fromkeys(("alerts.enabled", "alerts.repeat_s", "alerts.stalled_factor", "alerts.stalled_min_s",
-                     "alerts.eta_slip_ratio", "alerts.gpu_idle_percent", "alerts.gpu_idle_s", "alerts.budget_usd",
-                     "alerts.budget_pause"), _NUMBER_OR_CHOICE),
-    **dict.fromkeys(("alerts.on", "alerts.off"), "trigger names from a fixed list; which alerts are sent"),
-    "alerts.channels": "ids of channels set up by the machine's owner (`runyard alerts add`); names no URL",
-    "alerts.nonfinite_metrics": "metric names compared with the reported ones; names no file",
-}
 
 # The path-valued fields judged by :func:`refused_paths`. (workload.python is judged apart: an
 # interpreter of a virtual environment is a symlink to the system's Python, see
@@ -252,7 +191,7 @@ def refused_paths(config: RunConfig, roots: ScriptRoots, base: Path) -> dict[str
     """The path fields of ``config`` that a UI user may not name, each with the reason.
 
     Each field in :data:`PATH_FIELDS` that is set is joined to ``base`` (a relative path is
-    resolved against it, as :func:`orchestrator.submission.resolve_script` does), resolved
+    resolved against it, as :func:`orchestrator.scripts.script_check.resolve_script` does), resolved
     after symlinks and ``..``, and accepted only when it lies under one of ``roots.allowed``
     and under none of ``roots.excluded`` or a ``site-packages`` folder. An unset
     ``workload.workdir`` of a module run is judged as ``base``, where the module then runs. A path that does not

@@ -244,7 +244,7 @@ def write(target: Session | Connection, run_id: int, attempt: int, points: list[
     The attempt's ``last_step`` becomes ``step`` (default: the largest step of ``points``) when
     that is larger, ``progress_at`` becomes ``at`` (default: the newest ``wall_time`` of
     ``points``) when that is later, and ``first_step_at`` is set once: what the scheduler's hang
-    watchdog and the STARTING -> RUNNING move read (trainer/reporter.py writes the same for the
+    watchdog and the STARTING -> RUNNING move read (trainer/reporting/reporter.py writes the same for the
     SDK). Neither ever moves back, so points read again after a restart change nothing.
 
     Args:

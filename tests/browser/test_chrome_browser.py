@@ -34,7 +34,7 @@ def test_the_pages_show_runyard_and_fetch_nothing_from_outside_the_machine(page:
     hosts: list[str] = []
     page.on("request", lambda request: hosts.append(urlsplit(request.url).hostname or request.url))
     # Each page finds its server at once: Streamlit's client, left to itself, asks under the page's
-    # own path first (/new/_stcore/health, a 404) and tries "/" a pause later (app/gate.py).
+    # own path first (/new/_stcore/health, a 404) and tries "/" a pause later (app/server/gate.py).
     calls: list[str] = []
     page.on("request", lambda request: calls.append(urlsplit(request.url).path) if "_stcore" in request.url else None)
     for path, heading in [("/", "Runs"), ("/new", "New run"), ("/settings", "Settings"), ("/compare", "Compare")]:

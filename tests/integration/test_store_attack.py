@@ -1,5 +1,5 @@
 """Another local account cannot run code through a run's stores, join them or disturb the run
-(issue 25, item 0; trainer/store_secret.py).
+(issue 25, item 0; trainer/process/store_secret.py).
 
 The attack of the report, for real: while a 2-rank run trains, an unprivileged account
 (``nobody``) learns every port the run's processes listen on (as ``/proc/net/tcp`` shows anyone)
@@ -31,7 +31,7 @@ import torch
 
 from tests.integration.conftest import Product
 from tests.integration.test_sockets import listeners
-from trainer.store_secret import SECRET_VAR
+from trainer.process.store_secret import SECRET_VAR
 
 pytestmark = pytest.mark.slow
 

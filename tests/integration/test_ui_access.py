@@ -32,7 +32,7 @@ import streamlit
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from app.access import sign_session
+from app.server.access import sign_session
 
 URL_LINE = re.compile(r"^http://127\.0\.0\.1:(\d+)/\?token=([A-Za-z0-9_-]{43})$", re.MULTILINE)
 STARTUP_TIMEOUT_S = 60.0
@@ -215,7 +215,7 @@ def test_with_the_cookie_the_page_and_the_stream_answer(up: UI) -> None:
 
 def test_a_page_is_told_where_its_server_is_and_nothing_else_changes(up: UI) -> None:
     """Streamlit's page for every address gets a script at the top of its head that names its
-    server (app/gate.py), so that a new tab on /run connects at once instead of after a 404 and a
+    server (app/server/gate.py), so that a new tab on /run connects at once instead of after a 404 and a
     pause; the page's length is its new one, and scripts pass through untouched."""
     cookie = up.log_in()
 

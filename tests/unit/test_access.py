@@ -1,4 +1,4 @@
-"""The UI's access rules (app/access.py, orchestrator/ui_access.py): the token file, the session cookie, Host and
+"""The UI's access rules (app/server/access.py, orchestrator/ui_access.py): the token file, the session cookie, Host and
 Origin. The same rules are tried end to end against the real `runyard up` in
 tests/integration/test_ui_access.py."""
 
@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from app import access
-from app.access import (
+from app.server import access
+from app.server.access import (
     SESSION_MAX_AGE_S,
     AccessPolicy,
     FailedLogins,
@@ -24,8 +24,8 @@ from app.access import (
     sign_session,
     split_host,
 )
-from app.gate import Gate
-from app.prometheus import MetricsRoute
+from app.server.gate import Gate
+from app.server.prometheus import MetricsRoute
 from orchestrator.ui_access import (
     AccessError,
     TokenSource,

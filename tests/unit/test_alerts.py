@@ -34,8 +34,8 @@ from orchestrator.alerts.channels import DeliveryError, Note, resolve, send, sen
 from orchestrator.alerts.delivery import DeliveryWorker
 from orchestrator.alerts.engine import AlertEngine, history, in_quiet_hours, open_alert_runs, send_test
 from orchestrator.alerts.engine import queue as queue_delivery
+from orchestrator.alerts.findings import rules_for
 from orchestrator.alerts.store import AlertStore, Channel, mask_url
-from orchestrator.alerts.triggers import rules_for
 from orchestrator.cli.group import cli
 from orchestrator.executors.stacks import RankStack, StackDump
 from orchestrator.scheduler.alert_job import add_alert_jobs
@@ -326,6 +326,25 @@ def test_channel_urls_are_kept_0600_and_shown_masked(settings: Settings) -> None
     assert "hunter22" not in listed.output and "T0KEN123" not in listed.output and "zzsecret" not in listed.output
     with pytest.raises(AlertsError, match="does not understand"):
         store.add("nosuchscheme://x")
+
+
+def test_writers_of_the_channel_file_take_turns(settings: Settings) -> None:
+    """Each writer reads, changes and replaces alerts.json under one exclusive lock (filelock, as
+    the scheduler's and the migration's locks): writers at once lose no channel."""
+    def add_some(n: int) -> None:
+        store = AlertStore(settings.home)  # a store of its own, as each process has
+        for i in range(5):
+            store.add(f"json://hooks.example.com/writer{n}/{i}")
+
+    threads = [threading.Thread(target=add_some, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    channels = AlertStore(settings.home).load().channels
+    assert len(channels) == 20 and len({c.id for c in channels}) == 20
+    lock = settings.home / ".alerts.json.lock"
+    assert not lock.exists() or stat.S_IMODE(lock.stat().st_mode) == 0o600
 
 
 def test_cli_add_test_history_and_rm(sessions: sessionmaker[Session], settings: Settings) -> None:

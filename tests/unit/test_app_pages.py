@@ -37,7 +37,7 @@ from streamlit.testing.v1 import AppTest
 from app import charts as app_charts
 from app import data
 from app.chart_layers import NAN_COLOR
-from db import queries
+from db import queries, run_list
 from db.engine import make_engine, make_sessionmaker
 from db.metricstore import write_points
 from db.models import Attempt, Checkpoint, Event, Run, SchedulerHeartbeat
@@ -735,7 +735,7 @@ def test_cancel_queued_run_cancels_it_at_once(seeded: dict[str, int], sessions: 
 
 def queued_runs(sessions: sessionmaker[Session]) -> list[dict]:
     with sessions() as s:
-        return queries.list_runs(s)
+        return run_list.list_runs(s)
 
 
 def start(at: AppTest) -> AppTest:
@@ -1023,7 +1023,7 @@ def test_new_run_form_queues_a_script_run_with_its_arguments(sessions: sessionma
     next(b for b in at.button if "Start" in b.label).click().run()
     no_exception(at)
     with sessions() as s:
-        (run,) = queries.list_runs(s)
+        (run,) = run_list.list_runs(s)
         detail = queries.run_detail(s, run["id"])
     assert detail["config"]["workload"] == {**detail["config"]["workload"], "kind": "script", "script": str(script),
                                             "args": ["--steps", "5", "--name", "a b"]}
@@ -1263,7 +1263,7 @@ def test_edited_prices_apply_to_new_runs_only(settings: Settings, sessions: sess
     assert data_module().save_prices({"cpu-node": 0.50, "H100": 3.50}) is None
     submit(sessions, settings, RunConfig(name="after"), cpu)
     with sessions() as s:
-        by_name = {r["name"]: r for r in queries.list_runs(s)}
+        by_name = {r["name"]: r for r in run_list.list_runs(s)}
         assert queries.price_table(s) == {"cpu-node": 0.50, "H100": 3.50}
     assert by_name["before"]["price_usd_per_hour"] == pytest.approx(0.10)  # 2 of 2 slots at the default $0.10
     assert by_name["after"]["price_usd_per_hour"] == pytest.approx(0.50)

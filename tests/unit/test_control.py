@@ -1,4 +1,4 @@
-"""trainer/control.py: the ranks' one control collective per step, read a step after it was sent.
+"""trainer/reporting/control.py: the ranks' one control collective per step, read a step after it was sent.
 
 Two real gloo ranks (processes) play a scripted loop: what every rank is told at every step is
 what a training loop acts on (stop, save), so both ranks must be told the same thing at the
@@ -21,7 +21,7 @@ import torch.distributed as dist
 from db.vocabulary.config import CheckpointConfig, SupervisionConfig
 from tests.conftest import fork_ranks
 from trainer.context import RunContext
-from trainer.control import ControlChannel
+from trainer.reporting.control import ControlChannel
 from trainer.sdk import Run
 
 STEPS = 8

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from db import queries
+from db import efficiency
 from db.models import Attempt, Checkpoint
 from db.requests import create_run
 from db.vocabulary.config import RunConfig
@@ -148,7 +148,7 @@ def test_checkpoint_advice_from_save_cost_mtbf_and_step_time(sessions: sessionma
         for i, blocked in enumerate([1.0, 3.0, 2.0]):
             add_checkpoint(s, run, 100 * (i + 1), blocked, blocked + 10, NOW - 5000 + i)
         s.commit()
-        advice = queries.checkpoint_advice(s, run, now=NOW)
+        advice = efficiency.checkpoint_advice(s, run, now=NOW)
 
     device_time = 6000 + 12_000 + 10_000 + 2000 + 4000 + 1000 + 1000
     assert advice["failures"] == 2  # SIGNAL and HANG; not the preemption, the bug or the OOM
@@ -169,7 +169,7 @@ def test_checkpoint_advice_says_what_is_missing(sessions: sessionmaker[Session],
         run = add_run(s, tmp_path)
         add_attempt(s, run, 1, NOW - 7200, None, first_step_at=NOW - 7100)  # running, one step so far
         s.commit()
-        advice = queries.checkpoint_advice(s, run, now=NOW)
+        advice = efficiency.checkpoint_advice(s, run, now=NOW)
     assert advice["interval_s"] is None and advice["interval_steps"] is None
     assert advice["mtbf_s"] is None and advice["failures"] == 0
     assert advice["device_time_s"] == pytest.approx(7200)
@@ -186,7 +186,7 @@ def test_checkpoint_advice_without_step_time_still_gives_seconds(sessions: sessi
         add_attempt(s, run, 1, NOW - 3600, NOW, cause="COMM")
         add_checkpoint(s, run, 100, 0.5, 3.0, NOW - 100)
         s.commit()
-        advice = queries.checkpoint_advice(s, run, now=NOW)
+        advice = efficiency.checkpoint_advice(s, run, now=NOW)
     assert advice["interval_s"] == pytest.approx(math.sqrt(2 * 0.5 * 3600))
     assert advice["interval_steps"] is None
     assert advice["missing"] == ["not enough steps yet to measure the step time"]

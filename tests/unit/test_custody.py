@@ -299,7 +299,7 @@ def test_a_rank_dies_with_its_agent(tmp_path: Path) -> None:
     """A stand-in agent (carrying the attempt's environment, as torchrun does) starts a rank in a
     session of its own that arms the signal like trainer/__main__.py; the agent is SIGKILLed."""
     env = {**os.environ, "RUNYARD_RUN_DIR": str(tmp_path), "RUNYARD_ATTEMPT": "1", "PYTHONPATH": os.getcwd()}
-    rank = ("import time, trainer.pdeathsig as p; armed = p.arm_under_agent(); "
+    rank = ("import time, trainer.process.pdeathsig as p; armed = p.arm_under_agent(); "
             "open('armed', 'w').write(str(armed)); time.sleep(60)")
     agent_code = (f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {rank!r}], "
                   "start_new_session=True, cwd=sys.argv[1]); time.sleep(60)")
@@ -321,7 +321,7 @@ def test_a_rank_dies_with_its_agent(tmp_path: Path) -> None:
 def test_a_rank_whose_agent_is_already_gone_does_not_start(tmp_path: Path) -> None:
     """Orphaned before it armed the signal (its parent is now not the attempt's agent): it exits."""
     env = {**os.environ, "RUNYARD_RUN_DIR": str(tmp_path), "RUNYARD_ATTEMPT": "1", "PYTHONPATH": os.getcwd()}
-    code = "import trainer.pdeathsig as p; p.arm_under_agent(); print('trained as an orphan')"
+    code = "import trainer.process.pdeathsig as p; p.arm_under_agent(); print('trained as an orphan')"
     # Its parent here is this test process, which does not carry the attempt's environment.
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30,
                             check=False)
@@ -337,7 +337,7 @@ def test_the_script_entry_runs_a_script_as_python_would(tmp_path: Path) -> None:
         import helper  # a sibling module, found as `python train.py` would find it
         print(json.dumps({"name": __name__, "argv": sys.argv, "value": helper.VALUE}))
     """))
-    result = subprocess.run([sys.executable, "-m", "trainer.script_runner", str(script), "--steps", "5"],
+    result = subprocess.run([sys.executable, "-m", "trainer.process.script_runner", str(script), "--steps", "5"],
                             capture_output=True, text=True, timeout=30, cwd=os.getcwd(), check=False)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {"name": "__main__", "argv": [str(script), "--steps", "5"], "value": 42}
@@ -360,7 +360,8 @@ def test_the_script_entry_moves_into_the_workdir_after_runyards_imports(tmp_path
     elsewhere.mkdir()
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     for target in (["-m", "pkg.train"], [str(work / "pkg" / "train.py")]):
-        result = subprocess.run([sys.executable, "-m", "trainer.script_runner", "--workdir", str(work), *target],
+        result = subprocess.run([sys.executable, "-m", "trainer.process.script_runner", "--workdir", str(work),
+                                 *target],
                                 capture_output=True, text=True, timeout=30, cwd=elsewhere, env=env, check=False)
         assert result.returncode == 0, result.stderr
         seen = json.loads(result.stdout)
@@ -371,10 +372,10 @@ def test_the_script_entry_moves_into_the_workdir_after_runyards_imports(tmp_path
 def test_a_script_launch_goes_through_the_entry_module() -> None:
     config = parse_config({"workload": {"kind": "script", "script": "/abs/train.py", "args": ["--lr", "1"]}})
     argv = torchrun_argv(config, 1, 1, 29500, Path("/tmp/a"))
-    assert argv[-5:] == ["-m", "trainer.script_runner", "/abs/train.py", "--lr", "1"]
+    assert argv[-5:] == ["-m", "trainer.process.script_runner", "/abs/train.py", "--lr", "1"]
     config = parse_config({"workload": {"kind": "script", "module": "pkg.train", "workdir": "/w"}})
     assert torchrun_argv(config, 1, 1, 29500, Path("/tmp/a"))[-5:] == [
-        "trainer.script_runner", "--workdir", "/w", "-m", "pkg.train"]
+        "trainer.process.script_runner", "--workdir", "/w", "-m", "pkg.train"]
 
 
 # -- an agent killed from outside --------------------------------------------------------------

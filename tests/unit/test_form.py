@@ -10,34 +10,26 @@ with no UI edit, and the widget values go back through the usual validation.
 from __future__ import annotations
 
 import typing
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import pytest
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, BeforeValidator, Discriminator, Field
 
-from app.form import (
-    KIND_KEY,
-    FieldSpec,
-    config_value,
-    form_fields,
-    form_sections,
-    humanize,
-    table_value,
-    values_to_config,
-    widget_bounds,
-    widget_values,
-    workload_kinds,
-)
+from app.form import KIND_KEY, FieldSpec, form_fields, form_sections, humanize, workload_kinds
+from app.form_values import config_value, table_value, values_to_config, widget_bounds, widget_values
 from db.vocabulary.config import (
     SEED_MAX,
     WORKLOADS,
     ConfigError,
     GptCharWorkload,
+    MlpDigitsWorkload,
     RunConfig,
     TrainConfig,
+    kinds_reading,
     kinds_with_field,
     parse_config,
 )
+from db.vocabulary.config.workload import _kind_and_own_fields
 from orchestrator.scheduler.resources import Inventory
 from orchestrator.submission import validate
 
@@ -60,11 +52,12 @@ def leaf_fields(model: type[BaseModel], prefix: str = "") -> dict[str, Any]:
 
 def kinds_of(key: str, field: Any) -> tuple[str, ...]:
     """The workload kinds a field applies to: a workload field's, the kinds whose model declares
-    it; another section's, its ``kinds`` tag (default: every kind)."""
+    it; another section's, the kinds whose model does not ignore it (default: every kind)."""
     section, _, name = key.rpartition(".")
     if section == "workload" and name != "kind":
         return tuple(kinds_with_field(name))
-    return tuple((field.json_schema_extra or {}).get("kinds") or KINDS)
+    kinds = kinds_reading(key)
+    return KINDS if kinds is None else tuple(kinds)
 
 
 def by_key(specs: list[FieldSpec]) -> dict[str, FieldSpec]:
@@ -170,8 +163,12 @@ class LongerTrain(TrainConfig):
     label_smoothing: float = Field(default=0.0, ge=0, le=1, allow_inf_nan=False)
     """Share of the target probability spread over the other classes."""
 
-    dropout_layers: int = Field(default=0, ge=0, le=12, json_schema_extra={"kinds": ["gpt-char"]})
+    dropout_layers: int = Field(default=0, ge=0, le=12)
     """gpt-char: blocks with dropout."""
+
+
+class LongerMlp(MlpDigitsWorkload):
+    ignores: ClassVar[tuple[str, ...]] = (*MlpDigitsWorkload.ignores, "train.dropout_layers")  # no blocks
 
 
 class LongerWorkload(GptCharWorkload):
@@ -185,7 +182,9 @@ class LongerRunConfig(RunConfig):
     owner: str | None = None
     """Who started the run."""
 
-    workload: LongerWorkload = Field(default=LongerWorkload(), json_schema_extra={"common": True})
+    # As WorkloadConfig is built: the other kind's keys at their defaults dropped when read.
+    workload: Annotated[LongerMlp | LongerWorkload, Discriminator("kind"), BeforeValidator(_kind_and_own_fields)] = (
+        Field(default=LongerWorkload(), json_schema_extra={"common": True}))
     train: LongerTrain = Field(default=LongerTrain(), json_schema_extra={"common": True})
 
 
@@ -199,7 +198,7 @@ def test_a_field_added_to_the_model_appears_with_its_widget_bounds_and_help() ->
     assert (specs["train.dropout_layers"].widget, specs["train.dropout_layers"].max_value) == ("int", 12)
     assert specs["workload.mode"].options == ("fast", "careful")
     assert (specs["owner"].widget, specs["owner"].optional) == ("text", True)
-    # The kind-specific one only for its kind.
+    # The kind-specific one only for the kinds whose workload class reads it.
     assert "train.dropout_layers" not in by_key(form_fields(LongerRunConfig, "mlp-digits"))
     assert "train.label_smoothing" in by_key(form_fields(LongerRunConfig, "mlp-digits"))
 

@@ -1,7 +1,8 @@
 """The house's shape, checked: imports point one way (app -> orchestrator -> trainer -> db), and
-inside orchestrator/ from room to room (cli -> scheduler -> its own modules -> scripts ->
-executors), no module imports itself through others, and the processes that never train never load
-torch.
+inside a package from room to room (orchestrator: cli -> scheduler -> alerts -> its own modules ->
+scripts -> executors; app: views -> its own modules -> server; trainer: agent -> workloads ->
+checkpoint -> process -> reporting; db: metricstore -> vocabulary),
+no module imports itself through others, and the processes that never train never load torch.
 
 The arrows are read from the source (every ``import`` and ``from ... import``, at module level or
 inside a function, since a lazy import is still a dependency), not from what one run happens to
@@ -19,17 +20,32 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 # Lower layers first: a package may import only the packages after it.
 LAYERS = ("app", "orchestrator", "trainer", "db")
-# orchestrator's rooms, highest first: a room may import only the rooms after it. "orchestrator" is
-# the modules directly in orchestrator/ (submission, display text, UI access files), which the CLI
-# and the UI share; ``python -m orchestrator`` (__main__) is the CLI's.
-ROOMS = (
-    "orchestrator.cli",  # rewrite-imports: keep (the packages, not the modules of these names before)
-    "orchestrator.scheduler",  # rewrite-imports: keep
-    "orchestrator.alerts",
-    "orchestrator",
-    "orchestrator.scripts",
-    "orchestrator.executors",  # rewrite-imports: keep
-)
+# Each package's rooms (its subpackages), highest first: a room may import only the rooms after it.
+# A package's own name is the modules directly in it. orchestrator's: "orchestrator" is submission,
+# display text and the UI access files, which the CLI and the UI share; ``python -m orchestrator``
+# (__main__) is the CLI's. app's: the pages (views) use the pages' parts, and the server side
+# (server) serves them without importing any (it loads app/main.py by its path).
+ROOMS = {
+    "app": (
+        "app.views",
+        "app",
+        "app.server",  # rewrite-imports: keep (the package, not the module of this name before)
+    ),
+    "orchestrator": (
+        "orchestrator.cli",  # rewrite-imports: keep (the packages, not the modules of these names before)
+        "orchestrator.scheduler",  # rewrite-imports: keep
+        "orchestrator.alerts",
+        "orchestrator",
+        "orchestrator.scripts",
+        "orchestrator.executors",  # rewrite-imports: keep
+    ),
+    # trainer's own modules are no room: the entry point (__main__) sits above the workloads, and
+    # the SDK, the contract and the fault hooks below them and beside the checkpoint manager.
+    "trainer": ("trainer.agent", "trainer.workloads", "trainer.checkpoint", "trainer.process", "trainer.reporting"),
+    # db's own modules are no room either: the models and the engine below everything, the read
+    # queries above the metric store.
+    "db": ("db.metricstore", "db.vocabulary"),
+}
 ROOM_OF = {"orchestrator.__main__": "orchestrator.cli"}  # rewrite-imports: keep
 # Files that are not runyard's modules: migration scripts run by Alembic, the wandb stand-in put on
 # a script's PYTHONPATH.
@@ -76,13 +92,15 @@ def _layer(module: str) -> int:
     return LAYERS.index(module.split(".")[0])
 
 
-def _room(module: str) -> int:
+def _room(module: str) -> int | None:
+    """The index of ``module``'s room among its package's ROOMS; None where no room holds it."""
+    rooms = ROOMS.get(module.split(".")[0], ())
     if module in ROOM_OF:
-        return ROOMS.index(ROOM_OF[module])
+        return rooms.index(ROOM_OF[module])
     # The longest room that holds the module: orchestrator.scripts.log_lines is in scripts, not in
     # the room of orchestrator's own modules.
-    holding = [room for room in ROOMS if module == room or module.startswith(f"{room}.")]
-    return ROOMS.index(max(holding, key=len))
+    holding = [room for room in rooms if module == room or module.startswith(f"{room}.")]
+    return rooms.index(max(holding, key=len)) if holding else None
 
 
 def test_imports_point_down_the_layers() -> None:
@@ -90,19 +108,31 @@ def test_imports_point_down_the_layers() -> None:
     assert not upward, "imports must point app -> orchestrator -> trainer -> db:\n" + "\n".join(upward)
 
 
-def test_inside_orchestrator_imports_point_down_the_rooms() -> None:
+def _upward(src: str, dst: str) -> bool:
+    """Whether ``src -> dst`` goes up the rooms of their package."""
+    if src.split(".")[0] != dst.split(".")[0]:
+        return False
+    src_room, dst_room = _room(src), _room(dst)
+    return src_room is not None and dst_room is not None and dst_room < src_room
+
+
+def test_inside_a_package_imports_point_down_the_rooms() -> None:
     # The loop decides, an executor does: executors know nothing of scripts or of the scheduler;
-    # plain-script support knows nothing of the scheduler; nothing below the CLI imports it.
-    upward = sorted(f"{src} -> {dst}" for src, dsts in _graph().items() if src.startswith("orchestrator.")
-                    for dst in dsts if dst.startswith("orchestrator.") and _room(dst) < _room(src))
-    assert not upward, f"imports must point {' -> '.join(ROOMS)}:\n" + "\n".join(upward)
+    # plain-script support knows nothing of the scheduler; nothing below the CLI imports it. The
+    # UI's server knows nothing of the pages; the vocabulary nothing of db's SQL modules.
+    upward = sorted(f"{src} -> {dst}" for src, dsts in _graph().items() for dst in dsts if _upward(src, dst))
+    order = "; ".join(" -> ".join(rooms) for rooms in ROOMS.values())
+    assert not upward, f"imports must point {order}:\n" + "\n".join(upward)
 
 
-def test_every_package_of_orchestrator_is_a_room() -> None:
-    # A new subpackage must take its place in ROOMS (and in docs/DESIGN.md's table of rooms).
-    packages = {".".join(m.split(".")[:2]) for m in _modules() if m.count(".") >= 2 and m.startswith("orchestrator.")}
-    assert packages <= set(ROOMS), f"orchestrator packages not in ROOMS: {sorted(packages - set(ROOMS))}"
-    assert {ROOMS[_room(m)] for m in _modules() if m.startswith("orchestrator.")} == set(ROOMS)
+def test_every_subpackage_is_a_room() -> None:
+    # A new subpackage must take its place in ROOMS (and in docs/DESIGN.md's table of folders).
+    modules = _modules()
+    for package, rooms in ROOMS.items():
+        subpackages = {".".join(m.split(".")[:2]) for m in modules if m.count(".") >= 2 and m.startswith(f"{package}.")}
+        assert subpackages <= set(rooms), f"{package} packages not in ROOMS: {sorted(subpackages - set(rooms))}"
+        held = {rooms[i] for m in modules if m.split(".")[0] == package and (i := _room(m)) is not None}
+        assert held == set(rooms), f"rooms of {package} that hold no module: {sorted(set(rooms) - held)}"
 
 
 def test_no_module_imports_itself_through_others() -> None:
@@ -144,13 +174,14 @@ def test_the_graph_sees_real_arrows() -> None:
     assert "orchestrator.executors.launcher" in graph["orchestrator.scheduler.loop"]
     assert "orchestrator.scripts.attempt_watch" in graph["orchestrator.scheduler.loop"]
     assert "orchestrator.executors.processes" in graph["orchestrator.scripts.attempt_watch"]
-    assert "app.access" in graph["app.gate"]
+    assert "app.server.access" in graph["app.server.gate"]
     assert "db.vocabulary.layout" in graph["trainer.checkpoint.manager"]
 
 
 def test_the_scheduler_the_ui_and_the_cli_never_load_torch() -> None:
     # torch costs the scheduler ~1.7 s and ~230 MiB; only the ranks need it.
-    code = ("import sys, orchestrator.scheduler.loop, orchestrator.cli.group, app.data, app.gate, app.server;"
+    code = ("import sys, orchestrator.scheduler.loop, orchestrator.cli.group, app.data, app.server.gate,"
+            " app.server.asgi;"
             "loaded = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'));"
             "print(loaded[:5]); sys.exit(1 if loaded else 0)")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -23,7 +23,7 @@ import pandas as pd
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.data import LiveSeries, merge_series
+from app.live_series import LiveSeries, merge_series
 from db import metricstore
 from db.metricstore import choose_level
 from db.requests import create_run

@@ -71,7 +71,7 @@ def test_d3_formats_match_the_python_ones() -> None:
 def test_registry_covers_every_key_runyard_reports() -> None:
     """The trainer's and the system monitor's keys, read from their source, all have an entry."""
     root = Path(__file__).resolve().parents[2]
-    trainer = (root / "trainer" / "monitoring.py").read_text()
+    trainer = (root / "trainer" / "reporting" / "monitoring.py").read_text()
     # The system monitor's series, and the GPU readings it takes (resources.py's GpuSampler).
     sysmon = "".join((root / "orchestrator" / "scheduler" / name).read_text() for name in ("sysmon.py", "resources.py"))
     reported = set(re.findall(r'"((?:mem|eval)_\w+|step_time|data_wait_s|compute_s|samples_per_s|tokens_per_s|'

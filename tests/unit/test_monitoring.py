@@ -1,4 +1,4 @@
-"""trainer/health.py and trainer/monitoring.py: the straggler and desync decisions, the parameter
+"""trainer/reporting/health.py and trainer/reporting/monitoring.py: the straggler and desync decisions, the parameter
 checksum, the clock of the time to the gradient sync (with a real single-rank DDP), a report's
 way to rank 0, and the per-interval training metrics (tests/unit/test_control.py has the
 collective that carries the reports)."""
@@ -20,10 +20,10 @@ from torch import nn
 from db.vocabulary.checks import parse_checks
 from db.vocabulary.config import ConfigError, SupervisionConfig, parse_config
 from trainer.context import RunContext
-from trainer.control import ControlChannel
-from trainer.health import DesyncCheck, PreSyncClock, StragglerCheck, params_checksum, timed_allreduce
-from trainer.monitoring import Interval, Monitor, memory_metrics
-from trainer.reporter import MetricReporter
+from trainer.reporting.control import ControlChannel
+from trainer.reporting.health import DesyncCheck, PreSyncClock, StragglerCheck, params_checksum, timed_allreduce
+from trainer.reporting.monitoring import Interval, Monitor, memory_metrics
+from trainer.reporting.reporter import MetricReporter
 
 CPU = torch.device("cpu")
 
@@ -227,7 +227,7 @@ def test_rank_0_records_at_its_first_log_which_checks_run_on_one_rank(tmp_path: 
                                                                      caplog: pytest.LogCaptureFixture) -> None:
     monitor = Monitor(SupervisionConfig(), 0, 1, CPU, MetricReporter(unmanaged(tmp_path), 0, 1), ControlChannel())
     monitor.watch(nn.Linear(2, 1))
-    with caplog.at_level("INFO", logger="trainer.monitoring"):
+    with caplog.at_level("INFO", logger="trainer.reporting.monitoring"):
         monitor.log(10, {"loss": 2.5})
         monitor.log(20, {"loss": 2.0})
         monitor.close()

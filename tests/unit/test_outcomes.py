@@ -14,7 +14,7 @@ from db.vocabulary.config import RunConfig, parse_config
 from orchestrator.executors.logs import launcher_log
 from orchestrator.scheduler.diagnosis import died_after_finishing
 from orchestrator.scheduler.outcomes import APPLIERS, ENDINGS, Ended, Ending, ending
-from trainer.lifecycle import write_finished
+from trainer.process.lifecycle import write_finished
 
 SUMMARY = """\
 ============================================================

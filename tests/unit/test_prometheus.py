@@ -1,4 +1,4 @@
-"""``GET /metrics``' series (app/prometheus.py) on a real database of runs in several states,
+"""``GET /metrics``' series (app/server/prometheus.py) on a real database of runs in several states,
 rendered in the text exposition format and read back with prometheus_client's own parser, as
 Prometheus would: each run's numbers are the ones ``runyard show --json`` gives (the same
 summaries, goodput and ETA), only active and recently ended runs have series, restarts are
@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.prometheus import DEFAULT_RECENT_S, RunyardCollector
+from app.server.prometheus import DEFAULT_RECENT_S, RunyardCollector
 from db import queries
 from db.metricstore import write_points
 from db.models import Alert, Attempt, SchedulerHeartbeat

@@ -25,7 +25,7 @@ from sqlalchemy import Engine, event, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from bench.bench_runs_list import seed_runs
-from db import metricstore, queries
+from db import efficiency, metricstore, queries, run_list, run_summary
 from db.models import Attempt, Checkpoint, Run
 from db.requests import create_run
 from db.states import TERMINAL, RunStatus, transition
@@ -46,7 +46,7 @@ def reference_summary(session: Session, run: Run, now: float) -> dict[str, Any]:
     ).scalars().all()
     status = RunStatus(run.status)
     resume = session.get(Checkpoint, run.resume_checkpoint_id) if run.resume_checkpoint_id is not None else None
-    step = queries.lineage_step(status, attempts, resume.step if resume else None, run.parent_step)
+    step = run_summary.lineage_step(status, attempts, resume.step if resume else None, run.parent_step)
     if status is RunStatus.SUCCEEDED and run.max_steps and abs(step - run.max_steps) == 1:
         step = run.max_steps
     eta: float | None
@@ -79,7 +79,7 @@ def reference_summary(session: Session, run: Run, now: float) -> dict[str, Any]:
         "executor": run.executor, "job_id": attempts[-1].job_id if attempts else None,
         "job_state": attempts[-1].job_state if attempts else None,
         "created_at": run.created_at, "started_at": run.started_at, "ended_at": run.ended_at,
-        "elapsed_s": queries.elapsed_s(run, attempts, now),
+        "elapsed_s": run_summary.elapsed_s(run, attempts, now),
         "attempt_count": len(attempts), "cost_usd": round(cost, 6), "cost_wasted_usd": round(wasted, 6),
         "cost_projected_usd": round(projected, 6), "price_usd_per_hour": run.price_usd_per_hour,
         "price_unit": run.price_unit, "eta_s": eta,
@@ -126,7 +126,7 @@ def test_list_runs_sends_the_same_statements_for_1_10_and_100_runs(
         with sessions() as s:
             seed_runs(s, settings.runs_dir, total - sum(1 for _ in s.scalars(select(Run.id))))
             s.commit()
-        runs, sent = counted(sessions, statements, queries.list_runs)
+        runs, sent = counted(sessions, statements, run_list.list_runs)
         assert len(runs) == total
         per_size[total] = sent
     # runs; their attempts; their checkpoint times; the name id of "loss"; the live runs' newest points;
@@ -141,10 +141,10 @@ def test_list_runs_equals_the_per_run_computation(settings: Settings, sessions: 
         seed_runs(s, settings.runs_dir, 40, now=now - 5)
         s.commit()
     with sessions() as s:
-        got = queries.list_runs(s, now=now)
+        got = run_list.list_runs(s, now=now)
         runs = s.scalars(select(Run).order_by(Run.id.desc())).all()
         expected = [reference_summary(s, r, now) for r in runs]
-        running = queries.list_runs(s, ["RUNNING", "RETRYING"], limit=7, now=now)
+        running = run_list.list_runs(s, ["RUNNING", "RETRYING"], limit=7, now=now)
     assert len(got) == 40 and got == expected  # every field of every run, floats bit for bit
     assert running == [e for e in expected if e["status"] in ("RUNNING", "RETRYING")][:7]
     # The seeded mix reaches every branch: ETAs from points, none without points, 0 at success;
@@ -183,7 +183,7 @@ def test_recent_many_equals_recent_for_each_series(settings: Settings, sessions:
         assert metricstore.recent_many(s, "loss", series, limit=3) == expected
         assert metricstore.recent_many(s, "no-such-metric", series[:2], limit=3) == {k: [] for k in series[:2]}
         assert metricstore.recent_many(s, "loss", [], limit=3) == {}
-        monkeypatch.setattr(metricstore, "_UNION_PARTS", 4)  # several UNION statements, same answer
+        monkeypatch.setattr("db.metricstore.points._UNION_PARTS", 4)  # several UNION statements, same answer
         assert metricstore.recent_many(s, "loss", series, limit=3) == expected
     assert any(len(points) == 3 for points in expected.values())  # the limit mattered
 
@@ -207,7 +207,7 @@ def test_the_eta_of_a_run_without_loss_comes_from_the_metric_it_reports(
         metricstore.write_points(s.connection(), points)
         s.commit()
         assert metricstore.progress_key(s, run.id, 1) == "train/loss"
-        listed = next(r for r in queries.list_runs(s) if r["id"] == run.id)
+        listed = next(r for r in run_list.list_runs(s) if r["id"] == run.id)
         detail = queries.run_detail(s, run.id)
     # 800 steps to go at 0.5 s a step.
     assert listed["eta_s"] == detail["eta_s"] == pytest.approx(400, rel=0.05)
@@ -316,7 +316,7 @@ def test_goodput_parts_say_where_the_time_went(sessions: sessionmaker[Session], 
             {"number": 2, "started_at": 200.0, "first_step_at": 210.0, "ended_at": 300.0, "failed_at": None,
              "cause": None, "last_step": 300, "resume_step": 50, "steps_lost": None},
         ]
-        parts = queries.goodput_parts(s, run, attempts, now=300.0)
+        parts = efficiency.goodput_parts(s, run, attempts, now=300.0)
     wall = 80 + 20 + 100  # the attempts, and the wait before the retry
     assert parts["startup"] == pytest.approx(20 / wall)  # the first attempt's; the second's is the recovery's
     assert parts["checkpoints"] == pytest.approx(3 / wall)

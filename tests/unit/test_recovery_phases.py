@@ -28,7 +28,7 @@ from orchestrator.scheduler.repeats import RepeatedErrors
 from orchestrator.scheduler.service import ExitWaker, add_jobs
 from tests.conftest import wait_until
 from trainer import techniques
-from trainer.reporter import DatabaseWriter
+from trainer.reporting.reporter import DatabaseWriter
 
 RANK_MARKS = {"spawned": 205.0, "imported": 207.5, "joined": 207.75, "data": 208.5, "checkpoint": 208.75}
 FAILED = {"cause": "SIGNAL", "failed_at": 198.0, "ended_at": 199.0, "detected_at": 199.5}

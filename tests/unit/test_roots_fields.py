@@ -1,6 +1,6 @@
 """Every field of the run config is either held to the UI's roots or inert, and each rule holds.
 
-The table (orchestrator/scripts/allowed_roots.py: GUARDED_FIELDS, INERT_FIELDS) is checked against a
+The table (orchestrator/scripts/ui_fields.py: GUARDED_FIELDS, INERT_FIELDS) is checked against a
 walk of RunConfig, so a new field that names something to run or read cannot arrive without a
 rule. Then, per guarded field, the UI's ``validate`` refuses a value outside the roots and
 accepts one inside; the reported ``workload.module`` attacks go through the New run page's
@@ -29,14 +29,16 @@ from sqlalchemy.orm import Session, sessionmaker
 
 import app.data as ui
 from db.models import Checkpoint
-from db.queries import list_runs, run_detail
+from db.queries import run_detail
 from db.requests import create_run
+from db.run_list import list_runs
 from db.vocabulary.config import WORKLOADS, ConfigError, RunConfig, ScriptWorkload, field_of, parse_config
 from db.vocabulary.cost import Price
 from db.vocabulary.settings import Settings
 from orchestrator.cli.group import cli
 from orchestrator.executors.launcher import script_entry
-from orchestrator.scripts.allowed_roots import GUARDED_FIELDS, INERT_FIELDS, LAUNCH_FIELDS, ROOTS_ENV, script_roots
+from orchestrator.scripts.allowed_roots import LAUNCH_FIELDS, ROOTS_ENV, script_roots
+from orchestrator.scripts.ui_fields import GUARDED_FIELDS, INERT_FIELDS
 from orchestrator.submission import validate
 from tests.unit.test_script_roots import CPU2, script_at
 

@@ -15,8 +15,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from db.compare import runs_list
 from db.metricstore import write_points
 from db.models import Attempt, Checkpoint, Event, Run
-from db.queries import RunFilter, list_runs, run_detail, run_tags
+from db.queries import run_detail
 from db.requests import create_run, request_resume
+from db.run_list import RunFilter, list_runs, run_tags
 from db.states import RunStatus, transition
 from db.vocabulary.config import RunConfig
 from db.vocabulary.cost import Price

@@ -72,9 +72,9 @@ def test_import_runyard_is_cheap_and_lazy() -> None:
 @pytest.mark.parametrize("runner", ["script_runner", "python"])
 def test_a_scripts_own_trainer_py_does_not_shadow_the_sdk(tmp_path: Path, text: str, runner: str) -> None:
     script = _script_folder(tmp_path, text)
-    # Under runyard, ranks run `python -m trainer.script_runner SCRIPT` (the script's folder
+    # Under runyard, ranks run `python -m trainer.process.script_runner SCRIPT` (the script's folder
     # first on sys.path); alone, `python SCRIPT` does the same.
-    command = ([sys.executable, "-m", "trainer.script_runner", str(script)] if runner == "script_runner"
+    command = ([sys.executable, "-m", "trainer.process.script_runner", str(script)] if runner == "script_runner"
                else [sys.executable, str(script)])
     out = subprocess.run(command, cwd=ROOT, env=_env(), capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
@@ -106,7 +106,7 @@ def test_a_scripts_own_db_py_does_not_shadow_the_sdk_nor_the_sdk_it(tmp_path: Pa
                       "import db as again\nassert again.MINE == 'user' and again is db\n"
                       f"assert sys.modules['db.vocabulary.config'].__file__.startswith({str(ROOT)!r})\nprint('ok')\n"
                       .replace("import db\n", "import sys\nimport db\n", 1))
-    out = subprocess.run([sys.executable, "-m", "trainer.script_runner", str(script)], cwd=ROOT, env=_env(),
+    out = subprocess.run([sys.executable, "-m", "trainer.process.script_runner", str(script)], cwd=ROOT, env=_env(),
                          capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 

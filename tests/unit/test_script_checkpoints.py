@@ -53,7 +53,8 @@ from orchestrator.scripts.checkpoint_finder import CheckpointFile, CheckpointFil
 from orchestrator.scripts.checkpoint_steps import step_in_checkpoint
 from orchestrator.submission import fork, submit
 from trainer.checkpoint.history import AdoptedFile, CheckpointHistory
-from trainer.checkpoint.manager import CheckpointManager, SaveResult
+from trainer.checkpoint.manager import CheckpointManager
+from trainer.checkpoint.writing import SaveResult
 from trainer.context import RunContext, context_from_env
 
 CPU2 = Inventory(kind="cpu", slots=2)

@@ -1,6 +1,6 @@
 """A script run's `[workload]` refused at submit, each problem naming the field and the value: what
-the CLI refuses for everyone (orchestrator/submission.py ``resolve_script``, db/vocabulary/config/) and what
-the UI refuses besides (orchestrator/scripts/allowed_roots.py).
+the CLI refuses for everyone (orchestrator/scripts/script_check.py ``resolve_script``,
+db/vocabulary/config/) and what the UI refuses besides (orchestrator/scripts/allowed_roots.py).
 
     pytest tests/unit/test_script_config.py
 """

@@ -1,5 +1,5 @@
-"""A script under trainer/script_runner.py ends as ``python SCRIPT`` would, short of the
-interpreter's finalisation (trainer/process_exit.py): its non-daemon threads finish, its
+"""A script under trainer/process/script_runner.py ends as ``python SCRIPT`` would, short of the
+interpreter's finalisation (trainer/process/process_exit.py): its non-daemon threads finish, its
 ``atexit`` handlers run, the writes of a file it left open reach the disk, and torchrun gets the
 exit code ``python`` gives (a ``sys.exit`` code; 1 and the traceback on standard error for an
 exception, which the scheduler then reports as the script's)."""
@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from orchestrator.scheduler.failures import parse_traceback
-from trainer import process_exit
+from trainer.process import process_exit
 
 ROOT = Path(__file__).resolve().parents[2]
-RUNNER = ROOT / "trainer" / "script_runner.py"
+RUNNER = ROOT / "trainer" / "process" / "script_runner.py"
 
 # A script that relies on the interpreter's shutdown three ways, then ends as its argument says.
 SCRIPT = textwrap.dedent("""\
@@ -56,7 +56,7 @@ def run_script(tmp_path: Path, how: str, by_path: bool) -> subprocess.CompletedP
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RUNYARD_", "TORCHELASTIC_"))}
     # By its path under -I, as under another interpreter (workload.python); else as torchrun's -m.
     command = ([sys.executable, "-I", str(RUNNER)] if by_path
-               else [sys.executable, "-m", "trainer.script_runner", "--workdir", str(tmp_path)])
+               else [sys.executable, "-m", "trainer.process.script_runner", "--workdir", str(tmp_path)])
     if not by_path:
         env["PYTHONPATH"] = str(ROOT)
     return subprocess.run([*command, str(tmp_path / "train.py"), how], capture_output=True, text=True,

@@ -20,8 +20,9 @@ from click.testing import CliRunner
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.models import Checkpoint
-from db.queries import list_runs, run_detail
+from db.queries import run_detail
 from db.requests import create_run
+from db.run_list import list_runs
 from db.vocabulary.config import ConfigError, field_of, parse_config
 from db.vocabulary.cost import Price
 from db.vocabulary.inventory import Inventory
@@ -183,7 +184,7 @@ def test_installed_packages_and_runyard_itself_are_refused_under_a_root(tmp_path
     roots = script_roots({}, REPO, tmp_path)
     # Another project's virtual environment under a root: its site-packages are refused by name.
     venv_script = script_at(tmp_path / ".venv" / "lib" / "python3.11" / "site-packages" / "pkg" / "run.py")
-    for script in (REPO / "orchestrator" / "shim.py", REPO / "trainer" / "script_runner.py", venv_script):
+    for script in (REPO / "orchestrator" / "shim.py", REPO / "trainer" / "process" / "script_runner.py", venv_script):
         (problem,) = problems_of(script_config(script), roots, REPO)
         assert "installed Python code or runyard's own" in problem, problem
     assert problems_of(script_config(REPO / "examples" / "ddp_runyard.py"), roots, REPO) == []

@@ -148,7 +148,7 @@ def test_fault_hooks_read_nothing_but_the_switch_until_it_is_on(monkeypatch) -> 
 def test_the_processes_that_start_by_the_dozen_never_load_pydantic_settings() -> None:
     """A plain script's runner, the attempt's shim, the torchrun wrapper and the fault hooks (switch
     off) start once per rank or attempt: they read their variables without the settings models."""
-    code = ("import sys, trainer.script_runner, trainer.agent.torchrun, trainer.context, trainer.faults\n"
+    code = ("import sys, trainer.process.script_runner, trainer.agent.torchrun, trainer.context, trainer.faults\n"
             "import orchestrator.executors.shim\n"
             "trainer.faults.step_delay_s()\n"
             "print(sorted(m for m in ('pydantic_settings', 'db.vocabulary.settings') if m in sys.modules))")

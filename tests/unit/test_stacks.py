@@ -30,18 +30,20 @@ from db.vocabulary.config import RunConfig
 from db.vocabulary.settings import Settings
 from orchestrator.executors import stacks
 from orchestrator.executors.exception_handlers import Frame, exception_in_locals, handler_frame, main_thread_frames
+from orchestrator.executors.local import LocalExecutor
 from orchestrator.executors.processes import rank_processes
 from orchestrator.executors.stacks import RankStack, culprit
 from orchestrator.scheduler.loop import Scheduler
 from tests.conftest import wait_until
 from tests.unit.test_scheduler import CPU2, attempts, queue, status, tick_until
 from trainer import faults
+from trainer.checkpoint import CheckpointManager
 
 # What faulthandler wrote for two gloo ranks of mlp-digits when rank 1 stalled before a step
 # (RUNYARD_FAULT_STALL): rank 0 waits in DDP's backward, rank 1 sleeps in Python.
 WAITING = """\
 Thread 0x00007f6be7fff6c0 (most recent call first):
-  File "/w/trainer/reporter.py", line 75 in _drain
+  File "/w/trainer/reporting/reporter.py", line 75 in _drain
   File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap
 
 Current thread 0x00007f6c0e285b80 (most recent call first):
@@ -256,7 +258,7 @@ PLAIN_RANK = "import time\nprint('up', flush=True)\ntime.sleep(60)\n"
 SDK_RANK = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from trainer.lifecycle import register_stack_dumps
+    from trainer.process.lifecycle import register_stack_dumps
     register_stack_dumps(Path(sys.argv[1]), 0)
     print('up', flush=True)
     time.sleep(60)
@@ -323,7 +325,7 @@ THREADS = 20
 BUSY_RANK = textwrap.dedent("""
     import sys, threading
     from pathlib import Path
-    from trainer.lifecycle import register_stack_dumps
+    from trainer.process.lifecycle import register_stack_dumps
     register_stack_dumps(Path(sys.argv[1]), 0)
     THREADS = int(sys.argv[2])
     done, there = threading.Event(), threading.Semaphore(0)
@@ -448,3 +450,29 @@ def test_the_real_py_spy_reads_a_stopped_plain_rank(tmp_path: Path, monkeypatch:
     finally:
         child.kill()
         child.wait()
+
+
+def test_every_component_gets_its_fault_hooks_only_under_the_switch(monkeypatch: pytest.MonkeyPatch,
+                                                                      tmp_path: Path) -> None:
+    """The entry point, the checkpoint writer and the local executor each ask for one hook
+    object, as the training loop does: None without the switch (a stray RUNYARD_FAULT_* in a
+    user's shell reaches nothing), the hooks in runyard's tests."""
+    monkeypatch.setenv("RUNYARD_FAULT_SAVE_DELAY", "2:0.3")
+    monkeypatch.setenv("RUNYARD_FAULT_EXIT_AFTER_LAUNCH", "1")
+    monkeypatch.setenv("RUNYARD_FAULT_SETUP_DELAY_S", "0.3")
+    monkeypatch.delenv("RUNYARD_FAULTS", raising=False)
+    assert faults.EntryFaults.installed(rank=0) is None
+    assert faults.SaveFaults.installed() is None and faults.LaunchFaults.installed() is None
+    assert CheckpointManager(tmp_path / "off")._faults is None and LocalExecutor()._faults is None
+    monkeypatch.setenv("RUNYARD_FAULTS", "1")
+    entry, save, launch = faults.EntryFaults.installed(rank=0), faults.SaveFaults.installed(), \
+        faults.LaunchFaults.installed()
+    assert entry is not None and save is not None and launch is not None
+    assert CheckpointManager(tmp_path / "on")._faults is not None and LocalExecutor()._faults is not None
+    assert launch.exit_after_launch()
+    started = time.monotonic()
+    save.before_publish(1)  # not the step it names: no wait
+    assert time.monotonic() - started < 0.25
+    save.before_publish(2)
+    entry.during_setup()
+    assert time.monotonic() - started >= 0.6

@@ -19,7 +19,7 @@ from db.vocabulary.cost import Price
 from db.vocabulary.settings import Settings
 from orchestrator.format import startup_text
 from tests.conftest import wait_until
-from trainer.reporter import DatabaseWriter
+from trainer.reporting.reporter import DatabaseWriter
 
 
 def _attempt(sessions: sessionmaker[Session], settings: Settings) -> tuple[int, float]:

@@ -1,5 +1,5 @@
 """The per-attempt secret of a run's stores and the rendezvous state's unpickler
-(trainer/store_secret.py); the attack itself runs in tests/integration/test_store_attack.py."""
+(trainer/process/store_secret.py); the attack itself runs in tests/integration/test_store_attack.py."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from torch.distributed import TCPStore
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc, _RendezvousState
 
-from trainer import store_secret
-from trainer.store_secret import SECRET_VAR, MissingSecret
+from trainer.process import store_secret
+from trainer.process.store_secret import SECRET_VAR, MissingSecret
 
 dist_rendezvous = importlib.import_module("torch.distributed.rendezvous")  # the attribute is a function
 

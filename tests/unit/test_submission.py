@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.queries import list_runs
+from db.run_list import list_runs
 from db.vocabulary.config import ConfigError, field_of, parse_config
 from db.vocabulary.inventory import Inventory, check_fits
 from db.vocabulary.settings import Settings

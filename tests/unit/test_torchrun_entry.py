@@ -22,6 +22,7 @@ from trainer.agent import torchrun
 from trainer.agent.warm import ROOM_VARIABLE, WARM_OPTION
 
 ROOT = Path(__file__).resolve().parents[2]
+SCRIPT_RUNNER = ROOT / "trainer" / "process" / "script_runner.py"
 
 
 def own_listeners() -> set[tuple[str, int]]:
@@ -159,7 +160,7 @@ def test_a_script_runs_through_the_runner_with_its_resume_arguments_only_when_re
     config = script_config(script="/w/train.py", args=["cfg.py", "--x=1"], checkpoint_glob="out/ckpt.pt",
                            resume_args=["--init_from=resume"])
     fresh = torchrun_argv(config, 1, 1, 29500, Path("/tmp/a"))
-    assert fresh[-5:] == ["-m", "trainer.script_runner", "/w/train.py", "cfg.py", "--x=1"]
+    assert fresh[-5:] == ["-m", "trainer.process.script_runner", "/w/train.py", "cfg.py", "--x=1"]
     resumed = torchrun_argv(config, 1, 2, 29500, Path("/tmp/a"), resuming=True)
     assert resumed[-3:] == ["cfg.py", "--x=1", "--init_from=resume"]
     torchrun.check_one_loopback_node(resumed[3:])
@@ -170,7 +171,7 @@ def test_a_module_and_another_interpreter_are_started_as_python_would() -> None:
     argv = torchrun_argv(config, 1, 1, 29500, Path("/tmp/a"))
     # torchrun starts that interpreter itself, and the runner by its path (nothing of runyard's
     # environment is imported there).
-    runner = str(ROOT / "trainer" / "script_runner.py")
+    runner = str(SCRIPT_RUNNER)
     assert argv[-7:] == ["--no-python", "/venvs/x/bin/python", "-u", runner, "-m", "pkg.train", "--lr=3"]
     torchrun.check_one_loopback_node(argv[3:])
 
@@ -206,13 +207,13 @@ def test_the_runner_started_by_its_path_needs_nothing_of_runyard(tmp_path: Path)
     script = tmp_path / "s.py"
     script.write_text("import sys\nprint(sys.argv[1:], 'trainer' in sys.modules, sys.path[0])\n")
     # -I: an isolated interpreter, as a foreign virtual environment would be (no PYTHONPATH, no site).
-    out = subprocess.run([sys.executable, "-I", str(ROOT / "trainer" / "script_runner.py"), str(script), "a", "b"],
+    out = subprocess.run([sys.executable, "-I", str(SCRIPT_RUNNER), str(script), "a", "b"],
                          capture_output=True, text=True, cwd=tmp_path, check=True).stdout
     assert out.strip() == f"['a', 'b'] False {tmp_path}"
     pkg = tmp_path / "pkg"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / "train.py").write_text("import os, sys\nprint(__name__, sys.argv[1:], sys.path[0] == os.getcwd())\n")
-    out = subprocess.run([sys.executable, "-I", str(ROOT / "trainer" / "script_runner.py"), "-m", "pkg.train", "x"],
+    out = subprocess.run([sys.executable, "-I", str(SCRIPT_RUNNER), "-m", "pkg.train", "x"],
                          capture_output=True, text=True, cwd=tmp_path, check=True).stdout
     assert out.strip() == "__main__ ['x'] True"

@@ -123,7 +123,7 @@ def test_a_rank_starts_cold_when_it_cannot_start_warm() -> None:
     trainer = (sys.executable, "-u", "-m", "trainer")
     assert agent.cold_reason(trainer, {}) == "the agent did not preload torch"
     agent.preloaded = True  # as after preload(), without paying for it here
-    script = (sys.executable, "-u", "-m", "trainer.script_runner", "train.py")
+    script = (sys.executable, "-u", "-m", "trainer.process.script_runner", "train.py")
     assert "not runyard's trainer" in (agent.cold_reason(script, {}) or "")
     assert "not runyard's trainer" in (agent.cold_reason(("numactl", "--cpunodebind=0", *trainer), {}) or "")
     huge = {"X": "y" * 1_000_000}

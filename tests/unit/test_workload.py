@@ -29,10 +29,10 @@ from db.models import Checkpoint
 from db.vocabulary.config import RunConfig, parse_config
 from db.vocabulary.layout import MANIFEST_FILE
 from db.vocabulary.settings import Settings
-from trainer import pdeathsig
 from trainer.__main__ import main
 from trainer.checkpoint import CheckpointManager
 from trainer.context import RunContext
+from trainer.process import pdeathsig
 from trainer.sdk import Run
 from trainer.workloads import Workload, build_workload
 from trainer.workloads.mlp_digits import MLPDigits

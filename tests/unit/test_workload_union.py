@@ -12,7 +12,8 @@ import json
 import pytest
 
 from app.fork_changes import config_changes, overrides_for
-from app.form import KIND_KEY, form_fields, values_to_config, widget_values
+from app.form import KIND_KEY, form_fields
+from app.form_values import values_to_config, widget_values
 from db.vocabulary.config import (
     ConfigError,
     GptCharWorkload,

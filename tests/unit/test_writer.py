@@ -26,7 +26,7 @@ from db.vocabulary.config import CheckpointConfig
 from db.vocabulary.settings import Settings
 from tests.conftest import wait_until
 from trainer.checkpoint import CheckpointHistory, CheckpointManager
-from trainer.reporter import DatabaseWriter
+from trainer.reporting.reporter import DatabaseWriter
 
 RUN_ID, ATTEMPT = 1, 1
 

@@ -53,7 +53,7 @@ import gc
 
 if __name__ == "__main__":
     # The agent imports torch (and for warm ranks the trainer) with the collector off;
-    # main() turns it back on (trainer.lifecycle.settle_imports says why).
+    # main() turns it back on (trainer.process.lifecycle.settle_imports says why).
     gc.disable()
 
 import ipaddress
@@ -76,8 +76,8 @@ from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
 from db.vocabulary.layout import FAILURE_FILE, RANK_MAP_FILE
 from trainer.agent import warm as warm_module
-from trainer.lifecycle import exit_without_finalising, settle_imports
-from trainer.store_secret import MissingSecret, ensure_secret, guard_rendezvous_unpickling, prefixed
+from trainer.process.lifecycle import exit_without_finalising, settle_imports
+from trainer.process.store_secret import MissingSecret, ensure_secret, guard_rendezvous_unpickling, prefixed
 
 # Where psutil finds no interface carrying 127.0.0.1 (it always exists on Linux).
 LOOPBACK_INTERFACE_FALLBACK = "lo"
@@ -260,12 +260,12 @@ def use_rank_map_logs() -> None:
 
 def guard_stores(nnodes: int) -> None:
     """Put every key of the rendezvous store under the attempt's secret, and unpickle the
-    rendezvous state with an unpickler that builds nothing else (trainer/store_secret.py says
+    rendezvous state with an unpickler that builds nothing else (trainer/process/store_secret.py says
     why: another local account can reach a loopback port).
 
     Called after :func:`bind_stores_to_loopback` where the run is on loopback: it wraps whichever
     factory torchrun will call. The ranks put their own keys under the same prefix
-    (trainer/distributed.py, trainer/script_runner.py).
+    (trainer/process/distributed.py, trainer/process/script_runner.py).
 
     Raises:
         MissingSecret: several nodes and no secret in the environment.
@@ -345,5 +345,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    # A failed attempt's agent exits at once once its ranks are gone (trainer/lifecycle.py says why).
+    # A failed attempt's agent exits at once once its ranks are gone (trainer/process/lifecycle.py says why).
     exit_without_finalising(lambda: main(sys.argv[1:]))

@@ -24,7 +24,7 @@ What a rank is to everybody else stays what a cold start makes of it:
   fresh interpreter's, the interpreter's streams are unbuffered as under ``-u``, and Python's
   ``random`` and numpy's global generator are seeded anew;
 - it ends as ``python -m trainer`` ends (the trainer exits through
-  :func:`trainer.lifecycle.exit_without_finalising` either way).
+  :func:`trainer.process.lifecycle.exit_without_finalising` either way).
 
 A rank starts cold, as torchrun would start it, when any condition fails (the agent logs which):
 the entry is not the built-in trainer in this interpreter (a script runs as its own ``python``
@@ -53,7 +53,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
-from trainer.lifecycle import exit_without_finalising, self_stat
+from trainer.process.lifecycle import exit_without_finalising, self_stat
 
 logger = logging.getLogger(__name__)
 
@@ -73,10 +73,10 @@ PRELOAD = (
     "db.vocabulary.settings",  # the rank's environment (pydantic-settings)
     "trainer.context",
     "trainer.datasets",
-    "trainer.distributed",
+    "trainer.process.distributed",
     "trainer.faults",
-    "trainer.lifecycle",
-    "trainer.pdeathsig",
+    "trainer.process.lifecycle",
+    "trainer.process.pdeathsig",
     "trainer.sdk",
     "trainer.techniques",
     "trainer.workloads",
@@ -270,7 +270,7 @@ def become_rank(args: Sequence[str], env: Mapping[str, str], stdout: int | None,
                 ready: int) -> NoReturn:
     """The forked child: turn into ``python -u -m MODULE ARGS`` with environment ``env``; close
     ``ready`` once it looks like one from outside. Never returns: it ends as the trainer does
-    (:func:`~trainer.lifecycle.exit_without_finalising`: exit codes, tracebacks, flushed streams),
+    (:func:`~trainer.process.lifecycle.exit_without_finalising`: exit codes, tracebacks, flushed streams),
     and nothing, not even KeyboardInterrupt, unwinds into the agent's frames below."""
     global _forked
     _forked = True

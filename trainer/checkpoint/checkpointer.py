@@ -27,14 +27,15 @@ from db.vocabulary.layout import step_dir_name, superseded_dir
 from trainer import rng
 from trainer.checkpoint.history import AdoptedFile, CheckpointHistory, event
 from trainer.checkpoint.io import CheckpointError
-from trainer.checkpoint.manager import CheckpointManager, SaveResult
+from trainer.checkpoint.manager import CheckpointManager
+from trainer.checkpoint.writing import SaveResult
 
 if TYPE_CHECKING:
     from db.vocabulary.config import CheckpointConfig, RunConfig
     from trainer.context import RunContext
-    from trainer.control import ControlChannel
-    from trainer.distributed import DistInfo
-    from trainer.reporter import DatabaseWriter
+    from trainer.process.distributed import DistInfo
+    from trainer.reporting.control import ControlChannel
+    from trainer.reporting.reporter import DatabaseWriter
 
 logger = logging.getLogger(__name__)
 

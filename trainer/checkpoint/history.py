@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from db.vocabulary.config import CheckpointConfig
-from trainer.checkpoint.manager import CheckpointManager, SaveResult
+from trainer.checkpoint.manager import CheckpointManager
 from trainer.checkpoint.retention import CheckpointInfo, select_kept
-from trainer.reporter import DatabaseWriter
+from trainer.checkpoint.writing import SaveResult
+from trainer.reporting.reporter import DatabaseWriter
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection

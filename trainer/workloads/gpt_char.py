@@ -35,7 +35,7 @@ from db.vocabulary.config import GptCharWorkload, RunConfig, workload_as
 from db.vocabulary.layout import RunPaths
 from trainer import techniques
 from trainer.checkpoint import Stateful
-from trainer.distributed import DistInfo
+from trainer.process.distributed import DistInfo
 from trainer.workloads import loop
 
 if TYPE_CHECKING:

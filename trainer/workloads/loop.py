@@ -21,7 +21,7 @@ from torch import nn
 
 from trainer import techniques
 from trainer.faults import StepFaults
-from trainer.monitoring import Interval
+from trainer.reporting.monitoring import Interval
 
 if TYPE_CHECKING:
     from db.vocabulary.config import TrainConfig

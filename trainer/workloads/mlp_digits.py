@@ -27,7 +27,7 @@ from db.vocabulary.config import MlpDigitsWorkload, RunConfig, workload_as
 from db.vocabulary.layout import RunPaths
 from trainer import techniques
 from trainer.datasets import digits_arrays
-from trainer.distributed import DistInfo
+from trainer.process.distributed import DistInfo
 from trainer.workloads import loop
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ table by table, when it was written). What differs by database:
   PostgreSQL does not, because it checks a key with one ``SELECT ... FOR KEY SHARE`` per row
   written, most of the server's time on ingest (50k points: 4.6 s with the two keys, 0.75 s
   without them; docs/benchmarks-journal.md, "PostgreSQL beside SQLite"). Their writer, a run's
-  own rank 0, checks its batch's runs and names once a batch instead (db/metricbulk.py), and two
+  own rank 0, checks its batch's runs and names once a batch instead (db/metricstore/bulk.py), and two
   triggers on ``runs`` do what the keys' cascade did: deleting a run deletes its points and
   rollups, and so does TRUNCATE ... CASCADE.
 - ``runs`` and ``checkpoints`` refer to each other (a run's fork point and resume point are
@@ -253,7 +253,7 @@ def _create_run_records() -> None:
 
 def _create_metric_store() -> None:
     """Metric names, raw points keyed by (run, name, attempt, step, rank), their rollups
-    (db/metricstore.py), the ``metrics`` view, and on PostgreSQL the triggers that delete a run's
+    (db/metricstore/), the ``metrics`` view, and on PostgreSQL the triggers that delete a run's
     points and rollups with it."""
     op.create_table('metric_names',
     sa.Column('id', sa.Integer(), nullable=False),

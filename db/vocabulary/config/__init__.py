@@ -20,10 +20,11 @@ plus this declarative metadata, so a new field needs no UI edit:
 - the [workload] section is one model per kind (``MlpDigitsWorkload``, ``GptCharWorkload``,
   ``ScriptWorkload``, their union ``WorkloadConfig`` chosen by ``kind``): the form shows a
   workload field for the kind whose class declares it;
-- ``json_schema_extra={"kinds": [...]}`` on a field of another section: the workload kinds it
-  applies to (default: all); the form shows it for those kinds only and gives it its default for
-  the others, and a script run (kind = "script") that sets it to anything else is refused
-  (:func:`kind_problems`);
+- which keys of the other sections a kind's code reads is the union's too: each workload class
+  names the ones it ignores (``ignores``: a key such as ``"train.activation_checkpointing"`` or a
+  whole section such as ``"train"``), and :func:`kinds_reading` says which kinds read a key; the
+  form shows a key for those kinds only and gives it its default for the others, and a script
+  run (kind = "script") that sets it to anything else is refused (:func:`kind_problems`);
 - ``json_schema_extra={"list_syntax": "shell"}``: a list written as shell words (default: comma
   separated);
 - ``json_schema_extra={"common": True}`` on a section of RunConfig: shown open (default: folded).
@@ -33,7 +34,6 @@ from __future__ import annotations
 
 from db.vocabulary.config.alerts import DEFAULT_TRIGGERS, TRIGGERS, AlertsConfig, trigger_problem
 from db.vocabulary.config.base import (
-    BUILT_IN_KINDS,
     ENV_NAME,
     INT64_MAX,
     LENIENT,
@@ -46,7 +46,6 @@ from db.vocabulary.config.base import (
     USER_RUNYARD_ENV,
     ConfigError,
     env_name_problem,
-    field_kinds,
     lenient,
     relative_path_problem,
 )
@@ -86,6 +85,7 @@ from db.vocabulary.config.run import (
 from db.vocabulary.config.supervision import RetryConfig, SupervisionConfig
 from db.vocabulary.config.train import ParallelConfig, TrainConfig
 from db.vocabulary.config.workload import (
+    BUILT_IN_KINDS,
     DEFAULT_KIND,
     WORKLOAD_KINDS,
     WORKLOADS,
@@ -94,7 +94,9 @@ from db.vocabulary.config.workload import (
     ScriptWorkload,
     Workload,
     WorkloadConfig,
+    kinds_reading,
     kinds_with_field,
+    reads,
     workload_as,
     workload_class,
     workload_problems,
@@ -144,9 +146,9 @@ __all__ = [
     "deep_merge",
     "effective_batch_change",
     "env_name_problem",
-    "field_kinds",
     "field_of",
     "kind_problems",
+    "kinds_reading",
     "kinds_with_field",
     "lenient",
     "lenient_config",
@@ -156,6 +158,7 @@ __all__ = [
     "parse_toml",
     "plausibility_warnings",
     "read_config_text",
+    "reads",
     "reference_markdown",
     "relative_path_problem",
     "sbatch_arg_problem",

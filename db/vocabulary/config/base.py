@@ -47,14 +47,6 @@ SEED_MAX = 2**32 - 1
 MAX_CONFIG_BYTES = 1 << 20
 
 
-# The workloads runyard ships. A field marked with these kinds only is not passed to a script
-# (kind = "script"): the script has its own loop, optimizer and flags, and would silently ignore it.
-BUILT_IN_KINDS = ["mlp-digits", "gpt-char"]
-
-
-_BUILT_IN: dict[str, Any] = {"kinds": BUILT_IN_KINDS}
-
-
 # A module for `python -m`: dotted identifiers.
 MODULE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
 
@@ -99,15 +91,6 @@ def relative_path_problem(field: str, pattern: str) -> str | None:
     if ".." in path.parts:
         return f"{field} = {pattern!r} must stay inside workload.workdir (no '..')"
     return None
-
-
-def field_kinds(model: type[BaseModel], name: str) -> list[str] | None:
-    """The workload kinds a field applies to (its ``json_schema_extra={"kinds": [...]}``); None:
-    every kind. The New run form (app/form.py) reads the same metadata, so what the form hides
-    for a kind and what :func:`kind_problems` refuses for it cannot disagree."""
-    extra = model.model_fields[name].json_schema_extra
-    kinds = extra.get("kinds") if isinstance(extra, dict) else None
-    return [str(k) for k in kinds] if isinstance(kinds, list) else None
 
 
 NUL_PROBLEM = "holds a NUL character, which no path, argument, environment value or name can"

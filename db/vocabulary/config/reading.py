@@ -15,9 +15,16 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
-from db.vocabulary.config.base import BUILT_IN_KINDS, LENIENT, MAX_CONFIG_BYTES, PROBLEM_SEPARATOR, ConfigError
+from db.vocabulary.config.base import LENIENT, MAX_CONFIG_BYTES, PROBLEM_SEPARATOR, ConfigError
 from db.vocabulary.config.run import RunConfig, compatibility_problems, kind_problems
-from db.vocabulary.config.workload import STORED, WORKLOAD_KINDS, kinds_with_field, workload_class, workload_problems
+from db.vocabulary.config.workload import (
+    BUILT_IN_KINDS,
+    STORED,
+    WORKLOAD_KINDS,
+    kinds_with_field,
+    workload_class,
+    workload_problems,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib

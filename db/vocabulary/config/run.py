@@ -10,13 +10,20 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from db.vocabulary.config.alerts import AlertsConfig
-from db.vocabulary.config.base import BUILT_IN_KINDS, PROBLEM_SEPARATOR, _Section, field_kinds, lenient
+from db.vocabulary.config.base import PROBLEM_SEPARATOR, _Section, lenient
 from db.vocabulary.config.checkpoint import CheckpointConfig
 from db.vocabulary.config.labels import NAME_HELP, NAME_MAX, NAME_PATTERN, tags_problems
 from db.vocabulary.config.launch import LaunchConfig, SlurmConfig
 from db.vocabulary.config.supervision import RetryConfig, SupervisionConfig
 from db.vocabulary.config.train import ParallelConfig, TrainConfig
-from db.vocabulary.config.workload import STORED, MlpDigitsWorkload, ScriptWorkload, WorkloadConfig
+from db.vocabulary.config.workload import (
+    BUILT_IN_KINDS,
+    STORED,
+    MlpDigitsWorkload,
+    ScriptWorkload,
+    WorkloadConfig,
+    kinds_reading,
+)
 
 # Values that are allowed but rarely meant: the New run page asks before it starts such a run,
 # and `runyard submit` prints the warning. (field, test, why)
@@ -41,7 +48,7 @@ def plausibility_warnings(config: RunConfig) -> list[str]:
     for key, implausible, why in _IMPLAUSIBLE:
         section_name, name = key.split(".")
         section = getattr(config, section_name)
-        kinds = field_kinds(type(section), name)
+        kinds = kinds_reading(key)
         value = getattr(section, name)
         if (kinds is None or kind in kinds) and implausible(value):
             warnings.append(f"{key} = {value!r}: {why}")
@@ -169,11 +176,11 @@ def kind_problems(config: RunConfig) -> list[str]:
             continue
         model = type(section)
         for name, info in model.model_fields.items():
-            kinds = field_kinds(model, name)
+            key = f"{section_name}.{info.alias or name}"
+            kinds = kinds_reading(key)
             value = getattr(section, name)
             if kinds is None or kind in kinds or value == info.get_default(call_default_factory=True):
                 continue
-            key = f"{section_name}.{info.alias or name}"
             what = (info.title or name.replace("_", " ")).lower()
             where = "the built-in workloads" if sorted(kinds) == sorted(BUILT_IN_KINDS) else " and ".join(kinds)
             problems.append(f"{key} = {value!r} applies to {where} only; a script sets its own {what}")

@@ -5,11 +5,18 @@ chosen by ``kind`` (``"mlp-digits"`` when absent). A field of another kind in a 
 writes is refused, naming the kind it belongs to, unless it holds its default (the form sends
 every field); a config runyard stored (before the union: one flat model, every kind's fields)
 loads whatever they hold, since no run ever read another kind's fields.
+
+The union is also the one place that says which keys of the other sections a kind's code reads:
+each class names the ones it ignores (``ignores``: the built-in workloads' [train] and [parallel]
+keys it has no use for; all of them for a script). Those take their defaults for it: the New run
+form hides them (app/form.py), and a script run that sets one is refused
+(:func:`~db.vocabulary.config.run.kind_problems`), both through :func:`kinds_reading`.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, TypeVar
+from collections.abc import Sequence
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import BeforeValidator, Discriminator, Field, ValidationInfo, model_validator
 
@@ -28,6 +35,10 @@ class Workload(_Section):
     """What to train: `kind` chooses the workload (default: "mlp-digits"), and only that kind's
     keys apply; a key of another kind is refused unless it holds its default."""
 
+    # The keys of the other sections ("train.lr"), or whole sections ("train"), that this kind's
+    # code never reads: they keep their defaults for it (see the module's docstring).
+    ignores: ClassVar[tuple[str, ...]] = ()
+
     @model_validator(mode="after")
     def _kind_fields(self, info: ValidationInfo) -> Workload:
         if not lenient(info) and (problems := workload_problems(self)):
@@ -37,6 +48,9 @@ class Workload(_Section):
 
 class MlpDigitsWorkload(Workload):
     """kind = "mlp-digits": an MLP classifier on scikit-learn's bundled 8x8 digits data set."""
+
+    # An MLP has no blocks to recompute, nor to shard with FSDP.
+    ignores: ClassVar[tuple[str, ...]] = ("train.activation_checkpointing", "parallel.strategy")
 
     kind: Literal["mlp-digits"] = Field(default="mlp-digits", title="Workload")
     """`mlp-digits`: an MLP classifier on scikit-learn's bundled 8x8 digits data set (1797
@@ -74,6 +88,9 @@ class GptCharWorkload(Workload):
 
 class ScriptWorkload(Workload):
     """kind = "script": your own torchrun-ready script or module, launched as it is."""
+
+    # A script has its own loop, optimizer and flags: it would silently ignore runyard's.
+    ignores: ClassVar[tuple[str, ...]] = ("train", "parallel")
 
     kind: Literal["script"] = Field(default="script", title="Workload")
     """`script`: your own torchrun-ready script (`script`, `args`)."""
@@ -201,6 +218,23 @@ def workload_class(kind: str) -> type[Workload] | None:
 def kinds_with_field(name: str) -> list[str]:
     """The kinds that have the field ``name`` (empty: no kind has it)."""
     return [kind_of(model) for model in WORKLOADS if name in model.model_fields]
+
+
+# The workloads runyard ships: the kinds that read runyard's training settings.
+BUILT_IN_KINDS = [kind_of(MlpDigitsWorkload), kind_of(GptCharWorkload)]
+
+
+def reads(model: type[Workload], key: str) -> bool:
+    """Whether workload ``model``'s code reads ``key`` (``"train.lr"``), a key of another section."""
+    return key not in model.ignores and key.split(".", 1)[0] not in model.ignores
+
+
+def kinds_reading(key: str, workloads: Sequence[type[Workload]] = WORKLOADS) -> list[str] | None:
+    """The kinds among ``workloads`` whose code reads ``key`` of another section (``"train.lr"``);
+    None when every one of them does. What the New run form shows for a kind and what
+    :func:`~db.vocabulary.config.run.kind_problems` refuses for it both come from here."""
+    kinds = [kind_of(model) for model in workloads if reads(model, key)]
+    return None if len(kinds) == len(workloads) else kinds
 
 
 def _plain(value: Any) -> Any:

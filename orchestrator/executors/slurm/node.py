@@ -38,8 +38,8 @@ from db.vocabulary.layout import AttemptPaths
 from orchestrator.executors.launcher import LOOPBACK, torchrun_command
 from orchestrator.executors.shim import write_atomic
 from orchestrator.executors.stacks import dump_stacks
-from trainer import pdeathsig
 from trainer.agent.warm import room as warm_room
+from trainer.process import pdeathsig
 
 NODES_DIR = "nodes"
 

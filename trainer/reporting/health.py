@@ -1,7 +1,7 @@
 """The ranks' health: who is slow (straggler check) and whose parameters drifted (desync check).
 
 Measuring happens on every rank, deciding only on rank 0, from the values that the metrics
-exchange (one all-gather per log interval, trainer/monitoring.py) brings it. Nothing here issues
+exchange (one all-gather per log interval, trainer/reporting/monitoring.py) brings it. Nothing here issues
 a collective of its own; the only wait for the device is reading the checksum's total, at a
 desync check.
 

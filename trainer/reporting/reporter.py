@@ -1,6 +1,6 @@
 """The metric reporter: ranks report, they never block on the database.
 
-The ranks' values reach rank 0 in the control collective (trainer/monitoring.py's ``Monitor``);
+The ranks' values reach rank 0 in the control collective (trainer/reporting/monitoring.py's ``Monitor``);
 rank 0 hands them to a background writer thread, which inserts them in batches and updates the
 attempt's progress (newest step, time) that the scheduler watches. Only rank 0's host needs the
 database.
@@ -323,7 +323,7 @@ class MetricReporter:
                 "rank": rank,
                 "step": step,
                 "key": key,
-                "value": float(value),  # NaN and Inf stay as they are (db/metricstore.py)
+                "value": float(value),  # NaN and Inf stay as they are (db/metricstore/)
                 "wall_time": at,
             }
             for rank, values in per_rank

@@ -1,14 +1,14 @@
 """The web UI's server: Streamlit behind runyard's gate, in one process.
 
-    python -m app.server [--host 127.0.0.1] [--port 8501] [--auth token|proxy|none] [--allowed-host NAME]
+    python -m app.server.asgi [--host 127.0.0.1] [--port 8501] [--auth token|proxy|none] [--allowed-host NAME]
 
 ``runyard ui`` and ``runyard up`` start it (and check the options first). Streamlit's app
-(``st.App`` over app/main.py, an ASGI app) is wrapped in :class:`app.gate.Gate` and served by
+(``st.App`` over app/main.py, an ASGI app) is wrapped in :class:`app.server.gate.Gate` and served by
 uvicorn on a socket this module binds itself: Streamlit never listens on anything, so no request
 reaches it without passing the gate. Once the socket is bound, the URL to open is printed on a
 line of its own (``http://127.0.0.1:PORT/?token=TOKEN``) and recorded in the data folder's
 ``ui.json`` for ``runyard token``. ``GET /metrics`` (Prometheus) is answered in front of the gate,
-with its own scrape token (app/prometheus.py).
+with its own scrape token (app/server/prometheus.py).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from app.access import (
+from app.server.access import (
     AccessPolicy,
 )
 from db.vocabulary.layout import UI_FILE
@@ -55,7 +55,7 @@ from orchestrator.ui_access import (
 logger = logging.getLogger(__name__)
 
 EXIT_USAGE = 2
-MAIN_SCRIPT = Path(__file__).with_name("main.py")
+MAIN_SCRIPT = Path(__file__).parents[1] / "main.py"  # app/main.py: the server side is a room of app/
 # Streamlit's options for a UI behind the gate: no browser opened, no telemetry, no file watcher
 # (the code does not change under a running product), XSRF protection kept on.
 STREAMLIT_OPTIONS: dict[str, object] = {
@@ -85,7 +85,7 @@ STREAMLIT_OPTIONS: dict[str, object] = {
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m app.server", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m app.server.asgi", description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8501)
     parser.add_argument("--auth", choices=AUTH_MODES, default="token")
@@ -148,9 +148,9 @@ def health_reader(settings: Settings, writable: bool = True) -> Callable[[], dic
 def build_app(policy: AccessPolicy, settings: Settings, writable: bool = True,
               metrics_recent_s: float | None = None) -> object:
     """Streamlit's ASGI app for app/main.py behind the gate, with ``GET /metrics`` (Prometheus,
-    its own scrape token: app/prometheus.py) answered before the gate."""
-    from app.gate import Gate  # noqa: PLC0415 - after the options pass
-    from app.prometheus import DEFAULT_RECENT_S, metrics_route  # noqa: PLC0415 - after the options pass
+    its own scrape token: app/server/prometheus.py) answered before the gate."""
+    from app.server.gate import Gate  # noqa: PLC0415 - after the options pass
+    from app.server.prometheus import DEFAULT_RECENT_S, metrics_route  # noqa: PLC0415 - after the options pass
 
     gate = Gate(streamlit_app(MAIN_SCRIPT), policy, health=health_reader(settings, writable))  # type: ignore[arg-type]
     return metrics_route(gate, policy, settings, writable,

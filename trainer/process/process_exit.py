@@ -5,8 +5,8 @@ Why: finalising an interpreter that imported torch tears down the process group'
 while their threads may still be joinable, and a rank whose work is done is now and then killed
 by SIGABRT on its way out ("terminate called without an active exception"); it also takes
 0.1-0.3 s, 3 s under load. So runyard's own processes end with ``os._exit``
-(:func:`trainer.lifecycle.exit_without_finalising`), and so does a user's script under
-``trainer/script_runner.py``, after :func:`shut_down_as_python_would` did for it what the
+(:func:`trainer.process.lifecycle.exit_without_finalising`), and so does a user's script under
+``trainer/process/script_runner.py``, after :func:`shut_down_as_python_would` did for it what the
 interpreter's shutdown does that a script can rely on.
 
 This module imports only the standard library: the script runner loads it by location under

@@ -25,7 +25,7 @@ A secret works the same for a local run, a local run of several nodes and a Slur
 hosts, and needs nothing from the kernel.
 
 This module imports only the standard library at import time (a script's runner loads it by
-location under another interpreter, trainer/script_runner.py); torch is imported where needed.
+location under another interpreter, trainer/process/script_runner.py); torch is imported where needed.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Prometheus: ``GET /metrics`` on the UI's port, for the machine's own monitoring.
 
-The UI server (app/server.py) puts :class:`MetricsRoute` in front of the gate (app/gate.py): a
+The UI server (app/server/asgi.py) puts :class:`MetricsRoute` in front of the gate (app/server/gate.py): a
 request for ``/metrics`` is answered here and never reaches the gate or Streamlit; every other
 request passes through untouched. ``/metrics`` takes its own credential, a read-only scrape
 token (``Authorization: Bearer TOKEN``): ``runyard token --scrape`` prints it (created 0600 in
@@ -13,7 +13,7 @@ Each scrape reads the database once, in one session (:class:`RunyardCollector`, 
 collector: no process-wide gauges that would keep the labels of runs long gone). Only active
 runs (not ended) and runs that ended within the last ``RUNYARD_METRICS_RECENT_S`` seconds
 (default an hour) get series, so labels stay bounded. Every number is the one the Runs page,
-the Run page and ``runyard show`` give: the run summaries of db/queries.py (step, ETA, cost),
+the Run page and ``runyard show`` give: the run summaries of db/run_summary.py (step, ETA, cost),
 its goodput, and the pace the ETA projects with (db/vocabulary/cost.py's :func:`~db.vocabulary.cost.recent_pace`).
 
 Series (``run_id`` on every ``runyard_run_*`` one):
@@ -55,8 +55,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 from starlette.responses import PlainTextResponse, Response
 
-from app.access import AccessPolicy, FailedLogins, Verdict, token_matches
-from db import DatabaseError, metricstore, queries
+from app.server.access import AccessPolicy, FailedLogins, Verdict, token_matches
+from db import DatabaseError, efficiency, metricstore, queries, run_summary
 from db.engine import make_engine, make_read_only_engine, make_sessionmaker, sqlite_path
 from db.lease import on_this_host
 from db.models import ALERT_OPEN, Alert, Attempt, Run
@@ -123,7 +123,7 @@ class RunyardCollector(Collector):
         runs = list(session.scalars(
             select(Run).where(or_(Run.status.not_in(terminal), Run.ended_at >= now - self.recent_s))
             .order_by(Run.id)))
-        summaries = queries.run_summaries(session, runs, now)
+        summaries = run_summary.run_summaries(session, runs, now)
         ids = [r.id for r in runs]
         attempts: dict[int, list[Any]] = {run_id: [] for run_id in ids}
         if ids:
@@ -136,9 +136,9 @@ class RunyardCollector(Collector):
         # loss, or the metric it reports: metricstore.progress_key).
         live = [(r.id, attempts[r.id][-1].number, 0) for r in runs
                 if attempts[r.id] and RunStatus(r.status) not in TERMINAL]
-        points = metricstore.recent_progress(session, live, limit=queries.ETA_POINTS)
+        points = metricstore.recent_progress(session, live, limit=run_summary.ETA_POINTS)
         pace = {key[0]: recent_pace([(int(s), float(t)) for s, _, t in pts]) for key, pts in points.items()}
-        goodput = {r.id: queries.goodput(session, r, queries.attempts_of(session, r.id), now) for r in runs}
+        goodput = {r.id: efficiency.goodput(session, r, queries.attempts_of(session, r.id), now) for r in runs}
         counts = dict(session.execute(select(Run.status, func.count()).group_by(Run.status)).all())
         gpus = self._gpus(session)
         alerts = firing_alerts(session)
@@ -173,7 +173,7 @@ class RunyardCollector(Collector):
 
 def _families(summaries: list[dict[str, Any]], extra: dict[int, dict[str, Any]], gpus: list[tuple[str, int]],
               alerts: Mapping[str, int], counts: Mapping[str, int]) -> list[Metric]:
-    """The metric families of one scrape: ``summaries`` are db/queries.py's run summaries and
+    """The metric families of one scrape: ``summaries`` are db/run_summary.py's run summaries and
     ``extra`` what else was read of each run (its attempts, pace and goodput), by run id."""
     info = _gauge("runyard_run_info", "A run with series here (active, or ended recently): its name and executor.",
                   ["run_id", "name", "executor"])
@@ -250,7 +250,7 @@ class MetricsRoute:
     """An ASGI app that answers ``GET /metrics`` itself and passes everything else to ``app``.
 
     Args:
-        app: The gate in front of Streamlit (app/gate.py).
+        app: The gate in front of Streamlit (app/server/gate.py).
         policy: The UI's access policy: its Host and Origin rules apply here too.
         token: The scrape token in force (re-read when ``runyard token --scrape --rotate``
             replaces its file); nothing is accepted while there is none.

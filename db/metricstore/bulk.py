@@ -1,6 +1,6 @@
 """PostgreSQL's write path of the metric store: each batch through binary COPY.
 
-SQLite runs a batch's rows through the DBAPI's ``executemany`` (db/metricstore.py), one cheap
+SQLite runs a batch's rows through the DBAPI's ``executemany`` (db/metricstore/writes.py), one cheap
 in-process call a row. On PostgreSQL each row of an ``executemany`` is a statement the server
 parses, plans and answers, and a batch sent as arrays spends its time quoting them; either
 way ingest was five to eight times slower than SQLite's (docs/benchmarks-journal.md,
@@ -8,7 +8,7 @@ way ingest was five to eight times slower than SQLite's (docs/benchmarks-journal
 BINARY)`` (psycopg's C row writer; binary, because printing and parsing every float as text was
 half of the COPY's time), and the rollups are copied into a temporary table of the connection
 (emptied at each commit) and merged from there with one ``INSERT ... SELECT ... ON CONFLICT DO
-UPDATE``, the same merge SQLite's upsert does (db/metricrollups.py). Everything runs in the
+UPDATE``, the same merge SQLite's upsert does (db/metricstore/rollups.py). Everything runs in the
 caller's transaction. ``None`` is NULL, which is NaN, as everywhere in the store; infinities are
 stored as such.
 
@@ -27,7 +27,7 @@ from typing import Any
 from sqlalchemy import BigInteger, Connection, Float, Integer, Table, column, event, select, table
 from sqlalchemy.dialects import postgresql
 
-from db.metricrollups import ROLLUP_COLUMNS, BatchRollups, MetricStoreError, merge_rollups
+from db.metricstore.rollups import ROLLUP_COLUMNS, BatchRollups, MetricStoreError, merge_rollups
 from db.models import MetricPoint, MetricRollup
 
 POINT_COLUMNS = ("run_id", "name_id", "attempt", "step", "rank", "value", "wall_time")
@@ -112,7 +112,7 @@ def hold_and_find_stored(conn: Connection, step_ranges: dict[tuple[int, int], tu
     """Lock the batch's runs and names against deletion until commit, as a foreign key's check
     does for each row, and return the keys (run, name id, attempt, step, rank) of the points
     already stored in each (run, attempt)'s step range of the batch: what
-    ``metricstore._already_stored`` finds on SQLite, in the same round trip.
+    ``writes._already_stored`` finds on SQLite, in the same round trip.
 
     Raises:
         MetricStoreError: a run or metric name of the batch does not exist; nothing was written.

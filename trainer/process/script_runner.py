@@ -1,9 +1,9 @@
 """Entry point for your own script under torchrun:
-``torchrun ... -m trainer.script_runner [--workdir DIR] SCRIPT ARGS...`` or
-``... -m trainer.script_runner [--workdir DIR] -m MODULE ARGS...``.
+``torchrun ... -m trainer.process.script_runner [--workdir DIR] SCRIPT ARGS...`` or
+``... -m trainer.process.script_runner [--workdir DIR] -m MODULE ARGS...``.
 
 The scheduler launches a ``kind = "script"`` workload through this module instead of handing
-SCRIPT to torchrun directly, so that the rank dies with torchrun's agent (trainer/pdeathsig.py)
+SCRIPT to torchrun directly, so that the rank dies with torchrun's agent (trainer/process/pdeathsig.py)
 whatever the script does. Then SCRIPT runs as ``python SCRIPT ARGS...`` would run it: as
 ``__main__``, with ``sys.argv == [SCRIPT, *ARGS]`` and the script's folder first on ``sys.path``;
 a MODULE as ``python -m MODULE ARGS...`` would, with the working directory first on the path.
@@ -14,7 +14,7 @@ non-daemon threads joined, ``atexit`` handlers run (wandb's ``finish``, ``loggin
 the buffered writes of files left open flushed, standard output and error flushed; then it ends
 the process with ``os._exit`` and the script's exit code, without the interpreter's
 finalisation, where the process group's C++ threads now and then aborted a rank whose work was
-done ("terminate called without an active exception"; trainer/process_exit.py). torchrun sees
+done ("terminate called without an active exception"; trainer/process/process_exit.py). torchrun sees
 the exit code ``python SCRIPT`` would give, and a script that raised leaves its traceback on its
 standard error, where the scheduler reads it (and its error file when it uses ``@record``).
 
@@ -37,10 +37,10 @@ from typing import NoReturn
 
 
 def _sibling(name: str) -> ModuleType:
-    """runyard's ``trainer.<name>`` (standard library only): by its package when runyard is
+    """runyard's ``trainer.process.<name>`` (standard library only): by its package when runyard is
     importable, else by location."""
     if __package__:
-        return importlib.import_module(f"trainer.{name}")
+        return importlib.import_module(f"trainer.process.{name}")
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
     spec = importlib.util.spec_from_file_location(f"_runyard_{name}", path)
     assert spec is not None and spec.loader is not None
@@ -66,7 +66,7 @@ def _yield_trainer_name() -> None:
         del sys.modules["trainer"]
 
 
-USAGE = "usage: python -m trainer.script_runner [--workdir DIR] SCRIPT|-m MODULE [ARGS...]"
+USAGE = "usage: python -m trainer.process.script_runner [--workdir DIR] SCRIPT|-m MODULE [ARGS...]"
 
 
 def main(argv: list[str]) -> None:
@@ -89,7 +89,7 @@ def main(argv: list[str]) -> None:
         sys.exit(2)
     _sibling("pdeathsig").arm_under_agent()
     # The script's init_process_group() joins the agent's store under the attempt's secret, as
-    # runyard's own trainer does (trainer/store_secret.py).
+    # runyard's own trainer does (trainer/process/store_secret.py).
     _sibling("store_secret").guard_worker_store()
     if argv[0] == "-m":
         module = argv[1]

@@ -3,9 +3,9 @@
 A training loop (built-in workload or SDK) reports through :class:`Monitor`. At every log step
 each rank contributes its metrics, its memory, its times to the gradient sync and, every
 ``supervision.desync_check_every`` steps, a checksum of its parameters to an all-gather on the
-process's :class:`~trainer.control.ControlChannel`, which also carries the stop flag. It is
+process's :class:`~trainer.reporting.control.ControlChannel`, which also carries the stop flag. It is
 launched asynchronously and read during the next step, so nobody waits for it; then rank 0 hands
-the rows to its database writer and runs the straggler and desync checks (trainer/health.py),
+the rows to its database writer and runs the straggler and desync checks (trainer/reporting/health.py),
 writing what it finds as Event rows. Values still on the device (the loss) are copied to the
 host without waiting and exchanged a step later, so a metric every step costs no device
 synchronisation; between log steps nothing here costs a collective.
@@ -27,14 +27,21 @@ import torch
 from torch import nn
 
 from db.vocabulary.checks import CHECKS_EVENT, checks_message
-from trainer.health import DesyncCheck, Finding, PreSyncClock, StragglerCheck, params_checksum, timed_allreduce
+from trainer.reporting.health import (
+    DesyncCheck,
+    Finding,
+    PreSyncClock,
+    StragglerCheck,
+    params_checksum,
+    timed_allreduce,
+)
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection
 
     from db.vocabulary.config import SupervisionConfig
-    from trainer.control import ControlChannel
-    from trainer.reporter import MetricReporter
+    from trainer.reporting.control import ControlChannel
+    from trainer.reporting.reporter import MetricReporter
 
 logger = logging.getLogger(__name__)
 

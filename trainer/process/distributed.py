@@ -9,7 +9,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from trainer.store_secret import key_prefix, secret_from_env
+from trainer.process.store_secret import key_prefix, secret_from_env
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ def setup(requested_backend: str, timeout_s: float = 600.0) -> DistInfo:
         is_master=os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" and rank == 0,
         timeout=timeout,
     )
-    # Under the attempt's secret too, as every key of the agent's stores (trainer/store_secret.py):
+    # Under the attempt's secret too, as every key of the agent's stores (trainer/process/store_secret.py):
     # another local account that connects to the store cannot name one of them.
     secret = secret_from_env()
     base = f"{key_prefix(secret)}/attempt_{restart}" if secret else f"runyard/attempt_{restart}"

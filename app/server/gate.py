@@ -1,14 +1,14 @@
 """The gate in front of Streamlit: an ASGI layer that checks every request before Streamlit sees it.
 
 Streamlit's own options cannot guard a launcher (its WebSocket handshake accepts a foreign Host
-when the Origin agrees with it, streamlit#16386 and #16448), so the UI server (app/server.py)
+when the Origin agrees with it, streamlit#16386 and #16448), so the UI server (app/server/asgi.py)
 wraps Streamlit's ASGI app in :class:`Gate`, in the same process: nothing but the gate listens.
 For every HTTP request and WebSocket handshake, in order:
 
 1. the Host must be one this UI serves (loopback names and ``--allowed-host``): DNS rebinding;
 2. a browser's Origin must be the UI's own (same host and port);
 3. ``/healthz`` answers ``ok`` without credentials (for monitors and container health checks);
-4. the credentials of the mode (app/access.py): a session cookie, or the token itself in
+4. the credentials of the mode (app/server/access.py): a session cookie, or the token itself in
    ``?token=`` (exchanged for the cookie, then dropped from the address bar by a redirect) or in
    an ``Authorization: token ...`` header; in proxy mode the proxy's secret and user headers.
 
@@ -34,7 +34,7 @@ from starlette.datastructures import Headers
 from starlette.requests import cookie_parser
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
 
-from app.access import (
+from app.server.access import (
     SESSION_MAX_AGE_S,
     AccessPolicy,
     FailedLogins,
@@ -109,7 +109,7 @@ class Gate:
 
     Args:
         app: Streamlit's ASGI app (``st.App``).
-        policy: What this UI accepts (app/access.py).
+        policy: What this UI accepts (app/server/access.py).
         health: What ``/healthz`` answers, as JSON (a blocking read, run in a worker thread);
             without it, ``{"status": "ok"}``.
     """

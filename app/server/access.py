@@ -7,7 +7,7 @@ UI serves and, when a browser sends one, an Origin of the same host and port.
 This module holds the rules as plain functions (no web framework, no torch): the signed session
 cookie a valid token is exchanged for (itsdangerous' ``TimestampSigner``, keyed by the token, so a
 rotation ends every session), the Host/Origin checks, the proxy mode's headers, and the login
-rate limit. ``app/gate.py`` applies them to every HTTP request and WebSocket handshake before
+rate limit. ``app/server/gate.py`` applies them to every HTTP request and WebSocket handshake before
 Streamlit sees it. The token file itself, the bind rules and ``ui.json`` are
 orchestrator/ui_access.py, which the CLI shares.
 """

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, NoReturn
 
 from db.vocabulary.layout import FINISHED_DIR, STACKS_DIR, STOPPED_FILE
-from trainer.process_exit import exit_code_of, exit_now
+from trainer.process.process_exit import exit_code_of, exit_now
 
 if TYPE_CHECKING:
-    from trainer.control import ControlChannel
+    from trainer.reporting.control import ControlChannel
 
 STOP_FLAG = "stop"
 
@@ -29,7 +29,7 @@ STOP_FLAG = "stop"
 class StopSignal:
     """Set by SIGTERM; the ranks agree on it in their control collective.
 
-    It adds its flag to the channel it is handed (:class:`~trainer.control.ControlChannel`):
+    It adds its flag to the channel it is handed (:class:`~trainer.reporting.control.ControlChannel`):
     the channel's answer at step ``s`` is what every rank had at the end of step ``s - 1``, so a
     rank that gets SIGTERM during a step stops after the next one, together with the others.
 
@@ -115,7 +115,7 @@ def exit_without_finalising(main: Callable[[], int | None]) -> NoReturn:
     the scheduler can start the next attempt. What must outlive the process is written before
     this point (checkpoints, the metrics, the error file of ``@record``), and standard output,
     standard error and logging are flushed here. An exception is printed as the interpreter
-    would print it, and exits 1; ``SystemExit`` keeps its code (trainer/process_exit.py, which a
+    would print it, and exits 1; ``SystemExit`` keeps its code (trainer/process/process_exit.py, which a
     user's script ends through too, after what the interpreter's shutdown would do for it).
     Clean ends too: C++ destructors of the process group's threads racing with finalisation
     occasionally aborted an otherwise finished rank ("terminate called without an active

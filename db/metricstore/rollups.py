@@ -1,5 +1,5 @@
 """How a batch of metric points becomes rollup rows, and the upsert that merges them into the
-stored buckets (the rules are in db/metricstore.py's docstring).
+stored buckets (the rules are in db/metricstore/__init__.py's docstring).
 
 Level 1 is summed up from the batch's points, each higher level from the level below, with
 numpy: a row is (run, name id, level, attempt, bucket, rank, min, max, sum, count, nan_count,
