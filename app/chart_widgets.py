@@ -30,7 +30,8 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from app import charts, style
+from app import style
+from app.charts import metric as charts
 from app.live_series import LiveSeries
 from db.vocabulary import metric_registry
 from orchestrator.format import clock

@@ -13,7 +13,8 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from app import charts, data, style
+from app import data, style
+from app.charts import metric as charts
 from app.log_view import first_error, log_panel
 from app.run_actions import is_superseded
 from db.states import TERMINAL, RunStatus

@@ -17,7 +17,7 @@ import pandas as pd
 import streamlit as st
 
 from app import data, style
-from app.charts import unvalidated
+from app.charts.metric import unvalidated
 from db import sysmetrics
 from db.vocabulary import metric_registry as registry
 from orchestrator.format import clock

@@ -16,9 +16,9 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from app import compare_charts as cc
 from app import data, style
-from app.charts import unvalidated
+from app.charts import compare as cc
+from app.charts.metric import unvalidated
 from db.compare import MAX_POINTS, MAX_RUNS, config_diff, higher_is_better
 from db.vocabulary import metric_registry
 

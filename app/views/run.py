@@ -30,8 +30,9 @@ from typing import Any
 
 import streamlit as st
 
-from app import chart_widgets, charts, data, style
+from app import chart_widgets, data, style
 from app.alerts_panel import run_alerts
+from app.charts import metric as charts
 from app.live_series import LiveSeries, merge_series
 from app.run_actions import SECTION_KEY, actions, metadata_line
 from app.run_panels import attempts_table, checkpoint_advice, checkpoint_table, events_list, failure_summary, log_tails

@@ -12,7 +12,7 @@ later tick, and no run's supervision waits for another run's dump.
 
 When one rank alone stopped, the dump names it (:func:`culprit`): the rank that was stopped
 (state T, e.g. SIGSTOP), a rank that waits inside an exception handler while the others do not
-(orchestrator/executors/exception_handlers.py: it raised, and its handler waits for the others;
+(orchestrator/executors/stack_reading.py: it raised, and its handler waits for the others;
 py-spy is asked once more, with ``--locals``, for the type of the exception it handles), or the
 only rank whose stack is outside a collective while the others wait inside one.
 """
@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -36,8 +35,14 @@ from pathlib import Path
 import psutil
 
 from db.vocabulary.layout import AttemptPaths
-from orchestrator.executors.exception_handlers import Frame, exception_in_locals, handler_frame, main_thread_frames
 from orchestrator.executors.processes import rank_processes
+from orchestrator.executors.stack_reading import (
+    RankStack,
+    culprit,
+    exception_in_locals,
+    handler_frame,
+    main_thread_frames,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -45,30 +50,6 @@ logger = logging.getLogger(__name__)
 FAULTHANDLER_WAIT_S = 2.0
 # One ``py-spy dump`` may take this long; the ranks are dumped in parallel.
 PY_SPY_TIMEOUT_S = 10.0
-
-# A frame that waits for the other ranks: torch.distributed's collectives (any backend, FSDP's
-# hooks; not torchrun's elastic package, whose @record wraps every rank's main), runyard's
-# control channel, and autograd's backward, which under DDP ends by waiting for the gradient
-# all-reduce.
-_COLLECTIVE = re.compile(r"torch/distributed/(?!elastic/)|trainer/control\.py|_engine_run_backward")
-
-
-@dataclass(frozen=True)
-class RankStack:
-    """One rank at the moment of the dump."""
-
-    rank: int
-    pid: int
-    stopped: bool  # in state T (SIGSTOP, a debugger) when the dump began
-    text: str  # its newest stacks: what faulthandler appended, else py-spy's output
-    note: str = ""  # why no stack could be taken, when none was (empty otherwise)
-    handler: Frame | None = None  # the frame of its main thread inside an exception handler, if any
-    exception: str | None = None  # the type of the exception that handler handles, when py-spy showed it
-
-    @property
-    def in_collective(self) -> bool:
-        return bool(_COLLECTIVE.search(self.text))
-
 
 @dataclass(frozen=True)
 class StackDump:
@@ -91,60 +72,6 @@ class StackDump:
         if missing:
             text += "; " + "; ".join(r.note for r in missing)
         return text
-
-
-def culprit(ranks: list[RankStack]) -> tuple[int | None, str]:
-    """The rank that alone stopped, and why it is named; ``(None, "")`` when the stacks do not
-    single one out (every rank waits, or several are outside a collective).
-
-    First a rank that was stopped (state T) while the others were not; then a rank that waits
-    inside an exception handler while the others do not (the lowest, when several but not all
-    do: :func:`in_handler`); then the one rank whose stacks show no collective while every other
-    rank waits in one.
-    """
-    if len(ranks) < 2:
-        return None, ""
-    stopped = [r for r in ranks if r.stopped]
-    if len(stopped) == 1:
-        return stopped[0].rank, f"rank {stopped[0].rank} was stopped (process state T) while the others ran"
-    handling = in_handler(ranks)
-    if handling is not None:
-        raised = f"it raised {handling.exception} and " if handling.exception else "it raised and "
-        return handling.rank, (f"rank {handling.rank} waits inside an exception handler ({handling.handler}): "
-                               f"{raised}its handler waits for the other ranks, which wait elsewhere")
-    known = [r for r in ranks if r.text.strip()]
-    outside = [r for r in known if not r.in_collective]
-    if len(outside) == 1 and len(known) == len(ranks):
-        where = _top_frame(outside[0].text)
-        return outside[0].rank, (f"rank {outside[0].rank} is outside any collective ({where}) while the other "
-                                 "ranks wait in one")
-    return None, ""
-
-
-def in_handler(ranks: list[RankStack]) -> RankStack | None:
-    """The rank that waits inside an exception handler while the others do not (the lowest when
-    several do), or None: none does, or every rank does (then no one rank raised alone)."""
-    handling = [r for r in ranks if r.handler is not None]
-    return min(handling, key=lambda r: r.rank) if handling and len(handling) < len(ranks) else None
-
-
-def _top_frame(text: str) -> str:
-    """The innermost frame of the first thread in a faulthandler or py-spy dump."""
-    for line in text.splitlines():
-        line = line.strip()
-        if line.startswith("File "):  # faulthandler: File "path", line N in func
-            m = re.match(r'File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)', line)
-            if m:
-                return f"{m['func']} at {Path(m['path']).name}:{m['line']}"
-        elif re.match(r"\S+ \(.+:\d+\)$", line):  # py-spy: func (path:line)
-            return line
-    return "its stack"
-
-
-def stack_frames(text: str) -> list[str]:
-    """The frames of the main thread of a faulthandler or py-spy dump (faulthandler's "Current
-    thread", py-spy's "MainThread"; else the first thread), innermost first (``func at file.py:line``)."""
-    return [str(frame) for frame in main_thread_frames(text)]
 
 
 def py_spy_path() -> str | None:

@@ -22,7 +22,8 @@ from db.states import AttemptPhase, SignalSent, StopReason
 from db.vocabulary.causes import Cause
 from db.vocabulary.config import SupervisionConfig
 from orchestrator.executors.logs import rank_log_files
-from orchestrator.executors.stacks import RankStack, StackDump, StackDumps, in_handler, stack_frames
+from orchestrator.executors.stack_reading import RankStack, in_handler, stack_frames
+from orchestrator.executors.stacks import StackDump, StackDumps
 from orchestrator.scheduler.failures import stderr_exception, with_location
 from orchestrator.scheduler.storage import StorageFaults
 from orchestrator.scripts.attempt_watch import WATCH_STEPS_OR_OUTPUT, watching_words

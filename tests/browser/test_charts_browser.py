@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from app.chart_layers import CURSOR_COLOR
+from app.charts.layers import CURSOR_COLOR
 from bench.seed import seed_run
 
 pytestmark = pytest.mark.browser

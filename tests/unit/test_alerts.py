@@ -37,7 +37,8 @@ from orchestrator.alerts.engine import queue as queue_delivery
 from orchestrator.alerts.findings import rules_for
 from orchestrator.alerts.store import AlertStore, Channel, mask_url
 from orchestrator.cli.group import cli
-from orchestrator.executors.stacks import RankStack, StackDump
+from orchestrator.executors.stack_reading import RankStack
+from orchestrator.executors.stacks import StackDump
 from orchestrator.scheduler.alert_job import add_alert_jobs
 from orchestrator.scheduler.watchdog import top_frames_of
 from tests.alert_receivers import http_receiver, smtp_receiver

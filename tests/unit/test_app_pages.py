@@ -34,9 +34,9 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 from streamlit.testing.v1 import AppTest
 
-from app import charts as app_charts
 from app import data
-from app.chart_layers import NAN_COLOR
+from app.charts import metric as app_charts
+from app.charts.layers import NAN_COLOR
 from db import queries, run_list
 from db.engine import make_engine, make_sessionmaker
 from db.metricstore import write_points

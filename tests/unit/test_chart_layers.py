@@ -1,11 +1,11 @@
-"""Which layers a metric chart draws (app/chart_layers.py's table): a decision over plain values,
+"""Which layers a metric chart draws (app/charts/layers.py's table): a decision over plain values,
 one row a case, no chart built. The layers themselves, drawn, are tests/unit/test_charts.py's."""
 
 from __future__ import annotations
 
 import pytest
 
-from app.chart_layers import BUILDERS, LAYER_RULES, Drawn, Layer, layers
+from app.charts.layers import BUILDERS, LAYER_RULES, Drawn, Layer, layers
 
 BAND, FAINT, LINES, SMOOTHED, PICKED = Layer.BAND, Layer.FAINT_RANKS, Layer.LINES, Layer.SMOOTHED, Layer.PICKED
 SUPERSEDED, NANS, CURSOR, HOVER = Layer.SUPERSEDED, Layer.NAN_RULES, Layer.CURSOR, Layer.HOVER

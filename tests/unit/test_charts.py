@@ -1,4 +1,4 @@
-"""The Run page's chart shaping (app/charts.py): EMA through NaN gaps, the rank mean with its
+"""The Run page's chart shaping (app/charts/metric.py): EMA through NaN gaps, the rank mean with its
 band, bucket min/max bands, lineage, x axes, log scale, and NaN markers; the rank palette, the
 isolation of ranks, the hover read-out, identical ranks, and the registry's titles and units.
 
@@ -15,8 +15,10 @@ import altair as alt
 import pandas as pd
 import pytest
 
-from app import chart_layers, charts, system
-from app.charts import ChartOptions
+from app import system
+from app.charts import layers as chart_layers
+from app.charts import metric as charts
+from app.charts.metric import ChartOptions
 
 
 def bucket(attempt: int, rank: int, step: int, value: float, lo: float | None = None, hi: float | None = None,

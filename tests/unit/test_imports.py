@@ -1,6 +1,6 @@
 """The house's shape, checked: imports point one way (app -> orchestrator -> trainer -> db), and
 inside a package from room to room (orchestrator: cli -> scheduler -> alerts -> its own modules ->
-scripts -> executors; app: views -> its own modules -> server; trainer: agent -> workloads ->
+scripts -> executors; app: views -> its own modules -> charts -> server; trainer: agent -> workloads ->
 checkpoint -> process -> reporting; db: metricstore -> vocabulary),
 no module imports itself through others, and the processes that never train never load torch.
 
@@ -23,12 +23,14 @@ LAYERS = ("app", "orchestrator", "trainer", "db")
 # Each package's rooms (its subpackages), highest first: a room may import only the rooms after it.
 # A package's own name is the modules directly in it. orchestrator's: "orchestrator" is submission,
 # display text and the UI access files, which the CLI and the UI share; ``python -m orchestrator``
-# (__main__) is the CLI's. app's: the pages (views) use the pages' parts, and the server side
-# (server) serves them without importing any (it loads app/main.py by its path).
+# (__main__) is the CLI's. app's: the pages (views) use the pages' parts, which draw with the chart
+# builders (charts), and the server side (server) serves them without importing any (it loads
+# app/main.py by its path).
 ROOMS = {
     "app": (
         "app.views",
         "app",
+        "app.charts",  # rewrite-imports: keep (the package, not the module of this name before)
         "app.server",  # rewrite-imports: keep (the package, not the module of this name before)
     ),
     "orchestrator": (

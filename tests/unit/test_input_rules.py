@@ -23,7 +23,7 @@ from click.testing import CliRunner
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.charts import displayed
+from app.charts.metric import displayed
 from db.metricstore import write_points
 from db.models import Attempt, Event
 from db.vocabulary import metric_registry

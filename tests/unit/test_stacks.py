@@ -29,10 +29,16 @@ from db.models import Attempt, Event
 from db.vocabulary.config import RunConfig
 from db.vocabulary.settings import Settings
 from orchestrator.executors import stacks
-from orchestrator.executors.exception_handlers import Frame, exception_in_locals, handler_frame, main_thread_frames
 from orchestrator.executors.local import LocalExecutor
 from orchestrator.executors.processes import rank_processes
-from orchestrator.executors.stacks import RankStack, culprit
+from orchestrator.executors.stack_reading import (
+    Frame,
+    RankStack,
+    culprit,
+    exception_in_locals,
+    handler_frame,
+    main_thread_frames,
+)
 from orchestrator.scheduler.loop import Scheduler
 from tests.conftest import wait_until
 from tests.unit.test_scheduler import CPU2, attempts, queue, status, tick_until

@@ -19,7 +19,8 @@ from db.vocabulary.config import RunConfig, SupervisionConfig
 from db.vocabulary.cost import Price
 from db.vocabulary.settings import Settings
 from orchestrator.executors.local import LocalExecutor
-from orchestrator.executors.stacks import RankStack, StackDump, StackDumps
+from orchestrator.executors.stack_reading import RankStack
+from orchestrator.executors.stacks import StackDump, StackDumps
 from orchestrator.scheduler import watchdog
 from orchestrator.scripts.attempt_watch import WATCH_STEPS_OR_OUTPUT
 

@@ -44,7 +44,8 @@ from orchestrator.executors.slurm.commands import (
 )
 from orchestrator.executors.slurm.job import program
 from orchestrator.executors.slurm.node import stacks_file
-from orchestrator.executors.stacks import RankStack, StackDump
+from orchestrator.executors.stack_reading import RankStack
+from orchestrator.executors.stacks import StackDump
 
 logger = logging.getLogger(__name__)
 

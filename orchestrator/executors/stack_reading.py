@@ -1,10 +1,11 @@
-"""Which frame of a rank's stack runs inside an exception handler, and which exception it handles.
+"""What a dump of the ranks' stacks says: each rank's frames, the frame that runs inside an
+exception handler and the exception it handles, and the one rank the stacks single out (:func:`culprit`).
 
 A rank that raised and then waits for the other ranks inside its own handler looks hung: every
 rank waits, the failing one in its handler's collective, the others in the step's. Lightning's
 ``OnExceptionCheckpoint`` does exactly this (its ``on_exception`` saves through a barrier while
 the ranks that did not raise wait in the gradient all-reduce: Lightning #20187). The hang's
-verdict (orchestrator/executors/stacks.py's :func:`~orchestrator.executors.stacks.culprit`) names
+verdict (:func:`culprit`) names
 such a rank, and the scheduler books the user's exception instead of a hang.
 
 A frame is inside a handler when its function is one of Lightning's handler functions, which
@@ -139,3 +140,81 @@ def _main_thread_lines(text: str) -> list[str]:
             blocks[-1][1].append(line)
     main = [lines for header, lines in blocks if "MainThread" in header]
     return main[0] if main else (blocks[0][1] if blocks else [])
+
+
+# A frame that waits for the other ranks: torch.distributed's collectives (any backend, FSDP's
+# hooks; not torchrun's elastic package, whose @record wraps every rank's main), runyard's
+# control channel, and autograd's backward, which under DDP ends by waiting for the gradient
+# all-reduce.
+_COLLECTIVE = re.compile(r"torch/distributed/(?!elastic/)|trainer/control\.py|_engine_run_backward")
+
+
+@dataclass(frozen=True)
+class RankStack:
+    """One rank at the moment of the dump."""
+
+    rank: int
+    pid: int
+    stopped: bool  # in state T (SIGSTOP, a debugger) when the dump began
+    text: str  # its newest stacks: what faulthandler appended, else py-spy's output
+    note: str = ""  # why no stack could be taken, when none was (empty otherwise)
+    handler: Frame | None = None  # the frame of its main thread inside an exception handler, if any
+    exception: str | None = None  # the type of the exception that handler handles, when py-spy showed it
+
+    @property
+    def in_collective(self) -> bool:
+        return bool(_COLLECTIVE.search(self.text))
+
+
+def culprit(ranks: list[RankStack]) -> tuple[int | None, str]:
+    """The rank that alone stopped, and why it is named; ``(None, "")`` when the stacks do not
+    single one out (every rank waits, or several are outside a collective).
+
+    First a rank that was stopped (state T) while the others were not; then a rank that waits
+    inside an exception handler while the others do not (the lowest, when several but not all
+    do: :func:`in_handler`); then the one rank whose stacks show no collective while every other
+    rank waits in one.
+    """
+    if len(ranks) < 2:
+        return None, ""
+    stopped = [r for r in ranks if r.stopped]
+    if len(stopped) == 1:
+        return stopped[0].rank, f"rank {stopped[0].rank} was stopped (process state T) while the others ran"
+    handling = in_handler(ranks)
+    if handling is not None:
+        raised = f"it raised {handling.exception} and " if handling.exception else "it raised and "
+        return handling.rank, (f"rank {handling.rank} waits inside an exception handler ({handling.handler}): "
+                               f"{raised}its handler waits for the other ranks, which wait elsewhere")
+    known = [r for r in ranks if r.text.strip()]
+    outside = [r for r in known if not r.in_collective]
+    if len(outside) == 1 and len(known) == len(ranks):
+        where = _top_frame(outside[0].text)
+        return outside[0].rank, (f"rank {outside[0].rank} is outside any collective ({where}) while the other "
+                                 "ranks wait in one")
+    return None, ""
+
+
+def in_handler(ranks: list[RankStack]) -> RankStack | None:
+    """The rank that waits inside an exception handler while the others do not (the lowest when
+    several do), or None: none does, or every rank does (then no one rank raised alone)."""
+    handling = [r for r in ranks if r.handler is not None]
+    return min(handling, key=lambda r: r.rank) if handling and len(handling) < len(ranks) else None
+
+
+def _top_frame(text: str) -> str:
+    """The innermost frame of the first thread in a faulthandler or py-spy dump."""
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("File "):  # faulthandler: File "path", line N in func
+            m = re.match(r'File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)', line)
+            if m:
+                return f"{m['func']} at {Path(m['path']).name}:{m['line']}"
+        elif re.match(r"\S+ \(.+:\d+\)$", line):  # py-spy: func (path:line)
+            return line
+    return "its stack"
+
+
+def stack_frames(text: str) -> list[str]:
+    """The frames of the main thread of a faulthandler or py-spy dump (faulthandler's "Current
+    thread", py-spy's "MainThread"; else the first thread), innermost first (``func at file.py:line``)."""
+    return [str(frame) for frame in main_thread_frames(text)]

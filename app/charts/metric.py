@@ -6,7 +6,7 @@ of points arrives as at most a few thousand rows per chart. ``series_frame`` sha
 for the options a person picked (per-rank lines or the rank mean with a band, the x axis,
 smoothing, log scale, the lineage), and ``metric_chart`` draws the frame with the metric's
 label, unit and number format from db/vocabulary/metric_registry.py; which layers it has, and
-each layer, are app/chart_layers.py's.
+each layer, are app/charts/layers.py's.
 
 Ranks: each rank has one hue of ``PALETTE`` (strong, colour-blind-aware, no pairs, no pale
 yellow), the same on every chart and in the section's one legend (``rank_legend``), where a click
@@ -28,7 +28,7 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-from app.chart_layers import BAND_COLOR, BUILDERS, Parts, axes, layers
+from app.charts.layers import BAND_COLOR, BUILDERS, Parts, axes, layers
 from db.vocabulary import metric_registry as registry
 
 # Altair's debug mode validates every schema object against Vega-Lite's JSON schema as it is built
@@ -301,7 +301,7 @@ def metric_chart(frame: pd.DataFrame, key: str, options: ChartOptions, x_title: 
     read-out of every rank's value (``per_rank``: the per-rank frame, when ``frame`` is the mean).
     Titles, units and number formats come from the metric registry; ranks in
     ``options.isolated`` are drawn strong and the others faint. Which layers are drawn is
-    app/chart_layers.py's table; each is built there.
+    app/charts/layers.py's table; each is built there.
     """
     frame = displayed(frame, key)
     per_rank = displayed(per_rank, key) if per_rank is not None else frame

@@ -1,4 +1,4 @@
-"""The layers of a metric chart (app/charts.py's ``metric_chart``): which are drawn, and each one.
+"""The layers of a metric chart (app/charts/metric.py's ``metric_chart``): which are drawn, and each one.
 
 Which layers a chart has is a pure decision over plain values (:class:`Drawn`: the rank mean or
 per-rank lines, bucketed rows, smoothing, isolated ranks, superseded steps shown, NaN steps, a
@@ -97,7 +97,7 @@ class Parts:
     colors: alt.Scale  # each rank's hue
     band_color: str
     nans: pd.DataFrame  # the rows whose bucket logged a NaN, on the lineage unless superseded steps are shown
-    read_out: pd.DataFrame | None  # one row per step with every rank's value (app/charts.py's hover_frame)
+    read_out: pd.DataFrame | None  # one row per step with every rank's value (app/charts/metric.py's hover_frame)
     cursor_at: int | None  # this metric's step nearest the marked one
     smoothing: bool
     mean: bool
