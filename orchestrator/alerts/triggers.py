@@ -28,12 +28,12 @@ from sqlalchemy.orm import Session
 
 from db import metricstore
 from db.models import Attempt, Event, MetricName, MetricPoint, Run, RunStatusHistory, SchedulerHeartbeat, SystemMetric
-from db.requests import newest_intact
 from db.states import ACTIVE, RunStatus
 from db.vocabulary.causes import Cause
 from db.vocabulary.config import RetryConfig, SupervisionConfig
 from db.vocabulary.cost import ETA_WINDOW, cost_usd, eta_estimate
 from orchestrator.alerts.findings import Finding, RunRules, duration, first_line, run_label, section
+from orchestrator.scripts.checkpoint_custody import starting_checkpoint
 
 # An edge (a status change, a hang) is looked for this long after it happened.
 EDGE_WINDOW_S = 600.0
@@ -119,7 +119,9 @@ class Evaluator:
             if attempt is None:
                 continue
             max_retries = RetryConfig.model_validate(section(run, "retry")).max_retries
-            checkpoint = newest_intact(self.session, run.id)
+            # What the next attempt starts from, as the scheduler will choose it: runyard's own
+            # checkpoint, a script's version or a fork's origin (not only a script's version).
+            checkpoint = starting_checkpoint(self.session, run, attempt.number + 1)
             start = f"from the checkpoint of step {checkpoint.step}" if checkpoint else "from the start (no checkpoint)"
             used = self.session.scalar(select(func.count()).select_from(RunStatusHistory).where(
                 RunStatusHistory.run_id == run.id, RunStatusHistory.to_status == RunStatus.RETRYING.value,

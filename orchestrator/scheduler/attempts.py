@@ -25,7 +25,6 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from db.models import Attempt, Checkpoint, Event, Run
-from db.requests import checkpoints_dir, newest_intact
 from db.states import AttemptStatus, RunStatus, SignalSent, StopReason, attempt_transition, hold, transition
 from db.vocabulary.causes import Cause
 from db.vocabulary.config import RunConfig, config_from_json, write_config_file
@@ -110,30 +109,13 @@ def prepare(session: Session, run: Run, devices: list[int], executors: dict[str,
 
 
 def resume_point(session: Session, run: Run, number: int) -> tuple[str | None, int | None]:
-    """Where attempt ``number`` starts: the checkpoint a resume request names; else, after an
-    earlier attempt, this run's newest verified checkpoint of its current lineage; else (a
-    first attempt, or a retry before the run has a checkpoint of its own) a fork's origin;
-    else from scratch. The trainer verifies it and falls back to an older
-    checkpoint in the same folder if it is refused."""
-    chosen: Checkpoint | None = None
-    if run.start_fresh:  # a rerun
-        return None, None
-    if run.resume_checkpoint_id is not None:
-        chosen = session.get(Checkpoint, run.resume_checkpoint_id)
-    elif number > 1:
-        chosen = session.execute(
-            select(Checkpoint)
-            .where(Checkpoint.run_id == run.id, Checkpoint.verified.is_(True), Checkpoint.deleted.is_(False),
-                   Checkpoint.path.like(f"{checkpoints_dir(run)}/step-%"))
-            .order_by(Checkpoint.step.desc(), Checkpoint.id.desc())
-            .limit(1)
-        ).scalar_one_or_none()
-        if chosen is None and run.parent_checkpoint_id is not None and newest_intact(session, run.id) is None:
-            chosen = session.get(Checkpoint, run.parent_checkpoint_id)  # a fork's retry before its own save
-    elif run.parent_checkpoint_id is not None:
-        chosen = session.get(Checkpoint, run.parent_checkpoint_id)
+    """Where attempt ``number`` starts when runyard's own checkpoint applies: its folder and step
+    (checkpoint_custody.starting_checkpoint chooses); (None, None) from scratch or when a script's
+    own file applies (checkpoint_custody.resume_point places it). The trainer verifies it and falls
+    back to an older checkpoint in the same folder if it is refused."""
+    chosen = checkpoint_custody.starting_checkpoint(session, run, number)
     if chosen is None or chosen.source == checkpoint_custody.SCRIPT:
-        return None, None  # a script's own file: checkpoint_custody.resume_point
+        return None, None
     return str(Path(chosen.path).parent), chosen.step
 
 

@@ -258,31 +258,39 @@ class ScriptResume:
     with_args: bool = True  # False: the file is not where the script looks; resume_args are left out
 
 
-def chosen_row(session: Session, run: Run, number: int) -> Checkpoint | None:
-    """The script checkpoint the attempt ``number`` of ``run`` should start from, before checks:
-    the one a resume request names; else, for a retry, the run's newest verified script version
-    that was not refused (only when the run has no checkpoint of runyard's own, which then keep
-    their precedence); else (a first attempt, or a retry before the run saved its own) a fork's
-    origin; else none."""
+def starting_checkpoint(session: Session, run: Run, number: int) -> Checkpoint | None:
+    """The checkpoint attempt ``number`` of ``run`` starts from, of either kind, before any check
+    of its files: the one a resume request names; else, for a retry, the run's newest verified
+    checkpoint of runyard's own (``checkpoints/step-<N>/``), else its newest intact script version
+    that was not refused; else (a first attempt, or a retry before the run saved anything) a fork's
+    origin; else none (from scratch, or a rerun). The scheduler's launch
+    (orchestrator/scheduler/attempts.py) and the words of a retry's alert both read it here."""
     if run.start_fresh:
         return None
     if run.resume_checkpoint_id is not None:
-        row = session.get(Checkpoint, run.resume_checkpoint_id)
-        return row if row is not None and row.source == SCRIPT else None
+        return session.get(Checkpoint, run.resume_checkpoint_id)
     if number > 1:
-        own = session.scalar(
-            select(Checkpoint.id).where(Checkpoint.run_id == run.id, Checkpoint.verified.is_(True),
-                                        Checkpoint.deleted.is_(False),
-                                        Checkpoint.path.like(f"{checkpoints_dir(run)}/step-%")).limit(1))
-        if own is not None:
-            return None
-        newest = newest_intact(session, run.id)
+        own = session.execute(
+            select(Checkpoint)
+            .where(Checkpoint.run_id == run.id, Checkpoint.verified.is_(True), Checkpoint.deleted.is_(False),
+                   Checkpoint.path.like(f"{checkpoints_dir(run)}/step-%"))
+            .order_by(Checkpoint.step.desc(), Checkpoint.id.desc())
+            .limit(1)
+        ).scalar_one_or_none()
+        newest = own if own is not None else newest_intact(session, run.id)
         if newest is not None:
             return newest
     if run.parent_checkpoint_id is not None:
-        row = session.get(Checkpoint, run.parent_checkpoint_id)
-        return row if row is not None and row.source == SCRIPT else None
+        return session.get(Checkpoint, run.parent_checkpoint_id)
     return None
+
+
+def chosen_row(session: Session, run: Run, number: int) -> Checkpoint | None:
+    """The script checkpoint the attempt ``number`` of ``run`` should start from, before checks
+    (:func:`starting_checkpoint`, when it is a script's version); None when runyard's own
+    checkpoints apply or there is none."""
+    row = starting_checkpoint(session, run, number)
+    return row if row is not None and row.source == SCRIPT else None
 
 
 def resume_point(session: Session, run: Run, number: int) -> ScriptResume | None:

@@ -25,7 +25,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.metricstore import write_points
-from db.models import Alert, AlertDelivery, Attempt, Event, Run, SchedulerHeartbeat, SystemMetric
+from db.models import Alert, AlertDelivery, Attempt, Checkpoint, Event, Run, SchedulerHeartbeat, SystemMetric
 from db.requests import request_cancel
 from db.vocabulary.config import ConfigError, parse_config
 from db.vocabulary.settings import Settings
@@ -36,10 +36,12 @@ from orchestrator.alerts.engine import AlertEngine, history, in_quiet_hours, ope
 from orchestrator.alerts.engine import queue as queue_delivery
 from orchestrator.alerts.findings import rules_for
 from orchestrator.alerts.store import AlertStore, Channel, mask_url
+from orchestrator.alerts.triggers import Evaluator
 from orchestrator.cli.group import cli
 from orchestrator.executors.stack_reading import RankStack
 from orchestrator.executors.stacks import StackDump
 from orchestrator.scheduler.alert_job import add_alert_jobs
+from orchestrator.scheduler.attempts import resume_point
 from orchestrator.scheduler.watchdog import top_frames_of
 from tests.alert_receivers import http_receiver, smtp_receiver
 from tests.unit.test_scheduler import make_scheduler, queue, status, tick_until
@@ -555,3 +557,24 @@ def test_two_workers_on_one_database_send_a_delivery_once(sessions: sessionmaker
     with sessions() as s:
         stored = s.get(AlertDelivery, delivery_id)
         assert stored is not None and (stored.status, stored.tries) == ("delivered", 1)
+
+
+def test_a_retry_s_alert_names_the_checkpoint_the_scheduler_resumes_from(
+        sessions: sessionmaker[Session], settings: Settings) -> None:
+    """A built-in run's retry starts from runyard's own newest checkpoint; its alert said "from the
+    start (no checkpoint)" because it looked at a script's versions only."""
+    run_id = queue(sessions, settings, "fails", retry={"max_retries": 3, "backoff_s": 600, "backoff_max_s": 600})
+    scheduler = make_scheduler(sessions, settings)
+    tick_until(scheduler, lambda: status(sessions, run_id) == "RETRYING")
+    with sessions() as s:
+        run = s.get(Run, run_id)
+        assert run is not None
+        folder = Path(run.run_dir) / "checkpoints" / "step-100"
+        s.add(Checkpoint(run_id=run_id, attempt=1, path=str(folder / "state.pt"), step=100, bytes=1, sha256="0" * 64,
+                         params_digest="", metrics_json="{}", blocked_s=0.0, total_s=0.0, created_at=time.time(),
+                         verified=True, pinned=False, deleted=False))
+        s.commit()
+        assert resume_point(s, run, 2) == (str(folder), 100)  # what the scheduler will launch from
+        evaluator = Evaluator(s, time.time(), time.time() - 60, lambda r: rules_for(parse_config({}), ("retrying",)))
+        (finding,) = evaluator.retrying()
+    assert finding.message.endswith("from the checkpoint of step 100"), finding.message
