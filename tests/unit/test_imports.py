@@ -12,6 +12,7 @@ load.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from collections import defaultdict
@@ -178,6 +179,20 @@ def test_the_graph_sees_real_arrows() -> None:
     assert "orchestrator.executors.processes" in graph["orchestrator.scripts.attempt_watch"]
     assert "app.server.access" in graph["app.server.gate"]
     assert "db.vocabulary.layout" in graph["trainer.checkpoint.manager"]
+
+
+def test_docs_design_names_every_trainer_module_the_orchestrator_and_the_ui_import() -> None:
+    """docs/DESIGN.md lists what of trainer/ the processes that never train import (torch-free
+    modules only); the list is read from the imports, so a new one cannot go unsaid."""
+    packages = {name for name, path in _modules().items() if path.name == "__init__.py"}  # `from pkg import mod`
+    imported = sorted({dst for src, dsts in _graph().items() if src.split(".")[0] in ("orchestrator", "app")
+                       for dst in dsts if dst.split(".")[0] == "trainer" and dst not in packages})
+    design = (ROOT / "docs" / "DESIGN.md").read_text()
+    match = re.search(r"^What `orchestrator/` and `app/` import of `trainer/`[\s\S]*?\n(?P<body>(?:- .*\n)+)",
+                      design, re.MULTILINE)
+    assert match is not None, "docs/DESIGN.md has no list of the trainer modules orchestrator and app import"
+    listed = sorted(re.findall(r"^- `([\w.]+)`", match["body"], re.MULTILINE))
+    assert listed == imported, f"docs/DESIGN.md lists {listed}; orchestrator and app import {imported}"
 
 
 def test_the_scheduler_the_ui_and_the_cli_never_load_torch() -> None:
