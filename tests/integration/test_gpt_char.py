@@ -104,6 +104,10 @@ def test_grad_accumulation_matches_one_big_batch(product: Product) -> None:
 
 @pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
                     reason="torch.compile on CPU needs a C++ compiler")
+# Inductor compiles about 75 C++ kernels in each rank: 110-125 s of the two cores alone on
+# 2026-12-02 (the same on the session's first commit), so under the tier's three workers the
+# suite's 180 s per test is not enough (it timed out twice at load 7); a hang still ends here.
+@pytest.mark.timeout(420)
 def test_compile_matches_eager_under_ddp_with_accumulation_and_activation_checkpointing(product: Product) -> None:
     """``train.compile`` compiles the whole DDP model (gradient accumulation's no_sync and
     activation checkpointing inside the graph): the same loss curve as eager, to float
