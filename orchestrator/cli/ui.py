@@ -158,6 +158,16 @@ def up(host: str, port: int, auth: str, no_auth: bool, allowed_hosts: tuple[str,
     open_sessions(settings)
     env = child_env(settings)
     setup = _die_with_parent(os.getpid())
+    stopping = False
+
+    def stop(_signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    # Before the first child starts: a Ctrl-C while they start stops them, not click ("Aborted!").
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGHUP, stop)
     # preexec_fn is safe here: this process has one thread.
     procs = {
         "scheduler": subprocess.Popen(server_command("orchestrator", "scheduler"), cwd=PACKAGES_ROOT, env=env,
@@ -165,15 +175,6 @@ def up(host: str, port: int, auth: str, no_auth: bool, allowed_hosts: tuple[str,
         "ui": subprocess.Popen(argv, cwd=PACKAGES_ROOT, env=env, preexec_fn=setup),  # noqa: PLW1509
     }
     click.echo(f"runyard is up (data in {settings.home}; Ctrl-C to stop); the UI prints its URL below", err=True)
-    stopping = False
-
-    def stop(_signum: int, _frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGHUP, stop)
     code = 0
     while not stopping:
         for name, proc in procs.items():
