@@ -14,9 +14,9 @@ from db.states import RunStatus
 from db.vocabulary.settings import Settings
 from orchestrator.alerts.store import AlertStore
 from tests.alert_receivers import http_receiver
-from tests.unit.test_app_pages import add_failed_run, add_run, no_exception, open_page, sessions, settings
+from tests.unit.app.pages import add_failed_run, add_run, no_exception, open_page, sessions, settings
 
-__all__ = ["sessions", "settings"]  # the fixtures, taken from test_app_pages
+__all__ = ["sessions", "settings"]  # the fixtures, from the helper module
 
 
 def test_settings_adds_a_channel_and_its_test_button_delivers(settings: Settings,

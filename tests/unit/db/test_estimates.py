@@ -17,7 +17,7 @@ from db.vocabulary.config import RunConfig
 from db.vocabulary.cost import Price
 from db.vocabulary.settings import Settings
 from orchestrator.format import estimate_text
-from tests.unit.test_app_pages import add_forkable, as_read, open_page, sessions, settings
+from tests.unit.app.pages import add_forkable, as_read, open_page, sessions, settings
 
 # The pages' fixtures: each test's own home, and Streamlit's caches (the app's engine) emptied for it.
 __all__ = ["sessions", "settings"]

@@ -25,8 +25,7 @@ from db.engine import (
 )
 from db.home import HomeUnusable, check_folder, check_home
 from db.vocabulary.settings import load_settings, user_data_dir
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.unit.paths import ROOT
 
 # -- where the home is -----------------------------------------------------------------------
 

@@ -1,7 +1,8 @@
-"""The data folder is its owner's alone (issue 25, item 4): folders 0700, files 0600, an old
-home opened to others tightened at the next start with one line. Real folders and real
+"""The data folder is its owner's alone (db/home.py; issue 25, item 4): folders 0700, files 0600, an
+old home opened to others tightened at the next start with one line. Real folders and real
 `runyard` commands in tmp_path; a real run's files are checked in
-tests/integration/test_private_home.py."""
+tests/integration/test_private_home.py.
+"""
 
 from __future__ import annotations
 
@@ -14,17 +15,10 @@ from pathlib import Path
 import pytest
 
 from db.home import PRIVATE_UMASK, make_private
+from tests.file_modes import open_to_others
+from tests.unit.paths import ROOT
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "digits.toml"
-
-
-def open_to_others(root: Path) -> list[str]:
-    """Every path under ``root`` (itself too) that a group or another account may use."""
-    found = [] if not root.stat().st_mode & 0o077 else [str(root)]
-    for path in root.rglob("*"):
-        if not path.is_symlink() and path.lstat().st_mode & 0o077:
-            found.append(f"{path} {stat.filemode(path.lstat().st_mode)}")
-    return found
+EXAMPLE = ROOT / "examples" / "digits.toml"
 
 
 def runyard(home: Path, *args: str, umask: int = 0o022) -> subprocess.CompletedProcess:

@@ -41,8 +41,8 @@ from db.engine import (
 )
 from tests.cli_runner import needs_a_process, run_in_process
 from tests.unit.apptest import new_app
+from tests.unit.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "digits.toml"
 LOG_LINE = "step 300 loss 0.0123 (the succeeded run's rank 0)"
 

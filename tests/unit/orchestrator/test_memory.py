@@ -12,10 +12,10 @@ from db.vocabulary.config import ConfigError, field_of, load_config, parse_confi
 from db.vocabulary.inventory import Inventory
 from orchestrator.memory import GIB, check_memory, estimate, gpt_char_parameters, mlp_digits_parameters
 from orchestrator.submission import validate
+from tests.unit.paths import ROOT
 from trainer.workloads.gpt_char import GPT
 from trainer.workloads.mlp_digits import build_model
 
-ROOT = Path(__file__).resolve().parents[2]
 # A GPU machine as NVML would describe it (no GPU here, so the inventory is constructed).
 H100 = Inventory(kind="gpu", slots=8, gpu_names=("NVIDIA H100 80GB HBM3",) * 8,
                  gpu_memory_bytes=(80 * GIB,) * 8, memory_bytes=512 * GIB)

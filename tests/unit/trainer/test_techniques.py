@@ -14,11 +14,11 @@ import torch
 from torch import nn
 
 from db.vocabulary.config import TrainConfig
+from tests.unit.paths import ROOT
 from trainer import techniques
 from trainer.workloads import gpt_char
 
 CPU = torch.device("cpu")
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def tc(**kw: object) -> TrainConfig:

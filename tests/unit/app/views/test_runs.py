@@ -1,22 +1,24 @@
-"""The Runs page as a workspace and the Run page's Edit… (issue 29, items 7 and 8), through
-Streamlit's AppTest on a real database; what a person sees in a real browser is
-tests/browser/test_workspace_browser.py."""
+"""The Runs page (app/views/runs.py) on a real, seeded database: the runs with their status, step
+and cost, the filters by status and tag, the search, why a run waits, its summary metrics, and
+archived runs (issue 29, items 7 and 8); what a person sees in a real browser is
+tests/browser/test_workspace_browser.py.
+"""
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.models import Event, Run
+from db.models import Run
+from db.requests import create_run
 from db.states import RunStatus
+from db.vocabulary.config import RunConfig
+from db.vocabulary.cost import Price
 from db.vocabulary.settings import Settings
-from orchestrator.run_edits import edit_run
-from tests.unit.test_app_pages import add_run, no_exception, open_page, seeded, sessions, settings
+from tests.unit.app.pages import add_run, no_exception, open_page, seeded, sessions, settings
+from tests.unit.apptest import new_app
 
-__all__ = ["seeded", "sessions", "settings"]  # the fixtures, taken from test_app_pages
+__all__ = ["seeded", "sessions", "settings"]  # the fixtures, from the helper module
 
 
 def test_the_runs_page_searches_shows_why_a_run_waits_and_its_summary_metrics(
@@ -55,41 +57,54 @@ def test_archived_runs_are_hidden_until_shown_and_sorted_as_asked(
     assert at.dataframe[0].value["name"].tolist() == ["b-done (archived)", "a-queued"]
 
 
-def test_edit_on_the_run_page_renames_tags_and_notes_and_keeps_each_change(
-        seeded: dict[str, int], sessions: sessionmaker[Session]) -> None:
-    run_id = seeded["running"]
-    at = open_page("views/run.py", run=str(run_id))
-    no_exception(at)
-    at.text_input(key=f"edit-name-{run_id}").input("digits-b")
-    at.multiselect(key=f"edit-tags-{run_id}").set_value(["lr-sweep"])
-    at.text_area(key=f"edit-note-{run_id}").input("lr 3e-4 diverged at step 90")
-    next(b for b in at.button if b.label == "Save").click().run()
-    no_exception(at)
-    with sessions() as s:
-        run = s.get(Run, run_id)
-        assert (run.name, json.loads(run.tags_json), run.note) == ("digits-b", ["lr-sweep"],
-                                                                   "lr 3e-4 diverged at step 90")
-        edits = s.scalars(select(Event.message).where(Event.run_id == run_id, Event.kind == "edit")
-                          .order_by(Event.id)).all()
-    assert edits == ["renamed 'digits-a' to 'digits-b' by ui", "tag 'lr-sweep' added by ui",
-                     "note set: 'lr 3e-4 diverged at step 90' by ui"]
-    at.run()
-    header = " ".join(m.value for m in at.markdown)
-    assert "digits-b" in header and "lr-sweep" in header and "diverged at step 90" in header
-    at.text_input(key=f"edit-name-{run_id}").input("bad name")
-    next(b for b in at.button if b.label == "Save").click().run()
-    assert "name 'bad name': use letters, digits" in at.toast[0].value.replace("\\", "")  # Markdown-escaped
+# -- Runs page ------------------------------------------------------------------------------
 
 
-def test_compare_shows_each_runs_tags_and_the_first_line_of_its_note(
-        settings: Settings, sessions: sessionmaker[Session]) -> None:
+@pytest.mark.both_dbs  # the UI's data layer (app/data.py) on PostgreSQL too
+def test_runs_page_lists_runs_with_status_and_step(seeded: dict[str, int]) -> None:
+    at = new_app().run()
+    no_exception(at)
+    assert at.title[0].value == "Runs"
+    table = at.dataframe[0].value.set_index("id")
+    assert list(table.index) == [seeded["running"], seeded["queued"]]  # newest first
+    assert table.loc[seeded["running"], "name"] == "digits-a"
+    assert table.loc[seeded["running"], "status"] == "RUNNING"
+    assert table.loc[seeded["running"], "step"] == "120/300"
+    assert table.loc[seeded["running"], "progress"] == pytest.approx(0.4)
+    assert table.loc[seeded["running"], "attempts"] == 1
+    assert table.loc[seeded["queued"], "status"] == "QUEUED"
+    assert table.loc[seeded["queued"], "step"] == "0/300"
+    dollars = {col: float(table.loc[seeded["running"], col].lstrip("$").replace(",", ""))
+               for col in ("cost", "projected")}
+    assert 0 < dollars["cost"] < dollars["projected"]  # running, 40% done: more to pay
+    assert table.loc[seeded["queued"], "projected"] == table.loc[seeded["queued"], "cost"] == "$0.0000"
+
+
+def test_runs_page_status_filter(seeded: dict[str, int]) -> None:
+    at = new_app().run()
+    at.multiselect[0].select("QUEUED").run()
+    no_exception(at)
+    assert at.dataframe[0].value["name"].tolist() == ["queued-one"]
+
+
+def test_runs_page_without_runs_points_to_new_run(settings: Settings) -> None:
+    at = new_app().run()
+    no_exception(at)
+    assert not at.dataframe
+    assert "No runs yet" in at.info[0].value
+
+
+@pytest.mark.both_dbs  # the UI's data layer (app/data.py) on PostgreSQL too
+def test_runs_page_filters_by_tag(settings: Settings, sessions: sessionmaker[Session]) -> None:
     with sessions() as s:
-        first = add_run(s, settings, "first")
-        second = add_run(s, settings, "second")
-        edit_run(s, first, add_tags=["baseline"], note="warmup 100 steps\nthen cosine")
+        for name, tags in (("a", ["baseline"]), ("b", ["sweep", "lr"]), ("c", [])):
+            config = RunConfig.model_validate({"name": name, "tags": tags})
+            run = create_run(s, config, settings.runs_dir, Price(1.0, "x"))
+            s.flush()
+            assert run.id
         s.commit()
-    at = open_page("views/compare.py", runs=f"{first},{second}")
+    at = new_app().run()
     no_exception(at)
-    summary = at.table[0].value.set_index("run")  # Markdown-escaped cells: \#1
-    assert summary.loc["\\#1 first", "tags"] == "baseline" and summary.loc["\\#2 second", "tags"] == "—"
-    assert summary.loc["\\#1 first", "note"] == "warmup 100 steps…"  # the rest is on the Run page
+    assert at.multiselect[1].options == ["baseline", "lr", "sweep"]
+    at.multiselect[1].set_value(["sweep"]).run()
+    assert at.dataframe[0].value["name"].tolist() == ["b"]

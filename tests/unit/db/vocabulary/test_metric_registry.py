@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import math
 import re
-from pathlib import Path
 
 import pytest
 
 from db.vocabulary import metric_registry as registry
+from tests.unit.paths import ROOT
 
 
 @pytest.mark.parametrize(("key", "value", "text"), [
@@ -70,7 +70,7 @@ def test_d3_formats_match_the_python_ones() -> None:
 
 def test_registry_covers_every_key_runyard_reports() -> None:
     """The trainer's and the system monitor's keys, read from their source, all have an entry."""
-    root = Path(__file__).resolve().parents[2]
+    root = ROOT
     trainer = (root / "trainer" / "reporting" / "monitoring.py").read_text()
     # The system monitor's series, and the GPU readings it takes (resources.py's GpuSampler).
     sysmon = "".join((root / "orchestrator" / "scheduler" / name).read_text() for name in ("sysmon.py", "resources.py"))

@@ -17,10 +17,10 @@ from db.vocabulary.settings import EnvSettings, FaultEnv, RankEnv, Settings, Set
 from db.vocabulary.settings_doc import DOCS, TABLES, main, with_table
 from orchestrator.cli.group import cli
 from orchestrator.executors import shim
+from tests.unit.paths import ROOT
 from trainer import faults
 from trainer.context import RunContext, context_from_env
 
-ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("app", "orchestrator", "trainer", "db")
 # Names that look like a variable but are not one: a Python constant (orchestrator/scripts/allowed_roots.py),
 # the family name in trainer/faults.py's prose.

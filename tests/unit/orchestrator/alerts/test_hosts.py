@@ -1,4 +1,4 @@
-"""Where an alert may go (issue 52, item 7), and what a channel's ``--on`` does (item 13).
+"""Where an alert may go (orchestrator/alerts/hosts.py; issue 52, item 7).
 
 Every spelling of a cloud metadata, link-local or unspecified address (one number, hexadecimal,
 octal, short forms, IPv6 literals carrying an IPv4 address) is refused when a channel is added,
@@ -16,20 +16,16 @@ import socket
 
 import pytest
 from click.testing import CliRunner
-from sqlalchemy import select
-from sqlalchemy.orm import Session, sessionmaker
 
-from db.models import AlertDelivery
 from db.vocabulary.settings import Settings
 from orchestrator.alerts import AlertsError
 from orchestrator.alerts.channels import DeliveryError, Note, send
-from orchestrator.alerts.engine import AlertEngine
 from orchestrator.alerts.store import AlertStore, Channel
 from orchestrator.cli.group import cli
 from tests.alert_receivers import http_receiver
-from tests.unit.test_scheduler import make_scheduler, queue, status, tick_until
 
 METADATA = "169.254.169.254, a cloud metadata address"
+
 SECRET_MIN_CHARS = 16  # orchestrator.alerts.store.SECRET_MIN_CHARS, as docs/ALERTS.md states it
 
 # id, URL, what the refusal says
@@ -127,26 +123,3 @@ def test_a_signed_webhook_secret_has_a_minimum(settings: Settings) -> None:
         store.add("runyard+https://hooks.example.com/hook", secret="abc")  # noqa: S106 - a test key
     assert store.load().channels == ()
     assert store.add("runyard+https://hooks.example.com/hook", secret="s" * SECRET_MIN_CHARS).secret == "s" * 16
-
-
-def test_a_channel_on_finished_gets_it_while_the_defaults_leave_it_off(sessions: sessionmaker[Session],
-                                                                        settings: Settings) -> None:
-    """`runyard alerts add URL --on finished` is what a person asks for: that channel gets every
-    run's success, though the defaults leave `finished` off; a channel without --on still follows
-    the defaults, and a run's [alerts] off still wins. `alerts add` says so."""
-    store = AlertStore(settings.home)
-    store.add("json://hooks.example.com/all")
-    added = CliRunner().invoke(cli, ["alerts", "add", "json://hooks.example.com/done", "--on", "finished"],
-                               env={"RUNYARD_HOME": str(settings.home)})
-    assert added.exit_code == 0, added.output
-    assert "note: finished is off in the defaults: channel 2 gets it all the same, the other channels do not" \
-        in added.stderr
-    told = queue(sessions, settings, "quick")
-    hushed = queue(sessions, settings, "quick", alerts={"off": ["finished"]})
-    scheduler = make_scheduler(sessions, settings)
-    tick_until(scheduler, lambda: status(sessions, told) == status(sessions, hushed) == "SUCCEEDED")
-    (alert,) = AlertEngine(sessions, settings.home).evaluate()
-    assert (alert.run_id, alert.trigger) == (told, "finished")
-    with sessions() as s:
-        queued = [(d.channel_id, d.run_id, d.trigger) for d in s.scalars(select(AlertDelivery))]
-    assert queued == [(2, told, "finished")]  # not channel 1 (defaults), not the run that turned it off

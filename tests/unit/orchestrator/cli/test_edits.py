@@ -12,8 +12,8 @@ from db.engine import make_engine, make_sessionmaker
 from db.states import RunStatus, transition
 from db.vocabulary.settings import Settings
 from orchestrator.cli.group import cli
+from tests.unit.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "digits.toml"
 
 

@@ -26,8 +26,8 @@ from db.states import RunStatus, transition
 from db.vocabulary.settings import Settings
 from orchestrator.cli.group import cli
 from tests.cli_runner import needs_a_process, run_in_process
+from tests.unit.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "examples" / "digits.toml")
 # Run 1 is QUEUED; run 2 SUCCEEDED with 2 ranks, attempt 1 and a checkpoint at step 100; channel
 # 1 exists (see the home fixture).

@@ -15,8 +15,8 @@ from db.metricstore import write_points
 from db.models import Attempt
 from db.vocabulary.settings import Settings
 from orchestrator.cli.group import cli
+from tests.unit.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "digits.toml"
 
 

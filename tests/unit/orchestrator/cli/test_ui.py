@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from tests.conftest import wait_until
-from tests.unit.test_runyard_import import _free_port, _healthz
+from tests.unit.orchestrator.servers import free_port, healthz
 
 STOPPED = "runyard stopped: the scheduler and the UI are down"
 
@@ -32,11 +32,11 @@ def _up(tmp_path: Path, port: int) -> tuple[subprocess.Popen[str], Path]:
 
 @pytest.mark.parametrize("when", ["serving", "starting"])
 def test_ctrl_c_on_runyard_up_stops_both_with_one_line(tmp_path: Path, when: str) -> None:
-    port = _free_port()
+    port = free_port()
     proc, log = _up(tmp_path, port)
     try:
         if when == "serving":
-            wait_until(lambda: proc.poll() is not None or _healthz(port).get("scheduler_alive"), 60,
+            wait_until(lambda: proc.poll() is not None or healthz(port).get("scheduler_alive"), 60,
                        "runyard up did not come up")
         else:  # the UI server still importing Streamlit, the scheduler its modules
             wait_until(lambda: proc.poll() is not None or len(psutil.Process(proc.pid).children()) == 2, 30,

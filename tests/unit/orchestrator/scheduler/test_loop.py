@@ -1,8 +1,6 @@
-"""The scheduler's reconcile loop, driven by calling ``tick()`` directly.
-
-The launched command is a real process under the real shim, in its own session; it is a small
-Python program instead of torchrun so that these tests exercise admission and supervision in a
-second or two. The real torchrun path is covered in tests/integration.
+"""The scheduler's reconcile loop (orchestrator/scheduler/loop.py), driven by calling ``tick()``
+directly on the small programs of tests/unit/orchestrator/fake_runs.py; the real torchrun path is
+covered in tests/integration.
 """
 
 from __future__ import annotations
@@ -10,7 +8,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
 
@@ -28,62 +25,8 @@ from db.vocabulary.inventory import Inventory
 from db.vocabulary.settings import Settings
 from orchestrator.scheduler import loop as scheduler_module
 from orchestrator.scheduler.loop import Scheduler
-from orchestrator.scheduler.service import SchedulerLocked, acquire_lock
 from orchestrator.submission import submit
-
-CPU2 = Inventory(kind="cpu", slots=2)
-
-# Behaviour of the fake workload, chosen by run name: sleep seconds, exit code, ignore SIGTERM.
-PROGRAM = """
-import signal, sys, time
-seconds, code, stubborn = float(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
-if stubborn:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-print("ready", flush=True)
-time.sleep(seconds)
-sys.exit(code)
-"""
-BEHAVIOUR = {
-    "quick": ("0.3", "0", "0"),
-    "fails": ("0.3", "3", "0"),
-    "long": ("60", "0", "0"),
-    "stubborn": ("60", "0", "1"),
-    "medium": ("4", "0", "0"),
-}
-
-
-def fake_command(config: RunConfig, run_id: int, attempt: int, port: int, attempt_dir: Path,
-                 **_: object) -> list[str]:
-    return [sys.executable, "-c", PROGRAM, *BEHAVIOUR[config.name]]
-
-
-def make_scheduler(sessions: sessionmaker[Session], settings: Settings) -> Scheduler:
-    return Scheduler(sessions, settings, CPU2, command=fake_command)
-
-
-def queue(sessions: sessionmaker[Session], settings: Settings, name: str, nproc: int = 1, **sections: dict) -> int:
-    config = parse_config({"name": name, "launch": {"nproc_per_node": nproc}, **sections})
-    return submit(sessions, settings, config, CPU2)
-
-
-def status(sessions: sessionmaker[Session], run_id: int) -> str:
-    with sessions() as s:
-        return s.get(Run, run_id).status
-
-
-def attempts(sessions: sessionmaker[Session], run_id: int) -> list[Attempt]:
-    with sessions() as s:
-        return list(s.scalars(select(Attempt).where(Attempt.run_id == run_id).order_by(Attempt.number)))
-
-
-def tick_until(scheduler: Scheduler, done: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        scheduler.tick()
-        if done():
-            return
-        time.sleep(0.1)
-    raise AssertionError("condition not reached in time")
+from tests.unit.orchestrator.fake_runs import attempts, make_scheduler, queue, status, tick_until
 
 
 def test_admits_fifo_while_slots_are_free(sessions: sessionmaker[Session], settings: Settings) -> None:
@@ -263,16 +206,6 @@ def test_heartbeat_is_rewritten_every_few_ticks(
     with sessions() as s:
         beats = s.scalars(select(SchedulerHeartbeat.beat_at)).all()
     assert len(beats) == 1 and beats[0] > first
-
-
-def test_one_scheduler_per_data_folder(settings: Settings) -> None:
-    lock = acquire_lock(settings.home)
-    try:
-        with pytest.raises(SchedulerLocked, match="already running"):
-            acquire_lock(settings.home)
-    finally:
-        lock.release()
-    acquire_lock(settings.home).release()  # released: the next scheduler may start
 
 
 def test_cancel_never_touches_another_data_folders_run(sessions: sessionmaker[Session], settings: Settings,

@@ -29,7 +29,7 @@ from db.vocabulary.settings import Settings
 from orchestrator.scheduler.loop import Scheduler
 from orchestrator.scheduler.service import SchedulerLocked, refuse_a_second_on_sqlite
 from tests.conftest import kill_processes_of
-from tests.unit.test_scheduler import CPU2, fake_command, queue, status, tick_until
+from tests.unit.orchestrator.fake_runs import CPU2, fake_command, queue, status, tick_until
 
 
 @pytest.fixture

@@ -1,72 +1,23 @@
-"""How an ended attempt ends its run (orchestrator/scheduler/outcomes.py's table, one row a rule), and
-orchestrator/scheduler/diagnosis.py's part in it: a rank that dies by a signal after every rank
-finished its work is not a failure; any other death is."""
+"""How an ended attempt ends its run (orchestrator/scheduler/outcomes.py): the ``ENDINGS`` table,
+one row a rule and without a database, then ``settle`` on a real database: an agent killed from
+outside, a preemption, a cancel or a pause that meets the run's end.
+"""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
+from sqlalchemy.orm import Session, sessionmaker
 
+from db.models import Attempt, Run
+from db.requests import create_run
 from db.states import RunStatus, StopReason
-from db.vocabulary.config import RunConfig, parse_config
-from orchestrator.executors.logs import launcher_log
-from orchestrator.scheduler.diagnosis import died_after_finishing
-from orchestrator.scheduler.outcomes import APPLIERS, ENDINGS, Ended, Ending, ending
-from trainer.process.lifecycle import write_finished
-
-SUMMARY = """\
-============================================================
-trainer FAILED
-------------------------------------------------------------
-Failures:
-{others}
-------------------------------------------------------------
-Root Cause (first observed failure):
-[0]:
-  time      : 2026-11-22_20:00:00
-  host      : box
-  rank      : 1 (local_rank: 1)
-  exitcode  : {code} (pid: 4242)
-  error_file: {error_file}
-  traceback : Signal 6 (SIGABRT) received by PID 4242
-============================================================
-"""
-
-
-def attempt_in(tmp_path: Path, *, finished: list[int], code: int = -6, error_file: str = "<N/A>",
-               stop_reason: str | None = None) -> tuple[SimpleNamespace, RunConfig]:
-    attempt_dir = tmp_path / "attempts" / "1"
-    attempt_dir.mkdir(parents=True)
-    launcher_log(attempt_dir).write_text(
-        SUMMARY.format(others="  <NO_OTHER_FAILURES>", code=code, error_file=error_file))
-    for rank in finished:
-        write_finished(attempt_dir, rank, 40)
-    config = parse_config({"launch": {"nproc_per_node": 2}})
-    return SimpleNamespace(dir=str(attempt_dir), stop_reason=stop_reason), config
-
-
-def test_every_rank_finished_then_one_aborted_is_a_success_with_a_warning(tmp_path: Path) -> None:
-    warning = died_after_finishing(*attempt_in(tmp_path, finished=[0, 1]))
-    assert warning is not None and "rank 1 by SIGABRT" in warning and "nothing was lost" in warning
-
-
-def test_a_rank_that_had_not_finished_makes_it_a_failure(tmp_path: Path) -> None:
-    assert died_after_finishing(*attempt_in(tmp_path, finished=[0])) is None
-
-
-def test_an_exception_or_an_exit_code_is_a_failure_even_after_the_notes(tmp_path: Path) -> None:
-    error_file = tmp_path / "error.json"
-    error_file.write_text('{"message": {"message": "RuntimeError: boom", "extraInfo": {"py_callstack": ""}}}')
-    after_an_exception = attempt_in(tmp_path / "a", finished=[0, 1], code=1, error_file=str(error_file))
-    assert died_after_finishing(*after_an_exception) is None
-    assert died_after_finishing(*attempt_in(tmp_path / "b", finished=[0, 1], code=1)) is None
-
-
-def test_a_stop_runyard_asked_for_is_not_judged_here(tmp_path: Path) -> None:
-    assert died_after_finishing(*attempt_in(tmp_path, finished=[0, 1], stop_reason="hang")) is None
-
+from db.vocabulary.config import RunConfig
+from db.vocabulary.cost import Price
+from db.vocabulary.settings import Settings
+from orchestrator.scheduler.outcomes import APPLIERS, ENDINGS, Ended, Ending, ending, settle
 
 # -- how an ended attempt ends its run: the decision table, without a database ------------------
 
@@ -119,3 +70,120 @@ def test_every_ending_has_a_rule_and_is_applied() -> None:
     assert [e for e, _ in ENDINGS] == list(Ending)  # the table in the enum's order, each once
     assert set(APPLIERS) == set(Ending)
     assert {row[2] for row in ENDING_ROWS} == set(Ending)  # and every one has a row above
+
+
+# -- an agent killed from outside --------------------------------------------------------------
+
+
+def ended_attempt(sessions: sessionmaker[Session], settings: Settings, tmp_path: Path, code: int,
+                  stopped: bool) -> tuple[int, int]:
+    with sessions() as s:
+        run = create_run(s, RunConfig.model_validate({"name": "agent", "retry": {"max_retries": 3}}), settings.runs_dir,
+                         Price(usd_per_hour=1.0, unit="cpu-hour"))
+        s.flush()
+        run.status = RunStatus.RUNNING.value
+        attempt_dir = tmp_path / f"attempt-{code}"
+        attempt_dir.mkdir()
+        (attempt_dir / "exit.json").write_text(json.dumps({"exit_code": code, "pid": 4242, "started_at": 1.0,
+                                                           "ended_at": 2.0}))
+        if stopped:  # the ranks got a SIGTERM and checkpointed before they died
+            (attempt_dir / "stopped.json").write_text(json.dumps({"step": 50, "checkpoint_step": 50}))
+        attempt = Attempt(run_id=run.id, number=1, status="RUNNING", dir=str(attempt_dir), started_at=0.0,
+                          first_step_at=0.5, last_step=50)
+        s.add(attempt)
+        s.commit()
+        return run.id, attempt.id
+
+
+def settle_it(sessions: sessionmaker[Session], ids: tuple[int, int]) -> tuple[Attempt, Run]:
+    run_id, attempt_id = ids
+    with sessions() as s:
+        run, attempt = s.get(Run, run_id), s.get(Attempt, attempt_id)
+        settle(s, run, attempt, json.loads((Path(attempt.dir) / "exit.json").read_text()))
+        s.commit()
+        s.expunge_all()
+        return attempt, run
+
+
+def test_an_agent_killed_from_outside_spends_a_retry_even_if_its_ranks_checkpointed(
+    sessions: sessionmaker[Session], settings: Settings, tmp_path: Path
+) -> None:
+    attempt, run = settle_it(sessions, ended_attempt(sessions, settings, tmp_path, code=-9, stopped=True))
+    assert attempt.cause == "SIGNAL" and attempt.retry_counted is True
+    assert attempt.exception == "the torchrun agent (pid 4242) was killed by SIGKILL"
+    assert run.status == "RETRYING" and run.retries_used == 1
+
+
+def test_a_preemption_the_agent_survived_is_still_free(
+    sessions: sessionmaker[Session], settings: Settings, tmp_path: Path
+) -> None:
+    # SIGTERM from outside: torchrun stops its ranks, which checkpoint, and exits on its own (1).
+    attempt, run = settle_it(sessions, ended_attempt(sessions, settings, tmp_path, code=1, stopped=True))
+    assert attempt.cause == "PREEMPTED" and attempt.retry_counted is False
+    assert run.status == "RETRYING" and run.retries_used == 0
+
+
+@pytest.mark.parametrize("asked", ["cancel", "pause"])
+def test_a_cancel_that_arrives_as_the_run_finishes_leaves_it_succeeded(
+    sessions: sessionmaker[Session], settings: Settings, tmp_path: Path, asked: str
+) -> None:
+    """Step 50 of 50 done, the final save under way, then Cancel (or Pause): the ranks end on
+    their own with 0 and no stop record. A finished run must not read CANCELLED at 50/50."""
+    ids = ended_attempt(sessions, settings, tmp_path, code=0, stopped=False)
+    with sessions() as s:
+        run = s.get(Run, ids[0])
+        stopping = RunStatus.PAUSING if asked == "pause" else RunStatus.CANCELLING
+        run.max_steps, run.status, run.stop_mode = 50, stopping.value, asked
+        s.get(Attempt, ids[1]).stop_reason = asked
+        s.commit()
+    attempt, run = settle_it(sessions, ids)
+    assert (run.status, attempt.status) == ("SUCCEEDED", "SUCCEEDED")
+    assert run.status_reason == f"all ranks finished (step 50/50) before the {asked} took effect"
+
+
+def test_a_cancel_that_stops_the_ranks_before_the_last_step_cancels(
+    sessions: sessionmaker[Session], settings: Settings, tmp_path: Path
+) -> None:
+    ids = ended_attempt(sessions, settings, tmp_path, code=0, stopped=True)  # stopped at 50 with a checkpoint
+    with sessions() as s:
+        run = s.get(Run, ids[0])
+        run.max_steps, run.status, run.stop_mode = 300, RunStatus.CANCELLING.value, "cancel"
+        s.get(Attempt, ids[1]).stop_reason = "cancel"
+        s.commit()
+    attempt, run = settle_it(sessions, ids)
+    assert (run.status, attempt.status) == ("CANCELLED", "CANCELLED")
+    assert run.status_reason.startswith("cancelled at step 50 (with a checkpoint)")
+
+
+@pytest.mark.parametrize(("status", "stop_mode", "ends"), [
+    ("PAUSING", "pause", "PAUSED"),  # a pause carried out
+    ("CANCELLING", "cancel", "CANCELLED"),  # a Cancel clicked while it was PAUSING: the SIGTERM went as a pause
+])
+def test_a_stopped_attempt_ends_the_run_as_the_last_request_says(
+    sessions: sessionmaker[Session], settings: Settings, tmp_path: Path, status: str, stop_mode: str, ends: str
+) -> None:
+    ids = ended_attempt(sessions, settings, tmp_path, code=0, stopped=True)  # stopped at 50 with a checkpoint
+    with sessions() as s:
+        run = s.get(Run, ids[0])
+        run.max_steps, run.status, run.stop_mode = 300, status, stop_mode
+        s.get(Attempt, ids[1]).stop_reason = "pause"
+        s.commit()
+    attempt, run = settle_it(sessions, ids)
+    assert (run.status, attempt.status) == (ends, ends)
+    assert run.status_reason.startswith(f"{ends.lower()} at step 50 (with a checkpoint)")
+
+
+def test_a_clean_pause_is_not_shown_as_torchruns_exit_1(
+    sessions: sessionmaker[Session], settings: Settings, tmp_path: Path
+) -> None:
+    """The ranks checkpointed on runyard's SIGTERM (stopped.json) and stopped; torchrun's agent got
+    the SIGTERM too and exited 1. The attempt is PAUSED with exit code 0, the 1 explained."""
+    ids = ended_attempt(sessions, settings, tmp_path, code=1, stopped=True)
+    with sessions() as s:
+        attempt = s.get(Attempt, ids[1])
+        attempt.stop_reason, attempt.signal_sent = "pause", "SIGTERM"
+        s.get(Run, ids[0]).status = "CANCELLING"  # what request_cancel(mode="pause") left
+        s.commit()
+    attempt, run = settle_it(sessions, ids)
+    assert (attempt.status, attempt.exit_code, run.status) == ("PAUSED", 0, "PAUSED")
+    assert "(with a checkpoint; torchrun's exit 1 was its answer to the SIGTERM)" in attempt.reason

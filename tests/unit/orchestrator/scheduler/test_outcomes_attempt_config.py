@@ -18,7 +18,7 @@ from db.vocabulary.causes import Cause
 from db.vocabulary.config import config_from_json, parse_config
 from db.vocabulary.settings import Settings
 from orchestrator.scheduler.outcomes import attempt_config
-from tests.unit.test_scheduler import attempts, make_scheduler, queue, status, tick_until
+from tests.unit.orchestrator.fake_runs import attempts, make_scheduler, queue, status, tick_until
 
 OLD_TAG = "before the rule"  # a space: refused since issue 52, stored by runs submitted before it
 

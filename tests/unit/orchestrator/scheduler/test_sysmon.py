@@ -1,160 +1,41 @@
-"""The system monitor against real psutil, real processes and a real SQLite database.
-
-A small process tree stands in for torchrun: a parent and two children carrying RANK and
-LOCAL_RANK, one spinning (CPU), one holding memory (RSS). The monitor's clock is a fake one
-that moves 2 s per sample, so a 10-s window closes without waiting 10 s; CPU % and rates are
-still measured over the real time between samples. There is no GPU on the machines that run
-these tests: NVML is a fake ``pynvml`` module here (the mapping from the scheduler's GPUs to
-runs and ranks is what is checked), and the "no NVML" paths are the real ones.
-
-    pytest tests/unit/test_sysmon.py
+"""The system monitor (orchestrator/scheduler/sysmon.py) against real psutil, real processes and a
+real SQLite database: host and per-rank aggregates of a process tree standing in for torchrun
+(tests/unit/orchestrator/scheduler/process_trees.py), retention, windows, rows the database
+refuses, and the scheduler's job that runs it; its GPUs are test_sysmon_gpus.py's.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
-import subprocess
-import sys
 import time
-import types
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-import pandas as pd
 import psutil
-import pyarrow as pa
 import pytest
-import streamlit as st
 from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session, sessionmaker
-from streamlit.testing.v1 import AppTest
 
-from app.system import summary_line
 from db.engine import make_engine, make_sessionmaker
-from db.models import Attempt, SystemMetric
-from db.requests import create_run
-from db.states import AttemptStatus, RunStatus, transition
-from db.sysmetrics import gpu_devices, latest_window, run_span, system_series
-from db.vocabulary.config import RunConfig
-from db.vocabulary.cost import Price
+from db.models import SystemMetric
+from db.sysmetrics import gpu_devices, run_span, system_series
 from db.vocabulary.inventory import Inventory
 from db.vocabulary.settings import Settings
 from orchestrator.scheduler import sysmon
 from orchestrator.scheduler.loop import Scheduler
 from orchestrator.scheduler.service import add_jobs
 from orchestrator.scheduler.sysmon import SAMPLE_S, SystemMonitor
-from tests.unit.apptest import new_app
+from tests.unit.orchestrator.scheduler.process_trees import (
+    START,
+    FakeClock,
+    Tree,
+    by_series,
+    no_nvml,
+    sample_window,
+    start_tree,
+    trees,
+)
 
-START = 1_000_000.0  # a window boundary: samples at START, +2, ... +8 fall in one window
-
-# The stand-in for torchrun: two "ranks" with RANK = offset + LOCAL_RANK; LOCAL_RANK 0 spins,
-# LOCAL_RANK 1 holds 64 MB. It says "ready" once both are up; the test kills them all.
-TREE = r"""
-import os, subprocess, sys, time
-offset = int(sys.argv[1])
-spin = "import time\nprint('up', flush=True)\nend = time.time() + 120\nwhile time.time() < end: pass\n"
-hold = ("import time\nblock = bytearray(64 * 2**20)\nfor i in range(0, len(block), 4096): block[i] = 1\n"
-        "print('up', flush=True)\ntime.sleep(120)\n")
-kids = []
-for local, code in enumerate([spin, hold]):
-    env = dict(os.environ, RANK=str(offset + local), LOCAL_RANK=str(local), WORLD_SIZE="2")
-    kids.append(subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True))
-for k in kids:
-    k.stdout.readline()  # up: the holder has touched its memory
-print("ready", flush=True)
-try:
-    time.sleep(120)
-finally:
-    for k in kids:
-        k.kill()
-"""
-
-
-class FakeClock:
-    def __init__(self, start: float = START, step: float = SAMPLE_S):
-        self.now, self.step = start - step, step
-
-    def __call__(self) -> float:
-        self.now += self.step
-        return self.now
-
-
-@dataclass
-class Tree:
-    run_id: int
-    parent: subprocess.Popen
-    ranks: list[psutil.Process]
-
-
-def start_tree(sessions: sessionmaker[Session], settings: Settings, devices: list[int], rank_offset: int = 0) -> Tree:
-    """A RUNNING run whose attempt's launcher is a real process tree with two ranks."""
-    config = RunConfig.model_validate({"name": "sysmon", "launch": {"nproc_per_node": 2}})
-    with sessions() as s:
-        run = create_run(s, config, settings.runs_dir, Price(usd_per_hour=1.0, unit="cpu-hour"))
-        s.flush()
-        assert transition(s, run.id, RunStatus.STARTING, "test")
-        assert transition(s, run.id, RunStatus.RUNNING, "test")
-        run_id, run_dir = run.id, run.run_dir
-        s.commit()
-    env = {"RUNYARD_RUN_DIR": run_dir, "RUNYARD_ATTEMPT": "1", "PATH": "/usr/bin:/bin"}
-    parent = subprocess.Popen([sys.executable, "-c", TREE, str(rank_offset)], env=env, stdout=subprocess.PIPE,
-                              text=True)
-    assert parent.stdout is not None and parent.stdout.readline().strip() == "ready"
-    root = psutil.Process(parent.pid)
-    deadline = time.monotonic() + 10
-    ranks: list[psutil.Process] = []
-    while time.monotonic() < deadline:  # until both children have exec'd with their RANK
-        ranks = [c for c in root.children() if "RANK" in _environ(c)]
-        if len(ranks) == 2:
-            break
-        time.sleep(0.05)
-    assert len(ranks) == 2, "the rank processes did not start"
-    with sessions() as s:
-        s.add(Attempt(run_id=run_id, number=1, status=AttemptStatus.RUNNING.value, dir=f"{run_dir}/attempts/1",
-                      pid=parent.pid, pid_create_time=root.create_time(), devices_json=json.dumps(devices),
-                      started_at=time.time()))
-        s.commit()
-    return Tree(run_id, parent, ranks)
-
-
-def _environ(proc: psutil.Process) -> dict[str, str]:
-    try:
-        return proc.environ()
-    except psutil.Error:
-        return {}
-
-
-@pytest.fixture
-def trees() -> Iterator[list[Tree]]:
-    started: list[Tree] = []
-    yield started
-    for tree in started:
-        for proc in tree.ranks:
-            with contextlib.suppress(psutil.Error):
-                proc.kill()
-        tree.parent.kill()
-        tree.parent.wait()
-
-
-def sample_window(monitor: SystemMonitor, samples: int = 5, real_gap_s: float = 0.3) -> None:
-    """``samples`` samples in one window, then one in the next, which writes the first."""
-    for _ in range(samples):
-        monitor.sample()
-        time.sleep(real_gap_s)
-    monitor.sample()
-
-
-def by_series(rows: list[dict]) -> dict[tuple, dict]:
-    return {(r["device"], r["run_id"], r["rank"], r["key"]): r for r in rows}
-
-
-def no_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` raises ImportError
-
+__all__ = ["trees"]  # the fixture, from the helper module
 
 # -- host and processes -----------------------------------------------------------------------
 
@@ -295,119 +176,6 @@ def test_close_writes_the_open_window_and_later_windows_follow(
     assert merged_mem[0]["mean"] == pytest.approx((mem[0]["mean"] * 5 + mem[1]["mean"] * 2) / 7)
 
 
-# -- NVML -----------------------------------------------------------------------------------------
-
-
-class NVMLError(Exception):
-    pass
-
-
-class NVMLError_NotSupported(NVMLError):
-    pass
-
-
-class NVMLError_LibraryNotFound(NVMLError):
-    pass
-
-
-def fake_pynvml(gpus: int = 4, no_ecc: tuple[int, ...] = (), init_error: Exception | None = None) -> types.ModuleType:
-    """A stand-in for nvidia-ml-py (mocked: no GPU on the machines that run these tests).
-
-    GPU ``i`` reports utilization 10*i+5 %, 1 GiB * (i+1) used of 80 GiB, 100+i W of a 700 W
-    limit, 40+i C, 1980 MHz SM clock and i ECC errors; ``no_ecc`` GPUs do not support ECC.
-    """
-    m = types.ModuleType("pynvml")
-    m.NVMLError = NVMLError  # type: ignore[attr-defined]
-    m.NVML_TEMPERATURE_GPU, m.NVML_CLOCK_SM = 0, 1  # type: ignore[attr-defined]
-    m.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, m.NVML_VOLATILE_ECC = 1, 0  # type: ignore[attr-defined]
-    m.calls = []  # type: ignore[attr-defined]
-
-    def init() -> None:
-        m.calls.append("init")  # type: ignore[attr-defined]
-        if init_error is not None:
-            raise init_error
-
-    def ecc(i: int, error_type: int, counter: int) -> int:
-        assert (error_type, counter) == (1, 0)
-        if i in no_ecc:
-            raise NVMLError_NotSupported("Not Supported")
-        return i
-
-    m.nvmlInit = init  # type: ignore[attr-defined]
-    m.nvmlShutdown = lambda: m.calls.append("shutdown")  # type: ignore[attr-defined]
-    m.nvmlDeviceGetCount = lambda: gpus  # type: ignore[attr-defined]
-    m.nvmlDeviceGetHandleByIndex = lambda i: i  # type: ignore[attr-defined]
-    m.nvmlDeviceGetUtilizationRates = lambda i: types.SimpleNamespace(gpu=10 * i + 5, memory=3)  # type: ignore[attr-defined]
-    m.nvmlDeviceGetMemoryInfo = lambda i: types.SimpleNamespace(  # type: ignore[attr-defined]
-        used=(i + 1) * 2**30, total=80 * 2**30, free=(79 - i) * 2**30)
-    m.nvmlDeviceGetPowerUsage = lambda i: (100 + i) * 1000  # type: ignore[attr-defined]  # milliwatts
-    m.nvmlDeviceGetEnforcedPowerLimit = lambda i: 700_000  # type: ignore[attr-defined]
-    m.nvmlDeviceGetTemperature = lambda i, sensor: 40 + i  # type: ignore[attr-defined]
-    m.nvmlDeviceGetClockInfo = lambda i, clock: 1980  # type: ignore[attr-defined]
-    m.nvmlDeviceGetTotalEccErrors = ecc  # type: ignore[attr-defined]
-    return m
-
-
-GPU_KEYS = {"util_percent", "mem_used_bytes", "mem_total_bytes", "power_w", "power_limit_w", "temp_c",
-            "sm_clock_mhz", "ecc_uncorrected"}
-
-
-def test_nvml_gpus_are_sampled_and_mapped_to_run_and_rank(
-    sessions: sessionmaker[Session], settings: Settings, trees: list[Tree], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    nvml = fake_pynvml(gpus=4, no_ecc=(3,))
-    monkeypatch.setitem(sys.modules, "pynvml", nvml)
-    # The scheduler gave this run GPUs 2 and 3; its ranks are 4 and 5 (the second node of a
-    # two-node run): LOCAL_RANK indexes the device list, RANK is what is recorded.
-    tree = start_tree(sessions, settings, devices=[2, 3], rank_offset=4)
-    trees.append(tree)
-    monitor = SystemMonitor(sessions, host="testhost", clock=FakeClock())
-    sample_window(monitor, real_gap_s=0.05)
-    monitor.close()
-    assert nvml.calls == ["init", "shutdown"]
-
-    with sessions() as s:
-        rows = system_series(s, until=START)  # the full window (close() wrote the next one too)
-        devices = gpu_devices(s, tree.run_id)
-    gpu = {}
-    for r in rows:
-        if r["device"].startswith("gpu"):
-            gpu.setdefault(r["device"], {})[r["key"]] = r
-    assert sorted(gpu) == ["gpu0", "gpu1", "gpu2", "gpu3"]
-    assert set(gpu["gpu2"]) == GPU_KEYS
-    assert set(gpu["gpu3"]) == GPU_KEYS - {"ecc_uncorrected"}  # unsupported: the key is skipped
-    owners = {d: {(r["run_id"], r["rank"]) for r in keys.values()} for d, keys in gpu.items()}
-    assert owners == {"gpu0": {(None, None)}, "gpu1": {(None, None)},
-                      "gpu2": {(tree.run_id, 4)}, "gpu3": {(tree.run_id, 5)}}
-    g2 = gpu["gpu2"]
-    assert g2["util_percent"]["mean"] == 25 and g2["util_percent"]["count"] == 5
-    assert g2["mem_used_bytes"]["mean"] == 3 * 2**30 and g2["mem_total_bytes"]["mean"] == 80 * 2**30
-    assert g2["power_w"]["mean"] == 102.0 and g2["power_limit_w"]["mean"] == 700.0  # watts, not milliwatts
-    assert g2["temp_c"]["mean"] == 42 and g2["sm_clock_mhz"]["mean"] == 1980 and g2["ecc_uncorrected"]["max"] == 2
-    assert devices == [{"host": "testhost", "device": "gpu2", "rank": 4},
-                       {"host": "testhost", "device": "gpu3", "rank": 5}]
-
-
-@pytest.mark.parametrize("nvml", ["not installed", "no driver"])
-def test_without_nvml_no_gpu_rows_and_no_error(
-    nvml: str, sessions: sessionmaker[Session], settings: Settings, trees: list[Tree], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    if nvml == "not installed":
-        no_nvml(monkeypatch)
-    else:  # installed, but no NVIDIA driver (what nvmlInit does on a machine without a GPU)
-        no_driver = NVMLError_LibraryNotFound("libnvidia-ml.so.1")
-        monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(init_error=no_driver))
-    tree = start_tree(sessions, settings, devices=[0, 1])  # even a run that was given GPUs
-    trees.append(tree)
-    monitor = SystemMonitor(sessions, host="testhost", clock=FakeClock())
-    sample_window(monitor, real_gap_s=0.05)
-    monitor.close()
-    with sessions() as s:
-        rows = system_series(s)
-        assert gpu_devices(s, tree.run_id) == []
-    assert {r["device"] for r in rows} == {"host", "procs"}
-
-
 def test_rows_the_database_refuses_are_kept_for_the_next_write(
     sessions: sessionmaker[Session], settings: Settings, trees: list[Tree], monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
@@ -475,141 +243,3 @@ def test_scheduler_runs_the_sysmon_job_beside_the_tick(
     # A rank spins, so the host is busy: measured between samples even though APScheduler runs
     # each one on whichever pool thread is free (psutil.cpu_percent() would say 0 on a new one).
     assert host_cpu and all(r["min"] > 0 for r in host_cpu), host_cpu
-
-
-# -- the Run page's system section --------------------------------------------------------------
-
-
-def _panel_app(run_id: int) -> None:
-    from app.system import system_panels  # noqa: PLC0415 - AppTest.from_function runs this function's source alone
-
-    system_panels(run_id)
-
-
-@pytest.fixture
-def app_caches(settings: Settings) -> Iterator[None]:
-    st.cache_resource.clear()
-    st.cache_data.clear()
-    yield
-    st.cache_resource.clear()
-    st.cache_data.clear()
-
-
-def add_rows(sessions: sessionmaker[Session], run_id: int, gpus: dict[int, int] | None = None) -> None:
-    """Three windows of host and process rows for ``run_id``; GPU rows for ``gpus`` (index -> rank)."""
-    with sessions() as s:
-        for w in range(3):
-            at = START + 10 * w
-
-            def row(device: str, key: str, value: float, run: int | None = None, rank: int | None = None,
-                    at: float = at) -> None:
-                s.add(SystemMetric(at=at, host="testhost", device=device, run_id=run, rank=rank, key=key,
-                                   min=value * 0.9, mean=value, max=value * 1.1, count=5))
-
-            for key, value in [("cpu_percent", 50.0), ("mem_used_bytes", 8e9), ("mem_total_bytes", 16e9),
-                               ("disk_read_bps", 1e6), ("disk_write_bps", 2e6), ("net_sent_bps", 3e5),
-                               ("net_recv_bps", 4e5)]:
-                row("host", key, value)
-            for rank in (None, 0, 1):
-                row("procs", "cpu_percent", 99.0, run_id, rank)
-                row("procs", "rss_bytes", 5e8, run_id, rank)
-            for index, rank in (gpus or {}).items():
-                for key, value in [("util_percent", 90.0), ("mem_used_bytes", 40e9), ("mem_total_bytes", 80e9),
-                                   ("power_w", 500.0), ("power_limit_w", 700.0), ("temp_c", 60.0),
-                                   ("sm_clock_mhz", 1980.0), ("ecc_uncorrected", 0.0)]:
-                    row(f"gpu{index}", key, value, run_id, rank)
-        s.commit()
-
-
-def _chart_titles(at: AppTest) -> list[str]:
-    titles = []
-    for chart in at.get("vega_lite_chart"):
-        spec = json.loads(chart.proto.spec)
-        titles.append(spec.get("title") or next(layer["title"] for layer in spec.get("layer", []) if "title" in layer))
-    return titles
-
-
-def _chart_frame(at: AppTest, title: str) -> pd.DataFrame:
-    for chart, chart_title in zip(at.get("vega_lite_chart"), _chart_titles(at), strict=True):
-        if chart_title == title:
-            return pa.ipc.open_stream(io.BytesIO(chart.proto.datasets[0].data.data)).read_all().to_pandas()
-    raise AssertionError(f"no chart titled {title!r}")
-
-
-def _run(sessions: sessionmaker[Session], settings: Settings) -> int:
-    config = RunConfig.model_validate({"name": "panel"})
-    with sessions() as s:
-        run = create_run(s, config, settings.runs_dir, Price(usd_per_hour=1.0, unit="cpu-hour"))
-        s.commit()
-        return run.id
-
-
-def test_panels_for_a_cpu_run_say_no_gpu_and_draw_processes_and_host(
-    sessions: sessionmaker[Session], settings: Settings, app_caches: None
-) -> None:
-    run_id = _run(sessions, settings)
-    add_rows(sessions, run_id)
-    at = AppTest.from_function(_panel_app, args=(run_id,), default_timeout=30).run()
-    assert not at.exception, [e.value for e in at.exception]
-    assert any("no GPU" in i.value for i in at.info)
-    # (AppTest lists a two-column grid column by column)
-    assert sorted(_chart_titles(at)) == ["Disk", "Host CPU", "Host memory", "Network", "Process CPU",
-                                         "Process memory (RSS)"]
-    cpu = _chart_frame(at, "Process CPU")
-    assert sorted(cpu["series"].unique()) == ["all processes", "rank 0", "rank 1"]
-    assert len(cpu) == 3 * 3  # three windows of three series
-
-
-def test_panels_for_a_gpu_run_draw_per_gpu_charts(
-    sessions: sessionmaker[Session], settings: Settings, app_caches: None
-) -> None:
-    run_id = _run(sessions, settings)
-    add_rows(sessions, run_id, gpus={2: 0, 3: 1})
-    at = AppTest.from_function(_panel_app, args=(run_id,), default_timeout=30).run()
-    assert not at.exception, [e.value for e in at.exception]
-    assert not at.info
-    titles = _chart_titles(at)
-    assert sorted(titles[:5]) == ["GPU memory", "GPU power", "GPU temperature", "GPU utilization", "SM clock"]
-    assert len(titles) == 5 + 2 + 4  # then the processes and the host
-    util = _chart_frame(at, "GPU utilization")
-    assert sorted(util["series"].unique()) == ["gpu2 · rank 0", "gpu3 · rank 1"]
-    power = _chart_frame(at, "GPU power")
-    assert set(power["what"]) == {"power", "limit"}
-    memory = _chart_frame(at, "GPU memory")
-    assert memory.loc[memory["what"] == "total", "mean"].max() == pytest.approx(80e9 / 2**30)
-
-
-def test_panels_without_any_rows_say_so(sessions: sessionmaker[Session], settings: Settings, app_caches: None) -> None:
-    run_id = _run(sessions, settings)
-    at = AppTest.from_function(_panel_app, args=(run_id,), default_timeout=30).run()
-    assert not at.exception, [e.value for e in at.exception]
-    assert any("no GPU" in i.value for i in at.info)
-    assert any("No system samples" in c.value for c in at.caption)
-    assert not at.get("vega_lite_chart")
-
-
-def test_the_run_page_summarizes_the_newest_window_and_draws_charts_on_demand(
-    sessions: sessionmaker[Session], settings: Settings, app_caches: None
-) -> None:
-    """The Run page shows the newest window in one line; the charts only once asked for."""
-    run_id = _run(sessions, settings)
-    add_rows(sessions, run_id, gpus={2: 0, 3: 1})
-    with sessions() as s:
-        latest = latest_window(s, run_id)
-        assert latest_window(s, run_id + 1) is None
-    assert latest is not None and latest["at"] == START + 20 and latest["gpus"] == 2
-    line = summary_line(latest)
-    assert "GPU utilization 90%, memory 37.3 / 75 GiB (mean of 2 GPU(s))" in line
-    assert "processes 99% of one core, 0.5 GiB RSS" in line and "host CPU 50%" in line
-    assert "No system samples" in summary_line(None)
-
-    at = new_app()
-    at.query_params["run"] = str(run_id)
-    at.switch_page("views/run.py").run()
-    assert not at.exception, [e.value for e in at.exception]
-    assert any("GPU utilization 90%" in c.value for c in at.caption)
-    assert not [t for t in _chart_titles(at) if t.startswith("GPU")]  # no system chart yet
-    at.segmented_control(key="section").set_value("System").run()  # the Run page's System section
-    at.toggle(key=f"system-{run_id}").set_value(True).run()
-    assert not at.exception, [e.value for e in at.exception]
-    assert {"GPU utilization", "GPU memory", "Host CPU"} <= set(_chart_titles(at))

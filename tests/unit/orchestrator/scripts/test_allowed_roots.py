@@ -1,10 +1,6 @@
-"""What a UI user may launch: scripts and text files under allowed roots, resolved after symlinks.
-
-The rule (orchestrator/scripts/allowed_roots.py) on real files in tmp_path, through the same
-``validate`` the UI calls, the UI's fork path on a real SQLite database, and the CLI, which
-keeps full freedom.
-
-    pytest tests/unit/test_script_roots.py
+"""What a UI user may launch (orchestrator/scripts/allowed_roots.py): scripts and text files under
+allowed roots, resolved after symlinks, through the same ``validate`` the UI calls, the UI's fork
+path on a real SQLite database, and the CLI, which keeps full freedom.
 """
 
 from __future__ import annotations
@@ -25,38 +21,16 @@ from db.requests import create_run
 from db.run_list import list_runs
 from db.vocabulary.config import ConfigError, field_of, parse_config
 from db.vocabulary.cost import Price
-from db.vocabulary.inventory import Inventory
 from db.vocabulary.settings import Settings
 from orchestrator.cli.group import cli
 from orchestrator.scripts.allowed_roots import ROOTS_ENV, ScriptRoots, changes_what_runs, refused_paths, script_roots
 from orchestrator.submission import fork, validate
-
-CPU2 = Inventory(kind="cpu", slots=2)
-REPO = Path(__file__).resolve().parents[2]
-
-
-def script_at(path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("print('training')\n")
-    return path
+from tests.unit.orchestrator.scripts.script_files import CPU2, problems_of, script_at
+from tests.unit.paths import ROOT
 
 
 def script_config(script: str | Path, *args: str) -> dict:
     return {"workload": {"kind": "script", "script": str(script), "args": list(args)}, "launch": {"nproc_per_node": 1}}
-
-
-def problems_of(data: dict, roots: ScriptRoots | None, base: Path) -> list[str]:
-    """The problems ``validate`` reports for ``data`` with ``roots`` (None: the CLI's, none) from
-    ``base`` as cwd."""
-    cwd = os.getcwd()
-    os.chdir(base)  # validate resolves relative paths against the cwd, as the UI process does
-    try:
-        validate(data, CPU2, roots=roots)
-    except ConfigError as exc:
-        return exc.problems
-    finally:
-        os.chdir(cwd)
-    return []
 
 
 @pytest.fixture
@@ -181,13 +155,13 @@ def test_the_standard_library_is_refused_even_under_a_root(tmp_path: Path) -> No
 def test_installed_packages_and_runyard_itself_are_refused_under_a_root(tmp_path: Path) -> None:
     """``runyard up`` is usually started in a checkout holding .venv/ and runyard's own modules,
     which run any command their arguments name (the shim, torch.distributed.run --no-python)."""
-    roots = script_roots({}, REPO, tmp_path)
+    roots = script_roots({}, ROOT, tmp_path)
     # Another project's virtual environment under a root: its site-packages are refused by name.
     venv_script = script_at(tmp_path / ".venv" / "lib" / "python3.11" / "site-packages" / "pkg" / "run.py")
-    for script in (REPO / "orchestrator" / "shim.py", REPO / "trainer" / "process" / "script_runner.py", venv_script):
-        (problem,) = problems_of(script_config(script), roots, REPO)
+    for script in (ROOT / "orchestrator" / "shim.py", ROOT / "trainer" / "process" / "script_runner.py", venv_script):
+        (problem,) = problems_of(script_config(script), roots, ROOT)
         assert "installed Python code or runyard's own" in problem, problem
-    assert problems_of(script_config(REPO / "examples" / "ddp_runyard.py"), roots, REPO) == []
+    assert problems_of(script_config(ROOT / "examples" / "ddp_runyard.py"), roots, ROOT) == []
 
 
 def test_unresolvable_path_is_refused(layout: dict[str, Path]) -> None:

@@ -22,7 +22,7 @@ from orchestrator.scheduler.loop import Scheduler
 from orchestrator.scripts import attempt_watch as script_supervision
 from orchestrator.scripts.attempt_watch import UNMATCHED_EVENT, ScriptWatch, script_facts
 from orchestrator.submission import submit
-from tests.unit.test_scheduler import CPU2, attempts, make_scheduler, status, tick_until
+from tests.unit.orchestrator.fake_runs import CPU2, attempts, make_scheduler, status, tick_until
 
 
 def script_run(sessions: sessionmaker[Session], settings: Settings, tmp_path: Path, name: str,

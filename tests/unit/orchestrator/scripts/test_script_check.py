@@ -15,7 +15,7 @@ import pytest
 from db.vocabulary.config import ConfigError
 from orchestrator.scripts.allowed_roots import script_roots
 from orchestrator.submission import validate
-from tests.unit.test_script_roots import CPU2, problems_of
+from tests.unit.orchestrator.scripts.script_files import CPU2, problems_of
 
 
 def problems(workload: dict, base: Path, *, ui: bool = False, **sections: dict) -> list[str]:

@@ -40,7 +40,7 @@ from orchestrator.executors.launcher import script_entry
 from orchestrator.scripts.allowed_roots import LAUNCH_FIELDS, ROOTS_ENV, script_roots
 from orchestrator.scripts.ui_fields import GUARDED_FIELDS, INERT_FIELDS
 from orchestrator.submission import validate
-from tests.unit.test_script_roots import CPU2, script_at
+from tests.unit.orchestrator.scripts.script_files import CPU2, script_at
 
 # The reported attacks: each runs a shell command through a module of the standard library or torch.
 ATTACKS: dict[str, list[str]] = {

@@ -20,9 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.paths import ROOT
 from trainer.agent import warm
-
-ROOT = Path(__file__).resolve().parents[2]
 
 PROBE = """
 import json, os, signal, socket, sys, time

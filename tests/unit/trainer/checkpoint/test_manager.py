@@ -22,6 +22,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.unit.paths import ROOT
 from trainer import TrainerError
 from trainer.checkpoint import (
     FORMAT_VERSION,
@@ -33,8 +34,6 @@ from trainer.checkpoint import (
     select_kept,
 )
 from trainer.checkpoint import io as checkpoint_io
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _training_state(seed: int = 0) -> dict[str, Any]:
@@ -413,7 +412,7 @@ def test_writer_killed_mid_write_leaves_no_step(tmp_path: Path) -> None:
     _saved(tmp_path, 1).close()
     child = subprocess.Popen(
         [sys.executable, "-c", _KILLED_WRITER, str(tmp_path)],
-        cwd=REPO,
+        cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -1,11 +1,14 @@
-"""A script under trainer/process/script_runner.py ends as ``python SCRIPT`` would, short of the
-interpreter's finalisation (trainer/process/process_exit.py): its non-daemon threads finish, its
-``atexit`` handlers run, the writes of a file it left open reach the disk, and torchrun gets the
-exit code ``python`` gives (a ``sys.exit`` code; 1 and the traceback on standard error for an
-exception, which the scheduler then reports as the script's)."""
+"""A user's script started in each rank (trainer/process/script_runner.py) runs as ``python SCRIPT``
+would: found beside its siblings, in its working directory after runyard's own imports, started
+by its path under another interpreter with nothing of runyard's; and it ends as ``python SCRIPT``
+would, short of the interpreter's finalisation (trainer/process/process_exit.py): its non-daemon
+threads finish, its ``atexit`` handlers run, the writes of a file it left open reach the disk, and
+torchrun gets the exit code ``python`` gives (a ``sys.exit`` code; 1 and the traceback on standard
+error for an exception, which the scheduler then reports as the script's)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -16,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.scheduler.failures import parse_traceback
+from tests.unit.paths import ROOT
 from trainer.process import process_exit
 
-ROOT = Path(__file__).resolve().parents[2]
 RUNNER = ROOT / "trainer" / "process" / "script_runner.py"
 
 # A script that relies on the interpreter's shutdown three ways, then ends as its argument says.
@@ -121,3 +124,59 @@ def test_flushing_the_files_left_open_finds_them_and_costs_little(tmp_path: Path
         for f in left_open:
             f.close()
         binary.close()
+
+
+def test_the_script_entry_runs_a_script_as_python_would(tmp_path: Path) -> None:
+    (tmp_path / "helper.py").write_text("VALUE = 42\n")
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import json, sys
+        import helper  # a sibling module, found as `python train.py` would find it
+        print(json.dumps({"name": __name__, "argv": sys.argv, "value": helper.VALUE}))
+    """))
+    result = subprocess.run([sys.executable, "-m", "trainer.process.script_runner", str(script), "--steps", "5"],
+                            capture_output=True, text=True, timeout=30, cwd=os.getcwd(), check=False)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"name": "__main__", "argv": [str(script), "--steps", "5"], "value": 42}
+
+
+def test_the_script_entry_moves_into_the_workdir_after_runyards_imports(tmp_path: Path) -> None:
+    """The user's folder holds modules named like runyard's packages (minGPT's trainer.py, a
+    db.py): runyard's processes start elsewhere, and only the script sees the folder."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "trainer.py").write_text("OWN = True\n")
+    (work / "db.py").write_text("raise SystemExit('the user db.py was imported by runyard')\n")
+    (work / "pkg").mkdir()
+    (work / "pkg" / "__init__.py").write_text("")
+    (work / "pkg" / "train.py").write_text(textwrap.dedent("""
+        import json, os, trainer
+        print(json.dumps({"cwd": os.getcwd(), "own": getattr(trainer, "OWN", False)}))
+    """))
+    elsewhere = tmp_path / "run"
+    elsewhere.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for target in (["-m", "pkg.train"], [str(work / "pkg" / "train.py")]):
+        result = subprocess.run([sys.executable, "-m", "trainer.process.script_runner", "--workdir", str(work),
+                                 *target],
+                                capture_output=True, text=True, timeout=30, cwd=elsewhere, env=env, check=False)
+        assert result.returncode == 0, result.stderr
+        seen = json.loads(result.stdout)
+        assert seen["cwd"] == str(work)
+        assert seen["own"] is (target[0] == "-m")  # a script's folder (pkg/) has no trainer.py: runyard's
+
+
+def test_the_runner_started_by_its_path_needs_nothing_of_runyard(tmp_path: Path) -> None:
+    script = tmp_path / "s.py"
+    script.write_text("import sys\nprint(sys.argv[1:], 'trainer' in sys.modules, sys.path[0])\n")
+    # -I: an isolated interpreter, as a foreign virtual environment would be (no PYTHONPATH, no site).
+    out = subprocess.run([sys.executable, "-I", str(RUNNER), str(script), "a", "b"],
+                         capture_output=True, text=True, cwd=tmp_path, check=True).stdout
+    assert out.strip() == f"['a', 'b'] False {tmp_path}"
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "train.py").write_text("import os, sys\nprint(__name__, sys.argv[1:], sys.path[0] == os.getcwd())\n")
+    out = subprocess.run([sys.executable, "-I", str(RUNNER), "-m", "pkg.train", "x"],
+                         capture_output=True, text=True, cwd=tmp_path, check=True).stdout
+    assert out.strip() == "__main__ ['x'] True"

@@ -19,6 +19,7 @@ from db.vocabulary.cost import Price
 from db.vocabulary.settings import Settings
 from orchestrator.format import startup_text
 from tests.conftest import wait_until
+from tests.unit.paths import ROOT
 from trainer.reporting.reporter import DatabaseWriter
 
 
@@ -93,6 +94,6 @@ def test_a_process_start_is_read_to_the_tick_not_to_the_boot_second() -> None:
     code = "import time; t = time.time(); from trainer.sdk import process_started; print(t, process_started())"
     before = time.time()
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120,
-                         cwd=Path(__file__).resolve().parents[2]).stdout
+                         cwd=ROOT).stdout
     first_line, started = (float(x) for x in out.split())
     assert before - 0.02 <= started <= first_line  # one clock tick (10 ms) of rounding, no more

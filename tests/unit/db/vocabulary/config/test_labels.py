@@ -15,7 +15,6 @@ import csv
 import io
 import json
 import time
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -33,9 +32,9 @@ from orchestrator.alerts.store import AlertStore
 from orchestrator.cli.group import cli
 from orchestrator.run_edits import EditRefused, edit_run
 from orchestrator.submission import submit, validate
-from tests.unit.test_scheduler import CPU2
+from tests.unit.orchestrator.fake_runs import CPU2
+from tests.unit.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "examples" / "digits.toml")
 
 

@@ -24,8 +24,7 @@ from db.vocabulary.config import (
     parse_toml,
     reference_markdown,
 )
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.unit.paths import ROOT
 
 
 def test_example_config_is_the_documented_default() -> None:

@@ -1,7 +1,9 @@
-"""The Slurm executor's reading of Slurm: squeue's two formats, wait statuses, sbatch's options, and
-what a job that left the queue means, on a real SQLite database with a fake ``Slurm`` (the
-command layer) that answers as Slurm 22.05 does (docs/SLURM_NOTES.md). The real cluster is
-tests/integration/test_slurm.py's."""
+"""The Slurm executor (orchestrator/executors/slurm/executor.py): sbatch's options, and what a job
+that left the queue means, on a real SQLite database with a fake ``Slurm`` (the command layer)
+that answers as Slurm 22.05 does (docs/SLURM_NOTES.md), with the batch program's reading of
+slurmstepd's stop line (orchestrator/executors/slurm/job.py). The real cluster is
+tests/integration/test_slurm.py's.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from db.models import Attempt, Event, Run
 from db.requests import create_run
 from db.states import AttemptStatus, RunStatus
 from db.vocabulary.causes import Cause
-from db.vocabulary.config import ConfigError, RetryConfig, RunConfig, parse_config
+from db.vocabulary.config import RetryConfig, RunConfig, parse_config
 from db.vocabulary.cost import Price
 from db.vocabulary.settings import Settings
 from orchestrator.executors.base import LaunchRequest, Liveness
@@ -26,10 +28,6 @@ from orchestrator.executors.slurm.commands import (
     JobStatus,
     SlurmError,
     canceller,
-    parse_job_id,
-    parse_squeue_json,
-    parse_squeue_plain,
-    wait_status_code,
 )
 from orchestrator.executors.slurm.executor import SlurmExecutor, sbatch_options, warning_lead_s
 from orchestrator.executors.slurm.job import stop_line
@@ -37,41 +35,7 @@ from orchestrator.format import where_short, where_text
 from orchestrator.scheduler.loop import Scheduler
 from orchestrator.scheduler.outcomes import settle
 from orchestrator.scheduler.retry import AttemptOutcome, decide
-from tests.unit.test_scheduler import CPU2
-
-SQUEUE_22_05 = json.dumps({"meta": {}, "errors": [], "jobs": [
-    {"job_id": 21, "name": "runyard-r7-a1-abcdef", "job_state": "RUNNING", "state_reason": "None", "nodes": "localhost",
-     "exit_code": 0},
-    {"job_id": 22, "name": "other", "job_state": "PENDING", "state_reason": "Resources", "nodes": "", "exit_code": 0},
-    {"job_id": 20, "name": "old", "job_state": "FAILED", "state_reason": "NonZeroExitCode", "nodes": "localhost",
-     "exit_code": 768},
-]})
-# Newer Slurm wraps states in lists and numbers in {"set", "number"} objects.
-SQUEUE_24 = json.dumps({"jobs": [
-    {"job_id": 5, "name": "n", "job_state": ["PENDING"], "state_reason": "Priority", "nodes": "",
-     "exit_code": {"status": ["PENDING"], "return_code": {"set": False, "number": 0}}},
-]})
-
-
-def test_squeue_json_of_22_05_and_of_newer_slurm() -> None:
-    jobs = parse_squeue_json(SQUEUE_22_05)
-    assert jobs["21"] == JobStatus("21", "runyard-r7-a1-abcdef", "RUNNING", "None", "localhost", None)
-    assert (jobs["22"].state, jobs["22"].reason) == ("PENDING", "Resources")
-    assert jobs["20"].exit_code == 3  # the batch program's wait status 768 = exit 3
-    assert parse_squeue_json(SQUEUE_24)["5"] == JobStatus("5", "n", "PENDING", "Priority", "", None)
-
-
-def test_squeue_plain_format_and_sbatch_output() -> None:
-    jobs = parse_squeue_plain("21|runyard-r7-a1|RUNNING|None|localhost\n22|x|PENDING|Priority|\nnoise\n")
-    assert jobs["21"].nodes == "localhost" and jobs["22"].reason == "Priority" and len(jobs) == 2
-    assert parse_job_id("1234\n") == "1234" and parse_job_id("77;cluster\n") == "77"
-    with pytest.raises(SlurmError, match="no job id"):
-        parse_job_id("sbatch: error: Batch job submission failed\n")
-
-
-@pytest.mark.parametrize(("status", "code"), [(0, 0), (768, 3), (36608, 143), (9, -9), (15, -15)])
-def test_wait_status_as_exit_code(status: int, code: int) -> None:
-    assert wait_status_code(status) == code
+from tests.unit.orchestrator.fake_runs import CPU2
 
 
 def test_sbatch_options_map_each_field_and_keep_runyard_s_own(tmp_path: Path) -> None:
@@ -88,17 +52,6 @@ def test_sbatch_options_map_each_field_and_keep_runyard_s_own(tmp_path: Path) ->
     assert argv[9:] == ["--partition=gpu", "--account=lab", "--time=04:00:00", "--gpus-per-node=4",
                         "--cpus-per-task=32", "--mem=200G", "--qos=high", "--exclusive"]
     assert warning_lead_s(None) == 90 and warning_lead_s(300.0) == 330  # the measured save, plus 30 s
-
-
-def test_slurm_settings_are_refused_by_name() -> None:
-    with pytest.raises(ConfigError) as caught:
-        parse_config({"launch": {"executor": "slurm"},
-                      "slurm": {"sbatch_args": ["--output=/tmp/x", "-q", "a\nb"], "time_limit": "soon"}})
-    text = str(caught.value)
-    assert "slurm.time_limit = 'soon'" in text and "HH:MM:SS" in text
-    assert "--output is set by runyard itself" in text and "use the long form" in text and "line break" in text
-    with pytest.raises(ConfigError, match=r"slurm\.partition is set but launch\.executor = 'local'"):
-        parse_config({"slurm": {"partition": "gpu"}})
 
 
 class FakeSlurm:
@@ -280,6 +233,7 @@ def test_runyard_keeps_at_most_slurm_max_jobs_in_the_queue(sessions: sessionmake
 # as Slurm 22.05's src/slurmd/slurmstepd/req.c words it; the STEP line comes from runyard's own
 # `scancel --signal=TERM` to the steps and must be ignored.
 STEP_LINE = "slurmstepd-localhost: error: *** STEP 42.0 ON localhost CANCELLED AT 2026-11-26T20:59:58 ***\n"
+
 CANCEL_LINES = {
     "scancel": "slurmstepd-localhost: error: *** JOB 42 ON localhost CANCELLED AT 2026-11-26T21:00:01 ***\n",
     "time limit": ("slurmstepd-localhost: error: *** JOB 42 ON localhost CANCELLED AT 2026-11-26T21:00:01 DUE TO "

@@ -1,0 +1,64 @@
+"""The evidence an ended attempt's folder holds (orchestrator/scheduler/diagnosis.py): a rank that
+dies by a signal after every rank finished its work is not a failure; any other death is.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+from db.vocabulary.config import RunConfig, parse_config
+from orchestrator.executors.logs import launcher_log
+from orchestrator.scheduler.diagnosis import died_after_finishing
+from trainer.process.lifecycle import write_finished
+
+SUMMARY = """\
+============================================================
+trainer FAILED
+------------------------------------------------------------
+Failures:
+{others}
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-22_20:00:00
+  host      : box
+  rank      : 1 (local_rank: 1)
+  exitcode  : {code} (pid: 4242)
+  error_file: {error_file}
+  traceback : Signal 6 (SIGABRT) received by PID 4242
+============================================================
+"""
+
+
+def attempt_in(tmp_path: Path, *, finished: list[int], code: int = -6, error_file: str = "<N/A>",
+               stop_reason: str | None = None) -> tuple[SimpleNamespace, RunConfig]:
+    attempt_dir = tmp_path / "attempts" / "1"
+    attempt_dir.mkdir(parents=True)
+    launcher_log(attempt_dir).write_text(
+        SUMMARY.format(others="  <NO_OTHER_FAILURES>", code=code, error_file=error_file))
+    for rank in finished:
+        write_finished(attempt_dir, rank, 40)
+    config = parse_config({"launch": {"nproc_per_node": 2}})
+    return SimpleNamespace(dir=str(attempt_dir), stop_reason=stop_reason), config
+
+
+def test_every_rank_finished_then_one_aborted_is_a_success_with_a_warning(tmp_path: Path) -> None:
+    warning = died_after_finishing(*attempt_in(tmp_path, finished=[0, 1]))
+    assert warning is not None and "rank 1 by SIGABRT" in warning and "nothing was lost" in warning
+
+
+def test_a_rank_that_had_not_finished_makes_it_a_failure(tmp_path: Path) -> None:
+    assert died_after_finishing(*attempt_in(tmp_path, finished=[0])) is None
+
+
+def test_an_exception_or_an_exit_code_is_a_failure_even_after_the_notes(tmp_path: Path) -> None:
+    error_file = tmp_path / "error.json"
+    error_file.write_text('{"message": {"message": "RuntimeError: boom", "extraInfo": {"py_callstack": ""}}}')
+    after_an_exception = attempt_in(tmp_path / "a", finished=[0, 1], code=1, error_file=str(error_file))
+    assert died_after_finishing(*after_an_exception) is None
+    assert died_after_finishing(*attempt_in(tmp_path / "b", finished=[0, 1], code=1)) is None
+
+
+def test_a_stop_runyard_asked_for_is_not_judged_here(tmp_path: Path) -> None:
+    assert died_after_finishing(*attempt_in(tmp_path, finished=[0, 1], stop_reason="hang")) is None
