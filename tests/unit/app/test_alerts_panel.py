@@ -1,5 +1,5 @@
 """The dashboard's alerts, rendered by Streamlit's AppTest on a real database (as in
-test_app_pages.py): Settings' Alerts part adds a channel and its Test button delivers to a local
+tests/unit/app/pages.py): Settings' Alerts part adds a channel and its Test button delivers to a local
 receiver; the Run page lists a run's alerts with their delivery state; the Runs list marks a run
 with an open alert."""
 

@@ -1,7 +1,7 @@
 """What a fork changes (app/fork_changes.py): the settings that differ from the source run, and
 the ``key=value`` overrides a fork request takes, read back exactly by the CLI's parser.
 
-    pytest tests/unit/test_fork_changes.py
+    pytest tests/unit/app/test_fork_changes.py
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ at most ``max_points`` buckets per (attempt, rank), ``since_step``), and the rea
 SQLite file and a real PostgreSQL database. After every refresh the merged rows must be exactly
 the rows of a full fetch.
 
-    pytest tests/unit/test_live_series.py
+    pytest tests/unit/app/test_live_series.py
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The Run page's logs as text (app/log_view.py): search, first error, line numbers, escaping and
-the zip of every log; the page itself is in tests/unit/test_app_pages.py."""
+the zip of every log; the page itself is in tests/unit/app/views/test_run.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""The Run page's system section (app/system.py), drawn by Streamlit's AppTest from rows of a real
-SQLite database: host, process and GPU panels, and the newest window's summary.
-"""
+"""The Run page's system section (app/system.py): its charts' axes titled and scaled by the metric
+registry, and its panels drawn by Streamlit's AppTest from rows of a real SQLite database: host,
+process and GPU panels, and the newest window's summary."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import streamlit as st
 from sqlalchemy.orm import Session, sessionmaker
 from streamlit.testing.v1 import AppTest
 
+from app import system
 from app.system import summary_line
 from db.models import SystemMetric
 from db.requests import create_run
@@ -163,3 +164,18 @@ def test_the_run_page_summarizes_the_newest_window_and_draws_charts_on_demand(
     at.toggle(key=f"system-{run_id}").set_value(True).run()
     assert not at.exception, [e.value for e in at.exception]
     assert {"GPU utilization", "GPU memory", "Host CPU"} <= set(_chart_titles(at))
+
+
+def test_system_chart_axes_are_titled_and_scaled_by_the_registry() -> None:
+    rows = pd.DataFrame([{"at": 1000.0 + 10 * i, "host": "h", "device": "gpu0", "run_id": 1, "rank": 0, "key": key,
+                          "min": v, "mean": v, "max": v, "count": 5, "series": "gpu0", "what": what}
+                         for i in range(3) for key, v, what in (("mem_used_bytes", 2.0 * 2**30, "used"),
+                                                                ("util_percent", 90.0, ""))])
+    util = system.band_line(rows[rows["key"] == "util_percent"], "GPU utilization", "util_percent")
+    assert util is not None
+    assert '"title": "GPU utilization (%)"' in json.dumps(util.to_dict())
+    memory = system.used_vs_total(rows[rows["key"] == "mem_used_bytes"], "GPU memory", "mem_used_bytes", "Memory (GiB)")
+    assert memory is not None
+    spec = memory.to_dict()
+    assert spec["encoding"]["y"]["title"] == "Memory (GiB)"
+    assert {row["mean"] for data in spec["datasets"].values() for row in data} == {2.0}  # bytes shown in GiB

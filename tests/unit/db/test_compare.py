@@ -8,7 +8,7 @@
 - two statements for the metrics and a fixed number for the runs, for 2 or 12 runs;
 - the config diff lists exactly the flattened keys that differ.
 
-    pytest tests/unit/test_compare_reads.py
+    pytest tests/unit/db/test_compare.py
 """
 
 from __future__ import annotations

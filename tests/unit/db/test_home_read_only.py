@@ -9,7 +9,7 @@ not allowed, ``chattr +i`` on the folder stands in (nothing can be created in it
 without either the tests skip and say why. The CLI runs as real ``runyard`` processes, so no open
 SQLite handle of the test keeps the mount busy.
 
-    pytest tests/unit/test_home_read_only.py
+    pytest tests/unit/db/test_home_read_only.py
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """An edit of a run's name, tags and note as a decision over plain values
 (orchestrator/run_edits.py): what a person asked and what the run is called now give every problem,
 or the changes with their sentences and the labels after. No database: the same rules with one,
-and the events they write, are tests/unit/test_run_workspace.py's."""
+and the events they write, are tests/unit/orchestrator/test_run_edits_stored.py's."""
 
 from __future__ import annotations
 

@@ -5,7 +5,8 @@ stops on SIGTERM with a checkpoint and a note, and resumes bit for bit (its batc
 global RNG, so the RNG states must come back too); a managed run records its checkpoints in the
 database and leaves the finished note only once they are durable. The built-in mlp-digits runs
 through ``python -m trainer``'s ``main`` on a one-rank process group, and a resume from an older
-step moves the newer checkpoints aside.
+step moves the newer checkpoints aside. A rank's process start, the end of its launch phase, is
+read to the clock's tick.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +33,7 @@ from db.models import Checkpoint
 from db.vocabulary.config import RunConfig, parse_config
 from db.vocabulary.layout import MANIFEST_FILE
 from db.vocabulary.settings import Settings
+from tests.unit.paths import ROOT
 from trainer.__main__ import main
 from trainer.checkpoint import CheckpointManager
 from trainer.context import RunContext
@@ -285,3 +290,15 @@ def test_mlp_digits_runs_through_the_entry_point_on_one_rank_and_resumes(
     assert main(["--config", str(config)]) == 0
     assert digest(root / "step-30") == first  # the data position and RNG states came back
     assert sorted(p.name for p in (root / "superseded" / "attempt-2").iterdir()) == ["step-20", "step-30"]
+
+
+def test_a_process_start_is_read_to_the_tick_not_to_the_boot_second() -> None:
+    """The ``spawned`` mark (the end of the launch phase) is when the rank's process was created:
+    never before the parent started it, never after the child's first line ran. psutil's
+    create_time can be up to a second early (the boot time it adds is in whole seconds)."""
+    code = "import time; t = time.time(); from trainer.sdk import process_started; print(t, process_started())"
+    before = time.time()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120,
+                         cwd=ROOT).stdout
+    first_line, started = (float(x) for x in out.split())
+    assert before - 0.02 <= started <= first_line  # one clock tick (10 ms) of rounding, no more

@@ -1,5 +1,5 @@
 """Which layers a metric chart draws (app/charts/layers.py's table): a decision over plain values,
-one row a case, no chart built. The layers themselves, drawn, are tests/unit/test_charts.py's."""
+one row a case, no chart built. The layers themselves, drawn, are tests/unit/app/charts/test_metric.py's."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
-"""The Run page's chart shaping (app/charts/metric.py): EMA through NaN gaps, the rank mean with its
-band, bucket min/max bands, lineage, x axes, log scale, and NaN markers; the rank palette, the
-isolation of ranks, the hover read-out, identical ranks, and the registry's titles and units.
-
-    pytest tests/unit/test_charts.py
+"""A metric's chart (app/charts/metric.py): EMA through NaN gaps, the rank mean with its band,
+bucket min/max bands, lineage, x axes, log scale, and NaN markers; the rank palette, the
+isolation of ranks, the hover read-out, identical ranks, and the registry's titles and units;
+which layers a chart has is test_layers.py's.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ import altair as alt
 import pandas as pd
 import pytest
 
-from app import system
 from app.charts import layers as chart_layers
 from app.charts import metric as charts
 from app.charts.metric import ChartOptions
@@ -200,21 +198,6 @@ def test_rank_legend_isolates_through_a_click_selection_its_labels_included() ->
     # The label sits on its button, its datum the rank's (issue 29: clicks on axis labels did nothing).
     assert labels["mark"]["type"] == "text" and labels["encoding"]["text"]["field"] == "label"
     assert labels["encoding"]["x"] == buttons["encoding"]["x"] and "data" not in labels  # the strip's rows
-
-
-def test_system_chart_axes_are_titled_and_scaled_by_the_registry() -> None:
-    rows = pd.DataFrame([{"at": 1000.0 + 10 * i, "host": "h", "device": "gpu0", "run_id": 1, "rank": 0, "key": key,
-                          "min": v, "mean": v, "max": v, "count": 5, "series": "gpu0", "what": what}
-                         for i in range(3) for key, v, what in (("mem_used_bytes", 2.0 * 2**30, "used"),
-                                                                ("util_percent", 90.0, ""))])
-    util = system.band_line(rows[rows["key"] == "util_percent"], "GPU utilization", "util_percent")
-    assert util is not None
-    assert '"title": "GPU utilization (%)"' in json.dumps(util.to_dict())
-    memory = system.used_vs_total(rows[rows["key"] == "mem_used_bytes"], "GPU memory", "mem_used_bytes", "Memory (GiB)")
-    assert memory is not None
-    spec = memory.to_dict()
-    assert spec["encoding"]["y"]["title"] == "Memory (GiB)"
-    assert {row["mean"] for data in spec["datasets"].values() for row in data} == {2.0}  # bytes shown in GiB
 
 
 def contrast(a: str, b: str) -> float:

@@ -5,19 +5,15 @@ summaries, goodput and ETA), only active and recently ended runs have series, re
 counted by cause, GPUs are named by the UUIDs the scheduler published. The HTTP side (the scrape
 token, refusals) is tried against the real server in tests/integration/test_prometheus.py.
 
-    pytest tests/unit/test_prometheus.py
+    pytest tests/unit/app/server/test_prometheus.py
 """
 
 from __future__ import annotations
 
-import json
-import sys
 import time
-import types
 from dataclasses import dataclass
 
 import pytest
-from click.testing import CliRunner
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.orm import Session, sessionmaker
@@ -33,13 +29,13 @@ from db.vocabulary.cost import Price
 from db.vocabulary.inventory import Inventory
 from db.vocabulary.scheduler_file import SchedulerFile
 from db.vocabulary.settings import EnvSettings, Settings, SettingsError
-from orchestrator.cli.group import cli
-from orchestrator.scheduler.resources import detect_inventory
 
 pytestmark = pytest.mark.both_dbs
 
 HOST = "this-node"
+
 RECENT_ENV = "RUNYARD_METRICS_RECENT_S"
+
 UUIDS = ("GPU-00000000-aaaa-0000-0000-000000000000", "GPU-11111111-bbbb-1111-1111-111111111111",
          "GPU-22222222-cccc-2222-2222-222222222222")
 
@@ -276,38 +272,3 @@ def test_the_window_comes_from_the_environment_and_a_bad_value_is_named() -> Non
     for bad in ("soon", "-5", "inf", "nan"):
         with pytest.raises(SettingsError, match=f"{RECENT_ENV} = '{bad}'"):
             EnvSettings.from_env({RECENT_ENV: bad})
-
-
-def test_runyard_token_scrape_prints_its_own_token_and_rotates_it_alone(settings: Settings) -> None:
-    runner = CliRunner()
-    ui_url = runner.invoke(cli, ["token"]).stdout.strip()
-    first = runner.invoke(cli, ["token", "--scrape"])
-    assert first.exit_code == 0, first.output
-    token = first.stdout.strip()
-    assert len(token) == 43 and token not in ui_url
-    assert settings.scrape_token_file.read_text().strip() == token
-    assert settings.scrape_token_file.stat().st_mode & 0o777 == 0o600
-    assert runner.invoke(cli, ["token", "--scrape"]).stdout.strip() == token  # printed again, not replaced
-    rotated = runner.invoke(cli, ["token", "--scrape", "--rotate"])
-    assert rotated.exit_code == 0, rotated.output
-    new = rotated.stdout.strip()
-    assert new != token and settings.scrape_token_file.read_text().strip() == new
-    assert runner.invoke(cli, ["token"]).stdout.strip() == ui_url  # the UI's token was left alone
-
-
-def test_the_scheduler_publishes_each_gpus_uuid_with_its_inventory(monkeypatch: pytest.MonkeyPatch) -> None:
-    """NVML is mocked (no GPU on the machines that run these tests); older nvidia-ml-py versions
-    answer bytes, newer ones str."""
-    nvml = types.ModuleType("pynvml")
-    nvml.nvmlInit = nvml.nvmlShutdown = lambda: None  # type: ignore[attr-defined]
-    nvml.nvmlDeviceGetCount = lambda: 2  # type: ignore[attr-defined]
-    nvml.nvmlDeviceGetHandleByIndex = lambda i: i  # type: ignore[attr-defined]
-    nvml.nvmlDeviceGetName = lambda i: "NVIDIA H100 80GB HBM3"  # type: ignore[attr-defined]
-    nvml.nvmlDeviceGetMemoryInfo = lambda i: types.SimpleNamespace(total=80 * 2**30)  # type: ignore[attr-defined]
-    nvml.nvmlDeviceGetUUID = lambda i: UUIDS[i].encode() if i else UUIDS[i]  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "pynvml", nvml)
-    inventory = detect_inventory({})
-    assert inventory.gpu_uuids == UUIDS[:2]
-    assert Inventory.from_json(json.loads(json.dumps(inventory.to_json()))) == inventory  # as the heartbeat carries it
-    older = {k: v for k, v in inventory.to_json().items() if k != "gpu_uuids"}  # an older scheduler's record
-    assert Inventory.from_json(older).gpu_uuids == ()

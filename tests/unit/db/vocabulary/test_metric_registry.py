@@ -1,16 +1,26 @@
-"""The metric registry (db/vocabulary/metric_registry.py): labels, units and number formats per key.
-
-    pytest tests/unit/test_metric_registry.py
-"""
+"""The metric registry (db/vocabulary/metric_registry.py): labels, units and number formats per key,
+and a share a script logged as a percentage already (nanoGPT's ``mfu`` x 100) not multiplied again."""
 
 from __future__ import annotations
 
+import csv
+import io
 import math
 import re
+import time
 
+import pandas as pd
 import pytest
+from click.testing import CliRunner
+from sqlalchemy.orm import Session, sessionmaker
 
+from app.charts.metric import displayed
+from db.metricstore import write_points
+from db.models import Attempt
+from db.vocabulary import metric_registry
 from db.vocabulary import metric_registry as registry
+from db.vocabulary.settings import Settings
+from orchestrator.cli.group import cli
 from tests.unit.paths import ROOT
 
 
@@ -79,3 +89,36 @@ def test_registry_covers_every_key_runyard_reports() -> None:
     reported |= set(re.findall(r'"(\w+_(?:percent|bytes|bps|w|c|mhz))"', sysmon))
     assert {"step_time", "mfu", "mem_rss_mib", "pre_sync_s", "util_percent", "rss_bytes"} <= reported
     assert reported - set(registry.known_keys()) == set()
+
+
+EXAMPLE = str(ROOT / "examples" / "digits.toml")
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(cli, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_a_share_logged_in_percent_is_not_multiplied_again(settings: Settings,
+                                                           sessions: sessionmaker[Session]) -> None:
+    """nanoGPT logs ``mfu`` x 100 (``wandb.log({"mfu": running_mfu*100})``, ``mfu 38.20%``);
+    runyard's trainer a fraction. A value beyond ±1 is no fraction: shown as it is."""
+    assert metric_registry.format_value("mfu", 0.382) == "38.2%"  # runyard's own fraction
+    assert metric_registry.format_value("mfu", 38.2) == "38.2%"  # a script's percentage
+    assert metric_registry.format_value("mfu", -100.0) == "-100%"  # nanoGPT's first iterations
+    assert metric_registry.format_value("eval_accuracy", 97.5) == "97.5%"
+    assert metric_registry.format_value("util_percent", 50.0) == "50%"  # stored in percent: unchanged
+    # A chart judges the run's whole series: 0.9 beside 38.2 is 0.9%, not 90%.
+    frame = pd.DataFrame({"value": [0.9, 38.2], "lo": [0.9, 38.2], "hi": [0.9, 38.2], "smooth": [0.9, 38.2]})
+    assert displayed(frame, "mfu")["value"].tolist() == [0.9, 38.2]
+    assert displayed(frame.iloc[:1], "mfu")["value"].tolist() == [90.0]
+    run("submit", EXAMPLE)
+    with sessions() as s:
+        s.add(Attempt(run_id=1, number=1, status="SUCCEEDED", dir="/x", started_at=time.time()))
+        s.flush()
+        write_points(s.connection(), [dict(run_id=1, attempt=1, rank=0, step=10, key="mfu", value=38.2,
+                                           wall_time=110.0)])
+        s.commit()
+    code, out, _ = run("metrics", "1", "--csv")
+    (row,) = csv.DictReader(io.StringIO(out))
+    assert code == 0 and float(row["value"]) * float(row["display_scale"]) == pytest.approx(38.2)

@@ -1,5 +1,8 @@
-"""The RUNYARD_* variables: one typed model per audience (db/vocabulary/settings.py), every variable the product
-reads is in one of them, bad values are named, and the docs' tables are the models'."""
+"""The RUNYARD_* variables: one typed model per audience (db/vocabulary/settings.py), every variable
+the product reads is in one of them, bad values are named, the ranks' protocol round-trips
+through its model, and the fault hooks and the processes that start by the dozen read theirs
+without it.
+"""
 
 from __future__ import annotations
 
@@ -12,9 +15,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import db.vocabulary.settings_doc as doc
 from db.vocabulary.settings import EnvSettings, FaultEnv, RankEnv, Settings, SettingsError, load_settings
-from db.vocabulary.settings_doc import DOCS, TABLES, main, with_table
+from db.vocabulary.settings_doc import TABLES
 from orchestrator.cli.group import cli
 from orchestrator.executors import shim
 from tests.unit.paths import ROOT
@@ -22,6 +24,7 @@ from trainer import faults
 from trainer.context import RunContext, context_from_env
 
 PRODUCT = ("app", "orchestrator", "trainer", "db")
+
 # Names that look like a variable but are not one: a Python constant (orchestrator/scripts/allowed_roots.py),
 # the family name in trainer/faults.py's prose.
 NOT_VARIABLES = frozenset({"RUNYARD_PACKAGES", "RUNYARD_FAULT"})
@@ -44,26 +47,6 @@ def test_every_runyard_variable_the_product_names_is_in_a_model() -> None:
     known = {model.variable(field) for model in TABLES for field in model.model_fields}
     stray = {name: sorted(files) for name, files in _names_in_product().items() if name not in known | NOT_VARIABLES}
     assert stray == {}, f"RUNYARD_* names read outside db/vocabulary/settings.py's models: {stray}"
-
-
-@pytest.mark.parametrize("model", list(TABLES))
-def test_the_docs_tables_are_generated_from_the_models(model: type) -> None:
-    """Regenerate with `python -m db.vocabulary.settings_doc`."""
-    text = (DOCS / TABLES[model]).read_text()
-    assert with_table(text, model) == text
-    for field in model.model_fields:
-        assert f"| `{model.variable(field)}` |" in text
-
-
-def test_the_doc_script_rewrites_a_stale_table_and_check_says_so(tmp_path: Path, monkeypatch) -> None:
-    for name in TABLES.values():
-        (tmp_path / name).write_text((DOCS / name).read_text().replace("The run's number.", "stale"))
-    monkeypatch.setattr(doc, "DOCS", tmp_path)
-    assert main(["--check"]) == 1
-    assert "stale" in (tmp_path / "SCRIPTS.md").read_text()  # --check changes nothing
-    assert main([]) == 0
-    assert main(["--check"]) == 0
-    assert (tmp_path / "SCRIPTS.md").read_text() == (DOCS / "SCRIPTS.md").read_text()
 
 
 def test_values_are_typed_with_the_documented_defaults() -> None:

@@ -1,9 +1,6 @@
-"""`runyard import tensorboard LOGDIR`: a past run's scalars, written by torch's own SummaryWriter,
-become a finished run that `runyard ls`, `show` and `metrics` list like any other; and how a
-script run is described (its folder, its interpreter, what its hang watchdog watches, a step
-count without a total).
-
-    pytest tests/unit/test_imported_runs.py
+"""`runyard import tensorboard LOGDIR` (orchestrator/cli/imported.py): a past run's scalars, written
+by torch's own SummaryWriter, become a finished run that `runyard ls`, `show` and `metrics` list
+like any other, and that cannot be rerun or resumed.
 """
 
 from __future__ import annotations
@@ -18,8 +15,6 @@ from click.testing import CliRunner
 
 from db.vocabulary.settings import Settings
 from orchestrator.cli.group import cli
-from orchestrator.format import step_text
-from orchestrator.scripts.attempt_watch import script_facts
 
 tensorboard = pytest.importorskip("torch.utils.tensorboard")
 
@@ -72,21 +67,6 @@ def test_import_names_what_is_wrong_with_the_folder(settings: Settings, tmp_path
     result = runner.invoke(cli, ["import", "tensorboard", str(tmp_path / "empty")])
     assert result.exit_code == 2 and "no TensorBoard event file" in result.output
     assert json.loads(invoke("ls", "--json")) == []
-
-
-def test_a_step_without_a_total_is_shown_alone() -> None:
-    assert step_text(12, 300) == "12/300" and step_text(12, 300, " / ") == "12 / 300"
-    assert step_text(12, 0) == "12" and step_text(0, None) == "0"
-
-
-def test_a_script_run_says_where_it_runs_with_what_and_what_is_watched() -> None:
-    config = {"workload": {"kind": "script", "workdir": "/w", "python": "/venv/bin/python"}}
-    facts = dict(script_facts(config, [{"watching": "output"}]))
-    assert facts["working directory"] == "/w" and facts["python"] == "/venv/bin/python"
-    assert facts["hang watchdog watches"].startswith("the script's output")
-    plain = dict(script_facts({"workload": {"kind": "script", "workdir": "/w"}}, [{"watching": None}]))
-    assert "python" not in plain and plain["hang watchdog watches"].startswith("nothing yet")
-    assert script_facts({"workload": {"kind": "mlp-digits"}}, []) == []
 
 
 def test_an_imported_run_cannot_be_rerun_or_resumed(settings: Settings, tmp_path: Path) -> None:

@@ -1,15 +1,17 @@
 """The evidence an ended attempt's folder holds (orchestrator/scheduler/diagnosis.py): a rank that
-dies by a signal after every rank finished its work is not a failure; any other death is.
+dies by a signal after every rank finished its work is not a failure, any other death is; and
+the agent's note of the moment it first saw a rank fail.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
 from db.vocabulary.config import RunConfig, parse_config
 from orchestrator.executors.logs import launcher_log
-from orchestrator.scheduler.diagnosis import died_after_finishing
+from orchestrator.scheduler.diagnosis import died_after_finishing, first_failure_at
 from trainer.process.lifecycle import write_finished
 
 SUMMARY = """\
@@ -62,3 +64,14 @@ def test_an_exception_or_an_exit_code_is_a_failure_even_after_the_notes(tmp_path
 
 def test_a_stop_runyard_asked_for_is_not_judged_here(tmp_path: Path) -> None:
     assert died_after_finishing(*attempt_in(tmp_path, finished=[0, 1], stop_reason="hang")) is None
+
+
+RANK_MARKS = {"spawned": 205.0, "imported": 207.5, "joined": 207.75, "data": 208.5, "checkpoint": 208.75}
+
+
+def test_the_agent_note_of_the_failure(tmp_path: Path) -> None:
+    assert first_failure_at(tmp_path) is None
+    (tmp_path / "failure.json").write_text(json.dumps({"at": 123.5, "local_ranks": {"1": -9}}))
+    assert first_failure_at(tmp_path) == 123.5
+    (tmp_path / "failure.json").write_text("{")  # being written: the exit time serves
+    assert first_failure_at(tmp_path) is None

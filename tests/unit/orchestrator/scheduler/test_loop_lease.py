@@ -4,7 +4,7 @@ leaves another live scheduler's attempts alone until that one's lease expires (d
 Two ``Scheduler`` objects stand for two nodes: they share the database and tell themselves apart
 by host name (``host=``), as schedulers on two machines would. Their ``tick()`` runs on two
 threads released together by a barrier, so that both read the same queue and race to claim it.
-The launched command is the small program of tests/unit/test_scheduler.py; every launch is also
+The launched command is the small program of tests/unit/orchestrator/fake_runs.py; every launch is also
 counted by the command factory itself, so a run launched twice shows even without a second row.
 """
 

@@ -1,6 +1,7 @@
-"""What the scheduler watches of a script run: a failing script watcher does not stop the rest of
-the supervision, watchers of ended attempts are forgotten, and files are hashed before anything
-is written (and to completion when the attempt ends)."""
+"""What the scheduler watches of a script run (orchestrator/scripts/attempt_watch.py): a failing
+script watcher does not stop the rest of the supervision, watchers of ended attempts are
+forgotten, files are hashed before anything is written (and to completion when the attempt ends),
+and how a script run is described (its folder, its interpreter, what its hang watchdog watches)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from tests.unit.orchestrator.fake_runs import CPU2, attempts, make_scheduler, st
 
 def script_run(sessions: sessionmaker[Session], settings: Settings, tmp_path: Path, name: str,
                **sections: dict[str, object]) -> int:
-    """A script run; ``name`` picks the fake workload test_scheduler launches instead of torchrun."""
+    """A script run; ``name`` picks the fake workload of tests/unit/orchestrator/fake_runs.py instead of torchrun."""
     workdir = tmp_path / "work"
     (workdir / "out").mkdir(parents=True, exist_ok=True)
     (workdir / "train.py").write_text("print('hi')\n")
@@ -295,3 +296,13 @@ def test_a_deterministic_exception_in_a_script_that_reports_steps_sparsely_fails
                              "(at crash.py:8 in main)), and attempt 2 started from the beginning, having saved no "
                              "checkpoint: a third try would start there again"), reason
     assert reason.endswith("fix the code or the data it names, then resume")
+
+
+def test_a_script_run_says_where_it_runs_with_what_and_what_is_watched() -> None:
+    config = {"workload": {"kind": "script", "workdir": "/w", "python": "/venv/bin/python"}}
+    facts = dict(script_facts(config, [{"watching": "output"}]))
+    assert facts["working directory"] == "/w" and facts["python"] == "/venv/bin/python"
+    assert facts["hang watchdog watches"].startswith("the script's output")
+    plain = dict(script_facts({"workload": {"kind": "script", "workdir": "/w"}}, [{"watching": None}]))
+    assert "python" not in plain and plain["hang watchdog watches"].startswith("nothing yet")
+    assert script_facts({"workload": {"kind": "mlp-digits"}}, []) == []

@@ -45,9 +45,12 @@ from tests.unit.orchestrator.scripts.script_checkpoints import (
     rows,
     saved,
     script_run,
+    workdir,
     write,
     zip_bytes,
 )
+
+__all__ = ["workdir"]  # the fixture, from the helper module
 
 
 def test_a_file_that_was_there_before_the_run_started_is_not_chosen_for_a_retry(

@@ -2,7 +2,7 @@
 the CLI refuses for everyone (orchestrator/scripts/script_check.py ``resolve_script``,
 db/vocabulary/config/) and what the UI refuses besides (orchestrator/scripts/allowed_roots.py).
 
-    pytest tests/unit/test_script_config.py
+    pytest tests/unit/orchestrator/scripts/test_script_check.py
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ functions (app.data.validate_config, submit_run, fork_run) on a real SQLite data
 nothing; the CLI keeps full freedom. Real files in tmp_path, real interpreters for the probe;
 nothing is mocked.
 
-    pytest tests/unit/test_roots_fields.py
+    pytest tests/unit/orchestrator/scripts/test_ui_fields.py
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 class, a key of another kind is refused naming both kinds, configs stored from the flat model
 of before still load, and a new config is stored with its kind's keys only.
 
-    pytest tests/unit/test_workload_union.py
+    pytest tests/unit/db/vocabulary/config/test_workload.py
 """
 
 from __future__ import annotations
