@@ -28,12 +28,11 @@ from tests.browser.test_resume_browser import (
     choose,
     header_action,
     open_run_page,
-    show_section,
     sql,
     submit,
     wait_for,
 )
-from tests.browser.test_ui_browser import expect, fill_number
+from tests.browser.test_ui_browser import expect, fill_number, show_section
 
 pytestmark = pytest.mark.browser
 SAMPLE_EVERY_MS = 200

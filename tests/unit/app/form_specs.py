@@ -5,7 +5,7 @@ tests read them.
 from __future__ import annotations
 
 from app.form import FieldSpec
-from orchestrator.scheduler.resources import Inventory
+from db.vocabulary.inventory import Inventory
 
 CPU = Inventory(kind="cpu", slots=2, memory_bytes=16 * 1024**3)
 

@@ -68,7 +68,7 @@ def sessions(settings: Settings) -> Iterator[sessionmaker[Session]]:
     engine.dispose()
 
 
-def add_run(session: Session, settings: Settings, name: str, *path: RunStatus, **train: int) -> int:
+def add_run(session: Session, settings: Settings, name: str, *path: RunStatus, **train: float) -> int:
     """Queue a run named ``name`` and walk it through the statuses in ``path``."""
     config = RunConfig.model_validate({"name": name, "train": {"max_steps": 300, **train}})
     run = create_run(session, config, settings.runs_dir, Price(usd_per_hour=1.0, unit="cpu-hour"))
@@ -83,7 +83,7 @@ def add_attempt(session: Session, run_id: int, last_step: int, status: AttemptSt
     session.add(
         Attempt(
             run_id=run_id, number=1, status=status.value,
-            dir=str(Path(session.get(Run, run_id).run_dir) / "attempts" / "1"),
+            dir=str(Path(session.get_one(Run, run_id).run_dir) / "attempts" / "1"),
             started_at=now - 60, first_step_at=now - 55, progress_at=now, last_step=last_step,
         )
     )
@@ -160,27 +160,27 @@ def no_exception(at: AppTest) -> None:
     assert not at.exception, [e.value for e in at.exception]
 
 
-def chart_title(chart) -> str:  # type: ignore[no-untyped-def]
+def chart_title(chart) -> str:
     """The title of an st.altair_chart element (a plain chart, or the first layer of one)."""
     spec = json.loads(chart.proto.spec)
     return spec.get("title") or next(layer["title"] for layer in spec.get("layer", []) if "title" in layer)
 
 
-def metric_chart_elements(at: AppTest) -> list:  # type: ignore[type-arg]
+def metric_chart_elements(at: AppTest) -> list:
     """The Run page's charts without the rank legend strip above them (a chart with a title)."""
     return [c for c in at.get("vega_lite_chart") if json.loads(c.proto.spec).get("title")]
 
 
-def chart_data(chart) -> pd.DataFrame:  # type: ignore[no-untyped-def]
+def chart_data(chart) -> pd.DataFrame:
     """The rows an st.altair_chart element sends to the browser."""
     return pa.ipc.open_stream(io.BytesIO(chart.proto.datasets[0].data.data)).read_all().to_pandas()
 
 
-def chart_spec(chart) -> dict:  # type: ignore[no-untyped-def]
+def chart_spec(chart) -> dict:
     return json.loads(chart.proto.spec)
 
 
-def chart_lines(chart) -> pd.DataFrame:  # type: ignore[no-untyped-def]
+def chart_lines(chart) -> pd.DataFrame:
     """The rows of a metric chart's lines (not its band or NaN marks)."""
     frames = [pa.ipc.open_stream(io.BytesIO(d.data.data)).read_all().to_pandas() for d in chart.proto.datasets]
     return next(f for f in frames if "rank" in f and "value" in f)

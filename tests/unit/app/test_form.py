@@ -198,6 +198,7 @@ def test_a_field_added_to_the_model_goes_through_values_to_config() -> None:
     assert notes == []
     values |= {KIND_KEY: "gpt-char", "train.label_smoothing": 0.1, "workload.mode": "careful", "owner": " ann "}
     config = LongerRunConfig.model_validate(values_to_config(values, LongerRunConfig))
+    assert isinstance(config.workload, LongerWorkload)
     assert (config.train.label_smoothing, config.workload.mode, config.owner) == (0.1, "careful", "ann")
 
 

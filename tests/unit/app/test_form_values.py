@@ -15,6 +15,7 @@ from app.form_values import config_value, table_value, values_to_config, widget_
 from db.vocabulary.config import (
     ConfigError,
     RunConfig,
+    ScriptWorkload,
     parse_config,
 )
 from orchestrator.submission import validate
@@ -101,7 +102,8 @@ def test_tables_are_written_one_name_a_line_and_read_back() -> None:
     values, notes = widget_values(data, fields)
     assert notes == []
     assert values["workload.env"] == "OMP_NUM_THREADS = 4\nHF_HOME = /d"
-    assert parse_config(values_to_config(values)).workload.stdout_metrics == data["workload"]["stdout_metrics"]
+    workload = parse_config(values_to_config(values)).workload
+    assert isinstance(workload, ScriptWorkload) and workload.stdout_metrics == data["workload"]["stdout_metrics"]
     assert table_value("A = 1\n\n  B=x=y  \n") == {"A": "1", "B": "x=y"}
     # A line without "=" goes to the validation as text, which names the field.
     with pytest.raises(ConfigError, match=r"workload\.env"):

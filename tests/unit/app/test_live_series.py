@@ -36,14 +36,6 @@ MAX_POINTS = 50
 
 
 @dataclass
-class FakeSeries:
-    level: int
-    bucket_steps: int
-    rows: list[dict[str, Any]]
-    max_step: int | None
-
-
-@dataclass
 class FakeStore:
     """Points of one metric of one run, rolled up the way db.metricstore.series promises (its
     own choose_level picks the level)."""
@@ -67,12 +59,12 @@ class FakeStore:
         for attempt, rank, step, _, _ in self.points:
             c = catalogue.setdefault((attempt, rank), [step, step, 0])
             c[0], c[1], c[2] = min(c[0], step), max(c[1], step), c[2] + 1
-        return choose_level([(a, r, *c) for (a, r), c in catalogue.items()], max_points)
+        return choose_level([(a, r, c[0], c[1], c[2]) for (a, r), c in catalogue.items()], max_points)
 
-    def series(self, level: int | None, since_step: int | None, max_points: int = MAX_POINTS) -> FakeSeries:
+    def series(self, level: int | None, since_step: int | None, max_points: int = MAX_POINTS) -> metricstore.Series:
         self.calls.append((level, since_step))
         level = self._level(max_points) if level is None else level
-        rows = []
+        rows: list[dict[str, Any]] = []
         for (attempt, rank, first), pts in sorted(self._buckets(level).items()):
             pts.sort()
             if since_step is not None and pts[-1][0] < since_step:
@@ -84,7 +76,7 @@ class FakeStore:
                 "min": min(finite, default=math.nan), "max": max(finite, default=math.nan),
                 "last": pts[-1][1], "count": len(pts), "nan_count": len(pts) - len(finite), "wall_time": pts[-1][2],
             })
-        return FakeSeries(level, 4**level, rows, max((p[2] for p in self.points), default=None))
+        return metricstore.Series(level, 4**level, rows, max((p[2] for p in self.points), default=None))
 
 
 def frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
@@ -168,6 +160,10 @@ def test_incremental_merges_equal_a_full_fetch_on_the_real_store(sessions: sessi
         with sessions() as s:
             return metricstore.series(s, run_id, "loss", max_points=MAX_POINTS, level=level, since_step=since)
 
+    def counted_fetch(level: int | None, since: int | None) -> metricstore.Series:
+        fetches.append(level)
+        return fetch(level, since)
+
     def write(attempt: int, steps: range) -> None:
         rows = [{"run_id": run_id, "attempt": attempt, "rank": rank, "step": step, "key": "loss",
                  "value": math.nan if step % 101 == 0 else rng.random(), "wall_time": 1000.0 + step}
@@ -176,7 +172,7 @@ def test_incremental_merges_equal_a_full_fetch_on_the_real_store(sessions: sessi
             metricstore.write_points(s.connection(), rows)
             s.commit()
 
-    cached, step = None, 0
+    cached: LiveSeries | None = None
     levels = set()
     for attempts, resume, end in ((1, 0, 700), (2, 400, 2600)):
         step = resume
@@ -184,11 +180,10 @@ def test_incremental_merges_equal_a_full_fetch_on_the_real_store(sessions: sessi
             n = rng.randint(1, 40)
             write(attempts, range(step + 1, step + n + 1))
             step += n
-            cached = merge_series(cached, lambda level, since: fetches.append(level) or fetch(level, since),
-                                  max_points=MAX_POINTS, attempts=attempts, newest_attempt=attempts,
-                                  resume_step=resume)
+            cached = merge_series(cached, counted_fetch, max_points=MAX_POINTS, attempts=attempts,
+                                  newest_attempt=attempts, resume_step=resume)
             levels.add(cached.level)
             same_rows(cached, fetch(None, None))
     assert levels == {0, 1, 2, 3}
     assert fetches.count(None) < 10 < len(fetches) - fetches.count(None)  # mostly incremental
-    assert sorted({r["attempt"] for r in cached.rows}) == [1, 2]
+    assert cached is not None and sorted({r["attempt"] for r in cached.rows}) == [1, 2]

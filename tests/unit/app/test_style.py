@@ -82,7 +82,7 @@ def test_a_run_name_with_markup_shows_as_text_on_the_run_and_fork_pages(
     page's title and the New run page's fork banner show it as written."""
     parent, checkpoint = add_forkable(sessions, settings)
     with sessions() as s:
-        s.get(Run, parent).name = EVIL
+        s.get_one(Run, parent).name = EVIL
         s.commit()
     at = open_page("views/run.py", run=str(parent))
     no_exception(at)

@@ -81,7 +81,7 @@ def statements() -> Iterator[list[tuple[Engine, str]]]:
     CLI builds its own engine, so the listener is on the Engine class)."""
     sent: list[tuple[Engine, str]] = []
 
-    def record(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
+    def record(conn, cursor, statement, parameters, context, executemany):
         sent.append((conn.engine, statement))
 
     event.listen(Engine, "before_cursor_execute", record)

@@ -22,10 +22,11 @@ import pytest
 from sqlalchemy import Engine, event, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.compare import ABSENT, CompareError, compare_runs, config_diff, flatten, higher_is_better, metric_summaries
+from db.compare import ABSENT, CompareError, compare_runs, config_diff, higher_is_better, metric_summaries
 from db.metricstore import write_points
 from db.models import Attempt, Run
 from db.requests import create_run
+from db.run_list import flatten
 from db.states import RunStatus, transition
 from db.vocabulary.config import RunConfig
 from db.vocabulary.cost import Price
@@ -142,7 +143,7 @@ def test_a_long_run_is_summarised_at_the_charts_resolution(settings: Settings,
     means = {b * 16: sum(v) / len(v) for b, v in buckets.items()}
     assert (coarse.bucket_steps, coarse.points) == (16, 4)
     assert (coarse.best, coarse.best_step) == (pytest.approx(min(means.values())), min(means, key=lambda k: means[k]))
-    assert coarse.best_last_step == coarse.best_step + 15
+    assert coarse.best_step is not None and coarse.best_last_step == coarse.best_step + 15
     assert (coarse.final, coarse.final_step) == (pytest.approx(per_step[48]), 48)
     assert (exact.final, exact.final_step) == (pytest.approx(per_step[48]), 48)
 
@@ -168,7 +169,7 @@ def test_a_run_without_the_metric_has_no_entry(settings: Settings, sessions: ses
 def statements() -> Iterator[list[str]]:
     sent: list[str] = []
 
-    def record(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
+    def record(conn, cursor, statement, parameters, context, executemany):
         sent.append(statement)
 
     event.listen(Engine, "before_cursor_execute", record)
@@ -209,6 +210,7 @@ def test_compare_runs_reads_the_summary_and_config_and_names_a_missing_id(
         assert got["step"] == 100 and got["status"] == "SUCCEEDED"
         assert got["cost_usd"] == pytest.approx(0.1)  # 100 s at $3.60 an hour
         largest = s.scalar(select(Run.id).order_by(Run.id.desc()))
+        assert largest is not None
         with pytest.raises(CompareError, match=f"no run with id {largest + 1}"):
             compare_runs(s, [run, largest + 1])
 

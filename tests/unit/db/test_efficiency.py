@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -25,7 +27,7 @@ def test_goodput_parts_say_where_the_time_went(sessions: sessionmaker[Session], 
         s.add(Checkpoint(run_id=run.id, attempt=1, step=50, path="/c/step-50", bytes=1, sha256="0",
                          params_digest="0", blocked_s=3.0, total_s=4.0, created_at=130.0))
         s.flush()
-        attempts = [
+        attempts: list[dict[str, Any]] = [
             {"number": 1, "started_at": 100.0, "first_step_at": 120.0, "ended_at": 180.0, "failed_at": 178.0,
              "cause": "USER_ERROR", "last_step": 100, "resume_step": None, "steps_lost": 50},
             {"number": 2, "started_at": 200.0, "first_step_at": 210.0, "ended_at": 300.0, "failed_at": None,

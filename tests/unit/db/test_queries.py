@@ -33,11 +33,11 @@ def test_run_detail_summary_is_the_per_run_computation(settings: Settings, sessi
     with sessions() as s:
         ids = seed_runs(s, settings.runs_dir, 6, now=now - 5)
         s.commit()
-    monkeypatch.setattr(queries.time, "time", lambda: now)
+    monkeypatch.setattr(time, "time", lambda: now)
     with sessions() as s:
         for run_id in ids:
             detail = queries.run_detail(s, run_id)
-            run = s.get(Run, run_id)
+            run = s.get_one(Run, run_id)
             assert run is not None
             expected = reference_summary(s, run, now)
             assert {k: detail[k] for k in expected} == expected

@@ -36,9 +36,9 @@ def test_pause_of_a_plain_script_without_a_checkpoint_source_is_refused(
             transition(s, run_id, RunStatus.RUNNING, "t")
         with pytest.raises(RequestRefused, match=r"no checkpoint source.*workload\.checkpoint_glob.*SDK"):
             request_cancel(s, plain, mode="pause")
-        assert s.get(Run, plain).status == "RUNNING"
+        assert s.get_one(Run, plain).status == "RUNNING"
         message = request_cancel(s, with_glob, mode="pause")
-        assert "snapshot.pt" in message and s.get(Run, with_glob).status == "PAUSING"
+        assert "snapshot.pt" in message and s.get_one(Run, with_glob).status == "PAUSING"
         assert "cancel requested" in request_cancel(s, plain)  # cancel stays possible
 
 
@@ -51,7 +51,7 @@ def test_rerun_queues_a_finished_script_run_without_a_checkpoint(
             request_rerun(s, run_id)
         transition(s, run_id, RunStatus.FAILED, "t")
         assert str(workdir) in request_rerun(s, run_id)
-        run = s.get(Run, run_id)
+        run = s.get_one(Run, run_id)
         assert run.status == "QUEUED" and run.start_fresh and run.resume_checkpoint_id is None
         assert resume_point(s, run, 2) is None
 
@@ -61,7 +61,7 @@ def test_a_pause_while_the_script_rewrites_its_file_says_the_next_recorded_versi
     run_id = script_run(sessions, settings, workdir, checkpoint_glob="out/ckpt.pt")
     ckpt = workdir / "out" / "ckpt.pt"
     with sessions() as s:
-        run = s.get(Run, run_id)
+        run = s.get_one(Run, run_id)
         attempt = add_attempt(s, run_id, 1, last_step=None)
         saved(s, run, attempt, ckpt, b"a" * 100, time.time() - 20)
         s.commit()

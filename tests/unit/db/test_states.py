@@ -52,7 +52,7 @@ def test_happy_path_records_history_with_reasons(sessions: sessionmaker[Session]
         assert transition(s, run_id, RunStatus.RUNNING, "first step")
         assert transition(s, run_id, RunStatus.SUCCEEDED, "done")
         s.commit()
-        run = s.get(Run, run_id)
+        run = s.get_one(Run, run_id)
         assert run.status == "SUCCEEDED" and run.started_at and run.ended_at
         history = s.execute(select(RunStatusHistory.from_status, RunStatusHistory.to_status, RunStatusHistory.reason)
                             .where(RunStatusHistory.run_id == run_id).order_by(RunStatusHistory.id)).all()
@@ -69,7 +69,7 @@ def test_disallowed_transition_changes_nothing(sessions: sessionmaker[Session], 
     with sessions() as s:
         assert not transition(s, run_id, RunStatus.SUCCEEDED, "skip ahead")
         s.commit()
-        assert s.get(Run, run_id).status == "QUEUED"
+        assert s.get_one(Run, run_id).status == "QUEUED"
         assert s.scalar(select(RunStatusHistory.id).where(RunStatusHistory.to_status == "SUCCEEDED")) is None
 
 
@@ -81,18 +81,18 @@ def test_terminal_runs_leave_only_through_a_resume(sessions: sessionmaker[Sessio
             if target is not RunStatus.QUEUED:
                 assert not transition(s, run_id, target, "again")
         s.commit()
-        assert s.get(Run, run_id).status == "CANCELLED" and s.get(Run, run_id).ended_at
+        assert s.get_one(Run, run_id).status == "CANCELLED" and s.get_one(Run, run_id).ended_at
         assert transition(s, run_id, RunStatus.QUEUED, "resume requested")
         s.commit()
-        assert s.get(Run, run_id).ended_at is None
+        assert s.get_one(Run, run_id).ended_at is None
 
 
 def test_racing_sessions_only_one_wins(sessions: sessionmaker[Session], settings: Settings) -> None:
     """Two schedulers (or a scheduler and a cancel) read QUEUED; only the first UPDATE moves it."""
     run_id = _queued(sessions, settings)
     with sessions() as a, sessions() as b:
-        assert a.get(Run, run_id).status == "QUEUED"
-        assert b.get(Run, run_id).status == "QUEUED"
+        assert a.get_one(Run, run_id).status == "QUEUED"
+        assert b.get_one(Run, run_id).status == "QUEUED"
         assert transition(a, run_id, RunStatus.STARTING, "scheduler A")
         a.commit()
         assert not transition(b, run_id, RunStatus.STARTING, "scheduler B", expect=RunStatus.QUEUED)
@@ -118,8 +118,8 @@ def test_cancel_request_depends_on_status(sessions: sessionmaker[Session], setti
         assert "cancel requested" in request_cancel(s, queued)
         assert "cancel requested" in request_cancel(s, running)
         s.commit()
-        assert s.get(Run, queued).status == "CANCELLED"  # nothing to stop
-        assert s.get(Run, running).status == "CANCELLING"  # the scheduler stops the processes
+        assert s.get_one(Run, queued).status == "CANCELLED"  # nothing to stop
+        assert s.get_one(Run, running).status == "CANCELLING"  # the scheduler stops the processes
         assert "already" in request_cancel(s, queued)
 
 
@@ -134,7 +134,7 @@ def test_pause_shows_pausing_never_cancelling_and_a_cancel_then_wins(
         transition(s, run_id, RunStatus.RUNNING, "r")
         assert request_cancel(s, run_id, mode="pause") == f"run {run_id}: pause requested"
         s.commit()
-        run = s.get(Run, run_id)
+        run = s.get_one(Run, run_id)
         assert (run.status, run.stop_mode) == ("PAUSING", "pause")
         assert "already being stopped (PAUSING)" in request_cancel(s, run_id, mode="pause")
         with pytest.raises(RequestRefused, match=r"being stopped \(PAUSING\); wait until it is PAUSED"):

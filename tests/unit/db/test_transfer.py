@@ -121,7 +121,7 @@ def test_a_data_set_moves_to_the_other_dialect_and_back_unchanged(
         values = s.scalars(select(MetricPoint.value).order_by(MetricPoint.step)).all()
         ckpt = s.scalars(select(Checkpoint)).one()
         fork = s.scalars(select(Run).where(Run.name == "fork")).one()
-        parent = s.get(Run, fork.parent_run_id)
+        parent = s.get_one(Run, fork.parent_run_id)
         assert parent is not None
         assert values == [math.inf, -math.inf, None, 0.1 + 0.2, 5e-324, 1.7976931348623157e308]
         assert (ckpt.verified, ckpt.pinned, ckpt.bytes) == (False, True, 2**40)

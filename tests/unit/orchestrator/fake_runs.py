@@ -63,7 +63,7 @@ def queue(sessions: sessionmaker[Session], settings: Settings, name: str, nproc:
 
 def status(sessions: sessionmaker[Session], run_id: int) -> str:
     with sessions() as s:
-        return s.get(Run, run_id).status
+        return s.get_one(Run, run_id).status
 
 
 def attempts(sessions: sessionmaker[Session], run_id: int) -> list[Attempt]:

@@ -38,7 +38,7 @@ def test_edit_renames_tags_and_notes_a_run_with_one_event_per_change(
         assert edits == [f"{d} by cli" for d in done]
         assert edit_run(s, run_id, name="second", add_tags=["keep"]) == []  # nothing new: no event
         assert edit_run(s, run_id, note="") == ["note cleared"]
-        assert json.loads(s.get(Run, run_id).config_json)["name"] == "first"  # the config stays as submitted
+        assert json.loads(s.get_one(Run, run_id).config_json)["name"] == "first"  # the config stays as submitted
 
 
 def test_edit_reports_every_problem_together_and_changes_nothing(
@@ -54,7 +54,7 @@ def test_edit_reports_every_problem_together_and_changes_nothing(
                      "remove tag 'zzz': run", "has no such tag (its tags: a)", "note: 5000 characters; at most 4000"):
             assert part in message, (part, message)
         s.rollback()
-        run = s.get(Run, run_id)
+        run = s.get_one(Run, run_id)
         assert (run.name, run.tags_json, run.note) == ("ok", '["a"]', None)
 
 
@@ -72,13 +72,13 @@ def test_delete_is_refused_while_active_names_pinned_checkpoints_and_removes_the
         plan = deletion_plan(s, done)
         assert plan.refused is None and "1 pinned checkpoint(s) go too: #" in plan.confirmation()
         assert "at step 2" in plan.confirmation()
-        folder = Path(s.get(Run, done).run_dir)
+        folder = Path(s.get_one(Run, done).run_dir)
         assert folder.is_dir()
         message = delete_run(s, done, settings.runs_dir, who="test")
         assert message == f"run {done} deleted with its folder {folder}, 1 pinned checkpoint(s) with it"
         assert not folder.exists() and s.get(Run, done) is None
         assert s.scalar(select(Checkpoint.id).where(Checkpoint.run_id == done)) is None
-        assert s.get(Run, live) is not None and Path(s.get(Run, live).run_dir).is_dir()
+        assert s.get(Run, live) is not None and Path(s.get_one(Run, live).run_dir).is_dir()
 
 
 def test_delete_is_refused_while_a_fork_may_still_start_from_its_checkpoint(
@@ -86,7 +86,7 @@ def test_delete_is_refused_while_a_fork_may_still_start_from_its_checkpoint(
     with sessions() as s:
         parent = workspace_run(s, settings, "parent")
         fork = workspace_run(s, settings, "fork", ends=None)
-        s.get(Run, fork).parent_run_id = parent
+        s.get_one(Run, fork).parent_run_id = parent
         s.commit()
         assert deletion_plan(s, parent).refused == (
             f"run {fork} (QUEUED) was forked from run {parent} and may still start from its checkpoint: let it "

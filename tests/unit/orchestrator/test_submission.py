@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.run_list import list_runs
-from db.vocabulary.config import ConfigError, field_of, parse_config
+from db.vocabulary.config import ConfigError, GptCharWorkload, field_of, parse_config
 from db.vocabulary.inventory import Inventory, check_fits
 from db.vocabulary.settings import Settings
 from orchestrator.scheduler.resources import detect_inventory
@@ -85,7 +85,8 @@ def _gpt(text: str, **workload: object) -> dict:
 def test_text_is_made_absolute_against_the_submit_directory(tmp_path: Path, monkeypatch) -> None:
     (tmp_path / "corpus.txt").write_text("hello world, " * 100)
     monkeypatch.chdir(tmp_path)
-    assert validate(_gpt("corpus.txt"), CPU2).workload.text == str(tmp_path / "corpus.txt")
+    workload = validate(_gpt("corpus.txt"), CPU2).workload
+    assert isinstance(workload, GptCharWorkload) and workload.text == str(tmp_path / "corpus.txt")
 
 
 @pytest.mark.parametrize(("case", "expected"), [

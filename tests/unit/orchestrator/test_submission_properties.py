@@ -122,12 +122,19 @@ def valid_value(name: str, field: Any) -> st.SearchStrategy[Any]:
     return typed(annotation)
 
 
+def section_model(name: str) -> type[BaseModel]:
+    """The model of the config's section ``name`` (``[train]``: TrainConfig)."""
+    model = RunConfig.model_fields[name].annotation
+    assert isinstance(model, type) and issubclass(model, BaseModel), name
+    return model
+
+
 def tame_mapping() -> st.SearchStrategy[dict[str, Any]]:
     top = {name: valid_value(name, RunConfig.model_fields[name]) for name in TOP_LEVEL}
     tables = {
         name: st.fixed_dictionaries({}, optional={
             field.alias or key: valid_value(key, field)
-            for key, field in RunConfig.model_fields[name].annotation.model_fields.items()
+            for key, field in section_model(name).model_fields.items()
         })
         for name in SECTIONS
     }
@@ -148,7 +155,7 @@ def perturbed(draw: st.DrawFn) -> dict[str, Any]:
 def wild_mapping() -> st.SearchStrategy[dict[str, Any]]:
     """Any value of any type anywhere, and unknown keys."""
     top = {name: typed(RunConfig.model_fields[name].annotation) | values for name in TOP_LEVEL}
-    tables = {name: section(RunConfig.model_fields[name].annotation, True) | values for name in SECTIONS}
+    tables = {name: section(section_model(name), True) | values for name in SECTIONS}
     return st.fixed_dictionaries({}, optional={**top, **tables, "bogus": values})
 
 
@@ -188,7 +195,7 @@ def test_any_mapping_is_refused_with_config_error_or_is_queued_and_survives_ever
     event("accepted")
     run_id = submit(sessions, settings, config, CPU)  # the real INSERT into SQLite
     with sessions() as session:
-        stored = session.get(Run, run_id).config_json
+        stored = session.get_one(Run, run_id).config_json
     assert config_from_json(stored) == config
     assert_survives_every_later_validation(config)
 
@@ -199,7 +206,7 @@ def test_every_number_field_at_and_past_its_bounds_is_refused_or_queued_whole(
     """The edges, exhaustively (the random search above rarely lands on one exact field's)."""
     tried = accepted = 0
     for name in SECTIONS:
-        for key, field in RunConfig.model_fields[name].annotation.model_fields.items():
+        for key, field in section_model(name).model_fields.items():
             if field.annotation not in (int, float):
                 continue
             bounds = _bounds(field)
@@ -218,7 +225,7 @@ def test_every_number_field_at_and_past_its_bounds_is_refused_or_queued_whole(
                 accepted += 1
                 run_id = submit(sessions, settings, config, CPU)  # the real 64-bit INSERT
                 with sessions() as session:
-                    assert config_from_json(session.get(Run, run_id).config_json) == config
+                    assert config_from_json(session.get_one(Run, run_id).config_json) == config
                 assert_survives_every_later_validation(config)
     assert tried > 150 and accepted > 50  # the edges were really tried, both ways
 

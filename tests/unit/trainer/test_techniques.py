@@ -56,7 +56,7 @@ def test_set_lr_writes_every_group() -> None:
     assert [g["lr"] for g in opt.param_groups] == [0.123, 0.123]
 
 
-def _model_with_grads(scale: float) -> nn.Module:
+def _model_with_grads(scale: float) -> nn.Linear:
     model = nn.Linear(3, 2)
     for p in model.parameters():
         p.grad = torch.full_like(p, scale)
@@ -68,7 +68,7 @@ def test_clip_returns_the_norm_and_clips_only_when_asked() -> None:
     expected = math.sqrt(8 * 2.0**2)  # 6 weights + 2 biases, each 2.0
     norm = techniques.clip_grad_norm(model.parameters(), 0.0)
     assert norm.item() == pytest.approx(expected)
-    assert model.weight.grad is not None and torch.all(model.weight.grad == 2.0)  # measured, untouched
+    assert model.weight.grad is not None and torch.all(torch.eq(model.weight.grad, 2.0))  # measured, untouched
 
     norm = techniques.clip_grad_norm(model.parameters(), 1.0)
     assert norm.item() == pytest.approx(expected)  # the norm before clipping

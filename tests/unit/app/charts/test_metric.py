@@ -74,7 +74,7 @@ def test_time_axes_and_log_scale() -> None:
     assert math.isnan(rel["value"].iloc[0]) and rel["value"].iloc[1] == 1.0  # zero cannot be drawn on a log scale
 
 
-def layer_marks(chart) -> list[str]:  # type: ignore[no-untyped-def]
+def layer_marks(chart) -> list[str]:
     spec = chart.to_dict()
     return [layer["mark"]["type"] if isinstance(layer["mark"], dict) else layer["mark"] for layer in spec["layer"]]
 
@@ -104,7 +104,8 @@ def test_the_page_draws_the_spec_these_tests_validate_without_validating_it_agai
     validated = chart.to_dict()
     assert charts.unvalidated(chart).to_dict() == validated
     assert "to_dict" not in json.dumps(validated)  # nothing of the wrapper leaked into the spec
-    broken = alt.Chart(pd.DataFrame({"x": [1, 2]}), width="wide").mark_line().encode(x="x:Q")
+    broken = alt.Chart(pd.DataFrame({"x": [1, 2]}), width="wide")  # type: ignore[arg-type]  # invalid on purpose
+    broken = broken.mark_line().encode(x="x:Q")
     with pytest.raises(alt.utils.schemapi.SchemaValidationError):
         broken.to_dict()
     assert charts.unvalidated(broken).to_dict()["width"] == "wide"

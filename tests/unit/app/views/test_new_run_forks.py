@@ -86,12 +86,12 @@ def test_fork_opens_the_new_run_form_filled_shows_the_changes_then_queues_the_fo
     runs = queued_runs(sessions)
     assert len(runs) == 2
     with sessions() as s:
-        fork = s.get(Run, max(r["id"] for r in runs))
-        source = json.loads(s.get(Run, parent).config_json)
+        fork = s.get_one(Run, max(r["id"] for r in runs))
+        source = json.loads(s.get_one(Run, parent).config_json)
         config = json.loads(fork.config_json)
         assert config == {**source, "name": "parent-fork", "train": {**source["train"], "lr": 0.0005}}
         assert (fork.parent_run_id, fork.parent_step) == (parent, 100)
-        assert s.get(Checkpoint, checkpoint).pinned  # the fork's origin is kept from retention
+        assert s.get_one(Checkpoint, checkpoint).pinned  # the fork's origin is kept from retention
         events = [e.message for e in s.query(Event).filter_by(run_id=fork.id, kind="fork")]
         assert events == [f"forked from run {parent} at step 100 with train.lr=0.0005"]
 

@@ -144,7 +144,7 @@ def test_the_headline_numbers_keep_their_place_while_a_run_retries(settings: Set
         attempt.status, attempt.cause, attempt.failed_rank, attempt.exit_code = "FAILED", "SIGNAL", 1, -9
         attempt.exception, attempt.ended_at = "killed by SIGKILL", time.time()
         assert transition(s, run_id, RunStatus.RETRYING, "rank 1 was killed (SIGKILL); retrying from step 100")
-        s.get(Run, run_id).retry_at = time.time() + 30
+        s.get_one(Run, run_id).retry_at = time.time() + 30
         s.commit()
     st.cache_data.clear()
     at.run()
@@ -189,7 +189,7 @@ def test_cancel_running_run_moves_it_to_cancelling(seeded: dict[str, int], sessi
     no_exception(at)
     assert "cancel requested" in at.toast[0].value
     with sessions() as s:
-        run = s.get(Run, run_id)
+        run = s.get_one(Run, run_id)
         assert run.status == RunStatus.CANCELLING.value
         assert run.status_reason == "cancel requested by ui"
     # The header was drawn before the button in that script run; the next refresh (the live
@@ -205,7 +205,7 @@ def test_cancel_queued_run_cancels_it_at_once(seeded: dict[str, int], sessions: 
     at.button(key=f"cancel-{run_id}").click().run()
     no_exception(at)
     with sessions() as s:
-        assert s.get(Run, run_id).status == RunStatus.CANCELLED.value
+        assert s.get_one(Run, run_id).status == RunStatus.CANCELLED.value
 
 
 @pytest.mark.both_dbs  # the UI's data layer (app/data.py) on PostgreSQL too
@@ -233,7 +233,7 @@ def test_the_pin_toggle_pins_once_and_a_refused_pin_springs_back(settings: Setti
     assert error.startswith(f"cannot pin checkpoint {theirs_id}")
     assert at.toggle(key=f"pin-{theirs_id}").value is False  # back off: not asked again on each refresh
     with sessions() as s:
-        assert (s.get(Checkpoint, ours_id).pinned, s.get(Checkpoint, theirs_id).pinned) == (True, False)
+        assert (s.get_one(Checkpoint, ours_id).pinned, s.get_one(Checkpoint, theirs_id).pinned) == (True, False)
     at.run()
     assert not at.error
 
@@ -302,7 +302,7 @@ def test_edit_on_the_run_page_renames_tags_and_notes_and_keeps_each_change(
     next(b for b in at.button if b.label == "Save").click().run()
     no_exception(at)
     with sessions() as s:
-        run = s.get(Run, run_id)
+        run = s.get_one(Run, run_id)
         assert (run.name, json.loads(run.tags_json), run.note) == ("digits-b", ["lr-sweep"],
                                                                    "lr 3e-4 diverged at step 90")
         edits = s.scalars(select(Event.message).where(Event.run_id == run_id, Event.kind == "edit")

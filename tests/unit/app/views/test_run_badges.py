@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import streamlit as st
+from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.charts.layers import NAN_COLOR
@@ -119,7 +120,7 @@ def test_run_page_of_a_plain_script_says_nothing_was_checked(settings: Settings,
     assert "NaNs not checked (no metric recorded yet)" in badges
     with sessions() as s:  # its loss lines on stdout: steps and a metric, still no SDK
         now = time.time()
-        s.execute(Attempt.__table__.update().where(Attempt.run_id == run_id).values(first_step_at=now))
+        s.execute(update(Attempt).where(Attempt.run_id == run_id).values(first_step_at=now))
         write_points(s.connection(), [dict(run_id=run_id, attempt=1, rank=0, step=10, key="loss", value=2.0,
                                            wall_time=now)])
         s.commit()

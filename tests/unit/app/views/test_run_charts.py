@@ -8,10 +8,12 @@ from __future__ import annotations
 import io
 import json
 import time
+from typing import Any
 
 import pyarrow as pa
 import pytest
 import streamlit as st
+from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 from streamlit.testing.v1 import AppTest
 
@@ -87,8 +89,17 @@ def test_charts_are_built_again_only_when_their_buckets_change(
     built: list[str] = []
     legends: list[int] = []
     metric_view, rank_legend = app_charts.metric_view, app_charts.rank_legend
-    monkeypatch.setattr(app_charts, "metric_view", lambda *a, **k: built.append(a[3]) or metric_view(*a, **k))
-    monkeypatch.setattr(app_charts, "rank_legend", lambda ranks: legends.append(len(ranks)) or rank_legend(ranks))
+
+    def counted_view(*args: Any, **kwargs: Any) -> Any:
+        built.append(args[3])
+        return metric_view(*args, **kwargs)
+
+    def counted_legend(ranks: Any) -> Any:
+        legends.append(len(ranks))
+        return rank_legend(ranks)
+
+    monkeypatch.setattr(app_charts, "metric_view", counted_view)
+    monkeypatch.setattr(app_charts, "rank_legend", counted_legend)
 
     def drawn(at: AppTest) -> list[tuple[str, list[tuple[int, str]]]]:
         """Each metric chart's title and its lines' (step, rank) rows."""
@@ -198,7 +209,7 @@ def test_during_a_retry_the_first_attempts_curve_stays_whole_until_the_next_one_
     assert set(lines["step"]) == set(range(10, 121, 10)) and set(lines["attempt"]) == {1}
     assert not [i.value for i in at.info if "Waiting for the first metrics" in i.value]
     with sessions() as s:  # attempt 2 trains: what attempt 1 did after step 50 is superseded now
-        s.execute(Attempt.__table__.update().where(Attempt.run_id == run_id, Attempt.number == 2)
+        s.execute(update(Attempt).where(Attempt.run_id == run_id, Attempt.number == 2)
                   .values(first_step_at=now, last_step=60))
         write_points(s.connection(), [dict(run_id=run_id, attempt=2, rank=rank, step=60, key="loss", value=0.5,
                                            wall_time=now) for rank in (0, 1)])

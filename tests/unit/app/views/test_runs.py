@@ -24,7 +24,7 @@ __all__ = ["seeded", "sessions", "settings"]  # the fixtures, from the helper mo
 def test_the_runs_page_searches_shows_why_a_run_waits_and_its_summary_metrics(
         seeded: dict[str, int], sessions: sessionmaker[Session]) -> None:
     with sessions() as s:
-        s.get(Run, seeded["queued"]).status_reason = "waiting for 2 free CPU slots"
+        s.get_one(Run, seeded["queued"]).status_reason = "waiting for 2 free CPU slots"
         s.commit()
     at = open_page("views/runs.py")
     no_exception(at)
@@ -45,7 +45,7 @@ def test_archived_runs_are_hidden_until_shown_and_sorted_as_asked(
     with sessions() as s:
         done = add_run(s, settings, "b-done", RunStatus.STARTING, RunStatus.RUNNING, RunStatus.SUCCEEDED)
         add_run(s, settings, "a-queued")
-        s.get(Run, done).archived = True
+        s.get_one(Run, done).archived = True
         s.commit()
     at = open_page("views/runs.py")
     assert at.dataframe[0].value["name"].tolist() == ["a-queued"]

@@ -49,7 +49,7 @@ def test_edited_prices_apply_to_new_runs_only(settings: Settings, sessions: sess
     assert by_name["after"]["price_usd_per_hour"] == pytest.approx(0.50)
 
 
-def data_module():  # type: ignore[no-untyped-def]
+def data_module():
     return data
 
 

@@ -135,7 +135,7 @@ def test_the_writers_connection_skips_key_checks_and_the_others_keep_them(tmp_pa
 def _rows_of(engine: Engine, run_id: int) -> tuple[int, int]:
     """How many points and rollup rows ``run_id`` has."""
     with engine.connect() as conn:
-        return tuple(conn.execute(text(  # type: ignore[return-value]
+        return tuple(conn.execute(text(
             "SELECT (SELECT count(*) FROM metric_points WHERE run_id = :id), "
             "(SELECT count(*) FROM metric_rollups WHERE run_id = :id)"), {"id": run_id}).one())
 

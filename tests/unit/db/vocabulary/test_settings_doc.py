@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 
 import db.vocabulary.settings_doc as doc
+from db.vocabulary.settings import _RunyardVariables
 from db.vocabulary.settings_doc import DOCS, TABLES, main, with_table
 
 
 @pytest.mark.parametrize("model", list(TABLES))
-def test_the_docs_tables_are_generated_from_the_models(model: type) -> None:
+def test_the_docs_tables_are_generated_from_the_models(model: type[_RunyardVariables]) -> None:
     """Regenerate with `python -m db.vocabulary.settings_doc`."""
     text = (DOCS / TABLES[model]).read_text()
     assert with_table(text, model) == text

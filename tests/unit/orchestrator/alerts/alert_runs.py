@@ -15,6 +15,7 @@ from db.vocabulary.settings import Settings
 from orchestrator.alerts.delivery import DeliveryWorker
 from orchestrator.alerts.engine import AlertEngine
 from orchestrator.alerts.store import AlertStore
+from orchestrator.scheduler.loop import Scheduler
 from tests.unit.orchestrator.fake_runs import make_scheduler, queue, status, tick_until
 
 
@@ -41,15 +42,15 @@ def drain(worker: DeliveryWorker, timeout: float = 15.0) -> None:
 
 
 def running_attempt(sessions: sessionmaker[Session], settings: Settings, name: str = "long",
-                    **sections: dict) -> tuple[int, object]:
-    run_id = queue(sessions, settings, name, **sections)
+                    **sections: dict) -> tuple[int, Scheduler]:
+    run_id = queue(sessions, settings, name, 1, **sections)
     scheduler = make_scheduler(sessions, settings)
     tick_until(scheduler, lambda: status(sessions, run_id) == "STARTING")
     return run_id, scheduler
 
 
-def cancel(sessions: sessionmaker[Session], scheduler: object, run_id: int) -> None:
+def cancel(sessions: sessionmaker[Session], scheduler: Scheduler, run_id: int) -> None:
     with sessions() as s:
         request_cancel(s, run_id)
         s.commit()
-    tick_until(scheduler, lambda: status(sessions, run_id) in ("CANCELLED", "PAUSED"))  # type: ignore[arg-type]
+    tick_until(scheduler, lambda: status(sessions, run_id) in ("CANCELLED", "PAUSED"))

@@ -57,6 +57,7 @@ def test_a_run_retried_three_times_sends_one_message_per_attempt_to_both_kinds_o
     assert len(apprise_posts) == 4 and len(hook_posts) == 4
     triggers = [p.json["trigger"] for p in hook_posts]
     assert sorted(triggers) == ["failed", "retrying", "retrying", "retrying"]
+    assert signed.secret is not None  # a runyard+http channel is given one
     for post in hook_posts:  # signed with the channel's secret, over the exact body
         expected = "sha256=" + hmac.new(signed.secret.encode(), post.body, hashlib.sha256).hexdigest()
         assert post.headers["X-Runyard-Signature"] == expected
@@ -145,5 +146,5 @@ def test_two_workers_on_one_database_send_a_delivery_once(sessions: sessionmaker
         posts = len(receiver.posts)
     assert posts == 1
     with sessions() as s:
-        stored = s.get(AlertDelivery, delivery_id)
+        stored = s.get_one(AlertDelivery, delivery_id)
         assert stored is not None and (stored.status, stored.tries) == ("delivered", 1)

@@ -28,9 +28,9 @@ def test_a_still_true_alert_repeats_after_the_interval_and_quiet_hours_defer(
     engine, _ = engine_and_worker(sessions, settings)
     now = time.time()
     with sessions() as s:
-        run, attempt = s.get(Run, run_id), s.get(Attempt, 1)
-        run.status = "RUNNING"  # type: ignore[union-attr]
-        attempt.first_step_at, attempt.progress_at = now - 400, now - 300  # type: ignore[union-attr]
+        run, attempt = s.get_one(Run, run_id), s.get_one(Attempt, 1)
+        run.status = "RUNNING"
+        attempt.first_step_at, attempt.progress_at = now - 400, now - 300
         s.commit()
     assert [a.trigger for a in engine.evaluate(now)] == ["stalled"]
     assert engine.evaluate(now + 300) == []

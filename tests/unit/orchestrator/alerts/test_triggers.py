@@ -40,7 +40,7 @@ def test_nan_fires_once_names_the_ranks_and_resolves(sessions: sessionmaker[Sess
             write_points(s.connection(), [
                 dict(run_id=run_id, attempt=1, rank=r, step=40, key="loss", value=v, wall_time=now)
                 for r, v in ((0, 2.0), (1, float("nan")))])
-            s.get(Attempt, 1).last_step = 40  # type: ignore[union-attr]
+            s.get_one(Attempt, 1).last_step = 40
             s.commit()
         engine.evaluate()
         engine.evaluate()
@@ -68,8 +68,8 @@ def test_budget_crossings_fire_at_50_80_100_and_pause_the_run(sessions: sessionm
         for elapsed in (0.3, 0.6, 0.7, 0.9, 1.2):  # the attempt's age at $1 a second
             now = time.time()  # the pass sees this age exactly, however late it runs under load
             with sessions() as s:
-                s.get(Run, run_id).price_usd_per_hour = 3600.0  # type: ignore[union-attr]
-                s.get(Attempt, 1).started_at = now - elapsed  # type: ignore[union-attr]
+                s.get_one(Run, run_id).price_usd_per_hour = 3600.0
+                s.get_one(Attempt, 1).started_at = now - elapsed
                 s.commit()
             fired.append([a.key.rsplit(":", 1)[-1] for a in engine.evaluate(now)])
         drain(worker)
@@ -86,10 +86,10 @@ def test_stalled_and_gpu_idle_fire_from_what_the_database_holds(sessions: sessio
     engine, _ = engine_and_worker(sessions, settings)
     now = time.time()
     with sessions() as s:
-        run, attempt = s.get(Run, run_id), s.get(Attempt, 1)
-        run.status = "RUNNING"  # type: ignore[union-attr]
-        attempt.started_at, attempt.first_step_at, attempt.progress_at = now - 900, now - 800, now - 300  # type: ignore
-        attempt.last_step = 70  # type: ignore[union-attr]
+        run, attempt = s.get_one(Run, run_id), s.get_one(Attempt, 1)
+        run.status = "RUNNING"
+        attempt.started_at, attempt.first_step_at, attempt.progress_at = now - 900, now - 800, now - 300
+        attempt.last_step = 70
         s.add_all(SystemMetric(at=now - 130 + 10 * i, host="h", device="gpu0", run_id=run_id, key="util_percent",
                                min=0, mean=1, max=2, count=5) for i in range(14))
         s.commit()
@@ -98,7 +98,7 @@ def test_stalled_and_gpu_idle_fire_from_what_the_database_holds(sessions: sessio
     assert "no new step for 5 min after step 70" in found["stalled"]
     assert "gpu0, all under 5% utilisation" in found["gpu_idle"]
     with sessions() as s:
-        s.get(Attempt, 1).progress_at = time.time()  # type: ignore[union-attr]
+        s.get_one(Attempt, 1).progress_at = time.time()
         s.add(SystemMetric(at=time.time(), host="h", device="gpu0", run_id=run_id, key="util_percent",
                            min=80, mean=90, max=99, count=5))
         s.commit()
@@ -122,8 +122,8 @@ def test_a_hang_alert_carries_the_hung_ranks_top_frames(sessions: sessionmaker[S
     engine, _ = engine_and_worker(sessions, settings)
     now = time.time()
     with sessions() as s:
-        attempt = s.get(Attempt, 1)
-        attempt.hang_detected_at, attempt.progress_at, attempt.failed_rank = now, now - 400, 1  # type: ignore
+        attempt = s.get_one(Attempt, 1)
+        attempt.hang_detected_at, attempt.progress_at, attempt.failed_rank = now, now - 400, 1
         s.add(Event(run_id=run_id, attempt=1, at=now, kind="stacks", message=f"stacks saved in x{frames}"))
         s.commit()
     (alert,) = engine.evaluate()
@@ -177,8 +177,8 @@ def test_eta_slip_fires_when_the_pace_falls_behind_the_first_steady_eta(sessions
     now = time.time()
     start = now - 200
     with sessions() as s:
-        run = s.get(Run, run_id)
-        run.status, run.started_at, run.max_steps = "RUNNING", start, 2000  # type: ignore[union-attr]
+        run = s.get_one(Run, run_id)
+        run.status, run.started_at, run.max_steps = "RUNNING", start, 2000
         # 10 steps a second for the first 60 points (steps 10..600, 60 s): 2000 steps planned in ~200 s.
         points = [(step, start + step / 10) for step in range(10, 610, 10)]
         write_points(s.connection(), [dict(run_id=run_id, attempt=1, rank=0, step=st, key="loss", value=1.0,
@@ -203,8 +203,8 @@ def test_the_days_budget_counts_every_run_since_midnight(sessions: sessionmaker[
     midnight = time.mktime((*time.localtime()[:3], 0, 0, 0, 0, 0, -1))
     at = midnight + 3600  # judged at 01:00 today: the attempt's 9 s so far, all of them today
     with sessions() as s:
-        s.get(Run, run_id).price_usd_per_hour = 3600.0  # type: ignore[union-attr]  # $1 a second
-        s.get(Attempt, 1).started_at = at - 9  # type: ignore[union-attr]
+        s.get_one(Run, run_id).price_usd_per_hour = 3600.0  # $1 a second
+        s.get_one(Attempt, 1).started_at = at - 9
         s.commit()
     day = time.strftime("%Y-%m-%d", time.localtime(at))
     assert sorted(a.key for a in engine.evaluate(at)) == [f"day:{day}:budget:50", f"day:{day}:budget:80"]
@@ -221,7 +221,7 @@ def test_a_retry_s_alert_names_the_checkpoint_the_scheduler_resumes_from(
     scheduler = make_scheduler(sessions, settings)
     tick_until(scheduler, lambda: status(sessions, run_id) == "RETRYING")
     with sessions() as s:
-        run = s.get(Run, run_id)
+        run = s.get_one(Run, run_id)
         assert run is not None
         folder = Path(run.run_dir) / "checkpoints" / "step-100"
         s.add(Checkpoint(run_id=run_id, attempt=1, path=str(folder / "state.pt"), step=100, bytes=1, sha256="0" * 64,

@@ -6,7 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-from db.vocabulary.config import parse_config
+from db.vocabulary.config import RunConfig, parse_config
 from orchestrator.executors.launcher import SHIMS_DIR, agent_env, rank_env, torchrun_argv
 from tests.unit.paths import ROOT
 from trainer.agent import torchrun
@@ -41,12 +41,12 @@ def test_only_the_built_in_trainer_starts_warm_and_only_its_agent_gets_the_room(
     built_in, cold = parse_config({}), parse_config({"launch": {"warm_start": False}})
     script = script_config(script="/w/t.py")
     for config, warm in ((built_in, True), (cold, False), (script, False)):
-        argv = torchrun_argv(config, 7, 3, 29511, Path("/tmp/a"))  # type: ignore[arg-type]
+        argv = torchrun_argv(config, 7, 3, 29511, Path("/tmp/a"))
         assert (WARM_OPTION in argv) is warm
-        assert (ROOM_VARIABLE in agent_env(config, {"A": "1"})) is warm  # type: ignore[arg-type]
+        assert (ROOM_VARIABLE in agent_env(config, {"A": "1"})) is warm
 
 
-def script_config(**workload: object) -> object:
+def script_config(**workload: object) -> RunConfig:
     return parse_config({"launch": {"nproc_per_node": 2},
                          "workload": {"kind": "script", **workload}})
 

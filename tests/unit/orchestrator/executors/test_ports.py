@@ -4,6 +4,7 @@ in the seconds before torchrun's agent binds it (CI once saw "Address already in
 
 from __future__ import annotations
 
+import random
 import socket
 from pathlib import Path
 
@@ -33,7 +34,7 @@ def test_a_taken_port_is_passed_over(monkeypatch: pytest.MonkeyPatch) -> None:
         def randrange(_rng: object, low: int, high: int) -> int:
             return next(draws, next(p for p in range(low, high) if p != taken and p not in ports.TORCH_DEFAULTS))
 
-        monkeypatch.setattr(ports.random.SystemRandom, "randrange", randrange)
+        monkeypatch.setattr(random.SystemRandom, "randrange", randrange)
         port = ports.rendezvous_port()
     assert port != taken and ports.LOWEST <= port < ports.ephemeral_start()
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.models import Attempt, Event
@@ -82,7 +82,7 @@ def test_a_hang_dump_runs_off_the_tick_and_the_kill_waits_for_it(
                 if p.environ()["RANK"] == "1"]
     rank1.send_signal(signal.SIGSTOP)  # rank 1 alone stops
     with sessions() as s:  # rank 0 reported step 5, then nothing for a minute
-        s.execute(Attempt.__table__.update().where(Attempt.id == attempt.id)
+        s.execute(update(Attempt).where(Attempt.id == attempt.id)
                   .values(first_step_at=time.time() - 70, progress_at=time.time() - 60, last_step=5))
         s.commit()
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
+from db.models import Attempt
 from db.vocabulary.config import RunConfig, parse_config
 from orchestrator.executors.logs import launcher_log
 from orchestrator.scheduler.diagnosis import died_after_finishing, first_failure_at
@@ -34,7 +34,7 @@ Root Cause (first observed failure):
 
 
 def attempt_in(tmp_path: Path, *, finished: list[int], code: int = -6, error_file: str = "<N/A>",
-               stop_reason: str | None = None) -> tuple[SimpleNamespace, RunConfig]:
+               stop_reason: str | None = None) -> tuple[Attempt, RunConfig]:
     attempt_dir = tmp_path / "attempts" / "1"
     attempt_dir.mkdir(parents=True)
     launcher_log(attempt_dir).write_text(
@@ -42,7 +42,7 @@ def attempt_in(tmp_path: Path, *, finished: list[int], code: int = -6, error_fil
     for rank in finished:
         write_finished(attempt_dir, rank, 40)
     config = parse_config({"launch": {"nproc_per_node": 2}})
-    return SimpleNamespace(dir=str(attempt_dir), stop_reason=stop_reason), config
+    return Attempt(dir=str(attempt_dir), stop_reason=stop_reason), config  # as it ended: no row needed
 
 
 def test_every_rank_finished_then_one_aborted_is_a_success_with_a_warning(tmp_path: Path) -> None:

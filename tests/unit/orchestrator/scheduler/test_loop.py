@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.engine import make_engine, make_sessionmaker, upgrade
@@ -89,7 +89,7 @@ def test_first_reported_step_moves_to_running(sessions: sessionmaker[Session], s
     scheduler.tick()
     assert status(sessions, run_id) == "STARTING"
     with sessions() as s:  # what rank 0's reporter writes after step 1
-        s.execute(Attempt.__table__.update().where(Attempt.run_id == run_id)
+        s.execute(update(Attempt).where(Attempt.run_id == run_id)
                   .values(first_step_at=time.time(), last_step=1))
         s.commit()
     scheduler.tick()
@@ -139,7 +139,7 @@ def test_a_paused_run_is_paused_not_cancelled_and_can_be_resumed_or_cancelled(
     tick_until(scheduler, lambda: status(sessions, running) == "PAUSED")
     assert status(sessions, waiting) == "PAUSED"
     (attempt,) = attempts(sessions, running)
-    assert attempt.status == "PAUSED" and attempt.reason.startswith("paused at step")
+    assert attempt.status == "PAUSED" and (attempt.reason or "").startswith("paused at step")
     with sessions() as s:
         assert "cancelled (it was paused" in request_cancel(s, waiting)
         assert "already PAUSED; nothing to pause" in request_cancel(s, running, mode="pause")
@@ -160,7 +160,7 @@ def test_vanished_processes_are_recorded_as_crashed(sessions: sessionmaker[Sessi
     tick_until(scheduler, lambda: status(sessions, run_id) == "FAILED")
     (attempt,) = attempts(sessions, run_id)
     assert attempt.status == "CRASHED" and attempt.exit_code is None
-    assert attempt.cause == "VANISHED" and "vanished" in attempt.exception
+    assert attempt.cause == "VANISHED" and "vanished" in (attempt.exception or "")
 
 
 def test_restarted_scheduler_adopts_instead_of_relaunching(sessions: sessionmaker[Session], settings: Settings) -> None:
@@ -184,7 +184,7 @@ def test_recycled_pid_is_not_mistaken_for_the_run(sessions: sessionmaker[Session
     for proc in [*psutil.Process(attempt.pid).children(recursive=True), psutil.Process(attempt.pid)]:
         proc.kill()
     with sessions() as s:  # pretend the pid now belongs to an unrelated process (this test process)
-        s.execute(Attempt.__table__.update().where(Attempt.id == attempt.id).values(pid=psutil.Process().pid))
+        s.execute(update(Attempt).where(Attempt.id == attempt.id).values(pid=psutil.Process().pid))
         s.commit()
     tick_until(scheduler, lambda: status(sessions, run_id) == "FAILED")
 
@@ -197,6 +197,7 @@ def test_heartbeat_is_rewritten_every_few_ticks(
     scheduler.tick()
     with sessions() as s:
         first = s.scalar(select(SchedulerHeartbeat.beat_at))
+    assert first is not None
     scheduler.tick()  # within BEAT_EVERY_S: no write
     with sessions() as s:
         assert s.scalars(select(SchedulerHeartbeat.beat_at)).all() == [first]
@@ -241,12 +242,15 @@ def test_failures_are_retried_with_backoff_until_the_budget_is_spent(sessions: s
     assert moves == ["QUEUED", *["STARTING", "RETRYING"] * 2, "STARTING", "FAILED"]
     tries = attempts(sessions, run_id)
     assert [a.number for a in tries] == [1, 2, 3]
-    gaps = [b.started_at - a.ended_at for a, b in pairwise(tries)]
+    gaps = []
+    for a, b in pairwise(tries):
+        assert a.ended_at is not None, a.number
+        gaps.append(b.started_at - a.ended_at)
     # backoff 0.5 s then 1 s, each with jitter in [0.5, 1.0]
     assert gaps[0] >= 0.25 and gaps[1] >= 0.5, gaps
     with sessions() as s:
-        run = s.get(Run, run_id)
-        assert run.retries_used == 2 and "gave up after 2 retries" in run.status_reason
+        run = s.get_one(Run, run_id)
+        assert run.retries_used == 2 and "gave up after 2 retries" in (run.status_reason or "")
 
 
 def test_one_broken_run_does_not_stop_the_others(sessions: sessionmaker[Session], settings: Settings) -> None:
@@ -255,7 +259,7 @@ def test_one_broken_run_does_not_stop_the_others(sessions: sessionmaker[Session]
     scheduler = make_scheduler(sessions, settings)
     scheduler.tick()
     with sessions() as s:  # a row damaged by hand: its config no longer parses
-        s.get(Run, broken).config_json = "{not json"
+        s.get_one(Run, broken).config_json = "{not json"
         s.commit()
     tick_until(scheduler, lambda: status(sessions, healthy) == "SUCCEEDED")
     assert status(sessions, broken) == "STARTING"

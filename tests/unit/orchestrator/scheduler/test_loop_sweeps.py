@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.models import Attempt, Event, Run, RunStatusHistory
@@ -61,7 +61,7 @@ def scheduler_for(sessions: sessionmaker[Session], settings: Settings) -> Schedu
 
 def run_dir_of(sessions: sessionmaker[Session], run_id: int) -> str:
     with sessions() as s:
-        return s.get(Run, run_id).run_dir
+        return s.get_one(Run, run_id).run_dir
 
 
 def events(sessions: sessionmaker[Session], run_id: int) -> list[str]:
@@ -75,7 +75,7 @@ def events(sessions: sessionmaker[Session], run_id: int) -> list[str]:
 def forget_pid(sessions: sessionmaker[Session], run_id: int, age_s: float) -> None:
     """What a scheduler that died between launch() and the commit leaves: pid IS NULL."""
     with sessions() as s:
-        s.execute(Attempt.__table__.update().where(Attempt.run_id == run_id)
+        s.execute(update(Attempt).where(Attempt.run_id == run_id)
                   .values(pid=None, pid_create_time=None, started_at=time.time() - age_s))
         s.commit()
 
@@ -87,8 +87,12 @@ def test_a_launch_without_a_committed_pid_is_adopted_from_the_record(sessions: s
     first.tick()
     (attempt,) = attempts(sessions, run_id)
     shim_pid = attempt.pid
-    tick_until(first, lambda: read_launch_record(Path(attempt.dir)) is not None
-               and read_launch_record(Path(attempt.dir))["torchrun_pid"] is not None)
+
+    def recorded() -> bool:
+        record = read_launch_record(Path(attempt.dir))
+        return record is not None and record["torchrun_pid"] is not None
+
+    tick_until(first, recorded)
     forget_pid(sessions, run_id, age_s=LAUNCH_LOST_S + 10)  # long past the old "lost launch" limit
     second = scheduler_for(sessions, settings)
     for _ in range(3):

@@ -105,7 +105,7 @@ def ended_attempt(sessions: sessionmaker[Session], settings: Settings, tmp_path:
 def settle_it(sessions: sessionmaker[Session], ids: tuple[int, int]) -> tuple[Attempt, Run]:
     run_id, attempt_id = ids
     with sessions() as s:
-        run, attempt = s.get(Run, run_id), s.get(Attempt, attempt_id)
+        run, attempt = s.get_one(Run, run_id), s.get_one(Attempt, attempt_id)
         settle(s, run, attempt, json.loads((Path(attempt.dir) / "exit.json").read_text()))
         s.commit()
         s.expunge_all()
@@ -138,10 +138,10 @@ def test_a_cancel_that_arrives_as_the_run_finishes_leaves_it_succeeded(
     their own with 0 and no stop record. A finished run must not read CANCELLED at 50/50."""
     ids = ended_attempt(sessions, settings, tmp_path, code=0, stopped=False)
     with sessions() as s:
-        run = s.get(Run, ids[0])
+        run = s.get_one(Run, ids[0])
         stopping = RunStatus.PAUSING if asked == "pause" else RunStatus.CANCELLING
         run.max_steps, run.status, run.stop_mode = 50, stopping.value, asked
-        s.get(Attempt, ids[1]).stop_reason = asked
+        s.get_one(Attempt, ids[1]).stop_reason = asked
         s.commit()
     attempt, run = settle_it(sessions, ids)
     assert (run.status, attempt.status) == ("SUCCEEDED", "SUCCEEDED")
@@ -153,13 +153,13 @@ def test_a_cancel_that_stops_the_ranks_before_the_last_step_cancels(
 ) -> None:
     ids = ended_attempt(sessions, settings, tmp_path, code=0, stopped=True)  # stopped at 50 with a checkpoint
     with sessions() as s:
-        run = s.get(Run, ids[0])
+        run = s.get_one(Run, ids[0])
         run.max_steps, run.status, run.stop_mode = 300, RunStatus.CANCELLING.value, "cancel"
-        s.get(Attempt, ids[1]).stop_reason = "cancel"
+        s.get_one(Attempt, ids[1]).stop_reason = "cancel"
         s.commit()
     attempt, run = settle_it(sessions, ids)
     assert (run.status, attempt.status) == ("CANCELLED", "CANCELLED")
-    assert run.status_reason.startswith("cancelled at step 50 (with a checkpoint)")
+    assert (run.status_reason or "").startswith("cancelled at step 50 (with a checkpoint)")
 
 
 @pytest.mark.parametrize(("status", "stop_mode", "ends"), [
@@ -171,13 +171,13 @@ def test_a_stopped_attempt_ends_the_run_as_the_last_request_says(
 ) -> None:
     ids = ended_attempt(sessions, settings, tmp_path, code=0, stopped=True)  # stopped at 50 with a checkpoint
     with sessions() as s:
-        run = s.get(Run, ids[0])
+        run = s.get_one(Run, ids[0])
         run.max_steps, run.status, run.stop_mode = 300, status, stop_mode
-        s.get(Attempt, ids[1]).stop_reason = "pause"
+        s.get_one(Attempt, ids[1]).stop_reason = "pause"
         s.commit()
     attempt, run = settle_it(sessions, ids)
     assert (run.status, attempt.status) == (ends, ends)
-    assert run.status_reason.startswith(f"{ends.lower()} at step 50 (with a checkpoint)")
+    assert (run.status_reason or "").startswith(f"{ends.lower()} at step 50 (with a checkpoint)")
 
 
 def test_a_clean_pause_is_not_shown_as_torchruns_exit_1(
@@ -187,13 +187,13 @@ def test_a_clean_pause_is_not_shown_as_torchruns_exit_1(
     the SIGTERM too and exited 1. The attempt is PAUSED with exit code 0, the 1 explained."""
     ids = ended_attempt(sessions, settings, tmp_path, code=1, stopped=True)
     with sessions() as s:
-        attempt = s.get(Attempt, ids[1])
+        attempt = s.get_one(Attempt, ids[1])
         attempt.stop_reason, attempt.signal_sent = "pause", "SIGTERM"
-        s.get(Run, ids[0]).status = "CANCELLING"  # what request_cancel(mode="pause") left
+        s.get_one(Run, ids[0]).status = "CANCELLING"  # what request_cancel(mode="pause") left
         s.commit()
     attempt, run = settle_it(sessions, ids)
     assert (attempt.status, attempt.exit_code, run.status) == ("PAUSED", 0, "PAUSED")
-    assert "(with a checkpoint; torchrun's exit 1 was its answer to the SIGTERM)" in attempt.reason
+    assert "(with a checkpoint; torchrun's exit 1 was its answer to the SIGTERM)" in (attempt.reason or "")
 
 
 OLD_TAG = "before the rule"  # a space: refused since issue 52, stored by runs submitted before it
@@ -221,7 +221,7 @@ def test_a_run_stored_before_the_tag_rule_is_retried_with_half_its_micro_batch_a
     scheduler = make_scheduler(sessions, settings)
     tick_until(scheduler, lambda: status(sessions, run_id) == "RETRYING")
     with sessions() as s:  # the run as stored before the rule, its first attempt out of CUDA memory
-        run = s.get(Run, run_id)
+        run = s.get_one(Run, run_id)
         run.config_json = stored_before_the_tag_rule(run.config_json)
         run.retry_at = time.time()
         first = s.scalars(select(Attempt).where(Attempt.run_id == run_id)).one()

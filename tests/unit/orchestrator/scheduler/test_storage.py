@@ -118,8 +118,9 @@ def _fail_with_disk(sessions: sessionmaker[Session], run_id: int) -> None:
     """Make the run's finished attempt a DISK failure and its backoff over."""
     with sessions() as s:
         a = s.scalars(select(Attempt).where(Attempt.run_id == run_id).order_by(Attempt.number.desc())).first()
+        assert a is not None
         a.cause = Cause.DISK.value
-        run = s.get(Run, run_id)
+        run = s.get_one(Run, run_id)
         run.retry_at = time.time() - 1
         s.commit()
 
@@ -140,8 +141,8 @@ def test_a_disk_failure_is_not_retried_while_the_disk_is_still_full(
 
     assert status(sessions, run_id) == "RETRYING" and len(attempts(sessions, run_id)) == 1
     with sessions() as s:
-        run = s.get(Run, run_id)
-        assert run.status_reason.startswith("waiting for disk space: 10.0 MiB free")
+        run = s.get_one(Run, run_id)
+        assert (run.status_reason or "").startswith("waiting for disk space: 10.0 MiB free")
         waits = s.scalars(select(Event).where(Event.run_id == run_id, Event.kind == "disk")).all()
         assert len(waits) == 1  # said once, not every tick
         run.retry_at = time.time() - 1  # the next look is due (DISK_RECHECK_S later in real time)
@@ -154,7 +155,7 @@ def test_a_disk_failure_is_not_retried_while_the_disk_is_still_full(
 def _refuse_writes(engine: object, when: dict[str, bool]) -> None:
     """Make every INSERT/UPDATE on ``engine`` fail as SQLite does on a full disk while ``when['on']``."""
 
-    def before(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
+    def before(conn, cursor, statement, parameters, context, executemany):
         if when["on"] and statement.lstrip().upper().startswith(("INSERT", "UPDATE", "DELETE")):
             raise sqlite3.OperationalError("database or disk is full")
 

@@ -11,6 +11,7 @@ import sys
 import time
 import types
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -23,6 +24,7 @@ from db.models import SystemMetric
 from db.sysmetrics import gpu_devices, run_span, system_series
 from db.vocabulary.inventory import Inventory
 from db.vocabulary.settings import Settings
+from orchestrator.executors.processes import attempt_processes
 from orchestrator.scheduler import sysmon
 from orchestrator.scheduler.loop import Scheduler
 from orchestrator.scheduler.service import add_jobs
@@ -102,7 +104,7 @@ def test_the_process_tree_is_walked_again_when_a_rank_ends_not_on_every_sample(
 ) -> None:
     no_nvml(monkeypatch)
     walks: list[int] = []
-    real = sysmon.attempt_processes
+    real = attempt_processes
 
     def counted(*args: object, **kwargs: object) -> list[psutil.Process]:
         walks.append(1)
@@ -276,7 +278,7 @@ def fake_pynvml(gpus: int = 4, no_ecc: tuple[int, ...] = (), init_error: Excepti
     m.calls = []  # type: ignore[attr-defined]
 
     def init() -> None:
-        m.calls.append("init")  # type: ignore[attr-defined]
+        m.calls.append("init")
         if init_error is not None:
             raise init_error
 
@@ -322,7 +324,7 @@ def test_nvml_gpus_are_sampled_and_mapped_to_run_and_rank(
     with sessions() as s:
         rows = system_series(s, until=START)  # the full window (close() wrote the next one too)
         devices = gpu_devices(s, tree.run_id)
-    gpu = {}
+    gpu: dict[str, dict[str, dict[str, Any]]] = {}
     for r in rows:
         if r["device"].startswith("gpu"):
             gpu.setdefault(r["device"], {})[r["key"]] = r

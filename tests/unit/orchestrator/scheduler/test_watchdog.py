@@ -47,7 +47,7 @@ def check_at(sessions: sessionmaker[Session], ids: tuple[int, int], config: Supe
              silent_s: float) -> Attempt:
     run_id, attempt_id = ids
     with sessions() as s:
-        attempt, run = s.get(Attempt, attempt_id), s.get(Run, run_id)
+        attempt, run = s.get_one(Attempt, attempt_id), s.get_one(Run, run_id)
         now = time.time()
         attempt.progress_at = now - silent_s
         dumps = StackDumps()
@@ -90,7 +90,7 @@ def test_an_attempt_that_ends_during_its_hang_dump_keeps_the_evidence(sessions: 
     dumps = StackDumps()
     try:
         with sessions() as s:
-            run, attempt = s.get(Run, run_id), s.get(Attempt, attempt_id)
+            run, attempt = s.get_one(Run, run_id), s.get_one(Attempt, attempt_id)
             attempt.hang_detected_at = time.time()
             dumps.start(watchdog.hang_key(run_id, 1), slow_dump)
             assert not watchdog.hang_evidence_kept(s, run, attempt, dumps)  # not settled while the dump runs
@@ -115,7 +115,7 @@ def test_a_script_that_steps_once_an_epoch_but_prints_meanwhile_is_alive(session
 
     def check(silent_s: float, printed_s: float) -> Attempt:
         with sessions() as s:
-            attempt, run = s.get(Attempt, ids[1]), s.get(Run, ids[0])
+            attempt, run = s.get_one(Attempt, ids[1]), s.get_one(Run, ids[0])
             now = time.time()
             attempt.progress_at = now - silent_s
             dumps = StackDumps()

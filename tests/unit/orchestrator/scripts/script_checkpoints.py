@@ -103,14 +103,14 @@ def zip_bytes(payload: bytes) -> bytes:
 # -- issue 52: whose a file is, complete folders, a failed load, accelerate's names ------------
 
 
-def ended(s: Session, run_id: int, attempt: Attempt, tmp_path: Path, *, last_step: int, code: int = 1,
+def ended(s: Session, run_id: int, attempt: Attempt, tmp_path: Path, *, last_step: int | None, code: int = 1,
           stop: str | None = None) -> Run:
     """Settle ``attempt`` of a RUNNING (or, with ``stop``, stopping) run as the scheduler does when
     its processes are gone, with exit ``code``; the run as it is then."""
     attempt.dir = str(tmp_path / "attempts" / str(attempt.number))
     Path(attempt.dir).mkdir(parents=True, exist_ok=True)
     attempt.last_step, attempt.stop_reason = last_step, stop
-    run = s.get(Run, run_id)
+    run = s.get_one(Run, run_id)
     for status in (RunStatus.STARTING, RunStatus.RUNNING, *((RunStatus.PAUSING,) if stop else ())):
         if run.status != status.value:
             transition(s, run_id, status, "t")

@@ -19,7 +19,7 @@ from db.models import Checkpoint
 from db.queries import run_detail
 from db.requests import create_run
 from db.run_list import list_runs
-from db.vocabulary.config import ConfigError, field_of, parse_config
+from db.vocabulary.config import ConfigError, ScriptWorkload, field_of, parse_config
 from db.vocabulary.cost import Price
 from db.vocabulary.settings import Settings
 from orchestrator.cli.group import cli
@@ -90,6 +90,7 @@ def test_a_script_inside_a_root_is_accepted_and_resolved(layout: dict[str, Path]
         config = validate(script_config("train.py"), CPU2, roots=default_roots(layout))
     finally:
         os.chdir(cwd)
+    assert isinstance(config.workload, ScriptWorkload)
     assert config.workload.script == str((layout["project"] / "train.py").resolve())
 
 
@@ -173,6 +174,7 @@ def test_unresolvable_path_is_refused(layout: dict[str, Path]) -> None:
 
 def test_without_roots_validate_applies_none(layout: dict[str, Path]) -> None:
     config = validate(script_config(layout["outside"] / "train.py"), CPU2)
+    assert isinstance(config.workload, ScriptWorkload)
     assert config.workload.script == str((layout["outside"] / "train.py").resolve())
 
 

@@ -22,6 +22,7 @@ from db.vocabulary.settings import Settings
 from orchestrator.scheduler.loop import Scheduler
 from orchestrator.scripts import attempt_watch as script_supervision
 from orchestrator.scripts.attempt_watch import UNMATCHED_EVENT, ScriptWatch, script_facts
+from orchestrator.scripts.checkpoint_finder import CheckpointFiles
 from orchestrator.submission import submit
 from tests.unit.orchestrator.fake_runs import CPU2, attempts, make_scheduler, status, tick_until
 
@@ -109,7 +110,7 @@ def test_watchers_of_attempts_that_are_not_running_are_pruned(
     watch = scheduler.scripts
     with sessions() as s:
         run_id = script_run(sessions, settings, tmp_path, "quick")
-        run = s.get(Run, run_id)
+        run = s.get_one(Run, run_id)
         attempt = Attempt(run_id=run_id, number=1, status="FAILED", dir=str(tmp_path / "a1"),
                           started_at=time.time())
         s.add(attempt)
@@ -126,9 +127,9 @@ def test_files_are_hashed_before_anything_is_written_and_to_completion_at_the_en
     ckpt = tmp_path / "work" / "out" / "ckpt.pt"
     ckpt.write_bytes(b"x" * 3000)
     order: list[str] = []
-    real_scan = script_supervision.CheckpointFiles.scan
+    real_scan = CheckpointFiles.scan
 
-    def scan(self: script_supervision.CheckpointFiles) -> list:
+    def scan(self: CheckpointFiles) -> list:
         order.append("scan")
         return real_scan(self)
 
@@ -138,12 +139,12 @@ def test_files_are_hashed_before_anything_is_written_and_to_completion_at_the_en
         order.append("write")
         real_store(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(script_supervision.CheckpointFiles, "scan", scan)
+    monkeypatch.setattr(CheckpointFiles, "scan", scan)
     monkeypatch.setattr(ScriptWatch, "_store", staticmethod(store))
     monkeypatch.setattr(script_supervision, "FINAL_LOOKS", 2)
     watch = ScriptWatch()
     with sessions() as s:
-        run = s.get(Run, run_id)
+        run = s.get_one(Run, run_id)
         attempt = Attempt(run_id=run_id, number=1, status="RUNNING", dir=str(tmp_path / "a1"),
                           started_at=time.time() - 60)
         (tmp_path / "a1").mkdir()
@@ -175,7 +176,7 @@ def test_a_glob_that_matched_nothing_after_a_save_is_said_once_and_on_the_page(
     watch = ScriptWatch(saved_grace_s=0.5)
     attempt_dir = tmp_path / "a1"
     with sessions() as s:
-        run = s.get(Run, run_id)
+        run = s.get_one(Run, run_id)
         attempt = Attempt(run_id=run_id, number=1, status="RUNNING", dir=str(attempt_dir), started_at=time.time())
         s.add(attempt)
         s.commit()
@@ -202,7 +203,7 @@ def test_a_glob_that_matches_after_a_save_is_not_said_and_after_long_training_it
     run_id = script_run(sessions, settings, tmp_path, "quick")
     watch = ScriptWatch(saved_grace_s=0.0, nothing_matched_after_s=3600)
     with sessions() as s:
-        run = s.get(Run, run_id)
+        run = s.get_one(Run, run_id)
         config = config_from_json(run.config_json)
         saver = Attempt(run_id=run_id, number=1, status="RUNNING", dir=str(tmp_path / "a1"), started_at=time.time())
         s.add(saver)
@@ -291,11 +292,11 @@ def test_a_deterministic_exception_in_a_script_that_reports_steps_sparsely_fails
     assert [(a.cause, a.last_step) for a in tried] == [("USER_ERROR", 30), ("USER_ERROR", 20)]
     assert tried[0].exception == "ValueError: bad record 812 (at crash.py:8 in main)"
     with sessions() as s:
-        reason = s.get(Run, run_id).status_reason
-    assert reason.startswith("the same exception at the same place twice in a row (ValueError: bad record 812 "
+        reason = s.get_one(Run, run_id).status_reason
+    assert (reason or "").startswith("the same exception at the same place twice in a row (ValueError: bad record 812 "
                              "(at crash.py:8 in main)), and attempt 2 started from the beginning, having saved no "
                              "checkpoint: a third try would start there again"), reason
-    assert reason.endswith("fix the code or the data it names, then resume")
+    assert (reason or "").endswith("fix the code or the data it names, then resume")
 
 
 def test_a_script_run_says_where_it_runs_with_what_and_what_is_watched() -> None:

@@ -97,7 +97,7 @@ def test_versions_get_the_attempts_step_and_the_old_one_is_marked_overwritten(
     ckpt = workdir / "out" / "ckpt.pt"
     now = time.time()
     with sessions() as s:
-        run = s.get(Run, run_id)
+        run = s.get_one(Run, run_id)
         attempt = add_attempt(s, run_id, 1, last_step=None)
         report(s, attempt, 249, now - 11)
         write(ckpt, b"v1" * 100, now - 10)
@@ -110,7 +110,7 @@ def test_versions_get_the_attempts_step_and_the_old_one_is_marked_overwritten(
         s.commit()
         first, second = rows(s, run_id)
     assert (first.step, first.source, first.origin, first.verified) == (249, "script", str(ckpt), True)
-    assert first.deleted and first.deleted_reason.startswith("overwritten by the script at ")
+    assert first.deleted and (first.deleted_reason or "").startswith("overwritten by the script at ")
     assert (second.step, second.deleted, second.sha256) == (499, False, sha256_of(ckpt))
 
 
@@ -119,7 +119,7 @@ def test_pinning_copies_the_file_out_of_the_scripts_reach(
     run_id = script_run(sessions, settings, workdir, checkpoint_glob="out/ckpt.pt")
     ckpt = workdir / "out" / "ckpt.pt"
     with sessions() as s:
-        run = s.get(Run, run_id)
+        run = s.get_one(Run, run_id)
         attempt = add_attempt(s, run_id, 1, last_step=100)
         saved(s, run, attempt, ckpt, b"old" * 50, time.time() - 10)
         s.commit()
@@ -141,7 +141,7 @@ def test_resume_checks_the_file_and_falls_back_to_the_newest_intact_version(
     run_id = script_run(sessions, settings, workdir, checkpoint_glob="out/ckpt.pt")
     ckpt = workdir / "out" / "ckpt.pt"
     with sessions() as s:
-        run = s.get(Run, run_id)
+        run = s.get_one(Run, run_id)
         attempt = add_attempt(s, run_id, 1, last_step=None)
         saved(s, run, attempt, ckpt, b"a" * 100, time.time() - 20, step=100)
         saved(s, run, attempt, ckpt, b"b" * 200, time.time() - 10, step=200)
@@ -166,7 +166,7 @@ def test_resume_from_a_pinned_older_version_puts_it_back_and_keeps_the_newer_one
     run_id = script_run(sessions, settings, workdir, checkpoint_glob="out/ckpt.pt", resume_args=["--resume"])
     ckpt = workdir / "out" / "ckpt.pt"
     with sessions() as s:
-        run = s.get(Run, run_id)
+        run = s.get_one(Run, run_id)
         attempt = add_attempt(s, run_id, 1, last_step=None)
         saved(s, run, attempt, ckpt, b"a" * 100, time.time() - 20, step=100)
         s.commit()
@@ -200,9 +200,9 @@ def test_a_file_adopted_through_the_sdk_is_a_script_checkpoint_a_retry_starts_fr
                                                          0.01, time.time())])
         s.commit()
         first, second = rows(s, run_id)
-        assert first.deleted and "overwritten" in first.deleted_reason
+        assert first.deleted and "overwritten" in (first.deleted_reason or "")
         assert (second.source, second.step, second.verified, second.sha256) == ("script", 200, True, sha256_of(ckpt))
-        chosen = resume_point(s, s.get(Run, run_id), 2)
+        chosen = resume_point(s, s.get_one(Run, run_id), 2)
         assert chosen is not None and (chosen.path, chosen.step) == (str(ckpt), 200)
 
 
@@ -211,14 +211,14 @@ def test_a_retry_of_a_fork_before_its_own_save_starts_from_the_forks_origin(
     parent_id = script_run(sessions, settings, workdir, checkpoint_glob="out/ckpt.pt")
     ckpt = workdir / "out" / "ckpt.pt"
     with sessions() as s:
-        run = s.get(Run, parent_id)
+        run = s.get_one(Run, parent_id)
         attempt = add_attempt(s, parent_id, 1, last_step=None)
         saved(s, run, attempt, ckpt, b"p" * 100, time.time() - 20, step=100)
         s.commit()
         (origin,) = rows(s, parent_id)
     fork_id = fork(sessions, settings, parent_id, None, [], CPU2, checkpoint_id=origin.id)
     with sessions() as s:
-        child = s.get(Run, fork_id)
+        child = s.get_one(Run, fork_id)
         assert child.parent_checkpoint_id == origin.id
         chosen = resume_point(s, child, 2)  # attempt 1 failed before the fork saved anything
         assert chosen is not None and (chosen.checkpoint_id, chosen.step) == (origin.id, 100)
@@ -229,13 +229,13 @@ def test_a_retry_of_a_fork_of_runyards_own_checkpoint_starts_from_it(
     parent_id = script_run(sessions, settings, workdir)
     child_id = script_run(sessions, settings, workdir)
     with sessions() as s:
-        parent = s.get(Run, parent_id)
+        parent = s.get_one(Run, parent_id)
         own = Checkpoint(run_id=parent_id, attempt=1, step=40, path=f"{checkpoints_dir(parent)}/step-40/state.pt",
                          bytes=1, sha256="", params_digest="", metrics_json="{}", blocked_s=0.0, total_s=0.0,
                          created_at=time.time(), verified=True, pinned=True, deleted=False)
         s.add(own)
         s.flush()
-        child = s.get(Run, child_id)
+        child = s.get_one(Run, child_id)
         child.parent_checkpoint_id = own.id
         assert attempts_module.resume_point(s, child, 2) == (f"{checkpoints_dir(parent)}/step-40", 40)
 
@@ -245,7 +245,7 @@ def test_when_the_chosen_version_cannot_be_put_in_place_the_resume_args_are_left
     run_id = script_run(sessions, settings, workdir, checkpoint_glob="out/ckpt.pt", resume_args=["--resume"])
     ckpt = workdir / "out" / "ckpt.pt"
     with sessions() as s:
-        run = s.get(Run, run_id)
+        run = s.get_one(Run, run_id)
         attempt = add_attempt(s, run_id, 1, last_step=None)
         saved(s, run, attempt, ckpt, b"a" * 100, time.time() - 20)
         s.commit()
@@ -270,7 +270,7 @@ def test_an_unrecorded_file_moved_aside_never_replaces_an_earlier_one(
     run_id = script_run(sessions, settings, workdir, checkpoint_glob="out/ckpt.pt")
     ckpt = workdir / "out" / "ckpt.pt"
     with sessions() as s:
-        run = s.get(Run, run_id)
+        run = s.get_one(Run, run_id)
         for data in (b"first", b"second"):
             ckpt.write_bytes(data)
             _keep_aside(s, run, 2, ckpt)

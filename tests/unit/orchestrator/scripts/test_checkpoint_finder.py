@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -191,7 +192,7 @@ def test_a_zip_rewritten_at_every_look_is_read_as_a_snapshot_at_most_every_inter
     thousands of steps behind). Now a complete version is read whole at most every
     SNAPSHOT_EVERY_S, with its own digest and step."""
     clock = [1000.0]
-    monkeypatch.setattr(checkpoint_finder.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
     ckpt = tmp_path / "out" / "ckpt.pt"
     ckpt.parent.mkdir()
     files = CheckpointFiles(tmp_path, ["out/ckpt.pt"])
@@ -233,7 +234,7 @@ class Clock:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.now = 1000.0
-        monkeypatch.setattr(checkpoint_finder.time, "monotonic", lambda: self.now)
+        monkeypatch.setattr(time, "monotonic", lambda: self.now)
 
     def looks(self, files: CheckpointFiles, n: int, every_s: float = 1.0) -> list[bool]:
         """``n`` looks, ``every_s`` apart: whether the one match was stable at each."""

@@ -36,7 +36,7 @@ def _lightning_ckpt(path: Path, global_step: int, marker: Path) -> None:
     plain unpickler loads it."""
     fake = types.ModuleType(FAKE_MODULE)
 
-    class AttributeDict(dict):  # type: ignore[type-arg]
+    class AttributeDict(dict):
         pass
 
     AttributeDict.__module__ = FAKE_MODULE

@@ -13,7 +13,8 @@ from datetime import timedelta
 
 import psutil
 import pytest
-from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch.distributed import TCPStore
+from torch.distributed.elastic.rendezvous import RendezvousConnectionError, RendezvousParameters
 from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as c10d
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
@@ -78,7 +79,7 @@ def test_a_loopback_store_listens_on_loopback_alone_and_serves(port: str) -> Non
     assert wanted in (0, server.port)
     assert ("127.0.0.1", server.port) in own_listeners()
     assert not any(p == server.port and ip != "127.0.0.1" for ip, p in own_listeners())
-    client = torchrun.TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=10))
+    client = TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=10))
     client.set("key", "value")
     assert server.get("key") == b"value"
 
@@ -98,7 +99,7 @@ def test_a_store_port_already_taken_is_an_error_not_a_stranger_s_store() -> None
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         port = holder.getsockname()[1]
-        with pytest.raises(torchrun.RendezvousConnectionError, match=f"127.0.0.1:{port}"):
+        with pytest.raises(RendezvousConnectionError, match=f"127.0.0.1:{port}"):
             torchrun.loopback_store("127.0.0.1", port)
 
 

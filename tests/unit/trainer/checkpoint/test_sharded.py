@@ -25,7 +25,7 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 from trainer.checkpoint import CheckpointError
 from trainer.checkpoint.sharded import (
@@ -98,7 +98,9 @@ def test_metadata_pickled_by_python_3_11_2_is_read(tmp_path: Path) -> None:
     assert b"getattr" in data and b"_MEM_FORMAT_ENCODING" in data
     (tmp_path / ".metadata").write_bytes(data)
     read = read_metadata(tmp_path)
-    assert read.state_dict_metadata["model.w"].properties == md.state_dict_metadata["model.w"].properties
+    entry, written = read.state_dict_metadata["model.w"], md.state_dict_metadata["model.w"]
+    assert isinstance(entry, TensorStorageMetadata) and isinstance(written, TensorStorageMetadata)
+    assert entry.properties == written.properties
     assert check_metadata(read, MANIFEST) == ""
 
 
@@ -131,7 +133,8 @@ def test_the_runs_tensors_must_have_the_checkpoints_shapes() -> None:
 
 
 def test_loaded_tensors_go_back_to_their_places_beside_the_plain_state() -> None:
-    target = {"model": {"w": torch.zeros(2)}, "optimizer": {"state": {"w": {"exp_avg": torch.zeros(2)}}}}
+    target: dict[str, Any] = {"model": {"w": torch.zeros(2)},
+                              "optimizer": {"state": {"w": {"exp_avg": torch.zeros(2)}}}}
     paths = [["model", "w"], ["optimizer", "state", "w", "exp_avg"]]
     found = tensors_at(target, paths)
     assert list(found) == ["model.w", "optimizer.state.w.exp_avg"] == [dcp_key(tuple(p)) for p in paths]
@@ -148,6 +151,13 @@ def one_rank(tmp_path: Path) -> Any:
     dist.destroy_process_group()
 
 
+def staged(stager: ShardStager, shards: dict[str, DTensor]) -> dict[str, DTensor]:
+    """What ``stager`` staged of ``shards``: a DTensor for each."""
+    out = stager.stage(shards)
+    assert all(isinstance(t, DTensor) for t in out.values()), out
+    return {key: t for key, t in out.items() if isinstance(t, DTensor)}
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_the_stager_copies_each_save_into_the_buffers_of_the_first(one_rank: None, device: str) -> None:
     """Staged shards hold the values of the save, not of the training that goes on after it; the
@@ -159,7 +169,7 @@ def test_the_stager_copies_each_save_into_the_buffers_of_the_first(one_rank: Non
     scale = distribute_tensor(torch.tensor(5.0, device=device), mesh, [Replicate()])
     stager = ShardStager()
 
-    first = stager.stage({"w": weight, "s": scale})
+    first = staged(stager, {"w": weight, "s": scale})
     buffer = first["w"].to_local()
     assert buffer.device.type == "cpu" and buffer.is_pinned() == (device == "cuda")
     weight.to_local().add_(100.0)  # the optimizer steps on after the save
@@ -167,7 +177,7 @@ def test_the_stager_copies_each_save_into_the_buffers_of_the_first(one_rank: Non
     assert torch.equal(first["w"].to_local(), torch.arange(12.0).reshape(4, 3))
     assert first["s"].to_local().item() == 5.0
 
-    second = stager.stage({"w": weight, "s": scale})
+    second = staged(stager, {"w": weight, "s": scale})
     assert second["w"].to_local().data_ptr() == buffer.data_ptr()
     assert torch.equal(second["w"].to_local(), torch.arange(12.0).reshape(4, 3) + 100.0)
     assert second["s"].to_local().item() == 6.0

@@ -10,10 +10,12 @@ metrics share one agreement per step.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -35,7 +37,14 @@ def play(rank: int, store_path: str, out: str) -> None:
     state = {"stop": False, "late": False}
     channel = ControlChannel()
     channel.add_flag("stop", lambda: state["stop"])
-    told, received = {}, []
+
+    told: dict[int, dict[str, bool]] = {}
+    received: list[list[Any]] = []
+
+    def record(step: int, table: list[list[float]]) -> None:
+        """Rank 0's table of the values sent at ``step``, and the steps told so far when it came."""
+        received.append([step, table, sorted(told)])
+
     try:
         for step in range(1, STEPS + 1):
             if rank == 1 and step == 3:
@@ -44,8 +53,7 @@ def play(rank: int, store_path: str, out: str) -> None:
                 channel.add_flag("late", lambda: state["late"])
             state["late"] = rank == 0 and step == 6
             if step in LOG_STEPS:
-                channel.gather([float(step), 100.0 * rank + step],
-                               lambda table, step=step: received.append([step, table, sorted(told)]))
+                channel.gather([float(step), 100.0 * rank + step], functools.partial(record, step))
             told[step] = channel.agree()
         channel.close()
     finally:
@@ -82,7 +90,7 @@ def test_outside_a_process_group_everything_is_local() -> None:
     flag = {"on": False}
     channel = ControlChannel()
     channel.add_flag("stop", lambda: flag["on"])
-    got = []
+    got: list[list[list[float]]] = []
     channel.gather([1.0, 2.0], got.append)
     assert got == [[[1.0, 2.0]]]  # at once, this rank's row alone
     assert channel.agree() == {"stop": False}

@@ -30,6 +30,7 @@ def feed(check: StragglerCheck, times_at: dict[int, list[float]] | None = None, 
     found = []
     for step in range(start + every, until + 1, every):
         times = (times_at or {}).get(step, base)
+        assert times is not None, f"no times for step {step}"
         for f in check.update(step, every, list(times)):
             found.append((step, f.kind, f.message))
     return found
@@ -192,7 +193,8 @@ def test_the_ddp_hook_marks_the_clock_and_leaves_the_gradients_as_they_were(tmp_
                 ddp.zero_grad()
                 time.sleep(0.01)
                 ddp(x).square().sum().backward()
-        assert all(torch.equal(a.grad, b.grad) for a, b in zip(plain.parameters(), hooked.parameters(), strict=True))
+        assert all(a.grad is not None and b.grad is not None and torch.equal(a.grad, b.grad)
+                   for a, b in zip(plain.parameters(), hooked.parameters(), strict=True))
         times = clock.take()
         assert len(times) == 3 and all(t >= 0.01 for t in times)
     finally:

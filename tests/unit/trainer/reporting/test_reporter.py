@@ -42,7 +42,7 @@ class Outage:
         self.on = False
         self.refused = 0
 
-    def __call__(self, conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
+    def __call__(self, conn, cursor, statement, parameters, context, executemany):
         if self.on and conn.engine.url.database == self.database and \
                 statement.lstrip().upper().startswith(("INSERT", "UPDATE", "DELETE")):
             self.refused += 1
@@ -156,7 +156,7 @@ def test_retention_deletes_a_folder_only_after_the_commit_that_forgets_it(
     done: list = []
     lock = threading.Lock()
 
-    def completed(result):  # type: ignore[no-untyped-def]
+    def completed(result):
         with lock:
             done.append(result)
 

@@ -35,7 +35,7 @@ def test_example_config_is_the_documented_default() -> None:
 def test_config_is_frozen() -> None:
     config = RunConfig()
     with pytest.raises(ValidationError, match="frozen"):
-        config.train.lr = 1.0  # type: ignore[misc]
+        config.train.lr = 1.0
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ tests/integration/test_slurm.py's.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -24,11 +25,7 @@ from db.vocabulary.settings import Settings
 from orchestrator.executors.base import LaunchRequest, Liveness
 from orchestrator.executors.local import LocalExecutor
 from orchestrator.executors.slurm import executor as executor_module
-from orchestrator.executors.slurm.commands import (
-    JobStatus,
-    SlurmError,
-    canceller,
-)
+from orchestrator.executors.slurm.commands import JobStatus, Slurm, SlurmError, canceller
 from orchestrator.executors.slurm.executor import SlurmExecutor, sbatch_options, warning_lead_s
 from orchestrator.executors.slurm.job import stop_line
 from orchestrator.format import where_short, where_text
@@ -54,17 +51,18 @@ def test_sbatch_options_map_each_field_and_keep_runyard_s_own(tmp_path: Path) ->
     assert warning_lead_s(None) == 90 and warning_lead_s(300.0) == 330  # the measured save, plus 30 s
 
 
-class FakeSlurm:
+class FakeSlurm(Slurm):
     """Answers as Slurm would: ``queue`` is what squeue shows, ``accounting`` what sacct knows
     (None: accounting off); ``down`` makes squeue fail."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.queue: dict[str, JobStatus] = {}
         self.accounting: dict[str, JobStatus] | None = None
         self.down = False
         self.cancelled: list[tuple[str, str | None]] = []
 
-    def squeue(self, job_ids: object = None, name: str | None = None) -> dict[str, JobStatus]:
+    def squeue(self, job_ids: Iterable[str] | None = None, name: str | None = None) -> dict[str, JobStatus]:
         if self.down:
             raise SlurmError("squeue exited 1: slurm_load_jobs error: Unable to contact slurm controller")
         return {k: v for k, v in self.queue.items() if name is None or v.name == name}
@@ -91,7 +89,7 @@ def slurm_attempt(sessions: sessionmaker[Session], settings: Settings) -> tuple[
 
 def look(sessions: sessionmaker[Session], ids: tuple[int, int], executor: SlurmExecutor) -> Liveness:
     with sessions() as s:
-        run, attempt = s.get(Run, ids[0]), s.get(Attempt, ids[1])
+        run, attempt = s.get_one(Run, ids[0]), s.get_one(Attempt, ids[1])
         executor._tried_at = -1e18  # poll now
         executor.poll([attempt])
         seen = executor.observe(s, run, attempt)
@@ -101,17 +99,17 @@ def look(sessions: sessionmaker[Session], ids: tuple[int, int], executor: SlurmE
 
 def test_a_job_in_the_queue_is_alive_and_its_state_kept(sessions: sessionmaker[Session], settings: Settings) -> None:
     fake = FakeSlurm()
-    executor = SlurmExecutor(home=str(settings.home), slurm=fake)  # type: ignore[arg-type]
+    executor = SlurmExecutor(home=str(settings.home), slurm=fake)
     ids = slurm_attempt(sessions, settings)
     fake.queue["42"] = JobStatus("42", "n", "PENDING", "Priority", "")
     assert look(sessions, ids, executor) is Liveness.ALIVE
     with sessions() as s:  # waiting for its allocation: no hang watch, no start-up clock, no cost yet
-        attempt = s.get(Attempt, ids[1])
+        attempt = s.get_one(Attempt, ids[1])
         assert executor.queued(attempt) and attempt.started_at == 0.0
     fake.queue["42"] = JobStatus("42", "n", "RUNNING", "None", "node[01-02]")
     assert look(sessions, ids, executor) is Liveness.ALIVE
     with sessions() as s:
-        attempt = s.get(Attempt, ids[1])
+        attempt = s.get_one(Attempt, ids[1])
         assert (attempt.job_state, attempt.job_nodes) == ("RUNNING", "node[01-02]") and attempt.job_state_at
         assert not executor.queued(attempt) and attempt.started_at == attempt.job_state_at  # starts with its nodes
         (started,) = s.scalars(select(Event.message).where(Event.kind == "slurm")).all()
@@ -119,23 +117,23 @@ def test_a_job_in_the_queue_is_alive_and_its_state_kept(sessions: sessionmaker[S
     fake.down = True  # the controller does not answer: nothing is concluded, the last state stays
     assert look(sessions, ids, executor) is Liveness.ALIVE
     with sessions() as s:
-        assert s.get(Attempt, ids[1]).job_state == "RUNNING"
+        assert s.get_one(Attempt, ids[1]).job_state == "RUNNING"
 
 
 def test_a_job_gone_without_a_marker_is_unknown_not_failed(sessions: sessionmaker[Session], settings: Settings,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeSlurm()
-    executor = SlurmExecutor(home=str(settings.home), slurm=fake)  # type: ignore[arg-type]
+    executor = SlurmExecutor(home=str(settings.home), slurm=fake)
     ids = slurm_attempt(sessions, settings)
     assert look(sessions, ids, executor) is Liveness.UNSETTLED  # not in the queue, no marker, no accounting
     assert look(sessions, ids, executor) is Liveness.UNSETTLED
     with sessions() as s:
-        assert s.get(Attempt, ids[1]).job_state == "UNKNOWN"
+        assert s.get_one(Attempt, ids[1]).job_state == "UNKNOWN"
         events = s.scalars(select(Event.message).where(Event.kind == "slurm")).all()
     assert len(events) == 1 and "without an exit marker" in events[0]  # said once
     # The marker appears (a shared filesystem showed it late): it settles the attempt.
     with sessions() as s:
-        folder = Path(s.get(Attempt, ids[1]).dir)
+        folder = Path(s.get_one(Attempt, ids[1]).dir)
     folder.mkdir(parents=True)
     (folder / "exit.json").write_text(json.dumps({"exit_code": 0, "ended_at": 1.0, "job_id": "42"}))
     assert look(sessions, ids, executor) is Liveness.ENDED
@@ -147,10 +145,10 @@ def test_a_job_gone_without_a_marker_is_unknown_not_failed(sessions: sessionmake
 def test_accounting_settles_a_lost_node_as_a_node_failure(sessions: sessionmaker[Session], settings: Settings) -> None:
     fake = FakeSlurm()
     fake.accounting = {"42": JobStatus("42", "n", "NODE_FAIL", "None", "node02", exit_code=1)}
-    executor = SlurmExecutor(home=str(settings.home), slurm=fake)  # type: ignore[arg-type]
+    executor = SlurmExecutor(home=str(settings.home), slurm=fake)
     ids = slurm_attempt(sessions, settings)
     with sessions() as s:
-        run, attempt = s.get(Run, ids[0]), s.get(Attempt, ids[1])
+        run, attempt = s.get_one(Run, ids[0]), s.get_one(Attempt, ids[1])
         executor.poll([attempt])
         seen = executor.observe(s, run, attempt)
         assert seen.liveness is Liveness.ENDED and seen.exited and seen.exited["slurm_state"] == "NODE_FAIL"
@@ -195,7 +193,7 @@ class QueueingSlurm(FakeSlurm):
         super().__init__()
         self.submitted: list[list[str]] = []
 
-    def sbatch(self, argv: list[str], env: dict[str, str]) -> str:
+    def sbatch(self, argv: Sequence[str], env: Mapping[str, str]) -> str:
         self.submitted.append(list(argv))
         job_id = str(100 + len(self.submitted))
         name = next(a.split("=", 1)[1] for a in argv if a.startswith("--job-name="))
@@ -220,10 +218,10 @@ def test_runyard_keeps_at_most_slurm_max_jobs_in_the_queue(sessions: sessionmake
         scheduler.close()
     assert len(fake.submitted) == 2
     with sessions() as s:
-        runs = [s.get(Run, i) for i in ids]
+        runs = [s.get_one(Run, i) for i in ids]
         assert [r.status for r in runs] == ["STARTING", "STARTING", "QUEUED"]
         assert "at most 2 job(s) in the Slurm queue" in (runs[2].status_reason or "")
-        attempt = s.scalar(select(Attempt).where(Attempt.run_id == ids[0]))
+        attempt = s.scalars(select(Attempt).where(Attempt.run_id == ids[0])).one()
         assert (attempt.executor, attempt.job_id, attempt.job_state) == ("slurm", "101", "PENDING")
 
 
@@ -260,7 +258,7 @@ def _ended_by_sigterm(sessions: sessionmaker[Session], ids: tuple[int, int], sto
     """The attempt's folder as job.py leaves it after SIGTERM: the ranks saved at step 57 and wrote
     ``stopped.json``, the launcher log holds slurmstepd's line, the marker what job.py saw."""
     with sessions() as s:
-        attempt = s.get(Attempt, ids[1])
+        attempt = s.get_one(Attempt, ids[1])
         attempt.last_step, attempt.job_state = 57, "RUNNING"
         folder = Path(attempt.dir)
         s.commit()
@@ -275,7 +273,7 @@ def _ended_by_sigterm(sessions: sessionmaker[Session], ids: tuple[int, int], sto
 
 def _settle_seen(sessions: sessionmaker[Session], ids: tuple[int, int], executor: SlurmExecutor) -> tuple[Run, Attempt]:
     with sessions() as s:
-        run, attempt = s.get(Run, ids[0]), s.get(Attempt, ids[1])
+        run, attempt = s.get_one(Run, ids[0]), s.get_one(Attempt, ids[1])
         executor._tried_at = -1e18
         executor.poll([attempt])
         seen = executor.observe(s, run, attempt)
@@ -283,7 +281,7 @@ def _settle_seen(sessions: sessionmaker[Session], ids: tuple[int, int], executor
         settle(s, run, attempt, seen.exited)
         s.commit()
     with sessions() as s:
-        run, attempt = s.get(Run, ids[0]), s.get(Attempt, ids[1])
+        run, attempt = s.get_one(Run, ids[0]), s.get_one(Attempt, ids[1])
         s.expunge_all()
         return run, attempt
 
@@ -292,7 +290,7 @@ def test_a_person_s_scancel_ends_the_run_cancelled_with_who_and_when(sessions: s
                                                                     settings: Settings) -> None:
     fake = FakeSlurm()
     fake.accounting = {"42": JobStatus("42", "n", "CANCELLED", "None", "localhost", 0, cancelled_by="alice (uid 1000)")}
-    executor = SlurmExecutor(home=str(settings.home), slurm=fake)  # type: ignore[arg-type]
+    executor = SlurmExecutor(home=str(settings.home), slurm=fake)
     ids = slurm_attempt(sessions, settings)
     _ended_by_sigterm(sessions, ids, "scancel")
 
@@ -301,21 +299,21 @@ def test_a_person_s_scancel_ends_the_run_cancelled_with_who_and_when(sessions: s
     assert run.status == RunStatus.CANCELLED.value  # not RETRYING: nothing is resubmitted
     assert attempt.status == AttemptStatus.CANCELLED.value and attempt.cause is None
     assert "cancelled outside runyard: Slurm job 42 was cancelled with scancel by alice (uid 1000) at " \
-           "2026-11-26T21:00:01" in attempt.reason
-    assert "at step 57" in attempt.reason and f"runyard resume {run.id}" in attempt.reason
+           "2026-11-26T21:00:01" in (attempt.reason or "")
+    assert "at step 57" in (attempt.reason or "") and f"runyard resume {run.id}" in (attempt.reason or "")
     assert not fake.cancelled  # runyard sent nothing itself
 
 
 def test_without_accounting_the_scancel_is_still_a_cancel_with_its_time(sessions: sessionmaker[Session],
                                                                        settings: Settings) -> None:
-    executor = SlurmExecutor(home=str(settings.home), slurm=FakeSlurm())  # type: ignore[arg-type]
+    executor = SlurmExecutor(home=str(settings.home), slurm=FakeSlurm())
     ids = slurm_attempt(sessions, settings)
     _ended_by_sigterm(sessions, ids, "scancel")
 
     run, attempt = _settle_seen(sessions, ids, executor)
 
     assert run.status == RunStatus.CANCELLED.value
-    assert "cancelled with scancel at 2026-11-26T21:00:01 (on localhost)" in attempt.reason
+    assert "cancelled with scancel at 2026-11-26T21:00:01 (on localhost)" in (attempt.reason or "")
 
 
 @pytest.mark.parametrize(("stop", "warned", "said"), [
@@ -325,14 +323,14 @@ def test_without_accounting_the_scancel_is_still_a_cancel_with_its_time(sessions
 ])
 def test_slurm_s_own_stops_still_resubmit_without_a_retry(sessions: sessionmaker[Session], settings: Settings,
                                                           stop: str | None, warned: bool, said: str) -> None:
-    executor = SlurmExecutor(home=str(settings.home), slurm=FakeSlurm())  # type: ignore[arg-type]
+    executor = SlurmExecutor(home=str(settings.home), slurm=FakeSlurm())
     ids = slurm_attempt(sessions, settings)
     _ended_by_sigterm(sessions, ids, stop, warned=warned)
 
     run, attempt = _settle_seen(sessions, ids, executor)
 
     assert run.status == RunStatus.RETRYING.value and attempt.cause == Cause.PREEMPTED.value
-    assert said in attempt.reason and not attempt.retry_counted
+    assert said in (attempt.reason or "") and not attempt.retry_counted
 
 
 def test_a_job_that_left_no_marker_and_ended_cancelled_is_a_person_s_cancel(
@@ -342,16 +340,16 @@ def test_a_job_that_left_no_marker_and_ended_cancelled_is_a_person_s_cancel(
     monkeypatch.setattr(executor_module, "MARKER_WAIT_S", 0.0)
     fake = FakeSlurm()
     fake.queue["42"] = JobStatus("42", "n", "CANCELLED", "None", "localhost", exit_code=-15)
-    executor = SlurmExecutor(home=str(settings.home), slurm=fake)  # type: ignore[arg-type]
+    executor = SlurmExecutor(home=str(settings.home), slurm=fake)
     ids = slurm_attempt(sessions, settings)
     with sessions() as s:
-        s.get(Attempt, ids[1]).job_state = "RUNNING"
+        s.get_one(Attempt, ids[1]).job_state = "RUNNING"
         s.commit()
 
     run, attempt = _settle_seen(sessions, ids, executor)
 
     assert run.status == RunStatus.CANCELLED.value
-    assert "Slurm job 42 ended CANCELLED in Slurm (a scancel outside runyard)" in attempt.reason
+    assert "Slurm job 42 ended CANCELLED in Slurm (a scancel outside runyard)" in (attempt.reason or "")
 
 
 def test_sacct_s_state_names_who_cancelled() -> None:
