@@ -12,12 +12,7 @@ import pytest
 
 from app.form import KIND_KEY, form_fields
 from app.form_values import config_value, table_value, values_to_config, widget_bounds, widget_values
-from db.vocabulary.config import (
-    ConfigError,
-    RunConfig,
-    ScriptWorkload,
-    parse_config,
-)
+from db.vocabulary.config import ConfigError, RunConfig, ScriptWorkload, parse_config
 from orchestrator.submission import validate
 from tests.unit.app.form_specs import CPU, by_key
 

@@ -15,9 +15,7 @@ from db import efficiency
 from db.models import Attempt, Checkpoint
 from db.requests import create_run
 from db.vocabulary.config import RunConfig
-from db.vocabulary.cost import (
-    Price,
-)
+from db.vocabulary.cost import Price
 
 NOW = 1_000_000.0
 

@@ -11,16 +11,10 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.models import Run
-from db.requests import (
-    RequestRefused,
-    request_cancel,
-    request_rerun,
-)
+from db.requests import RequestRefused, request_cancel, request_rerun
 from db.states import RunStatus, transition
 from db.vocabulary.settings import Settings
-from orchestrator.scripts.checkpoint_custody import (
-    resume_point,
-)
+from orchestrator.scripts.checkpoint_custody import resume_point
 from tests.unit.orchestrator.scripts.script_checkpoints import add_attempt, saved, script_run, workdir, write
 
 __all__ = ["workdir"]  # the fixtures, from the helper module

@@ -11,18 +11,8 @@ from typing import Any
 import pytest
 
 from app.server import access
-from app.server.access import (
-    SESSION_MAX_AGE_S,
-    AccessPolicy,
-    FailedLogins,
-    session_valid,
-    sign_session,
-    split_host,
-)
-from orchestrator.ui_access import (
-    new_token,
-    parse_allowed_hosts,
-)
+from app.server.access import SESSION_MAX_AGE_S, AccessPolicy, FailedLogins, session_valid, sign_session, split_host
+from orchestrator.ui_access import new_token, parse_allowed_hosts
 
 
 def test_a_session_cookie_is_bound_to_the_token_and_expires() -> None:

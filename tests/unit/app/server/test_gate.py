@@ -10,16 +10,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from app.server.access import (
-    AccessPolicy,
-)
+from app.server.access import AccessPolicy
 from app.server.gate import Gate
 from app.server.prometheus import MetricsRoute
-from orchestrator.ui_access import (
-    TokenSource,
-    ensure_token,
-    new_token,
-)
+from orchestrator.ui_access import TokenSource, ensure_token, new_token
 
 
 def _status(app: Any, path: str, query: str = "", headers: dict[str, str] | None = None) -> int:

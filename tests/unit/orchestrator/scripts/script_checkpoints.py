@@ -23,9 +23,7 @@ from db.vocabulary.config import parse_config
 from db.vocabulary.inventory import Inventory
 from db.vocabulary.settings import Settings
 from orchestrator.scheduler.outcomes import settle
-from orchestrator.scripts.checkpoint_custody import (
-    record_versions,
-)
+from orchestrator.scripts.checkpoint_custody import record_versions
 from orchestrator.scripts.checkpoint_finder import CheckpointFile
 from orchestrator.submission import submit
 

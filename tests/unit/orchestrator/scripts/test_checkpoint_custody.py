@@ -17,21 +17,11 @@ import orchestrator.scheduler.attempts as attempts_module
 import orchestrator.scripts.checkpoint_custody as sc
 from db.file_versions import sha256_of
 from db.models import Checkpoint, Event, Run
-from db.requests import (
-    checkpoints_dir,
-    request_resume,
-    set_pinned,
-)
+from db.requests import checkpoints_dir, request_resume, set_pinned
 from db.states import AttemptStatus, RunStatus, transition
 from db.vocabulary.config import parse_config
 from db.vocabulary.settings import Settings
-from orchestrator.scripts.checkpoint_custody import (
-    Known,
-    _keep_aside,
-    plan_versions,
-    record_versions,
-    resume_point,
-)
+from orchestrator.scripts.checkpoint_custody import Known, _keep_aside, plan_versions, record_versions, resume_point
 from orchestrator.scripts.checkpoint_finder import CheckpointFile
 from orchestrator.submission import fork
 from tests.unit.orchestrator.scripts.script_checkpoints import (

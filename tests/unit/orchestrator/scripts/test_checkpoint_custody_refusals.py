@@ -19,22 +19,11 @@ from app.run_panels import verified_words
 from db.file_versions import sha256_of
 from db.models import Run
 from db.queries import checkpoints_of
-from db.requests import (
-    PREEXISTING,
-    RequestRefused,
-    request_cancel,
-    request_resume,
-    set_pinned,
-)
+from db.requests import PREEXISTING, RequestRefused, request_cancel, request_resume, set_pinned
 from db.states import AttemptStatus, RunStatus, transition
 from db.vocabulary.settings import Settings
 from orchestrator.cli.read import checkpoint_line
-from orchestrator.scripts.checkpoint_custody import (
-    TRUNCATED,
-    record_versions,
-    resume_point,
-    truncated_zip,
-)
+from orchestrator.scripts.checkpoint_custody import TRUNCATED, record_versions, resume_point, truncated_zip
 from orchestrator.scripts.checkpoint_finder import CheckpointFiles
 from orchestrator.scripts.checkpoint_steps import step_in_checkpoint
 from tests.unit.orchestrator.scripts.script_checkpoints import (

@@ -14,14 +14,9 @@ import torch
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.models import Attempt, Run
-from db.requests import (
-    RequestRefused,
-    request_resume,
-)
+from db.requests import RequestRefused, request_resume
 from db.vocabulary.settings import Settings
-from orchestrator.scripts.checkpoint_custody import (
-    resume_point,
-)
+from orchestrator.scripts.checkpoint_custody import resume_point
 from tests.unit.orchestrator.scripts.script_checkpoints import add_attempt, ended, rows, saved, script_run, workdir
 
 __all__ = ["workdir"]  # the fixtures, from the helper module

@@ -17,11 +17,7 @@ import pytest
 import torch
 
 from tests.unit.trainer.checkpoint.training_states import assert_same, saved_at, training_state
-from trainer.checkpoint import (
-    FORMAT_VERSION,
-    CheckpointError,
-    CheckpointManager,
-)
+from trainer.checkpoint import FORMAT_VERSION, CheckpointError, CheckpointManager
 
 # -- corruption -------------------------------------------------------------------------
 

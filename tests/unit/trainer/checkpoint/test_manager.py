@@ -19,12 +19,7 @@ import torch
 
 from tests.unit.trainer.checkpoint.training_states import assert_same, saved_at, training_state
 from trainer import TrainerError
-from trainer.checkpoint import (
-    CheckpointError,
-    CheckpointManager,
-    SaveResult,
-    params_digest,
-)
+from trainer.checkpoint import CheckpointError, CheckpointManager, SaveResult, params_digest
 from trainer.checkpoint import io as checkpoint_io
 
 # -- round trip --------------------------------------------------------------------------

@@ -10,11 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainer.checkpoint import (
-    CheckpointError,
-    CheckpointInfo,
-    select_kept,
-)
+from trainer.checkpoint import CheckpointError, CheckpointInfo, select_kept
 
 # -- retention --------------------------------------------------------------------------
 

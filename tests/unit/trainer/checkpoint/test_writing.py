@@ -16,10 +16,7 @@ import torch
 
 from tests.unit.paths import ROOT
 from tests.unit.trainer.checkpoint.training_states import saved_at, training_state
-from trainer.checkpoint import (
-    CheckpointError,
-    CheckpointManager,
-)
+from trainer.checkpoint import CheckpointError, CheckpointManager
 from trainer.checkpoint import io as checkpoint_io
 
 # -- atomicity --------------------------------------------------------------------------

@@ -10,14 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from db.vocabulary.config import (
-    ConfigError,
-    apply_overrides,
-    config_from_json,
-    load_config,
-    parse_config,
-    parse_toml,
-)
+from db.vocabulary.config import ConfigError, apply_overrides, config_from_json, load_config, parse_config, parse_toml
 
 
 def test_json_round_trip_and_hash_are_stable() -> None:

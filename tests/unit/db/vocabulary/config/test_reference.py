@@ -8,10 +8,7 @@ import typing
 
 from pydantic import BaseModel
 
-from db.vocabulary.config import (
-    RunConfig,
-    reference_markdown,
-)
+from db.vocabulary.config import RunConfig, reference_markdown
 from tests.unit.paths import ROOT
 
 
