@@ -36,7 +36,7 @@ _ROOT = os.path.dirname(os.path.realpath(__file__))
 # runyard's packages that the SDK uses, loaded from the folders beside this file.
 _PACKAGES = ("trainer", "db")
 # Every runyard module the SDK imports, when it loads or later inside a function:
-# tests/unit/test_runyard_import.py checks the list against the source. All load while runyard's
+# tests/unit/test_runyard.py checks the list against the source. All load while runyard's
 # packages hold their names, so none is looked up by name later, when a script's own file may.
 _SDK_MODULES = (
     "db.engine", "db.file_versions", "db.metricstore", "db.metricstore.bulk", "db.metricstore.points",

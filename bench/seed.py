@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import socket
@@ -54,7 +55,9 @@ def seed_system_metrics(db_url: str, run_id: int, gpus: int) -> int:
     try:
         with engine.begin() as conn:
             start, end = conn.execute(select(Run.started_at, Run.ended_at).where(Run.id == run_id)).one()
-            series = [(f"gpu{g}", run_id, g, key, base) for g in range(gpus) for key, base in gpu_keys]
+            assert start is not None and end is not None, f"run {run_id} has not run"
+            series: list[tuple[str, int | None, int | None, str, float]] = [
+                (f"gpu{g}", run_id, g, key, base) for g in range(gpus) for key, base in gpu_keys]
             series += [("procs", run_id, r, key, base) for r in [*range(gpus), None]
                        for key, base in (("cpu_percent", 100.0), ("rss_bytes", 4e9))]
             series += [("host", None, None, key, base) for key, base in host_keys]
@@ -74,7 +77,7 @@ def seed_system_metrics(db_url: str, run_id: int, gpus: int) -> int:
 
 
 def point_batches(run_id: int, ranks: int, steps: int, keys: Sequence[str], batch_points: int,
-                  start: float, seed: int = 0) -> Iterator[list[dict]]:
+                  start: float, seed: int = 0) -> Iterator[list[dict[str, Any]]]:
     """The run's points as rank 0's writer hands them over: step by step, every rank, every key."""
     rng = random.Random(seed)
     per_step = ranks * len(keys)

@@ -403,7 +403,7 @@ def current_revision(engine: Engine) -> str | None:
     return rows[0] if rows else None
 
 
-# The newest migration's revision (db/migrations/versions/); tests/unit/test_migrations.py checks it
+# The newest migration's revision (db/migrations/versions/); tests/unit/db/test_engine_migrations.py checks it
 # against Alembic's own head, so adding a migration without moving it fails there. Read here
 # without Alembic, which a command at head need not import.
 SCHEMA_HEAD = "r001"

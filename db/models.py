@@ -50,7 +50,7 @@ def include_object(dialect: str) -> Callable[[object, str | None, str, bool, obj
 def sqlite_only_key(column: str, referred: str, ondelete: str | None = None) -> ForeignKeyConstraint:
     """A foreign key that SQLite holds and PostgreSQL does not (the initial migration): CREATE TABLE
     leaves it out on PostgreSQL, and the comparison of the migrated schema with these models
-    (tests/unit/test_migrations.py, autogenerate in db/migrations/env.py) expects it absent there."""
+    (tests/unit/db/test_engine_migrations.py, autogenerate in db/migrations/env.py) expects it absent there."""
     key = ForeignKeyConstraint([column], [referred], ondelete=ondelete, info={DIALECTS: ("sqlite",)})
     return key.ddl_if(dialect="sqlite")
 

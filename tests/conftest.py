@@ -259,15 +259,15 @@ def shared_result(tmp_path_factory: pytest.TempPathFactory, name: str, make: Cal
     fixture alone would run one per worker). ``make`` returns JSON-safe data (floats round-trip
     exactly)."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
-        return json.loads(json.dumps(make()))  # type: ignore[no-any-return]  # as the workers see it
+        return json.loads(json.dumps(make()))  # as the workers see it
     root = tmp_path_factory.getbasetemp().parent  # the folder above every worker's own
     path = root / f"shared-{name}.json"
     with FileLock(f"{path}.lock"):
         if path.is_file():
-            return json.loads(path.read_text())  # type: ignore[no-any-return]
+            return json.loads(path.read_text())
         text = json.dumps(make())
         path.write_text(text)
-        return json.loads(text)  # type: ignore[no-any-return]  # what every other worker reads
+        return json.loads(text)  # what every other worker reads
 
 
 @pytest.fixture(scope="session")

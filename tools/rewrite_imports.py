@@ -41,7 +41,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOTS = ("app", "orchestrator", "trainer", "db")
+ROOTS = ("app", "orchestrator", "trainer", "db", "tests")
 LINE_LIMIT = 120
 _ROOTS = "|".join(ROOTS)
 _FROM = re.compile(

@@ -33,7 +33,7 @@ from db.vocabulary import metric_registry as registry
 
 # Altair's debug mode validates every schema object against Vega-Lite's JSON schema as it is built
 # (for better error messages while a chart is written); the UI builds the same charts on every
-# redraw. tests/unit/test_charts.py validates each builder's whole spec instead (``to_dict()``).
+# redraw. tests/unit/app/charts/test_metric.py validates each builder's whole spec instead (``to_dict()``).
 alt.utils.schemapi.disable_debug_mode()
 
 PER_RANK = "per rank"
@@ -46,7 +46,7 @@ MEAN_COLOR = "#6b7280"  # slate grey: no rank's hue, and read on the light and t
 # set without its yellow and black (yellow vanishes on white, black on the dark theme), then Paul
 # Tol's indigo and wine lightened (his own vanished on the dark theme's background: contrast 1.6
 # and 2.2), green, olive, purple and teal. Every hue has a contrast of at least 2.2 on white and
-# on the dark theme's #0e1117 (tests/unit/test_charts.py). No light/dark pairs (category20 suggested
+# on the dark theme's #0e1117 (tests/unit/app/charts/test_metric.py). No light/dark pairs (category20 suggested
 # pairs of ranks that do not exist). Ranks past 12 reuse hues; from 8 ranks the mean is the default.
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#7A6FD0", "#B5457E",
            "#117733", "#999933", "#AA4499", "#44AA99")
@@ -62,7 +62,7 @@ def unvalidated(chart: Chart) -> Chart:
     Streamlit turns a chart into its spec with ``chart.to_dict()``, which validates the whole
     Vega-Lite spec against the schema every time: about a tenth of a Run page's script time on
     the server, paid again on every live redraw. The builders here are validated by
-    tests/unit/test_charts.py, which calls ``to_dict()`` on the charts themselves.
+    tests/unit/app/charts/test_metric.py, which calls ``to_dict()`` on the charts themselves.
     """
     # Not ``chart.to_dict = ...``: Altair keeps attributes set on a chart as parts of its spec.
     object.__setattr__(chart, "to_dict", functools.partial(type(chart).to_dict, chart, validate=False))

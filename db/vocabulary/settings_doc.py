@@ -6,7 +6,7 @@ docs/DEVELOPMENT.md), between two marker lines.
     python -m db.vocabulary.settings_doc          # rewrite the tables
     python -m db.vocabulary.settings_doc --check  # exit 1, naming the file, when a table differs from its model
 
-``tests/unit/test_settings.py`` fails when a table is out of date.
+``tests/unit/db/vocabulary/test_settings.py`` fails when a table is out of date.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from __future__ import annotations
 # Every field of RunConfig, by what a UI submission may put in it ("section.key", TOML keys).
 # GUARDED_FIELDS name something the ranks or runyard run or read, each with the rule the UI
 # applies; INERT_FIELDS cannot name one, each with the reason. A new field belongs in exactly
-# one of the two: tests/unit/test_roots_fields.py walks the model and fails otherwise.
+# one of the two: tests/unit/orchestrator/scripts/test_ui_fields.py walks the model and fails otherwise.
 GUARDED_FIELDS: dict[str, str] = {
     "workload.script": "a file under the roots, resolved after symlinks and `..`",
     "workload.module": ("every file and folder that could provide it (each package's `__init__.py`, the "

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any
+from typing import Any, TypedDict
 
 import pytest
 
@@ -131,7 +131,15 @@ def test_big_run_charts_render_and_switch_options_then_compare(page: Any, runyar
     assert sorted(labels) == sorted([f"#{big} {BIG['name']} (SUCCEEDED)", f"#{small} {SMALL['name']} (SUCCEEDED)"])
 
 
-EIGHT = {"name": "eight-ranks", "ranks": 8, "steps": 3_000}
+class Seeded(TypedDict):
+    """A run seeded straight into the metric store (bench/seed.py)."""
+
+    name: str
+    ranks: int
+    steps: int
+
+
+EIGHT: Seeded = {"name": "eight-ranks", "ranks": 8, "steps": 3_000}
 EIGHT_KEYS = ("loss", "step_time", "lr", "eval_accuracy")
 LEGEND_FILLS = """() => {
     const legend = [...document.querySelectorAll("[data-testid='stVegaLiteChart']")].find(
@@ -288,7 +296,9 @@ def test_eight_ranks_one_legend_distinct_hues_hover_zoom_isolate_and_units(page:
     page.keyboard.up("Alt")
     note = page.get_by_text(re.compile(r"^Step [\d,]+ marked on every chart"))
     expect(note).to_be_visible(timeout=PAGE_TIMEOUT_MS)
-    step = int(re.match(r"Step ([\d,]+)", note.inner_text()).group(1).replace(",", ""))
+    marked = re.match(r"Step ([\d,]+)", note.inner_text())
+    assert marked is not None, note.inner_text()
+    step = int(marked.group(1).replace(",", ""))
     assert 0 < step < EIGHT["steps"], step
     settle_charts(page)
     for title in ("Loss", "Step time", "Learning rate", "Eval accuracy"):

@@ -126,7 +126,11 @@ def line_colors(chart: Any) -> dict[str, str]:
     aria-label, which Vega writes from the data)."""
     drawn = chart.locator("svg.marks .mark-line path").evaluate_all(
         "paths => paths.map(p => [p.getAttribute('aria-label'), p.getAttribute('stroke')])")
-    lines = {re.search(r"run: (#\d+ [^;]+)", label).group(1): stroke.lower() for label, stroke in drawn}
+    lines = {}
+    for label, stroke in drawn:
+        named = re.search(r"run: (#\d+ [^;]+)", label)
+        assert named is not None, label
+        lines[named.group(1)] = stroke.lower()
     assert len(lines) == len(drawn), drawn  # one line per run
     return lines
 
@@ -151,9 +155,9 @@ def test_select_three_runs_and_compare_them(page: Any, runyard_up: Any, tmp_path
     expect(grid).to_be_visible(timeout=PAGE_TIMEOUT_MS)
     compare = page.get_by_role("button", name=re.compile(r"Compare"))
     expect(compare).to_be_disabled()
-    for row in range(3):
-        grid.click(position={"x": 17, "y": ROW_Y[0] + ROW_Y[1] * row})
-        if row == 0:
+    for index in range(3):
+        grid.click(position={"x": 17, "y": ROW_Y[0] + ROW_Y[1] * index})
+        if index == 0:
             expect(page.get_by_role("button", name=f"Open run #{ids[2]}")).to_be_enabled()
     expect(page.get_by_role("button", name="Compare 3 runs")).to_be_enabled()
     page.get_by_role("button", name="Compare 3 runs").click()

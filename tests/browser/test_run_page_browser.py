@@ -28,12 +28,11 @@ from tests.browser.test_resume_browser import (
     choose,
     header_action,
     open_run_page,
-    show_section,
     sql,
     submit,
     wait_for,
 )
-from tests.browser.test_ui_browser import expect, fill_number
+from tests.browser.test_ui_browser import expect, fill_number, show_section
 
 pytestmark = pytest.mark.browser
 SAMPLE_EVERY_MS = 200
@@ -156,7 +155,7 @@ def test_a_retry_keeps_the_previous_attempts_curves_while_the_next_attempt_start
     gone = [s["header"] for s in samples if s["charts"] == 0 or s["waiting"]]
     assert not gone, f"the charts went away or 'Waiting for the first metrics' came back: {gone[:3]}"
     # Every chart the first attempt drew stayed (which points they draw is checked in
-    # tests/unit/test_app_pages.py). Counted among the visible charts only, against the last sample
+    # tests/unit/app/views/test_run_charts.py). Counted among the visible charts only, against the last sample
     # before the wait: while a fragment redraws, Streamlit keeps the replaced chart hidden beside
     # the new one: one sample that counted such hidden copies raised the former bar ("as many as
     # the most ever counted") above every other sample, the likely cause of its failures in CI.

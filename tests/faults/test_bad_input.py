@@ -167,7 +167,7 @@ def test_an_unusable_data_folder_is_one_sentence_and_exit_1_for_every_command(ba
     result = bad_home.cli(*args)
     if args[0] in READ_COMMANDS and bad_home.home.is_dir():
         # A folder that exists but cannot be written is still read (an archived copy, a read-only
-        # mount: tests/unit/test_home_read_only.py); this one has no database yet, and says so.
+        # mount: tests/unit/db/test_home_read_only.py); this one has no database yet, and says so.
         assert "Traceback" not in result.stderr and "not writable" not in result.stderr, result.stderr
         if args[0] in ("ls", "info"):
             assert result.returncode == 0, result.stderr

@@ -177,9 +177,9 @@ def damage(step_dir: Path, case: str, root: Path) -> None:
             def __reduce__(self) -> tuple[Any, ...]:
                 return (os.system, (f"touch {root / 'evil-ran'}",))
 
-        data = pickle.dumps(Evil())
-        (step_dir / ".metadata").write_bytes(data)
-        manifest["files"][".metadata"] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        evil = pickle.dumps(Evil())
+        (step_dir / ".metadata").write_bytes(evil)
+        manifest["files"][".metadata"] = {"bytes": len(evil), "sha256": hashlib.sha256(evil).hexdigest()}
         manifest_path.write_text(json.dumps(manifest))
     elif case == "manifest-shapes":  # the manifest no longer describes DCP's tensors
         key = next(iter(manifest["shards"]))

@@ -1,7 +1,7 @@
 """Alerts from a real scheduler about real torchrun runs, delivered to receivers in this process:
 runyard's signed webhook and an Apprise ``json://`` URL on a local HTTP server.
 
-Two runs only (the rest is in tests/unit/test_alerts.py, on fake commands): a run that fails
+Two runs only (the rest is in tests/unit/orchestrator/alerts/, on fake commands): a run that fails
 at once, and a rank stopped with SIGSTOP whose hang alert carries that rank's stack.
 """
 

@@ -47,6 +47,7 @@ def framework_python() -> str:
         if os.environ.get(REQUIRED_ENV) == "1":
             pytest.fail(problem)
         pytest.skip(problem)
+    assert folder is not None  # no problem: the folder was named
     return str(Path(folder) / "venv" / "bin" / "python")
 
 

@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
+from tests.file_modes import open_to_others
 from tests.integration.conftest import Product
-from tests.unit.test_home_private import open_to_others
 
 pytestmark = pytest.mark.slow
 

@@ -103,7 +103,9 @@ def test_ddp_tutorial_snapshots_are_listed_and_a_killed_rank_resumes_from_the_ne
     # Retried from the newest snapshot: the file, its step, and the tutorial's own words.
     assert second["resume_path"] == str(workdir / "snapshot.pt") and second["resume_step"] == newest["step"]
     log = product.cli("logs", str(run_id), "--attempt", "2", "--rank", "0").stdout
-    resumed_epoch = int(re.search(r"Resuming training from snapshot at Epoch (\d+)", log).group(1))
+    resumed = re.search(r"Resuming training from snapshot at Epoch (\d+)", log)
+    assert resumed is not None, log
+    resumed_epoch = int(resumed.group(1))
     # A snapshot's step is the one it holds (checkpoint_step_key = 'EPOCHS_RUN'): the epoch it resumes at.
     assert newest["step"] == resumed_epoch
     # Each version's step was read from its file (EPOCHS_RUN, saved every 3 epochs), never the
@@ -139,7 +141,7 @@ def test_nanogpt_retry_resume_pin_and_fork_use_its_own_checkpoint(product: Produ
     assert second["resume_path"] == str(ckpt) and second["resume_step"] >= 40
     assert "Resuming training from out" in product.cli("logs", str(run_id), "--attempt", "2", "--rank", "0").stdout
     # It went on from its checkpoint's iteration instead of redoing iterations from 0.
-    assert first_step(product, run_id, 2) >= 40
+    assert (first_step(product, run_id, 2) or 0) >= 40
 
     # Pinning copies the file into the run's folder; the copy has the recorded sha256.
     newest = live_script_checkpoints(detail)[-1]

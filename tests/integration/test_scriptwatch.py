@@ -136,5 +136,5 @@ def test_a_plain_scripts_metrics_reach_the_store_per_rank_and_tag(tmp_path: Path
             0: list(range(5, STEPS + 1, 5)), 1: list(range(5, STEPS + 1, 5))}
         attempt = s.scalars(select(Attempt).where(Attempt.run_id == run_id)).one()
         assert attempt.last_step == STEPS and attempt.first_step_at is not None
-        assert started <= attempt.progress_at <= time.time()
+        assert attempt.progress_at is not None and started <= attempt.progress_at <= time.time()
     engine.dispose()

@@ -154,7 +154,8 @@ def test_a_killed_scheduler_readopts_the_running_job(on_slurm: Product, slurm: S
     first.send_signal(signal.SIGKILL)
     first.wait()
     time.sleep(2)  # the job trains on without a scheduler
-    assert slurm.job(job)["job_state"] == "RUNNING"
+    seen = slurm.job(job)
+    assert seen is not None and seen["job_state"] == "RUNNING"
     on_slurm.start_scheduler()
     detail = on_slurm.wait_status(run_id, "SUCCEEDED", "FAILED", timeout=180)
     assert detail["status"] == "SUCCEEDED", detail["status_reason"]

@@ -293,7 +293,7 @@ def test_an_exception_whose_handler_waits_for_the_other_ranks_is_the_user_s_erro
     handler waits in a barrier, the others in all-reduce), which was booked "HANG ... the stacks do
     not single out one rank" and retried as a hang. The hang's stacks name the rank inside its
     handler and its exception, and the attempt is that rank's USER_ERROR (the retry policy's rules
-    for one: tests/unit/test_retry.py)."""
+    for one: tests/unit/orchestrator/scheduler/test_retry.py)."""
     run_id = submit(product, "handler-deadlock", {"script": str(SCRIPTS / "handler_deadlock.py")},
                     retry={"max_retries": 0}, supervision={"hang_timeout_s": 2})
     product.start_scheduler()

@@ -37,7 +37,7 @@ def test_pg_url_is_a_fresh_postgres_database_dropped_after(pg_url: str) -> None:
         engine.dispose()
 
 
-def test_settings_is_migrated_on_each_dialect(settings, db_dialect: str) -> None:  # type: ignore[no-untyped-def]
+def test_settings_is_migrated_on_each_dialect(settings, db_dialect: str) -> None:
     engine = make_engine(settings.db_url)
     try:
         tables = set(inspect(engine).get_table_names())

@@ -11,16 +11,13 @@ load.
 
 from __future__ import annotations
 
-import ast
 import re
 import subprocess
 import sys
-from collections import defaultdict
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-# Lower layers first: a package may import only the packages after it.
-LAYERS = ("app", "orchestrator", "trainer", "db")
+from tests.unit.import_graph import LAYERS, import_graph, imports_in, module_paths
+from tests.unit.paths import ROOT
+
 # Each package's rooms (its subpackages), highest first: a room may import only the rooms after it.
 # A package's own name is the modules directly in it. orchestrator's: "orchestrator" is submission,
 # display text and the UI access files, which the CLI and the UI share; ``python -m orchestrator``
@@ -49,46 +46,8 @@ ROOMS = {
     # queries above the metric store.
     "db": ("db.metricstore", "db.vocabulary"),
 }
+
 ROOM_OF = {"orchestrator.__main__": "orchestrator.cli"}  # rewrite-imports: keep
-# Files that are not runyard's modules: migration scripts run by Alembic, the wandb stand-in put on
-# a script's PYTHONPATH.
-SKIP_PARTS = {"migrations", "shims"}
-
-
-def _modules() -> dict[str, Path]:
-    found = {}
-    for package in LAYERS:
-        for path in (ROOT / package).rglob("*.py"):
-            if SKIP_PARTS & set(path.relative_to(ROOT).parts):
-                continue
-            name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
-            found[name] = path
-    return found
-
-
-def _imports(path: Path) -> set[str]:
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            names |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module)
-            names |= {f"{node.module}.{alias.name}" for alias in node.names}
-    return names
-
-
-def _graph() -> dict[str, set[str]]:
-    """Module -> the runyard modules it imports (a name resolves to the longest known module)."""
-    modules = _modules()
-    graph: dict[str, set[str]] = defaultdict(set)
-    for name, path in modules.items():
-        for target in _imports(path):
-            while target and target not in modules:
-                target = target.rpartition(".")[0]
-            # A module's own package (its __init__) is not an arrow of the house.
-            if target and target != name and not name.startswith(f"{target}."):
-                graph[name].add(target)
-    return graph
 
 
 def _layer(module: str) -> int:
@@ -107,7 +66,8 @@ def _room(module: str) -> int | None:
 
 
 def test_imports_point_down_the_layers() -> None:
-    upward = sorted(f"{src} -> {dst}" for src, dsts in _graph().items() for dst in dsts if _layer(dst) < _layer(src))
+    upward = sorted(f"{src} -> {dst}" for src, dsts in import_graph().items() for dst in dsts
+                    if _layer(dst) < _layer(src))
     assert not upward, "imports must point app -> orchestrator -> trainer -> db:\n" + "\n".join(upward)
 
 
@@ -123,14 +83,14 @@ def test_inside_a_package_imports_point_down_the_rooms() -> None:
     # The loop decides, an executor does: executors know nothing of scripts or of the scheduler;
     # plain-script support knows nothing of the scheduler; nothing below the CLI imports it. The
     # UI's server knows nothing of the pages; the vocabulary nothing of db's SQL modules.
-    upward = sorted(f"{src} -> {dst}" for src, dsts in _graph().items() for dst in dsts if _upward(src, dst))
+    upward = sorted(f"{src} -> {dst}" for src, dsts in import_graph().items() for dst in dsts if _upward(src, dst))
     order = "; ".join(" -> ".join(rooms) for rooms in ROOMS.values())
     assert not upward, f"imports must point {order}:\n" + "\n".join(upward)
 
 
 def test_every_subpackage_is_a_room() -> None:
     # A new subpackage must take its place in ROOMS (and in docs/DESIGN.md's table of folders).
-    modules = _modules()
+    modules = module_paths()
     for package, rooms in ROOMS.items():
         subpackages = {".".join(m.split(".")[:2]) for m in modules if m.count(".") >= 2 and m.startswith(f"{package}.")}
         assert subpackages <= set(rooms), f"{package} packages not in ROOMS: {sorted(subpackages - set(rooms))}"
@@ -139,7 +99,7 @@ def test_every_subpackage_is_a_room() -> None:
 
 
 def test_no_module_imports_itself_through_others() -> None:
-    graph = _graph()
+    graph = import_graph()
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -164,7 +124,7 @@ def test_no_module_imports_itself_through_others() -> None:
             if len(component) > 1:
                 circles.append(sorted(component))
 
-    for module in sorted(_modules()):
+    for module in sorted(module_paths()):
         if module not in index:
             visit(module)
     assert not circles, f"import circles: {circles}"
@@ -172,7 +132,7 @@ def test_no_module_imports_itself_through_others() -> None:
 
 def test_the_graph_sees_real_arrows() -> None:
     # The checks above would pass on an empty graph: make sure they look at the real one.
-    graph = _graph()
+    graph = import_graph()
     assert "db.models" in graph["orchestrator.scheduler.loop"]
     assert "orchestrator.executors.launcher" in graph["orchestrator.scheduler.loop"]
     assert "orchestrator.scripts.attempt_watch" in graph["orchestrator.scheduler.loop"]
@@ -184,8 +144,8 @@ def test_the_graph_sees_real_arrows() -> None:
 def test_docs_design_names_every_trainer_module_the_orchestrator_and_the_ui_import() -> None:
     """docs/DESIGN.md lists what of trainer/ the processes that never train import (torch-free
     modules only); the list is read from the imports, so a new one cannot go unsaid."""
-    packages = {name for name, path in _modules().items() if path.name == "__init__.py"}  # `from pkg import mod`
-    imported = sorted({dst for src, dsts in _graph().items() if src.split(".")[0] in ("orchestrator", "app")
+    packages = {name for name, path in module_paths().items() if path.name == "__init__.py"}  # `from pkg import mod`
+    imported = sorted({dst for src, dsts in import_graph().items() if src.split(".")[0] in ("orchestrator", "app")
                        for dst in dsts if dst.split(".")[0] == "trainer" and dst not in packages})
     design = (ROOT / "docs" / "DESIGN.md").read_text()
     match = re.search(r"^What `orchestrator/` and `app/` import of `trainer/`[\s\S]*?\n(?P<body>(?:- .*\n)+)",
@@ -220,10 +180,10 @@ def test_the_vocabulary_imports_no_sql() -> None:
     # db/vocabulary/ is what every process shares without a database (issue 27, item 3): the
     # config model, layout, causes, cost, settings. An import of SQLAlchemy or of db/'s SQL modules
     # there, at module level or lazily, would put the database under every importer again.
-    sql_modules = {m for m in _modules() if m.startswith("db.") and not m.startswith("db.vocabulary")} - {"db"}
+    sql_modules = {m for m in module_paths() if m.startswith("db.") and not m.startswith("db.vocabulary")} - {"db"}
     found = []
-    for name, path in _modules().items():
+    for name, path in module_paths().items():
         if name.startswith("db.vocabulary"):
-            bad = sorted(t for t in _imports(path) if t.split(".")[0] == "sqlalchemy" or t in sql_modules)
+            bad = sorted(t for t in imports_in(path) if t.split(".")[0] == "sqlalchemy" or t in sql_modules)
             found += [f"{name} imports {t}" for t in bad]
     assert not found, "\n".join(found)

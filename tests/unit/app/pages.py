@@ -1,0 +1,242 @@
+"""The dashboard's pages as the unit tests open them: Streamlit's AppTest (tests/unit/apptest.py) on a
+real, seeded database, and what the tests read off a page.
+
+The fixtures point ``RUNYARD_HOME`` at ``tmp_path`` with the schema at head; the seeding helpers
+write rows the way the scheduler and the ranks would (``create_run``, ``transition``, Attempt /
+``write_points`` / SchedulerHeartbeat rows). AppTest renders ``@st.fragment`` bodies on a full run
+(it cannot call them alone), so every check goes through ``at.run()``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pytest
+import streamlit as st
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+from streamlit.testing.v1 import AppTest
+
+from db import run_list
+from db.engine import make_engine, make_sessionmaker
+from db.metricstore import write_points
+from db.models import Attempt, Checkpoint, Run, SchedulerHeartbeat
+from db.requests import create_run
+from db.states import AttemptStatus, RunStatus, transition
+from db.vocabulary.config import RunConfig
+from db.vocabulary.cost import Price
+from db.vocabulary.settings import Settings, load_settings
+from tests.unit.apptest import new_app
+
+# -- fixtures and seeding helpers ------------------------------------------------------------
+
+
+@pytest.fixture
+def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, db_dialect: str,
+             request: pytest.FixtureRequest) -> Iterator[Settings]:
+    """A fresh runyard home in tmp_path with the schema at head (its SQLite file, a copy of the
+    session's migrated template, or for the tests marked ``both_dbs`` also a fresh PostgreSQL
+    database); Streamlit caches emptied so the app's cached settings and engine point at it."""
+    monkeypatch.setenv("RUNYARD_HOME", str(tmp_path))
+    monkeypatch.delenv("RUNYARD_DB_URL", raising=False)
+    if db_dialect == "postgres":
+        monkeypatch.setenv("RUNYARD_DB_URL", request.getfixturevalue("migrated_url"))
+    monkeypatch.setenv("RUNYARD_CPU_SLOTS", "2")  # the same machine limits on every host
+    monkeypatch.delenv("RUNYARD_SCRIPT_ROOTS", raising=False)  # the default roots: the cwd and tmp_path
+    st.cache_resource.clear()
+    st.cache_data.clear()
+    s = load_settings()
+    if db_dialect == "sqlite":  # the home's own database file, where the settings put it
+        shutil.copyfile(request.getfixturevalue("sqlite_template"), str(make_url(s.db_url).database))
+    yield s
+    st.cache_resource.clear()
+    st.cache_data.clear()
+
+
+@pytest.fixture
+def sessions(settings: Settings) -> Iterator[sessionmaker[Session]]:
+    engine = make_engine(settings.db_url)
+    yield make_sessionmaker(engine)
+    engine.dispose()
+
+
+def add_run(session: Session, settings: Settings, name: str, *path: RunStatus, **train: float) -> int:
+    """Queue a run named ``name`` and walk it through the statuses in ``path``."""
+    config = RunConfig.model_validate({"name": name, "train": {"max_steps": 300, **train}})
+    run = create_run(session, config, settings.runs_dir, Price(usd_per_hour=1.0, unit="cpu-hour"))
+    session.flush()
+    for status in path:
+        assert transition(session, run.id, status, f"test: {status}")
+    return run.id
+
+
+def add_attempt(session: Session, run_id: int, last_step: int, status: AttemptStatus = AttemptStatus.RUNNING) -> None:
+    now = time.time()
+    session.add(
+        Attempt(
+            run_id=run_id, number=1, status=status.value,
+            dir=str(Path(session.get_one(Run, run_id).run_dir) / "attempts" / "1"),
+            started_at=now - 60, first_step_at=now - 55, progress_at=now, last_step=last_step,
+        )
+    )
+
+
+def add_failed_run(sessions: sessionmaker[Session], settings: Settings, exception: str, log_tail: str,
+                   reason: str | None = None) -> int:
+    """A FAILED run named "broken" whose one attempt failed on rank 1 (USER_ERROR, exit code 1) at
+    step 49 with ``exception``, ``log_tail`` and ``reason``; its id."""
+    with sessions() as s:
+        run_id = add_run(s, settings, "broken", RunStatus.STARTING, RunStatus.RUNNING, RunStatus.FAILED)
+        add_attempt(s, run_id, 49, AttemptStatus.FAILED)
+        s.flush()
+        attempt = s.query(Attempt).filter_by(run_id=run_id).one()
+        attempt.cause, attempt.failed_rank, attempt.exit_code = "USER_ERROR", 1, 1
+        attempt.exception, attempt.reason, attempt.log_tail = exception, reason, log_tail
+        s.commit()
+    return run_id
+
+
+def add_metrics(session: Session, run_id: int, last_step: int, ranks: tuple[int, ...] = (0, 1)) -> None:
+    """Loss every 10 steps on each rank, and one eval accuracy from rank 0."""
+    now = time.time()
+    rows = [dict(run_id=run_id, attempt=1, rank=rank, step=step, key="loss", value=2.0 / step + 0.01 * rank,
+                 wall_time=now - (last_step - step) / 5)
+            for step in range(10, last_step + 1, 10) for rank in ranks]
+    rows.append(dict(run_id=run_id, attempt=1, rank=0, step=100, key="eval_accuracy", value=0.875, wall_time=now))
+    session.flush()
+    write_points(session.connection(), rows)
+
+
+def add_heartbeat(session: Session, age_s: float) -> None:
+    now = time.time()
+    session.add(SchedulerHeartbeat(host="testhost", pid=4242, started_at=now - 600, beat_at=now - age_s))
+
+
+@pytest.fixture
+def seeded(settings: Settings, sessions: sessionmaker[Session]) -> dict[str, int]:
+    """Run 1 queued; run 2 running at step 120/300 with metrics from ranks 0 and 1; a live
+    scheduler."""
+    with sessions() as s:
+        queued = add_run(s, settings, "queued-one")
+        running = add_run(s, settings, "digits-a", RunStatus.STARTING, RunStatus.RUNNING)
+        add_attempt(s, running, last_step=120)
+        add_metrics(s, running, last_step=120)
+        add_heartbeat(s, age_s=0.0)
+        s.commit()
+    return {"queued": queued, "running": running}
+
+
+def open_page(page: str, **query: str) -> AppTest:
+    """Run the app once (to register the pages), then switch to ``page`` with ``query``."""
+    at = new_app().run()
+    at.switch_page(page)
+    for key, value in query.items():
+        at.query_params[key] = value
+    return at.run()
+
+
+def show_section(at: AppTest, section: str) -> AppTest:
+    """Choose one of the Run page's sections (Overview, Metrics, Checkpoints, Attempts & logs,
+    System, Config): only the chosen one is drawn."""
+    at.segmented_control(key="section").set_value(section).run()
+    no_exception(at)
+    return at
+
+
+def event_badges(at: AppTest) -> str:
+    """The Run page's row of event badges (the header's first markdown is the title)."""
+    return next(m.value for m in at.markdown[1:] if m.value.startswith(":") and "-badge[" in m.value)
+
+
+def no_exception(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+
+
+def chart_title(chart) -> str:
+    """The title of an st.altair_chart element (a plain chart, or the first layer of one)."""
+    spec = json.loads(chart.proto.spec)
+    return spec.get("title") or next(layer["title"] for layer in spec.get("layer", []) if "title" in layer)
+
+
+def metric_chart_elements(at: AppTest) -> list:
+    """The Run page's charts without the rank legend strip above them (a chart with a title)."""
+    return [c for c in at.get("vega_lite_chart") if json.loads(c.proto.spec).get("title")]
+
+
+def chart_data(chart) -> pd.DataFrame:
+    """The rows an st.altair_chart element sends to the browser."""
+    return pa.ipc.open_stream(io.BytesIO(chart.proto.datasets[0].data.data)).read_all().to_pandas()
+
+
+def chart_spec(chart) -> dict:
+    return json.loads(chart.proto.spec)
+
+
+def chart_lines(chart) -> pd.DataFrame:
+    """The rows of a metric chart's lines (not its band or NaN marks)."""
+    frames = [pa.ipc.open_stream(io.BytesIO(d.data.data)).read_all().to_pandas() for d in chart.proto.datasets]
+    return next(f for f in frames if "rank" in f and "value" in f)
+
+
+# -- New run page ---------------------------------------------------------------------------
+
+
+def queued_runs(sessions: sessionmaker[Session]) -> list[dict]:
+    with sessions() as s:
+        return run_list.list_runs(s)
+
+
+def start(at: AppTest) -> AppTest:
+    """Press Start (the form's submit button)."""
+    return next(b for b in at.button if "Start" in b.label).click().run()
+
+
+SUMMARY = "**Not started:"
+
+
+def as_read(text: str) -> str:
+    """Markdown that ``app.style.plain`` escaped, as a person reads it on the page."""
+    return re.sub(r"\\(.)", r"\1", text).replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+
+
+def as_read_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """An ``st.table`` frame (``app.style.plain_frame``) as a person reads it."""
+    out = frame.map(lambda v: as_read(v) if isinstance(v, str) else v)
+    out.columns = [as_read(str(c)) for c in frame.columns]
+    return out
+
+
+def refusals(at: AppTest, summarised: bool = True) -> list[str]:
+    """The errors shown under the fields, after checking that the summary above Start (on the
+    New run page: ``summarised``) lists every one of them; as a person reads them."""
+    shown = [as_read(e.value) for e in at.error]
+    summaries = [e for e in shown if e.startswith(SUMMARY)]
+    rest = [e for e in shown if not e.startswith(SUMMARY)]
+    if rest and summarised:
+        assert len(summaries) == 1 and all(e in summaries[0] for e in rest), (summaries, rest)
+    return rest
+
+
+def add_forkable(sessions: sessionmaker[Session], settings: Settings, name: str = "parent") -> tuple[int, int]:
+    """A cancelled run with one verified checkpoint at step 100; returns (run id, checkpoint id)."""
+    with sessions() as s:
+        parent = add_run(s, settings, name, RunStatus.CANCELLED, lr=0.001)
+        add_attempt(s, parent, 120, AttemptStatus.CANCELLED)
+        checkpoint = Checkpoint(run_id=parent, attempt=1, step=100, path="/c/step-100", bytes=10, sha256="0",
+                                params_digest="0", blocked_s=1.0, total_s=2.0, created_at=time.time())
+        s.add(checkpoint)
+        s.commit()
+        return parent, checkpoint.id
+
+
+# -- text a run controls reaches the page as text (issue 25 item 2) ---------------------------
+
+EVIL = r"![b](http://127.0.0.1:9/beacon.png) **x** $\frac12$ <img src=x>"

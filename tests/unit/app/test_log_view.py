@@ -1,0 +1,70 @@
+"""The Run page's logs as text (app/log_view.py): search, first error, line numbers, escaping and
+the zip of every log; the page itself is in tests/unit/app/views/test_run.py."""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from pathlib import Path
+
+from app.log_view import first_error, log_html, log_sources, logs_zip, matching, one_log_text, read_log
+
+LOG = """step 1 loss 2.30
+step 2 loss 2.10
+[rank1]: Traceback (most recent call last):
+[rank1]:   File "train.py", line 3, in <module>
+[rank1]: ValueError: <img src=x> **loud** $x$
+"""
+
+
+def rank_logs(attempt: Path, ranks: int = 2) -> dict[int, Path]:
+    """torchrun's layout: ranks/<rdzv>_<random>/attempt_0/<local rank>/std{out,err}.log."""
+    out = {}
+    for rank in range(ranks):
+        folder = attempt / "ranks" / "abc_1" / "attempt_0" / str(rank)
+        folder.mkdir(parents=True)
+        (folder / "stdout.log").write_text(f"rank {rank} says hello\n")
+        (folder / "stderr.log").write_text(LOG if rank == 1 else "")
+        out[rank] = folder
+    (attempt / "launcher.log").write_text("torchrun started\n")
+    return out
+
+
+def test_search_finds_every_line_in_any_case_and_marks_each_match_escaped() -> None:
+    lines = LOG.splitlines()
+    assert matching(lines, "LOSS") == [0, 1]
+    assert matching(lines, "") == []
+    page = log_html([(5, lines[4])], query="loud")
+    assert "<mark>loud</mark>" in page
+    assert "&lt;img src=x&gt;" in page and "<img" not in page  # the log's markup is text
+    assert '<span class="runyard-log-no">5</span>' in page
+
+
+def test_the_first_error_is_the_traceback_not_an_earlier_line() -> None:
+    assert first_error(LOG.splitlines()) == 2
+    assert first_error(["all fine", "step 3"]) is None
+    assert first_error(["torch.OutOfMemoryError: CUDA out of memory"]) == 0
+
+
+def test_a_long_log_is_read_from_its_end_with_the_files_line_numbers(tmp_path: Path) -> None:
+    log = tmp_path / "stdout.log"
+    log.write_text("".join(f"line {i}\n" for i in range(1, 1001)))
+    text = read_log(log, max_bytes=100)
+    assert text.cut and text.lines[-1] == "line 1000"
+    assert text.numbered()[0] == (text.first_line, text.lines[0])
+    assert text.lines[0] == f"line {text.first_line}"  # numbered as in the file, the partial line left out
+    whole = read_log(log)
+    assert not whole.cut and whole.first_line == 1 and len(whole.lines) == 1000
+    assert read_log(tmp_path / "missing.log").lines == []
+
+
+def test_every_rank_and_the_launcher_go_into_the_zip_and_one_rank_into_one_file(tmp_path: Path) -> None:
+    attempt = tmp_path / "attempts" / "1"
+    rank_logs(attempt)
+    sources = log_sources(attempt)
+    assert list(sources) == ["rank 0", "rank 1", "launcher"]
+    one = one_log_text(sources["rank 1"])
+    assert "==> stderr.log <==" in one and "ValueError: <img src=x>" in one and "==> stdout.log <==" in one
+    names = zipfile.ZipFile(io.BytesIO(logs_zip([(1, attempt)]))).namelist()
+    assert sorted(names) == ["attempt-1/launcher.log", "attempt-1/rank-0/stderr.log", "attempt-1/rank-0/stdout.log",
+                             "attempt-1/rank-1/stderr.log", "attempt-1/rank-1/stdout.log"]

@@ -1,0 +1,105 @@
+"""The Compare page (app/views/compare.py): two runs' rank means overlaid, its runs and metrics read
+from the URL, and what it says without runs.
+"""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from db.states import RunStatus
+from db.vocabulary.settings import Settings
+from orchestrator.run_edits import edit_run
+from tests.unit.app.pages import (
+    add_attempt,
+    add_metrics,
+    add_run,
+    as_read_frame,
+    chart_data,
+    chart_title,
+    no_exception,
+    open_page,
+    sessions,
+    settings,
+)
+
+__all__ = ["sessions", "settings"]  # the fixtures, from the helper module
+
+
+# -- Compare page ---------------------------------------------------------------------------
+
+
+@pytest.mark.both_dbs  # the UI's data layer (app/data.py) on PostgreSQL too
+def test_compare_page_overlays_the_rank_mean_of_two_runs(settings: Settings, sessions: sessionmaker[Session]) -> None:
+    with sessions() as s:
+        first = add_run(s, settings, "lr-high", RunStatus.STARTING, RunStatus.RUNNING, RunStatus.SUCCEEDED)
+        add_attempt(s, first, last_step=100)
+        add_metrics(s, first, last_step=100)
+        second = add_run(s, settings, "lr-low", RunStatus.STARTING, RunStatus.RUNNING, RunStatus.SUCCEEDED,
+                         batch_size=32)
+        add_attempt(s, second, last_step=50)
+        add_metrics(s, second, last_step=50)
+        s.commit()
+    at = open_page("views/compare.py")
+    no_exception(at)
+    assert at.title[0].value == "Compare runs"
+    runs, metrics = at.multiselect
+    assert runs.value == [first, second]  # the two newest by default, oldest first
+    assert metrics.value == ["loss", "eval_accuracy"]  # loss and the eval metrics first
+    assert at.query_params["runs"] == f"{first},{second}"  # the choice is in the URL
+    charts = at.get("vega_lite_chart")
+    assert [chart_title(c) for c in charts] == ["Loss", "Eval accuracy"]  # one chart per metric, the registry's labels
+    rows = chart_data(charts[0])
+    assert sorted(rows["run"].unique()) == [f"#{first} lr-high (SUCCEEDED)", f"#{second} lr-low (SUCCEEDED)"]
+    high = rows[rows["run"].str.contains("lr-high")].sort_values("step")
+    assert len(high) == 10 and len(rows) == 15  # one point per step, ranks averaged
+    assert high["value"].iloc[0] == pytest.approx(2.0 / 10 + 0.005)  # mean of ranks 0 and 1
+    summary, diff = at.table
+    table = as_read_frame(summary.value).set_index("run")
+    assert table.loc[f"#{first} lr-high", "Loss final"] == f"{2.0 / 100 + 0.005:.4g}"  # step 100, two ranks
+    assert table.loc[f"#{second} lr-low", "Loss best (min)"] == f"{2.0 / 50 + 0.005:.4g} @ 50"
+    assert table.loc[f"#{first} lr-high", "Eval accuracy (%) best (max)"] == "87.5 @ 100"  # as the Run page says
+    assert table.loc[f"#{second} lr-low", "status"] == "SUCCEEDED"
+    assert as_read_frame(diff.value)["key"].tolist() == ["train.batch_size"]
+
+
+def test_compare_page_reads_its_runs_and_metrics_from_the_url(settings: Settings,
+                                                              sessions: sessionmaker[Session]) -> None:
+    with sessions() as s:
+        only = add_run(s, settings, "only", RunStatus.STARTING, RunStatus.RUNNING, RunStatus.SUCCEEDED)
+        add_attempt(s, only, last_step=30)
+        add_metrics(s, only, last_step=30)
+        add_run(s, settings, "newer")
+        s.commit()
+    at = open_page("views/compare.py", runs=f"{only},999", metrics="loss")
+    no_exception(at)
+    assert at.multiselect[0].value == [only] and at.multiselect[1].value == ["loss"]
+    assert any("999 is not one of the 2 newest runs" in w.value for w in at.warning)
+    infos = [i.value for i in at.info]
+    assert any(i.startswith("One run chosen") for i in infos) and any(i.startswith("One run: nothing to diff")
+                                                                     for i in infos)
+    assert [chart_title(c) for c in at.get("vega_lite_chart")] == ["Loss"]
+    at.multiselect[0].set_value([]).run()
+    assert any("Pick two or more runs" in i.value for i in at.info)
+
+
+def test_compare_page_without_runs_says_how_to_get_some(settings: Settings) -> None:
+    at = open_page("views/compare.py")
+    no_exception(at)
+    assert [i.value for i in at.info if "No runs yet" in i.value] == [
+        "No runs yet. Start one on the **New run** page; once two have run, compare them here."]
+    assert not at.multiselect and not at.table
+
+
+def test_compare_shows_each_runs_tags_and_the_first_line_of_its_note(
+        settings: Settings, sessions: sessionmaker[Session]) -> None:
+    with sessions() as s:
+        first = add_run(s, settings, "first")
+        second = add_run(s, settings, "second")
+        edit_run(s, first, add_tags=["baseline"], note="warmup 100 steps\nthen cosine")
+        s.commit()
+    at = open_page("views/compare.py", runs=f"{first},{second}")
+    no_exception(at)
+    summary = at.table[0].value.set_index("run")  # Markdown-escaped cells: \#1
+    assert summary.loc["\\#1 first", "tags"] == "baseline" and summary.loc["\\#2 second", "tags"] == "—"
+    assert summary.loc["\\#1 first", "note"] == "warmup 100 steps…"  # the rest is on the Run page

@@ -1,0 +1,110 @@
+"""The Runs page (app/views/runs.py) on a real, seeded database: the runs with their status, step
+and cost, the filters by status and tag, the search, why a run waits, its summary metrics, and
+archived runs (issue 29, items 7 and 8); what a person sees in a real browser is
+tests/browser/test_workspace_browser.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from db.models import Run
+from db.requests import create_run
+from db.states import RunStatus
+from db.vocabulary.config import RunConfig
+from db.vocabulary.cost import Price
+from db.vocabulary.settings import Settings
+from tests.unit.app.pages import add_run, no_exception, open_page, seeded, sessions, settings
+from tests.unit.apptest import new_app
+
+__all__ = ["seeded", "sessions", "settings"]  # the fixtures, from the helper module
+
+
+def test_the_runs_page_searches_shows_why_a_run_waits_and_its_summary_metrics(
+        seeded: dict[str, int], sessions: sessionmaker[Session]) -> None:
+    with sessions() as s:
+        s.get_one(Run, seeded["queued"]).status_reason = "waiting for 2 free CPU slots"
+        s.commit()
+    at = open_page("views/runs.py")
+    no_exception(at)
+    table = at.dataframe[0].value.set_index("id")
+    assert table.loc[seeded["queued"], "waiting for"] == "waiting for 2 free CPU slots"
+    assert table.loc[seeded["running"], "waiting for"] == ""  # only a waiting run says why
+    assert table.loc[seeded["running"], "best loss"] == pytest.approx((2.0 / 120 * 2 + 0.01) / 2)
+    assert table.loc[seeded["running"], "headline"] == "Eval accuracy 87.5%"
+    at.text_input(key="runs_search").input("DIGITS-A").run()  # any case
+    no_exception(at)
+    assert at.dataframe[0].value["name"].tolist() == ["digits-a"]
+    at.text_input(key="runs_search").input("no-such-run").run()
+    assert not at.dataframe and "No run matches" in at.info[0].value
+
+
+def test_archived_runs_are_hidden_until_shown_and_sorted_as_asked(
+        settings: Settings, sessions: sessionmaker[Session]) -> None:
+    with sessions() as s:
+        done = add_run(s, settings, "b-done", RunStatus.STARTING, RunStatus.RUNNING, RunStatus.SUCCEEDED)
+        add_run(s, settings, "a-queued")
+        s.get_one(Run, done).archived = True
+        s.commit()
+    at = open_page("views/runs.py")
+    assert at.dataframe[0].value["name"].tolist() == ["a-queued"]
+    at.toggle(key="runs_archived").set_value(True).run()
+    assert at.dataframe[0].value["name"].tolist() == ["a-queued", "b-done (archived)"]
+    at.selectbox(key="runs_sort").set_value("name").run()
+    at.toggle(key="runs_reverse").set_value(True).run()
+    no_exception(at)
+    assert at.dataframe[0].value["name"].tolist() == ["b-done (archived)", "a-queued"]
+
+
+# -- Runs page ------------------------------------------------------------------------------
+
+
+@pytest.mark.both_dbs  # the UI's data layer (app/data.py) on PostgreSQL too
+def test_runs_page_lists_runs_with_status_and_step(seeded: dict[str, int]) -> None:
+    at = new_app().run()
+    no_exception(at)
+    assert at.title[0].value == "Runs"
+    table = at.dataframe[0].value.set_index("id")
+    assert list(table.index) == [seeded["running"], seeded["queued"]]  # newest first
+    assert table.loc[seeded["running"], "name"] == "digits-a"
+    assert table.loc[seeded["running"], "status"] == "RUNNING"
+    assert table.loc[seeded["running"], "step"] == "120/300"
+    assert table.loc[seeded["running"], "progress"] == pytest.approx(0.4)
+    assert table.loc[seeded["running"], "attempts"] == 1
+    assert table.loc[seeded["queued"], "status"] == "QUEUED"
+    assert table.loc[seeded["queued"], "step"] == "0/300"
+    dollars = {col: float(table.loc[seeded["running"], col].lstrip("$").replace(",", ""))
+               for col in ("cost", "projected")}
+    assert 0 < dollars["cost"] < dollars["projected"]  # running, 40% done: more to pay
+    assert table.loc[seeded["queued"], "projected"] == table.loc[seeded["queued"], "cost"] == "$0.0000"
+
+
+def test_runs_page_status_filter(seeded: dict[str, int]) -> None:
+    at = new_app().run()
+    at.multiselect[0].select("QUEUED").run()
+    no_exception(at)
+    assert at.dataframe[0].value["name"].tolist() == ["queued-one"]
+
+
+def test_runs_page_without_runs_points_to_new_run(settings: Settings) -> None:
+    at = new_app().run()
+    no_exception(at)
+    assert not at.dataframe
+    assert "No runs yet" in at.info[0].value
+
+
+@pytest.mark.both_dbs  # the UI's data layer (app/data.py) on PostgreSQL too
+def test_runs_page_filters_by_tag(settings: Settings, sessions: sessionmaker[Session]) -> None:
+    with sessions() as s:
+        for name, tags in (("a", ["baseline"]), ("b", ["sweep", "lr"]), ("c", [])):
+            config = RunConfig.model_validate({"name": name, "tags": tags})
+            run = create_run(s, config, settings.runs_dir, Price(1.0, "x"))
+            s.flush()
+            assert run.id
+        s.commit()
+    at = new_app().run()
+    no_exception(at)
+    assert at.multiselect[1].options == ["baseline", "lr", "sweep"]
+    at.multiselect[1].set_value(["sweep"]).run()
+    assert at.dataframe[0].value["name"].tolist() == ["b"]

@@ -1,0 +1,105 @@
+"""The reading verbs (orchestrator/cli/read.py), through click's runner on a real SQLite database:
+`runyard show` (its JSON fields, its costs, the latest metrics as the Run page shows them) and
+`runyard metrics` (one CSV row a point, each key with its label and display unit).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import time
+
+from click.testing import CliRunner
+
+from db.engine import make_engine, make_sessionmaker
+from db.metricstore import write_points
+from db.models import Attempt
+from db.vocabulary.settings import Settings
+from orchestrator.cli.group import cli
+from tests.unit.paths import ROOT
+
+EXAMPLE = ROOT / "examples" / "digits.toml"
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(cli, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_show_json_has_the_documented_fields(settings: Settings) -> None:
+    run("submit", str(EXAMPLE))
+    code, out, _ = run("show", "1", "--json")
+    assert code == 0
+    detail = json.loads(out)
+    for key in ("id", "name", "status", "step", "max_steps", "attempts", "metrics", "checkpoints", "cost_usd", "eta_s"):
+        assert key in detail, key
+    assert detail["status"] == "QUEUED" and detail["attempts"] == [] and detail["checkpoints"] == []
+    # by name as well as by id
+    assert json.loads(run("show", "digits-ddp", "--json")[1])["id"] == 1
+
+
+def test_metrics_csv_has_one_row_per_point(settings: Settings, sessions) -> None:
+    run("submit", str(EXAMPLE))
+    with sessions() as s:
+        s.add(Attempt(run_id=1, number=1, status="SUCCEEDED", dir="/x", started_at=time.time()))
+        s.flush()
+        write_points(s.connection(), [dict(run_id=1, attempt=1, rank=r, step=st, key="loss", value=1.0 / st,
+                                           wall_time=100.0 + st) for st in (10, 20) for r in (0, 1)])
+        s.commit()
+    code, out, _ = run("metrics", "1", "--csv")
+    assert code == 0
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert [(r["attempt"], r["rank"], r["step"], r["key"]) for r in rows] == [
+        ("1", "0", "10", "loss"), ("1", "1", "10", "loss"), ("1", "0", "20", "loss"), ("1", "1", "20", "loss")]
+    assert float(rows[0]["value"]) == 0.1 and float(rows[0]["time"]) == 110.0
+
+
+def test_show_json_reports_cost_fields(settings: Settings) -> None:
+    run("submit", str(EXAMPLE))
+    detail = json.loads(run("show", "1", "--json")[1])
+    for key in ("cost_usd", "cost_wasted_usd", "cost_projected_usd", "eta_s", "goodput"):
+        assert key in detail
+
+
+def test_metrics_csv_names_each_key_with_its_label_and_display_unit(settings: Settings, sessions) -> None:
+    """The raw key and value stay machine-readable; label, display_unit and display_scale say how
+    the dashboard shows them (value x display_scale in display_unit)."""
+    run("submit", str(EXAMPLE))
+    with sessions() as s:
+        s.add(Attempt(run_id=1, number=1, status="SUCCEEDED", dir="/x", started_at=time.time()))
+        s.flush()
+        write_points(s.connection(), [dict(run_id=1, attempt=1, rank=0, step=10, key=k, value=v, wall_time=110.0)
+                                      for k, v in (("step_time", 0.0125), ("mfu", 0.45), ("my/metric", 3.0))])
+        s.commit()
+    code, out, _ = run("metrics", "1", "--csv")
+    assert code == 0
+    header = out.splitlines()[0].split(",")
+    assert header == ["attempt", "rank", "step", "key", "value", "time", "superseded", "label", "display_unit",
+                      "display_scale"]
+    rows = {r["key"]: r for r in csv.DictReader(io.StringIO(out))}
+    step_time = rows["step_time"]
+    assert (step_time["label"], step_time["display_unit"]) == ("Step time", "ms")
+    assert float(step_time["value"]) * float(step_time["display_scale"]) == 12.5  # seconds as stored, ms shown
+    assert (rows["mfu"]["label"], rows["mfu"]["display_unit"], rows["mfu"]["display_scale"]) == ("MFU", "%", "100")
+    assert (rows["my/metric"]["label"], rows["my/metric"]["display_unit"], rows["my/metric"]["display_scale"]) == (
+        "my/metric", "", "1")
+
+
+def test_show_prints_the_latest_metrics_as_the_run_page_does(settings: Settings) -> None:
+    """The metric registry's labels, units and formats, not raw keys and stored values."""
+    run("submit", str(EXAMPLE))
+    engine = make_engine(settings.db_url)
+    try:
+        with make_sessionmaker(engine)() as s:
+            write_points(s.connection(), [
+                dict(run_id=1, attempt=1, rank=rank, step=10, key=key, value=value, wall_time=time.time())
+                for rank in (0, 1) for key, value in (("step_time", 0.0123), ("eval_accuracy", 0.875))])
+            s.commit()
+    finally:
+        engine.dispose()
+    code, out, _ = run("show", "1")
+    assert code == 0
+    lines = out[out.index("latest metrics:"):].splitlines()[1:]
+    assert any(line.split() == ["Step", "time", "(ms)", "r0=12.3", "r1=12.3"] for line in lines), lines
+    assert any(line.split() == ["Eval", "accuracy", "(%)", "r0=87.5", "r1=87.5"] for line in lines), lines

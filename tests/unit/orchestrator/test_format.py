@@ -1,0 +1,38 @@
+"""Display text (orchestrator/format.py): the words for a run's start-up phase, and a step without
+a total.
+"""
+
+from __future__ import annotations
+
+from db.states import RunStatus
+from db.vocabulary.config import RunConfig
+from orchestrator.format import startup_text, step_text
+
+
+def _a(phase: str | None, first_step_at: float | None = None, resume_step: int = 0) -> dict:
+    return {"phase": phase, "first_step_at": first_step_at, "ended_at": None, "started_at": 1000.0,
+            "resume_step": resume_step}
+
+
+def test_the_words_for_each_phase() -> None:
+    config = RunConfig().as_dict()
+    compiled = RunConfig.model_validate({"train": {"compile": True}}).as_dict()
+    script = {"workload": {"kind": "script"}, "launch": {"nproc_per_node": 4}}
+    assert startup_text(RunStatus.STARTING, _a(None), config, now=1004.0) == (
+        "Launching: torchrun starts 2 rank(s), they import torch and join each other (rendezvous) "
+        "(4s since launch)")
+    assert startup_text(RunStatus.STARTING, _a("setup", resume_step=400), config, now=1012.0) == (
+        "Setting up: loading the data and building the model, restoring step 400 (12s since launch)")
+    assert (startup_text(RunStatus.STARTING, _a("first_step"), config, now=1020.0) or "").startswith("First step")
+    assert (startup_text(RunStatus.STARTING, _a("first_step"), compiled, now=1020.0) or "").startswith("Compiling")
+    assert "script" in (startup_text(RunStatus.STARTING, _a(None), script, now=1001.0) or "")
+    # Nothing once it trains, before it launched, or after.
+    assert startup_text(RunStatus.RUNNING, _a(None, first_step_at=1010.0), config) is None
+    assert startup_text(RunStatus.QUEUED, None, config) is None
+    assert startup_text(RunStatus.SUCCEEDED, _a("setup"), config) is None
+    assert startup_text(RunStatus.RUNNING, _a("finishing"), config) is None
+
+
+def test_a_step_without_a_total_is_shown_alone() -> None:
+    assert step_text(12, 300) == "12/300" and step_text(12, 300, " / ") == "12 / 300"
+    assert step_text(12, 0) == "12" and step_text(0, None) == "0"
