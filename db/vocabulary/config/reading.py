@@ -66,7 +66,9 @@ def _plain_loc(err: ErrorDetails) -> tuple[Any, ...]:
 
 
 def _location(loc: tuple[Any, ...]) -> str:
-    return ".".join(str(part) for part in loc) or "(top level)"
+    """A dotted TOML key; a table's own key that holds a dot quoted, as TOML writes it
+    (``sweep.space."train.lr"``)."""
+    return ".".join(f'"{part}"' if "." in str(part) else str(part) for part in loc) or "(top level)"
 
 
 # Strict types refuse what lax parsing would have guessed; say how to write it instead.
