@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from db.models import Attempt, Event, Run
 from db.queries import scheduler_status
-from db.vocabulary.causes import Cause
+from db.vocabulary.causes import Cause, normalize_exception
 from db.vocabulary.config import RetryConfig, RunConfig
 from db.vocabulary.scheduler_file import FILE_SIZE, SchedulerFile, read_scheduler_file
 from db.vocabulary.settings import Settings
@@ -39,7 +39,7 @@ from orchestrator.executors import shim as shim_module
 from orchestrator.scheduler import admission, storage
 from orchestrator.scheduler import loop as scheduler_module
 from orchestrator.scheduler.failures import classify
-from orchestrator.scheduler.repeats import RepeatedErrors, normalize_exception
+from orchestrator.scheduler.repeats import RepeatedErrors
 from orchestrator.scheduler.retry import AttemptOutcome, decide
 from tests.unit.test_scheduler import CPU2, attempts, make_scheduler, queue, status, tick_until
 
