@@ -1,6 +1,6 @@
 """The house's shape, checked: imports point one way (app -> orchestrator -> trainer -> db), and
-inside a package from room to room (orchestrator: cli -> scheduler -> alerts -> its own modules ->
-scripts -> executors; app: views -> its own modules -> charts -> server; trainer: agent -> workloads ->
+inside a package from room to room (orchestrator: cli -> scheduler -> sweeps -> alerts -> its own
+modules -> scripts -> executors; app: views -> its own modules -> charts -> server; trainer: agent -> workloads ->
 checkpoint -> process -> reporting; db: sweeps -> metricstore -> vocabulary),
 no module imports itself through others, and the processes that never train never load torch.
 
@@ -37,6 +37,7 @@ ROOMS = {
     "orchestrator": (
         "orchestrator.cli",  # rewrite-imports: keep (the packages, not the modules of these names before)
         "orchestrator.scheduler",  # rewrite-imports: keep
+        "orchestrator.sweeps",
         "orchestrator.alerts",
         "orchestrator",
         "orchestrator.scripts",
