@@ -27,7 +27,7 @@ def synthetic(n: int, seed: int = 0) -> list[dict]:
     for _ in range(n):
         params = {"train.lr": math.exp(rng.uniform(math.log(1e-5), math.log(1e-1))),
                   "workload.hidden": rng.choice([32, 64, 128, 256]), "train.weight_decay": rng.uniform(0.0, 0.1)}
-        value = (math.log10(params["train.lr"]) + 3) ** 2 + 0.2 * (params["workload.hidden"] == 32)
+        value = (math.log10(params["train.lr"]) + 3) ** 2 + 1.0 * (params["workload.hidden"] == 32)
         out.append({"params": params, "value": value + rng.gauss(0, 0.01)})
     return out
 
