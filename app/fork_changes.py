@@ -4,38 +4,12 @@ read back by :func:`db.vocabulary.config.parse_override`). No Streamlit here."""
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Mapping
 from typing import Any
 
 from app.form import KIND_KEY, form_fields
 from db.vocabulary.config import RunConfig
-
-
-def toml_value(value: Any, key: str = "value") -> str:
-    """``value`` written as a TOML value, as a ``--set key=value`` override reads it back
-    (:func:`db.vocabulary.config.parse_override`).
-
-    Raises:
-        ValueError: for None (TOML has no null), naming ``key``.
-    """
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        return repr(value) if math.isfinite(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)  # a JSON string is a TOML basic string
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(toml_value(item, key) for item in value) + "]"
-    if isinstance(value, Mapping):
-        pairs = (f"{json.dumps(str(k))} = {toml_value(v, f'{key}.{k}')}" for k, v in value.items())
-        return "{ " + ", ".join(pairs) + " }"
-    raise ValueError(f"{key}: {value!r} cannot be written as a TOML value; give it a value instead of leaving it empty")
+from db.vocabulary.config.writing import toml_value
 
 
 def _other_kinds_keys(changed: Mapping[str, Any]) -> set[str]:

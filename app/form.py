@@ -298,7 +298,13 @@ def _fields_of(model: type[BaseModel], section: str, workloads: Sequence[type[Wo
                ) -> list[FieldSpec]:
     prefix = f"{section}." if section else ""
     return [field_spec(f"{prefix}{field.alias or name}", section, field, workloads)
-            for name, field in model.model_fields.items() if not _is_section(field)]
+            for name, field in model.model_fields.items() if not _is_section(field) and not _own_form(field)]
+
+
+def _own_form(field: FieldInfo) -> bool:
+    """A section with a form of its own (``json_schema_extra={"own_form": True}``: ``[sweep]``,
+    the New sweep form's), which the New run form leaves out."""
+    return bool(_extra(field).get("own_form"))
 
 
 def _kind_field(members: list[type[BaseModel]], default: Any) -> FieldInfo:

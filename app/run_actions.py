@@ -29,7 +29,7 @@ from db.states import TERMINAL, RunStatus
 
 TERMINAL_VALUES = {s.value for s in TERMINAL}
 CANCELLABLE = {RunStatus.QUEUED, RunStatus.STARTING, RunStatus.RUNNING, RunStatus.RETRYING, RunStatus.PAUSED,
-               RunStatus.PAUSING}
+               RunStatus.PAUSING, RunStatus.PRUNED}
 PAUSABLE = {RunStatus.STARTING, RunStatus.RUNNING}
 NEW_RUN_PAGE = "views/new_run.py"
 RUN_PAGE = "views/run.py"
@@ -134,7 +134,7 @@ def pause_button(d: dict[str, Any]) -> None:
 
 def cancel_menu(d: dict[str, Any]) -> None:
     """Cancel: a popover that says what cancelling does, and the button that does it."""
-    queued = d["status"] in (RunStatus.QUEUED, RunStatus.RETRYING, RunStatus.PAUSED)
+    queued = d["status"] in (RunStatus.QUEUED, RunStatus.RETRYING, RunStatus.PAUSED, RunStatus.PRUNED)
     with st.popover("Cancel", icon=":material/stop:", key=f"cancel-menu-{d['id']}"):
         st.markdown(f"Cancel run #{d['id']}? "
                     + ("No process runs: it ends CANCELLED at once; its checkpoints stay." if queued else
@@ -209,7 +209,7 @@ def offered(d: dict[str, Any]) -> list[tuple[bool, Callable[[dict[str, Any]], No
     script_rerun = terminal and d["config"]["workload"]["kind"] == "script" and not d["imported"]
     return [
         (terminal and usable, resume_menu),
-        (status == "PAUSED" and not d["attempts"], resume_held_button),
+        (status in ("PAUSED", "PRUNED") and not d["attempts"], resume_held_button),
         (usable, fork_menu),
         (status in PAUSABLE, pause_button),
         (status in CANCELLABLE, cancel_menu),

@@ -109,6 +109,7 @@ STATUS_BADGE = {
     "FAILED": ("red", ":material/error:"),
     "CANCELLED": ("gray", ":material/cancel:"),
     "PAUSED": ("violet", ":material/pause_circle:"),
+    "PRUNED": ("violet", ":material/content_cut:"),  # a sweep's trial stopped early: resumable, like PAUSED
 }
 
 

@@ -290,9 +290,9 @@ def _adopt_pre_release_head(engine: Engine, current: str | None) -> str | None:
         return current
     with engine.begin() as conn:
         conn.execute(text("UPDATE alembic_version SET version_num = :new WHERE version_num = :old"),
-                     {"new": SCHEMA_HEAD, "old": PRE_RELEASE_HEAD})
-    logger.info("schema revision %s (pre-release) is the same schema as %s; restamped", PRE_RELEASE_HEAD, SCHEMA_HEAD)
-    return SCHEMA_HEAD
+                     {"new": FIRST_RELEASE, "old": PRE_RELEASE_HEAD})
+    logger.info("schema revision %s (pre-release) is the same schema as %s; restamped", PRE_RELEASE_HEAD, FIRST_RELEASE)
+    return FIRST_RELEASE
 
 
 def _check_known(url: str, current: str | None) -> None:
@@ -370,8 +370,8 @@ def check_read_only_schema(engine: Engine, url: str) -> bool:
     """Whether a database opened read-only has a schema this runyard reads (never migrates).
 
     Returns:
-        ``False`` when it has no schema at all (nothing to read); ``True`` at the newest (or at
-        the pre-release head, the same schema; it is left stamped as it is).
+        ``False`` when it has no schema at all (nothing to read); ``True`` at the newest (the
+        pre-release head is the first release's schema; it is left stamped as it is).
 
     Raises:
         SchemaOutdated: it is at an older revision (upgrading needs a writable copy).
@@ -382,9 +382,9 @@ def check_read_only_schema(engine: Engine, url: str) -> bool:
     if current is None:
         return False
     head = head_revision()
-    if current in (head, PRE_RELEASE_HEAD):  # the pre-release head is the same schema, read as it is
+    if (FIRST_RELEASE if current == PRE_RELEASE_HEAD else current) == head:
         return True
-    _check_known(url, current)
+    _check_known(url, FIRST_RELEASE if current == PRE_RELEASE_HEAD else current)
     raise SchemaOutdated(
         f"this read-only database {safe_url(url)} is at revision {current} (this runyard reads {head}); "
         "upgrade a writable copy: copy the data folder, set RUNYARD_HOME to it and run `runyard db upgrade`")
@@ -406,7 +406,8 @@ def current_revision(engine: Engine) -> str | None:
 # The newest migration's revision (db/migrations/versions/); tests/unit/db/test_engine_migrations.py checks it
 # against Alembic's own head, so adding a migration without moving it fails there. Read here
 # without Alembic, which a command at head need not import.
-SCHEMA_HEAD = "r001"
+SCHEMA_HEAD = "r002"
+FIRST_RELEASE = "r001"  # the first release's schema: the pre-release head is restamped as it, then upgraded
 
 # The revisions of the pre-release migrations, squashed into r001_initial_schema (their files are
 # in git's history before that commit). Alembic no longer knows them, so a database at one of them

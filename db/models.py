@@ -70,15 +70,23 @@ def _metric_keys() -> tuple[ForeignKeyConstraint, ForeignKeyConstraint]:
             sqlite_only_key("name_id", "metric_names.id"))
 
 
-class Run(Base):
+class Stateful:
+    """A row with a state machine of its own (a run, a sweep): its id, its name, its status and
+    why; its transitions write the status only where it is still the one read (db/states.py's
+    ``moved``)."""
+
+    # sort_order: first in each table, where the migrations put them.
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, sort_order=-1)
+    name: Mapped[str] = mapped_column(String(100), sort_order=-1)
+    status: Mapped[str] = mapped_column(String(16), index=True, sort_order=-1)
+    status_reason: Mapped[str | None] = mapped_column(Text, sort_order=-1)
+
+
+class Run(Stateful, Base):
     """One training run; its current status plus what the scheduler needs to launch it."""
 
     __tablename__ = "runs"
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    name: Mapped[str] = mapped_column(String(100))
-    status: Mapped[str] = mapped_column(String(16), index=True)
-    status_reason: Mapped[str | None] = mapped_column(Text)
     config_json: Mapped[str] = mapped_column(Text)
     config_hash: Mapped[str] = mapped_column(String(64))
     tags_json: Mapped[str] = mapped_column(Text, default="[]")
@@ -121,17 +129,22 @@ class Run(Base):
     )
 
 
-class RunStatusHistory(Base):
+class StatusChange:
+    """A status history row's change (a run's, a sweep's): from what, to what, why, when."""
+
+    from_status: Mapped[str | None] = mapped_column(String(16))
+    to_status: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text, default="")
+    at: Mapped[float] = mapped_column(Float)
+
+
+class RunStatusHistory(StatusChange, Base):
     """Every status change of a run, with the reason: the audit trail beside the current state."""
 
     __tablename__ = "run_status_history"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
-    from_status: Mapped[str | None] = mapped_column(String(16))
-    to_status: Mapped[str] = mapped_column(String(16))
-    reason: Mapped[str] = mapped_column(Text, default="")
-    at: Mapped[float] = mapped_column(Float)
 
 
 class Attempt(Base):
@@ -422,3 +435,71 @@ class AlertDelivery(Base):
     created_at: Mapped[float] = mapped_column(Float)
     next_at: Mapped[float] = mapped_column(Float)
     done_at: Mapped[float | None] = mapped_column(Float)
+
+
+# -- sweeps (issue 54; orchestrator/sweeps/) -------------------------------------------------
+
+
+class Sweep(Stateful, Base):
+    """A sweep: a search over a base config, whose trials are ordinary runs (``sweep_trials``).
+
+    ``status`` is the sweep's own state machine (db/sweeps/states.py). ``base_json`` is the base
+    config as validated at start (paths resolved, no ``[sweep]``), ``sweep_json`` its ``[sweep]``
+    section as given; ``max_trials`` and ``max_concurrent`` start as the section says and may be
+    changed while it runs (the section keeps what was asked). ``rungs_json``: the steps of the
+    early stop's rungs, from the base's length and checkpoint cadence, fixed at the start."""
+
+    __tablename__ = "sweeps"
+
+    base_json: Mapped[str] = mapped_column(Text)
+    sweep_json: Mapped[str] = mapped_column(Text)
+    seed: Mapped[int] = mapped_column(BigInteger)  # up to 2^32 - 1: past PostgreSQL's INTEGER
+    max_trials: Mapped[int] = mapped_column(Integer)
+    max_concurrent: Mapped[int] = mapped_column(Integer)
+    rungs_json: Mapped[str] = mapped_column(Text, default="[]")  # the rungs' steps, ascending (none: no early stop)
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+    ended_at: Mapped[float | None] = mapped_column(Float)
+
+
+class SweepStatusHistory(StatusChange, Base):
+    """Every status change of a sweep, with the reason (as ``run_status_history`` for runs)."""
+
+    __tablename__ = "sweep_status_history"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    sweep_id: Mapped[int] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"), index=True)
+
+
+class SweepTrial(Base):
+    """One trial of a sweep: its number (unique in the sweep, so no two schedulers create the
+    same trial), its run (its state is the run's status, never a copy) and what the sweep knows of
+    it. ``run_id`` is NULL when the trial's config was refused (``error`` says why; no run was
+    made) or its run was deleted.
+
+    ``params_json``: the trial's values by config key. ``history_json``: what the searcher was
+    told when it suggested them (``[[number, state, value, {step: value}], ...]``), so that the
+    suggestion can be made again and checked. ``rung``: the newest rung judged (NULL: none);
+    ``rungs_json``: the objective at each rung judged, ``{"k": [step, value]}`` (value null: not
+    recorded by then). ``objective`` and ``objective_step``: the value at the run's end, once it
+    SUCCEEDED. ``prune_json``: why it was last stopped early (``{"rung", "step", "value", "cut"}``,
+    or ``{"why"}`` for a budget or a breaker). ``promoted``: how many times it was continued after
+    a prune."""
+
+    __tablename__ = "sweep_trials"
+    __table_args__ = (UniqueConstraint("sweep_id", "number"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    sweep_id: Mapped[int] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"), index=True)
+    number: Mapped[int] = mapped_column(Integer)
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="SET NULL"), unique=True)
+    params_json: Mapped[str] = mapped_column(Text)
+    history_json: Mapped[str] = mapped_column(Text, default="[]")
+    error: Mapped[str | None] = mapped_column(Text)
+    rung: Mapped[int | None] = mapped_column(Integer)
+    rungs_json: Mapped[str] = mapped_column(Text, default="{}")
+    objective: Mapped[float | None] = mapped_column(Float)
+    objective_step: Mapped[int | None] = mapped_column(Integer)
+    prune_json: Mapped[str | None] = mapped_column(Text)
+    promoted: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[float] = mapped_column(Float)

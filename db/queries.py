@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -37,16 +37,26 @@ INT64_MAX = 2**63 - 1
 
 def resolve_run(session: Session, ref: str | int) -> int:
     """A run id from an id (``12``, ``#12``) or a name (the newest run with that name)."""
+    return resolve_row(session, Run, ref, lambda what: RunNotFound(f"no run {what}; `runyard ls` lists the runs"))
+
+
+def resolve_row(session: Session, model: Any, ref: str | int, missing: Callable[[str], Exception]) -> int:
+    """The id of the row of ``model`` (a run, a sweep) that ``ref`` names: an id (``12``, ``#12``)
+    or a name (the newest with that name).
+
+    Raises:
+        Exception: ``missing("with id 12")`` or ``missing("named 'x'")``, when none does.
+    """
     text = str(ref).lstrip("#")
     if text.isascii() and text.isdigit():  # "²".isdigit() is true, int("²") is an error
-        # Ids are 64-bit; a larger number is no run (and would overflow the query's parameter).
-        if int(text) > INT64_MAX or session.get(Run, int(text)) is None:
-            raise RunNotFound(f"no run with id {text}; `runyard ls` lists the runs")
+        # Ids are 64-bit; a larger number is no row (and would overflow the query's parameter).
+        if int(text) > INT64_MAX or session.get(model, int(text)) is None:
+            raise missing(f"with id {text}")
         return int(text)
-    run_id = session.scalar(select(Run.id).where(Run.name == text).order_by(Run.id.desc()))
-    if run_id is None:
-        raise RunNotFound(f"no run named {text!r}; `runyard ls` lists the runs")
-    return run_id
+    found: int | None = session.scalar(select(model.id).where(model.name == text).order_by(model.id.desc()))
+    if found is None:
+        raise missing(f"named {text!r}")
+    return found
 
 
 

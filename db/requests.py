@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from db import DatabaseError
 from db.file_versions import CopyRefused, copy_verified, is_version
 from db.models import Attempt, Checkpoint, Event, PriceEntry, Run, RunStatusHistory
-from db.states import ACTIVE, STOPPING, TERMINAL, RunStatus, transition
+from db.states import ACTIVE, RESUMABLE, STOPPING, TERMINAL, RunStatus, transition
 from db.vocabulary.config import RunConfig, ScriptWorkload, config_from_json, write_config_file
 from db.vocabulary.cost import Price
 from db.vocabulary.layout import RunPaths, run_dir_name
@@ -107,12 +107,12 @@ def request_cancel(session: Session, run_id: int, who: str = "user", mode: str =
     if run is None:
         raise RunNotFound(f"run {run_id} does not exist")
     status = RunStatus(run.status)
-    if status is RunStatus.PAUSED and mode == "cancel":
-        if not transition(session, run_id, RunStatus.CANCELLED, f"cancelled by {who} while paused",
-                          expect=RunStatus.PAUSED):
+    if status in RESUMABLE and mode == "cancel":
+        word = status.value.lower()
+        if not transition(session, run_id, RunStatus.CANCELLED, f"cancelled by {who} while {word}", expect=status):
             return f"run {run_id} changed status meanwhile; look again with `runyard show {run_id}`"
-        session.add(Event(run_id=run_id, at=time.time(), kind="cancel", message=f"cancelled by {who} while paused"))
-        return f"run {run_id} cancelled (it was paused; it can still be resumed from its checkpoints)"
+        session.add(Event(run_id=run_id, at=time.time(), kind="cancel", message=f"cancelled by {who} while {word}"))
+        return f"run {run_id} cancelled (it was {word}; it can still be resumed from its checkpoints)"
     if status in TERMINAL:
         return f"run {run_id} is already {status.value}; nothing to {mode}"
     if status is RunStatus.PAUSING and mode == "cancel":
@@ -256,14 +256,15 @@ def request_resume(
             f"run {run_id} is {status.value}; cancel it first (`runyard cancel {run_id}`), then resume"
         )
     never_started = session.scalar(select(Attempt.id).where(Attempt.run_id == run_id).limit(1)) is None
-    if status == RunStatus.PAUSED and never_started and step is None and checkpoint_id is None:
-        # paused while QUEUED: held back, now let go; it starts as it would have (a fork from its origin)
+    if status in RESUMABLE and never_started and step is None and checkpoint_id is None:
+        # paused (or pruned) while QUEUED: held back, now let go; it starts as it would have (a fork from its origin)
         run.resume_checkpoint_id = None
         run.retries_used = 0
-        if not transition(session, run_id, RunStatus.QUEUED, f"resume of a run paused before it started, by {who}"):
+        word = status.value.lower()
+        if not transition(session, run_id, RunStatus.QUEUED, f"resume of a run {word} before it started, by {who}"):
             raise RequestRefused(f"run {run_id} changed status meanwhile; try again")
         session.add(Event(run_id=run_id, at=time.time(), kind="resume",
-                          message=f"queued again from the start by {who} (it was paused before it started)"))
+                          message=f"queued again from the start by {who} (it was {word} before it started)"))
         return 0
     checkpoint = usable_checkpoint(session, run_id, step, checkpoint_id)
     run.resume_checkpoint_id = checkpoint.id

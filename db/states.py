@@ -16,7 +16,7 @@ from db import DatabaseError
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
-    from db.models import Attempt
+    from db.models import Attempt, Stateful
 
 # SQLAlchemy and the models are imported by the functions that write: the ranks read this
 # module's vocabulary (the phases) and must not pay for SQLAlchemy at start-up (issue 32).
@@ -33,18 +33,22 @@ class RunStatus(str, enum.Enum):
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
     PAUSED = "PAUSED"  # stopped with a last checkpoint, to be resumed: Resume continues from it
+    # A sweep's trial stopped early (below its rung's cut, or its sweep's budget reached): stopped
+    # like a pause (PAUSING, the ranks checkpoint), and continued from that checkpoint if promoted.
+    PRUNED = "PRUNED"
 
     def __str__(self) -> str:
         return self.value
 
 
 class StopReason(str, enum.Enum):
-    """Why runyard itself stopped an attempt (``attempts.stop_reason``; ``runs.stop_mode`` holds the
-    first two while a run is CANCELLING)."""
+    """Why runyard itself stopped an attempt (``attempts.stop_reason``; ``runs.stop_mode`` holds
+    cancel or pause while a run is CANCELLING, pause or prune while it is PAUSING)."""
 
     CANCEL = "cancel"
     PAUSE = "pause"  # stop with the intent to resume: the run is PAUSED, its Resume continues
     HANG = "hang"  # no progress: stacks saved, then killed
+    PRUNE = "prune"  # a sweep stops its trial early: a pause that ends PRUNED (runs.stop_mode while PAUSING)
 
     def __str__(self) -> str:
         return self.value
@@ -95,8 +99,10 @@ class AttemptStatus(str, enum.Enum):
 
 
 TERMINAL: frozenset[RunStatus] = frozenset(
-    {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.PAUSED}
+    {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.PAUSED, RunStatus.PRUNED}
 )
+# Ended with a last checkpoint, to be continued: Resume (a PRUNED trial's promotion) or a cancel for good.
+RESUMABLE: frozenset[RunStatus] = frozenset({RunStatus.PAUSED, RunStatus.PRUNED})
 ACTIVE: frozenset[RunStatus] = frozenset(
     {RunStatus.STARTING, RunStatus.RUNNING, RunStatus.CANCELLING, RunStatus.PAUSING}
 )
@@ -104,7 +110,7 @@ ACTIVE: frozenset[RunStatus] = frozenset(
 STOPPING: frozenset[RunStatus] = frozenset({RunStatus.CANCELLING, RunStatus.PAUSING})
 
 ALLOWED: dict[RunStatus, frozenset[RunStatus]] = {
-    RunStatus.QUEUED: frozenset({RunStatus.STARTING, RunStatus.CANCELLED, RunStatus.PAUSED}),
+    RunStatus.QUEUED: frozenset({RunStatus.STARTING, RunStatus.CANCELLED, RunStatus.PAUSED, RunStatus.PRUNED}),
     RunStatus.STARTING: frozenset(
         {RunStatus.RUNNING, RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.RETRYING,
          RunStatus.CANCELLING, RunStatus.PAUSING}
@@ -112,22 +118,25 @@ ALLOWED: dict[RunStatus, frozenset[RunStatus]] = {
     RunStatus.RUNNING: frozenset(
         {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.RETRYING, RunStatus.CANCELLING, RunStatus.PAUSING}
     ),
-    RunStatus.RETRYING: frozenset({RunStatus.STARTING, RunStatus.CANCELLED, RunStatus.PAUSED}),
+    RunStatus.RETRYING: frozenset({RunStatus.STARTING, RunStatus.CANCELLED, RunStatus.PAUSED, RunStatus.PRUNED}),
     RunStatus.CANCELLING: frozenset(
         {RunStatus.CANCELLED, RunStatus.PAUSED, RunStatus.SUCCEEDED, RunStatus.FAILED}
     ),
-    # A pause being carried out ends PAUSED (or SUCCEEDED when the ranks had finished every step);
-    # a cancel asked for meanwhile turns it into a cancel.
+    # A pause being carried out ends PAUSED (a sweep's prune: PRUNED; SUCCEEDED when the ranks had
+    # finished every step); a cancel asked for meanwhile turns it into a cancel.
     RunStatus.PAUSING: frozenset(
-        {RunStatus.PAUSED, RunStatus.CANCELLING, RunStatus.CANCELLED, RunStatus.SUCCEEDED, RunStatus.FAILED}
+        {RunStatus.PAUSED, RunStatus.PRUNED, RunStatus.CANCELLING, RunStatus.CANCELLED, RunStatus.SUCCEEDED,
+         RunStatus.FAILED}
     ),
     # A finished run can be resumed from one of its checkpoints: it is queued again and its
     # next attempt starts from that checkpoint.
     RunStatus.SUCCEEDED: frozenset({RunStatus.QUEUED}),
     RunStatus.FAILED: frozenset({RunStatus.QUEUED}),
     RunStatus.CANCELLED: frozenset({RunStatus.QUEUED}),
-    # A paused run waits to be resumed, or is cancelled for good.
+    # A paused run waits to be resumed, or is cancelled for good; a pruned trial likewise (its
+    # promotion is a resume).
     RunStatus.PAUSED: frozenset({RunStatus.QUEUED, RunStatus.CANCELLED}),
+    RunStatus.PRUNED: frozenset({RunStatus.QUEUED, RunStatus.CANCELLED}),
 }
 
 
@@ -220,7 +229,7 @@ def transition(
         True when the run moved; False when its status did not allow it (someone else moved
         it first, or the run is already terminal).
     """
-    from sqlalchemy import CursorResult, func, select, update  # noqa: PLC0415 - only to write: the ranks import the enums alone
+    from sqlalchemy import func, select  # noqa: PLC0415 - only to write: the ranks import the enums alone
 
     from db.models import Run, RunStatusHistory  # noqa: PLC0415 - only to write: the ranks import the enums alone
 
@@ -242,15 +251,24 @@ def transition(
         values["ended_at"] = now
     elif to is RunStatus.QUEUED:
         values["ended_at"] = None
-    # Conditional on the status we read: if another process moved the run in between, nothing
-    # is updated and the caller sees False.
-    # Session.execute is typed to return a Result; for an UPDATE it is a CursorResult (rowcount).
-    result = cast(CursorResult[Any], session.execute(
-        update(Run).where(Run.id == run_id, Run.status == current).values(**values)
-    ))
-    if result.rowcount != 1:
+    if not moved(session, Run, run_id, current, values):
         return False
     session.add(
         RunStatusHistory(run_id=run_id, from_status=current, to_status=to.value, reason=reason, at=now)
     )
     return True
+
+
+def moved(session: Session, model: type[Stateful], row_id: int, current: str, values: dict[str, object]) -> bool:
+    """Write ``values`` on ``model``'s row ``row_id`` (a run, a sweep) only while its status is still
+    ``current``, the one just read: if another process moved it in between, nothing is written.
+
+    Returns:
+        Whether the row was written.
+    """
+    from sqlalchemy import CursorResult, update  # noqa: PLC0415 - only to write: the ranks import the enums alone
+
+    # Session.execute is typed to return a Result; for an UPDATE it is a CursorResult (rowcount).
+    result = cast(CursorResult[Any], session.execute(
+        update(model).where(model.id == row_id, model.status == current).values(**values)))
+    return result.rowcount == 1

@@ -47,6 +47,9 @@ from orchestrator.scripts.allowed_roots import (
 )
 from orchestrator.scripts.script_check import resolve_script
 
+SWEEP_FILE = ("sweep: this file is a sweep (it has a [sweep] section): start it with `runyard sweep start FILE`; "
+              "each of its trials is a run")
+
 # What a config's ``alerts.channels`` gets wrong in a data folder: the alert channels are the
 # alerts room's (``AlertStore(home).config_problems``), above this module, so the caller passes it.
 ChannelCheck = Callable[[tuple[str, ...]], list[str]]
@@ -66,8 +69,11 @@ def validate(data: dict[str, Any], inventory: Inventory, *, roots: ScriptRoots |
 
     Raises:
         ConfigError: with the schema, machine and path problems together, and the plausibility
-            warnings of the fields that could be judged (its ``warnings``): one answer for a submit.
+            warnings of the fields that could be judged (its ``warnings``): one answer for a submit;
+            a sweep file (``[sweep]``) with the verb that starts one.
     """
+    if isinstance(data, dict) and data.get("sweep") is not None:
+        raise ConfigError([SWEEP_FILE])
     try:
         config = parse_config(data)
     except ConfigError as exc:

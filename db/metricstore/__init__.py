@@ -41,6 +41,7 @@ Steps are expected to be >= 0 (buckets use floor division).
 from __future__ import annotations
 
 from db.metricstore.points import (
+    at_or_before,
     iter_rows,
     latest,
     metric_keys,
@@ -58,6 +59,7 @@ from db.metricstore.writes import write_points
 # The store's interface, whatever module of it a name is defined in: writes.py (the write path),
 # series.py (a chart's series), points.py (every other read), rollups.py (the rollup arithmetic),
 # bulk.py (PostgreSQL's COPY, loaded by writes.py on PostgreSQL only).
-__all__ = ["BASE", "LEVELS", "MetricStoreError", "Series", "choose_level", "iter_rows", "latest", "metric_keys",
+__all__ = ["BASE", "LEVELS", "MetricStoreError", "Series", "at_or_before", "choose_level", "iter_rows", "latest",
+           "metric_keys",
            "progress_key", "progress_keys", "recent", "recent_many", "recent_progress", "series", "totals",
            "write_points"]

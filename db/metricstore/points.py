@@ -97,6 +97,25 @@ def _newest_points(session: Session, run_id: int, attempt: int, name_ids: set[in
     return [(name_id, rank, step, value) for name_id, rank, step, value in rows]
 
 
+def at_or_before(session: Session, run_id: int, key: str, step: float) -> tuple[int, dict[int, float]] | None:
+    """The values of ``key`` at the largest step at or before ``step`` that the run logged it at,
+    by rank: ``(that step, {rank: value})``, from the newest attempt that logged that step (a retry
+    that trained it again, after an older attempt's superseded one); None when it logged none.
+    A sweep's objective at a rung and at a trial's end (orchestrator/sweeps/objective.py)."""
+    name_id = _name_id(session, key)
+    if name_id is None:
+        return None
+    P = MetricPoint
+    scope = (P.run_id == run_id, P.name_id == name_id)
+    found = session.execute(select(P.attempt, P.step).where(*scope, P.step <= step)
+                            .order_by(P.step.desc(), P.attempt.desc()).limit(1)).first()
+    if found is None:
+        return None
+    attempt, at = found
+    rows = session.execute(select(P.rank, P.value).where(*scope, P.attempt == attempt, P.step == at))
+    return at, {rank: _nan(value) for rank, value in rows}
+
+
 def recent(session: Session, run_id: int, key: str, *, attempt: int, rank: int,
            limit: int) -> list[tuple[int, float, float]]:
     """The newest ``limit`` points of one series, newest first: (step, value, wall time)."""

@@ -9,6 +9,7 @@ all of them.
 from __future__ import annotations
 
 import enum
+import re
 
 
 class Cause(str, enum.Enum):
@@ -36,3 +37,27 @@ class Cause(str, enum.Enum):
 # the run whatever the interval), a preemption (it saves first) or a failed launch.
 INTERRUPTIONS = frozenset({Cause.SIGNAL, Cause.SEGFAULT, Cause.OOM_KILLED, Cause.COMM, Cause.HANG, Cause.VANISHED,
                            Cause.UNKNOWN, Cause.NODE_FAIL})
+
+
+# Parts of an exception message that differ between two occurrences of the same error: the
+# checkpoint writer's temporary folder, object addresses, pids, ports, temporary paths, times.
+_VOLATILE = [
+    (re.compile(r"\.tmp-step-(\d+)-[0-9a-f]+"), r".tmp-step-\1-*"),
+    (re.compile(r"\.deleting-step-(\d+)-[0-9a-f]+"), r".deleting-step-\1-*"),
+    (re.compile(r"0x[0-9a-fA-F]{4,}"), "0x*"),
+    (re.compile(r"\b\d{1,2}:\d{2}:\d{2}(\.\d+)?\b"), "*:*:*"),
+    (re.compile(r"\b(pid|PID|process)\s*[:=]?\s*\d+"), r"\1 *"),
+    # Addresses with a port, never "train.py:50" (a place in the code is part of the error).
+    (re.compile(r"\b(?:\d{1,3}(?:\.\d{1,3}){3}|localhost|\[[0-9a-fA-F:]+\]):\d{2,5}\b"), "*:*"),
+    (re.compile(r"/tmp/[^\s'\":,)]+"), "/tmp/*"),  # noqa: S108 - recognises /tmp paths in messages
+]
+
+
+def normalize_exception(text: str | None) -> str | None:
+    """``text`` with its volatile parts replaced by ``*``, so that the same error raised twice
+    compares equal (the retry policy's "same exception twice" rule, a sweep's breaker)."""
+    if text is None:
+        return None
+    for pattern, replacement in _VOLATILE:
+        text = pattern.sub(replacement, text)
+    return text

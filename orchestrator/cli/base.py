@@ -35,8 +35,9 @@ EXIT_FAILURE = 1
 EXIT_USAGE = 2
 # Commands that only read: they never create the data folder or a database, and they read a data
 # folder that cannot be written (an archived copy, a read-only mount). ``export`` is `runyard db
-# export`, which writes only the file it is given.
-READ_ONLY_COMMANDS = frozenset({"ls", "show", "logs", "metrics", "info", "export"})
+# export`, which writes only the file it is given; ``preview`` and ``best`` are `runyard sweep`'s
+# (its ``ls`` and ``show`` too).
+READ_ONLY_COMMANDS = frozenset({"ls", "show", "logs", "metrics", "info", "export", "preview", "best"})
 # Commands that create a missing data folder but show one that cannot be written instead of
 # refusing it: the UI opens as a viewer there (every action disabled, a banner saying why), and
 # `runyard token` prints the token that viewer asks for (it refuses only to create or replace one).

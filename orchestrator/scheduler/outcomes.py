@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 
 from db.models import Attempt, Checkpoint, Event, Run
 from db.states import STOPPING, AttemptStatus, RunStatus, SignalSent, StopReason, attempt_transition, transition
+from db.sweeps.requests import prune_words
 from db.vocabulary.causes import Cause
 from db.vocabulary.config import RunConfig, config_from_json, deep_merge
 from db.vocabulary.config.workload import STORED
@@ -89,7 +90,7 @@ class Ended:
 
     @property
     def asked_to_stop(self) -> bool:
-        return self.stop_reason in (StopReason.CANCEL, StopReason.PAUSE)
+        return self.stop_reason in (StopReason.CANCEL, StopReason.PAUSE, StopReason.PRUNE)
 
     @property
     def stopping(self) -> bool:
@@ -102,10 +103,12 @@ class Ending(Enum):
 
     FINISHED_BEFORE_STOP = "every step was trained before the cancel or pause took effect: the run succeeded"
     PAUSED = "stopped by a pause: the run is paused, to be resumed from its last checkpoint"
+    PRUNED = "stopped early by its sweep: the trial is pruned, to be promoted from its last checkpoint"
     CANCELLED = "stopped by a cancel: the run is cancelled"
     SUCCEEDED = "every rank exited 0, or died in its shutdown after finishing its work: the run succeeded"
     CANCELLED_OUTSIDE = "a person cancelled its Slurm job: the run is cancelled, not resubmitted"
-    FAILED_WHILE_PAUSING = "it failed while a pause was carried out: the failure is recorded, the run paused"
+    FAILED_WHILE_PAUSING = ("it failed while a pause (or a prune) was carried out: the failure is recorded, the run "
+                            "paused (pruned)")
     FAILED_WHILE_CANCELLING = "it failed while a cancel was carried out: the failure is recorded, the run cancelled"
     FAILED = "it failed: the failure is recorded and handed to the retry policy"
 
@@ -116,6 +119,7 @@ ENDINGS: tuple[tuple[Ending, Callable[[Ended], bool]], ...] = (
     (Ending.FINISHED_BEFORE_STOP,
      lambda e: e.asked_to_stop and e.exit_code == 0 and not e.stopped and e.trained_every_step),
     (Ending.PAUSED, lambda e: e.stopping and e.stop_mode is StopReason.PAUSE),
+    (Ending.PRUNED, lambda e: e.stopping and e.stop_mode is StopReason.PRUNE),
     (Ending.CANCELLED, lambda e: e.stopping),
     (Ending.SUCCEEDED, lambda e: (e.exit_code == 0 or e.shutdown_crash is not None) and not e.stopped),
     (Ending.CANCELLED_OUTSIDE, lambda e: e.cancelled_by is not None),
@@ -131,12 +135,13 @@ def ending(ended: Ended) -> Ending:
 
 
 def stop_mode(run: Run, attempt: Attempt) -> StopReason:
-    """How a stopped attempt's run ends: PAUSING pauses; CANCELLING ends as its request says (a
-    cancel asked for while pausing turns ``runs.stop_mode`` into a cancel after the attempt's
-    SIGTERM was sent as a pause); otherwise the reason the attempt was stopped for."""
+    """How a stopped attempt's run ends: PAUSING pauses (or prunes, as ``runs.stop_mode`` says);
+    CANCELLING ends as its request says (a cancel asked for while pausing turns ``runs.stop_mode``
+    into a cancel after the attempt's SIGTERM was sent as a pause); otherwise the reason the
+    attempt was stopped for."""
     status = RunStatus(run.status)
     if status is RunStatus.PAUSING:
-        return StopReason.PAUSE
+        return StopReason.PRUNE if run.stop_mode == StopReason.PRUNE else StopReason.PAUSE
     if status is RunStatus.CANCELLING and run.stop_mode:
         return StopReason(run.stop_mode)
     return StopReason(attempt.stop_reason or StopReason.CANCEL)
@@ -232,8 +237,10 @@ def _finished_before_stop(s: Settling) -> None:
 
 
 def _stopped(s: Settling) -> None:
-    """Paused or cancelled as asked, with a checkpoint or killed."""
-    attempt, code, paused = s.attempt, s.attempt.exit_code, s.ended.stop_mode is StopReason.PAUSE
+    """Paused, pruned or cancelled as asked, with a checkpoint or killed (a pruned trial's attempt
+    ends PAUSED: stopped like a pause, with its checkpoint)."""
+    attempt, code, mode = s.attempt, s.attempt.exit_code, s.ended.stop_mode
+    paused = mode in (StopReason.PAUSE, StopReason.PRUNE)
     attempt_transition(attempt, AttemptStatus.PAUSED if paused else AttemptStatus.CANCELLED)
     ckpt = (f"last checkpoint at step {attempt.last_checkpoint_step}" if attempt.last_checkpoint_step
             else "no checkpoint")
@@ -243,11 +250,15 @@ def _stopped(s: Settling) -> None:
         # signal, answers it with a non-zero exit of its own: not the ranks' failure.
         how += f"; torchrun's exit {code} was its answer to the {attempt.signal_sent}"
         attempt.exit_code = 0
-    if paused:
+    if mode is StopReason.PRUNE:
+        attempt.reason = (f"stopped early by {prune_words(s.session, s.run.id)} at step {attempt.last_step or 0} "
+                          f"({how}); {ckpt}; a promotion continues from it")
+    elif paused:
         attempt.reason = f"paused at step {attempt.last_step or 0} ({how}); {ckpt}; Resume continues from it"
     else:
         attempt.reason = f"cancelled at step {attempt.last_step or 0} ({how}); {ckpt}"
-    transition(s.session, s.run.id, RunStatus.PAUSED if paused else RunStatus.CANCELLED, attempt.reason)
+    ended = RunStatus.PRUNED if mode is StopReason.PRUNE else RunStatus.PAUSED if paused else RunStatus.CANCELLED
+    transition(s.session, s.run.id, ended, attempt.reason)
     _event(s, "info", attempt.reason)
 
 
@@ -298,7 +309,9 @@ def _failure(s: Settling) -> Failure:
 
 def _failed_while_pausing(s: Settling) -> None:
     _failure(s)
-    transition(s.session, s.run.id, RunStatus.PAUSED, f"paused; the attempt ended {s.attempt.reason}")
+    pruned = s.ended.stop_mode is StopReason.PRUNE
+    transition(s.session, s.run.id, RunStatus.PRUNED if pruned else RunStatus.PAUSED,
+               f"{'pruned' if pruned else 'paused'}; the attempt ended {s.attempt.reason}")
 
 
 def _failed_while_cancelling(s: Settling) -> None:
@@ -313,6 +326,7 @@ def _failed(s: Settling) -> None:
 APPLIERS: dict[Ending, Callable[[Settling], None]] = {
     Ending.FINISHED_BEFORE_STOP: _finished_before_stop,
     Ending.PAUSED: _stopped,
+    Ending.PRUNED: _stopped,
     Ending.CANCELLED: _stopped,
     Ending.SUCCEEDED: _succeeded,
     Ending.CANCELLED_OUTSIDE: _cancelled_outside,

@@ -5,46 +5,24 @@ grow, one run's row is corrupt) a traceback per tick buries everything else in t
 them in four minutes, once). :class:`RepeatedErrors` logs the first occurrence of an error with
 its traceback, then only counts it and logs one line with the count every ``summary_every_s``,
 and one line when the error stops. Two errors are the same when their lines are, volatile parts
-aside (:func:`normalize_exception`: temporary names, addresses, pids, ports), which is also the
-retry policy's "the same exception twice". What a settle logs is logged once its commit passes
-(:func:`log_after_commit`), not at every tick that tries it again.
+aside (db/vocabulary/causes.py's ``normalize_exception``: temporary names, addresses, pids,
+ports), which is also the retry policy's "the same exception twice" and a sweep's breaker's. What
+a settle logs is logged once its commit passes (:func:`log_after_commit`), not at every tick that
+tries it again.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 import time
 from dataclasses import dataclass
 
 from sqlalchemy import event as sa_event
 from sqlalchemy.orm import Session
 
+from db.vocabulary.causes import normalize_exception
+
 SUMMARY_EVERY_S = 60.0
-
-
-# Parts of an exception message that differ between two occurrences of the same error: the
-# checkpoint writer's temporary folder, object addresses, pids, ports, temporary paths, times.
-_VOLATILE = [
-    (re.compile(r"\.tmp-step-(\d+)-[0-9a-f]+"), r".tmp-step-\1-*"),
-    (re.compile(r"\.deleting-step-(\d+)-[0-9a-f]+"), r".deleting-step-\1-*"),
-    (re.compile(r"0x[0-9a-fA-F]{4,}"), "0x*"),
-    (re.compile(r"\b\d{1,2}:\d{2}:\d{2}(\.\d+)?\b"), "*:*:*"),
-    (re.compile(r"\b(pid|PID|process)\s*[:=]?\s*\d+"), r"\1 *"),
-    # Addresses with a port, never "train.py:50" (a place in the code is part of the error).
-    (re.compile(r"\b(?:\d{1,3}(?:\.\d{1,3}){3}|localhost|\[[0-9a-fA-F:]+\]):\d{2,5}\b"), "*:*"),
-    (re.compile(r"/tmp/[^\s'\":,)]+"), "/tmp/*"),  # noqa: S108 - recognises /tmp paths in messages
-]
-
-
-def normalize_exception(text: str | None) -> str | None:
-    """``text`` with its volatile parts replaced by ``*``, so that the same error raised twice
-    compares equal (the retry policy's "same exception twice" rule)."""
-    if text is None:
-        return None
-    for pattern, replacement in _VOLATILE:
-        text = pattern.sub(replacement, text)
-    return text
 
 
 @dataclass

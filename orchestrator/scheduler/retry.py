@@ -21,10 +21,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from db.vocabulary.causes import Cause
+from db.vocabulary.causes import Cause, normalize_exception
 from db.vocabulary.config import RetryConfig
 from orchestrator.scheduler.failures import USAGE_REFUSED
-from orchestrator.scheduler.repeats import normalize_exception
 from orchestrator.scheduler.storage import errno_in
 
 
@@ -54,7 +53,7 @@ REPEAT_FAILS = frozenset({Cause.USER_ERROR, Cause.DISK})
 
 def same_exception(a: str | None, b: str | None) -> bool:
     """Whether two exception lines are the same error, ignoring their volatile parts (temporary
-    names, addresses, pids, ports: orchestrator/scheduler/repeats.py ``normalize_exception``)."""
+    names, addresses, pids, ports: db/vocabulary/causes.py ``normalize_exception``)."""
     return a is not None and normalize_exception(a) == normalize_exception(b)
 
 

@@ -1,6 +1,6 @@
 """The scheduler as a process: the one lock a data folder holds, its APScheduler jobs (``tick``,
-``lease``, ``sysmon``, the alerts) and the thread that brings the tick forward when an attempt's
-launcher ends, and :func:`serve`, which runs them until SIGTERM or SIGINT (``runyard scheduler``,
+``lease``, ``sweeps``, ``sysmon``, the alerts) and the thread that brings the tick forward when an
+attempt's launcher ends, and :func:`serve`, which runs them until SIGTERM or SIGINT (``runyard scheduler``,
 orchestrator/cli/ui.py). The reconcile loop itself is orchestrator/scheduler/loop.py.
 """
 
@@ -31,6 +31,7 @@ from orchestrator.scheduler.alert_job import add_alert_jobs
 from orchestrator.scheduler.loop import BEAT_EVERY_S, TICK_S, Scheduler, database_error
 from orchestrator.scheduler.repeats import RepeatedErrors
 from orchestrator.scheduler.sysmon import SAMPLE_S, SystemMonitor
+from orchestrator.sweeps.reconcile import SWEEP_EVERY_S, SweepJob
 
 if TYPE_CHECKING:
     from apscheduler.schedulers.base import BaseScheduler
@@ -168,9 +169,30 @@ def add_jobs(aps: BaseScheduler, scheduler: Scheduler, monitor: SystemMonitor | 
 
     aps.add_job(guarded_lease, "interval", seconds=BEAT_EVERY_S, id="lease", max_instances=1, coalesce=True,
                 misfire_grace_time=None)
+
     if monitor is not None:
         aps.add_job(monitor.job, "interval", seconds=SAMPLE_S, id="sysmon", max_instances=1, coalesce=True,
                     misfire_grace_time=None)
+
+
+def add_sweep_job(aps: BaseScheduler, scheduler: Scheduler) -> None:
+    """Register ``sweeps`` on ``aps``: every SWEEP_EVERY_S, a pass over each sweep
+    (orchestrator/sweeps/reconcile.py), on its own thread of the pool like the other jobs; one
+    sweep's failure is logged once, then counted, and the other sweeps' passes go on."""
+    sweeps = SweepJob(scheduler.sessions, scheduler.settings, scheduler.inventory,
+                      errors=RepeatedErrors(logging.getLogger("orchestrator.sweeps")))
+    errors = RepeatedErrors(logger)
+
+    def guarded() -> None:
+        try:
+            sweeps.run()
+        except Exception as exc:  # noqa: BLE001 - the sweeps job's loop boundary (the database could not be read)
+            errors.failed("sweeps", exc)
+        else:
+            errors.succeeded("sweeps")
+
+    aps.add_job(guarded, "interval", seconds=SWEEP_EVERY_S, id="sweeps", max_instances=1, coalesce=True,
+                misfire_grace_time=None)
 
 
 def serve(scheduler: Scheduler, tick_s: float = TICK_S, monitor: SystemMonitor | None = None) -> None:
@@ -181,6 +203,7 @@ def serve(scheduler: Scheduler, tick_s: float = TICK_S, monitor: SystemMonitor |
     aps = BackgroundScheduler()
     monitor = monitor or SystemMonitor(scheduler.sessions)
     add_jobs(aps, scheduler, monitor, tick_s)
+    add_sweep_job(aps, scheduler)  # sweeps: a pass over each every 2 s (orchestrator/sweeps)
     alerts = add_alert_jobs(aps, scheduler)  # alerts: a job beside the tick and a delivery thread (orchestrator/alerts)
     received: list[int] = []
 

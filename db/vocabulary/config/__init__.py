@@ -27,7 +27,9 @@ plus this declarative metadata, so a new field needs no UI edit:
   run (kind = "script") that sets it to anything else is refused (:func:`kind_problems`);
 - ``json_schema_extra={"list_syntax": "shell"}``: a list written as shell words (default: comma
   separated);
-- ``json_schema_extra={"common": True}`` on a section of RunConfig: shown open (default: folded).
+- ``json_schema_extra={"common": True}`` on a section of RunConfig: shown open (default: folded);
+- ``json_schema_extra={"own_form": True}``: a section the New run form leaves out, drawn by a form
+  of its own (``[sweep]``: the New sweep form).
 """
 
 from __future__ import annotations

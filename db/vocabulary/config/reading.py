@@ -66,7 +66,9 @@ def _plain_loc(err: ErrorDetails) -> tuple[Any, ...]:
 
 
 def _location(loc: tuple[Any, ...]) -> str:
-    return ".".join(str(part) for part in loc) or "(top level)"
+    """A dotted TOML key; a table's own key that holds a dot quoted, as TOML writes it
+    (``sweep.space."train.lr"``)."""
+    return ".".join(f'"{part}"' if "." in str(part) else str(part) for part in loc) or "(top level)"
 
 
 # Strict types refuse what lax parsing would have guessed; say how to write it instead.
@@ -275,21 +277,40 @@ def parse_toml(text: str) -> dict[str, Any]:
     return data
 
 
+def key_parts(key: str) -> list[str] | None:
+    """A dotted key's parts, one in double quotes kept whole as TOML keeps it (``sweep.space."train.lr"``:
+    a key of the space); None for an empty part or a quote left open."""
+    parts: list[str] = []
+    current, quoted, opened = "", False, False
+    for char in key:
+        if char == '"':
+            quoted, opened = not quoted, True
+        elif char == "." and not quoted:
+            parts.append(current if opened else current.strip())
+            current, opened = "", False
+        else:
+            current += char
+    parts.append(current if opened else current.strip())
+    return None if quoted or not all(parts) else parts
+
+
 def parse_override(item: str) -> tuple[list[str], Any]:
     """Parse one ``--set key.path=value`` override; the value is read as a TOML value, or as a
-    plain string when it is not one."""
+    plain string when it is not one. A part of the key in double quotes is one key
+    (``sweep.space."train.lr"={uniform = [0.1, 1]}``)."""
     if "=" not in item:
         raise ConfigError([f"--set {_shorten(item)!r}: expected key=value, for example train.lr=0.0005"])
     key, raw = item.split("=", 1)
     key = key.strip()
-    if not key or any(not part for part in key.split(".")):
-        raise ConfigError([f"--set {_shorten(item)!r}: empty key"])
+    path = key_parts(key)
+    if not key or path is None:
+        raise ConfigError([f"--set {_shorten(item)!r}: an empty key, or a quote left open"])
     try:
         value = _loads(f"v = {raw}", f"--set {key}={_shorten(raw)}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw
     check_plain(value, f"--set {key}")
-    return key.split("."), value
+    return path, value
 
 
 def deep_merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:

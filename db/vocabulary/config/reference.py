@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from db.vocabulary.config.run import RunConfig
+from db.vocabulary.config.sweep import Dimension, SweepConfig
 from db.vocabulary.config.workload import Workload, kind_of
 
 
@@ -73,4 +74,22 @@ def reference_markdown() -> str:
                 lines.append(" ".join((model.__doc__ or "").split()))
                 lines.append("")
                 table(model, "")
+        elif name == "sweep":
+            sweep_tables(lines, table)
     return "\n".join(lines)
+
+
+def sweep_tables(lines: list[str], table: typing.Callable[[type[BaseModel], str], None]) -> None:
+    """The [sweep] section and its tables: its own keys, a dimension of [sweep.space], then each
+    table of its own ([sweep.early_stop], [sweep.budget])."""
+    lines += ["## [sweep]", "", " ".join((SweepConfig.__doc__ or "").split()), ""]
+    table(SweepConfig, "")
+    lines += ["### [sweep.space]", "", " ".join((SweepConfig.model_fields["space"].description or "").split()),
+              " ".join((Dimension.__doc__ or "").split()), ""]
+    table(Dimension, "")
+    for name, field in SweepConfig.model_fields.items():
+        models = [t for t in (field.annotation, *typing.get_args(field.annotation))
+                  if isinstance(t, type) and issubclass(t, BaseModel)]
+        if models and name != "space":
+            lines += [f"### [sweep.{name}]", "", " ".join((models[0].__doc__ or "").split()), ""]
+            table(models[0], "")

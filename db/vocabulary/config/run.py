@@ -15,6 +15,7 @@ from db.vocabulary.config.checkpoint import CheckpointConfig
 from db.vocabulary.config.labels import NAME_HELP, NAME_MAX, NAME_PATTERN, tags_problems
 from db.vocabulary.config.launch import LaunchConfig, SlurmConfig
 from db.vocabulary.config.supervision import RetryConfig, SupervisionConfig
+from db.vocabulary.config.sweep import SweepConfig
 from db.vocabulary.config.train import ParallelConfig, TrainConfig
 from db.vocabulary.config.workload import (
     BUILT_IN_KINDS,
@@ -95,10 +96,22 @@ class RunConfig(_Section):
     supervision: SupervisionConfig = SupervisionConfig()
     slurm: SlurmConfig = SlurmConfig()
     alerts: AlertsConfig = AlertsConfig()
+    # A form of its own (the New sweep form): the New run form leaves it out (app/form.py).
+    sweep: SweepConfig | None = Field(default=None, json_schema_extra={"own_form": True})
+    """`[sweep]`: this file is a sweep (`runyard sweep start FILE`), the rest of it the base of
+    every trial; a run's own config has none."""
 
     def as_dict(self) -> dict[str, Any]:
-        """The config as plain data, with the TOML key names."""
-        return self.model_dump(mode="json", by_alias=True)
+        """The config as plain data, with the TOML key names (no ``sweep`` key unless it has
+        one: a run's stored config, its hash and its ``config.json`` are what they were)."""
+        data = self.model_dump(mode="json", by_alias=True)
+        if data.get("sweep") is None:
+            del data["sweep"]
+        return data
+
+    def base(self) -> RunConfig:
+        """This config without its ``[sweep]`` section: a sweep's base, what each trial varies."""
+        return self.model_copy(update={"sweep": None})
 
     def to_json(self) -> str:
         """The canonical JSON form stored on the run row and in ``config.json``."""

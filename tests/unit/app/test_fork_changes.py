@@ -11,8 +11,9 @@ import math
 
 import pytest
 
-from app.fork_changes import config_changes, overrides_for, toml_value
+from app.fork_changes import config_changes, overrides_for
 from db.vocabulary.config import RunConfig, apply_overrides, parse_override
+from db.vocabulary.config.writing import toml_value
 
 
 @pytest.mark.parametrize("value", [True, False, 0, -7, 2**40, 0.0005, 1e-05, 3.0, "plain", 'quote " and \\ back',

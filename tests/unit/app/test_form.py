@@ -32,9 +32,12 @@ KINDS = tuple(kind for model in WORKLOADS for kind in typing.get_args(model.mode
 
 
 def leaf_fields(model: type[BaseModel], prefix: str = "") -> dict[str, Any]:
-    """Every leaf field of ``model`` by dotted TOML key, walked independently of app/form.py."""
+    """Every leaf field of ``model`` by dotted TOML key, walked independently of app/form.py; not
+    those of ``[sweep]``, which the New sweep form draws (``own_form``)."""
     found: dict[str, Any] = {}
     for name, field in model.model_fields.items():
+        if isinstance(field.json_schema_extra, dict) and field.json_schema_extra.get("own_form"):
+            continue
         ann = field.annotation
         sections = [t for t in (ann, *typing.get_args(ann)) if isinstance(t, type) and issubclass(t, BaseModel)]
         for section in sections:  # a section, or each model of a union (the [workload] kinds), in order

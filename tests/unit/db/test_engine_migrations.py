@@ -18,8 +18,10 @@ from sqlalchemy import Connection, inspect, text
 from sqlalchemy.engine import make_url
 
 from db.engine import (
+    FIRST_RELEASE,
     PRE_RELEASE_HEAD,
     MigrationLockTimeout,
+    SchemaOutdated,
     SchemaPreRelease,
     _alembic_config,
     check_read_only_schema,
@@ -127,7 +129,7 @@ def test_an_interrupted_upgrade_stops_at_the_last_completed_revision(db_url: str
     DDL is not transactional, so there only the revision is checked."""
 
     cfg = _alembic_config(db_url)
-    cfg.set_main_option("script_location", str(_scripts_failing_in(tmp_path, head_revision())))
+    cfg.set_main_option("script_location", str(_scripts_failing_in(tmp_path, FIRST_RELEASE)))
     with pytest.raises(RuntimeError, match="interrupted inside the migration"):
         command.upgrade(cfg, "head")
     engine = make_engine(db_url)
@@ -218,16 +220,23 @@ def test_a_pre_release_database_is_named_with_what_to_do(db_url: str, db_dialect
 
 
 def test_a_database_at_the_pre_release_head_is_taken_as_the_first_release(db_url: str) -> None:
-    """The pre-release head built the very schema of the first release: read-only it is read as it
-    is, and the first process that may write restamps it (``runyard db upgrade`` too)."""
-    upgrade(db_url)
+    """The pre-release head built the very schema of the first release: read-only it is that
+    release's (behind the newest once a later migration exists, and said so as for a first-release
+    database), and the first process that may write restamps it and upgrades it from there
+    (``runyard db upgrade`` too)."""
+    upgrade(db_url, FIRST_RELEASE)
     _stamp(db_url, PRE_RELEASE_HEAD)
     engine = make_engine(db_url)
     try:
-        assert check_read_only_schema(engine, db_url) is True
+        if head_revision() == FIRST_RELEASE:
+            assert check_read_only_schema(engine, db_url) is True
+        else:
+            with pytest.raises(SchemaOutdated, match=f"at revision {PRE_RELEASE_HEAD} .*upgrade a writable copy"):
+                check_read_only_schema(engine, db_url)
         assert current_revision(engine) == PRE_RELEASE_HEAD
         assert ensure_schema(engine, db_url, create=False) is True
         assert current_revision(engine) == head_revision()
+        command.downgrade(_alembic_config(db_url), FIRST_RELEASE)
         _stamp(db_url, PRE_RELEASE_HEAD)
         upgrade(db_url)
         assert current_revision(engine) == head_revision()

@@ -190,12 +190,13 @@ def test_a_pre_release_schema_on_a_read_only_home_is_named_with_what_to_do(tmp_p
             f"(set RUNYARD_HOME to an empty one), or delete {home / 'runyard.db'} and {home / 'runs'} to start "
             "this one afresh"), ls.stderr
         assert "Traceback" not in ls.stderr
-    _stamp(home, PRE_RELEASE_HEAD)
+    _stamp(home, PRE_RELEASE_HEAD)  # the first release's schema, behind the newest as a first-release folder is
     with read_only(home) as how:
         ls = runyard(home, "ls")
-        assert ls.returncode == 0 and "succeeded-1" in ls.stdout, (how, ls.stderr)
+        assert ls.returncode == 1 and "upgrade a writable copy" in ls.stderr, (how, ls.stderr)
+        assert f"at revision {PRE_RELEASE_HEAD} (this runyard reads {head_revision()})" in ls.stderr
         info = runyard(home, "info")
-        assert f"schema     {PRE_RELEASE_HEAD} (newest {head_revision()})" in info.stdout, info.stderr
+        assert info.returncode == 1 and "upgrade a writable copy" in info.stderr, info.stdout
 
 
 # -- the UI as a viewer ----------------------------------------------------------------------

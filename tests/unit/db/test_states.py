@@ -38,11 +38,12 @@ def _queued(sessions: sessionmaker[Session], settings: Settings) -> int:
 def test_status_names_are_the_documented_ones() -> None:
     assert [s.value for s in RunStatus] == [
         "QUEUED", "STARTING", "RUNNING", "RETRYING", "CANCELLING", "PAUSING", "SUCCEEDED", "FAILED", "CANCELLED",
-        "PAUSED",
+        "PAUSED", "PRUNED",
     ]
-    # Only a resume leaves a finished run; a paused one may also be cancelled for good.
-    assert all(ALLOWED[s] == {RunStatus.QUEUED} for s in TERMINAL if s is not RunStatus.PAUSED)
-    assert ALLOWED[RunStatus.PAUSED] == {RunStatus.QUEUED, RunStatus.CANCELLED}
+    # Only a resume leaves a finished run; a paused one (a sweep's pruned trial too) may also be
+    # cancelled for good.
+    assert all(ALLOWED[s] == {RunStatus.QUEUED} for s in TERMINAL if s not in (RunStatus.PAUSED, RunStatus.PRUNED))
+    assert ALLOWED[RunStatus.PAUSED] == ALLOWED[RunStatus.PRUNED] == {RunStatus.QUEUED, RunStatus.CANCELLED}
 
 
 def test_happy_path_records_history_with_reasons(sessions: sessionmaker[Session], settings: Settings) -> None:
@@ -161,7 +162,7 @@ def test_an_attempt_ends_once_through_attempt_transition(sessions: sessionmaker[
 
 
 def test_the_attempt_vocabulary_is_the_stored_strings() -> None:
-    assert [r.value for r in StopReason] == ["cancel", "pause", "hang"]
+    assert [r.value for r in StopReason] == ["cancel", "pause", "hang", "prune"]
     assert [s.value for s in SignalSent] == ["SIGTERM", "SIGKILL", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2"]
     assert AttemptPhase.FINISHING == "finishing"  # what rank 0 writes, what the watchdog compares
     assert StopReason("pause") is StopReason.PAUSE and StopReason.PAUSE == "pause"

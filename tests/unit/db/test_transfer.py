@@ -29,6 +29,9 @@ from db.models import (
     Run,
     RunStatusHistory,
     SchedulerHeartbeat,
+    Sweep,
+    SweepStatusHistory,
+    SweepTrial,
     SystemMetric,
 )
 from db.transfer import TransferError, export, import_, nonempty_tables
@@ -84,6 +87,16 @@ def fill(engine: Engine) -> None:
         s.add(Event(run_id=parent.id, attempt=1, at=NOW, level="warning", kind="exit", message="rank 1: SIGKILL"))
         s.add(SchedulerHeartbeat(host="node-a", pid=4242, started_at=NOW - 3600, beat_at=NOW, home="/data"))
         s.add(PriceEntry(device="H100", usd_per_hour=3.99, updated_at=NOW))
+        sweep = Sweep(name="lr", status="STOPPED", status_reason="the breaker tripped", base_json=config,
+                      sweep_json='{"metric": "eval_loss"}', seed=2**32 - 1, max_trials=9, max_concurrent=2,
+                      rungs_json="[20, 60]", created_at=NOW, updated_at=NOW, ended_at=NOW)
+        s.add(sweep)
+        s.flush()
+        s.add(SweepStatusHistory(sweep_id=sweep.id, from_status="RUNNING", to_status="STOPPED", reason="breaker",
+                                 at=NOW))
+        s.add(SweepTrial(sweep_id=sweep.id, number=0, run_id=parent.id, params_json='{"train.lr": 0.001}',
+                         history_json="[]", rung=1, rungs_json='{"0": [20, 0.5], "1": [60, NaN]}', objective=0.25,
+                         objective_step=100, prune_json=None, promoted=1, created_at=NOW))
         s.add(SystemMetric(at=NOW, host="node-a", device="gpu0", run_id=parent.id, rank=0, key="util_percent",
                            min=0.0, mean=50.5, max=100.0, count=5))
         alert = Alert(key=f"run:{parent.id}:failed:1", run_id=parent.id, trigger="failed", state="open",
@@ -195,11 +208,11 @@ def test_the_cli_exports_and_imports_with_progress(tmp_path: Path, monkeypatch: 
     result = CliRunner().invoke(cli, ["db", "export", str(path)])
     assert result.exit_code == 0, result.output
     assert "exported metric_points: 6 of 6 rows (100%)" in result.output
-    assert f"exported 22 rows of 13 tables from {source_url} to {path}" in result.output
+    assert f"exported 25 rows of 16 tables from {source_url} to {path}" in result.output
     monkeypatch.setenv("RUNYARD_HOME", str(tmp_path / "b"))
     monkeypatch.setenv("RUNYARD_DB_URL", target_url)
     result = CliRunner().invoke(cli, ["db", "import", str(path)])
     assert result.exit_code == 0, result.output
-    assert f"imported 22 rows of 13 tables from {path} into {target_url}" in result.output
+    assert f"imported 25 rows of 16 tables from {path} into {target_url}" in result.output
     result = CliRunner().invoke(cli, ["db", "import", str(path)])
     assert result.exit_code == 1 and "error: the database" in result.output and "nothing was imported" in result.output

@@ -29,6 +29,7 @@ from tests.cli_runner import needs_a_process, run_in_process
 from tests.unit.paths import ROOT
 
 EXAMPLE = str(ROOT / "examples" / "digits.toml")
+SWEEP = str(ROOT / "examples" / "sweep.toml")  # sweep 1 of the home fixture: RUNNING, no trial made yet
 # Run 1 is QUEUED; run 2 SUCCEEDED with 2 ranks, attempt 1 and a checkpoint at step 100; channel
 # 1 exists (see the home fixture).
 QUEUED, DONE = "1", "2"
@@ -103,6 +104,17 @@ BAD_VALUES: list[Case] = [
     (lambda tmp: ["import", "tensorboard", str(tmp / "nowhere")], 2, "no such folder"),
     (lambda tmp: ["db", "export", str(tmp)], 2, "is a directory"),
     (_not_an_export, 2, "is not a runyard export"),
+    # sweep: the file (the base, the section, the two together), the limits, a trial's number
+    (_args("sweep", "start", SWEEP, "--set", 'sweep.space."train.lr"={log_uniform=[0.0, 1.0]}'), 2,
+     'sweep.space."train.lr": log_uniform = [0.0, 1.0]: a log range needs both bounds above 0'),
+    (_args("sweep", "start", SWEEP, "--set", "sweep.metric=val_loss"), 2, "sweep.metric = 'val_loss'"),
+    (_args("sweep", "start", EXAMPLE), 2, "the file has no [sweep] section"),
+    (_args("sweep", "preview", SWEEP, "--set", 'sweep.space."train.nope"={int=[1, 2]}'), 2,
+     "train.nope is not a key of the base config"),
+    (_args("sweep", "edit", "1"), 2, "say what to change: --max-trials or --max-concurrent"),
+    (_args("sweep", "edit", "1", "--max-concurrent", "0"), 2, "--max-concurrent"),
+    (_args("sweep", "promote", "1", "first"), 2, "TRIAL"),
+    (_args("submit", SWEEP), 2, "this file is a sweep (it has a [sweep] section): start it with `runyard sweep start"),
     # the serving verbs refuse a bad combination before they start (processes)
     (_args("ui", "--host", "0.0.0.0", "--auth", "none"), 2, "--no-auth is refused with --host 0.0.0.0"),
     (_args("up", "--port", "0"), 2, "--port"),
@@ -110,7 +122,8 @@ BAD_VALUES: list[Case] = [
 
 # Verbs whose only inputs are a RUN (a run that cannot be used exits 1), flags, or nothing.
 NO_VALUES = frozenset({"alerts ls", "archive", "cancel", "config-reference", "db upgrade", "info", "metrics", "pause",
-                       "rerun", "scheduler", "show", "stacks", "star", "token"})
+                       "rerun", "scheduler", "show", "stacks", "star", "token", "sweep ls", "sweep show",
+                       "sweep pause", "sweep resume", "sweep cancel", "sweep best"})
 
 # What stays 1: the run, the data folder or the database cannot be used as asked.
 RUNTIME: list[Case] = [
@@ -119,6 +132,10 @@ RUNTIME: list[Case] = [
     (_args("archive", QUEUED), 1, "only a finished run can be archived"),
     (_args("rm", QUEUED, "--yes"), 1, "cancel it first"),
     (_args("logs", QUEUED), 1, "has no attempts yet"),
+    (_args("sweep", "show", "99"), 1, "no sweep with id 99"),
+    (_args("sweep", "promote", "1", "0"), 1, "sweep 1 has no trial 0"),
+    (_args("sweep", "resume", "1"), 1, "sweep 1 is RUNNING: only a PAUSED sweep can be resumed"),
+    (_args("sweep", "best", "1"), 1, "sweep 1 has no trial with a value of eval_loss yet"),
 ]
 
 
@@ -149,6 +166,7 @@ def home(settings: Settings, sessions: sessionmaker[Session]) -> dict[str, str]:
     for _ in range(2):
         assert run_in_process(["submit", EXAMPLE], env).returncode == 0
     assert run_in_process(["alerts", "add", "json://hooks.example.com/hook"], env).returncode == 0
+    assert run_in_process(["sweep", "start", SWEEP], env).stdout.strip() == "1"
     now = time.time()
     with sessions() as s:
         for status in (RunStatus.STARTING, RunStatus.RUNNING, RunStatus.SUCCEEDED):

@@ -28,7 +28,7 @@ from tests.unit.orchestrator.fake_runs import attempts, make_scheduler, queue, s
 
 # -- how an ended attempt ends its run: the decision table, without a database ------------------
 
-CANCEL, PAUSE, HANG = StopReason.CANCEL, StopReason.PAUSE, StopReason.HANG
+CANCEL, PAUSE, HANG, PRUNE = StopReason.CANCEL, StopReason.PAUSE, StopReason.HANG, StopReason.PRUNE
 
 
 def ended(status: RunStatus = RunStatus.RUNNING, stop: StopReason | None = None, code: int | None = 1,
@@ -47,6 +47,14 @@ ENDING_ROWS = [
      Ending.FINISHED_BEFORE_STOP),
     ("a pause with a checkpoint", ended(RunStatus.PAUSING, PAUSE, 0, stopped=True), Ending.PAUSED),
     ("a pause whose ranks had not trained every step", ended(RunStatus.PAUSING, PAUSE, 0), Ending.PAUSED),
+    # A sweep's prune is a pause that ends PRUNED (never FAILED or CANCELLED), unless every step was trained.
+    ("a prune with a checkpoint", ended(RunStatus.PAUSING, PRUNE, 0, stopped=True, mode=PRUNE), Ending.PRUNED),
+    ("a prune whose agent answered the SIGTERM with 1", ended(RunStatus.PAUSING, PRUNE, 1, stopped=True, mode=PRUNE),
+     Ending.PRUNED),
+    ("a prune after every step was trained", ended(RunStatus.PAUSING, PRUNE, 0, every_step=True, mode=PRUNE),
+     Ending.FINISHED_BEFORE_STOP),
+    ("a failure while pruning", ended(RunStatus.PAUSING, code=1, exited=True, mode=PRUNE),
+     Ending.FAILED_WHILE_PAUSING),
     ("a cancel answered by torchrun's own non-zero exit", ended(RunStatus.CANCELLING, CANCEL, 1, stopped=True),
      Ending.CANCELLED),
     ("a cancel asked for while pausing", ended(RunStatus.CANCELLING, PAUSE, 0, stopped=True, mode=CANCEL),

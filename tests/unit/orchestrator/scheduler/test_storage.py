@@ -23,13 +23,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from db.models import Attempt, Event, Run
 from db.queries import scheduler_status
-from db.vocabulary.causes import Cause
+from db.vocabulary.causes import Cause, normalize_exception
 from db.vocabulary.config import RetryConfig
 from db.vocabulary.settings import Settings
 from orchestrator.scheduler import admission, storage
 from orchestrator.scheduler import loop as scheduler_module
 from orchestrator.scheduler.failures import classify
-from orchestrator.scheduler.repeats import normalize_exception
 from orchestrator.scheduler.retry import AttemptOutcome, decide
 from tests.unit.orchestrator.fake_runs import attempts, make_scheduler, queue, status, tick_until
 
