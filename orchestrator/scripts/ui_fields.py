@@ -26,6 +26,8 @@ GUARDED_FIELDS: dict[str, str] = {
     "workload.checkpoint_glob": "relative to `workdir`, without `..` (for the CLI too)",
     "slurm.sbatch_args": ("`--option` or `--option=value` words, with options that name no file or program "
                           "(`--qos`, `--constraint`, `--exclusive`, ...; not `--container`, `--input`, `--bbf`)"),
+    "sweep.space.choice": ("each choice of a key that sets one of the fields above (`workload.script`, "
+                           "`workload.env.X`, ...) judged by that field's rule, as the trial's submit would be"),
 }
 
 _NUMBER_OR_CHOICE = "a number, a flag or a fixed choice"
@@ -65,4 +67,12 @@ INERT_FIELDS: dict[str, str] = {
     **dict.fromkeys(("alerts.on", "alerts.off"), "trigger names from a fixed list; which alerts are sent"),
     "alerts.channels": "ids of channels set up by the machine's owner (`runyard alerts add`); names no URL",
     "alerts.nonfinite_metrics": "metric names compared with the reported ones; names no file",
+    # A sweep (orchestrator/sweeps): read by the scheduler's sweeps job, never by the ranks; a
+    # trial's config is the base's with the space's values, each judged as its own submit.
+    **dict.fromkeys(("sweep.goal", "sweep.ranks", "sweep.searcher", "sweep.max_trials", "sweep.max_concurrent",
+                     "sweep.seed", "sweep.early_stop.kind", "sweep.early_stop.reduction",
+                     "sweep.early_stop.min_steps", "sweep.budget.gpu_hours", "sweep.budget.usd",
+                     "sweep.budget.wall_hours", "sweep.budget.max_failed", "sweep.space.int",
+                     "sweep.space.uniform", "sweep.space.log_uniform", "sweep.space.points"), _NUMBER_OR_CHOICE),
+    "sweep.metric": "a metric name; compared only",
 }

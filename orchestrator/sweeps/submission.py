@@ -6,7 +6,9 @@ interpreter, resolved); the section takes the config model's checks, then those 
 every key of the space a setting of the base that takes the dimension's values
 (orchestrator/sweeps/space.py), rungs the early stop and the checkpoint cadence can give
 (orchestrator/sweeps/asha.py), a metric the workload records (orchestrator/sweeps/objective.py).
-Every problem at once, each naming its key; nothing is written unless there is none.
+From the UI, each choice of a key that sets a guarded field (a script, a module, an environment
+variable: orchestrator/scripts/ui_fields.py) is judged by that field's rule, as the trial's
+submit would be. Every problem at once, each naming its key; nothing is written unless there is none.
 """
 
 from __future__ import annotations
@@ -29,10 +31,11 @@ from db.vocabulary.config import (
 from db.vocabulary.config.sweep import SweepConfig
 from db.vocabulary.inventory import Inventory
 from orchestrator.scripts.allowed_roots import ScriptRoots
+from orchestrator.scripts.ui_fields import GUARDED_FIELDS
 from orchestrator.submission import ChannelCheck, validate
 from orchestrator.sweeps.asha import base_rungs, rung_problems
 from orchestrator.sweeps.objective import metric_problems
-from orchestrator.sweeps.space import space_problems
+from orchestrator.sweeps.space import space_problems, with_values
 
 NOT_A_SWEEP = ("sweep: the file has no [sweep] section; a single run is queued with `runyard submit FILE` "
                "(docs/SWEEPS.md says how to write a space)")
@@ -84,9 +87,29 @@ def validate_sweep(data: dict[str, Any], inventory: Inventory, *, roots: ScriptR
         rungs = base_rungs(judged, judged_section.early_stop)
         problems += space_problems(judged, judged_section) + rung_problems(judged, judged_section.early_stop)
         problems += metric_problems(judged, judged_section, rungs)
+    if roots is not None and base is not None and section is not None:
+        problems += guarded_choice_problems(base_data, section, inventory, roots)
     if problems or base is None or section is None:
         raise ConfigError(problems, warnings)
     return base.model_copy(update={"sweep": section})
+
+
+def guarded_choice_problems(base_data: dict[str, Any], section: SweepConfig, inventory: Inventory,
+                            roots: ScriptRoots) -> list[str]:
+    """From the UI: each choice of a space key that sets a guarded field (``workload.script``,
+    ``workload.env.X``, ...) judged by that field's rule, as the submit of a trial with it would
+    be. Ranges hold numbers, which name nothing; only a choice can name a file or a variable."""
+    problems = []
+    for key, d in section.space.items():
+        if d.kind != "choice" or not any(key == f or key.startswith(f + ".") for f in GUARDED_FIELDS):
+            continue
+        for value in d.values_of("choice") or []:
+            try:
+                validate(with_values(base_data, {key: value}), inventory, roots=roots)
+            except ConfigError as exc:
+                problems += [f"sweep.space.choice of {key} = {value!r}: "
+                             + p.replace("`runyard submit`", "`runyard sweep start`") for p in exc.problems]
+    return problems
 
 
 def _lenient(base_data: dict[str, Any]) -> RunConfig | None:

@@ -40,6 +40,7 @@ from orchestrator.executors.launcher import script_entry
 from orchestrator.scripts.allowed_roots import LAUNCH_FIELDS, ROOTS_ENV, script_roots
 from orchestrator.scripts.ui_fields import GUARDED_FIELDS, INERT_FIELDS
 from orchestrator.submission import validate
+from orchestrator.sweeps.submission import validate_sweep
 from tests.unit.orchestrator.scripts.script_files import CPU2, script_at
 
 # The reported attacks: each runs a shell command through a module of the standard library or torch.
@@ -121,7 +122,7 @@ def problems(data: dict[str, Any], layout: dict[str, Path], environ: dict[str, s
     here = os.getcwd()
     os.chdir(layout[cwd])
     try:
-        validate(data, CPU2, roots=roots)
+        (validate_sweep if "sweep" in data else validate)(data, CPU2, roots=roots)
     except ConfigError as exc:
         return exc.problems
     finally:
@@ -131,6 +132,11 @@ def problems(data: dict[str, Any], layout: dict[str, Path], environ: dict[str, s
 
 def script(**workload: Any) -> dict[str, Any]:
     return {"workload": {"kind": "script", **workload}, "launch": {"nproc_per_node": 1}}
+
+
+def sweep_of(key: str, *choices: Any) -> dict[str, Any]:
+    """A sweep of a script whose space gives ``key`` each of ``choices``."""
+    return {**script(script="train.py"), "sweep": {"metric": "loss", "space": {key: {"choice": list(choices)}}}}
 
 
 def torchrun_in(folder: Path) -> Path:
@@ -161,6 +167,9 @@ CASES: dict[str, Callable[[dict[str, Path]], tuple[dict[str, Any], dict[str, Any
     "slurm.sbatch_args": lambda d: (
         {"launch": {"executor": "slurm"}, "slurm": {"sbatch_args": [f"--container={d['outside']}"]}},
         {"launch": {"executor": "slurm"}, "slurm": {"sbatch_args": ["--qos=high", "--exclusive"]}}),
+    # A sweep from the New sweep page: a choice of a guarded field takes that field's rule.
+    "sweep.space.choice": lambda d: (sweep_of("workload.script", "train.py", str(d["outside"] / "train.py")),
+                                     sweep_of("workload.script", "train.py", "mytrain.py")),
 }
 
 
@@ -177,7 +186,8 @@ def test_the_ui_refuses_a_value_outside_and_accepts_one_inside(field: str, layou
     refused = problems(outside, layout, environ)
     assert refused, f"{field}: {outside} was accepted from the UI"
     assert any(field in p for p in refused), refused  # the field is named
-    assert all("`runyard submit`" in p or "workdir" in p for p in refused), refused  # the way out is named
+    way_out = ("`runyard submit`", "`runyard sweep start`", "workdir")
+    assert all(any(w in p for w in way_out) for p in refused), refused  # the way out is named
     assert problems(inside, layout, environ) == []
 
 

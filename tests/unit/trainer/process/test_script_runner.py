@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -106,20 +105,19 @@ def test_an_atexit_handler_that_raises_is_reported_and_the_code_kept(tmp_path: P
     assert "ZeroDivisionError" in out.stderr
 
 
-def test_flushing_the_files_left_open_finds_them_and_costs_little(tmp_path: Path) -> None:
+def test_flushing_the_files_left_open_finds_every_one(tmp_path: Path) -> None:
     left_open = [open(tmp_path / f"f{i}.txt", "w") for i in range(3)]  # noqa: SIM115 - left open on purpose
     for f in left_open:
         f.write("x")
     binary = open(tmp_path / "b.bin", "w+b")  # noqa: SIM115 - left open on purpose (a BufferedRandom)
     binary.write(b"y")
-    start = time.perf_counter()
+    # Its cost (one pass over gc.get_objects(), 75 ms in a Trainer rank) is the docstring's number,
+    # not asserted here: a bound on a shared machine's clock fails under load (2.09 s at load 7).
     flushed = process_exit.flush_open_files()
-    took = time.perf_counter() - start
     try:
         assert flushed >= 4
         assert [(tmp_path / f"f{i}.txt").read_text() for i in range(3)] == ["x"] * 3
         assert (tmp_path / "b.bin").read_bytes() == b"y"
-        assert took < 2.0, took  # one pass over the objects the collector tracks
     finally:
         for f in left_open:
             f.close()
