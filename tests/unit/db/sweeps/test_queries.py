@@ -23,7 +23,7 @@ SWEEP = {"name": "lr", "sweep": {"metric": "eval_loss", "space": {"train.lr": {"
 NOW = 10_000.0
 
 # (status the run ends in, params, {rung: [step, value]}, objective at the end, attempts' seconds)
-TRIALS = [
+TRIALS: list[tuple[str, dict[str, float], dict[str, list[float]], float | None, list[tuple[float, float | None]]]] = [
     ("SUCCEEDED", {"train.lr": 1e-3}, {"0": [100, 0.5], "1": [300, 0.4]}, 0.3, [(100.0, 200.0)]),
     ("PRUNED", {"train.lr": 1e-2}, {"0": [100, 0.9]}, None, [(100.0, 130.0)]),
     ("RUNNING", {"train.lr": 1e-4}, {"0": [100, 0.6]}, None, [(150.0, None)]),

@@ -96,7 +96,8 @@ def test_a_promotion_resumes_a_pruned_trial_from_its_newest_verified_checkpoint(
         s.commit()
         run = s.get(Run, run_id)
         assert run is not None and run.status == "QUEUED" and trial.promoted == 1
-        assert run.resume_checkpoint_id is not None and s.get(Checkpoint, run.resume_checkpoint_id).step == 23
+        resumed = s.get(Checkpoint, run.resume_checkpoint_id) if run.resume_checkpoint_id is not None else None
+        assert resumed is not None and resumed.step == 23
 
 
 def test_a_cancelled_sweep_cancels_its_live_trials_and_keeps_the_pruned_ones(

@@ -21,7 +21,7 @@ SPENT = {"gpu_hours": 2.0, "usd": 5.0, "wall_hours": 1.5}
     ({"usd": 1.0, "wall_hours": 1.0}, "its budget is reached: 5 of sweep.budget.usd = 1 USD spent"),  # the first named
 ])
 def test_the_first_limit_reached(budget: dict[str, float], expected: str | None) -> None:
-    assert limit_reached(SPENT, BudgetConfig(**budget)) == expected
+    assert limit_reached(SPENT, BudgetConfig.model_validate(budget)) == expected
 
 
 A = normalize_exception("RuntimeError: bad value at 0x7f00aa12 (at train.py:9 in step)") or ""

@@ -7,6 +7,7 @@ and no trial twice. And the decision table itself, without a database."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -102,21 +103,29 @@ def test_asha_stops_a_trial_at_a_rung_and_promotes_it_later_from_its_checkpoint(
     assert trials(sessions, sweep_id)[1]["prune"] == {"rung": 0, "step": 10, "value": 0.6, "cut": 0.55,
                                                       "metric": "loss"}
     # Two worse trials later: 0.6 is now among the best 2 of 4 at rung 0, and trial 1 continues.
+    def made(n: int) -> Callable[[], bool]:
+        return lambda: len(trials(sessions, sweep_id)) > n
+
+    def reached(run_id: int, state: str) -> Callable[[], bool]:
+        return lambda: status(sessions, run_id) == state
+
     for number, value in ((2, 0.9), (3, 0.95)):
-        drive(scheduler, job, lambda n=number: len(trials(sessions, sweep_id)) > n)
+        drive(scheduler, job, made(number))
         run = run_of(sessions, sweep_id, number)
-        drive(scheduler, job, lambda r=run: status(sessions, r.id) == "STARTING")
+        drive(scheduler, job, reached(run.id, "STARTING"))
         report(sessions, run.id, 10, value)
-        drive(scheduler, job, lambda r=run: status(sessions, r.id) == "PRUNED")
+        drive(scheduler, job, reached(run.id, "PRUNED"))
     drive(scheduler, job, lambda: trials(sessions, sweep_id)[1]["promoted"] == 1)
     drive(scheduler, job, lambda: status(sessions, t1.id) == "STARTING")
     with sessions() as s:
         attempts = s.scalars(select(Attempt).where(Attempt.run_id == t1.id).order_by(Attempt.number)).all()
         assert [(a.number, a.status, a.resume_step) for a in attempts] == [(1, "PAUSED", None), (2, "RUNNING", 12)]
-    # Promoted, it trains on and is judged at rung 1 (alone there: it continues), then finishes.
-    for run_id, value in ((t0.id, 0.4), (t1.id, 0.45)):
+    # Promoted, it trains on and passes rung 1 first (alone there: it continues), then trial 0
+    # with a better value (it continues too); both finish. Each pass judges what it has seen: had
+    # both reached rung 1 before one pass, trial 1 would be judged second, below the cut.
+    for run_id, value in ((t1.id, 0.45), (t0.id, 0.4)):
         report(sessions, run_id, 20, value)
-    job.run()
+        job.run()
     assert [t["rung"] for t in trials(sessions, sweep_id)] == [1, 1, 0, 0]
     for run_id, value in ((t0.id, 0.3), (t1.id, 0.35)):
         report(sessions, run_id, 40, value)

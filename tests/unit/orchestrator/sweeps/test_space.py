@@ -39,7 +39,8 @@ def test_a_dimensions_values_in_a_grid(dimension: dict[str, Any], expected: list
     values = grid_values(Dimension.model_validate(dimension))
     assert values == (None if expected is None else pytest.approx(expected))
     if values is not None and "points" in dimension:
-        assert values[0] == dimension.get("uniform", dimension.get("log_uniform"))[0]  # the bounds exactly
+        bounds = dimension.get("uniform") or dimension["log_uniform"]
+        assert values[0] == bounds[0]  # the bounds exactly
 
 
 def test_the_grid_order_is_the_keys_as_written_the_first_slowest() -> None:
@@ -51,7 +52,7 @@ def test_the_grid_order_is_the_keys_as_written_the_first_slowest() -> None:
         {"workload.hidden": 64, "train.lr": 0.1}, {"workload.hidden": 64, "train.lr": 0.01},
         {"workload.hidden": 64, "train.lr": 0.001}, {"workload.hidden": 128, "train.lr": 0.1},
         {"workload.hidden": 128, "train.lr": 0.01}, {"workload.hidden": 128, "train.lr": 0.001}, None]
-    assert [list(p) for p in points[:6]] == [["workload.hidden", "train.lr"]] * 6  # the keys in the file's order
+    assert [list(p or {}) for p in points[:6]] == [["workload.hidden", "train.lr"]] * 6  # the keys in the file's order
 
 
 def test_a_trials_config_is_the_base_with_its_values_its_name_and_its_sweeps_tag() -> None:
