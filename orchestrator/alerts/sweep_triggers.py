@@ -20,13 +20,15 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from db.models import Sweep, SweepStatusHistory
+from db.models import Alert, Sweep, SweepStatusHistory
 from db.sweeps.queries import best_trial, trials_of
 from db.sweeps.states import SweepStatus, stopped_by
 from db.vocabulary.config import AlertsConfig
 from orchestrator.alerts.findings import Finding, RunRules, duration, rules_for
 
-SWEEP_TRIGGERS = ("sweep_finished", "sweep_breaker", "sweep_budget")
+# Each trigger's words in a message's title.
+TITLES = {"sweep_finished": "finished", "sweep_breaker": "stopped by its breaker",
+          "sweep_budget": "stopped by its budget"}
 KEY_PREFIX = "sweep:"
 
 
@@ -112,14 +114,17 @@ def sweep_ends(session: Session, horizon: float, now: float, default_triggers: t
         .where(SweepStatusHistory.to_status.in_([SweepStatus.FINISHED.value, SweepStatus.STOPPED.value]),
                SweepStatusHistory.at >= horizon)
         .order_by(SweepStatusHistory.id)).all()
-    for sweep, row in rows:
-        trigger = trigger_of(row.to_status, row.reason)
-        if trigger is None or trigger not in sweep_rules(sweep, default_triggers).triggers:
+    ends = [(sweep, row, trigger) for sweep, row in rows
+            if (trigger := trigger_of(row.to_status, row.reason)) is not None]
+    keys = [f"{KEY_PREFIX}{sweep.id}:{trigger}" for sweep, _, trigger in ends]
+    # A sweep's trials are read for its message only until it was told (every pass for the edge
+    # window otherwise: hundreds of trials each time).
+    told = set(session.scalars(select(Alert.key).where(Alert.key.in_(keys)))) if keys else set()
+    for (sweep, row, trigger), key in zip(ends, keys, strict=True):
+        if key in told or trigger not in sweep_rules(sweep, default_triggers).triggers:
             continue
         trials = trials_of(session, sweep.id, now)
         message = _message(trigger, sweep, row.reason or "", row.at - sweep.created_at, trials)
-        title = {"sweep_finished": "finished", "sweep_breaker": "stopped by its breaker",
-                 "sweep_budget": "stopped by its budget"}[trigger]
-        out.append(Finding(key=f"{KEY_PREFIX}{sweep.id}:{trigger}", trigger=trigger, run_id=None, sweep_id=sweep.id,
-                           ongoing=False, title=f"runyard: {sweep_label(sweep)} {title}", message=message))
+        out.append(Finding(key=key, trigger=trigger, run_id=None, sweep_id=sweep.id, ongoing=False,
+                           title=f"runyard: {sweep_label(sweep)} {TITLES[trigger]}", message=message))
     return out

@@ -81,9 +81,9 @@ def test_each_sweep_has_its_trials_by_state_and_its_best_value(settings: Setting
         for state in RunStatus:
             assert got.get("runyard_sweep_trials", sweep=str(sweep_id), state=state.value) == \
                 counts.get(state.value, 0), (sweep_id, state)
-        for state in SweepStatus:
-            assert got.get("runyard_sweep_state", sweep=str(sweep_id), state=state.value) == \
-                (1 if state.value == shown["status"] else 0), (sweep_id, state)
+        for sweep_state in SweepStatus:
+            assert got.get("runyard_sweep_state", sweep=str(sweep_id), state=sweep_state.value) == \
+                (1 if sweep_state.value == shown["status"] else 0), (sweep_id, sweep_state)
     # (Scrape.get's first argument is the series' name: a label named "metric" goes by the samples.)
     assert got.samples["runyard_sweep_best"] == {
         frozenset({("sweep", str(live)), ("metric", "eval_loss"), ("goal", "minimize")}): pytest.approx(0.3),
