@@ -30,7 +30,8 @@ Series (``run_id`` on every ``runyard_run_*`` one):
 - ``runyard_gpu_assigned_info{gpu_uuid,run_id}`` 1 for each GPU of this machine a running local
   attempt holds (the UUIDs the scheduler published on its heartbeat), so DCGM-exporter's series
   join to runs;
-- ``runyard_alerts_firing{trigger}``: open alerts per trigger (:func:`firing_alerts`).
+- ``runyard_alerts_firing{trigger}``: open alerts per trigger (:func:`firing_alerts`);
+- the sweeps' (``runyard_sweep_*{sweep,...}``, ``runyard_sweeps{state}``): app/server/sweep_series.py.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from starlette.datastructures import Headers
 from starlette.responses import PlainTextResponse, Response
 
 from app.server.access import AccessPolicy, FailedLogins, Verdict, token_matches
+from app.server.sweep_series import read_sweeps, sweep_families
 from db import DatabaseError, efficiency, metricstore, queries, run_summary
 from db.engine import make_engine, make_read_only_engine, make_sessionmaker, sqlite_path
 from db.lease import on_this_host
@@ -112,7 +114,7 @@ class RunyardCollector(Collector):
         now = self.clock()
         maker = self.sessions()
         if maker is None:
-            return _families([], {}, [], {}, {})
+            return [*_families([], {}, [], {}, {}), *sweep_families([], {})]
         with maker() as session:
             return self._read(session, now)
 
@@ -144,7 +146,8 @@ class RunyardCollector(Collector):
         alerts = firing_alerts(session)
         extra = {run_id: {"attempts": attempts[run_id], "pace": pace.get(run_id), "goodput": goodput[run_id]}
                  for run_id in ids}
-        return _families(summaries, extra, gpus, alerts, counts)
+        sweeps, sweep_counts = read_sweeps(session, now, self.recent_s)
+        return [*_families(summaries, extra, gpus, alerts, counts), *sweep_families(sweeps, sweep_counts)]
 
     def _gpus(self, session: Session) -> list[tuple[str, int]]:
         """(GPU UUID, run id) for each GPU a running local attempt launched on this host holds."""

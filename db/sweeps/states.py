@@ -49,6 +49,23 @@ SWEEP_ALLOWED: dict[SweepStatus, frozenset[SweepStatus]] = {
 }
 
 
+# What stopped a sweep, as its reason says it (orchestrator/sweeps/budget.py writes the sentences
+# with these words; the alerts tell the two apart by them: orchestrator/alerts/sweep_triggers.py).
+BREAKER_WORDS = "the breaker stops the sweep"
+BUDGET_WORDS = "its budget is reached"
+
+
+def stopped_by(reason: str | None) -> str | None:
+    """``"breaker"`` or ``"budget"``: what a STOPPED sweep's ``reason`` says stopped it; None when
+    it names neither."""
+    text = reason or ""
+    if BREAKER_WORDS in text:
+        return "breaker"
+    if BUDGET_WORDS in text:
+        return "budget"
+    return None
+
+
 class SweepTransitionError(DatabaseError):
     """A transition that the sweep state machine does not allow, or a sweep that does not exist."""
 

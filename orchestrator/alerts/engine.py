@@ -26,12 +26,13 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.models import ALERT_CLOSED, ALERT_OPEN, ALERT_RESOLVED, Alert, AlertDelivery, Run
+from db.models import ALERT_CLOSED, ALERT_OPEN, ALERT_RESOLVED, Alert, AlertDelivery, Run, Sweep
 from db.requests import request_cancel
 from db.states import ACTIVE, RunStatus
 from orchestrator.alerts.delivery import PENDING, DeliveryWorker
 from orchestrator.alerts.findings import Finding, RunRules, alerts_config, rules_for, run_label
 from orchestrator.alerts.store import AlertSettings, AlertStore, Channel, Defaults
+from orchestrator.alerts.sweep_triggers import sweep_alerts, sweep_label, sweep_of_key, sweep_rules
 from orchestrator.alerts.triggers import RESOLVABLE, Evaluator
 from orchestrator.ui_access import read_ui_file, url_host
 
@@ -57,7 +58,10 @@ def ui_base(home: Path, defaults: Defaults) -> str:
     return f"http://{url_host(str(host))}:{port}" if host and port else "http://127.0.0.1:8501"
 
 
-def run_link(base: str, run_id: int | None) -> str:
+def run_link(base: str, run_id: int | None, sweep_id: int | None = None) -> str:
+    """The page an alert links to: its sweep's, its run's, else the Runs list."""
+    if sweep_id is not None:
+        return f"{base}/sweep?sweep={sweep_id}"
     return f"{base}/run?run={run_id}" if run_id is not None else f"{base}/runs"
 
 
@@ -107,11 +111,14 @@ class AlertEngine:
         base = ui_base(self.home, self.store.load().defaults)
         run = session.get(Run, row.run_id) if row.run_id is not None else None
         alert = session.get(Alert, row.alert_id) if row.alert_id is not None else None
+        sweep_id = sweep_of_key(alert.key if alert else None)
+        sweep = session.get(Sweep, sweep_id) if sweep_id is not None else None
+        about = f" - {run_label(run)}" if run else (f" - {sweep_label(sweep)}" if sweep else "")
         return {"run": {"id": run.id, "name": run.name, "status": run.status} if run else None,
+                "sweep": {"id": sweep.id, "name": sweep.name, "status": sweep.status} if sweep else None,
                 "trigger": row.trigger, "kind": row.kind, "message": row.message,
-                "link": run_link(base, row.run_id), "alert": alert.key if alert else None,
-                "title": f"runyard {row.kind}: {row.trigger}" + (f" - {run_label(run)}" if run else ""),
-                "at": row.created_at}
+                "link": run_link(base, row.run_id, sweep_id), "alert": alert.key if alert else None,
+                "title": f"runyard {row.kind}: {row.trigger}{about}", "at": row.created_at}
 
     def _rules(self, triggers: tuple[str, ...]) -> Callable[[Run], RunRules]:
         """A run's rules when ``triggers`` are on unless its [alerts] says otherwise."""
@@ -163,18 +170,23 @@ class AlertEngine:
             self.worker.wake()
         return sent
 
-    def _channels(self, session: Session, settings: AlertSettings, trigger: str, run_id: int | None) -> list[Channel]:
-        """The channels an alert of ``trigger`` about ``run_id`` goes to: those the run's
-        ``alerts.channels`` names (else every one), each taking the trigger by its ``--on`` or,
-        without one, when the defaults and the run's [alerts] turn it on."""
+    def _channels(self, session: Session, settings: AlertSettings, trigger: str, run_id: int | None,
+                  sweep_id: int | None = None) -> list[Channel]:
+        """The channels an alert of ``trigger`` about ``run_id`` (or ``sweep_id``) goes to: those
+        the run's (the sweep's base config's) ``alerts.channels`` names (else every one), each taking
+        the trigger by its ``--on`` or, without one, when the defaults and that [alerts] turn it on."""
         chosen = list(settings.channels)
         on_by_default = trigger in settings.defaults.triggers
         run = session.get(Run, run_id) if run_id is not None else None
+        sweep = session.get(Sweep, sweep_id) if sweep_id is not None else None
         if run is not None:
             config = alerts_config(run)
-            if config.channels:
-                chosen = [c for c in chosen if str(c.id) in config.channels]
             on_by_default = trigger in self._rules(settings.defaults.triggers)(run).triggers
+        elif sweep is not None:
+            config = sweep_alerts(sweep)
+            on_by_default = trigger in sweep_rules(sweep, settings.defaults.triggers).triggers
+        if (run is not None or sweep is not None) and config.channels:
+            chosen = [c for c in chosen if str(c.id) in config.channels]
         return [c for c in chosen if c.takes(trigger, on_by_default)]
 
     def _not_before(self, settings: AlertSettings, trigger: str, now: float) -> float | None:
@@ -182,8 +194,9 @@ class AlertEngine:
             return None
         return in_quiet_hours(settings.defaults.quiet_hours, now)
 
-    def _message(self, settings: AlertSettings, finding_message: str, run_id: int | None) -> str:
-        return f"{finding_message} - {run_link(ui_base(self.home, settings.defaults), run_id)}"
+    def _message(self, settings: AlertSettings, finding_message: str, run_id: int | None,
+                 sweep_id: int | None = None) -> str:
+        return f"{finding_message} - {run_link(ui_base(self.home, settings.defaults), run_id, sweep_id)}"
 
     def _fire(self, session: Session, finding: Finding, settings: AlertSettings, now: float) -> Alert | None:
         if session.scalar(select(Alert.id).where(Alert.key == finding.key)) is not None:
@@ -197,9 +210,9 @@ class AlertEngine:
                 session.add(alert)
         except IntegrityError:  # another scheduler on the same database fired it first
             return None
-        message = self._message(settings, finding.message, finding.run_id)
-        queue(session, alert, self._channels(session, settings, finding.trigger, finding.run_id), "fire",
-              finding.trigger, message, finding.run_id, now, self._not_before(settings, finding.trigger, now))
+        message = self._message(settings, finding.message, finding.run_id, finding.sweep_id)
+        queue(session, alert, self._channels(session, settings, finding.trigger, finding.run_id, finding.sweep_id),
+              "fire", finding.trigger, message, finding.run_id, now, self._not_before(settings, finding.trigger, now))
         logger.warning("alert %s: %s", finding.trigger, finding.message)
         if finding.action == "pause" and finding.run_id is not None:
             said = request_cancel(session, finding.run_id, who="its budget alert", mode="pause")

@@ -15,7 +15,8 @@ from db.vocabulary.config import AlertsConfig, RunConfig
 
 @dataclass(frozen=True)
 class Finding:
-    """A condition true now. ``key`` identifies its alert; ``run_id`` None for runyard itself."""
+    """A condition true now. ``key`` identifies its alert; ``run_id`` None for runyard itself or a
+    sweep (``sweep_id``: its alert follows the sweep's base ``[alerts]`` and links to its page)."""
 
     key: str
     trigger: str
@@ -24,6 +25,7 @@ class Finding:
     title: str
     action: str = ""  # what the engine must do beyond telling: "pause" (a budget reached)
     ongoing: bool = True  # False: a moment (a retry began, a hang was handled): its alert closes once sent
+    sweep_id: int | None = None
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from db.vocabulary.causes import Cause
 from db.vocabulary.config import RetryConfig, SupervisionConfig
 from db.vocabulary.cost import ETA_WINDOW, cost_usd, eta_estimate
 from orchestrator.alerts.findings import Finding, RunRules, duration, first_line, run_label, section
+from orchestrator.alerts.sweep_triggers import sweep_ends
 from orchestrator.scripts.checkpoint_custody import starting_checkpoint
 
 # An edge (a status change, a hang) is looked for this long after it happened.
@@ -372,7 +373,8 @@ class Evaluator:
         running = self._running()
         found = [*self.failed(open_failed), *self.retrying(), *self.hang(), *self.finished(),
                  *self.nonfinite(running), *self.stalled(running), *self.gpu_idle(running),
-                 *self.eta_slip(running), *self.budget([run for run, _ in running])]
+                 *self.eta_slip(running), *self.budget([run for run, _ in running]),
+                 *sweep_ends(self.session, self.horizon, self.now, default_triggers)]
         if "budget" in default_triggers:
             found += self.day_budget(day_budget_usd)
         if "scheduler" in default_triggers:

@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 from db.models import Attempt
 from db.states import RunStatus
 from db.sweeps.queries import REFUSED
+from db.sweeps.states import BREAKER_WORDS, BUDGET_WORDS
 from db.vocabulary.causes import Cause, normalize_exception
 from db.vocabulary.config.sweep import BudgetConfig
 
@@ -36,7 +37,7 @@ def limit_reached(spent: Mapping[str, float], budget: BudgetConfig) -> str | Non
     for key, unit in LIMITS:
         limit = float(getattr(budget, key))
         if limit and spent[key] >= limit:
-            return f"its budget is reached: {spent[key]:.4g} of sweep.budget.{key} = {limit:g} {unit} spent"
+            return f"{BUDGET_WORDS}: {spent[key]:.4g} of sweep.budget.{key} = {limit:g} {unit} spent"
     return None
 
 
@@ -48,7 +49,7 @@ def tripped(failures: Sequence[str], max_failed: int) -> str | None:
     signature, count = Counter(failures).most_common(1)[0]
     if count < max_failed:
         return None
-    return (f"{count} trials failed with the same error ({signature}): the breaker stops the sweep "
+    return (f"{count} trials failed with the same error ({signature}): {BREAKER_WORDS} "
             f"(sweep.budget.max_failed = {max_failed}); fix it, then start a new sweep")
 
 

@@ -67,9 +67,13 @@ def test_metrics_answer_the_scrape_token_in_the_exposition_format(up: UI) -> Non
     assert headers["cache-control"] == "no-store"
     queue = samples(body)["runyard_queue_runs"]
     assert {dict(key)["state"] for key in queue} == {"QUEUED", "STARTING", "RUNNING", "RETRYING", "CANCELLING",
-                                                     "PAUSING", "SUCCEEDED", "FAILED", "CANCELLED", "PAUSED"}
+                                                     "PAUSING", "SUCCEEDED", "FAILED", "CANCELLED", "PAUSED",
+                                                     "PRUNED"}  # a sweep's trial stopped early
+    sweeps = samples(body)["runyard_sweeps"]
+    assert {dict(key)["state"] for key in sweeps} == {"RUNNING", "PAUSED", "FINISHED", "STOPPED", "CANCELLED"}
     for family in ("# TYPE runyard_run_info gauge", "# TYPE runyard_run_restarts_total counter",
-                   "# TYPE runyard_gpu_assigned_info gauge", "# TYPE runyard_alerts_firing gauge"):
+                   "# TYPE runyard_gpu_assigned_info gauge", "# TYPE runyard_alerts_firing gauge",
+                   "# TYPE runyard_sweep_trials gauge", "# TYPE runyard_sweep_best gauge"):
         assert family in body, family
 
 

@@ -193,3 +193,59 @@ def test_a_job_slurm_would_never_start_fails_with_the_reason(on_slurm: Product, 
     assert attempt["cause"] == "LAUNCH_FAILED" and "PartitionNodeLimit" in attempt["reason"], attempt
     assert "launch.nnodes" in attempt["reason"]
     wait_gone(slurm, job)
+
+
+# Two trials of a sweep whose base config uses the Slurm executor, one at a time (the test cluster
+# has the CPUs of one 2-rank job): the better learning rate trains to the end; the worse one is
+# behind at the rung (step 4) and stopped there (the sweeps job's graceful stop: its ranks
+# checkpoint at SIGTERM, its job ends), which must end PRUNED on Slurm as it does on this machine.
+SWEEP_ON_SLURM = """
+name = "slurm-sweep"
+[workload]
+kind = "mlp-digits"
+hidden = 32
+[launch]
+executor = "slurm"
+nproc_per_node = 2
+[train]
+max_steps = 12
+log_every = 1
+eval_every = 4
+seed = 0
+[checkpoint]
+every_steps = 4
+[sweep]
+metric = "eval_loss"
+searcher = "grid"
+max_trials = 2
+max_concurrent = 1
+[sweep.space]
+"train.lr" = {choice = [0.05, 1e-6]}
+[sweep.early_stop]
+reduction = 2
+min_steps = 4
+"""
+
+
+def test_a_sweeps_trials_run_as_slurm_jobs_and_one_stopped_early_ends_pruned(
+        on_slurm: Product, slurm: SlurmCluster, tmp_path: Path) -> None:
+    on_slurm.env["RUNYARD_FAULT_STEP_DELAY_S"] = "0.8"  # 8 steps (6.4 s) from the rung to the end
+    path = tmp_path / "sweep.toml"
+    path.write_text(SWEEP_ON_SLURM)
+    sweep_id = int(on_slurm.cli("sweep", "start", str(path)).stdout)
+    on_slurm.start_scheduler()
+    slurm.wait_for("the sweep to finish", lambda: on_slurm.query(
+        "SELECT status FROM sweeps WHERE id = :s AND status != 'RUNNING'", s=sweep_id), timeout=240)
+    trials = on_slurm.query("SELECT t.number, t.run_id, r.status FROM sweep_trials t JOIN runs r ON r.id = t.run_id "
+                            "WHERE t.sweep_id = :s ORDER BY t.number", s=sweep_id)
+    assert on_slurm.query("SELECT status FROM sweeps WHERE id = :s", s=sweep_id) == [("FINISHED",)]
+    assert [(number, state) for number, _, state in trials] == [(0, "SUCCEEDED"), (1, "PRUNED")]
+    done, pruned = (on_slurm.detail(run_id) for _, run_id, _ in trials)
+    for detail in (done, pruned):
+        (attempt,) = detail["attempts"]
+        assert attempt["executor"] == "slurm" and attempt["job_id"], attempt  # each trial a Slurm job
+        wait_gone(slurm, int(attempt["job_id"]))
+    stopped = pruned["attempts"][0]
+    assert stopped["status"] == "PAUSED" and stopped["reason"].startswith(f"stopped early by sweep {sweep_id}")
+    assert stopped["last_checkpoint_step"] is not None and stopped["last_checkpoint_step"] >= 4  # promotable
+    assert pruned["status_reason"].startswith(f"stopped early by sweep {sweep_id} (rung 0 at step 4: eval_loss ")

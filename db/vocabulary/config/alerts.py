@@ -9,11 +9,14 @@ from db.vocabulary.config.base import _Section
 # -- alerts (issue 28; orchestrator/alerts/) ---------------------------------------------------
 # Every trigger, in the order messages and the UI list them; DEFAULT_TRIGGERS are on unless the
 # global defaults (`runyard alerts defaults`, Settings) or a run's [alerts] say otherwise.
+# The sweep_* triggers are a sweep's end, once each (a sweep ends once): on by default, since a
+# sweep runs for hours unwatched and its end is the moment a person acts on (docs/SWEEPS.md).
 TRIGGERS = ("failed", "retrying", "hang", "nonfinite", "stalled", "eta_slip", "gpu_idle", "budget", "finished",
-            "scheduler")
+            "scheduler", "sweep_finished", "sweep_breaker", "sweep_budget")
 
 
-DEFAULT_TRIGGERS = ("failed", "retrying", "hang", "nonfinite", "stalled", "gpu_idle", "budget")
+DEFAULT_TRIGGERS = ("failed", "retrying", "hang", "nonfinite", "stalled", "gpu_idle", "budget", "sweep_finished",
+                    "sweep_breaker", "sweep_budget")
 
 
 def trigger_problem(name: str) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from db.sweeps.states import stopped_by
 from db.vocabulary.causes import normalize_exception
 from db.vocabulary.config.sweep import BudgetConfig
 from orchestrator.sweeps.budget import limit_reached, tripped
@@ -44,3 +45,14 @@ def test_the_breaker(failures: list[str], max_failed: int, trips: bool) -> None:
         assert sentence.startswith(f"{failures.count(A)} trials failed with the same error (RuntimeError: bad value "
                                    "at 0x*")
         assert sentence.endswith(f"(sweep.budget.max_failed = {max_failed}); fix it, then start a new sweep")
+
+
+def test_a_stopped_sweeps_reason_says_which_stopped_it() -> None:
+    # The alerts tell sweep_breaker from sweep_budget by these words (db/sweeps/states.py).
+    breaker = tripped([A, B], 2)
+    budget = limit_reached(SPENT, BudgetConfig(usd=4.5))
+    assert stopped_by(f"stopped: {breaker}") == "breaker"
+    assert stopped_by(f"stopped: {budget}") == "budget"
+    # An error whose own words are the budget's still trips the breaker.
+    assert stopped_by(f"stopped: {tripped(['ValueError: its budget is reached'] * 2, 2)}") == "breaker"
+    assert stopped_by("cancelled by a person") is None and stopped_by(None) is None
