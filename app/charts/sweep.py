@@ -27,13 +27,14 @@ def _finite(v: Any) -> bool:
 def importance_chart(shares: Mapping[str, float]) -> alt.Chart:
     """Each key's share of the importance, largest first."""
     frame = pd.DataFrame({"key": list(shares), "share": list(shares.values())})
-    return (alt.Chart(frame, title="Parameter importance")
+    chart: alt.Chart = (alt.Chart(frame, title="Parameter importance")
             .mark_bar(color="#1f77b4")
             .encode(y=alt.Y("key:N", sort="-x", title=None),
                     x=alt.X("share:Q", title="share of the importance", axis=alt.Axis(format="%"),
                             scale=alt.Scale(domain=[0, 1])),
                     tooltip=["key", alt.Tooltip("share:Q", format=".1%")])
             .properties(height=max(60, 28 * len(frame))))
+    return chart
 
 
 def _state(status: str) -> str:
@@ -62,7 +63,7 @@ def objective_by_param_chart(trials: Sequence[Mapping[str, Any]], space: Mapping
     charts = []
     for key in keys:
         dim = space[key]
-        field = alt.FieldName(key.replace(".", "\\."))  # a dot in a field name is a nested field to Vega
+        field = key.replace(".", "\\.")  # a dot in a field name is a nested field to Vega
         if dim.get("choice") is not None:
             x = alt.X(f"{field}:N", title=key, sort=[str(c) for c in dim["choice"]])
             part = frame.assign(**{key: frame[key].map(str)})
@@ -103,7 +104,8 @@ def best_so_far_chart(frame: pd.DataFrame, metric: str) -> alt.HConcatChart:
             tooltip=["trial", alt.Tooltip("best:Q", format=".4~g")])
         dots = base.mark_circle(size=40, color="#1f77b4", opacity=0.7).encode(
             y=alt.Y("value:Q", title=f"best {metric} so far"), tooltip=["trial", alt.Tooltip("value:Q", format=".4~g")])
-        return alt.layer(line, dots).properties(width=320, height=220)
+        layered: alt.LayerChart = alt.layer(line, dots).properties(width=320, height=220)
+        return layered
 
     return alt.hconcat(panel("trial", "trial"), panel("gpu_hours", "GPU-hours spent (trials up to this one)"),
                        title=f"Best {metric} so far")
@@ -144,4 +146,6 @@ def curves_chart(frame: pd.DataFrame, metric: str, rungs: Sequence[int]) -> alt.
         tooltip=["trial", "step", alt.Tooltip("value:Q", format=".4~g")])
     rules = alt.Chart(pd.DataFrame({"step": list(rungs)})).mark_rule(strokeDash=[4, 4], color=OTHER_COLOR).encode(
         x="step:Q", tooltip=[alt.Tooltip("step:Q", title="rung at step")])
-    return alt.layer(lines, rules, title=f"{metric} of every trial, coloured by its objective").properties(height=320)
+    chart: alt.LayerChart = alt.layer(lines, rules, title=f"{metric} of every trial, coloured by its objective"
+                                      ).properties(height=320)
+    return chart

@@ -251,7 +251,7 @@ SWEEP_FILE = {
               "budget": {"usd": 5.0}},
 }
 # Per trial: its run's status, lr, hidden, {rung: [step, value]}, objective at the end (step 90).
-SWEEP_TRIALS = [
+SWEEP_TRIALS: list[tuple[str, float, int, dict[str, list[int | float]], float | None]] = [
     ("SUCCEEDED", 1e-3, 64, {"0": [10, 0.9], "1": [30, 0.5]}, 0.31),
     ("PRUNED", 1e-1, 32, {"0": [10, 2.1]}, None),
     ("SUCCEEDED", 3e-3, 128, {"0": [10, 0.8], "1": [30, 0.45]}, 0.28),
@@ -277,7 +277,7 @@ def add_sweep(sessions: sessionmaker[Session], settings: Settings) -> int:
             path += {"SUCCEEDED": [RunStatus.SUCCEEDED],
                      "PRUNED": [RunStatus.PAUSING, RunStatus.PRUNED]}.get(status, [])
             run_id = add_run(s, settings, f"digits-lr-t{number}", *path, lr=lr)
-            last = 90 if status == "SUCCEEDED" else max(step for step, _ in rungs.values()) + 2
+            last = 90 if status == "SUCCEEDED" else int(max(step for step, _ in rungs.values())) + 2
             s.add(Attempt(run_id=run_id, number=1, status="RUNNING", dir="/x", started_at=now - 500 + 10 * number,
                           ended_at=None if status == "RUNNING" else now - 400 + 10 * number, last_step=last,
                           devices_json="[]"))

@@ -5,6 +5,7 @@ selection as the page reads it."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from app.charts.parallel import (
     MISSING_COLOR,
@@ -15,12 +16,15 @@ from app.charts.parallel import (
     selected_numbers,
 )
 
-SPACE = {"train.lr": {"log_uniform": [1e-4, 1e-2], "uniform": None, "int": None, "choice": None},
-         "train.batch_size": {"log_uniform": None, "uniform": None, "int": [16, 64], "choice": None},
-         "train.schedule": {"log_uniform": None, "uniform": None, "int": None, "choice": ["cosine", True]}}
+SPACE: dict[str, dict[str, Any]] = {
+    "train.lr": {"log_uniform": [1e-4, 1e-2], "uniform": None, "int": None, "choice": None},
+    "train.batch_size": {"log_uniform": None, "uniform": None, "int": [16, 64], "choice": None},
+    "train.schedule": {"log_uniform": None, "uniform": None, "int": None, "choice": ["cosine", True]},
+}
 
 
-def trial(number: int, value: float | None, lr: float = 1e-3, batch: int = 32, schedule: object = "cosine") -> dict:
+def trial(number: int, value: float | None, lr: float = 1e-3, batch: int = 32,
+          schedule: object = "cosine") -> dict[str, Any]:
     return {"number": number, "value": value,
             "params": {"train.lr": lr, "train.batch_size": batch, "train.schedule": schedule}}
 

@@ -4,12 +4,13 @@ and a trial's curve read as its objective is (rank 0 or the mean, the newest att
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
 from app.charts import sweep as charts
 
-TRIALS = [
+TRIALS: list[dict[str, Any]] = [
     {"number": 0, "status": "SUCCEEDED", "value": 0.5, "objective": 0.5, "gpu_hours": 0.1,
      "params": {"train.lr": 1e-3, "workload.hidden": 64}},
     {"number": 1, "status": "PRUNED", "value": 0.9, "objective": None, "gpu_hours": 0.05,
@@ -17,7 +18,8 @@ TRIALS = [
     {"number": 2, "status": "SUCCEEDED", "value": 0.3, "objective": 0.3, "gpu_hours": 0.1,
      "params": {"train.lr": 3e-3, "workload.hidden": 128}},
 ]
-SPACE = {"train.lr": {"log_uniform": [1e-4, 1e-1], "choice": None}, "workload.hidden": {"choice": [32, 64, 128]}}
+SPACE: dict[str, dict[str, Any]] = {"train.lr": {"log_uniform": [1e-4, 1e-1], "choice": None},
+                                    "workload.hidden": {"choice": [32, 64, 128]}}
 
 
 def test_the_charts_are_valid_vega_lite() -> None:
