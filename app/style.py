@@ -113,7 +113,35 @@ STATUS_BADGE = {
 }
 
 
+# A status cell of a table (the Runs and Sweeps lists) as a badge, in the badges' colours: (background, text).
+BADGE_CSS = {"gray": ("#e8eaed", "#3c4043"), "blue": ("#d2e3fc", "#174ea6"), "orange": ("#feefc3", "#b06000"),
+             "green": ("#ceead6", "#0d652d"), "red": ("#fad2cf", "#a50e0e"), "violet": ("#e9d7fe", "#5b2c99")}
+
+
+def status_css(status: str, badges: dict[str, tuple[str, str]] | None = None) -> str:
+    """The CSS of a table's status cell (``Styler.map``): the status's badge colours in ``badges``
+    (the run statuses' when None)."""
+    background, text = BADGE_CSS[(badges or STATUS_BADGE).get(status, ("gray", ""))[0]]
+    return f"background-color: {background}; color: {text}"
+
+
 def badge(status: str) -> str:
     """``status`` as Streamlit badge markup (``:color-badge[icon STATUS]``)."""
     color, icon = STATUS_BADGE.get(status, ("gray", ""))
+    return f":{color}-badge[{icon} {status}]"
+
+
+# A sweep's status (db/sweeps/states.py) as a badge: its colour and icon.
+SWEEP_BADGE = {
+    "RUNNING": ("blue", ":material/play_arrow:"),
+    "PAUSED": ("violet", ":material/pause_circle:"),
+    "FINISHED": ("green", ":material/check_circle:"),
+    "STOPPED": ("orange", ":material/block:"),  # the budget or the breaker ended it
+    "CANCELLED": ("gray", ":material/cancel:"),
+}
+
+
+def sweep_badge(status: str) -> str:
+    """A sweep's ``status`` as Streamlit badge markup."""
+    color, icon = SWEEP_BADGE.get(status, ("gray", ""))
     return f":{color}-badge[{icon} {status}]"

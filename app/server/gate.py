@@ -65,9 +65,13 @@ _OWN_HEADERS = {
 # Headers on every answer that passes through to Streamlit: its page may load code, styles, fonts,
 # images and connections from its own origin only (data:/blob: where Streamlit and Vega draw), so
 # text a run controls that slipped into markup still cannot fetch from elsewhere; never framed.
+# Scripts from blob: are Streamlit's components v2 (the sweep page's parallel coordinates,
+# app/charts/parallel.js): it loads a component's inline code as a blob: module. A blob: URL can
+# only be made by a script already running in the page, which 'unsafe-inline' allows anyway, so
+# this lets no new code in; nothing is fetched from elsewhere.
 _PAGE_HEADERS = {
     "Content-Security-Policy": (
-        "default-src 'self'; script-src 'self' 'unsafe-inline'; "
+        "default-src 'self'; script-src 'self' 'unsafe-inline' blob:; "
         "style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; font-src 'self' data:; "
         "connect-src 'self' data: blob:; worker-src 'self' blob:; frame-src 'self'; object-src 'none'; "
         "base-uri 'self'; form-action 'self'; frame-ancestors 'none'"),

@@ -16,7 +16,7 @@ import streamlit as st
 
 from app import data, run_actions, style
 from app.alerts_panel import alert_mark, open_alerts
-from app.style import STATUS_BADGE
+from app.style import status_css
 from db.compare import MAX_RUNS as MAX_COMPARED  # not app.compare_charts: the Runs page loads no Altair
 from db.states import TERMINAL, RunStatus
 from db.vocabulary import metric_registry
@@ -26,9 +26,6 @@ style.apply()
 
 OPEN_RUN = "runs_open_run"
 COMPARE_RUNS = "runs_compare_ids"  # not a widget key: the Compare button is "runs_compare"
-# The status cell as a badge, in the Run page's badge colours: (background, text).
-BADGE_CSS = {"gray": ("#e8eaed", "#3c4043"), "blue": ("#d2e3fc", "#174ea6"), "orange": ("#feefc3", "#b06000"),
-             "green": ("#ceead6", "#0d652d"), "red": ("#fad2cf", "#a50e0e"), "violet": ("#e9d7fe", "#5b2c99")}
 # What "Sort by" offers: a label -> (db.run_list.LIST_SORTS key, largest first by default).
 SORTS = {
     "newest": ("id", True), "name": ("name", False), "status": ("status", False), "progress": ("progress", True),
@@ -43,11 +40,6 @@ DEFAULT_COLUMNS = ["run", "★", "name", "status", "waiting for", "alert", "prog
                    "cost", "best loss", "headline", "tags"]
 WAITING = {RunStatus.QUEUED.value, RunStatus.RETRYING.value}
 TERMINAL_VALUES = {s.value for s in TERMINAL}
-
-
-def status_css(status: str) -> str:
-    background, text = BADGE_CSS[STATUS_BADGE.get(status, ("gray", ""))[0]]
-    return f"background-color: {background}; color: {text}"
 
 
 def headline_text(r: dict[str, Any]) -> str:

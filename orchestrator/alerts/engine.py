@@ -61,7 +61,7 @@ def ui_base(home: Path, defaults: Defaults) -> str:
 def run_link(base: str, run_id: int | None, sweep_id: int | None = None) -> str:
     """The page an alert links to: its sweep's, its run's, else the Runs list."""
     if sweep_id is not None:
-        return f"{base}/sweep?sweep={sweep_id}"
+        return f"{base}/sweep?id={sweep_id}"
     return f"{base}/run?run={run_id}" if run_id is not None else f"{base}/runs"
 
 

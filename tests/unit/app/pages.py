@@ -240,3 +240,59 @@ def add_forkable(sessions: sessionmaker[Session], settings: Settings, name: str 
 # -- text a run controls reaches the page as text (issue 25 item 2) ---------------------------
 
 EVIL = r"![b](http://127.0.0.1:9/beacon.png) **x** $\frac12$ <img src=x>"
+
+
+# -- a sweep with trials (the Sweeps and sweep pages) ------------------------------------------
+
+SWEEP_FILE = {
+    "name": "digits-lr", "train": {"max_steps": 90},
+    "sweep": {"metric": "eval_loss", "max_trials": 8, "max_concurrent": 2, "early_stop": {"reduction": 3},
+              "space": {"train.lr": {"log_uniform": [1e-4, 1e-1]}, "workload.hidden": {"choice": [32, 64, 128]}},
+              "budget": {"usd": 5.0}},
+}
+# Per trial: its run's status, lr, hidden, {rung: [step, value]}, objective at the end (step 90).
+SWEEP_TRIALS: list[tuple[str, float, int, dict[str, list[int | float]], float | None]] = [
+    ("SUCCEEDED", 1e-3, 64, {"0": [10, 0.9], "1": [30, 0.5]}, 0.31),
+    ("PRUNED", 1e-1, 32, {"0": [10, 2.1]}, None),
+    ("SUCCEEDED", 3e-3, 128, {"0": [10, 0.8], "1": [30, 0.45]}, 0.28),
+    ("PRUNED", 1e-4, 32, {"0": [10, 1.9]}, None),
+    ("SUCCEEDED", 2e-2, 128, {"0": [10, 1.1], "1": [30, 0.7]}, 0.62),
+    ("RUNNING", 5e-4, 64, {"0": [10, 1.0]}, None),
+]
+
+
+def add_sweep(sessions: sessionmaker[Session], settings: Settings) -> int:
+    """A RUNNING sweep of :data:`SWEEP_TRIALS` as the scheduler's sweeps job leaves it: each trial a
+    run (its status walked there, one attempt, eval_loss every 10 steps on rank 0; a stopped one
+    with its checkpoint at its rung) with its trial row; returns the sweep's id."""
+    from db.models import SweepTrial  # noqa: PLC0415 - only the sweep pages' tests need these
+    from db.sweeps.requests import create_sweep  # noqa: PLC0415
+    from db.vocabulary.config import parse_config  # noqa: PLC0415
+
+    now = time.time()
+    with sessions() as s:
+        sweep = create_sweep(s, parse_config(SWEEP_FILE), [10, 30], now=now - 600)
+        for number, (status, lr, hidden, rungs, objective) in enumerate(SWEEP_TRIALS):
+            path = [RunStatus.STARTING, RunStatus.RUNNING]
+            path += {"SUCCEEDED": [RunStatus.SUCCEEDED],
+                     "PRUNED": [RunStatus.PAUSING, RunStatus.PRUNED]}.get(status, [])
+            run_id = add_run(s, settings, f"digits-lr-t{number}", *path, lr=lr)
+            last = 90 if status == "SUCCEEDED" else int(max(step for step, _ in rungs.values())) + 2
+            s.add(Attempt(run_id=run_id, number=1, status="RUNNING", dir="/x", started_at=now - 500 + 10 * number,
+                          ended_at=None if status == "RUNNING" else now - 400 + 10 * number, last_step=last,
+                          devices_json="[]"))
+            if status == "PRUNED":  # stopped at its rung's checkpoint: what a promotion continues from
+                s.add(Checkpoint(run_id=run_id, attempt=1, step=10, path=f"/c/{run_id}/step-10", bytes=10, sha256="0",
+                                 params_digest="0", blocked_s=1.0, total_s=2.0, created_at=now))
+            s.flush()
+            write_points(s.connection(), [dict(run_id=run_id, attempt=1, rank=0, step=step, key="eval_loss",
+                                               value=2.0 / (step * lr * 100 + 1) + 0.01 * hidden / 64, wall_time=now)
+                                          for step in range(10, last + 1, 10)])
+            s.add(SweepTrial(sweep_id=sweep.id, number=number, run_id=run_id,
+                             params_json=json.dumps({"train.lr": lr, "workload.hidden": hidden}),
+                             rung=max(map(int, rungs)), rungs_json=json.dumps(rungs), objective=objective,
+                             objective_step=90 if objective is not None else None, created_at=now - 500 + number,
+                             prune_json='{"rung": 0, "step": 10, "value": 2.0, "cut": 1.0}' if status == "PRUNED"
+                             else None))
+        s.commit()
+        return sweep.id

@@ -66,7 +66,7 @@ def test_a_finished_sweep_is_told_once_with_its_best_trial(sessions: sessionmake
     (post,) = posts
     assert post["trigger"] == "sweep_finished" and post["kind"] == "fire" and post["run"] is None
     assert post["sweep"] == {"id": sweep_id, "name": "lr", "status": "FINISHED"}
-    assert post["link"].endswith(f"/sweep?sweep={sweep_id}") and post["title"].endswith(f"sweep {sweep_id} (lr)")
+    assert post["link"].endswith(f"/sweep?id={sweep_id}") and post["title"].endswith(f"sweep {sweep_id} (lr)")
     message = post["message"]
     assert message.startswith(f"sweep {sweep_id} (lr) FINISHED after ")
     assert "2 trial(s) (2 SUCCEEDED)" in message
