@@ -3,8 +3,9 @@
     .venv/bin/python bench/bench_sweep.py [--repeats 4] [--runs 3] [--seeds 9] [--importance-repeats 7] [--quick]
 
 ``--quick`` (one repetition of two runs of ``submit`` and ``sweep``, 3 seeds, 3 importance calls)
-runs in under a minute on a quiet machine (two to three at a load of 6, where a launch's start-up
-triples). A part given 0 (``--repeats 0``, ``--seeds 0``, ``--importance-repeats 0``) is skipped.
+checks that every part runs, in about a minute (62 s at a load of 3, about three minutes at 6, where
+a launch's start-up doubles); its single gap a kind is no measurement. A part given 0
+(``--repeats 0``, ``--seeds 0``, ``--importance-repeats 0``) is skipped.
 
 1. **The gap between trials** (real scheduler, real torchrun): one RUNYARD_HOME, one `runyard
    scheduler` with RUNYARD_CPU_SLOTS=1 and 1-rank mlp-digits runs of 50 steps, so that runs queue
@@ -371,7 +372,7 @@ def main() -> int:
                         help="part 2: a simulated launch's seconds to its first step")
     parser.add_argument("--importance-repeats", type=int, default=7, help="calls in part 3 (0 skips it)")
     parser.add_argument("--quick", action="store_true",
-                        help="1 repeat of 2 runs (submit and sweep only), 3 seeds, 3 calls: about a minute")
+                        help="1 repeat of 2 runs (submit and sweep only), 3 seeds, 3 calls: about a minute, a check")
     args = parser.parse_args()
     kinds = KINDS
     if args.quick:
