@@ -212,7 +212,10 @@ def analysis_section(d: dict[str, Any]) -> None:
     space = d["sweep"].get("space", {})
     valued = [t for t in d["trials"] if t["value"] is not None and math.isfinite(t["value"])]
     st.subheader("What mattered")
-    shares = sweep_data.importance(d)
+    # The first fit in a UI process also imports scikit-learn (4.5-8 s on a loaded 2-core
+    # machine, bench/bench_sweep.py): say so rather than leave the page blank meanwhile.
+    with st.spinner("Fitting the importance (the first time in this UI, loading scikit-learn takes a few seconds)"):
+        shares = sweep_data.importance(d)
     if any(shares.values()):
         st.altair_chart(unvalidated(charts.importance_chart(shares)), width="stretch")
         st.caption("Each key's share of a random forest's importance, fitted to the trials' values against their "
