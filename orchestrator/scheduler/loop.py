@@ -113,6 +113,7 @@ class Scheduler:
         # wakes the tick at once (add_jobs' ``wake``) instead of up to a tick later (issue 32).
         self.watched_exits: frozenset[Path] = frozenset()
         self._alive_exits: set[Path] = set()
+        self.settled = 0  # attempts settled: a tick that settled one brings the sweeps job forward (service.py)
         self._errors = RepeatedErrors(logger)
         # A full disk or a read-only mount: one line when it starts and one when it is over.
         self.storage = StorageFaults(logger, database_folder=sqlite_folder(settings.db_url))
@@ -391,3 +392,4 @@ class Scheduler:
                               partial(self.scripts.finish, session, run, attempt, config))
             self.scripts.forget(run.id, attempt.number)  # finished, or failed: settled either way
         settle(session, run, attempt, exited, storage=self.storage.seen_since(attempt.started_at), config=config)
+        self.settled += 1

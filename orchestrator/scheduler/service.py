@@ -6,6 +6,7 @@ orchestrator/cli/ui.py). The reconcile loop itself is orchestrator/scheduler/loo
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from apscheduler.events import EVENT_SCHEDULER_SHUTDOWN, EVENT_SCHEDULER_START, SchedulerEvent
+from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.background import BackgroundScheduler
 from filelock import FileLock, Timeout
 from sqlalchemy.exc import OperationalError
@@ -132,6 +134,13 @@ class ExitWaker:
                 self.errors.failed("wake", exc)
 
 
+def wake(aps: BaseScheduler, job_id: str) -> None:
+    """Bring job ``job_id`` forward to now, if ``aps`` has it (not on a test's ``add_jobs``
+    alone). A job running at that moment is not run twice: its next run comes at its interval."""
+    with contextlib.suppress(JobLookupError):
+        aps.modify_job(job_id, next_run_time=datetime.now())
+
+
 def add_jobs(aps: BaseScheduler, scheduler: Scheduler, monitor: SystemMonitor | None, tick_s: float = TICK_S) -> None:
     """Register the jobs on ``aps``: ``tick``, ``lease``, and ``sysmon`` (system metrics) when
     ``monitor``; and the :class:`ExitWaker` that brings the tick forward, for as long as ``aps`` runs.
@@ -142,6 +151,7 @@ def add_jobs(aps: BaseScheduler, scheduler: Scheduler, monitor: SystemMonitor | 
     errors = RepeatedErrors(logger)
 
     def guarded_tick() -> None:
+        settled = scheduler.settled
         try:
             scheduler.tick()
         except Exception as exc:  # noqa: BLE001 - the loop boundary; the database could not even be read
@@ -151,6 +161,8 @@ def add_jobs(aps: BaseScheduler, scheduler: Scheduler, monitor: SystemMonitor | 
                 scheduler._tell_ui([database_error(exc)], wrote=False)
         else:
             errors.succeeded("tick")
+        if scheduler.settled != settled:  # an attempt ended: a sweep may start its next trial now
+            wake(aps, "sweeps")
 
     aps.add_job(guarded_tick, "interval", seconds=tick_s, id="tick", max_instances=1, coalesce=True,
                 misfire_grace_time=None, next_run_time=datetime.now())
@@ -175,24 +187,31 @@ def add_jobs(aps: BaseScheduler, scheduler: Scheduler, monitor: SystemMonitor | 
                     misfire_grace_time=None)
 
 
-def add_sweep_job(aps: BaseScheduler, scheduler: Scheduler) -> None:
-    """Register ``sweeps`` on ``aps``: every SWEEP_EVERY_S, a pass over each sweep
-    (orchestrator/sweeps/reconcile.py), on its own thread of the pool like the other jobs; one
-    sweep's failure is logged once, then counted, and the other sweeps' passes go on."""
+def add_sweep_job(aps: BaseScheduler, scheduler: Scheduler, every_s: float = SWEEP_EVERY_S) -> None:
+    """Register ``sweeps`` on ``aps``: at the start, then every ``every_s``, a pass over each
+    sweep (orchestrator/sweeps/reconcile.py), on its own thread of the pool like the other jobs;
+    one sweep's failure is logged once, then counted, and the other sweeps' passes go on.
+
+    The hand-off between two trials does not wait for the intervals: a tick that saw an attempt
+    end brings this job forward (:func:`add_jobs`), and a pass that queued a run brings the tick
+    forward, which launches it (a trial's end to the next trial's launch: bench/bench_sweep.py)."""
     sweeps = SweepJob(scheduler.sessions, scheduler.settings, scheduler.inventory,
                       errors=RepeatedErrors(logging.getLogger("orchestrator.sweeps")))
     errors = RepeatedErrors(logger)
 
     def guarded() -> None:
+        queued = sweeps.queued
         try:
             sweeps.run()
         except Exception as exc:  # noqa: BLE001 - the sweeps job's loop boundary (the database could not be read)
             errors.failed("sweeps", exc)
         else:
             errors.succeeded("sweeps")
+        if sweeps.queued != queued:
+            wake(aps, "tick")
 
-    aps.add_job(guarded, "interval", seconds=SWEEP_EVERY_S, id="sweeps", max_instances=1, coalesce=True,
-                misfire_grace_time=None)
+    aps.add_job(guarded, "interval", seconds=every_s, id="sweeps", max_instances=1, coalesce=True,
+                misfire_grace_time=None, next_run_time=datetime.now())
 
 
 def serve(scheduler: Scheduler, tick_s: float = TICK_S, monitor: SystemMonitor | None = None) -> None:

@@ -181,6 +181,7 @@ def _promote(s: Sweeping, plan: Plan, found: Next, job: SweepJob) -> Plan:
         logger.warning("sweep %d: trial %d not promoted: %s", s.sweep.id, number, exc)
         return replace(plan, promotable=rest)
     logger.info("sweep %d: trial %d promoted at rung %d; it continues from step %d", s.sweep.id, number, k, step)
+    job.queued += 1
     return replace(plan, promotable=rest, active=plan.active + 1)
 
 
@@ -202,6 +203,7 @@ def _start(s: Sweeping, plan: Plan, found: Next, job: SweepJob) -> Plan:
     logger.info("sweep %d: trial %d %s: %s", s.sweep.id, number,
                 f"queued as run {trial.run_id}" if trial.run_id else f"refused ({trial.error})", params)
     s.trials[:] = trials_of(s.session, s.sweep.id)
+    job.queued += trial.run_id is not None
     return replace(plan, started=number + 1, active=plan.active + (trial.run_id is not None))
 
 
@@ -228,11 +230,16 @@ class SweepJob:
         settings: Where runs' folders go (a trial's run is made there).
         inventory: This machine, which a trial's config is checked against like any submit.
         errors: Where one sweep's failure goes (the others' passes go on); None: raised.
+
+    Attributes:
+        queued: How many runs its passes have queued (trials started or promoted): the scheduler's
+            service brings the tick forward when a pass queued one, so it launches at once.
     """
 
     def __init__(self, sessions: sessionmaker[Session], settings: Settings, inventory: Inventory,
                  errors: ErrorSink | None = None) -> None:
         self.sessions, self.settings, self.inventory, self.errors = sessions, settings, inventory, errors
+        self.queued = 0
 
     def run(self) -> None:
         """One pass over each sweep that is running or paused, or has a trial not yet settled."""

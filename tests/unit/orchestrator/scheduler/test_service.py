@@ -1,6 +1,7 @@
 """The scheduler as a process (orchestrator/scheduler/service.py): one per data folder, and the
 launcher's exit file of a watched attempt wakes the tick at once (issue 32), whenever its jobs
-were added, with one waker thread that ends with APScheduler."""
+were added, with one waker thread that ends with APScheduler; a trial's end launches the next
+trial of its sweep without waiting for the jobs' intervals."""
 
 from __future__ import annotations
 
@@ -13,11 +14,16 @@ from typing import Any, cast
 import pytest
 from apscheduler.events import EVENT_SCHEDULER_START, SchedulerEvent
 from apscheduler.schedulers.background import BackgroundScheduler
+from sqlalchemy.orm import Session, sessionmaker
 
+from db.states import TERMINAL
 from db.vocabulary.settings import Settings
 from orchestrator.scheduler.repeats import RepeatedErrors
-from orchestrator.scheduler.service import ExitWaker, SchedulerLocked, acquire_lock, add_jobs
+from orchestrator.scheduler.service import ExitWaker, SchedulerLocked, acquire_lock, add_jobs, add_sweep_job
 from tests.conftest import wait_until
+from tests.unit.orchestrator.sweeps.fake_trials import end, machine, run_of, start, status, trials
+
+TERMINAL_NAMES = {s.value for s in TERMINAL}
 
 
 def test_one_scheduler_per_data_folder(settings: Settings) -> None:
@@ -39,6 +45,7 @@ class _Ticks:
     def __init__(self, exit_file: Path):
         self.ticks: list[float] = []
         self.watched_exits = frozenset({exit_file})
+        self.settled = 0
 
     def tick(self) -> None:
         self.ticks.append(time.monotonic())
@@ -114,3 +121,30 @@ def test_a_start_event_after_attach_leaves_one_waker(tmp_path: Path) -> None:
         aps.shutdown(wait=True)
     wait_until(lambda: not any(t.name == "exit-waker" for t in threading.enumerate()), 5,
                "the exit waker outlived the scheduler")
+
+
+def test_a_trials_end_launches_the_next_without_waiting_for_the_intervals(
+        sessions: sessionmaker[Session], settings: Settings) -> None:
+    """The sweeps job comes every ten minutes here, after its first pass at the start (the tick
+    every half second, as it does). A trial's end still makes and launches the next trial at once:
+    a tick that saw an attempt end brings the sweeps job forward, which queues the next trial (and
+    brings the tick forward, which launches it). Without that, the next trial would wait for the
+    job's interval: ten minutes here, up to 2 s in the product (bench/bench_sweep.py's gap)."""
+    sweep_id = start(sessions, slots=1, max_trials=2, max_concurrent=1)
+    scheduler, _job = machine(sessions, settings, slots=1)
+    aps = BackgroundScheduler()
+    add_jobs(aps, scheduler, None)
+    add_sweep_job(aps, scheduler, every_s=600.0)
+    aps.start()
+    try:
+        wait_until(lambda: len(trials(sessions, sweep_id)) == 1
+                   and status(sessions, run_of(sessions, sweep_id, 0).id) == "STARTING", 30,
+                   "the first pass made no trial, or the tick did not launch it")
+        end(sessions, run_of(sessions, sweep_id, 0).id)
+        wait_until(lambda: len(trials(sessions, sweep_id)) == 2
+                   and status(sessions, run_of(sessions, sweep_id, 1).id) == "STARTING", 30,
+                   "the next trial was not made and launched at the first trial's end")
+        assert status(sessions, run_of(sessions, sweep_id, 0).id) in TERMINAL_NAMES
+    finally:
+        aps.shutdown(wait=True)
+        scheduler.close()

@@ -23,6 +23,7 @@ from db.vocabulary.inventory import Inventory
 from db.vocabulary.settings import Settings
 from orchestrator.scheduler.loop import Scheduler
 from orchestrator.sweeps.reconcile import SweepJob
+from orchestrator.sweeps.submission import start_sweep, validate_sweep
 
 # Waits for ``end`` in its attempt folder: an exit code to exit with (1: a traceback first, as a
 # failing rank prints it, which the scheduler reads as the trial's user error).
@@ -40,6 +41,18 @@ if code == 1:
                    'ValueError: the learning rate diverged\\n')
 sys.exit(code)
 """
+
+
+BASE: dict[str, Any] = {"name": "lr", "launch": {"nproc_per_node": 1},
+                        "train": {"max_steps": 40, "log_every": 1, "eval_every": 0},
+                        "checkpoint": {"every_steps": 10}, "retry": {"max_retries": 0}}
+
+
+def start(sessions: sessionmaker[Session], slots: int = 2, **sweep: Any) -> int:
+    """A RUNNING sweep of BASE over ``train.lr`` (``sweep``: more of its section), for ``slots``."""
+    section = {"metric": "loss", "space": {"train.lr": {"log_uniform": [1e-4, 1e-2]}}, **sweep}
+    config = validate_sweep({**BASE, "sweep": section}, Inventory(kind="cpu", slots=slots))
+    return start_sweep(sessions, config)
 
 
 def fake_command(config: RunConfig, run_id: int, attempt: int, port: int, attempt_dir: Path,

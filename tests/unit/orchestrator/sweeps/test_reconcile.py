@@ -24,23 +24,11 @@ from db.states import RESUMABLE, TERMINAL, RunStatus
 from db.sweeps.queries import sweep_detail
 from db.sweeps.requests import request_prune, trial_of
 from db.vocabulary.config import parse_config
-from db.vocabulary.inventory import Inventory
 from db.vocabulary.settings import Settings
 from orchestrator.cli.read import _status_filter
 from orchestrator.sweeps.reconcile import RULES, Next, Plan, SweepJob, decide
 from orchestrator.sweeps.searchers import history_from_json, suggest
-from orchestrator.sweeps.submission import start_sweep, validate_sweep
-from tests.unit.orchestrator.sweeps.fake_trials import drive, end, machine, report, run_of, status, trials
-
-BASE: dict[str, Any] = {"name": "lr", "launch": {"nproc_per_node": 1},
-                        "train": {"max_steps": 40, "log_every": 1, "eval_every": 0},
-                        "checkpoint": {"every_steps": 10}, "retry": {"max_retries": 0}}
-
-
-def start(sessions: sessionmaker[Session], slots: int = 2, **sweep: Any) -> int:
-    section = {"metric": "loss", "space": {"train.lr": {"log_uniform": [1e-4, 1e-2]}}, **sweep}
-    config = validate_sweep({**BASE, "sweep": section}, Inventory(kind="cpu", slots=slots))
-    return start_sweep(sessions, config)
+from tests.unit.orchestrator.sweeps.fake_trials import BASE, drive, end, machine, report, run_of, start, status, trials
 
 
 def sweep_row(sessions: sessionmaker[Session], sweep_id: int) -> tuple[str, str | None]:
