@@ -337,9 +337,9 @@ def changes_what_runs(before: Mapping[str, Any], after: Mapping[str, Any]) -> bo
     parent had not been accepted to run.
     """
     def value(data: Mapping[str, Any], field: str) -> Any:
-        section, key = field.split(".")
-        table = data.get(section)
-        found = table.get(key) if isinstance(table, Mapping) else None
+        found: Any = data
+        for part in field.split("."):  # "workload.script"; a sweep's "sweep.space.choice" (a run has none)
+            found = found.get(part) if isinstance(found, Mapping) else None
         return list(found) if isinstance(found, (list, tuple)) else found
 
     return any(value(before, f) != value(after, f) for f in LAUNCH_FIELDS)

@@ -103,7 +103,11 @@ def end(sessions: sessionmaker[Session], run_id: int, code: int = 0) -> None:
     with sessions() as s:
         attempt = s.scalar(select(Attempt).where(Attempt.run_id == run_id).order_by(Attempt.number.desc()).limit(1))
         assert attempt is not None
-        (Path(attempt.dir) / "end").write_text(str(code))
+        # Written whole, then renamed: the program polls for the file and could read it empty
+        # (int("") raised, an exit 1 without the traceback: the breaker's test saw UNKNOWN).
+        partial = Path(attempt.dir) / "end.partial"
+        partial.write_text(str(code))
+        partial.rename(Path(attempt.dir) / "end")
 
 
 def status(sessions: sessionmaker[Session], run_id: int) -> str:
