@@ -50,6 +50,7 @@ pages = [
     st.Page("views/new_run.py", title="New run", icon=":material/add_circle:", url_path="new"),
     st.Page("views/run.py", title="Run", icon=":material/monitoring:", url_path="run"),
     st.Page("views/compare.py", title="Compare", icon=":material/stacked_line_chart:", url_path="compare"),
+    st.Page("views/new_sweep.py", title="New sweep", icon=":material/tune:", url_path="new-sweep"),
     st.Page("views/settings.py", title="Settings", icon=":material/settings:", url_path="settings"),
 ]
 # Navigation across the top: the whole width is the page's (at 800 px a sidebar took 300 of it and
