@@ -113,7 +113,8 @@ STATUS_BADGE = {
 }
 
 
-def badge(status: str) -> str:
-    """``status`` as Streamlit badge markup (``:color-badge[icon STATUS]``)."""
+def badge(status: str, words: str | None = None) -> str:
+    """``status`` as Streamlit badge markup (``:color-badge[icon STATUS]``), saying ``words`` when
+    given (a trial stopped early: ``stopped early at step 40 by sweep 3``)."""
     color, icon = STATUS_BADGE.get(status, ("gray", ""))
-    return f":{color}-badge[{icon} {status}]"
+    return f":{color}-badge[{icon} {words or status}]"
