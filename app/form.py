@@ -382,9 +382,9 @@ def form_sections(model: type[BaseModel] = RunConfig, kind: str | None = None, p
     return [s for s in shown if s.fields]
 
 
-def form_fields(model: type[BaseModel] = RunConfig, kind: str | None = None) -> list[FieldSpec]:
+def form_fields(model: type[BaseModel] = RunConfig, kind: str | None = None, prefix: str = "") -> list[FieldSpec]:
     """Every field of the form for workload ``kind`` (None: every field), section by section."""
-    return [spec for section in form_sections(model, kind) for spec in section.fields]
+    return [spec for section in form_sections(model, kind, prefix) for spec in section.fields]
 
 
 def workload_kinds(model: type[BaseModel] = RunConfig) -> tuple[str, ...]:
