@@ -2,7 +2,8 @@
 the file's value), the run that Start queues is the file plus what the person changed, a file
 with problems lists each one with its key (never a traceback), a pasted TOML pressed Start with
 fills the form instead of being dropped, and a refusal in a folded section is summarised above
-Start, opens its section, and goes away once the value is fixed.
+Start, opens its section, and goes away once the value is fixed. The New sweep page, which shares
+its form, is filled by a sweep file the same way and starts exactly it.
 
     pytest -m browser tests/browser/test_new_run_browser.py
 """
