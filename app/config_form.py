@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import streamlit as st
+from pydantic import BaseModel
 
 from app import form, form_values, style
 from db.vocabulary.config import ConfigError, deep_merge, field_of, parse_config, parse_toml
@@ -232,6 +233,41 @@ def kind_and_executor(keys: FormKeys, every_field: Sequence[form.FieldSpec], ini
             chosen.append(widget(next(s for s in every_field if s.key == key), initial[key], keys.widget(key)))
             field_errors(errors, key)
     return chosen[0], chosen[1]
+
+
+@dataclass(frozen=True)
+class Opening:
+    """What the top of a config form leaves for the rest of it.
+
+    Attributes:
+        base: The config the form was filled from (or the page's defaults).
+        errors: The refusals of the last Start still shown, by field.
+        initial: What each widget starts with, from ``base``.
+        chosen: The workload kind and the executor, by key.
+        sections: The run config's sections for them ([slurm] for a Slurm run only).
+    """
+
+    base: dict[str, Any]
+    errors: dict[str, list[str]]
+    initial: dict[str, Any]
+    chosen: dict[str, Any]
+    sections: list[form.SectionSpec]
+
+
+def opening(keys: FormKeys, label: str, load: Callable[[str, str], bool], model: type[BaseModel],
+            every_field: Sequence[form.FieldSpec], defaults: dict[str, Any]) -> Opening:
+    """The top of a config form for the run config ``model`` (the page's: it reads the model anew
+    each run) and its fields: the uploader and what the last file did, a note for each value no
+    widget can show, and the kind and executor chosen outside the form."""
+    uploader(keys, label, load)
+    base: dict[str, Any] = st.session_state.get(keys.base, defaults)
+    errors = current_errors(keys)
+    initial, notes = form_values.widget_values(base, every_field)
+    for note in notes:
+        st.warning(style.plain(note), icon=":material/warning:")
+    kind, executor = kind_and_executor(keys, every_field, initial, errors)
+    sections = [s for s in form.form_sections(model, kind) if s.name != form.SLURM_SECTION or executor == "slurm"]
+    return Opening(base, errors, initial, {form.KIND_KEY: kind, form.EXECUTOR_KEY: executor}, sections)
 
 
 def draw_section(keys: FormKeys, section: form.SectionSpec, fields: Sequence[form.FieldSpec],

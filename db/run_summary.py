@@ -100,7 +100,7 @@ def _trials(session: Session, run_ids: list[int]) -> dict[int, dict[str, Any]]:
     rows = session.execute(select(SweepTrial.run_id, SweepTrial.sweep_id, Sweep.name, SweepTrial.number)
                            .join(Sweep, Sweep.id == SweepTrial.sweep_id).where(SweepTrial.run_id.in_(run_ids)))
     return {run_id: {"sweep_id": sweep_id, "sweep_name": name, "number": number}
-            for run_id, sweep_id, name, number in rows}
+            for run_id, sweep_id, name, number in rows if run_id is not None}
 
 
 def lineage_step(status: RunStatus, attempts: Sequence[Any], resume_step: int | None,

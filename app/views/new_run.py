@@ -115,20 +115,13 @@ if fork is not None:
     st.button("Discard the fork (a fresh form)", icon=":material/close:", on_click=forget_fork)
 previously_shown = st.session_state.get(SHOWN_KEY)
 
-config_form.uploader(KEYS, "Start from a TOML config (optional)", load_toml)
-base: dict[str, Any] = st.session_state.get(KEYS.base, DEFAULTS)
-errors = config_form.current_errors(KEYS)
-initial, notes = form_values.widget_values(base, every_field)
-for note in notes:
-    st.warning(style.plain(note), icon=":material/warning:")
-
-kind, executor = config_form.kind_and_executor(KEYS, every_field, initial, errors)
-# The [slurm] section is shown for a Slurm run only.
-sections = [s for s in form.form_sections(RunConfig, kind) if s.name != form.SLURM_SECTION or executor == "slurm"]
+top = config_form.opening(KEYS, "Start from a TOML config (optional)", load_toml, RunConfig, every_field,
+                          DEFAULTS)
+base, errors, initial, sections = top.base, top.errors, top.initial, top.sections
 
 with st.form("new_run"):
     config_form.paste_box(KEYS, 'name = "gpt"\n[workload]\nkind = "gpt-char"', load_toml)
-    values: dict[str, Any] = {form.KIND_KEY: kind, form.EXECUTOR_KEY: executor}
+    values: dict[str, Any] = dict(top.chosen)
     values |= config_form.draw_sections(KEYS, sections, initial, errors, skip=(form.KIND_KEY, form.EXECUTOR_KEY))
     config_form.refusals_and_warnings(KEYS, errors)
     # Time and cost before Start, for the values as last applied (a form sends its values on a

@@ -155,15 +155,9 @@ def open_sweep(sweep_id: int) -> None:
                    f"([its page](sweep?id={sweep_id})).", icon=":material/check:")
 
 
-config_form.uploader(KEYS, "Start from a sweep file (optional)", load_toml)
-base: dict[str, Any] = st.session_state.get(KEYS.base, DEFAULTS)
-errors = config_form.current_errors(KEYS)
-initial, notes = form_values.widget_values(base, every_field)
-for note in notes:
-    st.warning(style.plain(note), icon=":material/warning:")
-
-kind, executor = config_form.kind_and_executor(KEYS, every_field, initial, errors)
-sections = [s for s in form.form_sections(RunConfig, kind) if s.name != form.SLURM_SECTION or executor == "slurm"]
+top = config_form.opening(KEYS, "Start from a sweep file (optional)", load_toml, RunConfig, every_field,
+                          DEFAULTS)
+base, errors, initial, sections = top.base, top.errors, top.initial, top.sections
 
 # The space is outside the form: each change is checked at once (inside an st.form nothing reruns).
 st.subheader("Search space", help=SPACE_HELP)
@@ -173,8 +167,9 @@ text = st.text_area("The keys to search", key=SPACE_KEY, height=120, help=SPACE_
                     placeholder='"train.lr" = {log_uniform = [1e-4, 1e-1]}')
 space_problems = st.container()
 with st.popover("Add a key…", icon=":material/add:"):
-    keys = [s.key for s in form.form_fields(RunConfig, kind) if s.widget in ("int", "float", "choice", "bool")]
-    st.selectbox("Key of the base config", keys, key="new_sweep_add_key")
+    searchable = [s.key for s in form.form_fields(RunConfig, top.chosen[form.KIND_KEY])
+                  if s.widget in ("int", "float", "choice", "bool")]
+    st.selectbox("Key of the base config", searchable, key="new_sweep_add_key")
     st.selectbox("Values", KINDS, key="new_sweep_add_kind",
                  help="log_uniform and uniform: a range of numbers; int: whole numbers; choice: a list")
     st.button("Add to the space", on_click=add_to_space, icon=":material/add:")
@@ -182,7 +177,7 @@ with st.popover("Add a key…", icon=":material/add:"):
 with st.form("new_sweep"):
     config_form.paste_box(KEYS, 'name = "lr"\n[sweep]\nmetric = "eval_loss"\n[sweep.space]\n'
                                 '"train.lr" = {log_uniform = [1e-4, 1e-1]}', load_toml)
-    values: dict[str, Any] = {form.KIND_KEY: kind, form.EXECUTOR_KEY: executor}
+    values: dict[str, Any] = dict(top.chosen)
     values |= config_form.draw_sections(KEYS, sections, initial, errors, skip=(form.KIND_KEY, form.EXECUTOR_KEY))
     switched_on: dict[str, bool] = {}
     for section in sweep_sections:

@@ -79,7 +79,7 @@ def test_the_sweep_fields_come_from_the_model(settings: Settings) -> None:
     assert at.number_input(key="new_sweep:sweep.early_stop.reduction").value == 3
     # The base config is New run's form, under keys of its own.
     assert at.number_input(key="new_sweep:train.max_steps").value == 270
-    assert at.text_area(key=SPACE).value.startswith('"train.lr"')
+    assert str(at.text_area(key=SPACE).value).startswith('"train.lr"')
     assert not at.error
 
 
