@@ -158,3 +158,28 @@ def test_start_starts_the_sweep(settings: Settings, sessions: sessionmaker[Sessi
     assert section["early_stop"]["min_steps"] == 10
     assert json.loads(sweep.base_json)["train"]["max_steps"] == 90
     assert typing.cast(list[int], json.loads(sweep.rungs_json)) == [10, 30]
+
+
+def test_a_paste_not_yet_in_the_form_fills_it_and_starts_nothing_then_starts(
+        settings: Settings, sessions: sessionmaker[Session]) -> None:
+    """What is pasted is applied, or Start refuses and says why (issue 52 item 6): never the form's
+    own sweep beside a paste it does not hold."""
+    at = open_page(PAGE)
+    at.text_area(key="new_sweep_pasted").input(SWEEP_FILE)
+    start(at)
+    no_exception(at)
+    assert any("pasted TOML was not in the form yet" in w.value for w in at.warning)
+    assert sweeps(sessions) == [] and at.text_input(key="new_sweep:name").value == "lr-search"
+    start(at)
+    assert [s.name for s in sweeps(sessions)] == ["lr-search"]
+
+
+def test_add_a_key_writes_a_range_around_its_value_into_the_space(settings: Settings) -> None:
+    at = open_page(PAGE)
+    at.text_area(key=SPACE).input("")
+    at.selectbox(key="new_sweep_add_key").set_value("train.batch_size")
+    at.selectbox(key="new_sweep_add_kind").set_value("int")
+    next(b for b in at.button if b.label == "Add to the space").click().run()
+    no_exception(at)
+    assert at.text_area(key=SPACE).value == '"train.batch_size" = {int = [32, 128]}\n'
+    assert not at.error  # a space the base takes
