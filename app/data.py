@@ -22,11 +22,11 @@ from db.requests import (
     RunNotFound,
     request_cancel,
     request_rerun,
-    request_resume,
     request_stack_dump,
     set_pinned,
     set_prices,
 )
+from db.sweeps.requests import resume_or_promote
 from db.vocabulary.config import RunConfig, deep_merge
 from db.vocabulary.cost import config_price
 from db.vocabulary.inventory import Inventory
@@ -204,7 +204,7 @@ def resume_run(run_id: int, checkpoint_id: int | None = None) -> str:
     returns a sentence for the person."""
     with sessions()() as s:
         try:
-            step = request_resume(s, run_id, who="ui", checkpoint_id=checkpoint_id)
+            step = resume_or_promote(s, run_id, "ui", checkpoint_id)  # a PRUNED trial: its promotion
         except RequestRefused as exc:
             return str(exc)
         s.commit()

@@ -131,6 +131,7 @@ class SectionSpec:
         help: The sub-model's docstring.
         common: Whether the section is shown open (else folded in an expander).
         fields: Its fields, in declaration order.
+        optional: Whether the section may be left out (``X | None``: ``[sweep.early_stop]``).
     """
 
     name: str
@@ -138,6 +139,7 @@ class SectionSpec:
     help: str
     common: bool
     fields: tuple[FieldSpec, ...]
+    optional: bool = False
 
 
 def humanize(key: str) -> str:
@@ -156,11 +158,13 @@ def _extra(field: FieldInfo) -> dict[str, Any]:
 
 def _models(field: FieldInfo) -> list[type[BaseModel]]:
     """The models a section field holds: its own type, or every member of a union of models
-    (the [workload] kinds); empty for a field that is no section."""
+    (the [workload] kinds; None aside, for a section that may be left out); empty for a field
+    that is no section."""
     annotation = field.annotation
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return [annotation]
-    members = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else ()
+    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    members = [m for m in typing.get_args(annotation) if m is not type(None)] if union else []
     if members and all(isinstance(m, type) and issubclass(m, BaseModel) for m in members):
         return list(members)
     return []
@@ -345,36 +349,42 @@ def _section_doc(members: list[type[BaseModel]]) -> str:
     return " ".join((common.__doc__ or "").split())
 
 
-def form_sections(model: type[BaseModel] = RunConfig, kind: str | None = None) -> list[SectionSpec]:
-    """The form for workload ``kind``: the top-level fields first, then one section per sub-model.
+def form_sections(model: type[BaseModel] = RunConfig, kind: str | None = None, prefix: str = "",
+                  title: str = "Run") -> list[SectionSpec]:
+    """The form for workload ``kind``: the top-level fields first, then one section per sub-model
+    (not those with a form of their own).
 
     Args:
-        model: The run config model (a RunConfig, or one built like it).
+        model: The run config model (a RunConfig, or one built like it), or a section with a form
+            of its own (``SweepConfig``, with ``prefix="sweep"``).
         kind: The workload kind; only its fields are listed (None: every field). A section
             left without fields is left out.
+        prefix: The TOML table ``model`` is read from (``""``: the top level); it starts every key.
+        title: The top-level fields' heading.
 
     Raises:
         TypeError: for a field type the form has no widget for.
     """
     workloads = _workloads(model)
-    sections = [SectionSpec(name="", title="Run", help=(model.__doc__ or "").strip(), common=True,
-                            fields=tuple(_fields_of(model, "", workloads)))]
+    sections = [SectionSpec(name=prefix, title=title, help=(model.__doc__ or "").strip(), common=True,
+                            fields=tuple(_fields_of(model, prefix, workloads)))]
     for name, field in model.model_fields.items():
-        if members := _models(field):
-            fields = (_fields_of(members[0], name, workloads) if len(members) == 1
-                      else _fields_of_union(members, name, field.get_default(call_default_factory=True)))
+        if (members := _models(field)) and not _own_form(field):
+            key = f"{prefix}.{name}" if prefix else name
+            fields = (_fields_of(members[0], key, workloads) if len(members) == 1
+                      else _fields_of_union(members, key, field.get_default(call_default_factory=True)))
             sections.append(SectionSpec(
-                name=name, title=field.title or humanize(name), help=_section_doc(members),
-                common=bool(_extra(field).get("common")), fields=tuple(fields),
+                name=key, title=field.title or humanize(name), help=_section_doc(members),
+                common=bool(_extra(field).get("common")), fields=tuple(fields), optional=not field.is_required()
+                and field.get_default(call_default_factory=True) is None,
             ))
-    shown = [SectionSpec(s.name, s.title, s.help, s.common, tuple(f for f in s.fields if f.applies_to(kind)))
-             for s in sections]
+    shown = [dataclasses.replace(s, fields=tuple(f for f in s.fields if f.applies_to(kind))) for s in sections]
     return [s for s in shown if s.fields]
 
 
-def form_fields(model: type[BaseModel] = RunConfig, kind: str | None = None) -> list[FieldSpec]:
+def form_fields(model: type[BaseModel] = RunConfig, kind: str | None = None, prefix: str = "") -> list[FieldSpec]:
     """Every field of the form for workload ``kind`` (None: every field), section by section."""
-    return [spec for section in form_sections(model, kind) for spec in section.fields]
+    return [spec for section in form_sections(model, kind, prefix) for spec in section.fields]
 
 
 def workload_kinds(model: type[BaseModel] = RunConfig) -> tuple[str, ...]:

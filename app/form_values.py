@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from app.form import JS_MAX_SAFE_INTEGER, KIND_KEY, FieldSpec, form_fields
-from db.vocabulary.config import RunConfig
+from db.vocabulary.config import RunConfig, deep_merge
 
 
 def _lookup(data: Mapping[str, Any], key: str) -> tuple[bool, Any]:
@@ -151,3 +151,17 @@ def values_to_config(values: Mapping[str, Any], model: type[BaseModel] = RunConf
             node = node.setdefault(part, {})
         node[spec.path[-1]] = value
     return out
+
+
+def form_config(base: Mapping[str, Any], values: Mapping[str, Any], model: type[BaseModel] = RunConfig
+                ) -> dict[str, Any]:
+    """The config Start sends: ``base`` (a loaded file's keys the form does not show are kept) with
+    the widgets' values over it, a table the form shows taken as its box reads (a name removed in
+    the box is removed)."""
+    from_form = values_to_config(values, model)
+    config = deep_merge(dict(base), from_form)
+    for spec in form_fields(model):
+        if spec.widget == "table" and spec.key in values:
+            section, key = spec.path
+            config[section][key] = from_form[section][key]
+    return config

@@ -51,7 +51,7 @@ pages = [
     st.Page("views/run.py", title="Run", icon=":material/monitoring:", url_path="run"),
     st.Page("views/compare.py", title="Compare", icon=":material/stacked_line_chart:", url_path="compare"),
     st.Page("views/sweeps.py", title="Sweeps", icon=":material/tune:", url_path="sweeps"),
-    # New sweep (views/new_sweep.py, url_path "new-sweep") goes here, beside Sweeps.
+    st.Page("views/new_sweep.py", title="New sweep", icon=":material/add_chart:", url_path="new-sweep"),
     st.Page("views/sweep.py", title="Sweep", icon=":material/scatter_plot:", url_path="sweep"),
     st.Page("views/settings.py", title="Settings", icon=":material/settings:", url_path="settings"),
 ]

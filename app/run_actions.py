@@ -2,8 +2,10 @@
 Pause, Cancel, Dump stacks and Rerun, each offered only when it applies to the run's status, and
 Edit… (name, tags, note: the same validation and ``edit`` events as ``runyard edit``,
 orchestrator/run_edits.py; its inputs sit in a form, so that the header's refresh every few
-seconds never submits or loses what a person is typing). :func:`metadata_line` shows the tags and
-the note under the title.
+seconds never submits or loses what a person is typing). :func:`metadata_line` shows the sweep a
+trial belongs to, the tags and the note under the title, and :func:`status_badge` a trial stopped
+early as "stopped early at step N by sweep S". Resume on such a trial (PRUNED) is its promotion
+(`runyard sweep promote`): it continues from its newest verified checkpoint.
 
 Resume from a chosen checkpoint and Cancel act only from the confirm button inside their
 popover (one click opens the popover, a second one acts). Fork… opens the New run page filled
@@ -26,6 +28,7 @@ import streamlit as st
 
 from app import data, style
 from db.states import TERMINAL, RunStatus
+from orchestrator.format import status_words
 
 TERMINAL_VALUES = {s.value for s in TERMINAL}
 CANCELLABLE = {RunStatus.QUEUED, RunStatus.STARTING, RunStatus.RUNNING, RunStatus.RETRYING, RunStatus.PAUSED,
@@ -167,9 +170,33 @@ def resume_held_button(d: dict[str, Any]) -> None:
         st.rerun()
 
 
+def promote_menu(d: dict[str, Any]) -> None:
+    """Resume of a sweep's trial stopped early: its promotion (`runyard sweep promote`), from its
+    newest verified checkpoint, after a confirm click; its steps so far are kept."""
+    trial, newest = d["trial"], usable_checkpoints(d)[0]
+    with st.popover("Resume", icon=":material/replay:", key=f"promote-menu-{d['id']}",
+                    help="Promote this trial: it continues from its newest checkpoint"):
+        st.markdown(f"Promote trial {trial['number']} of sweep {trial['sweep_id']}: it continues from its checkpoint "
+                    f"at step {newest['step']}, as `runyard sweep promote {trial['sweep_id']} {trial['number']}` "
+                    "does; the steps it trained are kept, not trained or counted again.")
+        if st.button(f"Promote: continue from step {newest['step']}", type="primary", icon=":material/play_arrow:",
+                     key=f"promote-confirm-{d['id']}"):
+            st.toast(style.plain(data.resume_run(d["id"])))
+            st.rerun()
+
+
+def status_badge(d: dict[str, Any]) -> str:
+    """The run's status badge: a trial stopped early says at which step and by which sweep."""
+    return style.badge(d["status"], status_words(d["status"], d["step"], d.get("trial")))
+
+
 def metadata_line(d: dict[str, Any]) -> None:
-    """Tags as badges and the note under the run's title (nothing when it has neither)."""
+    """The sweep a trial belongs to (linked to its page), tags as badges and the note under the run's
+    title (nothing when it has none of them)."""
     parts = [" ".join(f":gray-badge[{style.plain(t)}]" for t in d["tags"])] if d["tags"] else []
+    if trial := d.get("trial"):
+        parts.insert(0, f":material/tune: trial {trial['number']} of [sweep {trial['sweep_id']} "
+                        f"{style.plain(trial['sweep_name'])}](sweep?id={trial['sweep_id']})")
     if d.get("note"):
         parts.append(f":material/sticky_note_2: {style.plain(d['note'])}")
     if parts:
@@ -207,8 +234,10 @@ def offered(d: dict[str, Any]) -> list[tuple[bool, Callable[[dict[str, Any]], No
     terminal = status in TERMINAL_VALUES
     usable = bool(usable_checkpoints(d))
     script_rerun = terminal and d["config"]["workload"]["kind"] == "script" and not d["imported"]
+    promotes = status == "PRUNED" and usable and d.get("trial") is not None  # Resume is the trial's promotion
     return [
-        (terminal and usable, resume_menu),
+        (terminal and usable and not promotes, resume_menu),
+        (promotes, promote_menu),
         (status in ("PAUSED", "PRUNED") and not d["attempts"], resume_held_button),
         (usable, fork_menu),
         (status in PAUSABLE, pause_button),
@@ -221,8 +250,9 @@ def offered(d: dict[str, Any]) -> list[tuple[bool, Callable[[dict[str, Any]], No
 
 # What each action is called on its button, for the disabled row of a read-only data folder.
 LABELS: dict[Callable[[dict[str, Any]], None], str] = {
-    resume_menu: "Resume", resume_held_button: "Resume", fork_menu: "Fork…", pause_button: "Pause",
-    cancel_menu: "Cancel", stacks_button: "Dump stacks", rerun_button: "Rerun", edit_menu: "Edit…",
+    resume_menu: "Resume", promote_menu: "Resume", resume_held_button: "Resume", fork_menu: "Fork…",
+    pause_button: "Pause", cancel_menu: "Cancel", stacks_button: "Dump stacks", rerun_button: "Rerun",
+    edit_menu: "Edit…",
 }
 
 

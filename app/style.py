@@ -125,10 +125,11 @@ def status_css(status: str, badges: dict[str, tuple[str, str]] | None = None) ->
     return f"background-color: {background}; color: {text}"
 
 
-def badge(status: str) -> str:
-    """``status`` as Streamlit badge markup (``:color-badge[icon STATUS]``)."""
+def badge(status: str, words: str | None = None) -> str:
+    """``status`` as Streamlit badge markup (``:color-badge[icon STATUS]``), saying ``words`` when
+    given (a trial stopped early: ``stopped early at step 40 by sweep 3``)."""
     color, icon = STATUS_BADGE.get(status, ("gray", ""))
-    return f":{color}-badge[{icon} {status}]"
+    return f":{color}-badge[{icon} {words or status}]"
 
 
 # A sweep's status (db/sweeps/states.py) as a badge: its colour and icon.

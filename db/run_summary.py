@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from typing_extensions import Unpack
 
 from db import metricstore
-from db.models import Attempt, Checkpoint, Run
+from db.models import Attempt, Checkpoint, Run, Sweep, SweepTrial
 from db.states import TERMINAL, RunStatus
 from db.vocabulary.causes import Cause
 from db.vocabulary.cost import (
@@ -83,12 +83,24 @@ def _run_summaries(session: Session, runs: Sequence[RunLike], now: float) -> lis
     resumes = {r.resume_checkpoint_id for r in runs if r.resume_checkpoint_id is not None}
     resume_steps: dict[int, int] = dict(session.execute(
         select(Checkpoint.id, Checkpoint.step).where(Checkpoint.id.in_(resumes))).all()) if resumes else {}
+    trials = _trials(session, ids)
     return [
         _run_summary(r, attempts[r.id], written,
                      points.get((r.id, attempts[r.id][-1].number, 0), []) if attempts[r.id] else [], now,
                      resume_steps.get(r.resume_checkpoint_id) if r.resume_checkpoint_id is not None else None)
+        | {"trial": trials.get(r.id)}
         for r in runs
     ]
+
+
+def _trials(session: Session, run_ids: list[int]) -> dict[int, dict[str, Any]]:
+    """The runs that are a sweep's trials: ``{"sweep_id", "sweep_name", "number"}`` by run id."""
+    if not run_ids:
+        return {}
+    rows = session.execute(select(SweepTrial.run_id, SweepTrial.sweep_id, Sweep.name, SweepTrial.number)
+                           .join(Sweep, Sweep.id == SweepTrial.sweep_id).where(SweepTrial.run_id.in_(run_ids)))
+    return {run_id: {"sweep_id": sweep_id, "sweep_name": name, "number": number}
+            for run_id, sweep_id, name, number in rows if run_id is not None}
 
 
 def lineage_step(status: RunStatus, attempts: Sequence[Any], resume_step: int | None,

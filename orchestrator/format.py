@@ -86,6 +86,14 @@ def step_text(step: int, total: int | None, sep: str = "/") -> str:
     return f"{step}{sep}{total}" if total else f"{step}"
 
 
+def status_words(status: str, step: int, trial: dict[str, Any] | None) -> str:
+    """A run's state as the Runs list and the Run page's badge say it: its status, or for a sweep's
+    trial stopped early (PRUNED, where a paused run says PAUSED) ``stopped early at step 40 by sweep 3``."""
+    if status == RunStatus.PRUNED and trial is not None:
+        return f"stopped early at step {step} by sweep {trial['sweep_id']}"
+    return status
+
+
 def startup_text(status: str, attempt: dict[str, Any] | None, config: dict[str, Any],
                  now: float | None = None) -> str | None:
     """What a launched run does before its first step, in the words a person waiting for it

@@ -34,9 +34,8 @@ from app import chart_widgets, data, style
 from app.alerts_panel import run_alerts
 from app.charts import metric as charts
 from app.live_series import LiveSeries, merge_series
-from app.run_actions import SECTION_KEY, actions, metadata_line
+from app.run_actions import SECTION_KEY, actions, metadata_line, status_badge
 from app.run_panels import attempts_table, checkpoint_advice, checkpoint_table, events_list, failure_summary, log_tails
-from app.style import badge
 from app.system import latest_window, summary_line, system_panels
 from db.states import TERMINAL, RunStatus
 from db.vocabulary import metric_registry
@@ -97,7 +96,7 @@ def header(d: dict[str, Any]) -> None:
     with buttons:
         actions(d)
     star = " ★" if d["starred"] else ""
-    title.markdown(f"## #{d['id']} {style.plain(d['name'])}{star} &nbsp; {badge(d['status'])}"
+    title.markdown(f"## #{d['id']} {style.plain(d['name'])}{star} &nbsp; {status_badge(d)}"
                    + (" :gray-badge[archived]" if d["archived"] else ""))
     # What comes and goes with the run's state (reasons, a retry's warning, a failure's summary)
     # sits in two containers that are always drawn: Streamlit matches a redrawn element to the

@@ -1,7 +1,9 @@
 """Runs: every run with its status, progress, elapsed time, ETA, cost so far and projected, best loss
 and headline metric, live: a workspace to search (name, tag, note, config value), filter (status,
 tags, starred, archived), sort by any column, and act on the selected rows (open, compare, star,
-archive, delete).
+archive, delete). A sweep's trial says which (the "sweep" column), and one stopped early says at
+which step and by which sweep where a paused run says PAUSED; ``/runs?sweep=N`` opens the list
+filtered to sweep N's trials (their tag, ``sweep:N``).
 
 The list is read by db.compare.runs_list (filtered and sorted in the database read, the summary
 metrics in three statements for all the runs); the columns shown are chosen in "Columns" and kept
@@ -20,11 +22,13 @@ from app.style import status_css
 from db.compare import MAX_RUNS as MAX_COMPARED  # not app.compare_charts: the Runs page loads no Altair
 from db.states import TERMINAL, RunStatus
 from db.vocabulary import metric_registry
-from orchestrator.format import duration, eta_text, note_line, step_text, usd, where_short
+from orchestrator.format import duration, eta_text, note_line, status_words, step_text, usd, where_short
+from orchestrator.sweeps.space import sweep_tag
 
 style.apply()
 
 OPEN_RUN = "runs_open_run"
+SWEPT = "runs_sweep_applied"  # the ?sweep= the tag filter was last set from
 COMPARE_RUNS = "runs_compare_ids"  # not a widget key: the Compare button is "runs_compare"
 # What "Sort by" offers: a label -> (db.run_list.LIST_SORTS key, largest first by default).
 SORTS = {
@@ -34,8 +38,8 @@ SORTS = {
     "starred first": ("starred", True),
 }
 # Every column the table can show, in order; the ones shown until a person chooses in "Columns".
-COLUMNS = ["run", "★", "name", "status", "waiting for", "alert", "progress", "step", "elapsed", "ends at", "cost",
-           "projected", "best loss", "headline", "attempts", "where", "tags", "note", "id"]
+COLUMNS = ["run", "★", "name", "sweep", "status", "waiting for", "alert", "progress", "step", "elapsed", "ends at",
+           "cost", "projected", "best loss", "headline", "attempts", "where", "tags", "note", "id"]
 DEFAULT_COLUMNS = ["run", "★", "name", "status", "waiting for", "alert", "progress", "step", "elapsed", "ends at",
                    "cost", "best loss", "headline", "tags"]
 WAITING = {RunStatus.QUEUED.value, RunStatus.RETRYING.value}
@@ -50,6 +54,11 @@ def headline_text(r: dict[str, Any]) -> str:
     return f"{metric_registry.label(key)} {metric_registry.format_value(key, r['headline_value'])}"
 
 
+def trial_text(trial: dict[str, Any] | None) -> str:
+    """Which sweep's trial a run is: ``lr-search #3, trial 4``; empty for a run of no sweep."""
+    return f"{trial['sweep_name']} #{trial['sweep_id']}, trial {trial['number']}" if trial else ""
+
+
 def runs_frame(runs: list[dict[str, Any]], marks: dict[int, Any]) -> pd.DataFrame:
     """The table's every column (the chooser picks which are shown)."""
     return pd.DataFrame({
@@ -57,7 +66,8 @@ def runs_frame(runs: list[dict[str, Any]], marks: dict[int, Any]) -> pd.DataFram
         "id": [r["id"] for r in runs],
         "★": ["★" if r["starred"] else "" for r in runs],
         "name": [r["name"] + (" (archived)" if r["archived"] else "") for r in runs],
-        "status": [r["status"] for r in runs],
+        "sweep": [trial_text(r["trial"]) for r in runs],
+        "status": [status_words(r["status"], r["step"], r["trial"]) for r in runs],
         "waiting for": [(r["status_reason"] or "") if r["status"] in WAITING else "" for r in runs],
         "alert": [alert_mark(r["id"], marks) for r in runs],
         "progress": [r["progress"] for r in runs],
@@ -81,6 +91,11 @@ if (compared := st.session_state.pop(COMPARE_RUNS, None)) is not None:
     st.switch_page("views/compare.py", query_params={"runs": ",".join(map(str, compared))})
 
 st.title("Runs")
+if (swept := st.query_params.get("sweep", "")) != st.session_state.get(SWEPT) and swept.isdigit():
+    # Opened for a sweep's trials (/runs?sweep=N): the tag each trial carries, once per address.
+    st.session_state[SWEPT] = swept
+    if sweep_tag(int(swept)) in data.run_tags():
+        st.session_state["runs_tags"] = [sweep_tag(int(swept))]
 c1, c2, c3 = st.columns([3, 2, 2])
 search = c1.text_input("Search", placeholder="name, tag, note or config value (lr=0.001)", key="runs_search",
                        help="Every word must match a part of the run's name, one of its tags, its note or a config "
@@ -109,7 +124,8 @@ def runs_table() -> None:
         st.page_link("views/new_run.py", label="New run", icon=":material/add_circle:")
         return
     event = st.dataframe(
-        runs_frame(runs, open_alerts()).style.map(status_css, subset=["status"]),
+        runs_frame(runs, open_alerts()).style.apply(lambda _: [status_css(r["status"]) for r in runs],
+                                                    subset=["status"]),
         hide_index=True,
         column_order=[c for c in COLUMNS if c in (shown or DEFAULT_COLUMNS)],
         column_config={

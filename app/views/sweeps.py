@@ -6,7 +6,6 @@ The list is db/sweeps/queries.py's ``sweep_list`` (app/sweep_data.py caches it f
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -18,8 +17,6 @@ from app.style import SWEEP_BADGE, status_css
 style.apply()
 
 COLUMNS = ["sweep", "name", "state", "best", "trials", "by state", "spent", "left", "ends", "id"]
-# The New sweep page is another module (views/new_sweep.py); linked when this install has it.
-NEW_SWEEP = "views/new_sweep.py"
 
 
 def sweeps_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
@@ -42,8 +39,7 @@ def empty_state() -> None:
             "fall behind early. Start one with `runyard sweep start examples/sweep.toml` (`runyard sweep preview "
             "FILE` first says what it will train and cost), or on the **New sweep** page; docs/SWEEPS.md says how "
             "to write one.")
-    if (Path(__file__).resolve().parent / Path(NEW_SWEEP).name).exists():
-        st.page_link(NEW_SWEEP, label="New sweep", icon=":material/tune:")
+    st.page_link("views/new_sweep.py", label="New sweep", icon=":material/add_chart:")
 
 
 @st.fragment(run_every=3)

@@ -156,6 +156,21 @@ def promote(session: Session, trial: SweepTrial, who: str) -> int:
     return step
 
 
+def resume_or_promote(session: Session, run_id: int, who: str, checkpoint_id: int | None = None) -> int:
+    """Resume a run (:func:`db.requests.request_resume`); a PRUNED trial resumed from its newest
+    verified checkpoint is promoted (:func:`promote`, as `runyard sweep promote` does), so its sweep
+    counts the promotion. The caller commits.
+
+    Returns:
+        The step it continues from (0: from the start).
+    """
+    run = session.get(Run, run_id)
+    trial = session.scalar(select(SweepTrial).where(SweepTrial.run_id == run_id))
+    if checkpoint_id is None and trial is not None and run is not None and run.status == RunStatus.PRUNED.value:
+        return promote(session, trial, who)
+    return request_resume(session, run_id, who=who, checkpoint_id=checkpoint_id)
+
+
 def request_prune(session: Session, trial: SweepTrial, why: dict[str, Any], who: str) -> bool:
     """Stop a trial early, gracefully: a training run goes PAUSING with ``stop_mode = "prune"``
     (the ranks finish the step, checkpoint and exit; it ends PRUNED), a queued or retrying one is

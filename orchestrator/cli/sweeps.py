@@ -40,7 +40,7 @@ from orchestrator.cli.base import (
     open_sessions,
 )
 from orchestrator.scheduler.resources import known_inventory
-from orchestrator.sweeps.preview import Preview, preview
+from orchestrator.sweeps.preview import preview_in, preview_lines
 from orchestrator.sweeps.space import sweep_tag
 from orchestrator.sweeps.submission import start_sweep, validate_sweep_file
 
@@ -80,20 +80,6 @@ def start(config_file: Path, overrides: tuple[str, ...], as_json: bool) -> None:
     click.echo(json.dumps({"id": sweep_id}) if as_json else str(sweep_id))
 
 
-def _preview_lines(p: Preview) -> list[str]:
-    lines = [f"{p.trials} trial(s), {p.max_concurrent} at a time, {p.max_steps} steps each at most "
-             f"({p.devices} rank(s) a trial)"]
-    lines += [f"  rung {r['rung']} at step {r['step']}: {r['trials']} trial(s) reach it" for r in p.rungs]
-    lines.append(f"  {p.steps:,} steps in all: {p.full_runs:.3g} full run(s) of the base config")
-    if p.device_hours is None:
-        lines.append(f"  no pace yet (no alike run has trained here): ${p.usd_per_hour:.4g} an hour a trial")
-    else:
-        wall = fmt_duration((p.wall_hours or 0) * 3600)
-        lines.append(f"  about {p.device_hours:.3g} GPU-hours, ${p.usd:.4g}, {wall} of wall time (the pace of run "
-                     f"{p.like_run}: {p.seconds_per_step:.3g} s a step)")
-    return lines + [f"  note: {note}" for note in p.notes]
-
-
 @sweep.command("preview")
 @click.argument("config_file", type=FILE)
 @SET
@@ -102,14 +88,8 @@ def preview_command(config_file: Path, overrides: tuple[str, ...], as_json: bool
     """The arithmetic before Start: trials, rungs, full-run equivalents, GPU-hours and cost."""
     config = _checked(config_file, overrides, "previewed")
     settings = load_settings()
-    sessions = open_existing(settings)
-    inventory = known_inventory(settings.scheduler_file)
-    if sessions is None:
-        shown = preview(None, config, inventory)
-    else:
-        with sessions() as session:
-            shown = preview(session, config, inventory)
-    click.echo(json.dumps(json_safe(shown.as_dict()), indent=2) if as_json else "\n".join(_preview_lines(shown)))
+    shown = preview_in(open_existing(settings), config, known_inventory(settings.scheduler_file))
+    click.echo(json.dumps(json_safe(shown.as_dict()), indent=2) if as_json else "\n".join(preview_lines(shown)))
 
 
 def _value(v: float | None) -> str:

@@ -15,13 +15,14 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from db.estimates import start_estimate
 from db.queries import price_table
 from db.vocabulary.config import RunConfig
 from db.vocabulary.config.sweep import SweepConfig
 from db.vocabulary.inventory import Inventory
+from orchestrator.format import duration
 from orchestrator.submission import run_price
 from orchestrator.sweeps.asha import base_rungs, trial_steps
 from orchestrator.sweeps.space import grid_size
@@ -114,5 +115,28 @@ def preview(session: Session | None, config: RunConfig, inventory: Inventory) ->
                                   "wall_hours": wall}), sweep)
 
 
+def preview_in(sessions: sessionmaker[Session] | None, config: RunConfig, inventory: Inventory) -> Preview:
+    """:func:`preview` in a session of its own (``sessions`` None: no database yet, so no pace)."""
+    if sessions is None:
+        return preview(None, config, inventory)
+    with sessions() as session:
+        return preview(session, config, inventory)
+
+
 def _with_notes(out: Preview, sweep: SweepConfig) -> Preview:
     return Preview(**{**asdict(out), "notes": _notes(sweep, out.device_hours, out.usd)})
+
+
+def preview_lines(p: Preview) -> list[str]:
+    """The arithmetic in words: what `runyard sweep preview` prints and the New sweep form shows."""
+    lines = [f"{p.trials} trial(s), {p.max_concurrent} at a time, {p.max_steps} steps each at most "
+             f"({p.devices} rank(s) a trial)"]
+    lines += [f"  rung {r['rung']} at step {r['step']}: {r['trials']} trial(s) reach it" for r in p.rungs]
+    lines.append(f"  {p.steps:,} steps in all: {p.full_runs:.3g} full run(s) of the base config")
+    if p.device_hours is None:
+        lines.append(f"  no pace yet (no alike run has trained here): ${p.usd_per_hour:.4g} an hour a trial")
+    else:
+        wall = duration((p.wall_hours or 0) * 3600).replace(" ", "")
+        lines.append(f"  about {p.device_hours:.3g} GPU-hours, ${p.usd:.4g}, {wall} of wall time (the pace of run "
+                     f"{p.like_run}: {p.seconds_per_step:.3g} s a step)")
+    return lines + [f"  note: {note}" for note in p.notes]

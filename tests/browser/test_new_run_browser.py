@@ -2,7 +2,8 @@
 the file's value), the run that Start queues is the file plus what the person changed, a file
 with problems lists each one with its key (never a traceback), a pasted TOML pressed Start with
 fills the form instead of being dropped, and a refusal in a folded section is summarised above
-Start, opens its section, and goes away once the value is fixed.
+Start, opens its section, and goes away once the value is fixed. The New sweep page, which shares
+its form, is filled by a sweep file the same way and starts exactly it.
 
     pytest -m browser tests/browser/test_new_run_browser.py
 """
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 
 from tests.browser.test_ui_browser import PAGE_TIMEOUT_MS, RUN_TIMEOUT_MS, expect, open_page, start_button
+from tests.conftest import wait_until
 
 pytestmark = pytest.mark.browser
 # The tests share one `runyard up` and read their own runs by id (tests/browser/conftest.py).
@@ -116,3 +118,39 @@ def test_a_file_with_problems_lists_each_with_its_key_and_a_folded_refusal_is_su
     expect(page.get_by_role("heading", level=2).filter(has_text=re.compile(r"#\d+ fold"))).to_be_visible(
         timeout=RUN_TIMEOUT_MS)
     assert [r["name"] for r in runyard_up.cli("ls") if r["id"] not in before] == ["fold"]
+
+
+SWEEP_TOML = """\
+name = "browser-sweep"
+[launch]
+nproc_per_node = 1
+[train]
+max_steps = 20
+[sweep]
+max_trials = 1
+[sweep.space]
+"train.lr" = {log_uniform = [1e-4, 1e-1]}
+"""
+
+
+def test_a_sweep_file_fills_the_new_sweep_form_and_start_starts_exactly_it(page: Any, runyard_up: Any,
+                                                                            tmp_path: Path) -> None:
+    """New sweep shares New run's form: the uploaded file fills the base, the [sweep] fields and the
+    space box; the preview is shown; Start starts that sweep (cancelled at once: its trial would take
+    a slot from the other tests)."""
+    config = tmp_path / "sweep.toml"
+    config.write_text(SWEEP_TOML)
+    open_page(page, f"{runyard_up.url}/new-sweep", "New sweep")
+    upload(page, config)
+    expect(page.get_by_text("Form filled from sweep.toml")).to_be_visible(timeout=PAGE_TIMEOUT_MS)
+    expect(page.get_by_label("Name", exact=True)).to_have_value("browser-sweep")
+    expect(page.get_by_label("Max trials", exact=True)).to_have_value("1")
+    expect(page.get_by_label("The keys to search", exact=True)).to_have_value(
+        '"train.lr" = {log_uniform = [0.0001, 0.1]}\n')
+    expect(page.get_by_text("1 trial(s), 1 at a time, 20 steps each at most")).to_be_visible(timeout=PAGE_TIMEOUT_MS)
+    start_button(page).click()
+    started = lambda: [s for s in runyard_up.cli("sweep", "ls") if s["name"] == "browser-sweep"]  # noqa: E731
+    wait_until(started, timeout=RUN_TIMEOUT_MS / 1000, what="the sweep was not started")
+    (sweep,) = started()
+    runyard_up.cli("sweep", "cancel", str(sweep["id"]))
+    assert (sweep["max_trials"], sweep["searcher"]) == (1, "random")

@@ -29,7 +29,8 @@ plus this declarative metadata, so a new field needs no UI edit:
   separated);
 - ``json_schema_extra={"common": True}`` on a section of RunConfig: shown open (default: folded);
 - ``json_schema_extra={"own_form": True}``: a section the New run form leaves out, drawn by a form
-  of its own (``[sweep]``: the New sweep form).
+  of its own (``[sweep]``: the New sweep form), or a field a form draws by its own widget
+  (``[sweep.space]``: the New sweep form's space box).
 """
 
 from __future__ import annotations

@@ -181,7 +181,8 @@ class SweepConfig(_Section):
     """Seed of the searcher: trial n's suggestion depends on it, on n and on the results the
     searcher was told, never on timing."""
 
-    space: dict[str, Dimension] = Field(default_factory=dict)
+    # The New sweep form edits the space in a box of its own (app/views/new_sweep.py).
+    space: dict[str, Dimension] = Field(default_factory=dict, json_schema_extra={"own_form": True})
     """The search space (`[sweep.space]`), keyed by the config key each dimension sets, quoted:
     `"train.lr" = {log_uniform = [1e-4, 1e-2]}`, `"workload.hidden" = {choice = [64, 128, 256]}`."""
 

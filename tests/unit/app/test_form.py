@@ -25,6 +25,7 @@ from db.vocabulary.config import (
     kinds_reading,
     kinds_with_field,
 )
+from db.vocabulary.config.sweep import SweepConfig
 from db.vocabulary.config.workload import _kind_and_own_fields
 from tests.unit.app.form_specs import by_key
 
@@ -103,6 +104,22 @@ def test_sections_are_the_sub_models_common_ones_open() -> None:
     assert (train.title, train.help) == ("Train", TrainConfig.__doc__)
     # A section with no field for the kind is left out.
     assert "parallel" not in [s.name for s in form_sections(RunConfig, "mlp-digits")]
+
+
+def test_a_section_with_a_form_of_its_own_is_drawn_from_its_model_under_its_key() -> None:
+    """[sweep]: left out of New run's form, the New sweep form's from SweepConfig, each key under
+    ``sweep.``, the optional [sweep.early_stop] marked so, the space (its own box) left out."""
+    assert not [spec for spec in form_fields(RunConfig) if spec.key.startswith("sweep")]
+    sections = form_sections(SweepConfig, prefix="sweep", title="Sweep")
+    assert [(s.name, s.title, s.common, s.optional) for s in sections] == [
+        ("sweep", "Sweep", True, False), ("sweep.early_stop", "Early stop", False, True),
+        ("sweep.budget", "Budget", False, False)]
+    specs = by_key(form_fields(SweepConfig, prefix="sweep"))
+    assert "sweep.space" not in specs
+    assert specs["sweep.searcher"].options == ("grid", "random", "tpe")
+    assert (specs["sweep.early_stop.reduction"].min_value, specs["sweep.early_stop.reduction"].section) == (
+        2, "sweep.early_stop")
+    assert specs["sweep.budget.gpu_hours"].label == "GPU-hours"
 
 
 # -- how each field is shown ------------------------------------------------------------------

@@ -14,7 +14,7 @@ from sqlalchemy import Engine, event, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from db import metricstore, run_summary
-from db.models import Attempt, Checkpoint, Run
+from db.models import Attempt, Checkpoint, Run, Sweep, SweepTrial
 from db.states import TERMINAL, RunStatus
 from db.vocabulary.cost import ETA_WINDOW, AttemptSpan, cost_usd, eta_estimate, wasted_seconds
 
@@ -68,8 +68,17 @@ def reference_summary(session: Session, run: Run, now: float) -> dict[str, Any]:
         "eta_range_s": (estimate.low, estimate.high) if estimate else None, "parent_run_id": run.parent_run_id,
         "parent_step": run.parent_step, "resume_checkpoint_id": run.resume_checkpoint_id,
         "retries_used": run.retries_used, "retry_at": run.retry_at, "starred": run.starred,
-        "archived": run.archived, "note": run.note,
+        "archived": run.archived, "note": run.note, "trial": _trial(session, run.id),
     }
+
+
+def _trial(session: Session, run_id: int) -> dict[str, Any] | None:
+    """The sweep and number of the trial that run ``run_id`` is, if it is one."""
+    trial = session.scalar(select(SweepTrial).where(SweepTrial.run_id == run_id))
+    if trial is None:
+        return None
+    sweep = session.get_one(Sweep, trial.sweep_id)
+    return {"sweep_id": sweep.id, "sweep_name": sweep.name, "number": trial.number}
 
 
 # --- counting statements ------------------------------------------------------------------------

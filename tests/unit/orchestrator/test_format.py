@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from db.states import RunStatus
 from db.vocabulary.config import RunConfig
-from orchestrator.format import startup_text, step_text
+from orchestrator.format import startup_text, status_words, step_text
 
 
 def _a(phase: str | None, first_step_at: float | None = None, resume_step: int = 0) -> dict:
@@ -36,3 +36,10 @@ def test_the_words_for_each_phase() -> None:
 def test_a_step_without_a_total_is_shown_alone() -> None:
     assert step_text(12, 300) == "12/300" and step_text(12, 300, " / ") == "12 / 300"
     assert step_text(12, 0) == "12" and step_text(0, None) == "0"
+
+
+def test_a_trial_stopped_early_says_at_which_step_and_by_which_sweep() -> None:
+    trial = {"sweep_id": 3, "sweep_name": "lr", "number": 4}
+    assert status_words("PRUNED", 40, trial) == "stopped early at step 40 by sweep 3"
+    assert status_words("PAUSED", 40, None) == "PAUSED"
+    assert status_words("RUNNING", 40, trial) == "RUNNING"  # a trial training is a run like any

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.models import Attempt, Checkpoint, Run, SweepTrial
@@ -23,6 +24,7 @@ from db.sweeps.requests import (
     prune_words,
     request_prune,
     resolve_sweep,
+    resume_or_promote,
     resume_sweep,
     trial_of,
 )
@@ -98,6 +100,28 @@ def test_a_promotion_resumes_a_pruned_trial_from_its_newest_verified_checkpoint(
         assert run is not None and run.status == "QUEUED" and trial.promoted == 1
         resumed = s.get(Checkpoint, run.resume_checkpoint_id) if run.resume_checkpoint_id is not None else None
         assert resumed is not None and resumed.step == 23
+
+
+def test_resuming_a_pruned_trial_from_its_newest_checkpoint_is_its_promotion(
+        sessions: sessionmaker[Session], settings: Settings) -> None:
+    """The UI's Resume (app/data.py): a PRUNED trial is promoted, counted on its trial; from another
+    checkpoint, or a run of no sweep, it is a resume like any."""
+    sweep_id, (run_id, other) = _sweep_with_trials(sessions, settings, 2)
+    with sessions() as s:
+        for rid in (run_id, other):
+            for to in (RunStatus.STARTING, RunStatus.RUNNING, RunStatus.PAUSING, RunStatus.PRUNED):
+                transition(s, rid, to, "stopped early")
+            s.add(Attempt(run_id=rid, number=1, status="PAUSED", dir="/x", started_at=time.time()))
+            for step in (10, 20):
+                s.add(Checkpoint(run_id=rid, attempt=1, step=step, path=f"/x/{rid}/{step}", bytes=1, sha256="s",
+                                 params_digest="p", blocked_s=0, total_s=0, created_at=time.time(), verified=True))
+        s.flush()
+        older = s.scalars(select(Checkpoint.id).where(Checkpoint.run_id == other, Checkpoint.step == 10)).one()
+        assert resume_or_promote(s, run_id, "ui") == 20
+        assert resume_or_promote(s, other, "ui", checkpoint_id=older) == 10
+        s.commit()
+        assert (trial_of(s, sweep_id, 0).promoted, trial_of(s, sweep_id, 1).promoted) == (1, 0)
+    assert _status(sessions, run_id) == _status(sessions, other) == "QUEUED"
 
 
 def test_a_cancelled_sweep_cancels_its_live_trials_and_keeps_the_pruned_ones(
