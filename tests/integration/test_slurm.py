@@ -9,6 +9,7 @@ multi-node branch runs the same torchrun command lines with the endpoint on the 
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 from pathlib import Path
@@ -197,7 +198,7 @@ def test_a_job_slurm_would_never_start_fails_with_the_reason(on_slurm: Product, 
 
 # Two trials of a sweep whose base config uses the Slurm executor, one at a time (the test cluster
 # has the CPUs of one 2-rank job): the better learning rate trains to the end; the worse one is
-# behind at the rung (step 4) and stopped there (the sweeps job's graceful stop: its ranks
+# behind at a rung (step 4 or 8) and stopped there (the sweeps job's graceful stop: its ranks
 # checkpoint at SIGTERM, its job ends), which must end PRUNED on Slurm as it does on this machine.
 SWEEP_ON_SLURM = """
 name = "slurm-sweep"
@@ -208,7 +209,7 @@ hidden = 32
 executor = "slurm"
 nproc_per_node = 2
 [train]
-max_steps = 12
+max_steps = 16
 log_every = 1
 eval_every = 4
 seed = 0
@@ -229,7 +230,7 @@ min_steps = 4
 
 def test_a_sweeps_trials_run_as_slurm_jobs_and_one_stopped_early_ends_pruned(
         on_slurm: Product, slurm: SlurmCluster, tmp_path: Path) -> None:
-    on_slurm.env["RUNYARD_FAULT_STEP_DELAY_S"] = "0.8"  # 8 steps (6.4 s) from the rung to the end
+    on_slurm.env["RUNYARD_FAULT_STEP_DELAY_S"] = "0.8"  # 8 steps (6.4 s) from the last rung to the end
     path = tmp_path / "sweep.toml"
     path.write_text(SWEEP_ON_SLURM)
     sweep_id = int(on_slurm.cli("sweep", "start", str(path)).stdout)
@@ -248,4 +249,7 @@ def test_a_sweeps_trials_run_as_slurm_jobs_and_one_stopped_early_ends_pruned(
     stopped = pruned["attempts"][0]
     assert stopped["status"] == "PAUSED" and stopped["reason"].startswith(f"stopped early by sweep {sweep_id}")
     assert stopped["last_checkpoint_step"] is not None and stopped["last_checkpoint_step"] >= 4  # promotable
-    assert pruned["status_reason"].startswith(f"stopped early by sweep {sweep_id} (rung 0 at step 4: eval_loss ")
+    # Judged at rung 0 (step 4), or at rung 1 (step 8) when the pass first saw it there: the sweeps
+    # job judges a trial at the newest rung it passed (CI saw rung 1 once, on a loaded machine).
+    assert re.match(rf"stopped early by sweep {sweep_id} \(rung (0 at step 4|1 at step 8): eval_loss ",
+                    pruned["status_reason"]), pruned["status_reason"]
