@@ -12,9 +12,10 @@ a launch's start-up doubles); its single gap a kind is no measurement. A part gi
    one after another. Three kinds take turns, ``--repeats`` times, each a block of ``--runs``
    runs of the same config: ``submit``, ``--runs`` bare `runyard submit`s at once (the next run
    waits QUEUED: the floor); ``sweep``, a random sweep of ``--runs`` trials with max_concurrent = 1
-   (the next trial is made by the scheduler's ``sweeps`` job, every 2 s, once the one before has
-   ended); ``sweep-ahead``, the same with max_concurrent = 2 (the next trial is made while the one
-   before trains and waits QUEUED for the slot). From the database (this machine's time.time()
+   (the next trial is made by the scheduler's ``sweeps`` job once the one before has ended: the
+   tick that settles it brings the job forward, and the job's pass brings the tick forward);
+   ``sweep-ahead``, the same with max_concurrent = 2 (the next trial is made while the one before
+   trains and waits QUEUED for the slot). From the database (this machine's time.time()
    clocks, so polling does not blur them), for each run and the one before it: ``gap`` = its
    attempt's first_step_at - the one before's ended_at (the exit the shim recorded), split into
    ``notice`` (the one before's detected_at - ended_at: the scheduler sees the exit), ``made``
@@ -333,7 +334,7 @@ def print_rows(summary: dict[str, Any], load_at_start: float) -> None:
                   f"a sweep (max_concurrent 1) **{m['sweep']['gap']:.2f} s** against submit's "
                   f"{m['submit']['gap']:.2f} s: **{ratio['sweep']:.2f}x**; the scheduler's part (end -> launch) "
                   f"{m['sweep']['handoff']:.2f} s against {m['submit']['handoff']:.2f} s (the next trial made by the "
-                  f"`sweeps` job, every 2 s, after the end)"
+                  f"`sweeps` job, brought forward by the tick that settled the one before)"
                   + (f"; max_concurrent 2, the next trial queued ahead: {m['sweep-ahead']['gap']:.2f} s "
                      f"({ratio['sweep-ahead']:.2f}x), end -> launch {m['sweep-ahead']['handoff']:.2f} s"
                      if "sweep-ahead" in m else "")
