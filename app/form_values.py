@@ -15,15 +15,7 @@ from pydantic import BaseModel
 
 from app.form import JS_MAX_SAFE_INTEGER, KIND_KEY, FieldSpec, form_fields
 from db.vocabulary.config import RunConfig, deep_merge
-
-
-def _lookup(data: Mapping[str, Any], key: str) -> tuple[bool, Any]:
-    node: Any = data
-    for part in key.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return False, None
-        node = node[part]
-    return True, node
+from db.vocabulary.config.writing import lookup
 
 
 def _to_widget(spec: FieldSpec, value: Any) -> tuple[bool, Any]:
@@ -69,7 +61,7 @@ def widget_values(data: Mapping[str, Any], fields: Sequence[FieldSpec]) -> tuple
     values: dict[str, Any] = {}
     notes: list[str] = []
     for spec in fields:
-        found, raw = _lookup(data, spec.key)
+        found, raw = lookup(data, spec.key)
         ok, value = _to_widget(spec, raw) if found else (False, None)
         if not ok:
             if found:

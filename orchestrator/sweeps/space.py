@@ -17,6 +17,7 @@ from typing import Any
 from db.vocabulary.config import ConfigError, RunConfig, parse_config
 from db.vocabulary.config.labels import NAME_MAX, TAGS_MAX
 from db.vocabulary.config.sweep import Dimension, SweepConfig
+from db.vocabulary.config.writing import lookup
 
 # The keys a trial's length and its checkpoints come from: the rungs are computed from them once,
 # so a sweep that stops trials early cannot vary them.
@@ -28,16 +29,6 @@ MAX_GRID = 1_000_000
 def space_label(key: str) -> str:
     """A key of the space as a problem names it: ``sweep.space."train.lr"``."""
     return f'sweep.space."{key}"'
-
-
-def lookup(data: Mapping[str, Any], key: str) -> tuple[bool, Any]:
-    """Whether the config data ``data`` has ``key`` (``"train.lr"``), and what it holds there."""
-    node: Any = data
-    for part in key.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return False, None
-        node = node[part]
-    return True, node
 
 
 def with_values(data: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:

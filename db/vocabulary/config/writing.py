@@ -1,7 +1,7 @@
 """Writing a config as TOML, the inverse of reading it (db/vocabulary/config/reading.py): a value as
 a ``--set key=value`` override takes it (a fork's changes, app/fork_changes.py), and a whole config
 as a file `runyard submit` reads back to the same config (a sweep's best trial, `runyard sweep
-best`)."""
+best`); and a dotted key's value in config data (the New run form, a sweep's space)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,16 @@ from collections.abc import Mapping
 from typing import Any
 
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def lookup(data: Mapping[str, Any], key: str) -> tuple[bool, Any]:
+    """Whether the config data ``data`` has ``key`` (``"train.lr"``), and what it holds there."""
+    node: Any = data
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
 
 
 def toml_value(value: Any, key: str = "value") -> str:
