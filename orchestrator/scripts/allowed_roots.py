@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from db.vocabulary.config import RunConfig, ScriptWorkload, relative_path_problem
+from db.vocabulary.config.writing import lookup
 from db.vocabulary.settings import EnvSettings
 from orchestrator.scripts.ui_fields import GUARDED_FIELDS
 
@@ -337,9 +338,7 @@ def changes_what_runs(before: Mapping[str, Any], after: Mapping[str, Any]) -> bo
     parent had not been accepted to run.
     """
     def value(data: Mapping[str, Any], field: str) -> Any:
-        found: Any = data
-        for part in field.split("."):  # "workload.script"; a sweep's "sweep.space.choice" (a run has none)
-            found = found.get(part) if isinstance(found, Mapping) else None
+        _, found = lookup(data, field)  # "workload.script"; a sweep's "sweep.space.choice" (a run has none)
         return list(found) if isinstance(found, (list, tuple)) else found
 
     return any(value(before, f) != value(after, f) for f in LAUNCH_FIELDS)
