@@ -59,7 +59,7 @@ def energies(session: Session, attempts: Mapping[int, Sequence[int]]
         (by run id, by (run id, attempt number)); an attempt with no reading (from before
         runyard read energy) is not measured, and says so.
     """
-    found = attempt_energies(session, list(attempts))
+    found = attempt_energies(session, [run_id for run_id, numbers in attempts.items() if numbers])
     per_attempt = {(run_id, n): found.get((run_id, n)) or energy_of([]) for run_id, numbers in attempts.items()
                    for n in numbers}
     per_run = {run_id: run_energy([(n, per_attempt[(run_id, n)]) for n in numbers])
