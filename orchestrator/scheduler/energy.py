@@ -155,7 +155,7 @@ class EnergyMeter:
         self.powercap = powercap
         self.clock = clock
         self._nvml = NvmlEnergy(nvml)
-        # The loop's thread (start, end) and the monitor's (job) read the same devices.
+        # The loop's thread (start, end) and the monitor's (job) read the same devices (NVML starts once).
         self._lock = threading.Lock()
         self._last_error_log = -math.inf
 
@@ -173,12 +173,11 @@ class EnergyMeter:
 
     def read(self, session: Session, attempt: Attempt, nproc: int) -> None:
         """Read ``attempt``'s devices and add what they used to its tallies (the caller commits)."""
-        with self._lock:
+        tallies = load_tallies(session, attempt.id)
+        with self._lock:  # the devices only: never held while the database is waited for
             now = self.clock()
-            tallies = load_tallies(session, attempt.id)
             found = self.readings(attempt.executor, _devices(attempt.devices_json), nproc)
-            save_tallies(session, attempt.id,
-                         [advance(tallies.get(r.device), r, now, attempt.started_at) for r in found])
+        save_tallies(session, attempt.id, [advance(tallies.get(r.device), r, now, attempt.started_at) for r in found])
 
     def start(self, session: Session, run: Run, attempt: Attempt) -> None:
         """The attempt's first reading, before its launch (committed: the monitor reads it next)."""
