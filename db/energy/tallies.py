@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from db.metricstore.rollups import dialect_insert
 from db.models import Attempt, AttemptEnergy
-from db.vocabulary.energy import Method, Tally, energy_of, run_energy
+from db.vocabulary.energy import Energy, Method, Tally, energy_of, run_energy
 
 # The columns of a tally, in Tally's order: read as plain rows, never as ORM objects (two threads of
 # the scheduler write the same rows; an object a session holds would not see the other's write).
@@ -47,7 +47,7 @@ def save_tallies(session: Session, attempt_id: int, tallies: Iterable[Tally]) ->
                                                set_={key: stmt.excluded[key] for key in keys}))
 
 
-def attempt_energies(session: Session, run_ids: Sequence[int]) -> dict[tuple[int, int], dict[str, object]]:
+def attempt_energies(session: Session, run_ids: Sequence[int]) -> dict[tuple[int, int], Energy]:
     """Each attempt's energy (``{"kwh", "method", "source"}``) by (run id, attempt number), in one
     statement; an attempt with no reading is left out (:func:`energies` says why)."""
     if not run_ids:
@@ -63,7 +63,7 @@ def attempt_energies(session: Session, run_ids: Sequence[int]) -> dict[tuple[int
 
 
 def energies(session: Session, attempts: Mapping[int, Sequence[int]]
-             ) -> tuple[dict[int, dict[str, object]], dict[tuple[int, int], dict[str, object]]]:
+             ) -> tuple[dict[int, Energy], dict[tuple[int, int], Energy]]:
     """Each run's energy and each of its attempts', in one statement.
 
     Args:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
+from typing import TypedDict
 
 JOULES_PER_KWH = 3.6e6
 # Two power readings further apart than this are not bridged by power x time: the seconds
@@ -36,6 +37,14 @@ def weakest(methods: Iterable[Method | str]) -> Method:
     order = list(Method)
     found = [Method(m) for m in methods]
     return max(found, key=order.index) if found else Method.NOT_MEASURED
+
+
+class Energy(TypedDict):
+    """An attempt's or a run's energy, as the run summary, ``runyard show --json`` and the pages give it."""
+
+    kwh: float | None  # None: nothing was measured or estimated
+    method: str  # a Method's value
+    source: str  # in words: what was read, or why not
 
 
 @dataclass(frozen=True)
@@ -144,7 +153,7 @@ def source_of(tallies: Sequence[Tally]) -> str:
     return f"{text} ({uncovered:.0f} s not covered: no reading spanned them)" if uncovered >= 1 else text
 
 
-def energy_of(tallies: Sequence[Tally]) -> dict[str, object]:
+def energy_of(tallies: Sequence[Tally]) -> Energy:
     """One attempt's energy: ``{"kwh", "method", "source"}`` (kwh None when nothing was measured)."""
     method = weakest(t.method for t in tallies)
     counted = [t.joules for t in tallies if t.method is not Method.NOT_MEASURED]
@@ -152,19 +161,19 @@ def energy_of(tallies: Sequence[Tally]) -> dict[str, object]:
     return {"kwh": kwh, "method": method.value, "source": source_of(tallies)}
 
 
-def run_energy(attempts: Sequence[tuple[int, dict[str, object]]]) -> dict[str, object]:
+def run_energy(attempts: Sequence[tuple[int, Energy]]) -> Energy:
     """A run's energy from its attempts' (number, energy) pairs, oldest first: the kWh summed,
     the weakest method, and a source that names the attempts when they differ."""
     if not attempts:
         return {"kwh": None, "method": Method.NOT_MEASURED.value, "source": "not started"}
-    counted = [float(str(e["kwh"])) for _, e in attempts if e["kwh"] is not None]
+    counted = [e["kwh"] for _, e in attempts if e["kwh"] is not None]
     by_source: dict[str, list[int]] = {}
     for number, e in attempts:
-        by_source.setdefault(str(e["source"]), []).append(number)
+        by_source.setdefault(e["source"], []).append(number)
     if len(by_source) == 1:
         source = next(iter(by_source))
     else:
         source = "; ".join(f"{'attempt' if len(n) == 1 else 'attempts'} {_listed([str(i) for i in n])}: {s}"
                            for s, n in by_source.items())
-    return {"kwh": sum(counted) if counted else None, "method": weakest(str(e["method"]) for _, e in attempts).value,
+    return {"kwh": sum(counted) if counted else None, "method": weakest(e["method"] for _, e in attempts).value,
             "source": source}
