@@ -77,7 +77,7 @@ class Tally:
     joules: float
     counter: float | None  # the last reading's value: a counter in joules, or a power in watts
     read_at: float
-    uncovered_s: float = 0.0  # seconds power x time could not cover, or read before the first reading
+    uncovered_s: float = 0.0  # seconds no reading covered: power x time's gaps, or before the first reading
     note: str = ""
 
 
