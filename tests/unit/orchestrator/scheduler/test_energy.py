@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.models import Attempt, Run
+from db.models import Attempt, Run, SchedulerHeartbeat
 from db.queries import run_detail
 from db.requests import create_run
 from db.states import AttemptStatus
@@ -236,3 +236,26 @@ def test_a_run_that_has_not_started_has_no_energy(sessions: sessionmaker[Session
     run_id = submit(sessions, settings, parse_config({"name": "queued"}), Inventory(kind="cpu", slots=2))
     with sessions() as s:
         assert run_detail(s, run_id)["energy"] == {"kwh": None, "method": "not measured", "source": "not started"}
+
+
+def test_only_this_hosts_local_attempts_are_read_and_a_slurm_one_says_why_not(
+        sessions: sessionmaker[Session], settings: Settings) -> None:
+    """Two schedulers may share a PostgreSQL database: another host's GPU 0 is not this one's."""
+    gpus = Gpus({0: 0}, step_mj=50_000)
+    meter = EnergyMeter(sessions, GPUS4, host="this-node", nvml=stand_in_nvml(gpus), clock=Clock())
+    elsewhere, elsewhere_attempt = running_attempt(sessions, settings, devices=[0])
+    slurm, slurm_attempt = running_attempt(sessions, settings, devices=[])
+    with sessions() as s:
+        other = SchedulerHeartbeat(host="other-node", pid=1, started_at=0.0, beat_at=0.0, home="/elsewhere")
+        s.add(other)
+        s.flush()
+        s.get_one(Attempt, elsewhere_attempt).scheduler_id = other.id
+        s.get_one(Attempt, slurm_attempt).executor = "slurm"
+        s.commit()
+    read(sessions, meter, slurm_attempt)
+    meter.job()
+    read(sessions, meter, slurm_attempt, end=True)
+
+    assert energy(sessions, elsewhere)[0]["source"] == "not read (the attempt ran before runyard read energy)"
+    assert energy(sessions, slurm)[0] == {"kwh": None, "method": "not measured",
+                                          "source": "runs under slurm: its nodes are not read here"}
