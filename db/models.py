@@ -383,6 +383,23 @@ class SystemMetric(Base):
     count: Mapped[int] = mapped_column(Integer)
 
 
+class AttemptEnergy(Base):
+    """The energy an attempt's device used so far (issue 55; db/energy/, db/vocabulary/energy.py):
+    joules, how they were obtained (``method``: measured, estimated, not measured), and the last
+    reading (a counter in joules, or a power in watts) that the next one, by any scheduler, goes on from."""
+
+    __tablename__ = "attempt_energy"
+
+    attempt_id: Mapped[int] = mapped_column(ForeignKey("attempts.id", ondelete="CASCADE"), primary_key=True)
+    device: Mapped[str] = mapped_column(String(32), primary_key=True)  # gpu<N>, rapl:<N>, none
+    method: Mapped[str] = mapped_column(String(16))
+    joules: Mapped[float] = mapped_column(Float)
+    counter: Mapped[float | None] = mapped_column(Float)
+    read_at: Mapped[float] = mapped_column(Float)
+    uncovered_s: Mapped[float] = mapped_column(Float)  # seconds no reading covered (power x time's gaps)
+    note: Mapped[str] = mapped_column(Text)  # the share ("2 of 4 CPU slots"), or why not measured
+
+
 # -- alerts (issue 28; orchestrator/alerts/) ------------------------------------------------
 
 

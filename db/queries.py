@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from db import metricstore
 from db.efficiency import goodput, goodput_parts
+from db.energy import energies
 from db.models import Attempt, Checkpoint, Event, PriceEntry, Run, RunStatusHistory, SchedulerHeartbeat
 from db.requests import RunNotFound, imported
 from db.run_summary import _run_summaries, lineage_cutoffs
@@ -150,6 +151,9 @@ def run_detail(session: Session, run_id: int, now: float | None = None) -> dict[
     detail["imported"] = imported(run)
     detail["run_dir"] = run.run_dir
     detail["attempts"] = attempts = attempts_of(session, run_id)
+    _, energy = energies(session, {run_id: [a["number"] for a in attempts]})
+    for a in attempts:
+        a["energy"] = energy[(run_id, a["number"])]  # {"kwh", "method", "source"}: db/vocabulary/energy.py
     for a, b in pairwise(attempts):
         # The recovery: failure -> detected -> relaunched -> first new step.
         a["relaunched_at"] = b["started_at"]

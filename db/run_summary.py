@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from typing_extensions import Unpack
 
 from db import metricstore
+from db.energy import energies
 from db.models import Attempt, Checkpoint, Run, Sweep, SweepTrial
 from db.states import TERMINAL, RunStatus
 from db.vocabulary.causes import Cause
@@ -84,11 +85,12 @@ def _run_summaries(session: Session, runs: Sequence[RunLike], now: float) -> lis
     resume_steps: dict[int, int] = dict(session.execute(
         select(Checkpoint.id, Checkpoint.step).where(Checkpoint.id.in_(resumes))).all()) if resumes else {}
     trials = _trials(session, ids)
+    energy, _ = energies(session, {run_id: [a.number for a in attempts[run_id]] for run_id in ids})
     return [
         _run_summary(r, attempts[r.id], written,
                      points.get((r.id, attempts[r.id][-1].number, 0), []) if attempts[r.id] else [], now,
                      resume_steps.get(r.resume_checkpoint_id) if r.resume_checkpoint_id is not None else None)
-        | {"trial": trials.get(r.id)}
+        | {"trial": trials.get(r.id), "energy": energy[r.id]}
         for r in runs
     ]
 

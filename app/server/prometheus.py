@@ -24,6 +24,9 @@ Series (``run_id`` on every ``runyard_run_*`` one):
   ``runyard_run_eta_seconds`` (while it runs with a total of steps; 0 once succeeded),
   ``runyard_run_goodput_ratio``, ``runyard_run_cost_dollars``,
   ``runyard_run_last_step_timestamp_seconds`` (epoch seconds of the newest step);
+- ``runyard_run_energy_joules_total{run_id,method}``: the energy the run's devices used so far
+  (db/vocabulary/energy.py: ``method`` is measured or estimated, the run's weakest), a counter; none
+  while nothing was measured;
 - ``runyard_run_restarts_total{run_id,cause}``: attempts launched after an attempt that ended
   with ``cause`` (db/vocabulary/causes.py), a counter;
 - ``runyard_queue_runs{state}``: how many runs of the database are in each state;
@@ -64,6 +67,7 @@ from db.lease import on_this_host
 from db.models import ALERT_OPEN, Alert, Attempt, Run
 from db.states import TERMINAL, AttemptStatus, RunStatus
 from db.vocabulary.cost import recent_pace
+from db.vocabulary.energy import JOULES_PER_KWH
 from db.vocabulary.inventory import Inventory
 from db.vocabulary.scheduler_file import read_scheduler_file
 from db.vocabulary.settings import EnvSettings, Settings
@@ -194,6 +198,9 @@ def _families(summaries: list[dict[str, Any]], extra: dict[int, dict[str, Any]],
     restarts = CounterMetricFamily("runyard_run_restarts_total",
                                    "Attempts launched after an attempt that ended with this cause.",
                                    labels=["run_id", "cause"])
+    energy = CounterMetricFamily("runyard_run_energy_joules_total",
+                                 "Energy the run's devices used so far (measured: a counter; estimated: power x time).",
+                                 labels=["run_id", "method"])
     last = _gauge("runyard_run_last_step_timestamp_seconds", "When the run's newest step completed (epoch seconds).",
                   ["run_id"])
     for s in summaries:
@@ -210,6 +217,9 @@ def _families(summaries: list[dict[str, Any]], extra: dict[int, dict[str, Any]],
         if more["goodput"] is not None:
             goodput.add_metric([run_id], more["goodput"])
         cost.add_metric([run_id], s["cost_usd"])
+        used = s.get("energy") or {}
+        if used.get("kwh") is not None:
+            energy.add_metric([run_id, used["method"]], used["kwh"] * JOULES_PER_KWH)
         by_cause: dict[str, int] = {}
         run_attempts = more["attempts"]
         for before, _after in pairwise(run_attempts):
@@ -232,7 +242,7 @@ def _families(summaries: list[dict[str, Any]], extra: dict[int, dict[str, Any]],
     firing = _gauge("runyard_alerts_firing", "Alerts open now, by trigger.", ["trigger"])
     for trigger, n in sorted(alerts.items()):
         firing.add_metric([trigger], n)
-    return [info, state, step, rate, eta, goodput, cost, restarts, last, queue, assigned, firing]
+    return [info, state, step, rate, eta, goodput, cost, energy, restarts, last, queue, assigned, firing]
 
 
 # -- the route -----------------------------------------------------------------------------------

@@ -49,6 +49,7 @@ from orchestrator.executors.stacks import StackDumps
 from orchestrator.scheduler import watchdog
 from orchestrator.scheduler.admission import Admission, current_attempt
 from orchestrator.scheduler.attempts import environment, launch, prepare, stop
+from orchestrator.scheduler.energy import EnergyMeter
 from orchestrator.scheduler.outcomes import attempt_config, settle
 from orchestrator.scheduler.repeats import RepeatedErrors, signature
 from orchestrator.scheduler.storage import StorageFaults, is_storage_text, sqlite_folder
@@ -104,6 +105,7 @@ class Scheduler:
         self.admission = Admission(inventory, self.host, self._start_attempt)
         self.executors = executors if executors is not None else default_executors(command, settings)
         self.dumps = StackDumps()
+        self.energy = EnergyMeter(sessions, inventory, host=self.host)  # tests give it a stand-in NVML
         self.scripts = ScriptWatch()
         self._heartbeat_id: int | None = None
         self._heartbeat_new = False  # the row was inserted by a commit still to come
@@ -127,6 +129,7 @@ class Scheduler:
         """Stop the stack-dump pool (dumps in flight finish in the background)."""
         self.dumps.close()
         self._file.close()
+        self.energy.close()
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -329,6 +332,7 @@ class Scheduler:
         attempt's row), environment, launch (orchestrator/scheduler/attempts.py)."""
         prepared = prepare(session, run, devices, self.executors, self.inventory, self._heartbeat_id)
         if prepared is not None:
+            self.energy.start(session, run, prepared.attempt)  # the baseline, before anything of it runs
             launch(session, prepared, environment(prepared, self.settings.db_url, self.inventory))
 
     # -- supervision ----------------------------------------------------------------------
@@ -391,5 +395,6 @@ class Scheduler:
             self._script_step(session, run, attempt, "finish",
                               partial(self.scripts.finish, session, run, attempt, config))
             self.scripts.forget(run.id, attempt.number)  # finished, or failed: settled either way
+        self.energy.end(session, run, attempt)  # its processes are gone: the last reading
         settle(session, run, attempt, exited, storage=self.storage.seen_since(attempt.started_at), config=config)
         self.settled += 1

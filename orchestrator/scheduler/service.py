@@ -217,10 +217,10 @@ def add_sweep_job(aps: BaseScheduler, scheduler: Scheduler, every_s: float = SWE
 def serve(scheduler: Scheduler, tick_s: float = TICK_S, monitor: SystemMonitor | None = None) -> None:
     """Run ``scheduler.tick`` and the system monitor on APScheduler until SIGTERM or SIGINT.
 
-    ``monitor`` defaults to a ``SystemMonitor`` on the scheduler's database.
+    ``monitor`` defaults to a ``SystemMonitor`` on the scheduler's database, reading its energy meter.
     """
     aps = BackgroundScheduler()
-    monitor = monitor or SystemMonitor(scheduler.sessions)
+    monitor = monitor or SystemMonitor(scheduler.sessions, energy=scheduler.energy)
     add_jobs(aps, scheduler, monitor, tick_s)
     add_sweep_job(aps, scheduler)  # sweeps: a pass over each every 2 s (orchestrator/sweeps)
     alerts = add_alert_jobs(aps, scheduler)  # alerts: a job beside the tick and a delivery thread (orchestrator/alerts)

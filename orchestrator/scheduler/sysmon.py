@@ -17,6 +17,9 @@ What is sampled (psutil, and NVML through nvidia-ml-py when it is installed and 
   SM clock (MHz), volatile uncorrected ECC errors; a key the GPU does not support is skipped.
   A GPU is tagged with the run the scheduler gave it (the attempt's ``devices_json``) and the
   rank whose ``LOCAL_RANK`` indexes that list.
+
+Beside the samples, each job reads the energy of the running attempts' devices through the
+scheduler's energy meter (orchestrator/scheduler/energy.py), into their tallies (db/energy/).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from db.models import Attempt, Run, SystemMetric
 from db.states import AttemptStatus
 from orchestrator.executors.processes import attempt_processes
+from orchestrator.scheduler.energy import EnergyMeter
 from orchestrator.scheduler.resources import GpuSampler
 
 logger = logging.getLogger(__name__)
@@ -107,6 +111,8 @@ class SystemMonitor:
         nvml: the ``pynvml`` module; default: imported when installed.
         window_s: the aggregation window.
         retention_s: how long rows of no run are kept (a run's rows stay with the run).
+        energy: the scheduler's energy meter, which reads the running attempts' devices at each
+            sample (orchestrator/scheduler/energy.py); None: no energy is read.
     """
 
     def __init__(
@@ -118,6 +124,7 @@ class SystemMonitor:
         nvml: ModuleType | None = None,
         window_s: float = WINDOW_S,
         retention_s: float = HOST_RETENTION_S,
+        energy: EnergyMeter | None = None,
     ):
         self.sessions = sessions
         self.host = host or socket.gethostname()
@@ -125,6 +132,7 @@ class SystemMonitor:
         self.window_s = window_s
         self.retention_s = retention_s
         self._pruned_at = -math.inf
+        self.energy = energy
         self._gpu = GpuSampler(nvml)
         self._tracked: dict[tuple[int, float], _Tracked] = {}
         self._trees: dict[tuple[int, int], tuple[float, list[psutil.Process]]] = {}
@@ -147,6 +155,8 @@ class SystemMonitor:
             if now - self._last_error_log >= ERROR_LOG_EVERY_S:
                 self._last_error_log = now
                 logger.exception("system sample failed; trying again in %.0f s", SAMPLE_S)
+        if self.energy is not None:
+            self.energy.job()  # its own errors are its own: logged there, never raised
 
     def sample(self) -> None:
         """Take one sample; write the previous window's aggregates when a new window begins."""

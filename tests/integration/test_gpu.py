@@ -1,8 +1,9 @@
 """On a CUDA GPU, end to end through the real scheduler: one rank under torchrun with NCCL, bf16
 autocast, torch.compile and fused AdamW train gpt-char; CUDA memory metrics and MFU reach the
 dashboard's tables, NVML's GPU series are attributed to the run, a checkpoint resumes; fp16
-reports its GradScaler's scale; FSDP with bf16 saves sharded through DCP and resumes. Skipped
-without a GPU (CI has none); run on a lent GPU machine, results in BENCHMARKS.md."""
+reports its GradScaler's scale; the run's energy is measured by NVML's counter; FSDP with bf16
+saves sharded through DCP and resumes. Skipped without a GPU (CI has none); run on a lent GPU
+machine, results in BENCHMARKS.md."""
 
 from __future__ import annotations
 
@@ -73,6 +74,20 @@ def test_fp16_reports_the_grad_scaler_scale(product: Product) -> None:
     scales = curve(product, run_id, key="loss_scale")
     assert len(scales) == 40 and all(s >= 1 for s in scales.values())
     assert math.isfinite(detail["metrics"]["loss"]["0"])
+
+
+def test_the_energy_of_a_run_on_one_gpu_is_read_from_nvmls_counter(product: Product) -> None:
+    """Volta and newer (an H100, an H200) have NVML's cumulative energy counter: the run's kWh is
+    measured from it, on the GPU the run held alone, at the attempt's start, ticks and end."""
+    run_id = product.submit(*ON_ONE_GPU, "name=gpu-energy", "train.max_steps=60", "train.eval_every=0",
+                            "checkpoint.every_steps=0")
+    product.start_scheduler()
+    detail = succeed(product, run_id, timeout=600)
+    energy = detail["energy"]
+    assert energy["method"] == "measured", energy
+    assert energy["source"].startswith("NVML energy counter, GPU "), energy
+    assert energy["kwh"] > 0, energy
+    assert detail["attempts"][0]["energy"] == energy  # one attempt: the run's is its own
 
 
 def test_fsdp_bf16_on_nccl_saves_sharded_from_pinned_staging_and_resumes(product: Product) -> None:

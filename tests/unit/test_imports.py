@@ -1,7 +1,7 @@
 """The house's shape, checked: imports point one way (app -> orchestrator -> trainer -> db), and
 inside a package from room to room (orchestrator: cli -> scheduler -> sweeps -> alerts -> its own
 modules -> scripts -> executors; app: views -> its own modules -> charts -> server; trainer: agent -> workloads ->
-checkpoint -> process -> reporting; db: sweeps -> metricstore -> vocabulary),
+checkpoint -> process -> reporting; db: sweeps -> energy -> metricstore -> vocabulary),
 no module imports itself through others, and the processes that never train never load torch.
 
 The arrows are read from the source (every ``import`` and ``from ... import``, at module level or
@@ -44,8 +44,9 @@ ROOMS = {
     # the SDK, the contract and the fault hooks below them and beside the checkpoint manager.
     "trainer": ("trainer.agent", "trainer.workloads", "trainer.checkpoint", "trainer.process", "trainer.reporting"),
     # db's own modules are no room either: the models and the engine below everything, the read
-    # queries above the metric store. A sweep's rows (sweeps) read the metric store's and the runs'.
-    "db": ("db.sweeps", "db.metricstore", "db.vocabulary"),
+    # queries above the metric store. A sweep's rows (sweeps) read the metric store's and the runs';
+    # the energy tallies (energy) write with the metric store's upsert.
+    "db": ("db.sweeps", "db.energy", "db.metricstore", "db.vocabulary"),
 }
 
 ROOM_OF = {"orchestrator.__main__": "orchestrator.cli"}  # rewrite-imports: keep

@@ -14,6 +14,7 @@ from sqlalchemy import Engine, event, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from db import metricstore, run_summary
+from db.energy import energies
 from db.models import Attempt, Checkpoint, Run, Sweep, SweepTrial
 from db.states import TERMINAL, RunStatus
 from db.vocabulary.cost import ETA_WINDOW, AttemptSpan, cost_usd, eta_estimate, wasted_seconds
@@ -69,6 +70,7 @@ def reference_summary(session: Session, run: Run, now: float) -> dict[str, Any]:
         "parent_step": run.parent_step, "resume_checkpoint_id": run.resume_checkpoint_id,
         "retries_used": run.retries_used, "retry_at": run.retry_at, "starred": run.starred,
         "archived": run.archived, "note": run.note, "trial": _trial(session, run.id),
+        "energy": energies(session, {run.id: [a.number for a in attempts]})[0][run.id],
     }
 
 

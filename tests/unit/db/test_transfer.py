@@ -20,6 +20,7 @@ from db.models import (
     Alert,
     AlertDelivery,
     Attempt,
+    AttemptEnergy,
     Checkpoint,
     Event,
     MetricName,
@@ -69,6 +70,9 @@ def fill(engine: Engine) -> None:
                           verified=False, pinned=True, deleted=False, refused_reason="bad\tbytes")
         s.add(ckpt)
         s.flush()
+        attempt_one = s.scalars(select(Attempt.id).where(Attempt.run_id == parent.id, Attempt.number == 1)).one()
+        s.add(AttemptEnergy(attempt_id=attempt_one, device="gpu1", method="measured", joules=0.1 + 0.2,
+                            counter=2.0**53, read_at=NOW, uncovered_s=0.0, note=""))
         parent.resume_checkpoint_id = ckpt.id  # runs -> checkpoints -> runs: a cycle
         fork = Run(name="fork", status="QUEUED", config_json=config, config_hash="d" * 64, max_steps=10, nproc=1,
                    created_at=NOW, updated_at=NOW, parent_run_id=parent.id, parent_step=50,
@@ -208,11 +212,11 @@ def test_the_cli_exports_and_imports_with_progress(tmp_path: Path, monkeypatch: 
     result = CliRunner().invoke(cli, ["db", "export", str(path)])
     assert result.exit_code == 0, result.output
     assert "exported metric_points: 6 of 6 rows (100%)" in result.output
-    assert f"exported 25 rows of 16 tables from {source_url} to {path}" in result.output
+    assert f"exported 26 rows of 17 tables from {source_url} to {path}" in result.output
     monkeypatch.setenv("RUNYARD_HOME", str(tmp_path / "b"))
     monkeypatch.setenv("RUNYARD_DB_URL", target_url)
     result = CliRunner().invoke(cli, ["db", "import", str(path)])
     assert result.exit_code == 0, result.output
-    assert f"imported 25 rows of 16 tables from {path} into {target_url}" in result.output
+    assert f"imported 26 rows of 17 tables from {path} into {target_url}" in result.output
     result = CliRunner().invoke(cli, ["db", "import", str(path)])
     assert result.exit_code == 1 and "error: the database" in result.output and "nothing was imported" in result.output

@@ -16,16 +16,19 @@ from dataclasses import dataclass
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.server.prometheus import DEFAULT_RECENT_S, RunyardCollector
 from db import queries
+from db.energy import save_tallies
 from db.metricstore import write_points
 from db.models import Alert, Attempt, SchedulerHeartbeat
 from db.requests import create_run
 from db.states import RunStatus, transition
 from db.vocabulary.config import RunConfig
 from db.vocabulary.cost import Price
+from db.vocabulary.energy import Method, Tally
 from db.vocabulary.inventory import Inventory
 from db.vocabulary.scheduler_file import SchedulerFile
 from db.vocabulary.settings import EnvSettings, Settings, SettingsError
@@ -204,6 +207,25 @@ def test_restarts_are_counted_by_the_cause_of_the_attempt_before_them(
         frozenset({("run_id", retried), ("cause", "SIGNAL")}): 1,
         frozenset({("run_id", retried), ("cause", "HANG")}): 1,
     }  # the failed run was not restarted: its USER_ERROR counts nothing
+
+
+def test_energy_is_a_counter_of_joules_per_run_with_its_method(
+        settings: Settings, sessions: sessionmaker[Session], seeded: dict[str, int]) -> None:
+    """The scheduler's tallies (db/energy/) as its meter leaves them: the live run's two GPUs
+    measured, the retried run's last attempt estimated; runs never read have no series."""
+    with sessions() as s:
+        live = s.scalars(select(Attempt.id).where(Attempt.run_id == seeded["live"])).one()
+        retried = s.scalars(select(Attempt.id).where(Attempt.run_id == seeded["retried"], Attempt.number == 3)).one()
+        save_tallies(s, live, [Tally("gpu0", Method.MEASURED, 1000.0, 5000.0, time.time()),
+                               Tally("gpu2", Method.MEASURED, 500.0, 9000.0, time.time())])
+        save_tallies(s, retried, [Tally("gpu1", Method.ESTIMATED, 250.0, 300.0, time.time())])
+        s.commit()
+    got = scrape(collector(sessions, settings))
+    assert got.types["runyard_run_energy_joules"] == "counter"
+    assert got.samples["runyard_run_energy_joules_total"] == {
+        frozenset({("run_id", str(seeded["live"])), ("method", "measured")}): pytest.approx(1500.0),
+        frozenset({("run_id", str(seeded["retried"])), ("method", "not measured")}): pytest.approx(250.0),
+    }  # attempts 1 and 2 of the retried run were never read: its total is a part, and says so
 
 
 def test_the_last_step_time_is_the_newest_attempts_progress(
