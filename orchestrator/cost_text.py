@@ -37,6 +37,14 @@ def energy_text(energy: dict[str, Any] | None) -> str:
     return f"{energy['kwh']:.4g} kWh ({energy.get('method', 'measured')}{source})"
 
 
+def energy_short(energy: dict[str, Any] | None, missing: str = "–") -> str:
+    """A run's energy in a table cell: "0.123 kWh" measured, "≈0.123 kWh" estimated, ``missing``
+    when not measured."""
+    if not energy or energy.get("kwh") is None:
+        return missing
+    return ("≈" if energy.get("method") == "estimated" else "") + f"{energy['kwh']:.3g} kWh"
+
+
 def yours_text(yours: dict[str, Any], running: bool) -> str:
     """The "Your cost" line: its total with its parts, the wasted part and, while the run goes on,
     the projected total; or why there is no number."""

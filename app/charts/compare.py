@@ -19,6 +19,7 @@ from pandas.io.formats.style import Styler
 
 from db.compare import ABSENT, MAX_RUNS, MetricSummary, higher_is_better
 from db.vocabulary import metric_registry
+from orchestrator.cost_text import energy_short
 from orchestrator.format import duration, note_line, step_text, usd
 
 # Vega's category10 hues: blue, orange, green, red, purple, brown, pink, grey, olive, cyan.
@@ -52,8 +53,8 @@ def best_word(higher: bool) -> str:
 
 def summary_frame(runs: Sequence[Mapping[str, Any]], keys: Sequence[str],
                   metrics: Mapping[tuple[int, str], MetricSummary]) -> pd.DataFrame:
-    """One row per run: its swatch, label, status, steps, wall time, cost, tags, note (its first
-    line), and per metric the
+    """One row per run: its swatch, label, status, steps, wall time, energy, your cost and the cloud
+    reference's (two named columns, never added), tags, note (its first line), and per metric the
     final value and the best (``min`` or ``max`` in the column name) with its step, titled and
     formatted by the metric registry (``Eval accuracy (%) final``: ``87.5``)."""
     rows = []
@@ -61,7 +62,8 @@ def summary_frame(runs: Sequence[Mapping[str, Any]], keys: Sequence[str],
         row: dict[str, Any] = {
             "": SWATCH, "run": f"#{run['id']} {run['name']}", "status": run["status"],
             "steps": step_text(run["step"], run["max_steps"]), "wall time": duration(run["elapsed_s"]),
-            "cost": usd(run["cost_usd"]), "tags": ", ".join(run["tags"]) or MISSING,
+            "energy": energy_short(run.get("energy"), MISSING), "your cost": usd(run["cost"]["yours"]["usd"]),
+            "cloud ref.": usd(run["cost_usd"]), "tags": ", ".join(run["tags"]) or MISSING,
             "note": note_line(run["note"]) or MISSING,
         }
         for key in keys:

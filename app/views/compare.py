@@ -73,7 +73,9 @@ def summary(runs: list[dict[str, Any]], keys: list[str], colors: list[str]) -> N
                ", ".join(f"{style.plain(metric_registry.label(k))}: {cc.best_word(higher_is_better(k))}"
                          for k in keys) +
                ", with its step (for a run of more than 1,000 logged steps, the best mean of a bucket of steps, "
-               "as the chart draws it). Wall time: start to end (or now); cost: every attempt.")
+               "as the chart draws it). Wall time: start to end (or now); your cost: energy at your tariff and "
+               "your hardware's amortisation (Settings; – until a tariff is set); cloud ref.: device time at the "
+               "list price the run was submitted at; both over every attempt.")
 
 
 def differences(runs: list[dict[str, Any]]) -> None:

@@ -23,6 +23,7 @@ from app.style import status_css
 from db.compare import MAX_RUNS as MAX_COMPARED  # not app.compare_charts: the Runs page loads no Altair
 from db.states import TERMINAL, RunStatus
 from db.vocabulary import metric_registry
+from orchestrator.cost_text import energy_short
 from orchestrator.format import duration, eta_text, note_line, status_words, step_text, usd, where_short
 from orchestrator.sweeps.space import sweep_tag
 
@@ -56,13 +57,6 @@ def headline_text(r: dict[str, Any]) -> str:
     return f"{metric_registry.label(key)} {metric_registry.format_value(key, r['headline_value'])}"
 
 
-def energy_cell(energy: dict[str, Any] | None) -> str:
-    """A run's energy in the table: "0.123 kWh" measured, "≈0.123 kWh" estimated, "–" not measured."""
-    if not energy or energy.get("kwh") is None:
-        return "–"
-    return ("≈" if energy.get("method") == "estimated" else "") + f"{energy['kwh']:.3g} kWh"
-
-
 def trial_text(trial: dict[str, Any] | None) -> str:
     """Which sweep's trial a run is: ``lr-search #3, trial 4``; empty for a run of no sweep."""
     return f"{trial['sweep_name']} #{trial['sweep_id']}, trial {trial['number']}" if trial else ""
@@ -83,7 +77,7 @@ def runs_frame(runs: list[dict[str, Any]], marks: dict[int, Any]) -> pd.DataFram
         "step": [step_text(r["step"], r["max_steps"]) for r in runs],
         "elapsed": [duration(r["elapsed_s"]) for r in runs],
         "ends at": [eta_text(r["status"], r["eta_s"], r["eta_range_s"], short=True) for r in runs],
-        "energy": [energy_cell(r.get("energy")) for r in runs],
+        "energy": [energy_short(r.get("energy")) for r in runs],
         "your cost": [usd(r["cost"]["yours"]["usd"]) for r in runs],
         "cost": [usd(r["cost_usd"]) for r in runs],
         "projected": [usd(r["cost_projected_usd"]) for r in runs],

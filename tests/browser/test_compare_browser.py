@@ -176,7 +176,7 @@ def test_select_three_runs_and_compare_them(page: Any, runyard_up: Any, tmp_path
     for run_id, row in zip(ids, rows, strict=True):
         assert row["status"] == "SUCCEEDED"
         assert row["steps"].replace(",", "").startswith(str(STEPS)), row["steps"]
-        assert row["cost"] == usd(listed[run_id]["cost_usd"])
+        assert row["cloud ref."] == usd(listed[run_id]["cost_usd"])
         assert (row["Loss final"], row["Loss best (min)"]) == expected_metric(db, run_id, "loss", higher=False)
         assert (row["Eval accuracy (%) final"], row["Eval accuracy (%) best (max)"]) == expected_metric(
             db, run_id, "eval_accuracy", higher=True)

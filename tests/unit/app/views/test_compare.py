@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from db.states import RunStatus
 from db.vocabulary.settings import Settings
+from db.vocabulary.settings_file import write_values
 from orchestrator.run_edits import edit_run
 from tests.unit.app.pages import (
     add_attempt,
@@ -103,3 +104,18 @@ def test_compare_shows_each_runs_tags_and_the_first_line_of_its_note(
     summary = at.table[0].value.set_index("run")  # Markdown-escaped cells: \#1
     assert summary.loc["\\#1 first", "tags"] == "baseline" and summary.loc["\\#2 second", "tags"] == "—"
     assert summary.loc["\\#1 first", "note"] == "warmup 100 steps…"  # the rest is on the Run page
+
+
+def test_compare_shows_energy_your_cost_and_the_cloud_reference_apart(
+        settings: Settings, sessions: sessionmaker[Session]) -> None:
+    write_values(settings.home, {("cost", "electricity_usd_per_kwh"): 0.30})
+    with sessions() as s:
+        first = add_run(s, settings, "first")
+        second = add_run(s, settings, "second")
+        s.commit()
+    at = open_page("views/compare.py", runs=f"{first},{second}")
+    no_exception(at)
+    summary = at.table[0].value.set_index("run")
+    row = summary.loc["\\#1 first"]
+    assert row["energy"] == "—"  # not measured (queued: nothing yet)
+    assert row["your cost"] == "\\$0.0000" and row["cloud ref."] == "\\$0.0000"  # Markdown-escaped cells
