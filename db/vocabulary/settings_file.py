@@ -120,7 +120,7 @@ def read_tables(home: Path) -> dict[str, dict[str, Any]]:
     except (OSError, UnicodeDecodeError) as exc:
         raise SettingsFileError(f"{path} cannot be read: {exc}") from None
     try:
-        data = tomllib.loads(text)
+        data: dict[str, Any] = tomllib.loads(text)  # tomli (under 3.10) is checked as untyped
     except tomllib.TOMLDecodeError as exc:
         raise SettingsFileError(f"{path} is not valid TOML ({exc}); correct it, or remove it to start "
                                 "from the defaults") from None
