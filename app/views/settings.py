@@ -20,6 +20,11 @@ style.apply()
 st.title("Settings")
 
 
+COST_LABELS = {"electricity_usd_per_kwh": "Tariff, USD per kWh", "pue": "PUE",
+               "hardware_usd_per_gpu": "Hardware, USD per GPU", "hardware_life_years": "Its life, years",
+               "busy_hours_per_year": "Busy hours a year"}
+
+
 def your_cost() -> None:
     """The "Your cost" section: the ``[cost]`` keys of settings.toml, and what they make of a GPU-hour."""
     st.subheader("Your cost")
@@ -37,10 +42,12 @@ def your_cost() -> None:
         st.error(style.plain(f"{exc}. Saving here writes every key anew."))
         values = {k.name: k.default for k in COST_KEYS}
     with st.form("your_cost", border=False):
-        columns = st.columns(len(COST_KEYS))
+        # Energy on one row, hardware on the next: three to a row keep the labels whole at 800 px.
+        columns = [*st.columns(3)[:2], *st.columns(3)]
         entered = {key.name: column.number_input(
-            key.name, value=values[key.name], min_value=key.minimum, max_value=key.maximum, step=None,
-            format="%g", help=key.doc, key=f"cost_{key.name}") for key, column in zip(COST_KEYS, columns, strict=True)}
+            COST_LABELS[key.name], value=values[key.name], min_value=key.minimum, max_value=key.maximum, step=None,
+            format="%g", help=f"`cost.{key.name}`: {key.doc}", key=f"cost_{key.name}")
+            for key, column in zip(COST_KEYS, columns, strict=True)}
         saved = st.form_submit_button("Save your cost", icon=":material/save:",
                                       disabled=data.read_only_reason() is not None, help=data.read_only_reason())
     if saved:

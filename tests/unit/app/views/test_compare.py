@@ -55,7 +55,7 @@ def test_compare_page_overlays_the_rank_mean_of_two_runs(settings: Settings, ses
     high = rows[rows["run"].str.contains("lr-high")].sort_values("step")
     assert len(high) == 10 and len(rows) == 15  # one point per step, ranks averaged
     assert high["value"].iloc[0] == pytest.approx(2.0 / 10 + 0.005)  # mean of ranks 0 and 1
-    summary, diff = at.table
+    summary, diff, _costs = at.table  # the summary, the config differences, energy and cost
     table = as_read_frame(summary.value).set_index("run")
     assert table.loc[f"#{first} lr-high", "Loss final"] == f"{2.0 / 100 + 0.005:.4g}"  # step 100, two ranks
     assert table.loc[f"#{second} lr-low", "Loss best (min)"] == f"{2.0 / 50 + 0.005:.4g} @ 50"
@@ -115,7 +115,9 @@ def test_compare_shows_energy_your_cost_and_the_cloud_reference_apart(
         s.commit()
     at = open_page("views/compare.py", runs=f"{first},{second}")
     no_exception(at)
-    summary = at.table[0].value.set_index("run")
-    row = summary.loc["\\#1 first"]
+    costs = next(t.value for t in at.table if "your cost" in t.value.columns).set_index("run")
+    assert "your cost" not in at.table[0].value.columns  # the summary keeps its width
+    row = costs.loc["\\#1 first"]
     assert row["energy"] == "—"  # not measured (queued: nothing yet)
-    assert row["your cost"] == "\\$0.0000" and row["cloud ref."] == "\\$0.0000"  # Markdown-escaped cells
+    # Markdown-escaped cells; each line with its wasted part, never added to the other.
+    assert row["your cost"] == "\\$0.0000, wasted \\$0.0000" and row["cloud ref."] == "\\$0.0000, wasted \\$0.0000"
