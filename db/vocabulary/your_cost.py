@@ -142,7 +142,7 @@ def cloud_reference(summary: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def cost_lines(summary: Mapping[str, Any], spans: Sequence[AttemptSpan], price: OwnPrice | str,
-               now: float) -> dict[str, Any]:
+               now: float, attempt_kwh: Sequence[float | None] | None = None) -> dict[str, Any]:
     """A run summary's ``cost``: ``{"yours": ..., "cloud_reference": ...}``.
 
     Args:
@@ -151,9 +151,11 @@ def cost_lines(summary: Mapping[str, Any], spans: Sequence[AttemptSpan], price: 
         price: The owner's price, or why the settings file cannot be read (then ``yours`` has no
             number and says so in ``reason``).
         now: The time a running attempt is counted up to.
+        attempt_kwh: Each attempt's own energy, oldest first, where it is known; else the run's
+            total is shared among its attempts by their time.
     """
     energy = summary.get("energy") or {}
-    kwh = spread_energy(energy.get("kwh"), spans, now)
+    kwh = list(attempt_kwh) if attempt_kwh is not None else spread_energy(energy.get("kwh"), spans, now)
     devices = devices_held(summary["price_unit"] or "", summary["nproc"])
     eta = summary["eta_s"]  # None once the run ended (0 when it succeeded): nothing left to project
     if isinstance(price, str):

@@ -100,6 +100,20 @@ def test_cost_lines_keep_the_cloud_reference_apart(tmp_path: Path) -> None:
     assert cost_lines(summary, [span(0.0, HOUR)], PRICE, now=HOUR)["yours"]["energy_method"] == "not measured"
 
 
+def test_each_attempts_own_energy_prices_its_wasted_part_where_known() -> None:
+    """A failed attempt of 3 kWh (all of it lost: no checkpoint) and a good one of 1 kWh: its own
+    energy counts, not the run's 4 kWh shared by time (which would waste only 2)."""
+    summary = {"status": "SUCCEEDED", "eta_s": 0.0, "nproc": 1, "price_unit": "1 x H100 @ $2.99/h",
+               "price_usd_per_hour": 2.99, "cost_usd": 5.98, "cost_wasted_usd": 2.99, "cost_projected_usd": 5.98,
+               "energy": {"kwh": 4.0, "method": "measured", "source": "NVML energy counter, GPU 0"}}
+    spans = [span(0.0, HOUR, failed=True), span(HOUR, 2 * HOUR, after_failure=True, first_step=HOUR)]
+    energy_only = OwnPrice(electricity_usd_per_kwh=1.0)
+    own = cost_lines(summary, spans, energy_only, now=2 * HOUR, attempt_kwh=[3.0, 1.0])["yours"]
+    shared = cost_lines(summary, spans, energy_only, now=2 * HOUR)["yours"]
+    assert own["usd"] == shared["usd"] == pytest.approx(4.0)
+    assert own["wasted_usd"] == pytest.approx(3.0) and shared["wasted_usd"] == pytest.approx(2.0)
+
+
 def test_a_broken_settings_file_is_a_reason_not_a_crash(tmp_path: Path) -> None:
     write_values(tmp_path, {("cost", "electricity_usd_per_kwh"): 0.25})
     assert own_price(tmp_path) == OwnPrice(electricity_usd_per_kwh=0.25)
