@@ -1,6 +1,7 @@
 """The Run page's panels other than the charts: the failure summary at the top of a failed run,
 the checkpoint table with its pins and the Young–Daly advice, the attempts timeline and table,
-each rank's log tail, and the warnings and errors among the run's events.
+each rank's log tail, the warnings and errors among the run's events, and the run's energy with
+its two cost lines (Your cost, Cloud reference).
 
 Each takes the run detail the live panel read once for this refresh (``data.run_detail``).
 """
@@ -19,7 +20,9 @@ from app.log_view import first_error, log_panel
 from app.run_actions import is_superseded
 from db.states import TERMINAL, RunStatus
 from db.vocabulary import metric_registry
-from orchestrator.format import clock, duration, phases_text
+from db.vocabulary.your_cost import NO_TARIFF
+from orchestrator.cost_text import CLOUD, YOURS, energy_text
+from orchestrator.format import clock, duration, phases_text, usd
 
 TERMINAL_VALUES = {s.value for s in TERMINAL}
 
@@ -201,3 +204,48 @@ def events_list(d: dict[str, Any]) -> None:
                                     "kind": e["kind"], "message": e["message"]} for e in events]),
                      hide_index=True, width="stretch")
 
+
+
+SETTINGS_PAGE = "views/settings.py"
+
+
+def energy_tile(column: Any, d: dict[str, Any]) -> None:
+    """The run's energy as a headline number: kWh with its method, or "–" (not measured)."""
+    energy = d.get("energy") or {}
+    value = f"{energy['kwh']:.3g} kWh" if energy.get("kwh") is not None else "–"
+    column.metric("Energy", value, help=style.plain(energy_text(energy)))
+
+
+def cost_panel(d: dict[str, Any]) -> None:
+    """The run's two cost lines side by side, never added together: "Your cost" (its energy at
+    your tariff and PUE plus your hardware's amortisation, from Settings) and "Cloud reference"
+    (its device time at the list price it was submitted with), each with its wasted part and,
+    while the run goes on, its projected total. Without a tariff, a link to Settings instead."""
+    yours, cloud = d["cost"]["yours"], d["cost"]["cloud_reference"]
+    going = d["status"] not in {s.value for s in TERMINAL}
+    with st.container(border=True, key="cost-panel"):
+        left, right = st.columns(2)
+        if yours["usd"] is None:
+            left.metric(YOURS, "–", help="Energy x your tariff x PUE + device-hours x your hardware's cost an hour")
+            left.caption("No electricity tariff set, so no cost of yours." if yours["reason"] == NO_TARIFF
+                         else style.plain(yours["reason"]))
+            with left:
+                st.page_link(SETTINGS_PAGE, label="Set your tariff in Settings", icon=":material/settings:")
+        else:
+            energy = (f"energy {usd(yours['energy_usd'])} ({yours['energy_kwh']:.3g} kWh at "
+                      f"${yours['usd_per_kwh']:g}/kWh x PUE {yours['pue']:g})"
+                      if yours["energy_usd"] is not None else "energy not measured: the hardware part only")
+            left.metric(YOURS, usd(yours["usd"]), help=style.plain(
+                f"Hardware {usd(yours['hardware_usd_per_gpu_hour'])} per GPU-hour x {yours['devices']:g} "
+                f"device(s), from Settings; {energy}"))
+            left.caption(_parts(f"{energy} + hardware {usd(yours['hardware_usd'])}", yours, going))
+        right.metric(CLOUD, usd(cloud["usd"]), help=style.plain(f"Device time at {cloud['unit']}, the list price "
+                                                               "the run was submitted at (Settings' price table)"))
+        right.caption(_parts(cloud["unit"], cloud, going))
+
+
+def _parts(head: str, line: dict[str, Any], going: bool) -> str:
+    """A cost line's caption: what it is made of, its wasted part, and its projected total while
+    the run goes on."""
+    text = f"{head} · wasted {usd(line['wasted_usd'])}"
+    return style.plain(text + (f" · projected {usd(line['projected_usd'])}" if going else ""))

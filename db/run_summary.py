@@ -26,6 +26,8 @@ from db.vocabulary.cost import (
     eta_estimate,
     wasted_seconds,
 )
+from db.vocabulary.settings import load_settings
+from db.vocabulary.your_cost import OwnPrice, cost_lines, own_price
 
 # The run and attempt columns a summary reads: not the config, log tails or exceptions, which
 # a list of 200 runs would otherwise carry from the database for nothing.
@@ -85,14 +87,21 @@ def _run_summaries(session: Session, runs: Sequence[RunLike], now: float) -> lis
     resume_steps: dict[int, int] = dict(session.execute(
         select(Checkpoint.id, Checkpoint.step).where(Checkpoint.id.in_(resumes))).all()) if resumes else {}
     trials = _trials(session, ids)
-    energy, _ = energies(session, {run_id: [a.number for a in attempts[run_id]] for run_id in ids})
-    return [
+    energy, attempt_energy = energies(session, {run_id: [a.number for a in attempts[run_id]] for run_id in ids})
+    summaries = [
         _run_summary(r, attempts[r.id], written,
                      points.get((r.id, attempts[r.id][-1].number, 0), []) if attempts[r.id] else [], now,
                      resume_steps.get(r.resume_checkpoint_id) if r.resume_checkpoint_id is not None else None)
         | {"trial": trials.get(r.id), "energy": energy[r.id]}
         for r in runs
     ]
+    # Last, once every other key (the energy among them) is in: the two cost lines, at today's own price.
+    price = own_price(load_settings().home) if summaries else OwnPrice()
+    for summary in summaries:
+        run_attempts = attempts[summary["id"]]
+        summary["cost"] = cost_lines(summary, _attempt_spans(run_attempts, written), price, now,
+                                     [attempt_energy[(summary["id"], a.number)]["kwh"] for a in run_attempts])
+    return summaries
 
 
 def _trials(session: Session, run_ids: list[int]) -> dict[int, dict[str, Any]]:

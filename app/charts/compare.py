@@ -19,6 +19,7 @@ from pandas.io.formats.style import Styler
 
 from db.compare import ABSENT, MAX_RUNS, MetricSummary, higher_is_better
 from db.vocabulary import metric_registry
+from orchestrator.cost_text import energy_short
 from orchestrator.format import duration, note_line, step_text, usd
 
 # Vega's category10 hues: blue, orange, green, red, purple, brown, pink, grey, olive, cyan.
@@ -52,8 +53,7 @@ def best_word(higher: bool) -> str:
 
 def summary_frame(runs: Sequence[Mapping[str, Any]], keys: Sequence[str],
                   metrics: Mapping[tuple[int, str], MetricSummary]) -> pd.DataFrame:
-    """One row per run: its swatch, label, status, steps, wall time, cost, tags, note (its first
-    line), and per metric the
+    """One row per run: its swatch, label, status, steps, wall time, tags, note (its first line), and per metric the
     final value and the best (``min`` or ``max`` in the column name) with its step, titled and
     formatted by the metric registry (``Eval accuracy (%) final``: ``87.5``)."""
     rows = []
@@ -61,7 +61,7 @@ def summary_frame(runs: Sequence[Mapping[str, Any]], keys: Sequence[str],
         row: dict[str, Any] = {
             "": SWATCH, "run": f"#{run['id']} {run['name']}", "status": run["status"],
             "steps": step_text(run["step"], run["max_steps"]), "wall time": duration(run["elapsed_s"]),
-            "cost": usd(run["cost_usd"]), "tags": ", ".join(run["tags"]) or MISSING,
+            "tags": ", ".join(run["tags"]) or MISSING,
             "note": note_line(run["note"]) or MISSING,
         }
         for key in keys:
@@ -73,6 +73,17 @@ def summary_frame(runs: Sequence[Mapping[str, Any]], keys: Sequence[str],
                          else MISSING)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def cost_frame(runs: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """One row per run: its swatch, label, energy, and its two cost lines in columns of their own,
+    never added (docs/COSTS.md): your cost and the cloud reference, each with its wasted part."""
+    def line(cost: Mapping[str, Any]) -> str:
+        return f"{usd(cost['usd'])}, wasted {usd(cost['wasted_usd'])}" if cost["usd"] is not None else MISSING
+
+    return pd.DataFrame([{"": SWATCH, "run": f"#{run['id']} {run['name']}",
+                          "energy": energy_short(run.get("energy"), MISSING), "your cost": line(run["cost"]["yours"]),
+                          "cloud ref.": line(run["cost"]["cloud_reference"])} for run in runs])
 
 
 def styled_summary(frame: pd.DataFrame, colors: Sequence[str]) -> Styler:

@@ -22,7 +22,8 @@ Series (``run_id`` on every ``runyard_run_*`` one):
 - ``runyard_run_state{run_id,state}`` 1 for the run's state, 0 for each other state;
 - ``runyard_run_step``, ``runyard_run_steps_per_second`` (while it runs),
   ``runyard_run_eta_seconds`` (while it runs with a total of steps; 0 once succeeded),
-  ``runyard_run_goodput_ratio``, ``runyard_run_cost_dollars``,
+  ``runyard_run_goodput_ratio``, ``runyard_run_cost_dollars`` (the cloud reference),
+  ``runyard_run_your_cost_dollars`` (your cost, once a tariff is set: docs/COSTS.md),
   ``runyard_run_last_step_timestamp_seconds`` (epoch seconds of the newest step);
 - ``runyard_run_energy_joules_total{run_id,method}``: the energy the run's devices used so far
   (db/vocabulary/energy.py: ``method`` is measured or estimated, the run's weakest), a counter; none
@@ -194,7 +195,10 @@ def _families(summaries: list[dict[str, Any]], extra: dict[int, dict[str, Any]],
     goodput = _gauge("runyard_run_goodput_ratio",
                      "Productive step time over the time the run held its devices or waited to retry (0-1).",
                      ["run_id"])
-    cost = _gauge("runyard_run_cost_dollars", "What the run's device time has cost so far, in US dollars.", ["run_id"])
+    cost = _gauge("runyard_run_cost_dollars", "The cloud reference: the run's device time so far at the list price it "
+                  "was submitted at, in US dollars.", ["run_id"])
+    yours = _gauge("runyard_run_your_cost_dollars", "Your cost so far: the run's energy x your tariff x PUE plus your "
+                   "hardware's amortisation (settings.toml), in US dollars; absent until a tariff is set.", ["run_id"])
     restarts = CounterMetricFamily("runyard_run_restarts_total",
                                    "Attempts launched after an attempt that ended with this cause.",
                                    labels=["run_id", "cause"])
@@ -220,6 +224,8 @@ def _families(summaries: list[dict[str, Any]], extra: dict[int, dict[str, Any]],
         used = s.get("energy") or {}
         if used.get("kwh") is not None:
             energy.add_metric([run_id, used["method"]], used["kwh"] * JOULES_PER_KWH)
+        if s["cost"]["yours"]["usd"] is not None:
+            yours.add_metric([run_id], s["cost"]["yours"]["usd"])
         by_cause: dict[str, int] = {}
         run_attempts = more["attempts"]
         for before, _after in pairwise(run_attempts):
@@ -242,7 +248,7 @@ def _families(summaries: list[dict[str, Any]], extra: dict[int, dict[str, Any]],
     firing = _gauge("runyard_alerts_firing", "Alerts open now, by trigger.", ["trigger"])
     for trigger, n in sorted(alerts.items()):
         firing.add_metric([trigger], n)
-    return [info, state, step, rate, eta, goodput, cost, energy, restarts, last, queue, assigned, firing]
+    return [info, state, step, rate, eta, goodput, cost, yours, energy, restarts, last, queue, assigned, firing]
 
 
 # -- the route -----------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""Compare: several runs side by side. A summary table (status, steps, wall time, cost, the final
-and best value of each chosen metric), the config keys that differ, and one chart per metric
+"""Compare: several runs side by side. A summary table (status, steps, wall time, the final and
+best value of each chosen metric), the config keys that differ, each run's energy with its two
+cost lines (your cost, the cloud reference: never added), and one chart per metric
 with the runs overlaid (the mean over ranks along each run's lineage), each run in one colour
 throughout.
 
@@ -73,7 +74,17 @@ def summary(runs: list[dict[str, Any]], keys: list[str], colors: list[str]) -> N
                ", ".join(f"{style.plain(metric_registry.label(k))}: {cc.best_word(higher_is_better(k))}"
                          for k in keys) +
                ", with its step (for a run of more than 1,000 logged steps, the best mean of a bucket of steps, "
-               "as the chart draws it). Wall time: start to end (or now); cost: every attempt.")
+               "as the chart draws it). Wall time: start to end (or now).")
+
+
+def costs(runs: list[dict[str, Any]], colors: list[str]) -> None:
+    """Each run's energy and its two cost lines, a table of their own (the summary is as wide as
+    an 800 px window allows)."""
+    st.subheader("Energy and cost")
+    st.table(cc.styled_summary(style.plain_frame(cc.cost_frame(runs)), colors))
+    st.caption("Your cost: energy x your tariff x PUE + your hardware's amortisation (Settings; — until a tariff "
+               "is set). Cloud ref.: device time at the list price the run was submitted at. Both over every "
+               "attempt, never added together (docs/COSTS.md).")
 
 
 def differences(runs: list[dict[str, Any]]) -> None:
@@ -132,6 +143,7 @@ if len(chosen) == 1:
 colors = [cc.run_colors(chosen)[i] for i in chosen]
 summary(runs, metrics, colors)
 differences(runs)
+costs(runs, colors)
 if not keys:
     st.info("None of these runs has reported a metric yet: the charts appear with the first points.")
 elif not metrics:

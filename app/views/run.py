@@ -30,7 +30,7 @@ from typing import Any
 
 import streamlit as st
 
-from app import chart_widgets, data, style
+from app import chart_widgets, data, run_panels, style
 from app.alerts_panel import run_alerts
 from app.charts import metric as charts
 from app.live_series import LiveSeries, merge_series
@@ -39,7 +39,7 @@ from app.run_panels import attempts_table, checkpoint_advice, checkpoint_table, 
 from app.system import latest_window, summary_line, system_panels
 from db.states import TERMINAL, RunStatus
 from db.vocabulary import metric_registry
-from orchestrator.format import clock, duration, eta_text, startup_text, step_text, usd, where_text
+from orchestrator.format import clock, duration, eta_text, startup_text, step_text, where_text
 from orchestrator.scripts.attempt_watch import script_facts
 
 CHART_ORDER = ["loss", "eval_accuracy", "eval_loss", "samples_per_s", "step_time"]
@@ -124,6 +124,7 @@ def header(d: dict[str, Any]) -> None:
             st.caption(f"Forked from run #{d['parent_run_id']} at step {d['parent_step']}.")
         failure_summary(d)
     headline(d)
+    run_panels.cost_panel(d)  # Your cost and the Cloud reference, never mixed
 
 
 def headline(d: dict[str, Any]) -> None:
@@ -132,7 +133,7 @@ def headline(d: dict[str, Any]) -> None:
     ends = eta_text(d["status"], d["eta_s"], d["eta_range_s"])
     c[1].metric("Ends at", ends.split(" (")[0], help=f"At the recent pace: {ends}; evaluations and saves included"
                 if ends != "–" else "Shown once the run has a pace and a total number of steps")
-    c[2].metric("Cost so far", usd(d["cost_usd"]), help=style.plain(d["price_unit"]))
+    run_panels.energy_tile(c[2], d)
     c[3].metric("Attempts", d["attempt_count"])
     acc = d["metrics"].get("eval_accuracy", {}).get("0")
     c[4].metric(metric_registry.label("eval_accuracy"), metric_registry.format_value("eval_accuracy", acc))

@@ -3,7 +3,8 @@ and headline metric, live: a workspace to search (name, tag, note, config value)
 tags, starred, archived), sort by any column, and act on the selected rows (open, compare, star,
 archive, delete). A sweep's trial says which (the "sweep" column), and one stopped early says at
 which step and by which sweep where a paused run says PAUSED; ``/runs?sweep=N`` opens the list
-filtered to sweep N's trials (their tag, ``sweep:N``).
+filtered to sweep N's trials (their tag, ``sweep:N``). Its energy and your cost stand beside the
+cloud reference's cost ("Cloud ref."), never added to it (docs/COSTS.md).
 
 The list is read by db.compare.runs_list (filtered and sorted in the database read, the summary
 metrics in three statements for all the runs); the columns shown are chosen in "Columns" and kept
@@ -22,6 +23,7 @@ from app.style import status_css
 from db.compare import MAX_RUNS as MAX_COMPARED  # not app.compare_charts: the Runs page loads no Altair
 from db.states import TERMINAL, RunStatus
 from db.vocabulary import metric_registry
+from orchestrator.cost_text import energy_short
 from orchestrator.format import duration, eta_text, note_line, status_words, step_text, usd, where_short
 from orchestrator.sweeps.space import sweep_tag
 
@@ -39,9 +41,10 @@ SORTS = {
 }
 # Every column the table can show, in order; the ones shown until a person chooses in "Columns".
 COLUMNS = ["run", "★", "name", "sweep", "status", "waiting for", "alert", "progress", "step", "elapsed", "ends at",
-           "cost", "projected", "best loss", "headline", "attempts", "where", "tags", "note", "id"]
+           "energy", "your cost", "cost", "projected", "best loss", "headline", "attempts", "where", "tags", "note",
+           "id"]
 DEFAULT_COLUMNS = ["run", "★", "name", "status", "waiting for", "alert", "progress", "step", "elapsed", "ends at",
-                   "cost", "best loss", "headline", "tags"]
+                   "energy", "your cost", "cost", "best loss", "headline", "tags"]
 WAITING = {RunStatus.QUEUED.value, RunStatus.RETRYING.value}
 TERMINAL_VALUES = {s.value for s in TERMINAL}
 
@@ -74,6 +77,8 @@ def runs_frame(runs: list[dict[str, Any]], marks: dict[int, Any]) -> pd.DataFram
         "step": [step_text(r["step"], r["max_steps"]) for r in runs],
         "elapsed": [duration(r["elapsed_s"]) for r in runs],
         "ends at": [eta_text(r["status"], r["eta_s"], r["eta_range_s"], short=True) for r in runs],
+        "energy": [energy_short(r.get("energy")) for r in runs],
+        "your cost": [usd(r["cost"]["yours"]["usd"]) for r in runs],
         "cost": [usd(r["cost_usd"]) for r in runs],
         "projected": [usd(r["cost_projected_usd"]) for r in runs],
         "best loss": [r["best_loss"] for r in runs],
@@ -135,8 +140,15 @@ def runs_table() -> None:
             "waiting for": st.column_config.TextColumn("waiting for", help="Why a queued or retrying run waits"),
             # Wide enough for "17:40 (in 1h 2m 3s)": the automatic width cut it at every width (issue 29).
             "ends at": st.column_config.TextColumn("ends at", width="medium"),
-            "cost": st.column_config.TextColumn("cost", help="So far, every attempt included"),
-            "projected": st.column_config.TextColumn("projected", help="Cost so far + ETA x the run's price"),
+            "energy": st.column_config.TextColumn("energy", help="Measured (≈: estimated from power x time); "
+                                                  "– not measured (docs/COSTS.md)"),
+            "your cost": st.column_config.TextColumn(
+                "your cost", help="Energy x your tariff x PUE + your hardware's amortisation, so far (Settings); "
+                                  "– until you set your electricity tariff in Settings"),
+            "cost": st.column_config.TextColumn("Cloud ref.", help="Cloud reference: device time at the list price "
+                                                "the run was submitted at, so far, every attempt included"),
+            "projected": st.column_config.TextColumn(
+                "projected", help="Cloud reference so far + ETA x the run's list price"),
             "best loss": st.column_config.NumberColumn(
                 "best loss", format="%.4g", help="The lowest loss along the run's lineage (the mean over ranks)"),
             "headline": st.column_config.TextColumn(

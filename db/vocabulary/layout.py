@@ -12,6 +12,8 @@ they agree because they take the names from here and nowhere else::
         scrape_token          the read-only token of GET /metrics, mode 0600 (app/server/prometheus.py)
         ui.json               where the running UI listens (for `runyard token`)
         alerts.json           alert channels (URLs, webhook secrets) and defaults, mode 0600 (orchestrator/alerts)
+        settings.toml         the owner's settings, a table per concern ([cost]: your price), mode 0600
+                              (db/vocabulary/settings_file.py)
         runs/run-000042/
             config.json       the run config as submitted, for a person: runyard reads the database's
                               copy (runs.config_json), and this file only as the mark that the folder
@@ -55,6 +57,7 @@ TOKEN_FILE = "token"  # noqa: S105 - the token file's name, not a secret
 SCRAPE_TOKEN_FILE = "scrape_token"  # noqa: S105 - the file's name, not a secret
 UI_FILE = "ui.json"
 ALERTS_FILE = "alerts.json"
+SETTINGS_FILE = "settings.toml"
 RUNS_DIR = "runs"
 
 # -- a run's folder --------------------------------------------------------------------------

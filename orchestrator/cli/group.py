@@ -12,13 +12,15 @@
     runyard scheduler | ui | token [--rotate] | db upgrade | info | config-reference
     runyard db export FILE | db import FILE
     runyard alerts add URL [--on TRIGGER] | ls | rm ID | test [ID] | history [RUN] [--json] | defaults
+    runyard settings show [--json] | settings set cost.electricity_usd_per_kwh=0.30 [KEY=VALUE ...]
     runyard sweep start FILE [--set k=v] | preview FILE | ls | show SWEEP [--json] | pause | resume | cancel SWEEP
     runyard sweep promote SWEEP TRIAL | best SWEEP | edit SWEEP [--max-trials N] [--max-concurrent N]
 
 The verbs live by group in this package: requests.py (submit, cancel, pause, stacks, resume, rerun,
 fork, pin), edits.py (edit, star, archive, rm), read.py (ls, show, logs, metrics), imported.py
 (import), ui.py (up, ui, scheduler, token),
-info.py (info), database.py (db export, db import), alerts.py (alerts), sweeps.py (sweep); base.py
+info.py (info), database.py (db export, db import), alerts.py (alerts), sweeps.py (sweep),
+settings.py (settings); base.py
 holds what they share (the data-folder check, one-line errors, run references).
 
 Data lives under $RUNYARD_HOME (default: the per-user data folder, ~/.local/share/runyard on
@@ -53,6 +55,7 @@ LAZY_COMMANDS = {
     **dict.fromkeys(("edit", "star", "archive", "rm"), "orchestrator.cli.edits"),
     "import": "orchestrator.cli.imported",
     "alerts": "orchestrator.cli.alerts",
+    "settings": "orchestrator.cli.settings",
     "sweep": "orchestrator.cli.sweeps",
 }
 

@@ -32,6 +32,7 @@ from orchestrator.cli.base import (
     open_existing,
     resolve_ref,
 )
+from orchestrator.cost_text import cost_lines_text
 from orchestrator.executors.logs import launcher_log, rank_log_files
 from orchestrator.format import eta_text, phases_text, startup_text, step_text, where_short, where_text
 from orchestrator.scripts.attempt_watch import script_facts
@@ -143,7 +144,9 @@ def _print_detail(d: dict[str, Any]) -> None:
         click.echo(f"  note {d['note']}")
     ends = eta_text(d["status"], d["eta_s"], d.get("eta_range_s"))
     click.echo(f"  step {step_text(d['step'], d['max_steps'])}  elapsed {fmt_duration(d['elapsed_s'])}  "
-               f"ends {ends}  cost ${d['cost_usd']:.4f} ({d['price_unit']})")
+               f"ends {ends}")
+    for line in cost_lines_text(d):
+        click.echo(f"  {line}")
     click.echo(f"  dir {d['run_dir']}")
     if starting := startup_text(d["status"], d["attempts"][-1] if d["attempts"] else None, d["config"]):
         click.echo(f"  {starting}")

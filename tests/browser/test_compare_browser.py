@@ -6,9 +6,10 @@ attempt row, and rank 0's ``db.metricstore.write_points``): loss on both ranks e
 eval_accuracy from rank 0 every 50 steps on two of them. A person selects the three rows in the
 Runs table, presses "Compare 3 runs", and on the Compare page (whose URL names the runs) checks:
 
-- the summary table's status, steps, cost and each metric's final and best value against the
+- the summary table's status, steps and each metric's final and best value against the
   database (read here with plain SQL: the mean over ranks per step);
 - the config diff lists exactly ``train.lr``, with each run's value;
+- the energy and cost table gives each run's cloud reference as `runyard ls` does;
 - two charts (loss, eval_accuracy) are drawn, each line in its run's colour: one colour per run,
   the same on both charts, in the charts' one legend and on the table's swatches, every colour
   different.
@@ -170,13 +171,12 @@ def test_select_three_runs_and_compare_them(page: Any, runyard_up: Any, tmp_path
 
     # The summary table against the database.
     tables = page.get_by_test_id("stTable")
-    expect(tables).to_have_count(2)
+    expect(tables).to_have_count(3)  # the summary, the config differences, energy and cost
     rows = table_rows(tables.nth(0))
     assert [r["run"] for r in rows] == [f"#{i} lr-{lr}" for i, lr in zip(ids, LRS, strict=True)]
     for run_id, row in zip(ids, rows, strict=True):
         assert row["status"] == "SUCCEEDED"
         assert row["steps"].replace(",", "").startswith(str(STEPS)), row["steps"]
-        assert row["cost"] == usd(listed[run_id]["cost_usd"])
         assert (row["Loss final"], row["Loss best (min)"]) == expected_metric(db, run_id, "loss", higher=False)
         assert (row["Eval accuracy (%) final"], row["Eval accuracy (%) best (max)"]) == expected_metric(
             db, run_id, "eval_accuracy", higher=True)
@@ -185,6 +185,10 @@ def test_select_three_runs_and_compare_them(page: Any, runyard_up: Any, tmp_path
     assert not rows[0]["Eval accuracy (%) best (max)"].startswith(rows[0]["Eval accuracy (%) final"])
 
     # The config diff: exactly the learning rate.
+    costs = table_rows(tables.nth(2))
+    assert [r["run"] for r in costs] == [r["run"] for r in rows]
+    for run_id, row in zip(ids, costs, strict=True):
+        assert row["cloud ref."].startswith(f"{usd(listed[run_id]['cost_usd'])}, wasted ")
     diff = table_rows(tables.nth(1))
     assert [d["key"] for d in diff] == ["train.lr"]
     assert [diff[0][f"#{i} lr-{lr}"] for i, lr in zip(ids, LRS, strict=True)] == [str(lr) for lr in LRS]

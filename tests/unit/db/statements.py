@@ -18,6 +18,8 @@ from db.energy import energies
 from db.models import Attempt, Checkpoint, Run, Sweep, SweepTrial
 from db.states import TERMINAL, RunStatus
 from db.vocabulary.cost import ETA_WINDOW, AttemptSpan, cost_usd, eta_estimate, wasted_seconds
+from db.vocabulary.settings import load_settings
+from db.vocabulary.your_cost import cost_lines, own_price
 
 # --- the per-run computation list_runs used to do, one run at a time (3-4 statements a run) ----
 
@@ -55,7 +57,7 @@ def reference_summary(session: Session, run: Run, now: float) -> dict[str, Any]:
              for i, a in enumerate(attempts)]
     wasted = wasted_seconds(spans, now) * run.price_usd_per_hour / 3600.0
     projected = cost + (eta or 0.0) * run.price_usd_per_hour / 3600.0 if status not in TERMINAL else cost
-    return {
+    summary: dict[str, Any] = {
         "id": run.id, "name": run.name, "status": run.status, "status_reason": run.status_reason,
         "tags": json.loads(run.tags_json or "[]"), "step": step, "max_steps": run.max_steps,
         "progress": min(1.0, step / run.max_steps) if run.max_steps else 0.0, "nproc": run.nproc,
@@ -72,6 +74,8 @@ def reference_summary(session: Session, run: Run, now: float) -> dict[str, Any]:
         "archived": run.archived, "note": run.note, "trial": _trial(session, run.id),
         "energy": energies(session, {run.id: [a.number for a in attempts]})[0][run.id],
     }
+    # The two cost lines from the summary's own keys, at the owner's price as it is today.
+    return summary | {"cost": cost_lines(summary, spans, own_price(load_settings().home), now)}
 
 
 def _trial(session: Session, run_id: int) -> dict[str, Any] | None:

@@ -23,6 +23,7 @@ from db.states import RunStatus, transition
 from db.vocabulary.config import RunConfig
 from db.vocabulary.cost import Price
 from db.vocabulary.settings import Settings
+from db.vocabulary.settings_file import write_values
 from orchestrator.run_edits import EditRefused, edit_run, set_archived, set_starred
 from tests.unit.db.statements import counted, reference_summary, statements
 from tests.unit.db.workspace_runs import add_losses, names_of, workspace_run
@@ -55,6 +56,8 @@ def test_list_runs_sends_the_same_statements_for_1_10_and_100_runs(
 
 def test_list_runs_equals_the_per_run_computation(settings: Settings, sessions: sessionmaker[Session]) -> None:
     now = time.time()
+    # Your cost too, with a tariff and a hardware price: both lines of every run, bit for bit.
+    write_values(settings.home, {("cost", "electricity_usd_per_kwh"): 0.3, ("cost", "hardware_usd_per_gpu"): 9000.0})
     with sessions() as s:
         seed_runs(s, settings.runs_dir, 40, now=now - 5)
         s.commit()
@@ -71,6 +74,7 @@ def test_list_runs_equals_the_per_run_computation(settings: Settings, sessions: 
     assert any(eta not in (None, 0.0) for eta in etas) and None in etas and 0.0 in etas
     assert any(e["cost_wasted_usd"] > 0 for e in expected) and any(e["attempt_count"] == 0 for e in expected)
     assert any(e["attempt_count"] == 2 for e in expected)
+    assert any(e["cost"]["yours"]["wasted_usd"] > 0 for e in expected)  # the wasted part of yours, too
 
 
 def test_the_eta_of_a_run_without_loss_comes_from_the_metric_it_reports(

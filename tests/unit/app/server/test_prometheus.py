@@ -32,6 +32,7 @@ from db.vocabulary.energy import Method, Tally
 from db.vocabulary.inventory import Inventory
 from db.vocabulary.scheduler_file import SchedulerFile
 from db.vocabulary.settings import EnvSettings, Settings, SettingsError
+from db.vocabulary.settings_file import write_values
 
 pytestmark = pytest.mark.both_dbs
 
@@ -168,6 +169,20 @@ def test_each_run_has_the_numbers_runyard_show_gives(
     assert got.get("runyard_run_eta_seconds", run_id=live) == pytest.approx(100 / 5.0)
     assert got.get("runyard_run_eta_seconds", run_id=str(seeded["done"])) == 0
     assert 0 < (got.get("runyard_run_goodput_ratio", run_id=live) or 0) <= 1
+
+
+def test_your_cost_is_a_gauge_of_its_own_once_a_tariff_is_set(
+        settings: Settings, sessions: sessionmaker[Session], seeded: dict[str, int]) -> None:
+    now = time.time()
+    run_id = str(seeded["live"])
+    assert scrape(collector(sessions, settings, clock=lambda: now)).get("runyard_run_your_cost_dollars",
+                                                                        run_id=run_id) is None
+    write_values(settings.home, {("cost", "electricity_usd_per_kwh"): 0.30, ("cost", "hardware_usd_per_gpu"): 8760.0})
+    got = scrape(collector(sessions, settings, clock=lambda: now))
+    with sessions() as s:
+        shown = queries.run_detail(s, seeded["live"], now)
+    assert got.get("runyard_run_your_cost_dollars", run_id=run_id) == pytest.approx(shown["cost"]["yours"]["usd"])
+    assert got.get("runyard_run_cost_dollars", run_id=run_id) == pytest.approx(shown["cost_usd"])  # apart
 
 
 def test_steps_per_second_is_the_pace_the_eta_projects_with_and_only_while_running(

@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from db.states import RunStatus
 from db.vocabulary.settings import Settings
+from db.vocabulary.settings_file import write_values
 from orchestrator.run_edits import edit_run
 from tests.unit.app.pages import (
     add_attempt,
@@ -54,7 +55,7 @@ def test_compare_page_overlays_the_rank_mean_of_two_runs(settings: Settings, ses
     high = rows[rows["run"].str.contains("lr-high")].sort_values("step")
     assert len(high) == 10 and len(rows) == 15  # one point per step, ranks averaged
     assert high["value"].iloc[0] == pytest.approx(2.0 / 10 + 0.005)  # mean of ranks 0 and 1
-    summary, diff = at.table
+    summary, diff, _costs = at.table  # the summary, the config differences, energy and cost
     table = as_read_frame(summary.value).set_index("run")
     assert table.loc[f"#{first} lr-high", "Loss final"] == f"{2.0 / 100 + 0.005:.4g}"  # step 100, two ranks
     assert table.loc[f"#{second} lr-low", "Loss best (min)"] == f"{2.0 / 50 + 0.005:.4g} @ 50"
@@ -103,3 +104,20 @@ def test_compare_shows_each_runs_tags_and_the_first_line_of_its_note(
     summary = at.table[0].value.set_index("run")  # Markdown-escaped cells: \#1
     assert summary.loc["\\#1 first", "tags"] == "baseline" and summary.loc["\\#2 second", "tags"] == "—"
     assert summary.loc["\\#1 first", "note"] == "warmup 100 steps…"  # the rest is on the Run page
+
+
+def test_compare_shows_energy_your_cost_and_the_cloud_reference_apart(
+        settings: Settings, sessions: sessionmaker[Session]) -> None:
+    write_values(settings.home, {("cost", "electricity_usd_per_kwh"): 0.30})
+    with sessions() as s:
+        first = add_run(s, settings, "first")
+        second = add_run(s, settings, "second")
+        s.commit()
+    at = open_page("views/compare.py", runs=f"{first},{second}")
+    no_exception(at)
+    costs = next(t.value for t in at.table if "your cost" in t.value.columns).set_index("run")
+    assert "your cost" not in at.table[0].value.columns  # the summary keeps its width
+    row = costs.loc["\\#1 first"]
+    assert row["energy"] == "—"  # not measured (queued: nothing yet)
+    # Markdown-escaped cells; each line with its wasted part, never added to the other.
+    assert row["your cost"] == "\\$0.0000, wasted \\$0.0000" and row["cloud ref."] == "\\$0.0000, wasted \\$0.0000"

@@ -6,7 +6,10 @@ tests/browser/test_workspace_browser.py.
 
 from __future__ import annotations
 
+import json
+
 import pytest
+import streamlit as st
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.models import Run
@@ -15,6 +18,7 @@ from db.states import RunStatus
 from db.vocabulary.config import RunConfig
 from db.vocabulary.cost import Price
 from db.vocabulary.settings import Settings
+from db.vocabulary.settings_file import write_values
 from tests.unit.app.pages import add_run, no_exception, open_page, seeded, sessions, settings
 from tests.unit.apptest import new_app
 
@@ -78,6 +82,26 @@ def test_runs_page_lists_runs_with_status_and_step(seeded: dict[str, int]) -> No
                for col in ("cost", "projected")}
     assert 0 < dollars["cost"] < dollars["projected"]  # running, 40% done: more to pay
     assert table.loc[seeded["queued"], "projected"] == table.loc[seeded["queued"], "cost"] == "$0.0000"
+
+
+def test_runs_page_shows_energy_and_your_cost_beside_the_cloud_reference(settings: Settings,
+                                                                        seeded: dict[str, int]) -> None:
+    """Without a tariff your cost is "–" (the column's help says to set it in Settings); with one,
+    a number of its own, never the cloud reference's ("Cloud ref.", the column that was "cost")."""
+    at = new_app().run()
+    no_exception(at)
+    table = at.dataframe[0].value.set_index("id")
+    assert table.loc[seeded["running"], "your cost"] == "–"
+    assert table.loc[seeded["running"], "energy"] == "–"  # not measured here
+    write_values(settings.home, {("cost", "electricity_usd_per_kwh"): 0.30, ("cost", "hardware_usd_per_gpu"): 8760.0,
+                                 ("cost", "hardware_life_years"): 0.5})
+    st.cache_data.clear()  # the list is cached for a refresh or two
+    at.run()
+    table = at.dataframe[0].value.set_index("id")
+    yours = table.loc[seeded["running"], "your cost"]
+    assert yours.startswith("$") and yours != table.loc[seeded["running"], "cost"]
+    assert table.loc[seeded["queued"], "your cost"] == "$0.0000"
+    assert json.loads(at.dataframe[0].proto.columns)["cost"]["label"] == "Cloud ref."
 
 
 def test_runs_page_status_filter(seeded: dict[str, int]) -> None:

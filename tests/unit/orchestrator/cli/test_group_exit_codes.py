@@ -65,6 +65,10 @@ BAD_VALUES: list[Case] = [
     (_args("alerts", "defaults", "--quiet-hours", "25:00-07:00"), 2, "quiet_hours = '25:00-07:00'"),
     (_args("alerts", "defaults", "--ui-url", "runyard.lan"), 2, "ui_url = 'runyard.lan'"),
     (_args("alerts", "defaults", "--repeat-s", "-1"), 2, "--repeat-s"),
+    # settings: an unknown key, a value that is not a number, one out of range
+    (_args("settings", "set", "cost.tarif=0.3"), 2, "cost.tarif: no such key"),
+    (_args("settings", "set", "cost.pue=high"), 2, "cost.pue = 'high': not a number"),
+    (_args("settings", "set", "cost.busy_hours_per_year=9000"), 2, "cost.busy_hours_per_year = 9000"),
     # edit: every refusal of --name, --add-tag, --remove-tag, --note
     (_args("edit", QUEUED), 2, "say what to change"),
     (_args("edit", QUEUED, "--name", "two words"), 2, "name 'two words': use letters"),
@@ -123,7 +127,7 @@ BAD_VALUES: list[Case] = [
 # Verbs whose only inputs are a RUN (a run that cannot be used exits 1), flags, or nothing.
 NO_VALUES = frozenset({"alerts ls", "archive", "cancel", "config-reference", "db upgrade", "info", "metrics", "pause",
                        "rerun", "scheduler", "show", "stacks", "star", "token", "sweep ls", "sweep show",
-                       "sweep pause", "sweep resume", "sweep cancel", "sweep best"})
+                       "sweep pause", "sweep resume", "sweep cancel", "sweep best", "settings show"})
 
 # What stays 1: the run, the data folder or the database cannot be used as asked.
 RUNTIME: list[Case] = [

@@ -103,3 +103,26 @@ def test_show_prints_the_latest_metrics_as_the_run_page_does(settings: Settings)
     lines = out[out.index("latest metrics:"):].splitlines()[1:]
     assert any(line.split() == ["Step", "time", "(ms)", "r0=12.3", "r1=12.3"] for line in lines), lines
     assert any(line.split() == ["Eval", "accuracy", "(%)", "r0=87.5", "r1=87.5"] for line in lines), lines
+
+
+def test_show_names_your_cost_and_the_cloud_reference_apart(settings: Settings, sessions) -> None:
+    """`runyard show --json` carries both cost lines under names that say which is which (the flat
+    keys stay the cloud reference), and the text prints them on two named lines."""
+    run("submit", str(EXAMPLE))
+    with sessions() as s:
+        s.add(Attempt(run_id=1, number=1, status="SUCCEEDED", dir="/x", started_at=1000.0, ended_at=4600.0))
+        s.commit()
+    detail = json.loads(run("show", "1", "--json")[1])
+    yours, cloud = detail["cost"]["yours"], detail["cost"]["cloud_reference"]
+    assert yours["usd"] is None and "no electricity tariff set" in yours["reason"]
+    assert cloud["usd"] == detail["cost_usd"] > 0 and cloud["unit"] == detail["price_unit"]
+    run("settings", "set", "cost.electricity_usd_per_kwh=0.30", "cost.hardware_usd_per_gpu=8760",
+        "cost.hardware_life_years=1")
+    detail = json.loads(run("show", "1", "--json")[1])
+    yours = detail["cost"]["yours"]
+    # No energy measured here: the hardware part alone, the machine's $2/h shared by the run's slots.
+    assert yours["usd"] == yours["hardware_usd"] == round(2.0 * yours["devices"], 6)
+    assert yours["energy_usd"] is None and yours["energy_method"] == "not measured"
+    text = run("show", "1")[1]
+    assert "  your cost: $" in text and "energy not measured" in text
+    assert f"  cloud reference: ${cloud['usd']:,.4f} ({cloud['unit']})" in text
