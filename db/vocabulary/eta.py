@@ -12,15 +12,15 @@ from dataclasses import dataclass
 
 from db.vocabulary.cost import ETA_WINDOW, eta_estimate, recent_pace
 
-# The band around the estimate, as a share of the time left: BAND_BASE however far the run is, plus
-# BAND_PER_LEFT times the share of its steps still to do (a run 10% done has extrapolated its pace
-# over nine times the steps it measured; one 90% done over a ninth). Tuned with bench/bench_eta.py on
-# recorded runs so that the true end falls inside the band at least 80% of the time at 20, 50 and 80%
-# done (BENCHMARKS.md, "ETA"). Above the estimate only: a run's pace is lost to evaluations, other
-# runs starting and retries far more often than it is gained.
+# The band around the estimate, as a share of the time left. Above it: BAND_BASE however far the run
+# is, plus BAND_PER_LEFT times the share of its steps still to do (a run 10% done has extrapolated its
+# pace over nine times the steps it measured; one 90% done over a ninth). Below it: as much, up to
+# BAND_BELOW_MAX (a pace is lost to evaluations, other runs starting and retries more often and by
+# more than it is gained). Tuned with bench/bench_eta.py on recorded runs so that the true end falls
+# inside the band at least 80% of the time at 20, 50 and 80% done (BENCHMARKS.md, "ETA").
 BAND_BASE = 0.05
-BAND_PER_LEFT = 0.30
-BAND_BELOW = 0.5  # the band below the estimate, as a share of the one above it
+BAND_PER_LEFT = 1.20
+BAND_BELOW_MAX = 0.25
 # A restart's own uncertainty: its measured start-ups vary by about this share.
 RESTART_SPREAD = 0.5
 MACHINE_RESTARTS = 20  # the newest restarts on this machine whose median stands in for a run's own
@@ -80,7 +80,8 @@ def band(seconds: float, step: int, max_steps: int, parts: tuple[float, float]) 
     fastest and slowest parts of the window span (``parts``), widened with the share still to do."""
     left_share = max(0.0, min(1.0, (max_steps - step) / max_steps)) if max_steps else 1.0
     above = BAND_BASE + BAND_PER_LEFT * left_share
-    return min(parts[0], seconds * (1 - BAND_BELOW * above)), max(parts[1], seconds * (1 + above))
+    below = min(BAND_BELOW_MAX, above)
+    return min(parts[0], seconds * (1 - below)), max(parts[1], seconds * (1 + above))
 
 
 def forecast(points: Sequence[tuple[int, float]], max_steps: int, restart: Restart | None = None) -> Forecast | None:
