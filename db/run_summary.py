@@ -105,9 +105,9 @@ def machine_startups(session: Session) -> list[float]:
     """Launch to first step of this machine's newest restarts (any run's attempt after its first),
     the stand-in for a run that has not restarted yet (db/vocabulary/eta.py)."""
     rows = session.execute(
-        select(Attempt.first_step_at - Attempt.started_at).where(Attempt.number > 1, Attempt.first_step_at.is_not(None))
+        select(Attempt.started_at, Attempt.first_step_at).where(Attempt.number > 1, Attempt.first_step_at.is_not(None))
         .order_by(Attempt.started_at.desc()).limit(MACHINE_RESTARTS))
-    return [max(0.0, float(seconds)) for (seconds,) in rows]
+    return [max(0.0, first - started) for started, first in rows if first is not None]
 
 
 def _trials(session: Session, run_ids: list[int]) -> dict[int, dict[str, Any]]:
