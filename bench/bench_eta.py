@@ -1,6 +1,6 @@
 """How far to trust a run's ETA: recorded runs replayed, the predicted end against the true one.
 
-    .venv/bin/python bench/bench_eta.py [--data bench/data/eta_runs.json] [--tune]
+    .venv/bin/python bench/bench_eta.py [--data bench/data/eta_runs.json ...] [--tune]
 
 bench/eta_record.py records real runs through the real scheduler on this machine (the built-ins, a
 script with evaluation pauses, a run that slows down when a second one starts, a run that retries)
@@ -91,6 +91,7 @@ class Moment:
     startups: tuple[tuple[int, float], ...] = ()
     retry_at: float | None = None
     resume_step: int | None = None
+    first_step_at: float | None = None  # the next attempt's first step (a retrying moment): the restart's truth
 
 
 def true_end(run: dict[str, Any]) -> float:
@@ -118,7 +119,8 @@ def moments(name: str, run: dict[str, Any]) -> list[Moment]:
                          if a["number"] <= before["number"] and a["first_step_at"] is not None)
         saved = [step for step, _, created in run["checkpoints"] if created <= at]
         out.append(Moment(name, None, at, end, tuple((int(s), float(t)) for s, t in before["points"]), total,
-                          "RETRYING", startups, after["started_at"], max(saved) if saved else None))
+                          "RETRYING", startups, after["started_at"], max(saved) if saved else None,
+                          after["first_step_at"]))
     return out
 
 
@@ -202,52 +204,81 @@ def tune(ms: list[Moment]) -> None:
         print("  none in the grid")
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", type=Path, default=DATA)
-    parser.add_argument("--tune", action="store_true")
-    args = parser.parse_args()
-    data = json.loads(args.data.read_text())
+def replay(path: Path) -> tuple[dict[str, Any], list[Moment]]:
+    """One recordings file and its moments, listed as they are read."""
+    data = json.loads(path.read_text())
     ms: list[Moment] = []
-    print(f"recorded {data['machine']['recorded']} on {data['machine']['cpus']} CPUs:")
+    loads = ", ".join(f"{name} {r['load'][0]}-{r['load'][1]}" for name, r in data["recordings"].items() if "load" in r)
+    print(f"{path.name}: recorded {data['machine']['recorded']} on {data['machine']['cpus']} CPUs"
+          + (f" (1-minute load {loads})" if loads else "") + ":")
     for name, rec in data["recordings"].items():
         for run in rec["runs"]:
             found = moments(name, run)
             ms += found
             print(f"  {name}: {run['name']}, {run['max_steps']:,} steps, {len(run['attempts'])} attempt(s), "
                   f"{true_end(run) - run['attempts'][0]['started_at']:.0f} s; {len(found)} moments ({rec['what']})")
-    print("\nError of the predicted end (share of the time truly left), band coverage and width:")
     print("\n".join(table(ms)))
-    print("\nPer recording, after (median error, coverage):")
+    print(f"The wait to retry alone: {restart_words([m for m in ms if m.status == 'RETRYING'])}")
+    print("Per recording (median error / coverage):")
     for name in data["recordings"]:
         mine = [m for m in ms if m.recording == name and m.share is not None]
         r, b = judge(mine, after), judge(mine, before)
         print(f"  {name:<12} before {b['median']:.1%} / {b['coverage']:.0%}   after {r['median']:.1%} / "
               f"{r['coverage']:.0%}")
+    print()
+    return data, ms
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, action="append",
+                        help="a recordings file (repeatable; default: every bench/data/eta_runs*.json)")
+    parser.add_argument("--tune", action="store_true")
+    args = parser.parse_args()
+    paths = args.data or sorted(DATA.parent.glob("eta_runs*.json"))
+    print("Error of the predicted end (share of the time truly left), band coverage and median width:\n")
+    files = [replay(path) for path in paths]
+    ms = [m for _, found in files for m in found]
+    if len(files) > 1:
+        print(f"All {len(files)} files:")
+        print("\n".join(table(ms)))
     if args.tune:
         print()
         tune(ms)
+    runs = sum(len(r["runs"]) for data, _ in files for r in data["recordings"].values())
+    dates = sorted({data["machine"]["recorded"] for data, _ in files})
     print_row("ETA", "the predicted end of recorded runs (the built-ins, evaluation pauses, a second run starting, a "
               "retry) at 20, 50 and 80% done: median / p90 error as a share of the time left, and how often the "
-              "true end fell inside the band, before (main at f42c02a) and after issue 55", summary(ms, data),
-              load_of(data))
+              "true end fell inside the band, before (main at f42c02a) and after issue 55",
+              summary(ms) + f"; {len(ms)} moments of {runs} runs recorded {', '.join(dates)}",
+              max(load_of(data) for data, _ in files))
     return 0
 
 
-def summary(ms: list[Moment], data: dict[str, Any]) -> str:
+def summary(ms: list[Moment]) -> str:
     """The row's result: per share done, before -> after."""
     parts = []
     for label, group in groups(ms).items():
         b, a = judge(group, before), judge(group, after)
         if label == "retrying":
             was = f"{b['median']:.0%}" if b["n"] else "no ETA"
-            parts.append(f"waiting to retry: error {was} -> **{a['median']:.0%}** (the restart included)")
+            parts.append(f"waiting to retry: error {was} -> **{a['median']:.0%}** (the restart included; "
+                         f"{restart_words(group)})")
             continue
         met = verdict(a["coverage"] >= GOAL)
         parts.append(f"{label}: error {b['median']:.1%} / {b['p90']:.0%} -> {a['median']:.1%} / {a['p90']:.0%}, "
                      f"coverage {b['coverage']:.0%} -> **{a['coverage']:.0%}** ({met})")
-    runs = sum(len(r["runs"]) for r in data["recordings"].values())
-    return "; ".join(parts) + f"; {len(ms)} moments of {runs} runs recorded {data['machine']['recorded']}"
+    return "; ".join(parts)
+
+
+def restart_words(ms: Sequence[Moment]) -> str:
+    """The restart alone, predicted (backoff left + start-up) against measured (to the next first step)."""
+    pairs = []
+    for m in ms:
+        restart = restart_ahead(m.status, m.startups, m.retry_at, m.at, [], m.resume_step)
+        if restart is not None and m.first_step_at is not None:
+            pairs.append(f"{restart.backoff_s + restart.startup_s:.1f} s against {m.first_step_at - m.at:.1f} s")
+    return "restart predicted " + ", ".join(pairs) if pairs else "no restart measured"
 
 
 def load_of(data: dict[str, Any]) -> float:

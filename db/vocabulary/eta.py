@@ -18,9 +18,9 @@ from db.vocabulary.cost import ETA_WINDOW, eta_estimate, recent_pace
 # BAND_BELOW_MAX (a pace is lost to evaluations, other runs starting and retries more often and by
 # more than it is gained). Tuned with bench/bench_eta.py on recorded runs so that the true end falls
 # inside the band at least 80% of the time at 20, 50 and 80% done (BENCHMARKS.md, "ETA").
-BAND_BASE = 0.05
-BAND_PER_LEFT = 1.20
-BAND_BELOW_MAX = 0.25
+BAND_BASE = 0.20
+BAND_PER_LEFT = 0.90
+BAND_BELOW_MAX = 0.35
 # A restart's own uncertainty: its measured start-ups vary by about this share.
 RESTART_SPREAD = 0.5
 MACHINE_RESTARTS = 20  # the newest restarts on this machine whose median stands in for a run's own
