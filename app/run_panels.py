@@ -22,7 +22,7 @@ from db.states import TERMINAL, RunStatus
 from db.vocabulary import metric_registry
 from db.vocabulary.your_cost import NO_TARIFF
 from orchestrator.cost_text import CLOUD, YOURS, energy_text
-from orchestrator.format import clock, duration, phases_text, usd
+from orchestrator.format import clock, duration, end_words, phases_text, usd
 
 TERMINAL_VALUES = {s.value for s in TERMINAL}
 
@@ -224,6 +224,7 @@ def cost_panel(d: dict[str, Any]) -> None:
     yours, cloud = d["cost"]["yours"], d["cost"]["cloud_reference"]
     going = d["status"] not in {s.value for s in TERMINAL}
     with st.container(border=True, key="cost-panel"):
+        st.markdown(f"**{end_words(d['status'])[1]}**")  # "Cost so far" while it may go on, then "Cost"
         left, right = st.columns(2)
         if yours["usd"] is None:
             left.metric(YOURS, "–", help="Energy x your tariff x PUE + device-hours x your hardware's cost an hour")

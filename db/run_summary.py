@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from itertools import pairwise
 from typing import Any
 
-from sqlalchemy import Row, func, select
+from sqlalchemy import Row, and_, case, func, select
 from sqlalchemy.orm import Session
 from typing_extensions import Unpack
 
@@ -21,13 +21,12 @@ from db.vocabulary.causes import Cause
 from db.vocabulary.cost import (
     ETA_WINDOW,
     AttemptSpan,
-    Eta,
     cost_usd,
-    eta_estimate,
     wasted_seconds,
 )
 from db.vocabulary.settings import load_settings
 from db.vocabulary.your_cost import OwnPrice, cost_lines, own_price
+from db.vocabulary.eta import MACHINE_RESTARTS, Forecast, forecast, restart_ahead
 
 # The run and attempt columns a summary reads: not the config, log tails or exceptions, which
 # a list of 200 runs would otherwise carry from the database for nothing.
@@ -69,13 +68,19 @@ def _run_summaries(session: Session, runs: Sequence[RunLike], now: float) -> lis
         ):
             attempts[a.run_id].append(a)
     written: dict[tuple[int, int], float] = {}
+    usable: dict[int, int] = {}  # the step of each run's newest usable checkpoint: where a retry resumes
     if with_attempts := [run_id for run_id in ids if attempts[run_id]]:
+        ok = and_(Checkpoint.verified, ~Checkpoint.deleted, Checkpoint.refused_reason.is_(None))
         rows = session.execute(
-            select(Checkpoint.run_id, Checkpoint.attempt, func.max(Checkpoint.created_at))
+            select(Checkpoint.run_id, Checkpoint.attempt, func.max(Checkpoint.created_at),
+                   func.max(case((ok, Checkpoint.step))))
             .where(Checkpoint.run_id.in_(with_attempts))
             .group_by(Checkpoint.run_id, Checkpoint.attempt)
         )
-        written = {(run_id, attempt): at for run_id, attempt, at in rows}
+        for run_id, attempt, at, step in rows:
+            written[(run_id, attempt)] = at
+            if step is not None:
+                usable[run_id] = max(step, usable.get(run_id, step))
     # Only a run that is still going has an ETA to project, from its newest attempt's rank 0 (the
     # steps of its loss, or of whatever metric it reports: metricstore.progress_key); a run queued
     # to resume has none until its new attempt trains (its old pace ended elsewhere).
@@ -88,10 +93,13 @@ def _run_summaries(session: Session, runs: Sequence[RunLike], now: float) -> lis
         select(Checkpoint.id, Checkpoint.step).where(Checkpoint.id.in_(resumes))).all()) if resumes else {}
     trials = _trials(session, ids)
     energy, attempt_energy = energies(session, {run_id: [a.number for a in attempts[run_id]] for run_id in ids})
+    restarting = any(RunStatus(r.status) in (RunStatus.RETRYING, RunStatus.PAUSING) for r in runs)
+    machine = machine_startups(session) if restarting else []
     summaries = [
         _run_summary(r, attempts[r.id], written,
                      points.get((r.id, attempts[r.id][-1].number, 0), []) if attempts[r.id] else [], now,
-                     resume_steps.get(r.resume_checkpoint_id) if r.resume_checkpoint_id is not None else None)
+                     resume_steps.get(r.resume_checkpoint_id) if r.resume_checkpoint_id is not None else None,
+                     machine, usable.get(r.id))
         | {"trial": trials.get(r.id), "energy": energy[r.id]}
         for r in runs
     ]
@@ -102,6 +110,15 @@ def _run_summaries(session: Session, runs: Sequence[RunLike], now: float) -> lis
         summary["cost"] = cost_lines(summary, _attempt_spans(run_attempts, written), price, now,
                                      [attempt_energy[(summary["id"], a.number)]["kwh"] for a in run_attempts])
     return summaries
+
+
+def machine_startups(session: Session) -> list[float]:
+    """Launch to first step of this machine's newest restarts (any run's attempt after its first),
+    the stand-in for a run that has not restarted yet (db/vocabulary/eta.py)."""
+    rows = session.execute(
+        select(Attempt.started_at, Attempt.first_step_at).where(Attempt.number > 1, Attempt.first_step_at.is_not(None))
+        .order_by(Attempt.started_at.desc()).limit(MACHINE_RESTARTS))
+    return [max(0.0, first - started) for started, first in rows if first is not None]
 
 
 def _trials(session: Session, run_ids: list[int]) -> dict[int, dict[str, Any]]:
@@ -143,10 +160,12 @@ def elapsed_s(run: RunLike, attempts: Sequence[Any], now: float) -> float | None
 
 def _run_summary(run: RunLike, attempts: list[AnyRow], written: dict[tuple[int, int], float],
                  recent_loss: list[tuple[int, float, float]], now: float,
-                 resume_step: int | None = None) -> dict[str, Any]:
+                 resume_step: int | None = None, machine: list[float] | None = None,
+                 usable_step: int | None = None) -> dict[str, Any]:
     """One run's summary from what :func:`_run_summaries` read: its attempts (oldest first), the
     newest checkpoint time per (run, attempt), rank 0's newest loss points of its newest attempt
-    (newest first), and the step of the checkpoint a pending resume starts from."""
+    (newest first), the step of the checkpoint a pending resume starts from, the machine's newest
+    restarts' start-up times and the step of the run's newest usable checkpoint."""
     status = RunStatus(run.status)
     step = lineage_step(status, attempts, resume_step, run.parent_step)
     if status is RunStatus.SUCCEEDED and run.max_steps and abs(step - run.max_steps) == 1:
@@ -154,13 +173,15 @@ def _run_summary(run: RunLike, attempts: list[AnyRow], written: dict[tuple[int, 
         # 3000) or runs its loop to max_steps inclusive (nanoGPT's 1501 of 1500): shown as complete.
         step = run.max_steps
     eta: float | None
-    estimate: Eta | None = None
+    estimate: Forecast | None = None
     if status is RunStatus.SUCCEEDED:
         eta = 0.0
     elif status in TERMINAL or status is RunStatus.QUEUED or not attempts or not run.max_steps:
         eta = None
     else:
-        estimate = eta_estimate([(int(s), float(t)) for s, _, t in recent_loss], run.max_steps)
+        startups = [(a.number, a.first_step_at - a.started_at) for a in attempts if a.first_step_at is not None]
+        restart = restart_ahead(status, startups, run.retry_at, now, machine or [], usable_step)
+        estimate = forecast([(int(s), float(t)) for s, _, t in recent_loss], run.max_steps, restart)
         eta = estimate.seconds if estimate is not None else None
     spans = [(a.started_at, a.ended_at) for a in attempts]
     cost = cost_usd(spans, run.price_usd_per_hour, now)
@@ -191,6 +212,7 @@ def _run_summary(run: RunLike, attempts: list[AnyRow], written: dict[tuple[int, 
         "price_unit": run.price_unit,
         "eta_s": eta,
         "eta_range_s": (estimate.low, estimate.high) if estimate is not None else None,
+        "eta_basis": estimate.basis if estimate is not None else None,
         "parent_run_id": run.parent_run_id,
         "parent_step": run.parent_step,
         "resume_checkpoint_id": run.resume_checkpoint_id,

@@ -72,13 +72,48 @@ def eta_text(status: str, eta_s: float | None, eta_range_s: tuple[float, float] 
     if eta_s is None or RunStatus(status) in TERMINAL:
         return "–"
     now = time.time() if now is None else now
-    at = dt.datetime.fromtimestamp(now + eta_s).strftime("%H:%M")
+    at = day_clock(now + eta_s, now)
     if short:
         return f"{at} (in {duration(eta_s)})"
     spread = ""
     if eta_range_s is not None and duration(eta_range_s[0]) != duration(eta_range_s[1]):
         spread = f", {duration(eta_range_s[0])}–{duration(eta_range_s[1])}"
     return f"{at} (in {duration(eta_s)}{spread})"
+
+
+def day_clock(ts: float, now: float | None = None) -> str:
+    """The time of day ``ts`` falls at (``14:05``), with its date when that is not today
+    (``Thu 3 Dec 14:05``): an ETA of 20 hours must not read as this afternoon."""
+    now = time.time() if now is None else now
+    at = dt.datetime.fromtimestamp(ts)
+    if at.date() == dt.datetime.fromtimestamp(now).date():
+        return at.strftime("%H:%M")
+    return f"{at.strftime('%a')} {at.day} {at.strftime('%b %H:%M')}"
+
+
+def end_words(status: str) -> tuple[str, str]:
+    """The labels of a run's end and cost: ``("Ends at", "Cost so far")`` while it may go on,
+    ``("Ended at", "Cost")`` once it has ended (succeeded, failed, cancelled, paused, pruned)."""
+    return ("Ended at", "Cost") if RunStatus(status) in TERMINAL else ("Ends at", "Cost so far")
+
+
+def end_text(status: str, ended_at: float | None, eta_s: float | None,
+             eta_range_s: tuple[float, float] | list[float] | None, now: float | None = None) -> str:
+    """When a run ends (:func:`eta_text`) or, once it has ended, when it did (``14:05``, with the date
+    when not today); ``–`` when neither is known."""
+    if RunStatus(status) in TERMINAL:
+        return day_clock(ended_at, now) if ended_at else "–"
+    return eta_text(status, eta_s, eta_range_s, now)
+
+
+def end_help(status: str, ends: str, basis: str | None) -> str:
+    """What the end tile's help says: the ETA in full and what it is based on; when the run ended;
+    or why there is no ETA yet."""
+    if RunStatus(status) in TERMINAL:
+        return f"The run ended at {ends}" if ends != "–" else "The run ended before it started"
+    if ends == "–":
+        return "Shown once the run has a pace and a total number of steps"
+    return f"{ends}: {basis}" if basis else ends
 
 
 def step_text(step: int, total: int | None, sep: str = "/") -> str:

@@ -34,7 +34,16 @@ from orchestrator.cli.base import (
 )
 from orchestrator.cost_text import cost_lines_text
 from orchestrator.executors.logs import launcher_log, rank_log_files
-from orchestrator.format import eta_text, phases_text, startup_text, step_text, where_short, where_text
+from orchestrator.format import (
+    end_text,
+    end_words,
+    eta_text,
+    phases_text,
+    startup_text,
+    step_text,
+    where_short,
+    where_text,
+)
 from orchestrator.scripts.attempt_watch import script_facts
 
 # Sorted smallest first unless --reverse; every other column largest (newest) first.
@@ -142,9 +151,12 @@ def _print_detail(d: dict[str, Any]) -> None:
         click.echo(f"  tags {', '.join(d['tags'])}")
     if d["note"]:
         click.echo(f"  note {d['note']}")
-    ends = eta_text(d["status"], d["eta_s"], d.get("eta_range_s"))
+    ends_label, _ = end_words(d["status"])
+    ends = end_text(d["status"], d["ended_at"], d["eta_s"], d.get("eta_range_s"))
     click.echo(f"  step {step_text(d['step'], d['max_steps'])}  elapsed {fmt_duration(d['elapsed_s'])}  "
-               f"ends {ends}")
+               f"{ends_label.lower()} {ends}")
+    if d.get("eta_basis") and ends != "–":
+        click.echo(f"  eta basis: {d['eta_basis']}")
     for line in cost_lines_text(d):
         click.echo(f"  {line}")
     click.echo(f"  dir {d['run_dir']}")

@@ -17,7 +17,8 @@ from db import metricstore, run_summary
 from db.energy import energies
 from db.models import Attempt, Checkpoint, Run, Sweep, SweepTrial
 from db.states import TERMINAL, RunStatus
-from db.vocabulary.cost import ETA_WINDOW, AttemptSpan, cost_usd, eta_estimate, wasted_seconds
+from db.vocabulary.cost import ETA_WINDOW, AttemptSpan, cost_usd, wasted_seconds
+from db.vocabulary.eta import forecast, restart_ahead
 from db.vocabulary.settings import load_settings
 from db.vocabulary.your_cost import cost_lines, own_price
 
@@ -43,7 +44,12 @@ def reference_summary(session: Session, run: Run, now: float) -> dict[str, Any]:
     else:
         key = metricstore.progress_key(session, run.id, attempts[-1].number) or "loss"
         rows = metricstore.recent(session, run.id, key, attempt=attempts[-1].number, rank=0, limit=ETA_WINDOW)
-        estimate = eta_estimate([(int(s), float(t)) for s, _, t in rows], run.max_steps)
+        usable = session.scalar(select(func.max(Checkpoint.step)).where(
+            Checkpoint.run_id == run.id, Checkpoint.verified, ~Checkpoint.deleted, Checkpoint.refused_reason.is_(None)))
+        restart = restart_ahead(run.status, [(a.number, a.first_step_at - a.started_at) for a in attempts
+                                             if a.first_step_at is not None],
+                                run.retry_at, now, run_summary.machine_startups(session), usable)
+        estimate = forecast([(int(s), float(t)) for s, _, t in rows], run.max_steps, restart)
         eta = estimate.seconds if estimate else None
     cost = cost_usd([(a.started_at, a.ended_at) for a in attempts], run.price_usd_per_hour, now)
     written = dict(session.execute(
@@ -68,7 +74,8 @@ def reference_summary(session: Session, run: Run, now: float) -> dict[str, Any]:
         "attempt_count": len(attempts), "cost_usd": round(cost, 6), "cost_wasted_usd": round(wasted, 6),
         "cost_projected_usd": round(projected, 6), "price_usd_per_hour": run.price_usd_per_hour,
         "price_unit": run.price_unit, "eta_s": eta,
-        "eta_range_s": (estimate.low, estimate.high) if estimate else None, "parent_run_id": run.parent_run_id,
+        "eta_range_s": (estimate.low, estimate.high) if estimate else None,
+        "eta_basis": estimate.basis if estimate else None, "parent_run_id": run.parent_run_id,
         "parent_step": run.parent_step, "resume_checkpoint_id": run.resume_checkpoint_id,
         "retries_used": run.retries_used, "retry_at": run.retry_at, "starred": run.starred,
         "archived": run.archived, "note": run.note, "trial": _trial(session, run.id),

@@ -1,6 +1,8 @@
 """A run's detail (db/queries.py's ``run_detail``) on SQLite and PostgreSQL: the same summary as the
-per-run computation, a succeeded run one step off its total shown complete, and a run queued to
-resume shown at its lineage's numbers.
+per-run computation, a succeeded run one step off its total shown complete, a run queued to
+resume shown at its lineage's numbers, and the ETA of a run waiting to retry with the restart it is
+about to pay (the backoff left, its own measured restart, else the machine's median, and the steps
+it redoes from its newest checkpoint), said in its basis.
 """
 
 from __future__ import annotations
@@ -93,3 +95,54 @@ def test_a_run_queued_to_resume_shows_the_resume_step_no_eta_no_abandoned_eval_a
         assert detail["metrics"]["loss"] == {"0": 1.0 / 5}
         (listed,) = list_runs(s)
         assert (listed["step"], listed["elapsed_s"]) == (5, 100.0)
+
+
+def retrying_run(s: Session, settings: Settings, now: float, *, restarted_before: bool) -> int:
+    """A run of 2000 steps that failed at step 1000 (10 steps/s) after a checkpoint at step 800 and
+    waits 10 s more to retry; with ``restarted_before``, an earlier restart of its own took 6 s from
+    launch to first step."""
+    run = create_run(s, RunConfig.model_validate({"name": "r", "train": {"max_steps": 2000}}), settings.runs_dir,
+                     Price(usd_per_hour=1.0, unit="cpu-hour"))
+    for status in ("STARTING", "RUNNING", "RETRYING"):
+        transition(s, run.id, RunStatus(status), "t")
+    s.get_one(Run, run.id).retry_at = now + 10
+    number = 1
+    if restarted_before:
+        s.add(Attempt(run_id=run.id, number=1, status="FAILED", dir="/tmp/a1", started_at=now - 400,
+                      first_step_at=now - 396, ended_at=now - 300, last_step=50, cause="SIGNAL", failed_at=now - 300))
+        number = 2
+    started = now - 110
+    s.add(Attempt(run_id=run.id, number=number, status="FAILED", dir="/tmp/a", started_at=started,
+                  first_step_at=started + (6 if restarted_before else 4), ended_at=now - 5, last_step=1000,
+                  cause="SIGNAL", failed_at=now - 5))
+    s.add(Checkpoint(run_id=run.id, attempt=number, step=800, path="/c/800", bytes=1, sha256="0", params_digest="0",
+                     blocked_s=0.1, total_s=0.2, created_at=now - 30))
+    write_points(s.connection(), [{"run_id": run.id, "attempt": number, "rank": 0, "step": step, "key": "loss",
+                                   "value": 1.0, "wall_time": now - 105 + step / 10} for step in range(10, 1001, 10)])
+    return run.id
+
+
+def test_a_retrying_run_pays_its_own_restart_then_the_steps_from_its_checkpoint(
+        settings: Settings, sessions: sessionmaker[Session]) -> None:
+    now = time.time()
+    with sessions() as s:
+        run_id = retrying_run(s, settings, now, restarted_before=True)
+        s.commit()
+        d = queries.run_detail(s, run_id, now=now)
+    # 10 s backoff + its own 6 s restart + 1200 steps from step 800 at 10 steps/s.
+    assert d["eta_s"] == pytest.approx(10 + 6 + 120, abs=0.5)
+    assert d["eta_range_s"][0] <= d["eta_s"] <= d["eta_range_s"][1]
+    assert "includes a restart of ~36 s: 10 s of backoff left, ~6 s to start again (this run's own last " \
+           "restart), 200 steps to redo from the checkpoint at step 800" in d["eta_basis"]
+
+
+def test_a_retrying_run_that_never_restarted_pays_the_machines_median(
+        settings: Settings, sessions: sessionmaker[Session]) -> None:
+    now = time.time()
+    with sessions() as s:
+        retrying_run(s, settings, now - 1000, restarted_before=True)  # another run's restart: 6 s
+        run_id = retrying_run(s, settings, now, restarted_before=False)
+        s.commit()
+        d = queries.run_detail(s, run_id, now=now)
+    assert d["eta_s"] == pytest.approx(10 + 6 + 120, abs=0.5)
+    assert "~6 s to start again (the machine's median over 1 recent restart(s))" in d["eta_basis"]

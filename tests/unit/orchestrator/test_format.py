@@ -4,9 +4,20 @@ a total.
 
 from __future__ import annotations
 
+import datetime as dt
+
 from db.states import RunStatus
 from db.vocabulary.config import RunConfig
-from orchestrator.format import startup_text, status_words, step_text
+from orchestrator.format import (
+    day_clock,
+    end_help,
+    end_text,
+    end_words,
+    eta_text,
+    startup_text,
+    status_words,
+    step_text,
+)
 
 
 def _a(phase: str | None, first_step_at: float | None = None, resume_step: int = 0) -> dict:
@@ -43,3 +54,25 @@ def test_a_trial_stopped_early_says_at_which_step_and_by_which_sweep() -> None:
     assert status_words("PRUNED", 40, trial) == "stopped early at step 40 by sweep 3"
     assert status_words("PAUSED", 40, None) == "PAUSED"
     assert status_words("RUNNING", 40, trial) == "RUNNING"  # a trial training is a run like any
+
+
+def test_a_finished_run_says_when_it_ended_and_what_it_cost() -> None:
+    assert end_words("RUNNING") == ("Ends at", "Cost so far")
+    assert end_words("RETRYING") == ("Ends at", "Cost so far")
+    for status in ("SUCCEEDED", "FAILED", "CANCELLED", "PAUSED", "PRUNED"):
+        assert end_words(status) == ("Ended at", "Cost")
+    now = dt.datetime(2026, 12, 2, 15, 0).timestamp()
+    ended = dt.datetime(2026, 12, 2, 14, 5).timestamp()
+    assert end_text("SUCCEEDED", ended, 0.0, None, now) == "14:05"  # not "–"
+    assert end_text("CANCELLED", None, None, None, now) == "–"  # cancelled before it started
+    assert end_help("SUCCEEDED", "14:05", None) == "The run ended at 14:05"
+
+
+def test_a_live_eta_names_its_date_when_it_is_not_today() -> None:
+    now = dt.datetime(2026, 12, 2, 15, 0).timestamp()
+    assert end_text("RUNNING", None, 3600.0, None, now) == "16:00 (in 1h 00m)"
+    assert eta_text("RUNNING", 20 * 3600.0, None, now) == "Thu 3 Dec 11:00 (in 20h 00m)"
+    assert day_clock(dt.datetime(2026, 12, 9, 8, 30).timestamp(), now) == "Wed 9 Dec 08:30"
+    basis = "from the last 590 steps' pace over 59 s (10 steps/s), evaluation and checkpoint pauses included"
+    assert end_help("RUNNING", "16:00 (in 1h 00m)", basis) == f"16:00 (in 1h 00m): {basis}"
+    assert end_help("RUNNING", "–", None) == "Shown once the run has a pace and a total number of steps"

@@ -58,6 +58,10 @@ def test_run_page_shows_header_progress_attempts_and_metrics(seeded: dict[str, i
     assert metrics["Eval accuracy"] == "87.5%"  # as the metric registry shows a share
     assert metrics["Attempts"] == "1"
     assert re.fullmatch(r"\d\d:\d\d", metrics["Ends at"])  # a running run with progress: the time it ends
+    assert "Ended at" not in metrics and "**Cost so far**" in [m.value for m in at.markdown]
+    # The tile's help says what the ETA is based on.
+    ends = next(m for m in at.metric if m.label == "Ends at")
+    assert "steps' pace over" in ends.proto.help and "evaluation and checkpoint pauses included" in ends.proto.help
     # The actions in the header, where they apply: no Resume or Fork without a checkpoint; Cancel
     # acts from the confirm button inside its popover.
     assert [b.label for b in at.button] == ["Pause", "Cancel run", "Dump stacks", "Save"]  # Save: Edit…'s form
@@ -106,7 +110,11 @@ def test_finished_run_has_no_cancel_button(settings: Settings, sessions: session
     no_exception(at)
     assert "SUCCEEDED" in at.markdown[0].value
     assert at.progress[0].value == 100
-    assert {m.label: m.value for m in at.metric}["Ends at"] == "–"  # finished: nothing to project
+    # Finished: when it ended and what it cost, not "Ends at –" and "Cost so far".
+    metrics = {m.label: m.value for m in at.metric}
+    assert re.fullmatch(r"\d\d:\d\d", metrics["Ended at"]) and metrics["Cloud reference"].startswith("$")
+    assert "Ends at" not in metrics and "**Cost**" in [m.value for m in at.markdown]
+    assert "**Cost so far**" not in [m.value for m in at.markdown]
     assert [b.label for b in at.button] == ["Save"]  # Edit…'s form alone: no Cancel
 
 

@@ -1,5 +1,6 @@
 """The reading verbs (orchestrator/cli/read.py), through click's runner on a real SQLite database:
-`runyard show` (its JSON fields, its costs, the latest metrics as the Run page shows them) and
+`runyard show` (its JSON fields, its costs, the latest metrics as the Run page shows them, when a
+run ends and on what basis, and when it ended) and
 `runyard metrics` (one CSV row a point, each key with its label and display unit).
 """
 
@@ -15,6 +16,7 @@ from click.testing import CliRunner
 from db.engine import make_engine, make_sessionmaker
 from db.metricstore import write_points
 from db.models import Attempt
+from db.states import RunStatus, transition
 from db.vocabulary.settings import Settings
 from orchestrator.cli.group import cli
 from tests.unit.paths import ROOT
@@ -126,3 +128,33 @@ def test_show_names_your_cost_and_the_cloud_reference_apart(settings: Settings, 
     text = run("show", "1")[1]
     assert "  your cost: $" in text and "energy not measured" in text
     assert f"  cloud reference: ${cloud['usd']:,.4f} ({cloud['unit']})" in text
+
+
+def test_show_says_when_a_run_ends_on_what_basis_and_when_it_ended(settings: Settings) -> None:
+    """A running run: "ends at" with its ETA, "cost so far", and the ETA's basis (in --json too);
+    once it succeeded: "ended at" its end and "cost", with no basis."""
+    run("submit", str(EXAMPLE))  # 300 steps
+    now = time.time()
+    engine = make_engine(settings.db_url)
+    try:
+        with make_sessionmaker(engine)() as s:
+            for status in ("STARTING", "RUNNING"):
+                transition(s, 1, RunStatus(status), "t")
+            s.add(Attempt(run_id=1, number=1, status="RUNNING", dir="/tmp/a", started_at=now - 20,
+                          first_step_at=now - 15, last_step=150))
+            write_points(s.connection(), [dict(run_id=1, attempt=1, rank=0, step=step, key="loss", value=1.0,
+                                               wall_time=now - 15 + step / 10) for step in range(10, 151, 10)])
+            s.commit()
+        code, out, _ = run("show", "1")
+        assert code == 0 and "  ends at " in out and "  your cost: " in out
+        assert "  eta basis: from the last 140 steps' pace over 14 s (10 steps/s), evaluation and checkpoint " \
+               "pauses included" in out
+        assert json.loads(run("show", "1", "--json")[1])["eta_basis"].startswith("from the last 140 steps' pace")
+        with make_sessionmaker(engine)() as s:
+            transition(s, 1, RunStatus.SUCCEEDED, "done")
+            s.commit()
+        code, out, _ = run("show", "1")
+        assert code == 0 and "  ended at " in out and "  cloud reference: $" in out
+        assert "ends at" not in out and "cost so far" not in out and "eta basis" not in out
+    finally:
+        engine.dispose()
