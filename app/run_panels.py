@@ -21,7 +21,7 @@ from app.run_actions import is_superseded
 from db.states import TERMINAL, RunStatus
 from db.vocabulary import metric_registry
 from db.vocabulary.your_cost import NO_TARIFF
-from orchestrator.cost_text import CLOUD, YOURS, energy_text
+from orchestrator.cost_text import CLOUD, YOURS, energy_text, tariff_text
 from orchestrator.format import clock, duration, end_words, phases_text, usd
 
 TERMINAL_VALUES = {s.value for s in TERMINAL}
@@ -234,7 +234,7 @@ def cost_panel(d: dict[str, Any]) -> None:
                 st.page_link(SETTINGS_PAGE, label="Set your tariff in Settings", icon=":material/settings:")
         else:
             energy = (f"energy {usd(yours['energy_usd'])} ({yours['energy_kwh']:.3g} kWh at "
-                      f"${yours['usd_per_kwh']:g}/kWh x PUE {yours['pue']:g})"
+                      f"{tariff_text(yours['usd_per_kwh'], yours['pue'])})"
                       if yours["energy_usd"] is not None else "energy not measured: the hardware part only")
             left.metric(YOURS, usd(yours["usd"]), help=style.plain(
                 f"Hardware {usd(yours['hardware_usd_per_gpu_hour'])} per GPU-hour x {yours['devices']:g} "

@@ -24,8 +24,15 @@ def own_price_text(price: OwnPrice) -> str:
     if price.electricity_usd_per_kwh is None:
         energy = "no electricity tariff set, so no cost of yours is shown"
     else:
-        energy = f"energy at ${price.electricity_usd_per_kwh:g}/kWh x PUE {price.pue:g}"
+        energy = f"energy at {tariff_text(price.electricity_usd_per_kwh, price.pue)}"
     return f"Your cost per GPU-hour: {hardware}; {energy}"
+
+
+def tariff_text(usd_per_kwh: float, pue: float) -> str:
+    """A tariff and PUE as a person writes them: "$0.30/kWh x PUE 1.0", "$0.075/kWh x PUE 1.25"."""
+    cents = round(usd_per_kwh * 100, 6)
+    price = f"{usd_per_kwh:.2f}" if cents == int(cents) else f"{usd_per_kwh:.4g}"
+    return f"${price}/kWh x PUE {pue:.1f}" if round(pue, 1) == pue else f"${price}/kWh x PUE {pue:g}"
 
 
 def energy_text(energy: dict[str, Any] | None) -> str:
@@ -50,8 +57,9 @@ def yours_text(yours: dict[str, Any], running: bool) -> str:
     the projected total; or why there is no number."""
     if yours["usd"] is None:
         return str(yours["reason"])
-    energy = (f"energy {usd(yours['energy_usd'])} ({yours['energy_kwh']:.4g} kWh x ${yours['usd_per_kwh']:g}/kWh"
-              f" x PUE {yours['pue']:g})" if yours["energy_usd"] is not None else "energy not measured")
+    energy = (f"energy {usd(yours['energy_usd'])} ({yours['energy_kwh']:.4g} kWh x "
+              f"{tariff_text(yours['usd_per_kwh'], yours['pue'])})" if yours["energy_usd"] is not None
+              else "energy not measured")
     text = (f"{usd(yours['usd'])} = {energy} + hardware {usd(yours['hardware_usd'])}, "
             f"wasted {usd(yours['wasted_usd'])}")
     return text + (f", projected {usd(yours['projected_usd'])}" if running else "")

@@ -8,6 +8,7 @@ import datetime as dt
 
 from db.states import RunStatus
 from db.vocabulary.config import RunConfig
+from orchestrator.cost_text import tariff_text
 from orchestrator.format import (
     day_clock,
     end_help,
@@ -76,3 +77,10 @@ def test_a_live_eta_names_its_date_when_it_is_not_today() -> None:
     basis = "from the last 590 steps' pace over 59 s (10 steps/s), evaluation and checkpoint pauses included"
     assert end_help("RUNNING", "16:00 (in 1h 00m)", basis) == f"16:00 (in 1h 00m): {basis}"
     assert end_help("RUNNING", "–", None) == "Shown once the run has a pace and a total number of steps"
+
+
+def test_a_tariff_is_written_as_a_person_writes_it() -> None:
+    """Cents keep two decimals ($0.30, not $0.3), finer tariffs keep their digits, PUE one decimal."""
+    assert tariff_text(0.3, 1.0) == "$0.30/kWh x PUE 1.0"
+    assert tariff_text(0.075, 1.25) == "$0.075/kWh x PUE 1.25"
+    assert tariff_text(0.1234, 1.4) == "$0.1234/kWh x PUE 1.4"

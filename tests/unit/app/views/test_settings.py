@@ -75,7 +75,7 @@ def test_your_cost_is_saved_to_the_settings_file_with_its_cost_per_gpu_hour(sett
     no_exception(at)
     assert table_values(settings.home, "cost")["electricity_usd_per_kwh"] == 0.30
     shown = as_read(at.info[0].value)
-    assert "hardware $2.00 per GPU-hour" in shown and "energy at $0.3/kWh x PUE 1" in shown
+    assert "hardware $2.00 per GPU-hour" in shown and "energy at $0.30/kWh x PUE 1.0" in shown
 
 
 def test_a_bad_value_in_the_file_is_named_on_the_page(settings: Settings) -> None:
