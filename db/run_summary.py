@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from typing_extensions import Unpack
 
 from db import metricstore
+from db.estimates import holding_runs, published_machine, queue_starts
 from db.models import Attempt, Checkpoint, Run, Sweep, SweepTrial
 from db.states import TERMINAL, RunStatus
 from db.vocabulary.causes import Cause
@@ -78,17 +79,24 @@ def _run_summaries(session: Session, runs: Sequence[RunLike], now: float) -> lis
     # to resume has none until its new attempt trains (its old pace ended elsewhere).
     live = [(r.id, attempts[r.id][-1].number, 0) for r in runs
             if attempts[r.id] and RunStatus(r.status) not in TERMINAL and RunStatus(r.status) is not RunStatus.QUEUED]
+    # A queued run's start comes from the predicted ends of the runs holding devices: their points
+    # are read with the live runs' (db/estimates.py queue_starts).
+    queued = any(r.status == RunStatus.QUEUED.value for r in runs)
+    machine = published_machine() if queued else None
+    holding = holding_runs(session) if machine is not None else []
+    live += sorted({(h.id, h.number, 0) for h in holding} - set(live))
     points = metricstore.recent_progress(session, live, limit=ETA_POINTS)
     # A run queued to resume from a checkpoint is at that checkpoint's step, not where it stopped.
     resumes = {r.resume_checkpoint_id for r in runs if r.resume_checkpoint_id is not None}
     resume_steps: dict[int, int] = dict(session.execute(
         select(Checkpoint.id, Checkpoint.step).where(Checkpoint.id.in_(resumes))).all()) if resumes else {}
     trials = _trials(session, ids)
+    starts = queue_starts(session, now, machine, holding, points) if queued else {}
     return [
         _run_summary(r, attempts[r.id], written,
                      points.get((r.id, attempts[r.id][-1].number, 0), []) if attempts[r.id] else [], now,
                      resume_steps.get(r.resume_checkpoint_id) if r.resume_checkpoint_id is not None else None)
-        | {"trial": trials.get(r.id)}
+        | {"trial": trials.get(r.id), "start_estimate": starts[r.id].as_dict() if r.id in starts else None}
         for r in runs
     ]
 
