@@ -223,7 +223,7 @@ def queue_starts(session: Session, now: float, machine: Inventory | None, holdin
     queued = session.execute(
         select(Run.id, Run.nproc, Run.executor, Run.config_json, Run.resume_checkpoint_id)
         .where(Run.status == RunStatus.QUEUED.value).order_by(Run.id)).all()
-    starts = {r.id: Start(None, None, SLURM_BASIS) for r in queued if r.executor == "slurm"}
+    starts = {r.id: Start(None, None, SLURM_BASIS, here=False) for r in queued if r.executor == "slurm"}
     local = [r for r in queued if r.executor != "slurm"]
     if not local:
         return starts

@@ -66,12 +66,14 @@ class Start:
         after_run: The run whose end frees the devices it waits for (None: free now, or never).
         basis: What the estimate rests on, in words.
         ends_at: When it is then predicted to end (None when not known).
+        here: Whether it waits for this machine (False: a Slurm run, which Slurm places).
     """
 
     at: float | None
     after_run: int | None
     basis: str
     ends_at: float | None = None
+    here: bool = True
 
     def as_dict(self) -> dict[str, float | int | str | None]:
         """The run summary's ``start_estimate``: ``{"at", "after_run", "basis"}``."""
@@ -174,11 +176,14 @@ def _basis(after: int | None, at: float, now: float, overran: bool) -> str:
 
 
 def queue_end(starts: dict[int, Start]) -> tuple[float | None, int | None]:
-    """When the whole queue should be done: (the latest predicted end of the queued runs, None),
-    or (None, the run whose length or start keeps it from being known)."""
+    """When the runs queued for this machine should all be done: (the latest predicted end, None),
+    or (None, the run whose start or length keeps it from being known); (None, None) when none is
+    queued here."""
     ends = []
     for run_id, start in sorted(starts.items()):
+        if not start.here:
+            continue
         if start.ends_at is None:
-            return None, start.after_run if start.at is None else run_id
+            return None, start.after_run if start.at is None and start.after_run is not None else run_id
         ends.append(start.ends_at)
     return (max(ends), None) if ends else (None, None)

@@ -33,7 +33,7 @@ from orchestrator.cli.base import (
     resolve_ref,
 )
 from orchestrator.executors.logs import launcher_log, rank_log_files
-from orchestrator.format import eta_text, phases_text, startup_text, step_text, where_short, where_text
+from orchestrator.format import eta_text, phases_text, start_text, startup_text, step_text, where_short, where_text
 from orchestrator.scripts.attempt_watch import script_facts
 
 # Sorted smallest first unless --reverse; every other column largest (newest) first.
@@ -102,6 +102,8 @@ def ls(statuses: tuple[str, ...], search: str, tags: tuple[str, ...], starred: b
             f"{fmt_duration(r['elapsed_s']):>8} {ends:>5} ${r['cost_usd']:>8.4f}{value}  "
             f"{where_short(r['executor'], r['job_id'], r['job_state'])}  {','.join(r['tags'])}".rstrip()
         )
+        if starts := start_text(r.get("start_estimate"), short=True):
+            click.echo(f"{'':>7}{starts}")  # a queued run: when it should start, under its row
 
 
 def _filter_words(where: Any) -> str:
@@ -145,6 +147,8 @@ def _print_detail(d: dict[str, Any]) -> None:
     click.echo(f"  step {step_text(d['step'], d['max_steps'])}  elapsed {fmt_duration(d['elapsed_s'])}  "
                f"ends {ends}  cost ${d['cost_usd']:.4f} ({d['price_unit']})")
     click.echo(f"  dir {d['run_dir']}")
+    if starts := start_text(d.get("start_estimate")):
+        click.echo(f"  {starts}")
     if starting := startup_text(d["status"], d["attempts"][-1] if d["attempts"] else None, d["config"]):
         click.echo(f"  {starting}")
     if where := where_text(d["config"], d["attempts"][-1] if d["attempts"] else None):

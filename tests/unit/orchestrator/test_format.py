@@ -1,12 +1,15 @@
-"""Display text (orchestrator/format.py): the words for a run's start-up phase, and a step without
-a total.
+"""Display text (orchestrator/format.py): the words for a run's start-up phase, a step without
+a total, and when a queued run (and the whole queue) should start and be done.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+
 from db.states import RunStatus
 from db.vocabulary.config import RunConfig
-from orchestrator.format import startup_text, status_words, step_text
+from db.vocabulary.queue_forecast import Start
+from orchestrator.format import queue_text, start_text, startup_text, status_words, step_text
 
 
 def _a(phase: str | None, first_step_at: float | None = None, resume_step: int = 0) -> dict:
@@ -43,3 +46,21 @@ def test_a_trial_stopped_early_says_at_which_step_and_by_which_sweep() -> None:
     assert status_words("PRUNED", 40, trial) == "stopped early at step 40 by sweep 3"
     assert status_words("PAUSED", 40, None) == "PAUSED"
     assert status_words("RUNNING", 40, trial) == "RUNNING"  # a trial training is a run like any
+
+
+def test_a_queued_runs_start_and_the_queues_end_in_words() -> None:
+    now = dt.datetime(2026, 12, 2, 15, 0).timestamp()
+    at = now + 40 * 60
+    start = {"at": at, "after_run": 38, "basis": "after run 38 ends, by that run's predicted end"}
+    assert start_text(start, now, short=True) == "starts ≈ 15:40, after run 38"
+    assert start_text(start, now) == "starts ≈ 15:40 (in 40m 00s): after run 38 ends, by that run's predicted end"
+    assert start_text({**start, "at": now + 86_400}, now, short=True) == "starts ≈ Thu 03 Dec 15:00, after run 38"
+    unknown = {"at": None, "after_run": 38, "basis": "after run 38, whose length is not known"}
+    assert start_text(unknown, now, short=True) == "start not known: after run 38, whose length is not known"
+    assert start_text(None, now) == ""
+    queue = {39: Start(at, 38, "", at + 600), 40: Start(None, None, "Slurm decides", here=False)}
+    assert queue_text(queue, now) == ("1 run(s) queued here; all done ≈ 15:50 (in 50m 00s); 1 on Slurm (Slurm "
+                                      "decides when they start).")
+    assert queue_text({39: Start(at, 38, "", None), 41: Start(None, 39, "")}, now) == (
+        "2 run(s) queued here; when all are done is not known: run 39's start or length is not known.")
+    assert queue_text({}, now) is None
