@@ -6,7 +6,6 @@ Pages call these functions; they hold no SQL and no ORM objects.
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,6 @@ from db.vocabulary.scheduler_file import read_scheduler_file
 from db.vocabulary.settings import Settings, load_settings
 from orchestrator import run_edits
 from orchestrator.alerts.store import AlertStore
-from orchestrator.format import queue_text
 from orchestrator.scheduler.resources import detect_inventory
 from orchestrator.scripts.allowed_roots import ScriptRoots, changes_what_runs, script_roots
 from orchestrator.submission import ChannelCheck, fork, submit, validate
@@ -336,15 +334,6 @@ def runs_list(statuses: tuple[str, ...] = (), search: str = "", tags: tuple[str,
     where = run_list.RunFilter(statuses=statuses, search=search, tags=tags, starred=starred, archived=archived)
     with sessions()() as s:
         return compare.runs_list(s, where, sort, descending)
-
-
-@st.cache_data(ttl=1.0, show_spinner=False)
-def queue_line() -> str | None:
-    """The Runs page's line on the whole queue: how many runs wait and when all should be done
-    (orchestrator/format.py queue_text); None when nothing is queued."""
-    with sessions()() as s:
-        starts = estimates.queue_starts(s, time.time(), estimates.published_machine(settings()))
-    return queue_text(starts)
 
 
 @st.cache_data(ttl=5.0, show_spinner=False)

@@ -11,6 +11,7 @@ for this browser session."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pandas as pd
@@ -20,9 +21,20 @@ from app import data, run_actions, style
 from app.alerts_panel import alert_mark, open_alerts
 from app.style import status_css
 from db.compare import MAX_RUNS as MAX_COMPARED  # not app.compare_charts: the Runs page loads no Altair
+from db.estimates import published_machine, queue_starts
 from db.states import TERMINAL, RunStatus
 from db.vocabulary import metric_registry
-from orchestrator.format import duration, eta_text, note_line, start_text, status_words, step_text, usd, where_short
+from orchestrator.format import (
+    duration,
+    eta_text,
+    note_line,
+    queue_text,
+    start_text,
+    status_words,
+    step_text,
+    usd,
+    where_short,
+)
 from orchestrator.sweeps.space import sweep_tag
 
 style.apply()
@@ -57,6 +69,15 @@ def headline_text(r: dict[str, Any]) -> str:
 def trial_text(trial: dict[str, Any] | None) -> str:
     """Which sweep's trial a run is: ``lr-search #3, trial 4``; empty for a run of no sweep."""
     return f"{trial['sweep_name']} #{trial['sweep_id']}, trial {trial['number']}" if trial else ""
+
+
+@st.cache_data(ttl=1.0, show_spinner=False)
+def queue_line() -> str | None:
+    """The line above the list on the whole queue: how many runs wait and when all should be done
+    (db/estimates.py queue_starts); None when nothing is queued. (Here, not in app/data.py, which
+    is at its 400 lines.)"""
+    with data.sessions()() as s:
+        return queue_text(queue_starts(s, time.time(), published_machine(data.settings())))
 
 
 def waiting_text(r: dict[str, Any]) -> str:
@@ -132,7 +153,7 @@ def runs_table() -> None:
         st.info("No runs yet. Start one on the **New run** page, or `runyard submit examples/digits.toml`.")
         st.page_link("views/new_run.py", label="New run", icon=":material/add_circle:")
         return
-    if (queue := data.queue_line()) is not None:
+    if (queue := queue_line()) is not None:
         st.caption(queue)
     event = st.dataframe(
         runs_frame(runs, open_alerts()).style.apply(lambda _: [status_css(r["status"]) for r in runs],
