@@ -13,8 +13,8 @@ queue_starts, with the machine the scheduler published), and once each has start
 predicted minus true start (positive: it started earlier than said). Reported: the median and p90
 of the absolute error over every sample that had a time, over the samples in the first and second
 half of each run's wait, and how many samples had no time yet (the runs ahead had no pace yet and
-no earlier run like them: "after run N, whose length is not known"). Runs in about two minutes at
-a load of 2 (``--steps 400``).
+no earlier run like them: "after run N, whose length is not known"). About three minutes with
+``--steps 400`` (the last round's runs are killed once all have started).
 
 Prints each sample, a JSON summary, and last its BENCHMARKS.md row (bench/benchmarks_row.py).
 """
@@ -58,10 +58,11 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered) + 0.5) - 1))]
 
 
-def one_round(home: Home, folder: Path, steps: int, every: float) -> list[dict[str, Any]]:
-    """Submit the five runs, sample the queued ones' estimates until all have started; the samples
-    with each run's true start."""
+def one_round(home: Home, folder: Path, steps: int, every: float, wait_for_end: bool) -> list[dict[str, Any]]:
+    """Submit the five runs, sample the queued ones' estimates until all have started (and, with
+    ``wait_for_end``, wait until all have ended); the samples with each run's true start."""
     ids = []
+    folder.mkdir(parents=True, exist_ok=True)
     for n, length in enumerate(LENGTHS):
         config = folder / f"queue-{n}.toml"
         config.write_text(CONFIG.format(n=n, steps=max(20, round(steps * length))))
@@ -89,10 +90,11 @@ def one_round(home: Home, folder: Path, steps: int, every: float) -> list[dict[s
             if now - submitted > 600:
                 raise BenchError(f"not every run started within 600 s: {started}\n{home.log_tail()}")
             time.sleep(every)
-        home.wait("every run ended", lambda: all(
-            status in ("SUCCEEDED", "FAILED", "CANCELLED")
-            for (status,) in home.query(f"SELECT status FROM runs WHERE id IN ({','.join('?' * len(ids))})",
-                                        tuple(ids))))
+        if wait_for_end:  # the next round's runs would queue behind these otherwise
+            home.wait("every run ended", lambda: all(
+                status in ("SUCCEEDED", "FAILED", "CANCELLED")
+                for (status,) in home.query(f"SELECT status FROM runs WHERE id IN ({','.join('?' * len(ids))})",
+                                            tuple(ids))))
     finally:
         engine.dispose()
     for sample in samples:
@@ -137,7 +139,8 @@ def main() -> int:
             try:
                 home.start()
                 for r in range(args.repeats):
-                    samples += one_round(home, Path(tmp), args.steps, args.every)
+                    samples += one_round(home, Path(tmp) / f"round-{r}", args.steps, args.every,
+                                         wait_for_end=r + 1 < args.repeats)
                     print(f"round {r + 1}: {len(samples)} samples so far", flush=True)
             finally:
                 home.close()
@@ -147,15 +150,14 @@ def main() -> int:
     except BenchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    summary = summarise(samples)
-    print(json.dumps(summary))
-    result = (f"{summary['queued_runs']} queued runs, {summary['all']['n']} samples with a time "
-              f"({summary['without_time']} without): |predicted - true start| median "
-              f"**{summary['all'].get('median_abs_s', float('nan')):.1f} s**, p90 "
-              f"**{summary['all'].get('p90_abs_s', float('nan')):.1f} s** (first half of the wait: median "
-              f"{summary['first_half'].get('median_abs_s', float('nan')):.1f} s; second half: "
-              f"{summary['second_half'].get('median_abs_s', float('nan')):.1f} s); median wait "
-              f"{summary['median_wait_s']:.0f} s")
+    now = summarise(samples)
+    print(json.dumps(now))
+    nan = float("nan")
+    result = (f"{args.repeats} x {now['queued_runs'] // args.repeats} queued runs, {now['all']['n']} samples with a "
+              f"time ({now['without_time']} without): |predicted - true start| median "
+              f"**{now['all'].get('median_abs_s', nan):.1f} s**, p90 **{now['all'].get('p90_abs_s', nan):.1f} s** "
+              f"(first half of the wait: median {now['first_half'].get('median_abs_s', nan):.1f} s; second half: "
+              f"{now['second_half'].get('median_abs_s', nan):.1f} s); median wait {now['median_wait_s']:.0f} s")
     print_row("Queue start estimates", "3 runs queued behind 2 running (2 CPU slots, real scheduler): the "
               "predicted start against the true one", result, load_at_start)
     return 0
