@@ -193,6 +193,38 @@ def test_a_queued_run_starts_when_the_run_ahead_ends_and_later_when_it_slows_dow
     assert moved["at"] > slower
 
 
+def test_a_run_ahead_past_its_prediction_is_pushed_later_never_into_the_past(
+        settings: Settings, sessions: sessionmaker[Session]) -> None:
+    publish(settings, slots=2)
+    now = time.time()
+    with sessions.begin() as s:
+        ahead = submit(s, settings, "stuck")
+        start(s, ahead, started_at=now - 3000)
+        # Its pace said it would end 1,800 s ago (900 steps at 1 step/s from its last point); it still runs.
+        progress(s, ahead, range(0, 101, 10), first_at=now - 2800, steps_per_s=1.0)
+        queued = submit(s, settings, "queued")
+    got = estimates_of(sessions, now)[queued]
+    # Its band's slow end is behind it too: now plus a tenth of the 3,000 s its attempt has run.
+    assert got["at"] == pytest.approx(now + 300, abs=1)
+    assert got["basis"] == f"after run {ahead}, which has outlived its predicted end (its end is pushed later)"
+
+
+def test_a_gpu_run_needing_more_gpus_than_are_free_waits_for_the_run_that_frees_enough(
+        settings: Settings, sessions: sessionmaker[Session]) -> None:
+    SchedulerFile(settings.scheduler_file).write(
+        {"inventory": Inventory(kind="gpu", slots=4, gpu_names=("H100",) * 4).to_json()})
+    now = time.time()
+    with sessions.begin() as s:
+        short, long = submit(s, settings, "two-gpus-short"), submit(s, settings, "one-gpu-long", nproc=1)
+        start(s, short, started_at=now - 110)
+        short_end = progress(s, short, range(0, 101, 10), first_at=now - 100, steps_per_s=1.0) + 900
+        start(s, long, started_at=now - 110)
+        progress(s, long, range(0, 101, 10), first_at=now - 100, steps_per_s=0.1)  # 9,000 s to go
+        queued = submit(s, settings, "needs-two")  # 1 GPU is free; it needs 2
+    got = estimates_of(sessions, now)[queued]
+    assert (got["at"], got["after_run"]) == (pytest.approx(short_end), short)
+
+
 def test_a_run_ahead_of_unknown_length_is_named_and_slurm_runs_are_left_to_slurm(
         settings: Settings, sessions: sessionmaker[Session]) -> None:
     publish(settings, slots=2)
