@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +44,9 @@ SLURM_BASIS = "Slurm decides when it starts (runyard has no estimate of the clus
 NO_MACHINE_BASIS = "this machine's devices are not known yet (no scheduler has started on this data folder)"
 STOPPING_S = 30.0  # a run being cancelled or paused frees its devices within about this long
 AnyRow = Row[Unpack[tuple[Any, ...]]]
+# What a pace is measured from, of an attempt.
+_PACE_COLUMNS = (Attempt.run_id, Attempt.started_at, Attempt.first_step_at, Attempt.ended_at, Attempt.progress_at,
+                 Attempt.last_step, Attempt.resume_step)
 
 
 @dataclass(frozen=True)
@@ -80,8 +83,9 @@ def _pace_shape(config: Mapping[str, Any]) -> tuple[str, str]:
     return json.dumps(workload, sort_keys=True, default=str), json.dumps(rest, default=str)
 
 
-def _measured(attempts: list[Attempt]) -> tuple[float, float | None] | None:
-    """(steps per second over the attempt that trained longest, median start-up in seconds)."""
+def _measured(attempts: Sequence[Any]) -> tuple[float, float | None] | None:
+    """(steps per second over the attempt that trained longest, median start-up in seconds), from
+    attempts (rows of :data:`_PACE_COLUMNS`, or ORM objects)."""
     best: tuple[float, float] | None = None  # (seconds, steps)
     startups = []
     for a in attempts:
@@ -137,18 +141,22 @@ def start_estimates(session: Session, wanted: Mapping[int, tuple[Mapping[str, An
     wanted_shapes = {rid: _pace_shape(config) for rid, (config, _) in wanted.items()}
     workloads = {shape[0] for shape in wanted_shapes.values()}
     alike = [run_id for run_id, (_, _, shape) in shapes.items() if shape[0] in workloads]
-    attempts: dict[int, list[Attempt]] = {run_id: [] for run_id in alike}
+    attempts: dict[int, list[AnyRow]] = {run_id: [] for run_id in alike}
     if alike:
-        for attempt in session.scalars(select(Attempt).where(Attempt.run_id.in_(alike))):
+        for attempt in session.execute(select(*_PACE_COLUMNS).where(Attempt.run_id.in_(alike))):
             attempts[attempt.run_id].append(attempt)
     measured = {run_id: _measured(found) for run_id, found in attempts.items()}
+    # Runs queued from one config share their candidates: found once per (ranks, shape).
+    candidates: dict[tuple[int, tuple[str, str]], tuple[list[tuple[int, str]], list[tuple[int, str]]]] = {}
     out = {}
     for rid, (config, from_step) in wanted.items():
         shape = wanted_shapes[rid]
-        same = [(run_id, name) for run_id, (name, nproc, other) in shapes.items() if nproc == ranks[rid]]
-        exact = [(run_id, name) for run_id, name in same if shapes[run_id][2] == shape]
-        rough = [(run_id, name) for run_id, name in same if shapes[run_id][2] != shape
-                 and shapes[run_id][2][0] == shape[0]]
+        if (ranks[rid], shape) not in candidates:
+            same = [(run_id, name, other) for run_id, (name, nproc, other) in shapes.items() if nproc == ranks[rid]]
+            candidates[ranks[rid], shape] = (
+                [(run_id, name) for run_id, name, other in same if other == shape],
+                [(run_id, name) for run_id, name, other in same if other != shape and other[0] == shape[0]])
+        exact, rough = candidates[ranks[rid], shape]
         out[rid] = _estimate_from(config, from_step, price, exact, rough, measured)
     return out
 
