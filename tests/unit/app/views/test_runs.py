@@ -23,6 +23,9 @@ from tests.unit.app.pages import add_run, no_exception, open_page, seeded, sessi
 from tests.unit.apptest import new_app
 
 __all__ = ["seeded", "sessions", "settings"]  # the fixtures, from the helper module
+# A start time as shown: the time of day, with the date when it falls on another day (a test just
+# before midnight).
+AT = r"(?:\w{3} \d\d \w{3} )?\d\d:\d\d"
 
 
 def test_the_runs_page_searches_shows_why_a_run_waits_and_its_summary_metrics(
@@ -58,9 +61,9 @@ def test_a_queued_run_says_when_it_starts_and_the_page_when_the_queue_is_done(
     at = open_page("views/runs.py")
     no_exception(at)
     cell = at.dataframe[0].value.set_index("id").loc[seeded["queued"], "waiting for"]
-    assert re.fullmatch(rf"starts ≈ \d\d:\d\d, after run {seeded['running']}; queued: waiting for 2 free CPU "
+    assert re.fullmatch(rf"starts ≈ {AT}, after run {seeded['running']}; queued: waiting for 2 free CPU "
                         r"slot\(s\)", cell), cell
-    assert any(re.fullmatch(r"1 run\(s\) queued here; all done ≈ \d\d:\d\d \(in .+\)\.", c.value)
+    assert any(re.fullmatch(rf"1 run\(s\) queued here; all done ≈ {AT} \(in .+\)\.", c.value)
                for c in at.caption), [c.value for c in at.caption]
 
 
