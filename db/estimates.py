@@ -133,7 +133,7 @@ def start_estimates(session: Session, wanted: Mapping[int, tuple[Mapping[str, An
         return {}
     newest = (select(Run.id, Run.name, Run.config_json, Run.nproc,
                      func.row_number().over(partition_by=Run.nproc, order_by=Run.id.desc()).label("nth"))
-              .where(Run.nproc.in_(set(ranks.values())), Run.started_at.is_not(None)).subquery())
+              .where(Run.nproc.in_(sorted(set(ranks.values()))), Run.started_at.is_not(None)).subquery())
     earlier = session.execute(select(newest.c.id, newest.c.name, newest.c.config_json, newest.c.nproc)
                               .where(newest.c.nth <= LOOK_BACK_RUNS).order_by(newest.c.id.desc())).all()
     shapes = {run_id: (name, nproc, _pace_shape(json.loads(config_json)))
