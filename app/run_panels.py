@@ -22,7 +22,7 @@ from db.states import TERMINAL, RunStatus
 from db.vocabulary import metric_registry
 from db.vocabulary.your_cost import NO_TARIFF
 from orchestrator.cost_text import CLOUD, YOURS, energy_text, tariff_text
-from orchestrator.format import clock, duration, end_words, phases_text, usd
+from orchestrator.format import clock, duration, end_help, end_text, end_words, phases_text, usd
 
 TERMINAL_VALUES = {s.value for s in TERMINAL}
 
@@ -207,6 +207,13 @@ def events_list(d: dict[str, Any]) -> None:
 
 
 SETTINGS_PAGE = "views/settings.py"
+
+
+def end_tile(column: Any, d: dict[str, Any]) -> None:
+    """When the run ends ("Ends at", its basis in the help) or, once it has ended, when it did ("Ended at")."""
+    label, _ = end_words(d["status"])
+    ends = end_text(d["status"], d["ended_at"], d["eta_s"], d["eta_range_s"])
+    column.metric(label, ends.split(" (")[0], help=style.plain(end_help(d["status"], ends, d.get("eta_basis"))))
 
 
 def energy_tile(column: Any, d: dict[str, Any]) -> None:

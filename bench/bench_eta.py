@@ -1,6 +1,6 @@
 """How far to trust a run's ETA: recorded runs replayed, the predicted end against the true one.
 
-    .venv/bin/python bench/bench_eta.py [--data bench/data/eta_runs.json ...] [--tune]
+    .venv/bin/python bench/bench_eta.py [--data bench/data/eta_runs.json ...] [--tune] [--queue [--repeats N]]
 
 bench/eta_record.py records real runs through the real scheduler on this machine (the built-ins, a
 script with evaluation pauses, a run that slows down when a second one starts, a run that retries)
@@ -16,6 +16,9 @@ error (|predicted - true| as a share of the time that was truly left), and the b
 at f42c02a, copied here (:func:`baseline`); "after" is db/vocabulary/eta.py's :func:`forecast`.
 The retrying run is also judged halfway through its backoff (RETRYING), where "before"
 projected from the failed attempt's pace as if no restart came, and "after" adds the restart.
+
+``--queue`` then measures the queue's start estimates live (bench/bench_queue_eta.py: 3 runs queued
+behind 2 running through a real scheduler, a few minutes a round; ``--repeats`` rounds).
 
 ``--tune`` prints the coverage and median band width of a grid of (BAND_BASE, BAND_PER_LEFT), to
 choose the narrowest band that meets the goal at every share.
@@ -34,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_queue_eta  # the queue's live half (--queue)
 from benchmarks_row import print_row, verdict
 
 from db.vocabulary import eta as eta_module
@@ -234,6 +238,9 @@ def main() -> int:
     parser.add_argument("--data", type=Path, action="append",
                         help="a recordings file (repeatable; default: every bench/data/eta_runs*.json)")
     parser.add_argument("--tune", action="store_true")
+    parser.add_argument("--queue", action="store_true",
+                        help="also the queue's start estimates, live (bench/bench_queue_eta.py, minutes)")
+    parser.add_argument("--repeats", type=int, default=2, help="with --queue: its rounds of five runs")
     args = parser.parse_args()
     paths = args.data or sorted(DATA.parent.glob("eta_runs*.json"))
     print("Error of the predicted end (share of the time truly left), band coverage and median width:\n")
@@ -252,6 +259,9 @@ def main() -> int:
               "true end fell inside the band, before (main at f42c02a) and after issue 55",
               summary(ms) + f"; {len(ms)} moments of {runs} runs recorded {', '.join(dates)}",
               max(load_of(data) for data, _ in files))
+    if args.queue:
+        print()
+        return bench_queue_eta.main(["--repeats", str(args.repeats)])
     return 0
 
 

@@ -11,16 +11,24 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Row, func, select
 from sqlalchemy.orm import Session
+from typing_extensions import Unpack
 
-from db.models import Attempt, Run
+from db import metricstore
+from db.models import Attempt, Checkpoint, Run
+from db.states import ACTIVE, STOPPING, RunStatus
 from db.vocabulary.config import DEFAULT_KIND, workload_class
-from db.vocabulary.cost import Price
+from db.vocabulary.cost import ETA_WINDOW, Price
+from db.vocabulary.eta import forecast as eta_forecast
+from db.vocabulary.inventory import Inventory
+from db.vocabulary.queue_forecast import Holder, Start, Waiting, forecast
+from db.vocabulary.scheduler_file import read_scheduler_file
+from db.vocabulary.settings import Settings, SettingsError, load_settings
 
 # The settings, besides the whole workload section, that change how long a step takes.
 PACE_KEYS = (("launch", "nproc_per_node"), ("launch", "nnodes"), ("launch", "executor"), ("launch", "backend"),
@@ -32,6 +40,14 @@ PACE_DEFAULTS: dict[tuple[str, str], Any] = {("launch", "nnodes"): 1, ("launch",
 # The workload keys that say what is trained, not for how long.
 NOT_PACE = frozenset({"max_steps", "hidden"})
 LOOK_BACK_RUNS = 200
+# What a queued run that Slurm will place says, and one on a machine whose devices are not known.
+SLURM_BASIS = "Slurm decides when it starts (runyard has no estimate of the cluster's queue)"
+NO_MACHINE_BASIS = "this machine's devices are not known yet (no scheduler has started on this data folder)"
+STOPPING_S = 30.0  # a run being cancelled or paused frees its devices within about this long
+AnyRow = Row[Unpack[tuple[Any, ...]]]
+# What a pace is measured from, of an attempt.
+_PACE_COLUMNS = (Attempt.run_id, Attempt.started_at, Attempt.first_step_at, Attempt.ended_at, Attempt.progress_at,
+                 Attempt.last_step, Attempt.resume_step)
 
 
 @dataclass(frozen=True)
@@ -68,8 +84,9 @@ def _pace_shape(config: Mapping[str, Any]) -> tuple[str, str]:
     return json.dumps(workload, sort_keys=True, default=str), json.dumps(rest, default=str)
 
 
-def _measured(attempts: list[Attempt]) -> tuple[float, float | None] | None:
-    """(steps per second over the attempt that trained longest, median start-up in seconds)."""
+def _measured(attempts: Sequence[Any]) -> tuple[float, float | None] | None:
+    """(steps per second over the attempt that trained longest, median start-up in seconds), from
+    attempts (rows of :data:`_PACE_COLUMNS`, or ORM objects)."""
     best: tuple[float, float] | None = None  # (seconds, steps)
     startups = []
     for a in attempts:
@@ -94,38 +111,174 @@ def start_estimate(session: Session, config: Mapping[str, Any], price: Price, fr
     script (0: the script's own total, unknown before it runs); it starts at ``from_step`` (a fork
     from a checkpoint at step 3000 of 4000 trains 1,000 steps, not 4,000).
     """
+    return start_estimates(session, {0: (config, from_step)}, price)[0]
+
+
+def start_estimates(session: Session, wanted: Mapping[int, tuple[Mapping[str, Any], int]],
+                    price: Price | None = None) -> dict[int, StartEstimate]:
+    """:func:`start_estimate` for many runs at once (the queued runs a forecast needs), in two
+    statements however many there are: the newest :data:`LOOK_BACK_RUNS` started runs of each
+    number of ranks, then the attempts of those of the same workload.
+
+    Args:
+        session: Where to read.
+        wanted: ``(config, from_step)`` by run id, the config as ``RunConfig.as_dict()`` gives it.
+        price: The price the estimates carry (the cost is not what a forecast reads).
+
+    Returns:
+        The estimate by run id, for every run of ``wanted``.
+    """
+    price = price or Price(usd_per_hour=0.0, unit="")
+    ranks = {rid: _ranks(config) for rid, (config, _) in wanted.items()}
+    if not wanted:
+        return {}
+    newest = (select(Run.id, Run.name, Run.config_json, Run.nproc,
+                     func.row_number().over(partition_by=Run.nproc, order_by=Run.id.desc()).label("nth"))
+              .where(Run.nproc.in_(sorted(set(ranks.values()))), Run.started_at.is_not(None)).subquery())
+    earlier = session.execute(select(newest.c.id, newest.c.name, newest.c.config_json, newest.c.nproc)
+                              .where(newest.c.nth <= LOOK_BACK_RUNS).order_by(newest.c.id.desc())).all()
+    shapes = {run_id: (name, nproc, _pace_shape(json.loads(config_json)))
+              for run_id, name, config_json, nproc in earlier}
+    wanted_shapes = {rid: _pace_shape(config) for rid, (config, _) in wanted.items()}
+    workloads = {shape[0] for shape in wanted_shapes.values()}
+    alike = [run_id for run_id, (_, _, shape) in shapes.items() if shape[0] in workloads]
+    attempts: dict[int, list[AnyRow]] = {run_id: [] for run_id in alike}
+    if alike:
+        for attempt in session.execute(select(*_PACE_COLUMNS).where(Attempt.run_id.in_(alike))):
+            attempts[attempt.run_id].append(attempt)
+    measured = {run_id: _measured(found) for run_id, found in attempts.items()}
+    # Runs queued from one config share their candidates: found once per (ranks, shape).
+    candidates: dict[tuple[int, tuple[str, str]], tuple[list[tuple[int, str]], list[tuple[int, str]]]] = {}
+    out = {}
+    for rid, (config, from_step) in wanted.items():
+        shape = wanted_shapes[rid]
+        if (ranks[rid], shape) not in candidates:
+            same = [(run_id, name, other) for run_id, (name, nproc, other) in shapes.items() if nproc == ranks[rid]]
+            candidates[ranks[rid], shape] = (
+                [(run_id, name) for run_id, name, other in same if other == shape],
+                [(run_id, name) for run_id, name, other in same if other != shape and other[0] == shape[0]])
+        exact, rough = candidates[ranks[rid], shape]
+        out[rid] = _estimate_from(config, from_step, price, exact, rough, measured)
+    return out
+
+
+def _ranks(config: Mapping[str, Any]) -> int:
+    """Every rank of the run (``Run.nproc``)."""
+    launch = config.get("launch", {})
+    return int(launch.get("nproc_per_node") or 1) * int(launch.get("nnodes") or 1)
+
+
+def _estimate_from(config: Mapping[str, Any], from_step: int, price: Price, exact: list[tuple[int, str]],
+                   rough: list[tuple[int, str]],
+                   measured: Mapping[int, tuple[float, float | None] | None]) -> StartEstimate:
+    """The estimate of ``config`` from the first alike run (newest first) with a measured pace."""
     workload = config.get("workload", {})
     script = workload.get("kind") == "script"
     last = int((workload.get("max_steps") if script else config.get("train", {}).get("max_steps")) or 0)
-    from_step = from_step if last else 0  # an unknown total has no known remainder either
+    from_step = from_step if last else 0
     steps = max(0, last - from_step)
-    base = StartEstimate(steps=steps, usd_per_hour=price.usd_per_hour, price_unit=price.unit, from_step=from_step)
-    launch = config.get("launch", {})
-    nproc = int(launch.get("nproc_per_node") or 1) * int(launch.get("nnodes") or 1)  # Run.nproc: every rank
-    shape = _pace_shape(config)
-    runs = session.execute(
-        select(Run.id, Run.name, Run.config_json).where(Run.nproc == nproc, Run.started_at.is_not(None))
-        .order_by(Run.id.desc()).limit(LOOK_BACK_RUNS)
-    ).all()
-    exact, rough = [], []
-    for run_id, name, config_json in runs:
-        other = _pace_shape(json.loads(config_json))
-        if other == shape:
-            exact.append((run_id, name))
-        elif other[0] == shape[0]:
-            rough.append((run_id, name))
-    for candidates, alike in ((exact, True), (rough, False)):
+    for candidates, is_exact in ((exact, True), (rough, False)):
         for run_id, name in candidates:
-            attempts = list(session.scalars(select(Attempt).where(Attempt.run_id == run_id)))
-            measured = _measured(attempts)
-            if measured is None:
+            pace = measured.get(run_id)
+            if pace is None:
                 continue
-            rate, startup = measured
+            rate, startup = pace
             seconds = (startup or 0.0) + steps / rate if last else None
             return StartEstimate(
                 steps=steps, usd_per_hour=price.usd_per_hour, price_unit=price.unit, seconds=seconds,
                 cost_usd=seconds * price.usd_per_hour / 3600.0 if seconds is not None else None,
-                steps_per_s=rate, startup_s=startup, like_run=run_id, like_name=name, exact=alike,
-                from_step=from_step,
-            )
-    return base
+                steps_per_s=rate, startup_s=startup, like_run=run_id, like_name=name, exact=is_exact,
+                from_step=from_step)
+    return StartEstimate(steps=steps, usd_per_hour=price.usd_per_hour, price_unit=price.unit, from_step=from_step)
+
+
+def published_machine(settings: Settings | None = None) -> Inventory | None:
+    """The devices the scheduler published in its heartbeat file (db/vocabulary/scheduler_file.py)
+    in the data folder (``RUNYARD_HOME``'s unless ``settings`` say another); None before a
+    scheduler has started there."""
+    try:
+        settings = settings or load_settings()
+    except SettingsError:
+        return None
+    published = (read_scheduler_file(settings.scheduler_file) or {}).get("inventory")
+    if not isinstance(published, dict):
+        return None
+    try:
+        return Inventory.from_json(published)
+    except (KeyError, TypeError, ValueError):
+        return None  # an older scheduler's record
+
+
+def queue_starts(session: Session, now: float, machine: Inventory | None, holding: list[AnyRow] | None = None,
+                 points: Mapping[tuple[int, int, int], list[tuple[int, float, float]]] | None = None,
+                 ) -> dict[int, Start]:
+    """When each queued run should start (db/vocabulary/queue_forecast.py walks the queue), read in
+    a fixed number of statements: the queued runs, the runs holding devices with their attempts,
+    the checkpoints resumes start from, the alike earlier runs (:func:`start_estimates`) and the
+    holders' newest progress points.
+
+    Args:
+        session: Where to read.
+        now: The time of the forecast.
+        machine: The devices runs are admitted against (:func:`published_machine`); None when
+            not known, and then no local run gets a time.
+        holding: :func:`holding_runs`, when the caller read them already.
+        points: The holders' newest progress points (``metricstore.recent_progress``), when the
+            caller read them already with its own (the Runs list reads its live runs' anyway).
+
+    Returns:
+        A :class:`~db.vocabulary.queue_forecast.Start` by run id, for every queued run.
+    """
+    queued = session.execute(
+        select(Run.id, Run.nproc, Run.executor, Run.config_json, Run.resume_checkpoint_id)
+        .where(Run.status == RunStatus.QUEUED.value).order_by(Run.id)).all()
+    starts = {r.id: Start(None, None, SLURM_BASIS, here=False) for r in queued if r.executor == "slurm"}
+    local = [r for r in queued if r.executor != "slurm"]
+    if not local:
+        return starts
+    if machine is None:
+        return starts | {r.id: Start(None, None, NO_MACHINE_BASIS) for r in local}
+    holding = holding_runs(session) if holding is None else holding
+    resumes = {r.resume_checkpoint_id for r in local if r.resume_checkpoint_id is not None}
+    resume_steps: dict[int, int] = dict(session.execute(
+        select(Checkpoint.id, Checkpoint.step).where(Checkpoint.id.in_(resumes))).all()) if resumes else {}
+    wanted = {r.id: (json.loads(r.config_json), resume_steps.get(r.resume_checkpoint_id or -1, 0)) for r in local}
+    wanted |= {h.id: (json.loads(h.config_json), h.resume_step or 0) for h in holding}
+    estimates = start_estimates(session, wanted)
+    if points is None:
+        points = metricstore.recent_progress(session, [(h.id, h.number, 0) for h in holding], limit=ETA_WINDOW)
+    holders = [_holder(h, points.get((h.id, h.number, 0), []), estimates[h.id], now) for h in holding]
+    waiting = [Waiting(r.id, r.nproc, estimates[r.id].seconds) for r in local]
+    return starts | forecast(holders, waiting, machine.slots, now)
+
+
+def holding_runs(session: Session) -> list[AnyRow]:
+    """The local runs that hold devices (an active one) or will take them back first (a retrying
+    one), each with its newest attempt."""
+    rows = session.execute(
+        select(Run.id, Run.nproc, Run.status, Run.max_steps, Run.config_json, Run.retry_at, Attempt.number,
+               Attempt.started_at, Attempt.resume_step)
+        .join(Attempt, Attempt.run_id == Run.id)
+        .where(Run.executor != "slurm",
+               Run.status.in_([s.value for s in (*ACTIVE, RunStatus.RETRYING)]))
+        .order_by(Run.id, Attempt.number)).all()
+    return list({row.id: row for row in rows}.values())  # the newest attempt of each
+
+
+def _holder(row: AnyRow, points: list[tuple[int, float, float]], alike: StartEstimate, now: float) -> Holder:
+    """A run holding devices, with its predicted end: its own pace's ETA from its newest progress
+    point (a retrying run's from when it restarts), else the pace of the most alike earlier run
+    from when its attempt started, else not known. A run being stopped ends within moments."""
+    status = RunStatus(row.status)
+    if status in STOPPING:
+        return Holder(row.id, row.nproc, now + STOPPING_S, started_at=row.started_at)
+    restart = max(row.retry_at or now, now) if status is RunStatus.RETRYING else None
+    # The same prediction as the run's own page shows, and its band's slow end for a run that outlives it.
+    eta = eta_forecast([(int(s), float(t)) for s, _, t in points], row.max_steps) if row.max_steps else None
+    if eta is not None:
+        base = restart if restart is not None else max(t for _, _, t in points)
+        return Holder(row.id, row.nproc, base + eta.seconds, base + eta.high, row.started_at)
+    if alike.seconds is not None:
+        base = restart if restart is not None else row.started_at
+        return Holder(row.id, row.nproc, base + alike.seconds, started_at=row.started_at)
+    return Holder(row.id, row.nproc, None, started_at=row.started_at)

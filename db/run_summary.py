@@ -15,6 +15,7 @@ from typing_extensions import Unpack
 
 from db import metricstore
 from db.energy import energies
+from db.estimates import holding_runs, published_machine, queue_starts
 from db.models import Attempt, Checkpoint, Run, Sweep, SweepTrial
 from db.states import TERMINAL, RunStatus
 from db.vocabulary.causes import Cause
@@ -24,9 +25,9 @@ from db.vocabulary.cost import (
     cost_usd,
     wasted_seconds,
 )
+from db.vocabulary.eta import MACHINE_RESTARTS, Forecast, forecast, restart_ahead
 from db.vocabulary.settings import load_settings
 from db.vocabulary.your_cost import OwnPrice, cost_lines, own_price
-from db.vocabulary.eta import MACHINE_RESTARTS, Forecast, forecast, restart_ahead
 
 # The run and attempt columns a summary reads: not the config, log tails or exceptions, which
 # a list of 200 runs would otherwise carry from the database for nothing.
@@ -86,6 +87,12 @@ def _run_summaries(session: Session, runs: Sequence[RunLike], now: float) -> lis
     # to resume has none until its new attempt trains (its old pace ended elsewhere).
     live = [(r.id, attempts[r.id][-1].number, 0) for r in runs
             if attempts[r.id] and RunStatus(r.status) not in TERMINAL and RunStatus(r.status) is not RunStatus.QUEUED]
+    # A queued run's start comes from the predicted ends of the runs holding devices: their points
+    # are read with the live runs' (db/estimates.py queue_starts).
+    queued = any(r.status == RunStatus.QUEUED.value for r in runs)
+    machine = published_machine() if queued else None
+    holding = holding_runs(session) if machine is not None else []
+    live += sorted({(h.id, h.number, 0) for h in holding} - set(live))
     points = metricstore.recent_progress(session, live, limit=ETA_POINTS)
     # A run queued to resume from a checkpoint is at that checkpoint's step, not where it stopped.
     resumes = {r.resume_checkpoint_id for r in runs if r.resume_checkpoint_id is not None}
@@ -94,13 +101,15 @@ def _run_summaries(session: Session, runs: Sequence[RunLike], now: float) -> lis
     trials = _trials(session, ids)
     energy, attempt_energy = energies(session, {run_id: [a.number for a in attempts[run_id]] for run_id in ids})
     restarting = any(RunStatus(r.status) in (RunStatus.RETRYING, RunStatus.PAUSING) for r in runs)
-    machine = machine_startups(session) if restarting else []
+    restarts = machine_startups(session) if restarting else []
+    starts = queue_starts(session, now, machine, holding, points) if queued else {}
     summaries = [
         _run_summary(r, attempts[r.id], written,
                      points.get((r.id, attempts[r.id][-1].number, 0), []) if attempts[r.id] else [], now,
                      resume_steps.get(r.resume_checkpoint_id) if r.resume_checkpoint_id is not None else None,
-                     machine, usable.get(r.id))
-        | {"trial": trials.get(r.id), "energy": energy[r.id]}
+                     restarts, usable.get(r.id))
+        | {"trial": trials.get(r.id), "energy": energy[r.id],
+           "start_estimate": starts[r.id].as_dict() if r.id in starts else None}
         for r in runs
     ]
     # Last, once every other key (the energy among them) is in: the two cost lines, at today's own price.

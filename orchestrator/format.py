@@ -9,6 +9,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 from db.states import TERMINAL, AttemptPhase, RunStatus
+from db.vocabulary.queue_forecast import Start, queue_end
 from orchestrator.executors.slurm.commands import QUEUED_JOB_STATES
 
 if TYPE_CHECKING:
@@ -236,3 +237,46 @@ def where_text(config: dict[str, Any], attempt: dict[str, Any] | None, now: floa
     if attempt.get("job_state_at") and not attempt.get("ended_at"):
         parts.append(f"status read {duration(now - attempt['job_state_at'])} ago")
     return " · ".join(parts)
+
+
+
+def _time_of_day(at: float, now: float) -> str:
+    """``15:40`` today, ``Thu 03 Dec 09:10`` another day."""
+    when = dt.datetime.fromtimestamp(at)
+    same_day = when.date() == dt.datetime.fromtimestamp(now).date()
+    return when.strftime("%H:%M") if same_day else when.strftime("%a %d %b %H:%M")
+
+
+def start_text(estimate: dict[str, Any] | None, now: float | None = None, *, short: bool = False) -> str:
+    """When a queued run should start (the run summary's ``start_estimate``, db/vocabulary/
+    queue_forecast.py): ``starts ≈ 15:40, after run 38`` (short, for a table cell), or with how
+    long until then and what it rests on; ``""`` for a run that is not queued."""
+    if estimate is None:
+        return ""
+    at, after, basis = estimate["at"], estimate["after_run"], estimate["basis"]
+    if at is None:
+        return f"start not known: {basis}"
+    now = time.time() if now is None else now
+    if at <= now:
+        return "starts at the scheduler's next look (its devices are free)"
+    if short:
+        return f"starts ≈ {_time_of_day(at, now)}" + (f", after run {after}" if after is not None else "")
+    return f"starts ≈ {_time_of_day(at, now)} (in {duration(at - now)}): {basis}"
+
+
+def queue_text(starts: dict[int, Start], now: float | None = None) -> str | None:
+    """The whole queue in one line, for the Runs page: how many runs wait and when the last of
+    those waiting for this machine should be done (``3 run(s) queued here; all done ≈ 17:20 (in
+    2h 05m)``); None when nothing is queued."""
+    if not starts:
+        return None
+    now = time.time() if now is None else now
+    here = sum(1 for s in starts.values() if s.here)
+    if not here:
+        return f"{len(starts)} run(s) queued on Slurm (Slurm decides when they start)."
+    slurm = f"; {len(starts) - here} on Slurm (Slurm decides when they start)" if here < len(starts) else ""
+    end, waits_on = queue_end(starts)
+    if end is None:
+        return (f"{here} run(s) queued here; when all are done is not known: run {waits_on}'s start or length "
+                f"is not known{slurm}.")
+    return f"{here} run(s) queued here; all done ≈ {_time_of_day(end, now)} (in {duration(end - now)}){slurm}."

@@ -39,7 +39,7 @@ from app.run_panels import attempts_table, checkpoint_advice, checkpoint_table, 
 from app.system import latest_window, summary_line, system_panels
 from db.states import TERMINAL, RunStatus
 from db.vocabulary import metric_registry
-from orchestrator.format import clock, duration, end_help, end_text, end_words, startup_text, step_text, where_text
+from orchestrator.format import clock, duration, start_text, startup_text, step_text, where_text
 from orchestrator.scripts.attempt_watch import script_facts
 
 CHART_ORDER = ["loss", "eval_accuracy", "eval_loss", "samples_per_s", "step_time"]
@@ -105,8 +105,8 @@ def header(d: dict[str, Any]) -> None:
     # stayed where they were: two copies of the headline numbers during a retry (issue 29).
     with st.container():
         metadata_line(d)
-        if d["status_reason"]:
-            st.caption(style.plain(d["status_reason"]))
+        if waits := "; ".join(filter(None, [start_text(d.get("start_estimate")), d["status_reason"]])):
+            st.caption(style.plain(waits))  # a queued run: when it should start, then why it waits
         if starting := startup_text(d["status"], d["attempts"][-1] if d["attempts"] else None, d["config"]):
             st.caption(style.plain(starting))
         if where := where_text(d["config"], d["attempts"][-1] if d["attempts"] else None):
@@ -130,9 +130,7 @@ def header(d: dict[str, Any]) -> None:
 def headline(d: dict[str, Any]) -> None:
     c = st.columns(6)
     c[0].metric("Elapsed", duration(d["elapsed_s"]))
-    ends_label, _ = end_words(d["status"])
-    ends = end_text(d["status"], d["ended_at"], d["eta_s"], d["eta_range_s"])
-    c[1].metric(ends_label, ends.split(" (")[0], help=style.plain(end_help(d["status"], ends, d.get("eta_basis"))))
+    run_panels.end_tile(c[1], d)
     run_panels.energy_tile(c[2], d)
     c[3].metric("Attempts", d["attempt_count"])
     acc = d["metrics"].get("eval_accuracy", {}).get("0")

@@ -12,6 +12,7 @@ for this browser session."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pandas as pd
@@ -21,10 +22,21 @@ from app import data, run_actions, style
 from app.alerts_panel import alert_mark, open_alerts
 from app.style import status_css
 from db.compare import MAX_RUNS as MAX_COMPARED  # not app.compare_charts: the Runs page loads no Altair
+from db.estimates import published_machine, queue_starts
 from db.states import TERMINAL, RunStatus
 from db.vocabulary import metric_registry
 from orchestrator.cost_text import energy_short
-from orchestrator.format import duration, eta_text, note_line, status_words, step_text, usd, where_short
+from orchestrator.format import (
+    duration,
+    eta_text,
+    note_line,
+    queue_text,
+    start_text,
+    status_words,
+    step_text,
+    usd,
+    where_short,
+)
 from orchestrator.sweeps.space import sweep_tag
 
 style.apply()
@@ -62,6 +74,24 @@ def trial_text(trial: dict[str, Any] | None) -> str:
     return f"{trial['sweep_name']} #{trial['sweep_id']}, trial {trial['number']}" if trial else ""
 
 
+@st.cache_data(ttl=1.0, show_spinner=False)
+def queue_line() -> str | None:
+    """The line above the list on the whole queue: how many runs wait and when all should be done
+    (db/estimates.py queue_starts); None when nothing is queued. (Here, not in app/data.py, which
+    is at its 400 lines.)"""
+    with data.sessions()() as s:
+        return queue_text(queue_starts(s, time.time(), published_machine(data.settings())))
+
+
+def waiting_text(r: dict[str, Any]) -> str:
+    """Why a queued or retrying run waits; for a queued one, when it should start first
+    (``starts ≈ 15:40, after run 38; queued: waiting for 2 free GPU(s) …``)."""
+    if r["status"] not in WAITING:
+        return ""
+    start = start_text(r.get("start_estimate"), short=True)
+    return "; ".join(part for part in (start, r["status_reason"] or "") if part)
+
+
 def runs_frame(runs: list[dict[str, Any]], marks: dict[int, Any]) -> pd.DataFrame:
     """The table's every column (the chooser picks which are shown)."""
     return pd.DataFrame({
@@ -71,7 +101,7 @@ def runs_frame(runs: list[dict[str, Any]], marks: dict[int, Any]) -> pd.DataFram
         "name": [r["name"] + (" (archived)" if r["archived"] else "") for r in runs],
         "sweep": [trial_text(r["trial"]) for r in runs],
         "status": [status_words(r["status"], r["step"], r["trial"]) for r in runs],
-        "waiting for": [(r["status_reason"] or "") if r["status"] in WAITING else "" for r in runs],
+        "waiting for": [waiting_text(r) for r in runs],
         "alert": [alert_mark(r["id"], marks) for r in runs],
         "progress": [r["progress"] for r in runs],
         "step": [step_text(r["step"], r["max_steps"]) for r in runs],
@@ -128,6 +158,8 @@ def runs_table() -> None:
         st.info("No runs yet. Start one on the **New run** page, or `runyard submit examples/digits.toml`.")
         st.page_link("views/new_run.py", label="New run", icon=":material/add_circle:")
         return
+    if (queue := queue_line()) is not None:
+        st.caption(queue)
     event = st.dataframe(
         runs_frame(runs, open_alerts()).style.apply(lambda _: [status_css(r["status"]) for r in runs],
                                                     subset=["status"]),
@@ -137,7 +169,8 @@ def runs_table() -> None:
             "run": st.column_config.LinkColumn("run", display_text=r"run\?run=(\d+)"),
             "★": st.column_config.TextColumn("★", help="Starred (select the row, then Star)", width=40),
             "progress": st.column_config.ProgressColumn("progress", min_value=0.0, max_value=1.0, format="percent"),
-            "waiting for": st.column_config.TextColumn("waiting for", help="Why a queued or retrying run waits"),
+            "waiting for": st.column_config.TextColumn(
+                "waiting for", help="Why a queued or retrying run waits, and when a queued one should start"),
             # Wide enough for "17:40 (in 1h 2m 3s)": the automatic width cut it at every width (issue 29).
             "ends at": st.column_config.TextColumn("ends at", width="medium"),
             "energy": st.column_config.TextColumn("energy", help="Measured (≈: estimated from power x time); "

@@ -39,6 +39,7 @@ from orchestrator.format import (
     end_words,
     eta_text,
     phases_text,
+    start_text,
     startup_text,
     step_text,
     where_short,
@@ -112,6 +113,8 @@ def ls(statuses: tuple[str, ...], search: str, tags: tuple[str, ...], starred: b
             f"{fmt_duration(r['elapsed_s']):>8} {ends:>5} ${r['cost_usd']:>8.4f}{value}  "
             f"{where_short(r['executor'], r['job_id'], r['job_state'])}  {','.join(r['tags'])}".rstrip()
         )
+        if starts := start_text(r.get("start_estimate"), short=True):
+            click.echo(f"{'':>7}{starts}")  # a queued run: when it should start, under its row
 
 
 def _filter_words(where: Any) -> str:
@@ -160,6 +163,8 @@ def _print_detail(d: dict[str, Any]) -> None:
     for line in cost_lines_text(d):
         click.echo(f"  {line}")
     click.echo(f"  dir {d['run_dir']}")
+    if starts := start_text(d.get("start_estimate")):
+        click.echo(f"  {starts}")
     if starting := startup_text(d["status"], d["attempts"][-1] if d["attempts"] else None, d["config"]):
         click.echo(f"  {starting}")
     if where := where_text(d["config"], d["attempts"][-1] if d["attempts"] else None):

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import Engine, event, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from db import metricstore, run_summary
+from db import estimates, metricstore, run_summary
 from db.energy import energies
 from db.models import Attempt, Checkpoint, Run, Sweep, SweepTrial
 from db.states import TERMINAL, RunStatus
@@ -80,9 +80,17 @@ def reference_summary(session: Session, run: Run, now: float) -> dict[str, Any]:
         "retries_used": run.retries_used, "retry_at": run.retry_at, "starred": run.starred,
         "archived": run.archived, "note": run.note, "trial": _trial(session, run.id),
         "energy": energies(session, {run.id: [a.number for a in attempts]})[0][run.id],
+        "start_estimate": _start(session, run, now),
     }
     # The two cost lines from the summary's own keys, at the owner's price as it is today.
     return summary | {"cost": cost_lines(summary, spans, own_price(load_settings().home), now)}
+
+
+def _start(session: Session, run: Run, now: float) -> dict[str, Any] | None:
+    """A queued run's start estimate, the whole queue read for it alone."""
+    if run.status != RunStatus.QUEUED.value:
+        return None
+    return estimates.queue_starts(session, now, estimates.published_machine())[run.id].as_dict()
 
 
 def _trial(session: Session, run_id: int) -> dict[str, Any] | None:

@@ -1,26 +1,42 @@
 """The New run page's estimate before Start: the pace of the most alike earlier run on this
 database, its start-up, the machine's price; rough when only the workload matches; none
-without an earlier run; a fork's steps from its checkpoint on; none for a run Start would refuse."""
+without an earlier run; a fork's steps from its checkpoint on; none for a run Start would refuse.
+
+A queued run's start estimate in the run summary (queue_starts, through db/run_list.py): behind a
+running run it starts when that run's pace says it ends, and later when that run slows down; a
+run ahead of unknown length is named; a Slurm run says Slurm decides; the whole list's estimates
+cost the same statements for 1 queued run as for 5. Rows are written as the scheduler writes them
+(the run walked through its states, its attempt RUNNING, rank 0's progress through the metric
+store), on the machine the scheduler publishes in its heartbeat file."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.estimates import start_estimate
+from db import run_list
+from db.estimates import published_machine, queue_starts, start_estimate
+from db.metricstore import write_points
 from db.models import Attempt
 from db.requests import create_run
+from db.states import RunStatus, transition
 from db.vocabulary.config import RunConfig
 from db.vocabulary.cost import Price
+from db.vocabulary.inventory import Inventory
+from db.vocabulary.scheduler_file import SchedulerFile
 from db.vocabulary.settings import Settings
 from orchestrator.format import estimate_text
 from tests.unit.app.pages import add_forkable, as_read, open_page, sessions, settings
+from tests.unit.db.statements import counted, statements
 
-# The pages' fixtures: each test's own home, and Streamlit's caches (the app's engine) emptied for it.
-__all__ = ["sessions", "settings"]
+# The pages' fixtures: each test's own home, and Streamlit's caches (the app's engine) emptied for it;
+# the statements any engine sends.
+__all__ = ["sessions", "settings", "statements"]
 PRICE = Price(usd_per_hour=0.36, unit="2/2 of a CPU node @ $0.36/h")
 
 
@@ -106,3 +122,149 @@ def test_a_config_start_would_refuse_is_not_priced_and_the_cpu_slots_are_named(s
     next(b for b in at.button if b.label == "Start").click().run()
     assert estimates_shown(at) == ["**No estimate**: fix the problems above first"]
     assert any("RUNYARD_CPU_SLOTS=64 runyard up" in as_read(e.value) for e in at.error)
+
+
+# --- a queued run's start estimate ------------------------------------------------------------
+
+QUEUE_PRICE = Price(usd_per_hour=0.1, unit="1/2 of a CPU node @ $0.10/h")
+
+
+def publish(settings: Settings, slots: int = 2) -> None:
+    """The machine a scheduler publishes on its heartbeat: ``slots`` CPU slots."""
+    SchedulerFile(settings.scheduler_file).write({"inventory": Inventory(kind="cpu", slots=slots).to_json()})
+
+
+def submit(s: Session, settings: Settings, name: str, nproc: int = 2, max_steps: int = 1000,
+           executor: str = "local") -> int:
+    """A run submitted (QUEUED) with ``nproc`` ranks of ``max_steps`` steps."""
+    launch: dict[str, object] = {"nproc_per_node": nproc, "executor": executor}
+    if executor == "slurm":
+        launch["backend"] = "gloo"
+    config = RunConfig.model_validate({"name": name, "train": {"max_steps": max_steps}, "launch": launch})
+    run = create_run(s, config, settings.runs_dir, QUEUE_PRICE)
+    s.flush()
+    return run.id
+
+
+def start(s: Session, run_id: int, started_at: float) -> None:
+    """The scheduler's launch: STARTING, then RUNNING at the first step, its attempt RUNNING."""
+    for status in (RunStatus.STARTING, RunStatus.RUNNING):
+        assert transition(s, run_id, status, "test")
+    s.add(Attempt(run_id=run_id, number=1, status="RUNNING", dir=str(Path("/nowhere") / str(run_id)),
+                  executor="local", started_at=started_at, first_step_at=started_at + 5, resume_step=0))
+    s.flush()
+
+
+def progress(s: Session, run_id: int, steps: range, first_at: float, steps_per_s: float) -> float:
+    """Rank 0's loss at ``steps``, ``steps_per_s`` apart from ``first_at``; the last point's time."""
+    times = [first_at + (step - steps.start) / steps_per_s for step in steps]
+    write_points(s.connection(), [{"run_id": run_id, "attempt": 1, "rank": 0, "step": step, "key": "loss",
+                                   "value": 1.0, "wall_time": t} for step, t in zip(steps, times, strict=True)])
+    attempt = s.scalars(select(Attempt).where(Attempt.run_id == run_id, Attempt.number == 1)).one()
+    attempt.last_step, attempt.progress_at = steps[-1], times[-1]
+    s.flush()
+    return times[-1]
+
+
+def estimates_of(sessions: sessionmaker[Session], now: float) -> dict[int, Any]:
+    with sessions() as s:
+        return {r["id"]: r["start_estimate"] for r in run_list.list_runs(s, now=now)}
+
+
+def test_a_queued_run_starts_when_the_run_ahead_ends_and_later_when_it_slows_down(
+        settings: Settings, sessions: sessionmaker[Session]) -> None:
+    publish(settings, slots=2)
+    now = time.time()
+    with sessions.begin() as s:
+        ahead = submit(s, settings, "ahead")
+        start(s, ahead, started_at=now - 110)
+        last = progress(s, ahead, range(0, 101, 10), first_at=now - 100, steps_per_s=1.0)  # 900 steps to go
+        queued = submit(s, settings, "queued")
+    first = estimates_of(sessions, now)
+    assert first[ahead] is None
+    assert first[queued] == {"at": pytest.approx(last + 900), "after_run": ahead,
+                             "basis": f"after run {ahead} ends, by that run's predicted end"}
+    # The run ahead slows to half its pace: newer points, and the queued run starts later.
+    with sessions.begin() as s:
+        slower = progress(s, ahead, range(110, 201, 10), first_at=now + 20, steps_per_s=0.5)
+    moved = estimates_of(sessions, now + 200)[queued]
+    assert moved is not None and moved["after_run"] == ahead
+    assert moved["at"] > first[queued]["at"] + 300
+    assert moved["at"] > slower
+
+
+def test_a_run_ahead_past_its_prediction_is_pushed_later_never_into_the_past(
+        settings: Settings, sessions: sessionmaker[Session]) -> None:
+    publish(settings, slots=2)
+    now = time.time()
+    with sessions.begin() as s:
+        ahead = submit(s, settings, "stuck")
+        start(s, ahead, started_at=now - 3000)
+        # Its pace said it would end 1,800 s ago (900 steps at 1 step/s from its last point); it still runs.
+        progress(s, ahead, range(0, 101, 10), first_at=now - 2800, steps_per_s=1.0)
+        queued = submit(s, settings, "queued")
+    got = estimates_of(sessions, now)[queued]
+    # Its band's slow end is behind it too: now plus a tenth of the 3,000 s its attempt has run.
+    assert got["at"] == pytest.approx(now + 300, abs=1)
+    assert got["basis"] == f"after run {ahead}, which has outlived its predicted end (its end is pushed later)"
+
+
+def test_a_gpu_run_needing_more_gpus_than_are_free_waits_for_the_run_that_frees_enough(
+        settings: Settings, sessions: sessionmaker[Session]) -> None:
+    SchedulerFile(settings.scheduler_file).write(
+        {"inventory": Inventory(kind="gpu", slots=4, gpu_names=("H100",) * 4).to_json()})
+    now = time.time()
+    with sessions.begin() as s:
+        short, long = submit(s, settings, "two-gpus-short"), submit(s, settings, "one-gpu-long", nproc=1)
+        start(s, short, started_at=now - 110)
+        short_end = progress(s, short, range(0, 101, 10), first_at=now - 100, steps_per_s=1.0) + 900
+        start(s, long, started_at=now - 110)
+        progress(s, long, range(0, 101, 10), first_at=now - 100, steps_per_s=0.1)  # 9,000 s to go
+        queued = submit(s, settings, "needs-two")  # 1 GPU is free; it needs 2
+    got = estimates_of(sessions, now)[queued]
+    assert (got["at"], got["after_run"]) == (pytest.approx(short_end), short)
+
+
+def test_a_run_ahead_of_unknown_length_is_named_and_slurm_runs_are_left_to_slurm(
+        settings: Settings, sessions: sessionmaker[Session]) -> None:
+    publish(settings, slots=2)
+    now = time.time()
+    with sessions.begin() as s:
+        ahead = submit(s, settings, "first-of-its-kind")  # no pace yet, no earlier run like it
+        start(s, ahead, started_at=now - 60)
+        queued = submit(s, settings, "waits")
+        cluster = submit(s, settings, "on-slurm", executor="slurm")
+    got = estimates_of(sessions, now)
+    assert got[queued] == {"at": None, "after_run": ahead, "basis": f"after run {ahead}, whose length is not known"}
+    assert got[cluster] == {"at": None, "after_run": None,
+                            "basis": "Slurm decides when it starts (runyard has no estimate of the cluster's queue)"}
+
+
+def test_without_a_scheduler_the_machine_is_not_known_and_no_time_is_made_up(
+        settings: Settings, sessions: sessionmaker[Session]) -> None:
+    with sessions.begin() as s:
+        queued = submit(s, settings, "waits")
+    assert published_machine(settings) is None
+    assert estimates_of(sessions, time.time())[queued]["at"] is None
+
+
+@pytest.mark.parametrize("queued", [1, 5])
+def test_the_start_estimates_cost_the_same_statements_however_many_are_queued(
+        settings: Settings, sessions: sessionmaker[Session], statements: list[tuple[Engine, str]],
+        queued: int) -> None:
+    publish(settings, slots=2)
+    now = time.time()
+    with sessions.begin() as s:
+        ahead = submit(s, settings, "ahead")
+        start(s, ahead, started_at=now - 110)
+        progress(s, ahead, range(0, 101, 10), first_at=now - 100, steps_per_s=1.0)
+        waiting = [submit(s, settings, f"q{i}") for i in range(queued)]
+    runs, sent = counted(sessions, statements, lambda s: run_list.list_runs(s, now=now))
+    # The list's own seven reads (energy among them), the holders, the queue, the alike runs and their attempts; the
+    # holders' points come with the live runs' (one read of metric points).
+    assert len(sent) == 11, "\n".join(sql[:70] for sql in sent)
+    assert sum("FROM metric_points" in sql for sql in sent) == 1
+    with sessions() as s:
+        alone = queue_starts(s, now, published_machine(settings))
+    assert [alone[w].as_dict() for w in waiting] == [r["start_estimate"] for r in reversed(runs[:queued])]
+    assert all(alone[w].at is not None for w in waiting)

@@ -1,5 +1,5 @@
-"""Display text (orchestrator/format.py): the words for a run's start-up phase, and a step without
-a total.
+"""Display text (orchestrator/format.py): the words for a run's start-up phase, a step without
+a total, and when a queued run (and the whole queue) should start and be done.
 """
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import datetime as dt
 
 from db.states import RunStatus
 from db.vocabulary.config import RunConfig
+from db.vocabulary.queue_forecast import Start
 from orchestrator.cost_text import tariff_text
 from orchestrator.format import (
     day_clock,
@@ -15,6 +16,8 @@ from orchestrator.format import (
     end_text,
     end_words,
     eta_text,
+    queue_text,
+    start_text,
     startup_text,
     status_words,
     step_text,
@@ -84,3 +87,21 @@ def test_a_tariff_is_written_as_a_person_writes_it() -> None:
     assert tariff_text(0.3, 1.0) == "$0.30/kWh x PUE 1.0"
     assert tariff_text(0.075, 1.25) == "$0.075/kWh x PUE 1.25"
     assert tariff_text(0.1234, 1.4) == "$0.1234/kWh x PUE 1.4"
+
+
+def test_a_queued_runs_start_and_the_queues_end_in_words() -> None:
+    now = dt.datetime(2026, 12, 2, 15, 0).timestamp()
+    at = now + 40 * 60
+    start = {"at": at, "after_run": 38, "basis": "after run 38 ends, by that run's predicted end"}
+    assert start_text(start, now, short=True) == "starts ≈ 15:40, after run 38"
+    assert start_text(start, now) == "starts ≈ 15:40 (in 40m 00s): after run 38 ends, by that run's predicted end"
+    assert start_text({**start, "at": now + 86_400}, now, short=True) == "starts ≈ Thu 03 Dec 15:00, after run 38"
+    unknown = {"at": None, "after_run": 38, "basis": "after run 38, whose length is not known"}
+    assert start_text(unknown, now, short=True) == "start not known: after run 38, whose length is not known"
+    assert start_text(None, now) == ""
+    queue = {39: Start(at, 38, "", at + 600), 40: Start(None, None, "Slurm decides", here=False)}
+    assert queue_text(queue, now) == ("1 run(s) queued here; all done ≈ 15:50 (in 50m 00s); 1 on Slurm (Slurm "
+                                      "decides when they start).")
+    assert queue_text({39: Start(at, 38, "", None), 41: Start(None, 39, "")}, now) == (
+        "2 run(s) queued here; when all are done is not known: run 39's start or length is not known.")
+    assert queue_text({}, now) is None

@@ -78,7 +78,9 @@ def test_run_page_query_param_selects_the_run(seeded: dict[str, int]) -> None:
     assert f"#{seeded['queued']} queued-one" in at.markdown[0].value
     assert "QUEUED" in at.markdown[0].value
     assert at.progress[0].proto.text == "step 0 / 300"
-    reason = at.caption[0].value
+    # When it should start (no scheduler has published this machine here, so not known), then why it waits.
+    start, reason = at.caption[0].value.split("; ")
+    assert start.startswith("start not known")
     # Where the charts will be: what the run waits for (its status sentence), not a bare "waiting".
     show_section(at, "Metrics")
     assert any(i.value == reason for i in at.info), (reason, [i.value for i in at.info])

@@ -7,6 +7,7 @@ tests/browser/test_workspace_browser.py.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import streamlit as st
@@ -17,12 +18,17 @@ from db.requests import create_run
 from db.states import RunStatus
 from db.vocabulary.config import RunConfig
 from db.vocabulary.cost import Price
+from db.vocabulary.inventory import Inventory
+from db.vocabulary.scheduler_file import SchedulerFile
 from db.vocabulary.settings import Settings
 from db.vocabulary.settings_file import write_values
 from tests.unit.app.pages import add_run, no_exception, open_page, seeded, sessions, settings
 from tests.unit.apptest import new_app
 
 __all__ = ["seeded", "sessions", "settings"]  # the fixtures, from the helper module
+# A start time as shown: the time of day, with the date when it falls on another day (a test just
+# before midnight).
+AT = r"(?:\w{3} \d\d \w{3} )?\d\d:\d\d"
 
 
 def test_the_runs_page_searches_shows_why_a_run_waits_and_its_summary_metrics(
@@ -33,7 +39,10 @@ def test_the_runs_page_searches_shows_why_a_run_waits_and_its_summary_metrics(
     at = open_page("views/runs.py")
     no_exception(at)
     table = at.dataframe[0].value.set_index("id")
-    assert table.loc[seeded["queued"], "waiting for"] == "waiting for 2 free CPU slots"
+    # No scheduler has said what this machine has, so no start time is made up.
+    assert table.loc[seeded["queued"], "waiting for"] == (
+        "start not known: this machine's devices are not known yet (no scheduler has started on this data "
+        "folder); waiting for 2 free CPU slots")
     assert table.loc[seeded["running"], "waiting for"] == ""  # only a waiting run says why
     assert table.loc[seeded["running"], "best loss"] == pytest.approx((2.0 / 120 * 2 + 0.01) / 2)
     assert table.loc[seeded["running"], "headline"] == "Eval accuracy 87.5%"
@@ -42,6 +51,23 @@ def test_the_runs_page_searches_shows_why_a_run_waits_and_its_summary_metrics(
     assert at.dataframe[0].value["name"].tolist() == ["digits-a"]
     at.text_input(key="runs_search").input("no-such-run").run()
     assert not at.dataframe and "No run matches" in at.info[0].value
+
+
+def test_a_queued_run_says_when_it_starts_and_the_page_when_the_queue_is_done(
+        seeded: dict[str, int], settings: Settings, sessions: sessionmaker[Session]) -> None:
+    with sessions() as s:
+        holds = s.get_one(Run, seeded["running"]).nproc
+        s.get_one(Run, seeded["queued"]).status_reason = "queued: waiting for 2 free CPU slot(s)"
+        s.commit()
+    # The scheduler publishes a machine the running run fills: the queued run waits for it to end.
+    SchedulerFile(settings.scheduler_file).write({"inventory": Inventory(kind="cpu", slots=holds).to_json()})
+    at = open_page("views/runs.py")
+    no_exception(at)
+    cell = at.dataframe[0].value.set_index("id").loc[seeded["queued"], "waiting for"]
+    assert re.fullmatch(rf"starts ≈ {AT}, after run {seeded['running']}; queued: waiting for 2 free CPU "
+                        r"slot\(s\)", cell), cell
+    assert any(re.fullmatch(rf"1 run\(s\) queued here; all done ≈ {AT} \(in .+\)\.", c.value)
+               for c in at.caption), [c.value for c in at.caption]
 
 
 def test_archived_runs_are_hidden_until_shown_and_sorted_as_asked(

@@ -1,7 +1,7 @@
 """The reading verbs (orchestrator/cli/read.py), through click's runner on a real SQLite database:
 `runyard show` (its JSON fields, its costs, the latest metrics as the Run page shows them, when a
-run ends and on what basis, and when it ended) and
-`runyard metrics` (one CSV row a point, each key with its label and display unit).
+run ends and on what basis, and when it ended, a queued run's start estimate, as `runyard ls` says
+it too) and `runyard metrics` (one CSV row a point, each key with its label and display unit).
 """
 
 from __future__ import annotations
@@ -9,19 +9,26 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import time
 
+import pytest
 from click.testing import CliRunner
 
 from db.engine import make_engine, make_sessionmaker
 from db.metricstore import write_points
 from db.models import Attempt
 from db.states import RunStatus, transition
+from db.vocabulary.inventory import Inventory
+from db.vocabulary.scheduler_file import SchedulerFile
 from db.vocabulary.settings import Settings
 from orchestrator.cli.group import cli
 from tests.unit.paths import ROOT
 
 EXAMPLE = ROOT / "examples" / "digits.toml"
+# A start time as shown: the time of day, with the date when it falls on another day (a test just
+# before midnight).
+AT = r"(?:\w{3} \d\d \w{3} )?\d\d:\d\d"
 
 
 def run(*args: str) -> tuple[int, str, str]:
@@ -158,3 +165,28 @@ def test_show_says_when_a_run_ends_on_what_basis_and_when_it_ended(settings: Set
         assert "ends at" not in out and "cost so far" not in out and "eta basis" not in out
     finally:
         engine.dispose()
+
+
+def test_ls_and_show_say_when_a_queued_run_starts(settings: Settings, sessions) -> None:
+    # Run 1 fills the 2 CPU slots the scheduler published, 200 steps to go at 5 steps/s; run 2 waits.
+    SchedulerFile(settings.scheduler_file).write({"inventory": Inventory(kind="cpu", slots=2).to_json()})
+    run("submit", str(EXAMPLE))
+    run("submit", str(EXAMPLE), "--set", "name=behind")
+    now = time.time()
+    with sessions() as s:
+        for status in (RunStatus.STARTING, RunStatus.RUNNING):
+            assert transition(s, 1, status, "test")
+        s.add(Attempt(run_id=1, number=1, status="RUNNING", dir="/x", started_at=now - 30, first_step_at=now - 25,
+                      progress_at=now, last_step=100))
+        s.flush()
+        write_points(s.connection(), [dict(run_id=1, attempt=1, rank=0, step=st, key="loss", value=1.0,
+                                           wall_time=now - (100 - st) / 5) for st in range(10, 101, 10)])
+        s.commit()
+    start = json.loads(run("show", "2", "--json")[1])["start_estimate"]
+    assert start["after_run"] == 1 and start["at"] == pytest.approx(now + 200 / 5, abs=1)
+    assert start["basis"] == "after run 1 ends, by that run's predicted end"
+    assert json.loads(run("show", "1", "--json")[1])["start_estimate"] is None  # not queued
+    listed = run("ls")[1].splitlines()
+    row = next(i for i, line in enumerate(listed) if "behind" in line)
+    assert re.fullmatch(rf" {{7}}starts ≈ {AT}, after run 1", listed[row + 1]), listed
+    assert re.search(rf"^  starts ≈ {AT} \(in \d+s\): after run 1 ends", run("show", "2")[1], re.M)
