@@ -171,6 +171,7 @@ def test_fsdp_matches_ddp_and_resumes_after_sigkill(product: Product) -> None:
     product.wait_status(killed, "FAILED", timeout=60)
     assert not (checkpoints / "step-20").exists()
     del product.env["RUNYARD_FAULT_SAVE_DELAY"]
+    del product.env["RUNYARD_FAULT_STEP_DELAY_S"]  # the resumed attempt at full speed (9 s sooner)
     product.procs[-1].send_signal(signal.SIGTERM)  # a scheduler without the save delay
     product.procs[-1].wait(30)
     product.start_scheduler()

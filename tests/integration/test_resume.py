@@ -104,6 +104,7 @@ def test_sigkill_during_an_in_flight_save(product: Product, reference: tuple[dic
     kill_attempt(product)
     assert not (ckpt_dir / "step-150").exists()
     product.env.pop("RUNYARD_FAULT_SAVE_DELAY")
+    product.env.pop("RUNYARD_FAULT_STEP_DELAY_S")  # the resumed attempt at full speed (200 steps, 10 s sooner)
     product.procs[-1].send_signal(signal.SIGTERM)  # restart the scheduler without the save delay
     product.procs[-1].wait(30)
     product.start_scheduler()
