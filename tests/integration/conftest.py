@@ -11,6 +11,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -33,7 +34,7 @@ from orchestrator.scheduler.resources import detect_inventory
 from orchestrator.submission import submit, validate_file
 from tests import databases
 from tests.cli_runner import needs_a_process, run_in_process
-from tests.conftest import SCHEDULER_MARK, module_shares_a_product, wait_training_gone
+from tests.conftest import SCHEDULER_MARK, module_shares_a_product, shared_result, wait_training_gone
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "digits.toml"
@@ -283,3 +284,50 @@ def any_product(tmp_path: Path, db_url: str) -> Iterator[Product]:
     """``product`` on the case's database (SQLite or a fresh PostgreSQL database)."""
     with running_product(tmp_path / "home", db_url) as p:
         yield p
+
+
+# The deterministic 2-rank digits run that the kill-and-resume tests of test_resume.py and
+# test_failures.py compare against: a checkpoint every 50 steps, all kept, a loss logged at every step.
+DETERMINISTIC_DIGITS = (
+    "train.deterministic=true",
+    "train.log_every=1",
+    "train.max_steps=300",
+    "checkpoint.every_steps=50",
+    "checkpoint.keep_last=0",
+    "retry.max_retries=0",  # the person resumes by hand in test_resume.py; the retries are the test's own settings
+)
+
+
+def losses(product: Product, run_id: int, attempt: int) -> dict[tuple[int, int], float]:
+    """(rank, step) -> the loss of one attempt of the run."""
+    rows = product.query("SELECT rank, step, value FROM metrics WHERE run_id = :run AND attempt = :attempt "
+                         "AND key = 'loss'", run=run_id, attempt=attempt)
+    return {(rank, step): value for rank, step, value in rows}
+
+
+def rank_starts(run_dir: str, attempt: int = 1) -> list[str]:
+    """How each rank of the attempt says it started, from its log: "warm" (forked from torchrun's
+    agent, trainer/agent/warm.py) or "cold" (a fresh interpreter)."""
+    found = []
+    for log in sorted(Path(run_dir).glob(f"attempts/{attempt}/ranks/**/stdout.log")):
+        said = re.search(r"started (warm|cold)", log.read_text())
+        found.append(said.group(1) if said else "?")
+    return found
+
+
+@pytest.fixture(scope="session")
+def uninterrupted_digits(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict[tuple[int, int], float]]:
+    """The uninterrupted run of :data:`DETERMINISTIC_DIGITS`: its detail (with ``rank_starts``) and
+    its losses. Trained once for the session, whichever of test_resume.py and test_failures.py asks
+    first (every xdist worker reads the same one): both modules used to train it for themselves."""
+    def run() -> tuple[dict, list[tuple[int, int, float]]]:
+        with running_product(tmp_path_factory.mktemp("reference") / "home") as product:
+            run_id = product.submit(*DETERMINISTIC_DIGITS, "name=reference")
+            product.start_scheduler()
+            detail = product.wait_status(run_id, "SUCCEEDED", "FAILED")
+            assert detail["status"] == "SUCCEEDED", detail["status_reason"]
+            detail["rank_starts"] = rank_starts(detail["run_dir"])
+            return detail, [(rank, step, value) for (rank, step), value in losses(product, run_id, 1).items()]
+
+    detail, rows = shared_result(tmp_path_factory, "uninterrupted-digits", run)
+    return detail, {(rank, step): value for rank, step, value in rows}

@@ -14,8 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import shared_result, training_processes
-from tests.integration.conftest import Product, running_product
+from tests.conftest import training_processes
+from tests.integration.conftest import Product
 
 pytestmark = pytest.mark.slow
 
@@ -60,17 +60,11 @@ def final_digest(detail: dict) -> str:
     return final[-1]["params_digest"]
 
 
-@pytest.fixture(scope="module")
-def reference_digest(tmp_path_factory: pytest.TempPathFactory) -> str:
-    def run() -> str:
-        with running_product(tmp_path_factory.mktemp("ref") / "home") as product:
-            run_id = product.submit(*DETERMINISTIC, "name=reference")
-            product.start_scheduler()
-            detail = product.wait_status(run_id, "SUCCEEDED", "FAILED")
-            assert detail["status"] == "SUCCEEDED"
-            return final_digest(detail)
-
-    return shared_result(tmp_path_factory, "test_failures-reference", run)
+@pytest.fixture
+def reference_digest(uninterrupted_digits: tuple[dict, dict]) -> str:
+    """The final parameters of the uninterrupted run of the same training (tests/integration/conftest.py,
+    shared with test_resume.py: it also logs every step and never retries, which changes no parameter)."""
+    return final_digest(uninterrupted_digits[0])
 
 
 @pytest.mark.parametrize("seed", [1, 2])

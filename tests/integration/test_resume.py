@@ -12,41 +12,17 @@ flipped byte and a missing manifest are each refused with an event, and the resu
 from __future__ import annotations
 
 import json
-import re
 import signal
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import shared_result, training_processes
-from tests.integration.conftest import Product, running_product
+from tests.conftest import training_processes
+from tests.integration.conftest import DETERMINISTIC_DIGITS, Product, losses, rank_starts
 
 pytestmark = pytest.mark.slow
 
-SETTINGS = (
-    "train.deterministic=true",
-    "train.log_every=1",
-    "train.max_steps=300",
-    "checkpoint.every_steps=50",
-    "checkpoint.keep_last=0",
-    "retry.max_retries=0",  # the person resumes by hand here; automatic retries are tested elsewhere
-)
-
-
-def losses(product: Product, run_id: int, attempt: int) -> dict[tuple[int, int], float]:
-    rows = product.query("SELECT rank, step, value FROM metrics WHERE run_id = :run AND attempt = :attempt "
-                         "AND key = 'loss'", run=run_id, attempt=attempt)
-    return {(rank, step): value for rank, step, value in rows}
-
-
-def rank_starts(run_dir: str, attempt: int = 1) -> list[str]:
-    """How each rank of the attempt says it started, from its log: "warm" (forked from torchrun's
-    agent, trainer/agent/warm.py) or "cold" (a fresh interpreter)."""
-    found = []
-    for log in sorted(Path(run_dir).glob(f"attempts/{attempt}/ranks/**/stdout.log")):
-        said = re.search(r"started (warm|cold)", log.read_text())
-        found.append(said.group(1) if said else "?")
-    return found
+SETTINGS = DETERMINISTIC_DIGITS
 
 
 def final_digest(detail: dict) -> str:
@@ -54,20 +30,10 @@ def final_digest(detail: dict) -> str:
     return finals[-1]["params_digest"]
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict[tuple[int, int], float]]:
-    """The uninterrupted run, once for the session (every xdist worker reads the same one)."""
-    def run() -> tuple[dict, list[tuple[int, int, float]]]:
-        with running_product(tmp_path_factory.mktemp("reference") / "home") as product:
-            run_id = product.submit(*SETTINGS, "name=reference")
-            product.start_scheduler()
-            detail = product.wait_status(run_id, "SUCCEEDED", "FAILED")
-            assert detail["status"] == "SUCCEEDED", detail["status_reason"]
-            detail["rank_starts"] = rank_starts(detail["run_dir"])
-            return detail, [(rank, step, value) for (rank, step), value in losses(product, run_id, 1).items()]
-
-    detail, rows = shared_result(tmp_path_factory, "test_resume-reference", run)
-    return detail, {(rank, step): value for rank, step, value in rows}
+@pytest.fixture
+def reference(uninterrupted_digits: tuple[dict, dict]) -> tuple[dict, dict]:
+    """The uninterrupted run (tests/integration/conftest.py: shared with test_failures.py)."""
+    return uninterrupted_digits
 
 
 def kill_attempt(product: Product) -> None:
@@ -138,6 +104,7 @@ def test_sigkill_during_an_in_flight_save(product: Product, reference: tuple[dic
     kill_attempt(product)
     assert not (ckpt_dir / "step-150").exists()
     product.env.pop("RUNYARD_FAULT_SAVE_DELAY")
+    product.env.pop("RUNYARD_FAULT_STEP_DELAY_S")  # the resumed attempt at full speed (200 steps, 10 s sooner)
     product.procs[-1].send_signal(signal.SIGTERM)  # restart the scheduler without the save delay
     product.procs[-1].wait(30)
     product.start_scheduler()
