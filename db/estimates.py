@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Row, func, select
+from sqlalchemy import Row, and_, case, func, select
 from sqlalchemy.orm import Session
 from typing_extensions import Unpack
 
@@ -24,6 +24,7 @@ from db.models import Attempt, Checkpoint, Run
 from db.states import ACTIVE, STOPPING, RunStatus
 from db.vocabulary.config import DEFAULT_KIND, workload_class
 from db.vocabulary.cost import ETA_WINDOW, Price
+from db.vocabulary.eta import MACHINE_RESTARTS, Restart, restart_ahead
 from db.vocabulary.eta import forecast as eta_forecast
 from db.vocabulary.inventory import Inventory
 from db.vocabulary.queue_forecast import Holder, Start, Waiting, forecast
@@ -247,9 +248,42 @@ def queue_starts(session: Session, now: float, machine: Inventory | None, holdin
     estimates = start_estimates(session, wanted)
     if points is None:
         points = metricstore.recent_progress(session, [(h.id, h.number, 0) for h in holding], limit=ETA_WINDOW)
-    holders = [_holder(h, points.get((h.id, h.number, 0), []), estimates[h.id], now) for h in holding]
+    restarts = _restarts_ahead(session, [h for h in holding if h.status == RunStatus.RETRYING.value], now)
+    holders = [_holder(h, points.get((h.id, h.number, 0), []), estimates[h.id], now, restarts.get(h.id))
+               for h in holding]
     waiting = [Waiting(r.id, r.nproc, estimates[r.id].seconds) for r in local]
     return starts | forecast(holders, waiting, machine.slots, now)
+
+
+def machine_startups(session: Session) -> list[float]:
+    """Launch to first step of this machine's newest restarts (any run's attempt after its first),
+    the stand-in for a run that has not restarted yet (db/vocabulary/eta.py)."""
+    rows = session.execute(
+        select(Attempt.started_at, Attempt.first_step_at).where(Attempt.number > 1, Attempt.first_step_at.is_not(None))
+        .order_by(Attempt.started_at.desc()).limit(MACHINE_RESTARTS))
+    return [max(0.0, first - started) for started, first in rows if first is not None]
+
+
+def _restarts_ahead(session: Session, retrying: Sequence[AnyRow], now: float) -> dict[int, Restart]:
+    """The restart each retrying holder is about to pay, as its own page's ETA counts it (its
+    backoff left, a start-up, the steps from its newest usable checkpoint): three statements, and
+    none without a retrying holder."""
+    if not retrying:
+        return {}
+    ids = [h.id for h in retrying]
+    startups: dict[int, list[tuple[int, float]]] = {run_id: [] for run_id in ids}
+    for run_id, number, started, first in session.execute(
+            select(Attempt.run_id, Attempt.number, Attempt.started_at, Attempt.first_step_at)
+            .where(Attempt.run_id.in_(ids), Attempt.first_step_at.is_not(None))):
+        startups[run_id].append((number, first - started))
+    ok = and_(Checkpoint.verified, ~Checkpoint.deleted, Checkpoint.refused_reason.is_(None))
+    usable: dict[int, int] = {run_id: step for run_id, step in session.execute(
+        select(Checkpoint.run_id, func.max(case((ok, Checkpoint.step)))).where(Checkpoint.run_id.in_(ids))
+        .group_by(Checkpoint.run_id)) if step is not None}
+    machine = machine_startups(session)
+    found = {h.id: restart_ahead(RunStatus.RETRYING.value, startups[h.id], h.retry_at, now, machine, usable.get(h.id))
+             for h in retrying}
+    return {run_id: restart for run_id, restart in found.items() if restart is not None}
 
 
 def holding_runs(session: Session) -> list[AnyRow]:
@@ -265,18 +299,20 @@ def holding_runs(session: Session) -> list[AnyRow]:
     return list({row.id: row for row in rows}.values())  # the newest attempt of each
 
 
-def _holder(row: AnyRow, points: list[tuple[int, float, float]], alike: StartEstimate, now: float) -> Holder:
+def _holder(row: AnyRow, points: list[tuple[int, float, float]], alike: StartEstimate, now: float,
+            coming: Restart | None = None) -> Holder:
     """A run holding devices, with its predicted end: its own pace's ETA from its newest progress
-    point (a retrying run's from when it restarts), else the pace of the most alike earlier run
-    from when its attempt started, else not known. A run being stopped ends within moments."""
+    point (a retrying run's with the restart it is about to pay, ``coming``: from now, as its page
+    shows it; without one known, from when it restarts), else the pace of the most alike earlier
+    run from when its attempt started, else not known. A run being stopped ends within moments."""
     status = RunStatus(row.status)
     if status in STOPPING:
         return Holder(row.id, row.nproc, now + STOPPING_S, started_at=row.started_at)
     restart = max(row.retry_at or now, now) if status is RunStatus.RETRYING else None
     # The same prediction as the run's own page shows, and its band's slow end for a run that outlives it.
-    eta = eta_forecast([(int(s), float(t)) for s, _, t in points], row.max_steps) if row.max_steps else None
+    eta = eta_forecast([(int(s), float(t)) for s, _, t in points], row.max_steps, coming) if row.max_steps else None
     if eta is not None:
-        base = restart if restart is not None else max(t for _, _, t in points)
+        base = now if coming is not None else restart if restart is not None else max(t for _, _, t in points)
         return Holder(row.id, row.nproc, base + eta.seconds, base + eta.high, row.started_at)
     if alike.seconds is not None:
         base = restart if restart is not None else row.started_at

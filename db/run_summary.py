@@ -15,7 +15,7 @@ from typing_extensions import Unpack
 
 from db import metricstore
 from db.energy import energies
-from db.estimates import holding_runs, published_machine, queue_starts
+from db.estimates import holding_runs, machine_startups, published_machine, queue_starts
 from db.models import Attempt, Checkpoint, Run, Sweep, SweepTrial
 from db.states import TERMINAL, RunStatus
 from db.vocabulary.causes import Cause
@@ -25,7 +25,7 @@ from db.vocabulary.cost import (
     cost_usd,
     wasted_seconds,
 )
-from db.vocabulary.eta import MACHINE_RESTARTS, Forecast, forecast, restart_ahead
+from db.vocabulary.eta import Forecast, forecast, restart_ahead
 from db.vocabulary.settings import load_settings
 from db.vocabulary.your_cost import OwnPrice, cost_lines, own_price
 
@@ -119,15 +119,6 @@ def _run_summaries(session: Session, runs: Sequence[RunLike], now: float) -> lis
         summary["cost"] = cost_lines(summary, _attempt_spans(run_attempts, written), price, now,
                                      [attempt_energy[(summary["id"], a.number)]["kwh"] for a in run_attempts])
     return summaries
-
-
-def machine_startups(session: Session) -> list[float]:
-    """Launch to first step of this machine's newest restarts (any run's attempt after its first),
-    the stand-in for a run that has not restarted yet (db/vocabulary/eta.py)."""
-    rows = session.execute(
-        select(Attempt.started_at, Attempt.first_step_at).where(Attempt.number > 1, Attempt.first_step_at.is_not(None))
-        .order_by(Attempt.started_at.desc()).limit(MACHINE_RESTARTS))
-    return [max(0.0, first - started) for started, first in rows if first is not None]
 
 
 def _trials(session: Session, run_ids: list[int]) -> dict[int, dict[str, Any]]:

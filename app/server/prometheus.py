@@ -26,8 +26,8 @@ Series (``run_id`` on every ``runyard_run_*`` one):
   ``runyard_run_your_cost_dollars`` (your cost, once a tariff is set: docs/COSTS.md),
   ``runyard_run_last_step_timestamp_seconds`` (epoch seconds of the newest step);
 - ``runyard_run_energy_joules_total{run_id,method}``: the energy the run's devices used so far
-  (db/vocabulary/energy.py: ``method`` is measured or estimated, the run's weakest), a counter; none
-  while nothing was measured;
+  (db/vocabulary/energy.py: ``method`` is measured, estimated or not measured (part of it read),
+  the run's weakest), a counter; none while nothing was measured;
 - ``runyard_run_restarts_total{run_id,cause}``: attempts launched after an attempt that ended
   with ``cause`` (db/vocabulary/causes.py), a counter;
 - ``runyard_queue_runs{state}``: how many runs of the database are in each state;

@@ -57,7 +57,7 @@ def your_cost() -> None:
             st.error(style.plain(str(exc)))
         else:
             st.cache_data.clear()  # the runs' summaries carry your cost
-            values = table_values(home, "cost")
+            values = dict(entered)  # as written (a misspelt key of the file is gone with it)
             st.success("Saved. Every run's cost of yours uses these values.")
     price = OwnPrice.from_values(values)
     st.info(style.plain(own_price_text(price)), icon=":material/calculate:")

@@ -22,6 +22,10 @@ JOULES_PER_KWH = 3.6e6
 # between them are said to be uncovered (a scheduler restart, a stalled monitor). The monitor
 # reads every 2 s.
 BRIDGE_S = 10.0
+# A RAPL package draws at most about this much: two readings further apart than its counter's range
+# takes at this power may have seen it wrap more than once, so the time between them is said to be
+# not covered rather than counted as one wrap (a package's range is about 262 kJ: 520 s at 500 W).
+RAPL_MAX_W = 500.0
 
 
 class Method(str, Enum):
@@ -108,6 +112,10 @@ def advance(tally: Tally | None, reading: Reading, now: float, started_at: float
         return Tally(reading.device, reading.method, tally.joules, reading.value, now,
                      tally.uncovered_s + now - tally.read_at, reading.note)
     if reading.method is Method.MEASURED:
+        gap = now - tally.read_at
+        if reading.wrap and gap > reading.wrap / RAPL_MAX_W:
+            return replace(tally, counter=reading.value, read_at=now, uncovered_s=tally.uncovered_s + gap,
+                           note=reading.note)
         moved = reading.value - tally.counter
         if moved < 0:
             moved = moved + reading.wrap if reading.wrap else reading.value
@@ -121,6 +129,12 @@ def advance(tally: Tally | None, reading: Reading, now: float, started_at: float
 
 
 # -- the words ------------------------------------------------------------------------------------
+
+
+def unread_until(tally: Tally, now: float) -> Tally:
+    """``tally`` carried to ``now`` without a reading: the seconds since its last one are not covered
+    (an attempt that ended while no scheduler read it: what its devices did since is not its own)."""
+    return replace(tally, read_at=now, uncovered_s=tally.uncovered_s + max(0.0, now - tally.read_at))
 
 
 def _listed(items: Sequence[str]) -> str:

@@ -120,7 +120,8 @@ def forecast(points: Sequence[tuple[int, float]], max_steps: int, restart: Resta
     if restart.backoff_s > 0:
         parts.insert(0, f"{_duration(restart.backoff_s)} of backoff left")
     if redo > 0:
-        parts.append(f"{redo:,} steps to redo from the checkpoint at step {resume:,}")
+        parts.append(f"{redo:,} steps to redo from the checkpoint at step {resume:,}" if resume
+                     else f"{redo:,} steps to redo from scratch (no checkpoint)")
     when = "if resumed at once, it " if restart.if_resumed else ""
     basis += f"; {when}includes a restart of ~{_duration(restart_s + redo / pace)}: {', '.join(parts)}"
     return Forecast(seconds, low, high, basis)

@@ -31,6 +31,11 @@ class SettingsFileError(DatabaseError):
     """``settings.toml`` cannot be read, or a value cannot be used (the message names the key and value)."""
 
 
+def _number(value: float) -> str:
+    """A bound as a person writes it: 10,000,000 and 0.1, not 1e+07."""
+    return f"{int(value):,}" if value == int(value) else f"{value:g}"
+
+
 @dataclass(frozen=True)
 class Key:
     """One number a table of the settings file holds.
@@ -63,9 +68,9 @@ class Key:
                                     f"{table}.{self.name}={self.example}`")
         low = value <= self.minimum if self.above_minimum else value < self.minimum
         if low or (self.maximum is not None and value > self.maximum):
-            bound = f"above {self.minimum:g}" if self.above_minimum else f"at least {self.minimum:g}"
+            bound = f"above {_number(self.minimum)}" if self.above_minimum else f"at least {_number(self.minimum)}"
             if self.maximum is not None:
-                bound += f" and at most {self.maximum:g}"
+                bound += f" and at most {_number(self.maximum)}"
             raise SettingsFileError(f"{where}: must be {bound}; {self.doc}")
         return float(value)
 
@@ -76,14 +81,18 @@ class Key:
 
 
 HOURS_PER_YEAR = 8760.0
+# Bounds a person's real numbers sit well inside, so that the arithmetic stays finite (a life of
+# 1e-320 years would divide by zero in every summary).
 COST_KEYS = (
-    Key("electricity_usd_per_kwh", "the electricity tariff, USD per kWh (unset: your cost is not shown)"),
+    Key("electricity_usd_per_kwh", "the electricity tariff, USD per kWh (unset: your cost is not shown)",
+        maximum=100.0),
     Key("pue", "power usage effectiveness: the energy the room draws over what the devices measure "
-        "(cooling, power supplies); 1.0 counts the devices' energy alone", default=1.0, minimum=1.0),
+        "(cooling, power supplies); 1.0 counts the devices' energy alone", default=1.0, minimum=1.0, maximum=5.0),
     Key("hardware_usd_per_gpu", "what one GPU cost, USD (a machine without GPU: the whole machine, shared "
-        "by its slots; unset: no hardware part)"),
-    Key("hardware_life_years", "the years the hardware is written off over", default=4.0, above_minimum=True),
-    Key("busy_hours_per_year", "the hours a year the hardware trains", default=4380.0, above_minimum=True,
+        "by its slots; unset: no hardware part)", maximum=1e7),
+    Key("hardware_life_years", "the years the hardware is written off over", default=4.0, minimum=0.1,
+        maximum=50.0),
+    Key("busy_hours_per_year", "the hours a year the hardware trains", default=4380.0, minimum=1.0,
         maximum=HOURS_PER_YEAR),
 )
 # Every table the file may hold, with its keys; a new concern adds its own.
@@ -154,10 +163,10 @@ def parse_assignment(text: str) -> tuple[str, str, float | None]:
     table, dot, name = dotted.strip().partition(".")
     if not eq or not dot:
         raise SettingsFileError(f"{text!r}: write TABLE.KEY=VALUE, as in `cost.electricity_usd_per_kwh=0.30`")
-    key = _key(table, name)
     raw = raw.strip()
-    if not raw:
-        return table, name, None
+    if not raw and table in TABLES:
+        return table, name, None  # unset, a misspelt key too (write_values)
+    key = _key(table, name)
     try:
         value: object = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
@@ -167,7 +176,9 @@ def parse_assignment(text: str) -> tuple[str, str, float | None]:
 
 def write_values(home: Path, changes: Mapping[tuple[str, str], float | None]) -> dict[str, dict[str, Any]]:
     """Set (or, for None, unset) each (table, key) of ``changes`` in the settings file, keeping the
-    rest of it; the file is replaced whole, mode 0600, under an exclusive lock.
+    rest of it; the file is replaced whole, mode 0600, under an exclusive lock. A table written to
+    loses the keys it does not know (a misspelt one, which made the file unreadable), and such a
+    key may be unset by name (``cost.tarif=``).
 
     Returns:
         The file's tables as now written.
@@ -181,8 +192,8 @@ def write_values(home: Path, changes: Mapping[tuple[str, str], float | None]) ->
     for (table, name), value in changes.items():
         if value is not None:
             _key(table, name).check(table, value)
-        else:
-            _key(table, name)
+        elif table not in TABLES:
+            _key(table, name)  # names the tables there are
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(path.with_name(f".{SETTINGS_FILE}.lock"), mode=0o600):
@@ -193,6 +204,9 @@ def write_values(home: Path, changes: Mapping[tuple[str, str], float | None]) ->
                     entries.pop(name, None)
                 else:
                     entries[name] = value
+            for table in {table for table, _ in changes}:
+                known = {key.name for key in TABLES[table]}
+                tables[table] = {name: v for name, v in tables.get(table, {}).items() if name in known}
             tables = {t: entries for t, entries in tables.items() if entries}
             tmp = path.with_name(f".{SETTINGS_FILE}.{os.getpid()}.tmp")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

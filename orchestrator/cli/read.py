@@ -5,6 +5,7 @@ folder or a database (cli_base.READ_ONLY_COMMANDS).
 from __future__ import annotations
 
 import csv
+import datetime as dt
 import json
 import sys
 import time
@@ -98,11 +99,14 @@ def ls(statuses: tuple[str, ...], search: str, tags: tuple[str, ...], starred: b
         return
     metric = sort in METRIC_SORTS
     extra = f" {'BEST LOSS' if sort == 'best_loss' else 'HEADLINE':>10}" if metric else ""
-    click.echo(f"{'ID':>5}  {'NAME':<20} {'STATUS':<10} {'STEP':>11} {'ELAPSED':>8} {'ENDS':>5} {'COST':>9}{extra}  "
-               "WHERE  TAGS")
+    # YOURS: your cost ("–" until a tariff is set in `runyard settings`); CLOUD: the cloud reference.
+    click.echo(f"{'ID':>5}  {'NAME':<20} {'STATUS':<10} {'STEP':>11} {'ELAPSED':>8} {'ENDS':>9} {'YOURS':>9} "
+               f"{'CLOUD':>9}{extra}  WHERE  TAGS")
+    now = time.time()
     for r in runs:
         step = step_text(r["step"], r["max_steps"])
-        ends = eta_text(r["status"], r["eta_s"], None).split(" (")[0]
+        ends = end_cell(r["status"], r["eta_s"], now)
+        yours = r["cost"]["yours"]["usd"]
         value = ""
         if metric:
             key = "loss" if sort == "best_loss" else r["headline_key"] or "loss"
@@ -110,11 +114,24 @@ def ls(statuses: tuple[str, ...], search: str, tags: tuple[str, ...], starred: b
             value = f" {metric_registry.format_value(key, number):>10}"
         click.echo(
             f"{r['id']:>4}{'*' if r['starred'] else ' '}  {r['name'][:20]:<20} {r['status']:<10} {step:>11} "
-            f"{fmt_duration(r['elapsed_s']):>8} {ends:>5} ${r['cost_usd']:>8.4f}{value}  "
+            f"{fmt_duration(r['elapsed_s']):>8} {ends:>9} {f'${yours:.4f}' if yours is not None else '–':>9} "
+            f"${r['cost_usd']:>8.4f}{value}  "
             f"{where_short(r['executor'], r['job_id'], r['job_state'])}  {','.join(r['tags'])}".rstrip()
         )
         if starts := start_text(r.get("start_estimate"), short=True):
             click.echo(f"{'':>7}{starts}")  # a queued run: when it should start, under its row
+
+
+def end_cell(status: str, eta_s: float | None, now: float) -> str:
+    """When a run ends, in ``runyard ls``'s nine characters: ``14:05`` today, ``Thu 14:05`` within
+    the week, ``3 Dec`` later; ``–`` when it does not apply."""
+    ends = eta_text(status, eta_s, None, now).split(" (")[0]
+    if ends == "–" or len(ends) <= 5:
+        return ends
+    at = dt.datetime.fromtimestamp(now + (eta_s or 0.0))
+    if (at.date() - dt.datetime.fromtimestamp(now).date()).days < 7:
+        return at.strftime("%a %H:%M")
+    return f"{at.day} {at.strftime('%b')}"
 
 
 def _filter_words(where: Any) -> str:

@@ -35,19 +35,25 @@ from types import ModuleType
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.energy import load_tallies, save_tallies
 from db.lease import on_this_host
 from db.models import Attempt, Run
 from db.states import AttemptStatus
-from db.vocabulary.energy import Method, Reading, advance
+from db.vocabulary.energy import Method, Reading, advance, unread_until
 from db.vocabulary.inventory import Inventory
 
 logger = logging.getLogger(__name__)
 
 POWERCAP = Path("/sys/class/powercap")
 ERROR_LOG_EVERY_S = 60.0
+# An attempt's newest reading older than this at its end: no scheduler read it meanwhile (the
+# monitor reads every 2 s), so its end is not read (EnergyMeter.read's ``last``).
+STALE_END_S = 30.0
+# The loop waits at most this long for the monitor's reading of the devices to finish.
+LOCK_WAIT_S = 2.0
 _PACKAGE = re.compile(r"^intel-rapl:\d+$")  # a package's zone; intel-rapl:0:0 and the like are parts of it
 
 
@@ -68,7 +74,7 @@ class NvmlEnergy:
     def read(self, index: int) -> Reading:
         """GPU ``index`` read once: its counter (measured), else its power (estimated), else why not."""
         device = f"gpu{index}"
-        nvml = self._ready()
+        nvml = self.ready()
         if nvml is None or self._handles is None:
             return Reading(device, Method.NOT_MEASURED, note=self._why_not)
         if not 0 <= index < len(self._handles):
@@ -93,7 +99,8 @@ class NvmlEnergy:
                 logger.debug("nvmlShutdown: %s", exc)
         self._handles = None
 
-    def _ready(self) -> ModuleType | None:
+    def ready(self) -> ModuleType | None:
+        """NVML, started on first use (its handles of every GPU); None, with the reason kept, without it."""
         if self._handles is not None:
             return self._nvml
         if self._why_not:
@@ -171,22 +178,53 @@ class EnergyMeter:
         share = min(1.0, nproc / slots)
         return rapl_readings(self.powercap, share, f"{min(nproc, slots)} of {slots} CPU slots")
 
-    def read(self, session: Session, attempt: Attempt, nproc: int) -> None:
-        """Read ``attempt``'s devices and add what they used to its tallies (the caller commits)."""
+    def read(self, session: Session, attempt: Attempt, nproc: int, *, last: bool = False) -> None:
+        """Read ``attempt``'s devices and add what they used to its tallies (the caller commits).
+
+        ``last``: the reading at its end. When its newest tally is older than ``STALE_END_S`` no
+        scheduler read it for a while (it may have ended long before this settles it): its devices
+        are not read, and the time since is said to be not covered, instead of charging it whatever
+        they did meanwhile (idle draw, another program).
+        """
         tallies = load_tallies(session, attempt.id)
-        with self._lock:  # the devices only: never held while the database is waited for
+        now = self.clock()
+        if last and tallies and now - max(t.read_at for t in tallies.values()) > STALE_END_S:
+            save_tallies(session, attempt.id, [unread_until(t, now) for t in tallies.values()])
+            return
+        # The devices only, never held while the database is waited for; and never waited for
+        # longer than LOCK_WAIT_S by the loop (a monitor stuck in a driver call): the next reading
+        # of a counter covers the time anyway.
+        if not self._lock.acquire(timeout=LOCK_WAIT_S):
+            raise TimeoutError(f"the devices are being read elsewhere for more than {LOCK_WAIT_S:g} s")
+        try:
             now = self.clock()
             found = self.readings(attempt.executor, _devices(attempt.devices_json), nproc)
+        finally:
+            self._lock.release()
         save_tallies(session, attempt.id, [advance(tallies.get(r.device), r, now, attempt.started_at) for r in found])
+
+    def warm(self) -> None:
+        """Start NVML now (the scheduler calls this before its first tick), not in the tick's launch."""
+        if self.inventory.kind == "gpu":
+            self._guarded(self._nvml.ready, "starting NVML")
 
     def start(self, session: Session, run: Run, attempt: Attempt) -> None:
         """The attempt's first reading, before its launch (committed: the monitor reads it next)."""
-        self._guarded(lambda: self.read(session, attempt, run.nproc), f"run {run.id}: attempt {attempt.number}")
+        self._in_savepoint(session, run, attempt, last=False)
         session.commit()
 
     def end(self, session: Session, run: Run, attempt: Attempt) -> None:
         """The attempt's last reading, once its processes are gone (committed with its settling)."""
-        self._guarded(lambda: self.read(session, attempt, run.nproc), f"run {run.id}: attempt {attempt.number}")
+        self._in_savepoint(session, run, attempt, last=True)
+
+    def _in_savepoint(self, session: Session, run: Run, attempt: Attempt, *, last: bool) -> None:
+        """A reading of the loop's, in a savepoint of its own: a statement of it that fails
+        (PostgreSQL aborts the whole transaction on one) costs the reading, never the launch or the
+        settling it is part of."""
+        def read() -> None:
+            with session.begin_nested():
+                self.read(session, attempt, run.nproc, last=last)
+        self._guarded(read, f"run {run.id}: attempt {attempt.number}")
 
     def job(self) -> None:
         """The monitor's reading of every running local attempt of this host; errors logged, never raised."""
@@ -198,22 +236,25 @@ class EnergyMeter:
                            on_this_host(self.host))
                 ).all():
                     self.read(session, attempt, nproc)
-                session.commit()
+                    session.commit()  # each attempt's own: no write lock held while the next is read
         self._guarded(read_all, "the running attempts")
 
     def close(self) -> None:
         """Let go of NVML (the scheduler calls this when it stops)."""
         self._nvml.close()
 
-    def _guarded(self, step: Callable[[], None], what: str) -> None:
+    def _guarded(self, step: Callable[[], object], what: str) -> None:
         """A reading that fails costs its figure, never the scheduler's work (logged once a minute)."""
         try:
             step()
-        except Exception:
+        except Exception as exc:
             now = time.monotonic()
             if now - self._last_error_log >= ERROR_LOG_EVERY_S:
                 self._last_error_log = now
-                logger.exception("energy reading failed for %s", what)
+                if isinstance(exc, SQLAlchemyError):  # a storage fault: the loop says so in one line of its own
+                    logger.warning("energy of %s not saved: %s", what, str(exc).splitlines()[0])
+                else:
+                    logger.exception("energy reading failed for %s", what)
 
 
 def _devices(devices_json: str | None) -> list[int]:

@@ -220,6 +220,7 @@ def serve(scheduler: Scheduler, tick_s: float = TICK_S, monitor: SystemMonitor |
     ``monitor`` defaults to a ``SystemMonitor`` on the scheduler's database, reading its energy meter.
     """
     aps = BackgroundScheduler()
+    scheduler.energy.warm()  # NVML started here, not inside the tick's first launch
     monitor = monitor or SystemMonitor(scheduler.sessions, energy=scheduler.energy)
     add_jobs(aps, scheduler, monitor, tick_s)
     add_sweep_job(aps, scheduler)  # sweeps: a pass over each every 2 s (orchestrator/sweeps)

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from db import run_list
 from db.estimates import published_machine, queue_starts, start_estimate
 from db.metricstore import write_points
-from db.models import Attempt
+from db.models import Attempt, Checkpoint, Run
 from db.requests import create_run
 from db.states import RunStatus, transition
 from db.vocabulary.config import RunConfig
@@ -191,6 +191,32 @@ def test_a_queued_run_starts_when_the_run_ahead_ends_and_later_when_it_slows_dow
     assert moved is not None and moved["after_run"] == ahead
     assert moved["at"] > first[queued]["at"] + 300
     assert moved["at"] > slower
+
+
+def test_a_retrying_run_ahead_pays_its_restart_and_redoes_its_steps_before_the_queued_one_starts(
+        settings: Settings, sessions: sessionmaker[Session]) -> None:
+    """The run ahead failed at step 900 of 1000 with its newest checkpoint at 500: before the queued
+    run starts it waits out its backoff, starts again (its own first start-up: 5 s) and trains the
+    500 steps from the checkpoint, as its own page's ETA says; not the 100 steps after 900."""
+    publish(settings, slots=2)
+    now = time.time()
+    with sessions.begin() as s:
+        ahead = submit(s, settings, "ahead")
+        start(s, ahead, started_at=now - 1000)
+        progress(s, ahead, range(0, 901, 10), first_at=now - 995, steps_per_s=1.0)
+        s.add(Checkpoint(run_id=ahead, attempt=1, step=500, path="/nowhere/step-500", bytes=1, sha256="0" * 64,
+                         params_digest="0" * 16, blocked_s=0.1, total_s=0.1, created_at=now - 500, verified=True))
+        attempt = s.scalars(select(Attempt).where(Attempt.run_id == ahead)).one()
+        attempt.status, attempt.ended_at, attempt.cause = "FAILED", now - 90, "EXCEPTION"
+        assert transition(s, ahead, RunStatus.RETRYING, "test")
+        s.get_one(Run, ahead).retry_at = now + 30
+        queued = submit(s, settings, "queued")
+    got = estimates_of(sessions, now)
+    assert got[queued]["after_run"] == ahead
+    assert got[queued]["at"] == pytest.approx(now + 30 + 5 + 500, abs=2)
+    with sessions() as s:
+        shown = run_list.list_runs(s, now=now)
+    assert [r["eta_s"] for r in shown if r["id"] == ahead] == [pytest.approx(30 + 5 + 500, abs=2)]
 
 
 def test_a_run_ahead_past_its_prediction_is_pushed_later_never_into_the_past(

@@ -87,3 +87,14 @@ def test_an_attempts_energy_names_its_gpus_and_a_runs_names_its_attempts_when_th
     assert run["source"] == ("attempts 1 and 3: NVML energy counter, GPUs 0 and 1; attempt 2: NVML power x time, "
                              "GPU 0; attempt 4: not read (the attempt ran before runyard read energy)")
     assert run_energy([(1, estimated), (2, estimated)]) == {**estimated, "kwh": pytest.approx(1.0)}
+
+
+def test_rapl_readings_too_far_apart_to_tell_its_wraps_are_not_covered_rather_than_one_wrap() -> None:
+    """A package's 262 kJ range wraps in about 9 minutes at 500 W: readings an hour apart (the
+    scheduler down) may have seen several wraps, so the hour is not counted as one."""
+    wrap = 262_143.0
+    tally = counted([(T0, counter(200_000.0, wrap=wrap)), (T0 + 2, counter(200_300.0, wrap=wrap)),
+                     (T0 + 3602, counter(10_000.0, wrap=wrap)), (T0 + 3604, counter(10_300.0, wrap=wrap))])
+    assert tally.joules == pytest.approx(300 + 300)
+    assert tally.uncovered_s == pytest.approx(3600)
+    assert "(3600 s not covered: no reading spanned them)" in energy_of([tally])["source"]

@@ -67,7 +67,7 @@ def test_a_run_that_never_restarted_uses_the_machines_median() -> None:
     assert f is not None
     assert f.seconds == pytest.approx(30 + 200)  # from scratch: all 2000 steps again
     assert "(the machine's median over 3 recent restart(s))" in f.basis
-    assert "backoff" not in f.basis and "1,000 steps to redo from the checkpoint at step 0" in f.basis
+    assert "backoff" not in f.basis and "1,000 steps to redo from scratch (no checkpoint)" in f.basis
 
 
 def test_without_any_restart_measured_the_runs_first_start_up_stands_in() -> None:

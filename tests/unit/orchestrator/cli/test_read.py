@@ -7,6 +7,7 @@ it too) and `runyard metrics` (one CSV row a point, each key with its label and 
 from __future__ import annotations
 
 import csv
+import datetime as dt
 import io
 import json
 import re
@@ -23,6 +24,7 @@ from db.vocabulary.inventory import Inventory
 from db.vocabulary.scheduler_file import SchedulerFile
 from db.vocabulary.settings import Settings
 from orchestrator.cli.group import cli
+from orchestrator.cli.read import end_cell
 from tests.unit.paths import ROOT
 
 EXAMPLE = ROOT / "examples" / "digits.toml"
@@ -190,3 +192,12 @@ def test_ls_and_show_say_when_a_queued_run_starts(settings: Settings, sessions) 
     row = next(i for i, line in enumerate(listed) if "behind" in line)
     assert re.fullmatch(rf" {{7}}starts ≈ {AT}, after run 1", listed[row + 1]), listed
     assert re.search(rf"^  starts ≈ {AT} \(in \d+s\): after run 1 ends", run("show", "2")[1], re.M)
+
+
+def test_ls_fits_an_end_on_another_day_in_its_column() -> None:
+    """`runyard ls`'s ENDS column: the time today, the weekday and time within the week, the date later."""
+    now = dt.datetime(2026, 12, 2, 15, 0).timestamp()
+    assert end_cell("RUNNING", 3600.0, now) == "16:00"
+    assert end_cell("RUNNING", 20 * 3600.0, now) == "Thu 11:00"
+    assert end_cell("RUNNING", 10 * 86400.0, now) == "12 Dec"
+    assert end_cell("SUCCEEDED", 0.0, now) == "–"

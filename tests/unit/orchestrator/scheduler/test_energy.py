@@ -259,3 +259,22 @@ def test_only_this_hosts_local_attempts_are_read_and_a_slurm_one_says_why_not(
     assert energy(sessions, elsewhere)[0]["source"] == "not read (the attempt ran before runyard read energy)"
     assert energy(sessions, slurm)[0] == {"kwh": None, "method": "not measured",
                                           "source": "runs under slurm: its nodes are not read here"}
+
+
+def test_an_attempt_settled_long_after_its_last_reading_is_not_charged_for_the_time_between(
+        sessions: sessionmaker[Session], settings: Settings) -> None:
+    """No scheduler ran for an hour: the attempt may have ended at its start, and the GPU since did
+    other work. Its end is not read; the hour is said to be not covered."""
+    gpus = Gpus({0: 0})
+    clock = Clock()
+    meter = EnergyMeter(sessions, GPUS4, nvml=stand_in_nvml(gpus), clock=clock)
+    run_id, attempt_id = running_attempt(sessions, settings, devices=[0])
+    read(sessions, meter, attempt_id)
+    gpus.energy_mj[0], clock.now = 600_000, clock.now + 2
+    meter.job()  # 600 J
+    gpus.energy_mj[0], clock.now = 900_000_000, clock.now + 3600  # an hour of another program's work
+    read(sessions, meter, attempt_id, end=True)
+
+    run, _ = energy(sessions, run_id)
+    assert run["kwh"] == pytest.approx(600 / JOULES_PER_KWH)
+    assert run["source"] == "NVML energy counter, GPU 0 (3600 s not covered: no reading spanned them)"
