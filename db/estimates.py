@@ -275,7 +275,8 @@ def _restarts_ahead(session: Session, retrying: Sequence[AnyRow], now: float) ->
     for run_id, number, started, first in session.execute(
             select(Attempt.run_id, Attempt.number, Attempt.started_at, Attempt.first_step_at)
             .where(Attempt.run_id.in_(ids), Attempt.first_step_at.is_not(None))):
-        startups[run_id].append((number, first - started))
+        if first is not None:  # the query's filter: for the type checker
+            startups[run_id].append((number, first - started))
     ok = and_(Checkpoint.verified, ~Checkpoint.deleted, Checkpoint.refused_reason.is_(None))
     usable: dict[int, int] = {run_id: step for run_id, step in session.execute(
         select(Checkpoint.run_id, func.max(case((ok, Checkpoint.step)))).where(Checkpoint.run_id.in_(ids))

@@ -48,7 +48,7 @@ def reference_summary(session: Session, run: Run, now: float) -> dict[str, Any]:
             Checkpoint.run_id == run.id, Checkpoint.verified, ~Checkpoint.deleted, Checkpoint.refused_reason.is_(None)))
         restart = restart_ahead(run.status, [(a.number, a.first_step_at - a.started_at) for a in attempts
                                              if a.first_step_at is not None],
-                                run.retry_at, now, run_summary.machine_startups(session), usable)
+                                run.retry_at, now, estimates.machine_startups(session), usable)
         estimate = forecast([(int(s), float(t)) for s, _, t in rows], run.max_steps, restart)
         eta = estimate.seconds if estimate else None
     cost = cost_usd([(a.started_at, a.ended_at) for a in attempts], run.price_usd_per_hour, now)
