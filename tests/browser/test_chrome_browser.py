@@ -120,7 +120,8 @@ def test_a_failing_scripts_markup_is_shown_as_typed_and_fetches_nothing(page: An
     names = zipfile.ZipFile(download.value.path()).namelist()
     assert {"attempt-1/rank-0/stderr.log", "attempt-1/rank-1/stderr.log", "attempt-1/launcher.log"} <= set(names)
     open_page(page, f"{runyard_up.url}/compare?runs={run_id}&metrics={quote(METRIC)}", "Compare")
-    summary = page.locator("table").filter(has_text=f"#{run_id} markup")
-    expect(summary).to_contain_text(f"{METRIC} final", timeout=PAGE_TIMEOUT_MS)
+    # The summary: the run's row under the metric's column (the energy and cost table names the run too).
+    summary = page.locator("table").filter(has_text=f"{METRIC} final")
+    expect(summary).to_contain_text(f"#{run_id} markup", timeout=PAGE_TIMEOUT_MS)
     drew_nothing("Compare")
     assert hosts and set(hosts) == {"127.0.0.1"}, sorted(set(hosts))
