@@ -118,10 +118,26 @@ BADGE_CSS = {"gray": ("#e8eaed", "#3c4043"), "blue": ("#d2e3fc", "#174ea6"), "or
              "green": ("#ceead6", "#0d652d"), "red": ("#fad2cf", "#a50e0e"), "violet": ("#e9d7fe", "#5b2c99")}
 
 
-def status_css(status: str, badges: dict[str, tuple[str, str]] | None = None) -> str:
+# The same on the dark theme: the light pastels glared there, with text too dark to read on the
+# grid's dark cells; these are Streamlit's own dark badge colours (a translucent fill, light text).
+DARK_BADGE_CSS = {"gray": ("rgba(172, 177, 195, 0.25)", "#d5dae5"), "blue": ("rgba(61, 157, 243, 0.25)", "#a6d4ff"),
+                  "orange": ("rgba(255, 164, 33, 0.25)", "#ffd16a"), "green": ("rgba(33, 195, 84, 0.25)", "#7defa1"),
+                  "red": ("rgba(255, 75, 75, 0.25)", "#ffabab"), "violet": ("rgba(128, 61, 245, 0.3)", "#dbbbff")}
+
+
+def dark_theme() -> bool:
+    """Whether the browser shows the dark theme (as it told Streamlit; light when not known)."""
+    try:
+        return st.context.theme.type == "dark"
+    except (AttributeError, RuntimeError):  # no browser session: a bare script, a unit test's call
+        return False
+
+
+def status_css(status: str, badges: dict[str, tuple[str, str]] | None = None, dark: bool | None = None) -> str:
     """The CSS of a table's status cell (``Styler.map``): the status's badge colours in ``badges``
-    (the run statuses' when None)."""
-    background, text = BADGE_CSS[(badges or STATUS_BADGE).get(status, ("gray", ""))[0]]
+    (the run statuses' when None), for the theme the browser shows unless ``dark`` says."""
+    palette = DARK_BADGE_CSS if (dark_theme() if dark is None else dark) else BADGE_CSS
+    background, text = palette[(badges or STATUS_BADGE).get(status, ("gray", ""))[0]]
     return f"background-color: {background}; color: {text}"
 
 
