@@ -39,6 +39,9 @@ RULES = {
     # A rank's log (app/log_view.py): a box that scrolls (lines are not wrapped: a traceback reads as
     # written), kept at its end while it follows the log (a reversed flex column starts scrolled to
     # its end, no script needed); colours that read on the light and the dark theme alike.
+    # The Run page's first screen holds its first chart whole (issue 56): Streamlit's top padding
+    # under the navigation bar (8rem) left a blank band as tall as a row of the header.
+    "run page top": '[data-testid="stMainBlockContainer"]:has(.st-key-headline) { padding-top: 5rem; }',
     "log box": ".runyard-log { max-height: 30rem; overflow: auto; border: 1px solid rgba(128, 128, 128, 0.35);"
                " border-radius: 0.5rem; background: rgba(128, 128, 128, 0.07); }"
                " .runyard-log-follow { display: flex; flex-direction: column-reverse; }"
