@@ -26,8 +26,11 @@ RULES = {
     "top bar": '[data-testid="stTopNav"], [data-testid="stTopNavSection"] [data-testid="stMarkdownContainer"]'
                " { overflow: visible; }",
     # A checkbox's or toggle's label is cut with an ellipsis where its column is narrow ("Write in
-    # the backgr…" at 800 px); text inputs' labels wrap, so these wrap too.
-    "wrapping labels": '[data-testid="stCheckbox"] [data-testid="stWidgetLabel"] *'
+    # the backgr…" at 800 px); text inputs' labels wrap, so these wrap too, and so do the Run
+    # page's headline tiles' labels (eight tiles in one row: "Cloud r…" at 800 px).
+    "wrapping labels": '[data-testid="stCheckbox"] [data-testid="stWidgetLabel"] *, '
+                       '[data-testid="stMetricLabel"] [data-testid="stMarkdownContainer"],'
+                       ' [data-testid="stMetricLabel"] [data-testid="stMarkdownContainer"] p'
                        " { white-space: normal; overflow: visible; text-overflow: clip; }",
     # The headline numbers (st.metric) are cut to "$…" in a sixth of an 800-px window at their
     # fixed 2.25rem: they scale with the window instead, from 1.25rem up to that size.

@@ -1,6 +1,7 @@
-"""The Run page's costs (two headline tiles, a line under them) in a real Chromium against the real product (`runyard up`): "Your
-cost" and "Cloud reference" as two named lines; before a tariff is set, no number of yours and a
-link to Settings that opens the "Your cost" section; once set, a number of its own.
+"""The Run page's costs in a real Chromium against the real product (`runyard up`): "Your cost" and
+"Cloud reference" as two named headline tiles with a line under them; before a tariff is set, no
+number of yours and a link to Settings that opens the "Your cost" section; once set, a number of
+its own.
 
     pytest -m browser tests/browser/test_cost_browser.py
 """
