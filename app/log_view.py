@@ -238,24 +238,26 @@ def logs_zip(attempts: Sequence[tuple[int, Path]]) -> bytes:
 
 def _view(text: LogText, query: str, at_error: bool,
           levels: Sequence[str] = LEVELS) -> tuple[list[tuple[int | None, str]], int | None, str]:
-    """What to show of one file (its lines of the chosen levels, runyard's traceback frames
-    folded): the lines, the error line's number, and a caption."""
-    shown, error_no, caption = _window(text, query, at_error)
+    """What to show of one file: its lines of the chosen levels (the levels first, so that the end
+    shown is the end of those lines, not the errors among the last 300 lines), the window of
+    them to show, runyard's traceback frames folded; the error line's number, and a caption."""
+    numbered, only = text.numbered(), ""
     if set(levels) != set(LEVELS):
-        by_number = dict(zip(text.numbered(), line_levels(text.lines), strict=True))
-        shown = [line for line in shown if by_number.get(line) in levels]
-        caption += f"; {', '.join(levels) or 'no'} lines only"
-    return fold_frames(shown), error_no, caption
+        numbered = [line for line, level in zip(numbered, line_levels(text.lines), strict=True) if level in levels]
+        only = f"; {', '.join(levels) or 'no'} lines only"
+    shown, error_no, caption = _window(text, numbered, query, at_error)
+    return fold_frames(shown), error_no, caption + only
 
 
-def _window(text: LogText, query: str, at_error: bool) -> tuple[list[tuple[int | None, str]], int | None, str]:
-    """Which lines of one file to show: the lines, the error line's number, and a caption."""
-    numbered = text.numbered()
-    error = first_error(text.lines)
+def _window(text: LogText, numbered: list[tuple[int | None, str]], query: str,
+            at_error: bool) -> tuple[list[tuple[int | None, str]], int | None, str]:
+    """Which of ``numbered`` (lines of ``text``) to show: the lines, the error line's number, and a caption."""
+    lines = [line for _, line in numbered]
+    error = first_error(lines)
     error_no = numbered[error][0] if error is not None else None
     cut = f" (its last {MAX_READ_BYTES // 1024**2} MiB)" if text.cut else ""
     if query:
-        hits = matching(text.lines, query)
+        hits = matching(lines, query)
         shown = [numbered[i] for i in hits[:MAX_MATCHES]]
         more = f", the first {MAX_MATCHES} shown" if len(hits) > MAX_MATCHES else ""
         return shown, error_no, f"{text.name}: {len(hits)} line(s) with “{query}”{cut}{more}"

@@ -140,3 +140,7 @@ def test_the_level_filter_keeps_the_chosen_levels_and_says_so(tmp_path: Path) ->
     assert caption.endswith("error lines only")
     every, _, caption = _view(text, "", at_error=False)
     assert [line for _, line in every][:2] == ["step 1", "WARNING: slow"] and "only" not in caption
+    # The levels first, then the end: an error 400 lines back is still in the error lines' end.
+    log.write_text("ERROR shard 3 unreadable\n" + "".join(f"step {i}\n" for i in range(400)))
+    shown, _, _ = _view(read_log(log), "", at_error=False, levels=("error",))
+    assert shown == [(1, "ERROR shard 3 unreadable")]
