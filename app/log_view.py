@@ -1,7 +1,9 @@
-"""The Run page's logs (Attempts & logs): one rank's log of an attempt at a time, read from the
+"""The Run page's logs (its Logs section): one rank's log of an attempt at a time, read from the
 run's folder (orchestrator/executors/logs.py), that a person can search (every matching line,
-the matches highlighted), follow live at its end, open at its first error, and download (that
-rank's log, or every rank's and the launcher's of every attempt as a zip).
+the matches highlighted), filter by level (error, warning, info, read from each line's text),
+follow live at its end, open at its first error, and download (that rank's log, or every rank's
+and the launcher's of every attempt as a zip). A traceback reads from the user's code: each run
+of runyard's own frames (its trainer and orchestrator, the script shims) is folded into one line.
 
 A log is text the run controls: every line is HTML-escaped here, and only this module's own
 markup (line numbers, ``<mark>``, the error line's class) reaches the page, through ``st.html``
@@ -33,6 +35,7 @@ TAIL_LINES = 300  # lines shown at the end of a log
 BEFORE_ERROR, AFTER_ERROR = 15, 250  # lines shown around the first error
 MAX_MATCHES = 500  # matching lines shown (the count says how many there are)
 LAUNCHER = "launcher"
+LEVELS = ("error", "warning", "info")  # a line's level, read from its text (:func:`line_levels`)
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,90 @@ def error_line(line: str) -> bool:
 def first_error(lines: Sequence[str]) -> int | None:
     """The index of the first error line of ``lines``, or None."""
     return next((i for i, line in enumerate(lines) if error_line(line)), None)
+
+
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?")
+
+
+def _bare(line: str) -> str:
+    """``line`` without torchrun's ``[rankN]: `` prefix (its indentation kept)."""
+    return _RANK_PREFIX.sub("", line, count=1)
+
+
+def line_levels(lines: Sequence[str]) -> list[str]:
+    """Each line's level as its text says it: ``error`` (a traceback, from its first line to its
+    exception, and lines that say ERROR, CRITICAL or FATAL), ``warning`` (WARNING, WARN, a
+    ``...Warning:``), else ``info``."""
+    out, in_traceback = [], False
+    for line in lines:
+        bare = _bare(line)
+        if bare.strip().startswith("Traceback"):
+            in_traceback = True
+        if in_traceback or error_line(line) or re.search(r"\b(ERROR|CRITICAL|FATAL)\b", bare):
+            out.append("error")
+            # A traceback ends at its exception line: the first that is not indented and not a
+            # chained traceback's "During handling..." / "The above exception..." line.
+            chained = ("Traceback", "During handling", "The above exception")
+            if in_traceback and bare[:1] not in (" ", "\t", "") and not bare.startswith(chained):
+                in_traceback = False
+        elif re.search(r"\bWARN(ING)?\b|\w*Warning\b", bare):
+            out.append("warning")
+        else:
+            out.append("info")
+    return out
+
+
+# The folders whose frames are runyard's own (beside this package: the trainer that runs a user's
+# script, the orchestrator with the script shims), and the frames of runpy that runyard's script
+# runner calls through: folded when they sit with runyard's.
+RUNYARD_ROOTS = tuple(str(Path(__file__).resolve().parents[1] / name) + "/" for name in ("trainer", "orchestrator"))
+_FRAME = re.compile(r'^(\s*)File "([^"]+)", line \d+')
+
+
+def _frame_kind(path: str, roots: Sequence[str]) -> str | None:
+    if path.startswith(tuple(roots)):
+        return "runyard"
+    return "runpy" if path in ("<frozen runpy>",) or path.endswith("/runpy.py") else None
+
+
+def _short(path: str, roots: Sequence[str]) -> str:
+    """A runyard frame's file from its package folder on: ``trainer/script_runner.py``."""
+    root = next(r for r in roots if path.startswith(r))
+    return root.rstrip("/").rsplit("/", 1)[-1] + "/" + path[len(root):]
+
+
+def fold_frames(numbered: Sequence[tuple[int | None, str]],
+                roots: Sequence[str] = RUNYARD_ROOTS) -> list[tuple[int | None, str]]:
+    """``numbered`` lines with each run of runyard's own traceback frames (a frame's ``File``
+    line and its source lines under it) folded into one line, "N runyard frames", so that a
+    traceback reads from the user's code. runpy's frames between runyard's are counted in."""
+    out: list[tuple[int | None, str]] = []
+    i = 0
+    while i < len(numbered):
+        run: list[str] = []  # the frames' paths, in order
+        j = i
+        while j < len(numbered) and (m := _FRAME.match(_bare(numbered[j][1]))) and _frame_kind(m[2], roots):
+            indent, run = len(m[1]), [*run, m[2]]
+            j += 1
+            while j < len(numbered) and len(_bare(numbered[j][1])) - len(_bare(numbered[j][1]).lstrip()) > indent:
+                j += 1  # the frame's source line and its ^^^ marks
+        if any(_frame_kind(path, roots) == "runyard" for path in run):
+            line = numbered[i][1]
+            prefix = line[:len(line) - len(_bare(line))]
+            indent_text = _bare(line)[:len(_bare(line)) - len(_bare(line).lstrip())]
+            names = sorted({_short(path, roots) for path in run if _frame_kind(path, roots) == "runyard"})
+            frames = "frame" if len(run) == 1 else "frames"
+            out.append((None, f"{prefix}{indent_text}… {len(run)} runyard {frames} ({', '.join(names)})"))
+            i = j
+        else:
+            out.append(numbered[i])
+            i += 1
+    return out
+
+
+def fold_text(text: str, roots: Sequence[str] = RUNYARD_ROOTS) -> str:
+    """``text`` with runyard's own traceback frames folded (:func:`fold_frames`)."""
+    return "\n".join(line for _, line in fold_frames([(None, line) for line in text.splitlines()], roots))
 
 
 def matching(lines: Sequence[str], query: str) -> list[int]:
@@ -149,14 +236,28 @@ def logs_zip(attempts: Sequence[tuple[int, Path]]) -> bytes:
     return buffer.getvalue()
 
 
-def _view(text: LogText, query: str, at_error: bool) -> tuple[list[tuple[int | None, str]], int | None, str]:
-    """What to show of one file: the lines, the error line's number, and a caption."""
-    numbered = text.numbered()
-    error = first_error(text.lines)
+def _view(text: LogText, query: str, at_error: bool,
+          levels: Sequence[str] = LEVELS) -> tuple[list[tuple[int | None, str]], int | None, str]:
+    """What to show of one file: its lines of the chosen levels (the levels first, so that the end
+    shown is the end of those lines, not the errors among the last 300 lines), the window of
+    them to show, runyard's traceback frames folded; the error line's number, and a caption."""
+    numbered, only = text.numbered(), ""
+    if set(levels) != set(LEVELS):
+        numbered = [line for line, level in zip(numbered, line_levels(text.lines), strict=True) if level in levels]
+        only = f"; {', '.join(levels) or 'no'} lines only"
+    shown, error_no, caption = _window(text, numbered, query, at_error)
+    return fold_frames(shown), error_no, caption + only
+
+
+def _window(text: LogText, numbered: list[tuple[int | None, str]], query: str,
+            at_error: bool) -> tuple[list[tuple[int | None, str]], int | None, str]:
+    """Which of ``numbered`` (lines of ``text``) to show: the lines, the error line's number, and a caption."""
+    lines = [line for _, line in numbered]
+    error = first_error(lines)
     error_no = numbered[error][0] if error is not None else None
     cut = f" (its last {MAX_READ_BYTES // 1024**2} MiB)" if text.cut else ""
     if query:
-        hits = matching(text.lines, query)
+        hits = matching(lines, query)
         shown = [numbered[i] for i in hits[:MAX_MATCHES]]
         more = f", the first {MAX_MATCHES} shown" if len(hits) > MAX_MATCHES else ""
         return shown, error_no, f"{text.name}: {len(hits)} line(s) with “{query}”{cut}{more}"
@@ -177,7 +278,7 @@ def log_panel(run_id: int, attempts: Sequence[dict[str, Any]], active: bool, ope
     """The logs of the chosen attempt (the newest by default), one source at a time (``opened``
     first: the failing rank), with search, follow, first error and downloads."""
     folders = [(int(a["number"]), Path(a["dir"])) for a in attempts]
-    c = st.columns([1.2, 1.3, 2.6, 1.4, 1.6], vertical_alignment="bottom")
+    c = st.columns([1.1, 1.2, 2.1, 2.2, 1.1, 1.6], vertical_alignment="bottom")
     numbers = [n for n, _ in folders][::-1]  # the newest first
     number = (c[0].selectbox("Attempt", numbers, key=f"log-attempt-{run_id}") if len(numbers) > 1 else None) \
         or numbers[0]
@@ -188,11 +289,13 @@ def log_panel(run_id: int, attempts: Sequence[dict[str, Any]], active: bool, ope
                             key=f"log-source-{run_id}") or names[0]
     query = c[2].text_input("Search this log", key=f"log-search-{run_id}", placeholder="text to find",
                             help="Every line that holds the text (any case), the matches highlighted")
-    follow = c[3].toggle("Follow", value=active, key=f"log-follow-{run_id}",
+    levels = c[3].pills("Levels", LEVELS, selection_mode="multi", default=list(LEVELS), key=f"log-levels-{run_id}",
+                        help="The lines of these levels, as their text says (a traceback is an error)")
+    follow = c[4].toggle("Follow", value=active, key=f"log-follow-{run_id}",
                          help="Keep reading the end of the log as the run writes it")
     error_key = f"log-at-error-{run_id}"
     at_error = bool(st.session_state.get(error_key)) and not query
-    c[4].button("Back to the end" if at_error else "First error", key=f"log-error-button-{run_id}",
+    c[5].button("Back to the end" if at_error else "First error", key=f"log-error-button-{run_id}",
                 icon=":material/vertical_align_bottom:" if at_error else ":material/error:",
                 help="The end of the log" if at_error else "The log from its first traceback or exception line",
                 on_click=_set, args=(error_key, not at_error))
@@ -207,7 +310,7 @@ def log_panel(run_id: int, attempts: Sequence[dict[str, Any]], active: bool, ope
         else:
             st.session_state[frozen_key] = ((number, source), texts)
     for text in texts:
-        shown, error_no, caption = _view(text, query, at_error)
+        shown, error_no, caption = _view(text, query, at_error, levels)
         st.caption(style.plain(caption))
         st.html(log_html(shown, query, error_no, follow=follow and not query and not at_error))
     downloads(run_id, number, source, sources[source], folders)

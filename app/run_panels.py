@@ -9,6 +9,7 @@ Each takes the run detail the live panel read once for this refresh (``data.run_
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
@@ -16,7 +17,7 @@ import streamlit as st
 
 from app import data, style
 from app.charts import metric as charts
-from app.log_view import first_error, log_panel
+from app.log_view import first_error, fold_text, log_panel
 from app.run_actions import is_superseded
 from db.states import TERMINAL, RunStatus
 from db.vocabulary import metric_registry
@@ -97,22 +98,23 @@ def failure_summary(d: dict[str, Any]) -> None:
         with st.expander("Traceback and the log lines before it", expanded=d["status"] == RunStatus.FAILED):
             if (line := first_error_line(a["log_tail"])) is not None:
                 st.caption(f"First error line: {style.plain(line[:200])}")
-            st.code(a["log_tail"], language=None)
+            st.code(fold_text(a["log_tail"]), language=None)  # from the user's code: runyard's frames folded
 
 
 def log_tails(d: dict[str, Any]) -> None:
-    """The log tail kept for each attempt that failed, then the rank logs (app/log_view.py),
-    opened on the failing rank (rank 0's log is often a red herring: it only saw the others stop)."""
+    """The Logs section: the rank logs first (app/log_view.py), following the newest attempt's
+    end while the run goes on, opened on the failing rank (rank 0's log is often a red herring:
+    it only saw the others stop); then the log tail kept for each attempt that failed."""
     if not d["attempts"]:
         st.caption("Not launched yet: no logs.")
         return
-    for a in d["attempts"]:
-        if a["log_tail"]:
-            with st.expander(f"Attempt {a['number']}: {style.plain(a['reason'])}"):
-                st.code(a["log_tail"], language=None)
     failed = failed_attempt(d)
     opened = f"rank {failed['failed_rank']}" if failed and failed["failed_rank"] is not None else None
     log_panel(d["id"], d["attempts"], active=d["status"] not in TERMINAL_VALUES, opened=opened)
+    for a in d["attempts"]:
+        if a["log_tail"]:
+            with st.expander(f"Attempt {a['number']}: {style.plain(a['reason'] or 'the log tail runyard kept')}"):
+                st.code(fold_text(a["log_tail"]), language=None)
 
 
 def checkpoint_table(d: dict[str, Any]) -> None:
@@ -223,33 +225,93 @@ def energy_tile(column: Any, d: dict[str, Any]) -> None:
     column.metric("Energy", value, help=style.plain(energy_text(energy)))
 
 
-def cost_panel(d: dict[str, Any]) -> None:
-    """The run's two cost lines side by side, never added together: "Your cost" (its energy at
-    your tariff and PUE plus your hardware's amortisation, from Settings) and "Cloud reference"
-    (its device time at the list price it was submitted with), each with its wasted part and,
-    while the run goes on, its projected total. Without a tariff, a link to Settings instead."""
+GOODPUT_PARTS = {"startup": "start-up (launch to first step)", "checkpoints": "checkpoint saves",
+                 "failures": "failures (work redone, waits before retries)", "other": "evaluation, logging, slow steps"}
+
+
+def goodput_tile(column: Any, d: dict[str, Any]) -> None:
+    """Productive step time as a share, what the rest went to in its help."""
+    parts = d.get("goodput_parts") or {}
+    split = "; ".join(f"{GOODPUT_PARTS[k]} {v:.0%}" for k, v in parts.items() if k in GOODPUT_PARTS)
+    column.metric("Goodput", f"{d['goodput']:.0%}" if d["goodput"] is not None else "–",
+                  help="Productive step time over the time the run held devices or waited to retry"
+                       + (f". The rest: {split}. On a short run, start-up alone is a large share." if split else ""))
+
+
+def has_eval(d: dict[str, Any]) -> bool:
+    """Whether the run can show an eval accuracy: a built-in workload evaluates; a script only
+    when it logged one (else the tile would wait for a number that never comes)."""
+    return d["config"]["workload"]["kind"] != "script" or "eval_accuracy" in d["metrics"]
+
+
+def headline(d: dict[str, Any]) -> None:
+    """The headline numbers in one row of tiles, the run's two costs (Your cost, Cloud
+    reference: side by side, never added) among them, then one line of what each cost is made
+    of. One row, so that the first chart of the section below shows whole in the first screen."""
+    tiles: list[Callable[[Any], None]] = [
+        lambda c: c.metric("Elapsed", duration(d["elapsed_s"])),
+        lambda c: end_tile(c, d),
+        lambda c: c.metric("Attempts", d["attempt_count"]),
+        lambda c: energy_tile(c, d),
+    ]
+    if has_eval(d):
+        acc = d["metrics"].get("eval_accuracy", {}).get("0")
+        tiles.append(lambda c: c.metric(metric_registry.label("eval_accuracy"),
+                                        metric_registry.format_value("eval_accuracy", acc)))
+    tiles += [lambda c: goodput_tile(c, d), *cost_tiles(d)]
+    # The cost tiles a little wider: at 800 px an equal eighth broke "Cloud reference" mid-word.
+    widths = [1.0] * (len(tiles) - 2) + [1.3, 1.3]
+    with st.container(key="headline"):
+        for tile, column in zip(tiles, st.columns(widths), strict=True):
+            tile(column)
+        cost_strip(d)
+
+
+def cost_tiles(d: dict[str, Any]) -> list[Callable[[Any], None]]:
+    """The two cost tiles: "Your cost" (its energy at your tariff and PUE plus your hardware's
+    amortisation, from Settings) and "Cloud reference" (its device time at the list price it was
+    submitted with); "–" for yours without a tariff."""
     yours, cloud = d["cost"]["yours"], d["cost"]["cloud_reference"]
-    going = d["status"] not in {s.value for s in TERMINAL}
-    with st.container(border=True, key="cost-panel"):
-        st.markdown(f"**{end_words(d['status'])[1]}**")  # "Cost so far" while it may go on, then "Cost"
-        left, right = st.columns(2)
-        if yours["usd"] is None:
-            left.metric(YOURS, "–", help="Energy x your tariff x PUE + device-hours x your hardware's cost an hour")
-            left.caption("No electricity tariff set, so no cost of yours." if yours["reason"] == NO_TARIFF
-                         else style.plain(yours["reason"]))
-            with left:
-                st.page_link(SETTINGS_PAGE, label="Set your tariff in Settings", icon=":material/settings:")
-        else:
-            energy = (f"energy {usd(yours['energy_usd'])} ({yours['energy_kwh']:.3g} kWh at "
-                      f"{tariff_text(yours['usd_per_kwh'], yours['pue'])})"
-                      if yours["energy_usd"] is not None else "energy not measured: the hardware part only")
-            left.metric(YOURS, usd(yours["usd"]), help=style.plain(
+    if yours["usd"] is None:
+        def mine(c: Any) -> None:
+            c.metric(YOURS, "–", help="Energy x your tariff x PUE + device-hours x your hardware's cost an hour")
+    else:
+        energy = _energy_part(yours)
+
+        def mine(c: Any) -> None:
+            c.metric(YOURS, usd(yours["usd"]), help=style.plain(
                 f"Hardware {usd(yours['hardware_usd_per_gpu_hour'])} per GPU-hour x {yours['devices']:g} "
                 f"device(s), from Settings; {energy}"))
-            left.caption(_parts(f"{energy} + hardware {usd(yours['hardware_usd'])}", yours, going))
-        right.metric(CLOUD, usd(cloud["usd"]), help=style.plain(f"Device time at {cloud['unit']}, the list price "
-                                                               "the run was submitted at (Settings' price table)"))
-        right.caption(_parts(cloud["unit"], cloud, going))
+
+    def theirs(c: Any) -> None:
+        c.metric(CLOUD, usd(cloud["usd"]), help=style.plain(f"Device time at {cloud['unit']}, the list price "
+                                                           "the run was submitted at (Settings' price table)"))
+    return [mine, theirs]
+
+
+def _energy_part(yours: dict[str, Any]) -> str:
+    return (f"energy {usd(yours['energy_usd'])} ({yours['energy_kwh']:.3g} kWh at "
+            f"{tariff_text(yours['usd_per_kwh'], yours['pue'])})"
+            if yours["energy_usd"] is not None else "energy not measured: the hardware part only")
+
+
+def cost_strip(d: dict[str, Any]) -> None:
+    """One line under the tiles: "Cost so far" (then "Cost"), what each of the two costs is made
+    of, its wasted part and, while the run goes on, its projected total; without a tariff, a
+    link to Settings instead of yours."""
+    yours, cloud = d["cost"]["yours"], d["cost"]["cloud_reference"]
+    going = d["status"] not in {s.value for s in TERMINAL}
+    with st.container(horizontal=True, vertical_alignment="center", gap="small", key="cost-panel"):
+        head = f"**{end_words(d['status'])[1]}** · {YOURS}: "  # "Cost so far" while it may go on, then "Cost"
+        if yours["usd"] is None:
+            st.caption(head + ("No electricity tariff set, so no cost of yours." if yours["reason"] == NO_TARIFF
+                               else style.plain(yours["reason"])), width="content")
+            st.page_link(SETTINGS_PAGE, label="Set your tariff in Settings", icon=":material/settings:",
+                         width="content")
+        else:
+            st.caption(head + _parts(f"{_energy_part(yours)} + hardware {usd(yours['hardware_usd'])}", yours, going),
+                       width="content")
+        st.caption(f"{CLOUD}: " + _parts(cloud["unit"], cloud, going), width="content")
 
 
 def _parts(head: str, line: dict[str, Any], going: bool) -> str:

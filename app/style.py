@@ -26,8 +26,11 @@ RULES = {
     "top bar": '[data-testid="stTopNav"], [data-testid="stTopNavSection"] [data-testid="stMarkdownContainer"]'
                " { overflow: visible; }",
     # A checkbox's or toggle's label is cut with an ellipsis where its column is narrow ("Write in
-    # the backgr…" at 800 px); text inputs' labels wrap, so these wrap too.
-    "wrapping labels": '[data-testid="stCheckbox"] [data-testid="stWidgetLabel"] *'
+    # the backgr…" at 800 px); text inputs' labels wrap, so these wrap too, and so do the Run
+    # page's headline tiles' labels (eight tiles in one row: "Cloud r…" at 800 px).
+    "wrapping labels": '[data-testid="stCheckbox"] [data-testid="stWidgetLabel"] *, '
+                       '[data-testid="stMetricLabel"] [data-testid="stMarkdownContainer"],'
+                       ' [data-testid="stMetricLabel"] [data-testid="stMarkdownContainer"] p'
                        " { white-space: normal; overflow: visible; text-overflow: clip; }",
     # The headline numbers (st.metric) are cut to "$…" in a sixth of an 800-px window at their
     # fixed 2.25rem: they scale with the window instead, from 1.25rem up to that size.
@@ -39,6 +42,9 @@ RULES = {
     # A rank's log (app/log_view.py): a box that scrolls (lines are not wrapped: a traceback reads as
     # written), kept at its end while it follows the log (a reversed flex column starts scrolled to
     # its end, no script needed); colours that read on the light and the dark theme alike.
+    # The Run page's first screen holds its first chart whole (issue 56): Streamlit's top padding
+    # under the navigation bar (8rem) left a blank band as tall as a row of the header.
+    "run page top": '[data-testid="stMainBlockContainer"]:has(.st-key-headline) { padding-top: 5rem; }',
     "log box": ".runyard-log { max-height: 30rem; overflow: auto; border: 1px solid rgba(128, 128, 128, 0.35);"
                " border-radius: 0.5rem; background: rgba(128, 128, 128, 0.07); }"
                " .runyard-log-follow { display: flex; flex-direction: column-reverse; }"
@@ -118,10 +124,26 @@ BADGE_CSS = {"gray": ("#e8eaed", "#3c4043"), "blue": ("#d2e3fc", "#174ea6"), "or
              "green": ("#ceead6", "#0d652d"), "red": ("#fad2cf", "#a50e0e"), "violet": ("#e9d7fe", "#5b2c99")}
 
 
-def status_css(status: str, badges: dict[str, tuple[str, str]] | None = None) -> str:
+# The same on the dark theme: the light pastels glared there, with text too dark to read on the
+# grid's dark cells; these are Streamlit's own dark badge colours (a translucent fill, light text).
+DARK_BADGE_CSS = {"gray": ("rgba(172, 177, 195, 0.25)", "#d5dae5"), "blue": ("rgba(61, 157, 243, 0.25)", "#a6d4ff"),
+                  "orange": ("rgba(255, 164, 33, 0.25)", "#ffd16a"), "green": ("rgba(33, 195, 84, 0.25)", "#7defa1"),
+                  "red": ("rgba(255, 75, 75, 0.25)", "#ffabab"), "violet": ("rgba(128, 61, 245, 0.3)", "#dbbbff")}
+
+
+def dark_theme() -> bool:
+    """Whether the browser shows the dark theme (as it told Streamlit; light when not known)."""
+    try:
+        return st.context.theme.type == "dark"
+    except (AttributeError, RuntimeError):  # no browser session: a bare script, a unit test's call
+        return False
+
+
+def status_css(status: str, badges: dict[str, tuple[str, str]] | None = None, dark: bool | None = None) -> str:
     """The CSS of a table's status cell (``Styler.map``): the status's badge colours in ``badges``
-    (the run statuses' when None)."""
-    background, text = BADGE_CSS[(badges or STATUS_BADGE).get(status, ("gray", ""))[0]]
+    (the run statuses' when None), for the theme the browser shows unless ``dark`` says."""
+    palette = DARK_BADGE_CSS if (dark_theme() if dark is None else dark) else BADGE_CSS
+    background, text = palette[(badges or STATUS_BADGE).get(status, ("gray", ""))[0]]
     return f"background-color: {background}; color: {text}"
 
 

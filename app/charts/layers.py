@@ -220,16 +220,34 @@ def axes(fitted: pd.DataFrame, key: str, x_title: str, temporal: bool, log_y: bo
     zoom gives (``own_box``, when the box was drawn on this chart; else ``fitted``'s values in that
     x range), log or linear, titled and formatted by the metric registry."""
     x_domain: Any = list(zoom_x) if zoom_x else alt.Undefined
+    one_x = single_value(fitted[["x"]].rename(columns={"x": "value"})) if not zoom_x and "x" in fitted else None
+    if one_x is not None and not temporal:  # one step: round ticks around it, as for one value below
+        x_domain = [one_x - (abs(one_x) * 0.05 or 1.0), one_x + (abs(one_x) * 0.05 or 1.0)]
     x = alt.X("x:T" if temporal else "x:Q", title=x_title,
-              scale=alt.Scale(zero=False, domain=x_domain) if not temporal else alt.Scale(domain=x_domain))
+              scale=alt.Scale(zero=False, domain=x_domain, nice=True if one_x is not None else alt.Undefined)
+              if not temporal else alt.Scale(domain=x_domain))
     y_domain: Any = alt.Undefined
+    flat = None
     if zoom_x is not None:
         box = own_box if own_box is not None else fitted_y(fitted, zoom_x, log_y)
         y_domain = list(box) if box else alt.Undefined
-    scale = alt.Scale(type="log", domain=y_domain) if log_y else alt.Scale(zero=False, domain=y_domain)
+    elif (flat := single_value(fitted)) is not None and not log_y:
+        # One value (a single point, or a flat line): Vega would put its one tick at the value
+        # itself ("97.214485"); a range around it, made nice, has round ticks.
+        pad = abs(flat) * 0.05 or 1.0
+        y_domain = [flat - pad, flat + pad]
+    scale = (alt.Scale(type="log", domain=y_domain) if log_y
+             else alt.Scale(zero=False, domain=y_domain, nice=True if flat is not None else alt.Undefined))
     title = registry.axis_title(key) + (", log scale" if log_y else "")
     axis = alt.Axis(format=registry.axis_format(key) or alt.Undefined)
     return x, lambda field: alt.Y(f"{field}:Q", scale=scale, title=title, axis=axis)
+
+
+def single_value(frame: pd.DataFrame) -> float | None:
+    """The one value ``frame`` holds (its values, lows and highs all equal), or None."""
+    values = pd.concat([frame[c] for c in ("value", "lo", "hi") if c in frame]).to_numpy(dtype=float)
+    values = values[np.isfinite(values)]
+    return float(values[0]) if values.size and values.min() == values.max() else None
 
 
 def fitted_y(frame: pd.DataFrame, x: tuple[float, float], log_y: bool) -> tuple[float, float] | None:

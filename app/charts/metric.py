@@ -375,8 +375,16 @@ def rank_legend(ranks: Sequence[str]) -> alt.LayerChart:
     return alt.layer(buttons, labels).properties(height=LEGEND_HEIGHT).configure_view(stroke=None)
 
 
+# An attempt's outcome and its bar's colour on the timeline.
+OUTCOME_COLORS = {"SUCCEEDED": "#2ca02c", "RUNNING": "#1f77b4", "PAUSED": "#9467bd", "CANCELLED": "#7f7f7f",
+                  "PREEMPTED": "#ff7f0e", "FAILED": "#d62728"}
+
+
 def attempt_timeline(attempts: pd.DataFrame) -> alt.Chart:
-    """One bar per attempt from launch to end, coloured by how it ended."""
+    """One bar per attempt from launch to end, coloured by how it ended; the legend names only
+    the outcomes its bars have (each keeps its colour whatever the others are)."""
+    present = [o for o in OUTCOME_COLORS if o in set(attempts["outcome"])]
+    present += sorted(set(attempts["outcome"]) - set(present))  # an outcome without a colour of its own
     return (
         alt.Chart(attempts, title="attempts")
         .mark_bar(cornerRadius=3, height=18)
@@ -385,8 +393,7 @@ def attempt_timeline(attempts: pd.DataFrame) -> alt.Chart:
             x2="end:T",
             y=alt.Y("attempt:O", title="attempt"),
             color=alt.Color("outcome:N", title="ended", scale=alt.Scale(
-                domain=["SUCCEEDED", "RUNNING", "PAUSED", "CANCELLED", "PREEMPTED", "FAILED"],
-                range=["#2ca02c", "#1f77b4", "#9467bd", "#7f7f7f", "#ff7f0e", "#d62728"])),
+                domain=present, range=[OUTCOME_COLORS.get(o, "#bcbd22") for o in present])),
             tooltip=["attempt", "outcome", "cause", "steps", "reason"],
         )
         .properties(height=40 + 26 * len(attempts))

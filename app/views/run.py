@@ -2,7 +2,8 @@
 actions (Resume ▾, Fork…, Pause, Cancel…), what it is doing (start-up phase, retry, failure at the
 top of a failed run), progress and the headline numbers. Below it one section at a time: Overview
 (event badges, latest values, warnings), Metrics (the charts), Checkpoints (with pins and the
-Young–Daly advice), Attempts & logs, System, Config. The section is a query parameter
+Young–Daly advice), Logs (the log first, its level filter, runyard's traceback frames folded), Attempts
+(timeline, table, warnings, alerts), System, Config. The section is a query parameter
 (``/run?run=3&section=Metrics``), so a link opens it.
 
 Live without fade: Streamlit fades (opacity 0.33, ``data-stale``) what a fragment drew while the
@@ -39,7 +40,7 @@ from app.run_panels import attempts_table, checkpoint_advice, checkpoint_table, 
 from app.system import latest_window, summary_line, system_panels
 from db.states import TERMINAL, RunStatus
 from db.vocabulary import metric_registry
-from orchestrator.format import clock, duration, start_text, startup_text, step_text, where_text
+from orchestrator.format import clock, start_text, startup_text, step_text, where_text
 from orchestrator.scripts.attempt_watch import script_facts
 
 CHART_ORDER = ["loss", "eval_accuracy", "eval_loss", "samples_per_s", "step_time"]
@@ -55,7 +56,7 @@ EVENT_BADGES = {
     "hang": ("red", ":material/hourglass_disabled:", "hang"),
 }
 # The sections, in order; the chosen one is the query parameter ``section`` (absent for Overview).
-SECTIONS = ["Overview", "Metrics", "Checkpoints", "Attempts & logs", "System", "Config"]
+SECTIONS = ["Overview", "Metrics", "Logs", "Checkpoints", "Attempts", "System", "Config"]
 # Seconds between refreshes: an active run moves every few seconds; a finished one only changes
 # when someone resumes it (rebuilding the charts costs the server some CPU on every refresh).
 ACTIVE_REFRESH_S, FINISHED_REFRESH_S = 2, 10
@@ -78,8 +79,14 @@ if not runs:
 ids = [r["id"] for r in runs]
 requested = st.query_params.get("run")
 default_id = int(requested) if requested and requested.isdigit() and int(requested) in ids else ids[0]
-run_id = st.selectbox(
-    "Run", ids, index=ids.index(default_id),
+# The header first, then one row with the section control and the run picker: the picker is
+# chosen first (the header draws the run it names) but drawn beside the sections, not in a row of
+# its own above the header, which pushed the first chart below the first screen (issue 56).
+header_slot = st.container()
+toolbar = st.container(horizontal=True, vertical_alignment="center", horizontal_alignment="distribute")
+sections_slot = toolbar.container(width="content")  # filled below, once the header is drawn
+run_id = toolbar.selectbox(
+    "Run", ids, index=ids.index(default_id), label_visibility="collapsed", width=320,
     # No status here: the picker is drawn once per full script run, so it would go stale while
     # the live panel below moves on (it showed STARTING beside a SUCCEEDED badge).
     format_func=lambda i: next(f"#{r['id']} {r['name']}" for r in runs if r["id"] == i),
@@ -89,10 +96,12 @@ SNAPSHOT_KEY = f"run-snapshot/{run_id}"
 
 
 def header(d: dict[str, Any]) -> None:
-    """Name and badge with the actions beside them, then what the run is doing now. The actions
-    are sent before the badge: while the browser applies a refresh, a new badge never shows
-    beside the old actions (SUCCEEDED beside Cancel), at most the old badge beside the new ones."""
-    title, buttons = st.columns([3, 2], vertical_alignment="center")
+    """Name and badge with the actions beside them (one row), what the run is doing now, progress
+    and one row of headline numbers with the costs: compact, so that the first chart shows whole
+    in the first screen (issue 56). The actions are sent before the badge: while the browser
+    applies a refresh, a new badge never shows beside the old actions (SUCCEEDED beside Cancel),
+    at most the old badge beside the new ones."""
+    title, buttons = st.columns([2, 3], vertical_alignment="center")
     with buttons:
         actions(d)
     star = " ★" if d["starred"] else ""
@@ -123,25 +132,7 @@ def header(d: dict[str, Any]) -> None:
         if d["parent_run_id"]:
             st.caption(f"Forked from run #{d['parent_run_id']} at step {d['parent_step']}.")
         failure_summary(d)
-    headline(d)
-    run_panels.cost_panel(d)  # Your cost and the Cloud reference, never mixed
-
-
-def headline(d: dict[str, Any]) -> None:
-    c = st.columns(6)
-    c[0].metric("Elapsed", duration(d["elapsed_s"]))
-    run_panels.end_tile(c[1], d)
-    run_panels.energy_tile(c[2], d)
-    c[3].metric("Attempts", d["attempt_count"])
-    acc = d["metrics"].get("eval_accuracy", {}).get("0")
-    c[4].metric(metric_registry.label("eval_accuracy"), metric_registry.format_value("eval_accuracy", acc))
-    parts = d.get("goodput_parts") or {}
-    named = {"startup": "start-up (launch to first step)", "checkpoints": "checkpoint saves",
-             "failures": "failures (work redone, waits before retries)", "other": "evaluation, logging, slow steps"}
-    split = "; ".join(f"{named[k]} {v:.0%}" for k, v in parts.items() if k in named)
-    c[5].metric("Goodput", f"{d['goodput']:.0%}" if d["goodput"] is not None else "–",
-                help="Productive step time over the time the run held devices or waited to retry"
-                     + (f". The rest: {split}. On a short run, start-up alone is a large share." if split else ""))
+    run_panels.headline(d)  # the tiles, Your cost and the Cloud reference among them, never mixed
 
 
 def max_points(nproc: int) -> int:
@@ -384,12 +375,10 @@ def checkpoints(d: dict[str, Any]) -> None:
         checkpoint_advice(d["id"])
 
 
-def attempts_and_logs(d: dict[str, Any]) -> None:
+def attempts(d: dict[str, Any]) -> None:
     attempts_table(d)
     events_list(d)
     run_alerts(d["id"])
-    st.subheader("Logs")
-    log_tails(d)
 
 
 def system(d: dict[str, Any]) -> None:
@@ -404,7 +393,7 @@ def config(d: dict[str, Any]) -> None:
     st.json(d["config"])
 
 
-DRAW = {"Overview": overview, "Metrics": metrics, "Checkpoints": checkpoints, "Attempts & logs": attempts_and_logs,
+DRAW = {"Overview": overview, "Metrics": metrics, "Logs": log_tails, "Checkpoints": checkpoints, "Attempts": attempts,
         "System": system, "Config": config}
 _listed = next(r for r in runs if r["id"] == run_id)
 every = FINISHED_REFRESH_S if _listed["status"] in TERMINAL_VALUES else ACTIVE_REFRESH_S
@@ -429,9 +418,11 @@ def snapshot() -> dict[str, Any] | None:
     return detail
 
 
-live_header()
-section = st.segmented_control("Section", SECTIONS, default="Overview", key=SECTION_KEY, bind="query-params",
-                               label_visibility="collapsed") or "Overview"
+with header_slot:
+    live_header()
+with sections_slot:  # the sections on the left, the picker on the right
+    section = st.segmented_control("Section", SECTIONS, default="Overview", key=SECTION_KEY, bind="query-params",
+                                   label_visibility="collapsed") or "Overview"
 
 
 @st.fragment(run_every=None if section == "Config" else every)

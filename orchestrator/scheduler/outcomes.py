@@ -248,7 +248,8 @@ def _stopped(s: Settling) -> None:
     if s.stopped and code and attempt.signal_sent not in (None, SignalSent.SIGKILL):
         # The ranks checkpointed and stopped as asked; torchrun's agent, which got the same
         # signal, answers it with a non-zero exit of its own: not the ranks' failure.
-        how += f"; torchrun's exit {code} was its answer to the {attempt.signal_sent}"
+        how += (f"; the ranks stopped cleanly; the launcher's own exit code {code} is how torchrun "
+                f"ends when it is sent {attempt.signal_sent}, not a failure")
         attempt.exit_code = 0
     if mode is StopReason.PRUNE:
         attempt.reason = (f"stopped early by {prune_words(s.session, s.run.id)} at step {attempt.last_step or 0} "

@@ -202,7 +202,7 @@ def test_eight_ranks_one_legend_distinct_hues_hover_zoom_isolate_and_units(page:
     page.goto(f"{runyard_up.url}/run?run={run_id}&section=Metrics")  # the Run page's charts
     expect(page.get_by_role("heading", level=2).filter(has_text=f"#{run_id}")).to_contain_text(
         "SUCCEEDED", timeout=PAGE_TIMEOUT_MS)
-    # the rank strip and one chart per key (the attempts' timeline is under Attempts & logs)
+    # the rank strip and one chart per key (the attempts' timeline is under Attempts)
     expect(page.get_by_test_id("stVegaLiteChart")).to_have_count(1 + len(EIGHT_KEYS), timeout=PAGE_TIMEOUT_MS)
     wait_drawn(page)
     expect(page.get_by_role("radio", name="mean + band", exact=True)).to_be_checked()  # the default from 8 ranks

@@ -105,7 +105,7 @@ def test_a_failing_scripts_markup_is_shown_as_typed_and_fetches_nothing(page: An
     drew_nothing("Run")
     # The rank's log (issue 29, item 9): searched, the matches marked, the markup as text; every
     # log downloads as one zip.
-    show_section(page, "Attempts & logs")
+    show_section(page, "Logs")
     search = page.get_by_role("textbox", name="Search this log")
     search.fill("loud")
     search.press("Enter")
@@ -113,7 +113,7 @@ def test_a_failing_scripts_markup_is_shown_as_typed_and_fetches_nothing(page: An
     expect(marks.first).to_have_text("loud", timeout=PAGE_TIMEOUT_MS)
     shown = "\n".join(page.locator(".runyard-log").all_inner_texts())
     assert "RuntimeError: " + MARKUP in shown, shown[-2000:]
-    drew_nothing("Attempts & logs")
+    drew_nothing("Logs")
     page.get_by_role("button", name="Download all logs (zip)").click()
     with page.expect_download() as download:
         page.get_by_role("button", name=re.compile(f"Save run-{run_id}-logs.zip")).click()

@@ -1,6 +1,7 @@
-"""The Run page's cost panel in a real Chromium against the real product (`runyard up`): "Your
-cost" and "Cloud reference" as two named lines; before a tariff is set, no number of yours and a
-link to Settings that opens the "Your cost" section; once set, a number of its own.
+"""The Run page's costs in a real Chromium against the real product (`runyard up`): "Your cost" and
+"Cloud reference" as two named headline tiles with a line under them; before a tariff is set, no
+number of yours and a link to Settings that opens the "Your cost" section; once set, a number of
+its own.
 
     pytest -m browser tests/browser/test_cost_browser.py
 """
@@ -50,7 +51,7 @@ def seed_run(home: Path) -> int:
 def test_the_cost_panel_names_both_lines_and_links_to_settings(page: Any, runyard_up: Any) -> None:
     run_id = seed_run(runyard_up.home)
     open_run_page(page, runyard_up.url, run_id, "priced")
-    panel = page.locator(".st-key-cost-panel")
+    panel = page.locator(".st-key-headline")  # the headline numbers and the cost line under them
     expect(panel.get_by_text("Your cost", exact=True)).to_be_visible(timeout=PAGE_TIMEOUT_MS)
     expect(panel.get_by_text("Cloud reference", exact=True)).to_be_visible()
     expect(panel.get_by_text("$1.80", exact=True)).to_be_visible()  # an hour at the list price

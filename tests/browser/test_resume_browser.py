@@ -178,7 +178,7 @@ def test_resume_a_finished_run_from_an_older_checkpoint(page: Any, runyard_up: A
     # exactly one visible "Attempts" reads 2 instead of failing on the moment two exist.
     attempts_metric = page.get_by_test_id("stMetric").filter(has_text="Attempts").filter(visible=True)
     expect(attempts_metric.get_by_test_id("stMetricValue")).to_have_text(["2"], timeout=PAGE_TIMEOUT_MS)
-    show_section(page, "Attempts & logs")
+    show_section(page, "Attempts")
     table = attempts_table(page)
     expect(table.locator("thead th").nth(0)).to_have_text("attempt", timeout=PAGE_TIMEOUT_MS)
     expect(table.locator("thead th").nth(1)).to_have_text("status")

@@ -164,7 +164,7 @@ def test_a_retry_keeps_the_previous_attempts_curves_while_the_next_attempt_start
         before, [(s["header"], s["charts"]) for s in retrying + starting if s["charts"] < before][:10])
     # The retry timed by phase (issue 32): from the failure to the second attempt's first step,
     # the 10 s backoff (counted from the failure) most of its relaunch.
-    show_section(page, "Attempts & logs")
+    show_section(page, "Attempts")
     phases = page.get_by_text(re.compile(
         r"^Attempt 2 recovery from the failure: teardown [\d.]+s · detect [\d.]+s · relaunch ([5-9]|\d\d)\.\ds · "
         r"launch [\d.]+s · import [\d.]+s · rendezvous [\d.]+s · data [\d.]+s · checkpoint [\d.]+s · "

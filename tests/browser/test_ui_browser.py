@@ -2,7 +2,7 @@
 
 A person opens the New run page, fills the form, presses Start, lands on the Run page and
 watches a 2-rank run on CPU train to SUCCEEDED with live charts (the Metrics section), then opens
-each rank's log tail (Attempts & logs) and the run's config (Config): each section is drawn only
+each rank's log (Logs) and the run's config (Config): each section is drawn only
 when chosen. Then the run opens again from the Runs page. A bad
 value is refused on the form, naming the field, and nothing is queued.
 
@@ -150,7 +150,7 @@ def test_new_run_from_the_form_trains_to_succeeded_with_charts(page: Any, runyar
     assert {"Eval accuracy", "Throughput"} <= set(titles), titles
 
     # The log tails and the config are drawn on demand: one section each.
-    show_section(page, "Attempts & logs")
+    show_section(page, "Logs")
     logs = page.get_by_test_id("stSelectbox").filter(has_text="Log")  # one log at a time: rank 0's first
     expect(page.locator(".runyard-log").filter(has_text="rank0 INFO").first).to_be_visible(timeout=PAGE_TIMEOUT_MS)
     # Click once the section is drawn and idle, as a person clicks what they see: a click that

@@ -144,7 +144,7 @@ def open_page(page: str, **query: str) -> AppTest:
 
 
 def show_section(at: AppTest, section: str) -> AppTest:
-    """Choose one of the Run page's sections (Overview, Metrics, Checkpoints, Attempts & logs,
+    """Choose one of the Run page's sections (Overview, Metrics, Logs, Checkpoints, Attempts,
     System, Config): only the chosen one is drawn."""
     at.segmented_control(key="section").set_value(section).run()
     no_exception(at)

@@ -12,6 +12,7 @@ import pandas as pd
 from sqlalchemy.orm import Session, sessionmaker
 from streamlit.testing.v1 import AppTest
 
+from app.style import STATUS_BADGE, status_css
 from db.metricstore import write_points
 from db.models import Checkpoint, Event, Run
 from db.states import RunStatus, transition
@@ -95,13 +96,13 @@ def test_a_run_name_with_markup_shows_as_text_on_the_run_and_fork_pages(
 def test_a_failing_attempts_exception_with_markup_shows_as_text(settings: Settings,
                                                                 sessions: sessionmaker[Session]) -> None:
     """The exception of a failed attempt, its reason and its first error line: at the top of the
-    Run page and in Attempts & logs, as written."""
+    Run page and in its Logs section, as written."""
     tail = f"[rank1]: Traceback (most recent call last):\n[rank1]: ValueError: {EVIL}\n"
     run_id = add_failed_run(sessions, settings, f"ValueError: {EVIL}", tail, reason=f"crashed: {EVIL}")
     at = open_page("views/run.py", run=str(run_id))
     no_exception(at)
     assert any(t.startswith(r"**Attempt 1: rank 1 failed (USER_ERROR)**: ValueError\: ") for t in assert_inert(at))
-    logs = assert_inert(show_section(at, "Attempts & logs"))
+    logs = assert_inert(show_section(at, "Logs"))
     assert any(t.startswith(r"Attempt 1: crashed\: ") for t in logs), logs  # the log tail's expander
     assert tail.strip() in [c.value for c in at.code]  # the log itself as a code block, verbatim
 
@@ -152,3 +153,14 @@ def test_a_metric_key_with_markup_shows_as_text_on_the_compare_page(seeded: dict
     table, costs = at.table  # the summary, then the energy and cost table (no metric keys in it)
     assert all(isinstance(t.value.index, pd.RangeIndex) for t in (table, costs))
     assert f"{EVIL} final" in as_read_frame(table.value).columns
+
+
+def test_status_fills_follow_the_theme_light_pastels_only_on_the_light_one() -> None:
+    """Issue 56, item 6: a status cell on the dark theme is a translucent fill with light text, not
+    the light theme's pastel with dark text."""
+    for status in STATUS_BADGE:
+        light, dark = status_css(status, dark=False), status_css(status, dark=True)
+        assert light.startswith("background-color: #") and "rgba(" in dark and light != dark
+        text = dark.rsplit("color: #", 1)[1]
+        assert sum(int(text[i:i + 2], 16) for i in (0, 2, 4)) > 3 * 150  # light text on the dark grid
+    assert status_css("FAILED") == status_css("FAILED", dark=False)  # outside a browser session: light

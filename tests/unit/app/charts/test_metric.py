@@ -285,3 +285,24 @@ def test_a_clicked_step_is_marked_on_every_chart_at_its_own_nearest_step() -> No
     unmarked = charts.metric_view(loss, {}, ChartOptions(), "loss").to_dict()
     assert not [layer for layer in unmarked["layer"] if layer["mark"].get("type") == "circle"]
     assert charts.nearest_step(pd.Series([], dtype=int), 5) is None
+
+
+def test_a_single_point_has_round_ticks_around_it_not_one_at_its_value() -> None:
+    """Issue 56, item 6: one point (a first evaluation) drew a single tick "97.214485"; its axes
+    now span a little on each side, made nice by Vega (round ticks), the point in the middle."""
+    spec = charts.metric_view([bucket(1, 0, 100, 0.97214485)], {}, ChartOptions(), "eval_accuracy").to_dict()
+    line = spec["layer"][0]["encoding"]
+    (y0, y1), (x0, x1) = line["y"]["scale"]["domain"], line["x"]["scale"]["domain"]
+    assert y0 < 97.214485 < y1 and line["y"]["scale"]["nice"] is True  # shown as a percentage
+    assert x0 < 100 < x1 and line["x"]["scale"]["nice"] is True
+    many = charts.metric_view([bucket(1, 0, s, 1.0 / s) for s in range(1, 20)], {}, ChartOptions(), "loss").to_dict()
+    encoding = many["layer"][0]["encoding"]
+    assert encoding["x"]["scale"] == encoding["y"]["scale"] == {"zero": False}  # Vega's own fit otherwise
+
+
+def test_the_attempts_timeline_legend_names_only_the_outcomes_its_bars_have() -> None:
+    frame = pd.DataFrame({"attempt": [1, 2], "outcome": ["FAILED", "SUCCEEDED"], "cause": ["USER_ERROR", ""],
+                          "start": pd.to_datetime([0, 60], unit="s"), "end": pd.to_datetime([50, 120], unit="s"),
+                          "steps": ["0–10", "10–20"], "reason": ["boom", ""]})
+    scale = charts.attempt_timeline(frame).to_dict()["encoding"]["color"]["scale"]
+    assert scale == {"domain": ["SUCCEEDED", "FAILED"], "range": ["#2ca02c", "#d62728"]}  # each keeps its colour

@@ -18,6 +18,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 from streamlit.testing.v1 import AppTest
 
+from app.log_view import RUNYARD_ROOTS
 from db.models import Attempt, Checkpoint, Event, Run
 from db.states import AttemptStatus, RunStatus, transition
 from db.vocabulary.settings import Settings, load_settings
@@ -58,14 +59,14 @@ def test_run_page_shows_header_progress_attempts_and_metrics(seeded: dict[str, i
     assert metrics["Eval accuracy"] == "87.5%"  # as the metric registry shows a share
     assert metrics["Attempts"] == "1"
     assert re.fullmatch(r"\d\d:\d\d", metrics["Ends at"])  # a running run with progress: the time it ends
-    assert "Ended at" not in metrics and "**Cost so far**" in [m.value for m in at.markdown]
+    assert "Ended at" not in metrics and any(c.value.startswith("**Cost so far**") for c in at.caption)
     # The tile's help says what the ETA is based on.
     ends = next(m for m in at.metric if m.label == "Ends at")
     assert "steps' pace over" in ends.proto.help and "evaluation and checkpoint pauses included" in ends.proto.help
     # The actions in the header, where they apply: no Resume or Fork without a checkpoint; Cancel
     # acts from the confirm button inside its popover.
     assert [b.label for b in at.button] == ["Pause", "Cancel run", "Dump stacks", "Save"]  # Save: Edit…'s form
-    show_section(at, "Attempts & logs")
+    show_section(at, "Attempts")
     attempts = at.dataframe[0].value
     assert attempts["attempt"].tolist() == [1]
     assert attempts["status"].tolist() == ["RUNNING"]
@@ -85,8 +86,10 @@ def test_run_page_query_param_selects_the_run(seeded: dict[str, int]) -> None:
     show_section(at, "Metrics")
     assert any(i.value == reason for i in at.info), (reason, [i.value for i in at.info])
     assert not at.get("vega_lite_chart")
-    show_section(at, "Attempts & logs")
+    show_section(at, "Attempts")
     assert any(c.value == "Not launched yet." for c in at.caption)
+    show_section(at, "Logs")
+    assert any(c.value == "Not launched yet: no logs." for c in at.caption)
 
 
 def test_run_page_unknown_run_falls_back_to_newest(seeded: dict[str, int]) -> None:
@@ -115,8 +118,8 @@ def test_finished_run_has_no_cancel_button(settings: Settings, sessions: session
     # Finished: when it ended and what it cost, not "Ends at –" and "Cost so far".
     metrics = {m.label: m.value for m in at.metric}
     assert re.fullmatch(r"\d\d:\d\d", metrics["Ended at"]) and metrics["Cloud reference"].startswith("$")
-    assert "Ends at" not in metrics and "**Cost**" in [m.value for m in at.markdown]
-    assert "**Cost so far**" not in [m.value for m in at.markdown]
+    assert "Ends at" not in metrics and any(c.value.startswith("**Cost** ·") for c in at.caption)
+    assert not any(c.value.startswith("**Cost so far**") for c in at.caption)
     assert [b.label for b in at.button] == ["Save"]  # Edit…'s form alone: no Cancel
 
 
@@ -264,7 +267,7 @@ def test_a_failed_run_names_the_failing_rank_and_its_exception_at_the_top(
 
 def test_a_ranks_log_is_searched_highlighted_opened_at_its_first_error_and_downloadable(
         settings: Settings, sessions: sessionmaker[Session]) -> None:
-    """Issue 29, item 9, on the page: Attempts & logs opens on the failing rank's log, read from the
+    """Issue 29, item 9, on the page: the Logs section opens on the failing rank's log, read from the
     run's folder, its markup shown as text; a search lists the matching lines with the matches
     marked; First error shows the log from the traceback; the rank's log and all of them download."""
     run_id = add_failed_run(sessions, settings, "ValueError: boom", "[rank1]: ValueError: boom\n")
@@ -277,7 +280,7 @@ def test_a_ranks_log_is_searched_highlighted_opened_at_its_first_error_and_downl
         (folder / "stdout.log").write_text(body if rank == 1 else "rank 0 waits\n")
         (folder / "stderr.log").write_text(f"[rank1]: Traceback (most recent call last):\n[rank1]: ValueError: {EVIL}\n"
                                            if rank == 1 else "")
-    at = show_section(open_page("views/run.py", run=str(run_id)), "Attempts & logs")
+    at = show_section(open_page("views/run.py", run=str(run_id)), "Logs")
     no_exception(at)
     assert at.selectbox(key=f"log-source-{run_id}").value == "rank 1"  # the failing rank
     logs = [h.proto.body for h in at.html if "runyard-log" in h.proto.body and "<pre>" in h.proto.body]
@@ -299,6 +302,35 @@ def test_a_ranks_log_is_searched_highlighted_opened_at_its_first_error_and_downl
     at.button(key=f"log-prepare-zip-{run_id}").click().run()
     (save,) = at.get("download_button")
     assert save.proto.label.startswith(f"Save run-{run_id}-logs.zip")
+
+
+def test_the_logs_section_reads_a_traceback_from_the_users_code_and_filters_by_level(
+        settings: Settings, sessions: sessionmaker[Session]) -> None:
+    """Issue 56, item 5: the log first in its section; runyard's own frames folded into one line,
+    here and in the kept tail; the level filter keeps the chosen levels."""
+    trainer = RUNYARD_ROOTS[0]
+    trace = ("[rank1]: Traceback (most recent call last):\n"
+             f'[rank1]:   File "{trainer}script_runner.py", line 88, in main\n[rank1]:     runpy.run_path(script)\n'
+             '[rank1]:   File "/home/me/train.py", line 5, in <module>\n[rank1]:     boom()\n'
+             "[rank1]: RuntimeError: boom\n")
+    run_id = add_failed_run(sessions, settings, "RuntimeError: boom", trace)
+    with sessions() as s:
+        folder = Path(s.query(Attempt).filter_by(run_id=run_id).one().dir) / "ranks" / "abc_1" / "attempt_0" / "1"
+    folder.mkdir(parents=True)
+    (folder / "stderr.log").write_text("step 1 loss 2.0\n[rank1]: UserWarning: slow data\n" + trace)
+    at = show_section(open_page("views/run.py", run=str(run_id)), "Logs")
+    log_at = element_path(at._tree, lambda e: getattr(e, "type", None) == "html" and "<pre>" in e.proto.body)
+    tail_at = element_path(at._tree, lambda e: getattr(e, "type", None) == "expander"
+                           and str(e.label).startswith("Attempt 1"))
+    assert log_at is not None and tail_at is not None and log_at < tail_at  # the log first, the kept tail under it
+    (log,) = [h.proto.body for h in at.html if "<pre>" in h.proto.body]
+    assert "… 1 runyard frame (trainer/script_runner.py)" in log and "line 88" not in log
+    assert "/home/me/train.py" in log and "step 1 loss" in log and "UserWarning" in log
+    assert all("line 88" not in c.value and "runyard frame" in c.value for c in at.code)  # the kept tail too
+    at.pills(key=f"log-levels-{run_id}").set_value(["error", "warning"]).run()
+    (log,) = [h.proto.body for h in at.html if "<pre>" in h.proto.body]
+    assert "step 1 loss" not in log and "UserWarning" in log and "RuntimeError: boom" in log
+    assert any(as_read(c.value).endswith("error, warning lines only") for c in at.caption)
 
 
 def test_edit_on_the_run_page_renames_tags_and_notes_and_keeps_each_change(

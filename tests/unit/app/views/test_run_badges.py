@@ -118,6 +118,9 @@ def test_run_page_of_a_plain_script_says_nothing_was_checked(settings: Settings,
     assert "stragglers or desyncs not checked (the script has not reported through runyard's SDK)" in badges
     assert "hangs not checked (the script has printed nothing yet)" in badges
     assert "NaNs not checked (no metric recorded yet)" in badges
+    # No "Eval accuracy" tile that a script that logs none could never fill (issue 56, item 6).
+    assert {"Elapsed", "Goodput", "Your cost"} <= {m.label for m in at.metric} and "Eval accuracy" not in {
+        m.label for m in at.metric}
     with sessions() as s:  # its loss lines on stdout: steps and a metric, still no SDK
         now = time.time()
         s.execute(update(Attempt).where(Attempt.run_id == run_id).values(first_step_at=now))

@@ -1,6 +1,7 @@
-"""The Run page's cost panel (app/run_panels.py's ``cost_panel``): "Your cost" and "Cloud reference"
-as two named lines, each with its wasted part and, while the run goes on, its projected total;
-without a tariff, no number and a link to Settings."""
+"""The Run page's costs (app/run_panels.py's ``cost_tiles`` and ``cost_strip``): "Your cost" and
+"Cloud reference" as two named tiles among the headline numbers, and one line under them with
+each one's wasted part and, while the run goes on, its projected total; without a tariff, no
+number and a link to Settings."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def test_without_a_tariff_the_panel_links_to_settings(seeded: dict[str, int]) ->
     metrics, captions, links = cost_panel(at)
     assert metrics["Your cost"] == "–"
     assert metrics["Cloud reference"].startswith("$")
-    assert "No electricity tariff set, so no cost of yours." in captions
+    assert "**Cost so far** · Your cost: No electricity tariff set, so no cost of yours." in captions
     assert "Set your tariff in Settings" in links
     assert {m.label for m in at.metric} >= {"Energy", "Your cost", "Cloud reference"}
     assert "Cost so far" not in {m.label for m in at.metric}  # never a cost without its name
@@ -45,7 +46,7 @@ def test_with_a_tariff_both_lines_show_wasted_and_projected(settings: Settings,
     assert metrics["Your cost"].startswith("$") and "Set your tariff in Settings" not in links
     yours = next(c for c in captions if "hardware" in c)
     assert "energy not measured" in yours and "wasted" in yours and "projected" in yours
-    cloud = next(c for c in captions if c.startswith("cpu-hour"))  # the unit the run was priced with
+    cloud = next(c for c in captions if c.startswith("Cloud reference: cpu-hour"))  # the unit it was priced with
     assert "wasted" in cloud and "projected" in cloud
 
 
