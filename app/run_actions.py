@@ -203,18 +203,26 @@ def metadata_line(d: dict[str, Any]) -> None:
         st.markdown(" &nbsp; ".join(parts))
 
 
+def tag_list(text: str) -> list[str]:
+    """The tags in a comma list (``"a, b,,c"`` -> ``["a", "b", "c"]``), as the New run page reads
+    its list boxes (app/form_values.py), each once."""
+    return list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+
+
 def edit_menu(d: dict[str, Any]) -> None:
-    """Edit…: the run's name, tags (pick existing ones or type new ones) and note, saved together."""
+    """Edit…: the run's name, tags (a comma list) and note, saved together."""
     run_id = d["id"]
     with (st.popover("Edit…", icon=":material/edit:", key=f"edit-menu-{run_id}",
                      help="Rename the run, change its tags, write a note; each change is kept in its events"),
           st.form(f"edit-form-{run_id}", border=False)):
         name = st.text_input("Name", value=d["name"], key=f"edit-name-{run_id}", max_chars=100,
                              help="Letters, digits, '.', '_' and '-', starting with a letter or digit")
-        known = sorted({*d["tags"], *data.run_tags()})
-        tags = st.multiselect("Tags", known, default=d["tags"], key=f"edit-tags-{run_id}",
-                              accept_new_options=True, placeholder="add a tag",
-                              help="Letters, digits and . _ : / + = -, at most 40 characters; type a new one")
+        # A comma list, as on the New run page (one way for both): every tag typed is saved or refused
+        # by name on Save, none dropped because Enter was not pressed after it.
+        typed = st.text_input("Tags", value=", ".join(d["tags"]), key=f"edit-tags-{run_id}",
+                              placeholder="comma separated: baseline, lr-search",
+                              help="Comma separated; each letters, digits and . _ : / + = -, at most 40 characters")
+        tags = tag_list(typed)
         note = st.text_area("Note", value=d.get("note") or "", key=f"edit-note-{run_id}", max_chars=4000,
                             placeholder="what you tried, what you saw")
         if st.form_submit_button("Save", type="primary", icon=":material/save:"):
