@@ -27,6 +27,7 @@ from typing import Any
 import streamlit as st
 
 from app import data, style
+from db.compare import MAX_RUNS as MAX_COMPARED
 from db.states import TERMINAL, RunStatus
 from orchestrator.format import status_words
 
@@ -36,6 +37,8 @@ CANCELLABLE = {RunStatus.QUEUED, RunStatus.STARTING, RunStatus.RUNNING, RunStatu
 PAUSABLE = {RunStatus.STARTING, RunStatus.RUNNING}
 NEW_RUN_PAGE = "views/new_run.py"
 RUN_PAGE = "views/run.py"
+COMPARE_PAGE = "views/compare.py"
+COMPARED = "compare_runs"  # the runs the Compare page shows, kept for "Add to Compare"
 SECTION_KEY = "section"  # the Run page's section control (bound to ``?section=``)
 
 
@@ -203,6 +206,16 @@ def metadata_line(d: dict[str, Any]) -> None:
         st.markdown(" &nbsp; ".join(parts))
 
 
+def compare_link(d: dict[str, Any]) -> None:
+    """"Add to Compare": the Compare page with this run added to the runs last compared in this
+    browser session (alone when none were; the oldest left out past the page's ten)."""
+    before = [i for i in st.session_state.get(COMPARED, []) if i != d["id"]]
+    runs = [*before[-(MAX_COMPARED - 1):], d["id"]]
+    st.page_link(COMPARE_PAGE, label="Add to Compare", icon=":material/stacked_line_chart:",
+                 query_params={"runs": ",".join(map(str, runs))},
+                 help="Open Compare with this run beside the runs you compared last")
+
+
 def tag_list(text: str) -> list[str]:
     """The tags in a comma list (``"a, b,,c"`` -> ``["a", "b", "c"]``), as the New run page reads
     its list boxes (app/form_values.py), each once."""
@@ -276,3 +289,4 @@ def actions(d: dict[str, Any]) -> None:
                 draw(d)
             else:
                 st.empty()
+        compare_link(d)

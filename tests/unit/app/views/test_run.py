@@ -69,7 +69,8 @@ def test_run_page_shows_header_progress_attempts_and_metrics(seeded: dict[str, i
     attempts = at.dataframe[0].value
     assert attempts["attempt"].tolist() == [1]
     assert attempts["status"].tolist() == ["RUNNING"]
-    assert attempts["last step"].tolist() == [120]
+    assert attempts["last step"].tolist() == ["120"]
+    assert attempts["exit"].tolist() == ["still running"]  # never "None" (issue 56, item 2)
 
 
 def test_run_page_query_param_selects_the_run(seeded: dict[str, int]) -> None:
