@@ -26,7 +26,8 @@ NONE = "–"  # a cell with nothing to say
 WIDE, CAPITAL, DIGIT, NARROW, OTHER = 12.5, 9.2, 7.6, 4.2, 7.4
 WIDE_CHARS, NARROW_CHARS = set("mwMW@%"), set("iljtfrI.,:;'|!()[] ")
 PADDING_PX = 20  # the grid's cell padding, both sides, and a margin
-MIN_PX = 44  # a column no narrower than this (the header's sort arrow)
+MIN_PX = 44  # a column no narrower than this
+HEADER_ICON_PX = 18  # beside a header's title: the column menu's icon the grid shows on hover
 # The widest each column gets; a longer text is shortened with "…" (LONG columns) or cannot be
 # longer (the others' texts are bounded: a status word, a price, a step count).
 MAX_PX: dict[str, int] = {"name": 220, "waiting for": 460, "tags": 200, "note": 240, "sweep": 200, "headline": 190,
@@ -61,8 +62,9 @@ def shortened(text: str, max_px: float) -> str:
 
 
 def column_width(title: str, texts: Iterable[str], max_px: int | None = None) -> int:
-    """A column's width in pixels: its longest text or its title, with the cell's padding."""
-    widest = max([text_px(title), *(text_px(t) for t in texts)])
+    """A column's width in pixels: its longest text or its title (with room for the header's
+    menu icon), with the cell's padding."""
+    widest = max([text_px(title) + HEADER_ICON_PX, *(text_px(t) for t in texts)])
     width = math.ceil(widest + PADDING_PX)
     return max(MIN_PX, width if max_px is None else min(width, max_px))
 

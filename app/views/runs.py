@@ -161,7 +161,7 @@ def runs_table() -> None:
         frame.style.apply(lambda _: [status_css(r["status"]) for r in runs], subset=["status"]),
         hide_index=True,
         column_order=[c for c in COLUMNS if c in (shown or DEFAULT_COLUMNS)],
-        column_config={c: {"width": w} for c, w in widths.items()} | {
+        column_config={c: st.column_config.Column(width=w) for c, w in widths.items()} | {
             "run": st.column_config.LinkColumn("run", display_text=r"run\?run=(\d+)", width=widths["run"]),
             "★": st.column_config.TextColumn("★", help="Starred (select the row, then Star)", width=widths["★"]),
             # Whole percent, rounded down: two decimals made the bar's text wider than its column.

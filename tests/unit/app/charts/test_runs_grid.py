@@ -9,6 +9,7 @@ import math
 import pandas as pd
 
 from app.charts.runs_grid import (
+    HEADER_ICON_PX,
     MAX_PX,
     MIN_PX,
     PADDING_PX,
@@ -35,8 +36,8 @@ def test_progress_is_whole_percent_rounded_down() -> None:
 
 def test_a_column_is_as_wide_as_its_longest_text_or_title() -> None:
     assert column_width("status", ["FAILED", "SUCCEEDED"]) == math.ceil(text_px("SUCCEEDED") + PADDING_PX)
-    assert column_width("best loss", ["0.5"]) == math.ceil(text_px("best loss") + PADDING_PX)
-    assert column_width("★", ["", "★"]) == MIN_PX
+    assert column_width("best loss", ["0.5"]) == math.ceil(text_px("best loss") + HEADER_ICON_PX + PADDING_PX)
+    assert column_width("", [""]) == MIN_PX
     assert text_px("failed") < text_px("FAILED") < text_px("WWWWWW")
 
 
