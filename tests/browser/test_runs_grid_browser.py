@@ -158,13 +158,25 @@ def visible_problems(page: Any) -> list[str]:
     return found
 
 
-def settled_text(page: Any, url: str, ready: Any) -> list[str]:
+# A page whose script run is over (a live run's page reruns its charts every few seconds: on a
+# busy machine it is never idle for wait_settled's 300 ms, so its text is read once a run ends).
+SCRIPT_DONE = "() => document.querySelector('[data-testid=\"stApp\"]')?.dataset.testScriptState === 'notRunning'"
+
+
+def settle(page: Any, live: bool = False) -> None:
+    if live:
+        page.wait_for_function(SCRIPT_DONE, polling=100, timeout=PAGE_TIMEOUT_MS)
+    else:
+        wait_settled(page)
+
+
+def settled_text(page: Any, url: str, ready: Any, live: bool = False) -> list[str]:
     page.goto(url)
     expect(ready).to_be_visible(timeout=PAGE_TIMEOUT_MS)
     not_found = page.get_by_role("dialog").filter(has_text="Page not found")  # streamlit#9992
     if not_found.count():
         page.keyboard.press("Escape")
-    wait_settled(page)
+    settle(page, live)
     return visible_problems(page)
 
 
@@ -184,7 +196,8 @@ def walk_pages(page: Any, url: str, ids: dict[str, int]) -> dict[str, list[str]]
     page.set_viewport_size({"width": 1280, "height": 800})
     for name, run_id in ids.items():
         header = page.get_by_role("heading", level=2).filter(has_text=f"#{run_id} {name}")
-        if problems := settled_text(page, f"{url}/run?run={run_id}", header):
+        live = name in ("live", "waiting")
+        if problems := settled_text(page, f"{url}/run?run={run_id}", header, live):
             found[f"run {name}"] = problems
         if name not in ("diverged", "live", "own-script"):
             continue
@@ -193,7 +206,7 @@ def walk_pages(page: Any, url: str, ids: dict[str, int]) -> dict[str, list[str]]
             choice = sections.filter(has_text=label).first
             choice.click()
             expect(choice).to_have_attribute("aria-checked", "true", timeout=PAGE_TIMEOUT_MS)
-            wait_settled(page)
+            settle(page, live)
             if problems := visible_problems(page):
                 found[f"run {name}, {label}"] = problems
     return found
