@@ -18,7 +18,7 @@ from orchestrator.alerts import AlertsError
 from orchestrator.alerts.engine import history, open_alert_runs, send_test
 from orchestrator.alerts.store import AlertStore, off_by_default_note
 
-OPEN_MARK = "🔔"
+OPEN_MARK = "!"  # plain text: the grid draws an emoji as a missing-glyph box where no emoji font is installed
 
 
 def store() -> AlertStore:
@@ -36,7 +36,7 @@ def open_alerts() -> dict[int, list[str]]:
 
 
 def alert_mark(run_id: int, marks: dict[int, list[str]]) -> str:
-    """The Runs list's cell: ``🔔 failed`` for a run with an open alert, else empty."""
+    """The Runs list's cell: ``! failed`` for a run with an open alert, else empty."""
     triggers = marks.get(run_id)
     return f"{OPEN_MARK} {', '.join(sorted(set(triggers)))}" if triggers else ""
 

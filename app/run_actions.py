@@ -27,6 +27,7 @@ from typing import Any
 import streamlit as st
 
 from app import data, style
+from db.compare import MAX_RUNS as MAX_COMPARED
 from db.states import TERMINAL, RunStatus
 from orchestrator.format import status_words
 
@@ -36,6 +37,8 @@ CANCELLABLE = {RunStatus.QUEUED, RunStatus.STARTING, RunStatus.RUNNING, RunStatu
 PAUSABLE = {RunStatus.STARTING, RunStatus.RUNNING}
 NEW_RUN_PAGE = "views/new_run.py"
 RUN_PAGE = "views/run.py"
+COMPARE_PAGE = "views/compare.py"
+COMPARED = "compare_runs"  # the runs the Compare page shows, kept for "Add to Compare"
 SECTION_KEY = "section"  # the Run page's section control (bound to ``?section=``)
 
 
@@ -203,18 +206,36 @@ def metadata_line(d: dict[str, Any]) -> None:
         st.markdown(" &nbsp; ".join(parts))
 
 
+def compare_link(d: dict[str, Any]) -> None:
+    """"Add to Compare": the Compare page with this run added to the runs last compared in this
+    browser session (alone when none were; the oldest left out past the page's ten)."""
+    before = [i for i in st.session_state.get(COMPARED, []) if i != d["id"]]
+    runs = [*before[-(MAX_COMPARED - 1):], d["id"]]
+    st.page_link(COMPARE_PAGE, label="Add to Compare", icon=":material/stacked_line_chart:",
+                 query_params={"runs": ",".join(map(str, runs))},
+                 help="Open Compare with this run beside the runs you compared last")
+
+
+def tag_list(text: str) -> list[str]:
+    """The tags in a comma list (``"a, b,,c"`` -> ``["a", "b", "c"]``), as the New run page reads
+    its list boxes (app/form_values.py), each once."""
+    return list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+
+
 def edit_menu(d: dict[str, Any]) -> None:
-    """Edit…: the run's name, tags (pick existing ones or type new ones) and note, saved together."""
+    """Edit…: the run's name, tags (a comma list) and note, saved together."""
     run_id = d["id"]
     with (st.popover("Edit…", icon=":material/edit:", key=f"edit-menu-{run_id}",
                      help="Rename the run, change its tags, write a note; each change is kept in its events"),
           st.form(f"edit-form-{run_id}", border=False)):
         name = st.text_input("Name", value=d["name"], key=f"edit-name-{run_id}", max_chars=100,
                              help="Letters, digits, '.', '_' and '-', starting with a letter or digit")
-        known = sorted({*d["tags"], *data.run_tags()})
-        tags = st.multiselect("Tags", known, default=d["tags"], key=f"edit-tags-{run_id}",
-                              accept_new_options=True, placeholder="add a tag",
-                              help="Letters, digits and . _ : / + = -, at most 40 characters; type a new one")
+        # A comma list, as on the New run page (one way for both): every tag typed is saved or refused
+        # by name on Save, none dropped because Enter was not pressed after it.
+        typed = st.text_input("Tags", value=", ".join(d["tags"]), key=f"edit-tags-{run_id}",
+                              placeholder="comma separated: baseline, lr-search",
+                              help="Comma separated; each letters, digits and . _ : / + = -, at most 40 characters")
+        tags = tag_list(typed)
         note = st.text_area("Note", value=d.get("note") or "", key=f"edit-note-{run_id}", max_chars=4000,
                             placeholder="what you tried, what you saw")
         if st.form_submit_button("Save", type="primary", icon=":material/save:"):
@@ -268,3 +289,4 @@ def actions(d: dict[str, Any]) -> None:
                 draw(d)
             else:
                 st.empty()
+        compare_link(d)

@@ -23,7 +23,7 @@ from db.states import TERMINAL, RunStatus
 from db.vocabulary import metric_registry
 from db.vocabulary.your_cost import NO_TARIFF
 from orchestrator.cost_text import CLOUD, YOURS, energy_text, tariff_text
-from orchestrator.format import clock, duration, end_help, end_text, end_words, phases_text, usd
+from orchestrator.format import clock, duration, end_help, end_text, end_words, exit_text, phases_text, usd
 
 TERMINAL_VALUES = {s.value for s in TERMINAL}
 
@@ -43,29 +43,29 @@ def attempts_table(d: dict[str, Any]) -> None:
             "steps": f"{a['resume_step'] or 0}–{a['last_step'] or a['resume_step'] or 0}", "reason": a["reason"] or "",
         })
     st.altair_chart(charts.unvalidated(charts.attempt_timeline(pd.DataFrame(rows))), width="stretch")
-    st.dataframe(
-        pd.DataFrame(
-            [
-                {
-                    "attempt": a["number"], "status": a["status"], "cause": a["cause"], "rank": a["failed_rank"],
-                    "exception": a["exception"], "from step": a["resume_step"], "last step": a["last_step"],
-                    "steps lost": a["steps_lost"], "exit code": a["exit_code"],
-                    "started": clock(a["started_at"]), "first step": clock(a["first_step_at"]),
-                    "ended": clock(a["ended_at"]),
-                    "to detect": duration(a.get("detect_s")),
-                    "to first new step": duration(a.get("recovery_s")),
-                    "retry counted": a["retry_counted"] if a["cause"] else None,
-                    "changes": ", ".join(f"{k}={v}" for sec in a["overrides"].values() for k, v in sec.items()) or None,
-                }
-                for a in d["attempts"]
-            ]
-        ),
-        hide_index=True,
-    )
+    st.dataframe(pd.DataFrame([attempt_row(a) for a in d["attempts"]]), hide_index=True)
     for a in d["attempts"]:  # where each start-up went, phase by phase (db/vocabulary/phases.py)
         if timed := phases_text(a.get("phases")):
             after = "recovery from the failure" if a["phases"][0]["phase"] == "teardown" else "start-up"
             st.caption(f"Attempt {a['number']} {after}: {timed}")
+
+
+def attempt_row(a: dict[str, Any]) -> dict[str, str | int]:
+    """One attempt as the Attempts table shows it: every cell text or a number, "–" where there
+    is nothing to say (never "None")."""
+    def text(value: Any) -> str:
+        return "–" if value is None or value == "" else str(value)
+
+    changes = ", ".join(f"{k}={v}" for sec in a["overrides"].values() for k, v in sec.items())
+    return {
+        "attempt": a["number"], "status": a["status"], "cause": text(a["cause"]), "rank": text(a["failed_rank"]),
+        "exception": text(a["exception"]), "from step": a["resume_step"] or 0, "last step": text(a["last_step"]),
+        "steps lost": text(a["steps_lost"]), "exit": exit_text(a["status"], a["exit_code"]),
+        "started": clock(a["started_at"]), "first step": clock(a["first_step_at"]), "ended": clock(a["ended_at"]),
+        "to detect": duration(a.get("detect_s")), "to first new step": duration(a.get("recovery_s")),
+        "retry counted": ("yes" if a["retry_counted"] else "no") if a["cause"] else "–",
+        "changes": changes or "–",
+    }
 
 
 def failed_attempt(d: dict[str, Any]) -> dict[str, Any] | None:

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Select, and_, case, func, literal, or_, select, union_all
+from sqlalchemy import Select, and_, case, func, literal, or_, select, true, union_all
 from sqlalchemy.orm import Session, aliased
 
 from db import run_list, run_summary
@@ -111,7 +111,8 @@ def _catalogue(session: Session, run_ids: Sequence[int],
     return catalogue
 
 
-def _lineage_steps(levels: Mapping[tuple[int, int], int], run_ids: Sequence[int]) -> Select[Unpack[tuple[Any, ...]]]:
+def _lineage_steps(levels: Mapping[tuple[int, int], int], run_ids: Sequence[int],
+                   until: int | None = None) -> Select[Unpack[tuple[Any, ...]]]:
     """Per (run, name, attempt, step) on the run's lineage: ``value``, the mean over ranks
     (of each rank's value, or of its bucket's mean), ``last`` (the mean of the ranks' values at
     their last step in the bucket), ``last_step`` and ``size`` (the bucket's steps). Series at
@@ -149,7 +150,8 @@ def _lineage_steps(levels: Mapping[tuple[int, int], int], run_ids: Sequence[int]
         select(steps)
         .select_from(steps.outerjoin(
             cutoffs, and_(cutoffs.c.run_id == steps.c.run_id, cutoffs.c.number == steps.c.attempt)))
-        .where(or_(cutoffs.c.cutoff.is_(None), steps.c.step <= cutoffs.c.cutoff))
+        .where(or_(cutoffs.c.cutoff.is_(None), steps.c.step <= cutoffs.c.cutoff),
+               true() if until is None else steps.c.step <= until)
     )
 
 
@@ -160,7 +162,7 @@ def _bucket_size(level: Any) -> Any:
 
 
 def metric_summaries(session: Session, run_ids: Sequence[int], keys: Sequence[str],
-                     max_points: int = MAX_POINTS) -> dict[tuple[int, str], MetricSummary]:
+                     max_points: int = MAX_POINTS, until: int | None = None) -> dict[tuple[int, str], MetricSummary]:
     """The final and best value of each metric of each run, in three statements however many
     runs and metrics: the names' ids, the store's catalogue of their series (which level keeps
     each at most ``max_points`` rows per rank: the level the Compare chart draws), and one read
@@ -172,6 +174,8 @@ def metric_summaries(session: Session, run_ids: Sequence[int], keys: Sequence[st
         run_ids: The runs.
         keys: The metric names.
         max_points: The most steps (or buckets) per rank read for a series; the charts' value.
+        until: Only the steps (or buckets starting) up to this one: a fork's parent up to the
+            fork's step (its lineage's first part).
 
     Returns:
         ``{(run id, key): MetricSummary}``; a run that never logged a key has no entry.
@@ -186,7 +190,7 @@ def metric_summaries(session: Session, run_ids: Sequence[int], keys: Sequence[st
     if not levels:
         return {}
     higher = sorted(i for i, n in names.items() if higher_is_better(n))
-    steps = _lineage_steps(levels, runs).subquery()
+    steps = _lineage_steps(levels, runs, until).subquery()
     series = (steps.c.run_id, steps.c.name_id)
     # Best first: finite means before NaN ones (NULL), then the value (negated where higher is
     # better), then the earliest step.
@@ -257,7 +261,7 @@ def config_diff(configs: Sequence[Mapping[str, Any]]) -> list[tuple[str, list[An
 def runs_list(session: Session, where: run_list.RunFilter | None = None, sort: str = "id", descending: bool = True,
               limit: int = 200, now: float | None = None) -> list[dict[str, Any]]:
     """The Runs page's list: :func:`db.run_list.list_runs` with each run's summary metric columns
-    (``best_loss``: the best of its loss along its lineage, and ``headline_key`` /
+    (``best_loss``: the best of its loss along its lineage, a fork's parent's part included, and ``headline_key`` /
     ``headline_value``: the final value of the workload's headline metric,
     db.vocabulary.metric_registry.HEADLINE_KEYS), sorted by any of db.run_list.LIST_SORTS. Three statements
     more than ``list_runs`` for all the runs, each series read at ``LIST_METRIC_POINTS`` steps
@@ -268,11 +272,37 @@ def runs_list(session: Session, where: run_list.RunFilter | None = None, sort: s
     runs = run_list.list_runs(session, limit=limit, now=now, where=where)
     keys = [*metric_registry.LOSS_KEYS, *metric_registry.HEADLINE_KEYS]
     found = metric_summaries(session, [r["id"] for r in runs], keys, max_points=LIST_METRIC_POINTS)
+    inherited = _parents_best_loss(session, runs)
     for r in runs:
         logged = {key for run_id, key in found if run_id == r["id"]}
         loss, headline = metric_registry.loss_key(logged), metric_registry.headline_key(logged)
         final = found[(r["id"], headline)].final if headline else None
-        r["best_loss"] = found[(r["id"], loss)].best if loss else None
+        own = found[(r["id"], loss)].best if loss else None
+        r["best_loss"] = _lower(own, inherited.get(r["id"]))
         r["headline_key"] = headline
         r["headline_value"] = None if final is None or math.isnan(final) else final
     return run_list.sort_runs(runs, sort, descending)
+
+
+def _lower(a: float | None, b: float | None) -> float | None:
+    """The lower of two best losses, either of which may be missing."""
+    return b if a is None else a if b is None else min(a, b)
+
+
+def _parents_best_loss(session: Session, runs: Sequence[Mapping[str, Any]]) -> dict[int, float]:
+    """Each fork's best loss on the first part of its lineage: its parent's, up to the step it was
+    forked at (a fork that has logged nothing yet still has a best loss). Three statements per
+    distinct fork step; the parent's own lineage only (a fork of a fork: its parent's part)."""
+    forks: dict[int, list[tuple[int, int]]] = {}
+    for r in runs:
+        if r.get("parent_run_id") is not None and r.get("parent_step") is not None:
+            forks.setdefault(r["parent_step"], []).append((r["id"], r["parent_run_id"]))
+    best: dict[int, float] = {}
+    for step, pairs in forks.items():
+        found = metric_summaries(session, sorted({p for _, p in pairs}), metric_registry.LOSS_KEYS,
+                                 max_points=LIST_METRIC_POINTS, until=step)
+        for fork_id, parent_id in pairs:
+            loss = metric_registry.loss_key({key for run_id, key in found if run_id == parent_id})
+            if loss and (value := found[(parent_id, loss)].best) is not None:
+                best[fork_id] = value
+    return best

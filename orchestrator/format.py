@@ -4,6 +4,7 @@ the UI (the UI's own Streamlit markup, such as status badges, is app/style.py)."
 from __future__ import annotations
 
 import datetime as dt
+import signal
 import time
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
@@ -42,6 +43,26 @@ def usd(x: float | None) -> str:
     if x is None:
         return "–"
     return f"${x:,.4f}" if x < 1 else f"${x:,.2f}"
+
+
+# Why an ended attempt has no exit code, by its status (db.states.AttemptStatus).
+NO_EXIT_CODE = {"CRASHED": "killed or vanished", "CANCELLED": "cancelled", "PAUSED": "paused"}
+
+
+def exit_text(status: str, exit_code: int | None) -> str:
+    """How an attempt's launcher ended, for people: ``exit 0``, ``exit -9 (SIGKILL)``, ``still
+    running``, or ``no exit code (killed or vanished)``: never "None"."""
+    if exit_code is None:
+        if status == "RUNNING":
+            return "still running"
+        why = NO_EXIT_CODE.get(status)
+        return f"no exit code ({why})" if why else "no exit code"
+    if exit_code < 0:
+        try:
+            return f"exit {exit_code} ({signal.Signals(-exit_code).name})"
+        except ValueError:  # not a signal this platform names
+            return f"exit {exit_code}"
+    return f"exit {exit_code}"
 
 
 NOTE_CHARS = 80  # a note's first characters in a table cell or a list line; the Run page shows it whole
@@ -254,8 +275,8 @@ def start_text(estimate: dict[str, Any] | None, now: float | None = None, *, sho
     if estimate is None:
         return ""
     at, after, basis = estimate["at"], estimate["after_run"], estimate["basis"]
-    if at is None:
-        return f"start not known: {basis}"
+    if at is None:  # a table cell leaves the why to the queue's line and the Run page
+        return "start not known" if short else f"start not known: {basis}"
     now = time.time() if now is None else now
     if at <= now:
         return "starts at the scheduler's next look (its devices are free)"

@@ -17,6 +17,7 @@ import altair as alt
 import pandas as pd
 from pandas.io.formats.style import Styler
 
+from app.charts.metric import X_RELATIVE, X_STEP, X_WALL, ema, spans_decades
 from db.compare import ABSENT, MAX_RUNS, MetricSummary, higher_is_better
 from db.vocabulary import metric_registry
 from orchestrator.cost_text import energy_short
@@ -109,12 +110,53 @@ def diff_frame(diff: Sequence[tuple[str, list[Any]]], labels: Sequence[str]) -> 
 
 def rank_mean(rows: Sequence[Mapping[str, Any]], cutoffs: Mapping[int, float]) -> pd.DataFrame:
     """The mean over ranks of one metric at each step along the run's lineage (a bucket that
-    starts after its attempt's cutoff was abandoned by a resume): ``step`` and ``value``."""
-    frame = pd.DataFrame.from_records(rows, columns=["attempt", "rank", "step", "value"])
+    starts after its attempt's cutoff was abandoned by a resume): ``step``, ``value`` and
+    ``wall_time`` (the latest rank's, for a time axis)."""
+    frame = pd.DataFrame.from_records(rows, columns=["attempt", "rank", "step", "value", "wall_time"])
     if frame.empty:
-        return pd.DataFrame({"step": pd.Series(dtype=int), "value": pd.Series(dtype=float)})
+        return pd.DataFrame({"step": pd.Series(dtype=int), "value": pd.Series(dtype=float),
+                             "wall_time": pd.Series(dtype=float)})
     on_lineage = frame["step"] <= frame["attempt"].map(lambda a: cutoffs.get(a, math.inf))
-    return frame[on_lineage].groupby("step", as_index=False)["value"].mean()
+    return frame[on_lineage].groupby("step", as_index=False).agg(value=("value", "mean"),
+                                                                 wall_time=("wall_time", "max"))
+
+
+def time_unit(span_s: float) -> tuple[str, float]:
+    """The unit a time axis of ``span_s`` seconds reads best in, and its seconds (as the Run page's)."""
+    if span_s >= 3 * 3600:
+        return "h", 3600.0
+    if span_s >= 3 * 60:
+        return "min", 60.0
+    return "s", 1.0
+
+
+def placed(mean: pd.DataFrame, x_axis: str, started_at: float | None, smoothing: float) -> pd.DataFrame:
+    """One run's rank mean with its ``x`` (the step, the epoch milliseconds of ``wall time``, or
+    seconds since the run started for ``relative time``: divided to a unit by
+    :func:`relative_x`) and ``smooth``: the Run page's EMA (app.charts.metric.ema) at weight
+    ``smoothing``, NaN without smoothing."""
+    frame = mean.sort_values("step", kind="stable").reset_index(drop=True)
+    if x_axis == X_WALL:
+        x = frame["wall_time"] * 1000.0
+    elif x_axis == X_RELATIVE:
+        start = started_at if started_at is not None else (float(frame["wall_time"].min()) if len(frame) else 0.0)
+        x = frame["wall_time"] - start
+    else:
+        x = frame["step"].astype(float)
+    smooth = ema(frame["value"], smoothing) if smoothing > 0 else pd.Series(math.nan, index=frame.index)
+    return frame.assign(x=x, smooth=smooth)
+
+
+def relative_x(frame: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """The seconds since each run's start in the unit the longest run reads best in, and the axis title."""
+    unit, seconds = time_unit(float(frame["x"].max()) if len(frame) else 0.0)
+    return frame.assign(x=frame["x"] / seconds), f"time since start ({unit})"
+
+
+def log_by_rule(key: str, frame: pd.DataFrame) -> bool:
+    """Whether ``key``'s chart opens on a log y axis: the Run page's rule (app.charts.metric:
+    a metric a log axis suits whose values span more than two decades, over every run's line)."""
+    return metric_registry.spec_for(key).log_ok and spans_decades([{"value": v} for v in frame["value"].tolist()])
 
 
 def legend_html(labels: Sequence[str], colors: Sequence[str]) -> str:
@@ -128,24 +170,30 @@ def legend_html(labels: Sequence[str], colors: Sequence[str]) -> str:
 
 
 def overlay_chart(frame: pd.DataFrame, key: str, labels: Sequence[str], colors: Sequence[str],
-                  log_y: bool = False) -> alt.Chart:
-    """One metric of several runs: a line per run (``run``, ``step``, ``value`` columns), each in
-    its run's colour whichever runs have the metric (the scale lists every chosen run)."""
+                  log_y: bool = False, x_axis: str = X_STEP, x_title: str = "step",
+                  smoothing: bool = False) -> alt.LayerChart:
+    """One metric of several runs: a line per run (``run``, ``x``, ``step``, ``value``, ``smooth``
+    columns), each in its run's colour whichever runs have the metric (the scale lists every
+    chosen run); with ``smoothing``, the values faint and the EMA strong over them, as on the Run
+    page."""
     scale = alt.Scale(type="log") if log_y else alt.Scale(zero=False)
-    data = frame[frame["value"] > 0] if log_y else frame  # a log scale cannot show zero or less
+    data = frame.assign(smooth=frame["smooth"].where(frame["smooth"] > 0)) if log_y else frame
+    data = data[data["value"] > 0] if log_y else data  # a log scale cannot show zero or less
     # In its displayed unit, each run's series by itself (one may have logged a share in percent).
     factor = data.groupby("run")["value"].transform(lambda v: metric_registry.display_scale(key, v.tolist()))
-    data = data.assign(value=data["value"] * factor)
-    return (
-        alt.Chart(data, title=metric_registry.label(key))
-        .mark_line(point=len(data) < 60)
-        .encode(
-            x=alt.X("step:Q", title="step"),
-            y=alt.Y("value:Q", title=f"{metric_registry.axis_title(key)}, mean over ranks", scale=scale),
-            # No legend on each chart: one for the section (legend_html) leaves every plot its
-            # whole width and height, however narrow the column.
-            color=alt.Color("run:N", scale=alt.Scale(domain=list(labels), range=list(colors)), legend=None),
-            tooltip=["run", "step", alt.Tooltip("value:Q", format=".4~g")],
-        )
-        .properties(height=300)
-    )
+    data = data.assign(value=data["value"] * factor, smooth=data["smooth"] * factor)
+    y_title = f"{metric_registry.axis_title(key)}, mean over ranks"
+    x = alt.X("x:T", title=x_title) if x_axis == X_WALL else alt.X("x:Q", title=x_title)
+    # No legend on each chart: one for the section (legend_html) leaves every plot its whole
+    # width and height, however narrow the column.
+    color = alt.Color("run:N", scale=alt.Scale(domain=list(labels), range=list(colors)), legend=None)
+    tooltip = ["run", "step", alt.Tooltip("value:Q", format=".4~g")]
+    base = alt.Chart(data, title=metric_registry.label(key))
+    values = base.mark_line(point=len(data) < 60 and not smoothing, opacity=0.25 if smoothing else 1.0).encode(
+        x=x, y=alt.Y("value:Q", title=y_title, scale=scale), color=color, tooltip=tooltip)
+    layers = [values]
+    if smoothing:
+        layers.append(base.mark_line().encode(
+            x=x, y=alt.Y("smooth:Q", title=y_title, scale=scale), color=color,
+            tooltip=[*tooltip, alt.Tooltip("smooth:Q", title="smoothed", format=".4~g")]))
+    return alt.layer(*layers).properties(height=300)

@@ -2,7 +2,10 @@
 best value of each chosen metric), the config keys that differ, each run's energy with its two
 cost lines (your cost, the cloud reference: never added), and one chart per metric
 with the runs overlaid (the mean over ranks along each run's lineage), each run in one colour
-throughout.
+throughout: on the Run page's x axes (step, wall time, time since each run started), smoothed by its
+EMA when asked, and on a log y axis by its rule (values spanning more than two decades) until a
+person chooses. A Run page's "Add to Compare" opens this page with its run added to the runs last
+compared in this browser session.
 
 The choice lives in the URL (``/compare?runs=3,5&metrics=loss,eval_accuracy``) so a comparison
 can be linked; the Runs page's "Compare" button opens it that way. Each run's metric comes from
@@ -19,7 +22,8 @@ import streamlit as st
 
 from app import data, style
 from app.charts import compare as cc
-from app.charts.metric import unvalidated
+from app.charts.metric import X_AXES, X_RELATIVE, X_STEP, X_WALL, unvalidated
+from app.run_actions import COMPARED
 from db.compare import MAX_POINTS, MAX_RUNS, config_diff, higher_is_better
 from db.vocabulary import metric_registry
 
@@ -49,6 +53,7 @@ def pick_runs(runs: list[dict[str, Any]]) -> list[int]:
                             max_selections=MAX_RUNS, placeholder="pick two or more runs",
                             help=f"Up to {MAX_RUNS} runs; each keeps its colour on every chart and table.")
     st.query_params["runs"] = ",".join(map(str, chosen))
+    st.session_state[COMPARED] = chosen  # a Run page's "Add to Compare" adds its run to these
     return chosen
 
 
@@ -99,25 +104,46 @@ def differences(runs: list[dict[str, Any]]) -> None:
     st.table(style.plain_frame(cc.diff_frame(diff, [f"#{r['id']} {r['name']}" for r in runs])).style.hide(axis="index"))
 
 
-def chart_frame(run: dict[str, Any], key: str, label: str) -> pd.DataFrame:
+def chart_frame(run: dict[str, Any], key: str, label: str, x_axis: str, smoothing: float) -> pd.DataFrame:
     series = data.metric_series_full(run["id"], key, MAX_POINTS)
     mean = cc.rank_mean(series.rows, data.lineage_cutoffs(data.run_attempts(run["id"])))
-    return mean.assign(run=label)
+    return cc.placed(mean, x_axis, run.get("started_at"), smoothing).assign(run=label)
+
+
+def chart_options() -> tuple[str, float]:
+    """The x axis and the smoothing of every chart: the Run page's choices (its X axis and its EMA)."""
+    row = st.container(horizontal=True, vertical_alignment="bottom", gap="medium")
+    x_axis = row.segmented_control("X axis", X_AXES, default=X_STEP, key="compare-x",
+                                   help="Step; wall time (the clock); or relative time: since each run started, "
+                                        "so runs of different days line up") or X_STEP
+    smoothing = row.popover("Smoothing", icon=":material/tune:").slider(
+        "EMA weight", 0.0, 0.99, 0.0, 0.01, key="compare-ema",
+        help="Weight of the running average, as on the Run page: the smoothed line is drawn over the faint values")
+    return x_axis, smoothing
 
 
 def charts(runs: list[dict[str, Any]], keys: list[str], colors: list[str]) -> None:
     st.subheader("Charts")
     labels = [cc.run_label(r) for r in runs]
     st.markdown(cc.legend_html(labels, colors), unsafe_allow_html=True)
+    x_axis, smoothing = chart_options()
     columns = st.columns(2)
     for i, key in enumerate(keys):
         with columns[i % 2]:
-            frames = [chart_frame(r, key, label) for r, label in zip(runs, labels, strict=True)]
+            frames = [chart_frame(r, key, label, x_axis, smoothing) for r, label in zip(runs, labels, strict=True)]
             lacking = [label for f, label in zip(frames, labels, strict=True) if f.empty]
-            log_y = st.toggle("Log y", key=f"compare-log-{key}",
-                              help=f"A log scale for the {style.plain(metric_registry.label(key))} chart only.")
-            st.altair_chart(unvalidated(cc.overlay_chart(pd.concat(frames), key, labels, colors, log_y=log_y)),
-                            width="stretch")
+            frame = pd.concat(frames)
+            x_title = {X_STEP: "step", X_WALL: "wall time"}.get(x_axis, "")
+            if x_axis == X_RELATIVE:
+                frame, x_title = cc.relative_x(frame)
+            # The Run page's rule until a person chooses: a log axis once the values span two decades.
+            log_y = st.toggle("Log y", value=cc.log_by_rule(key, frame), key=f"compare-log-{key}",
+                              disabled=not metric_registry.spec_for(key).log_ok,
+                              help=f"A log scale for the {style.plain(metric_registry.label(key))} chart only; "
+                                   "on by itself when its values span more than two decades")
+            chart = cc.overlay_chart(frame, key, labels, colors, log_y=log_y, x_axis=x_axis, x_title=x_title,
+                                     smoothing=smoothing > 0)
+            st.altair_chart(unvalidated(chart), width="stretch")
             if lacking:
                 st.caption(f"No {style.plain(metric_registry.label(key))} in {style.plain(', '.join(lacking))}.")
 

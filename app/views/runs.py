@@ -20,11 +20,11 @@ import streamlit as st
 
 from app import data, run_actions, style
 from app.alerts_panel import alert_mark, open_alerts
+from app.charts.runs_grid import fitted, headline_text, loss_text, progress_percent, tags_text
 from app.style import status_css
 from db.compare import MAX_RUNS as MAX_COMPARED  # not app.compare_charts: the Runs page loads no Altair
 from db.estimates import published_machine, queue_starts
 from db.states import TERMINAL, RunStatus
-from db.vocabulary import metric_registry
 from orchestrator.cost_text import energy_short
 from orchestrator.format import (
     duration,
@@ -57,16 +57,9 @@ COLUMNS = ["run", "★", "name", "sweep", "status", "waiting for", "alert", "pro
            "id"]
 DEFAULT_COLUMNS = ["run", "★", "name", "status", "waiting for", "alert", "progress", "step", "elapsed", "ends at",
                    "energy", "your cost", "cost", "best loss", "headline", "tags"]
+TITLES = {"cost": "Cloud ref."}  # a column's header where it is not the column's name
 WAITING = {RunStatus.QUEUED.value, RunStatus.RETRYING.value}
 TERMINAL_VALUES = {s.value for s in TERMINAL}
-
-
-def headline_text(r: dict[str, Any]) -> str:
-    """The run's headline metric as the Run page labels it: "Eval accuracy 98.3%"; "–" without one."""
-    key = r.get("headline_key")
-    if key is None:
-        return "–"
-    return f"{metric_registry.label(key)} {metric_registry.format_value(key, r['headline_value'])}"
 
 
 def trial_text(trial: dict[str, Any] | None) -> str:
@@ -103,7 +96,7 @@ def runs_frame(runs: list[dict[str, Any]], marks: dict[int, Any]) -> pd.DataFram
         "status": [status_words(r["status"], r["step"], r["trial"]) for r in runs],
         "waiting for": [waiting_text(r) for r in runs],
         "alert": [alert_mark(r["id"], marks) for r in runs],
-        "progress": [r["progress"] for r in runs],
+        "progress": [progress_percent(r["progress"]) for r in runs],
         "step": [step_text(r["step"], r["max_steps"]) for r in runs],
         "elapsed": [duration(r["elapsed_s"]) for r in runs],
         "ends at": [eta_text(r["status"], r["eta_s"], r["eta_range_s"], short=True) for r in runs],
@@ -111,11 +104,11 @@ def runs_frame(runs: list[dict[str, Any]], marks: dict[int, Any]) -> pd.DataFram
         "your cost": [usd(r["cost"]["yours"]["usd"]) for r in runs],
         "cost": [usd(r["cost_usd"]) for r in runs],
         "projected": [usd(r["cost_projected_usd"]) for r in runs],
-        "best loss": [r["best_loss"] for r in runs],
+        "best loss": [loss_text(r["best_loss"]) for r in runs],
         "headline": [headline_text(r) for r in runs],
         "attempts": [r["attempt_count"] for r in runs],
         "where": [where_short(r["executor"], r["job_id"], r["job_state"]) for r in runs],
-        "tags": [", ".join(r["tags"]) for r in runs],
+        "tags": [tags_text(r["tags"]) for r in runs],
         "note": [note_line(r["note"]) for r in runs],
     })
 
@@ -160,33 +153,45 @@ def runs_table() -> None:
         return
     if (queue := queue_line()) is not None:
         st.caption(queue)
+    # The actions above the grid: reachable without scrolling past the runs (filled once the
+    # grid has said which rows are selected).
+    actions = st.container()
+    frame, widths = fitted(runs_frame(runs, open_alerts()), TITLES)
     event = st.dataframe(
-        runs_frame(runs, open_alerts()).style.apply(lambda _: [status_css(r["status"]) for r in runs],
-                                                    subset=["status"]),
+        frame.style.apply(lambda _: [status_css(r["status"]) for r in runs], subset=["status"]),
         hide_index=True,
         column_order=[c for c in COLUMNS if c in (shown or DEFAULT_COLUMNS)],
-        column_config={
-            "run": st.column_config.LinkColumn("run", display_text=r"run\?run=(\d+)"),
-            "★": st.column_config.TextColumn("★", help="Starred (select the row, then Star)", width=40),
-            "progress": st.column_config.ProgressColumn("progress", min_value=0.0, max_value=1.0, format="percent"),
+        column_config={c: st.column_config.Column(width=w) for c, w in widths.items()} | {
+            "run": st.column_config.LinkColumn("run", display_text=r"run\?run=(\d+)", width=widths["run"]),
+            "★": st.column_config.TextColumn("★", help="Starred (select the row, then Star)", width=widths["★"]),
+            # Whole percent, rounded down: two decimals made the bar's text wider than its column.
+            "progress": st.column_config.ProgressColumn("progress", min_value=0.0, max_value=100.0, format="%d%%",
+                                                        width=widths["progress"]),
             "waiting for": st.column_config.TextColumn(
-                "waiting for", help="Why a queued or retrying run waits, and when a queued one should start"),
-            # Wide enough for "17:40 (in 1h 2m 3s)": the automatic width cut it at every width (issue 29).
-            "ends at": st.column_config.TextColumn("ends at", width="medium"),
-            "energy": st.column_config.TextColumn("energy", help="Measured (≈: estimated from power x time); "
+                "waiting for", width=widths["waiting for"],
+                help="Why a queued or retrying run waits, and when a queued one should start (a long reason "
+                     "ends in …: the run's page says it whole)"),
+            "energy": st.column_config.TextColumn("energy", width=widths["energy"],
+                                                  help="Measured (≈: estimated from power x time); "
                                                   "– not measured (docs/COSTS.md)"),
             "your cost": st.column_config.TextColumn(
-                "your cost", help="Energy x your tariff x PUE + your hardware's amortisation, so far (Settings); "
-                                  "– until you set your electricity tariff in Settings"),
-            "cost": st.column_config.TextColumn("Cloud ref.", help="Cloud reference: device time at the list price "
+                "your cost", width=widths["your cost"],
+                help="Energy x your tariff x PUE + your hardware's amortisation, so far (Settings); "
+                     "– until you set your electricity tariff in Settings"),
+            "cost": st.column_config.TextColumn(TITLES["cost"], width=widths["cost"],
+                                                help="Cloud reference: device time at the list price "
                                                 "the run was submitted at, so far, every attempt included"),
             "projected": st.column_config.TextColumn(
-                "projected", help="Cloud reference so far + ETA x the run's list price"),
-            "best loss": st.column_config.NumberColumn(
-                "best loss", format="%.4g", help="The lowest loss along the run's lineage (the mean over ranks)"),
+                "projected", width=widths["projected"], help="Cloud reference so far + ETA x the run's list price"),
+            "best loss": st.column_config.TextColumn(
+                "best loss", width=widths["best loss"],
+                help="The lowest loss along the run's lineage, a fork's parent's steps included (the mean over "
+                     "ranks); – before any"),
             "headline": st.column_config.TextColumn(
-                "headline", help="The final value of the workload's headline metric (eval accuracy, eval loss…)"),
-            "alert": st.column_config.TextColumn("alert", help="An open alert (docs/ALERTS.md): its triggers"),
+                "headline", width=widths["headline"],
+                help="The final value of the workload's headline metric (eval accuracy, eval loss…)"),
+            "alert": st.column_config.TextColumn("alert", width=widths["alert"],
+                                                 help="An open alert (docs/ALERTS.md): its triggers"),
         },
         on_select="rerun",
         selection_mode="multi-row",
@@ -195,7 +200,8 @@ def runs_table() -> None:
     st.caption(f"{len(runs)} run(s)" + (f", the newest {len(runs)} that match, " if len(runs) >= 200 else " ")
                + f"sorted by {sort_label}" + ("" if descending == largest_first else ", reversed") + ".")
     selected = [runs[i] for i in event.selection.rows if i < len(runs)]
-    selection_actions(sorted(selected, key=lambda r: r["id"]))
+    with actions:
+        selection_actions(sorted(selected, key=lambda r: r["id"]))
 
 
 def selection_actions(selected: list[dict[str, Any]]) -> None:

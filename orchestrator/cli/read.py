@@ -39,6 +39,7 @@ from orchestrator.format import (
     end_text,
     end_words,
     eta_text,
+    exit_text,
     phases_text,
     start_text,
     startup_text,
@@ -208,7 +209,7 @@ def _print_detail(d: dict[str, Any]) -> None:
 
 
 def _print_attempt(a: dict[str, Any]) -> None:
-    click.echo(f"    #{a['number']} {a['status']:<9} exit {a['exit_code']!s:<4} "
+    click.echo(f"    #{a['number']} {a['status']:<9} {exit_text(a['status'], a['exit_code']):<12} "
                f"{fmt_time(a['started_at'])} -> {fmt_time(a['ended_at'])}  {a['reason'] or ''}")
     if a.get("job_id"):
         click.echo(f"       Slurm job {a['job_id']} {a['job_state'] or ''}"
@@ -216,7 +217,9 @@ def _print_attempt(a: dict[str, Any]) -> None:
     if a.get("resume_path"):
         click.echo(f"       started from {a['resume_path']} (step {a['resume_step']})")
     if a["cause"]:
-        click.echo(f"       cause {a['cause']}, rank {a['failed_rank']}, steps lost {a['steps_lost']}, "
+        rank = f"rank {a['failed_rank']}" if a["failed_rank"] is not None else "no rank named"
+        lost = a["steps_lost"] if a["steps_lost"] is not None else "unknown"
+        click.echo(f"       cause {a['cause']}, {rank}, steps lost {lost}, "
                    f"detected after {fmt_duration(a['detect_s'])}")
     if timed := phases_text(a.get("phases")):
         # After a failure: from it to this attempt's first step; else launch to first step.

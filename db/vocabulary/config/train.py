@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 
-from db.vocabulary.config.base import INT64_MAX, SEED_MAX, _Section
+from db.vocabulary.config.base import INT64_MAX, SEED_MAX, _Section, lenient
+from db.vocabulary.config.workload import STORED
 
 
 class TrainConfig(_Section):
@@ -26,7 +27,19 @@ class TrainConfig(_Section):
     """AdamW weight decay (0: plain Adam). AdamW is fused on CUDA."""
 
     warmup_steps: int = Field(default=0, ge=0, le=INT64_MAX)
-    """Linear learning-rate warm-up from 0 over this many steps."""
+    """Linear learning-rate warm-up from 0 over this many steps (at most `max_steps`)."""
+
+    @field_validator("warmup_steps")
+    @classmethod
+    def _warmup_within_run(cls, warmup_steps: int, info: ValidationInfo) -> int:
+        """A warm-up longer than the run never reaches ``lr``: refused up front, naming both
+        fields (a config stored before this rule still opens)."""
+        stored = isinstance(info.context, dict) and bool(info.context.get(STORED))
+        max_steps = info.data.get("max_steps")  # absent when it failed its own check
+        if not (lenient(info) or stored) and max_steps is not None and warmup_steps > max_steps:
+            raise ValueError(f"more than train.max_steps = {max_steps} (the learning rate would never reach "
+                             "train.lr); lower train.warmup_steps or raise train.max_steps")
+        return warmup_steps
 
     lr_schedule: Literal["constant", "cosine"] = Field(
         default="constant", title="Learning-rate schedule"

@@ -69,7 +69,7 @@ def test_run_page_shows_its_alerts_and_the_runs_list_marks_open_ones(settings: S
     no_exception(at)
     table = at.dataframe[0].value
     marks = dict(zip(table["id"], table["alert"], strict=True))
-    assert marks == {failed: "🔔 failed", quiet: ""}
+    assert marks == {failed: "! failed", quiet: ""}
     at = open_page("views/run.py", run=str(failed))
     no_exception(at)
     expander = next(e for e in at.expander if e.label.startswith("Alerts"))

@@ -22,7 +22,15 @@ import pytest
 from sqlalchemy import Engine, event, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.compare import ABSENT, CompareError, compare_runs, config_diff, higher_is_better, metric_summaries
+from db.compare import (
+    ABSENT,
+    CompareError,
+    compare_runs,
+    config_diff,
+    higher_is_better,
+    metric_summaries,
+    runs_list,
+)
 from db.metricstore import write_points
 from db.models import Attempt, Run
 from db.requests import create_run
@@ -227,3 +235,21 @@ def test_config_diff_lists_exactly_the_keys_that_differ() -> None:
     assert config_diff([a]) == []
     assert config_diff([{"x": {"y": 1}}, {"x": {"z": 1}}]) == [("x.y", [1, ABSENT]), ("x.z", [ABSENT, 1])]
     assert flatten({"a": {"b": {"c": 1}, "d": {}}, "e": [1]}) == {"a.b.c": 1, "a.d": {}, "e": [1]}
+
+
+def test_a_forks_best_loss_is_along_its_lineage_its_parents_steps_included(
+        settings: Settings, sessions: sessionmaker[Session]) -> None:
+    """The Runs list's best loss of a fork: its parent's up to the fork's step, lower than its own
+    or before it has any (issue 56, item 2); the parent's later steps are not the fork's."""
+    with sessions() as s:
+        parent = add_run(s, settings, "parent")
+        add_attempt(s, parent, 1, last_step=40)
+        points(s, parent, "loss", {(1, 10, 0): 2.0, (1, 20, 0): 0.5, (1, 30, 0): 0.1})
+        early, late = (add_run(s, settings, name) for name in ("early", "late"))
+        s.get_one(Run, early).parent_run_id = s.get_one(Run, late).parent_run_id = parent
+        s.get_one(Run, early).parent_step, s.get_one(Run, late).parent_step = 10, 20
+        add_attempt(s, early, 1, last_step=15, resume_step=10)
+        points(s, early, "loss", {(1, 15, 0): 1.5})  # its own, lower than the parent's up to step 10
+        s.commit()
+        listed = {r["name"]: r["best_loss"] for r in runs_list(s)}
+    assert listed == {"parent": pytest.approx(0.1), "early": pytest.approx(1.5), "late": pytest.approx(0.5)}

@@ -16,6 +16,7 @@ from orchestrator.format import (
     end_text,
     end_words,
     eta_text,
+    exit_text,
     queue_text,
     start_text,
     startup_text,
@@ -97,7 +98,8 @@ def test_a_queued_runs_start_and_the_queues_end_in_words() -> None:
     assert start_text(start, now) == "starts ≈ 15:40 (in 40m 00s): after run 38 ends, by that run's predicted end"
     assert start_text({**start, "at": now + 86_400}, now, short=True) == "starts ≈ Thu 03 Dec 15:00, after run 38"
     unknown = {"at": None, "after_run": 38, "basis": "after run 38, whose length is not known"}
-    assert start_text(unknown, now, short=True) == "start not known: after run 38, whose length is not known"
+    assert start_text(unknown, now, short=True) == "start not known"  # the cell; why: the queue's line
+    assert start_text(unknown, now) == "start not known: after run 38, whose length is not known"
     assert start_text(None, now) == ""
     queue = {39: Start(at, 38, "", at + 600), 40: Start(None, None, "Slurm decides", here=False)}
     assert queue_text(queue, now) == ("1 run(s) queued here; all done ≈ 15:50 (in 50m 00s); 1 on Slurm (Slurm "
@@ -105,3 +107,14 @@ def test_a_queued_runs_start_and_the_queues_end_in_words() -> None:
     assert queue_text({39: Start(at, 38, "", None), 41: Start(None, 39, "")}, now) == (
         "2 run(s) queued here; when all are done is not known: run 39's start or length is not known.")
     assert queue_text({}, now) is None
+
+
+def test_exit_text_says_why_an_attempt_has_no_exit_code() -> None:
+    assert exit_text("SUCCEEDED", 0) == "exit 0"
+    assert exit_text("FAILED", 1) == "exit 1"
+    assert exit_text("FAILED", -9) == "exit -9 (SIGKILL)"
+    assert exit_text("FAILED", -200) == "exit -200"  # no such signal
+    assert exit_text("RUNNING", None) == "still running"
+    assert exit_text("CRASHED", None) == "no exit code (killed or vanished)"
+    assert exit_text("CANCELLED", None) == "no exit code (cancelled)"
+    assert exit_text("SUCCEEDED", None) == "no exit code"

@@ -4,9 +4,12 @@ from the URL, and what it says without runs.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
+from db.metricstore import write_points
 from db.states import RunStatus
 from db.vocabulary.settings import Settings
 from db.vocabulary.settings_file import write_values
@@ -17,6 +20,7 @@ from tests.unit.app.pages import (
     add_run,
     as_read_frame,
     chart_data,
+    chart_spec,
     chart_title,
     no_exception,
     open_page,
@@ -121,3 +125,43 @@ def test_compare_shows_energy_your_cost_and_the_cloud_reference_apart(
     assert row["energy"] == "—"  # not measured (queued: nothing yet)
     # Markdown-escaped cells; each line with its wasted part, never added to the other.
     assert row["your cost"] == "\\$0.0000, wasted \\$0.0000" and row["cloud ref."] == "\\$0.0000, wasted \\$0.0000"
+
+
+def test_compare_draws_a_loss_spanning_decades_on_a_log_axis_as_the_run_page_does(
+        settings: Settings, sessions: sessionmaker[Session]) -> None:
+    """Issue 56, item 4: three losses falling from 10 to 0.001 were flat lines at zero."""
+    with sessions() as s:
+        ids = []
+        for name in ("a", "b"):
+            run = add_run(s, settings, name, RunStatus.STARTING, RunStatus.RUNNING, RunStatus.SUCCEEDED)
+            add_attempt(s, run, last_step=100)
+            now = time.time()
+            s.flush()
+            write_points(s.connection(), [dict(run_id=run, attempt=1, rank=0, step=step, key="loss",
+                                               value=10.0 * 0.9**step, wall_time=now - 100 + step)
+                                          for step in range(1, 101)])
+            ids.append(run)
+        s.commit()
+    at = open_page("views/compare.py", runs=f"{ids[0]},{ids[1]}", metrics="loss")
+    no_exception(at)
+    assert at.toggle(key="compare-log-loss").value  # on by the rule, until a person chooses
+    (chart,) = at.get("vega_lite_chart")
+    assert chart_spec(chart)["layer"][0]["encoding"]["y"]["scale"]["type"] == "log"
+    at.toggle(key="compare-log-loss").set_value(False).run()
+    assert chart_spec(at.get("vega_lite_chart")[0])["layer"][0]["encoding"]["y"]["scale"].get("type") != "log"
+
+
+def test_add_to_compare_on_a_run_page_adds_the_run_to_the_runs_compared_last(
+        settings: Settings, sessions: sessionmaker[Session]) -> None:
+    with sessions() as s:
+        first, second, third = (add_run(s, settings, name) for name in ("a", "b", "c"))
+        s.commit()
+    at = open_page("views/compare.py", runs=f"{first},{second}")
+    no_exception(at)
+    at.switch_page("views/run.py")
+    at.query_params.clear()
+    at.query_params["run"] = str(third)
+    at.run()
+    no_exception(at)
+    (link,) = [p for p in at.get("page_link") if p.proto.label == "Add to Compare"]
+    assert (link.proto.page, link.proto.query_string) == ("compare", f"runs={first}%2C{second}%2C{third}")

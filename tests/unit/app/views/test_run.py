@@ -70,7 +70,8 @@ def test_run_page_shows_header_progress_attempts_and_metrics(seeded: dict[str, i
     attempts = at.dataframe[0].value
     assert attempts["attempt"].tolist() == [1]
     assert attempts["status"].tolist() == ["RUNNING"]
-    assert attempts["last step"].tolist() == [120]
+    assert attempts["last step"].tolist() == ["120"]
+    assert attempts["exit"].tolist() == ["still running"]  # never "None" (issue 56, item 2)
 
 
 def test_run_page_query_param_selects_the_run(seeded: dict[str, int]) -> None:
@@ -339,7 +340,7 @@ def test_edit_on_the_run_page_renames_tags_and_notes_and_keeps_each_change(
     at = open_page("views/run.py", run=str(run_id))
     no_exception(at)
     at.text_input(key=f"edit-name-{run_id}").input("digits-b")
-    at.multiselect(key=f"edit-tags-{run_id}").set_value(["lr-sweep"])
+    at.text_input(key=f"edit-tags-{run_id}").input("lr-sweep")  # a comma list, as on the New run page
     at.text_area(key=f"edit-note-{run_id}").input("lr 3e-4 diverged at step 90")
     next(b for b in at.button if b.label == "Save").click().run()
     no_exception(at)

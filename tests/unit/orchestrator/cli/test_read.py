@@ -201,3 +201,29 @@ def test_ls_fits_an_end_on_another_day_in_its_column() -> None:
     assert end_cell("RUNNING", 20 * 3600.0, now) == "Thu 11:00"
     assert end_cell("RUNNING", 10 * 86400.0, now) == "12 Dec"
     assert end_cell("SUCCEEDED", 0.0, now) == "–"
+
+
+def test_show_says_how_each_attempt_ended_never_exit_none(settings: Settings) -> None:
+    """An attempt without an exit code says why: still running, or killed (issue 56, item 2)."""
+    run("submit", str(EXAMPLE))
+    engine = make_engine(settings.db_url)
+    try:
+        with make_sessionmaker(engine)() as s:
+            now = time.time()
+            s.add_all([
+                Attempt(run_id=1, number=1, status="CRASHED", dir="a/1", started_at=now - 60, ended_at=now - 30,
+                        cause="UNKNOWN"),
+                Attempt(run_id=1, number=2, status="FAILED", dir="a/2", started_at=now - 30, ended_at=now - 20,
+                        exit_code=-9, cause="OOM", failed_rank=1, steps_lost=5),
+                Attempt(run_id=1, number=3, status="RUNNING", dir="a/3", started_at=now - 10)])
+            s.commit()
+    finally:
+        engine.dispose()
+    code, out, _ = run("show", "1")
+    assert code == 0
+    assert "None" not in out, out
+    lines = {line.split()[0]: line for line in out.splitlines() if re.match(r"\s+#\d ", line)}
+    assert "no exit code (killed or vanished)" in lines["#1"]
+    assert "no rank named, steps lost unknown" in out
+    assert "exit -9 (SIGKILL)" in lines["#2"] and "rank 1, steps lost 5" in out
+    assert "still running" in lines["#3"]

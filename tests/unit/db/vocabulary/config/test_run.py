@@ -169,3 +169,12 @@ def test_a_nul_character_anywhere_is_refused_naming_the_field(section: str, fiel
         parse_config({section: {**base, field: value}})
     assert err.value.problems == [next(p for p in err.value.problems if p.startswith(f"{section}.{field}"))]
     assert "NUL character" in err.value.problems[0]
+
+
+def test_a_warmup_longer_than_the_run_is_refused_naming_both_fields() -> None:
+    """Issue 56, item 6: train.warmup_steps > train.max_steps never reaches train.lr."""
+    with pytest.raises(ConfigError) as exc:
+        parse_config({"train": {"max_steps": 100, "warmup_steps": 500}})
+    (problem,) = exc.value.problems
+    assert problem.startswith("train.warmup_steps = 500: more than train.max_steps = 100"), problem
+    assert parse_config({"train": {"max_steps": 100, "warmup_steps": 100}}).train.warmup_steps == 100
