@@ -126,7 +126,7 @@ def line_levels(lines: Sequence[str]) -> list[str]:
 # The folders whose frames are runyard's own (beside this package: the trainer that runs a user's
 # script, the orchestrator with the script shims), and the frames of runpy that runyard's script
 # runner calls through: folded when they sit with runyard's.
-RUNYARD_ROOTS = tuple(str(Path(__file__).resolve().parents[1] / name) + "/" for name in ("trainer", "orchestrator"))
+OWN_FRAME_ROOTS = tuple(str(Path(__file__).resolve().parents[1] / name) + "/" for name in ("trainer", "orchestrator"))
 _FRAME = re.compile(r'^(\s*)File "([^"]+)", line \d+')
 
 
@@ -143,7 +143,7 @@ def _short(path: str, roots: Sequence[str]) -> str:
 
 
 def fold_frames(numbered: Sequence[tuple[int | None, str]],
-                roots: Sequence[str] = RUNYARD_ROOTS) -> list[tuple[int | None, str]]:
+                roots: Sequence[str] = OWN_FRAME_ROOTS) -> list[tuple[int | None, str]]:
     """``numbered`` lines with each run of runyard's own traceback frames (a frame's ``File``
     line and its source lines under it) folded into one line, "N runyard frames", so that a
     traceback reads from the user's code. runpy's frames between runyard's are counted in."""
@@ -171,7 +171,7 @@ def fold_frames(numbered: Sequence[tuple[int | None, str]],
     return out
 
 
-def fold_text(text: str, roots: Sequence[str] = RUNYARD_ROOTS) -> str:
+def fold_text(text: str, roots: Sequence[str] = OWN_FRAME_ROOTS) -> str:
     """``text`` with runyard's own traceback frames folded (:func:`fold_frames`)."""
     return "\n".join(line for _, line in fold_frames([(None, line) for line in text.splitlines()], roots))
 

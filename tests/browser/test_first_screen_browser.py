@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from app.log_view import RUNYARD_ROOTS
+from app.log_view import OWN_FRAME_ROOTS
 from db.engine import make_engine, make_sessionmaker
 from db.metricstore import write_points
 from db.models import Attempt
@@ -32,7 +32,7 @@ from tests.browser.test_ui_browser import show_section, wait_settled
 
 pytestmark = pytest.mark.browser
 VIEWPORTS = ((1280, 800), (1440, 900))
-TRAINER = RUNYARD_ROOTS[0]  # where runyard's trainer lives: its frames are folded
+TRAINER = OWN_FRAME_ROOTS[0]  # where runyard's trainer lives: its frames are folded
 
 # The first chart of the main area (Vega's canvas or SVG with its axes and title: the chart's own
 # box, measured in the page), the viewport's height, and where the two cost tiles are.

@@ -18,7 +18,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 from streamlit.testing.v1 import AppTest
 
-from app.log_view import RUNYARD_ROOTS
+from app.log_view import OWN_FRAME_ROOTS
 from db.models import Attempt, Checkpoint, Event, Run
 from db.states import AttemptStatus, RunStatus, transition
 from db.vocabulary.settings import Settings, load_settings
@@ -309,7 +309,7 @@ def test_the_logs_section_reads_a_traceback_from_the_users_code_and_filters_by_l
         settings: Settings, sessions: sessionmaker[Session]) -> None:
     """Issue 56, item 5: the log first in its section; runyard's own frames folded into one line,
     here and in the kept tail; the level filter keeps the chosen levels."""
-    trainer = RUNYARD_ROOTS[0]
+    trainer = OWN_FRAME_ROOTS[0]
     trace = ("[rank1]: Traceback (most recent call last):\n"
              f'[rank1]:   File "{trainer}script_runner.py", line 88, in main\n[rank1]:     runpy.run_path(script)\n'
              '[rank1]:   File "/home/me/train.py", line 5, in <module>\n[rank1]:     boom()\n'
