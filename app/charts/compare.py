@@ -17,7 +17,7 @@ import altair as alt
 import pandas as pd
 from pandas.io.formats.style import Styler
 
-from app.charts.metric import X_RELATIVE, X_STEP, X_WALL, ema, spans_decades
+from app.charts.metric import X_RELATIVE, X_STEP, X_WALL, ema, spans_decades, time_unit
 from db.compare import ABSENT, MAX_RUNS, MetricSummary, higher_is_better
 from db.vocabulary import metric_registry
 from orchestrator.cost_text import energy_short
@@ -119,15 +119,6 @@ def rank_mean(rows: Sequence[Mapping[str, Any]], cutoffs: Mapping[int, float]) -
     on_lineage = frame["step"] <= frame["attempt"].map(lambda a: cutoffs.get(a, math.inf))
     return frame[on_lineage].groupby("step", as_index=False).agg(value=("value", "mean"),
                                                                  wall_time=("wall_time", "max"))
-
-
-def time_unit(span_s: float) -> tuple[str, float]:
-    """The unit a time axis of ``span_s`` seconds reads best in, and its seconds (as the Run page's)."""
-    if span_s >= 3 * 3600:
-        return "h", 3600.0
-    if span_s >= 3 * 60:
-        return "min", 60.0
-    return "s", 1.0
 
 
 def placed(mean: pd.DataFrame, x_axis: str, started_at: float | None, smoothing: float) -> pd.DataFrame:

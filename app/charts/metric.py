@@ -163,7 +163,8 @@ def ema(values: pd.Series, weight: float) -> pd.Series:
     return smooth.where(finite.notna())
 
 
-def _time_unit(span_s: float) -> tuple[str, float]:
+def time_unit(span_s: float) -> tuple[str, float]:
+    """The unit a time axis of ``span_s`` seconds reads best in, and its seconds (Run page and Compare)."""
     if span_s >= 3 * 3600:
         return "h", 3600.0
     if span_s >= 3 * 60:
@@ -231,7 +232,7 @@ def series_frame(
         title = "wall time"
     elif options.x == X_RELATIVE:
         start = started_at if started_at is not None else float(f["wall_time"].min())
-        unit, div = _time_unit(float(f["wall_time"].max()) - start)
+        unit, div = time_unit(float(f["wall_time"].max()) - start)
         f["x"] = (f["wall_time"] - start) / div
         title = f"time since start ({unit})"
     else:
