@@ -52,7 +52,6 @@ PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#7
            "#117733", "#999933", "#AA4499", "#44AA99")
 MEAN_FROM_RANKS = 8
 
-
 Chart = TypeVar("Chart", bound=alt.TopLevelMixin)
 
 
