@@ -185,8 +185,8 @@ def main() -> None:
 
 
 def seconds(value: float, mark: str = "") -> str:
-    """A time as the rows show it; never idle within the timeout shows as more than it."""
-    return f"{mark}{value:.2f} s{mark}" if math.isfinite(value) else f"{mark}never idle{mark} (within the timeout)"
+    """A time as the rows show it; not idle within ``--idle-timeout``: more than it."""
+    return f"{mark}{value:.2f} s{mark}" if math.isfinite(value) else f"{mark}over --idle-timeout{mark}"
 
 
 def shown(tree: Path) -> str:
