@@ -8,6 +8,7 @@ Each takes the run detail the live panel read once for this refresh (``data.run_
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -17,7 +18,7 @@ import streamlit as st
 
 from app import data, style
 from app.charts import metric as charts
-from app.log_view import first_error, fold_text, log_panel
+from app.log_view import OWN_FRAME_ROOTS, first_error, fold_text, log_panel
 from app.run_actions import is_superseded
 from db.states import TERMINAL, RunStatus
 from db.vocabulary import metric_registry
@@ -86,19 +87,52 @@ def first_error_line(text: str) -> str | None:
     return (line.split("]:", 1)[-1] if line.startswith("[rank") else line).strip()
 
 
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)(?:, in (?P<func>\S+))?')
+
+
+def user_frame(log_tail: str, roots: tuple[str, ...] = OWN_FRAME_ROOTS) -> str | None:
+    """Where a traceback in ``log_tail`` left the user's code: its innermost frame that is neither
+    runyard's own (``roots``), an installed package's nor Python's (``train.py:12 in step``)."""
+    where = None
+    for line in log_tail.splitlines():
+        m = _FRAME.match(line.split("]:", 1)[-1] if line.startswith("[rank") else line)
+        if m is None or m["file"].startswith(roots) or m["file"].startswith("<") or any(
+                part in m["file"] for part in ("site-packages/", "dist-packages/", "/lib/python")):
+            continue
+        func = m["func"] if m["func"] not in (None, "<module>") else None
+        where = f"{m['file'].rsplit('/', 1)[-1]}:{m['line']}" + (f" in {func}" if func else "")
+    return where
+
+
+def failure_line(a: dict[str, Any], width: int = 140) -> str:
+    """A failed attempt in one line: which rank, the cause, the error's line and where in the
+    user's code it was raised (the scheduler's ``exception`` names the innermost frame, which may
+    be a library's: the kept traceback's innermost frame of the user's is added then)."""
+    rank = f"rank {a['failed_rank']}" if a["failed_rank"] is not None else "the attempt"
+    what = (a["exception"] or a["reason"] or f"exit code {a['exit_code']}").strip().splitlines()[-1].strip()
+    where = user_frame(a["log_tail"]) if a["log_tail"] else None
+    if where and where.split(" ", 1)[0] not in what:
+        what += f" (from {where})" if "(at " in what else f" (at {where})"
+    what = what if len(what) <= width else what[:width - 1] + "…"
+    return f"**Attempt {a['number']}: {rank} failed ({a['cause']})**: {style.plain(what)}"
+
+
 def failure_summary(d: dict[str, Any]) -> None:
-    """A failed run says at the top which rank failed, with what, and the traceback runyard kept."""
+    """A failed run says at the top, in one line, which rank failed with what and where: the label
+    of a closed section that holds the traceback runyard kept (the Logs section has the rank's
+    whole log), so that the first chart stays in the first screen."""
     a = failed_attempt(d)
     if a is None:
         return
-    rank = f"rank {a['failed_rank']}" if a["failed_rank"] is not None else "the attempt"
-    what = a["exception"] or a["reason"] or f"exit code {a['exit_code']}"
-    st.error(f"**Attempt {a['number']}: {rank} failed ({a['cause']})**: {style.plain(what)}", icon=":material/error:")
-    if a["log_tail"]:
-        with st.expander("Traceback and the log lines before it", expanded=d["status"] == RunStatus.FAILED):
-            if (line := first_error_line(a["log_tail"])) is not None:
-                st.caption(f"First error line: {style.plain(line[:200])}")
-            st.code(fold_text(a["log_tail"]), language=None)  # from the user's code: runyard's frames folded
+    if not a["log_tail"]:
+        st.error(failure_line(a), icon=":material/error:")
+        return
+    with st.expander(failure_line(a), icon=":material/error:", key="failure"):
+        if (line := first_error_line(a["log_tail"])) is not None:
+            st.caption(f"First error line: {style.plain(line[:200])}")
+        st.code(fold_text(a["log_tail"]), language=None)  # from the user's code: runyard's frames folded
+        st.caption("The traceback and the log lines before it; the failing rank's whole log is in the **Logs** "
+                   "section.")
 
 
 def log_tails(d: dict[str, Any]) -> None:

@@ -45,6 +45,9 @@ RULES = {
     # The Run page's first screen holds its first chart whole (issue 56): Streamlit's top padding
     # under the navigation bar (8rem) left a blank band as tall as a row of the header.
     "run page top": '[data-testid="stMainBlockContainer"]:has(.st-key-headline) { padding-top: 5rem; }',
+    # A failed run's one line (app/run_panels.py's failure_summary): a closed section's label, in
+    # the red of an error (the same on both themes), its traceback folded under it.
+    "failure line": ".st-key-failure summary { color: rgb(214, 39, 40); }",
     "log box": ".runyard-log { max-height: 30rem; overflow: auto; border: 1px solid rgba(128, 128, 128, 0.35);"
                " border-radius: 0.5rem; background: rgba(128, 128, 128, 0.07); }"
                " .runyard-log-follow { display: flex; flex-direction: column-reverse; }"

@@ -14,6 +14,11 @@ Runs table, presses "Compare 3 runs", and on the Compare page (whose URL names t
   the same on both charts, in the charts' one legend and on the table's swatches, every colour
   different.
 
+Then ten runs of twenty metrics each, all twenty chosen (issue 56, item 10: MLflow #24012's frozen
+page), seeded through bench/seed.py: the first chart is drawn within a bound measured here, four
+charts at once and the other sixteen in closed sections, the X axis still answers a click at once,
+and a section opened draws its chart.
+
     pytest -m browser tests/browser/test_compare_browser.py
 """
 
@@ -28,6 +33,7 @@ from typing import Any
 
 import pytest
 
+from bench.seed import seed_run as seed_finished_run
 from db.engine import make_engine, make_sessionmaker
 from db.metricstore import write_points
 from db.models import Attempt
@@ -39,6 +45,7 @@ from db.vocabulary.metric_registry import format_number
 from orchestrator.format import usd
 
 pytestmark = pytest.mark.browser
+SHARES_ONE_RUNYARD_UP = True
 
 PAGE_TIMEOUT_MS = 60_000
 STEPS = 200
@@ -212,3 +219,53 @@ def test_select_three_runs_and_compare_them(page: Any, runyard_up: Any, tmp_path
     page.set_viewport_size({"width": 1400, "height": 2200})
     page.screenshot(path=str(shot), full_page=True)
     print(f"\nscreenshot of the Compare page: {shot}")
+
+
+MANY_KEYS = tuple(f"{group}/m{i:02d}" for group in ("train", "val") for i in range(10))
+# Measured here on the 2-core machine shared with three other sessions' tests (load average 6-12):
+# goto -> the first chart 10.4 s in this test's product (its first Compare page: the page's
+# imports and first compile included), the X axis's click -> idle again 2.8 s. bench/bench_many_metrics.py,
+# on 10 runs x 20 metrics of 5,000 steps, measured the click at 2.6 s against 15.1 s before the
+# charts were mounted on demand (medians of 5).
+FIRST_CHART_S = 20.0
+CLICK_ANSWERED_S = 8.0
+FIRST_CHART_JS = """() => [...document.querySelectorAll("[data-testid='stVegaLiteChart']")]
+    .some(c => c.querySelector('svg.marks .mark-line path'))"""
+IDLE_ON_WALL_TIME = """(n) => {
+    const app = document.querySelector("[data-testid='stApp']");
+    const charts = [...document.querySelectorAll("[data-testid='stMain'] [data-testid='stVegaLiteChart']")];
+    return app.getAttribute("data-test-script-state") === "notRunning" && charts.length === n
+        && charts.every(c => c.querySelector('svg.marks .mark-line path'))
+        && [...charts[0].querySelectorAll('.role-axis-title text')].some(t => t.textContent === 'wall time');
+}"""
+
+
+def test_ten_runs_of_twenty_metrics_open_at_once_and_answer_a_click(page: Any, runyard_up: Any) -> None:
+    ids = [seed_finished_run(f"sqlite:///{runyard_up.home / 'runyard.db'}", ranks=1, steps=100, keys=MANY_KEYS,
+                             name=f"many-{i}") for i in range(10)]
+    t0 = time.monotonic()
+    page.goto(f"{runyard_up.url}/compare?runs={','.join(map(str, ids))}&metrics={','.join(MANY_KEYS)}")
+    page.wait_for_function(FIRST_CHART_JS, timeout=PAGE_TIMEOUT_MS, polling="raf")
+    first_s = time.monotonic() - t0
+    print(f"\n10 runs x 20 metrics: goto -> first chart {first_s:.2f} s")
+    assert first_s < FIRST_CHART_S
+    page.wait_for_function(CHARTS_DRAWN, arg=4, timeout=PAGE_TIMEOUT_MS)  # four at once, each with ten lines
+    expect(page.get_by_test_id("stException")).to_have_count(0)
+    assert len(line_colors(page.get_by_test_id("stVegaLiteChart").first)) == 10
+    sections = page.get_by_test_id("stExpander")
+    expect(sections).to_have_count(16)  # the other sixteen, closed, none drawn
+    expect(page.get_by_text("16 more charts: each is drawn when its section is opened")).to_be_visible()
+
+    t0 = time.monotonic()
+    page.get_by_role("radiogroup", name="X axis").get_by_role("radio", name="wall time").click()
+    page.wait_for_function(IDLE_ON_WALL_TIME, arg=4, timeout=PAGE_TIMEOUT_MS, polling="raf")
+    click_s = time.monotonic() - t0
+    print(f"X axis -> wall time, the page idle again: {click_s:.2f} s")
+    assert click_s < CLICK_ANSWERED_S
+
+    last = sections.filter(has_text=MANY_KEYS[-1])
+    last.locator("summary").click()
+    expect(last.get_by_test_id("stVegaLiteChart")).to_have_count(1, timeout=PAGE_TIMEOUT_MS)
+    page.wait_for_function(IDLE_ON_WALL_TIME, arg=5, timeout=PAGE_TIMEOUT_MS)
+    titles = [t.strip() for t in last.locator(".role-title-text text").all_text_contents()]
+    assert titles == [MANY_KEYS[-1]]

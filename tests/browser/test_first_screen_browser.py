@@ -4,7 +4,8 @@ training: the page is what is measured).
 
 - At 1280x800 and 1440x900 the first chart shows whole in the first screen, its axes included
   (measured from the chart's own box), under one row of actions and one row of headline numbers,
-  with Your cost and the Cloud reference on screen too.
+  with Your cost and the Cloud reference on screen too; at 1280x800 a failed run's too, under its
+  failure in one line (the error and where in the user's code) with the traceback folded.
 - The Logs section opens with the failing rank's log, its traceback from the user's code:
   runyard's own frames folded into one line.
 
@@ -108,20 +109,31 @@ def seed(home: Path) -> tuple[int, int]:
 def test_the_first_chart_is_whole_in_the_first_screen_and_the_log_has_its_section(
         page: Any, runyard_up: Any) -> None:
     done, failing = seed(runyard_up.home)
-    for width, height in VIEWPORTS:
+    # The finished run at both sizes; the failed one at the smaller, under its one-line failure.
+    for run_id, name, width, height in ((done, "first-screen", *VIEWPORTS[0]), (done, "first-screen", *VIEWPORTS[1]),
+                                        (failing, "failing", *VIEWPORTS[0])):
         page.set_viewport_size({"width": width, "height": height})
-        open_run_page(page, runyard_up.url, done, "first-screen")
+        open_run_page(page, runyard_up.url, run_id, name)
         expect(page.locator("[data-testid='stVegaLiteChart']").first).to_be_visible(timeout=PAGE_TIMEOUT_MS)
         wait_settled(page)
         seen = page.evaluate(FIRST_SCREEN_JS)
         chart = seen["chart"]
         assert chart is not None, f"no chart drawn at {width}x{height}"
         assert chart["top"] >= 0 and chart["bottom"] <= seen["height"], (  # its axes and title included
-            f"the first chart spans y {chart['top']:.0f}-{chart['bottom']:.0f} at {width}x{height}: "
+            f"the first chart of {name} spans y {chart['top']:.0f}-{chart['bottom']:.0f} at {width}x{height}: "
             f"not whole in the first {seen['height']} px")
         assert chart["bottom"] - chart["top"] > 200 and chart["right"] <= seen["width"]
         for tile in ("yours", "cloud"):  # both cost lines on the first screen too
             assert seen[tile] is not None and seen[tile]["bottom"] <= seen["height"], (tile, seen[tile])
+    # The failure in one line, where in the user's code: a closed section's label, its traceback folded under it.
+    failure = page.locator(".st-key-failure")
+    expect(failure.locator("summary")).to_contain_text(
+        "Attempt 1: rank 1 failed (USER_ERROR): ValueError: lr too high (at train.py:12)")
+    line_box = failure.locator("summary").bounding_box()
+    assert line_box is not None and line_box["height"] < 50, line_box  # one line of text
+    expect(failure.get_by_text("raise ValueError('lr too high')")).to_be_hidden()
+    failure.locator("summary").click()
+    expect(failure.get_by_text("raise ValueError('lr too high')")).to_be_visible()
 
     open_run_page(page, runyard_up.url, failing, "failing")
     show_section(page, "Logs")

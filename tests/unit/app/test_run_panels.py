@@ -1,11 +1,12 @@
 """The Run page's panels (app/run_panels.py): the Attempts table's cells say what happened in
-words, never "None" (issue 56, item 2)."""
+words, never "None" (issue 56, item 2); a failed run's summary is one line (issue 56, item 10)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from app.run_panels import attempt_row
+from app.log_view import OWN_FRAME_ROOTS
+from app.run_panels import attempt_row, failure_line, user_frame
 
 
 def attempt(**fields: Any) -> dict[str, Any]:
@@ -29,3 +30,34 @@ def test_a_failed_attempt_says_its_cause_rank_exit_and_changes() -> None:
         "exit -9 (SIGKILL)", "OOM", "1", "5", "yes", "batch_size=32")
     assert attempt_row(attempt(status="CRASHED", cause="UNKNOWN", retry_counted=False))["exit"] == (
         "no exit code (killed or vanished)")
+
+
+def traceback(*frames: str, error: str = "ValueError: lr too high") -> str:
+    """A traceback as torchrun writes rank 1's stderr, its frames (file, line, function) in order."""
+    lines = ["Traceback (most recent call last):"]
+    for frame in frames:
+        path, line, func = frame.split(":")
+        lines += [f'  File "{path}", line {line}, in {func}', "    some_code()"]
+    return "".join(f"[rank1]: {line}\n" for line in [*lines, error])
+
+
+def test_a_failure_is_one_line_with_where_in_the_users_code_it_was_raised() -> None:
+    trainer = OWN_FRAME_ROOTS[0]
+    tail = traceback(f"{trainer}process/script_runner.py:88:main", "<frozen runpy>:291:run_path",
+                     "/home/me/proj/train.py:12:<module>", "/home/me/proj/model.py:40:step",
+                     "/usr/lib/python3/dist-packages/torch/nn/functional.py:3000:cross_entropy")
+    assert user_frame(tail) == "model.py:40 in step"  # neither runyard's frames nor torch's
+    failed = attempt(status="FAILED", cause="USER_ERROR", failed_rank=1, exception="ValueError: lr too high",
+                     reason="rank 1 raised ValueError", log_tail=tail)
+    assert failure_line(failed) == (r"**Attempt 1: rank 1 failed (USER_ERROR)**: ValueError\: lr too high "
+                                    r"\(at model.py\:40 in step\)")
+    # The scheduler's place is torch's: the user's frame is added; its own place is not repeated.
+    deep = {**failed, "exception": "ValueError: lr too high (at torch/nn/functional.py:3000 in cross_entropy)"}
+    assert failure_line(deep).endswith(r"in cross\_entropy\) \(from model.py\:40 in step\)")
+    mine = {**failed, "exception": "ValueError: lr too high (at model.py:40 in step)"}
+    assert failure_line(mine).count("model.py") == 1
+    # One line however long the message, and without a traceback its exit code.
+    long = failure_line({**failed, "exception": "RuntimeError: " + "x" * 500 + "\nsecond line", "log_tail": None})
+    assert "\n" not in long and len(long) < 220
+    assert failure_line({**failed, "exception": None, "reason": None, "exit_code": 1, "log_tail": None}).endswith(
+        "exit code 1")

@@ -9,8 +9,9 @@ import time
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
+from app import data
 from db.metricstore import write_points
-from db.states import RunStatus
+from db.states import RunStatus, transition
 from db.vocabulary.settings import Settings
 from db.vocabulary.settings_file import write_values
 from orchestrator.run_edits import edit_run
@@ -165,3 +166,78 @@ def test_add_to_compare_on_a_run_page_adds_the_run_to_the_runs_compared_last(
     no_exception(at)
     (link,) = [p for p in at.get("page_link") if p.proto.label == "Add to Compare"]
     assert (link.proto.page, link.proto.query_string) == ("compare", f"runs={first}%2C{second}%2C{third}")
+
+
+def add_many_metrics(s: Session, run_id: int, keys: list[str], last_step: int) -> None:
+    """Every key of ``keys`` on ranks 0 and 1 every 10 steps up to ``last_step``."""
+    now = time.time()
+    s.flush()
+    write_points(s.connection(), [dict(run_id=run_id, attempt=1, rank=rank, step=step, key=key,
+                                       value=1.0 + k + 0.1 * rank + 1.0 / step, wall_time=now - last_step + step)
+                                  for k, key in enumerate(keys) for step in range(10, last_step + 1, 10)
+                                  for rank in (0, 1)])
+
+
+def test_compare_draws_the_first_charts_and_each_other_metric_when_its_section_is_opened(
+        settings: Settings, sessions: sessionmaker[Session]) -> None:
+    """Issue 56, item 10: six metrics of two runs: four charts at once, the other two in closed
+    sections that read nothing until opened, or all six when asked for."""
+    keys = [f"train/m{i}" for i in range(6)]
+    with sessions() as s:
+        ids = []
+        for name in ("a", "b"):
+            run = add_run(s, settings, name, RunStatus.STARTING, RunStatus.RUNNING, RunStatus.SUCCEEDED)
+            add_attempt(s, run, last_step=100)
+            add_many_metrics(s, run, keys, 100)
+            ids.append(run)
+        s.commit()
+    at = open_page("views/compare.py", runs=f"{ids[0]},{ids[1]}")
+    no_exception(at)
+    assert at.multiselect[1].value == keys[:4]  # no loss nor eval metric: the first few, not all six
+    at.multiselect[1].set_value(keys).run()
+    no_exception(at)
+    # Two columns, read column by column here: the first four metrics.
+    assert sorted(chart_title(c) for c in at.get("vega_lite_chart")) == keys[:4]
+    assert [e.label for e in at.expander] == ["train/m4", "train/m5"]
+    assert any("2 more charts: each is drawn when its section is opened" in c.value for c in at.caption)
+    at.session_state["compare-open-train/m5"] = True  # a person opens the last metric's section
+    at.run()
+    no_exception(at)
+    charts = at.get("vega_lite_chart")
+    assert [chart_title(c) for c in charts][-1] == "train/m5" and len(charts) == 5
+    assert sorted(chart_data(charts[-1])["run"].unique()) == [f"#{ids[0]} a (SUCCEEDED)", f"#{ids[1]} b (SUCCEEDED)"]
+    at.toggle(key="compare-all").set_value(True).run()
+    no_exception(at)
+    assert sorted(chart_title(c) for c in at.get("vega_lite_chart")) == keys
+    assert not at.expander
+
+
+def test_compare_keeps_a_finished_runs_series_until_the_run_ends_again(
+        settings: Settings, sessions: sessionmaker[Session]) -> None:
+    """A finished run's series is kept once read (by run, metric and end): a resumed run that
+    ended again later shows its new steps."""
+    with sessions() as s:
+        first = add_run(s, settings, "resumed", RunStatus.STARTING, RunStatus.RUNNING, RunStatus.SUCCEEDED)
+        add_attempt(s, first, last_step=50)
+        add_many_metrics(s, first, ["loss"], 50)
+        second = add_run(s, settings, "other", RunStatus.STARTING, RunStatus.RUNNING, RunStatus.SUCCEEDED)
+        add_attempt(s, second, last_step=50)
+        add_many_metrics(s, second, ["loss"], 50)
+        s.commit()
+    at = open_page("views/compare.py", runs=f"{first},{second}", metrics="loss")
+    no_exception(at)
+    rows = chart_data(at.get("vega_lite_chart")[0])
+    assert rows[rows["run"].str.contains("resumed")]["step"].max() == 50
+    with sessions() as s:  # resumed: queued again, trained to step 100, ended again
+        for status in (RunStatus.QUEUED, RunStatus.STARTING, RunStatus.RUNNING, RunStatus.SUCCEEDED):
+            assert transition(s, first, status, "test: resumed", now=time.time() + 5)
+        s.flush()
+        write_points(s.connection(), [dict(run_id=first, attempt=1, rank=0, step=step, key="loss", value=0.5,
+                                           wall_time=time.time()) for step in range(60, 101, 10)])
+        s.commit()
+    data.metric_series_full.clear()  # their 2-s caches aside: what is tested is the finished run's
+    data.compare_runs.clear()
+    at.run()
+    no_exception(at)
+    rows = chart_data(at.get("vega_lite_chart")[0])
+    assert rows[rows["run"].str.contains("resumed")]["step"].max() == 100

@@ -260,8 +260,11 @@ def test_a_failed_run_names_the_failing_rank_and_its_exception_at_the_top(
                             tail)
     at = open_page("views/run.py", run=str(run_id))
     no_exception(at)
-    first = at.error[0].value
-    assert first.startswith(r"**Attempt 1: rank 1 failed (USER_ERROR)**: ValueError\: bad batch at step 50"), first
+    # One line at the top: the label of a closed section that holds the traceback.
+    (failure,) = [e for e in at.expander if e.label.startswith("**Attempt 1")]
+    assert failure.label == (r"**Attempt 1: rank 1 failed (USER_ERROR)**: ValueError\: bad batch at step 50 "
+                             r"\(at train.py\:74 in \_run\_batch\)"), failure.label
+    assert not failure.proto.expanded and not at.error
     assert r"First error line: Traceback \(most recent call last\)\:" in [c.value for c in at.caption]
     assert tail.strip() in [c.value for c in at.code]
 
