@@ -361,8 +361,9 @@ def test_eight_ranks_one_legend_distinct_hues_hover_zoom_isolate_and_units(page:
 PANEL_KEYS = ("loss", "lr", "train/grad_norm", "train/tokens", "val/loss", "val/acc", "sys/gpu_mem")
 # Item 10: a run with 200 metric names (MLflow #24012), 10 prefixes of 20.
 WIDE_KEYS = tuple(f"block{b}/m{i}" for b in range(10) for i in range(20))
-# Measured here (2 loaded cores, bench/bench_run_metrics.py): its first chart in about 2-4 s at
-# 1280x800 and "Show all" answered in 1-3 s; the bounds leave room for three browser workers.
+# Measured in this test on the 2-core machine at a load of 7-9 (three other sessions): its first
+# chart in 1.4-2.8 s at 1280x800, "Show all" answered in 4-7 s (bench/bench_run_metrics.py: the
+# page before the sections never went idle with 200 charts); the bounds leave room for more load.
 WIDE_FIRST_CHART_S, WIDE_CLICK_S = 20.0, 20.0
 TITLES = "[data-testid='stVegaLiteChart'] .role-title-text text"
 FIRST_CHART_DRAWN = """() => [...document.querySelectorAll("[data-testid='stVegaLiteChart']")]
