@@ -1,11 +1,11 @@
-"""Run: one run, live. The header (always shown) holds the run's name and status badge, its
-actions (Resume ▾, Fork…, Pause, Cancel…), what it is doing (start-up phase, retry, failure at the
-top of a failed run), progress and the headline numbers. Below it one section at a time: Overview
-(event badges, the main curves and the pinned ones, latest values, warnings), Metrics (the charts in
-sections by prefix, app/panels/), Checkpoints (with pins and the
-Young–Daly advice), Logs (the log first, its level filter, runyard's traceback frames folded), Attempts
-(timeline, table, warnings, alerts), System, Config. The section is a query parameter
-(``/run?run=3&section=Metrics``), so a link opens it.
+"""Run: one run, live. The header (always shown) holds the run's name and status badge, its actions
+(Resume ▾, Fork…, Pause, Cancel…), what it is doing (start-up phase, retry, failure at the top of a
+failed run), progress and the headline numbers. Below it one section at a time: Overview (event
+badges, the main curves and the pinned ones, latest values, warnings), Metrics (the charts in
+sections by prefix, app/panels/), Checkpoints (with pins and the Young–Daly advice), Logs (the log
+first, its level filter, runyard's traceback frames folded), Attempts (timeline, table, warnings,
+alerts), System, Config. The section is a query parameter (``/run?run=3&section=Metrics``), so a
+link opens it.
 
 Live without fade: Streamlit fades (opacity 0.33, ``data-stale``) what a fragment drew while the
 fragment runs again and has not yet redrawn it, once that takes over half a second. So the
