@@ -2,7 +2,7 @@
 metrics, all 20 chosen, and the Run page of a run with 200 metric names, for this checkout and any
 other tree side by side.
 
-    .venv/bin/python bench/bench_many_metrics.py [--tree /tmp/before] [--pages compare,run] [--repeats 5]
+    .venv/bin/python bench/bench_many_metrics.py [--tree /tmp/before] [--pages compare[,run]] [--repeats 5]
 
 ``--tree`` is another runyard checkout (``git worktree add /tmp/before <commit>``, or
 ``git archive <commit> | tar -x -C /tmp/before``): its `runyard ui` is started on the same data
@@ -19,7 +19,8 @@ drawn, nothing stale or a skeleton: what a person waits for before the page answ
 "never" when not within ``--idle-timeout``).
 On Compare it then presses the X axis's "wall time" (a click while the page settles is what froze
 it) and times it until the page is idle again with the first chart on a wall-time axis.
-``--pages run`` measures whatever Metrics section the checkout has (issue 56's item 7 changes it).
+``--pages run`` measures the Run page's Metrics section as well; its BENCHMARKS.md row is
+bench/bench_run_metrics.py's, which also times the click back to the Overview.
 
 Prints every time and the medians per tree, and ends with its BENCHMARKS.md rows
 (bench/benchmarks_row.py).
@@ -129,7 +130,7 @@ def open_page(browser: Any, cookies: list[dict[str, Any]], url: str, click_wall:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tree", type=Path, action="append", default=[], help="another runyard checkout")
-    parser.add_argument("--pages", default="compare,run", help="compare, run or both")
+    parser.add_argument("--pages", default="compare", help="compare, run or both")
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5000)

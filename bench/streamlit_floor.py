@@ -5,7 +5,7 @@
 Streamlit's ASGI app (``st.App``) over bench/streamlit_floor_page.py, with the Streamlit options
 and the uvicorn settings of app/server/asgi.py, and nothing in front (no gate, no database). The page
 draws a title and one Altair line chart of ``ranks x points`` rows, the size of the Run page's
-first curve (8 ranks x 1,000 buckets: app/views/run.py's CHART_ROWS). bench_render.py starts it
+first curve (8 ranks x 1,000 buckets: app/panels/metrics.py's CHART_ROWS). bench_render.py starts it
 beside runyard's UI and times both in the same browser, taking turns: what any Streamlit page
 with one chart costs on this machine, against what runyard's Run page costs.
 """

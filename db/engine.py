@@ -406,7 +406,7 @@ def current_revision(engine: Engine) -> str | None:
 # The newest migration's revision (db/migrations/versions/); tests/unit/db/test_engine_migrations.py checks it
 # against Alembic's own head, so adding a migration without moving it fails there. Read here
 # without Alembic, which a command at head need not import.
-SCHEMA_HEAD = "r003"
+SCHEMA_HEAD = "r004"
 FIRST_RELEASE = "r001"  # the first release's schema: the pre-release head is restamped as it, then upgraded
 
 # The revisions of the pre-release migrations, squashed into r001_initial_schema (their files are

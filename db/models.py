@@ -356,6 +356,20 @@ class PriceEntry(Base):
     updated_at: Mapped[float] = mapped_column(Float)
 
 
+class PanelLayout(Base):
+    """How one person arranged the Run page's charts (issue 56 item 7; db/workspace/layouts.py): the
+    curves pinned on the Overview, the Metrics sections opened or closed, the chart open full width,
+    as JSON. ``person`` is who the UI knows (the proxy's user, the single sign-on's e-mail, else the
+    data folder's owner); ``scope`` what the layout holds for (``runs``: every run)."""
+
+    __tablename__ = "panel_layouts"
+
+    person: Mapped[str] = mapped_column(String(255), primary_key=True)
+    scope: Mapped[str] = mapped_column(String(64), primary_key=True)
+    layout_json: Mapped[str] = mapped_column(Text)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
 class SystemMetric(Base):
     """One 10-s aggregate of a system sample series, written by the scheduler's monitor.
 

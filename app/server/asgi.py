@@ -55,6 +55,9 @@ from orchestrator.ui_access import (
 logger = logging.getLogger(__name__)
 
 EXIT_USAGE = 2
+# With --auth proxy, the key of ``st.user`` that holds the proxy's authenticated user (Streamlit's
+# ``server.trustedUserHeaders``): the page keeps each person's panel layout under it (app/panels/layout.py).
+PROXY_USER_KEY = "runyard_proxy_user"
 MAIN_SCRIPT = Path(__file__).parents[1] / "main.py"  # app/main.py: the server side is a room of app/
 # Streamlit's options for a UI behind the gate: no browser opened, no telemetry, no file watcher
 # (the code does not change under a running product), XSRF protection kept on.
@@ -152,20 +155,26 @@ def build_app(policy: AccessPolicy, settings: Settings, writable: bool = True,
     from app.server.gate import Gate  # noqa: PLC0415 - after the options pass
     from app.server.prometheus import DEFAULT_RECENT_S, metrics_route  # noqa: PLC0415 - after the options pass
 
-    gate = Gate(streamlit_app(MAIN_SCRIPT), policy, health=health_reader(settings, writable))  # type: ignore[arg-type]
+    # Only in proxy mode, where the gate lets nothing through without the proxy's secret, is the
+    # user header the proxy's word and not the browser's.
+    user_header = policy.proxy_user_header if policy.mode == "proxy" else None
+    gate = Gate(streamlit_app(MAIN_SCRIPT, user_header), policy,  # type: ignore[arg-type]
+                health=health_reader(settings, writable))
     return metrics_route(gate, policy, settings, writable,
                          DEFAULT_RECENT_S if metrics_recent_s is None else metrics_recent_s)
 
 
-def streamlit_app(script: Path) -> object:
+def streamlit_app(script: Path, user_header: str | None = None) -> object:
     """Streamlit's ASGI app (``st.App``) for ``script`` with this server's options (also what
-    bench/streamlit_floor.py serves, without the gate, as the floor of a Streamlit page)."""
+    bench/streamlit_floor.py serves, without the gate, as the floor of a Streamlit page); with
+    ``user_header``, that header of the page's connection is ``st.user[PROXY_USER_KEY]``."""
     import streamlit as st  # noqa: PLC0415 - after the options pass
     from streamlit import config as streamlit_config  # noqa: PLC0415 - after the options pass
     from streamlit.web import bootstrap  # noqa: PLC0415 - after the options pass
 
     streamlit_config._main_script_path = str(script)
-    bootstrap.load_config_options({key.replace(".", "_"): value for key, value in STREAMLIT_OPTIONS.items()})
+    options = {**STREAMLIT_OPTIONS, "server.trustedUserHeaders": {user_header: PROXY_USER_KEY} if user_header else {}}
+    bootstrap.load_config_options({key.replace(".", "_"): value for key, value in options.items()})
     # Altair validates every chart object against the Vega-Lite schema as it is built, then the
     # whole spec again when Streamlit draws it. The server keeps the second: a chart of the Run
     # page took 35 ms instead of 46 to build (the tests keep both checks).

@@ -1,10 +1,11 @@
-"""Run: one run, live. The header (always shown) holds the run's name and status badge, its
-actions (Resume ▾, Fork…, Pause, Cancel…), what it is doing (start-up phase, retry, failure at the
-top of a failed run), progress and the headline numbers. Below it one section at a time: Overview
-(event badges, latest values, warnings), Metrics (the charts), Checkpoints (with pins and the
-Young–Daly advice), Logs (the log first, its level filter, runyard's traceback frames folded), Attempts
-(timeline, table, warnings, alerts), System, Config. The section is a query parameter
-(``/run?run=3&section=Metrics``), so a link opens it.
+"""Run: one run, live. The header (always shown) holds the run's name and status badge, its actions
+(Resume ▾, Fork…, Pause, Cancel…), what it is doing (start-up phase, retry, failure at the top of a
+failed run), progress and the headline numbers. Below it one section at a time: Overview (event
+badges, the main curves and the pinned ones, latest values, warnings), Metrics (the charts in
+sections by prefix, app/panels/), Checkpoints (with pins and the Young–Daly advice), Logs (the log
+first, its level filter, runyard's traceback frames folded), Attempts (timeline, table, warnings,
+alerts), System, Config. The section is a query parameter (``/run?run=3&section=Metrics``), so a
+link opens it.
 
 Live without fade: Streamlit fades (opacity 0.33, ``data-stale``) what a fragment drew while the
 fragment runs again and has not yet redrawn it, once that takes over half a second. So the
@@ -25,29 +26,24 @@ smoothing slider sits in a popover, which draws its contents when opened."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-from functools import partial
 from typing import Any
 
 import streamlit as st
 
 from app import chart_widgets, data, run_panels, style
 from app.alerts_panel import run_alerts
-from app.charts import metric as charts
-from app.live_series import LiveSeries, merge_series
+from app.live_series import LiveSeries
+from app.panels import metrics as panel_metrics
+from app.panels.overview import overview_charts, shown_keys
+from app.panels.sections import chart_order
 from app.run_actions import SECTION_KEY, actions, metadata_line, status_badge
 from app.run_panels import attempts_table, checkpoint_advice, checkpoint_table, events_list, failure_summary, log_tails
 from app.system import latest_window, summary_line, system_panels
 from db.states import TERMINAL, RunStatus
-from db.vocabulary import metric_registry
 from orchestrator.format import clock, start_text, startup_text, step_text, where_text
 from orchestrator.scripts.attempt_watch import script_facts
 
-CHART_ORDER = ["loss", "eval_accuracy", "eval_loss", "samples_per_s", "step_time"]
 TERMINAL_VALUES = {s.value for s in TERMINAL}
-# Buckets per (attempt, rank) a chart asks for: about 8000 rows a chart whatever the rank count,
-# between 500 and 2000 a line (the store halves resolution in steps of 4, so 1/4 to all of it).
-CHART_ROWS, MIN_POINTS, MAX_POINTS = 8000, 500, 2000
 # Event kinds shown as badges at the top of the run: (colour, icon, label).
 EVENT_BADGES = {
     "straggler": ("orange", ":material/slow_motion_video:", "straggler"),
@@ -135,29 +131,6 @@ def header(d: dict[str, Any]) -> None:
     run_panels.headline(d)  # the tiles, Your cost and the Cloud reference among them, never mixed
 
 
-def max_points(nproc: int) -> int:
-    return max(MIN_POINTS, min(MAX_POINTS, CHART_ROWS // max(1, nproc)))
-
-
-def live_series(d: dict[str, Any]) -> dict[str, LiveSeries]:
-    """Every metric of the run, each merged with what this session already holds (only new
-    buckets are fetched), in chart order."""
-    keys = data.metric_keys(d["id"])
-    ordered = [k for k in CHART_ORDER if k in keys] + [k for k in keys if k not in CHART_ORDER and k != "epoch"]
-    newest = d["attempts"][-1] if d["attempts"] else {"number": 0, "resume_step": 0}
-    points = max_points(d["nproc"])
-    out = {}
-    for key in ordered:
-        state_key = f"live-series/{d['id']}/{key}"
-        out[key] = st.session_state[state_key] = merge_series(
-            st.session_state.get(state_key),
-            partial(data.metric_series, d["id"], key, points),
-            max_points=points, attempts=len(d["attempts"]), newest_attempt=newest["number"],
-            resume_step=newest["resume_step"] or 0, finished=d["status"] in TERMINAL_VALUES,
-        )
-    return out
-
-
 def event_badges(d: dict[str, Any], series: dict[str, LiveSeries]) -> None:
     """A row of badges: what the checks found, with counts (stragglers, desyncs, NaNs, hangs);
     a green one for the checks that ran and found nothing; a grey one for each check that did
@@ -170,7 +143,7 @@ def event_badges(d: dict[str, Any], series: dict[str, LiveSeries]) -> None:
                             if r["step"] <= cutoffs.get(r["attempt"], float("inf")))
     shown = [f":{color}-badge[{icon} {label} × {counts[kind]}]"
              for kind, (color, icon, label) in EVENT_BADGES.items() if counts.get(kind)]
-    unchecked = health_checks(d, has_metrics=any(s.rows for s in series.values()))
+    unchecked = health_checks(d, has_metrics=bool(d["metrics"]) or any(s.rows for s in series.values()))
     found = {"stragglers": "straggler", "desyncs": "desync", "nans": "nan", "hangs": "hang"}
     clean = [CHECK_LABELS[c] for c in CHECK_LABELS if c not in unchecked and not counts.get(found[c])]
     if clean:
@@ -218,144 +191,19 @@ def health_checks(d: dict[str, Any], has_metrics: bool) -> dict[str, str]:
     return out
 
 
-RANKS_HELP = ("Per rank: a line per rank; mean: the ranks' mean with its min-max band. Click a rank in the strip "
-              "below to isolate it on every chart (shift-click adds one, double-click shows all). Hover a chart for "
-              "every rank's value at a step; scroll or pinch to zoom the x axis, drag a box to zoom every chart to "
-              "it, shift-drag to pan, double-click to reset; alt-click (option-click) a step to mark it on every "
-              "chart.")
-
-
-def chart_options(run_id: int, nproc: int, series: dict[str, LiveSeries]) -> charts.ChartOptions:
-    """The widgets above the charts; the choice is kept per run for this browser session. From
-    8 ranks the default is the rank mean with its band; a log y axis is chosen per chart, and
-    until a person chooses, every metric whose values span more than two decades has one."""
-    keys = list(series)
-    saved: dict[int, charts.ChartOptions] = st.session_state.setdefault("chart-options", {})
-    o = saved.get(run_id, charts.ChartOptions(ranks=charts.default_rank_mode(nproc)))
-    # One row: the two choices a person makes often as buttons, the rest in popovers (drawn
-    # when opened), so that the first chart starts right under it. A row that wraps, each control
-    # as wide as itself: fixed columns cut "relative time" and the popovers' labels at 800 px.
-    row = st.container(horizontal=True, vertical_alignment="bottom", gap="medium")
-    ranks = row.segmented_control("Ranks", charts.RANK_MODES, default=o.ranks, key=f"ranks-{run_id}",
-                                   help=RANKS_HELP if nproc > 1 else None)
-    x = row.segmented_control("X axis", charts.X_AXES, default=o.x, key=f"x-{run_id}")
-    smoothing = row.popover("Smoothing", icon=":material/tune:").slider(
-        "EMA weight", 0.0, 0.99, o.smoothing, 0.01, key=f"ema-{run_id}",
-        help="Weight of the running average: the smoothed line is drawn over the faint values")
-    loggable = [k for k in keys if metric_registry.spec_for(k).log_ok]  # never accuracy or other shares
-    log_widget, chosen = f"log-{run_id}", f"log-chosen-{run_id}"
-    if not st.session_state.get(chosen):  # not chosen yet: the wide-ranging metrics, as they become so
-        st.session_state[log_widget] = sorted(log_defaults(series) & set(loggable))
-    log_keys = row.popover("Log scale", icon=":material/show_chart:").pills(
-        "Charts on a log scale", loggable, selection_mode="multi", format_func=metric_registry.label, key=log_widget,
-        on_change=st.session_state.__setitem__, args=(chosen, True),
-        help="The charts drawn on a logarithmic y axis (values of zero or less are left out); until you choose, "
-             "those whose values span more than two decades")
-    superseded = row.toggle("Superseded steps", value=o.show_superseded, key=f"superseded-{run_id}",
-                             help="Show what abandoned attempts logged after the step the run was resumed from")
-    # A segmented control can be clicked off; keep the last choice then.
-    saved[run_id] = charts.ChartOptions(ranks=ranks or o.ranks, x=x or o.x, log_keys=frozenset(log_keys or ()),
-                                        smoothing=smoothing, show_superseded=superseded)
-    return saved[run_id]
-
-
-def log_defaults(series: dict[str, LiveSeries]) -> frozenset[str]:
-    return charts.auto_log_keys({k: s.rows for k, s in series.items()})
-
-
-def metric_charts(d: dict[str, Any], series: dict[str, LiveSeries]) -> None:
-    if not series:
-        if d["status"] in TERMINAL_VALUES:
-            st.info("This run reported no metrics.")
-        else:  # what it does meanwhile: queued for what, launching, setting up, compiling, first step
-            newest = d["attempts"][-1] if d["attempts"] else None
-            st.info(style.plain(startup_text(d["status"], newest, d["config"]) or d["status_reason"] or "")
-                    or "Waiting for the first metrics from the ranks…", icon=":material/hourglass_top:")
-        return
-    options = replace(chart_options(d["id"], d["nproc"], series),
-                      isolated=chart_widgets.isolated_ranks(d["id"], d["nproc"]), zoom=chart_widgets.zoom_of(d["id"]),
-                      cursor=chart_widgets.cursor_of(d["id"]))
-    chart_widgets.zoom_note(d["id"], options.x)
-    chart_widgets.cursor_note(d["id"], "metrics")
-    cutoffs = data.lineage_cutoffs(d["attempts"])
-    cols = st.columns(2)
-    for i, (key, s) in enumerate(series.items()):
-        with cols[i % 2]:
-            chart_widgets.zoomable_chart(d["id"], key, chart_widgets.run_chart(d, key, s, cutoffs, options),
-                                         options.x, "metrics")
-    if options.cursor is None:
-        chart_widgets.latest_table(d["metrics"], list(series))
-    else:  # the shared cursor's read-out: every metric at the marked step
-        chart_widgets.latest_table({k: chart_widgets.values_at(s.rows, cutoffs, options.cursor)
-                                    for k, s in series.items()}, list(series),
-                                   title=f"Value per rank at step {options.cursor:,}")
-
-
 def latest_values(d: dict[str, Any]) -> None:
     """The newest value of each metric on each rank, one row per metric, labelled and formatted by
-    the metric registry (the Metrics section's table, every key)."""
-    keys = [k for k in CHART_ORDER if k in d["metrics"]] + sorted(k for k in d["metrics"] if k not in CHART_ORDER)
-    chart_widgets.latest_table(d["metrics"], keys)
-
-
-# The curves the Overview opens with: the loss and the workload's headline metric (the first of
-# these the run has); a person pins others under them.
-HEADLINE_ORDER = list(metric_registry.HEADLINE_KEYS)
-
-
-def overview_keys(run_id: int, keys: list[str]) -> list[str]:
-    """The curves on this run's Overview: the ones pinned in this session, else the loss and the
-    headline metric (a script's first two metrics when it names neither)."""
-    # What the person pinned, copied from the pills when they changed them (Streamlit forgets a
-    # widget's value on a run that does not draw it, and until then the pills hold the default,
-    # which moves as metrics arrive: the headline appears with the first evaluation).
-    pinned = st.session_state.get(f"pinned-{run_id}")
-    if pinned is not None:
-        return [k for k in keys if k in pinned]
-    loss = next((k for k in ("loss", "train_loss", "train/loss") if k in keys), None)
-    headline = next((k for k in HEADLINE_ORDER if k in keys and k != loss), None)
-    chosen = [k for k in (loss, headline) if k is not None]
-    return chosen or keys[:2]
-
-
-def overview_charts(d: dict[str, Any], series: dict[str, LiveSeries]) -> None:
-    """The main curves, side by side under the badges, drawn as the Metrics section draws them
-    (its chosen options for this run, if any); "Pin curves" picks which."""
-    if not series:
-        metric_charts(d, series)  # what the run is doing until its first metrics
-        return
-    keys = list(series)
-    shown = overview_keys(d["id"], keys)
-    saved = st.session_state.get("chart-options", {}).get(d["id"])
-    options = saved or charts.ChartOptions(ranks=charts.default_rank_mode(d["nproc"]))
-    if not st.session_state.get(f"log-chosen-{d['id']}"):  # the log axes as the Metrics section has them
-        options = replace(options, log_keys=log_defaults(series))
-    options = replace(options, zoom=chart_widgets.zoom_of(d["id"]), cursor=chart_widgets.cursor_of(d["id"]))
-    chart_widgets.zoom_note(d["id"], options.x)
-    chart_widgets.cursor_note(d["id"], "overview")
-    cutoffs = data.lineage_cutoffs(d["attempts"])
-    cols = st.columns(2)
-    for i, key in enumerate(shown):
-        s = series[key]
-        with cols[i % 2]:
-            chart_widgets.zoomable_chart(d["id"], key, chart_widgets.run_chart(d, key, s, cutoffs, options),
-                                         options.x, "overview")
-    widget = f"pin-{d['id']}"
-
-    def pin() -> None:
-        st.session_state[f"pinned-{d['id']}"] = list(st.session_state.get(widget) or [])
-
-    st.popover("Pin curves", icon=":material/push_pin:").pills(
-        "Curves on the Overview", keys, selection_mode="multi", default=shown, format_func=metric_registry.label,
-        key=widget, on_change=pin, help="Every curve is on the Metrics section; these are the ones shown here")
+    the metric registry (every key, in chart order)."""
+    chart_widgets.latest_table(d["metrics"], chart_order(d["metrics"]))
 
 
 def overview(d: dict[str, Any]) -> None:
-    """The run at a glance: checks found, the main curves, newest values, the system's newest
-    window, warnings."""
-    series = live_series(d)
+    """The run at a glance: checks found, the main curves (only theirs fetched), newest values,
+    the system's newest window, warnings."""
+    keys = panel_metrics.run_keys(d["id"])
+    series = panel_metrics.live_series(d, shown_keys(keys))
     event_badges(d, series)
-    overview_charts(d, series)
+    overview_charts(d, keys, series)
     latest_values(d)
     st.caption(summary_line(latest_window(d["id"])))
     events_list(d)
@@ -363,10 +211,12 @@ def overview(d: dict[str, Any]) -> None:
 
 
 def metrics(d: dict[str, Any]) -> None:
-    """The charts, under the event badges (a NaN badge beside the curve it marks)."""
-    series = live_series(d)
+    """The charts in their sections (app/panels/metrics.py), under the event badges (a NaN badge
+    beside the curve it marks); only the drawn charts' series are fetched."""
+    shown = panel_metrics.plan(d["id"])
+    series = panel_metrics.live_series(d, shown.drawn)
     event_badges(d, series)
-    metric_charts(d, series)
+    panel_metrics.metric_charts(d, shown, series)
 
 
 def checkpoints(d: dict[str, Any]) -> None:

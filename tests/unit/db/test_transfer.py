@@ -212,11 +212,11 @@ def test_the_cli_exports_and_imports_with_progress(tmp_path: Path, monkeypatch: 
     result = CliRunner().invoke(cli, ["db", "export", str(path)])
     assert result.exit_code == 0, result.output
     assert "exported metric_points: 6 of 6 rows (100%)" in result.output
-    assert f"exported 26 rows of 17 tables from {source_url} to {path}" in result.output
+    assert f"exported 26 rows of 18 tables from {source_url} to {path}" in result.output
     monkeypatch.setenv("RUNYARD_HOME", str(tmp_path / "b"))
     monkeypatch.setenv("RUNYARD_DB_URL", target_url)
     result = CliRunner().invoke(cli, ["db", "import", str(path)])
     assert result.exit_code == 0, result.output
-    assert f"imported 26 rows of 17 tables from {path} into {target_url}" in result.output
+    assert f"imported 26 rows of 18 tables from {path} into {target_url}" in result.output
     result = CliRunner().invoke(cli, ["db", "import", str(path)])
     assert result.exit_code == 1 and "error: the database" in result.output and "nothing was imported" in result.output
