@@ -93,3 +93,9 @@ def test_the_default_columns_fit_leaving_out_the_empty_ones_then_the_least_neede
     out, widths, kept, dropped = fit_columns(frame, {}, shown, fit_px=300)
     assert dropped == ["energy", "step", "elapsed"]  # all that may go went; then the long texts gave way
     assert out["waiting for"][1].endswith("…") and widths["waiting for"] >= column_width("waiting for", [])
+    # The cloud reference goes last: only once the long texts are at their narrowest.
+    priced = frame.assign(cost=["$0.0833", "$0.00"])
+    narrowest = fit_columns(priced, {}, [*shown, "cost"], fit_px=300)[1]
+    tight = sum(narrowest[c] for c in ("name", "status", "waiting for", "progress", "cost"))
+    assert fit_columns(priced, {}, [*shown, "cost"], fit_px=tight)[3] == ["energy", "step", "elapsed"]
+    assert fit_columns(priced, {}, [*shown, "cost"], fit_px=tight - 1)[3] == ["energy", "step", "elapsed", "cost"]
