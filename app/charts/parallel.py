@@ -135,21 +135,30 @@ def choice_text(value: Any) -> str:
     return str(value)
 
 
+def drawn_keys(diff: Sequence[tuple[str, Sequence[Any]]], most: int) -> list[tuple[str, Sequence[Any]]]:
+    """The keys of ``diff`` worth an axis, at most ``most``: those with two values or more among
+    the runs that have one (a key only some configs have, at one value, says nothing an axis can
+    show), the ones most runs have first, then in ``diff``'s order."""
+    def known(values: Sequence[Any]) -> list[Any]:
+        return [v for v in values if v is not None and not (isinstance(v, str) and v == ABSENT)]
+
+    worth = [(key, values) for key, values in diff if len({choice_text(v) for v in known(values)}) > 1]
+    return sorted(worth, key=lambda kv: -len(known(kv[1])))[:most]
+
+
 def runs_parallel_data(runs: Sequence[Mapping[str, Any]], diff: Sequence[tuple[str, Sequence[Any]]],
                        metric: str = "best loss") -> dict[str, Any]:
     """What the component draws for the Runs page's selected runs: an axis per key of ``diff``
     (db.compare.config_diff over the runs' configs: each key with one value per run, ``absent``
     where a run lacks it), then one for ``metric`` (each run's ``best_loss``, lower is better);
     one line per run (``number``: its id), coloured by its loss."""
-    axes = [_config_axis(key, [None if v == ABSENT else v for v in values])
-            for key, values in diff]
+    axes = [_config_axis(key, [None if v == ABSENT else v for v in values]) for key, values in diff]
     losses = [r["best_loss"] if isinstance(r.get("best_loss"), int | float) and math.isfinite(r["best_loss"])
               else None for r in runs]
     known = [v for v in losses if v is not None]
     lo, hi = min(known, default=0.0), max(known, default=1.0)
     kind = "log" if lo > 0 and hi / lo >= LOG_SPAN else "linear"
-    axes.append({"key": OBJECTIVE, "label": f"{metric} (lower is better)", "kind": kind, "objective": True,
-                 "min": lo, "max": hi})
+    axes.append({"key": OBJECTIVE, "label": metric, "kind": kind, "objective": True, "min": lo, "max": hi})
     colors = objective_colors(losses, "minimize")
     lines = []
     for i, (r, loss, color) in enumerate(zip(runs, losses, colors, strict=True)):

@@ -57,10 +57,34 @@ PROGRESS_PX = 130  # a progress bar and its "100.00%"
 # padding, the row markers and a scrollbar taken off; tests/browser/test_runs_grid_browser.py
 # measures it): the default columns fit it, the long ones shortened with "…" when they must.
 FIT_PX = 1070  # measured: the grid 1118 px inside its border, less its row markers (32) and a scrollbar
+GRID_CHROME_PX = 50  # the grid's width less what its columns may take: its border, row markers, a scrollbar
+# A component the Runs page mounts above the grid: it says the width the page gives the grid (the
+# main column's), again when the window is resized, so that the columns fit that width rather
+# than 1280 px's. Its state is {"width": pixels}.
+WIDTH_NAME = "runyard.page_width"
+WIDTH_HTML = '<div class="runyard-page-width"></div>'
+WIDTH_JS = """
+export default function (component) {
+  const { parentElement, setStateValue } = component;
+  const host = parentElement.host || parentElement;
+  const report = () => {
+    const width = Math.round(host.getBoundingClientRect().width);
+    if (width > 0 && width !== host.runyardWidth) {
+      host.runyardWidth = width;
+      setStateValue("width", width);
+    }
+  };
+  if (!host.runyardWidthObserver) {
+    host.runyardWidthObserver = new ResizeObserver(report);
+    host.runyardWidthObserver.observe(host);
+  }
+  report();
+}
+"""
 # The default columns that give way when the grid would not hold them (fit_columns): first any
-# of them with nothing to say in any row (no alert, no tariff set, no run waiting); then, while the
-# long texts would be shorter than LONG_COMFORT_PX, these whole, the first first; then the long
-# columns give way down to their header's width; then, last, LAST_LEFT_OUT.
+# of them with nothing to say in any row (no alert, no tariff set, no run waiting); then these
+# whole, the first first, when that keeps the long texts at LONG_COMFORT_PX; else the long columns
+# give way down to their header's width, and only then do these go, then LAST_LEFT_OUT.
 EMPTY_FIRST = ("waiting for", "alert", "energy", "your cost", "tags", "headline")
 LEFT_OUT_ORDER = ("energy", "step", "your cost", "elapsed")
 LAST_LEFT_OUT = ("cost",)  # the cloud reference, when even the long columns at their narrowest leave no room
@@ -122,20 +146,29 @@ def fitted(frame: pd.DataFrame, titles: Mapping[str, str], shown: Sequence[str] 
     return out, widths
 
 
+def fit_px(width: Any) -> int:
+    """What the columns may take of a grid ``width`` px wide (the page's measure); :data:`FIT_PX`,
+    1280 px's, before the page has said."""
+    if not isinstance(width, int | float) or isinstance(width, bool) or width <= 0:
+        return FIT_PX
+    return max(MIN_PX * 4, int(width) - GRID_CHROME_PX)
+
+
 def fit_columns(frame: pd.DataFrame, titles: Mapping[str, str], shown: Sequence[str],
                 fit_px: int = FIT_PX) -> tuple[pd.DataFrame, dict[str, int], list[str], list[str]]:
     """:func:`fitted` for the default columns ``shown``, leaving out what must go for them to fit
-    ``fit_px``: the columns of :data:`EMPTY_FIRST` with nothing in any row; then, while the long
-    texts would be cut shorter than :data:`LONG_COMFORT_PX`, those of :data:`LEFT_OUT_ORDER` one by
-    one; then the long columns give way down to their header's width; then, last, those of
-    :data:`LAST_LEFT_OUT`. The frame, the widths, the columns kept, and those left out that had
+    ``fit_px``: the columns of :data:`EMPTY_FIRST` with nothing in any row; then those of
+    :data:`LEFT_OUT_ORDER`, one by one, when that keeps the long texts at :data:`LONG_COMFORT_PX`
+    at least; else (when no number of them would) the long columns give way down to their header's
+    width, all the columns kept, and only then do those of :data:`LEFT_OUT_ORDER` and
+    :data:`LAST_LEFT_OUT` go, one by one. The frame, the widths, the columns kept, and those left out that had
     something to say (a page names them)."""
     empty = {c for c in EMPTY_FIRST if c in frame.columns and all(str(v) in ("", NONE) for v in frame[c])}
     full = [c for c in shown if c not in empty]
     drops = [c for c in (*LEFT_OUT_ORDER, *LAST_LEFT_OUT) if c in full]
     first = [c for c in LEFT_OUT_ORDER if c in full]
     stages = [(drops[:n], LONG_COMFORT_PX) for n in range(len(first) + 1)]
-    stages += [(drops[:n], LONG_FLOOR_PX) for n in range(len(first), len(drops) + 1)]
+    stages += [(drops[:n], LONG_FLOOR_PX) for n in range(len(drops) + 1)]
     for dropped, floor in stages:
         kept = [c for c in full if c not in dropped]
         out, widths = fitted(frame, titles, kept, fit_px, floor)

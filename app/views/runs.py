@@ -43,7 +43,11 @@ from app.charts.runs_analysis import (
 )
 from app.charts.runs_grid import (
     HELPS,
+    WIDTH_HTML,
+    WIDTH_JS,
+    WIDTH_NAME,
     fit_columns,
+    fit_px,
     fitted,
     headline_text,
     loss_text,
@@ -116,6 +120,12 @@ def parallel_component() -> ComponentRenderer:
     """The parallel coordinates' component (app/charts/parallel.py), as the sweep page registers
     it: the same name and code, so either page's registration serves both."""
     return st.components.v2.component(parallel.NAME, html=parallel.HTML, css=parallel.CSS, js=parallel.js_code())
+
+
+@st.cache_resource
+def width_component() -> ComponentRenderer:
+    """The component that says the width the page gives the grid (app/charts/runs_grid.py)."""
+    return st.components.v2.component(WIDTH_NAME, html=WIDTH_HTML, js=WIDTH_JS)
 
 
 def read_filter(text: str) -> tuple[list[Any], str | None]:
@@ -196,6 +206,8 @@ with st.container(horizontal=True, vertical_alignment="bottom"):
     archived = st.toggle("Show archived", key="runs_archived", help="Archived runs are hidden until shown here")
     shown_columns = st.popover("Columns", icon=":material/view_column:").multiselect(
         "Columns shown", COLUMNS, default=DEFAULT_COLUMNS, key="runs_columns")
+grid_px = fit_px(width_component()(key="runs-width", default={"width": None}, on_width_change=lambda: None,
+                                   height="content").get("width"))
 
 
 @st.fragment(run_every=2)
@@ -225,10 +237,10 @@ def runs_table() -> None:
     order = [c for c in COLUMNS if c in (shown_columns or DEFAULT_COLUMNS)]
     frame = runs_frame(shown, open_alerts())
     left_out: list[str] = []
-    if set(order) == set(DEFAULT_COLUMNS):  # the defaults fit the grid at 1280 px: what must give way does
-        frame, widths, order, left_out = fit_columns(frame, TITLES, order)
+    if set(order) == set(DEFAULT_COLUMNS):  # the defaults fit the grid: what must give way does
+        frame, widths, order, left_out = fit_columns(frame, TITLES, order, grid_px)
     else:  # the columns a person chose: all of them (the grid scrolls when they are wider)
-        frame, widths = fitted(frame, TITLES, order)
+        frame, widths = fitted(frame, TITLES, order, grid_px)
     row_of = {r["id"]: i for i, r in enumerate(shown)}
     groups = grouped(shown, configs_of(tuple(row_of)) if group_by != NO_GROUPING else {}, group_by)
     tables: dict[str, int] = {}
@@ -288,17 +300,18 @@ def parallel_section(chosen: list[dict[str, Any]]) -> None:
     their best loss, a line per run."""
     configs = configs_of(tuple(r["id"] for r in chosen))
     diff = [(k, v) for k, v in config_diff([configs.get(r["id"], {}) for r in chosen]) if k not in NOT_DRAWN]
+    drawn = parallel.drawn_keys(diff, MAX_AXES)
     st.markdown(f"**Parallel coordinates** of the {len(chosen)} selected runs")
-    if not diff:
-        st.info("The selected runs' configs do not differ (their names and tags aside): there is no setting to "
-                "draw their best loss against.")
+    if not drawn:
+        st.info("The selected runs' configs do not differ in a value two of them have (their names and tags "
+                "aside): there is no setting to draw their best loss against.")
         return
-    result = parallel_component()(data=parallel.runs_parallel_data(chosen, diff[:MAX_AXES]), key="runs-parallel",
+    result = parallel_component()(data=parallel.runs_parallel_data(chosen, drawn), key="runs-parallel",
                                   default={"selection": None}, on_selection_change=lambda: None, height=390)
     brushed = parallel.selected_numbers(result.get("selection"), [r["id"] for r in chosen])
-    more = f" (the first {MAX_AXES} of the {len(diff)} keys that differ)" if len(diff) > MAX_AXES else ""
-    st.caption(f"An axis per config key that differs among them{more}, then the best loss; a line per run, bright "
-               "for a lower loss, grey without one. Drag along an axis to brush a range."
+    st.caption(f"An axis per config key whose value differs among them ({len(drawn)} of the {len(diff)} keys that "
+               "differ: those most of them have, at two values or more), then the best loss; a line per run, "
+               "bright for a lower loss, grey without one. Drag along an axis to brush a range."
                + ("" if brushed is None else " In the brush: "
                   + (", ".join(f"#{r['id']} {style.plain(r['name'])}" for r in chosen if r["id"] in brushed)
                      or "none") + "."))

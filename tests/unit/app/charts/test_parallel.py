@@ -13,6 +13,7 @@ from app.charts.parallel import (
     MISSING_COLOR,
     VIRIDIS,
     brush_words,
+    drawn_keys,
     objective_colors,
     parallel_data,
     runs_parallel_data,
@@ -73,7 +74,7 @@ def test_the_runs_pages_lines_an_axis_per_differing_key_then_the_best_loss() -> 
     assert (batch["kind"], batch["min"], batch["max"]) == ("linear", 32, 64)
     assert kind["choices"] == ["mlp-digits", "script"] and amp["choices"] == ["false", "true"]
     assert (loss["key"], loss["label"], loss["kind"], loss["min"], loss["max"]) == (
-        "objective", "best loss (lower is better)", "log", 0.001, 0.5)
+        "objective", "best loss", "log", 0.001, 0.5)
     assert [line["number"] for line in d["trials"]] == [4, 7, 9]
     assert d["trials"][0]["label"] == "run #4 a" and d["noun"] == ["run", "runs"]
     assert d["trials"][2]["values"] == [1e-3, None, "mlp-digits", "true", None]
@@ -82,3 +83,14 @@ def test_the_runs_pages_lines_an_axis_per_differing_key_then_the_best_loss() -> 
 
 def test_absent_is_the_compare_pages_mark() -> None:
     assert ABSENT == compare.ABSENT
+
+
+def test_the_axes_drawn_are_the_keys_with_two_values_or_more_most_runs_having_them_first() -> None:
+    diff: list[tuple[str, list[Any]]] = [
+        ("workload.args", [ABSENT, ABSENT, []]),  # one run's only: nothing to compare
+        ("workload.hidden", [256, 256, ABSENT]),  # one value where known
+        ("workload.script", [ABSENT, "a.py", "b.py"]),
+        ("train.lr", [0.1, 0.01, 0.001]),
+    ]
+    assert [k for k, _ in drawn_keys(diff, 10)] == ["train.lr", "workload.script"]
+    assert [k for k, _ in drawn_keys(diff, 1)] == ["train.lr"]

@@ -9,6 +9,8 @@ import math
 import pandas as pd
 
 from app.charts.runs_grid import (
+    FIT_PX,
+    GRID_CHROME_PX,
     HEADER_ICON_PX,
     LONG_COMFORT_PX,
     LONG_FLOOR_PX,
@@ -17,6 +19,7 @@ from app.charts.runs_grid import (
     PADDING_PX,
     column_width,
     fit_columns,
+    fit_px,
     fitted,
     headline_text,
     loss_text,
@@ -99,3 +102,9 @@ def test_the_default_columns_fit_leaving_out_the_empty_ones_then_the_least_neede
     tight = sum(narrowest[c] for c in ("name", "status", "waiting for", "progress", "cost"))
     assert fit_columns(priced, {}, [*shown, "cost"], fit_px=tight)[3] == ["energy", "step", "elapsed"]
     assert fit_columns(priced, {}, [*shown, "cost"], fit_px=tight - 1)[3] == ["energy", "step", "elapsed", "cost"]
+
+
+def test_the_columns_take_the_grid_the_page_measured_else_1280_pxs() -> None:
+    assert fit_px(None) == fit_px("wide") == fit_px(0) == fit_px(True) == FIT_PX
+    assert fit_px(1280) == 1280 - GRID_CHROME_PX and fit_px(1120.4) == 1120 - GRID_CHROME_PX
+    assert fit_px(1120) == FIT_PX  # 1280 px's grid: as measured
