@@ -1,7 +1,8 @@
 """The Runs list's grid: each column's cells as text a person reads (never "None" or "nan"), and
 each column's width from its content, so that no cell is cut ("failec", "queued: wai", a best
-loss without its leading digit) and the default columns fit the grid at 1280 px without scrolling
-inside it (the long ones give way: :func:`fitted`).
+loss without its leading digit) and the default columns fit the grid without scrolling inside it
+(:func:`fit_columns`: empty columns and the least needed go, the long texts give way), at the width
+the page measured (:data:`WIDTH_JS`, a component the Runs page mounts), 1280 px's until it has.
 
 The grid (Glide Data Grid) draws on a canvas and clips a cell's text at the column's edge, with
 no ellipsis and no tooltip: a width is given to every column from the longest text it shows,
