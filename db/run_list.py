@@ -178,3 +178,17 @@ def run_tags(session: Session) -> list[str]:
     for (text,) in session.execute(select(Run.tags_json).distinct()):
         tags.update(json.loads(text or "[]"))
     return sorted(tags)
+
+
+def run_configs(session: Session, run_ids: Sequence[int] | None = None, limit: int = 200) -> dict[int, dict[str, Any]]:
+    """Each run's config, flattened (``{"train.lr": 0.001, ...}``), by run id, in one statement: what
+    the Runs page groups by and draws its parallel coordinates from. ``run_ids`` None: the newest
+    ``limit`` runs (the keys there are to group by). An id of no run is left out."""
+    q = select(Run.id, Run.config_json)
+    if run_ids is None:
+        q = q.order_by(Run.id.desc()).limit(limit)
+    elif not run_ids:
+        return {}
+    else:
+        q = q.where(Run.id.in_(list(run_ids)))
+    return {row.id: flatten(json.loads(row.config_json or "{}")) for row in session.execute(q).all()}

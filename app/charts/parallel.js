@@ -1,8 +1,11 @@
-// The sweep page's parallel coordinates (app/charts/parallel.py): one vertical axis per key of the
-// space and one for the objective, one line per trial coloured by its objective. Dragging along an
-// axis brushes a range of it; a trial is selected when it lies inside every brush, and the numbers
-// of the selected trials are the component's state ("selection"), which the page filters its trial
-// table by. Double-click an axis to clear its brush; "Clear brush" clears them all.
+// Parallel coordinates (app/charts/parallel.py), shared by the sweep page and the Runs page: one
+// vertical axis per key (a sweep's space, or the config keys that differ among the selected runs)
+// and one for the objective, one line per trial (or run) coloured by its objective. Dragging along
+// an axis brushes a range of it; a line is selected when it lies inside every brush, and the
+// numbers of the selected lines are the component's state ("selection"), which the sweep page
+// filters its trial table by. Double-click an axis to clear its brush; "Clear brush" clears them
+// all. The data names its lines ("noun": singular and plural, "trial" by default; a line's "label")
+// and the chart ("title").
 //
 // Drawn in SVG with the DOM's own calls: nothing is fetched, and every text (a key, a choice) is
 // set as text, never as markup.
@@ -101,8 +104,9 @@ export default function (component) {
   root.appendChild(bar);
 
   const width = Math.max(360, root.clientWidth || parentElement.host?.clientWidth || 800);
+  const [one, many] = data.noun || ["trial", "trials"];
   const svg = el("svg", { width, height: HEIGHT, viewBox: `0 0 ${width} ${HEIGHT}`, role: "img",
-    "aria-label": "parallel coordinates of the sweep's trials" }, root);
+    "aria-label": data.title || "parallel coordinates of the sweep's trials" }, root);
   const span = HEIGHT - PAD.top - PAD.bottom;
   const step = (width - PAD.left - PAD.right) / (data.axes.length - 1);
   const xOf = (i) => PAD.left + i * step;
@@ -119,7 +123,7 @@ export default function (component) {
     });
     const p = el("path", { d, stroke: trial.color, class: "trial", "data-number": trial.number }, lines);
     const title = el("title", {}, p);
-    title.textContent = `trial ${trial.number}`;
+    title.textContent = trial.label || `${one} ${trial.number}`;
     return p;
   });
 
@@ -181,7 +185,7 @@ export default function (component) {
       r.setAttribute("y", b ? yOf(b[1]) : 0);
       r.setAttribute("height", b ? Math.max(1, yOf(b[0]) - yOf(b[1])) : 0);
     }
-    said.textContent = any ? `${chosen.size} of ${data.trials.length} trials in the brush`
+    said.textContent = any ? `${chosen.size} of ${data.trials.length} ${many} in the brush`
       : "Drag along an axis to brush a range; double-click an axis to clear its brush";
     clear.disabled = !any;
   }

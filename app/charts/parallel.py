@@ -1,12 +1,16 @@
-"""The sweep page's parallel coordinates with brushing: a Streamlit components v2 component whose
-code is parallel.js beside this module (no library, nothing fetched), and the plain data it draws.
+"""Parallel coordinates with brushing, shared by the sweep page and the Runs page: a Streamlit
+components v2 component whose code is parallel.js beside this module (no library, nothing
+fetched), and the plain data it draws.
 
-One axis per key of the sweep's space (a log scale for ``log_uniform``, the choices in order for
-``choice``, the range for ``uniform`` and ``int``) and one for the objective; one line per trial,
-coloured by its value (:func:`objective_colors`). The page mounts it (app/views/sweep.py: this
-module, like every chart builder, has no Streamlit). Dragging along an axis brushes a range; the
-component's state is the selection, ``{"numbers": [trial numbers], "brushes": {key: range}}``, or
-None without a brush, which :func:`selected_numbers` reads for the trial table.
+The sweep page (:func:`parallel_data`): one axis per key of the sweep's space (a log scale for
+``log_uniform``, the choices in order for ``choice``, the range for ``uniform`` and ``int``) and
+one for the objective; one line per trial, coloured by its value (:func:`objective_colors`). The
+Runs page (:func:`runs_parallel_data`): one axis per config key that differs among the selected
+runs (numbers on their range, on a log scale over two decades or more; anything else as choices) and one
+for the best loss; one line per run. The pages mount it (app/views/sweep.py, app/views/runs.py:
+this module, like every chart builder, has no Streamlit). Dragging along an axis brushes a range;
+the component's state is the selection, ``{"numbers": [line numbers], "brushes": {key: range}}``,
+or None without a brush, which :func:`selected_numbers` reads (a trial's number, a run's id).
 
 Component v2 loads inline code as a ``blob:`` module: the UI's Content-Security-Policy allows
 ``blob:`` scripts for it (app/server/gate.py says why that lets nothing new in).
@@ -25,6 +29,8 @@ OBJECTIVE = "objective"  # the objective axis's key in the component's data (no 
 # Viridis at five stops, dark (worst) to bright yellow (best): a contrast on the light and the dark theme.
 VIRIDIS = ("#440154", "#3b528b", "#21918c", "#5ec962", "#fde725")
 MISSING_COLOR = "#9e9e9e"  # a trial without a value yet
+LOG_SPAN = 100.0  # a numeric axis of positive values over two decades or more is drawn on a log scale
+ABSENT = "—"  # db.compare.ABSENT: a key one run's config does not have (not imported: no database here)
 
 CSS = """
 .runyard-parallel { font: 11px sans-serif; color: var(--st-text-color, #31333f); }
@@ -107,6 +113,62 @@ def parallel_data(space: Mapping[str, Mapping[str, Any]], trials: Sequence[Mappi
         shown = [str(p) if a["kind"] == "choice" and p is not None else p for a, p in zip(axes, params, strict=False)]
         rows.append({"number": t["number"], "values": [*shown, value], "color": color})
     return {"axes": axes, "trials": rows}
+
+
+def _config_axis(key: str, values: Sequence[Any]) -> dict[str, Any]:
+    """An axis for a config key from the values the runs have: numbers on their range (a log scale
+    when all are positive and span two decades or more), anything else as its choices, sorted."""
+    known = [v for v in values if v is not None]
+    if known and all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in known):
+        lo, hi = float(min(known)), float(max(known))
+        return {"key": key, "label": key, "kind": "log" if lo > 0 and hi / lo >= LOG_SPAN else "linear",
+                "min": lo, "max": hi}
+    return {"key": key, "label": key, "kind": "choice", "choices": sorted({choice_text(v) for v in known})}
+
+
+def choice_text(value: Any) -> str:
+    """A value on a choice axis: ``true``, ``[1, 2]``, ``cosine``."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(choice_text(v) for v in value) + "]"
+    return str(value)
+
+
+def drawn_keys(diff: Sequence[tuple[str, Sequence[Any]]], most: int) -> list[tuple[str, Sequence[Any]]]:
+    """The keys of ``diff`` worth an axis, at most ``most``: those with two values or more among
+    the runs that have one (a key only some configs have, at one value, says nothing an axis can
+    show), the ones most runs have first, then in ``diff``'s order."""
+    def known(values: Sequence[Any]) -> list[Any]:
+        return [v for v in values if v is not None and not (isinstance(v, str) and v == ABSENT)]
+
+    worth = [(key, values) for key, values in diff if len({choice_text(v) for v in known(values)}) > 1]
+    return sorted(worth, key=lambda kv: -len(known(kv[1])))[:most]
+
+
+def runs_parallel_data(runs: Sequence[Mapping[str, Any]], diff: Sequence[tuple[str, Sequence[Any]]],
+                       metric: str = "best loss") -> dict[str, Any]:
+    """What the component draws for the Runs page's selected runs: an axis per key of ``diff``
+    (db.compare.config_diff over the runs' configs: each key with one value per run, ``absent``
+    where a run lacks it), then one for ``metric`` (each run's ``best_loss``, lower is better);
+    one line per run (``number``: its id), coloured by its loss."""
+    axes = [_config_axis(key, [None if v == ABSENT else v for v in values]) for key, values in diff]
+    losses = [r["best_loss"] if isinstance(r.get("best_loss"), int | float) and math.isfinite(r["best_loss"])
+              else None for r in runs]
+    known = [v for v in losses if v is not None]
+    lo, hi = min(known, default=0.0), max(known, default=1.0)
+    kind = "log" if lo > 0 and hi / lo >= LOG_SPAN else "linear"
+    axes.append({"key": OBJECTIVE, "label": metric, "kind": kind, "objective": True, "min": lo, "max": hi})
+    colors = objective_colors(losses, "minimize")
+    lines = []
+    for i, (r, loss, color) in enumerate(zip(runs, losses, colors, strict=True)):
+        values = [values_of[i] for _, values_of in diff]
+        shown = [None if v is None or v == ABSENT else v if a["kind"] != "choice" else choice_text(v)
+                 for a, v in zip(axes, values, strict=False)]
+        lines.append({"number": r["id"], "label": f"run #{r['id']} {r['name']}", "values": [*shown, loss],
+                      "color": color})
+    return {"axes": axes, "trials": lines, "noun": ["run", "runs"],
+            "title": "parallel coordinates of the selected runs"}
 
 
 def selected_numbers(selection: Any, numbers: Sequence[int]) -> list[int] | None:

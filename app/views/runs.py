@@ -1,14 +1,20 @@
 """Runs: every run with its status, progress, elapsed time, ETA, cost so far and projected, best loss
 and headline metric, live: a workspace to search (name, tag, note, config value), filter (status,
-tags, starred, archived), sort by any column, and act on the selected rows (open, compare, star,
-archive, delete). A sweep's trial says which (the "sweep" column), and one stopped early says at
-which step and by which sweep where a paused run says PAUSED; ``/runs?sweep=N`` opens the list
-filtered to sweep N's trials (their tag, ``sweep:N``). Its energy and your cost stand beside the
-cloud reference's cost ("Cloud ref."), never added to it (docs/COSTS.md).
+tags, starred, archived, and the runs' numbers: ``best loss < 0.01``), sort by any column, group by
+a config value or tag (a table per group, with its count and best loss), select (all the shown rows
+at once, or clear), act on the selected rows (open, compare, star, archive, delete), and draw the
+selected runs' parallel coordinates (the config keys that differ against their best loss; the
+sweep page's component, app/charts/parallel.py). A sweep's trial says which (the "sweep" column),
+and one stopped early says at which step and by which sweep where a paused run says PAUSED;
+``/runs?sweep=N`` opens the list filtered to sweep N's trials (their tag, ``sweep:N``). Its energy
+and your cost stand beside the cloud reference's cost ("Cloud ref."), never added to it
+(docs/COSTS.md).
 
 The list is read by db.compare.runs_list (filtered and sorted in the database read, the summary
-metrics in three statements for all the runs); the columns shown are chosen in "Columns" and kept
-for this browser session."""
+metrics in three statements for all the runs), then filtered on its numbers and grouped here
+(app/charts/runs_analysis.py); the configs come in one statement (db.run_list.run_configs) when
+grouping or drawing needs them; the columns shown are chosen in "Columns" and kept for this
+browser session."""
 
 from __future__ import annotations
 
@@ -17,21 +23,51 @@ from typing import Any
 
 import pandas as pd
 import streamlit as st
+from streamlit.components.v2.types import ComponentRenderer
 
 from app import data, run_actions, style
 from app.alerts_panel import alert_mark, open_alerts
-from app.charts.runs_grid import fitted, headline_text, loss_text, progress_percent, tags_text
+from app.charts import parallel
+from app.charts.runs_analysis import (
+    BY_TAG,
+    EXAMPLE,
+    NO_GROUPING,
+    NOT_SET,
+    FilterError,
+    Group,
+    fields_text,
+    filtered,
+    group_keys,
+    grouped,
+    parse_filter,
+)
+from app.charts.runs_grid import (
+    HELPS,
+    WIDTH_HTML,
+    WIDTH_JS,
+    WIDTH_NAME,
+    fit_columns,
+    fit_px,
+    fitted,
+    headline_text,
+    loss_text,
+    progress_percent,
+    tags_text,
+    trial_text,
+    waiting_text,
+)
 from app.style import status_css
 from db.compare import MAX_RUNS as MAX_COMPARED  # not app.compare_charts: the Runs page loads no Altair
+from db.compare import config_diff
 from db.estimates import published_machine, queue_starts
-from db.states import TERMINAL, RunStatus
+from db.run_list import run_configs
+from db.states import RunStatus
 from orchestrator.cost_text import energy_short
 from orchestrator.format import (
     duration,
     eta_text,
     note_line,
     queue_text,
-    start_text,
     status_words,
     step_text,
     usd,
@@ -58,13 +94,9 @@ COLUMNS = ["run", "★", "name", "sweep", "status", "waiting for", "alert", "pro
 DEFAULT_COLUMNS = ["run", "★", "name", "status", "waiting for", "alert", "progress", "step", "elapsed", "ends at",
                    "energy", "your cost", "cost", "best loss", "headline", "tags"]
 TITLES = {"cost": "Cloud ref."}  # a column's header where it is not the column's name
-WAITING = {RunStatus.QUEUED.value, RunStatus.RETRYING.value}
-TERMINAL_VALUES = {s.value for s in TERMINAL}
-
-
-def trial_text(trial: dict[str, Any] | None) -> str:
-    """Which sweep's trial a run is: ``lr-search #3, trial 4``; empty for a run of no sweep."""
-    return f"{trial['sweep_name']} #{trial['sweep_id']}, trial {trial['number']}" if trial else ""
+TABLE = "runs_table"  # the grid's key; a group's grid adds the grouping and the group's label
+MAX_AXES = 10  # the most config keys the parallel coordinates draw (those that differ, in order)
+NOT_DRAWN = {"tags"}  # config keys the parallel coordinates leave out (the name is never diffed)
 
 
 @st.cache_data(ttl=1.0, show_spinner=False)
@@ -76,13 +108,40 @@ def queue_line() -> str | None:
         return queue_text(queue_starts(s, time.time(), published_machine(data.settings())))
 
 
-def waiting_text(r: dict[str, Any]) -> str:
-    """Why a queued or retrying run waits; for a queued one, when it should start first
-    (``starts ≈ 15:40, after run 38; queued: waiting for 2 free GPU(s) …``)."""
-    if r["status"] not in WAITING:
-        return ""
-    start = start_text(r.get("start_estimate"), short=True)
-    return "; ".join(part for part in (start, r["status_reason"] or "") if part)
+@st.cache_data(ttl=2.0, show_spinner=False)
+def configs_of(run_ids: tuple[int, ...] | None) -> dict[int, dict[str, Any]]:
+    """The runs' flattened configs (None: the newest 200 runs'), in one statement."""
+    with data.sessions()() as s:
+        return run_configs(s, None if run_ids is None else list(run_ids))
+
+
+@st.cache_resource
+def parallel_component() -> ComponentRenderer:
+    """The parallel coordinates' component (app/charts/parallel.py), as the sweep page registers
+    it: the same name and code, so either page's registration serves both."""
+    return st.components.v2.component(parallel.NAME, html=parallel.HTML, css=parallel.CSS, js=parallel.js_code())
+
+
+@st.cache_resource
+def width_component() -> ComponentRenderer:
+    """The component that says the width the page gives the grid (app/charts/runs_grid.py)."""
+    return st.components.v2.component(WIDTH_NAME, html=WIDTH_HTML, js=WIDTH_JS)
+
+
+def read_filter(text: str) -> tuple[list[Any], str | None]:
+    """The filter's clauses, or none and what is wrong with it."""
+    try:
+        return parse_filter(text), None
+    except FilterError as exc:
+        return [], str(exc)
+
+
+def group_heading(by: str, group: Group) -> str:
+    """A group's line above its table: ``**train.lr = 0.001** · 3 runs · best loss 0.0123``."""
+    name = (f"tag {group.label}" if group.label != NOT_SET else "no tag") if by == BY_TAG else (
+        f"{by} {group.label}" if group.label == NOT_SET else f"{by} = {group.label}")
+    count = f"{len(group.runs)} run" + ("" if len(group.runs) == 1 else "s")
+    return f"**{style.plain(name)}** · {count} · best loss {loss_text(group.best_loss)}"
 
 
 def runs_frame(runs: list[dict[str, Any]], marks: dict[int, Any]) -> pd.DataFrame:
@@ -124,25 +183,39 @@ if (swept := st.query_params.get("sweep", "")) != st.session_state.get(SWEPT) an
     st.session_state[SWEPT] = swept
     if sweep_tag(int(swept)) in data.run_tags():
         st.session_state["runs_tags"] = [sweep_tag(int(swept))]
-c1, c2, c3 = st.columns([3, 2, 2])
+c1, c2, c3, c4 = st.columns([3, 3, 2, 2])
 search = c1.text_input("Search", placeholder="name, tag, note or config value (lr=0.001)", key="runs_search",
                        help="Every word must match a part of the run's name, one of its tags, its note or a config "
                             "value; key=value matches one config value (train.lr=0.001, or lr=1e-3)")
-statuses = c2.multiselect("Status", [s.value for s in RunStatus], placeholder="all statuses", key="runs_status")
-tags = c3.multiselect("Tags", data.run_tags(), placeholder="any tag", key="runs_tags")
+metric_filter = c2.text_input(
+    "Filter", placeholder=f"{EXAMPLE}, steps >= 1000", key="runs_filter",
+    help=f"Compare the runs' numbers: a field, then <, >, <=, >= or =, then a number; clauses joined by a comma "
+         f"or 'and' must all hold, and a run without the value (no loss yet) matches none. The fields: "
+         f"{fields_text()} ($2.5, 50%, 2h allowed)")
+statuses = c3.multiselect("Status", [s.value for s in RunStatus], placeholder="all statuses", key="runs_status")
+tags = c4.multiselect("Tags", data.run_tags(), placeholder="any tag", key="runs_tags")
 with st.container(horizontal=True, vertical_alignment="bottom"):
     sort_label = st.selectbox("Sort by", list(SORTS), key="runs_sort", width=200) or "newest"
     column, largest_first = SORTS[sort_label]
+    group_by = st.selectbox(
+        "Group by", [NO_GROUPING, BY_TAG, *group_keys(list(configs_of(None).values()))], key="runs_group",
+        width=220, help="A table per value of a config key (the keys that differ among the runs first) or per "
+                        "tag, each with its count and best loss") or NO_GROUPING
     descending = largest_first != st.toggle("Reverse", key="runs_reverse", help="The other way round")
     starred = st.toggle("Starred only", key="runs_starred")
     archived = st.toggle("Show archived", key="runs_archived", help="Archived runs are hidden until shown here")
-    shown = st.popover("Columns", icon=":material/view_column:").multiselect(
+    shown_columns = st.popover("Columns", icon=":material/view_column:").multiselect(
         "Columns shown", COLUMNS, default=DEFAULT_COLUMNS, key="runs_columns")
+grid_px = fit_px(width_component()(key="runs-width", default={"width": None}, on_width_change=lambda: None,
+                                   height="content").get("width"))
 
 
 @st.fragment(run_every=2)
 def runs_table() -> None:
     runs = data.runs_list(tuple(statuses), search.strip(), tuple(tags), starred, archived, column, descending)
+    clauses, problem = read_filter(metric_filter)
+    if problem is not None:
+        st.warning(f"The filter is not applied: {style.plain(problem)}", icon=":material/filter_alt_off:")
     if not runs:
         if search or statuses or tags or starred:
             st.info("No run matches. Clear the search or the filters above to see every run"
@@ -153,67 +226,112 @@ def runs_table() -> None:
         return
     if (queue := queue_line()) is not None:
         st.caption(queue)
+    shown = filtered(runs, clauses)
+    said = "; ".join(map(str, clauses))
+    if not shown:
+        st.info(f"No run of the {len(runs)} listed has {style.plain(said)}: clear the filter to see them.")
+        return
     # The actions above the grid: reachable without scrolling past the runs (filled once the
-    # grid has said which rows are selected).
+    # grids have said which rows are selected).
     actions = st.container()
-    frame, widths = fitted(runs_frame(runs, open_alerts()), TITLES)
+    order = [c for c in COLUMNS if c in (shown_columns or DEFAULT_COLUMNS)]
+    frame = runs_frame(shown, open_alerts())
+    left_out: list[str] = []
+    if set(order) == set(DEFAULT_COLUMNS):  # the defaults fit the grid: what must give way does
+        frame, widths, order, left_out = fit_columns(frame, TITLES, order, grid_px)
+    else:  # the columns a person chose: all of them (the grid scrolls when they are wider)
+        frame, widths = fitted(frame, TITLES, order, grid_px)
+    row_of = {r["id"]: i for i, r in enumerate(shown)}
+    groups = grouped(shown, configs_of(tuple(row_of)) if group_by != NO_GROUPING else {}, group_by)
+    tables: dict[str, int] = {}
+    selected: dict[int, dict[str, Any]] = {}
+    for group in groups:
+        key = TABLE if group_by == NO_GROUPING else f"{TABLE}-{group_by}-{group.label}"
+        if group_by != NO_GROUPING:
+            st.markdown(group_heading(group_by, group))
+        rows = [row_of[r["id"]] for r in group.runs]
+        for i in grid(frame.iloc[rows], [shown[i] for i in rows], widths, order, key):
+            selected[shown[rows[i]]["id"]] = shown[rows[i]]
+        tables[key] = len(rows)
+    st.caption(f"{len(runs)} run(s)" + (f", the newest {len(runs)} that match, " if len(runs) >= 200 else " ")
+               + f"sorted by {sort_label}" + ("" if descending == largest_first else ", reversed")
+               + (f"; {len(shown)} of them with {style.plain(said)}" if clauses else "")
+               + (f"; in {len(groups)} group(s) by {style.plain(group_by)}" if group_by != NO_GROUPING else "") + "."
+               + (f" Left out to fit the page: {', '.join(TITLES.get(c, c) for c in left_out)} (**Columns** shows "
+                  "them)." if left_out else ""))
+    chosen = sorted(selected.values(), key=lambda r: r["id"])
+    with actions:
+        selection_actions(chosen, tables)
+    if len(chosen) >= 2:
+        parallel_section(chosen)
+
+
+def grid(frame: pd.DataFrame, runs: list[dict[str, Any]], widths: dict[str, int], order: list[str],
+         key: str) -> list[int]:
+    """One table of runs (``frame``'s rows, the runs they show); the positions of its selected rows."""
     event = st.dataframe(
-        frame.style.apply(lambda _: [status_css(r["status"]) for r in runs], subset=["status"]),
+        frame.reset_index(drop=True).style.apply(lambda _: [status_css(r["status"]) for r in runs],
+                                                 subset=["status"]),
         hide_index=True,
-        column_order=[c for c in COLUMNS if c in (shown or DEFAULT_COLUMNS)],
-        column_config={c: st.column_config.Column(width=w) for c, w in widths.items()} | {
+        column_order=order,
+        column_config={c: st.column_config.Column(TITLES.get(c, c), width=w, help=HELPS.get(c))
+                       for c, w in widths.items()} | {
             "run": st.column_config.LinkColumn("run", display_text=r"run\?run=(\d+)", width=widths["run"]),
-            "★": st.column_config.TextColumn("★", help="Starred (select the row, then Star)", width=widths["★"]),
-            # Whole percent, rounded down: two decimals made the bar's text wider than its column.
-            "progress": st.column_config.ProgressColumn("progress", min_value=0.0, max_value=100.0, format="%d%%",
-                                                        width=widths["progress"]),
-            "waiting for": st.column_config.TextColumn(
-                "waiting for", width=widths["waiting for"],
-                help="Why a queued or retrying run waits, and when a queued one should start (a long reason "
-                     "ends in …: the run's page says it whole)"),
-            "energy": st.column_config.TextColumn("energy", width=widths["energy"],
-                                                  help="Measured (≈: estimated from power x time); "
-                                                  "– not measured (docs/COSTS.md)"),
-            "your cost": st.column_config.TextColumn(
-                "your cost", width=widths["your cost"],
-                help="Energy x your tariff x PUE + your hardware's amortisation, so far (Settings); "
-                     "– until you set your electricity tariff in Settings"),
-            "cost": st.column_config.TextColumn(TITLES["cost"], width=widths["cost"],
-                                                help="Cloud reference: device time at the list price "
-                                                "the run was submitted at, so far, every attempt included"),
-            "projected": st.column_config.TextColumn(
-                "projected", width=widths["projected"], help="Cloud reference so far + ETA x the run's list price"),
-            "best loss": st.column_config.TextColumn(
-                "best loss", width=widths["best loss"],
-                help="The lowest loss along the run's lineage, a fork's parent's steps included (the mean over "
-                     "ranks); – before any"),
-            "headline": st.column_config.TextColumn(
-                "headline", width=widths["headline"],
-                help="The final value of the workload's headline metric (eval accuracy, eval loss…)"),
-            "alert": st.column_config.TextColumn("alert", width=widths["alert"],
-                                                 help="An open alert (docs/ALERTS.md): its triggers"),
+            # Two decimals, rounded down: the column is as wide as a bar and "100.00%".
+            "progress": st.column_config.ProgressColumn("progress", min_value=0.0, max_value=100.0,
+                                                        format="%.2f%%", width=widths["progress"]),
         },
         on_select="rerun",
         selection_mode="multi-row",
-        key="runs_table",
+        key=key,
     )
-    st.caption(f"{len(runs)} run(s)" + (f", the newest {len(runs)} that match, " if len(runs) >= 200 else " ")
-               + f"sorted by {sort_label}" + ("" if descending == largest_first else ", reversed") + ".")
-    selected = [runs[i] for i in event.selection.rows if i < len(runs)]
-    with actions:
-        selection_actions(sorted(selected, key=lambda r: r["id"]))
+    return [i for i in event.selection.rows if i < len(runs)]
 
 
-def selection_actions(selected: list[dict[str, Any]]) -> None:
-    """Open one selected run, compare the selected ones (up to the Compare page's limit), star,
-    archive or delete them.
+def select_rows(tables: dict[str, int], every: bool) -> None:
+    """Select every row of each table (``tables``: its key and its number of rows), or none."""
+    for key, count in tables.items():
+        st.session_state[key] = {"selection": {"rows": list(range(count)) if every else [], "columns": [],
+                                               "cells": []}}
+
+
+def parallel_section(chosen: list[dict[str, Any]]) -> None:
+    """The selected runs' parallel coordinates: the config keys that differ among them against
+    their best loss, a line per run."""
+    configs = configs_of(tuple(r["id"] for r in chosen))
+    diff = [(k, v) for k, v in config_diff([configs.get(r["id"], {}) for r in chosen]) if k not in NOT_DRAWN]
+    drawn = parallel.drawn_keys(diff, MAX_AXES)
+    st.markdown(f"**Parallel coordinates** of the {len(chosen)} selected runs")
+    if not drawn:
+        st.info("The selected runs' configs do not differ in a value two of them have (their names and tags "
+                "aside): there is no setting to draw their best loss against.")
+        return
+    result = parallel_component()(data=parallel.runs_parallel_data(chosen, drawn), key="runs-parallel",
+                                  default={"selection": None}, on_selection_change=lambda: None, height=390)
+    brushed = parallel.selected_numbers(result.get("selection"), [r["id"] for r in chosen])
+    st.caption(f"An axis per config key whose value differs among them ({len(drawn)} of the {len(diff)} keys that "
+               "differ: those most of them have, at two values or more), then the best loss; a line per run, "
+               "bright for a lower loss, grey without one. Drag along an axis to brush a range."
+               + ("" if brushed is None else " In the brush: "
+                  + (", ".join(f"#{r['id']} {style.plain(r['name'])}" for r in chosen if r["id"] in brushed)
+                     or "none") + "."))
+
+
+def selection_actions(selected: list[dict[str, Any]], tables: dict[str, int]) -> None:
+    """Select all the shown rows or none; open one selected run, compare the selected ones (up to
+    the Compare page's limit), star, archive or delete them.
 
     st.switch_page does not leave a fragment: the choice is kept in the session and the whole
     page reruns and switches (opened in this browser session, the page draws without a new
     tab's start-up)."""
     ids = [r["id"] for r in selected]
     viewing = data.read_only_reason()
+    shown = sum(tables.values())
     with st.container(horizontal=True, vertical_alignment="center"):
+        st.button("Select all", key="runs_select_all", icon=":material/select_all:", on_click=select_rows,
+                  args=(tables, True), help=f"Select every run shown ({shown})")
+        st.button("Clear", key="runs_select_none", icon=":material/deselect:", on_click=select_rows,
+                  args=(tables, False), disabled=not ids, help="Select none")
         if st.button(f"Open run #{ids[0]}" if len(ids) == 1 else "Open run", disabled=len(ids) != 1,
                      key="runs_open", icon=":material/open_in_browser:"):
             st.session_state[OPEN_RUN] = ids[0]
@@ -240,8 +358,9 @@ def selection_actions(selected: list[dict[str, Any]]) -> None:
             st.button("Delete…", disabled=True, key="runs_delete_off", icon=":material/delete:",
                       help=viewing or "Select one run to delete it")
     st.caption(f"Compare takes at most {MAX_COMPARED} runs: unselect {len(ids) - MAX_COMPARED}." if too_many
-               else "Select rows (the boxes on the left) to open, compare, star, archive or delete runs; the link "
-                    "in the *run* column opens a run in a new tab.")
+               else "Select rows (the boxes on the left) to open, compare, star, archive or delete runs, and two or "
+                    "more to draw their parallel coordinates below; the link in the *run* column opens a run in a "
+                    "new tab.")
 
 
 def delete_menu(run: dict[str, Any]) -> None:

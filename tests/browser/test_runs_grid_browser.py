@@ -1,5 +1,7 @@
-"""Nothing "None", "nan" or a raw key on any page, and no Runs-list cell cut, in a real Chromium
-at 1280 and 1440 px (issue 56, items 2 and 3).
+"""Nothing "None", "nan" or a raw key on any page, no Runs-list cell cut and the default columns
+held by the grid without scrolling inside it, in a real Chromium at 1280x800 and 1440x900 (issue
+56, items 2 and 3); and the Runs table as an analysis tool at both (item 8): grouped by a config
+value, filtered on the best loss, every shown run selected, and their parallel coordinates.
 
 One `runyard up` with a seeded home: runs of every state and kind written straight into its
 database (a finished run with metrics, tags and a note; a failed one with a crashed attempt; a
@@ -12,7 +14,8 @@ Compare draws the four-decade loss on a log axis.
 The Runs list's grid draws on a canvas; glide-data-grid keeps an accessible copy of its visible
 cells as a <table role="grid">, read here, and each column's width is what the grid draws its
 header at. A cell is cut when its text, measured with a canvas in the page in the grid's own
-font, is wider than its column less the cell's padding.
+font, is wider than its column less the cell's padding; the columns scroll inside the grid when
+its scroller is wider than its box.
 
     pytest -m browser tests/browser/test_runs_grid_browser.py
 """
@@ -28,18 +31,22 @@ from typing import Any
 import pytest
 
 from bench.seed import seed_run
+from db.compare import runs_list
 from db.engine import make_engine, make_sessionmaker
 from db.metricstore import write_points
 from db.models import Attempt, Run
 from db.requests import create_run
+from db.run_list import run_configs
 from db.states import RunStatus, transition
 from db.vocabulary.config import RunConfig
 from db.vocabulary.cost import Price
 from tests.browser.test_resume_browser import submit, wait_for
 from tests.browser.test_ui_browser import PAGE_TIMEOUT_MS, expect, open_page, wait_settled
+from tests.conftest import wait_until
 
 pytestmark = pytest.mark.browser
 WIDTHS = (1440, 1280)
+HEIGHTS = {1440: 900, 1280: 800}
 # Raw metric keys a page must label (the metric registry's "Eval accuracy", "Step time"...).
 RAW_KEYS = re.compile(r"\b(eval_accuracy|step_time|grad_norm|samples_per_s|tokens_per_s|train_loss)\b")
 NOT_A_VALUE = re.compile(r"\b(None|nan|NaN)\b")
@@ -76,15 +83,19 @@ GRID = """() => {
   for (let r = 0; r < props.rows; r++) {
     for (const c of columns) {
       const cell = props.getCellContent([c.index, r]);
-      const text = String(cell.displayData ?? cell.data ?? '');
+      const shown = cell.displayData ?? cell.data ?? '';
+      // A progress cell holds its bar's value and the label drawn beside it ("12.34%").
+      const text = String(typeof shown === 'object' ? (shown.label ?? shown.value ?? '') : shown);
       cells.push({row: r, title: c.title, text, px: ctx.measureText(text).width, room: c.width - padding,
                   kind: cell.kind});
     }
   }
   const heads = columns.map(c => ({title: c.title, px: ctx.measureText(c.title).width, room: c.width - padding - 16}));
   const box = frame.getBoundingClientRect();
+  const scroller = frame.querySelector('.dvn-scroller');
   const open = [...document.querySelectorAll('button')].find(b => b.innerText.includes('Open run'));
   return {font: ctx.font, columns, cells, heads, gridRight: box.right, gridTop: box.top,
+          innerWidth: scroller ? scroller.clientWidth : null, innerScrollWidth: scroller ? scroller.scrollWidth : null,
           pageWidth: document.documentElement.clientWidth, scrollWidth: document.documentElement.scrollWidth,
           openTop: open ? open.getBoundingClientRect().top : null};
 }"""
@@ -162,6 +173,67 @@ def seed_home(home: Path) -> dict[str, int]:
     return ids
 
 
+def use_the_table_as_an_analysis_tool(page: Any, home: Path, count: int) -> None:
+    """Group by a config value (a table per group under its value and count), filter on the best
+    loss (the rows narrow to the runs the database says; a bad filter says why and which fields),
+    select all (every shown run, then none) and the selected runs' parallel coordinates (a line
+    per run) (issue 56, item 8)."""
+    engine = make_engine(f"sqlite:///{home / 'runyard.db'}")
+    try:
+        with make_sessionmaker(engine)() as s:
+            kinds = [c["workload.kind"] for c in run_configs(s, limit=1000).values()]
+
+        def low_losses() -> list[int]:  # read again each time: the live run's best loss goes down as it trains
+            with make_sessionmaker(engine)() as s:
+                return sorted(r["id"] for r in runs_list(s) if r["best_loss"] is not None and r["best_loss"] < 0.01)
+
+        grids = page.get_by_test_id("stDataFrame")
+        page.get_by_test_id("stSelectbox").filter(has_text="Group by").click()
+        page.get_by_role("option", name="workload.kind", exact=True).click()
+        for kind in set(kinds):
+            n = kinds.count(kind)
+            heading = f"workload.kind = {kind} · {n} run{'' if n == 1 else 's'} · best loss"
+            expect(page.get_by_test_id("stMarkdown").filter(has_text=heading)).to_be_visible(timeout=PAGE_TIMEOUT_MS)
+        expect(grids).to_have_count(len(set(kinds)))
+        page.get_by_test_id("stSelectbox").filter(has_text="Group by").click()
+        page.get_by_role("option", name="no grouping", exact=True).click()
+        expect(grids).to_have_count(1, timeout=PAGE_TIMEOUT_MS)
+
+        rows = grids.locator("table[role='grid'] tbody tr")
+        box = page.get_by_label("Filter", exact=True)
+        box.fill("best loss < 0.01")
+        box.press("Enter")
+        expect(rows).not_to_have_count(count, timeout=PAGE_TIMEOUT_MS)
+        shown: list[int] = []
+
+        def shows_what_the_database_says() -> bool:
+            shown[:] = sorted(int(r["run"]) for r in grid_rows_as_data(page))
+            return shown == low_losses()
+
+        wait_until(shows_what_the_database_says, PAGE_TIMEOUT_MS / 1000,
+                   "the filtered rows never were the runs whose best loss the database says is under 0.01")
+        assert 0 < len(shown) < count, shown  # the seeded home has runs on both sides of 0.01
+    finally:
+        engine.dispose()
+    box.fill("best los < 0.01")
+    box.press("Enter")
+    warning = page.get_by_test_id("stAlert").filter(has_text="“best los” is no field to filter on")
+    expect(warning).to_contain_text("The fields: best loss, headline, steps", timeout=PAGE_TIMEOUT_MS)
+    expect(rows).to_have_count(count)  # not applied
+    box.fill("")
+    box.press("Enter")
+    expect(warning).to_have_count(0, timeout=PAGE_TIMEOUT_MS)
+
+    page.get_by_role("button", name="Select all").click()
+    expect(page.get_by_role("button", name=f"Compare {count} runs")).to_be_visible(timeout=PAGE_TIMEOUT_MS)
+    chart = page.locator(".runyard-parallel")
+    expect(chart.locator("path.trial")).to_have_count(count, timeout=PAGE_TIMEOUT_MS)
+    expect(chart.locator(".axis-name").filter(has_text="best loss")).to_have_count(1)
+    page.get_by_role("button", name="Clear", exact=True).click()
+    expect(page.get_by_role("button", name="Compare", exact=True)).to_be_visible(timeout=PAGE_TIMEOUT_MS)
+    expect(chart).to_have_count(0)
+
+
 def visible_problems(page: Any) -> list[str]:
     text = page.evaluate(VISIBLE_TEXT)
     found = [f"{m.group(0)!r} in …{text[max(0, m.start() - 40):m.end() + 40]!r}…"
@@ -234,7 +306,7 @@ def test_no_none_nan_or_raw_key_on_any_page_and_no_runs_cell_cut(
 
     found: dict[str, list[str]] = {}
     for width in WIDTHS:
-        page.set_viewport_size({"width": width, "height": 800})
+        page.set_viewport_size({"width": width, "height": HEIGHTS[width]})
         open_page(page, runyard_up.url, "Runs")
         rows = page.get_by_test_id("stDataFrame").locator("table[role='grid'] tbody tr")
         expect(rows).to_have_count(len(ids), timeout=PAGE_TIMEOUT_MS)
@@ -249,8 +321,12 @@ def test_no_none_nan_or_raw_key_on_any_page_and_no_runs_cell_cut(
             problems.append(f"wider than the page: grid to {grid['gridRight']:.0f} px, page {grid['pageWidth']} px")
         if grid["openTop"] is None or grid["openTop"] > grid["gridTop"]:
             problems.append(f"the actions are not above the grid: {grid['openTop']} vs {grid['gridTop']}")
+        if grid["innerScrollWidth"] is None or grid["innerScrollWidth"] > grid["innerWidth"] + 1:
+            problems.append(f"the default columns scroll inside the grid: {grid['innerScrollWidth']} px of columns "
+                            f"in {grid['innerWidth']} px")
         if problems:
             found[f"runs at {width}"] = problems
+        use_the_table_as_an_analysis_tool(page, runyard_up.home, len(ids))
     # Compare draws a loss spanning four decades on a log axis, as the Run page does (item 4).
     open_page(page, f"{runyard_up.url}/compare?runs={ids['baseline']},{ids['steep']}&metrics=loss", "Compare runs")
     wait_settled(page)

@@ -169,3 +169,19 @@ def test_sort_by_best_loss_and_headline_metric_puts_runs_without_one_last(
         assert names_of(list_runs(s, sort="name", descending=False)) == ["high", "low", "none"]
         with pytest.raises(ValueError, match="sort 'loss': use one of id, name"):
             list_runs(s, sort="loss")
+
+
+def test_run_configs_reads_each_runs_config_flattened_in_one_statement(
+        sessions: sessionmaker[Session], settings: Settings, statements: list[tuple[Engine, str]]) -> None:
+    with sessions() as s:
+        a = workspace_run(s, settings, "a", lr=0.01)
+        b = workspace_run(s, settings, "b", tags=("x",))
+        s.commit()
+    configs, sent = counted(sessions, statements, lambda s: run_list.run_configs(s, [a, b, 999]))
+    assert len([sql for sql in sent if sql.lstrip().upper().startswith("SELECT")]) == 1
+    assert sorted(configs) == [a, b]  # no run 999: left out
+    assert (configs[a]["train.lr"], configs[b]["train.lr"]) == (0.01, 0.001)
+    assert configs[b]["tags"] == ["x"] and configs[a]["name"] == "a"
+    with sessions() as s:
+        assert run_list.run_configs(s, []) == {}
+        assert list(run_list.run_configs(s, limit=1)) == [b]  # without ids: the newest runs

@@ -1,6 +1,7 @@
 """The parallel coordinates' data (app/charts/parallel.py): an axis per key of the space in its
 scale and one for the objective, a line per trial coloured by its value, and the brush's
-selection as the page reads it."""
+selection as the page reads it; for the Runs page, an axis per config key that differs among the
+selected runs and one for the best loss, a line per run."""
 
 from __future__ import annotations
 
@@ -8,13 +9,17 @@ import math
 from typing import Any
 
 from app.charts.parallel import (
+    ABSENT,
     MISSING_COLOR,
     VIRIDIS,
     brush_words,
+    drawn_keys,
     objective_colors,
     parallel_data,
+    runs_parallel_data,
     selected_numbers,
 )
+from db import compare
 
 SPACE: dict[str, dict[str, Any]] = {
     "train.lr": {"log_uniform": [1e-4, 1e-2], "uniform": None, "int": None, "choice": None},
@@ -56,3 +61,36 @@ def test_the_selection_keeps_the_trials_still_there_and_says_its_brushes() -> No
     assert selected_numbers(selection, [0, 1, 2, 3]) == [1, 3]
     assert selected_numbers(None, [0, 1]) is None and selected_numbers({"numbers": None}, [0]) is None
     assert brush_words(selection) == "train.lr 0.001 to 0.01; train.schedule in cosine; the objective 0.2 to 0.25"
+
+
+def test_the_runs_pages_lines_an_axis_per_differing_key_then_the_best_loss() -> None:
+    runs = [{"id": 4, "name": "a", "best_loss": 0.5}, {"id": 7, "name": "b", "best_loss": 0.001},
+            {"id": 9, "name": "c", "best_loss": None}]
+    diff: list[tuple[str, list[Any]]] = [("train.lr", [1e-4, 1e-2, 1e-3]), ("train.batch_size", [32, 64, ABSENT]),
+            ("workload.kind", ["mlp-digits", "script", "mlp-digits"]), ("train.amp", [True, False, True])]
+    d = runs_parallel_data(runs, diff)
+    lr, batch, kind, amp, loss = d["axes"]
+    assert (lr["kind"], lr["min"], lr["max"]) == ("log", 1e-4, 1e-2)  # two decades and more: log
+    assert (batch["kind"], batch["min"], batch["max"]) == ("linear", 32, 64)
+    assert kind["choices"] == ["mlp-digits", "script"] and amp["choices"] == ["false", "true"]
+    assert (loss["key"], loss["label"], loss["kind"], loss["min"], loss["max"]) == (
+        "objective", "best loss", "log", 0.001, 0.5)
+    assert [line["number"] for line in d["trials"]] == [4, 7, 9]
+    assert d["trials"][0]["label"] == "run #4 a" and d["noun"] == ["run", "runs"]
+    assert d["trials"][2]["values"] == [1e-3, None, "mlp-digits", "true", None]
+    assert [line["color"] for line in d["trials"]] == [VIRIDIS[0], VIRIDIS[-1], MISSING_COLOR]  # bright: lowest
+
+
+def test_absent_is_the_compare_pages_mark() -> None:
+    assert ABSENT == compare.ABSENT
+
+
+def test_the_axes_drawn_are_the_keys_with_two_values_or_more_most_runs_having_them_first() -> None:
+    diff: list[tuple[str, list[Any]]] = [
+        ("workload.args", [ABSENT, ABSENT, []]),  # one run's only: nothing to compare
+        ("workload.hidden", [256, 256, ABSENT]),  # one value where known
+        ("workload.script", [ABSENT, "a.py", "b.py"]),
+        ("train.lr", [0.1, 0.01, 0.001]),
+    ]
+    assert [k for k, _ in drawn_keys(diff, 10)] == ["train.lr", "workload.script"]
+    assert [k for k, _ in drawn_keys(diff, 1)] == ["train.lr"]

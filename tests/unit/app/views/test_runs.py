@@ -6,6 +6,7 @@ tests/browser/test_workspace_browser.py.
 
 from __future__ import annotations
 
+import html
 import json
 import re
 
@@ -26,6 +27,7 @@ from tests.unit.app.pages import add_run, no_exception, open_page, seeded, sessi
 from tests.unit.apptest import new_app
 
 __all__ = ["seeded", "sessions", "settings"]  # the fixtures, from the helper module
+FEW_COLUMNS = ["run", "name", "status", "waiting for", "best loss", "headline"]
 # A start time as shown: the time of day, with the date when it falls on another day (a test just
 # before midnight).
 AT = r"(?:\w{3} \d\d \w{3} )?\d\d:\d\d"
@@ -38,6 +40,9 @@ def test_the_runs_page_searches_shows_why_a_run_waits_and_its_summary_metrics(
         s.commit()
     at = open_page("views/runs.py")
     no_exception(at)
+    # With every default column the reason ends in "…" to fit the grid at 1280 px; with fewer, whole.
+    assert at.dataframe[0].value.set_index("id").loc[seeded["queued"], "waiting for"].endswith("…")
+    at.multiselect(key="runs_columns").set_value(FEW_COLUMNS).run()
     table = at.dataframe[0].value.set_index("id")
     # No scheduler has said what this machine has, so no start time is made up.
     # Short in its cell (the queue's line and the Run page say why the start is not known).
@@ -63,6 +68,7 @@ def test_a_queued_run_says_when_it_starts_and_the_page_when_the_queue_is_done(
     SchedulerFile(settings.scheduler_file).write({"inventory": Inventory(kind="cpu", slots=holds).to_json()})
     at = open_page("views/runs.py")
     no_exception(at)
+    at.multiselect(key="runs_columns").set_value(FEW_COLUMNS).run()  # room for the whole reason
     cell = at.dataframe[0].value.set_index("id").loc[seeded["queued"], "waiting for"]
     assert re.fullmatch(rf"starts ≈ {AT}, after run {seeded['running']}; queued: waiting for 2 free CPU "
                         r"slot\(s\)", cell), cell
@@ -158,3 +164,47 @@ def test_runs_page_filters_by_tag(settings: Settings, sessions: sessionmaker[Ses
     assert at.multiselect[1].options == ["baseline", "lr", "sweep"]
     at.multiselect[1].set_value(["sweep"]).run()
     assert at.dataframe[0].value["name"].tolist() == ["b"]
+
+
+def as_shown(markdown: str) -> str:
+    """Markdown a page escaped with style.plain, as a person reads it."""
+    return html.unescape(markdown.replace("\\", ""))
+
+
+def test_the_runs_page_filters_on_numbers_groups_selects_all_and_draws_the_selected(
+        seeded: dict[str, int], sessions: sessionmaker[Session]) -> None:
+    with sessions() as s:
+        running = s.get_one(Run, seeded["running"])
+        running.tags_json = json.dumps(["a"])
+        config = json.loads(running.config_json)
+        config["train"]["lr"] = 0.5
+        running.config_json = json.dumps(config)
+        s.commit()
+    at = open_page("views/runs.py")
+    at.text_input(key="runs_filter").input("best loss < 1").run()
+    no_exception(at)
+    assert at.dataframe[0].value["name"].tolist() == ["digits-a"]  # the queued run has no loss: none
+    assert any("1 of them with best loss < 1" in as_shown(c.value) for c in at.caption)
+    at.text_input(key="runs_filter").input("best los < 1, steps > many").run()
+    said = as_shown(at.warning[0].value)
+    assert "“best los” is no field to filter on" in said and "“many” is not a number" in said
+    assert "The fields: best loss, headline, steps" in said and len(at.dataframe[0].value) == 2  # not applied
+    at.text_input(key="runs_filter").input("").run()
+
+    at.selectbox(key="runs_group").set_value("tag").run()
+    no_exception(at)
+    headings = [m.value for m in at.markdown if m.value.startswith("**tag") or m.value.startswith("**no tag")]
+    assert headings == [f"**tag a** · 1 run · best loss {(2.0 / 120 * 2 + 0.01) / 2:.4g}",
+                        "**no tag** · 1 run · best loss –"]
+    assert [t.value["name"].tolist() for t in at.dataframe] == [["digits-a"], ["queued-one"]]
+    at.selectbox(key="runs_group").set_value("train.lr").run()  # the key that differs is offered
+    assert [m.value.split(" · ")[0] for m in at.markdown if m.value.startswith("**train.lr")] == [
+        "**train.lr = 0.001**", "**train.lr = 0.5**"]  # in the values' order
+
+    at.button(key="runs_select_all").click().run()  # in every group
+    no_exception(at)
+    assert at.button(key="runs_compare").label == "Compare 2 runs"
+    assert any(m.value == "**Parallel coordinates** of the 2 selected runs" for m in at.markdown)
+    at.button(key="runs_select_none").click().run()
+    assert at.button(key="runs_compare").label == "Compare"
+    assert not any(m.value.startswith("**Parallel coordinates**") for m in at.markdown)
