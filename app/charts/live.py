@@ -1,0 +1,203 @@
+"""A live run's chart sent to the browser a refresh at a time: the spec once, then only the rows
+that changed. A components v2 component (its code is app/assets/live.js) draws the Vega-Lite
+spec with Vega itself (vendored under app/assets/vega; both served by the UI's gate,
+app/server/assets.py: the page fetches nothing from elsewhere) and keeps the view across the
+live refreshes, changing its datasets in place (Vega's ``view.change``) instead of drawing the
+chart anew.
+
+What a refresh sends (:func:`refresh`): the chart is built as before (app/charts/metric.py), its
+spec split from its data (:func:`split`: the datasets named ``d0``, ``d1``... in order and
+Altair's per-build view names made stable, so that the same chart gives the same spec). While
+the spec and the generation (the series' rollup level and attempt count) are those of what the
+browser drew, each dataset is compared, row by row, with the rows it was sent: the rows it does
+not hold yet are sent (new buckets, a grown last bucket, the rank mean and the smoothed value at
+the end, the hover read-out's last step) with the ids of the rows they replace. Anything else (the
+first refresh, another spec, a new level or attempt, a browser that lost what it drew, more than
+half the rows changed) sends the whole chart again.
+
+No Streamlit here: app/chart_widgets.py mounts the component and keeps :class:`Drawn` in the
+session.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.server import assets
+
+NAME = "runyard.live_chart"  # the component's name, unique in the app
+HTML = '<div class="runyard-live"></div>'
+CSS = ".runyard-live { width: 100%; min-height: 300px; }"
+_VIEW_NAME = re.compile(r"^view_[0-9a-f]+_\d+$")
+
+Row = dict[str, Any]
+
+
+def js_code() -> str:
+    """The component's inline code: an import of its code from the UI's origin (app/assets/live.js,
+    served by the gate: app/server/assets.py), once per page, so that the message each refresh
+    carries stays small; each refresh is handed to it."""
+    # An address on the page's origin: the inline code runs as a blob: module, which resolves no path.
+    return (f"const code = import(new URL({json.dumps(assets.url(assets.CODE))}, document.baseURI).href);\n"
+            "export default function (component) { code.then((m) => m.default(component)); }\n")
+
+
+@dataclass
+class Drawn:
+    """What one browser's component holds of one chart: the spec's hash, the generation, and per
+    dataset each row it was sent (by its contents) with the id it was sent under."""
+
+    spec_hash: str
+    generation: str
+    ids: list[dict[tuple[Any, ...], int]] = field(default_factory=list)
+    next_id: int = 0
+    seq: int = 0  # the refreshes sent: the browser applies one only on top of the one before it
+
+
+@dataclass(frozen=True)
+class Update:
+    """One refresh's message to the component: ``spec`` on a full send (else None), per dataset
+    the rows to insert (their ids run from ``first_ids[i]``) and the ids to remove; ``base`` is
+    the ``seq`` it applies on top of (None: on nothing, a full send)."""
+
+    seq: int
+    base: int | None
+    spec: dict[str, Any] | None
+    inserts: list[list[Row]]
+    first_ids: list[int]
+    removes: list[list[int]]
+
+    @property
+    def full(self) -> bool:
+        return self.spec is not None
+
+    def message(self) -> dict[str, Any]:
+        """The component's ``data``: plain JSON, each dataset's rows as columns' names and rows
+        of values (the names once, not once per row)."""
+        return {"seq": self.seq, "base": self.base, "spec": self.spec, "first_ids": self.first_ids,
+                "inserts": [columnar(rows) for rows in self.inserts], "removes": self.removes}
+
+    @property
+    def rows_sent(self) -> int:
+        return sum(len(rows) for rows in self.inserts)
+
+
+SIGNIFICANT = 7  # digits a drawn value keeps: a tooltip shows 4, a line moves by less than a pixel
+EXACT = frozenset({"x", "step"})  # the x axis (wall time in epoch ms needs every digit), and steps
+
+
+def _short(value: Any) -> Any:
+    if isinstance(value, float) and math.isfinite(value) and not value.is_integer():
+        return float(f"{value:.{SIGNIFICANT}g}")
+    return value
+
+
+def columnar(rows: Sequence[Row]) -> dict[str, Any]:
+    """``rows`` (dicts with the same keys) as ``{"fields": [...], "rows": [[...], ...]}``, the values
+    drawn on the y axis to :data:`SIGNIFICANT` digits (JSON writes a computed mean with 17)."""
+    fields = list(rows[0]) if rows else []
+    exact = [f in EXACT for f in fields]
+    out = [[r.get(f) if keep else _short(r.get(f)) for f, keep in zip(fields, exact, strict=True)] for r in rows]
+    return {"fields": fields, "rows": out}
+
+
+def _renamed(node: Any, names: Mapping[str, str]) -> Any:
+    """``node`` with every dataset and view name in ``names`` replaced."""
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for k, v in node.items():
+            if k == "name" and isinstance(v, str) and v in names:
+                out[k] = names[v]
+            elif k == "views" and isinstance(v, list):
+                out[k] = [names.get(x, x) if isinstance(x, str) else x for x in v]
+            else:
+                out[k] = _renamed(v, names)
+        return out
+    if isinstance(node, list):
+        return [_renamed(v, names) for v in node]
+    return node
+
+
+def _view_names(node: Any, found: list[str]) -> list[str]:
+    if isinstance(node, dict):
+        name = node.get("name")
+        if isinstance(name, str) and _VIEW_NAME.match(name) and name not in found:
+            found.append(name)
+        for v in node.values():
+            _view_names(v, found)
+    elif isinstance(node, list):
+        for v in node:
+            _view_names(v, found)
+    return found
+
+
+def split(spec: Mapping[str, Any]) -> tuple[dict[str, Any], list[list[Row]]]:
+    """The spec without its data (datasets renamed ``d0``, ``d1``... in order, each left empty;
+    Altair's view names ``view_<hash>_<n>`` renamed ``v0``, ``v1``...), and each dataset's rows."""
+    datasets: dict[str, list[Row]] = dict(spec.get("datasets") or {})
+    names = {old: f"d{i}" for i, old in enumerate(datasets)}
+    bare = {k: v for k, v in spec.items() if k != "datasets"}
+    names |= {old: f"v{i}" for i, old in enumerate(_view_names(bare, []))}
+    bare = _renamed(bare, names)
+    bare["datasets"] = {names[old]: [] for old in datasets}
+    return bare, [list(rows) for rows in datasets.values()]
+
+
+def spec_hash(bare: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(bare, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _identity(row: Row) -> tuple[Any, ...]:
+    return tuple(row.items())
+
+
+def _full(bare: dict[str, Any], digest: str, generation: str, data: Sequence[Sequence[Row]],
+          seq: int) -> tuple[Update, Drawn]:
+    drawn = Drawn(spec_hash=digest, generation=generation, seq=seq)
+    first_ids = []
+    for rows in data:
+        first_ids.append(drawn.next_id)
+        drawn.ids.append({_identity(r): drawn.next_id + i for i, r in enumerate(rows)})
+        drawn.next_id += len(rows)
+    update = Update(seq=seq, base=None, spec=bare, inserts=[list(rows) for rows in data], first_ids=first_ids,
+                    removes=[[] for _ in data])
+    return update, drawn
+
+
+def refresh(drawn: Drawn | None, spec: Mapping[str, Any], generation: str) -> tuple[Update, Drawn]:
+    """What to send for the chart ``spec`` to a browser that holds ``drawn`` (None: nothing),
+    and what it holds then. ``generation`` names what the rows were fetched as (the series'
+    level and attempts): another one sends everything again."""
+    bare, data = split(spec)
+    digest = spec_hash(bare)
+    seq = drawn.seq + 1 if drawn is not None else 1
+    if drawn is None or drawn.spec_hash != digest or drawn.generation != generation or len(drawn.ids) != len(data):
+        return _full(bare, digest, generation, data, seq)
+    inserts: list[list[Row]] = []
+    first_ids: list[int] = []
+    removes: list[list[int]] = []
+    ids: list[dict[tuple[Any, ...], int]] = []
+    next_id, changed, held = drawn.next_id, 0, 0
+    for rows, before in zip(data, drawn.ids, strict=True):
+        now = {_identity(r): r for r in rows}
+        gone = [i for ident, i in before.items() if ident not in now]
+        new = [r for ident, r in now.items() if ident not in before]
+        kept = {ident: i for ident, i in before.items() if ident in now}
+        first_ids.append(next_id)
+        kept |= {_identity(r): next_id + i for i, r in enumerate(new)}
+        next_id += len(new)
+        inserts.append(new)
+        removes.append(gone)
+        ids.append(kept)
+        changed += len(new) + len(gone)
+        held += len(before)
+    if changed > max(held, 1) // 2 + 1 and held > 0 and changed > 64:  # most of it changed: the whole chart is as cheap
+        return _full(bare, digest, generation, data, seq)
+    update = Update(seq=seq, base=drawn.seq, spec=None, inserts=inserts, first_ids=first_ids, removes=removes)
+    return update, Drawn(spec_hash=digest, generation=generation, ids=ids, next_id=next_id, seq=seq)
