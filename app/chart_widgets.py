@@ -155,15 +155,17 @@ def _live_component() -> Any:
 
 def live_chart(chart: alt.LayerChart, chart_key: str, generation: str, on_select: Callable[[], None]) -> None:
     """A live run's chart as the live component: the whole chart on the first refresh (or when
-    its spec, level or attempts changed, or the browser asked: the trigger ``resync``), else only
-    the rows that changed since this session's browser drew it (``live.refresh``)."""
-    held = f"live-drawn-{chart_key}"
+    its spec, level or attempts changed), else only the rows that changed since this session's
+    browser drew it (``live.refresh``). A browser that could not apply a refresh says which one it
+    holds (the trigger ``resync``): the next builds on that one (``live.Sent``)."""
+    sent: live.Sent = st.session_state.setdefault(f"live-sent-{chart_key}", live.Sent())
 
     def resync() -> None:
-        st.session_state[held] = None
+        state = st.session_state.get(chart_key)
+        sent.rewind(state.get("resync") if state else None)
 
-    update, drawn = live.refresh(st.session_state.get(held), chart.to_dict(validate=False), generation)
-    st.session_state[held] = drawn
+    update, drawn = live.refresh(sent.drawn, chart.to_dict(validate=False), generation)
+    sent.record(drawn)
     _live_component()(data=update.message(), key=chart_key, default={"selection": None},
                       on_selection_change=on_select, on_resync_change=resync)
 

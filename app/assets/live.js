@@ -7,8 +7,8 @@
 // the component's inline code only imports this module. The box drawn (selection "box") and the
 // step alt-clicked (selection "pin") are the component's state "selection", as st.altair_chart's
 // on_select reports them. A refresh applies only on top of
-// the one before it; a browser that lost the chart (the element mounted anew) asks for the whole
-// chart with the trigger "resync".
+// the one before it; a browser that missed one says which it holds (the trigger "resync") and
+// gets what it lacks; one that lost the chart (the element mounted anew) gets the whole chart.
 
 const VENDOR_URLS = __VENDOR_URLS__;
 const DEBOUNCE_MS = 150;
@@ -129,8 +129,8 @@ async function update(component) {
     apply(state, data);
     await state.view.runAsync();
   } else if (data.seq !== state.asked) {
-    state.asked = data.seq; // once per refresh it could not apply
-    setTriggerValue("resync", data.seq);
+    state.asked = data.seq; // once per refresh it could not apply: the refresh it holds, if any
+    setTriggerValue("resync", state.view ? state.seq : null);
   }
   root.dataset.seq = String(state.seq);
 }

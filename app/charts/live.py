@@ -170,6 +170,34 @@ def _full(bare: dict[str, Any], digest: str, generation: str, data: Sequence[Seq
     return update, drawn
 
 
+@dataclass
+class Sent:
+    """What one browser was sent of one chart: the newest :class:`Drawn` and the few before it,
+    so that a browser that missed a refresh (a rerun cut short before its message left) and asks
+    again with the ``seq`` it holds gets only what it lacks, not the whole chart."""
+
+    drawn: Drawn | None = None
+    before: dict[int, Drawn] = field(default_factory=dict)
+    keep: int = 3
+
+    def record(self, drawn: Drawn) -> None:
+        if self.drawn is not None and drawn.seq > self.drawn.seq:
+            self.before[self.drawn.seq] = self.drawn
+        else:
+            self.before.clear()  # a full send from nothing: the seqs start again
+        self.drawn = drawn
+        for seq in sorted(self.before)[:-self.keep]:
+            del self.before[seq]
+
+    def rewind(self, held: Any) -> None:
+        """The browser holds the refresh ``held`` (its ``seq``; anything else: nothing it can
+        name): the next refresh builds on that one if it was kept, else sends the whole chart."""
+        if self.drawn is not None and held == self.drawn.seq:
+            return
+        self.drawn = self.before.get(held) if isinstance(held, int) else None
+        self.before.clear()
+
+
 def refresh(drawn: Drawn | None, spec: Mapping[str, Any], generation: str) -> tuple[Update, Drawn]:
     """What to send for the chart ``spec`` to a browser that holds ``drawn`` (None: nothing),
     and what it holds then. ``generation`` names what the rows were fetched as (the series'

@@ -207,8 +207,8 @@ def _live_charts(at: AppTest) -> list[LiveChart]:
             out.append(chart)
         if not lost:
             return out
-        for key in lost:
-            at.session_state[f"live-drawn-{key}"] = None
+        for key in lost:  # as the trigger ``resync`` with nothing held: the whole chart
+            at.session_state[f"live-sent-{key}"].rewind(None)
         at.run()
     raise AssertionError("a live chart the page did not send whole after a resync")
 

@@ -117,3 +117,25 @@ def test_the_component_imports_its_code_which_is_told_where_vega_is() -> None:
     assert all(assets.served(name) for name in assets.VENDOR_FILES)
     assert assets.served("../gate.py") is None and assets.served("LICENSE") is None  # named files only
     assert (assets.VENDOR_DIR / "LICENSE").is_file()
+
+
+def test_a_browser_that_missed_a_refresh_gets_what_it_lacks_not_the_whole_chart() -> None:
+    """A rerun cut short after the page built a refresh but before its message left: the browser
+    still holds the refresh before it, says so (the trigger ``resync``), and the next refresh
+    builds on that one; one that holds nothing the page kept gets the whole chart."""
+    rows = [bucket(r, s) for r in range(2) for s in range(1, 200)]
+    sent = live.Sent()
+    first, drawn = live.refresh(sent.drawn, spec(rows), "0/1")
+    sent.record(drawn)
+    rows = [*rows, bucket(0, 200), bucket(1, 200)]
+    _, drawn = live.refresh(sent.drawn, spec(rows), "0/1")  # its message never reached the browser
+    sent.record(drawn)
+    sent.rewind(first.seq)  # the browser holds the first
+    rows = [*rows, bucket(0, 201), bucket(1, 201)]
+    again, drawn = live.refresh(sent.drawn, spec(rows), "0/1")
+    assert not again.full and again.base == first.seq
+    assert steps_sent(again) == {(str(r), s) for r in range(2) for s in (200, 201)}  # the lost rows too
+    sent.record(drawn)
+    sent.rewind(None)  # the browser lost the chart
+    whole, _ = live.refresh(sent.drawn, spec(rows), "0/1")
+    assert whole.full and whole.base is None
