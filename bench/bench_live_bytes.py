@@ -134,8 +134,9 @@ def cpu_s(pid: int) -> float:
 
 def measure(browser: Any, cookies: list[dict[str, Any]], url: str, pid: int, window: float) -> dict[str, float]:
     """One round: the section opened in a fresh context, every chart drawn; then ``window``
-    seconds of WebSocket frames and UI CPU. Returns bytes of the first load, per tick after it,
-    the largest frame after it, and CPU seconds per tick."""
+    seconds of WebSocket frames and UI CPU. Returns the seconds from the address to every chart
+    drawn (a new tab, nothing cached), bytes of the first load, per tick after it, the largest
+    frame after it, and CPU seconds per tick."""
     from bench.bench_render import fresh_context  # noqa: PLC0415 - bench_render imports this module
 
     context = fresh_context(browser, cookies)
@@ -146,8 +147,10 @@ def measure(browser: Any, cookies: list[dict[str, Any]], url: str, pid: int, win
         frames: list[tuple[float, int]] = []
         cdp.on("Network.webSocketFrameReceived", lambda e: frames.append(
             (time.monotonic(), len(e["response"]["payloadData"]) * (3 if e["response"]["opcode"] == 2 else 4) // 4)))
+        opened = time.monotonic()
         page.goto(url)
         page.wait_for_function(ALL_DRAWN, timeout=120_000)
+        drawn_s = time.monotonic() - opened
         page.wait_for_timeout(2500)  # one tick more: the first refresh after the load
         first = sum(n for _, n in frames)
         t0, c0, seen = time.monotonic(), cpu_s(pid), len(frames)
@@ -155,8 +158,8 @@ def measure(browser: Any, cookies: list[dict[str, Any]], url: str, pid: int, win
         t1, c1 = time.monotonic(), cpu_s(pid)
         after = [n for at, n in frames[seen:] if at <= t1]
         ticks = (t1 - t0) / TICK_S
-        return {"first_bytes": first, "bytes_per_tick": sum(after) / ticks, "largest_frame": max(after, default=0),
-                "cpu_per_tick": (c1 - c0) / ticks}
+        return {"drawn_s": drawn_s, "first_bytes": first, "bytes_per_tick": sum(after) / ticks,
+                "largest_frame": max(after, default=0), "cpu_per_tick": (c1 - c0) / ticks}
     finally:
         context.close()
 
@@ -193,7 +196,8 @@ def run(args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
                     url = f"{login.split('/?token=')[0]}/run?run={run_id}&section={args.section}"
                     m = measure(browser, cookies[name], url, pid, args.window)
                     results[name].append(m)
-                    print(f"round {r + 1} {name}: first load {m['first_bytes'] / 1e3:,.0f} kB; per refresh "
+                    print(f"round {r + 1} {name}: charts drawn {m['drawn_s']:.2f} s, first load "
+                          f"{m['first_bytes'] / 1e3:,.0f} kB; per refresh "
                           f"{m['bytes_per_tick'] / 1e3:,.1f} kB (largest frame {m['largest_frame'] / 1e3:,.1f} kB), "
                           f"UI CPU {m['cpu_per_tick'] * 1e3:,.0f} ms", flush=True)
             browser.close()
@@ -216,13 +220,15 @@ def median(rows: list[dict[str, float]], field: str) -> float:
 
 def report(args: argparse.Namespace, results: dict[str, list[dict[str, float]]], load_at_start: float) -> None:
     for name, rows in results.items():
-        print(f"{name} (median of {len(rows)}): first load {median(rows, 'first_bytes') / 1e3:,.0f} kB; "
+        print(f"{name} (median of {len(rows)}): charts drawn {median(rows, 'drawn_s'):.2f} s, "
+              f"first load {median(rows, 'first_bytes') / 1e3:,.0f} kB; "
               f"per refresh {median(rows, 'bytes_per_tick') / 1e3:,.1f} kB, UI CPU "
               f"{median(rows, 'cpu_per_tick') * 1e3:,.0f} ms")
     shown = "; ".join(
         f"{name}: **{median(rows, 'bytes_per_tick') / 1e3:,.1f} kB** and "
         f"**{median(rows, 'cpu_per_tick') * 1e3:,.0f} ms** UI CPU a refresh "
-        f"(first load {median(rows, 'first_bytes') / 1e3:,.0f} kB)" for name, rows in results.items())
+        f"(first load {median(rows, 'first_bytes') / 1e3:,.0f} kB, every chart drawn "
+        f"{median(rows, 'drawn_s'):.2f} s after the address in a new tab)" for name, rows in results.items())
     print_row("Live run's refresh", f"a simulated live {args.ranks}-rank run at {args.steps:,} steps, {args.section} "
               f"section ({', '.join(KEYS)}), {args.window:.0f}-s windows", f"{shown}; medians of {args.rounds}",
               load_at_start)
