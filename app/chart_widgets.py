@@ -164,7 +164,7 @@ def live_chart(chart: alt.LayerChart, chart_key: str, generation: str, on_select
         state = st.session_state.get(chart_key)
         sent.rewind(state.get("resync") if state else None)
 
-    update, drawn = live.refresh(sent.drawn, chart.to_dict(validate=False), generation)
+    update, drawn = live.refresh(sent.drawn, chart, generation)
     sent.record(drawn)
     _live_component()(data=update.message(), key=chart_key, default={"selection": None},
                       on_selection_change=on_select, on_resync_change=resync)

@@ -29,6 +29,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import altair as alt
+import pandas as pd
+
 from app.server import assets
 
 NAME = "runyard.live_chart"  # the component's name, unique in the app
@@ -36,7 +39,8 @@ HTML = '<div class="runyard-live"></div>'
 CSS = ".runyard-live { width: 100%; min-height: 300px; }"
 _VIEW_NAME = re.compile(r"^view_[0-9a-f]+_\d+$")
 
-Row = dict[str, Any]
+Row = tuple[Any, ...]  # one row of a dataset, its values in the order of the dataset's fields
+Table = tuple[list[str], list[Row]]  # a dataset: its fields and its rows
 
 
 def js_code() -> str:
@@ -69,6 +73,7 @@ class Update:
     seq: int
     base: int | None
     spec: dict[str, Any] | None
+    fields: list[list[str]]
     inserts: list[list[Row]]
     first_ids: list[int]
     removes: list[list[int]]
@@ -81,7 +86,12 @@ class Update:
         """The component's ``data``: plain JSON, each dataset's rows as columns' names and rows
         of values (the names once, not once per row)."""
         return {"seq": self.seq, "base": self.base, "spec": self.spec, "first_ids": self.first_ids,
-                "inserts": [columnar(rows) for rows in self.inserts], "removes": self.removes}
+                "inserts": [columnar(f, rows) for f, rows in zip(self.fields, self.inserts, strict=True)],
+                "removes": self.removes}
+
+    def rows(self, dataset: int) -> list[dict[str, Any]]:
+        """The rows inserted into ``dataset``, as dicts (for reading, not sending)."""
+        return [dict(zip(self.fields[dataset], row, strict=True)) for row in self.inserts[dataset]]
 
     @property
     def rows_sent(self) -> int:
@@ -98,12 +108,11 @@ def _short(value: Any) -> Any:
     return value
 
 
-def columnar(rows: Sequence[Row]) -> dict[str, Any]:
-    """``rows`` (dicts with the same keys) as ``{"fields": [...], "rows": [[...], ...]}``, the values
-    drawn on the y axis to :data:`SIGNIFICANT` digits (JSON writes a computed mean with 17)."""
-    fields = list(rows[0]) if rows else []
+def columnar(fields: list[str], rows: Sequence[Row]) -> dict[str, Any]:
+    """``rows`` as ``{"fields": [...], "rows": [[...], ...]}``, the values drawn on the y axis to
+    :data:`SIGNIFICANT` digits (JSON writes a computed mean with 17)."""
     exact = [f in EXACT for f in fields]
-    out = [[r.get(f) if keep else _short(r.get(f)) for f, keep in zip(fields, exact, strict=True)] for r in rows]
+    out = [[v if keep else _short(v) for v, keep in zip(r, exact, strict=True)] for r in rows]
     return {"fields": fields, "rows": out}
 
 
@@ -137,36 +146,64 @@ def _view_names(node: Any, found: list[str]) -> list[str]:
     return found
 
 
-def split(spec: Mapping[str, Any]) -> tuple[dict[str, Any], list[list[Row]]]:
-    """The spec without its data (datasets renamed ``d0``, ``d1``... in order, each left empty;
-    Altair's view names ``view_<hash>_<n>`` renamed ``v0``, ``v1``...), and each dataset's rows."""
-    datasets: dict[str, list[Row]] = dict(spec.get("datasets") or {})
-    names = {old: f"d{i}" for i, old in enumerate(datasets)}
-    bare = {k: v for k, v in spec.items() if k != "datasets"}
-    names |= {old: f"v{i}" for i, old in enumerate(_view_names(bare, []))}
-    bare = _renamed(bare, names)
-    bare["datasets"] = {names[old]: [] for old in datasets}
-    return bare, [list(rows) for rows in datasets.values()]
+def _table(frame: pd.DataFrame) -> Table:
+    """A frame's fields and rows, as Altair would send them (NaN as null) but as tuples: Altair's
+    own conversion makes a dict of every row first, the most of what a chart's refresh cost."""
+    fields = [str(c) for c in frame.columns]
+    columns = []
+    for c in frame.columns:
+        values = frame[c].tolist()
+        if frame[c].dtype.kind == "f":
+            values = [None if v != v else v for v in values]  # NaN: v != v
+        columns.append(values)
+    return fields, list(zip(*columns, strict=True)) if columns else []
+
+
+def split(chart: alt.LayerChart) -> tuple[dict[str, Any], list[Table]]:
+    """The spec of ``chart`` without its data (each layer's frame a dataset named ``d0``, ``d1``...
+    in order, left empty; Altair's view names ``view_<hash>_<n>`` renamed ``v0``, ``v1``...),
+    and each dataset's rows. ``chart`` itself is left as it was."""
+    frames: list[pd.DataFrame] = []
+    layers = []
+    for layer in chart.layer:
+        data = getattr(layer, "data", alt.Undefined)
+        if isinstance(data, pd.DataFrame):
+            at = next((i for i, f in enumerate(frames) if f is data), None)
+            if at is None:
+                frames.append(data)
+                at = len(frames) - 1
+            layer = layer.copy(deep=False)
+            layer.data = alt.NamedData(name=f"d{at}")
+        layers.append(layer)
+    top = chart.copy(deep=False)
+    top.layer = layers
+    spec = top.to_dict(validate=False)
+    datasets = spec.pop("datasets", {})  # a layer's data that was not a frame: as Altair sent it
+    names = {old: f"d{len(frames) + i}" for i, old in enumerate(datasets)}
+    names |= {old: f"v{i}" for i, old in enumerate(_view_names(spec, []))}
+    bare = _renamed(spec, names)
+    tables = [_table(f) for f in frames]
+    for rows in datasets.values():
+        fields = list(rows[0]) if rows else []
+        tables.append((fields, [tuple(r.get(f) for f in fields) for r in rows]))
+    bare["datasets"] = {f"d{i}": [] for i in range(len(tables))}
+    return bare, tables
 
 
 def spec_hash(bare: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(bare, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _identity(row: Row) -> tuple[Any, ...]:
-    return tuple(row.items())
-
-
-def _full(bare: dict[str, Any], digest: str, generation: str, data: Sequence[Sequence[Row]],
+def _full(bare: dict[str, Any], digest: str, generation: str, data: Sequence[Table],
           seq: int) -> tuple[Update, Drawn]:
     drawn = Drawn(spec_hash=digest, generation=generation, seq=seq)
     first_ids = []
-    for rows in data:
+    for _, rows in data:
         first_ids.append(drawn.next_id)
-        drawn.ids.append({_identity(r): drawn.next_id + i for i, r in enumerate(rows)})
+        drawn.ids.append({r: drawn.next_id + i for i, r in enumerate(rows)})
         drawn.next_id += len(rows)
-    update = Update(seq=seq, base=None, spec=bare, inserts=[list(rows) for rows in data], first_ids=first_ids,
-                    removes=[[] for _ in data])
+    update = Update(seq=seq, base=None, spec=bare, fields=[f for f, _ in data], inserts=[list(r) for _, r in data],
+                    first_ids=first_ids, removes=[[] for _ in data])
     return update, drawn
 
 
@@ -198,12 +235,12 @@ class Sent:
         self.before.clear()
 
 
-def refresh(drawn: Drawn | None, spec: Mapping[str, Any], generation: str) -> tuple[Update, Drawn]:
-    """What to send for the chart ``spec`` to a browser that holds ``drawn`` (None: nothing),
-    and what it holds then. ``generation`` names what the rows were fetched as (the series'
-    level and attempts): another one sends everything again."""
-    bare, data = split(spec)
-    digest = spec_hash(bare)
+def refresh(drawn: Drawn | None, chart: alt.LayerChart, generation: str) -> tuple[Update, Drawn]:
+    """What to send for ``chart`` to a browser that holds ``drawn`` (None: nothing), and what
+    it holds then. ``generation`` names what the rows were fetched as (the series' level and
+    attempts): another one sends everything again."""
+    bare, data = split(chart)
+    digest = spec_hash({**bare, "fields": [f for f, _ in data]})
     seq = drawn.seq + 1 if drawn is not None else 1
     if drawn is None or drawn.spec_hash != digest or drawn.generation != generation or len(drawn.ids) != len(data):
         return _full(bare, digest, generation, data, seq)
@@ -212,13 +249,13 @@ def refresh(drawn: Drawn | None, spec: Mapping[str, Any], generation: str) -> tu
     removes: list[list[int]] = []
     ids: list[dict[tuple[Any, ...], int]] = []
     next_id, changed, held = drawn.next_id, 0, 0
-    for rows, before in zip(data, drawn.ids, strict=True):
-        now = {_identity(r): r for r in rows}
-        gone = [i for ident, i in before.items() if ident not in now]
-        new = [r for ident, r in now.items() if ident not in before]
-        kept = {ident: i for ident, i in before.items() if ident in now}
+    for (_, rows), before in zip(data, drawn.ids, strict=True):
+        now = set(rows)
+        gone = [i for row, i in before.items() if row not in now]
+        new = [r for r in dict.fromkeys(rows) if r not in before]
+        kept = {row: i for row, i in before.items() if row in now}
         first_ids.append(next_id)
-        kept |= {_identity(r): next_id + i for i, r in enumerate(new)}
+        kept |= {r: next_id + i for i, r in enumerate(new)}
         next_id += len(new)
         inserts.append(new)
         removes.append(gone)
@@ -227,5 +264,6 @@ def refresh(drawn: Drawn | None, spec: Mapping[str, Any], generation: str) -> tu
         held += len(before)
     if changed > max(held, 1) // 2 + 1 and held > 0 and changed > 64:  # most of it changed: the whole chart is as cheap
         return _full(bare, digest, generation, data, seq)
-    update = Update(seq=seq, base=drawn.seq, spec=None, inserts=inserts, first_ids=first_ids, removes=removes)
+    update = Update(seq=seq, base=drawn.seq, spec=None, fields=[f for f, _ in data], inserts=inserts,
+                    first_ids=first_ids, removes=removes)
     return update, Drawn(spec_hash=digest, generation=generation, ids=ids, next_id=next_id, seq=seq)

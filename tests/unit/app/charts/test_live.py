@@ -21,15 +21,15 @@ def bucket(rank: int, step: int, count: int = 1, attempt: int = 1, width: int = 
             "value": value, "min": value, "max": value, "nan": 0, "wall_time": 1000.0 + step * width}
 
 
-def spec(rows: list[dict[str, Any]], options: charts.ChartOptions = OPTIONS) -> dict[str, Any]:
-    chart = charts.metric_view(rows, {}, options, "loss", 900.0, bucketed=True)
-    out: dict[str, Any] = chart.to_dict(validate=False)
-    return out
+def spec(rows: list[dict[str, Any]], options: charts.ChartOptions = OPTIONS) -> Any:
+    """The Run page's chart of ``rows`` (as app/chart_widgets.py hands it to ``live.refresh``)."""
+    return charts.metric_view(rows, {}, options, "loss", 900.0, bucketed=True)
 
 
 def steps_sent(update: live.Update) -> set[tuple[str, int]]:
     """The (rank, step) of every per-rank row the update inserts (the lines' dataset)."""
-    return {(r["rank"], r["step"]) for rows in update.inserts for r in rows if "rank" in r and "step" in r}
+    return {(r["rank"], r["step"]) for d in range(len(update.inserts)) for r in update.rows(d)
+            if "rank" in r and "step" in r}
 
 
 def held(drawn: live.Drawn) -> int:
@@ -43,6 +43,9 @@ def test_the_same_chart_gives_the_same_spec_whatever_altair_named_it() -> None:
     assert sorted(a[0]["datasets"]) == [f"d{i}" for i in range(len(a[1]))]
     assert all(not rows for rows in a[0]["datasets"].values())  # no data in the spec
     assert "view_" not in json.dumps(a[0])
+    # The rows are the ones Altair itself would send (NaN as null), read from the frames directly.
+    sent_by_altair = spec(rows).to_dict(validate=False)["datasets"].values()
+    assert {frozenset(tuple(r.values()) for r in d) for d in sent_by_altair} == {frozenset(rows) for _, rows in a[1]}
 
 
 def test_first_refresh_sends_everything_then_only_new_buckets() -> None:
@@ -56,6 +59,8 @@ def test_first_refresh_sends_everything_then_only_new_buckets() -> None:
     assert steps_sent(second) == {(str(r), s) for r in range(8) for s in range(601, 604)}
     assert sum(map(len, second.removes)) == 0  # nothing drawn before changed
     assert len(json.dumps(second.message())) < len(json.dumps(first.message())) / 50
+    chart = spec(grown)
+    assert live.split(chart)[1] == live.split(chart)[1]  # the chart is left as it was (its frames in it)
     assert held(drawn2) == held(drawn) + second.rows_sent
 
 
@@ -69,7 +74,8 @@ def test_a_grown_last_bucket_replaces_the_one_drawn() -> None:
     update, after = live.refresh(drawn, spec(grown), "1/1")
     assert not update.full
     assert steps_sent(update) == {("0", 1990), ("1", 1990)}
-    line = next(i for i, rows in enumerate(update.inserts) if any(r.get("step") == 1990 and "rank" in r for r in rows))
+    line = next(d for d in range(len(update.inserts))
+                if any(r.get("step") == 1990 and "rank" in r for r in update.rows(d)))
     replaced = set(update.removes[line])
     assert len(replaced) == 2 and replaced <= set(drawn.ids[line].values())  # the two drawn last buckets
     assert held(after) == held(drawn)  # replaced, not added
