@@ -150,7 +150,7 @@ def zoomable_chart(run_id: int, key: str, chart: alt.LayerChart, x_axis: str, wh
 @st.cache_resource
 def _live_component() -> Any:
     """The live chart's component (app/charts/live.py), registered once per process."""
-    return st.components.v2.component(live.NAME, html=live.HTML, css=live.CSS, js=live.js_code())
+    return st.components.v2.component(live.NAME, html=live.HTML, css=live.CSS, js=live.js_code(), isolate_styles=False)
 
 
 def live_chart(chart: alt.LayerChart, chart_key: str, generation: str, on_select: Callable[[], None]) -> None:

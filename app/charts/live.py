@@ -35,7 +35,9 @@ import pandas as pd
 from app.server import assets
 
 NAME = "runyard.live_chart"  # the component's name, unique in the app
-HTML = '<div class="runyard-live"></div>'
+# A Vega-Lite chart like Streamlit's own, for whatever finds the page's charts by their test id
+# (the browser tests, bench/bench_render.py); drawn in the page itself (not a shadow root) for that.
+HTML = '<div class="runyard-live" data-testid="stVegaLiteChart"></div>'
 CSS = ".runyard-live { width: 100%; min-height: 300px; }"
 _VIEW_NAME = re.compile(r"^view_[0-9a-f]+_\d+$")
 
