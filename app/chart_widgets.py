@@ -31,6 +31,7 @@ import pandas as pd
 import streamlit as st
 
 from app import style
+from app.charts import live
 from app.charts import metric as charts
 from app.live_series import LiveSeries
 from db.vocabulary import metric_registry
@@ -71,6 +72,9 @@ def run_chart(d: dict[str, Any], key: str, series: LiveSeries, cutoffs: dict[int
     if kept is not None and kept[0] == drawn_from:
         return kept[1]
     chart = build()
+    # Drawn by the live component (zoomable_chart): sent a refresh at a time while the rows are
+    # fetched at this level for these attempts.
+    object.__setattr__(chart, "live_generation", f"{series.level}/{series.attempts}")
     for other in [k for k in last if k[0] != d["id"]]:
         del last[other]
     last[(d["id"], key)] = (drawn_from, chart)
@@ -112,7 +116,7 @@ def cursor_of(run_id: int) -> int | None:
 
 def _selected(run_id: int, key: str, chart_key: str, x_axis: str) -> None:
     """A box was drawn on the chart of ``key`` (or cleared by a double-click), or a step was
-    alt-clicked on it."""
+    alt-clicked on it (on the live component too: its state ``selection`` has the same shape)."""
     event = st.session_state.get(chart_key)
     selection = (event.get("selection") or {}) if event else {}
     box, pin = selection.get("box") or {}, selection.get("pin") or []
@@ -127,12 +131,43 @@ def _selected(run_id: int, key: str, chart_key: str, x_axis: str) -> None:
 
 
 def zoomable_chart(run_id: int, key: str, chart: alt.LayerChart, x_axis: str, where: str) -> None:
-    """One metric chart whose drawn box zooms, and whose clicked step marks, every chart of the section."""
+    """One metric chart whose drawn box zooms, and whose clicked step marks, every chart of the
+    section. A live run's chart (``run_chart`` gave it a ``live_generation``) is the live
+    component (app/charts/live.py: after the first refresh only the rows that changed are sent);
+    an ended run's, st.altair_chart (built once for every session, and sent once per browser:
+    Streamlit sends a message the browser already has as a reference)."""
     # A new key after Reset zoom: Streamlit restores a chart's selections by its key, so the box
     # drawn before the reset stayed on the chart (and caught the clicks inside it).
     chart_key = f"chart-{where}-{run_id}-{key}-{st.session_state.get(f'zoom-resets-{run_id}', 0)}"
+    generation = getattr(chart, "live_generation", None)
+    if isinstance(generation, str):
+        live_chart(chart, chart_key, generation, partial(_selected, run_id, key, chart_key, x_axis))
+        return
     st.altair_chart(charts.unvalidated(chart), width="stretch", key=chart_key, selection_mode=["box", "pin"],
                     on_select=partial(_selected, run_id, key, chart_key, x_axis))
+
+
+@st.cache_resource
+def _live_component() -> Any:
+    """The live chart's component (app/charts/live.py), registered once per process."""
+    return st.components.v2.component(live.NAME, html=live.HTML, css=live.CSS, js=live.js_code(), isolate_styles=False)
+
+
+def live_chart(chart: alt.LayerChart, chart_key: str, generation: str, on_select: Callable[[], None]) -> None:
+    """A live run's chart as the live component: the whole chart on the first refresh (or when
+    its spec, level or attempts changed), else only the rows that changed since this session's
+    browser drew it (``live.refresh``). A browser that could not apply a refresh says which one it
+    holds (the trigger ``resync``): the next builds on that one (``live.Sent``)."""
+    sent: live.Sent = st.session_state.setdefault(f"live-sent-{chart_key}", live.Sent())
+
+    def resync() -> None:
+        state = st.session_state.get(chart_key)
+        sent.rewind(state.get("resync") if state else None)
+
+    update, drawn = live.refresh(sent.drawn, chart, generation)
+    sent.record(drawn)
+    _live_component()(data=update.message(), key=chart_key, default={"selection": None},
+                      on_selection_change=on_select, on_resync_change=resync)
 
 
 def cursor_note(run_id: int, where: str) -> None:

@@ -1,6 +1,7 @@
 """The Run page's first full render in Chromium for a run of 10M metric points.
 
     .venv/bin/python bench/bench_render.py [--ranks 8] [--steps 1250000] [--repeats 5] [--live]
+    .venv/bin/python bench/bench_render.py --live-bytes [--before REV] [--ranks 8] [--steps 10000] [--rounds 3]
 
 Seeds one finished run of ``ranks x steps`` loss points (bench/seed.py's seed_run: rank 0's
 writer path, rollups included) and the system rows the scheduler would have written for it (one
@@ -33,6 +34,10 @@ the Metrics section until that section's first chart is drawn (a chart element t
 have before the click: the Overview's chart does not count). ``--live`` repeats that series on a
 live run: a fresh data folder, ``runyard scheduler`` and ``runyard ui`` on it, and a 2-rank mlp-digits run
 logging every step while its ranks train flat out on the same cores, timed from its 5,000th step on.
+
+``--live-bytes`` is a series of its own (bench/bench_live_bytes.py, which says how): the bytes the
+browser receives and the UI's CPU per 2-s refresh of a simulated live 8-rank run at 10k steps,
+this checkout beside the commit ``--before``.
 
 Prints every time, the medians, where the time went (to the header; then to all charts) and
 the load average, and ends with its BENCHMARKS.md rows (bench/benchmarks_row.py): the finished
@@ -134,10 +139,10 @@ def median_s(seconds: list[float]) -> str:
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
-def _answering(proc: subprocess.Popen, url: str, what: str, log: Path | None = None) -> None:
+def _answering(proc: subprocess.Popen[bytes], url: str, what: str, log: Path | None = None) -> None:
     """Wait up to 60 s until ``url`` answers 200 (``what`` started), else kill ``proc`` and raise."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -152,7 +157,7 @@ def _answering(proc: subprocess.Popen, url: str, what: str, log: Path | None = N
     raise RuntimeError(f"{what} did not start in 60 s" + (f":\n{log.read_text()[-2000:]}" if log else ""))
 
 
-def start_floor(port: int) -> subprocess.Popen:
+def start_floor(port: int) -> subprocess.Popen[bytes]:
     """bench/streamlit_floor.py on ``port``, once it answers."""
     proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "streamlit_floor.py"), "--port", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -160,7 +165,7 @@ def start_floor(port: int) -> subprocess.Popen:
     return proc
 
 
-def start_ui(home: Path, port: int, tree: Path = ROOT) -> tuple[subprocess.Popen, str]:
+def start_ui(home: Path, port: int, tree: Path = ROOT) -> tuple[subprocess.Popen[bytes], str]:
     """`runyard ui` of the checkout ``tree`` on ``port``; returns it and the login URL it printed
     (the UI answers nothing but its health check, ``/healthz``, without its token)."""
     env = dict(os.environ, RUNYARD_HOME=str(home))
@@ -184,7 +189,7 @@ def session_cookies(browser: Any, login_url: str) -> list[dict[str, Any]]:
     context = browser.new_context()
     try:
         context.new_page().goto(login_url)
-        cookies = context.cookies()
+        cookies: list[dict[str, Any]] = context.cookies()
     finally:
         context.close()
     if not any(c["name"].startswith("runyard-session-") for c in cookies):
@@ -397,6 +402,11 @@ def live_run(args: argparse.Namespace, browser_run: Any) -> tuple[list[float], l
 
 
 def main() -> None:
+    if "--live-bytes" in sys.argv:  # its own series: bench/bench_live_bytes.py, with the arguments it takes
+        from bench import bench_live_bytes  # noqa: PLC0415 - only for this series
+
+        bench_live_bytes.main([a for a in sys.argv[1:] if a != "--live-bytes"])
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--steps", type=int, default=1_250_000)

@@ -34,6 +34,7 @@ from starlette.datastructures import Headers
 from starlette.requests import cookie_parser
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
 
+from app.server import assets
 from app.server.access import (
     SESSION_MAX_AGE_S,
     AccessPolicy,
@@ -104,6 +105,16 @@ def _page(status: int, title: str, body_html: str) -> Response:
 PAGE_ALIASES = {"/runs": "/", "/runs/": "/"}
 
 
+def _vendored(name: str) -> Response:
+    """The live charts' code and Vega (app/server/assets.py: a few named files, nothing else),
+    cached by the browser (their addresses carry a hash of their contents)."""
+    body = assets.served(name)
+    if body is None:
+        return PlainTextResponse("not found", status_code=404, headers=_OWN_HEADERS)
+    return Response(body, media_type="text/javascript", headers={
+        **_PAGE_HEADERS, "Cache-Control": "private, max-age=86400"})
+
+
 def _wants_html(headers: Headers) -> bool:
     return "text/html" in headers.get("accept", "")
 
@@ -139,6 +150,9 @@ class Gate:
         if scope["type"] == "http" and scope["path"] == HEALTH_PATH:
             body = await run_in_threadpool(self.health) if self.health is not None else {"status": "ok"}
             await JSONResponse(body, headers={**_OWN_HEADERS, "Cache-Control": "no-store"})(scope, receive, send)
+            return
+        if scope["type"] == "http" and scope["path"].startswith(assets.PATH):
+            await _vendored(scope["path"][len(assets.PATH):])(scope, receive, send)
             return
         if scope["type"] == "http" and scope["path"] in PAGE_ALIASES:
             query = scope.get("query_string", b"").decode("latin-1")

@@ -14,6 +14,8 @@ ranks the rank mean is the default, so they look at the per-rank lines first.)
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import time
 from typing import Any, TypedDict
 
@@ -439,3 +441,70 @@ def test_sections_by_prefix_full_width_and_the_layout_kept_then_200_metric_names
     click_s = time.monotonic() - t0
     assert click_s < WIDE_CLICK_S, click_s
     print(f"\n200 metric names: first chart {first_chart_s:.2f} s; Show all answered in {click_s:.2f} s")
+
+
+# One rollup level throughout: with 8 ranks the Run page keeps every step up to 1,000 per rank.
+LIVE = {"ranks": 8, "steps": 600, "more": 300}
+LIVE_CHART = ".runyard-live svg.marks"
+# The live chart's x tick labels (the component may sit in a shadow root).
+X_TICKS = """() => {
+    const found = [];
+    const walk = (root) => root.querySelectorAll('*').forEach(e => {
+        if (e.classList.contains('runyard-live')) found.push(...e.querySelectorAll('.role-axis-label text'));
+        if (e.shadowRoot) walk(e.shadowRoot);
+    });
+    walk(document);
+    return found.map(t => Number(t.textContent.replace(/,/g, ''))).filter(Number.isFinite);
+}"""
+
+
+def test_a_live_chart_grows_with_small_refreshes_and_keeps_its_box_zoom(page: Any, runyard_up: Any) -> None:
+    """Issue 56, item 9: a live 8-rank run (seeded through rank 0's write path; its attempt is a
+    sleeping process the scheduler finds alive) draws its chart once; then, while steps arrive,
+    the chart grows in the page and each refresh brings only what is new: every WebSocket frame
+    after the first chart is far smaller than the one that brought it. A box drawn on it still
+    zooms the section."""
+    from bench.bench_live_bytes import create_live_run, write  # noqa: PLC0415 - bench code, for this test only
+
+    db_url = f"sqlite:///{runyard_up.home / 'runyard.db'}"
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    try:
+        run_id = create_live_run(db_url, LIVE["ranks"], LIVE["steps"], pid=sleeper.pid)
+        start = time.time() - LIVE["steps"] * 0.05
+        write(db_url, run_id, LIVE["ranks"], 1, LIVE["steps"], start, keys=("loss",))
+        cdp = page.context.new_cdp_session(page)
+        cdp.send("Network.enable")
+        frames: list[int] = []
+        cdp.on("Network.webSocketFrameReceived", lambda e: frames.append(len(e["response"]["payloadData"])))
+        page.goto(f"{runyard_up.url}/run?run={run_id}&section=Metrics")
+        expect(page.get_by_role("heading", level=2).filter(has_text=f"#{run_id}")).to_contain_text(
+            "RUNNING", timeout=PAGE_TIMEOUT_MS)
+        expect(page.locator(LIVE_CHART)).to_have_count(1, timeout=PAGE_TIMEOUT_MS)
+        page.wait_for_function(f"() => Math.max(...({X_TICKS})()) >= {LIVE['steps']}", timeout=PAGE_TIMEOUT_MS)
+        first = max(frames)  # the frame that brought the whole chart
+        seen = len(frames)
+        for last in range(LIVE["steps"] + 50, LIVE["steps"] + LIVE["more"] + 1, 50):  # a run at 50 steps a second
+            write(db_url, run_id, LIVE["ranks"], last - 49, last, start, keys=("loss",))
+            page.wait_for_timeout(1000)  # the simulated training's pace, not a wait for the page
+        page.wait_for_function(f"() => Math.max(...({X_TICKS})()) >= {LIVE['steps'] + LIVE['more']}",
+                               timeout=PAGE_TIMEOUT_MS)  # the x axis reached the newest step
+        later = frames[seen:]
+        # Only what is new: 300 steps on top of 600 cost about half the first chart in all, a few
+        # kB a refresh besides (each refresh sending the whole chart again, as before, cost the
+        # whole chart at every refresh: 3 times it within the 6 s the steps arrive in).
+        assert later and max(later) < first / 2 and sum(later) < 1.5 * first, (first, later)
+        print(f"\nlive chart: first frame {first / 1e3:.0f} kB, then {len(later)} frames, "
+              f"{sum(later) / 1e3:.0f} kB in all, at most {max(later) / 1e3:.1f} kB")
+
+        box = page.locator(LIVE_CHART).bounding_box()
+        assert box is not None
+        x0, y0 = box["x"] + box["width"] * 0.3, box["y"] + box["height"] * 0.2
+        page.mouse.move(x0, y0)
+        page.mouse.down()
+        page.mouse.move(x0 + box["width"] * 0.2, y0 + box["height"] * 0.5, steps=6)
+        page.mouse.up()
+        expect(page.get_by_text(re.compile(r"^Zoomed to step .* \(the box drawn on Loss\)"))).to_be_visible(
+            timeout=PAGE_TIMEOUT_MS)
+    finally:
+        sleeper.kill()
+        sleeper.wait()

@@ -160,30 +160,90 @@ def no_exception(at: AppTest) -> None:
     assert not at.exception, [e.value for e in at.exception]
 
 
+class LiveChart:
+    """A live run's chart as the browser holds it: the live component's messages (app/charts/live.py)
+    applied one after another, as app/charts/live.js does: the spec of the last full one, each
+    dataset's rows by id, inserts added and removes dropped. Read like an st.altair_chart element."""
+
+    def __init__(self) -> None:
+        self.spec: dict = {}
+        self.rows: list[dict[int, dict]] = []
+        self.seq: int | None = None
+        self.base: int | None = None
+
+    def apply(self, message: dict) -> bool:
+        """Apply ``message``; False when it is a refresh on top of one this chart did not get."""
+        if (message["seq"], message["base"]) == (self.seq, self.base):
+            return True  # the same message read again
+        if message["spec"] is not None:
+            self.spec, self.rows = message["spec"], [{} for _ in message["inserts"]]
+        elif message["base"] != self.seq:
+            return False
+        for d, columns in enumerate(message["inserts"]):
+            for i in message["removes"][d]:
+                del self.rows[d][i]
+            for i, values in enumerate(columns["rows"]):
+                self.rows[d][message["first_ids"][d] + i] = dict(zip(columns["fields"], values, strict=True))
+        self.seq, self.base = message["seq"], message["base"]
+        return True
+
+    def frames(self) -> list[pd.DataFrame]:
+        return [pd.DataFrame(list(rows.values())) for rows in self.rows]
+
+
+def _live_charts(at: AppTest) -> list[LiveChart]:
+    """The live charts on the page, each rebuilt from the messages this AppTest read for it. A
+    test that ran the page again without reading them missed some: then, as the browser does, it
+    asks for the whole chart (the trigger ``resync``: the page forgets what it sent) and runs again."""
+    held: dict[str, LiveChart] = at.__dict__.setdefault("_live_charts", {})
+    for _ in range(2):
+        out, lost = [], []
+        for element in at.get("bidi_component"):
+            if element.proto.component_name != "runyard.live_chart":
+                continue
+            chart = held.setdefault(element.proto.id, LiveChart())
+            if not chart.apply(json.loads(element.proto.json)):
+                lost.append(element.proto.id.split("-", 2)[2])  # "$$ID-<hash>-<key>": the chart's key
+            out.append(chart)
+        if not lost:
+            return out
+        for key in lost:  # as the trigger ``resync`` with nothing held: the whole chart
+            at.session_state[f"live-sent-{key}"].rewind(None)
+        at.run()
+    raise AssertionError("a live chart the page did not send whole after a resync")
+
+
+def chart_spec(chart) -> dict:
+    return chart.spec if isinstance(chart, LiveChart) else json.loads(chart.proto.spec)
+
+
 def chart_title(chart) -> str:
-    """The title of an st.altair_chart element (a plain chart, or the first layer of one)."""
-    spec = json.loads(chart.proto.spec)
+    """The title of an st.altair_chart element or a live chart (a plain chart, or the first layer of one)."""
+    spec = chart_spec(chart)
     return spec.get("title") or next(layer["title"] for layer in spec.get("layer", []) if "title" in layer)
 
 
 def metric_chart_elements(at: AppTest) -> list:
-    """The Run page's charts without the rank legend strip above them (a chart with a title)."""
-    return [c for c in at.get("vega_lite_chart") if json.loads(c.proto.spec).get("title")]
+    """The Run page's charts without the rank legend strip above them (a chart with a title): a
+    finished run's st.altair_chart elements, a live run's live charts."""
+    return [c for c in at.get("vega_lite_chart") if json.loads(c.proto.spec).get("title")] + _live_charts(at)
+
+
+def chart_frames(chart) -> list[pd.DataFrame]:
+    """Every dataset of a chart, as the browser has them."""
+    if isinstance(chart, LiveChart):
+        return chart.frames()
+    return [pa.ipc.open_stream(io.BytesIO(d.data.data)).read_all().to_pandas() for d in chart.proto.datasets]
 
 
 def chart_data(chart) -> pd.DataFrame:
-    """The rows an st.altair_chart element sends to the browser."""
-    return pa.ipc.open_stream(io.BytesIO(chart.proto.datasets[0].data.data)).read_all().to_pandas()
-
-
-def chart_spec(chart) -> dict:
-    return json.loads(chart.proto.spec)
+    """The rows of a chart's first dataset, as the browser has them."""
+    return chart_frames(chart)[0]
 
 
 def chart_lines(chart) -> pd.DataFrame:
     """The rows of a metric chart's lines (not its band or NaN marks)."""
-    frames = [pa.ipc.open_stream(io.BytesIO(d.data.data)).read_all().to_pandas() for d in chart.proto.datasets]
-    return next(f for f in frames if "rank" in f and "value" in f)
+    return next(f for f in chart_frames(chart) if "rank" in f and "value" in f)
 
 
 # -- New run page ---------------------------------------------------------------------------

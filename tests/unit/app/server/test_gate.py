@@ -10,6 +10,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from app.server import assets
 from app.server.access import AccessPolicy
 from app.server.gate import Gate
 from app.server.prometheus import MetricsRoute
@@ -55,3 +56,16 @@ def test_wrong_guesses_from_this_machine_never_lock_out_the_right_token_nor_the_
     scrapes = [_status(app, "/metrics", headers={"Authorization": f"Bearer {new_token()}"}) for _ in range(12)]
     assert scrapes == [401] * 10 + [429] * 2
     assert _status(app, "/metrics", headers={"Authorization": f"Bearer {scrape}"}) == 200
+
+
+def test_the_live_charts_code_and_vega_are_served_to_a_logged_in_browser_only(tmp_path: Path) -> None:
+    """The gate's own files (app/server/assets.py): the live chart's code and Vega, as
+    scripts, to a browser with the token only; any other name under their path is not found."""
+    token = ensure_token(tmp_path / "token")
+    app = Gate(_streamlit, AccessPolicy(mode="token", port=8501, token=TokenSource(tmp_path / "token")))
+    signed_in = {"Authorization": f"token {token}"}
+    for name in (*assets.VENDOR_FILES, assets.CODE):
+        assert _status(app, f"{assets.PATH}{name}", headers=signed_in) == 200
+        assert _status(app, f"{assets.PATH}{name}") in (401, 403)  # no credentials
+    assert _status(app, f"{assets.PATH}LICENSE", headers=signed_in) == 404
+    assert _status(app, f"{assets.PATH}../gate.py", headers=signed_in) == 404

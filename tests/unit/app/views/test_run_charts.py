@@ -5,12 +5,10 @@ a retry's curves, what a live refresh fetches and builds again, and the log axis
 
 from __future__ import annotations
 
-import io
 import json
 import time
 from typing import Any
 
-import pyarrow as pa
 import pytest
 import streamlit as st
 from sqlalchemy import update
@@ -27,6 +25,7 @@ from tests.unit.app.pages import (
     add_metrics,
     add_run,
     chart_data,
+    chart_frames,
     chart_lines,
     chart_spec,
     chart_title,
@@ -65,7 +64,7 @@ def test_run_page_draws_one_chart_per_metric_with_every_rank(seeded: dict[str, i
     charts = metric_chart_elements(at)
     titles = [chart_title(c) for c in charts]
     assert titles == ["Loss", "Eval accuracy"]  # metric charts titled by the registry, loss first
-    assert len(at.get("vega_lite_chart")) == len(charts) + 1  # the rank legend strip above them
+    assert len(at.get("vega_lite_chart")) == 1  # the rank legend strip above them (the charts: live ones)
     loss = chart_data(charts[0])
     assert sorted(loss["rank"].unique()) == ["0", "1"]
     assert len(loss) == 2 * 12  # steps 10..120 on two ranks
@@ -182,12 +181,12 @@ def test_run_page_hides_superseded_steps_unless_asked(settings: Settings, sessio
     assert set(lines[lines["attempt"] == 1]["step"]) == {10, 20, 30, 40, 50}  # attempt 1 up to the resume step
     assert set(lines[lines["attempt"] == 2]["step"]) == {60, 70, 80}
     loss = metric_chart_elements(at)[0]
-    frames = [pa.ipc.open_stream(io.BytesIO(d.data.data)).read_all().to_pandas() for d in loss.proto.datasets]
+    frames = chart_frames(loss)
     assert not any("superseded" in f and f["superseded"].any() for f in frames)  # lines and hover: lineage only
     at.toggle(key=f"superseded-{run_id}").set_value(True).run()
     no_exception(at)
     loss = metric_chart_elements(at)[0]
-    frames = [pa.ipc.open_stream(io.BytesIO(d.data.data)).read_all().to_pandas() for d in loss.proto.datasets]
+    frames = chart_frames(loss)
     old = next(f for f in frames if "superseded" in f and f["superseded"].all())
     assert set(old["step"]) == set(range(60, 121, 10)) and set(old["attempt"]) == {1}
     assert any(layer["mark"].get("strokeDash") for layer in chart_spec(loss)["layer"])
