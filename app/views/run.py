@@ -135,12 +135,10 @@ def event_badges(d: dict[str, Any], series: dict[str, LiveSeries]) -> None:
     """A row of badges: what the checks found, with counts (stragglers, desyncs, NaNs, hangs);
     a green one for the checks that ran and found nothing; a grey one for each check that did
     not run, saying why (:func:`health_checks`). Without a "nan" event from the trainer, NaNs
-    are counted from the charts' buckets."""
+    are counted in the metric store, every metric of the run (drawn or not) along its lineage."""
     counts = dict(data.event_counts(d["id"]))
     if not counts.get("nan"):
-        cutoffs = data.lineage_cutoffs(d["attempts"])
-        counts["nan"] = sum(int(r.get("nan_count") or 0) for s in series.values() for r in s.rows
-                            if r["step"] <= cutoffs.get(r["attempt"], float("inf")))
+        counts["nan"] = data.nan_count(d["id"], data.lineage_cutoffs(d["attempts"]))
     shown = [f":{color}-badge[{icon} {label} × {counts[kind]}]"
              for kind, (color, icon, label) in EVENT_BADGES.items() if counts.get(kind)]
     unchecked = health_checks(d, has_metrics=bool(d["metrics"]) or any(s.rows for s in series.values()))
