@@ -1,6 +1,7 @@
 """The Run page's Overview curves: the loss and the headline metric until the person pins others
 ("Pin curves"); the pins are the person's layout (app/panels/layout.py), kept across browser
-sessions and for every run (a run without any of the pinned metrics shows the defaults)."""
+sessions and for every run (a run without any of the pinned metrics shows the defaults; with every
+curve unpinned, none and a line saying how to pin some)."""
 
 from __future__ import annotations
 
@@ -53,6 +54,9 @@ def overview_charts(d: dict[str, Any], keys: list[str], series: dict[str, LiveSe
         with cols[i % 2]:
             chart_widgets.zoomable_chart(d["id"], key, chart_widgets.run_chart(d, key, s, cutoffs, options),
                                          options.x, "overview")
+    if not series:  # every curve unpinned
+        st.caption("No curves pinned: choose some in **Pin curves** below; every curve is on the **Metrics** "
+                   "section.")
     widget = f"pin-{d['id']}"
     st.popover("Pin curves", icon=":material/push_pin:").pills(
         "Curves on the Overview", keys, selection_mode="multi", default=list(series), format_func=metric_registry.label,
