@@ -19,13 +19,11 @@ from app import data, style
 from app.charts import metric as charts
 from app.log_view import FRAME, OWN_FRAME_ROOTS, bare, first_error, fold_text, line_rank, log_panel
 from app.run_actions import is_superseded
-from db.states import TERMINAL, RunStatus
+from db.states import TERMINAL_VALUES, RunStatus
 from db.vocabulary import metric_registry
 from db.vocabulary.your_cost import NO_TARIFF
 from orchestrator.cost_text import CLOUD, YOURS, energy_text, tariff_text
 from orchestrator.format import clock, duration, end_help, end_text, end_words, exit_text, phases_text, usd
-
-TERMINAL_VALUES = {s.value for s in TERMINAL}
 
 
 def attempts_table(d: dict[str, Any]) -> None:
@@ -335,7 +333,7 @@ def cost_strip(d: dict[str, Any]) -> None:
     of, its wasted part and, while the run goes on, its projected total; without a tariff, a
     link to Settings instead of yours."""
     yours, cloud = d["cost"]["yours"], d["cost"]["cloud_reference"]
-    going = d["status"] not in {s.value for s in TERMINAL}
+    going = d["status"] not in TERMINAL_VALUES
     with st.container(horizontal=True, vertical_alignment="center", gap="small", key="cost-panel"):
         head = f"**{end_words(d['status'])[1]}** · {YOURS}: "  # "Cost so far" while it may go on, then "Cost"
         if yours["usd"] is None:

@@ -39,11 +39,10 @@ from app.panels.sections import chart_order
 from app.run_actions import SECTION_KEY, actions, metadata_line, status_badge
 from app.run_panels import attempts_table, checkpoint_advice, checkpoint_table, events_list, failure_summary, log_tails
 from app.system import latest_window, summary_line, system_panels
-from db.states import TERMINAL, RunStatus
+from db.states import TERMINAL_VALUES, RunStatus
 from orchestrator.format import clock, start_text, startup_text, step_text, where_text
 from orchestrator.scripts.attempt_watch import script_facts
 
-TERMINAL_VALUES = {s.value for s in TERMINAL}
 # Event kinds shown as badges at the top of the run: (colour, icon, label).
 EVENT_BADGES = {
     "straggler": ("orange", ":material/slow_motion_video:", "straggler"),
