@@ -12,7 +12,7 @@ from typing import Any
 import streamlit as st
 from sqlalchemy.orm import Session, sessionmaker
 
-from db import compare, efficiency, estimates, queries, run_list, run_summary
+from db import compare, efficiency, estimates, metricstore, queries, run_list, run_summary
 from db.engine import make_engine, make_read_only_engine, make_sessionmaker
 from db.estimates import StartEstimate
 from db.home import home_writable
@@ -126,9 +126,6 @@ def checkpoint_advice(run_id: int) -> dict[str, Any] | None:
             return None
 
 
-# -- downsampled metric series, fetched incrementally by live panels ---------------------------
-
-
 @st.cache_data(ttl=2.0, show_spinner=False)
 def run_attempts(run_id: int) -> list[dict[str, Any]]:
     with sessions()() as s:
@@ -141,6 +138,13 @@ def lineage_cutoffs(attempts: list[dict[str, Any]]) -> dict[int, float]:
     supersedes nothing yet, so the earlier attempts' curves stay whole until it trains."""
     return run_summary.lineage_cutoffs([a for a in attempts if a["first_step_at"] is not None
                                     or (a["last_step"] or 0) > (a["resume_step"] or 0)])
+
+
+@st.cache_data(ttl=1.0, show_spinner=False)
+def nan_count(run_id: int, cutoffs: dict[int, float]) -> int:
+    """The run's NaN points, every metric and rank, along its lineage (db.metricstore.nan_count)."""
+    with sessions()() as s:
+        return metricstore.nan_count(s, run_id, cutoffs)
 
 
 def metric_series(run_id: int, key: str, max_points: int, level: int | None = None,

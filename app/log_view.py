@@ -82,7 +82,7 @@ def read_log(path: Path, max_bytes: int = MAX_READ_BYTES) -> LogText:
 def error_line(line: str) -> bool:
     """Whether a log line reads as an error: a traceback's start or an exception (``ValueError:``,
     ``torch.OutOfMemoryError``), with torchrun's ``[rankN]:`` prefix or without."""
-    stripped = line.split("]:", 1)[-1].strip() if line.startswith("[rank") else line.strip()
+    stripped = bare(line).strip()
     return stripped.startswith("Traceback") or re.match(
         r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b", stripped) is not None
 
@@ -92,12 +92,20 @@ def first_error(lines: Sequence[str]) -> int | None:
     return next((i for i, line in enumerate(lines) if error_line(line)), None)
 
 
-_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?")
+_RANK_PREFIX = re.compile(r"^\[rank(?P<rank>\d+)\]: ?")
+# A traceback's frame line: its indentation, file, line number and function (when it names one).
+FRAME = re.compile(r'^(?P<indent>\s*)File "(?P<file>[^"]+)", line (?P<line>\d+)(?:, in (?P<func>\S+))?')
 
 
-def _bare(line: str) -> str:
+def bare(line: str) -> str:
     """``line`` without torchrun's ``[rankN]: `` prefix (its indentation kept)."""
     return _RANK_PREFIX.sub("", line, count=1)
+
+
+def line_rank(line: str) -> int | None:
+    """The rank of torchrun's ``[rankN]:`` prefix on ``line``; None without one."""
+    m = _RANK_PREFIX.match(line)
+    return int(m["rank"]) if m else None
 
 
 def line_levels(lines: Sequence[str]) -> list[str]:
@@ -106,17 +114,17 @@ def line_levels(lines: Sequence[str]) -> list[str]:
     ``...Warning:``), else ``info``."""
     out, in_traceback = [], False
     for line in lines:
-        bare = _bare(line)
-        if bare.strip().startswith("Traceback"):
+        text = bare(line)
+        if text.strip().startswith("Traceback"):
             in_traceback = True
-        if in_traceback or error_line(line) or re.search(r"\b(ERROR|CRITICAL|FATAL)\b", bare):
+        if in_traceback or error_line(line) or re.search(r"\b(ERROR|CRITICAL|FATAL)\b", text):
             out.append("error")
             # A traceback ends at its exception line: the first that is not indented and not a
             # chained traceback's "During handling..." / "The above exception..." line.
             chained = ("Traceback", "During handling", "The above exception")
-            if in_traceback and bare[:1] not in (" ", "\t", "") and not bare.startswith(chained):
+            if in_traceback and text[:1] not in (" ", "\t", "") and not text.startswith(chained):
                 in_traceback = False
-        elif re.search(r"\bWARN(ING)?\b|\w*Warning\b", bare):
+        elif re.search(r"\bWARN(ING)?\b|\w*Warning\b", text):
             out.append("warning")
         else:
             out.append("info")
@@ -127,7 +135,6 @@ def line_levels(lines: Sequence[str]) -> list[str]:
 # script, the orchestrator with the script shims), and the frames of runpy that runyard's script
 # runner calls through: folded when they sit with runyard's.
 OWN_FRAME_ROOTS = tuple(str(Path(__file__).resolve().parents[1] / name) + "/" for name in ("trainer", "orchestrator"))
-_FRAME = re.compile(r'^(\s*)File "([^"]+)", line \d+')
 
 
 def _frame_kind(path: str, roots: Sequence[str]) -> str | None:
@@ -152,15 +159,15 @@ def fold_frames(numbered: Sequence[tuple[int | None, str]],
     while i < len(numbered):
         run: list[str] = []  # the frames' paths, in order
         j = i
-        while j < len(numbered) and (m := _FRAME.match(_bare(numbered[j][1]))) and _frame_kind(m[2], roots):
-            indent, run = len(m[1]), [*run, m[2]]
+        while j < len(numbered) and (m := FRAME.match(bare(numbered[j][1]))) and _frame_kind(m["file"], roots):
+            indent, run = len(m["indent"]), [*run, m["file"]]
             j += 1
-            while j < len(numbered) and len(_bare(numbered[j][1])) - len(_bare(numbered[j][1]).lstrip()) > indent:
+            while j < len(numbered) and len(bare(numbered[j][1])) - len(bare(numbered[j][1]).lstrip()) > indent:
                 j += 1  # the frame's source line and its ^^^ marks
         if any(_frame_kind(path, roots) == "runyard" for path in run):
             line = numbered[i][1]
-            prefix = line[:len(line) - len(_bare(line))]
-            indent_text = _bare(line)[:len(_bare(line)) - len(_bare(line).lstrip())]
+            prefix = line[:len(line) - len(bare(line))]
+            indent_text = bare(line)[:len(bare(line)) - len(bare(line).lstrip())]
             names = sorted({_short(path, roots) for path in run if _frame_kind(path, roots) == "runyard"})
             frames = "frame" if len(run) == 1 else "frames"
             out.append((None, f"{prefix}{indent_text}… {len(run)} runyard {frames} ({', '.join(names)})"))

@@ -28,10 +28,9 @@ import streamlit as st
 
 from app import data, style
 from db.compare import MAX_RUNS as MAX_COMPARED
-from db.states import TERMINAL, RunStatus
+from db.states import TERMINAL_VALUES, RunStatus
 from orchestrator.format import status_words
 
-TERMINAL_VALUES = {s.value for s in TERMINAL}
 CANCELLABLE = {RunStatus.QUEUED, RunStatus.STARTING, RunStatus.RUNNING, RunStatus.RETRYING, RunStatus.PAUSED,
                RunStatus.PAUSING, RunStatus.PRUNED}
 PAUSABLE = {RunStatus.STARTING, RunStatus.RUNNING}

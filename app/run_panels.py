@@ -8,7 +8,6 @@ Each takes the run detail the live panel read once for this refresh (``data.run_
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -18,15 +17,13 @@ import streamlit as st
 
 from app import data, style
 from app.charts import metric as charts
-from app.log_view import OWN_FRAME_ROOTS, first_error, fold_text, log_panel
+from app.log_view import FRAME, OWN_FRAME_ROOTS, bare, first_error, fold_text, line_rank, log_panel
 from app.run_actions import is_superseded
-from db.states import TERMINAL, RunStatus
+from db.states import TERMINAL_VALUES, RunStatus
 from db.vocabulary import metric_registry
 from db.vocabulary.your_cost import NO_TARIFF
 from orchestrator.cost_text import CLOUD, YOURS, energy_text, tariff_text
 from orchestrator.format import clock, duration, end_help, end_text, end_words, exit_text, phases_text, usd
-
-TERMINAL_VALUES = {s.value for s in TERMINAL}
 
 
 def attempts_table(d: dict[str, Any]) -> None:
@@ -83,19 +80,19 @@ def first_error_line(text: str) -> str | None:
     found = first_error(lines)
     if found is None:
         return None
-    line = lines[found]
-    return (line.split("]:", 1)[-1] if line.startswith("[rank") else line).strip()
+    return bare(lines[found]).strip()
 
 
-_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)(?:, in (?P<func>\S+))?')
-
-
-def user_frame(log_tail: str, roots: tuple[str, ...] = OWN_FRAME_ROOTS) -> str | None:
+def user_frame(log_tail: str, roots: tuple[str, ...] = OWN_FRAME_ROOTS, rank: int | None = None) -> str | None:
     """Where a traceback in ``log_tail`` left the user's code: its innermost frame that is neither
-    runyard's own (``roots``), an installed package's nor Python's (``train.py:12 in step``)."""
+    runyard's own (``roots``), an installed package's nor Python's (``train.py:12 in step``).
+    With ``rank``, only that rank's lines are read (torchrun interleaves every rank's stderr,
+    each line with its ``[rankN]:`` prefix; a line without one is taken as the rank's)."""
     where = None
     for line in log_tail.splitlines():
-        m = _FRAME.match(line.split("]:", 1)[-1] if line.startswith("[rank") else line)
+        if rank is not None and line_rank(line) not in (None, rank):
+            continue  # another rank's traceback
+        m = FRAME.match(bare(line))
         if m is None or m["file"].startswith(roots) or m["file"].startswith("<") or any(
                 part in m["file"] for part in ("site-packages/", "dist-packages/", "/lib/python")):
             continue
@@ -109,8 +106,10 @@ def failure_line(a: dict[str, Any], width: int = 140) -> str:
     user's code it was raised (the scheduler's ``exception`` names the innermost frame, which may
     be a library's: the kept traceback's innermost frame of the user's is added then)."""
     rank = f"rank {a['failed_rank']}" if a["failed_rank"] is not None else "the attempt"
-    what = (a["exception"] or a["reason"] or f"exit code {a['exit_code']}").strip().splitlines()[-1].strip()
-    where = user_frame(a["log_tail"]) if a["log_tail"] else None
+    said = [text.strip() for text in (a["exception"], a["reason"]) if text and text.strip()]
+    # The exception's last line (its message), else the reason, else the exit as the Attempts table says it.
+    what = said[0].splitlines()[-1].strip() if said else exit_text(a["status"], a["exit_code"])
+    where = user_frame(a["log_tail"], rank=a["failed_rank"]) if a["log_tail"] else None
     if where and where.split(" ", 1)[0] not in what:
         what += f" (from {where})" if "(at " in what else f" (at {where})"
     what = what if len(what) <= width else what[:width - 1] + "…"
@@ -334,7 +333,7 @@ def cost_strip(d: dict[str, Any]) -> None:
     of, its wasted part and, while the run goes on, its projected total; without a tariff, a
     link to Settings instead of yours."""
     yours, cloud = d["cost"]["yours"], d["cost"]["cloud_reference"]
-    going = d["status"] not in {s.value for s in TERMINAL}
+    going = d["status"] not in TERMINAL_VALUES
     with st.container(horizontal=True, vertical_alignment="center", gap="small", key="cost-panel"):
         head = f"**{end_words(d['status'])[1]}** · {YOURS}: "  # "Cost so far" while it may go on, then "Cost"
         if yours["usd"] is None:

@@ -101,6 +101,7 @@ class AttemptStatus(str, enum.Enum):
 TERMINAL: frozenset[RunStatus] = frozenset(
     {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.PAUSED, RunStatus.PRUNED}
 )
+TERMINAL_VALUES: frozenset[str] = frozenset(s.value for s in TERMINAL)  # as a run dict's "status" holds them
 # Ended with a last checkpoint, to be continued: Resume (a PRUNED trial's promotion) or a cancel for good.
 RESUMABLE: frozenset[RunStatus] = frozenset({RunStatus.PAUSED, RunStatus.PRUNED})
 ACTIVE: frozenset[RunStatus] = frozenset(

@@ -6,12 +6,14 @@ Who the person is: with ``--auth proxy``, the user the reverse proxy authenticat
 checked the proxy's secret; app/server/asgi.py maps its user header into ``st.user``); with
 Streamlit's single sign-on, the signed-in e-mail; otherwise the owner of the data folder (a token
 UI is one person's: everyone holding its token is its owner). A data folder that cannot be written
-(a viewer) keeps the changes for the browser session only."""
+(a viewer) keeps the changes for the browser session only, and so does a change made while the
+stored layout cannot be read (saving then would put the defaults over the person's layout)."""
 
 from __future__ import annotations
 
 import getpass
 import logging
+import os
 import pwd
 from collections.abc import Callable
 from dataclasses import replace
@@ -43,11 +45,16 @@ def _user_field(name: str) -> str | None:
 
 
 def folder_owner() -> str:
-    """The account that owns the data folder (else the one the UI runs as)."""
+    """The account that owns the data folder (else the one the UI runs as; a uid without a passwd
+    entry and no LOGNAME or USER, as in ``docker run -u 1234``, by its number: "uid 1234")."""
     try:
         return pwd.getpwuid(data.settings().home.stat().st_uid).pw_name
     except (KeyError, OSError):
+        pass
+    try:
         return getpass.getuser()
+    except (KeyError, OSError):  # KeyError up to Python 3.12, OSError from 3.13
+        return f"uid {os.getuid()}"
 
 
 def person() -> str:
@@ -60,30 +67,39 @@ def person() -> str:
     return who
 
 
-def _stored() -> Layout:
+def _stored() -> Layout | None:
+    """The person's stored layout; None when the database cannot be read now (the page's own
+    reads say so; the log has why)."""
     try:
         with data.sessions()() as s:
             return read_layout(s, person())
-    except SQLAlchemyError:  # an unreadable database: the page's own reads say so; here, the defaults
-        logger.warning("the panel layout of %s cannot be read; showing the defaults", person(), exc_info=True)
-        return Layout()
+    except SQLAlchemyError:
+        logger.warning("the panel layout of %s cannot be read", person(), exc_info=True)
+        return None
 
 
 def current() -> Layout:
-    """The person's layout: read from the database once per browser session."""
+    """The person's layout: read from the database once per browser session (the defaults when it
+    cannot be read then)."""
     if LAYOUT_KEY not in st.session_state:
-        st.session_state[LAYOUT_KEY] = _stored()
+        st.session_state[LAYOUT_KEY] = _stored() or Layout()
     layout: Layout = st.session_state[LAYOUT_KEY]
     return layout
 
 
 def update(change: Callable[[Layout], Layout]) -> Layout:
     """Apply ``change`` to the person's stored layout (read again first: another tab of theirs
-    may have changed another part) and keep it, in the database and in this session."""
+    may have changed another part) and keep it, in the database and in this session. When the
+    stored layout cannot be read, the change applies to this session's and is not saved: saving
+    it would put this session's layout (perhaps the defaults) over every other part they kept."""
     writable = data.read_only_reason() is None
-    layout = change(_stored() if writable else current())
+    stored = _stored() if writable else None
+    layout = change(current() if stored is None else stored)
     st.session_state[LAYOUT_KEY] = layout
-    if writable:
+    if writable and stored is None:
+        logger.warning("the panel layout of %s is kept for this browser session, not saved: its stored layout "
+                       "could not be read", person())
+    elif writable:
         try:
             with data.sessions()() as s:
                 save_layout(s, person(), layout)

@@ -21,12 +21,11 @@ from app import chart_widgets, data, style
 from app.charts import metric as charts
 from app.live_series import LiveSeries, merge_series
 from app.panels import layout as panel_layout
-from app.panels.sections import Section, chart_order, drawn, drawn_keys, opened, sections
-from db.states import TERMINAL
+from app.panels.sections import HIDDEN, Section, chart_order, drawn, drawn_keys, opened, sections
+from db.states import TERMINAL_VALUES
 from db.vocabulary import metric_registry
 from orchestrator.format import startup_text
 
-TERMINAL_VALUES = {s.value for s in TERMINAL}
 # Buckets per (attempt, rank) a chart asks for: about 8000 rows a chart whatever the rank count,
 # between 500 and 2000 a line (the store halves resolution in steps of 4, so 1/4 to all of it).
 CHART_ROWS, MIN_POINTS, MAX_POINTS = 8000, 500, 2000
@@ -42,8 +41,8 @@ def max_points(nproc: int) -> int:
 
 
 def run_keys(run_id: int) -> list[str]:
-    """The run's metric names in chart order (``epoch``, a counter, is no chart)."""
-    return [k for k in chart_order(data.metric_keys(run_id)) if k != "epoch"]
+    """The run's metric names in chart order, without those that are no chart (``HIDDEN``: ``epoch``)."""
+    return [k for k in chart_order(data.metric_keys(run_id)) if k not in HIDDEN]
 
 
 def live_series(d: dict[str, Any], keys: list[str]) -> dict[str, LiveSeries]:
@@ -157,6 +156,32 @@ def full_width_button(run_id: int, key: str, full: bool, where: str) -> None:
                     else f"Open {metric_registry.label(key)} alone at the section's full width"))
 
 
+@dataclass(frozen=True)
+class Drawing:
+    """How one place of the Run page (``where``: the Overview, the Metrics section) draws a run's
+    charts: its options with the shared box zoom and marked step, and the run's lineage."""
+
+    d: dict[str, Any]
+    options: charts.ChartOptions
+    cutoffs: dict[int, float]
+    where: str
+
+    def chart(self, key: str, series: LiveSeries) -> None:
+        """One metric's chart, whose drawn box zooms, and whose clicked step marks, every chart here."""
+        chart_widgets.zoomable_chart(self.d["id"], key,
+                                     chart_widgets.run_chart(self.d, key, series, self.cutoffs, self.options),
+                                     self.options.x, self.where)
+
+
+def drawing(d: dict[str, Any], options: charts.ChartOptions, where: str) -> Drawing:
+    """The notes of a box zoom and a marked step (each with its reset), then how the charts draw."""
+    run_id = d["id"]
+    options = replace(options, zoom=chart_widgets.zoom_of(run_id), cursor=chart_widgets.cursor_of(run_id))
+    chart_widgets.zoom_note(run_id, options.x)
+    chart_widgets.cursor_note(run_id, where)
+    return Drawing(d, options, data.lineage_cutoffs(d["attempts"]), where)
+
+
 def metric_charts(d: dict[str, Any], shown: Plan, series: dict[str, LiveSeries]) -> None:
     """The options, then each section: an expander with its chart count; open, its charts two a
     row (or the one open full width), and "Show all" under a section drawn in part."""
@@ -164,17 +189,8 @@ def metric_charts(d: dict[str, Any], shown: Plan, series: dict[str, LiveSeries])
         waiting(d)
         return
     run_id = d["id"]
-    options = replace(chart_options(run_id, d["nproc"], shown.keys, series),
-                      isolated=chart_widgets.isolated_ranks(run_id, d["nproc"]), zoom=chart_widgets.zoom_of(run_id),
-                      cursor=chart_widgets.cursor_of(run_id))
-    chart_widgets.zoom_note(run_id, options.x)
-    chart_widgets.cursor_note(run_id, "metrics")
-    cutoffs = data.lineage_cutoffs(d["attempts"])
-
-    def chart(key: str) -> None:
-        chart_widgets.zoomable_chart(run_id, key, chart_widgets.run_chart(d, key, series[key], cutoffs, options),
-                                     options.x, "metrics")
-
+    here = drawing(d, replace(chart_options(run_id, d["nproc"], shown.keys, series),
+                              isolated=chart_widgets.isolated_ranks(run_id, d["nproc"])), "metrics")
     for section in shown.sections:
         box = st.expander(style.plain(section.label), expanded=shown.open[section.id],
                           key=_section_key(run_id, section.id), on_change=_toggled, args=(run_id, section.id))
@@ -184,19 +200,20 @@ def metric_charts(d: dict[str, Any], shown: Plan, series: dict[str, LiveSeries])
         with box:
             if shown.full in section.keys:
                 full_width_button(run_id, keys[0], True, "metrics")
-                chart(keys[0])
+                here.chart(keys[0], series[keys[0]])
                 continue
             cols = st.columns(2)
             for i, key in enumerate(keys):
                 with cols[i % 2]:
                     full_width_button(run_id, key, False, "metrics")
-                    chart(key)
+                    here.chart(key, series[key])
             if len(keys) < len(section.keys):
                 st.button(f"Show all {len(section.keys)} charts", key=f"show-all-{run_id}-{section.id}",
                           icon=":material/expand_more:", on_click=_show_all, args=(run_id, section.id))
-    if options.cursor is None:
+    cursor = here.options.cursor
+    if cursor is None:
         chart_widgets.latest_table(d["metrics"], shown.drawn)
     else:  # the shared cursor's read-out: every drawn metric at the marked step
-        chart_widgets.latest_table({k: chart_widgets.values_at(s.rows, cutoffs, options.cursor)
+        chart_widgets.latest_table({k: chart_widgets.values_at(s.rows, here.cutoffs, cursor)
                                     for k, s in series.items()}, shown.drawn,
-                                   title=f"Value per rank at step {options.cursor:,}")
+                                   title=f"Value per rank at step {cursor:,}")

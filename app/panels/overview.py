@@ -1,6 +1,7 @@
 """The Run page's Overview curves: the loss and the headline metric until the person pins others
 ("Pin curves"); the pins are the person's layout (app/panels/layout.py), kept across browser
-sessions and for every run (a run without any of the pinned metrics shows the defaults)."""
+sessions and for every run (a run without any of the pinned metrics shows the defaults; with every
+curve unpinned, none and a line saying how to pin some)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,10 @@ from typing import Any
 
 import streamlit as st
 
-from app import chart_widgets, data
 from app.charts import metric as charts
 from app.live_series import LiveSeries
 from app.panels import layout as panel_layout
-from app.panels.metrics import log_defaults, waiting
+from app.panels.metrics import drawing, log_defaults, waiting
 from app.panels.sections import overview_keys
 from db.vocabulary import metric_registry
 
@@ -44,15 +44,14 @@ def overview_charts(d: dict[str, Any], keys: list[str], series: dict[str, LiveSe
     options = saved or charts.ChartOptions(ranks=charts.default_rank_mode(d["nproc"]))
     if not st.session_state.get(f"log-chosen-{d['id']}"):  # the log axes as the Metrics section has them
         options = replace(options, log_keys=log_defaults(series))
-    options = replace(options, zoom=chart_widgets.zoom_of(d["id"]), cursor=chart_widgets.cursor_of(d["id"]))
-    chart_widgets.zoom_note(d["id"], options.x)
-    chart_widgets.cursor_note(d["id"], "overview")
-    cutoffs = data.lineage_cutoffs(d["attempts"])
+    here = drawing(d, options, "overview")
     cols = st.columns(2)
     for i, (key, s) in enumerate(series.items()):
         with cols[i % 2]:
-            chart_widgets.zoomable_chart(d["id"], key, chart_widgets.run_chart(d, key, s, cutoffs, options),
-                                         options.x, "overview")
+            here.chart(key, s)
+    if not series:  # every curve unpinned
+        st.caption("No curves pinned: choose some in **Pin curves** below; every curve is on the **Metrics** "
+                   "section.")
     widget = f"pin-{d['id']}"
     st.popover("Pin curves", icon=":material/push_pin:").pills(
         "Curves on the Overview", keys, selection_mode="multi", default=list(series), format_func=metric_registry.label,

@@ -98,12 +98,14 @@ def drawn_keys(found: Sequence[Section], open_now: Mapping[str, bool], full: str
 
 
 def overview_keys(keys: Sequence[str], pinned: Sequence[str] | None) -> list[str]:
-    """The curves on the Overview: the pinned ones this run has (in the run's order), else the
-    loss and the headline metric (a script's first two metrics when it names neither)."""
+    """The curves on the Overview: the pinned ones this run has (in the run's order); none when
+    the person unpinned every curve (``pinned`` empty); else, until they pin (``None``) or on a
+    run that has none of their pins, the loss and the headline metric (a script's first two
+    metrics when it names neither)."""
     shown = [k for k in keys if k not in HIDDEN]
     if pinned is not None:
         chosen = [k for k in shown if k in set(pinned)]
-        if chosen or not shown:
+        if chosen or not pinned or not shown:
             return chosen
     loss = metric_registry.loss_key(shown)
     headline = metric_registry.headline_key(shown)

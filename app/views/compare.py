@@ -27,14 +27,13 @@ from app.charts import compare as cc
 from app.charts.metric import X_AXES, X_RELATIVE, X_STEP, X_WALL, unvalidated
 from app.run_actions import COMPARED
 from db.compare import MAX_POINTS, MAX_RUNS, MetricSummary, config_diff, higher_is_better
-from db.states import TERMINAL
+from db.states import TERMINAL_VALUES
 from db.vocabulary import metric_registry
 
 style.apply()
 
 PREFERRED = ("loss", "eval_loss", "eval_accuracy")  # the metrics shown first when the URL names none
 FIRST_CHARTS = 4  # charts drawn at once; each further metric's when its section is opened
-TERMINAL_VALUES = {s.value for s in TERMINAL}
 
 
 def ids_from_url(text: str | None) -> tuple[list[int], list[str]]:

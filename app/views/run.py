@@ -39,11 +39,10 @@ from app.panels.sections import chart_order
 from app.run_actions import SECTION_KEY, actions, metadata_line, status_badge
 from app.run_panels import attempts_table, checkpoint_advice, checkpoint_table, events_list, failure_summary, log_tails
 from app.system import latest_window, summary_line, system_panels
-from db.states import TERMINAL, RunStatus
+from db.states import TERMINAL_VALUES, RunStatus
 from orchestrator.format import clock, start_text, startup_text, step_text, where_text
 from orchestrator.scripts.attempt_watch import script_facts
 
-TERMINAL_VALUES = {s.value for s in TERMINAL}
 # Event kinds shown as badges at the top of the run: (colour, icon, label).
 EVENT_BADGES = {
     "straggler": ("orange", ":material/slow_motion_video:", "straggler"),
@@ -135,12 +134,10 @@ def event_badges(d: dict[str, Any], series: dict[str, LiveSeries]) -> None:
     """A row of badges: what the checks found, with counts (stragglers, desyncs, NaNs, hangs);
     a green one for the checks that ran and found nothing; a grey one for each check that did
     not run, saying why (:func:`health_checks`). Without a "nan" event from the trainer, NaNs
-    are counted from the charts' buckets."""
+    are counted in the metric store, every metric of the run (drawn or not) along its lineage."""
     counts = dict(data.event_counts(d["id"]))
     if not counts.get("nan"):
-        cutoffs = data.lineage_cutoffs(d["attempts"])
-        counts["nan"] = sum(int(r.get("nan_count") or 0) for s in series.values() for r in s.rows
-                            if r["step"] <= cutoffs.get(r["attempt"], float("inf")))
+        counts["nan"] = data.nan_count(d["id"], data.lineage_cutoffs(d["attempts"]))
     shown = [f":{color}-badge[{icon} {label} × {counts[kind]}]"
              for kind, (color, icon, label) in EVENT_BADGES.items() if counts.get(kind)]
     unchecked = health_checks(d, has_metrics=bool(d["metrics"]) or any(s.rows for s in series.values()))

@@ -45,6 +45,7 @@ from db.metricstore.points import (
     iter_rows,
     latest,
     metric_keys,
+    nan_count,
     progress_key,
     progress_keys,
     recent,
@@ -60,6 +61,6 @@ from db.metricstore.writes import write_points
 # series.py (a chart's series), points.py (every other read), rollups.py (the rollup arithmetic),
 # bulk.py (PostgreSQL's COPY, loaded by writes.py on PostgreSQL only).
 __all__ = ["BASE", "LEVELS", "MetricStoreError", "Series", "at_or_before", "choose_level", "iter_rows", "latest",
-           "metric_keys",
+           "metric_keys", "nan_count",
            "progress_key", "progress_keys", "recent", "recent_many", "recent_progress", "series", "totals",
            "write_points"]

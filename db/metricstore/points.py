@@ -8,7 +8,7 @@ import math
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import CompoundSelect, Integer, and_, bindparam, func, select, union_all
+from sqlalchemy import CompoundSelect, Integer, Select, and_, bindparam, func, select, union_all
 from sqlalchemy.orm import Session
 
 from db.metricstore.rollups import BASE, LEVELS
@@ -245,6 +245,48 @@ def _recent_union(session: Session, parts: int) -> CompoundSelect[Unpack[tuple[A
     return cache[parts]
 
 
+def _covering(hi: int) -> tuple[list[tuple[int, int | None, int]], int]:
+    """The fewest rollup buckets that hold the steps 0..``hi`` and nothing after: per level,
+    coarsest first, (level, first bucket or None for the level's first, end bucket, excluded),
+    and the first step they leave to the raw points (read up to ``hi``)."""
+    ranges: list[tuple[int, int | None, int]] = []
+    covered = 0
+    for level in range(LEVELS, 0, -1):
+        size = BASE**level
+        end = (hi + 1) // size  # buckets before `end` hold only steps <= hi
+        if not ranges or end * size > covered:
+            ranges.append((level, covered // size if ranges else None, end))
+            covered = end * size
+    return ranges, covered
+
+
+def nan_count(session: Session, run_id: int, cutoffs: dict[int, float] | None = None) -> int:
+    """How many NaN points the run logged, every metric and rank, along its lineage: what an
+    attempt logged after its cutoff (db.run_summary.lineage_cutoffs: a later attempt's resume
+    step) is left out. One statement: the coarsest rollups of the attempts without a cutoff, and
+    for each attempt with one, the fewest buckets up to it and the raw points after them (about
+    a dozen index ranges an attempt, whatever the run's length and number of metrics)."""
+    R, P, N = MetricRollup, MetricPoint, MetricName
+    cut = {attempt: int(c) for attempt, c in (cutoffs or {}).items() if not math.isinf(c)}
+    # name_id IN (every name): SQLite seeks the primary key (run, name, level, ...) per name.
+    rollups = (R.run_id == run_id, R.name_id.in_(select(N.id)))
+    parts: list[Select[int]] = [select(func.sum(R.nan_count).label("nans")).where(
+        *rollups, R.level == LEVELS, R.attempt.not_in(sorted(cut)))]
+    for attempt, hi in sorted(cut.items()):
+        ranges, raw_from = _covering(hi)
+        for level, first, end in ranges:
+            part = select(func.sum(R.nan_count)).where(*rollups, R.level == level, R.attempt == attempt,
+                                                       R.bucket < end)
+            parts.append(part if first is None else part.where(R.bucket >= first))
+        parts.append(select(func.count()).where(P.run_id == run_id, P.name_id.in_(select(N.id)), P.attempt == attempt,
+                                                P.step >= raw_from, P.step <= hi, P.value.is_(None)))
+    total = 0
+    for start in range(0, len(parts), _UNION_PARTS):  # SQLite's limit on a compound statement
+        both = union_all(*parts[start:start + _UNION_PARTS]).subquery()
+        total += int(session.scalar(select(func.sum(both.c.nans))) or 0)
+    return total
+
+
 def totals(session: Session, run_id: int, key: str, *, attempt: int, rank: int,
            max_step: float | None = None) -> tuple[float, int]:
     """Sum and count of the non-NaN values of one series up to ``max_step`` (all steps when
@@ -254,18 +296,11 @@ def totals(session: Session, run_id: int, key: str, *, attempt: int, rank: int,
         return 0.0, 0
     R, P = MetricRollup, MetricPoint
     series_of = (R.run_id == run_id, R.name_id == name_id, R.attempt == attempt, R.rank == rank)
-    if max_step is None or math.isinf(max_step):
-        ranges, raw_from, hi = [(LEVELS, None, None)], None, None
-    else:
+    ranges: Sequence[tuple[int, int | None, int | None]] = [(LEVELS, None, None)]
+    raw_from, hi = None, None
+    if max_step is not None and not math.isinf(max_step):
         hi = int(max_step)
-        ranges, covered = [], None
-        for level in range(LEVELS, 0, -1):
-            size = BASE**level
-            end = (hi + 1) // size  # buckets before `end` hold only steps <= hi
-            if covered is None or end * size > covered:
-                ranges.append((level, None if covered is None else covered // size, end))
-                covered = end * size
-        raw_from = covered
+        ranges, raw_from = _covering(hi)
     total, count = 0.0, 0
     for level, first, end in ranges:  # one index range per level: a few rows each
         q = select(R.sum_value, R.count, R.nan_count).where(*series_of, R.level == level)

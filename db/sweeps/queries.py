@@ -34,7 +34,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from db.models import Attempt, Run, Sweep, SweepStatusHistory, SweepTrial
-from db.states import TERMINAL
+from db.states import TERMINAL_VALUES
 from db.sweeps.states import SWEEP_TERMINAL, SweepStatus
 from db.vocabulary.cost import cost_usd
 
@@ -124,7 +124,7 @@ def eta_s(trials: list[dict[str, Any]], sweep: Sweep) -> float | None:
     if SweepStatus(sweep.status) in SWEEP_TERMINAL:
         return 0.0
     ended: list[float] = [t["elapsed_s"] for t in trials
-                          if t["status"] in {s.value for s in TERMINAL} and t["elapsed_s"] > 0]
+                          if t["status"] in TERMINAL_VALUES and t["elapsed_s"] > 0]
     if not ended:
         return None
     mean_s = sum(ended) / len(ended)

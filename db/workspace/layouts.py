@@ -48,7 +48,8 @@ class Layout:
     @classmethod
     def from_json(cls, text: str | None) -> Layout:
         """The layout ``text`` holds; what is not a layout's (another shape, a wrong type, an
-        over-long name) is dropped, so a damaged row gives the defaults for that part only."""
+        over-long name) is dropped, so a damaged row gives the defaults for that part only, and
+        at most :data:`NAMES_MAX` pins and sections are kept."""
         try:
             raw: Any = json.loads(text) if text else {}
         except ValueError:
@@ -60,7 +61,7 @@ class Layout:
         full = raw.get("full")
         return cls(
             pinned=tuple(_names(pinned)) if isinstance(pinned, list) else None,
-            sections={k: v for k, v in sections.items() if _name(k) and isinstance(v, bool)}
+            sections=dict([(k, v) for k, v in sections.items() if _name(k) and isinstance(v, bool)][:NAMES_MAX])
             if isinstance(sections, dict) else {},
             full=full if _name(full) else None,
         )

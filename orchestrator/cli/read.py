@@ -17,7 +17,7 @@ import click
 from db.compare import runs_list
 from db.queries import iter_metric_rows, log_sources, run_detail, run_status
 from db.run_list import LIST_SORTS, RunFilter, list_runs
-from db.states import TERMINAL, RunStatus
+from db.states import TERMINAL, TERMINAL_VALUES, RunStatus
 from db.vocabulary import metric_registry
 from db.vocabulary.settings import load_settings
 from orchestrator.cli.base import (
@@ -261,7 +261,7 @@ def _log_attempt(run_id: int, sources: dict[str, Any], status: str, attempt: int
              f"{ranks})", EXIT_USAGE)
     attempts: list[dict[str, Any]] = sources["attempts"]
     if not attempts:
-        if follow and status not in {s.value for s in TERMINAL}:
+        if follow and status not in TERMINAL_VALUES:
             return None
         fail(f"run {run_id} has no attempts yet (it is {status}), so no logs; "
              f"`runyard logs {run_id} --follow` waits for them")

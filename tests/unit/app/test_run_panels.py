@@ -60,4 +60,34 @@ def test_a_failure_is_one_line_with_where_in_the_users_code_it_was_raised() -> N
     long = failure_line({**failed, "exception": "RuntimeError: " + "x" * 500 + "\nsecond line", "log_tail": None})
     assert "\n" not in long and len(long) < 220
     assert failure_line({**failed, "exception": None, "reason": None, "exit_code": 1, "log_tail": None}).endswith(
-        "exit code 1")
+        ": exit 1")
+
+
+def test_a_failure_without_words_says_what_is_known() -> None:
+    """An exception text of whitespace only, no reason, no exit code: one line all the same, never
+    "None" and never an IndexError."""
+    failed = attempt(status="FAILED", cause="UNKNOWN", failed_rank=0, exception=" \n\t", reason=None,
+                     exit_code=-9, log_tail=None)
+    assert failure_line(failed) == r"**Attempt 1: rank 0 failed (UNKNOWN)**: exit -9 \(SIGKILL\)"
+    assert failure_line({**failed, "reason": "rank 0 was killed\n"}).endswith(": rank 0 was killed")
+    vanished = {**failed, "status": "CRASHED", "exit_code": None, "failed_rank": None}
+    assert failure_line(vanished) == (r"**Attempt 1: the attempt failed (UNKNOWN)**: "
+                                       r"no exit code \(killed or vanished\)")
+    assert "None" not in failure_line({**vanished, "status": "FAILED"})
+
+
+def test_the_users_frame_is_the_failed_ranks_when_two_ranks_tracebacks_interleave() -> None:
+    """torchrun interleaves every rank's stderr: rank 0's traceback (its frame last in the tail)
+    must not be named as the place where rank 1 failed."""
+    mine = traceback("/home/me/proj/train.py:12:<module>", "/home/me/proj/model.py:40:step").splitlines()
+    other = [line.replace("[rank1]:", "[rank0]:") for line in traceback(
+        "/home/me/proj/train.py:12:<module>", "/home/me/proj/data.py:7:load", error="KeyError: 3").splitlines()]
+    tail = "\n".join(line for pair in zip(mine, other, strict=True) for line in pair)
+    assert user_frame(tail, rank=1) == "model.py:40 in step"
+    assert user_frame(tail, rank=0) == "data.py:7 in load"
+    failed = attempt(status="FAILED", cause="USER_ERROR", failed_rank=1, exception="ValueError: lr too high",
+                     reason=None, log_tail=tail)
+    assert failure_line(failed).endswith(r"\(at model.py\:40 in step\)")
+    # A log without torchrun's prefixes (one rank's own file) is that rank's.
+    bare = "\n".join(line.split(": ", 1)[1] for line in mine)
+    assert user_frame(bare, rank=1) == "model.py:40 in step"

@@ -12,6 +12,7 @@ from db.requests import RequestRefused, create_run, request_cancel, request_resu
 from db.states import (
     ALLOWED,
     TERMINAL,
+    TERMINAL_VALUES,
     AttemptPhase,
     AttemptStatus,
     RunStatus,
@@ -44,6 +45,8 @@ def test_status_names_are_the_documented_ones() -> None:
     # cancelled for good.
     assert all(ALLOWED[s] == {RunStatus.QUEUED} for s in TERMINAL if s not in (RunStatus.PAUSED, RunStatus.PRUNED))
     assert ALLOWED[RunStatus.PAUSED] == ALLOWED[RunStatus.PRUNED] == {RunStatus.QUEUED, RunStatus.CANCELLED}
+    # The finished statuses as a run's row and dict spell them (every page and the CLI compare with these).
+    assert TERMINAL_VALUES == {"SUCCEEDED", "FAILED", "CANCELLED", "PAUSED", "PRUNED"} == {str(s) for s in TERMINAL}
 
 
 def test_happy_path_records_history_with_reasons(sessions: sessionmaker[Session], settings: Settings) -> None:

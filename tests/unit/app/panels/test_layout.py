@@ -1,15 +1,19 @@
 """Each person's panel layout on the Run page (app/panels/layout.py), through the page as AppTest
 opens it: pins, a closed section and the chart open full width outlast the browser session (a
 new AppTest is a new one) and hold on another run; two people keep two layouts; a data folder
-that cannot be written keeps a change for the session only."""
+that cannot be written keeps a change for the session only, and one that cannot be read for a moment
+never has the defaults saved over the person's layout; a UI run as a uid without a passwd entry has
+a person all the same."""
 
 from __future__ import annotations
 
+import os
 import pwd
 import time
 from typing import Any
 
 import pytest
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.panels import layout as panel_layout
@@ -100,3 +104,50 @@ def test_two_people_keep_two_layouts(settings: Settings, sessions: sessionmaker[
 
 def test_the_data_folder_owner_is_the_person_without_a_proxy_or_sign_on(settings: Settings) -> None:
     assert panel_layout.folder_owner() == pwd.getpwuid(settings.home.stat().st_uid).pw_name
+
+
+def test_a_uid_without_a_passwd_entry_has_a_stable_name(settings: Settings, sessions: sessionmaker[Session],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``docker run -u 1234``: no passwd entry for the uid, no LOGNAME, USER, LNAME or USERNAME;
+    getpass.getuser() raises (KeyError on 3.11 and 3.12, OSError from 3.13)."""
+    run_id = _run_with(sessions, settings, "container")
+
+    def no_entry(uid: int) -> pwd.struct_passwd:
+        raise KeyError(f"getpwuid(): uid not found: {uid}")
+
+    monkeypatch.setattr(pwd, "getpwuid", no_entry)
+    for name in ("LOGNAME", "USER", "LNAME", "USERNAME"):
+        monkeypatch.delenv(name, raising=False)
+    assert panel_layout.folder_owner() == f"uid {os.getuid()}"
+    at = open_page("views/run.py", run=str(run_id))
+    at.button_group(key=f"pin-{run_id}").set_value(["lr"]).run()
+    no_exception(at)
+    assert _titles(at) == ["Learning rate"]
+    with sessions() as s:
+        assert read_layout(s, f"uid {os.getuid()}").pinned == ("lr",)  # kept under that name
+
+
+def test_a_failed_read_leaves_the_stored_layout_intact(settings: Settings, sessions: sessionmaker[Session],
+                                                        monkeypatch: pytest.MonkeyPatch,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    run_id = _run_with(sessions, settings, "locked")
+    stored = Layout(pinned=("loss", "val/loss"), sections={"sys": False})
+    with sessions() as s:
+        save_layout(s, panel_layout.folder_owner(), stored)
+        s.commit()
+
+    def unreadable(*args: Any, **kwargs: Any) -> Layout:
+        raise OperationalError("SELECT layout_json FROM panel_layouts", {}, Exception("database is locked"))
+
+    monkeypatch.setattr(panel_layout, "read_layout", unreadable)
+    at = open_page("views/run.py", run=str(run_id))
+    no_exception(at)
+    assert _titles(at) == ["Loss"]  # this session shows the defaults
+    at.button_group(key=f"pin-{run_id}").set_value(["lr"]).run()
+    no_exception(at)
+    assert _titles(at) == ["Learning rate"]  # the change holds for the session
+    with sessions() as s:
+        assert read_layout(s, panel_layout.folder_owner()) == stored  # never the defaults saved over it
+    assert "not saved" in caplog.text
+    monkeypatch.undo()
+    assert _titles(open_page("views/run.py", run=str(run_id))) == ["Loss", "val/loss"]  # the next session has it

@@ -70,5 +70,6 @@ def test_the_overview_shows_the_pins_the_run_has_else_the_loss_and_headline() ->
     assert overview_keys(keys, None) == ["loss", "eval_accuracy"]
     assert overview_keys(keys, ("samples_per_s", "lr", "val/x")) == ["lr", "samples_per_s"]
     assert overview_keys(keys, ("val/x",)) == ["loss", "eval_accuracy"]  # none of the pins here: the defaults
+    assert overview_keys(keys, ()) == []  # every curve unpinned: none, not the defaults back
     assert overview_keys(["b", "a", "c"], None) == ["b", "a"]  # a script naming neither: its first two
     assert overview_keys(["train/loss", "val/acc"], None) == ["train/loss"]

@@ -1,5 +1,5 @@
-"""The Run page's badges (app/views/run.py): events and NaNs counted, and for each health check
-whether it found nothing or did not run, and why.
+"""The Run page's badges (app/views/run.py): events and NaNs counted (every metric's NaNs, drawn
+or not), and for each health check whether it found nothing or did not run, and why.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.charts.layers import NAN_COLOR
+from app.panels import layout as panel_layout
 from db.metricstore import write_points
 from db.models import Attempt, Event
 from db.requests import create_run
@@ -21,9 +22,11 @@ from db.vocabulary.checks import CHECKS_EVENT, checks_message
 from db.vocabulary.config import RunConfig
 from db.vocabulary.cost import Price
 from db.vocabulary.settings import Settings
+from db.workspace.layouts import Layout, save_layout
 from tests.unit.app.pages import (
     add_heartbeat,
     chart_spec,
+    chart_title,
     event_badges,
     metric_chart_elements,
     no_exception,
@@ -60,6 +63,33 @@ def test_run_page_badges_count_events_and_nan(seeded: dict[str, int], sessions: 
     loss = metric_chart_elements(show_section(at, "Metrics"))[0]
     marks = [(layer["mark"]["type"], layer["mark"].get("color")) for layer in chart_spec(loss)["layer"]]
     assert ("rule", NAN_COLOR) in marks  # the NaN is marked
+
+
+def test_a_nan_in_a_metric_not_drawn_shows_on_the_overview_and_on_metrics(seeded: dict[str, int],
+                                                                         sessions: sessionmaker[Session]) -> None:
+    """Nothing emits a "nan" event: the badge counts the run's NaNs in every metric, not only in the
+    charts drawn (the Overview's two, the Metrics section's open ones), and leaves out a NaN that an
+    abandoned attempt logged after the step the run was resumed from."""
+    run_id = seeded["running"]
+    now = time.time()
+    with sessions() as s:
+        s.add(Event(run_id=run_id, attempt=1, at=now, level="info", kind=CHECKS_EVENT, message=checks_message({})))
+        write_points(s.connection(), [dict(run_id=run_id, attempt=1, rank=rank, step=step, key="train/grad_norm",
+                                           value=float("nan") if step in (60, 110) else 1.0, wall_time=now)
+                                      for step in (50, 60, 110) for rank in (0, 1)])
+        s.execute(update(Attempt).where(Attempt.run_id == run_id).values(status=AttemptStatus.CRASHED.value))
+        s.add(Attempt(run_id=run_id, number=2, status=AttemptStatus.RUNNING.value, resume_step=100, last_step=120,
+                      dir="/nonexistent/2", started_at=now - 5, first_step_at=now - 3))  # step 110 abandoned
+        save_layout(s, panel_layout.folder_owner(), Layout(sections={"train": False}))  # the person closed it
+        s.commit()
+    at = open_page("views/run.py", run=str(run_id))
+    no_exception(at)
+    assert "Gradient norm" not in " ".join(chart_title(c) for c in metric_chart_elements(at))
+    assert ":red-badge[:material/error: NaN × 2]" in event_badges(at)  # step 60 on two ranks; not step 110
+    at = show_section(at, "Metrics")
+    assert "Gradient norm" not in " ".join(chart_title(c) for c in metric_chart_elements(at))
+    assert ":red-badge[:material/error: NaN × 2]" in event_badges(at)
+    assert "no stragglers, desyncs or hangs" in event_badges(at)
 
 
 def test_run_page_without_findings_says_so_for_the_checks_that_ran(seeded: dict[str, int],

@@ -1,6 +1,7 @@
 """A person's panel layout (db/workspace/layouts.py) on SQLite and PostgreSQL: kept per person and
 scope, replaced whole by the next save, read back the same from a new session; a stored layout
-that is damaged gives the defaults for the damaged part only."""
+that is damaged gives the defaults for the damaged part only, and one of many names keeps at most
+NAMES_MAX of its pins and of its sections."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.models import PanelLayout
-from db.workspace.layouts import NAME_MAX, RUNS_SCOPE, Layout, read_layout, save_layout
+from db.workspace.layouts import NAME_MAX, NAMES_MAX, RUNS_SCOPE, Layout, read_layout, save_layout
 
 pytestmark = pytest.mark.both_dbs
 
@@ -48,3 +49,11 @@ def test_a_damaged_layout_gives_the_defaults_for_what_is_damaged(sessions: sessi
 def test_json_round_trip_keeps_an_empty_pin_list_apart_from_none() -> None:
     assert Layout.from_json(Layout(pinned=()).to_json()).pinned == ()
     assert Layout.from_json(Layout().to_json()).pinned is None
+
+
+def test_pins_and_sections_are_capped_at_names_max() -> None:
+    names = [f"m{i}" for i in range(NAMES_MAX + 20)]
+    text = Layout(pinned=tuple(names), sections=dict.fromkeys(names, False)).to_json()
+    read = Layout.from_json(text)
+    assert len(read.pinned or ()) == NAMES_MAX and len(read.sections) == NAMES_MAX
+    assert Layout.from_json(read.to_json()) == read  # what is kept is a layout as it would be saved
