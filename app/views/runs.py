@@ -272,9 +272,8 @@ def selected_ids() -> set[int]:
 
 
 def picked(key: str, ids: list[int]) -> None:
-    """A person checked or unchecked rows of the grid ``key``, whose rows showed the runs ``ids``:
-    the selection gains the runs of its checked rows and loses those of its unchecked ones (in
-    every grid: grouped by tag, a run is in a table per tag)."""
+    """A person (un)checked rows of the grid ``key``, which showed the runs ``ids``: the selection gains
+    their checked runs and loses their unchecked ones (in every grid: a run has a table per tag)."""
     rows = st.session_state[key]["selection"]["rows"]
     st.session_state[SELECTED] = sorted((selected_ids() - set(ids)) | {ids[i] for i in rows if 0 <= i < len(ids)})
 
@@ -334,9 +333,8 @@ def parallel_section(chosen: list[dict[str, Any]]) -> None:
 
 
 def selection_actions(selected: list[dict[str, Any]], shown_ids: list[int], hidden: int) -> None:
-    """Select all the shown runs or none; open one selected run, compare the selected ones (up to
-    the Compare page's limit), star, archive or delete them: the selected runs shown (``hidden``:
-    how many selected runs the search or the filters hide, which stay selected and are not acted on).
+    """Select all the shown runs or none; open one selected run, compare the selected ones (up to the
+    Compare page's limit), star, archive or delete them: those shown (``hidden`` more stay selected).
 
     st.switch_page does not leave a fragment: the choice is kept in the session and the whole
     page reruns and switches (opened in this browser session, the page draws without a new
@@ -368,6 +366,8 @@ def selection_actions(selected: list[dict[str, Any]], shown_ids: list[int], hidd
                      key="runs_archive", icon=":material/archive:",
                      help=viewing or "Hide finished runs from this list (Show archived brings them back)"):
             st.toast(style.plain(data.mark_runs(ids, archived=not all_archived)))
+            if not all_archived and not archived:  # gone from the list: no longer selected
+                select_runs(sorted(selected_ids() - set(ids)))
             st.rerun(scope="fragment")
         if len(selected) == 1 and viewing is None:
             delete_menu(selected[0])
@@ -378,8 +378,7 @@ def selection_actions(selected: list[dict[str, Any]], shown_ids: list[int], hidd
                else "Select rows (the boxes on the left) to open, compare, star, archive or delete runs, and two or "
                     "more to draw their parallel coordinates below; the link in the *run* column opens a run in a "
                     "new tab."
-               + (f" {hidden} selected run(s) hidden by the search or the filters stay selected; the buttons act on "
-                  "the ones shown." if hidden else ""))
+               + (f" {hidden} selected run(s) not shown stay selected, not acted on." if hidden else ""))
 
 
 def delete_menu(run: dict[str, Any]) -> None:
@@ -394,6 +393,7 @@ def delete_menu(run: dict[str, Any]) -> None:
         if st.button(f"Delete run #{run['id']}", type="primary", icon=":material/delete_forever:",
                      key=f"runs-delete-{run['id']}"):
             st.toast(style.plain(data.delete_run(run["id"])))
+            select_runs(sorted(selected_ids() - {run["id"]}))
             st.rerun(scope="app")
 
 
