@@ -28,7 +28,9 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
+from app.charts import values as value_rules
 from app.charts.layers import BAND_COLOR, BUILDERS, Parts, axes, layers
+from app.charts.values import LOG_FROM_DECADES
 from db.vocabulary import metric_registry as registry
 
 # Altair's debug mode validates every schema object against Vega-Lite's JSON schema as it is built
@@ -114,16 +116,10 @@ class ChartOptions:
         return (zoom.x if zoom else None), (zoom.y if zoom and zoom.key == key else None)
 
 
-LOG_FROM_DECADES = 2.0  # a metric whose values span more than this many decades opens on a log axis
-
-
 def spans_decades(rows: Sequence[Mapping[str, Any]], decades: float = LOG_FROM_DECADES) -> bool:
-    """Whether the positive finite values of ``rows`` (a metric's buckets: ``value``) span more than
-    ``decades`` powers of ten: a loss from 10 to 0.01 is a flat line after its first steps on a
-    linear axis."""
-    values = np.array([r["value"] for r in rows if r.get("value") is not None], dtype=float)
-    values = values[np.isfinite(values) & (values > 0)]
-    return values.size > 1 and math.log10(float(values.max()) / float(values.min())) > decades
+    """Whether the values of ``rows`` (a metric's buckets: ``value``) span more than ``decades``
+    powers of ten (app/charts/values.py: the rule every log axis follows)."""
+    return value_rules.spans_decades((r.get("value") for r in rows), decades)
 
 
 def auto_log_keys(series: Mapping[str, Sequence[Mapping[str, Any]]]) -> frozenset[str]:

@@ -6,7 +6,8 @@ The sweep page (:func:`parallel_data`): one axis per key of the sweep's space (a
 ``log_uniform``, the choices in order for ``choice``, the range for ``uniform`` and ``int``) and
 one for the objective; one line per trial, coloured by its value (:func:`objective_colors`). The
 Runs page (:func:`runs_parallel_data`): one axis per config key that differs among the selected
-runs (numbers on their range, on a log scale over two decades or more; anything else as choices) and one
+runs (numbers on their range, on a log scale over more than two decades, the rule of every log axis,
+app/charts/values.py; anything else as choices) and one
 for the best loss; one line per run. The pages mount it (app/views/sweep.py, app/views/runs.py:
 this module, like every chart builder, has no Streamlit). Dragging along an axis brushes a range;
 the component's state is the selection, ``{"numbers": [line numbers], "brushes": {key: range}}``,
@@ -23,13 +24,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from app.charts.values import is_number, spans_decades, value_text
+
 NAME = "runyard.parallel_coordinates"  # the component's name, unique in the app
 HTML = '<div class="runyard-parallel"></div>'
 OBJECTIVE = "objective"  # the objective axis's key in the component's data (no config key is one word)
 # Viridis at five stops, dark (worst) to bright yellow (best): a contrast on the light and the dark theme.
 VIRIDIS = ("#440154", "#3b528b", "#21918c", "#5ec962", "#fde725")
 MISSING_COLOR = "#9e9e9e"  # a trial without a value yet
-LOG_SPAN = 100.0  # a numeric axis of positive values over two decades or more is drawn on a log scale
 ABSENT = "—"  # db.compare.ABSENT: a key one run's config does not have (not imported: no database here)
 
 CSS = """
@@ -117,22 +119,13 @@ def parallel_data(space: Mapping[str, Mapping[str, Any]], trials: Sequence[Mappi
 
 def _config_axis(key: str, values: Sequence[Any]) -> dict[str, Any]:
     """An axis for a config key from the values the runs have: numbers on their range (a log scale
-    when all are positive and span two decades or more), anything else as its choices, sorted."""
+    when all are positive and span more than two decades), anything else as its choices, sorted."""
     known = [v for v in values if v is not None]
-    if known and all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in known):
+    if known and all(is_number(v) for v in known):
         lo, hi = float(min(known)), float(max(known))
-        return {"key": key, "label": key, "kind": "log" if lo > 0 and hi / lo >= LOG_SPAN else "linear",
+        return {"key": key, "label": key, "kind": "log" if lo > 0 and spans_decades(known) else "linear",
                 "min": lo, "max": hi}
-    return {"key": key, "label": key, "kind": "choice", "choices": sorted({choice_text(v) for v in known})}
-
-
-def choice_text(value: Any) -> str:
-    """A value on a choice axis: ``true``, ``[1, 2]``, ``cosine``."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(choice_text(v) for v in value) + "]"
-    return str(value)
+    return {"key": key, "label": key, "kind": "choice", "choices": sorted({value_text(v) for v in known})}
 
 
 def drawn_keys(diff: Sequence[tuple[str, Sequence[Any]]], most: int) -> list[tuple[str, Sequence[Any]]]:
@@ -142,7 +135,7 @@ def drawn_keys(diff: Sequence[tuple[str, Sequence[Any]]], most: int) -> list[tup
     def known(values: Sequence[Any]) -> list[Any]:
         return [v for v in values if v is not None and not (isinstance(v, str) and v == ABSENT)]
 
-    worth = [(key, values) for key, values in diff if len({choice_text(v) for v in known(values)}) > 1]
+    worth = [(key, values) for key, values in diff if len({value_text(v) for v in known(values)}) > 1]
     return sorted(worth, key=lambda kv: -len(known(kv[1])))[:most]
 
 
@@ -153,17 +146,16 @@ def runs_parallel_data(runs: Sequence[Mapping[str, Any]], diff: Sequence[tuple[s
     where a run lacks it), then one for ``metric`` (each run's ``best_loss``, lower is better);
     one line per run (``number``: its id), coloured by its loss."""
     axes = [_config_axis(key, [None if v == ABSENT else v for v in values]) for key, values in diff]
-    losses = [r["best_loss"] if isinstance(r.get("best_loss"), int | float) and math.isfinite(r["best_loss"])
-              else None for r in runs]
+    losses = [r["best_loss"] if is_number(r.get("best_loss")) else None for r in runs]
     known = [v for v in losses if v is not None]
     lo, hi = min(known, default=0.0), max(known, default=1.0)
-    kind = "log" if lo > 0 and hi / lo >= LOG_SPAN else "linear"
+    kind = "log" if lo > 0 and spans_decades(known) else "linear"
     axes.append({"key": OBJECTIVE, "label": metric, "kind": kind, "objective": True, "min": lo, "max": hi})
     colors = objective_colors(losses, "minimize")
     lines = []
     for i, (r, loss, color) in enumerate(zip(runs, losses, colors, strict=True)):
         values = [values_of[i] for _, values_of in diff]
-        shown = [None if v is None or v == ABSENT else v if a["kind"] != "choice" else choice_text(v)
+        shown = [None if v is None or v == ABSENT else v if a["kind"] != "choice" else value_text(v)
                  for a, v in zip(axes, values, strict=False)]
         lines.append({"number": r["id"], "label": f"run #{r['id']} {r['name']}", "values": [*shown, loss],
                       "color": color})

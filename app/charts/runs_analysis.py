@@ -5,19 +5,23 @@ configs), plain values out; app/views/runs.py draws them.
 
 A filter is clauses joined by ``,`` or ``and``, each a field, a comparison (``<``, ``>``, ``<=``,
 ``>=``, ``=``) and a number: ``$`` before a cost, ``%`` after a progress, ``s``/``m``/``h``/``d``
-after a duration are allowed. A run matches when it matches every clause; a run without the
+after a duration are allowed, and commas between thousands (``1,000``); any other comma in a number
+(a decimal comma, ``0,01``) makes it no number, said, never read as something else. A comma joins
+two clauses only where a field's name follows it. A run matches when it matches every clause; a run without the
 field's value (no loss yet) matches none. A bad filter raises :class:`FilterError`, whose message
 names every wrong clause and the fields there are.
 """
 
 from __future__ import annotations
 
-import math
+import dataclasses
 import operator
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from app.charts.values import is_number, value_text
 
 NOT_SET = "not set"  # the group of the runs whose config lacks the key (or runs without a tag)
 NO_GROUPING = "no grouping"
@@ -25,6 +29,9 @@ BY_TAG = "tag"
 OPERATORS: dict[str, Callable[[float, float], bool]] = {
     "<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt, "==": operator.eq, "=": operator.eq,
 }
+# A comma joins clauses where a field's name follows it; "and" always does.
+SEPARATOR = re.compile(r",(?=\s*[A-Za-z_])|\band\b", re.IGNORECASE)
+THOUSANDS = re.compile(r"^[1-9]\d{0,2}(,\d{3})+(\.\d+)?$")  # 1,000 and 12,345.5; not 0,010 nor 1,5
 CLAUSE = re.compile(r"^(?P<field>[A-Za-z_][A-Za-z_ .]*?)\s*(?P<op><=|>=|==|<|>|=)\s*(?P<value>.*)$")
 DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 EXAMPLE = "best loss < 0.01"
@@ -65,20 +72,20 @@ ALIASES = {"loss": "best loss", "headline metric": "headline", "step": "steps", 
 @dataclass(frozen=True)
 class Clause:
     """One comparison: ``field`` (a key of :data:`FIELDS`) ``op`` ``value`` (in the field's unit:
-    seconds, dollars, percent)."""
+    seconds, dollars, percent); ``said``: the number as the person typed it (``2h``, ``$1.5``,
+    ``50%``), what the page echoes."""
 
     field: str
     op: str
     value: float
+    said: str = dataclasses.field(default="", compare=False)  # not compared: 1,000 and 1000 are one clause
 
     def matches(self, run: Mapping[str, Any]) -> bool:
         got = FIELDS[self.field][0](run)
-        if not isinstance(got, int | float) or isinstance(got, bool) or not math.isfinite(got):
-            return False
-        return OPERATORS[self.op](float(got), self.value)
+        return is_number(got) and OPERATORS[self.op](float(got), self.value)
 
     def __str__(self) -> str:
-        return f"{self.field} {'=' if self.op == '==' else self.op} {self.value:g}"
+        return f"{self.field} {'=' if self.op == '==' else self.op} {self.said or repr(self.value)}"
 
 
 def fields_text() -> str:
@@ -86,8 +93,9 @@ def fields_text() -> str:
 
 
 def _number(text: str, unit: str) -> float | None:
-    """``text`` as a number in ``unit`` (``$1.5``, ``50%``, ``2h``); None when it is none."""
-    text = text.strip().replace(",", "").replace("_", "")
+    """``text`` as a number in ``unit`` (``$1.5``, ``50%``, ``2h``, ``1,000``); None when it is
+    none (a comma other than between thousands: ``0,01``)."""
+    text = "".join(text.split()).replace("_", "")
     scale = 1.0
     if unit == "usd":
         text = text.removeprefix("$").strip()
@@ -95,11 +103,15 @@ def _number(text: str, unit: str) -> float | None:
         text = text.removesuffix("%").strip()
     elif unit == "duration" and text[-1:].lower() in DURATION_UNITS:
         scale, text = DURATION_UNITS[text[-1].lower()], text[:-1].strip()
+    if "," in text:
+        if THOUSANDS.match(text) is None:
+            return None
+        text = text.replace(",", "")
     try:
         value = float(text) * scale
     except ValueError:
         return None
-    return value if math.isfinite(value) else None
+    return value if is_number(value) else None
 
 
 def _field_name(text: str) -> str | None:
@@ -117,7 +129,7 @@ def parse_filter(text: str) -> list[Clause]:
     """
     clauses: list[Clause] = []
     problems: list[str] = []
-    for part in re.split(r",(?!\d{3}\b)|\band\b", text, flags=re.IGNORECASE):
+    for part in SEPARATOR.split(text):
         if not (part := part.strip()):
             continue
         m = CLAUSE.match(part)
@@ -136,7 +148,7 @@ def parse_filter(text: str) -> list[Clause]:
                             + {"usd": " (a cost in dollars: cost < 1.5)", "percent": " (progress >= 50%)",
                                "duration": " (duration > 2h, or seconds)"}.get(FIELDS[name][1], ""))
             continue
-        clauses.append(Clause(name, m["op"], value))
+        clauses.append(Clause(name, m["op"], value, "".join(m["value"].split())))
     if problems:
         raise FilterError("; ".join(problems) + f". The fields: {fields_text()}.")
     return clauses
@@ -145,6 +157,13 @@ def parse_filter(text: str) -> list[Clause]:
 def filtered(runs: Sequence[dict[str, Any]], clauses: Sequence[Clause]) -> list[dict[str, Any]]:
     """The runs that match every clause, in their order."""
     return [r for r in runs if all(c.matches(r) for c in clauses)]
+
+
+def unread_note(read: int, limit: int) -> str:
+    """What the filter and the groups do not see, when the list read as many runs as it reads
+    (``limit``: the newest that match the search and the choices; older runs' numbers unread)."""
+    return (f" The filter and the groups see only these {read} newest runs that match: older ones are not read "
+            "(narrow the search, the statuses or the tags to reach them)." if read >= limit else "")
 
 
 @dataclass
@@ -157,20 +176,8 @@ class Group:
 
     @property
     def best_loss(self) -> float | None:
-        known = [r["best_loss"] for r in self.runs
-                 if isinstance(r.get("best_loss"), int | float) and math.isfinite(r["best_loss"])]
+        known = [r["best_loss"] for r in self.runs if is_number(r.get("best_loss"))]
         return min(known, default=None)
-
-
-def value_text(value: Any) -> str:
-    """A config value as a group's label: ``0.001``, ``true``, ``[1, 2]``."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return f"{value:g}"
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(value_text(v) for v in value) + "]"
-    return str(value)
 
 
 def _order(group: Group, values: Mapping[str, Any]) -> tuple[int, float, str]:
@@ -178,7 +185,7 @@ def _order(group: Group, values: Mapping[str, Any]) -> tuple[int, float, str]:
     if group.label == NOT_SET:
         return (2, 0.0, "")
     value = values.get(group.label)
-    if isinstance(value, int | float) and not isinstance(value, bool):
+    if is_number(value):
         return (0, float(value), "")
     return (1, 0.0, group.label.lower())
 

@@ -14,11 +14,13 @@ The list is read by db.compare.runs_list (filtered and sorted in the database re
 metrics in three statements for all the runs), then filtered on its numbers and grouped here
 (app/charts/runs_analysis.py); the configs come in one statement (db.run_list.run_configs) when
 grouping or drawing needs them; the columns shown are chosen in "Columns" and kept for this
-browser session."""
+browser session. A selection is a set of runs, not of the grid's row positions, which move (a new
+run, a filter, a sort): the selected runs' ids are kept in the session (:func:`picked`, :func:`grid`)."""
 
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Any
 
 import pandas as pd
@@ -40,8 +42,10 @@ from app.charts.runs_analysis import (
     group_keys,
     grouped,
     parse_filter,
+    unread_note,
 )
 from app.charts.runs_grid import (
+    ASSUMED_WIDTH_PX,
     HELPS,
     WIDTH_HTML,
     WIDTH_JS,
@@ -56,6 +60,7 @@ from app.charts.runs_grid import (
     trial_text,
     waiting_text,
 )
+from app.panels.coordinates import parallel_component
 from app.style import status_css
 from db.compare import MAX_RUNS as MAX_COMPARED  # not app.compare_charts: the Runs page loads no Altair
 from db.compare import config_diff
@@ -80,6 +85,9 @@ style.apply()
 OPEN_RUN = "runs_open_run"
 SWEPT = "runs_sweep_applied"  # the ?sweep= the tag filter was last set from
 COMPARE_RUNS = "runs_compare_ids"  # not a widget key: the Compare button is "runs_compare"
+SELECTED = "runs_selected"  # the selected runs' ids, whichever rows they are in
+WIDTH_SEEN = "runs_width_seen"  # the grid's width the page fits the columns to (None: 1280 px's)
+READ = 200  # the most runs the list reads (db.compare.runs_list's limit): the newest that match
 # What "Sort by" offers: a label -> (db.run_list.LIST_SORTS key, largest first by default).
 SORTS = {
     "newest": ("id", True), "name": ("name", False), "status": ("status", False), "progress": ("progress", True),
@@ -113,13 +121,6 @@ def configs_of(run_ids: tuple[int, ...] | None) -> dict[int, dict[str, Any]]:
     """The runs' flattened configs (None: the newest 200 runs'), in one statement."""
     with data.sessions()() as s:
         return run_configs(s, None if run_ids is None else list(run_ids))
-
-
-@st.cache_resource
-def parallel_component() -> ComponentRenderer:
-    """The parallel coordinates' component (app/charts/parallel.py), as the sweep page registers
-    it: the same name and code, so either page's registration serves both."""
-    return st.components.v2.component(parallel.NAME, html=parallel.HTML, css=parallel.CSS, js=parallel.js_code())
 
 
 @st.cache_resource
@@ -206,8 +207,11 @@ with st.container(horizontal=True, vertical_alignment="bottom"):
     archived = st.toggle("Show archived", key="runs_archived", help="Archived runs are hidden until shown here")
     shown_columns = st.popover("Columns", icon=":material/view_column:").multiselect(
         "Columns shown", COLUMNS, default=DEFAULT_COLUMNS, key="runs_columns")
-grid_px = fit_px(width_component()(key="runs-width", default={"width": None}, on_width_change=lambda: None,
-                                   height="content").get("width"))
+# The grid's width, said by the browser only when not the one fitted already (runs_grid.WIDTH_JS).
+seen = width_component()(key="runs-width", data={"width": st.session_state.get(WIDTH_SEEN) or ASSUMED_WIDTH_PX},
+                         default={"width": None}, on_width_change=lambda: None, height="content").get("width")
+st.session_state[WIDTH_SEEN] = seen
+grid_px = fit_px(seen)
 
 
 @st.fragment(run_every=2)
@@ -243,33 +247,47 @@ def runs_table() -> None:
         frame, widths = fitted(frame, TITLES, order, grid_px)
     row_of = {r["id"]: i for i, r in enumerate(shown)}
     groups = grouped(shown, configs_of(tuple(row_of)) if group_by != NO_GROUPING else {}, group_by)
-    tables: dict[str, int] = {}
-    selected: dict[int, dict[str, Any]] = {}
     for group in groups:
         key = TABLE if group_by == NO_GROUPING else f"{TABLE}-{group_by}-{group.label}"
         if group_by != NO_GROUPING:
             st.markdown(group_heading(group_by, group))
         rows = [row_of[r["id"]] for r in group.runs]
-        for i in grid(frame.iloc[rows], [shown[i] for i in rows], widths, order, key):
-            selected[shown[rows[i]]["id"]] = shown[rows[i]]
-        tables[key] = len(rows)
-    st.caption(f"{len(runs)} run(s)" + (f", the newest {len(runs)} that match, " if len(runs) >= 200 else " ")
+        grid(frame.iloc[rows], [shown[i] for i in rows], widths, order, key)
+    st.caption(f"{len(runs)} run(s)" + (f", the newest {len(runs)} that match, " if len(runs) >= READ else " ")
                + f"sorted by {sort_label}" + ("" if descending == largest_first else ", reversed")
                + (f"; {len(shown)} of them with {style.plain(said)}" if clauses else "")
                + (f"; in {len(groups)} group(s) by {style.plain(group_by)}" if group_by != NO_GROUPING else "") + "."
+               + (unread_note(len(runs), READ) if clauses or group_by != NO_GROUPING else "")
                + (f" Left out to fit the page: {', '.join(TITLES.get(c, c) for c in left_out)} (**Columns** shows "
                   "them)." if left_out else ""))
-    chosen = sorted(selected.values(), key=lambda r: r["id"])
+    chosen = sorted((r for r in shown if r["id"] in selected_ids()), key=lambda r: r["id"])
     with actions:
-        selection_actions(chosen, tables)
+        selection_actions(chosen, [r["id"] for r in shown], len(selected_ids()) - len(chosen))
     if len(chosen) >= 2:
         parallel_section(chosen)
 
 
+def selected_ids() -> set[int]:
+    return set(st.session_state.get(SELECTED, ()))
+
+
+def picked(key: str, ids: list[int]) -> None:
+    """A person (un)checked rows of the grid ``key``, which showed the runs ``ids``: the selection gains
+    their checked runs and loses their unchecked ones (in every grid: a run has a table per tag)."""
+    rows = st.session_state[key]["selection"]["rows"]
+    st.session_state[SELECTED] = sorted((selected_ids() - set(ids)) | {ids[i] for i in rows if 0 <= i < len(ids)})
+
+
 def grid(frame: pd.DataFrame, runs: list[dict[str, Any]], widths: dict[str, int], order: list[str],
-         key: str) -> list[int]:
-    """One table of runs (``frame``'s rows, the runs they show); the positions of its selected rows."""
-    event = st.dataframe(
+         key: str) -> None:
+    """One table of runs (``frame``'s rows, the runs they show), its rows checked where their run
+    is selected, wherever those rows are now."""
+    ids, selected = [r["id"] for r in runs], selected_ids()
+    rows = [i for i, run_id in enumerate(ids) if run_id in selected]
+    held = st.session_state.get(key)
+    if (rows or held is not None) and (held is None or list(held["selection"]["rows"]) != rows):
+        st.session_state[key] = {"selection": {"rows": rows, "columns": [], "cells": []}}  # the grid checks them
+    st.dataframe(
         frame.reset_index(drop=True).style.apply(lambda _: [status_css(r["status"]) for r in runs],
                                                  subset=["status"]),
         hide_index=True,
@@ -281,18 +299,15 @@ def grid(frame: pd.DataFrame, runs: list[dict[str, Any]], widths: dict[str, int]
             "progress": st.column_config.ProgressColumn("progress", min_value=0.0, max_value=100.0,
                                                         format="%.2f%%", width=widths["progress"]),
         },
-        on_select="rerun",
+        on_select=partial(picked, key, ids),
         selection_mode="multi-row",
         key=key,
     )
-    return [i for i in event.selection.rows if i < len(runs)]
 
 
-def select_rows(tables: dict[str, int], every: bool) -> None:
-    """Select every row of each table (``tables``: its key and its number of rows), or none."""
-    for key, count in tables.items():
-        st.session_state[key] = {"selection": {"rows": list(range(count)) if every else [], "columns": [],
-                                               "cells": []}}
+def select_runs(ids: list[int]) -> None:
+    """Select these runs, and only them (none: clear)."""
+    st.session_state[SELECTED] = sorted(set(ids))
 
 
 def parallel_section(chosen: list[dict[str, Any]]) -> None:
@@ -317,21 +332,21 @@ def parallel_section(chosen: list[dict[str, Any]]) -> None:
                      or "none") + "."))
 
 
-def selection_actions(selected: list[dict[str, Any]], tables: dict[str, int]) -> None:
-    """Select all the shown rows or none; open one selected run, compare the selected ones (up to
-    the Compare page's limit), star, archive or delete them.
+def selection_actions(selected: list[dict[str, Any]], shown_ids: list[int], hidden: int) -> None:
+    """Select all the shown runs or none; open one selected run, compare the selected ones (up to the
+    Compare page's limit), star, archive or delete them: those shown (``hidden`` more stay selected).
 
     st.switch_page does not leave a fragment: the choice is kept in the session and the whole
     page reruns and switches (opened in this browser session, the page draws without a new
     tab's start-up)."""
     ids = [r["id"] for r in selected]
     viewing = data.read_only_reason()
-    shown = sum(tables.values())
+    shown = len(set(shown_ids))  # grouped by tag, a run with two tags is in two tables: one run
     with st.container(horizontal=True, vertical_alignment="center"):
-        st.button("Select all", key="runs_select_all", icon=":material/select_all:", on_click=select_rows,
-                  args=(tables, True), help=f"Select every run shown ({shown})")
-        st.button("Clear", key="runs_select_none", icon=":material/deselect:", on_click=select_rows,
-                  args=(tables, False), disabled=not ids, help="Select none")
+        st.button("Select all", key="runs_select_all", icon=":material/select_all:", on_click=select_runs,
+                  args=(shown_ids,), help=f"Select every run shown ({shown})")
+        st.button("Clear", key="runs_select_none", icon=":material/deselect:", on_click=select_runs,
+                  args=([],), disabled=not ids and not hidden, help="Select none")
         if st.button(f"Open run #{ids[0]}" if len(ids) == 1 else "Open run", disabled=len(ids) != 1,
                      key="runs_open", icon=":material/open_in_browser:"):
             st.session_state[OPEN_RUN] = ids[0]
@@ -351,6 +366,8 @@ def selection_actions(selected: list[dict[str, Any]], tables: dict[str, int]) ->
                      key="runs_archive", icon=":material/archive:",
                      help=viewing or "Hide finished runs from this list (Show archived brings them back)"):
             st.toast(style.plain(data.mark_runs(ids, archived=not all_archived)))
+            if not all_archived and not archived:  # gone from the list: no longer selected
+                select_runs(sorted(selected_ids() - set(ids)))
             st.rerun(scope="fragment")
         if len(selected) == 1 and viewing is None:
             delete_menu(selected[0])
@@ -360,7 +377,8 @@ def selection_actions(selected: list[dict[str, Any]], tables: dict[str, int]) ->
     st.caption(f"Compare takes at most {MAX_COMPARED} runs: unselect {len(ids) - MAX_COMPARED}." if too_many
                else "Select rows (the boxes on the left) to open, compare, star, archive or delete runs, and two or "
                     "more to draw their parallel coordinates below; the link in the *run* column opens a run in a "
-                    "new tab.")
+                    "new tab."
+               + (f" {hidden} selected run(s) not shown stay selected, not acted on." if hidden else ""))
 
 
 def delete_menu(run: dict[str, Any]) -> None:
@@ -375,6 +393,7 @@ def delete_menu(run: dict[str, Any]) -> None:
         if st.button(f"Delete run #{run['id']}", type="primary", icon=":material/delete_forever:",
                      key=f"runs-delete-{run['id']}"):
             st.toast(style.plain(data.delete_run(run["id"])))
+            select_runs(sorted(selected_ids() - {run["id"]}))
             st.rerun(scope="app")
 
 

@@ -16,12 +16,12 @@ from typing import Any
 
 import pandas as pd
 import streamlit as st
-from streamlit.components.v2.types import ComponentRenderer
 
 from app import data, style, sweep_data
 from app.charts import parallel
 from app.charts import sweep as charts
 from app.charts.metric import unvalidated
+from app.panels.coordinates import parallel_component
 from db.sweeps.states import SWEEP_TERMINAL, SweepStatus
 from db.vocabulary.config.sweep import MAX_TRIALS
 
@@ -29,13 +29,6 @@ style.apply()
 
 SWEEPS_PAGE = "views/sweeps.py"
 TERMINAL_VALUES = {s.value for s in SWEEP_TERMINAL}
-
-
-@st.cache_resource
-def parallel_component() -> ComponentRenderer:
-    """The parallel coordinates' component (app/charts/parallel.py), registered once per process
-    (Streamlit registers it again on a new runtime by itself: AppTest makes one per test)."""
-    return st.components.v2.component(parallel.NAME, html=parallel.HTML, css=parallel.CSS, js=parallel.js_code())
 
 
 def sweep_id_from_url() -> int | None:

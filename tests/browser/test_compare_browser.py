@@ -43,6 +43,7 @@ from db.vocabulary.config import RunConfig
 from db.vocabulary.cost import Price
 from db.vocabulary.metric_registry import format_number
 from orchestrator.format import usd
+from tests.browser.test_ui_browser import wait_settled
 
 pytestmark = pytest.mark.browser
 SHARES_ONE_RUNYARD_UP = True
@@ -167,6 +168,15 @@ def test_select_three_runs_and_compare_them(page: Any, runyard_up: Any, tmp_path
         grid.click(position={"x": 17, "y": ROW_Y[0] + ROW_Y[1] * index})
         if index == 0:
             expect(page.get_by_role("button", name=f"Open run #{ids[2]}")).to_be_enabled()
+            # The rows move (Reverse: the newest last): the selection stays on the run, not on the
+            # first row (issue 56 review, item 1), and comes back to the first row with it.
+            first_row = grid.locator("table[role='grid'] tbody tr").first
+            for newest_first in (False, True):
+                page.get_by_test_id("stCheckbox").filter(has_text="Reverse").locator("label").click()
+                name = f"lr-{LRS[2 if newest_first else 0]}"
+                expect(first_row).to_contain_text(re.compile(rf"{re.escape(name)}(?!\d)"), timeout=PAGE_TIMEOUT_MS)
+                wait_settled(page)
+                expect(page.get_by_role("button", name=f"Open run #{ids[2]}")).to_be_enabled()
     expect(page.get_by_role("button", name="Compare 3 runs")).to_be_enabled()
     page.get_by_role("button", name="Compare 3 runs").click()
 

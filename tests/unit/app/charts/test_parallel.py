@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from app.charts.metric import spans_decades
 from app.charts.parallel import (
     ABSENT,
     MISSING_COLOR,
@@ -19,6 +20,7 @@ from app.charts.parallel import (
     runs_parallel_data,
     selected_numbers,
 )
+from app.charts.runs_analysis import grouped
 from db import compare
 
 SPACE: dict[str, dict[str, Any]] = {
@@ -66,11 +68,11 @@ def test_the_selection_keeps_the_trials_still_there_and_says_its_brushes() -> No
 def test_the_runs_pages_lines_an_axis_per_differing_key_then_the_best_loss() -> None:
     runs = [{"id": 4, "name": "a", "best_loss": 0.5}, {"id": 7, "name": "b", "best_loss": 0.001},
             {"id": 9, "name": "c", "best_loss": None}]
-    diff: list[tuple[str, list[Any]]] = [("train.lr", [1e-4, 1e-2, 1e-3]), ("train.batch_size", [32, 64, ABSENT]),
+    diff: list[tuple[str, list[Any]]] = [("train.lr", [1e-5, 1e-2, 1e-3]), ("train.batch_size", [32, 64, ABSENT]),
             ("workload.kind", ["mlp-digits", "script", "mlp-digits"]), ("train.amp", [True, False, True])]
     d = runs_parallel_data(runs, diff)
     lr, batch, kind, amp, loss = d["axes"]
-    assert (lr["kind"], lr["min"], lr["max"]) == ("log", 1e-4, 1e-2)  # two decades and more: log
+    assert (lr["kind"], lr["min"], lr["max"]) == ("log", 1e-5, 1e-2)  # more than two decades: log
     assert (batch["kind"], batch["min"], batch["max"]) == ("linear", 32, 64)
     assert kind["choices"] == ["mlp-digits", "script"] and amp["choices"] == ["false", "true"]
     assert (loss["key"], loss["label"], loss["kind"], loss["min"], loss["max"]) == (
@@ -94,3 +96,20 @@ def test_the_axes_drawn_are_the_keys_with_two_values_or_more_most_runs_having_th
     ]
     assert [k for k, _ in drawn_keys(diff, 10)] == ["train.lr", "workload.script"]
     assert [k for k, _ in drawn_keys(diff, 1)] == ["train.lr"]
+
+
+def test_the_runs_axes_go_log_by_the_rule_of_every_log_axis() -> None:
+    """More than two decades, strictly, as a metric's chart and Compare (app/charts/metric.py's
+    spans_decades); exactly two stay linear. A choice reads as the Runs list's group label."""
+    def kinds(lrs: list[float], losses: list[float]) -> list[str]:
+        runs = [{"id": i, "name": f"r{i}", "best_loss": loss} for i, loss in enumerate(losses)]
+        return [a["kind"] for a in runs_parallel_data(runs, [("train.lr", lrs)])["axes"]]
+
+    assert kinds([0.001, 0.1], [0.01, 1.0]) == ["linear", "linear"]  # two decades: linear, as the charts
+    assert kinds([0.001, 0.11], [0.01, 1.5]) == ["log", "log"]
+    for values, decades in (([0.01, 1.0], False), ([0.01, 1.5], True)):
+        assert spans_decades([{"value": v} for v in values]) is decades
+    runs = [{"id": 1, "name": "a", "best_loss": 0.1}, {"id": 2, "name": "b", "best_loss": 0.2}]
+    data = runs_parallel_data(runs, [("train.flag", [True, 1e-7])])
+    assert data["axes"][0]["choices"] == ["1e-07", "true"]
+    assert [g.label for g in grouped(runs, {1: {"f": True}, 2: {"f": 1e-7}}, "f")] == ["1e-07", "true"]

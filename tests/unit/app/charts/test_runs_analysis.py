@@ -19,6 +19,7 @@ from app.charts.runs_analysis import (
     group_keys,
     grouped,
     parse_filter,
+    unread_note,
 )
 
 
@@ -93,3 +94,41 @@ def test_the_keys_to_group_by_put_the_ones_that_differ_first() -> None:
     assert group_keys(configs) == ["train.lr", "train.steps", "workload.kind"]
     assert group_keys([*configs, {"launch.nproc_per_node": 2}]) == [
         "launch.nproc_per_node", "train.lr", "train.steps", "workload.kind"]
+
+
+def test_a_comma_in_a_number_is_read_between_thousands_only_else_said() -> None:
+    """Issue 56 review: "0,010" was read as 10 (every run matched), "0.5,100" as 0.51, "0,01" as
+    a clause "01"; a decimal comma is said to be no number, naming what was typed."""
+    assert parse_filter("steps >= 1,000") == [Clause("steps", ">=", 1000.0)]
+    assert parse_filter("steps >= 12,345.5, cost < $1,200") == [Clause("steps", ">=", 12345.5),
+                                                                Clause("cost", "<", 1200.0)]
+    for typed, said in (("best loss < 0,010", "0,010"), ("best loss < 0.5,100", "0.5,100"),
+                        ("best loss < 0,01", "0,01"), ("cost < $1,5", "$1,5"), ("steps > 1,00", "1,00")):
+        with pytest.raises(FilterError) as caught:
+            parse_filter(typed)
+        assert f"“{typed}”: “{said}” is not a number" in str(caught.value), (typed, str(caught.value))
+    # A comma still joins two clauses where a field's name follows it.
+    assert parse_filter("best loss < 0.5,steps > 1") == [Clause("best loss", "<", 0.5), Clause("steps", ">", 1.0)]
+
+
+def test_a_clause_is_echoed_as_typed_not_in_other_units() -> None:
+    clauses = parse_filter("duration > 2h, steps > 1e7, progress >= 50 %, cost < $ 1.5, loss == 0.5, steps > 1,000")
+    assert [c.value for c in clauses] == [7200.0, 1e7, 50.0, 1.5, 0.5, 1000.0]
+    assert [str(c) for c in clauses] == ["duration > 2h", "steps > 1e7", "progress >= 50%", "cost < $1.5",
+                                         "best loss = 0.5", "steps > 1,000"]
+
+
+def test_groups_are_by_the_exact_value_shown_readably() -> None:
+    """Values that agree to six significant digits were one group under one label (``:g``)."""
+    runs = [run(1, 0.3), run(2, 0.1), run(3, 0.2)]
+    configs = {1: {"train.lr": 1e-7}, 2: {"train.lr": 1.0000001e-7}, 3: {"train.lr": 1e-7}}
+    assert [(g.label, ids(g.runs)) for g in grouped(runs, configs, "train.lr")] == [
+        ("1e-07", [1, 3]), ("1.0000001e-07", [2])]
+    assert [g.label for g in grouped(runs, {1: {"x": 0.001}, 2: {"x": 123456789.0}, 3: {"x": True}}, "x")] == [
+        "0.001", "123456789.0", "true"]
+
+
+def test_the_filter_and_groups_say_when_older_runs_were_not_read() -> None:
+    assert unread_note(120, 200) == ""
+    assert unread_note(200, 200) == (" The filter and the groups see only these 200 newest runs that match: older "
+                                     "ones are not read (narrow the search, the statuses or the tags to reach them).")

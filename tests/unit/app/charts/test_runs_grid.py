@@ -9,6 +9,7 @@ import math
 import pandas as pd
 
 from app.charts.runs_grid import (
+    ASSUMED_WIDTH_PX,
     FIT_PX,
     GRID_CHROME_PX,
     HEADER_ICON_PX,
@@ -17,6 +18,8 @@ from app.charts.runs_grid import (
     MAX_PX,
     MIN_PX,
     PADDING_PX,
+    WIDTH_JS,
+    WIDTH_STEP_PX,
     column_width,
     fit_columns,
     fit_px,
@@ -108,3 +111,11 @@ def test_the_columns_take_the_grid_the_page_measured_else_1280_pxs() -> None:
     assert fit_px(None) == fit_px("wide") == fit_px(0) == fit_px(True) == FIT_PX
     assert fit_px(1280) == 1280 - GRID_CHROME_PX and fit_px(1120.4) == 1120 - GRID_CHROME_PX
     assert fit_px(1120) == FIT_PX  # 1280 px's grid: as measured
+
+
+def test_the_width_assumed_is_a_step_of_the_widths_the_page_says() -> None:
+    """The browser says the grid's width floored to a step, only when it differs from the width the
+    page fits already: the width assumed (a 1280 px window's) must be one of those steps, or a load
+    at 1280 px would rerun the page for nothing (issue 56 review, item 5)."""
+    assert ASSUMED_WIDTH_PX % WIDTH_STEP_PX == 0 and fit_px(ASSUMED_WIDTH_PX) == FIT_PX
+    assert f"/ {WIDTH_STEP_PX}) * {WIDTH_STEP_PX}" in WIDTH_JS and "STEP" not in WIDTH_JS

@@ -5,6 +5,7 @@ from the URL, and what it says without runs.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
@@ -213,9 +214,10 @@ def test_compare_draws_the_first_charts_and_each_other_metric_when_its_section_i
 
 
 def test_compare_keeps_a_finished_runs_series_until_the_run_ends_again(
-        settings: Settings, sessions: sessionmaker[Session]) -> None:
-    """A finished run's series is kept once read (by run, metric and end): a resumed run that
-    ended again later shows its new steps."""
+        settings: Settings, sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A finished run's series is kept once read (by run, metric and end): drawn again, it is not
+    read again; a resumed run that ended again later is read again and shows its new steps. The
+    metric store's reads are counted (the 2-s cache of data.metric_series_full left out)."""
     with sessions() as s:
         first = add_run(s, settings, "resumed", RunStatus.STARTING, RunStatus.RUNNING, RunStatus.SUCCEEDED)
         add_attempt(s, first, last_step=50)
@@ -224,10 +226,22 @@ def test_compare_keeps_a_finished_runs_series_until_the_run_ends_again(
         add_attempt(s, second, last_step=50)
         add_many_metrics(s, second, ["loss"], 50)
         s.commit()
+    read: list[int] = []
+
+    def counting(run_id: int, key: str, max_points: int) -> Any:
+        read.append(run_id)
+        return data.metric_series(run_id, key, max_points)
+
+    monkeypatch.setattr(data, "metric_series_full", counting)
     at = open_page("views/compare.py", runs=f"{first},{second}", metrics="loss")
     no_exception(at)
     rows = chart_data(at.get("vega_lite_chart")[0])
     assert rows[rows["run"].str.contains("resumed")]["step"].max() == 50
+    assert sorted(read) == [first, second]
+    read.clear()
+    at.run()  # drawn again (a click, a reload): nothing read
+    no_exception(at)
+    assert read == [] and len(at.get("vega_lite_chart")) == 1
     with sessions() as s:  # resumed: queued again, trained to step 100, ended again
         for status in (RunStatus.QUEUED, RunStatus.STARTING, RunStatus.RUNNING, RunStatus.SUCCEEDED):
             assert transition(s, first, status, "test: resumed", now=time.time() + 5)
@@ -235,9 +249,9 @@ def test_compare_keeps_a_finished_runs_series_until_the_run_ends_again(
         write_points(s.connection(), [dict(run_id=first, attempt=1, rank=0, step=step, key="loss", value=0.5,
                                            wall_time=time.time()) for step in range(60, 101, 10)])
         s.commit()
-    data.metric_series_full.clear()  # their 2-s caches aside: what is tested is the finished run's
-    data.compare_runs.clear()
+    data.compare_runs.clear()  # its 2-s cache aside: the run's new end is seen
     at.run()
     no_exception(at)
     rows = chart_data(at.get("vega_lite_chart")[0])
     assert rows[rows["run"].str.contains("resumed")]["step"].max() == 100
+    assert read == [first]  # the resumed run read again, the other one not

@@ -13,6 +13,8 @@ import re
 import pytest
 import streamlit as st
 from sqlalchemy.orm import Session, sessionmaker
+from streamlit.proto.WidgetStates_pb2 import WidgetState
+from streamlit.testing.v1 import AppTest
 
 from db.models import Run
 from db.requests import create_run
@@ -208,3 +210,60 @@ def test_the_runs_page_filters_on_numbers_groups_selects_all_and_draws_the_selec
     at.button(key="runs_select_none").click().run()
     assert at.button(key="runs_compare").label == "Compare"
     assert not any(m.value.startswith("**Parallel coordinates**") for m in at.markdown)
+
+
+def check_rows(at: AppTest, key: str, rows: list[int]) -> AppTest:
+    """A person checks ``rows`` of the grid ``key`` (unchecking the others), as the browser says it:
+    the positions of the rows it shows (AppTest has no way to click a grid's row)."""
+    frame = next(d for d in at.dataframe if d.key == key)
+    states = at._tree.get_widget_states()
+    states.widgets.append(WidgetState(id=frame.proto.id, string_value=json.dumps(
+        {"selection": {"rows": rows, "columns": [], "cells": []}})))
+    at._run(states)
+    no_exception(at)
+    return at
+
+
+def checked(at: AppTest, key: str = "runs_table") -> list[str]:
+    """The names of the runs whose rows the grid ``key`` checks."""
+    names = next(d for d in at.dataframe if d.key == key).value["name"].tolist()
+    return [names[i] for i in at.session_state[key]["selection"]["rows"]]
+
+
+def test_a_selection_is_of_runs_and_follows_them_when_the_rows_move(
+        settings: Settings, sessions: sessionmaker[Session]) -> None:
+    """The grid keeps the positions of its checked rows; a new run at the top, another sort or a
+    tag's second table must not make the actions act on other runs (issue 56 review, item 1)."""
+    with sessions() as s:
+        ids = {name: add_run(s, settings, name) for name in ("b", "c", "a")}  # newest first: a, c, b
+        s.commit()
+    at = open_page("views/runs.py")
+    assert at.dataframe[0].value["name"].tolist() == ["a", "c", "b"]
+    check_rows(at, "runs_table", [1])  # c
+    assert at.button(key="runs_open").label == f"Open run #{ids['c']}"
+    at.selectbox(key="runs_sort").set_value("name").run()  # a, b, c: c moved from the second row to the third
+    no_exception(at)
+    assert checked(at) == ["c"] and at.button(key="runs_open").label == f"Open run #{ids['c']}"
+    at.selectbox(key="runs_sort").set_value("newest").run()
+    with sessions() as s:  # a new run arrives at the top
+        ids["d"] = add_run(s, settings, "d")
+        s.get_one(Run, ids["d"]).tags_json = json.dumps(["x", "y"])
+        s.commit()
+    st.cache_data.clear()
+    at.run()
+    assert at.dataframe[0].value["name"].tolist() == ["d", "a", "c", "b"]
+    assert checked(at) == ["c"] and at.button(key="runs_open").label == f"Open run #{ids['c']}"
+    check_rows(at, "runs_table", [0, 2])  # d and c, as the person sees them
+    assert at.button(key="runs_compare").label == "Compare 2 runs"
+
+    at.selectbox(key="runs_group").set_value("tag").run()  # d is in the tables of x and of y
+    no_exception(at)
+    assert checked(at, "runs_table-tag-x") == checked(at, "runs_table-tag-y") == ["d"]
+    assert at.button(key="runs_select_all").help == "Select every run shown (4)"  # four runs, five rows
+    check_rows(at, "runs_table-tag-x", [])  # unchecked in one table: in the other too
+    assert checked(at, "runs_table-tag-y") == [] and checked(at, "runs_table-tag-not set") == ["c"]
+    check_rows(at, "runs_table-tag-not set", [0, 2])  # a and b (c unchecked)
+    assert checked(at, "runs_table-tag-not set") == ["a", "b"]
+    at.button(key="runs_compare").click().run()  # compares the runs selected, whatever their rows
+    no_exception(at)
+    assert at.query_params["runs"] == f"{ids['b']},{ids['a']}"
