@@ -30,9 +30,15 @@ pytestmark = pytest.mark.browser
 SHARES_ONE_RUNYARD_UP = True
 
 
+def request_host(url: str) -> str:
+    """The host a request went to; a ``blob:`` address (what the page's components v2 load their inline
+    code as: made in the page, fetched from nowhere) counts as its page's origin's."""
+    return urlsplit(url.removeprefix("blob:")).hostname or url
+
+
 def test_the_pages_show_runyard_and_fetch_nothing_from_outside_the_machine(page: Any, runyard_up: Any) -> None:
     hosts: list[str] = []
-    page.on("request", lambda request: hosts.append(urlsplit(request.url).hostname or request.url))
+    page.on("request", lambda request: hosts.append(request_host(request.url)))
     # Each page finds its server at once: Streamlit's client, left to itself, asks under the page's
     # own path first (/new/_stcore/health, a 404) and tries "/" a pause later (app/server/gate.py).
     calls: list[str] = []
@@ -80,7 +86,7 @@ raise RuntimeError({MARKUP!r})
 
 def test_a_failing_scripts_markup_is_shown_as_typed_and_fetches_nothing(page: Any, runyard_up: Any) -> None:
     hosts: list[str] = []
-    page.on("request", lambda request: hosts.append(urlsplit(request.url).hostname or request.url))
+    page.on("request", lambda request: hosts.append(request_host(request.url)))
     script = runyard_up.home / "fails.py"  # the data folder: under the allowed roots
     script.write_text(SCRIPT)
     config = runyard_up.home / "fails.toml"
