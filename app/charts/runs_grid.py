@@ -58,39 +58,6 @@ PROGRESS_PX = 130  # a progress bar and its "100.00%"
 # padding, the row markers and a scrollbar taken off; tests/browser/test_runs_grid_browser.py
 # measures it): the default columns fit it, the long ones shortened with "…" when they must.
 FIT_PX = 1070  # measured: the grid 1118 px inside its border, less its row markers (32) and a scrollbar
-GRID_CHROME_PX = 50  # the grid's width less what its columns may take: its border, row markers, a scrollbar
-# A component the Runs page mounts above the grid: it says the width the page gives the grid (the
-# main column's), again when the window is resized, so that the columns fit that width rather
-# than 1280 px's. Its state is {"width": pixels}, the width floored to WIDTH_STEP_PX: it says a
-# width only when it is not the one the page fits already (its data's "width", ASSUMED_WIDTH_PX
-# at first), so a load at 1280 px reruns nothing and a resize reruns the page once a step, not
-# once a pixel, and once it has stopped for DEBOUNCE_MS.
-WIDTH_NAME = "runyard.page_width"
-WIDTH_HTML = '<div class="runyard-page-width"></div>'
-WIDTH_STEP_PX = 40
-ASSUMED_WIDTH_PX = FIT_PX + GRID_CHROME_PX  # the main column's width in a 1280 px window: 1120, 28 steps
-WIDTH_JS = """
-export default function (component) {
-  const { parentElement, setStateValue, data } = component;
-  const host = parentElement.host || parentElement;
-  if (host.runyardWidth === undefined) host.runyardWidth = data && data.width;  // what the page fits now
-  const report = () => {
-    clearTimeout(host.runyardWidthTimer);
-    host.runyardWidthTimer = setTimeout(() => {
-      const width = Math.floor(host.getBoundingClientRect().width / STEP) * STEP;
-      if (width > 0 && width !== host.runyardWidth) {
-        host.runyardWidth = width;
-        setStateValue("width", width);
-      }
-    }, DEBOUNCE_MS);
-  };
-  if (!host.runyardWidthObserver) {
-    host.runyardWidthObserver = new ResizeObserver(report);
-    host.runyardWidthObserver.observe(host);
-  }
-  report();
-}
-""".replace("DEBOUNCE_MS", "150").replace("STEP", str(WIDTH_STEP_PX))
 
 # The default columns that give way when the grid would not hold them (fit_columns): first any
 # of them with nothing to say in any row (no alert, no tariff set, no run waiting); then these
@@ -155,14 +122,6 @@ def fitted(frame: pd.DataFrame, titles: Mapping[str, str], shown: Sequence[str] 
         widths[column] = _width(column, titles, [str(t) for t in out[column]], limit)
     widths["progress"] = PROGRESS_PX
     return out, widths
-
-
-def fit_px(width: Any) -> int:
-    """What the columns may take of a grid ``width`` px wide (the page's measure); :data:`FIT_PX`,
-    1280 px's, before the page has said."""
-    if not isinstance(width, int | float) or isinstance(width, bool) or width <= 0:
-        return FIT_PX
-    return max(MIN_PX * 4, int(width) - GRID_CHROME_PX)
 
 
 def fit_columns(frame: pd.DataFrame, titles: Mapping[str, str], shown: Sequence[str],

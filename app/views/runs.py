@@ -25,7 +25,6 @@ from typing import Any
 
 import pandas as pd
 import streamlit as st
-from streamlit.components.v2.types import ComponentRenderer
 
 from app import data, run_actions, style
 from app.alerts_panel import alert_mark, open_alerts
@@ -45,13 +44,8 @@ from app.charts.runs_analysis import (
     unread_note,
 )
 from app.charts.runs_grid import (
-    ASSUMED_WIDTH_PX,
     HELPS,
-    WIDTH_HTML,
-    WIDTH_JS,
-    WIDTH_NAME,
     fit_columns,
-    fit_px,
     fitted,
     headline_text,
     loss_text,
@@ -86,7 +80,6 @@ OPEN_RUN = "runs_open_run"
 SWEPT = "runs_sweep_applied"  # the ?sweep= the tag filter was last set from
 COMPARE_RUNS = "runs_compare_ids"  # not a widget key: the Compare button is "runs_compare"
 SELECTED = "runs_selected"  # the selected runs' ids, whichever rows they are in
-WIDTH_SEEN = "runs_width_seen"  # the grid's width the page fits the columns to (None: 1280 px's)
 READ = 200  # the most runs the list reads (db.compare.runs_list's limit): the newest that match
 # What "Sort by" offers: a label -> (db.run_list.LIST_SORTS key, largest first by default).
 SORTS = {
@@ -124,11 +117,6 @@ def configs_of(run_ids: tuple[int, ...] | None) -> dict[int, dict[str, Any]]:
 
 
 @st.cache_resource
-def width_component() -> ComponentRenderer:
-    """The component that says the width the page gives the grid (app/charts/runs_grid.py)."""
-    return st.components.v2.component(WIDTH_NAME, html=WIDTH_HTML, js=WIDTH_JS)
-
-
 def read_filter(text: str) -> tuple[list[Any], str | None]:
     """The filter's clauses, or none and what is wrong with it."""
     try:
@@ -207,11 +195,6 @@ with st.container(horizontal=True, vertical_alignment="bottom"):
     archived = st.toggle("Show archived", key="runs_archived", help="Archived runs are hidden until shown here")
     shown_columns = st.popover("Columns", icon=":material/view_column:").multiselect(
         "Columns shown", COLUMNS, default=DEFAULT_COLUMNS, key="runs_columns")
-# The grid's width, said by the browser only when not the one fitted already (runs_grid.WIDTH_JS).
-seen = width_component()(key="runs-width", data={"width": st.session_state.get(WIDTH_SEEN) or ASSUMED_WIDTH_PX},
-                         default={"width": None}, on_width_change=lambda: None, height="content").get("width")
-st.session_state[WIDTH_SEEN] = seen
-grid_px = fit_px(seen)
 
 
 @st.fragment(run_every=2)
@@ -242,9 +225,9 @@ def runs_table() -> None:
     frame = runs_frame(shown, open_alerts())
     left_out: list[str] = []
     if set(order) == set(DEFAULT_COLUMNS):  # the defaults fit the grid: what must give way does
-        frame, widths, order, left_out = fit_columns(frame, TITLES, order, grid_px)
+        frame, widths, order, left_out = fit_columns(frame, TITLES, order)
     else:  # the columns a person chose: all of them (the grid scrolls when they are wider)
-        frame, widths = fitted(frame, TITLES, order, grid_px)
+        frame, widths = fitted(frame, TITLES, order)
     row_of = {r["id"]: i for i, r in enumerate(shown)}
     groups = grouped(shown, configs_of(tuple(row_of)) if group_by != NO_GROUPING else {}, group_by)
     for group in groups:

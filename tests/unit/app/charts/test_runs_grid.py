@@ -9,20 +9,14 @@ import math
 import pandas as pd
 
 from app.charts.runs_grid import (
-    ASSUMED_WIDTH_PX,
-    FIT_PX,
-    GRID_CHROME_PX,
     HEADER_ICON_PX,
     LONG_COMFORT_PX,
     LONG_FLOOR_PX,
     MAX_PX,
     MIN_PX,
     PADDING_PX,
-    WIDTH_JS,
-    WIDTH_STEP_PX,
     column_width,
     fit_columns,
-    fit_px,
     fitted,
     headline_text,
     loss_text,
@@ -105,17 +99,3 @@ def test_the_default_columns_fit_leaving_out_the_empty_ones_then_the_least_neede
     tight = sum(narrowest[c] for c in ("name", "status", "waiting for", "progress", "cost"))
     assert fit_columns(priced, {}, [*shown, "cost"], fit_px=tight)[3] == ["energy", "step", "elapsed"]
     assert fit_columns(priced, {}, [*shown, "cost"], fit_px=tight - 1)[3] == ["energy", "step", "elapsed", "cost"]
-
-
-def test_the_columns_take_the_grid_the_page_measured_else_1280_pxs() -> None:
-    assert fit_px(None) == fit_px("wide") == fit_px(0) == fit_px(True) == FIT_PX
-    assert fit_px(1280) == 1280 - GRID_CHROME_PX and fit_px(1120.4) == 1120 - GRID_CHROME_PX
-    assert fit_px(1120) == FIT_PX  # 1280 px's grid: as measured
-
-
-def test_the_width_assumed_is_a_step_of_the_widths_the_page_says() -> None:
-    """The browser says the grid's width floored to a step, only when it differs from the width the
-    page fits already: the width assumed (a 1280 px window's) must be one of those steps, or a load
-    at 1280 px would rerun the page for nothing (issue 56 review, item 5)."""
-    assert ASSUMED_WIDTH_PX % WIDTH_STEP_PX == 0 and fit_px(ASSUMED_WIDTH_PX) == FIT_PX
-    assert f"/ {WIDTH_STEP_PX}) * {WIDTH_STEP_PX}" in WIDTH_JS and "STEP" not in WIDTH_JS
