@@ -105,7 +105,10 @@ def end(sessions: sessionmaker[Session], run_id: int, code: int = 0) -> None:
         assert attempt is not None
         # Written whole, then renamed: the program polls for the file and could read it empty
         # (int("") raised, an exit 1 without the traceback: the breaker's test saw UNKNOWN).
+        # The attempt's row (STARTING) is committed before the launch makes its folder: a test that
+        # ends the attempt as soon as it sees STARTING may come first (CI 3 of 2026-12-02).
         partial = Path(attempt.dir) / "end.partial"
+        partial.parent.mkdir(parents=True, exist_ok=True)
         partial.write_text(str(code))
         partial.rename(Path(attempt.dir) / "end")
 

@@ -115,8 +115,17 @@ def test_deferred_snapshot_is_taken_by_the_writer_and_holds_the_state_of_the_sav
     state = training_state()
     expected = {k: v.clone() for k, v in state["model"].items()}
     manager.save(1, state, defer_snapshot=True)  # returns although the snapshot is held
-    waiter = threading.Thread(target=manager.wait_snapshot)
+    entered = threading.Event()
+
+    def wait_snapshot() -> None:
+        entered.set()
+        manager.wait_snapshot()
+
+    waiter = threading.Thread(target=wait_snapshot)
     waiter.start()
+    # Released only once the waiter is in wait_snapshot(): a thread started but not yet run (a loaded
+    # machine, CI 3 of 2026-12-02) came in after the release and was blocked for 35 us, not 0.2 s.
+    assert entered.wait(30)
     time.sleep(0.2)
     assert waiter.is_alive(), "wait_snapshot() returned before the snapshot was taken"
     release.set()
